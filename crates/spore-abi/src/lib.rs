@@ -1,0 +1,12 @@
+//! The contract between spore guests and the spore VMM, defined once.
+//!
+//! Both sides compile this crate: the VMM (std) and the unikernel runtime and
+//! Linux guest helper (no_std or static). Nothing here may depend on std.
+//!
+//! - [`signal`]: the signal port, one port-I/O register for guest → VMM events.
+//! - [`boot`]: the boot-info block the VMM hands to a unikernel in RDI, and
+//!   the ELF note that marks an image as a spore unikernel.
+#![no_std]
+
+pub mod boot;
+pub mod signal;

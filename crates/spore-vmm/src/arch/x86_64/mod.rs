@@ -1,0 +1,3 @@
+//! x86_64: boot protocols, CPU setup and firmware tables.
+
+pub mod layout;

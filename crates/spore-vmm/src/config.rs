@@ -1,0 +1,379 @@
+//! What a user asks for, in Firecracker's JSON shapes, validated.
+//!
+//! Every type here deserializes from the body of the matching API request
+//! (`PUT /boot-source`, `/machine-config`, `/drives/{id}`, `/vsock`) and from
+//! the sections of a `--config-file`. Unknown fields are refused, as
+//! Firecracker does. `validate` methods check what can be checked without
+//! touching KVM; file existence is checked when the VM is built.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("vcpu_count must be between 1 and {max}, got {got}")]
+    VcpuCount { got: u64, max: u8 },
+    #[error("mem_size_mib must be at least 1, got 0")]
+    MemZero,
+    #[error("mem_size_mib {got} exceeds host memory ({host} MiB)")]
+    MemTooLarge { got: u64, host: u64 },
+    #[error("mem_size_mib {got} exceeds the largest supported guest ({max} MiB)")]
+    MemTooLargeForLayout { got: u64, max: u64 },
+    #[error("{field} is not supported by spore: {detail}")]
+    Unsupported { field: &'static str, detail: String },
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+    #[error("drive id in the path ({path}) differs from drive_id in the body ({body})")]
+    DriveIdMismatch { path: String, body: String },
+    #[error("guest_cid must be at least 3 (0-2 are reserved), got {0}")]
+    GuestCid(u32),
+    #[error("boot_args is longer than {max} bytes")]
+    CmdlineTooLong { max: usize },
+    #[error("no boot source: PUT /boot-source before InstanceStart")]
+    NoBootSource,
+    #[error("only one drive may be the root device ({0} and {1} both are)")]
+    TwoRootDevices(String, String),
+    #[error("too many devices: at most {0} virtio devices")]
+    TooManyDevices(usize),
+}
+
+/// Largest vCPU count spore configures (MP table and IOAPIC limits).
+pub const MAX_VCPUS: u8 = 32;
+/// Largest kernel command line accepted.
+pub const CMDLINE_MAX: usize = 4096;
+/// Largest guest memory the x86_64 layout places (it must fit under the
+/// unikernel identity map too).
+pub const MAX_MEM_MIB: u64 = 60 * 1024;
+
+/// How the kernel image is booted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootProtocol {
+    /// Unikernel if the ELF carries the spore note, Linux otherwise.
+    #[default]
+    Auto,
+    Linux,
+    Unikernel,
+}
+
+/// `PUT /boot-source`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootSourceConfig {
+    pub kernel_image_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_args: Option<String>,
+    /// spore extension: force the boot protocol.
+    #[serde(default)]
+    pub boot_protocol: BootProtocol,
+}
+
+impl BootSourceConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kernel_image_path.is_empty() {
+            return Err(ConfigError::Empty("kernel_image_path"));
+        }
+        if self.initrd_path.as_deref() == Some("") {
+            return Err(ConfigError::Empty("initrd_path"));
+        }
+        if self.boot_args.as_ref().is_some_and(|a| a.len() >= CMDLINE_MAX) {
+            return Err(ConfigError::CmdlineTooLong { max: CMDLINE_MAX });
+        }
+        Ok(())
+    }
+}
+
+/// `PUT /machine-config`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfig {
+    // u64 so that out-of-range values reach `validate` and get a clear message.
+    pub vcpu_count: u64,
+    pub mem_size_mib: u64,
+    #[serde(default)]
+    pub smt: bool,
+    #[serde(default)]
+    pub track_dirty_pages: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<String>,
+}
+
+impl Default for MachineConfig {
+    fn default() -> Self {
+        Self {
+            vcpu_count: 1,
+            mem_size_mib: 128,
+            smt: false,
+            track_dirty_pages: false,
+            cpu_template: None,
+            huge_pages: None,
+        }
+    }
+}
+
+impl MachineConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.vcpu_count == 0 || self.vcpu_count > MAX_VCPUS as u64 {
+            return Err(ConfigError::VcpuCount {
+                got: self.vcpu_count,
+                max: MAX_VCPUS,
+            });
+        }
+        if self.mem_size_mib == 0 {
+            return Err(ConfigError::MemZero);
+        }
+        if self.mem_size_mib > MAX_MEM_MIB {
+            return Err(ConfigError::MemTooLargeForLayout {
+                got: self.mem_size_mib,
+                max: MAX_MEM_MIB,
+            });
+        }
+        let host = host_memory_mib();
+        if host > 0 && self.mem_size_mib > host {
+            return Err(ConfigError::MemTooLarge {
+                got: self.mem_size_mib,
+                host,
+            });
+        }
+        if self.smt {
+            return Err(ConfigError::Unsupported {
+                field: "smt",
+                detail: "spore exposes one thread per core".into(),
+            });
+        }
+        if let Some(t) = self.cpu_template.as_deref().filter(|t| *t != "None") {
+            return Err(ConfigError::Unsupported {
+                field: "cpu_template",
+                detail: format!("{t:?} (only \"None\")"),
+            });
+        }
+        if let Some(h) = self.huge_pages.as_deref().filter(|h| *h != "None") {
+            return Err(ConfigError::Unsupported {
+                field: "huge_pages",
+                detail: format!("{h:?} (only \"None\")"),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn mem_bytes(&self) -> u64 {
+        self.mem_size_mib << 20
+    }
+}
+
+/// Host RAM in MiB, 0 if unknown.
+pub fn host_memory_mib() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return 0;
+    }
+    (pages as u64).saturating_mul(page as u64) >> 20
+}
+
+/// `PUT /drives/{id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveConfig {
+    pub drive_id: String,
+    pub path_on_host: String,
+    #[serde(default)]
+    pub is_root_device: bool,
+    #[serde(default)]
+    pub is_read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partuuid: Option<String>,
+    /// "Unsafe" (flush is a no-op) or "Writeback" (flush is fsync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_engine: Option<String>,
+}
+
+impl DriveConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.drive_id.is_empty() {
+            return Err(ConfigError::Empty("drive_id"));
+        }
+        if self.path_on_host.is_empty() {
+            return Err(ConfigError::Empty("path_on_host"));
+        }
+        if let Some(c) = self
+            .cache_type
+            .as_deref()
+            .filter(|c| !matches!(*c, "Unsafe" | "Writeback"))
+        {
+            return Err(ConfigError::Unsupported {
+                field: "cache_type",
+                detail: format!("{c:?} (\"Unsafe\" or \"Writeback\")"),
+            });
+        }
+        if let Some(e) = self.io_engine.as_deref().filter(|e| *e != "Sync") {
+            return Err(ConfigError::Unsupported {
+                field: "io_engine",
+                detail: format!("{e:?} (only \"Sync\")"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a guest flush must reach stable storage.
+    pub fn flush_is_durable(&self) -> bool {
+        // Firecracker's default is Unsafe; spore honours flush by default.
+        self.cache_type.as_deref() != Some("Unsafe")
+    }
+}
+
+/// `PUT /vsock`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockConfig {
+    pub guest_cid: u32,
+    pub uds_path: String,
+    /// Deprecated in Firecracker, accepted and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_id: Option<String>,
+}
+
+impl VsockConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.guest_cid < 3 {
+            return Err(ConfigError::GuestCid(self.guest_cid));
+        }
+        if self.uds_path.is_empty() {
+            return Err(ConfigError::Empty("uds_path"));
+        }
+        Ok(())
+    }
+}
+
+/// spore extension (`PUT /entropy` in Firecracker): a virtio-rng device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntropyConfig {}
+
+/// The whole VM as a `--config-file` describes it (Firecracker's layout).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    #[serde(rename = "boot-source", default, skip_serializing_if = "Option::is_none")]
+    pub boot_source: Option<BootSourceConfig>,
+    #[serde(rename = "machine-config", default)]
+    pub machine: MachineConfig,
+    #[serde(default)]
+    pub drives: Vec<DriveConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockConfig>,
+    /// Firecracker's entropy section. spore attaches a virtio-rng device to
+    /// every VM; the section is accepted so Firecracker config files load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<EntropyConfig>,
+}
+
+impl VmConfig {
+    /// Checks the whole configuration before a VM is built from it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.boot_source
+            .as_ref()
+            .ok_or(ConfigError::NoBootSource)?
+            .validate()?;
+        self.machine.validate()?;
+        let mut root: Option<&str> = None;
+        for d in &self.drives {
+            d.validate()?;
+            if d.is_root_device {
+                if let Some(r) = root {
+                    return Err(ConfigError::TwoRootDevices(r.into(), d.drive_id.clone()));
+                }
+                root = Some(&d.drive_id);
+            }
+        }
+        if let Some(v) = &self.vsock {
+            v.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Adds or replaces a drive (by id), as `PUT /drives/{id}` does.
+    pub fn upsert_drive(&mut self, drive: DriveConfig) {
+        match self.drives.iter_mut().find(|d| d.drive_id == drive.drive_id) {
+            Some(d) => *d = drive,
+            None => self.drives.push(drive),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_config_bounds() {
+        let mut m = MachineConfig::default();
+        m.validate().unwrap();
+        m.vcpu_count = 0;
+        assert!(matches!(m.validate(), Err(ConfigError::VcpuCount { .. })));
+        m.vcpu_count = 2;
+        m.mem_size_mib = 0;
+        assert_eq!(m.validate(), Err(ConfigError::MemZero));
+        m.mem_size_mib = MAX_MEM_MIB + 1;
+        assert!(m.validate().is_err());
+        m.mem_size_mib = 256;
+        m.smt = true;
+        assert!(m.validate().is_err());
+    }
+
+    #[test]
+    fn unknown_fields_refused() {
+        let e = serde_json::from_str::<MachineConfig>(
+            r#"{"vcpu_count":1,"mem_size_mib":128,"bogus":1}"#,
+        );
+        assert!(e.is_err());
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot-source":{"kernel_image_path":"/k"},"machine-config":{"vcpu_count":2,"mem_size_mib":256},
+                "drives":[{"drive_id":"rootfs","path_on_host":"/d","is_root_device":true,"is_read_only":false}]}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(serde_json::from_str::<VmConfig>(r#"{"logger":{}}"#).is_err());
+    }
+
+    #[test]
+    fn drives_and_vsock() {
+        let mut c = VmConfig {
+            boot_source: Some(BootSourceConfig {
+                kernel_image_path: "/k".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = |id: &str, root| DriveConfig {
+            drive_id: id.into(),
+            path_on_host: "/x".into(),
+            is_root_device: root,
+            is_read_only: false,
+            partuuid: None,
+            cache_type: None,
+            io_engine: None,
+        };
+        c.upsert_drive(d("a", true));
+        c.upsert_drive(d("a", true));
+        assert_eq!(c.drives.len(), 1);
+        c.upsert_drive(d("b", true));
+        assert!(matches!(c.validate(), Err(ConfigError::TwoRootDevices(..))));
+        let v = VsockConfig {
+            guest_cid: 2,
+            uds_path: "/s".into(),
+            vsock_id: None,
+        };
+        assert_eq!(v.validate(), Err(ConfigError::GuestCid(2)));
+    }
+}

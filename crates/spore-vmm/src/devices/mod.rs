@@ -1,0 +1,5 @@
+//! Devices: the I/O bus, legacy port-I/O devices and virtio devices.
+
+pub mod bus;
+pub mod legacy;
+pub mod virtio;

@@ -1,0 +1,10 @@
+//! spore-vmm: everything one spore VMM process does.
+//!
+//! One process runs one microVM. [`config`] holds what the user asked for,
+//! [`arch`] knows how to boot x86_64 guests, [`devices`] models the hardware,
+//! [`vm`] drives KVM.
+
+pub mod arch;
+pub mod config;
+pub mod devices;
+pub mod vm;

@@ -1,0 +1,3 @@
+//! The VM: KVM handles, memory slots, irqchip and vCPU threads.
+
+pub mod wake;
