@@ -7,4 +7,5 @@
 pub mod arch;
 pub mod config;
 pub mod devices;
+pub mod memory;
 pub mod vm;

@@ -1,1 +1,6 @@
-//! Legacy port-I/O devices: 8250 serial, i8042 (reset), the spore signal port.
+//! Legacy port-I/O devices: 8250 serial, i8042 (reset, Ctrl+Alt+Del), the
+//! spore signal port.
+
+pub mod i8042;
+pub mod serial;
+pub mod signal;

@@ -1,0 +1,73 @@
+//! COM1: an 8250 UART (vm-superio) on port 0x3f8, interrupting on IRQ 4.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use vm_superio::serial::NoEvents;
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::devices::bus::BusDevice;
+use crate::vm::wake::GuestWake;
+
+/// Raises the serial IRQ through its irqfd and wakes a polling guest.
+pub struct IrqTrigger {
+    irqfd: EventFd,
+    wake: Arc<GuestWake>,
+}
+
+impl IrqTrigger {
+    pub fn new(irqfd: EventFd, wake: Arc<GuestWake>) -> Self {
+        Self { irqfd, wake }
+    }
+}
+
+impl Trigger for IrqTrigger {
+    type E = std::io::Error;
+
+    fn trigger(&self) -> std::io::Result<()> {
+        self.wake.notify();
+        self.irqfd.write(1)
+    }
+}
+
+pub type SerialOut = Box<dyn Write + Send>;
+
+pub struct SerialDevice {
+    uart: Serial<IrqTrigger, NoEvents, SerialOut>,
+}
+
+impl SerialDevice {
+    pub fn new(trigger: IrqTrigger, out: SerialOut) -> Self {
+        Self {
+            uart: Serial::new(trigger, out),
+        }
+    }
+
+    /// Queues console input for the guest; returns how many bytes fitted.
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+        let room = self.uart.fifo_capacity().min(bytes.len());
+        if room == 0 {
+            return 0;
+        }
+        self.uart.enqueue_raw_bytes(&bytes[..room]).unwrap_or(0)
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if data.len() == 1 && offset < 8 {
+            data[0] = self.uart.read(offset as u8);
+        } else {
+            data.fill(0);
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if data.len() == 1 && offset < 8 {
+            if let Err(e) = self.uart.write(offset as u8, data[0]) {
+                tracing::debug!("serial write failed: {e:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Guest RAM: one memfd, mapped shared into the VMM and registered with KVM.
+//!
+//! Backing RAM with a memfd (rather than anonymous memory) is what lets a
+//! snapshot write memory out without a copy and a clone map a frozen template
+//! privately. The memfd is sized, not filled: pages cost host memory only
+//! once the guest (or a loader) touches them.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
+};
+
+use crate::arch::x86_64::layout;
+use crate::devices::virtio::GuestMemoryMmap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("cannot create the guest memory file: {0}")]
+    Memfd(#[source] std::io::Error),
+    #[error("cannot size the guest memory file to {size} bytes: {source}")]
+    Truncate {
+        size: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot map {size} bytes of guest memory: {source}")]
+    Mmap {
+        size: u64,
+        #[source]
+        source: vm_memory::mmap::MmapRegionError,
+    },
+    #[error("guest memory region at {0:#x} overlaps or overflows")]
+    Region(u64),
+    #[error("cannot register guest memory slot {slot} with KVM: {source}")]
+    Slot {
+        slot: u32,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// Guest RAM and the memfd behind it.
+pub struct GuestRam {
+    memfd: File,
+    mem: GuestMemoryMmap,
+    size: u64,
+}
+
+impl GuestRam {
+    /// Creates `size` bytes of guest RAM laid out around the MMIO hole.
+    pub fn new(size: u64) -> Result<Self, MemoryError> {
+        let memfd = create_memfd("spore-guest-ram")?;
+        memfd
+            .set_len(size)
+            .map_err(|source| MemoryError::Truncate { size, source })?;
+        let mut regions = Vec::new();
+        let mut file_offset = 0u64;
+        for (gpa, len) in layout::ram_regions(size) {
+            let fd = memfd.try_clone().map_err(MemoryError::Memfd)?;
+            let mapping = MmapRegion::build(
+                Some(FileOffset::new(fd, file_offset)),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+            )
+            .map_err(|source| MemoryError::Mmap { size: len, source })?;
+            let region =
+                GuestRegionMmap::new(mapping, GuestAddress(gpa)).ok_or(MemoryError::Region(gpa))?;
+            regions.push(region);
+            file_offset += len;
+        }
+        let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| MemoryError::Region(0))?;
+        Ok(Self { memfd, mem, size })
+    }
+
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    pub fn memfd(&self) -> &File {
+        &self.memfd
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Registers every region as a KVM memory slot (slots 0..n).
+    pub fn register(&self, vm: &VmFd, dirty_log: bool) -> Result<(), MemoryError> {
+        let flags = if dirty_log {
+            kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES
+        } else {
+            0
+        };
+        for (slot, region) in self.mem.iter().enumerate() {
+            let slot = slot as u32;
+            let r = kvm_userspace_memory_region {
+                slot,
+                flags,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: region.as_ptr() as u64,
+            };
+            // SAFETY: the region stays mapped for as long as the VM exists:
+            // `GuestRam` outlives the VmFd in `Vm` (field order).
+            unsafe { vm.set_user_memory_region(r) }
+                .map_err(|source| MemoryError::Slot { slot, source })?;
+        }
+        Ok(())
+    }
+}
+
+fn create_memfd(name: &str) -> Result<File, MemoryError> {
+    let cname = std::ffi::CString::new(name).map_err(|_| {
+        MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    })?;
+    // SAFETY: cname is a valid NUL-terminated string.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd was just created and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    #[test]
+    fn ram_is_backed_by_one_memfd() {
+        let ram = GuestRam::new(64 << 20).unwrap();
+        assert_eq!(ram.memfd().metadata().unwrap().len(), 64 << 20);
+        ram.memory()
+            .write_obj(0xdead_beefu32, GuestAddress(0x1000))
+            .unwrap();
+        let v: u32 = ram.memory().read_obj(GuestAddress(0x1000)).unwrap();
+        assert_eq!(v, 0xdead_beef);
+        assert!(ram
+            .memory()
+            .write_obj(1u8, GuestAddress(64 << 20))
+            .is_err());
+    }
+}
