@@ -1,1 +1,49 @@
-fn main(){}
+//! The `spore` command: `run` one microVM in the foreground, serve one
+//! through the API with `vmm`, and `bench`.
+
+mod bench;
+mod host;
+mod run;
+mod size;
+mod vmm_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spore", version, about = "KVM microVM monitor and sandbox runtime")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one microVM in the foreground with its serial console on this
+    /// terminal; exit with the guest's exit status.
+    Run(run::RunArgs),
+    /// Run one microVM process driven through the REST API on a Unix socket
+    /// (Firecracker-compatible), or from a --config-file.
+    Vmm(vmm_cmd::VmmArgs),
+    /// Benchmarks; print JSON.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    host::init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Vmm(a) => vmm_cmd::run(a),
+        Command::Bench(b) => bench::run(b),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("spore: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

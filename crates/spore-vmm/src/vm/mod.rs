@@ -1,3 +1,214 @@
-//! The VM: KVM handles, memory slots, irqchip and vCPU threads.
+//! A built VM: KVM handles, guest RAM, devices and vCPU threads, with
+//! start, pause, resume and stop. [`crate::builder`] assembles it.
 
+pub mod control;
+pub mod vcpu;
 pub mod wake;
+
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::{Kvm, VmFd};
+
+use crate::devices::bus::lock;
+use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::serial::SerialDevice;
+use crate::devices::legacy::signal::Mark;
+use crate::memory::GuestRam;
+use control::{PauseTimeout, RunControl, StopReason};
+use vcpu::{Vcpu, VcpuIo, VcpuThread};
+
+/// Which boot protocol the guest uses; it decides how some exits are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestKind {
+    Linux,
+    Unikernel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    NotStarted,
+    Running,
+    Paused,
+    Stopped,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("the VM is {0:?}; this needs it running")]
+    NotRunning(RunState),
+    #[error("the VM was already started")]
+    AlreadyStarted,
+    #[error("cannot start vCPU thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Pause(#[from] PauseTimeout),
+    #[error("this guest has no i8042 keyboard controller")]
+    NoKeyboard,
+}
+
+pub struct Vm {
+    kind: GuestKind,
+    control: Arc<RunControl>,
+    io: Arc<VcpuIo>,
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Option<Arc<Mutex<I8042>>>,
+    /// Created and configured, waiting for `start`.
+    pending: Vec<Vcpu>,
+    threads: Vec<VcpuThread>,
+    /// Anything devices need kept alive for the VM's lifetime (transports,
+    /// device handles); dropped before the VM fd and RAM.
+    devices: Vec<Box<dyn std::any::Any + Send>>,
+    vm_fd: VmFd,
+    _kvm: Kvm,
+    // Last: guest RAM is unmapped only after KVM has let go of the slots.
+    ram: GuestRam,
+}
+
+/// Everything the builder hands over to make a [`Vm`].
+pub struct VmParts {
+    pub kind: GuestKind,
+    pub kvm: Kvm,
+    pub vm_fd: VmFd,
+    pub ram: GuestRam,
+    pub control: Arc<RunControl>,
+    pub io: Arc<VcpuIo>,
+    pub serial: Arc<Mutex<SerialDevice>>,
+    pub i8042: Option<Arc<Mutex<I8042>>>,
+    pub vcpus: Vec<Vcpu>,
+    pub devices: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+impl Vm {
+    pub fn from_parts(p: VmParts) -> Self {
+        Self {
+            kind: p.kind,
+            control: p.control,
+            io: p.io,
+            serial: p.serial,
+            i8042: p.i8042,
+            pending: p.vcpus,
+            threads: Vec::new(),
+            devices: p.devices,
+            vm_fd: p.vm_fd,
+            _kvm: p.kvm,
+            ram: p.ram,
+        }
+    }
+
+    pub fn kind(&self) -> GuestKind {
+        self.kind
+    }
+
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    pub fn vm_fd(&self) -> &VmFd {
+        &self.vm_fd
+    }
+
+    pub fn state(&self) -> RunState {
+        if self.control.stop_reason().is_some() {
+            RunState::Stopped
+        } else if self.threads.is_empty() {
+            RunState::NotStarted
+        } else if self.control.is_paused() {
+            RunState::Paused
+        } else {
+            RunState::Running
+        }
+    }
+
+    /// Starts every vCPU thread.
+    pub fn start(&mut self) -> Result<(), VmError> {
+        if !self.threads.is_empty() || self.pending.is_empty() {
+            return Err(VmError::AlreadyStarted);
+        }
+        for vcpu in self.pending.drain(..) {
+            match vcpu.start() {
+                Ok(t) => self.threads.push(t),
+                Err(e) => {
+                    self.control
+                        .stop(StopReason::Error(format!("cannot start vCPU: {e}")));
+                    return Err(VmError::Thread(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pause(&self) -> Result<(), VmError> {
+        match self.state() {
+            RunState::Running | RunState::Paused => {}
+            s => return Err(VmError::NotRunning(s)),
+        }
+        self.control.pause(self.threads.len(), || self.kick_all())?;
+        Ok(())
+    }
+
+    pub fn resume(&self) -> Result<(), VmError> {
+        match self.state() {
+            RunState::Running | RunState::Paused => {}
+            s => return Err(VmError::NotRunning(s)),
+        }
+        self.control.resume();
+        Ok(())
+    }
+
+    /// Blocks until the VM stops and returns why.
+    pub fn wait(&self) -> StopReason {
+        self.control.wait_stopped()
+    }
+
+    pub fn control(&self) -> &Arc<RunControl> {
+        &self.control
+    }
+
+    /// Stops the vCPUs and joins their threads; returns why the VM stopped.
+    pub fn stop(&mut self, reason: StopReason) -> StopReason {
+        self.control.stop(reason);
+        for t in &self.threads {
+            t.kick();
+        }
+        for t in self.threads.drain(..) {
+            // A vCPU thread may sit in KVM_RUN until a kick lands; re-kick until it leaves.
+            while !t.handle.is_finished() {
+                t.kick();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let _ = t.handle.join();
+        }
+        self.control.stop_reason().unwrap_or(StopReason::Requested)
+    }
+
+    pub fn send_ctrl_alt_del(&self) -> Result<(), VmError> {
+        let kbd = self.i8042.as_ref().ok_or(VmError::NoKeyboard)?;
+        lock(kbd).send_ctrl_alt_del();
+        Ok(())
+    }
+
+    pub fn marks(&self) -> Vec<Mark> {
+        self.io.signal.marks()
+    }
+
+    pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
+        &self.serial
+    }
+
+    pub fn vcpu_count(&self) -> usize {
+        self.threads.len() + self.pending.len()
+    }
+
+    fn kick_all(&self) {
+        for t in &self.threads {
+            t.kick();
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.stop(StopReason::Requested);
+        self.devices.clear();
+    }
+}

@@ -1,0 +1,417 @@
+//! Turns a validated [`VmConfig`] into a ready-to-start [`Vm`].
+//!
+//! Order matters: RAM and irqchip first (devices register irqfds against the
+//! irqchip), then devices (the Linux command line and the unikernel boot info
+//! list them), then the kernel, then vCPUs (their registers point at the
+//! loaded kernel).
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::x86_64::layout;
+use crate::arch::x86_64::linux::{configure_linux_vcpu, load_linux, LinuxBootError};
+use crate::arch::x86_64::unikernel::{
+    configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel,
+    UnikernelError,
+};
+use crate::config::{BootProtocol, ConfigError, VmConfig};
+use crate::devices::bus::{Bus, BusError};
+use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
+use crate::devices::legacy::signal::SignalPort;
+use crate::devices::virtio::blk::{Block, BlockError};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::rng::Rng;
+use crate::devices::virtio::vsock::{Vsock, VsockError};
+use crate::devices::virtio::{VirtioDevice, VirtioInterrupt};
+use crate::memory::{GuestRam, MemoryError};
+use crate::vm::control::{RunControl, StopReason};
+use crate::vm::vcpu::{Vcpu, VcpuIo};
+use crate::vm::wake::GuestWake;
+use crate::vm::{GuestKind, Vm, VmParts};
+
+/// Command line used when `/boot-source` gives none (Firecracker's, plus the
+/// console): reboot through the keyboard controller, no PCI probing.
+pub const DEFAULT_LINUX_CMDLINE: &str =
+    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot open {what} {path}: {source}")]
+    Open {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot use /dev/kvm: {0}")]
+    Kvm(#[source] kvm_ioctls::Error),
+    #[error("KVM refused {what}: {source}")]
+    KvmSetup {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error("drive {id}: {source}")]
+    Drive {
+        id: String,
+        #[source]
+        source: BlockError,
+    },
+    #[error("vsock: {0}")]
+    Vsock(#[from] VsockError),
+    #[error("Linux boot: {0}")]
+    Linux(#[from] LinuxBootError),
+    #[error("unikernel boot: {0}")]
+    Unikernel(#[from] UnikernelError),
+    #[error("the spore unikernel runs on one vCPU; vcpu_count is {0}")]
+    UnikernelVcpus(u64),
+    #[error("a unikernel takes no initrd")]
+    UnikernelInitrd,
+    #[error("too many virtio devices (at most {0})")]
+    TooManyDevices(usize),
+    #[error("device {what}: {detail}")]
+    Device { what: &'static str, detail: String },
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Host-side choices that are not part of the VM's configuration.
+pub struct BuildOptions {
+    /// Where the guest's serial console goes.
+    pub serial_out: SerialOut,
+    /// Run control of the VM-to-be; the caller may already wait on it.
+    pub control: Arc<RunControl>,
+}
+
+fn open(what: &'static str, path: &str) -> Result<File, BuildError> {
+    File::open(path).map_err(|source| BuildError::Open {
+        what,
+        path: path.to_string(),
+        source,
+    })
+}
+
+fn kvm_setup(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> BuildError {
+    move |source| BuildError::KvmSetup { what, source }
+}
+
+/// Virtio-mmio devices being attached, in guest order.
+struct VirtioSlots<'a> {
+    vm_fd: &'a VmFd,
+    ram: &'a GuestRam,
+    wake: &'a Arc<GuestWake>,
+    irqchip: bool,
+    bus: Bus,
+    /// (base address, irq, device type) per device, for the cmdline / boot info.
+    placed: Vec<(u64, u32, u32)>,
+    keep: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+impl VirtioSlots<'_> {
+    fn attach(&mut self, device: Box<dyn VirtioDevice>) -> Result<(), BuildError> {
+        let index = self.placed.len();
+        if index >= layout::VIRTIO_MMIO_MAX {
+            return Err(BuildError::TooManyDevices(layout::VIRTIO_MMIO_MAX));
+        }
+        let addr = layout::virtio_mmio_addr(index);
+        let irq = layout::virtio_mmio_irq(index);
+        let device_type = device.device_type();
+        let irqfd = EventFd::new(EFD_NONBLOCK).map_err(|source| BuildError::Io {
+            what: "irqfd",
+            source,
+        })?;
+        if self.irqchip {
+            self.vm_fd
+                .register_irqfd(&irqfd, irq)
+                .map_err(kvm_setup("a virtio irqfd"))?;
+        }
+        let interrupt = Arc::new(VirtioInterrupt::new(irqfd, self.wake.clone()));
+        let transport = MmioTransport::new(device, self.ram.memory().clone(), interrupt)
+            .map_err(|e| BuildError::Device {
+                what: "virtio-mmio transport",
+                detail: e.to_string(),
+            })?;
+        for (queue, event) in transport.queue_events().iter().enumerate() {
+            // The notify register is at offset 0x50; datamatch on the queue index.
+            self.vm_fd
+                .register_ioevent(event, &IoEventAddress::Mmio(addr + 0x50), queue as u32)
+                .map_err(kvm_setup("a virtio ioeventfd"))?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        self.bus
+            .insert(addr, layout::VIRTIO_MMIO_SIZE, transport.clone())?;
+        self.keep.push(Box::new(transport));
+        self.placed.push((addr, irq, device_type));
+        Ok(())
+    }
+}
+
+/// Builds the VM; nothing runs until [`Vm::start`].
+pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError> {
+    config.validate()?;
+    let boot = config.boot_source.as_ref().ok_or(ConfigError::NoBootSource)?;
+    let machine = &config.machine;
+
+    let mut kernel = open("kernel image", &boot.kernel_image_path)?;
+    let kind = match boot.boot_protocol {
+        BootProtocol::Linux => GuestKind::Linux,
+        BootProtocol::Unikernel => GuestKind::Unikernel,
+        BootProtocol::Auto => {
+            if is_spore_unikernel(&mut kernel)? {
+                GuestKind::Unikernel
+            } else {
+                GuestKind::Linux
+            }
+        }
+    };
+    if kind == GuestKind::Unikernel {
+        if machine.vcpu_count != 1 {
+            return Err(BuildError::UnikernelVcpus(machine.vcpu_count));
+        }
+        if boot.initrd_path.is_some() {
+            return Err(BuildError::UnikernelInitrd);
+        }
+    }
+    let mut initrd = match &boot.initrd_path {
+        Some(p) => Some(open("initrd", p)?),
+        None => None,
+    };
+
+    let kvm = Kvm::new().map_err(BuildError::Kvm)?;
+    let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
+    vm_fd
+        .set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+    // Linux needs the in-kernel irqchip; a unikernel polls and can do without.
+    let irqchip = match (vm_fd.create_irq_chip(), kind) {
+        (Ok(()), _) => true,
+        (Err(e), GuestKind::Linux) => return Err(kvm_setup("KVM_CREATE_IRQCHIP")(e)),
+        (Err(e), GuestKind::Unikernel) => {
+            tracing::debug!("no in-kernel irqchip for the unikernel: {e}");
+            false
+        }
+    };
+    if kind == GuestKind::Linux {
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        vm_fd.create_pit2(pit).map_err(kvm_setup("KVM_CREATE_PIT2"))?;
+    }
+
+    let ram = GuestRam::new(machine.mem_bytes())?;
+    ram.register(&vm_fd, machine.track_dirty_pages)?;
+
+    let control = opts.control;
+    let wake = Arc::new(GuestWake::new().map_err(|source| BuildError::Io {
+        what: "wake eventfd",
+        source,
+    })?);
+
+    // Legacy devices.
+    let mut pio = Bus::new();
+    let serial_irq = new_irqfd(&vm_fd, irqchip, layout::SERIAL_IRQ)?;
+    let serial = Arc::new(Mutex::new(SerialDevice::new(
+        IrqTrigger::new(serial_irq, wake.clone()),
+        opts.serial_out,
+    )));
+    pio.insert(
+        layout::SERIAL_PORT_BASE,
+        layout::SERIAL_PORT_LEN,
+        serial.clone(),
+    )?;
+    let i8042 = if kind == GuestKind::Linux {
+        let kbd_irq = new_irqfd(&vm_fd, irqchip, layout::I8042_IRQ)?;
+        let ctl = control.clone();
+        let dev = Arc::new(Mutex::new(I8042::new(
+            kbd_irq,
+            Box::new(move || ctl.stop(StopReason::Reset)),
+        )));
+        pio.insert(layout::I8042_PORT_BASE, layout::I8042_PORT_LEN, dev.clone())?;
+        Some(dev)
+    } else {
+        None
+    };
+
+    // Virtio devices: the root drive first so that it is /dev/vda.
+    let mut slots = VirtioSlots {
+        vm_fd: &vm_fd,
+        ram: &ram,
+        wake: &wake,
+        irqchip,
+        bus: Bus::new(),
+        placed: Vec::new(),
+        keep: Vec::new(),
+    };
+    let mut drives: Vec<_> = config.drives.iter().collect();
+    drives.sort_by_key(|d| !d.is_root_device);
+    for d in &drives {
+        let block = Block::new(
+            d.drive_id.clone(),
+            Path::new(&d.path_on_host),
+            d.is_read_only,
+            d.flush_is_durable(),
+        )
+        .map_err(|source| BuildError::Drive {
+            id: d.drive_id.clone(),
+            source,
+        })?;
+        slots.attach(Box::new(block))?;
+    }
+    slots.attach(Box::new(Rng::new()))?;
+    if let Some(v) = &config.vsock {
+        let vsock = Vsock::new(v.guest_cid as u64, v.uds_path.clone().into())?;
+        slots.attach(Box::new(vsock))?;
+    }
+    let VirtioSlots {
+        bus: mmio,
+        placed,
+        keep: devices,
+        ..
+    } = slots;
+
+    // vCPUs and the kernel.
+    let num_vcpus = machine.vcpu_count as u8;
+    let mut fds = Vec::with_capacity(num_vcpus as usize);
+    for id in 0..num_vcpus {
+        fds.push(
+            vm_fd
+                .create_vcpu(id as u64)
+                .map_err(kvm_setup("KVM_CREATE_VCPU"))?,
+        );
+    }
+    let mem = ram.memory();
+    match kind {
+        GuestKind::Linux => {
+            let cmdline = linux_cmdline(config, &placed);
+            let entry = load_linux(mem, &mut kernel, initrd.as_mut(), &cmdline, num_vcpus)?;
+            for (id, fd) in fds.iter().enumerate() {
+                configure_linux_vcpu(&kvm, fd, mem, id as u8, num_vcpus, &entry)?;
+            }
+        }
+        GuestKind::Unikernel => {
+            let devices: Vec<spore_abi::boot::MmioDevice> = placed
+                .iter()
+                .map(|&(base, irq, device_id)| spore_abi::boot::MmioDevice {
+                    base,
+                    size: layout::VIRTIO_MMIO_SIZE,
+                    device_id,
+                    irq,
+                })
+                .collect();
+            let tsc_khz = fds[0].get_tsc_khz().map(u64::from).unwrap_or(0);
+            let cmdline = boot.boot_args.as_deref().unwrap_or("");
+            let entry = load_unikernel(mem, &mut kernel, cmdline, &devices, tsc_khz)?;
+            configure_unikernel_vcpu(&fds[0], &entry)?;
+        }
+    }
+
+    let io = Arc::new(VcpuIo {
+        pio,
+        mmio,
+        signal: Arc::new(SignalPort::new(wake.clone())),
+    });
+    let vcpus = fds
+        .into_iter()
+        .enumerate()
+        .map(|(id, fd)| Vcpu::new(id as u8, fd, kind, io.clone(), control.clone()))
+        .collect();
+    Ok(Vm::from_parts(VmParts {
+        kind,
+        kvm,
+        vm_fd,
+        ram,
+        control,
+        io,
+        serial,
+        i8042,
+        vcpus,
+        devices,
+    }))
+}
+
+fn new_irqfd(vm_fd: &VmFd, irqchip: bool, irq: u32) -> Result<EventFd, BuildError> {
+    let fd = EventFd::new(EFD_NONBLOCK).map_err(|source| BuildError::Io {
+        what: "irqfd",
+        source,
+    })?;
+    if irqchip {
+        vm_fd
+            .register_irqfd(&fd, irq)
+            .map_err(kvm_setup("a legacy irqfd"))?;
+    }
+    Ok(fd)
+}
+
+/// The guest command line: the user's (or the default), the root device, and
+/// one `virtio_mmio.device=` per device.
+fn linux_cmdline(config: &VmConfig, placed: &[(u64, u32, u32)]) -> String {
+    let boot_args = config
+        .boot_source
+        .as_ref()
+        .and_then(|b| b.boot_args.as_deref())
+        .unwrap_or(DEFAULT_LINUX_CMDLINE);
+    let mut cmdline = boot_args.trim().to_string();
+    if let Some(root) = config.drives.iter().find(|d| d.is_root_device) {
+        if !cmdline.split_whitespace().any(|w| w.starts_with("root=")) {
+            let mode = if root.is_read_only { "ro" } else { "rw" };
+            cmdline.push_str(&format!(" root=/dev/vda {mode}"));
+        }
+    }
+    for (addr, irq, _) in placed {
+        cmdline.push_str(&format!(
+            " virtio_mmio.device={}K@{addr:#x}:{irq}",
+            layout::VIRTIO_MMIO_SIZE >> 10
+        ));
+    }
+    cmdline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BootSourceConfig, DriveConfig};
+
+    #[test]
+    fn cmdline_lists_devices_and_root() {
+        let mut c = VmConfig {
+            boot_source: Some(BootSourceConfig {
+                kernel_image_path: "/k".into(),
+                boot_args: Some("console=ttyS0".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        c.drives.push(DriveConfig {
+            drive_id: "root".into(),
+            path_on_host: "/d".into(),
+            is_root_device: true,
+            is_read_only: true,
+            partuuid: None,
+            cache_type: None,
+            io_engine: None,
+        });
+        let s = linux_cmdline(&c, &[(0xd000_0000, 5, 2), (0xd000_1000, 6, 4)]);
+        assert_eq!(
+            s,
+            "console=ttyS0 root=/dev/vda ro virtio_mmio.device=4K@0xd0000000:5 \
+             virtio_mmio.device=4K@0xd0001000:6"
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! Run control shared by the VMM and its vCPU threads: pause, resume, stop.
+//!
+//! vCPU threads check the requested state between `KVM_RUN` calls and park on
+//! a condition variable while paused. To get a thread out of `KVM_RUN` (or out
+//! of a signal-port `WAIT`), the controller sends it [`kick_signal`]; a kick
+//! can race with the thread entering `KVM_RUN`, so the controller re-kicks
+//! until every thread has acknowledged.
+
+use std::sync::{Condvar, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use crate::devices::bus::lock;
+
+/// Why the VM stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The guest asked to exit with this code (signal port).
+    GuestExit(u8),
+    /// The guest reset or powered off the machine (i8042 reset, triple fault
+    /// of a Linux guest, KVM system event).
+    Reset,
+    /// The VMM stopped the VM (API request, host signal).
+    Requested,
+    /// A vCPU failed; the message names the exit reason.
+    Error(String),
+}
+
+impl StopReason {
+    /// Exit status of the VMM process for this stop.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StopReason::GuestExit(code) => *code as i32,
+            StopReason::Reset | StopReason::Requested => 0,
+            StopReason::Error(_) => 1,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    paused: bool,
+    parked: usize,
+    stop: Option<StopReason>,
+}
+
+/// Shared between the VMM and every vCPU thread.
+#[derive(Default)]
+pub struct RunControl {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// What a vCPU thread must do before its next `KVM_RUN`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Directive {
+    Run,
+    Exit,
+}
+
+impl RunControl {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records why the VM stops; the first reason wins.
+    pub fn stop(&self, reason: StopReason) {
+        let mut s = lock(&self.state);
+        if s.stop.is_none() {
+            s.stop = Some(reason);
+        }
+        self.changed.notify_all();
+    }
+
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        lock(&self.state).stop.clone()
+    }
+
+    /// Blocks until the VM stops.
+    pub fn wait_stopped(&self) -> StopReason {
+        let mut s = lock(&self.state);
+        loop {
+            if let Some(r) = &s.stop {
+                return r.clone();
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Called by a vCPU thread between runs: parks while paused.
+    pub fn checkpoint(&self) -> Directive {
+        let mut s = lock(&self.state);
+        if s.stop.is_some() {
+            return Directive::Exit;
+        }
+        if !s.paused {
+            return Directive::Run;
+        }
+        s.parked += 1;
+        self.changed.notify_all();
+        while s.paused && s.stop.is_none() {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.parked -= 1;
+        self.changed.notify_all();
+        if s.stop.is_some() {
+            Directive::Exit
+        } else {
+            Directive::Run
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        lock(&self.state).paused
+    }
+
+    /// Requests a pause and waits until `vcpus` threads are parked, calling
+    /// `kick` (which interrupts every vCPU thread) until they are.
+    pub fn pause(&self, vcpus: usize, kick: impl Fn()) -> Result<(), PauseTimeout> {
+        lock(&self.state).paused = true;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            kick();
+            let s = lock(&self.state);
+            let (s, _) = self
+                .changed
+                .wait_timeout(s, Duration::from_millis(1))
+                .unwrap_or_else(|e| e.into_inner());
+            if s.parked >= vcpus || s.stop.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(PauseTimeout);
+            }
+        }
+    }
+
+    pub fn resume(&self) {
+        lock(&self.state).paused = false;
+        self.changed.notify_all();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("vCPUs did not pause within 5 s")]
+pub struct PauseTimeout;
+
+/// The real-time signal used to kick vCPU threads out of `KVM_RUN`.
+pub fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 1
+}
+
+/// Installs a no-op handler for the kick signal, without SA_RESTART, so the
+/// signal makes `KVM_RUN` and `poll` return EINTR instead of killing the process.
+pub fn install_kick_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        extern "C" fn noop(_: libc::c_int) {}
+        // SAFETY: a zeroed sigaction with a valid handler and an empty mask.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = noop as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(kick_signal(), &sa, std::ptr::null_mut());
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn pause_resume_stop() {
+        let c = Arc::new(RunControl::new());
+        let c2 = c.clone();
+        let t = std::thread::spawn(move || {
+            let mut runs = 0u64;
+            while c2.checkpoint() == Directive::Run {
+                runs += 1;
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            runs
+        });
+        c.pause(1, || {}).unwrap();
+        assert!(c.is_paused());
+        c.resume();
+        c.stop(StopReason::GuestExit(3));
+        c.stop(StopReason::Reset);
+        assert_eq!(c.wait_stopped(), StopReason::GuestExit(3));
+        assert!(t.join().unwrap() > 0);
+        assert_eq!(StopReason::GuestExit(3).exit_code(), 3);
+        assert_eq!(StopReason::Error("x".into()).exit_code(), 1);
+    }
+}

@@ -1,0 +1,185 @@
+//! One vCPU thread: `KVM_RUN` in a loop, exits dispatched to the buses.
+//!
+//! The loop never panics on what the guest does: an exit it cannot handle
+//! stops the VM with a [`StopReason::Error`] naming the exit reason.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use spore_abi::signal::SIGNAL_PORT;
+
+use super::control::{install_kick_handler, Directive, RunControl, StopReason};
+use super::GuestKind;
+use crate::devices::bus::Bus;
+use crate::devices::legacy::signal::{SignalAction, SignalPort};
+
+/// What every vCPU of a VM shares: the buses and the signal port.
+pub struct VcpuIo {
+    pub pio: Bus,
+    pub mmio: Bus,
+    pub signal: Arc<SignalPort>,
+}
+
+pub struct Vcpu {
+    id: u8,
+    fd: VcpuFd,
+    kind: GuestKind,
+    io: Arc<VcpuIo>,
+    control: Arc<RunControl>,
+    /// Result register of the signal port for this vCPU.
+    signal_result: u32,
+}
+
+/// A started vCPU thread.
+pub struct VcpuThread {
+    pub id: u8,
+    pub handle: JoinHandle<()>,
+}
+
+impl VcpuThread {
+    /// Interrupts the thread's `KVM_RUN` (or `WAIT`) so it sees a new directive.
+    pub fn kick(&self) {
+        use std::os::unix::thread::JoinHandleExt;
+        // SAFETY: the pthread is alive until joined, and the kick signal has a
+        // no-op handler installed before any vCPU thread starts.
+        unsafe {
+            libc::pthread_kill(
+                self.handle.as_pthread_t(),
+                super::control::kick_signal(),
+            )
+        };
+    }
+}
+
+impl Vcpu {
+    pub fn new(
+        id: u8,
+        fd: VcpuFd,
+        kind: GuestKind,
+        io: Arc<VcpuIo>,
+        control: Arc<RunControl>,
+    ) -> Self {
+        Self {
+            id,
+            fd,
+            kind,
+            io,
+            control,
+            signal_result: 0,
+        }
+    }
+
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Starts the run loop on its own thread.
+    pub fn start(self) -> std::io::Result<VcpuThread> {
+        install_kick_handler();
+        let id = self.id;
+        let handle = std::thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || self.run_loop())?;
+        Ok(VcpuThread { id, handle })
+    }
+
+    fn run_loop(mut self) {
+        while self.control.checkpoint() == Directive::Run {
+            if let Some(reason) = self.run_once() {
+                self.control.stop(reason);
+                break;
+            }
+        }
+    }
+
+    /// One `KVM_RUN`; `Some` when the VM must stop.
+    fn run_once(&mut self) -> Option<StopReason> {
+        let id = self.id;
+        let exit = match self.fd.run() {
+            Ok(exit) => exit,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Kicked: clear a pending immediate exit and re-check directives.
+                self.fd.set_kvm_immediate_exit(0);
+                return None;
+            }
+            Err(e) => return Some(StopReason::Error(format!("vCPU {id}: KVM_RUN failed: {e}"))),
+        };
+        match exit {
+            VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => {
+                match self.io.signal.write(id, data, &mut self.signal_result) {
+                    SignalAction::Continue => None,
+                    SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
+                }
+            }
+            VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
+                self.io.signal.read(data, self.signal_result);
+                None
+            }
+            VcpuExit::IoOut(port, data) => {
+                self.io.pio.write(port as u64, data);
+                None
+            }
+            VcpuExit::IoIn(port, data) => {
+                self.io.pio.read(port as u64, data);
+                None
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                if !self.io.mmio.write(addr, data) {
+                    return stray_mmio(self.kind, id, addr, data.len(), "write");
+                }
+                None
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                if !self.io.mmio.read(addr, data) {
+                    return stray_mmio(self.kind, id, addr, data.len(), "read");
+                }
+                None
+            }
+            VcpuExit::Hlt => match self.kind {
+                // The in-kernel irqchip handles HLT; seeing it means interrupts are off for good.
+                GuestKind::Linux => Some(StopReason::Error(format!(
+                    "vCPU {id}: guest halted with interrupts disabled (KVM_EXIT_HLT)"
+                ))),
+                GuestKind::Unikernel => Some(StopReason::Error(format!(
+                    "vCPU {id}: unikernel executed HLT; use the signal port's WAIT"
+                ))),
+            },
+            VcpuExit::Shutdown => match self.kind {
+                // Linux resets by triple fault with reboot=t: a normal reboot.
+                GuestKind::Linux => Some(StopReason::Reset),
+                GuestKind::Unikernel => Some(StopReason::Error(format!(
+                    "vCPU {id}: unikernel triple-faulted (KVM_EXIT_SHUTDOWN)"
+                ))),
+            },
+            VcpuExit::SystemEvent(kind, _) => {
+                tracing::info!("vCPU {id}: system event {kind}");
+                Some(StopReason::Reset)
+            }
+            VcpuExit::FailEntry(reason, cpu) => Some(StopReason::Error(format!(
+                "vCPU {id}: KVM_EXIT_FAIL_ENTRY (hardware reason {reason:#x}, cpu {cpu})"
+            ))),
+            VcpuExit::InternalError => Some(StopReason::Error(format!(
+                "vCPU {id}: KVM_EXIT_INTERNAL_ERROR (KVM could not emulate an instruction)"
+            ))),
+            VcpuExit::Intr => None,
+            other => Some(StopReason::Error(format!(
+                "vCPU {id}: unhandled exit {other:?}"
+            ))),
+        }
+    }
+
+}
+
+/// An MMIO access outside every device and outside RAM.
+fn stray_mmio(kind: GuestKind, id: u8, addr: u64, len: usize, what: &str) -> Option<StopReason> {
+    match kind {
+        // Linux probes absent hardware; reads of all-ones are what it expects.
+        GuestKind::Linux => None,
+        // A unikernel has no business there: stop it rather than let it run
+        // on with garbage.
+        GuestKind::Unikernel => Some(StopReason::Error(format!(
+            "vCPU {id}: {len}-byte MMIO {what} at {addr:#x} hits no device or RAM"
+        ))),
+    }
+}

@@ -1,0 +1,218 @@
+//! The VMM's state machine behind the API: configure, start, pause, resume.
+//!
+//! [`Vmm`] holds the configuration until `InstanceStart`, then the running
+//! [`Vm`]. API requests arrive one at a time (the API thread serializes
+//! them); the process's main thread waits in [`Vmm::wait_for_exit`].
+
+use std::sync::{Arc, Mutex};
+
+use crate::api::{
+    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, VmState,
+};
+use crate::builder::{build_vm, BuildError, BuildOptions};
+use crate::config::VmConfig;
+use crate::devices::bus::lock;
+use crate::devices::legacy::serial::SerialOut;
+use crate::devices::legacy::signal::Mark;
+use crate::vm::control::{RunControl, StopReason};
+use crate::vm::{RunState, Vm};
+
+pub struct Vmm {
+    id: String,
+    control: Arc<RunControl>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    config: VmConfig,
+    vm: Option<Vm>,
+    /// Consumed when the VM is built.
+    serial_out: Option<SerialOut>,
+}
+
+impl Vmm {
+    pub fn new(id: String, config: VmConfig, serial_out: SerialOut) -> Self {
+        Self {
+            id,
+            control: Arc::new(RunControl::new()),
+            inner: Mutex::new(Inner {
+                config,
+                vm: None,
+                serial_out: Some(serial_out),
+            }),
+        }
+    }
+
+    /// Builds and starts the VM from the current configuration.
+    pub fn start(&self) -> Result<(), StartError> {
+        let mut inner = lock(&self.inner);
+        if inner.vm.is_some() || self.control.stop_reason().is_some() {
+            return Err(StartError::AlreadyStarted);
+        }
+        let serial_out = inner.serial_out.take().ok_or(StartError::AlreadyStarted)?;
+        let mut vm = match build_vm(
+            &inner.config,
+            BuildOptions {
+                serial_out,
+                control: self.control.clone(),
+            },
+        ) {
+            Ok(vm) => vm,
+            Err(e) => {
+                // A failed build may be retried after fixing the config, but the
+                // serial sink is gone: give the next attempt stdout.
+                inner.serial_out = Some(Box::new(std::io::stdout()));
+                return Err(StartError::Build(e));
+            }
+        };
+        vm.start().map_err(|e| StartError::Start(e.to_string()))?;
+        inner.vm = Some(vm);
+        Ok(())
+    }
+
+    /// Blocks until the VM stops (or a stop is requested before it starts).
+    pub fn wait_for_exit(&self) -> StopReason {
+        self.control.wait_stopped()
+    }
+
+    /// Asks the VM to stop (host signal, shutdown).
+    pub fn request_stop(&self) {
+        self.control.stop(StopReason::Requested);
+    }
+
+    /// Stops vCPU threads and releases the VM; returns the marks it recorded.
+    pub fn shutdown(&self) -> Vec<Mark> {
+        let mut inner = lock(&self.inner);
+        match inner.vm.take() {
+            Some(mut vm) => {
+                let marks = vm.marks();
+                vm.stop(StopReason::Requested);
+                marks
+            }
+            None => Vec::new(),
+        }
+    }
+
+    pub fn state(&self) -> RunState {
+        match &lock(&self.inner).vm {
+            Some(vm) => vm.state(),
+            None if self.control.stop_reason().is_some() => RunState::Stopped,
+            None => RunState::NotStarted,
+        }
+    }
+
+    pub fn control(&self) -> &Arc<RunControl> {
+        &self.control
+    }
+
+    /// Feeds console input to the guest's serial port; returns bytes taken.
+    pub fn serial_input(&self, bytes: &[u8]) -> usize {
+        match &lock(&self.inner).vm {
+            Some(vm) => lock(vm.serial()).enqueue_input(bytes),
+            None => 0,
+        }
+    }
+
+    fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
+        let mut inner = lock(&self.inner);
+        if inner.vm.is_some() {
+            return Err(ApiError::BadRequest(
+                "the microVM is already started; this can only be set before InstanceStart".into(),
+            ));
+        }
+        f(&mut inner.config);
+        Ok(ApiResponse::NoContent)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the microVM was already started (InstanceStart is accepted once)")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("cannot start the microVM: {0}")]
+    Start(String),
+}
+
+fn bad(e: impl std::fmt::Display) -> ApiError {
+    ApiError::BadRequest(e.to_string())
+}
+
+impl ApiHandler for Vmm {
+    fn handle(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
+        match req {
+            ApiRequest::GetInstanceInfo => {
+                let state = match self.state() {
+                    RunState::NotStarted => "Not started",
+                    RunState::Running => "Running",
+                    RunState::Paused => "Paused",
+                    RunState::Stopped => "Stopped",
+                };
+                let info = InstanceInfo {
+                    app_name: "spore".into(),
+                    id: self.id.clone(),
+                    state: state.into(),
+                    vmm_version: env!("CARGO_PKG_VERSION").into(),
+                };
+                Ok(ApiResponse::Json(serde_json::to_value(info).map_err(bad)?))
+            }
+            ApiRequest::GetMachineConfig => {
+                let c = lock(&self.inner).config.machine.clone();
+                Ok(ApiResponse::Json(serde_json::to_value(c).map_err(bad)?))
+            }
+            ApiRequest::GetVmConfig => {
+                let c = lock(&self.inner).config.clone();
+                Ok(ApiResponse::Json(serde_json::to_value(c).map_err(bad)?))
+            }
+            ApiRequest::PutBootSource(b) => {
+                b.validate().map_err(bad)?;
+                self.configure(|c| c.boot_source = Some(b))
+            }
+            ApiRequest::PutMachineConfig(m) => {
+                m.validate().map_err(bad)?;
+                self.configure(|c| c.machine = m)
+            }
+            ApiRequest::PatchMachineConfig(p) => {
+                let mut m = lock(&self.inner).config.machine.clone();
+                p.apply(&mut m);
+                m.validate().map_err(bad)?;
+                self.configure(|c| c.machine = m)
+            }
+            ApiRequest::PutDrive(d) => {
+                d.validate().map_err(bad)?;
+                self.configure(|c| c.upsert_drive(d))
+            }
+            ApiRequest::PutVsock(v) => {
+                v.validate().map_err(bad)?;
+                self.configure(|c| c.vsock = Some(v))
+            }
+            ApiRequest::Action(ActionType::InstanceStart) => {
+                self.start().map_err(bad)?;
+                Ok(ApiResponse::NoContent)
+            }
+            ApiRequest::Action(ActionType::SendCtrlAltDel) => {
+                let inner = lock(&self.inner);
+                let vm = inner
+                    .vm
+                    .as_ref()
+                    .ok_or_else(|| bad("the microVM is not started"))?;
+                vm.send_ctrl_alt_del().map_err(bad)?;
+                Ok(ApiResponse::NoContent)
+            }
+            ApiRequest::Action(ActionType::FlushMetrics) => Ok(ApiResponse::NoContent),
+            ApiRequest::PatchVm(state) => {
+                let inner = lock(&self.inner);
+                let vm = inner
+                    .vm
+                    .as_ref()
+                    .ok_or_else(|| bad("the microVM is not started"))?;
+                match state {
+                    VmState::Paused => vm.pause().map_err(bad)?,
+                    VmState::Resumed => vm.resume().map_err(bad)?,
+                }
+                Ok(ApiResponse::NoContent)
+            }
+        }
+    }
+}

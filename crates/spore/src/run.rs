@@ -1,0 +1,144 @@
+//! `spore run`: one microVM in the foreground.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use spore_vmm::config::{BootProtocol, BootSourceConfig, DriveConfig, MachineConfig, VmConfig, VsockConfig};
+use spore_vmm::vm::control::StopReason;
+use spore_vmm::vmm::Vmm;
+
+use crate::host;
+use crate::size::parse_size;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Kernel image: ELF vmlinux, bzImage, or a spore unikernel ELF.
+    #[arg(long)]
+    pub kernel: PathBuf,
+    /// Initial ramdisk (Linux only).
+    #[arg(long)]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line (Linux: replaces spore's default; unikernel: passed as is).
+    #[arg(long)]
+    pub cmdline: Option<String>,
+    /// Guest memory, e.g. 256M or 1G.
+    #[arg(long, default_value = "256M")]
+    pub mem: String,
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u64,
+    /// A raw disk image; append `:ro` for read-only. Repeatable; the first is /dev/vda.
+    #[arg(long = "disk", value_name = "PATH[:ro]")]
+    pub disks: Vec<String>,
+    /// A vsock device: guest CID and host Unix socket path.
+    #[arg(long, value_name = "CID:UDS_PATH")]
+    pub vsock: Option<String>,
+    /// Boot protocol (auto-detected by default).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub boot_protocol: ProtocolArg,
+    /// Write the guest's signal-port marks here as JSON when the VM stops.
+    #[arg(long)]
+    pub marks_file: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum ProtocolArg {
+    Auto,
+    Linux,
+    Unikernel,
+}
+
+impl RunArgs {
+    pub fn to_config(&self) -> anyhow::Result<VmConfig> {
+        let mem = parse_size(&self.mem).with_context(|| format!("--mem {}", self.mem))?;
+        if mem % (1 << 20) != 0 {
+            bail!("--mem {} is not a whole number of MiB", self.mem);
+        }
+        let mut drives = Vec::new();
+        for (i, spec) in self.disks.iter().enumerate() {
+            let (path, ro) = match spec.strip_suffix(":ro") {
+                Some(p) => (p, true),
+                None => (spec.strip_suffix(":rw").unwrap_or(spec), false),
+            };
+            drives.push(DriveConfig {
+                drive_id: format!("disk{i}"),
+                path_on_host: path.to_string(),
+                is_root_device: false,
+                is_read_only: ro,
+                partuuid: None,
+                cache_type: None,
+                io_engine: None,
+            });
+        }
+        let vsock = match &self.vsock {
+            Some(v) => {
+                let (cid, path) = v
+                    .split_once(':')
+                    .with_context(|| format!("--vsock {v}: expected CID:UDS_PATH"))?;
+                Some(VsockConfig {
+                    guest_cid: cid
+                        .parse()
+                        .with_context(|| format!("--vsock {v}: bad CID {cid:?}"))?,
+                    uds_path: path.to_string(),
+                    vsock_id: None,
+                })
+            }
+            None => None,
+        };
+        let config = VmConfig {
+            boot_source: Some(BootSourceConfig {
+                kernel_image_path: self.kernel.to_string_lossy().into_owned(),
+                initrd_path: self
+                    .initrd
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+                boot_args: self.cmdline.clone(),
+                boot_protocol: match self.boot_protocol {
+                    ProtocolArg::Auto => BootProtocol::Auto,
+                    ProtocolArg::Linux => BootProtocol::Linux,
+                    ProtocolArg::Unikernel => BootProtocol::Unikernel,
+                },
+            }),
+            machine: MachineConfig {
+                vcpu_count: self.vcpus,
+                mem_size_mib: mem >> 20,
+                ..Default::default()
+            },
+            drives,
+            vsock,
+            entropy: None,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<u8> {
+    let config = args.to_config()?;
+    let vmm = Arc::new(Vmm::new(
+        "run".into(),
+        config,
+        Box::new(std::io::stdout()),
+    ));
+    host::stop_on_host_signals(vmm.clone())?;
+    vmm.start()?;
+    host::forward_stdin(vmm.clone());
+    finish(&vmm, args.marks_file.as_deref())
+}
+
+/// Waits for the VM to stop, releases it, writes marks, and picks the exit status.
+pub fn finish(vmm: &Vmm, marks_file: Option<&std::path::Path>) -> anyhow::Result<u8> {
+    let reason = vmm.wait_for_exit();
+    let marks = vmm.shutdown();
+    if let Some(path) = marks_file {
+        host::write_marks(path, &marks)
+            .with_context(|| format!("writing marks to {}", path.display()))?;
+    }
+    match reason {
+        StopReason::Error(msg) => bail!("the VM stopped on an error: {msg}"),
+        StopReason::Requested => Ok(host::host_signal_status().unwrap_or(0)),
+        other => Ok(other.exit_code() as u8),
+    }
+}

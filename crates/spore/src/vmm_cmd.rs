@@ -1,0 +1,61 @@
+//! `spore vmm`: one microVM process behind the REST API.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use spore_vmm::api::ApiServer;
+use spore_vmm::config::VmConfig;
+use spore_vmm::vmm::Vmm;
+
+use crate::host;
+
+#[derive(Args, Debug)]
+pub struct VmmArgs {
+    /// Serve the API on this Unix socket.
+    #[arg(long)]
+    pub api_sock: Option<PathBuf>,
+    /// Boot at once from this JSON file (Firecracker's config-file layout).
+    #[arg(long)]
+    pub config_file: Option<PathBuf>,
+    /// Instance id reported by `GET /`.
+    #[arg(long, default_value = "spore-vm")]
+    pub id: String,
+    /// Write the guest's signal-port marks here as JSON when the VM stops.
+    #[arg(long)]
+    pub marks_file: Option<PathBuf>,
+}
+
+pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
+    if args.api_sock.is_none() && args.config_file.is_none() {
+        bail!("give --api-sock PATH, --config-file FILE, or both");
+    }
+    let config = match &args.config_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let config: VmConfig = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            config
+                .validate()
+                .with_context(|| format!("checking {}", path.display()))?;
+            config
+        }
+        None => VmConfig::default(),
+    };
+    let vmm = Arc::new(Vmm::new(args.id.clone(), config, Box::new(std::io::stdout())));
+    host::stop_on_host_signals(vmm.clone())?;
+    let _server = match &args.api_sock {
+        Some(path) => Some(
+            ApiServer::start(path, vmm.clone())
+                .with_context(|| format!("serving the API on {}", path.display()))?,
+        ),
+        None => None,
+    };
+    if args.config_file.is_some() {
+        vmm.start()?;
+    }
+    // The server (and its socket file) goes away when `_server` drops.
+    crate::run::finish(&vmm, args.marks_file.as_deref())
+}

@@ -1,0 +1,105 @@
+//! Helpers for end-to-end tests that drive the real `spore` binary.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub fn spore() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_spore"))
+}
+
+/// A unikernel example image built by `make uk` (or `SPORE_UK_DIR`).
+pub fn uk_image(name: &str) -> PathBuf {
+    let dir = std::env::var_os("SPORE_UK_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../spore-uk/target/x86_64-unknown-none/release")
+    });
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "unikernel image {} is missing: run `make uk` first",
+        p.display()
+    );
+    p
+}
+
+pub fn require_kvm() {
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "host-KVM tests need /dev/kvm (make test skips this tier when it is absent)"
+    );
+}
+
+/// A unique scratch directory, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "spore-test-{tag}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos() ^ rand_u64()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    u64::from_le_bytes(b)
+}
+
+pub fn stdout_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One HTTP/1.1 request over the API socket; returns (status, body).
+pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut s = UnixStream::connect(sock).expect("connect to API socket");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Waits for a path to appear.
+pub fn wait_for_path(p: &Path, timeout: Duration) {
+    let t = Instant::now();
+    while !p.exists() {
+        assert!(t.elapsed() < timeout, "{} did not appear", p.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

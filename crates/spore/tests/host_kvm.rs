@@ -1,0 +1,211 @@
+//! Host-KVM tier: the spore unikernel on /dev/kvm, driven through the real
+//! `spore` binary. Every test here needs /dev/kvm; `make test` skips the tier
+//! (and says so) on a host without it.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn kvm_unikernel_greets_checks_heap_and_exits_with_its_code() {
+    require_kvm();
+    let out = spore()
+        .args(["run", "--mem", "128M", "--cmdline", "exit=42", "--kernel"])
+        .arg(uk_image("hello"))
+        .output()
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(stdout.contains("hello from spore-uk"), "stdout: {stdout}");
+    assert!(stdout.contains("heap check ok"), "stdout: {stdout}");
+    assert_eq!(out.status.code(), Some(42), "stderr: {}", stderr_of(&out));
+}
+
+#[test]
+fn kvm_unikernel_exit_zero() {
+    require_kvm();
+    let out = spore()
+        .args(["run", "--mem", "128M", "--kernel"])
+        .arg(uk_image("hello"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr_of(&out));
+}
+
+#[test]
+fn kvm_unikernel_heap_too_small_fails_cleanly() {
+    require_kvm();
+    // 32 MiB of RAM cannot hold a 64 MiB heap: the app says so and exits 1.
+    let out = spore()
+        .args(["run", "--mem", "32M", "--kernel"])
+        .arg(uk_image("hello"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "stdout: {}", stdout_of(&out));
+}
+
+/// CPU time (user + system) a child used, from wait4.
+fn run_and_measure_cpu(mut cmd: std::process::Command) -> (i32, Duration, Duration) {
+    let start = Instant::now();
+    let child = cmd.stdout(Stdio::null()).spawn().unwrap();
+    let mut status = 0;
+    // SAFETY: rusage is plain data filled by the kernel.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child with valid out-pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    assert_eq!(pid, child.id() as i32);
+    let wall = start.elapsed();
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
+    (libc::WEXITSTATUS(status), wall, cpu)
+}
+
+#[test]
+fn kvm_idle_unikernel_costs_under_5_percent_of_a_core() {
+    require_kvm();
+    let mut cmd = spore();
+    cmd.args(["run", "--mem", "64M", "--cmdline", "secs=3", "--kernel"])
+        .arg(uk_image("idle"));
+    let (code, wall, cpu) = run_and_measure_cpu(cmd);
+    assert_eq!(code, 0);
+    assert!(wall >= Duration::from_secs(3), "ran only {wall:?}");
+    let share = cpu.as_secs_f64() / wall.as_secs_f64();
+    eprintln!("idle unikernel: {cpu:?} CPU over {wall:?} = {:.2}% of a core", share * 100.0);
+    assert!(share < 0.05, "idle guest used {:.1}% of a core", share * 100.0);
+}
+
+#[test]
+fn kvm_marks_are_recorded() {
+    require_kvm();
+    let dir = Scratch::new("marks");
+    let marks = dir.path("marks.json");
+    let out = spore()
+        .args(["run", "--mem", "64M", "--marks-file"])
+        .arg(&marks)
+        .arg("--kernel")
+        .arg(uk_image("boot-mark"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&marks).unwrap()).unwrap();
+    assert_eq!(v[0]["mark"], 1, "marks: {v}");
+    assert!(v[0]["monotonic_ns"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn kvm_guest_garbage_on_signal_port_does_not_stop_the_vmm() {
+    require_kvm();
+    let out = spore()
+        .args(["run", "--mem", "64M", "--kernel"])
+        .arg(uk_image("signal-garbage"))
+        .output()
+        .unwrap();
+    // The app writes junk of every width and opcode, then exits 0.
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("survived"), "{}", stdout_of(&out));
+    assert!(stderr_of(&out).contains("signal port: ignored"));
+}
+
+#[test]
+fn kvm_api_configure_start_pause_resume() {
+    require_kvm();
+    let dir = Scratch::new("api");
+    let sock = dir.path("api.sock");
+    let mut child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+
+    let (code, body) = http(&sock, "GET", "/", None);
+    assert_eq!(code, 200);
+    assert!(body.contains("Not started"), "{body}");
+    let kernel = uk_image("idle");
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "secs=4"}}"#,
+        kernel.display()
+    );
+    assert_eq!(http(&sock, "PUT", "/boot-source", Some(&boot)).0, 204);
+    assert_eq!(
+        http(
+            &sock,
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count": 1, "mem_size_mib": 64}"#)
+        )
+        .0,
+        204
+    );
+    let (code, body) = http(&sock, "GET", "/machine-config", None);
+    assert_eq!(code, 200);
+    assert!(body.contains("\"mem_size_mib\":64"), "{body}");
+    assert_eq!(
+        http(&sock, "PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#)).0,
+        204
+    );
+    let (code, body) = http(&sock, "PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#));
+    assert_eq!(code, 400, "second InstanceStart must be refused: {body}");
+    assert!(body.contains("fault_message"));
+    assert!(http(&sock, "GET", "/", None).1.contains("Running"));
+
+    assert_eq!(http(&sock, "PATCH", "/vm", Some(r#"{"state": "Paused"}"#)).0, 204);
+    assert!(http(&sock, "GET", "/", None).1.contains("Paused"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(http(&sock, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#)).0, 204);
+    assert!(http(&sock, "GET", "/", None).1.contains("Running"));
+
+    // Configuration is frozen once started.
+    let (code, _) = http(
+        &sock,
+        "PUT",
+        "/machine-config",
+        Some(r#"{"vcpu_count": 1, "mem_size_mib": 128}"#),
+    );
+    assert_eq!(code, 400);
+
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr_of(&out));
+    assert!(!sock.exists(), "API socket left behind");
+}
+
+#[test]
+fn kvm_config_file_boots() {
+    require_kvm();
+    let dir = Scratch::new("cfg");
+    let cfg = dir.path("vm.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"boot-source": {{"kernel_image_path": "{}", "boot_args": "exit=5"}},
+                "machine-config": {{"vcpu_count": 1, "mem_size_mib": 128}}}}"#,
+            uk_image("hello").display()
+        ),
+    )
+    .unwrap();
+    let out = spore().args(["vmm", "--config-file"]).arg(&cfg).output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "stderr: {}", stderr_of(&out));
+}
+
+#[test]
+fn kvm_sigterm_stops_the_vmm_cleanly() {
+    require_kvm();
+    let dir = Scratch::new("term");
+    let sock = dir.path("api.sock");
+    let mut child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert!(!sock.exists(), "API socket left behind");
+}
