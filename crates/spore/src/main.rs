@@ -1,1 +1,3 @@
+mod size;
+
 fn main(){}
