@@ -4,6 +4,7 @@
 //! [`arch`] knows how to boot x86_64 guests, [`devices`] models the hardware,
 //! [`vm`] drives KVM.
 
+pub mod api;
 pub mod arch;
 pub mod config;
 pub mod devices;

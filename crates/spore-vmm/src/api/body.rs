@@ -1,0 +1,158 @@
+//! JSON bodies that exist only in the API, in Firecracker's shapes.
+//!
+//! Configuration bodies (`/boot-source`, `/machine-config`, `/drives/{id}`,
+//! `/vsock`) are [`crate::config`] types, shared with `--config-file`. Like
+//! those, every body here refuses unknown fields.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::MachineConfig;
+
+/// `PATCH /machine-config`: the fields to change; absent ones keep their value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_size_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smt: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track_dirty_pages: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<String>,
+}
+
+impl MachineConfigPatch {
+    /// Whether the patch changes nothing (the parser refuses such a patch, as
+    /// Firecracker does, since it is almost surely a client mistake).
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `base` with the patch's fields laid over it. The result still needs
+    /// [`MachineConfig::validate`].
+    pub fn apply(&self, base: &MachineConfig) -> MachineConfig {
+        MachineConfig {
+            vcpu_count: self.vcpu_count.unwrap_or(base.vcpu_count),
+            mem_size_mib: self.mem_size_mib.unwrap_or(base.mem_size_mib),
+            smt: self.smt.unwrap_or(base.smt),
+            track_dirty_pages: self.track_dirty_pages.unwrap_or(base.track_dirty_pages),
+            cpu_template: self
+                .cpu_template
+                .clone()
+                .or_else(|| base.cpu_template.clone()),
+            huge_pages: self.huge_pages.clone().or_else(|| base.huge_pages.clone()),
+        }
+    }
+}
+
+/// `PUT /actions` `action_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActionType {
+    /// Build the VM from the configuration given so far and run it.
+    InstanceStart,
+    /// Ask the guest to reboot (i8042 reset line); Linux guests shut down.
+    SendCtrlAltDel,
+    /// Write the metrics out now.
+    FlushMetrics,
+}
+
+/// The body of `PUT /actions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceActionInfo {
+    pub action_type: ActionType,
+}
+
+/// `PATCH /vm` `state`: what the client wants the vCPUs to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmState {
+    Paused,
+    Resumed,
+}
+
+/// The body of `PATCH /vm`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStateBody {
+    pub state: VmState,
+}
+
+/// Where the microVM is in its life, as `GET /` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstanceState {
+    /// Configured (or not yet), `InstanceStart` not yet sent.
+    #[serde(rename = "Not started")]
+    NotStarted,
+    Running,
+    Paused,
+}
+
+/// `GET /`: who this VMM is and what state its microVM is in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceInfo {
+    /// Always `"spore"`; Firecracker puts its own name here.
+    pub app_name: String,
+    /// The instance id given on the command line (`--id`), or a default.
+    pub id: String,
+    pub state: InstanceState,
+    /// The spore version.
+    pub vmm_version: String,
+}
+
+impl InstanceInfo {
+    /// Info for this build of spore.
+    pub fn new(id: impl Into<String>, state: InstanceState) -> Self {
+        Self {
+            app_name: "spore".into(),
+            id: id.into(),
+            state,
+            vmm_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn instance_info_matches_firecracker_shape() {
+        let info = InstanceInfo::new("vm0", InstanceState::NotStarted);
+        let v = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            v,
+            json!({"app_name": "spore", "id": "vm0", "state": "Not started",
+                   "vmm_version": env!("CARGO_PKG_VERSION")})
+        );
+        assert_eq!(
+            serde_json::to_value(InstanceState::Paused).unwrap(),
+            json!("Paused")
+        );
+    }
+
+    #[test]
+    fn patch_applies_only_given_fields() {
+        let base = MachineConfig {
+            cpu_template: Some("None".into()),
+            ..MachineConfig::default()
+        };
+        let p = MachineConfigPatch {
+            mem_size_mib: Some(512),
+            ..Default::default()
+        };
+        assert!(!p.is_empty());
+        let m = p.apply(&base);
+        assert_eq!(m.mem_size_mib, 512);
+        assert_eq!(m.vcpu_count, base.vcpu_count);
+        assert_eq!(m.cpu_template.as_deref(), Some("None"));
+        assert!(MachineConfigPatch::default().is_empty());
+        assert_eq!(MachineConfigPatch::default().apply(&base), base);
+    }
+}

@@ -1,0 +1,110 @@
+//! The VMM's REST API: HTTP/1.1 + JSON on a Unix socket, Firecracker-compatible.
+//!
+//! Where Firecracker has an endpoint, spore accepts the same method, path and
+//! body, so existing Firecracker clients work. The module is split by question:
+//!
+//! - [`request`]: HTTP method + path + body → a typed [`ApiRequest`]; all
+//!   validation of what a client sent happens there, in one place.
+//! - [`body`]: JSON bodies that exist only in the API (actions, VM state,
+//!   machine-config patch, instance info). Configuration bodies live in
+//!   [`crate::config`].
+//! - [`response`]: [`ApiResponse`] / [`ApiError`] → HTTP status and body.
+//! - [`server`]: the socket, the HTTP connection handling and the thread.
+//!
+//! The API never touches the VM itself: it hands each typed request to an
+//! [`ApiHandler`] that the VMM implements, one request at a time. Nothing a
+//! client sends may panic the VMM; every error reaches the client as a 4xx
+//! (or 500) with `{"fault_message": "..."}`.
+//!
+//! Unknown paths get **404** (Firecracker answers 400 there); a known path with
+//! the wrong method gets **405** with an `Allow` header.
+
+pub mod body;
+pub mod request;
+pub mod response;
+pub mod server;
+mod socket;
+
+pub use body::{ActionType, InstanceInfo, InstanceState, MachineConfigPatch, VmState};
+pub use request::parse_request;
+pub use server::{ApiServer, ApiServerError};
+
+use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+
+/// One API call, parsed and type-checked (but not yet validated against the
+/// VM's state: that is the handler's job).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiRequest {
+    /// `GET /`: answer with [`InstanceInfo`].
+    GetInstanceInfo,
+    /// `GET /machine-config`.
+    GetMachineConfig,
+    /// `GET /vm/config`: the whole configuration ([`crate::config::VmConfig`]).
+    GetVmConfig,
+    /// `PUT /boot-source`.
+    PutBootSource(BootSourceConfig),
+    /// `PUT /machine-config`.
+    PutMachineConfig(MachineConfig),
+    /// `PATCH /machine-config` (at least one field is set).
+    PatchMachineConfig(MachineConfigPatch),
+    /// `PUT /drives/{id}`; the path id equals `drive_id` (checked).
+    PutDrive(DriveConfig),
+    /// `PUT /vsock`.
+    PutVsock(VsockConfig),
+    /// `PUT /actions`.
+    Action(ActionType),
+    /// `PATCH /vm`.
+    PatchVm(VmState),
+}
+
+/// What a successful request answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ApiResponse {
+    /// 204 No Content.
+    NoContent,
+    /// 200 OK with a JSON body.
+    Json(serde_json::Value),
+}
+
+impl ApiResponse {
+    /// A 200 response carrying `value` as JSON.
+    pub fn json<T: serde::Serialize>(value: &T) -> Result<ApiResponse, ApiError> {
+        serde_json::to_value(value)
+            .map(ApiResponse::Json)
+            .map_err(|e| ApiError::Internal(format!("cannot encode the response: {e}")))
+    }
+}
+
+/// Why a request failed. Each variant maps to one HTTP status; the message
+/// becomes the `fault_message` the client sees, so say what to change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the request is malformed or not valid now.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404: no such resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405: the resource exists but not with this method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 413: the body is larger than the API accepts.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// 500: the VMM failed to do something it should have been able to do.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<ConfigError> for ApiError {
+    /// A configuration a user sent that does not validate is their error.
+    fn from(e: ConfigError) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
+/// The VMM's side of the API. Called on the API thread, one request at a
+/// time, so an implementation never sees two requests at once.
+pub trait ApiHandler: Send + Sync + 'static {
+    fn handle(&self, req: ApiRequest) -> Result<ApiResponse, ApiError>;
+}

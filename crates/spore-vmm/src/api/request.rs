@@ -1,0 +1,485 @@
+//! HTTP method + path + body → a typed [`ApiRequest`].
+//!
+//! Everything the API checks about what a client sent is checked here, in one
+//! place: the route, the method, the JSON shape (unknown fields and wrong
+//! types are refused with a message naming the field), and the path/body
+//! agreement of `/drives/{id}`. Nothing here panics on any input.
+
+use hyper::Method;
+use serde::de::DeserializeOwned;
+
+use super::body::{InstanceActionInfo, VmStateBody};
+use super::{ApiError, ApiRequest, MachineConfigPatch};
+use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+
+/// A resource the API serves, named by its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resource<'a> {
+    Root,
+    MachineConfig,
+    VmConfig,
+    BootSource,
+    /// `/drives/{id}`; the id is empty for a bare `/drives`.
+    Drive(&'a str),
+    Vsock,
+    Actions,
+    Vm,
+}
+
+impl Resource<'_> {
+    /// The methods this resource answers, for 405 messages and `Allow`.
+    fn methods(self) -> &'static [&'static str] {
+        match self {
+            Resource::Root | Resource::VmConfig => &["GET"],
+            Resource::MachineConfig => &["GET", "PUT", "PATCH"],
+            Resource::BootSource | Resource::Drive(_) | Resource::Vsock | Resource::Actions => {
+                &["PUT"]
+            }
+            Resource::Vm => &["PATCH"],
+        }
+    }
+}
+
+/// Finds the resource a path names. One trailing `/` is tolerated; the query
+/// string is not part of `path` (hyper splits it off).
+fn resource(path: &str) -> Option<Resource<'_>> {
+    let trimmed = match path.strip_suffix('/') {
+        Some(p) if p.len() > 1 => p,
+        _ => path,
+    };
+    Some(match trimmed {
+        "/" => Resource::Root,
+        "/machine-config" => Resource::MachineConfig,
+        "/vm/config" => Resource::VmConfig,
+        "/boot-source" => Resource::BootSource,
+        "/vsock" => Resource::Vsock,
+        "/actions" => Resource::Actions,
+        "/vm" => Resource::Vm,
+        "/drives" => Resource::Drive(""),
+        p => {
+            let id = p.strip_prefix("/drives/")?;
+            if id.contains('/') {
+                return None;
+            }
+            Resource::Drive(id)
+        }
+    })
+}
+
+/// The methods a path answers (for an `Allow` header), or `None` if the path
+/// names no resource.
+pub fn allowed_methods(path: &str) -> Option<&'static [&'static str]> {
+    resource(path).map(Resource::methods)
+}
+
+/// Turns one HTTP request into an [`ApiRequest`]. `path` is the URI path
+/// without the query; `body` is the whole body (the server bounds its size).
+/// Bodies of `GET` requests are ignored.
+pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequest, ApiError> {
+    let res = resource(path)
+        .ok_or_else(|| ApiError::NotFound(format!("no such resource: {}", printable(path))))?;
+    let m = method.as_str();
+    let req = match (res, m) {
+        (Resource::Root, "GET") => ApiRequest::GetInstanceInfo,
+        (Resource::MachineConfig, "GET") => ApiRequest::GetMachineConfig,
+        (Resource::VmConfig, "GET") => ApiRequest::GetVmConfig,
+        (Resource::BootSource, "PUT") => {
+            ApiRequest::PutBootSource(decode::<BootSourceConfig>(m, path, body)?)
+        }
+        (Resource::MachineConfig, "PUT") => {
+            ApiRequest::PutMachineConfig(decode::<MachineConfig>(m, path, body)?)
+        }
+        (Resource::MachineConfig, "PATCH") => {
+            let patch = decode::<MachineConfigPatch>(m, path, body)?;
+            if patch.is_empty() {
+                return Err(ApiError::BadRequest(
+                    "PATCH /machine-config changes nothing: give at least one field".into(),
+                ));
+            }
+            ApiRequest::PatchMachineConfig(patch)
+        }
+        (Resource::Drive(id), "PUT") => {
+            if id.is_empty() {
+                return Err(ApiError::BadRequest(
+                    "the drive id is missing from the path: PUT /drives/{drive_id}".into(),
+                ));
+            }
+            let drive = decode::<DriveConfig>(m, path, body)?;
+            if drive.drive_id != id {
+                return Err(ConfigError::DriveIdMismatch {
+                    path: printable(id),
+                    body: drive.drive_id,
+                }
+                .into());
+            }
+            ApiRequest::PutDrive(drive)
+        }
+        (Resource::Vsock, "PUT") => ApiRequest::PutVsock(decode::<VsockConfig>(m, path, body)?),
+        (Resource::Actions, "PUT") => {
+            ApiRequest::Action(decode::<InstanceActionInfo>(m, path, body)?.action_type)
+        }
+        (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
+        (res, _) => {
+            return Err(ApiError::MethodNotAllowed(format!(
+                "{} is not allowed on {}; use {}",
+                printable(m),
+                printable(path),
+                res.methods().join(" or ")
+            )))
+        }
+    };
+    Ok(req)
+}
+
+/// Decodes a JSON body, naming the offending field in the error.
+fn decode<T: DeserializeOwned>(method: &str, path: &str, body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadRequest(format!(
+            "{method} {} needs a JSON body",
+            printable(path)
+        )));
+    }
+    let bad = |detail: String| {
+        ApiError::BadRequest(format!(
+            "invalid body for {method} {}: {detail}",
+            printable(path)
+        ))
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        // serde_json's own messages name unknown and missing fields, but not
+        // the field whose value has the wrong type: the path does. "." is the
+        // top level, "?" an unparsable position.
+        let named = field == "." || field.contains('?') || inner.contains(&format!("`{field}`"));
+        if named {
+            bad(inner)
+        } else {
+            bad(format!("field `{field}`: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| bad(e.to_string()))?;
+    Ok(value)
+}
+
+/// A client-supplied string made safe to echo in a message and a log line:
+/// control characters escaped, length bounded.
+fn printable(s: &str) -> String {
+    const MAX: usize = 128;
+    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if s.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ActionType, VmState};
+    use crate::config::BootProtocol;
+
+    fn parse(method: Method, path: &str, body: &str) -> Result<ApiRequest, ApiError> {
+        parse_request(&method, path, body.as_bytes())
+    }
+
+    fn bad_request(method: Method, path: &str, body: &str) -> String {
+        match parse(method.clone(), path, body) {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("{method} {path} {body:?}: expected 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_route_parses() {
+        let drive = DriveConfig {
+            drive_id: "rootfs".into(),
+            path_on_host: "/img".into(),
+            is_root_device: true,
+            is_read_only: false,
+            partuuid: None,
+            cache_type: None,
+            io_engine: None,
+        };
+        let table: Vec<(Method, &str, &str, ApiRequest)> = vec![
+            (Method::GET, "/", "", ApiRequest::GetInstanceInfo),
+            (
+                Method::GET,
+                "/machine-config",
+                "",
+                ApiRequest::GetMachineConfig,
+            ),
+            (
+                Method::GET,
+                "/machine-config/",
+                "",
+                ApiRequest::GetMachineConfig,
+            ),
+            (Method::GET, "/vm/config", "", ApiRequest::GetVmConfig),
+            // A GET body is ignored.
+            (Method::GET, "/", "garbage", ApiRequest::GetInstanceInfo),
+            (
+                Method::PUT,
+                "/boot-source",
+                r#"{"kernel_image_path":"/k","boot_args":"console=ttyS0","boot_protocol":"unikernel"}"#,
+                ApiRequest::PutBootSource(BootSourceConfig {
+                    kernel_image_path: "/k".into(),
+                    initrd_path: None,
+                    boot_args: Some("console=ttyS0".into()),
+                    boot_protocol: BootProtocol::Unikernel,
+                }),
+            ),
+            (
+                Method::PUT,
+                "/machine-config",
+                r#"{"vcpu_count":2,"mem_size_mib":256,"track_dirty_pages":true}"#,
+                ApiRequest::PutMachineConfig(MachineConfig {
+                    vcpu_count: 2,
+                    mem_size_mib: 256,
+                    track_dirty_pages: true,
+                    ..MachineConfig::default()
+                }),
+            ),
+            (
+                Method::PATCH,
+                "/machine-config",
+                r#"{"mem_size_mib":512}"#,
+                ApiRequest::PatchMachineConfig(MachineConfigPatch {
+                    mem_size_mib: Some(512),
+                    ..Default::default()
+                }),
+            ),
+            (
+                Method::PUT,
+                "/drives/rootfs",
+                r#"{"drive_id":"rootfs","path_on_host":"/img","is_root_device":true,"is_read_only":false}"#,
+                ApiRequest::PutDrive(drive),
+            ),
+            (
+                Method::PUT,
+                "/vsock",
+                r#"{"guest_cid":3,"uds_path":"/v.sock"}"#,
+                ApiRequest::PutVsock(VsockConfig {
+                    guest_cid: 3,
+                    uds_path: "/v.sock".into(),
+                    vsock_id: None,
+                }),
+            ),
+            (
+                Method::PUT,
+                "/actions",
+                r#"{"action_type":"InstanceStart"}"#,
+                ApiRequest::Action(ActionType::InstanceStart),
+            ),
+            (
+                Method::PUT,
+                "/actions",
+                r#" {"action_type":"SendCtrlAltDel"} "#,
+                ApiRequest::Action(ActionType::SendCtrlAltDel),
+            ),
+            (
+                Method::PUT,
+                "/actions",
+                r#"{"action_type":"FlushMetrics"}"#,
+                ApiRequest::Action(ActionType::FlushMetrics),
+            ),
+            (
+                Method::PATCH,
+                "/vm",
+                r#"{"state":"Paused"}"#,
+                ApiRequest::PatchVm(VmState::Paused),
+            ),
+            (
+                Method::PATCH,
+                "/vm",
+                r#"{"state":"Resumed"}"#,
+                ApiRequest::PatchVm(VmState::Resumed),
+            ),
+        ];
+        for (method, path, body, want) in table {
+            let got = parse(method.clone(), path, body);
+            assert_eq!(got, Ok(want), "{method} {path} {body}");
+        }
+    }
+
+    #[test]
+    fn unknown_paths_are_404() {
+        for path in [
+            "",
+            "/nope",
+            "/machine-config/x",
+            "/drives/a/b",
+            "/vm/config/x",
+            "//",
+            "/actions//",
+            "/\u{7}\n",
+        ] {
+            assert!(
+                matches!(parse(Method::GET, path, ""), Err(ApiError::NotFound(_))),
+                "{path:?}"
+            );
+        }
+        let Err(ApiError::NotFound(m)) = parse(Method::GET, "/\u{7}\n", "") else {
+            unreachable!()
+        };
+        assert!(!m.contains('\n'), "control characters escaped: {m}");
+    }
+
+    #[test]
+    fn wrong_methods_are_405() {
+        let table = [
+            (Method::PUT, "/"),
+            (Method::POST, "/machine-config"),
+            (Method::DELETE, "/machine-config"),
+            (Method::PUT, "/vm/config"),
+            (Method::GET, "/boot-source"),
+            (Method::PATCH, "/boot-source"),
+            (Method::GET, "/drives/rootfs"),
+            (Method::PATCH, "/drives/rootfs"),
+            (Method::GET, "/vsock"),
+            (Method::GET, "/actions"),
+            (Method::POST, "/actions"),
+            (Method::PUT, "/vm"),
+            (Method::GET, "/vm"),
+            (Method::HEAD, "/"),
+            (Method::from_bytes(b"BREW").unwrap(), "/actions"),
+        ];
+        for (method, path) in table {
+            match parse(method.clone(), path, "{}") {
+                Err(ApiError::MethodNotAllowed(m)) => assert!(m.contains(path), "{m}"),
+                other => panic!("{method} {path}: expected 405, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            allowed_methods("/machine-config"),
+            Some(&["GET", "PUT", "PATCH"][..])
+        );
+        assert_eq!(allowed_methods("/drives/x"), Some(&["PUT"][..]));
+        assert_eq!(allowed_methods("/nope"), None);
+    }
+
+    #[test]
+    fn malformed_bodies_are_400() {
+        let table = [
+            (Method::PUT, "/boot-source", "{"),
+            (Method::PUT, "/boot-source", "not json"),
+            (Method::PUT, "/boot-source", "[]"),
+            (Method::PUT, "/boot-source", "null"),
+            (
+                Method::PUT,
+                "/boot-source",
+                r#"{"kernel_image_path":"/k"} trailing"#,
+            ),
+            (
+                Method::PUT,
+                "/boot-source",
+                r#"{"kernel_image_path":"/k"}{}"#,
+            ),
+            (
+                Method::PUT,
+                "/machine-config",
+                r#"{"vcpu_count":-1,"mem_size_mib":1}"#,
+            ),
+            (Method::PUT, "/actions", r#"{"action_type":"Reboot"}"#),
+            (Method::PUT, "/actions", r#"{"action_type":null}"#),
+            (Method::PATCH, "/vm", r#"{"state":"paused"}"#),
+            (
+                Method::PUT,
+                "/vsock",
+                r#"{"guest_cid":4294967296,"uds_path":"/s"}"#,
+            ),
+        ];
+        for (method, path, body) in table {
+            bad_request(method, path, body);
+        }
+        let invalid_utf8 = parse_request(&Method::PUT, "/vsock", b"{\"uds_path\":\"\xff\"}");
+        assert!(matches!(invalid_utf8, Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn empty_bodies_are_400() {
+        for (method, path) in [
+            (Method::PUT, "/boot-source"),
+            (Method::PUT, "/machine-config"),
+            (Method::PATCH, "/machine-config"),
+            (Method::PUT, "/drives/rootfs"),
+            (Method::PUT, "/vsock"),
+            (Method::PUT, "/actions"),
+            (Method::PATCH, "/vm"),
+        ] {
+            for body in ["", " \r\n"] {
+                let m = bad_request(method.clone(), path, body);
+                assert!(m.contains("needs a JSON body"), "{m}");
+            }
+        }
+        let m = bad_request(Method::PATCH, "/machine-config", "{}");
+        assert!(m.contains("changes nothing"), "{m}");
+    }
+
+    #[test]
+    fn messages_name_the_field() {
+        let m = bad_request(
+            Method::PUT,
+            "/machine-config",
+            r#"{"vcpu_count":1,"mem_size_mib":128,"bogus":1}"#,
+        );
+        assert!(m.contains("bogus"), "{m}");
+        let m = bad_request(Method::PUT, "/machine-config", r#"{"vcpu_count":1}"#);
+        assert!(m.contains("mem_size_mib"), "{m}");
+        let m = bad_request(
+            Method::PUT,
+            "/machine-config",
+            r#"{"vcpu_count":"two","mem_size_mib":128}"#,
+        );
+        assert!(m.contains("vcpu_count"), "{m}");
+        let m = bad_request(Method::PATCH, "/machine-config", r#"{"smt":"yes"}"#);
+        assert!(m.contains("smt"), "{m}");
+        let m = bad_request(
+            Method::PUT,
+            "/actions",
+            r#"{"action_type":"InstanceStart","x":1}"#,
+        );
+        assert!(m.contains('x'), "{m}");
+        let m = bad_request(Method::PATCH, "/vm", r#"{"state":"Paused","extra":true}"#);
+        assert!(m.contains("extra"), "{m}");
+        let m = bad_request(
+            Method::PUT,
+            "/drives/a",
+            r#"{"drive_id":"a","path_on_host":"/d","rate_limiter":{}}"#,
+        );
+        assert!(m.contains("rate_limiter"), "{m}");
+        let m = bad_request(Method::PUT, "/vsock", r#"{"guest_cid":3,"uds_path":7}"#);
+        assert!(m.contains("uds_path"), "{m}");
+    }
+
+    #[test]
+    fn drive_path_id_must_match_body() {
+        let m = bad_request(
+            Method::PUT,
+            "/drives/other",
+            r#"{"drive_id":"rootfs","path_on_host":"/img"}"#,
+        );
+        assert!(m.contains("other") && m.contains("rootfs"), "{m}");
+        let m = bad_request(
+            Method::PUT,
+            "/drives",
+            r#"{"drive_id":"rootfs","path_on_host":"/img"}"#,
+        );
+        assert!(m.contains("missing"), "{m}");
+        let m = bad_request(
+            Method::PUT,
+            "/drives/",
+            r#"{"drive_id":"","path_on_host":"/img"}"#,
+        );
+        assert!(m.contains("missing"), "{m}");
+    }
+
+    #[test]
+    fn printable_bounds_and_escapes() {
+        assert_eq!(printable("/a"), "/a");
+        assert_eq!(printable("a\nb"), "a\\nb");
+        let long = "x".repeat(1000);
+        assert_eq!(printable(&long).chars().count(), 129);
+    }
+}
