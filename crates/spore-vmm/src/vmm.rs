@@ -7,7 +7,8 @@
 use std::sync::{Arc, Mutex};
 
 use crate::api::{
-    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, VmState,
+    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
+    VmState,
 };
 use crate::builder::{build_vm, BuildError, BuildOptions};
 use crate::config::VmConfig;
@@ -144,26 +145,18 @@ impl ApiHandler for Vmm {
         match req {
             ApiRequest::GetInstanceInfo => {
                 let state = match self.state() {
-                    RunState::NotStarted => "Not started",
-                    RunState::Running => "Running",
-                    RunState::Paused => "Paused",
-                    RunState::Stopped => "Stopped",
+                    RunState::NotStarted => InstanceState::NotStarted,
+                    RunState::Running => InstanceState::Running,
+                    RunState::Paused => InstanceState::Paused,
+                    RunState::Stopped => InstanceState::Stopped,
                 };
-                let info = InstanceInfo {
-                    app_name: "spore".into(),
-                    id: self.id.clone(),
-                    state: state.into(),
-                    vmm_version: env!("CARGO_PKG_VERSION").into(),
-                };
-                Ok(ApiResponse::Json(serde_json::to_value(info).map_err(bad)?))
+                ApiResponse::json(&InstanceInfo::new(self.id.clone(), state))
             }
             ApiRequest::GetMachineConfig => {
-                let c = lock(&self.inner).config.machine.clone();
-                Ok(ApiResponse::Json(serde_json::to_value(c).map_err(bad)?))
+                ApiResponse::json(&lock(&self.inner).config.machine)
             }
             ApiRequest::GetVmConfig => {
-                let c = lock(&self.inner).config.clone();
-                Ok(ApiResponse::Json(serde_json::to_value(c).map_err(bad)?))
+                ApiResponse::json(&lock(&self.inner).config)
             }
             ApiRequest::PutBootSource(b) => {
                 b.validate().map_err(bad)?;
@@ -174,8 +167,7 @@ impl ApiHandler for Vmm {
                 self.configure(|c| c.machine = m)
             }
             ApiRequest::PatchMachineConfig(p) => {
-                let mut m = lock(&self.inner).config.machine.clone();
-                p.apply(&mut m);
+                let m = p.apply(&lock(&self.inner).config.machine);
                 m.validate().map_err(bad)?;
                 self.configure(|c| c.machine = m)
             }

@@ -90,6 +90,8 @@ pub enum InstanceState {
     NotStarted,
     Running,
     Paused,
+    /// spore extension: the guest stopped and the VMM is exiting.
+    Stopped,
 }
 
 /// `GET /`: who this VMM is and what state its microVM is in.
