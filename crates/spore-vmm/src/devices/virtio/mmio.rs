@@ -79,7 +79,9 @@ const FAILED: u32 = VIRTIO_CONFIG_S_FAILED;
 pub enum MmioError {
     #[error("virtio device type {device_type} declares no queues")]
     NoQueues { device_type: u32 },
-    #[error("virtio queue {index}: invalid maximum size {size} (must be a power of two, 1..=32768)")]
+    #[error(
+        "virtio queue {index}: invalid maximum size {size} (must be a power of two, 1..=32768)"
+    )]
     QueueSize {
         index: usize,
         size: u16,
@@ -135,8 +137,8 @@ impl MmioTransport {
                 source,
             })?;
             queues.push(q);
-            let evt =
-                EventFd::new(EFD_NONBLOCK).map_err(|source| MmioError::EventFd { index, source })?;
+            let evt = EventFd::new(EFD_NONBLOCK)
+                .map_err(|source| MmioError::EventFd { index, source })?;
             queue_events.push(evt);
         }
         Ok(Self {
@@ -234,8 +236,13 @@ impl MmioTransport {
             REG_INTERRUPT_ACK => self.interrupt.ack(value & (INT_VRING | INT_CONFIG)),
             REG_STATUS => self.write_status(value),
             REG_SHM_SEL => self.shm_sel = value,
-            REG_QUEUE_NUM | REG_QUEUE_READY | REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH
-            | REG_QUEUE_DRIVER_LOW | REG_QUEUE_DRIVER_HIGH | REG_QUEUE_DEVICE_LOW
+            REG_QUEUE_NUM
+            | REG_QUEUE_READY
+            | REG_QUEUE_DESC_LOW
+            | REG_QUEUE_DESC_HIGH
+            | REG_QUEUE_DRIVER_LOW
+            | REG_QUEUE_DRIVER_HIGH
+            | REG_QUEUE_DEVICE_LOW
             | REG_QUEUE_DEVICE_HIGH => self.write_queue_register(offset, value),
             _ => tracing::warn!(
                 "virtio-mmio: write of {value:#x} to read-only or unknown register {offset:#x}"
@@ -276,7 +283,9 @@ impl MmioTransport {
         }
         let sel = self.queue_sel;
         let Some(q) = self.selected_queue() else {
-            tracing::warn!("virtio-mmio: queue register {offset:#x} written for absent queue {sel}");
+            tracing::warn!(
+                "virtio-mmio: queue register {offset:#x} written for absent queue {sel}"
+            );
             return;
         };
         // The queue setters reject bad sizes and misaligned addresses (keeping
@@ -462,7 +471,7 @@ impl BusDevice for MmioTransport {
             self.device.read_config(offset - CONFIG_SPACE, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             tracing::warn!(
                 "virtio-mmio: {}-byte register read at {offset:#x} ignored (registers are aligned 32-bit)",
                 data.len()
@@ -479,7 +488,7 @@ impl BusDevice for MmioTransport {
             return;
         }
         match <[u8; 4]>::try_from(data) {
-            Ok(word) if offset % 4 == 0 => self.write_register(offset, u32::from_le_bytes(word)),
+            Ok(word) if offset.is_multiple_of(4) => self.write_register(offset, u32::from_le_bytes(word)),
             _ => tracing::warn!(
                 "virtio-mmio: {}-byte register write at {offset:#x} ignored (registers are aligned 32-bit)",
                 data.len()

@@ -13,9 +13,13 @@ use crate::vm::wake::GuestWake;
 const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 const FAKE_FEATURE: u64 = 1 << 3;
 
+/// A queue as the device saw it: (size, desc, avail, used, ready).
+type QueueView = (u16, u64, u64, u64, bool);
+
 #[derive(Default)]
 struct Record {
-    activations: Vec<(Vec<(u16, u64, u64, u64, bool)>, usize, u64)>,
+    /// Per activation: the queues, the number of queue eventfds, acked features.
+    activations: Vec<(Vec<QueueView>, usize, u64)>,
     resets: usize,
     config_writes: Vec<(u64, Vec<u8>)>,
 }
@@ -166,7 +170,11 @@ fn full_negotiation_activates_device() {
     let (d, a, u) = (vq.desc_table_addr().0, vq.avail_addr().0, vq.used_addr().0);
     setup_queue(&mut t, 0, 16, d, a, u);
     assert_eq!(rd(&mut t, REG_QUEUE_READY), 1);
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+    );
     assert_eq!(
         rd(&mut t, REG_STATUS),
         ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK
@@ -230,7 +238,11 @@ fn out_of_order_status_writes_are_ignored() {
     wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FAILED);
     assert_eq!(rd(&mut t, REG_STATUS), ACKNOWLEDGE | DRIVER | FAILED);
     ack_features(&mut t, VERSION_1);
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FAILED | FEATURES_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FAILED | FEATURES_OK,
+    );
     assert_eq!(rd(&mut t, REG_STATUS), ACKNOWLEDGE | DRIVER | FAILED);
     assert_eq!(record.lock().unwrap().activations.len(), 0);
 }
@@ -249,7 +261,11 @@ fn reset_clears_everything_and_allows_reactivation() {
         vq.avail_addr().0,
         vq.used_addr().0,
     );
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+    );
     assert!(t.is_activated());
     t.interrupt().signal_used_queue();
     wr(&mut t, REG_QUEUE_NOTIFY, 0);
@@ -273,7 +289,11 @@ fn reset_clears_everything_and_allows_reactivation() {
         vq.avail_addr().0,
         vq.used_addr().0,
     );
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+    );
     let rec = record.lock().unwrap();
     assert_eq!(rec.activations.len(), 2);
     // The size reverted to the maximum on reset and was set again.
@@ -287,7 +307,11 @@ fn invalid_queue_sets_needs_reset() {
     negotiate(&mut t, VERSION_1);
     // Descriptor table past the end of guest memory.
     setup_queue(&mut t, 0, 16, 0xffff_fff0_0000, 0x2000, 0x3000);
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+    );
     assert!(!t.is_activated());
     assert_ne!(rd(&mut t, REG_STATUS) & NEEDS_RESET, 0);
     assert_eq!(rd(&mut t, REG_INTERRUPT_STATUS) & INT_CONFIG, INT_CONFIG);
@@ -306,7 +330,11 @@ fn invalid_queue_sets_needs_reset() {
 fn failed_activation_sets_needs_reset() {
     let (mut t, _) = transport(true);
     negotiate(&mut t, VERSION_1);
-    wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(
+        &mut t,
+        REG_STATUS,
+        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+    );
     assert!(!t.is_activated());
     assert_ne!(rd(&mut t, REG_STATUS) & NEEDS_RESET, 0);
     assert_eq!(t.interrupt().status() & INT_CONFIG, INT_CONFIG);
@@ -395,7 +423,10 @@ fn event_idx_follows_acked_features() {
         }
         fn read_config(&self, _: u64, _: &mut [u8]) {}
         fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
-            self.0.lock().unwrap().push(ctx.queues[0].event_idx_enabled());
+            self.0
+                .lock()
+                .unwrap()
+                .push(ctx.queues[0].event_idx_enabled());
             Ok(())
         }
         fn reset(&mut self) {}
@@ -409,7 +440,11 @@ fn event_idx_follows_acked_features() {
         MmioTransport::new(Box::new(EventIdxDevice(seen.clone())), memory(), interrupt).unwrap();
     for features in [VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX, VERSION_1] {
         negotiate(&mut t, features);
-        wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        wr(
+            &mut t,
+            REG_STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
         wr(&mut t, REG_STATUS, 0);
     }
     assert_eq!(*seen.lock().unwrap(), vec![true, false]);

@@ -10,6 +10,7 @@
 pub mod blk;
 pub mod interrupt;
 pub mod mmio;
+pub mod queue_server;
 pub mod rng;
 pub mod worker;
 

@@ -54,7 +54,11 @@ impl DiskImage {
                 },
                 ErrorKind::PermissionDenied => BlockError::PermissionDenied {
                     path: path_buf.clone(),
-                    mode: if read_only { "reading" } else { "reading and writing" },
+                    mode: if read_only {
+                        "reading"
+                    } else {
+                        "reading and writing"
+                    },
                 },
                 _ => BlockError::Open {
                     path: path_buf.clone(),

@@ -150,7 +150,8 @@ pub fn parse(
     if status_desc.has_next() {
         return Err(drop(RequestError::Truncated));
     }
-    let status_addr = status_byte(status_desc, mem).ok_or(drop(RequestError::BadStatusDescriptor))?;
+    let status_addr =
+        status_byte(status_desc, mem).ok_or(drop(RequestError::BadStatusDescriptor))?;
     let reject = |error| Rejected {
         status_addr: Some(status_addr),
         error,
@@ -215,7 +216,7 @@ pub fn parse(
     }
 
     if matches!(kind, RequestKind::In | RequestKind::Out) {
-        if data_len % SECTOR_SIZE != 0 {
+        if !data_len.is_multiple_of(SECTOR_SIZE) {
             return Err(reject(RequestError::PartialSector(data_len)));
         }
         let count = data_len / SECTOR_SIZE;

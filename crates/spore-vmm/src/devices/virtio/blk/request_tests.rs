@@ -29,7 +29,8 @@ fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
 fn header(mem: &GuestMemoryMmap, ty: u32, sector: u64) -> RawDescriptor {
     mem.write_obj(ty.to_le(), GuestAddress(HDR)).unwrap();
     mem.write_obj(0u32, GuestAddress(HDR + 4)).unwrap();
-    mem.write_obj(sector.to_le(), GuestAddress(HDR + 8)).unwrap();
+    mem.write_obj(sector.to_le(), GuestAddress(HDR + 8))
+        .unwrap();
     desc(HDR, 16, R)
 }
 
@@ -75,7 +76,12 @@ fn well_formed_requests() {
     let h = header(&mem, VIRTIO_BLK_T_IN, 2);
     let req = parse_chain(
         &mem,
-        &[h, desc(DATA, 512, W), desc(DATA + 0x1000, 1024, W), status()],
+        &[
+            h,
+            desc(DATA, 512, W),
+            desc(DATA + 0x1000, 1024, W),
+            status(),
+        ],
         LIMITS,
     )
     .unwrap();
@@ -99,7 +105,10 @@ fn well_formed_requests() {
 
     let h = header(&mem, VIRTIO_BLK_T_OUT, 15);
     let req = parse_chain(&mem, &[h, desc(DATA, 512, R), status()], LIMITS).unwrap();
-    assert_eq!((req.kind, req.sector, req.data_len), (RequestKind::Out, 15, 512));
+    assert_eq!(
+        (req.kind, req.sector, req.data_len),
+        (RequestKind::Out, 15, 512)
+    );
 
     let h = header(&mem, VIRTIO_BLK_T_FLUSH, 0);
     let req = parse_chain(&mem, &[h, status()], LIMITS).unwrap();
@@ -302,8 +311,11 @@ fn chain_too_long_is_dropped() {
         } else {
             SplitDescriptor::new(DATA, 512, W | VRING_DESC_F_NEXT as u16, i + 1)
         };
-        mem.write_obj(RawDescriptor::from(d), GuestAddress(table + u64::from(i) * 16))
-            .unwrap();
+        mem.write_obj(
+            RawDescriptor::from(d),
+            GuestAddress(table + u64::from(i) * 16),
+        )
+        .unwrap();
     }
     let head = desc(table, u32::from(count) * 16, VRING_DESC_F_INDIRECT as u16);
     assert_eq!(parse_raw(&mem, &[head]), dropped(RequestError::TooLong));

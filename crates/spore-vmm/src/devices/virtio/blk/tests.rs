@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_RO, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
-    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
@@ -45,7 +45,12 @@ fn wr(t: &mut MmioTransport, offset: u64, v: u32) {
 }
 
 /// Plays the driver's part of device initialization (virtio 1.2, §3.1.1).
-fn activate(device: Block, mem: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>, features: u64) -> MmioTransport {
+fn activate(
+    device: Block,
+    mem: &GuestMemoryMmap,
+    vq: &MockSplitQueue<GuestMemoryMmap>,
+    features: u64,
+) -> MmioTransport {
     let interrupt = Arc::new(VirtioInterrupt::new(
         EventFd::new(EFD_NONBLOCK).unwrap(),
         Arc::new(GuestWake::new().unwrap()),
@@ -101,7 +106,11 @@ impl<'a> Driver<'a> {
             .enumerate()
             .map(|(i, &(addr, len, flags))| {
                 let last = i == parts.len() - 1;
-                let flags = if last { flags } else { flags | VRING_DESC_F_NEXT as u16 };
+                let flags = if last {
+                    flags
+                } else {
+                    flags | VRING_DESC_F_NEXT as u16
+                };
                 let next = if last { 0 } else { first + i as u16 + 1 };
                 RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
             })
@@ -116,7 +125,10 @@ impl<'a> Driver<'a> {
     fn wait_all(&self) -> Vec<u32> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.vq.used().idx().load() != self.submitted {
-            assert!(Instant::now() < deadline, "device did not complete requests");
+            assert!(
+                Instant::now() < deadline,
+                "device did not complete requests"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         (0..self.submitted as usize)
@@ -127,7 +139,9 @@ impl<'a> Driver<'a> {
     fn header(&self, at: u64, ty: u32, sector: u64) -> (u64, u32, u16) {
         self.mem.write_obj(ty.to_le(), GuestAddress(at)).unwrap();
         self.mem.write_obj(0u32, GuestAddress(at + 4)).unwrap();
-        self.mem.write_obj(sector.to_le(), GuestAddress(at + 8)).unwrap();
+        self.mem
+            .write_obj(sector.to_le(), GuestAddress(at + 8))
+            .unwrap();
         (at, 16, R)
     }
 
@@ -154,8 +168,10 @@ fn read_write_flush_get_id_round_trip() {
 
     // OUT: sectors 2..4 from two buffers.
     let pattern: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
-    mem.write_slice(&pattern[..512], GuestAddress(0x2_0000)).unwrap();
-    mem.write_slice(&pattern[512..], GuestAddress(0x3_0000)).unwrap();
+    mem.write_slice(&pattern[..512], GuestAddress(0x2_0000))
+        .unwrap();
+    mem.write_slice(&pattern[512..], GuestAddress(0x3_0000))
+        .unwrap();
     let h = d.header(0x1_0000, VIRTIO_BLK_T_OUT, 2);
     let s = status_desc(&mem, 0x1_0100);
     d.submit(&mut t, &[h, (0x2_0000, 512, R), (0x3_0000, 512, R), s]);
@@ -212,7 +228,8 @@ fn hostile_requests_get_errors_and_the_device_keeps_going() {
     d.submit(&mut t, &[h, (u64::MAX - 511, 512, W), s4]);
     // Read-only status descriptor: nothing can be reported, the chain is dropped.
     let h = d.header(0x1_4000, VIRTIO_BLK_T_IN, 0);
-    mem.write_obj(STATUS_POISON, GuestAddress(0x1_4100)).unwrap();
+    mem.write_obj(STATUS_POISON, GuestAddress(0x1_4100))
+        .unwrap();
     d.submit(&mut t, &[h, (0x2_0000, 512, W), (0x1_4100, 1, R)]);
     // Partial sector.
     let h = d.header(0x1_5000, VIRTIO_BLK_T_OUT, 0);
@@ -336,17 +353,23 @@ fn open_errors_are_clear() {
     assert!(err.to_string().contains("does not exist"));
 
     let (empty, _) = image(0);
-    let err = Block::new("e".into(), empty.as_path(), false, false).err().unwrap();
+    let err = Block::new("e".into(), empty.as_path(), false, false)
+        .err()
+        .unwrap();
     assert!(matches!(err, BlockError::Empty { .. }), "{err}");
 
     let (odd, _) = image(1000);
-    let err = Block::new("o".into(), odd.as_path(), false, false).err().unwrap();
+    let err = Block::new("o".into(), odd.as_path(), false, false)
+        .err()
+        .unwrap();
     assert!(
         matches!(err, BlockError::NotSectorMultiple { size: 1000, .. }),
         "{err}"
     );
 
-    let err = Block::new("d".into(), &std::env::temp_dir(), true, false).err().unwrap();
+    let err = Block::new("d".into(), &std::env::temp_dir(), true, false)
+        .err()
+        .unwrap();
     assert!(matches!(err, BlockError::NotAFile { .. }), "{err}");
 }
 
@@ -371,7 +394,9 @@ fn activation_needs_one_ready_queue() {
             mem: mem.clone(),
             interrupt: interrupt.clone(),
             queues,
-            queue_events: (0..n).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect(),
+            queue_events: (0..n)
+                .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+                .collect(),
             acked_features: 1 << VIRTIO_F_VERSION_1,
         }
     };
