@@ -335,8 +335,9 @@ impl MmioTransport {
         if added == 0 {
             return;
         }
-        if added == FAILED {
-            // The driver gave up on the device; it will reset it before retrying.
+        if added & FAILED != 0 {
+            // The driver gave up on the device; it will reset it before
+            // retrying. Whatever else it set in the same write is moot.
             self.status |= FAILED;
             return;
         }
