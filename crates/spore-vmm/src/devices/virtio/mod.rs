@@ -7,7 +7,11 @@
 //! ([`mmio::MmioTransport`]) owns the register file and the feature/queue
 //! negotiation; devices never see MMIO registers.
 
+pub mod blk;
 pub mod interrupt;
+pub mod mmio;
+pub mod queue_server;
+pub mod rng;
 pub mod worker;
 
 use std::sync::Arc;

@@ -1,0 +1,227 @@
+//! The virtio-blk device model.
+//!
+//! [`Block`] describes the drive to the transport (features, config space)
+//! and, once activated, serves its queue on a [`QueueServer`] worker thread;
+//! [`BlockRequests`] runs each validated request against the image.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{DescriptorChain, Queue};
+use vm_memory::Bytes;
+
+use super::backend::{DiskImage, DiskIoError};
+use super::request::{self, DiskLimits, Request, RequestKind};
+use super::{BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_SIZE};
+use crate::devices::virtio::queue_server::{ChainHandler, QueueServer};
+use crate::devices::virtio::worker::Worker;
+use crate::devices::virtio::{
+    device_type, ActivateContext, ActivateError, GuestMemoryMmap, VirtioDevice,
+};
+
+/// Size of `struct virtio_blk_config` up to and including `blk_size`.
+const CONFIG_LEN: usize = 24;
+
+/// A virtio-blk device backed by a raw image file.
+pub struct Block {
+    id: String,
+    disk: Arc<DiskImage>,
+    avail_features: u64,
+    config: [u8; CONFIG_LEN],
+    worker: Option<Worker<(Queue, BlockRequests)>>,
+}
+
+impl Block {
+    /// Opens the image at `path`. `id` is the drive id, which the guest reads
+    /// back as its serial (first 20 bytes). With `durable_flush`, a guest
+    /// FLUSH waits for the data to reach the host's storage (fdatasync).
+    pub fn new(
+        id: String,
+        path: &Path,
+        read_only: bool,
+        durable_flush: bool,
+    ) -> Result<Block, BlockError> {
+        let disk = DiskImage::open(path, read_only, durable_flush)?;
+        let mut avail_features = 1 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_RING_F_EVENT_IDX
+            | 1 << VIRTIO_BLK_F_FLUSH
+            | 1 << VIRTIO_BLK_F_SEG_MAX
+            | 1 << VIRTIO_BLK_F_BLK_SIZE;
+        if read_only {
+            avail_features |= 1 << VIRTIO_BLK_F_RO;
+        }
+        // struct virtio_blk_config: capacity (le64), size_max (le32),
+        // seg_max (le32), geometry (4 bytes), blk_size (le32).
+        let mut config = [0u8; CONFIG_LEN];
+        config[0..8].copy_from_slice(&disk.capacity_sectors().to_le_bytes());
+        // Header and status take two descriptors of a chain.
+        config[12..16].copy_from_slice(&(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
+        config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
+        Ok(Block {
+            id,
+            disk: Arc::new(disk),
+            avail_features,
+            config,
+            worker: None,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn capacity_sectors(&self) -> u64 {
+        self.disk.capacity_sectors()
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.disk.read_only()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.disk.path()
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            if worker.stop().is_none() {
+                tracing::error!("virtio-blk {}: worker thread panicked", self.id);
+            }
+        }
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        device_type::BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        self.stop_worker();
+        let mut id_bytes = [0u8; ID_BYTES];
+        let n = self.id.len().min(ID_BYTES);
+        id_bytes[..n].copy_from_slice(&self.id.as_bytes()[..n]);
+        let handler = BlockRequests {
+            disk: self.disk.clone(),
+            id_bytes,
+            tag: format!("virtio-blk {}", self.id),
+        };
+        let server =
+            QueueServer::from_single_queue(ctx, handler, format!("virtio-blk {}", self.id))?;
+        self.worker = Some(server.spawn("blk", &self.id)?);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.stop_worker();
+    }
+}
+
+/// Copies `config[offset..]` into `data`, zero-filling bytes past its end.
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if let Some(src) = config.get(start..) {
+        let n = src.len().min(data.len());
+        data[..n].copy_from_slice(&src[..n]);
+    }
+}
+
+/// Serves block requests on the worker thread.
+struct BlockRequests {
+    disk: Arc<DiskImage>,
+    id_bytes: [u8; ID_BYTES],
+    /// Names the drive in log messages.
+    tag: String,
+}
+
+impl ChainHandler for BlockRequests {
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
+        let limits = DiskLimits {
+            capacity_sectors: self.disk.capacity_sectors(),
+            read_only: self.disk.read_only(),
+        };
+        let (status_addr, status, written) = match request::parse(chain, mem, limits) {
+            Ok(req) => {
+                let (status, written) = self.execute(mem, &req);
+                (req.status_addr, status, written)
+            }
+            Err(rejected) => {
+                tracing::debug!("{}: bad request: {}", self.tag, rejected.error);
+                match rejected.status_addr {
+                    Some(addr) => (addr, rejected.error.status(), 0),
+                    // No status byte to write: hand the chain back untouched.
+                    None => return 0,
+                }
+            }
+        };
+        match mem.write_obj(status, status_addr) {
+            Ok(()) => written.saturating_add(1),
+            Err(e) => {
+                tracing::warn!("{}: cannot write status: {e}", self.tag);
+                written
+            }
+        }
+    }
+}
+
+impl BlockRequests {
+    /// Runs a validated request; returns its status and the data bytes written
+    /// to guest memory.
+    fn execute(&self, mem: &GuestMemoryMmap, req: &Request) -> (u8, u32) {
+        let result = match req.kind {
+            RequestKind::In => self
+                .disk
+                .read_into(mem, req.sector, &req.data)
+                .map(|()| u32::try_from(req.data_len).unwrap_or(u32::MAX)),
+            RequestKind::Out => self.disk.write_from(mem, req.sector, &req.data).map(|()| 0),
+            RequestKind::Flush => self.disk.flush().map(|()| 0),
+            RequestKind::GetId => self.write_id(mem, &req.data),
+        };
+        match result {
+            Ok(written) => (VIRTIO_BLK_S_OK as u8, written),
+            Err(e) => {
+                tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
+                (VIRTIO_BLK_S_IOERR as u8, 0)
+            }
+        }
+    }
+
+    /// Writes the serial into the request's buffers, as much as fits.
+    fn write_id(
+        &self,
+        mem: &GuestMemoryMmap,
+        data: &[request::Segment],
+    ) -> Result<u32, DiskIoError> {
+        let mut rest: &[u8] = &self.id_bytes;
+        for seg in data {
+            if rest.is_empty() {
+                break;
+            }
+            let n = rest.len().min(seg.len as usize);
+            mem.write_slice(&rest[..n], seg.addr)?;
+            rest = &rest[n..];
+        }
+        Ok((ID_BYTES - rest.len()) as u32)
+    }
+}

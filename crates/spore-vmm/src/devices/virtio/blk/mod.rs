@@ -1,0 +1,53 @@
+//! virtio-blk: a disk backed by a raw image file (virtio 1.2, §5.2).
+//!
+//! - [`backend`]: the image file and the I/O between it and guest memory.
+//! - [`request`]: the guest's request format, parsed and validated in one place.
+//! - [`device`]: the [`Block`] device model and its worker thread.
+//!
+//! One queue of [`QUEUE_SIZE`] entries; IN, OUT, FLUSH and GET_ID requests.
+//! Guest data never passes through a host buffer sized by the guest: it moves
+//! between the image file and guest memory directly.
+
+pub mod backend;
+pub mod device;
+pub mod request;
+
+use std::path::PathBuf;
+
+pub use device::Block;
+
+/// Bytes per virtio-blk sector, whatever the image's real block size.
+pub const SECTOR_SIZE: u64 = 512;
+/// Entries in the device's only queue.
+pub const QUEUE_SIZE: u16 = 256;
+/// Length of the serial returned by GET_ID.
+pub const ID_BYTES: usize = virtio_bindings::virtio_blk::VIRTIO_BLK_ID_BYTES as usize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("drive image {path} does not exist")]
+    NotFound { path: PathBuf },
+    #[error("permission denied opening drive image {path} for {mode}; fix the file's permissions or make the drive read-only")]
+    PermissionDenied { path: PathBuf, mode: &'static str },
+    #[error("cannot open drive image {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("drive image {path} is a directory, not a raw disk image")]
+    NotAFile { path: PathBuf },
+    #[error("cannot determine the size of drive image {path}: {source}")]
+    Size {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("drive image {path} is empty")]
+    Empty { path: PathBuf },
+    #[error("drive image {path} is {size} bytes, not a multiple of 512; pad or truncate it to whole sectors")]
+    NotSectorMultiple { path: PathBuf, size: u64 },
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+//! A worker thread that serves one virtio queue.
+//!
+//! Devices with a single request queue (blk, rng) only say how to serve one
+//! descriptor chain ([`ChainHandler`]); [`QueueServer`] does the rest on a
+//! [`Worker`] thread: sleep in epoll on the queue's notification eventfd and
+//! the stop eventfd, pop chains, return them on the used ring, suppress
+//! notifications while busy (EVENT_IDX when negotiated) and raise the
+//! interrupt when the driver wants one.
+//!
+//! The guest controls the ring, so the loop must never spin or block on it:
+//! a corrupt avail index ends a round, and a driver that keeps the queue full
+//! is served in bounded batches so a stop request is always seen.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::worker::Worker;
+use super::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
+
+/// Serves the chains of one queue.
+pub trait ChainHandler: Send + 'static {
+    /// Serves one chain; returns how many bytes it wrote into the chain's
+    /// device-writable buffers (the used length).
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32;
+}
+
+const TOKEN_QUEUE: u64 = 0;
+const TOKEN_STOP: u64 = 1;
+
+/// One queue, its notification eventfd and the handler for its chains.
+pub struct QueueServer<H: ChainHandler> {
+    queue: Queue,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<VirtioInterrupt>,
+    queue_evt: EventFd,
+    handler: H,
+    /// Names the device in log messages.
+    tag: String,
+}
+
+impl<H: ChainHandler> QueueServer<H> {
+    /// Takes the only queue of `ctx`, which must be ready.
+    pub fn from_single_queue(
+        ctx: ActivateContext,
+        handler: H,
+        tag: String,
+    ) -> Result<Self, ActivateError> {
+        let ActivateContext {
+            mem,
+            interrupt,
+            queues,
+            queue_events,
+            ..
+        } = ctx;
+        let got = queues.len();
+        let (Ok([queue]), Ok([queue_evt])) = (
+            <[Queue; 1]>::try_from(queues),
+            <[EventFd; 1]>::try_from(queue_events),
+        ) else {
+            return Err(ActivateError::QueueCount { expected: 1, got });
+        };
+        if !queue.ready() {
+            return Err(ActivateError::Device(format!(
+                "{tag}: the driver did not enable the queue"
+            )));
+        }
+        Ok(Self {
+            queue,
+            mem,
+            interrupt,
+            queue_evt,
+            handler,
+            tag,
+        })
+    }
+
+    /// Starts serving on a thread named `<kind>-<id>` (cut to Linux's 15 bytes).
+    /// Stopping the worker hands back the queue and the handler.
+    pub fn spawn(self, kind: &str, id: &str) -> Result<Worker<(Queue, H)>, ActivateError> {
+        let mut name = format!("{kind}-{id}");
+        while name.len() > 15 {
+            name.pop();
+        }
+        Worker::spawn(&name, move |stop| self.run(stop)).map_err(ActivateError::Worker)
+    }
+
+    fn run(mut self, stop: EventFd) -> (Queue, H) {
+        let epoll = match self.epoll(&stop) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!("{}: cannot set up epoll: {e}", self.tag);
+                return (self.queue, self.handler);
+            }
+        };
+        // Chains made available before activation need no new notification.
+        self.serve_available();
+        let mut events = [EpollEvent::default(); 2];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("{}: epoll failed: {e}", self.tag);
+                    return (self.queue, self.handler);
+                }
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    TOKEN_STOP => return (self.queue, self.handler),
+                    TOKEN_QUEUE => {
+                        // EAGAIN only means the counter was already consumed.
+                        let _ = self.queue_evt.read();
+                        self.serve_available();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        for (fd, token) in [
+            (self.queue_evt.as_raw_fd(), TOKEN_QUEUE),
+            (stop.as_raw_fd(), TOKEN_STOP),
+        ] {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )?;
+        }
+        Ok(epoll)
+    }
+
+    /// Serves every available chain (up to a batch limit), then interrupts
+    /// the driver if it asked for it.
+    fn serve_available(&mut self) {
+        // Four rings' worth: large enough to never matter for a real driver.
+        let batch = 4 * usize::from(self.queue.size());
+        let mut served = 0;
+        let mut used_any = false;
+        loop {
+            if let Err(e) = self.queue.disable_notification(&self.mem) {
+                tracing::warn!("{}: queue unusable: {e}", self.tag);
+                break;
+            }
+            let before = served;
+            while served < batch {
+                let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) else {
+                    break;
+                };
+                served += 1;
+                let head = chain.head_index();
+                let used_len = self.handler.serve(&self.mem, chain);
+                match self.queue.add_used(&self.mem, head, used_len) {
+                    Ok(()) => used_any = true,
+                    Err(e) => tracing::warn!("{}: cannot return chain {head}: {e}", self.tag),
+                }
+            }
+            if served >= batch {
+                // Come back through epoll, where a stop request is seen first.
+                let _ = self.queue_evt.write(1);
+                break;
+            }
+            match self.queue.enable_notification(&self.mem) {
+                // More chains arrived while notifications were off. Retry only
+                // after progress: a corrupt avail index would otherwise spin.
+                Ok(true) if served > before => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!("{}: queue unusable: {e}", self.tag);
+                    break;
+                }
+            }
+        }
+        if used_any && self.queue.needs_notification(&self.mem).unwrap_or(true) {
+            self.interrupt.signal_used_queue();
+        }
+    }
+}
