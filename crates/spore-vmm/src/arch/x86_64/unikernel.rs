@@ -41,7 +41,9 @@ pub enum UnikernelError {
     BadElf(String),
     #[error("ELF type {0} is not a static executable (ET_EXEC): link the unikernel without PIE")]
     NotStaticExecutable(u16),
-    #[error("the ELF image has no `spore` note: it is not a spore unikernel (build it with spore-uk)")]
+    #[error(
+        "the ELF image has no `spore` note: it is not a spore unikernel (build it with spore-uk)"
+    )]
     NotSporeUnikernel,
     #[error("the unikernel speaks boot protocol version {found}, this VMM speaks {PROTOCOL_VERSION}: rebuild it against this spore-abi")]
     VersionMismatch { found: u32 },
@@ -55,7 +57,9 @@ pub enum UnikernelError {
     BadEntry(u64),
     #[error("guest RAM must cover at least the first {need:#x} bytes for the boot structures")]
     RamTooSmall { need: u64 },
-    #[error("guest RAM ends at {ram_end:#x}; the unikernel identity map covers at most {max_gib} GiB")]
+    #[error(
+        "guest RAM ends at {ram_end:#x}; the unikernel identity map covers at most {max_gib} GiB"
+    )]
     TooMuchMemory { ram_end: u64, max_gib: u64 },
     #[error("the command line is {len} bytes; the unikernel protocol allows at most {max}")]
     CmdlineTooLong { len: usize, max: usize },
@@ -212,13 +216,17 @@ fn check_segments(
             reason,
         };
         if p.p_vaddr != p.p_paddr {
-            return Err(bad("has a virtual address unlike its physical one; the unikernel is identity-mapped"));
+            return Err(bad(
+                "has a virtual address unlike its physical one; the unikernel is identity-mapped",
+            ));
         }
         if p.p_filesz > p.p_memsz {
             return Err(bad("has more file bytes than memory bytes"));
         }
         if p.p_paddr < MIN_IMAGE_ADDR {
-            return Err(bad("lies below 1 MiB, where the VMM keeps the boot structures"));
+            return Err(bad(
+                "lies below 1 MiB, where the VMM keeps the boot structures",
+            ));
         }
         let end = p
             .p_paddr

@@ -4,9 +4,7 @@
 
 use std::io::{Read, Seek, SeekFrom};
 
-use linux_loader::elf::{
-    Elf64_Ehdr, Elf64_Nhdr, Elf64_Phdr, EM_X86_64, PT_LOAD, PT_NOTE,
-};
+use linux_loader::elf::{Elf64_Ehdr, Elf64_Nhdr, Elf64_Phdr, EM_X86_64, PT_LOAD, PT_NOTE};
 use spore_abi::boot::{NOTE_NAME, NOTE_TYPE};
 use vm_memory::ByteValued;
 
@@ -88,11 +86,12 @@ pub fn parse(image: &mut (impl Read + Seek)) -> Result<Option<ElfImage>, Unikern
             ehdr.e_phentsize
         )));
     }
-    ehdr
-        .e_phoff
+    ehdr.e_phoff
         .checked_add((phnum * phsize) as u64)
         .filter(|&end| end <= file_len)
-        .ok_or_else(|| UnikernelError::BadElf("program headers lie past the end of the file".into()))?;
+        .ok_or_else(|| {
+            UnikernelError::BadElf("program headers lie past the end of the file".into())
+        })?;
     image.seek(SeekFrom::Start(ehdr.e_phoff))?;
     let mut phdrs = Vec::with_capacity(phnum);
     for _ in 0..phnum {
@@ -189,7 +188,10 @@ mod tests {
         seg.extend(note(b"spore", NOTE_TYPE, &7u32.to_le_bytes()));
         assert_eq!(find_spore_note(&seg), Some(7));
         assert_eq!(find_spore_note(&note(b"spore", 1, &[1, 0, 0, 0])), None);
-        assert_eq!(find_spore_note(&note(b"spor", NOTE_TYPE, &[1, 0, 0, 0])), None);
+        assert_eq!(
+            find_spore_note(&note(b"spor", NOTE_TYPE, &[1, 0, 0, 0])),
+            None
+        );
         assert_eq!(find_spore_note(&note(b"spore", NOTE_TYPE, &[1, 0])), None);
     }
 

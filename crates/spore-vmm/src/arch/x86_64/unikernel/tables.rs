@@ -2,7 +2,9 @@
 //! (with a TSS), written into guest memory at the addresses of
 //! [`spore_abi::boot`].
 
-use spore_abi::boot::{GDT_ADDR, MAX_IDENTITY_GIB, PD_ADDR, PDPT_ADDR, PML4_ADDR};
+use spore_abi::boot::{
+    CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, MAX_IDENTITY_GIB, PDPT_ADDR, PD_ADDR, PML4_ADDR,
+};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::UnikernelError;
@@ -29,10 +31,17 @@ pub const TSS_SEL: u16 = 0x28;
 /// two-slot 64-bit TSS descriptor.
 const GDT_ENTRIES: usize = 7;
 pub const GDT_LIMIT: u16 = (GDT_ENTRIES * 8 - 1) as u16;
-/// The TSS lives in the GDT page, after the descriptors.
-pub const TSS_ADDR: u64 = GDT_ADDR + 0x800;
-/// A 64-bit TSS is 104 bytes.
-pub const TSS_LIMIT: u32 = 0x67;
+/// The TSS and its I/O permission bitmap, in VMM-owned RAM between the
+/// command line and the page directories (everything below `STACK_TOP` is
+/// reserved in the boot-info memory map).
+pub const TSS_ADDR: u64 = CMDLINE_ADDR + CMDLINE_MAX as u64;
+/// The 64-bit TSS proper is 104 bytes; the I/O bitmap follows it.
+const TSS_SIZE: u64 = 104;
+/// One bit per port (65536 ports), all clear: every port allowed.
+const IO_BITMAP_SIZE: u64 = 0x2000;
+/// TSS limit covering the bitmap plus the all-ones byte the CPU expects after
+/// it (an access reads two bitmap bytes).
+pub const TSS_LIMIT: u32 = (TSS_SIZE + IO_BITMAP_SIZE) as u32;
 
 /// Flat segment descriptors (base 0, limit 4 GiB, granularity 4 KiB).
 /// Access byte: P | DPL | S | type; flags: G and L (code) or D/B (data).
@@ -57,7 +66,15 @@ fn tss_descriptor(base: u64, limit: u32) -> [u64; 2] {
 /// The GDT as it is written to guest memory.
 pub fn gdt() -> [u64; GDT_ENTRIES] {
     let [tss_low, tss_high] = tss_descriptor(TSS_ADDR, TSS_LIMIT);
-    [0, KERNEL_CODE, KERNEL_DATA, USER_DATA, USER_CODE, tss_low, tss_high]
+    [
+        0,
+        KERNEL_CODE,
+        KERNEL_DATA,
+        USER_DATA,
+        USER_CODE,
+        tss_low,
+        tss_high,
+    ]
 }
 
 fn write_words(
@@ -70,15 +87,26 @@ fn write_words(
         .map_err(|source| UnikernelError::GuestMemory { addr, source })
 }
 
-/// Writes the GDT and a zeroed TSS whose I/O map base points past its limit
-/// (no I/O bitmap: IOPL 3 already allows port I/O at CPL 3).
+/// Writes the GDT, and a TSS whose I/O permission bitmap allows every port.
+///
+/// IOPL 3 in RFLAGS is what allows port I/O at CPL 3 on hardware KVM, but
+/// kvm_pvm does not keep IOPL while the guest runs: there every `in`/`out`
+/// traps and KVM's emulator checks the TSS I/O bitmap instead. An all-clear
+/// bitmap gives the same permission as IOPL 3 on both.
 pub fn write_gdt(mem: &impl GuestMemoryBackend) -> Result<(), UnikernelError> {
     let mut page = vec![0u64; PAGE / 8];
     page[..GDT_ENTRIES].copy_from_slice(&gdt());
-    let tss_word = ((TSS_ADDR - GDT_ADDR) / 8) as usize;
-    // The I/O map base is the u16 at byte 102 of the TSS: word 12, bits 48..64.
-    page[tss_word + 12] = ((TSS_LIMIT as u64 + 1) & 0xFFFF) << 48;
-    write_words(mem, GDT_ADDR, &page)
+    write_words(mem, GDT_ADDR, &page)?;
+
+    let mut tss = vec![0u8; (TSS_LIMIT + 1) as usize];
+    // The I/O map base is the u16 at byte 102 of the TSS.
+    tss[102..104].copy_from_slice(&(TSS_SIZE as u16).to_le_bytes());
+    tss[TSS_LIMIT as usize] = 0xFF;
+    mem.write_slice(&tss, GuestAddress(TSS_ADDR))
+        .map_err(|source| UnikernelError::GuestMemory {
+            addr: TSS_ADDR,
+            source,
+        })
 }
 
 /// GiB of identity map needed to cover RAM up to `ram_end` and the MMIO hole
@@ -128,9 +156,17 @@ mod tests {
         let [lo, hi] = tss_descriptor(0x1234_5678_9abc_def0, 0x67);
         assert_eq!(lo, 0x9a00_8bbc_def0_0067);
         assert_eq!(hi, 0x1234_5678);
-        assert_eq!(gdt()[(TSS_SEL >> 3) as usize], tss_descriptor(TSS_ADDR, TSS_LIMIT)[0]);
+        assert_eq!(
+            gdt()[(TSS_SEL >> 3) as usize],
+            tss_descriptor(TSS_ADDR, TSS_LIMIT)[0]
+        );
         assert_eq!(gdt()[(USER_CODE_SEL >> 3) as usize], USER_CODE);
         assert_eq!(gdt()[(USER_DATA_SEL >> 3) as usize], USER_DATA);
+    }
+
+    #[test]
+    fn tss_fits_below_the_page_directories() {
+        assert!(TSS_ADDR + u64::from(TSS_LIMIT) < PD_ADDR);
     }
 
     #[test]

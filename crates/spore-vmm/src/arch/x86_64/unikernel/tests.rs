@@ -2,9 +2,7 @@
 
 use std::io::Cursor;
 
-use spore_abi::boot::{
-    BOOT_INFO_MAGIC, GDT_ADDR, NOTE_TYPE, PDPT_ADDR, PD_ADDR, PML4_ADDR,
-};
+use spore_abi::boot::{BOOT_INFO_MAGIC, GDT_ADDR, NOTE_TYPE, PDPT_ADDR, PD_ADDR, PML4_ADDR};
 use vm_memory::GuestMemoryMmap;
 
 use super::*;
@@ -50,7 +48,14 @@ fn build_elf(e_type: u16, entry: u64, segs: &[Seg]) -> Vec<u8> {
     for s in segs {
         out.extend_from_slice(&s.p_type.to_le_bytes());
         out.extend_from_slice(&s.flags.to_le_bytes());
-        for v in [data_off, s.addr, s.addr, s.data.len() as u64, s.memsz, 0x1000] {
+        for v in [
+            data_off,
+            s.addr,
+            s.addr,
+            s.data.len() as u64,
+            s.memsz,
+            0x1000,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         data_off += s.data.len() as u64;
@@ -83,13 +88,18 @@ fn note_seg(version: u32) -> Seg {
 }
 
 fn good_image() -> Vec<u8> {
-    build_elf(2, LOAD_ADDR, &[code_seg(LOAD_ADDR), note_seg(PROTOCOL_VERSION)])
+    build_elf(
+        2,
+        LOAD_ADDR,
+        &[code_seg(LOAD_ADDR), note_seg(PROTOCOL_VERSION)],
+    )
 }
 
 fn guest_mem(mib: usize) -> GuestMemoryMmap {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mib << 20)]).unwrap();
     // Garbage everywhere, so the test sees that bss and tables are written.
-    mem.write_slice(&vec![0xAA; mib << 20], GuestAddress(0)).unwrap();
+    mem.write_slice(&vec![0xAA; mib << 20], GuestAddress(0))
+        .unwrap();
     mem
 }
 
@@ -154,9 +164,14 @@ fn loads_image_and_boot_structures() {
         device_id: 4,
         irq: 5,
     };
-    let entry =
-        load_unikernel(&mem, &mut Cursor::new(good_image()), "exit=3 x", &[dev], 2_000_000)
-            .unwrap();
+    let entry = load_unikernel(
+        &mem,
+        &mut Cursor::new(good_image()),
+        "exit=3 x",
+        &[dev],
+        2_000_000,
+    )
+    .unwrap();
     assert_eq!(
         entry,
         UnikernelEntry {
@@ -175,7 +190,10 @@ fn loads_image_and_boot_structures() {
     assert_eq!(read_u64(&mem, PML4_ADDR), PDPT_ADDR | 7);
     assert_eq!(read_u64(&mem, PML4_ADDR + 8), 0);
     for i in 0..4 {
-        assert_eq!(read_u64(&mem, PDPT_ADDR + 8 * i), (PD_ADDR + 0x1000 * i) | 7);
+        assert_eq!(
+            read_u64(&mem, PDPT_ADDR + 8 * i),
+            (PD_ADDR + 0x1000 * i) | 7
+        );
     }
     assert_eq!(read_u64(&mem, PDPT_ADDR + 8 * 4), 0);
     assert_eq!(read_u64(&mem, PD_ADDR), 0x87);
@@ -183,16 +201,30 @@ fn loads_image_and_boot_structures() {
     assert_eq!(read_u64(&mem, mmio_pde), 0xD000_0000 | 0x87);
 
     assert_eq!(read_u64(&mem, GDT_ADDR), 0);
-    assert_eq!(read_u64(&mem, GDT_ADDR + u64::from(USER_CODE_SEL & !7)), tables::USER_CODE);
-    assert_eq!(read_u64(&mem, GDT_ADDR + u64::from(USER_DATA_SEL & !7)), tables::USER_DATA);
+    assert_eq!(
+        read_u64(&mem, GDT_ADDR + u64::from(USER_CODE_SEL & !7)),
+        tables::USER_CODE
+    );
+    assert_eq!(
+        read_u64(&mem, GDT_ADDR + u64::from(USER_DATA_SEL & !7)),
+        tables::USER_DATA
+    );
 
     let mut cmd = [0u8; 9];
-    mem.read_slice(&mut cmd, GuestAddress(CMDLINE_ADDR)).unwrap();
+    mem.read_slice(&mut cmd, GuestAddress(CMDLINE_ADDR))
+        .unwrap();
     assert_eq!(&cmd, b"exit=3 x\0");
 
     let mut raw = vec![0u8; std::mem::size_of::<BootInfo>()];
-    mem.read_slice(&mut raw, GuestAddress(BOOT_INFO_ADDR)).unwrap();
-    assert_eq!(raw, BootInfo { ..boot_info_expected(dev) }.as_bytes());
+    mem.read_slice(&mut raw, GuestAddress(BOOT_INFO_ADDR))
+        .unwrap();
+    assert_eq!(
+        raw,
+        BootInfo {
+            ..boot_info_expected(dev)
+        }
+        .as_bytes()
+    );
 }
 
 fn boot_info_expected(dev: MmioDevice) -> BootInfo {
@@ -225,9 +257,7 @@ fn boot_info_expected(dev: MmioDevice) -> BootInfo {
 fn rejects_bad_segments_and_arguments() {
     let mem = guest_mem(4);
     let load = |img: Vec<u8>| load_unikernel(&mem, &mut Cursor::new(img), "", &[], 0);
-    let with_seg = |seg: Seg, entry: u64| {
-        build_elf(2, entry, &[seg, note_seg(PROTOCOL_VERSION)])
-    };
+    let with_seg = |seg: Seg, entry: u64| build_elf(2, entry, &[seg, note_seg(PROTOCOL_VERSION)]);
     // Below 1 MiB: would overwrite the page tables.
     assert!(matches!(
         load(with_seg(code_seg(0x8000), 0x8000)),
@@ -241,7 +271,10 @@ fn rejects_bad_segments_and_arguments() {
     // Wraps around.
     let mut seg = code_seg(LOAD_ADDR);
     seg.memsz = u64::MAX;
-    assert!(matches!(load(with_seg(seg, LOAD_ADDR)), Err(UnikernelError::BadSegment { .. })));
+    assert!(matches!(
+        load(with_seg(seg, LOAD_ADDR)),
+        Err(UnikernelError::BadSegment { .. })
+    ));
     // Entry outside the code.
     assert!(matches!(
         load(with_seg(code_seg(LOAD_ADDR), 0x30_0000)),
@@ -285,7 +318,11 @@ fn memory_map_splits_around_the_hole() {
         got,
         vec![
             (0, MIN_IMAGE_ADDR + 0x5000, MEM_RESERVED),
-            (MIN_IMAGE_ADDR + 0x5000, 3 * GIB - MIN_IMAGE_ADDR - 0x5000, MEM_FREE),
+            (
+                MIN_IMAGE_ADDR + 0x5000,
+                3 * GIB - MIN_IMAGE_ADDR - 0x5000,
+                MEM_FREE
+            ),
             (4 * GIB, GIB / 2, MEM_FREE),
         ]
     );

@@ -21,6 +21,8 @@ const EFER_LME: u64 = 1 << 8;
 const EFER_LMA: u64 = 1 << 10;
 
 /// RFLAGS: bit 1 is always set; IOPL 3 lets CPL 3 do port I/O; IF clear.
+/// (kvm_pvm drops IOPL while the guest runs and checks the TSS I/O bitmap
+/// instead, which `tables::write_gdt` opens for every port.)
 pub const RFLAGS: u64 = 0x2 | (3 << 12);
 
 fn user_segment(selector: u16, code: bool) -> kvm_segment {
@@ -54,7 +56,9 @@ pub fn ring3_sregs(base: kvm_sregs) -> kvm_sregs {
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
-    // A valid, busy 64-bit TSS: KVM refuses to enter with TR unusable.
+    // A present, busy 64-bit TSS. On kvm_pvm it is required: port I/O at
+    // CPL 3 is allowed through its I/O bitmap, and with TR unusable the first
+    // `out` faults (a triple fault here, as there is no IDT).
     sregs.tr = kvm_segment {
         base: TSS_ADDR,
         limit: TSS_LIMIT,
@@ -120,10 +124,11 @@ pub fn set_supported_cpuid(kvm: &Kvm, vcpu: &VcpuFd) -> Result<(), UnikernelErro
             what: "KVM_GET_SUPPORTED_CPUID",
             source,
         })?;
-    vcpu.set_cpuid2(&cpuid).map_err(|source| UnikernelError::Kvm {
-        what: "KVM_SET_CPUID2",
-        source,
-    })
+    vcpu.set_cpuid2(&cpuid)
+        .map_err(|source| UnikernelError::Kvm {
+            what: "KVM_SET_CPUID2",
+            source,
+        })
 }
 
 #[cfg(test)]
