@@ -225,6 +225,16 @@ fn hello_fails_cleanly_when_the_heap_is_too_small() {
 }
 
 #[test]
+fn a_panicking_app_prints_and_exits_101() {
+    if kvm_missing("a_panicking_app_prints_and_exits_101") {
+        return;
+    }
+    let run = boot("hello", "panic exit=3", 32);
+    assert!(run.serial.contains("asked to panic"), "{run:?}");
+    assert_eq!(run.exit_code, Some(101), "{run:?}");
+}
+
+#[test]
 fn idle_guest_uses_almost_no_cpu() {
     if kvm_missing("idle_guest_uses_almost_no_cpu") {
         return;

@@ -1,6 +1,7 @@
 //! hello: greets, checks the heap with 64 MiB of 1 MiB allocations (a pattern
 //! written into and read back from every page), and exits with `exit=N` from
-//! the command line (default 0), or 1 if the heap check fails.
+//! the command line (default 0), or 1 if the heap check fails. A `panic` word
+//! on the command line makes it panic instead, to show the panic path (101).
 #![no_std]
 #![no_main]
 
@@ -24,6 +25,9 @@ fn main(_info: &BootInfo) -> i32 {
         spore_uk::cmdline(),
         heap_size() >> 20
     );
+    if spore_uk::arg("panic").is_some() {
+        panic!("asked to panic by the command line");
+    }
     let code = match spore_uk::arg("exit") {
         None => 0,
         Some(v) => match v.parse::<u8>() {
