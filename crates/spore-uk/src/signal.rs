@@ -1,0 +1,30 @@
+//! The spore signal port (see [`spore_abi::signal`]): exit, boot marks, and
+//! sleeping until a device has work.
+
+use crate::port::{inl, outl};
+use spore_abi::signal::{encode, SignalOp, ARG_MASK, SIGNAL_PORT, WAIT_WOKEN};
+
+/// Stops the VM; the VMM exits with the low 8 bits of `code`.
+pub fn exit(code: u32) -> ! {
+    outl(SIGNAL_PORT, encode(SignalOp::Exit, code & 0xff));
+    // A VMM that ignored the write (it must not) gets a guest that spins
+    // quietly instead of running off the end of the program.
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// Asks the VMM to record mark `n` (24 bits) with its host monotonic time.
+pub fn mark(n: u32) {
+    outl(SIGNAL_PORT, encode(SignalOp::Mark, n));
+}
+
+/// Sleeps in the VMM until a device has work or `timeout_us` passed (capped
+/// at [`ARG_MASK`] µs, about 16.7 s). Returns true if a device woke it.
+pub fn wait(timeout_us: u32) -> bool {
+    outl(
+        SIGNAL_PORT,
+        encode(SignalOp::Wait, timeout_us.min(ARG_MASK)),
+    );
+    inl(SIGNAL_PORT) == WAIT_WOKEN
+}
