@@ -1,0 +1,77 @@
+# spore: build, demo, test, bench. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+CARGO ?= cargo
+UK_OUT := $(CURDIR)/crates/spore-uk/target/x86_64-unknown-none/release
+STATIC_SPORE := $(CURDIR)/target/x86_64-unknown-linux-musl/release/spore
+SPORE := $(CURDIR)/target/release/spore
+export SPORE_UK_DIR := $(UK_OUT)
+
+.PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
+        bench lint fmt clean
+
+all: build uk
+
+deps:
+	@scripts/ensure-deps.sh host
+
+deps-nested:
+	@scripts/ensure-deps.sh nested
+
+build: deps
+	$(CARGO) build --release -p spore
+
+# The unikernel runtime and its example apps (its own workspace; build from its directory
+# so that its .cargo/config.toml applies).
+uk: deps
+	cd crates/spore-uk && $(CARGO) build --release
+
+# A static spore (and spore-signal) for the nested harness's initramfs.
+static: deps-nested
+	$(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+	cd crates/spore-uk && $(CARGO) fmt
+
+# Tier 1: unit and device tests, no KVM needed.
+test-unit: deps
+	$(CARGO) test --workspace --lib --bins
+	cd crates/spore-uk && $(CARGO) test --target x86_64-unknown-linux-gnu --lib
+
+# Tier 2: the unikernel on /dev/kvm through the real binary. Without /dev/kvm the
+# KVM scenarios are reported as skipped, not passed.
+test-host: deps uk
+	@if [ -c /dev/kvm ]; then \
+	    $(CARGO) test --workspace --tests --exclude spore-signal -- --test-threads=2; \
+	else \
+	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
+	    $(CARGO) test -p spore --test bad_input -- --skip kvm_; \
+	fi
+
+# Tier 3: Linux guests inside QEMU (TCG + emulated SVM) with a real KVM inside.
+test-nested: deps-nested static
+	tests/nested/run-all.sh --spore $(STATIC_SPORE)
+
+test: test-unit test-host test-nested
+	@echo "make test: all tiers passed"
+
+demo: build uk
+	@echo "== spore unikernel on host KVM"
+	$(SPORE) run --mem 128M --cmdline exit=0 --kernel $(UK_OUT)/hello
+	@$(MAKE) --no-print-directory static
+	@echo "== Linux guest in the nested harness (QEMU TCG + SVM; about a minute)"
+	tests/nested/run-all.sh --spore $(STATIC_SPORE) --only demo
+
+bench: build uk
+	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark
+
+clean:
+	$(CARGO) clean
+	cd crates/spore-uk && $(CARGO) clean

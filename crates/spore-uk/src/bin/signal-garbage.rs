@@ -1,0 +1,44 @@
+//! signal-garbage: a misbehaving guest. It writes malformed values of every
+//! width and opcode to the signal port, reads it at odd widths, then says it
+//! survived and exits 0. The VMM must ignore the junk and keep running.
+#![no_std]
+#![no_main]
+
+use core::arch::asm;
+use spore_abi::signal::{encode, SignalOp, SIGNAL_PORT};
+use spore_uk::{println, BootInfo};
+
+spore_uk::entry!(main);
+
+fn out8(v: u8) {
+    // SAFETY: port I/O to the signal port; it has no memory effects.
+    unsafe { asm!("out dx, al", in("dx") SIGNAL_PORT, in("al") v, options(nomem, nostack)) }
+}
+
+fn out16(v: u16) {
+    // SAFETY: as for out8.
+    unsafe { asm!("out dx, ax", in("dx") SIGNAL_PORT, in("ax") v, options(nomem, nostack)) }
+}
+
+fn in8() -> u8 {
+    let v: u8;
+    // SAFETY: as for out8.
+    unsafe { asm!("in al, dx", in("dx") SIGNAL_PORT, out("al") v, options(nomem, nostack)) }
+    v
+}
+
+fn main(_info: &BootInfo) -> i32 {
+    out8(0x01);
+    out16(0x0100);
+    let _ = in8();
+    for op in [0x00u32, 0x07, 0x42, 0x7f, 0xff] {
+        spore_uk::port::outl(SIGNAL_PORT, (op << 24) | 0xab_cdef);
+    }
+    // Reserved operations are not implemented yet: ignored too.
+    spore_uk::port::outl(SIGNAL_PORT, encode(SignalOp::Fork, 3));
+    spore_uk::port::outl(SIGNAL_PORT, encode(SignalOp::Done, 0));
+    // Ports next to the signal port hit no device.
+    spore_uk::port::outl(SIGNAL_PORT + 1, 0xffff_ffff);
+    println!("survived");
+    0
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what building and testing spore needs on a Debian host, only where
+# missing: rustup targets and Debian packages. Safe to rerun.
+#   scripts/ensure-deps.sh [host|nested]   (default: host)
+set -euo pipefail
+
+tier=${1:-host}
+
+need_targets=(x86_64-unknown-none)
+need_pkgs=()
+if [[ $tier == nested ]]; then
+    need_targets+=(x86_64-unknown-linux-musl)
+    # The guest kernel, the guest initramfs and the nested harness.
+    need_pkgs+=(qemu-system-x86 linux-source-6.12 busybox-static bc flex bison
+                libelf-dev libssl-dev cpio xz-utils zstd e2fsprogs gcc make)
+fi
+
+if command -v rustup >/dev/null 2>&1; then
+    installed=$(rustup target list --installed)
+    for t in "${need_targets[@]}"; do
+        if ! grep -qx "$t" <<<"$installed"; then
+            echo "ensure-deps: rustup target add $t" >&2
+            rustup target add "$t" >&2
+        fi
+    done
+else
+    echo "ensure-deps: rustup not found; install Rust with rustup first" >&2
+    exit 1
+fi
+
+missing=()
+for p in "${need_pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "ensure-deps: apt-get install ${missing[*]}" >&2
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >&2
+fi
