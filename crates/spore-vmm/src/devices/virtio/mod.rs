@@ -8,6 +8,7 @@
 //! negotiation; devices never see MMIO registers.
 
 pub mod interrupt;
+pub mod vsock;
 pub mod worker;
 
 use std::sync::Arc;
