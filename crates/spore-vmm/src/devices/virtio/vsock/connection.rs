@@ -497,7 +497,7 @@ mod tests {
         assert_eq!(c.next_rx(&mut buf, Instant::now()), RxOutcome::Idle);
         assert!(!c.has_rx_work());
 
-        let v = c.recv(&pkt(Op::CreditUpdate, 1000, 600), Instant::now());
+        let v = c.recv(&pkt(Op::CreditUpdate, 1000, 600, &[]), Instant::now());
         assert_eq!(v, Verdict::Keep);
         assert_eq!(c.peer_credit(), 600);
         assert!(c.has_rx_work());
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!((h.op, h.len), (Op::Rw as u16, 600));
 
         // A bigger guest buffer opens more credit.
-        c.recv(&pkt(Op::CreditUpdate, 4000, 1600), Instant::now());
+        c.recv(&pkt(Op::CreditUpdate, 4000, 1600, &[]), Instant::now());
         let h = next_packet(&mut c, &mut buf[..500]);
         assert_eq!(h.len, 500);
         let h = next_packet(&mut c, &mut buf);
@@ -526,7 +526,7 @@ mod tests {
         // Below the threshold: no unsolicited update...
         assert!(!c.has_rx_work());
         // ...but a credit request is answered, with the forwarded count.
-        c.recv(&pkt(Op::CreditRequest, 65536, 0), Instant::now());
+        c.recv(&pkt(Op::CreditRequest, 65536, 0, &[]), Instant::now());
         let h = next_packet(&mut c, &mut buf);
         assert_eq!(h.op, Op::CreditUpdate as u16);
         assert_eq!((h.buf_alloc, h.fwd_cnt), (TX_BUF_SIZE, 16 * 1024));
@@ -585,7 +585,7 @@ mod tests {
         host.read_exact(&mut line).unwrap();
         assert_eq!(line, b"OK 1073741824\n");
         // Our own line earns the guest no credit.
-        c.recv(&pkt(Op::CreditRequest, 4096, 0), now);
+        c.recv(&pkt(Op::CreditRequest, 4096, 0, &[]), now);
         assert_eq!(next_packet(&mut c, &mut buf).fwd_cnt, 0);
     }
 
@@ -618,6 +618,6 @@ mod tests {
         let h = next_packet(&mut c, &mut buf);
         assert_eq!((h.op, h.flags), (Op::Shutdown as u16, SHUTDOWN_BOTH));
         assert!(c.expired(Instant::now() + SHUTDOWN_TIMEOUT));
-        assert_eq!(c.recv(&pkt(Op::Rst, 0, 0), Instant::now()), Verdict::Drop);
+        assert_eq!(c.recv(&pkt(Op::Rst, 0, 0, &[]), Instant::now()), Verdict::Drop);
     }
 }

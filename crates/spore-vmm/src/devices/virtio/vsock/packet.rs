@@ -266,3 +266,235 @@ impl<'a> RxBuffer<'a> {
         Ok(u32::try_from(self.writer.bytes_written()).unwrap_or(u32::MAX))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const CID: u64 = 3;
+    const MEM_SIZE: usize = 0x10_0000;
+    const HDR_ADDR: u64 = 0x8_0000;
+    const DATA_ADDR: u64 = 0x9_0000;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
+    }
+
+    fn hdr(op: Op, len: u32) -> Header {
+        Header {
+            src_cid: CID,
+            dst_cid: HOST_CID,
+            src_port: 1234,
+            dst_port: 52,
+            len,
+            type_: TYPE_STREAM,
+            op: op as u16,
+            flags: 0,
+            buf_alloc: 4096,
+            fwd_cnt: 17,
+        }
+    }
+
+    fn desc(addr: u64, len: u32, flags: u32) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, 0))
+    }
+
+    /// Writes `h` at HDR_ADDR and `payload` at DATA_ADDR, then parses the
+    /// chain made of `descs`.
+    fn parse(
+        mem: &GuestMemoryMmap,
+        h: &Header,
+        payload: &[u8],
+        descs: &[RawDescriptor],
+    ) -> Result<TxPacket, PacketError> {
+        mem.write_slice(&h.to_bytes(), GuestAddress(HDR_ADDR)).unwrap();
+        mem.write_slice(payload, GuestAddress(DATA_ADDR)).unwrap();
+        let q = MockSplitQueue::create(mem, GuestAddress(0x1000), 16);
+        let chain = q.build_desc_chain(descs).unwrap();
+        parse_tx(mem, chain, CID)
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let h = hdr(Op::Rw, 5);
+        assert_eq!(Header::from_bytes(&h.to_bytes()), h);
+        // Field offsets as in the spec.
+        assert_eq!(h.to_bytes()[30], Op::Rw as u8);
+        assert_eq!(h.to_bytes()[40], 17);
+    }
+
+    #[test]
+    fn parses_valid_packets() {
+        let m = mem();
+        let pkt = parse(
+            &m,
+            &hdr(Op::Rw, 5),
+            b"hello",
+            &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 5, 0)],
+        )
+        .unwrap();
+        assert_eq!((pkt.op, pkt.src_port, pkt.dst_port), (Op::Rw, 1234, 52));
+        assert_eq!((pkt.buf_alloc, pkt.fwd_cnt), (4096, 17));
+        assert_eq!(pkt.payload, b"hello");
+
+        // A header split over descriptors, and device-writable descriptors
+        // (ignored for tx) are fine.
+        let pkt = parse(
+            &m,
+            &hdr(Op::Request, 0),
+            b"",
+            &[
+                desc(HDR_ADDR, 10, 0),
+                desc(HDR_ADDR + 10, 34, 0),
+                desc(DATA_ADDR, 64, VRING_DESC_F_WRITE),
+            ],
+        )
+        .unwrap();
+        assert_eq!(pkt.op, Op::Request);
+        assert!(pkt.payload.is_empty());
+    }
+
+    #[test]
+    fn rejects_short_headers() {
+        let m = mem();
+        let r = parse(&m, &hdr(Op::Request, 0), b"", &[desc(HDR_ADDR, 40, 0)]);
+        assert!(matches!(r, Err(PacketError::ShortHeader(40))), "{r:?}");
+        // Only writable descriptors: nothing to read.
+        let r = parse(
+            &m,
+            &hdr(Op::Request, 0),
+            b"",
+            &[desc(HDR_ADDR, 44, VRING_DESC_F_WRITE)],
+        );
+        assert!(matches!(r, Err(PacketError::ShortHeader(0))), "{r:?}");
+    }
+
+    #[test]
+    fn rejects_len_not_matching_the_chain() {
+        let m = mem();
+        let r = parse(
+            &m,
+            &hdr(Op::Rw, 100),
+            &[0; 50],
+            &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 50, 0)],
+        );
+        assert!(matches!(r, Err(PacketError::LenMismatch { avail: 50, .. })), "{r:?}");
+        // Such a packet is answered with a reset of its connection.
+        assert_eq!(r.unwrap_err().rst_ports(), Some((52, 1234)));
+
+        let r = parse(
+            &m,
+            &hdr(Op::Rw, 2),
+            b"abc",
+            &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 3, 0)],
+        );
+        assert!(matches!(r, Err(PacketError::LenMismatch { avail: 3, .. })), "{r:?}");
+
+        let big = MAX_PAYLOAD as u32 + 1;
+        let r = parse(
+            &m,
+            &hdr(Op::Rw, big),
+            b"",
+            &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, big, 0)],
+        );
+        assert!(matches!(r, Err(PacketError::TooLong(_))), "{r:?}");
+
+        let r = parse(
+            &m,
+            &hdr(Op::Request, 3),
+            b"abc",
+            &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 3, 0)],
+        );
+        assert!(matches!(r, Err(PacketError::UnexpectedPayload(_))), "{r:?}");
+    }
+
+    #[test]
+    fn rejects_descriptors_outside_guest_memory() {
+        let m = mem();
+        let end = MEM_SIZE as u64;
+        for descs in [
+            vec![desc(end + 0x1000, 44, 0)],
+            // Straddles the end of memory.
+            vec![desc(HDR_ADDR, 44, 0), desc(end - 2, 5, 0)],
+            vec![desc(u64::MAX - 10, 44, 0)],
+        ] {
+            let r = parse(&m, &hdr(Op::Rw, 5), b"hello", &descs);
+            assert!(matches!(r, Err(PacketError::Chain(_))), "{descs:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_addresses_silently() {
+        let m = mem();
+        let d = [desc(HDR_ADDR, 44, 0)];
+        let mut h = hdr(Op::Request, 0);
+        h.src_cid = 4;
+        let e = parse(&m, &h, b"", &d).unwrap_err();
+        assert!(matches!(e, PacketError::SrcCid { got: 4, expected: 3 }));
+        assert_eq!(e.rst_ports(), None);
+
+        let mut h = hdr(Op::Request, 0);
+        h.dst_cid = 7;
+        let e = parse(&m, &h, b"", &d).unwrap_err();
+        assert!(matches!(e, PacketError::DstCid(7)));
+        assert_eq!(e.rst_ports(), None);
+    }
+
+    #[test]
+    fn answers_unknown_ops_and_types_with_reset() {
+        let m = mem();
+        let d = [desc(HDR_ADDR, 44, 0)];
+        let mut h = hdr(Op::Request, 0);
+        h.op = 99;
+        let e = parse(&m, &h, b"", &d).unwrap_err();
+        assert!(matches!(e, PacketError::UnknownOp(_)));
+        assert_eq!(e.rst_ports(), Some((52, 1234)));
+
+        let mut h = hdr(Op::Request, 0);
+        h.type_ = 2; // SEQPACKET, not offered
+        let e = parse(&m, &h, b"", &d).unwrap_err();
+        assert!(matches!(e, PacketError::Type(_)));
+        assert_eq!(e.rst_ports(), Some((52, 1234)));
+
+        // A malformed RST is never answered.
+        let mut h = hdr(Op::Rst, 0);
+        h.type_ = 2;
+        assert_eq!(parse(&m, &h, b"", &d).unwrap_err().rst_ports(), None);
+    }
+
+    #[test]
+    fn writes_rx_packets_within_the_buffer() {
+        let m = mem();
+        let q = MockSplitQueue::create(&m, GuestAddress(0x1000), 16);
+        let chain = q
+            .build_desc_chain(&[
+                desc(HDR_ADDR, 20, VRING_DESC_F_WRITE),
+                desc(DATA_ADDR, 100, VRING_DESC_F_WRITE),
+            ])
+            .unwrap();
+        let buf = RxBuffer::new(&m, chain).unwrap().unwrap();
+        assert_eq!(buf.payload_room(), 76);
+        let n = buf.write(&hdr(Op::Rw, 0), b"payload").unwrap();
+        assert_eq!(n, 51);
+        let mut raw = [0u8; HDR_SIZE];
+        m.read_slice(&mut raw[..20], GuestAddress(HDR_ADDR)).unwrap();
+        m.read_slice(&mut raw[20..], GuestAddress(DATA_ADDR)).unwrap();
+        assert_eq!(Header::from_bytes(&raw), hdr(Op::Rw, 7));
+        let mut payload = [0u8; 7];
+        m.read_slice(&mut payload, GuestAddress(DATA_ADDR + 24)).unwrap();
+        assert_eq!(&payload, b"payload");
+
+        let small = q
+            .build_desc_chain(&[desc(HDR_ADDR, 43, VRING_DESC_F_WRITE)])
+            .unwrap();
+        assert!(RxBuffer::new(&m, small).unwrap().is_none());
+        let oob = q
+            .build_desc_chain(&[desc(MEM_SIZE as u64, 4096, VRING_DESC_F_WRITE)])
+            .unwrap();
+        assert!(RxBuffer::new(&m, oob).is_err());
+    }
+}
