@@ -276,7 +276,8 @@ impl Connection {
 
     /// Handles readiness of the host socket.
     pub fn on_host_event(&mut self, ev: EventSet) -> Verdict {
-        if ev.intersects(EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP | EventSet::ERROR)
+        if ev
+            .intersects(EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP | EventSet::ERROR)
         {
             self.readable = true;
         }
@@ -328,7 +329,8 @@ impl Connection {
         while !self.tx_buf.is_empty() {
             let (front, _) = self.tx_buf.as_slices();
             // MSG_NOSIGNAL: a vanished client must be an EPIPE, not a SIGPIPE.
-            let sent = socket2::SockRef::from(&self.stream).send_with_flags(front, libc::MSG_NOSIGNAL);
+            let sent =
+                socket2::SockRef::from(&self.stream).send_with_flags(front, libc::MSG_NOSIGNAL);
             match sent {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.consume_tx(n),
@@ -519,7 +521,10 @@ mod tests {
         next_packet(&mut c, &mut buf); // RESPONSE
 
         let chunk = vec![1u8; 16 * 1024];
-        assert_eq!(c.recv(&pkt(Op::Rw, 65536, 0, &chunk), Instant::now()), Verdict::Keep);
+        assert_eq!(
+            c.recv(&pkt(Op::Rw, 65536, 0, &chunk), Instant::now()),
+            Verdict::Keep
+        );
         let mut got = vec![0u8; chunk.len()];
         host.read_exact(&mut got).unwrap();
         assert_eq!(got, chunk);
@@ -571,7 +576,10 @@ mod tests {
         let mut c = Connection::new_local(ours, key, CID, now);
         let mut buf = vec![0u8; 64];
         let h = next_packet(&mut c, &mut buf);
-        assert_eq!((h.op, h.src_port, h.dst_port), (Op::Request as u16, 1 << 30, 52));
+        assert_eq!(
+            (h.op, h.src_port, h.dst_port),
+            (Op::Request as u16, 1 << 30, 52)
+        );
         assert!(c.expired(now + CONNECT_TIMEOUT));
 
         // Data before the guest accepted is a protocol error.
@@ -618,6 +626,9 @@ mod tests {
         let h = next_packet(&mut c, &mut buf);
         assert_eq!((h.op, h.flags), (Op::Shutdown as u16, SHUTDOWN_BOTH));
         assert!(c.expired(Instant::now() + SHUTDOWN_TIMEOUT));
-        assert_eq!(c.recv(&pkt(Op::Rst, 0, 0, &[]), Instant::now()), Verdict::Drop);
+        assert_eq!(
+            c.recv(&pkt(Op::Rst, 0, 0, &[]), Instant::now()),
+            Verdict::Drop
+        );
     }
 }

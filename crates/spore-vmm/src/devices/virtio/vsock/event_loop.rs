@@ -39,16 +39,13 @@ pub struct EventLoop {
 }
 
 impl EventLoop {
-    /// Registers the queue and reset eventfds with the muxer's epoll set.
-    /// On failure the muxer is handed back, unchanged.
-    pub fn new(
-        muxer: VsockMuxer,
-        mem: GuestMemoryMmap,
-        interrupt: Arc<VirtioInterrupt>,
-        queues: Vec<Queue>,
-        queue_events: Vec<EventFd>,
-        reset_evt: EventFd,
-    ) -> Result<Self, (VsockMuxer, io::Error)> {
+    /// Registers the queue and reset eventfds with the muxer's epoll set;
+    /// on failure nothing stays registered.
+    pub fn watch_fds(
+        muxer: &VsockMuxer,
+        queue_events: &[EventFd],
+        reset_evt: &EventFd,
+    ) -> io::Result<()> {
         let mut watched: Vec<RawFd> = Vec::new();
         for fd in queue_events
             .iter()
@@ -59,18 +56,30 @@ impl EventLoop {
                 for fd in watched {
                     let _ = muxer.unwatch(fd);
                 }
-                return Err((muxer, e));
+                return Err(e);
             }
             watched.push(fd);
         }
-        Ok(EventLoop {
+        Ok(())
+    }
+
+    /// A loop over fds already registered with [`EventLoop::watch_fds`].
+    pub fn new(
+        muxer: VsockMuxer,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<VirtioInterrupt>,
+        queues: Vec<Queue>,
+        queue_events: Vec<EventFd>,
+        reset_evt: EventFd,
+    ) -> Self {
+        EventLoop {
             muxer,
             mem,
             interrupt,
             queues,
             queue_events,
             reset_evt,
-        })
+        }
     }
 
     /// Runs until `stop` is readable (or epoll fails).
@@ -114,12 +123,8 @@ impl EventLoop {
 
     fn process_queues(&mut self, now: Instant) {
         let mem = &self.mem;
-        let tx = self
-            .muxer
-            .process_tx(mem, &mut self.queues[TX_QUEUE], now);
-        let rx = self
-            .muxer
-            .process_rx(mem, &mut self.queues[RX_QUEUE], now);
+        let tx = self.muxer.process_tx(mem, &mut self.queues[TX_QUEUE], now);
+        let rx = self.muxer.process_rx(mem, &mut self.queues[RX_QUEUE], now);
         let ev = self
             .muxer
             .process_event_queue(mem, &mut self.queues[EVENT_QUEUE]);

@@ -138,12 +138,18 @@ impl VirtioDevice for Vsock {
             )));
         }
         if self.worker.is_some() {
-            return Err(ActivateError::Device("vsock device is already active".into()));
+            return Err(ActivateError::Device(
+                "vsock device is already active".into(),
+            ));
         }
+        let reset_evt = self.reset_evt.try_clone().map_err(ActivateError::Worker)?;
         let muxer = self.muxer.take().ok_or_else(|| {
             ActivateError::Device("vsock device lost its state when its worker failed".into())
         })?;
-        let reset_evt = self.reset_evt.try_clone().map_err(ActivateError::Worker)?;
+        if let Err(e) = EventLoop::watch_fds(&muxer, &ctx.queue_events, &reset_evt) {
+            self.muxer = Some(muxer);
+            return Err(ActivateError::Worker(e));
+        }
         let event_loop = EventLoop::new(
             muxer,
             ctx.mem,
@@ -151,11 +157,7 @@ impl VirtioDevice for Vsock {
             ctx.queues,
             ctx.queue_events,
             reset_evt,
-        )
-        .map_err(|(muxer, e)| {
-            self.muxer = Some(muxer);
-            ActivateError::Worker(e)
-        })?;
+        );
         // If the thread cannot start, the muxer (and its listener) is lost
         // with the closure; activate then fails for good, saying so.
         let worker = Worker::spawn("vsock", move |stop| event_loop.run(stop))

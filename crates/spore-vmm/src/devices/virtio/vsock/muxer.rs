@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use crate::devices::virtio::GuestMemoryMmap;
 use super::connection::{ConnKey, Connection, RxOutcome, Verdict};
 use super::listener::{Handshake, HostListener, ListenerError};
 use super::packet::{parse_tx, Header, Op, RxBuffer, TxPacket, HOST_CID, MAX_PAYLOAD, TYPE_STREAM};
+use crate::devices::virtio::GuestMemoryMmap;
 
 /// Most simultaneous connections; requests beyond are reset.
 pub const MAX_CONNECTIONS: usize = 512;
@@ -107,8 +107,11 @@ impl VsockMuxer {
     /// Adds `fd` (level-triggered, readable) to the epoll set; events for it
     /// come back from [`VsockMuxer::wait`] with the fd as data.
     pub fn watch(&self, fd: RawFd) -> io::Result<()> {
-        self.epoll
-            .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, fd as u64))
+        self.epoll.ctl(
+            ControlOperation::Add,
+            fd,
+            EpollEvent::new(EventSet::IN, fd as u64),
+        )
     }
 
     /// Removes `fd` from the epoll set.
@@ -121,7 +124,9 @@ impl VsockMuxer {
     /// or `max_wait`. Returns the number of events filled in.
     pub fn wait(&self, events: &mut [EpollEvent], max_wait: Option<Duration>) -> io::Result<usize> {
         let now = Instant::now();
-        let until_deadline = self.next_deadline().map(|t| t.saturating_duration_since(now));
+        let until_deadline = self
+            .next_deadline()
+            .map(|t| t.saturating_duration_since(now));
         let timeout = match (until_deadline, max_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -489,9 +494,10 @@ impl VsockMuxer {
             let head = chain.head_index();
             let event = EVENT_TRANSPORT_RESET.to_le_bytes();
             let written = match chain.writer(mem) {
-                Ok(mut w) if w.available_bytes() >= event.len() => {
-                    w.write_all(&event).map(|()| event.len() as u32).unwrap_or(0)
-                }
+                Ok(mut w) if w.available_bytes() >= event.len() => w
+                    .write_all(&event)
+                    .map(|()| event.len() as u32)
+                    .unwrap_or(0),
                 _ => 0,
             };
             add_used(queue, mem, head, written);

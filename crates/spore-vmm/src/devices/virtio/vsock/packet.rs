@@ -216,7 +216,9 @@ where
         return Err(PacketError::UnexpectedPayload(hdr));
     }
     let mut payload = vec![0u8; len];
-    reader.read_exact(&mut payload).map_err(PacketError::Access)?;
+    reader
+        .read_exact(&mut payload)
+        .map_err(PacketError::Access)?;
     Ok(TxPacket {
         src_port: hdr.src_port,
         dst_port: hdr.dst_port,
@@ -236,7 +238,10 @@ pub struct RxBuffer<'a> {
 impl<'a> RxBuffer<'a> {
     /// Wraps the writable part of `chain`. `Ok(None)` when it cannot even
     /// hold a header.
-    pub fn new<M>(mem: &'a GuestMemoryMmap, chain: DescriptorChain<M>) -> Result<Option<Self>, PacketError>
+    pub fn new<M>(
+        mem: &'a GuestMemoryMmap,
+        chain: DescriptorChain<M>,
+    ) -> Result<Option<Self>, PacketError>
     where
         M: Deref<Target = GuestMemoryMmap>,
     {
@@ -262,7 +267,9 @@ impl<'a> RxBuffer<'a> {
         self.writer
             .write_all(&hdr.to_bytes())
             .map_err(PacketError::Access)?;
-        self.writer.write_all(payload).map_err(PacketError::Access)?;
+        self.writer
+            .write_all(payload)
+            .map_err(PacketError::Access)?;
         Ok(u32::try_from(self.writer.bytes_written()).unwrap_or(u32::MAX))
     }
 }
@@ -311,7 +318,8 @@ mod tests {
         payload: &[u8],
         descs: &[RawDescriptor],
     ) -> Result<TxPacket, PacketError> {
-        mem.write_slice(&h.to_bytes(), GuestAddress(HDR_ADDR)).unwrap();
+        mem.write_slice(&h.to_bytes(), GuestAddress(HDR_ADDR))
+            .unwrap();
         mem.write_slice(payload, GuestAddress(DATA_ADDR)).unwrap();
         let q = MockSplitQueue::create(mem, GuestAddress(0x1000), 16);
         let chain = q.build_desc_chain(descs).unwrap();
@@ -382,7 +390,10 @@ mod tests {
             &[0; 50],
             &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 50, 0)],
         );
-        assert!(matches!(r, Err(PacketError::LenMismatch { avail: 50, .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(PacketError::LenMismatch { avail: 50, .. })),
+            "{r:?}"
+        );
         // Such a packet is answered with a reset of its connection.
         assert_eq!(r.unwrap_err().rst_ports(), Some((52, 1234)));
 
@@ -392,7 +403,10 @@ mod tests {
             b"abc",
             &[desc(HDR_ADDR, 44, 0), desc(DATA_ADDR, 3, 0)],
         );
-        assert!(matches!(r, Err(PacketError::LenMismatch { avail: 3, .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(PacketError::LenMismatch { avail: 3, .. })),
+            "{r:?}"
+        );
 
         let big = MAX_PAYLOAD as u32 + 1;
         let r = parse(
@@ -434,7 +448,13 @@ mod tests {
         let mut h = hdr(Op::Request, 0);
         h.src_cid = 4;
         let e = parse(&m, &h, b"", &d).unwrap_err();
-        assert!(matches!(e, PacketError::SrcCid { got: 4, expected: 3 }));
+        assert!(matches!(
+            e,
+            PacketError::SrcCid {
+                got: 4,
+                expected: 3
+            }
+        ));
         assert_eq!(e.rst_ports(), None);
 
         let mut h = hdr(Op::Request, 0);
@@ -481,11 +501,14 @@ mod tests {
         let n = buf.write(&hdr(Op::Rw, 0), b"payload").unwrap();
         assert_eq!(n, 51);
         let mut raw = [0u8; HDR_SIZE];
-        m.read_slice(&mut raw[..20], GuestAddress(HDR_ADDR)).unwrap();
-        m.read_slice(&mut raw[20..], GuestAddress(DATA_ADDR)).unwrap();
+        m.read_slice(&mut raw[..20], GuestAddress(HDR_ADDR))
+            .unwrap();
+        m.read_slice(&mut raw[20..], GuestAddress(DATA_ADDR))
+            .unwrap();
         assert_eq!(Header::from_bytes(&raw), hdr(Op::Rw, 7));
         let mut payload = [0u8; 7];
-        m.read_slice(&mut payload, GuestAddress(DATA_ADDR + 24)).unwrap();
+        m.read_slice(&mut payload, GuestAddress(DATA_ADDR + 24))
+            .unwrap();
         assert_eq!(&payload, b"payload");
 
         let small = q
