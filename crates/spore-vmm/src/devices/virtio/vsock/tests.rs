@@ -107,7 +107,11 @@ struct Guest<'a> {
 
 impl<'a> Guest<'a> {
     fn start(mem: &'a GuestMemoryMmap, uds: &Path) -> Self {
-        let mut dev = Vsock::new(CID, uds.to_owned()).unwrap();
+        Self::attach(mem, Vsock::new(CID, uds.to_owned()).unwrap())
+    }
+
+    /// Activates `dev` with fresh queues, as a driver does after reset.
+    fn attach(mem: &'a GuestMemoryMmap, mut dev: Vsock) -> Self {
         let queues: Vec<_> = (0..3u64)
             .map(|i| MockSplitQueue::create(mem, GuestAddress(0x1000 + i * 0x1_0000), QSIZE))
             .collect();
@@ -642,36 +646,12 @@ fn reactivates_after_driver_reset() {
     g.recv_op(Op::Response);
 
     // Driver reset: connections go, the listener stays.
-    let mut dev = std::mem::replace(&mut g.dev, Vsock::new(CID, uds.port(1)).unwrap());
-    drop(g);
+    let mut dev = g.dev;
     dev.reset();
     let mut buf = [0u8; 4];
     assert_eq!(s.read(&mut buf).unwrap(), 0);
 
-    let mut g = Guest::start(&mem, &uds.port(2));
-    std::mem::swap(&mut g.dev, &mut dev);
-    drop(dev);
-    // Re-activate the original device with fresh queues.
-    let queues = (0..3u64)
-        .map(|i| MockSplitQueue::create(&mem, GuestAddress(0x1000 + i * 0x1_0000), QSIZE))
-        .collect::<Vec<_>>();
-    g.queues = queues;
-    g.avail = [0; 3];
-    g.used_seen = [0; 3];
-    g.tx_next = 0;
-    g.dev
-        .activate(ActivateContext {
-            mem: mem.clone(),
-            interrupt: g.interrupt.clone(),
-            queues: g
-                .queues
-                .iter()
-                .map(|q| q.create_queue::<Queue>().unwrap())
-                .collect(),
-            queue_events: g.kicks.iter().map(|k| k.try_clone().unwrap()).collect(),
-            acked_features: 1 << 32,
-        })
-        .unwrap();
+    let mut g = Guest::attach(&mem, dev);
     g.post_rx(4);
     let mut c = client(&uds.0);
     c.write_all(b"CONNECT 52\n").unwrap();
