@@ -12,6 +12,7 @@ pub mod interrupt;
 pub mod mmio;
 pub mod queue_server;
 pub mod rng;
+pub mod vsock;
 pub mod worker;
 
 use std::sync::Arc;
