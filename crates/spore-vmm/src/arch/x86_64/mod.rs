@@ -1,4 +1,10 @@
 //! x86_64: boot protocols, CPU setup and firmware tables.
 
+pub mod cpuid;
 pub mod layout;
+pub mod linux;
+pub mod linux_vcpu;
+pub mod mptable;
+pub mod msr;
+pub mod regs;
 pub mod unikernel;
