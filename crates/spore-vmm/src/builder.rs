@@ -14,10 +14,11 @@ use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::x86_64::layout;
-use crate::arch::x86_64::linux::{configure_linux_vcpu, load_linux, LinuxBootError};
+use crate::arch::x86_64::linux::{load_linux, LinuxBootError};
+use crate::arch::x86_64::linux_vcpu::{configure_linux_vcpu, LinuxVcpuError};
 use crate::arch::x86_64::unikernel::{
     configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel,
-    UnikernelError,
+    set_supported_cpuid, UnikernelError,
 };
 use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::bus::{Bus, BusError};
@@ -71,6 +72,8 @@ pub enum BuildError {
     Vsock(#[from] VsockError),
     #[error("Linux boot: {0}")]
     Linux(#[from] LinuxBootError),
+    #[error("Linux vCPU setup: {0}")]
+    LinuxVcpu(#[from] LinuxVcpuError),
     #[error("unikernel boot: {0}")]
     Unikernel(#[from] UnikernelError),
     #[error("the spore unikernel runs on one vCPU; vcpu_count is {0}")]
@@ -318,6 +321,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
             let tsc_khz = fds[0].get_tsc_khz().map(u64::from).unwrap_or(0);
             let cmdline = boot.boot_args.as_deref().unwrap_or("");
             let entry = load_unikernel(mem, &mut kernel, cmdline, &devices, tsc_khz)?;
+            set_supported_cpuid(&kvm, &fds[0])?;
             configure_unikernel_vcpu(&fds[0], &entry)?;
         }
     }

@@ -6,7 +6,9 @@
 
 pub mod api;
 pub mod arch;
+pub mod builder;
 pub mod config;
 pub mod devices;
 pub mod memory;
 pub mod vm;
+pub mod vmm;

@@ -42,8 +42,26 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("spore: error: {e:#}");
+            eprintln!("spore: error: {}", one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line. Many of spore's error messages
+/// already quote their source, so a cause whose text is already there is
+/// not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -55,7 +55,7 @@ fn kvm_kernel_that_is_neither_elf_nor_bzimage() {
     let k = dir.path("garbage");
     std::fs::write(&k, vec![0x5au8; 64 * 1024]).unwrap();
     let out = spore().args(["run", "--kernel"]).arg(&k).output().unwrap();
-    assert_clean_failure(&out, "neither");
+    assert_clean_failure(&out, "unknown kernel format");
     let empty = dir.path("empty");
     std::fs::write(&empty, b"").unwrap();
     let out = spore().args(["run", "--kernel"]).arg(&empty).output().unwrap();
@@ -106,7 +106,7 @@ fn config_file_errors() {
 fn api_rejects_bad_requests_without_dying() {
     let dir = Scratch::new("badapi");
     let sock = dir.path("api.sock");
-    let mut child = spore()
+    let child = spore()
         .args(["vmm", "--api-sock"])
         .arg(&sock)
         .stderr(Stdio::piped())

@@ -19,7 +19,7 @@ fn kvm_unikernel_greets_checks_heap_and_exits_with_its_code() {
         .unwrap();
     let stdout = stdout_of(&out);
     assert!(stdout.contains("hello from spore-uk"), "stdout: {stdout}");
-    assert!(stdout.contains("heap check ok"), "stdout: {stdout}");
+    assert!(stdout.contains("heap check passed"), "stdout: {stdout}");
     assert_eq!(out.status.code(), Some(42), "stderr: {}", stderr_of(&out));
 }
 
@@ -113,7 +113,7 @@ fn kvm_api_configure_start_pause_resume() {
     require_kvm();
     let dir = Scratch::new("api");
     let sock = dir.path("api.sock");
-    let mut child = spore()
+    let child = spore()
         .args(["vmm", "--api-sock"])
         .arg(&sock)
         .stdout(Stdio::piped())

@@ -39,9 +39,9 @@ pub struct Scratch(pub PathBuf);
 impl Scratch {
     pub fn new(tag: &str) -> Self {
         let p = std::env::temp_dir().join(format!(
-            "spore-test-{tag}-{}-{}",
+            "spore-test-{tag}-{}-{:x}",
             std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ rand_u64()
+            rand_u64()
         ));
         std::fs::create_dir_all(&p).unwrap();
         Scratch(p)
