@@ -1,10 +1,269 @@
-//! `spore bench`: benchmarks printing JSON.
+//! `spore bench`: benchmarks that print JSON on stdout (and a one-line human
+//! summary on stderr).
+//!
+//! `boot` spawns the VMM as a user would (`spore run`) and times process
+//! start to the guest's first signal-port `MARK`; both ends use the host's
+//! CLOCK_MONOTONIC, so they compare across processes. While the guest holds
+//! after its mark, the bench reads the VMM's RSS from /proc, leaving out the
+//! guest-RAM mapping.
 
-use clap::Subcommand;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use spore_vmm::devices::legacy::signal::monotonic_ns;
 
 #[derive(Subcommand, Debug)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// VMM start to the guest's first mark, and the VMM's own RSS.
+    Boot(BootArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BootArgs {
+    /// The unikernel to boot (the `boot-mark` example app).
+    #[arg(long)]
+    pub uk: Option<PathBuf>,
+    /// A Linux kernel to boot instead; its init must `spore-signal mark 1`
+    /// first (the spore guest initramfs does when `spore.bench` is on the cmdline).
+    #[arg(long)]
+    pub linux_kernel: Option<PathBuf>,
+    #[arg(long)]
+    pub linux_initrd: Option<PathBuf>,
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    #[arg(long, default_value = "128M")]
+    pub mem: String,
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u64,
+}
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Boot(a) => boot(a),
+    }
+}
+
+/// Guest-RAM mappings are named after the memfd (see `spore_vmm::memory`).
+const GUEST_RAM_MAPPING: &str = "spore-guest-ram";
+
+struct Sample {
+    boot_ns: u64,
+    rss_kib: Option<u64>,
+}
+
+fn boot(a: BootArgs) -> anyhow::Result<u8> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let spore = std::env::current_exe().context("locating the spore binary")?;
+    let scratch = std::env::temp_dir().join(format!("spore-bench-boot-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let result = (|| -> anyhow::Result<Value> {
+        let (kind, base_args) = match (&a.uk, &a.linux_kernel) {
+            (Some(uk), None) => (
+                "unikernel",
+                vec![
+                    "--kernel".into(),
+                    uk.display().to_string(),
+                    "--cmdline".into(),
+                    "hold_ms=400".into(),
+                ],
+            ),
+            (None, Some(k)) => {
+                let mut v = vec![
+                    "--kernel".into(),
+                    k.display().to_string(),
+                    "--cmdline".into(),
+                    "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux \
+                     i8042.dumbkbd spore.bench=1"
+                        .into(),
+                ];
+                if let Some(i) = &a.linux_initrd {
+                    v.push("--initrd".into());
+                    v.push(i.display().to_string());
+                }
+                ("linux", v)
+            }
+            _ => bail!("give exactly one of --uk or --linux-kernel"),
+        };
+        let mut samples = Vec::new();
+        for i in 0..a.runs {
+            let marks = scratch.join(format!("marks-{i}.json"));
+            samples.push(
+                boot_once(&spore, &base_args, &a, &marks, kind == "unikernel")
+                    .with_context(|| format!("run {i}"))?,
+            );
+        }
+        let boots: Vec<f64> = samples.iter().map(|s| s.boot_ns as f64 / 1e6).collect();
+        let rss: Vec<f64> = samples.iter().filter_map(|s| s.rss_kib).map(|k| k as f64).collect();
+        eprintln!(
+            "boot ({kind}, {} runs): VMM start to first mark median {:.3} ms; VMM RSS without guest memory median {} KiB",
+            a.runs,
+            median(&boots),
+            if rss.is_empty() { "n/a".to_string() } else { format!("{:.0}", median(&rss)) },
+        );
+        Ok(json!({
+            "benchmark": "boot",
+            "guest": kind,
+            "runs": a.runs,
+            "mem": a.mem,
+            "vcpus": a.vcpus,
+            "machine": machine(),
+            "start_to_first_mark_ms": stats(&boots),
+            "vmm_rss_excluding_guest_kib": if rss.is_empty() { Value::Null } else { stats(&rss) },
+        }))
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    println!("{}", serde_json::to_string_pretty(&result?)?);
+    Ok(0)
+}
+
+fn boot_once(
+    spore: &Path,
+    base_args: &[String],
+    a: &BootArgs,
+    marks: &Path,
+    measure_rss: bool,
+) -> anyhow::Result<Sample> {
+    let start = monotonic_ns();
+    let child = Command::new(spore)
+        .arg("run")
+        .args(["--mem", &a.mem, "--vcpus", &a.vcpus.to_string()])
+        .arg("--marks-file")
+        .arg(marks)
+        .args(base_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawning spore run")?;
+    // The unikernel holds 400 ms after its mark; read RSS in the middle.
+    let rss_kib = if measure_rss {
+        std::thread::sleep(Duration::from_millis(200));
+        vmm_rss_excluding_guest(child.id()).ok()
+    } else {
+        None
+    };
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "guest run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = std::fs::read(marks).context("reading the marks file")?;
+    let list: Vec<Value> = serde_json::from_slice(&text)?;
+    let first = list
+        .first()
+        .and_then(|m| m["monotonic_ns"].as_u64())
+        .context("the guest recorded no mark")?;
+    Ok(Sample {
+        boot_ns: first.saturating_sub(start),
+        rss_kib,
+    })
+}
+
+/// Sum of Rss over the process's mappings, without guest RAM.
+fn vmm_rss_excluding_guest(pid: u32) -> anyhow::Result<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let mut total = 0u64;
+    let mut in_guest_ram = false;
+    for line in smaps.lines() {
+        if let Some(rest) = line.strip_prefix("Rss:") {
+            if !in_guest_ram {
+                let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse()?;
+                total += kib;
+            }
+        } else if is_mapping_header(line) {
+            in_guest_ram = line.contains(GUEST_RAM_MAPPING);
+        }
+    }
+    Ok(total)
+}
+
+/// Mapping header lines start with "start-end perms".
+fn is_mapping_header(line: &str) -> bool {
+    line.split_whitespace()
+        .next()
+        .is_some_and(|range| range.contains('-') && range.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+}
+
+fn median(v: &[f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((s.len() - 1) as f64 * p).round() as usize;
+    s[idx]
+}
+
+fn stats(v: &[f64]) -> Value {
+    json!({
+        "median": median(v),
+        "p90": percentile(v, 0.9),
+        "min": percentile(v, 0.0),
+        "max": percentile(v, 1.0),
+    })
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let kvm = if Path::new("/sys/module/kvm_pvm").exists() {
+        "kvm_pvm"
+    } else if Path::new("/sys/module/kvm_amd").exists() {
+        "kvm_amd"
+    } else if Path::new("/sys/module/kvm_intel").exists() {
+        "kvm_intel"
+    } else {
+        "unknown"
+    };
+    json!({
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "host_kernel": kernel,
+        "kvm": kvm,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let v = [5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(median(&v), 3.0);
+        assert_eq!(percentile(&v, 0.0), 1.0);
+        assert_eq!(percentile(&v, 1.0), 5.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn mapping_headers() {
+        assert!(is_mapping_header(
+            "7f0000000000-7f0008000000 rw-s 00000000 00:01 5 /memfd:spore-guest-ram (deleted)"
+        ));
+        assert!(!is_mapping_header("Rss:                 123 kB"));
+    }
 }

@@ -209,3 +209,31 @@ fn kvm_sigterm_stops_the_vmm_cleanly() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(!sock.exists(), "API socket left behind");
 }
+
+#[test]
+fn kvm_unikernel_panic_prints_and_exits_101() {
+    require_kvm();
+    let out = spore()
+        .args(["run", "--mem", "64M", "--cmdline", "panic", "--kernel"])
+        .arg(uk_image("hello"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(101), "stdout: {}", stdout_of(&out));
+    assert!(stdout_of(&out).contains("panic"), "{}", stdout_of(&out));
+}
+
+#[test]
+fn kvm_unikernel_booted_as_linux_fails_cleanly() {
+    require_kvm();
+    // A unikernel image booted with the Linux protocol gets no boot info and
+    // must fail (or fault) cleanly: a non-zero exit, no hang, no panic.
+    let out = spore()
+        .args(["run", "--mem", "64M", "--boot-protocol", "linux", "--kernel"])
+        .arg(uk_image("boot-mark"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
