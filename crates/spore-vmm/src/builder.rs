@@ -1,7 +1,7 @@
 //! Turns a validated [`VmConfig`] into a ready-to-start [`Vm`].
 //!
-//! Order matters: RAM and irqchip first (devices register irqfds against the
-//! irqchip), then devices (the Linux command line and the unikernel boot info
+//! Order matters: RAM, then the irqchip (devices register irqfds against
+//! it), then devices (the Linux command line and the unikernel boot info
 //! list them), then the kernel, then vCPUs (their registers point at the
 //! loaded kernel).
 
@@ -201,6 +201,11 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
     vm_fd
         .set_tss_address(layout::KVM_TSS_ADDR as usize)
         .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+    // RAM before the irqchip: with an irqchip present, each memory-slot
+    // change is far costlier in KVM (7 ms instead of 70 µs for 128 MiB
+    // measured on kvm_pvm), and this is on the boot path.
+    let ram = GuestRam::new(machine.mem_bytes())?;
+    ram.register(&vm_fd, machine.track_dirty_pages)?;
     // Linux needs the in-kernel irqchip; a unikernel polls and can do without.
     let irqchip = match (vm_fd.create_irq_chip(), kind) {
         (Ok(()), _) => true,
@@ -217,9 +222,6 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         };
         vm_fd.create_pit2(pit).map_err(kvm_setup("KVM_CREATE_PIT2"))?;
     }
-
-    let ram = GuestRam::new(machine.mem_bytes())?;
-    ram.register(&vm_fd, machine.track_dirty_pages)?;
 
     let control = opts.control;
     let wake = Arc::new(GuestWake::new().map_err(|source| BuildError::Io {
