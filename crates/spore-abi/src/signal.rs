@@ -90,7 +90,10 @@ mod tests {
         ] {
             assert_eq!(decode(encode(op, 0x12_3456)), Some((op, 0x12_3456)));
         }
-        assert_eq!(decode(encode(SignalOp::Exit, 0xFFFF_FFFF)), Some((SignalOp::Exit, ARG_MASK)));
+        assert_eq!(
+            decode(encode(SignalOp::Exit, 0xFFFF_FFFF)),
+            Some((SignalOp::Exit, ARG_MASK))
+        );
         assert_eq!(decode(0x7F00_0000), None);
         assert_eq!(decode(0), None);
     }

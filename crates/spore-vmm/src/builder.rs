@@ -145,10 +145,12 @@ impl VirtioSlots<'_> {
                 .map_err(kvm_setup("a virtio irqfd"))?;
         }
         let interrupt = Arc::new(VirtioInterrupt::new(irqfd, self.wake.clone()));
-        let transport = MmioTransport::new(device, self.ram.memory().clone(), interrupt)
-            .map_err(|e| BuildError::Device {
-                what: "virtio-mmio transport",
-                detail: e.to_string(),
+        let transport =
+            MmioTransport::new(device, self.ram.memory().clone(), interrupt).map_err(|e| {
+                BuildError::Device {
+                    what: "virtio-mmio transport",
+                    detail: e.to_string(),
+                }
             })?;
         for (queue, event) in transport.queue_events().iter().enumerate() {
             // The notify register is at offset 0x50; datamatch on the queue index.
@@ -168,7 +170,10 @@ impl VirtioSlots<'_> {
 /// Builds the VM; nothing runs until [`Vm::start`].
 pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError> {
     config.validate()?;
-    let boot = config.boot_source.as_ref().ok_or(ConfigError::NoBootSource)?;
+    let boot = config
+        .boot_source
+        .as_ref()
+        .ok_or(ConfigError::NoBootSource)?;
     let machine = &config.machine;
 
     let mut kernel = open("kernel image", &boot.kernel_image_path)?;
@@ -220,7 +225,9 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
             flags: KVM_PIT_SPEAKER_DUMMY,
             ..Default::default()
         };
-        vm_fd.create_pit2(pit).map_err(kvm_setup("KVM_CREATE_PIT2"))?;
+        vm_fd
+            .create_pit2(pit)
+            .map_err(kvm_setup("KVM_CREATE_PIT2"))?;
     }
 
     let control = opts.control;

@@ -77,7 +77,11 @@ impl BootSourceConfig {
         if self.initrd_path.as_deref() == Some("") {
             return Err(ConfigError::Empty("initrd_path"));
         }
-        if self.boot_args.as_ref().is_some_and(|a| a.len() >= CMDLINE_MAX) {
+        if self
+            .boot_args
+            .as_ref()
+            .is_some_and(|a| a.len() >= CMDLINE_MAX)
+        {
             return Err(ConfigError::CmdlineTooLong { max: CMDLINE_MAX });
         }
         Ok(())
@@ -264,7 +268,11 @@ pub struct EntropyConfig {}
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VmConfig {
-    #[serde(rename = "boot-source", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "boot-source",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub boot_source: Option<BootSourceConfig>,
     #[serde(rename = "machine-config", default)]
     pub machine: MachineConfig,
@@ -304,7 +312,11 @@ impl VmConfig {
 
     /// Adds or replaces a drive (by id), as `PUT /drives/{id}` does.
     pub fn upsert_drive(&mut self, drive: DriveConfig) {
-        match self.drives.iter_mut().find(|d| d.drive_id == drive.drive_id) {
+        match self
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == drive.drive_id)
+        {
             Some(d) => *d = drive,
             None => self.drives.push(drive),
         }

@@ -7,8 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::api::{
-    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
-    VmState,
+    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState, VmState,
 };
 use crate::builder::{build_vm, BuildError, BuildOptions};
 use crate::config::VmConfig;
@@ -152,12 +151,8 @@ impl ApiHandler for Vmm {
                 };
                 ApiResponse::json(&InstanceInfo::new(self.id.clone(), state))
             }
-            ApiRequest::GetMachineConfig => {
-                ApiResponse::json(&lock(&self.inner).config.machine)
-            }
-            ApiRequest::GetVmConfig => {
-                ApiResponse::json(&lock(&self.inner).config)
-            }
+            ApiRequest::GetMachineConfig => ApiResponse::json(&lock(&self.inner).config.machine),
+            ApiRequest::GetVmConfig => ApiResponse::json(&lock(&self.inner).config),
             ApiRequest::PutBootSource(b) => {
                 b.validate().map_err(bad)?;
                 self.configure(|c| c.boot_source = Some(b))

@@ -99,7 +99,11 @@ fn boot(a: BootArgs) -> anyhow::Result<u8> {
             );
         }
         let boots: Vec<f64> = samples.iter().map(|s| s.boot_ns as f64 / 1e6).collect();
-        let rss: Vec<f64> = samples.iter().filter_map(|s| s.rss_kib).map(|k| k as f64).collect();
+        let rss: Vec<f64> = samples
+            .iter()
+            .filter_map(|s| s.rss_kib)
+            .map(|k| k as f64)
+            .collect();
         eprintln!(
             "boot ({kind}, {} runs): VMM start to first mark median {:.3} ms; VMM RSS without guest memory median {} KiB",
             a.runs,
@@ -188,9 +192,9 @@ fn vmm_rss_excluding_guest(pid: u32) -> anyhow::Result<u64> {
 
 /// Mapping header lines start with "start-end perms".
 fn is_mapping_header(line: &str) -> bool {
-    line.split_whitespace()
-        .next()
-        .is_some_and(|range| range.contains('-') && range.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+    line.split_whitespace().next().is_some_and(|range| {
+        range.contains('-') && range.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+    })
 }
 
 fn median(v: &[f64]) -> f64 {

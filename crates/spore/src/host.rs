@@ -98,9 +98,11 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("path has no file name"))?;
-    let tmp = dir
-        .unwrap_or(Path::new("."))
-        .join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
+    let tmp = dir.unwrap_or(Path::new(".")).join(format!(
+        ".{}.tmp.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;

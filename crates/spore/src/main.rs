@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spore", version, about = "KVM microVM monitor and sandbox runtime")]
+#[command(
+    name = "spore",
+    version,
+    about = "KVM microVM monitor and sandbox runtime"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use spore_vmm::config::{BootProtocol, BootSourceConfig, DriveConfig, MachineConfig, VmConfig, VsockConfig};
+use spore_vmm::config::{
+    BootProtocol, BootSourceConfig, DriveConfig, MachineConfig, VmConfig, VsockConfig,
+};
 use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;
 
@@ -117,11 +119,7 @@ impl RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = args.to_config()?;
-    let vmm = Arc::new(Vmm::new(
-        "run".into(),
-        config,
-        Box::new(std::io::stdout()),
-    ));
+    let vmm = Arc::new(Vmm::new("run".into(), config, Box::new(std::io::stdout())));
     host::stop_on_host_signals(vmm.clone())?;
     vmm.start()?;
     host::forward_stdin(vmm.clone());

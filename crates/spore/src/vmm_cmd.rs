@@ -44,7 +44,11 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         }
         None => VmConfig::default(),
     };
-    let vmm = Arc::new(Vmm::new(args.id.clone(), config, Box::new(std::io::stdout())));
+    let vmm = Arc::new(Vmm::new(
+        args.id.clone(),
+        config,
+        Box::new(std::io::stdout()),
+    ));
     host::stop_on_host_signals(vmm.clone())?;
     let _server = match &args.api_sock {
         Some(path) => Some(

@@ -27,13 +27,25 @@ fn missing_kernel_file() {
 
 #[test]
 fn zero_and_huge_memory_and_zero_vcpus() {
-    let out = spore().args(["run", "--kernel", "/k", "--mem", "0"]).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel", "/k", "--mem", "0"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "mem_size_mib must be at least 1");
-    let out = spore().args(["run", "--kernel", "/k", "--mem", "50000G"]).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel", "/k", "--mem", "50000G"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "exceeds");
-    let out = spore().args(["run", "--kernel", "/k", "--vcpus", "0"]).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel", "/k", "--vcpus", "0"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "vcpu_count must be between 1 and");
-    let out = spore().args(["run", "--kernel", "/k", "--mem", "12Q"]).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel", "/k", "--mem", "12Q"])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "--mem 12Q");
 }
 
@@ -44,7 +56,10 @@ fn memory_larger_than_host() {
         libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64
     } >> 20;
     let too_big = format!("{}M", host_mib + 1024);
-    let out = spore().args(["run", "--kernel", "/k", "--mem", &too_big]).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel", "/k", "--mem", &too_big])
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "exceeds");
 }
 
@@ -58,7 +73,11 @@ fn kvm_kernel_that_is_neither_elf_nor_bzimage() {
     assert_clean_failure(&out, "unknown kernel format");
     let empty = dir.path("empty");
     std::fs::write(&empty, b"").unwrap();
-    let out = spore().args(["run", "--kernel"]).arg(&empty).output().unwrap();
+    let out = spore()
+        .args(["run", "--kernel"])
+        .arg(&empty)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -66,7 +85,14 @@ fn kvm_kernel_that_is_neither_elf_nor_bzimage() {
 fn kvm_disk_that_does_not_exist() {
     require_kvm();
     let out = spore()
-        .args(["run", "--mem", "64M", "--disk", "/nonexistent/disk.img", "--kernel"])
+        .args([
+            "run",
+            "--mem",
+            "64M",
+            "--disk",
+            "/nonexistent/disk.img",
+            "--kernel",
+        ])
         .arg(uk_image("hello"))
         .output()
         .unwrap();
@@ -89,11 +115,22 @@ fn config_file_errors() {
     let dir = Scratch::new("badcfg");
     let cfg = dir.path("vm.json");
     std::fs::write(&cfg, "{ not json").unwrap();
-    let out = spore().args(["vmm", "--config-file"]).arg(&cfg).output().unwrap();
-    assert_clean_failure(&out, "parsing");
-    std::fs::write(&cfg, r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 64, "wings": 2}}"#)
+    let out = spore()
+        .args(["vmm", "--config-file"])
+        .arg(&cfg)
+        .output()
         .unwrap();
-    let out = spore().args(["vmm", "--config-file"]).arg(&cfg).output().unwrap();
+    assert_clean_failure(&out, "parsing");
+    std::fs::write(
+        &cfg,
+        r#"{"machine-config": {"vcpu_count": 1, "mem_size_mib": 64, "wings": 2}}"#,
+    )
+    .unwrap();
+    let out = spore()
+        .args(["vmm", "--config-file"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     assert_clean_failure(&out, "wings");
     let out = spore()
         .args(["vmm", "--config-file", "/nonexistent.json"])
@@ -114,15 +151,71 @@ fn api_rejects_bad_requests_without_dying() {
         .unwrap();
     wait_for_path(&sock, Duration::from_secs(10));
     let cases: &[(&str, &str, Option<&str>, u16, &str)] = &[
-        ("PUT", "/machine-config", Some("{ nope"), 400, "fault_message"),
-        ("PUT", "/machine-config", Some(r#"{"vcpu_count":1,"mem_size_mib":64,"x":1}"#), 400, "x"),
-        ("PUT", "/machine-config", Some(r#"{"vcpu_count":0,"mem_size_mib":64}"#), 400, "vcpu_count"),
-        ("PUT", "/machine-config", Some(r#"{"vcpu_count":1,"mem_size_mib":0}"#), 400, "mem_size_mib"),
-        ("PUT", "/boot-source", Some(r#"{"kernel_image_path": 7}"#), 400, "kernel_image_path"),
-        ("PUT", "/drives/a", Some(r#"{"drive_id":"b","path_on_host":"/x","is_root_device":false,"is_read_only":true}"#), 400, "fault_message"),
-        ("PUT", "/vsock", Some(r#"{"guest_cid":1,"uds_path":"/tmp/v"}"#), 400, "guest_cid"),
-        ("PUT", "/actions", Some(r#"{"action_type":"Explode"}"#), 400, "fault_message"),
-        ("PATCH", "/vm", Some(r#"{"state":"Paused"}"#), 400, "not started"),
+        (
+            "PUT",
+            "/machine-config",
+            Some("{ nope"),
+            400,
+            "fault_message",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":64,"x":1}"#),
+            400,
+            "x",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":0,"mem_size_mib":64}"#),
+            400,
+            "vcpu_count",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":0}"#),
+            400,
+            "mem_size_mib",
+        ),
+        (
+            "PUT",
+            "/boot-source",
+            Some(r#"{"kernel_image_path": 7}"#),
+            400,
+            "kernel_image_path",
+        ),
+        (
+            "PUT",
+            "/drives/a",
+            Some(
+                r#"{"drive_id":"b","path_on_host":"/x","is_root_device":false,"is_read_only":true}"#,
+            ),
+            400,
+            "fault_message",
+        ),
+        (
+            "PUT",
+            "/vsock",
+            Some(r#"{"guest_cid":1,"uds_path":"/tmp/v"}"#),
+            400,
+            "guest_cid",
+        ),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"Explode"}"#),
+            400,
+            "fault_message",
+        ),
+        (
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Paused"}"#),
+            400,
+            "not started",
+        ),
         ("GET", "/no-such-thing", None, 404, "fault_message"),
         ("DELETE", "/machine-config", None, 405, "fault_message"),
     ];
@@ -132,7 +225,12 @@ fn api_rejects_bad_requests_without_dying() {
         assert!(resp.contains(needle), "{method} {path}: {resp}");
     }
     // InstanceStart without a boot source fails cleanly; the VMM stays up.
-    let (code, resp) = http(&sock, "PUT", "/actions", Some(r#"{"action_type":"InstanceStart"}"#));
+    let (code, resp) = http(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"InstanceStart"}"#),
+    );
     assert_eq!(code, 400, "{resp}");
     assert!(resp.contains("boot-source"), "{resp}");
     assert_eq!(http(&sock, "GET", "/", None).0, 200);

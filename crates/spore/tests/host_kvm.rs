@@ -49,6 +49,7 @@ fn kvm_unikernel_heap_too_small_fails_cleanly() {
 /// CPU time (user + system) a child used, from wait4.
 fn run_and_measure_cpu(mut cmd: std::process::Command) -> (i32, Duration, Duration) {
     let start = Instant::now();
+    #[allow(clippy::zombie_processes)] // reaped by wait4 below, which also gives its rusage
     let child = cmd.stdout(Stdio::null()).spawn().unwrap();
     let mut status = 0;
     // SAFETY: rusage is plain data filled by the kernel.
@@ -72,8 +73,15 @@ fn kvm_idle_unikernel_costs_under_5_percent_of_a_core() {
     assert_eq!(code, 0);
     assert!(wall >= Duration::from_secs(3), "ran only {wall:?}");
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
-    eprintln!("idle unikernel: {cpu:?} CPU over {wall:?} = {:.2}% of a core", share * 100.0);
-    assert!(share < 0.05, "idle guest used {:.1}% of a core", share * 100.0);
+    eprintln!(
+        "idle unikernel: {cpu:?} CPU over {wall:?} = {:.2}% of a core",
+        share * 100.0
+    );
+    assert!(
+        share < 0.05,
+        "idle guest used {:.1}% of a core",
+        share * 100.0
+    );
 }
 
 #[test]
@@ -145,18 +153,35 @@ fn kvm_api_configure_start_pause_resume() {
     assert_eq!(code, 200);
     assert!(body.contains("\"mem_size_mib\":64"), "{body}");
     assert_eq!(
-        http(&sock, "PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#)).0,
+        http(
+            &sock,
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type": "InstanceStart"}"#)
+        )
+        .0,
         204
     );
-    let (code, body) = http(&sock, "PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#));
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
     assert_eq!(code, 400, "second InstanceStart must be refused: {body}");
     assert!(body.contains("fault_message"));
     assert!(http(&sock, "GET", "/", None).1.contains("Running"));
 
-    assert_eq!(http(&sock, "PATCH", "/vm", Some(r#"{"state": "Paused"}"#)).0, 204);
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state": "Paused"}"#)).0,
+        204
+    );
     assert!(http(&sock, "GET", "/", None).1.contains("Paused"));
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(http(&sock, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#)).0, 204);
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#)).0,
+        204
+    );
     assert!(http(&sock, "GET", "/", None).1.contains("Running"));
 
     // Configuration is frozen once started.
@@ -187,7 +212,11 @@ fn kvm_config_file_boots() {
         ),
     )
     .unwrap();
-    let out = spore().args(["vmm", "--config-file"]).arg(&cfg).output().unwrap();
+    let out = spore()
+        .args(["vmm", "--config-file"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(5), "stderr: {}", stderr_of(&out));
 }
 
@@ -228,7 +257,14 @@ fn kvm_unikernel_booted_as_linux_fails_cleanly() {
     // A unikernel image booted with the Linux protocol gets no boot info and
     // must fail (or fault) cleanly: a non-zero exit, no hang, no panic.
     let out = spore()
-        .args(["run", "--mem", "64M", "--boot-protocol", "linux", "--kernel"])
+        .args([
+            "run",
+            "--mem",
+            "64M",
+            "--boot-protocol",
+            "linux",
+            "--kernel",
+        ])
         .arg(uk_image("boot-mark"))
         .stdin(Stdio::null())
         .output()

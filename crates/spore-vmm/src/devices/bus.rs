@@ -121,7 +121,10 @@ mod tests {
         bus.insert(0x100, 0x10, dev.clone()).unwrap();
         assert_eq!(
             bus.insert(0x10f, 1, dev.clone()),
-            Err(BusError::Overlap { base: 0x10f, len: 1 })
+            Err(BusError::Overlap {
+                base: 0x10f,
+                len: 1
+            })
         );
         assert!(bus.insert(0xf0, 0x11, dev.clone()).is_err());
         assert!(bus.insert(u64::MAX, 2, dev.clone()).is_err());

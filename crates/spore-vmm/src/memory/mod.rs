@@ -115,9 +115,8 @@ impl GuestRam {
 }
 
 fn create_memfd(name: &str) -> Result<File, MemoryError> {
-    let cname = std::ffi::CString::new(name).map_err(|_| {
-        MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput))
-    })?;
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
     // SAFETY: cname is a valid NUL-terminated string.
     let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -141,9 +140,6 @@ mod tests {
             .unwrap();
         let v: u32 = ram.memory().read_obj(GuestAddress(0x1000)).unwrap();
         assert_eq!(v, 0xdead_beef);
-        assert!(ram
-            .memory()
-            .write_obj(1u8, GuestAddress(64 << 20))
-            .is_err());
+        assert!(ram.memory().write_obj(1u8, GuestAddress(64 << 20)).is_err());
     }
 }

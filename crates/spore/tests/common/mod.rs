@@ -13,10 +13,12 @@ pub fn spore() -> Command {
 
 /// A unikernel example image built by `make uk` (or `SPORE_UK_DIR`).
 pub fn uk_image(name: &str) -> PathBuf {
-    let dir = std::env::var_os("SPORE_UK_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../spore-uk/target/x86_64-unknown-none/release")
-    });
+    let dir = std::env::var_os("SPORE_UK_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../spore-uk/target/x86_64-unknown-none/release")
+        });
     let p = dir.join(name);
     assert!(
         p.exists(),

@@ -62,7 +62,10 @@ mod tests {
         assert_eq!(ram_regions(256 << 20), vec![(0, 256 << 20)]);
         assert_eq!(
             ram_regions(4 << 30),
-            vec![(0, MMIO_HOLE_START), (MMIO_HOLE_END, (4 << 30) - MMIO_HOLE_START)]
+            vec![
+                (0, MMIO_HOLE_START),
+                (MMIO_HOLE_END, (4 << 30) - MMIO_HOLE_START)
+            ]
         );
         assert!(virtio_mmio_addr(VIRTIO_MMIO_MAX) <= IOAPIC_ADDR);
         assert!(virtio_mmio_irq(VIRTIO_MMIO_MAX - 1) < 24);
