@@ -6,6 +6,7 @@ mod host;
 mod run;
 mod size;
 mod vmm_cmd;
+mod vsock_cmd;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,10 @@ enum Command {
     /// Run one microVM process driven through the REST API on a Unix socket
     /// (Firecracker-compatible), or from a --config-file.
     Vmm(vmm_cmd::VmmArgs),
+    /// The host end of a VM's vsock: connect to a guest port, or accept a
+    /// guest's connection.
+    #[command(subcommand)]
+    Vsock(vsock_cmd::VsockCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Vmm(a) => vmm_cmd::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Vsock(v) => vsock_cmd::run(v),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,105 @@
+//! `spore vsock`: the host end of a VM's vsock device, from the shell.
+//!
+//! `connect` dials a guest port through the device's Unix socket (the
+//! `CONNECT <port>` handshake) and `listen` accepts one guest-initiated
+//! connection on `<uds>_<port>`; both then copy stdin to the peer and the
+//! peer to stdout until both directions end.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum VsockCommand {
+    /// Connect to a guest port through the VM's vsock Unix socket.
+    Connect {
+        /// The `uds_path` given in /vsock (or `spore run --vsock`).
+        #[arg(long)]
+        uds: PathBuf,
+        #[arg(long)]
+        port: u32,
+        /// Give up if the guest has not accepted within this many seconds.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
+    /// Accept one connection the guest makes to host port PORT.
+    Listen {
+        #[arg(long)]
+        uds: PathBuf,
+        #[arg(long)]
+        port: u32,
+    },
+}
+
+pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
+    let stream = match cmd {
+        VsockCommand::Connect { uds, port, timeout } => connect(&uds, port, timeout)?,
+        VsockCommand::Listen { uds, port } => {
+            let mut path = uds.into_os_string();
+            path.push(format!("_{port}"));
+            let path = PathBuf::from(path);
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path)
+                .with_context(|| format!("listening on {}", path.display()))?;
+            let accepted = listener.accept().map(|(s, _)| s);
+            let _ = std::fs::remove_file(&path);
+            accepted.context("accepting the guest's connection")?
+        }
+    };
+    pipe_stdio(stream)?;
+    Ok(0)
+}
+
+fn connect(uds: &std::path::Path, port: u32, timeout: u64) -> anyhow::Result<UnixStream> {
+    let mut stream = UnixStream::connect(uds)
+        .with_context(|| format!("connecting to {}", uds.display()))?;
+    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    stream.set_read_timeout(Some(Duration::from_secs(timeout.max(1))))?;
+    // Read the reply byte by byte so that no guest data after it is consumed.
+    let mut reply = Vec::new();
+    let mut byte = [0u8];
+    while reply.len() < 64 {
+        match stream.read(&mut byte) {
+            Ok(0) => bail!("guest port {port}: connection refused (nobody listening)"),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => reply.push(byte[0]),
+            Err(e) => bail!("guest port {port}: no answer: {e}"),
+        }
+    }
+    let reply = String::from_utf8_lossy(&reply);
+    if !reply.starts_with("OK ") {
+        bail!("guest port {port}: unexpected handshake reply {reply:?}");
+    }
+    stream.set_read_timeout(None)?;
+    Ok(stream)
+}
+
+/// Copies stdin → stream (then half-closes) and stream → stdout.
+fn pipe_stdio(stream: UnixStream) -> anyhow::Result<()> {
+    let mut to_peer = stream.try_clone()?;
+    let writer = std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let _ = std::io::copy(&mut stdin, &mut to_peer);
+        let _ = to_peer.shutdown(Shutdown::Write);
+    });
+    let mut from_peer = BufReader::new(stream);
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        let buf = from_peer.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        stdout.write_all(buf)?;
+        stdout.flush()?;
+        let n = buf.len();
+        from_peer.consume(n);
+    }
+    // stdin may never close (a terminal); the reader side ending is enough.
+    drop(writer);
+    Ok(())
+}
