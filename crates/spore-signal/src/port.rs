@@ -1,11 +1,11 @@
 //! Raw access to the signal port from Linux user space.
 //!
-//! `ioperm(SIGNAL_PORT, 1, 1)` lets a root process execute `in`/`out` on that
-//! one port directly (narrower than `iopl(3)`, which would open all 65536
-//! ports); a write to the port then exits to the VMM like any port I/O. The
-//! guest kernel needs `CONFIG_X86_IOPL_IOPERM`. This module must never touch
-//! a port other than [`SIGNAL_PORT`], and refuses to run on bare metal, where
-//! port 0x510 could belong to real hardware.
+//! `ioperm(SIGNAL_PORT, 4, 1)` lets a root process execute 32-bit `in`/`out`
+//! on that one register directly (narrower than `iopl(3)`, which would open
+//! all 65536 ports); a write to the port then exits to the VMM like any port
+//! I/O. The guest kernel needs `CONFIG_X86_IOPL_IOPERM`. This module must
+//! never touch a port other than [`SIGNAL_PORT`], and refuses to run on bare
+//! metal, where port 0x510 could belong to real hardware.
 
 use spore_abi::signal::SIGNAL_PORT;
 use thiserror::Error;
@@ -35,8 +35,10 @@ impl SignalPort {
         if leaf1.ecx & (1 << 31) == 0 {
             return Err(PortError::NotVirtualized { port: SIGNAL_PORT });
         }
+        // The register is 32 bits wide: `out dx, eax` touches ports
+        // SIGNAL_PORT..SIGNAL_PORT+4, and the CPU checks all four bitmap bits.
         // SAFETY: ioperm only changes this process's I/O permission bitmap.
-        if unsafe { libc::ioperm(libc::c_ulong::from(SIGNAL_PORT), 1, 1) } != 0 {
+        if unsafe { libc::ioperm(libc::c_ulong::from(SIGNAL_PORT), 4, 1) } != 0 {
             return Err(PortError::Ioperm {
                 port: SIGNAL_PORT,
                 source: std::io::Error::last_os_error(),
