@@ -1,0 +1,73 @@
+//! `spore-signal`: the Linux guest's command-line access to the spore signal
+//! port (see `spore_abi::signal`).
+//!
+//! ```text
+//! spore-signal exit N      stop the VM; the VMM exits with code N (0..=255)
+//! spore-signal mark N      record boot-time mark N in the VMM
+//! spore-signal wait USEC   sleep in the VMM until a device has work or USEC pass;
+//!                          prints "woken" or "timeout"
+//! ```
+//!
+//! Built as a static musl binary and put into guest initramfs images, so that
+//! test scenarios (shell scripts) can talk to the VMM. Needs root: port I/O
+//! from user space requires `ioperm`.
+
+mod cli;
+mod port;
+
+use std::process::ExitCode;
+
+use cli::Command;
+use spore_abi::signal::{self, SignalOp};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match cli::parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("spore-signal: {e}");
+            eprintln!("{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match run(command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("spore-signal: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<ExitCode, port::PortError> {
+    let port = port::SignalPort::open()?;
+    match command {
+        Command::Exit(code) => {
+            port.write(signal::encode(SignalOp::Exit, u32::from(code)));
+            // Under spore the VM is gone before this line runs; reaching it
+            // means nothing listens on the port (another VMM, or plain QEMU).
+            eprintln!(
+                "spore-signal: exit signal sent but the VM is still running (not under spore?)"
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Command::Mark(n) => {
+            port.write(signal::encode(SignalOp::Mark, n));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wait(usec) => {
+            port.pin_to_current_cpu()?;
+            port.write(signal::encode(SignalOp::Wait, usec));
+            match port.read() {
+                signal::WAIT_WOKEN => println!("woken"),
+                signal::WAIT_TIMED_OUT => println!("timeout"),
+                other => {
+                    println!("unknown");
+                    eprintln!("spore-signal: unexpected wait result {other:#x}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the spore Linux guest initramfs: static busybox, /init (init.sh),
+# /bin/spore-signal (built with cargo for x86_64-unknown-linux-musl) and any
+# extra files. Deterministic: the same inputs give the same bytes; the result
+# is cached as ${SPORE_CACHE:-/var/cache/spore}/initramfs-<sha256>.cpio.gz
+# and copied to OUT.
+# Usage: guest/build-initramfs.sh OUT.cpio.gz [SRC[:DEST]...]
+#   SRC[:DEST]  add file SRC at DEST (absolute; default /basename(SRC));
+#               e.g. my-test.sh:/scenario makes /init run it.
+# Env: SPORE_CACHE; SPORE_SIGNAL_BIN (use this spore-signal binary instead of
+#      building one); CARGO_TARGET_DIR (honoured by the cargo build).
+# Prints OUT as the last line of stdout.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=guest/lib.sh
+source "$here/lib.sh"
+
+[[ $# -ge 1 && $1 != -* ]] || die "usage: $0 OUT.cpio.gz [SRC[:DEST]...]"
+out="$1"
+shift
+extra=("$@")
+
+if [[ -n ${SPORE_SIGNAL_BIN:-} ]]; then
+    signal_bin="$SPORE_SIGNAL_BIN"
+else
+    command -v cargo >/dev/null || die "cargo not found (or set SPORE_SIGNAL_BIN)"
+    log "cargo build --release -p spore-signal --target x86_64-unknown-linux-musl"
+    # --message-format gives the artifact path whatever CARGO_TARGET_DIR is.
+    signal_bin="$(cd "$here/.." && cargo build --release -q -p spore-signal \
+        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
+        sed -n 's/.*"executable":"\([^"]*spore-signal\)".*/\1/p' | tail -n1)"
+fi
+[[ -n $signal_bin && -x $signal_bin ]] || die "spore-signal binary not found (${signal_bin:-none})"
+
+bb="$(busybox_static)"
+key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" \
+    "$(file_specs_key "${extra[@]}")")"
+cached="$SPORE_CACHE/initramfs-$key.cpio.gz"
+
+if [[ ! -f $cached ]]; then
+    with_cache_lock "$cached"
+    if [[ ! -f $cached ]]; then
+        work="$(mktemp -d "$SPORE_CACHE/.initramfs-build.XXXXXX")"
+        trap 'rm -rf "$work"' EXIT
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        root="$work/root"
+        populate_busybox_root "$root"
+        install -m 0755 "$here/init.sh" "$root/init"
+        install -m 0755 "$signal_bin" "$root/bin/spore-signal"
+        for spec in "${extra[@]}"; do add_file_spec "$root" "$spec"; done
+        [[ -f $root/scenario ]] && chmod 0755 "$root/scenario"
+        pack_cpio_gz "$root" "$work/initramfs.cpio.gz"
+        mv "$work/initramfs.cpio.gz" "$cached"
+        log "built $cached ($(du -h "$cached" | cut -f1))"
+    fi
+else
+    log "cached: $cached"
+fi
+cached_copy "$cached" "$out"
+echo "$out"

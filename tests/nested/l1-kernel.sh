@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Fetches Debian's cloud kernel for the nested harness's L1 VM without
+# installing it: `apt-get download` of the versioned linux-image-*-cloud-amd64
+# package that linux-image-cloud-amd64 points at, `dpkg-deb -x`, then keeps
+# vmlinuz and the modules kvm-amd needs (irqbypass, kvm, kvm-amd and whatever
+# else `modinfo` names), decompressed so busybox insmod can load them.
+# Result, cached per package version:
+#   ${SPORE_CACHE:-/var/cache/spore}/l1-kernel-<package>_<version>/
+#       vmlinuz  modules/*.ko  load-order (module file names, load order)
+# Usage: tests/nested/l1-kernel.sh     (prints the directory as the last line)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=guest/lib.sh
+source "$here/../../guest/lib.sh"
+
+meta=linux-image-cloud-amd64
+ensure_packages apt dpkg kmod xz-utils zstd
+
+# The versioned package the metapackage depends on, e.g.
+# linux-image-6.1.0-56-cloud-amd64; refresh the package lists once if apt
+# does not know the metapackage yet.
+resolve() { apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[^ ]*-cloud-amd64\)$/\1/p' | head -n1; }
+pkg="$(resolve)"
+if [[ -z $pkg ]]; then
+    log "apt does not know $meta; running apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    pkg="$(resolve)"
+fi
+if [[ -z $pkg ]]; then
+    # Offline: fall back to the newest kernel already in the cache.
+    dest="$(find "$SPORE_CACHE" -maxdepth 1 -name 'l1-kernel-*' -type d 2>/dev/null | LC_ALL=C sort | tail -n1)"
+    [[ -n $dest && -f $dest/load-order ]] || die "cannot resolve $meta with apt and nothing is cached"
+    log "apt cannot resolve $meta; using cached $dest"
+    echo "$dest"
+    exit 0
+fi
+ver="$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')"
+[[ -n $ver && $ver != "(none)" ]] || die "no candidate version for $pkg"
+dest="$SPORE_CACHE/l1-kernel-${pkg}_${ver}"
+
+if [[ -f $dest/load-order ]]; then
+    log "cached: $dest"
+    echo "$dest"
+    exit 0
+fi
+
+with_cache_lock "$dest"
+if [[ -f $dest/load-order ]]; then
+    echo "$dest"
+    exit 0
+fi
+
+work="$(mktemp -d "$SPORE_CACHE/.l1-kernel.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# apt-get download drops privileges to _apt, which must be able to write here.
+chmod 0755 "$work"
+mkdir -p "$work/dl" "$work/x" "$work/out/modules"
+chown _apt "$work/dl" 2>/dev/null || true
+
+log "apt-get download $pkg=$ver"
+(cd "$work/dl" && apt-get download -q "$pkg=$ver" >&2)
+deb="$(find "$work/dl" -name '*.deb' | head -n1)"
+[[ -n $deb ]] || die "apt-get download produced no .deb"
+dpkg-deb -x "$deb" "$work/x"
+
+vmlinuz="$(find "$work/x/boot" -name 'vmlinuz-*' | head -n1)"
+[[ -n $vmlinuz ]] || die "$pkg has no /boot/vmlinuz-*"
+cp "$vmlinuz" "$work/out/vmlinuz"
+moddir="$(find "$work/x/lib/modules" "$work/x/usr/lib/modules" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -n1 || true)"
+[[ -n $moddir ]] || die "$pkg has no lib/modules/<version>"
+
+# Finds a module file by name (kernel module names treat - and _ alike) and
+# copies it, decompressed, to out/modules/NAME.ko.
+fetch_module() {
+    local name="$1" pattern f
+    pattern="$(printf '%s' "$name" | sed 's/[-_]/[-_]/g')"
+    f="$(find "$moddir" -regextype posix-extended -regex ".*/${pattern}\.ko(\.xz|\.zst|\.gz)?" | head -n1)"
+    [[ -n $f ]] || die "module $name not found in $pkg"
+    case "$f" in
+    *.ko.xz) xz -dc "$f" >"$work/out/modules/$name.ko" ;;
+    *.ko.zst) zstd -qdc "$f" >"$work/out/modules/$name.ko" ;;
+    *.ko.gz) gzip -dc "$f" >"$work/out/modules/$name.ko" ;;
+    *) cp "$f" "$work/out/modules/$name.ko" ;;
+    esac
+}
+
+# Depth-first over `modinfo -F depends`: dependencies are listed before the
+# modules that need them, which is the order insmod must follow.
+declare -A seen=()
+order=()
+visit() {
+    local name="${1//-/_}" dep
+    [[ -n ${seen[$name]:-} ]] && return 0
+    seen[$name]=1
+    fetch_module "$name"
+    for dep in $(modinfo -F depends "$work/out/modules/$name.ko" | tr ',' ' '); do
+        visit "$dep"
+    done
+    order+=("$name.ko")
+}
+visit kvm_amd
+for m in irqbypass kvm kvm_amd; do
+    [[ -n ${seen[$m]:-} ]] || die "expected $m among kvm_amd's dependencies"
+done
+printf '%s\n' "${order[@]}" >"$work/out/load-order"
+printf '%s=%s\n' "$pkg" "$ver" >"$work/out/package"
+
+mv "$work/out" "$dest"
+log "L1 kernel $pkg $ver: modules $(tr '\n' ' ' <"$dest/load-order")"
+echo "$dest"

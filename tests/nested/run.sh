@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Nested end-to-end harness (test tier 3): runs a scenario inside an L1 Linux
+# VM that has a real hardware-virtualization KVM, on machines whose own KVM
+# cannot run Linux guests.
+#
+#   QEMU TCG (-machine q35 -cpu EPYC,+svm)          <- this script
+#     L1: Debian cloud kernel + kvm/kvm_amd modules  <- l1-init.sh, /scenario
+#       L2: spore guest (guest/build-kernel.sh, guest/build-initramfs.sh)
+#           run by the spore binary given with --spore
+#
+# A scenario is a busybox sh script run as root in L1 with
+#   SPORE=/bin/spore  GUEST_KERNEL=/guest/vmlinux
+#   GUEST_INITRD=/guest/initramfs.cpio.gz  SPORE_OUT=/out  (cwd /tmp)
+# It reports results as lines `SPORE-TEST <name> PASS|FAIL|SKIP [detail]`
+# (from L1 or relayed from an L2 console). Files it leaves in $SPORE_OUT come
+# back to --out-dir (base64 tar over the serial console).
+#
+# Exit status 0 only if there was at least one result, no FAIL, /dev/kvm came
+# up in L1, the scenario exited 0 and QEMU finished before the timeout.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=guest/lib.sh
+source "$repo/guest/lib.sh"
+
+usage() {
+    cat >&2 <<'USAGE'
+usage: tests/nested/run.sh --scenario FILE [options]
+  --scenario FILE          L1 scenario script (required)
+  --spore PATH             static spore binary, installed in L1 as /bin/spore
+  --guest-scenario FILE    becomes /scenario in the L2 guest initramfs
+  --guest-file SRC[:DEST]  extra file for the L2 guest initramfs (repeatable)
+  --file SRC[:DEST]        extra file for the L1 initramfs (repeatable)
+  --timeout SECS           kill QEMU and fail after SECS (default 900)
+  --out-dir DIR            unpack files the scenario left in $SPORE_OUT here
+  --log FILE               serial log (default /tmp/spore-nested/<scenario>.log)
+  --memory MIB --smp N     L1 size (default 3072, 2)
+  --append ARGS            extra L1 kernel command line
+  --quiet                  do not stream the serial console to stdout
+USAGE
+    exit 2
+}
+
+scenario="" spore="" guest_scenario="" out_dir="" log_file="" append=""
+timeout_s=900 memory=3072 smp=2 quiet=0
+guest_files=() l1_files=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --scenario) scenario="${2:?}"; shift 2 ;;
+    --spore) spore="${2:?}"; shift 2 ;;
+    --guest-scenario) guest_scenario="${2:?}"; shift 2 ;;
+    --guest-file) guest_files+=("${2:?}"); shift 2 ;;
+    --file) l1_files+=("${2:?}"); shift 2 ;;
+    --timeout) timeout_s="${2:?}"; shift 2 ;;
+    --out-dir) out_dir="${2:?}"; shift 2 ;;
+    --log) log_file="${2:?}"; shift 2 ;;
+    --memory) memory="${2:?}"; shift 2 ;;
+    --smp) smp="${2:?}"; shift 2 ;;
+    --append) append="${2:?}"; shift 2 ;;
+    --quiet) quiet=1; shift ;;
+    -h | --help) usage ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+    esac
+done
+[[ -n $scenario ]] || { echo "--scenario is required" >&2; usage; }
+[[ -f $scenario ]] || die "scenario not found: $scenario"
+[[ $timeout_s =~ ^[0-9]+$ && $memory =~ ^[0-9]+$ && $smp =~ ^[0-9]+$ ]] ||
+    die "--timeout, --memory and --smp take whole numbers"
+if [[ -n $spore ]]; then
+    [[ -x $spore ]] || die "spore binary not found or not executable: $spore"
+    # L1 has no C library: a dynamically linked spore cannot start there.
+    if LC_ALL=C readelf -l "$spore" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+        die "$spore is dynamically linked; build it for x86_64-unknown-linux-musl"
+    fi
+fi
+[[ -z $guest_scenario || -f $guest_scenario ]] || die "guest scenario not found: $guest_scenario"
+
+ensure_packages qemu-system-x86 busybox-static cpio binutils
+name="$(basename "$scenario" .sh)"
+log_file="${log_file:-/tmp/spore-nested/$name.log}"
+mkdir -p "$(dirname "$log_file")"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/spore-nested.XXXXXX")"
+qemu_pid=""
+cleanup() {
+    [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- assets (each cached by content)
+vmlinux="$("$repo/guest/build-kernel.sh" | tail -n1)"
+gspecs=("${guest_files[@]}")
+[[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
+guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio.gz" "${gspecs[@]}" | tail -n1)"
+l1="$("$here/l1-kernel.sh" | tail -n1)"
+
+# --- L1 initramfs. Uncompressed: under TCG the L1 kernel unpacks plain cpio
+# faster than it inflates gzip, and it is rebuilt each run (spore changes).
+log "building L1 initramfs"
+root="$work/l1root"
+populate_busybox_root "$root"
+install -m 0755 "$here/l1-init.sh" "$root/init"
+install -m 0755 "$scenario" "$root/scenario"
+mkdir -p "$root/lib/modules" "$root/guest"
+cp "$l1"/modules/*.ko "$l1/load-order" "$root/lib/modules/"
+cp "$vmlinux" "$root/guest/vmlinux"
+cp "$guest_initrd" "$root/guest/initramfs.cpio.gz"
+[[ -n $spore ]] && install -m 0755 "$spore" "$root/bin/spore"
+for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done
+pack_cpio "$root" "$work/l1.cpio"
+
+# --- run
+log "booting L1 under QEMU TCG+SVM (timeout ${timeout_s}s, log $log_file)"
+start=$EPOCHREALTIME
+# shellcheck disable=SC2054 # the commas are QEMU option syntax
+qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp "$smp"
+    -nographic -no-reboot -net none
+    -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio"
+    -append "console=ttyS0 quiet panic=-1 $append")
+: >"$log_file"
+# QEMU runs in the background so the timeout can kill exactly it.
+"${qemu[@]}" </dev/null >"$log_file" 2>&1 &
+qemu_pid=$!
+if [[ $quiet == 0 ]]; then
+    # Drop carriage returns and the firmware's terminal resets (SeaBIOS
+    # clears the screen), and hide QEMU's list of EPYC features TCG lacks;
+    # the log keeps everything.
+    tail -n +1 -f --pid="$qemu_pid" "$log_file" |
+        sed -u -e 's/\r//g' -e 's/\x1bc//g' -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' |
+        grep -av --line-buffered "TCG doesn't support requested feature" &
+fi
+timed_out=0
+deadline=$((SECONDS + timeout_s))
+while kill -0 "$qemu_pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+        timed_out=1
+        kill "$qemu_pid" 2>/dev/null || true
+        sleep 2
+        kill -KILL "$qemu_pid" 2>/dev/null || true
+        break
+    fi
+    sleep 0.2
+done
+qemu_rc=0
+wait "$qemu_pid" || qemu_rc=$?
+qemu_pid=""
+wait 2>/dev/null || true # the log follower
+elapsed=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+
+# --- results
+clean="$work/serial.txt"
+tr -d '\r' <"$log_file" >"$clean"
+results="$(grep -aoE 'SPORE-TEST [^ ]+ (PASS|FAIL|SKIP)( .*)?$' "$clean" || true)"
+count() { grep -cE "^SPORE-TEST [^ ]+ $1( |$)" <<<"$results" || true; }
+pass=$(count PASS) fail=$(count FAIL) skip=$(count SKIP)
+
+problems=()
+((timed_out)) && problems+=("timeout after ${timeout_s}s (QEMU killed)")
+((!timed_out && qemu_rc != 0)) && problems+=("QEMU exited with status $qemu_rc")
+grep -aq '^NESTED-KVM ok' "$clean" || problems+=("nested KVM did not come up in L1 ($(grep -a '^NESTED-KVM' "$clean" || echo 'no NESTED-KVM line'))")
+scenario_rc="$(sed -n 's/^SPORE-L1 scenario exit \([0-9]*\)$/\1/p' "$clean" | tail -n1)"
+if grep -aq '^NESTED-KVM ok' "$clean"; then
+    [[ -n $scenario_rc ]] || problems+=("scenario did not finish")
+    [[ -z $scenario_rc || $scenario_rc == 0 ]] || problems+=("scenario exited with status $scenario_rc")
+fi
+((pass + fail + skip > 0)) || problems+=("no SPORE-TEST results")
+
+if [[ -n $out_dir ]] && grep -aq '^SPORE-OUT-BEGIN$' "$clean"; then
+    mkdir -p "$out_dir"
+    if sed -n '/^SPORE-OUT-BEGIN$/,/^SPORE-OUT-END$/p' "$clean" | sed '1d;$d' | base64 -d | tar -xz -C "$out_dir"; then
+        log "scenario output unpacked into $out_dir"
+    else
+        problems+=("could not unpack the scenario's \$SPORE_OUT into $out_dir")
+    fi
+fi
+
+echo
+if [[ -n $results ]]; then
+    printf '%s\n' "$results" | sed 's/^SPORE-TEST /  /'
+fi
+for p in "${problems[@]}"; do echo "  problem: $p"; done
+printf '%s: %d passed, %d failed, %d skipped (%ss; log %s)\n' \
+    "$name" "$pass" "$fail" "$skip" "$elapsed" "$log_file"
+[[ $fail -eq 0 && ${#problems[@]} -eq 0 ]]
