@@ -27,7 +27,7 @@ build: deps
 uk: deps
 	cd crates/spore-uk && $(CARGO) build --release
 
-# A static spore (and spore-signal) for the nested harness's initramfs.
+# A static spore for the nested harness's L1 initramfs.
 static: deps-nested
 	$(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
 
@@ -49,7 +49,7 @@ test-unit: deps
 # KVM scenarios are reported as skipped, not passed.
 test-host: deps uk
 	@if [ -c /dev/kvm ]; then \
-	    $(CARGO) test --workspace --tests --exclude spore-signal -- --test-threads=2; \
+	    $(CARGO) test --workspace --tests --exclude spore-guest-tools -- --test-threads=2; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
 	    $(CARGO) test -p spore --test bad_input -- --skip kvm_; \
@@ -60,7 +60,6 @@ test-nested: deps-nested static
 	tests/nested/run-all.sh --spore $(STATIC_SPORE)
 
 test: test-unit test-host test-nested
-	@echo "make test: all tiers passed"
 
 demo: build uk
 	@echo "== spore unikernel on host KVM"

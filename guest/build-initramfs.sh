@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the spore Linux guest initramfs: static busybox, /init (init.sh),
-# /bin/spore-signal (built with cargo for x86_64-unknown-linux-musl) and any
+# /bin/spore-signal and /bin/spore-vsock (crate spore-guest-tools, built with
+# cargo for x86_64-unknown-linux-musl) and any
 # extra files. Deterministic: the same inputs give the same bytes; the result
 # is cached as ${SPORE_CACHE:-/var/cache/spore}/initramfs-<sha256>.cpio.gz
 # and copied to OUT.
 # Usage: guest/build-initramfs.sh OUT.cpio.gz [SRC[:DEST]...]
 #   SRC[:DEST]  add file SRC at DEST (absolute; default /basename(SRC));
 #               e.g. my-test.sh:/scenario makes /init run it.
-# Env: SPORE_CACHE; SPORE_SIGNAL_BIN (use this spore-signal binary instead of
-#      building one); CARGO_TARGET_DIR (honoured by the cargo build).
+# Env: SPORE_CACHE; SPORE_GUEST_TOOLS_DIR (a directory with prebuilt
+#      spore-signal and spore-vsock instead of building them); CARGO_TARGET_DIR.
 # Prints OUT as the last line of stdout.
 set -euo pipefail
 
@@ -21,20 +22,23 @@ out="$1"
 shift
 extra=("$@")
 
-if [[ -n ${SPORE_SIGNAL_BIN:-} ]]; then
-    signal_bin="$SPORE_SIGNAL_BIN"
+if [[ -n ${SPORE_GUEST_TOOLS_DIR:-} ]]; then
+    signal_bin="$SPORE_GUEST_TOOLS_DIR/spore-signal"
+    vsock_bin="$SPORE_GUEST_TOOLS_DIR/spore-vsock"
 else
-    command -v cargo >/dev/null || die "cargo not found (or set SPORE_SIGNAL_BIN)"
-    log "cargo build --release -p spore-signal --target x86_64-unknown-linux-musl"
-    # --message-format gives the artifact path whatever CARGO_TARGET_DIR is.
-    signal_bin="$(cd "$here/.." && cargo build --release -q -p spore-signal \
-        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
-        sed -n 's/.*"executable":"\([^"]*spore-signal\)".*/\1/p' | tail -n1)"
+    command -v cargo >/dev/null || die "cargo not found (or set SPORE_GUEST_TOOLS_DIR)"
+    log "cargo build --release -p spore-guest-tools --target x86_64-unknown-linux-musl"
+    # --message-format gives the artifact paths whatever CARGO_TARGET_DIR is.
+    artifacts="$(cd "$here/.." && cargo build --release -q -p spore-guest-tools \
+        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics)"
+    signal_bin="$(sed -n 's/.*"executable":"\([^"]*spore-signal\)".*/\1/p' <<<"$artifacts" | tail -n1)"
+    vsock_bin="$(sed -n 's/.*"executable":"\([^"]*spore-vsock\)".*/\1/p' <<<"$artifacts" | tail -n1)"
 fi
 [[ -n $signal_bin && -x $signal_bin ]] || die "spore-signal binary not found (${signal_bin:-none})"
+[[ -n $vsock_bin && -x $vsock_bin ]] || die "spore-vsock binary not found (${vsock_bin:-none})"
 
 bb="$(busybox_static)"
-key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" \
+key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" "$vsock_bin" \
     "$(file_specs_key "${extra[@]}")")"
 cached="$SPORE_CACHE/initramfs-$key.cpio.gz"
 
@@ -49,6 +53,7 @@ if [[ ! -f $cached ]]; then
         populate_busybox_root "$root"
         install -m 0755 "$here/init.sh" "$root/init"
         install -m 0755 "$signal_bin" "$root/bin/spore-signal"
+        install -m 0755 "$vsock_bin" "$root/bin/spore-vsock"
         for spec in "${extra[@]}"; do add_file_spec "$root" "$spec"; done
         [[ -f $root/scenario ]] && chmod 0755 "$root/scenario"
         pack_cpio_gz "$root" "$work/initramfs.cpio.gz"

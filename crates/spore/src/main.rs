@@ -1,6 +1,7 @@
 //! The `spore` command: `run` one microVM in the foreground, serve one
 //! through the API with `vmm`, and `bench`.
 
+mod api_client;
 mod bench;
 mod host;
 mod run;
@@ -35,6 +36,8 @@ enum Command {
     /// guest's connection.
     #[command(subcommand)]
     Vsock(vsock_cmd::VsockCommand),
+    /// Send one request to a VMM's API socket and print the reply.
+    Api(api_client::ApiArgs),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Vmm(a) => vmm_cmd::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Vsock(v) => vsock_cmd::run(v),
+        Command::Api(a) => api_client::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

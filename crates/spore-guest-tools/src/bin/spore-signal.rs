@@ -12,12 +12,13 @@
 //! test scenarios (shell scripts) can talk to the VMM. Needs root: port I/O
 //! from user space requires `ioperm`.
 
-mod cli;
-mod port;
+
+
 
 use std::process::ExitCode;
 
-use cli::Command;
+use spore_guest_tools::port;
+use spore_guest_tools::signal_cli::{self as cli, Command};
 use spore_abi::signal::{self, SignalOp};
 
 fn main() -> ExitCode {

@@ -1,0 +1,10 @@
+//! Static tools for spore's Linux guests (built for x86_64-unknown-linux-musl
+//! and put in the guest initramfs):
+//!
+//! - `spore-signal`: signal-port events (exit, mark, wait) from user space;
+//! - `spore-vsock`: a vsock pipe (listen or connect, stdin/stdout ↔ socket),
+//!   the guest end of `spore vsock` on the host.
+
+pub mod port;
+pub mod signal_cli;
+pub mod vsock;

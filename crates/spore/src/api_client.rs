@@ -1,0 +1,60 @@
+//! `spore api SOCK METHOD PATH [BODY]`: one request to a VMM's API socket
+//! (what `curl --unix-socket` does), for scripts and hosts without curl.
+//! Prints the response body; exits 1 on an HTTP error status.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ApiArgs {
+    /// The VMM's API socket.
+    pub socket: PathBuf,
+    /// GET, PUT or PATCH.
+    pub method: String,
+    /// e.g. /machine-config
+    pub path: String,
+    /// JSON body.
+    pub body: Option<String>,
+}
+
+pub fn run(a: ApiArgs) -> anyhow::Result<u8> {
+    let method = a.method.to_ascii_uppercase();
+    if !matches!(method.as_str(), "GET" | "PUT" | "PATCH" | "DELETE" | "POST") {
+        bail!("unknown HTTP method {:?}", a.method);
+    }
+    if !a.path.starts_with('/') || a.path.contains(char::is_whitespace) {
+        bail!("the path must start with / and contain no spaces: {:?}", a.path);
+    }
+    let mut s = UnixStream::connect(&a.socket)
+        .with_context(|| format!("connecting to {}", a.socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let body = a.body.unwrap_or_default();
+    write!(
+        s,
+        "{method} {} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        a.path,
+        body.len()
+    )?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).context("reading the response")?;
+    let resp = String::from_utf8_lossy(&resp);
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("malformed HTTP response")?;
+    if !body.is_empty() {
+        println!("{body}");
+    }
+    if status >= 400 {
+        bail!("{method} {} -> HTTP {status}", a.path);
+    }
+    Ok(0)
+}

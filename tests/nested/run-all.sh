@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Tier 3: every nested scenario, each in its own QEMU (L1) boot.
+#   tests/nested/run-all.sh --spore STATIC_SPORE [--only NAME]
+# NAME: foundation (Linux guest through the API: CPUs, disks, rng, vsock,
+# pause/resume, reboot), demo (a plain `spore run` boot), bench (boot benchmark).
+# Prints each scenario's results and a final "N passed, N failed, N skipped".
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=guest/lib.sh
+source "$repo/guest/lib.sh"
+
+spore="" only=""
+while (($#)); do
+    case $1 in
+        --spore) spore="${2:?}"; shift 2 ;;
+        --only) only="${2:?}"; shift 2 ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|bench]" ;;
+    esac
+done
+[[ -x $spore ]] || die "--spore: no executable at '$spore'"
+ensure_packages e2fsprogs
+
+work="$(mktemp -d /tmp/spore-nested-all.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+
+# A read-only ext4 disk holding a random file whose checksum the guest reports.
+mkdir -p "$work/rofs"
+head -c 1048576 /dev/urandom >"$work/rofs/data.bin"
+(cd "$work/rofs" && sha256sum data.bin) >"$work/data.sha256"
+mke2fs -q -t ext4 -L spore-ro -d "$work/rofs" "$work/ro.img" 16M
+
+passed=0 failed=0 skipped=0 status=0
+run_one() {
+    local name=$1
+    shift
+    [[ -z $only || $only == "$name" ]] || return 0
+    log "== nested scenario: $name"
+    local out rc=0
+    out="$("$here/run.sh" --spore "$spore" --quiet "$@" | tee /dev/stderr)" || rc=$?
+    # run.sh ends with "<name>: P passed, F failed, S skipped (...)".
+    local counts p=0 f=0 s=0
+    counts="$(sed -n 's/^.*: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped.*$/\1 \2 \3/p' <<<"$out" | tail -n1)"
+    [[ -n $counts ]] && read -r p f s <<<"$counts"
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+    ((rc == 0)) || { status=1; ((f > 0)) || failed=$((failed + 1)); }
+}
+
+run_one foundation --scenario "$here/scenarios/foundation.sh" \
+    --guest-scenario "$here/scenarios/guest/foundation.sh" \
+    --file "$work/ro.img:/disks/ro.img" --file "$work/data.sha256:/disks/data.sha256" \
+    --out-dir "$work/out-foundation"
+run_one demo --scenario "$here/scenarios/demo.sh"
+run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
+
+echo "nested: $passed passed, $failed failed, $skipped skipped"
+exit $status
