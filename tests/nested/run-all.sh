@@ -37,7 +37,9 @@ run_one() {
     [[ -z $only || $only == "$name" ]] || return 0
     log "== nested scenario: $name"
     local out rc=0
-    out="$("$here/run.sh" --spore "$spore" --quiet "$@" | tee /dev/stderr)" || rc=$?
+    local quiet=(--quiet)
+    [[ $name == demo ]] && quiet=() # the demo's point is its console
+    out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee /dev/stderr)" || rc=$?
     # run.sh ends with "<name>: P passed, F failed, S skipped (...)".
     local counts p=0 f=0 s=0
     counts="$(sed -n 's/^.*: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped.*$/\1 \2 \3/p' <<<"$out" | tail -n1)"
@@ -50,7 +52,8 @@ run_one foundation --scenario "$here/scenarios/foundation.sh" \
     --guest-scenario "$here/scenarios/guest/foundation.sh" \
     --file "$work/ro.img:/disks/ro.img" --file "$work/data.sha256:/disks/data.sha256" \
     --out-dir "$work/out-foundation"
-run_one demo --scenario "$here/scenarios/demo.sh"
+run_one demo --scenario "$here/scenarios/demo.sh" \
+    --guest-scenario "$here/scenarios/guest/demo.sh"
 run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 
 echo "nested: $passed passed, $failed failed, $skipped skipped"

@@ -38,12 +38,16 @@ usage: tests/nested/run.sh --scenario FILE [options]
   --memory MIB --smp N     L1 size (default 3072, 2)
   --append ARGS            extra L1 kernel command line
   --quiet                  do not stream the serial console to stdout
+  --mode auto|qemu|direct  direct: run the scenario on this host, without QEMU
+                           (needs a KVM that runs Linux guests: kvm_intel or
+                           kvm_amd, not kvm_pvm); auto (default) picks direct
+                           on such a host and qemu elsewhere
 USAGE
     exit 2
 }
 
 scenario="" spore="" guest_scenario="" out_dir="" log_file="" append=""
-timeout_s=900 memory=3072 smp=2 quiet=0
+timeout_s=900 memory=3072 smp=2 quiet=0 mode=auto
 guest_files=() l1_files=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -59,6 +63,7 @@ while [[ $# -gt 0 ]]; do
     --smp) smp="${2:?}"; shift 2 ;;
     --append) append="${2:?}"; shift 2 ;;
     --quiet) quiet=1; shift ;;
+    --mode) mode="${2:?}"; shift 2 ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -67,16 +72,32 @@ done
 [[ -f $scenario ]] || die "scenario not found: $scenario"
 [[ $timeout_s =~ ^[0-9]+$ && $memory =~ ^[0-9]+$ && $smp =~ ^[0-9]+$ ]] ||
     die "--timeout, --memory and --smp take whole numbers"
+# A KVM that runs Linux guests itself (hardware virtualization) needs no QEMU.
+native_kvm() {
+    [[ -c /dev/kvm && ! -d /sys/module/kvm_pvm ]] &&
+        { [[ -d /sys/module/kvm_intel ]] || [[ -d /sys/module/kvm_amd ]]; }
+}
+case $mode in
+auto) if native_kvm; then mode=direct; else mode=qemu; fi ;;
+qemu) ;;
+direct) native_kvm || die "--mode direct needs kvm_intel or kvm_amd on this host" ;;
+*) die "--mode takes auto, qemu or direct" ;;
+esac
 if [[ -n $spore ]]; then
     [[ -x $spore ]] || die "spore binary not found or not executable: $spore"
+    spore="$(realpath "$spore")"
     # L1 has no C library: a dynamically linked spore cannot start there.
-    if LC_ALL=C readelf -l "$spore" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+    if [[ $mode == qemu ]] && LC_ALL=C readelf -l "$spore" 2>/dev/null | grep -q 'Requesting program interpreter'; then
         die "$spore is dynamically linked; build it for x86_64-unknown-linux-musl"
     fi
 fi
 [[ -z $guest_scenario || -f $guest_scenario ]] || die "guest scenario not found: $guest_scenario"
 
-ensure_packages qemu-system-x86 busybox-static cpio binutils
+if [[ $mode == qemu ]]; then
+    ensure_packages qemu-system-x86 busybox-static cpio binutils
+else
+    ensure_packages busybox-static cpio
+fi
 name="$(basename "$scenario" .sh)"
 log_file="${log_file:-/tmp/spore-nested/$name.log}"
 mkdir -p "$(dirname "$log_file")"
@@ -98,6 +119,38 @@ gspecs=("${guest_files[@]}")
 guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio.gz" "${gspecs[@]}" | tail -n1)"
 l1="$("$here/l1-kernel.sh" | tail -n1)"
 
+# --- direct: the scenario runs on this host with the same environment an L1
+# gives it (files under $SPORE_ROOT instead of /, scratch in $SPORE_TMP).
+run_direct() {
+    local root="$work/root"
+    mkdir -p "$root" "$work/out" "$work/tmp"
+    for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done
+    log "running $name directly on this host's KVM (timeout ${timeout_s}s, log $log_file)"
+    start=$EPOCHREALTIME
+    {
+        echo "NESTED-KVM ok (direct, $(uname -r))"
+        (
+            cd "$work/tmp" &&
+                SPORE="$spore" GUEST_KERNEL="$vmlinux" GUEST_INITRD="$guest_initrd" \
+                    SPORE_OUT="$work/out" SPORE_ROOT="$root" SPORE_TMP="$work/tmp" \
+                    timeout --kill-after=10 "$timeout_s" sh "$scenario"
+        )
+        local rc=$?
+        ((rc == 124 || rc == 137)) && echo "SPORE-DIRECT timeout"
+        echo "SPORE-L1 scenario exit $rc"
+    } >"$log_file" 2>&1
+    [[ $quiet == 1 ]] || cat "$log_file"
+    timed_out=0
+    grep -q '^SPORE-DIRECT timeout' "$log_file" && timed_out=1
+    qemu_rc=0
+    if [[ -n $out_dir && -n "$(ls -A "$work/out")" ]]; then
+        mkdir -p "$out_dir" && cp -a "$work/out/." "$out_dir/"
+    fi
+}
+
+if [[ $mode == direct ]]; then
+    run_direct
+else
 # --- L1 initramfs. Uncompressed: under TCG the L1 kernel unpacks plain cpio
 # faster than it inflates gzip, and it is rebuilt each run (spore changes).
 log "building L1 initramfs"
@@ -149,6 +202,7 @@ qemu_rc=0
 wait "$qemu_pid" || qemu_rc=$?
 qemu_pid=""
 wait 2>/dev/null || true # the log follower
+fi
 elapsed=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 
 # --- results
@@ -169,7 +223,7 @@ if grep -aq '^NESTED-KVM ok' "$clean"; then
 fi
 ((pass + fail + skip > 0)) || problems+=("no SPORE-TEST results")
 
-if [[ -n $out_dir ]] && grep -aq '^SPORE-OUT-BEGIN$' "$clean"; then
+if [[ $mode == qemu && -n $out_dir ]] && grep -aq '^SPORE-OUT-BEGIN$' "$clean"; then
     mkdir -p "$out_dir"
     if sed -n '/^SPORE-OUT-BEGIN$/,/^SPORE-OUT-END$/p' "$clean" | sed '1d;$d' | base64 -d | tar -xz -C "$out_dir"; then
         log "scenario output unpacked into $out_dir"
