@@ -16,7 +16,8 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
 
 fn socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the fd is owned right away.
-    let fd = cvt(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: fd is a fresh descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -37,7 +38,13 @@ impl VsockStream {
         let fd = socket()?;
         let a = addr(cid, port);
         // SAFETY: a is a valid sockaddr_vm of ADDR_LEN bytes.
-        cvt(unsafe { libc::connect(fd.as_raw_fd(), &a as *const _ as *const libc::sockaddr, ADDR_LEN) })?;
+        cvt(unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                &a as *const _ as *const libc::sockaddr,
+                ADDR_LEN,
+            )
+        })?;
         Ok(Self(fd))
     }
 
@@ -47,7 +54,11 @@ impl VsockStream {
         let a = addr(libc::VMADDR_CID_ANY, port);
         // SAFETY: as in connect; listen/accept on our own fd.
         unsafe {
-            cvt(libc::bind(fd.as_raw_fd(), &a as *const _ as *const libc::sockaddr, ADDR_LEN))?;
+            cvt(libc::bind(
+                fd.as_raw_fd(),
+                &a as *const _ as *const libc::sockaddr,
+                ADDR_LEN,
+            ))?;
             cvt(libc::listen(fd.as_raw_fd(), 1))?;
             let conn = cvt(libc::accept4(
                 fd.as_raw_fd(),
@@ -85,7 +96,12 @@ impl io::Write for VsockStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         // SAFETY: buf is valid for buf.len() bytes; MSG_NOSIGNAL avoids SIGPIPE.
         let n = unsafe {
-            libc::send(self.0.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL)
+            libc::send(
+                self.0.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
         };
         if n < 0 {
             Err(io::Error::last_os_error())

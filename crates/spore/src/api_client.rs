@@ -28,7 +28,10 @@ pub fn run(a: ApiArgs) -> anyhow::Result<u8> {
         bail!("unknown HTTP method {:?}", a.method);
     }
     if !a.path.starts_with('/') || a.path.contains(char::is_whitespace) {
-        bail!("the path must start with / and contain no spaces: {:?}", a.path);
+        bail!(
+            "the path must start with / and contain no spaces: {:?}",
+            a.path
+        );
     }
     let mut s = UnixStream::connect(&a.socket)
         .with_context(|| format!("connecting to {}", a.socket.display()))?;

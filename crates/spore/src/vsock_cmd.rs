@@ -56,8 +56,8 @@ pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
 }
 
 fn connect(uds: &std::path::Path, port: u32, timeout: u64) -> anyhow::Result<UnixStream> {
-    let mut stream = UnixStream::connect(uds)
-        .with_context(|| format!("connecting to {}", uds.display()))?;
+    let mut stream =
+        UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
     stream.set_read_timeout(Some(Duration::from_secs(timeout.max(1))))?;
     // Read the reply byte by byte so that no guest data after it is consumed.

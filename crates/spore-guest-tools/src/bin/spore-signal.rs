@@ -12,14 +12,11 @@
 //! test scenarios (shell scripts) can talk to the VMM. Needs root: port I/O
 //! from user space requires `ioperm`.
 
-
-
-
 use std::process::ExitCode;
 
+use spore_abi::signal::{self, SignalOp};
 use spore_guest_tools::port;
 use spore_guest_tools::signal_cli::{self as cli, Command};
-use spore_abi::signal::{self, SignalOp};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

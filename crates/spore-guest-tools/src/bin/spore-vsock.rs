@@ -40,7 +40,8 @@ fn run(args: &[String]) -> Result<(), String> {
         if n == 0 {
             break;
         }
-        out.write_all(&buf[..n]).map_err(|e| format!("stdout: {e}"))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| format!("stdout: {e}"))?;
         out.flush().map_err(|e| format!("stdout: {e}"))?;
     }
     // The peer is done; stdin may never end (a terminal), so do not wait

@@ -43,7 +43,12 @@ impl VcpuThread {
         use std::os::unix::thread::JoinHandleExt;
         // SAFETY: the pthread is alive until joined, and the kick signal has a
         // no-op handler installed before any vCPU thread starts.
-        unsafe { libc::pthread_kill(self.handle.as_pthread_t() as libc::pthread_t, super::control::kick_signal()) };
+        unsafe {
+            libc::pthread_kill(
+                self.handle.as_pthread_t() as libc::pthread_t,
+                super::control::kick_signal(),
+            )
+        };
     }
 }
 
