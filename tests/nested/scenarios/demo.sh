@@ -19,3 +19,15 @@ if [ $rc -eq 7 ] && grep -q "hello from a Linux guest on 2 vCPUs" "$tmp/demo.txt
 else
     t demo-spore-run-linux FAIL "exit $rc: $(tail -n 2 "$tmp/demo.err")"
 fi
+
+# Power-off without ACPI: the kernel cannot turn the machine off, init dies,
+# the kernel panics and `panic=1` reboots through the i8042: spore exits 0.
+"$SPORE" run --kernel "$GUEST_KERNEL" --initrd "$GUEST_INITRD" --mem 256M \
+    --cmdline "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd spore.demo=poweroff" \
+    </dev/null >"$tmp/poweroff.txt" 2>"$tmp/poweroff.err"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "powering off" "$tmp/poweroff.txt"; then
+    t poweroff-exits-0 PASS
+else
+    t poweroff-exits-0 FAIL "exit $rc: $(tail -n 2 "$tmp/poweroff.err")"
+fi
