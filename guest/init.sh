@@ -24,15 +24,30 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 hostname spore-guest
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
+# busybox `poweroff`, `halt` and `reboot` ask pid 1 with USR2, USR1 and TERM.
+# There is no ACPI, so the kernel cannot power the machine off itself (a
+# forced `poweroff -f` only halts the CPUs): end the VM through the signal
+# port instead, exit status 0, as a power-off should.
+stop_vm() {
+    sync
+    spore-signal exit 0 2>/dev/null
+    reboot -f
+}
+trap stop_vm USR1 USR2 TERM
+
 read -r up _ </proc/uptime
 echo "SPORE-INIT up ${up}s"
 
+# Children run in the background and init waits: a shell runs traps only
+# between commands, and `wait` is the one that a trapped signal interrupts.
 if [ -x /scenario ]; then
-    /scenario
+    /scenario &
+    wait $!
     rc=$?
     echo "SPORE-INIT scenario exit $rc"
 else
-    setsid cttyhack sh -l
+    setsid cttyhack sh -l &
+    wait $!
     rc=$?
 fi
 
