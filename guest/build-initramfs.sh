@@ -3,9 +3,11 @@
 # /bin/spore-signal and /bin/spore-vsock (crate spore-guest-tools, built with
 # cargo for x86_64-unknown-linux-musl) and any
 # extra files. Deterministic: the same inputs give the same bytes; the result
-# is cached as ${SPORE_CACHE:-/var/cache/spore}/initramfs-<sha256>.cpio.gz
-# and copied to OUT.
-# Usage: guest/build-initramfs.sh OUT.cpio.gz [SRC[:DEST]...]
+# is cached as ${SPORE_CACHE:-/var/cache/spore}/initramfs-<sha256>.cpio[.gz]
+# and copied to OUT. OUT ending in .gz is gzip-compressed; plain .cpio is not,
+# which boots faster where inflating is slow (emulated CPUs): the kernel only
+# has to copy it.
+# Usage: guest/build-initramfs.sh OUT.cpio[.gz] [SRC[:DEST]...]
 #   SRC[:DEST]  add file SRC at DEST (absolute; default /basename(SRC));
 #               e.g. my-test.sh:/scenario makes /init run it.
 # Env: SPORE_CACHE; SPORE_GUEST_TOOLS_DIR (a directory with prebuilt
@@ -17,7 +19,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=guest/lib.sh
 source "$here/lib.sh"
 
-[[ $# -ge 1 && $1 != -* ]] || die "usage: $0 OUT.cpio.gz [SRC[:DEST]...]"
+[[ $# -ge 1 && $1 != -* ]] || die "usage: $0 OUT.cpio[.gz] [SRC[:DEST]...]"
 out="$1"
 shift
 extra=("$@")
@@ -40,7 +42,9 @@ fi
 bb="$(busybox_static)"
 key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" "$vsock_bin" \
     "$(file_specs_key "${extra[@]}")")"
-cached="$SPORE_CACHE/initramfs-$key.cpio.gz"
+ext=cpio
+[[ $out == *.gz ]] && ext=cpio.gz
+cached="$SPORE_CACHE/initramfs-$key.$ext"
 
 if [[ ! -f $cached ]]; then
     with_cache_lock "$cached"
@@ -56,8 +60,12 @@ if [[ ! -f $cached ]]; then
         install -m 0755 "$vsock_bin" "$root/bin/spore-vsock"
         for spec in "${extra[@]}"; do add_file_spec "$root" "$spec"; done
         [[ -f $root/scenario ]] && chmod 0755 "$root/scenario"
-        pack_cpio_gz "$root" "$work/initramfs.cpio.gz"
-        mv "$work/initramfs.cpio.gz" "$cached"
+        if [[ $ext == cpio.gz ]]; then
+            pack_cpio_gz "$root" "$work/initramfs.$ext"
+        else
+            pack_cpio "$root" "$work/initramfs.$ext"
+        fi
+        mv "$work/initramfs.$ext" "$cached"
         log "built $cached ($(du -h "$cached" | cut -f1))"
     fi
 else

@@ -10,7 +10,7 @@
 #
 # A scenario is a busybox sh script run as root in L1 with
 #   SPORE=/bin/spore  GUEST_KERNEL=/guest/vmlinux
-#   GUEST_INITRD=/guest/initramfs.cpio.gz  SPORE_OUT=/out  (cwd /tmp)
+#   GUEST_INITRD=/guest/initramfs.cpio  SPORE_OUT=/out  (cwd /tmp)
 # It reports results as lines `SPORE-TEST <name> PASS|FAIL|SKIP [detail]`
 # (from L1 or relayed from an L2 console). Files it leaves in $SPORE_OUT come
 # back to --out-dir (base64 tar over the serial console).
@@ -116,7 +116,7 @@ trap 'exit 143' TERM
 vmlinux="$("$repo/guest/build-kernel.sh" | tail -n1)"
 gspecs=("${guest_files[@]}")
 [[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
-guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio.gz" "${gspecs[@]}" | tail -n1)"
+guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
 l1="$("$here/l1-kernel.sh" | tail -n1)"
 
 # --- direct: the scenario runs on this host with the same environment an L1
@@ -161,7 +161,7 @@ install -m 0755 "$scenario" "$root/scenario"
 mkdir -p "$root/lib/modules" "$root/guest"
 cp "$l1"/modules/*.ko "$l1/load-order" "$root/lib/modules/"
 cp "$vmlinux" "$root/guest/vmlinux"
-cp "$guest_initrd" "$root/guest/initramfs.cpio.gz"
+cp "$guest_initrd" "$root/guest/initramfs.cpio"
 [[ -n $spore ]] && install -m 0755 "$spore" "$root/bin/spore"
 for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done
 pack_cpio "$root" "$work/l1.cpio"
