@@ -39,7 +39,7 @@ run_one() {
     local out rc=0
     local quiet=(--quiet)
     [[ $name == demo ]] && quiet=() # the demo's point is its console
-    out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee /dev/stderr)" || rc=$?
+    out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
     # run.sh ends with "<name>: P passed, F failed, S skipped (...)".
     local counts p=0 f=0 s=0
     counts="$(sed -n 's/^.*: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped.*$/\1 \2 \3/p' <<<"$out" | tail -n1)"

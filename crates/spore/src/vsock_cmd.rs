@@ -99,7 +99,11 @@ fn pipe_stdio(stream: UnixStream) -> anyhow::Result<()> {
         let n = buf.len();
         from_peer.consume(n);
     }
-    // stdin may never close (a terminal); the reader side ending is enough.
-    drop(writer);
+    // Finish sending what stdin holds (a pipe or file ends), but do not wait
+    // on a terminal, which may never close.
+    // SAFETY: isatty only inspects the descriptor.
+    if unsafe { libc::isatty(libc::STDIN_FILENO) } == 0 {
+        let _ = writer.join();
+    }
     Ok(())
 }

@@ -44,9 +44,10 @@ fn run(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("stdout: {e}"))?;
         out.flush().map_err(|e| format!("stdout: {e}"))?;
     }
-    // The peer is done; stdin may never end (a terminal), so do not wait
-    // for the sender unless it already finished.
-    if sender.is_finished() {
+    // Finish sending what stdin holds (a pipe or file ends), but do not wait
+    // on a terminal, which may never close.
+    // SAFETY: isatty only inspects the descriptor.
+    if unsafe { libc::isatty(libc::STDIN_FILENO) } == 0 {
         let _ = sender.join();
     }
     Ok(())
