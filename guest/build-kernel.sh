@@ -2,7 +2,9 @@
 # Builds the spore Linux guest kernel (an ELF vmlinux with a PVH entry) from
 # Debian's linux-source-6.12: `make tinyconfig`, then kernel.fragment merged
 # over it. The result is cached under
-#   ${SPORE_CACHE:-/var/cache/spore}/kernel-<sha256>/{vmlinux,config,build.log}
+#   ${SPORE_CACHE:-/var/cache/spore}/kernel-<sha256>/{vmlinux,bzImage,config,build.log}
+# (the same kernel twice: spore boots either format; the bzImage is what
+# distributions ship, so the tests boot both).
 # keyed by the fragment, this script and the source package version.
 # Usage: guest/build-kernel.sh        (prints the vmlinux path as the last line)
 # Env:   SPORE_CACHE, SPORE_VERBOSE=1 (stream make output to stderr)
@@ -78,8 +80,9 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     die "${#missing[@]} option(s) from kernel.fragment did not end up in .config (unmet dependencies?)"
 fi
 
-step "make -j$(nproc) vmlinux (about 6 minutes on 2 cores)" kmake -j"$(nproc)" vmlinux
+step "make -j$(nproc) vmlinux bzImage (about 6 minutes on 2 cores)" kmake -j"$(nproc)" vmlinux bzImage
 cp "$ksrc/vmlinux" "$work/out/vmlinux"
+cp "$ksrc/arch/x86/boot/bzImage" "$work/out/bzImage"
 cp "$ksrc/.config" "$work/out/config"
 
 # Rename into place: readers only ever see a complete cache entry.

@@ -23,7 +23,7 @@ if [ -c /dev/kvm ]; then
     echo "NESTED-KVM ok (${up}s)"
     # What a scenario may use.
     export SPORE=/bin/spore
-    export GUEST_KERNEL=/guest/vmlinux GUEST_INITRD=/guest/initramfs.cpio
+    export GUEST_KERNEL=/guest/vmlinux GUEST_BZIMAGE=/guest/bzImage GUEST_INITRD=/guest/initramfs.cpio
     export SPORE_OUT=/out
     mkdir -p /out
     cd /tmp || exit 1

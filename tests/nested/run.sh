@@ -9,7 +9,7 @@
 #           run by the spore binary given with --spore
 #
 # A scenario is a busybox sh script run as root in L1 with
-#   SPORE=/bin/spore  GUEST_KERNEL=/guest/vmlinux
+#   SPORE=/bin/spore  GUEST_KERNEL=/guest/vmlinux  GUEST_BZIMAGE=/guest/bzImage
 #   GUEST_INITRD=/guest/initramfs.cpio  SPORE_OUT=/out  (cwd /tmp)
 # It reports results as lines `SPORE-TEST <name> PASS|FAIL|SKIP [detail]`
 # (from L1 or relayed from an L2 console). Files it leaves in $SPORE_OUT come
@@ -114,6 +114,8 @@ trap 'exit 143' TERM
 
 # --- assets (each cached by content)
 vmlinux="$("$repo/guest/build-kernel.sh" | tail -n1)"
+bzimage="$(dirname "$vmlinux")/bzImage"
+[[ -f $bzimage ]] || die "no bzImage beside $vmlinux"
 gspecs=("${guest_files[@]}")
 [[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
 guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
@@ -131,7 +133,7 @@ run_direct() {
         echo "NESTED-KVM ok (direct, $(uname -r))"
         (
             cd "$work/tmp" &&
-                SPORE="$spore" GUEST_KERNEL="$vmlinux" GUEST_INITRD="$guest_initrd" \
+                SPORE="$spore" GUEST_KERNEL="$vmlinux" GUEST_BZIMAGE="$bzimage" GUEST_INITRD="$guest_initrd" \
                     SPORE_OUT="$work/out" SPORE_ROOT="$root" SPORE_TMP="$work/tmp" \
                     timeout --kill-after=10 "$timeout_s" sh "$scenario"
         )
@@ -161,6 +163,7 @@ install -m 0755 "$scenario" "$root/scenario"
 mkdir -p "$root/lib/modules" "$root/guest"
 cp "$l1"/modules/*.ko "$l1/load-order" "$root/lib/modules/"
 cp "$vmlinux" "$root/guest/vmlinux"
+cp "$bzimage" "$root/guest/bzImage"
 cp "$guest_initrd" "$root/guest/initramfs.cpio"
 [[ -n $spore ]] && install -m 0755 "$spore" "$root/bin/spore"
 for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done

@@ -123,7 +123,7 @@ struct VirtioSlots<'a> {
     bus: Bus,
     /// (base address, irq, device type) per device, for the cmdline / boot info.
     placed: Vec<(u64, u32, u32)>,
-    keep: Vec<Box<dyn std::any::Any + Send>>,
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
 }
 
 impl VirtioSlots<'_> {
@@ -161,7 +161,7 @@ impl VirtioSlots<'_> {
         let transport = Arc::new(Mutex::new(transport));
         self.bus
             .insert(addr, layout::VIRTIO_MMIO_SIZE, transport.clone())?;
-        self.keep.push(Box::new(transport));
+        self.transports.push(transport);
         self.placed.push((addr, irq, device_type));
         Ok(())
     }
@@ -269,7 +269,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         irqchip,
         bus: Bus::new(),
         placed: Vec::new(),
-        keep: Vec::new(),
+        transports: Vec::new(),
     };
     let mut drives: Vec<_> = config.drives.iter().collect();
     drives.sort_by_key(|d| !d.is_root_device);
@@ -294,7 +294,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
     let VirtioSlots {
         bus: mmio,
         placed,
-        keep: devices,
+        transports: virtio,
         ..
     } = slots;
 
@@ -346,7 +346,6 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         .map(|(id, fd)| Vcpu::new(id as u8, fd, kind, io.clone(), control.clone()))
         .collect();
     Ok(Vm::from_parts(VmParts {
-        kind,
         kvm,
         vm_fd,
         ram,
@@ -355,7 +354,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         serial,
         i8042,
         vcpus,
-        devices,
+        virtio,
     }))
 }
 

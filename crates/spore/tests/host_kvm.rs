@@ -273,3 +273,17 @@ fn kvm_unikernel_booted_as_linux_fails_cleanly() {
     assert_ne!(out.status.code(), Some(0), "stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn kvm_guest_fault_stops_the_vmm_naming_the_exit_reason() {
+    require_kvm();
+    let out = spore()
+        .args(["run", "--mem", "64M", "--cmdline", "fault", "--kernel"])
+        .arg(uk_image("hello"))
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("KVM_EXIT_SHUTDOWN"), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

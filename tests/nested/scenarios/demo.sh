@@ -30,3 +30,14 @@ if [ $rc -eq 0 ] && grep -q "powering off" "$tmp/poweroff.txt"; then
 else
     t poweroff-exits-0 FAIL "exit $rc: $(tail -n 2 "$tmp/poweroff.err")"
 fi
+
+# The same kernel as a bzImage (what distributions ship).
+"$SPORE" run --kernel "$GUEST_BZIMAGE" --initrd "$GUEST_INITRD" --mem 256M \
+    --cmdline "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd" \
+    </dev/null >"$tmp/bzimage.txt" 2>"$tmp/bzimage.err"
+rc=$?
+if [ $rc -eq 7 ] && grep -q "hello from a Linux guest on 1 vCPUs" "$tmp/bzimage.txt"; then
+    t bzimage-boots PASS
+else
+    t bzimage-boots FAIL "exit $rc: $(tail -n 2 "$tmp/bzimage.err")"
+fi

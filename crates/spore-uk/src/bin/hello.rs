@@ -1,7 +1,8 @@
 //! hello: greets, checks the heap with 64 MiB of 1 MiB allocations (a pattern
 //! written into and read back from every page), and exits with `exit=N` from
 //! the command line (default 0), or 1 if the heap check fails. A `panic` word
-//! on the command line makes it panic instead, to show the panic path (101).
+//! on the command line makes it panic instead, to show the panic path (101);
+//! `fault` makes it execute an invalid instruction (a vCPU error).
 #![no_std]
 #![no_main]
 
@@ -27,6 +28,12 @@ fn main(_info: &BootInfo) -> i32 {
     );
     if spore_uk::arg("panic").is_some() {
         panic!("asked to panic by the command line");
+    }
+    if spore_uk::arg("fault").is_some() {
+        // An invalid opcode with no IDT: the CPU cannot deliver the fault and
+        // shuts down; the VMM must stop with an error naming that exit.
+        // SAFETY: never returns; the VM stops here.
+        unsafe { core::arch::asm!("ud2", options(noreturn)) }
     }
     let code = match spore_uk::arg("exit") {
         None => 0,

@@ -172,23 +172,35 @@ mod tests {
 
     #[test]
     fn pause_resume_stop() {
+        use std::sync::atomic::{AtomicU64, Ordering};
         let c = Arc::new(RunControl::new());
-        let c2 = c.clone();
+        let runs = Arc::new(AtomicU64::new(0));
+        let (c2, runs2) = (c.clone(), runs.clone());
         let t = std::thread::spawn(move || {
-            let mut runs = 0u64;
             while c2.checkpoint() == Directive::Run {
-                runs += 1;
+                runs2.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_micros(100));
             }
-            runs
         });
+        let wait_for_runs = |n: u64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while runs.load(Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "vCPU stand-in never ran");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        wait_for_runs(1);
         c.pause(1, || {}).unwrap();
         assert!(c.is_paused());
+        let frozen = runs.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(runs.load(Ordering::SeqCst), frozen, "ran while paused");
         c.resume();
+        wait_for_runs(frozen + 1);
         c.stop(StopReason::GuestExit(3));
         c.stop(StopReason::Reset);
         assert_eq!(c.wait_stopped(), StopReason::GuestExit(3));
-        assert!(t.join().unwrap() > 0);
+        t.join().unwrap();
         assert_eq!(StopReason::GuestExit(3).exit_code(), 3);
         assert_eq!(StopReason::Error("x".into()).exit_code(), 1);
     }

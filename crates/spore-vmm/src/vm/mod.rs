@@ -13,6 +13,7 @@ use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
 use vcpu::{Vcpu, VcpuIo, VcpuThread};
@@ -47,7 +48,6 @@ pub enum VmError {
 }
 
 pub struct Vm {
-    kind: GuestKind,
     control: Arc<RunControl>,
     io: Arc<VcpuIo>,
     serial: Arc<Mutex<SerialDevice>>,
@@ -55,18 +55,18 @@ pub struct Vm {
     /// Created and configured, waiting for `start`.
     pending: Vec<Vcpu>,
     threads: Vec<VcpuThread>,
-    /// Anything devices need kept alive for the VM's lifetime (transports,
-    /// device handles); dropped before the VM fd and RAM.
-    devices: Vec<Box<dyn std::any::Any + Send>>,
-    vm_fd: VmFd,
+    /// The virtio-mmio transports (also on the MMIO bus), in guest order.
+    /// Dropped before the VM fd and RAM: dropping one stops its device worker.
+    virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
+    _vm_fd: VmFd,
     _kvm: Kvm,
     // Last: guest RAM is unmapped only after KVM has let go of the slots.
-    ram: GuestRam,
+    _ram: GuestRam,
 }
 
 /// Everything the builder hands over to make a [`Vm`].
 pub struct VmParts {
-    pub kind: GuestKind,
     pub kvm: Kvm,
     pub vm_fd: VmFd,
     pub ram: GuestRam,
@@ -75,36 +75,23 @@ pub struct VmParts {
     pub serial: Arc<Mutex<SerialDevice>>,
     pub i8042: Option<Arc<Mutex<I8042>>>,
     pub vcpus: Vec<Vcpu>,
-    pub devices: Vec<Box<dyn std::any::Any + Send>>,
+    pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
 }
 
 impl Vm {
     pub fn from_parts(p: VmParts) -> Self {
         Self {
-            kind: p.kind,
             control: p.control,
             io: p.io,
             serial: p.serial,
             i8042: p.i8042,
             pending: p.vcpus,
             threads: Vec::new(),
-            devices: p.devices,
-            vm_fd: p.vm_fd,
+            virtio: p.virtio,
+            _vm_fd: p.vm_fd,
             _kvm: p.kvm,
-            ram: p.ram,
+            _ram: p.ram,
         }
-    }
-
-    pub fn kind(&self) -> GuestKind {
-        self.kind
-    }
-
-    pub fn ram(&self) -> &GuestRam {
-        &self.ram
-    }
-
-    pub fn vm_fd(&self) -> &VmFd {
-        &self.vm_fd
     }
 
     pub fn state(&self) -> RunState {
@@ -155,15 +142,6 @@ impl Vm {
         Ok(())
     }
 
-    /// Blocks until the VM stops and returns why.
-    pub fn wait(&self) -> StopReason {
-        self.control.wait_stopped()
-    }
-
-    pub fn control(&self) -> &Arc<RunControl> {
-        &self.control
-    }
-
     /// Stops the vCPUs and joins their threads; returns why the VM stopped.
     pub fn stop(&mut self, reason: StopReason) -> StopReason {
         self.control.stop(reason);
@@ -195,10 +173,6 @@ impl Vm {
         &self.serial
     }
 
-    pub fn vcpu_count(&self) -> usize {
-        self.threads.len() + self.pending.len()
-    }
-
     fn kick_all(&self) {
         for t in &self.threads {
             t.kick();
@@ -209,6 +183,6 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.stop(StopReason::Requested);
-        self.devices.clear();
+        self.virtio.clear();
     }
 }

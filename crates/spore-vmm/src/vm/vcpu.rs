@@ -70,10 +70,6 @@ impl Vcpu {
         }
     }
 
-    pub fn fd(&self) -> &VcpuFd {
-        &self.fd
-    }
-
     /// Starts the run loop on its own thread.
     pub fn start(self) -> std::io::Result<VcpuThread> {
         install_kick_handler();
@@ -98,11 +94,8 @@ impl Vcpu {
         let id = self.id;
         let exit = match self.fd.run() {
             Ok(exit) => exit,
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                // Kicked: clear a pending immediate exit and re-check directives.
-                self.fd.set_kvm_immediate_exit(0);
-                return None;
-            }
+            // Kicked out of KVM_RUN: re-check the directives.
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
             Err(e) => return Some(StopReason::Error(format!("vCPU {id}: KVM_RUN failed: {e}"))),
         };
         match exit {
