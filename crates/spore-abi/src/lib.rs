@@ -6,7 +6,9 @@
 //! - [`signal`]: the signal port, one port-I/O register for guest → VMM events.
 //! - [`boot`]: the boot-info block the VMM hands to a unikernel in RDI, and
 //!   the ELF note that marks an image as a spore unikernel.
+//! - [`tmem`]: transcendent memory calls (key/value objects in a VMM pool).
 #![no_std]
 
 pub mod boot;
 pub mod signal;
+pub mod tmem;
