@@ -7,7 +7,8 @@ set -euo pipefail
 tier=${1:-host}
 
 need_targets=(x86_64-unknown-none)
-need_pkgs=()
+# redis-cli drives the kvserver unikernel in the host-KVM tests.
+need_pkgs=(redis-tools)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.

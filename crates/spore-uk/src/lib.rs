@@ -33,9 +33,13 @@ pub mod cmdline;
 #[cfg(not(test))]
 mod entry;
 pub mod heap;
+pub mod kvmap;
 pub mod port;
 pub mod serial;
 pub mod signal;
+pub mod tmem;
+pub mod virtio;
+pub mod resp;
 
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};

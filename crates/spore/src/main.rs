@@ -8,6 +8,7 @@ mod run;
 mod size;
 mod vmm_cmd;
 mod vsock_cmd;
+mod vsock_forward;
 
 use std::process::ExitCode;
 

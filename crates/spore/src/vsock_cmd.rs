@@ -3,7 +3,8 @@
 //! `connect` dials a guest port through the device's Unix socket (the
 //! `CONNECT <port>` handshake) and `listen` accepts one guest-initiated
 //! connection on `<uds>_<port>`; both then copy stdin to the peer and the
-//! peer to stdout until both directions end.
+//! peer to stdout until both directions end. `forward` (in
+//! `vsock_forward.rs`) exposes a guest port as a local TCP or Unix socket.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
@@ -34,11 +35,31 @@ pub enum VsockCommand {
         #[arg(long)]
         port: u32,
     },
+    /// Expose a guest port as a local TCP or Unix socket: each client that
+    /// connects there gets its own connection to the guest port.
+    Forward {
+        #[arg(long)]
+        uds: PathBuf,
+        #[arg(long)]
+        port: u32,
+        /// tcp:HOST:PORT or unix:PATH
+        #[arg(long, value_name = "tcp:HOST:PORT|unix:PATH")]
+        listen: crate::vsock_forward::ListenAddr,
+        /// Per client: give up if the guest has not accepted within this many seconds.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
 }
 
 pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
     let stream = match cmd {
         VsockCommand::Connect { uds, port, timeout } => connect(&uds, port, timeout)?,
+        VsockCommand::Forward {
+            uds,
+            port,
+            listen,
+            timeout,
+        } => return crate::vsock_forward::run(&uds, port, &listen, timeout),
         VsockCommand::Listen { uds, port } => {
             let mut path = uds.into_os_string();
             path.push(format!("_{port}"));
@@ -55,7 +76,7 @@ pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn connect(uds: &std::path::Path, port: u32, timeout: u64) -> anyhow::Result<UnixStream> {
+pub(crate) fn connect(uds: &std::path::Path, port: u32, timeout: u64) -> anyhow::Result<UnixStream> {
     let mut stream =
         UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes())?;

@@ -1,0 +1,177 @@
+//! Split virtqueues (virtio 1.2 §2.7) in guest memory, driver side.
+//!
+//! A queue is one zeroed, page-aligned heap block holding the descriptor
+//! table, the available (driver) ring and the used (device) ring. Each buffer
+//! is one descriptor (no chains, no indirect descriptors): the drivers here
+//! keep header and payload contiguous, which every device model accepts.
+//!
+//! The device (a VMM thread) reads and writes the rings concurrently, so ring
+//! fields are accessed with volatile operations and fences order the
+//! descriptor writes before the index that publishes them.
+
+use alloc::alloc::{alloc_zeroed, dealloc, Layout};
+use alloc::vec::Vec;
+use core::sync::atomic::{fence, Ordering};
+
+use super::VirtioError;
+
+const DESC_F_WRITE: u16 = 2;
+const PAGE: usize = 4096;
+
+#[repr(C)]
+struct Desc {
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+/// One split virtqueue.
+pub struct VirtQueue {
+    index: u16,
+    size: u16,
+    mem: *mut u8,
+    layout: Layout,
+    desc: *mut Desc,
+    /// flags, idx, ring[size], used_event.
+    avail: *mut u16,
+    /// flags, idx, ring[size] of (id: u32, len: u32), avail_event.
+    used: *mut u8,
+    /// Descriptor ids not handed to the device.
+    free: Vec<u16>,
+    next_avail: u16,
+    last_used: u16,
+}
+
+/// A buffer the device has finished with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Used {
+    /// The id [`VirtQueue::add`] returned.
+    pub id: u16,
+    /// Bytes the device wrote into it (device-writable buffers).
+    pub len: u32,
+}
+
+fn align_up(v: usize, a: usize) -> usize {
+    v.div_ceil(a) * a
+}
+
+impl VirtQueue {
+    /// Allocates a queue of `size` entries (a power of two).
+    pub fn new(index: u16, size: u16) -> Result<Self, VirtioError> {
+        let n = size as usize;
+        let avail_off = align_up(16 * n, 2);
+        let used_off = align_up(avail_off + 6 + 2 * n, PAGE);
+        let total = align_up(used_off + 6 + 8 * n, PAGE);
+        let layout = Layout::from_size_align(total, PAGE).map_err(|_| VirtioError::OutOfMemory)?;
+        let mut free = Vec::new();
+        free.try_reserve_exact(n)
+            .map_err(|_| VirtioError::OutOfMemory)?;
+        free.extend((0..size).rev());
+        // SAFETY: layout has a non-zero size.
+        let mem = unsafe { alloc_zeroed(layout) };
+        if mem.is_null() {
+            return Err(VirtioError::OutOfMemory);
+        }
+        Ok(VirtQueue {
+            index,
+            size,
+            mem,
+            layout,
+            desc: mem as *mut Desc,
+            // SAFETY: both offsets lie inside the block allocated above.
+            avail: unsafe { mem.add(avail_off) } as *mut u16,
+            used: unsafe { mem.add(used_off) },
+            free,
+            next_avail: 0,
+            last_used: 0,
+        })
+    }
+
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Guest-physical addresses of the descriptor table, available ring and
+    /// used ring, for the transport's registers.
+    pub fn addresses(&self) -> (u64, u64, u64) {
+        (self.desc as u64, self.avail as u64, self.used as u64)
+    }
+
+    /// Free descriptors left.
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The id the next [`add`](Self::add) will return.
+    pub fn peek_free(&self) -> Option<&u16> {
+        self.free.last()
+    }
+
+    /// Makes the buffer `addr..addr+len` available to the device, writable
+    /// by it if `device_writes`. Returns its id, or None if the queue is
+    /// full. The caller notifies the device (once for several buffers).
+    ///
+    /// # Safety
+    /// The buffer must stay valid, and untouched by the driver, until the
+    /// device returns it through [`pop_used`](Self::pop_used).
+    pub unsafe fn add(&mut self, addr: *const u8, len: u32, device_writes: bool) -> Option<u16> {
+        let id = self.free.pop()?;
+        let d = Desc {
+            addr: addr as u64,
+            len,
+            flags: if device_writes { DESC_F_WRITE } else { 0 },
+            next: 0,
+        };
+        let mask = self.size - 1;
+        // SAFETY: id < size and the slot index is masked to size, so both
+        // writes stay inside the queue block.
+        unsafe {
+            core::ptr::write_volatile(self.desc.add(id as usize), d);
+            core::ptr::write_volatile(self.avail.add(2 + (self.next_avail & mask) as usize), id);
+        }
+        self.next_avail = self.next_avail.wrapping_add(1);
+        // The descriptor and ring slot must be visible before the index.
+        fence(Ordering::SeqCst);
+        // SAFETY: avail[1] is the ring's idx field.
+        unsafe { core::ptr::write_volatile(self.avail.add(1), self.next_avail) };
+        Some(id)
+    }
+
+    /// The next buffer the device has used, if any.
+    pub fn pop_used(&mut self) -> Option<Used> {
+        // SAFETY: offset 2 of the used ring is its idx field.
+        let idx = unsafe { core::ptr::read_volatile(self.used.add(2) as *const u16) };
+        if idx == self.last_used {
+            return None;
+        }
+        // Read the element only after seeing the index that published it.
+        fence(Ordering::SeqCst);
+        let slot = (self.last_used & (self.size - 1)) as usize;
+        // SAFETY: slot < size; elements start at offset 4, 8 bytes each.
+        let (id, len) = unsafe {
+            let e = self.used.add(4 + 8 * slot) as *const u32;
+            (core::ptr::read_volatile(e), core::ptr::read_volatile(e.add(1)))
+        };
+        self.last_used = self.last_used.wrapping_add(1);
+        // A device that reports an id it never got is broken; ignoring the
+        // element keeps the free list consistent.
+        if id >= self.size as u32 || self.free.contains(&(id as u16)) {
+            return self.pop_used();
+        }
+        self.free.push(id as u16);
+        Some(Used { id: id as u16, len })
+    }
+}
+
+impl Drop for VirtQueue {
+    fn drop(&mut self) {
+        // SAFETY: `mem` came from `alloc_zeroed(self.layout)`. A driver drops
+        // a queue only after resetting its device, which then no longer uses it.
+        unsafe { dealloc(self.mem, self.layout) }
+    }
+}
