@@ -13,6 +13,13 @@ enum Slot {
     Full(Vec<u8>, Vec<u8>),
 }
 
+/// An insert the heap had no room for: the key and value, given back.
+#[derive(Debug)]
+pub struct Refused {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
 #[derive(Default)]
 pub struct KvMap {
     slots: Vec<Slot>,
@@ -114,11 +121,7 @@ impl KvMap {
 
     /// Sets `key` to `value`; returns the old value. If the table cannot
     /// grow, gives both back unchanged.
-    pub fn insert(
-        &mut self,
-        key: Vec<u8>,
-        value: Vec<u8>,
-    ) -> Result<Option<Vec<u8>>, (Vec<u8>, Vec<u8>)> {
+    pub fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<Option<Vec<u8>>, Refused> {
         if !self.slots.is_empty() {
             if let (i, true) = self.find(&key) {
                 if let Slot::Full(_, v) = &mut self.slots[i] {
@@ -128,7 +131,7 @@ impl KvMap {
             }
         }
         if !self.make_room() {
-            return Err((key, value));
+            return Err(Refused { key, value });
         }
         let (i, _) = self.find(&key);
         if matches!(self.slots[i], Slot::Deleted) {
@@ -177,7 +180,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let k = vec![(x % 300) as u8, (x % 7) as u8];
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(m.remove(&k), model.remove(&k));
             } else {
                 let v = x.to_le_bytes().to_vec();

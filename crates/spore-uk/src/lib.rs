@@ -35,11 +35,11 @@ mod entry;
 pub mod heap;
 pub mod kvmap;
 pub mod port;
+pub mod resp;
 pub mod serial;
 pub mod signal;
 pub mod tmem;
 pub mod virtio;
-pub mod resp;
 
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};

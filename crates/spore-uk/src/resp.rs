@@ -38,10 +38,19 @@ enum State {
     /// Reading the first line of a command (`*N` or inline).
     Top,
     /// Reading a `$len` line; `left` arguments to go, this one included.
-    BulkLen { left: usize },
+    BulkLen {
+        left: usize,
+    },
     /// Reading `need` payload bytes, then `\r\n`.
-    Bulk { left: usize, need: usize, discard: bool },
-    BulkEnd { left: usize, crlf_seen: usize },
+    Bulk {
+        left: usize,
+        need: usize,
+        discard: bool,
+    },
+    BulkEnd {
+        left: usize,
+        crlf_seen: usize,
+    },
 }
 
 pub struct Parser {
@@ -263,7 +272,10 @@ impl Parser {
                     };
                     self.line.clear();
                     let Some(len) = len.filter(|l| (0..=MAX_BULK as i64).contains(l)) else {
-                        return (pos, Some(self.protocol("expected '$' and a valid bulk length")));
+                        return (
+                            pos,
+                            Some(self.protocol("expected '$' and a valid bulk length")),
+                        );
                     };
                     let len = len as usize;
                     let discard = !self.begin_bulk(len);
@@ -340,7 +352,10 @@ impl Parser {
         }
         // An inline command: arguments separated by spaces.
         let mut any = false;
-        for word in line.split(|&b| b == b' ' || b == b'\t').filter(|w| !w.is_empty()) {
+        for word in line
+            .split(|&b| b == b' ' || b == b'\t')
+            .filter(|w| !w.is_empty())
+        {
             if self.args.len() >= MAX_ARGS {
                 return Some(self.protocol("too many arguments"));
             }
@@ -484,7 +499,12 @@ mod tests {
 
     #[test]
     fn bad_input_is_a_protocol_error() {
-        for bad in [&b"*x\r\n"[..], b"*1\r\n:3\r\n", b"*1\r\n$3\r\nabcd\r\n", b"*1\r\n$-5\r\n"] {
+        for bad in [
+            &b"*x\r\n"[..],
+            b"*1\r\n:3\r\n",
+            b"*1\r\n$3\r\nabcd\r\n",
+            b"*1\r\n$-5\r\n",
+        ] {
             let mut p = Parser::new(16).unwrap();
             let (_, ev) = p.feed(bad);
             assert!(matches!(ev, Some(Event::Protocol(_))), "{bad:?}: {ev:?}");

@@ -12,14 +12,16 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-pub use spore_abi::tmem::{TmemStats, MAX_BATCH, MAX_KEY_LEN, MAX_VALUE_LEN};
 use spore_abi::tmem::{op, Status, TmemRequest, TMEM_ADDR_SHIFT, TMEM_PORT};
+pub use spore_abi::tmem::{TmemStats, MAX_BATCH, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TmemError {
     NotFound,
     /// The buffer was too small; the object needs this many bytes.
-    BufferTooSmall { needed: usize },
+    BufferTooSmall {
+        needed: usize,
+    },
     QuotaExceeded,
     BadAddress,
     BadLength,
@@ -218,19 +220,31 @@ impl<'a> Batch<'a> {
         if self.reqs.len() >= MAX_BATCH as usize {
             return Err(TmemError::BadLength);
         }
-        self.reqs.try_reserve(1).map_err(|_| TmemError::OutOfMemory)?;
+        self.reqs
+            .try_reserve(1)
+            .map_err(|_| TmemError::OutOfMemory)?;
         self.reqs.push(r);
         Ok(self.reqs.len() - 1)
     }
 
     /// Adds a put; returns the entry's index.
     pub fn put(&mut self, key: &'a [u8], value: &'a [u8]) -> Result<usize, TmemError> {
-        self.push(request(op::PUT, key, value.as_ptr() as u64, value.len() as u64))
+        self.push(request(
+            op::PUT,
+            key,
+            value.as_ptr() as u64,
+            value.len() as u64,
+        ))
     }
 
     /// Adds a get into `buf`; returns the entry's index.
     pub fn get(&mut self, key: &'a [u8], buf: &'a mut [u8]) -> Result<usize, TmemError> {
-        self.push(request(op::GET, key, buf.as_mut_ptr() as u64, buf.len() as u64))
+        self.push(request(
+            op::GET,
+            key,
+            buf.as_mut_ptr() as u64,
+            buf.len() as u64,
+        ))
     }
 
     /// Adds an invalidate; returns the entry's index.

@@ -76,7 +76,11 @@ pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-pub(crate) fn connect(uds: &std::path::Path, port: u32, timeout: u64) -> anyhow::Result<UnixStream> {
+pub(crate) fn connect(
+    uds: &std::path::Path,
+    port: u32,
+    timeout: u64,
+) -> anyhow::Result<UnixStream> {
     let mut stream =
         UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes())?;

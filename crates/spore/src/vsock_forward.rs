@@ -26,8 +26,9 @@ impl std::str::FromStr for ListenAddr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         if let Some(a) = s.strip_prefix("tcp:") {
-            a.parse::<std::net::SocketAddr>()
-                .map_err(|e| format!("tcp:{a}: {e} (expected tcp:HOST:PORT, e.g. tcp:127.0.0.1:6379)"))?;
+            a.parse::<std::net::SocketAddr>().map_err(|e| {
+                format!("tcp:{a}: {e} (expected tcp:HOST:PORT, e.g. tcp:127.0.0.1:6379)")
+            })?;
             Ok(ListenAddr::Tcp(a.to_string()))
         } else if let Some(p) = s.strip_prefix("unix:") {
             if p.is_empty() {
@@ -90,9 +91,9 @@ enum Listener {
 impl Listener {
     fn bind(addr: &ListenAddr) -> anyhow::Result<Listener> {
         let l = match addr {
-            ListenAddr::Tcp(a) => {
-                Listener::Tcp(TcpListener::bind(a).with_context(|| format!("listening on tcp:{a}"))?)
-            }
+            ListenAddr::Tcp(a) => Listener::Tcp(
+                TcpListener::bind(a).with_context(|| format!("listening on tcp:{a}"))?,
+            ),
             ListenAddr::Unix(p) => {
                 let _ = std::fs::remove_file(p);
                 let l = UnixListener::bind(p)

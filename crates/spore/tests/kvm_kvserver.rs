@@ -74,7 +74,10 @@ impl KvServer {
         };
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", kv.tcp_port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "forwarder never listened");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "forwarder never listened"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         kv
@@ -92,15 +95,27 @@ impl KvServer {
             .args(["-h", "127.0.0.1", "-p", &self.tcp_port.to_string()])
             .args(args)
             .output()
-            .expect("redis-cli is missing: run scripts/ensure-deps.sh (Debian package redis-tools)");
-        assert!(out.status.success(), "redis-cli {args:?}: {}", stderr_of(&out));
+            .expect(
+                "redis-cli is missing: run scripts/ensure-deps.sh (Debian package redis-tools)",
+            );
+        assert!(
+            out.status.success(),
+            "redis-cli {args:?}: {}",
+            stderr_of(&out)
+        );
         stdout_of(&out).trim_end().to_string()
     }
 
     /// The VM is still running (not exited or crashed).
     fn assert_alive(&mut self) {
-        assert!(self.vm.0.try_wait().unwrap().is_none(), "the kvserver VM exited");
-        assert!(self.forward.0.try_wait().unwrap().is_none(), "the forwarder exited");
+        assert!(
+            self.vm.0.try_wait().unwrap().is_none(),
+            "the kvserver VM exited"
+        );
+        assert!(
+            self.forward.0.try_wait().unwrap().is_none(),
+            "the forwarder exited"
+        );
     }
 }
 
@@ -177,7 +192,9 @@ impl<S: Read + Write> Resp<S> {
 }
 
 fn value_for(i: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (i.wrapping_mul(131) + j * 7 + (j >> 8)) as u8).collect()
+    (0..len)
+        .map(|j| (i.wrapping_mul(131) + j * 7 + (j >> 8)) as u8)
+        .collect()
 }
 
 #[test]
@@ -204,7 +221,11 @@ fn kvm_kvserver_answers_redis_cli() {
     // Several connections at once, interleaved.
     let mut others: Vec<_> = (0..5).map(|_| kv.client()).collect();
     for (i, o) in others.iter_mut().enumerate() {
-        o.send(&[b"SET", format!("k{i}").as_bytes(), format!("v{i}").as_bytes()]);
+        o.send(&[
+            b"SET",
+            format!("k{i}").as_bytes(),
+            format!("v{i}").as_bytes(),
+        ]);
     }
     for o in others.iter_mut() {
         assert_eq!(o.read(), Reply::Simple("OK".into()));
@@ -252,7 +273,10 @@ fn kvm_kvserver_forwards_a_unix_socket() {
         if let Some(s) = fwd.0.try_wait().unwrap() {
             break s;
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "forwarder ignored SIGTERM");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "forwarder ignored SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0));
@@ -332,7 +356,11 @@ fn kvm_kvserver_tmem_holds_what_the_heap_cannot() {
     for start in (0..COUNT).step_by(PIPELINE) {
         let end = (start + PIPELINE).min(COUNT);
         for i in start..end {
-            c.send(&[b"TMEMPUT", format!("t:{i}").as_bytes(), &value_for(i, VALUE)]);
+            c.send(&[
+                b"TMEMPUT",
+                format!("t:{i}").as_bytes(),
+                &value_for(i, VALUE),
+            ]);
         }
         for i in start..end {
             assert_eq!(c.read(), Reply::Simple("OK".into()), "TMEMPUT {i}");

@@ -170,7 +170,9 @@ impl Server {
                     Some(Event::Command) => self.command(s, c)?,
                     Some(Event::OutOfMemory) => {
                         self.oom_replies += 1;
-                        self.reply(s, c, |r| r.error("OOM out of guest heap memory (use TMEMPUT)"))?
+                        self.reply(s, c, |r| {
+                            r.error("OOM out of guest heap memory (use TMEMPUT)")
+                        })?
                     }
                     Some(Event::Protocol(what)) => {
                         self.reply(s, c, |r| {
@@ -227,7 +229,11 @@ impl Server {
         let len = raw.len().min(name.len());
         name[..len].copy_from_slice(&raw[..len]);
         name[..len].make_ascii_uppercase();
-        let name = if raw.len() > 16 { &b"?"[..] } else { &name[..len] };
+        let name = if raw.len() > 16 {
+            &b"?"[..]
+        } else {
+            &name[..len]
+        };
         match (name, argc) {
             (b"PING", 1) => self.reply(s, c, |r| r.simple("PONG")),
             (b"PING", 2) | (b"ECHO", 2) => {
@@ -297,7 +303,9 @@ impl Server {
                 let key = s.parser.arg(2);
                 let n = key.len().min(tmp.len());
                 tmp[..n].copy_from_slice(&key[..n]);
-                self.reply(s, c, |r| r.array_header(2) && r.bulk(&tmp[..n]) && r.bulk(b""))
+                self.reply(s, c, |r| {
+                    r.array_header(2) && r.bulk(&tmp[..n]) && r.bulk(b"")
+                })
             }
             (b"COMMAND", _) => self.reply(s, c, |r| r.array_header(0)),
             (b"INFO", _) => self.reply(s, c, |r| {
@@ -309,19 +317,26 @@ impl Server {
                 self.flush(s, c)?;
                 Err(End::Closed)
             }
-            _ => self.reply(s, c, |r| r.error("ERR unknown command or wrong number of arguments")),
+            _ => self.reply(s, c, |r| {
+                r.error("ERR unknown command or wrong number of arguments")
+            }),
         }
     }
 
     fn oom(&mut self, s: &mut Session, c: ConnId) -> Result<(), End> {
         self.oom_replies += 1;
-        self.reply(s, c, |r| r.error("OOM out of guest heap memory (use TMEMPUT)"))
+        self.reply(s, c, |r| {
+            r.error("OOM out of guest heap memory (use TMEMPUT)")
+        })
     }
 
     fn tmem_error(&mut self, s: &mut Session, c: ConnId, e: TmemError) -> Result<(), End> {
         let mut msg = [0u8; 128];
         let n = {
-            let mut w = SliceWriter { buf: &mut msg, len: 0 };
+            let mut w = SliceWriter {
+                buf: &mut msg,
+                len: 0,
+            };
             let _ = core::fmt::write(&mut w, format_args!("ERR {e}"));
             w.len
         };
@@ -340,7 +355,10 @@ impl Server {
                 };
                 v.resize(needed, 0);
                 match tmem::get(s.parser.arg(1), &mut v) {
-                    Ok(n) => Sender { vsock: &mut self.vsock }.bulk(s, c, &v[..n]),
+                    Ok(n) => Sender {
+                        vsock: &mut self.vsock,
+                    }
+                    .bulk(s, c, &v[..n]),
                     Err(TmemError::NotFound) => self.reply(s, c, |r| r.nil()),
                     Err(e) => self.tmem_error(s, c, e),
                 }

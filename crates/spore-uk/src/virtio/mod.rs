@@ -44,7 +44,11 @@ pub enum VirtioError {
     /// The registers at this base do not say "virt", version 2.
     NotVirtio { base: u64, magic: u32, version: u32 },
     /// The device id in the registers differs from the boot info.
-    WrongDevice { base: u64, expected: u32, found: u32 },
+    WrongDevice {
+        base: u64,
+        expected: u32,
+        found: u32,
+    },
     /// The device did not accept the features the driver needs.
     FeaturesRefused(u64),
     /// The device offers no queue `index`, or a smaller one than needed.

@@ -155,7 +155,10 @@ impl VirtQueue {
         // SAFETY: slot < size; elements start at offset 4, 8 bytes each.
         let (id, len) = unsafe {
             let e = self.used.add(4 + 8 * slot) as *const u32;
-            (core::ptr::read_volatile(e), core::ptr::read_volatile(e.add(1)))
+            (
+                core::ptr::read_volatile(e),
+                core::ptr::read_volatile(e.add(1)),
+            )
         };
         self.last_used = self.last_used.wrapping_add(1);
         // A device that reports an id it never got is broken; ignoring the

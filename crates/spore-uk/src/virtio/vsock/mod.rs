@@ -128,7 +128,8 @@ pub struct Vsock {
 
 fn alloc_zeroed_vec(n: usize) -> Result<Vec<u8>, VirtioError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| VirtioError::OutOfMemory)?;
+    v.try_reserve_exact(n)
+        .map_err(|_| VirtioError::OutOfMemory)?;
     v.resize(n, 0);
     Ok(v)
 }
@@ -136,15 +137,15 @@ fn alloc_zeroed_vec(n: usize) -> Result<Vec<u8>, VirtioError> {
 impl Vsock {
     /// Finds the vsock device in the boot info and brings it up.
     pub fn new(info: &BootInfo, config: VsockConfig) -> Result<Vsock, VirtioError> {
-        let dev = find_device(info, device_id::VSOCK).ok_or(VirtioError::NoDevice(device_id::VSOCK))?;
+        let dev =
+            find_device(info, device_id::VSOCK).ok_or(VirtioError::NoDevice(device_id::VSOCK))?;
         // SAFETY: the boot info lists this window as a virtio-mmio device,
         // identity-mapped by the boot protocol; only this driver uses it.
         let (transport, _) = unsafe { Transport::init(&dev, F_VERSION_1, 0)? };
         let rx = transport.setup_queue(RXQ, RX_BUFS)?;
         let tx = transport.setup_queue(TXQ, TX_BUFS)?;
         let ev = transport.setup_queue(EVQ, EV_BUFS)?;
-        let guest_cid =
-            transport.config_u32(0) as u64 | (transport.config_u32(4) as u64) << 32;
+        let guest_cid = transport.config_u32(0) as u64 | (transport.config_u32(4) as u64) << 32;
         let mut conns = Vec::new();
         conns
             .try_reserve_exact(config.max_connections)
