@@ -6,7 +6,9 @@
 //! everything it needs on top of that: the `_start` entry, a validated view of
 //! the boot info, serial output ([`print!`]/[`println!`] on COM1), a global heap
 //! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`]), the
-//! command line and a TSC clock.
+//! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
+//! with vsock), the tmem client ([`tmem`]), and pieces for apps that must
+//! survive a full heap ([`kvmap`], [`resp`]).
 //!
 //! It never takes an interrupt or a fault and never touches ring-0 state: the
 //! unikernel runs as ring-3 code, which is what runs natively on every KVM
