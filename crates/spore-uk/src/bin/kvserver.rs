@@ -175,14 +175,7 @@ impl Server {
                         })?
                     }
                     Some(Event::Protocol(what)) => {
-                        self.reply(s, c, |r| {
-                            r.error("ERR Protocol error: ") && {
-                                r.buf.truncate(r.buf.len() - 2);
-                                r.buf.extend_from_slice(what.as_bytes());
-                                r.buf.extend_from_slice(b"\r\n");
-                                true
-                            }
-                        })?;
+                        self.error_fmt(s, c, format_args!("ERR Protocol error: {what}"))?;
                         self.flush(s, c)?;
                         return Err(End::Closed);
                     }
@@ -331,16 +324,24 @@ impl Server {
     }
 
     fn tmem_error(&mut self, s: &mut Session, c: ConnId, e: TmemError) -> Result<(), End> {
-        let mut msg = [0u8; 128];
-        let n = {
-            let mut w = SliceWriter {
-                buf: &mut msg,
-                len: 0,
-            };
-            let _ = core::fmt::write(&mut w, format_args!("ERR {e}"));
-            w.len
+        self.error_fmt(s, c, format_args!("ERR {e}"))
+    }
+
+    /// An error reply formatted on the stack (no heap: it may be full).
+    fn error_fmt(
+        &mut self,
+        s: &mut Session,
+        c: ConnId,
+        args: core::fmt::Arguments,
+    ) -> Result<(), End> {
+        let mut msg = [0u8; 160];
+        let mut w = SliceWriter {
+            buf: &mut msg,
+            len: 0,
         };
-        let text = core::str::from_utf8(&msg[..n]).unwrap_or("ERR tmem");
+        let _ = core::fmt::write(&mut w, args);
+        let n = w.len;
+        let text = core::str::from_utf8(&msg[..n]).unwrap_or("ERR");
         self.reply(s, c, |r| r.error(text))
     }
 

@@ -346,10 +346,13 @@ impl Vsock {
             op::CREDIT_REQUEST => c.pending |= pending::CREDIT_UPDATE,
             op::SHUTDOWN => {
                 c.peer_shutdown |= hdr.flags & SHUTDOWN_BOTH;
-                if c.peer_shutdown == SHUTDOWN_BOTH && c.state == ConnState::Established {
+                if c.peer_shutdown == SHUTDOWN_BOTH {
                     // As Linux does: the peer is gone both ways, so end the
-                    // connection; buffered data stays readable.
-                    c.state = ConnState::PeerClosed;
+                    // connection; buffered data stays readable. A closing
+                    // slot is freed once the RST is out.
+                    if c.state == ConnState::Established {
+                        c.state = ConnState::PeerClosed;
+                    }
                     c.pending = pending::RST;
                 }
             }
@@ -363,8 +366,11 @@ impl Vsock {
             }
             _ => {
                 // REQUEST on a live connection, RESPONSE (the guest never
-                // connects out) or an unknown op: reset it.
-                c.state = ConnState::PeerClosed;
+                // connects out) or an unknown op: reset it (a closing slot
+                // stays closing and is freed once the RST is out).
+                if c.state != ConnState::Closing {
+                    c.state = ConnState::PeerClosed;
+                }
                 c.pending = pending::RST;
             }
         }
