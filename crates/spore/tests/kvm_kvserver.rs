@@ -37,11 +37,15 @@ fn free_tcp_port() -> u16 {
 
 impl KvServer {
     fn start(tag: &str, mem: &str) -> KvServer {
+        Self::start_with(tag, mem, "")
+    }
+
+    fn start_with(tag: &str, mem: &str, cmdline: &str) -> KvServer {
         require_kvm();
         let dir = Scratch::new(tag);
         let uds = dir.path("v.sock");
         let vm = spore()
-            .args(["run", "--mem", mem, "--vsock"])
+            .args(["run", "--mem", mem, "--cmdline", cmdline, "--vsock"])
             .arg(format!("3:{}", uds.display()))
             .arg("--kernel")
             .arg(uk_image("kvserver"))
@@ -58,29 +62,32 @@ impl KvServer {
         assert!(line.contains("kvserver: listening"), "guest said {line:?}");
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         let tcp_port = free_tcp_port();
-        let forward = spore()
-            .args(["vsock", "forward", "--uds"])
-            .arg(&uds)
-            .args(["--port", "6379", "--listen"])
-            .arg(format!("tcp:127.0.0.1:{tcp_port}"))
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let kv = KvServer {
+        let mut forward = Reaped(
+            spore()
+                .args(["vsock", "forward", "--uds"])
+                .arg(&uds)
+                .args(["--port", "6379", "--listen"])
+                .arg(format!("tcp:127.0.0.1:{tcp_port}"))
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        // It says so once it listens (a probe connection would take a
+        // guest connection slot).
+        let mut err = BufReader::new(forward.0.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(
+            line.contains("-> guest port 6379"),
+            "forwarder said {line:?}"
+        );
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        KvServer {
             _dir: dir,
             vm,
-            forward: Reaped(forward),
+            forward,
             tcp_port,
-        };
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", kv.tcp_port)).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "forwarder never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
-        kv
     }
 
     fn client(&self) -> Resp<TcpStream> {
@@ -281,6 +288,75 @@ fn kvm_kvserver_forwards_a_unix_socket() {
     };
     assert_eq!(status.code(), Some(0));
     assert!(!Path::new(&sock).exists(), "unix socket left behind");
+}
+
+#[test]
+fn kvm_kvserver_serves_redis_benchmark() {
+    let mut kv = KvServer::start("kv-bench", "64M");
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &kv.tcp_port.to_string()])
+        .args(["-n", "2000", "-c", "20", "-t", "ping,set,get", "-q"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-benchmark is missing: run scripts/ensure-deps.sh (redis-tools)");
+    let text = stdout_of(&out).replace('\r', "\n");
+    eprintln!("{text}");
+    assert!(out.status.success(), "{text} {}", stderr_of(&out));
+    for t in ["PING_INLINE", "PING_MBULK", "SET", "GET"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("{t}: ")) && l.contains("requests per second")),
+            "no result for {t}: {text}"
+        );
+    }
+    assert_eq!(
+        kv.redis_cli(&["DBSIZE"]),
+        "1",
+        "redis-benchmark SETs key:__rand_int__"
+    );
+    kv.assert_alive();
+}
+
+#[test]
+fn kvm_kvserver_refuses_connections_beyond_its_slots_and_reuses_them() {
+    let mut kv = KvServer::start_with("kv-slots", "64M", "conns=2");
+    let mut a = kv.client();
+    let mut b = kv.client();
+    assert_eq!(a.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(b.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    // A third connection is refused: the forwarder closes it.
+    let mut third = TcpStream::connect(("127.0.0.1", kv.tcp_port)).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let _ = third.write_all(b"PING\r\n");
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(third.read(&mut buf), Ok(0) | Err(_)),
+        "a third connection was served"
+    );
+    // Closing one frees its slot for a new client, repeatedly.
+    drop(b);
+    for round in 0..5 {
+        let t = Instant::now();
+        loop {
+            let s = TcpStream::connect(("127.0.0.1", kv.tcp_port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut c = Resp::new(s);
+            c.send(&[b"PING"]);
+            let mut l = String::new();
+            if c.r.read_line(&mut l).is_ok() && l == "+PONG\r\n" {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "round {round}: the freed slot was never reused"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    assert_eq!(a.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    kv.assert_alive();
 }
 
 const VALUE: usize = 64 * 1024;
