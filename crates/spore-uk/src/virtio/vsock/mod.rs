@@ -151,7 +151,8 @@ impl Vsock {
             .try_reserve_exact(config.max_connections)
             .map_err(|_| VirtioError::OutOfMemory)?;
         for _ in 0..config.max_connections {
-            conns.push(Conn::new(config.conn_buffer.max(1))?);
+            // buf_alloc is a u32 on the wire.
+            conns.push(Conn::new(config.conn_buffer.clamp(1, 1 << 30))?);
         }
         let mut v = Vsock {
             rx_bufs: alloc_zeroed_vec(rx.size() as usize * (HDR_SIZE + RX_PAYLOAD))?,
@@ -168,12 +169,8 @@ impl Vsock {
             orphan_count: 0,
             stats: VsockStats::default(),
         };
-        for i in 0..v.rx.size() {
-            v.post_rx(i);
-        }
-        for i in 0..v.ev.size() {
-            v.post_ev(i);
-        }
+        while v.post_free_rx() {}
+        while v.post_free_ev() {}
         v.transport.driver_ok();
         v.notify(RXQ);
         v.notify(EVQ);
@@ -207,32 +204,47 @@ impl Vsock {
         self.transport.notify(q);
     }
 
-    fn post_rx(&mut self, id: u16) {
+    /// Hands the next free rx descriptor, with its buffer, to the device;
+    /// false if every buffer is already posted. Buffer index = descriptor id.
+    fn post_free_rx(&mut self) -> bool {
+        let Some(&id) = self.rx.peek_free() else {
+            return false;
+        };
         let size = HDR_SIZE + RX_PAYLOAD;
         let start = id as usize * size;
-        if let Some(buf) = self.rx_bufs.get_mut(start..start + size) {
-            // SAFETY: the buffer lives in `rx_bufs` as long as the driver,
-            // and the driver reads it only after the device returns it.
-            let got = unsafe { self.rx.add(buf.as_mut_ptr(), size as u32, true) };
-            debug_assert_eq!(got, Some(id), "rx descriptors are handed out in order");
-        }
+        let Some(buf) = self.rx_bufs.get_mut(start..start + size) else {
+            return false;
+        };
+        // SAFETY: the buffer lives in `rx_bufs` as long as the driver, and
+        // the driver reads it only after the device returns it.
+        let got = unsafe { self.rx.add(buf.as_mut_ptr(), size as u32, true) };
+        debug_assert_eq!(got, Some(id));
+        true
     }
 
-    fn post_ev(&mut self, id: u16) {
+    /// As [`post_free_rx`](Self::post_free_rx), for the event queue.
+    fn post_free_ev(&mut self) -> bool {
+        let Some(&id) = self.ev.peek_free() else {
+            return false;
+        };
         let start = id as usize * EV_SIZE;
-        if let Some(buf) = self.ev_bufs.get_mut(start..start + EV_SIZE) {
-            // SAFETY: as for `post_rx`.
-            unsafe { self.ev.add(buf.as_mut_ptr(), EV_SIZE as u32, true) };
-        }
+        let Some(buf) = self.ev_bufs.get_mut(start..start + EV_SIZE) else {
+            return false;
+        };
+        // SAFETY: as for `post_free_rx`.
+        let got = unsafe { self.ev.add(buf.as_mut_ptr(), EV_SIZE as u32, true) };
+        debug_assert_eq!(got, Some(id));
+        true
     }
 
     /// Handles everything the device has returned; sends owed control
     /// packets. Returns true if anything happened.
     pub fn poll(&mut self) -> bool {
         let mut progress = false;
-        let mut reposted = false;
+        let mut popped = 0;
         while let Some(used) = self.rx.pop_used() {
             progress = true;
+            popped += 1;
             self.stats.packets_in += 1;
             let size = HDR_SIZE + RX_PAYLOAD;
             let start = used.id as usize * size;
@@ -244,11 +256,18 @@ impl Vsock {
                 let payload_len = (hdr.len as usize).min(len - HDR_SIZE);
                 self.handle_packet(&hdr, start + HDR_SIZE, payload_len);
             }
-            self.repost_rx(used.id);
-            reposted = true;
         }
-        if reposted {
-            self.notify(RXQ);
+        if popped > 0 {
+            // The device reads the available ring whenever it has data, so
+            // it needs a (costly, exiting) notification only if it may have
+            // found the ring empty: when it holds none of the buffers. If it
+            // runs dry later, its used-buffer interrupt wakes this driver,
+            // whose next poll sees that and notifies.
+            let starved = self.rx.free_count() == self.rx.size() as usize;
+            while self.post_free_rx() {}
+            if starved {
+                self.notify(RXQ);
+            }
         }
         while self.tx.pop_used().is_some() {
             progress = true;
@@ -266,10 +285,10 @@ impl Vsock {
             if id == EVENT_TRANSPORT_RESET {
                 self.transport_reset();
             }
-            self.post_ev(used.id);
             ev_reposted = true;
         }
         if ev_reposted {
+            while self.post_free_ev() {}
             self.notify(EVQ);
         }
         if self.flush_pending() {
@@ -277,15 +296,6 @@ impl Vsock {
         }
         self.expire_closing();
         progress
-    }
-
-    fn repost_rx(&mut self, id: u16) {
-        let size = HDR_SIZE + RX_PAYLOAD;
-        let start = id as usize * size;
-        if let Some(buf) = self.rx_bufs.get_mut(start..start + size) {
-            // SAFETY: as for `post_rx`.
-            unsafe { self.rx.add(buf.as_mut_ptr(), size as u32, true) };
-        }
     }
 
     /// Polls; if nothing happened, sleeps until the device has work or
