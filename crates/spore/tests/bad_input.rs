@@ -239,3 +239,60 @@ fn api_rejects_bad_requests_without_dying() {
     let out = child.wait_with_output().unwrap();
     assert!(!stderr_of(&out).contains("panicked"));
 }
+
+#[test]
+fn vsock_forward_bad_listen_address_and_busy_port() {
+    let out = spore()
+        .args(["vsock", "forward", "--uds", "/tmp/x", "--port", "1"])
+        .args(["--listen", "udp:1.2.3.4:5"])
+        .output()
+        .unwrap();
+    // A clap usage error: exit 2, naming the accepted forms.
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("expected tcp:HOST:PORT or unix:PATH"));
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap();
+    let out = spore()
+        .args(["vsock", "forward", "--uds", "/tmp/x", "--port", "1"])
+        .arg("--listen")
+        .arg(format!("tcp:{addr}"))
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, "Address already in use");
+}
+
+#[test]
+fn vsock_forward_to_a_missing_vm_closes_the_client() {
+    use std::io::Read;
+    let dir = Scratch::new("fwd-novm");
+    let sock = dir.path("fwd.sock");
+    let mut fwd = spore()
+        .args(["vsock", "forward", "--uds"])
+        .arg(dir.path("no-such-vm.sock"))
+        .args(["--port", "6379", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut c = loop {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(c) => break c,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(10), "{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(c.read(&mut buf).unwrap(), 0, "client not closed");
+    // The forwarder itself keeps running until told to stop.
+    assert!(fwd.try_wait().unwrap().is_none(), "forwarder exited");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(fwd.id() as i32, libc::SIGINT) };
+    let out = fwd.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr_of(&out);
+    assert!(err.contains("no-such-vm.sock"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!sock.exists());
+}
