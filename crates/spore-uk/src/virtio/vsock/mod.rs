@@ -17,6 +17,8 @@
 
 mod conn;
 mod header;
+#[cfg(test)]
+mod tests;
 
 use alloc::vec::Vec;
 use core::fmt;
@@ -179,6 +181,19 @@ impl Vsock {
 
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid
+    }
+
+    /// (descriptor table, available ring, used ring, size) of a queue, for
+    /// tests that play the device.
+    #[cfg(test)]
+    fn queue_layout(&self, q: u16) -> (u64, u64, u64, u16) {
+        let q = match q {
+            RXQ => &self.rx,
+            TXQ => &self.tx,
+            _ => &self.ev,
+        };
+        let (d, a, u) = q.addresses();
+        (d, a, u, q.size())
     }
 
     pub fn stats(&self) -> VsockStats {
