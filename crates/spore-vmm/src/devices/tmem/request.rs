@@ -182,7 +182,7 @@ pub fn parse(mem: &GuestMemoryMmap, b: &RawBlock, in_batch: bool) -> Result<Requ
             if b.value_len > MAX_BATCH {
                 return Err(Status::BadLength);
             }
-            if b.value_addr % TMEM_ALIGN != 0 {
+            if !b.value_addr.is_multiple_of(TMEM_ALIGN) {
                 return Err(Status::BadRequest);
             }
             // value_len <= MAX_BATCH, so this cannot overflow.
