@@ -198,13 +198,14 @@ fn write_status(mem: &GuestMemoryMmap, block: GuestAddress, status: Status) {
     let _ = mem.write_obj(status as u32, block.unchecked_add(STATUS_OFFSET));
 }
 
-/// Copies a validated range out of guest memory into a buffer of exactly its length.
+/// Copies a validated range out of guest memory into a buffer of exactly its
+/// length (appended into reserved capacity: one pass, no zero-fill first).
 fn read_vec(mem: &GuestMemoryMmap, r: GuestRange) -> Option<Vec<u8>> {
-    let mut v = vec![0u8; r.len];
+    let mut v = Vec::with_capacity(r.len);
     if r.len > 0 {
-        mem.read_slice(&mut v, r.addr).ok()?;
+        mem.write_all_volatile_to(r.addr, &mut v, r.len).ok()?;
     }
-    Some(v)
+    (v.len() == r.len).then_some(v)
 }
 
 /// Copies a value into the guest's buffer if it fits; returns the status and
