@@ -3,8 +3,11 @@
 //!
 //! - `spore-signal`: signal-port events (exit, mark, wait) from user space;
 //! - `spore-vsock`: a vsock pipe (listen or connect, stdin/stdout ↔ socket),
-//!   the guest end of `spore vsock` on the host.
+//!   the guest end of `spore vsock` on the host;
+//! - `spore-tmem`: put/get/invalidate objects in the VMM's tmem pool.
 
 pub mod port;
 pub mod signal_cli;
+#[cfg(target_arch = "x86_64")]
+pub mod tmem;
 pub mod vsock;

@@ -25,6 +25,7 @@ use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
+use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::blk::{Block, BlockError};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
@@ -335,10 +336,16 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         }
     }
 
+    let tmem = match &config.tmem {
+        t if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
+        _ => TmemDevice::disabled(),
+    };
     let io = Arc::new(VcpuIo {
         pio,
         mmio,
         signal: Arc::new(SignalPort::new(wake.clone())),
+        tmem: Arc::new(tmem),
+        mem: mem.clone(),
     });
     let vcpus = fds
         .into_iter()

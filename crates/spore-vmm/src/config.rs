@@ -1,12 +1,14 @@
 //! What a user asks for, in Firecracker's JSON shapes, validated.
 //!
 //! Every type here deserializes from the body of the matching API request
-//! (`PUT /boot-source`, `/machine-config`, `/drives/{id}`, `/vsock`) and from
+//! (`PUT /boot-source`, `/machine-config`, `/drives/{id}`, `/vsock`, `/tmem`) and from
 //! the sections of a `--config-file`. Unknown fields are refused, as
 //! Firecracker does. `validate` methods check what can be checked without
 //! touching KVM; file existence is checked when the VM is built.
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::devices::tmem::Compression;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -259,6 +261,44 @@ impl VsockConfig {
     }
 }
 
+/// Default tmem quota per VM: 256 MiB of VMM memory.
+pub const DEFAULT_TMEM_QUOTA_BYTES: u64 = 256 << 20;
+
+/// spore extension (`PUT /tmem` before start, `"tmem"` in a config file):
+/// the VM's transcendent-memory pool. Every VM gets one unless `enabled` is
+/// false; by default it may hold [`DEFAULT_TMEM_QUOTA_BYTES`], uncompressed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TmemConfig {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Bytes of VMM memory the pool may hold (keys, stored values and 64
+    /// bytes of bookkeeping per object).
+    #[serde(default = "default_tmem_quota")]
+    pub quota_bytes: u64,
+    /// `"none"` or `"lz4"`.
+    #[serde(default)]
+    pub compression: Compression,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_tmem_quota() -> u64 {
+    DEFAULT_TMEM_QUOTA_BYTES
+}
+
+impl Default for TmemConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            quota_bytes: DEFAULT_TMEM_QUOTA_BYTES,
+            compression: Compression::None,
+        }
+    }
+}
+
 /// spore extension (`PUT /entropy` in Firecracker): a virtio-rng device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -284,6 +324,9 @@ pub struct VmConfig {
     /// every VM; the section is accepted so Firecracker config files load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyConfig>,
+    /// spore extension: the tmem pool (defaults apply when absent).
+    #[serde(default)]
+    pub tmem: TmemConfig,
 }
 
 impl VmConfig {
@@ -387,5 +430,23 @@ mod tests {
             vsock_id: None,
         };
         assert_eq!(v.validate(), Err(ConfigError::GuestCid(2)));
+    }
+
+    #[test]
+    fn tmem_defaults_and_file_section() {
+        let c: VmConfig =
+            serde_json::from_str(r#"{"boot-source":{"kernel_image_path":"/k"}}"#).unwrap();
+        assert_eq!(c.tmem, TmemConfig::default());
+        assert!(c.tmem.enabled);
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot-source":{"kernel_image_path":"/k"},"tmem":{"quota_bytes":1024,"compression":"lz4"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.tmem.quota_bytes, c.tmem.compression),
+            (1024, Compression::Lz4)
+        );
+        assert!(serde_json::from_str::<TmemConfig>(r#"{"compression":"zip"}"#).is_err());
+        assert!(serde_json::from_str::<TmemConfig>(r#"{"quota":1}"#).is_err());
     }
 }

@@ -7,13 +7,15 @@
 use std::sync::{Arc, Mutex};
 
 use crate::api::{
-    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState, VmState,
+    ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
+    TmemInfo, TmemUpdate, VmState,
 };
 use crate::builder::{build_vm, BuildError, BuildOptions};
 use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
+use crate::devices::tmem::PoolStats;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -125,6 +127,51 @@ impl Vmm {
     }
 }
 
+impl Vmm {
+    /// `GET /tmem`: the running pool, or the configured one before start.
+    pub fn tmem_info(&self) -> TmemInfo {
+        let inner = lock(&self.inner);
+        if let Some(stats) = inner.vm.as_ref().and_then(|vm| vm.tmem().stats()) {
+            return TmemInfo {
+                enabled: true,
+                stats,
+            };
+        }
+        let t = &inner.config.tmem;
+        TmemInfo {
+            enabled: t.enabled && inner.vm.is_none(),
+            stats: PoolStats {
+                quota_bytes: t.quota_bytes,
+                compression: t.compression,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// `PUT /tmem`: any field before start, only the quota afterwards.
+    fn update_tmem(&self, update: &TmemUpdate) -> Result<ApiResponse, ApiError> {
+        let mut inner = lock(&self.inner);
+        let Some(vm) = &inner.vm else {
+            inner.config.tmem = update.apply(&inner.config.tmem);
+            return Ok(ApiResponse::NoContent);
+        };
+        if update.enabled.is_some() || update.compression.is_some() {
+            return Err(bad(
+                "the microVM is started: PUT /tmem may only change quota_bytes now \
+                 (enabled and compression are set before InstanceStart)",
+            ));
+        }
+        let quota = update.quota_bytes.unwrap_or(inner.config.tmem.quota_bytes);
+        if !vm.tmem().set_quota(quota) {
+            return Err(bad(
+                "this microVM has no tmem pool (tmem.enabled was false at InstanceStart)",
+            ));
+        }
+        inner.config.tmem.quota_bytes = quota;
+        Ok(ApiResponse::NoContent)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("the microVM was already started (InstanceStart is accepted once)")]
@@ -188,6 +235,8 @@ impl ApiHandler for Vmm {
                 Ok(ApiResponse::NoContent)
             }
             ApiRequest::Action(ActionType::FlushMetrics) => Ok(ApiResponse::NoContent),
+            ApiRequest::GetTmem => ApiResponse::json(&self.tmem_info()),
+            ApiRequest::PutTmem(update) => self.update_tmem(&update),
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner
@@ -201,5 +250,54 @@ impl ApiHandler for Vmm {
                 Ok(ApiResponse::NoContent)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tmem_api_tests {
+    use super::*;
+    use crate::config::Compression;
+
+    fn vmm() -> Vmm {
+        Vmm::new("t".into(), VmConfig::default(), Box::new(std::io::sink()))
+    }
+
+    fn info(v: &Vmm) -> serde_json::Value {
+        match v.handle(ApiRequest::GetTmem) {
+            Ok(ApiResponse::Json(j)) => j,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tmem_is_configured_before_start() {
+        let v = vmm();
+        let j = info(&v);
+        assert_eq!(j["enabled"], true);
+        assert_eq!(j["quota_bytes"], 256u64 << 20);
+        assert_eq!(j["compression"], "none");
+        assert_eq!(j["objects"], 0);
+        assert_eq!(j["puts"], 0);
+        let update = TmemUpdate {
+            quota_bytes: Some(4096),
+            compression: Some(Compression::Lz4),
+            enabled: None,
+        };
+        assert_eq!(
+            v.handle(ApiRequest::PutTmem(update)),
+            Ok(ApiResponse::NoContent)
+        );
+        let j = info(&v);
+        assert_eq!(
+            (j["quota_bytes"].as_u64(), j["compression"].as_str()),
+            (Some(4096), Some("lz4"))
+        );
+        let off = TmemUpdate {
+            enabled: Some(false),
+            ..Default::default()
+        };
+        v.handle(ApiRequest::PutTmem(off)).unwrap();
+        assert_eq!(info(&v)["enabled"], false);
+        assert!(lock(&v.inner).config.tmem.compression == Compression::Lz4);
     }
 }

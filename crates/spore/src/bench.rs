@@ -20,6 +20,8 @@ use spore_vmm::devices::legacy::signal::monotonic_ns;
 pub enum BenchCommand {
     /// VMM start to the guest's first mark, and the VMM's own RSS.
     Boot(BootArgs),
+    /// VMM-side latency of tmem calls (1 MiB put/get, single vs batched 4 KiB puts).
+    Tmem(crate::bench_tmem::TmemArgs),
 }
 
 #[derive(Args, Debug)]
@@ -44,6 +46,7 @@ pub struct BootArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
     match cmd {
         BenchCommand::Boot(a) => boot(a),
+        BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
     }
 }
 
@@ -211,7 +214,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
     s[idx]
 }
 
-fn stats(v: &[f64]) -> Value {
+pub(crate) fn stats(v: &[f64]) -> Value {
     json!({
         "median": median(v),
         "p90": percentile(v, 0.9),
@@ -220,7 +223,7 @@ fn stats(v: &[f64]) -> Value {
     })
 }
 
-fn machine() -> Value {
+pub(crate) fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {

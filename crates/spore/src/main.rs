@@ -3,6 +3,7 @@
 
 mod api_client;
 mod bench;
+mod bench_tmem;
 mod host;
 mod run;
 mod size;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use spore_vmm::config::{
-    BootProtocol, BootSourceConfig, DriveConfig, MachineConfig, VmConfig, VsockConfig,
+    BootProtocol, BootSourceConfig, Compression, DriveConfig, MachineConfig, TmemConfig, VmConfig,
+    VsockConfig,
 };
 use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;
@@ -43,6 +44,21 @@ pub struct RunArgs {
     /// Write the guest's signal-port marks here as JSON when the VM stops.
     #[arg(long)]
     pub marks_file: Option<PathBuf>,
+    /// tmem pool quota (VMM memory the guest may fill through tmem), e.g. 512M.
+    #[arg(long, default_value = "256M")]
+    pub tmem_quota: String,
+    /// How the tmem pool stores values.
+    #[arg(long, value_enum, default_value = "none")]
+    pub tmem_compression: CompressionArg,
+    /// Give the guest no tmem pool (calls answer DISABLED).
+    #[arg(long)]
+    pub no_tmem: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum CompressionArg {
+    None,
+    Lz4,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -111,6 +127,15 @@ impl RunArgs {
             drives,
             vsock,
             entropy: None,
+            tmem: TmemConfig {
+                enabled: !self.no_tmem,
+                quota_bytes: parse_size(&self.tmem_quota)
+                    .with_context(|| format!("--tmem-quota {}", self.tmem_quota))?,
+                compression: match self.tmem_compression {
+                    CompressionArg::None => Compression::None,
+                    CompressionArg::Lz4 => Compression::Lz4,
+                },
+            },
         };
         config.validate()?;
         Ok(config)

@@ -6,7 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::MachineConfig;
+use crate::config::{Compression, MachineConfig, TmemConfig};
+use crate::devices::tmem::PoolStats;
 
 /// `PATCH /machine-config`: the fields to change; absent ones keep their value.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,4 +158,42 @@ mod tests {
         assert!(MachineConfigPatch::default().is_empty());
         assert_eq!(MachineConfigPatch::default().apply(&base), base);
     }
+}
+
+/// `PUT /tmem`: the fields to change. Before `InstanceStart` any of them;
+/// afterwards only `quota_bytes` (raising or lowering it; lowering below
+/// what is stored refuses new puts but keeps every object).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TmemUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+}
+
+impl TmemUpdate {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `base` with the update's fields laid over it.
+    pub fn apply(&self, base: &TmemConfig) -> TmemConfig {
+        TmemConfig {
+            enabled: self.enabled.unwrap_or(base.enabled),
+            quota_bytes: self.quota_bytes.unwrap_or(base.quota_bytes),
+            compression: self.compression.unwrap_or(base.compression),
+        }
+    }
+}
+
+/// `GET /tmem`: whether the VM has a pool, its configuration, and (once
+/// started) its contents and per-operation counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TmemInfo {
+    pub enabled: bool,
+    #[serde(flatten)]
+    pub stats: PoolStats,
 }

@@ -25,7 +25,9 @@ pub mod response;
 pub mod server;
 mod socket;
 
-pub use body::{ActionType, InstanceInfo, InstanceState, MachineConfigPatch, VmState};
+pub use body::{
+    ActionType, InstanceInfo, InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VmState,
+};
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
 
@@ -55,6 +57,10 @@ pub enum ApiRequest {
     Action(ActionType),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `GET /tmem`: answer with [`TmemInfo`].
+    GetTmem,
+    /// `PUT /tmem` (at least one field is set).
+    PutTmem(TmemUpdate),
 }
 
 /// What a successful request answers.

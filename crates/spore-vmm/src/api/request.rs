@@ -8,7 +8,7 @@
 use hyper::Method;
 use serde::de::DeserializeOwned;
 
-use super::body::{InstanceActionInfo, VmStateBody};
+use super::body::{InstanceActionInfo, TmemUpdate, VmStateBody};
 use super::{ApiError, ApiRequest, MachineConfigPatch};
 use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
 
@@ -24,6 +24,7 @@ enum Resource<'a> {
     Vsock,
     Actions,
     Vm,
+    Tmem,
 }
 
 impl Resource<'_> {
@@ -36,6 +37,7 @@ impl Resource<'_> {
                 &["PUT"]
             }
             Resource::Vm => &["PATCH"],
+            Resource::Tmem => &["GET", "PUT"],
         }
     }
 }
@@ -55,6 +57,7 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/vsock" => Resource::Vsock,
         "/actions" => Resource::Actions,
         "/vm" => Resource::Vm,
+        "/tmem" => Resource::Tmem,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -117,6 +120,16 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::Vsock, "PUT") => ApiRequest::PutVsock(decode::<VsockConfig>(m, path, body)?),
         (Resource::Actions, "PUT") => {
             ApiRequest::Action(decode::<InstanceActionInfo>(m, path, body)?.action_type)
+        }
+        (Resource::Tmem, "GET") => ApiRequest::GetTmem,
+        (Resource::Tmem, "PUT") => {
+            let update = decode::<TmemUpdate>(m, path, body)?;
+            if update.is_empty() {
+                return Err(ApiError::BadRequest(
+                    "PUT /tmem changes nothing: give quota_bytes, compression or enabled".into(),
+                ));
+            }
+            ApiRequest::PutTmem(update)
         }
         (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
         (res, _) => {
@@ -217,6 +230,16 @@ mod tests {
                 ApiRequest::GetMachineConfig,
             ),
             (Method::GET, "/vm/config", "", ApiRequest::GetVmConfig),
+            (Method::GET, "/tmem", "", ApiRequest::GetTmem),
+            (
+                Method::PUT,
+                "/tmem",
+                r#"{"quota_bytes":1048576}"#,
+                ApiRequest::PutTmem(TmemUpdate {
+                    quota_bytes: Some(1 << 20),
+                    ..Default::default()
+                }),
+            ),
             // A GET body is ignored.
             (Method::GET, "/", "garbage", ApiRequest::GetInstanceInfo),
             (

@@ -2,4 +2,5 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod tmem;
 pub mod virtio;

@@ -13,6 +13,7 @@ use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
+use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
@@ -171,6 +172,11 @@ impl Vm {
 
     pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
         &self.serial
+    }
+
+    /// The VM's tmem device (disabled ones answer every call with DISABLED).
+    pub fn tmem(&self) -> &Arc<TmemDevice> {
+        &self.io.tmem
     }
 
     fn kick_all(&self) {

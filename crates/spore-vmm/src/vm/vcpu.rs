@@ -8,17 +8,23 @@ use std::thread::JoinHandle;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use spore_abi::signal::SIGNAL_PORT;
+use spore_abi::tmem::TMEM_PORT;
 
 use super::control::{install_kick_handler, Directive, RunControl, StopReason};
 use super::GuestKind;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::signal::{SignalAction, SignalPort};
+use crate::devices::tmem::TmemDevice;
+use crate::devices::virtio::GuestMemoryMmap;
 
-/// What every vCPU of a VM shares: the buses and the signal port.
+/// What every vCPU of a VM shares: the buses, the signal port, the tmem
+/// device and guest memory (for the calls handled on the vCPU thread).
 pub struct VcpuIo {
     pub pio: Bus,
     pub mmio: Bus,
     pub signal: Arc<SignalPort>,
+    pub tmem: Arc<TmemDevice>,
+    pub mem: GuestMemoryMmap,
 }
 
 pub struct Vcpu {
@@ -29,6 +35,8 @@ pub struct Vcpu {
     control: Arc<RunControl>,
     /// Result register of the signal port for this vCPU.
     signal_result: u32,
+    /// Status of this vCPU's last tmem call (what an `in` from the port reads).
+    tmem_status: u32,
 }
 
 /// A started vCPU thread.
@@ -67,6 +75,7 @@ impl Vcpu {
             io,
             control,
             signal_result: 0,
+            tmem_status: 0,
         }
     }
 
@@ -107,6 +116,19 @@ impl Vcpu {
             }
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
                 self.io.signal.read(data, self.signal_result);
+                None
+            }
+            // tmem calls copy between guest memory and the pool on this
+            // thread, without the bus lock, so vCPUs call in parallel.
+            VcpuExit::IoOut(port, data) if port == TMEM_PORT => {
+                self.tmem_status = self.io.tmem.port_write(&self.io.mem, data) as u32;
+                None
+            }
+            VcpuExit::IoIn(port, data) if port == TMEM_PORT => {
+                let bytes = self.tmem_status.to_le_bytes();
+                for (i, b) in data.iter_mut().enumerate() {
+                    *b = bytes.get(i).copied().unwrap_or(0);
+                }
                 None
             }
             VcpuExit::IoOut(port, data) => {

@@ -1,0 +1,26 @@
+//! Transcendent memory (tmem): the VMM side of the guest → VMM key/value call
+//! defined in `spore_abi::tmem`.
+//!
+//! A guest writes the guest-physical address of a 64-byte request block
+//! (shifted right by 4) to port `TMEM_PORT`; the vCPU thread that took the
+//! exit handles the call before the guest's `out` returns, without taking any
+//! bus lock. The module is split by question:
+//!
+//! - [`request`]: the block's wire format → a validated [`request::Request`];
+//!   the only code that interprets guest addresses and lengths.
+//! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
+//!   compression, counters. It never sees guest memory.
+//! - [`device`]: [`TmemDevice`], which runs one call: copies keys and values
+//!   between guest memory and the pool and writes statuses back.
+//!
+//! This module must never trust a guest address or length that did not come
+//! out of [`request`], and never panic on anything a guest writes.
+
+pub mod device;
+pub mod pool;
+pub mod request;
+#[cfg(test)]
+mod tests;
+
+pub use device::TmemDevice;
+pub use pool::{Compression, Counters, PoolStats};

@@ -1,0 +1,311 @@
+//! One VM's tmem object store: keys → values in VMM memory, with byte
+//! accounting, a quota, optional lz4 compression and counters.
+//!
+//! The pool never sees guest memory: the device hands it owned keys and
+//! values (already bounded by the ABI's limits) and reads stored values back
+//! through [`Pool::get_with`]. What counts against the quota is what the
+//! VMM actually holds: each key, each stored (possibly compressed) value,
+//! and [`OBJECT_OVERHEAD`] bytes of bookkeeping per object, so that a guest
+//! storing millions of empty values is bounded too.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use spore_abi::tmem::TmemStats;
+
+/// Bytes charged per object for the map entry and allocation headers.
+pub const OBJECT_OVERHEAD: u64 = 64;
+
+/// How values are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    /// lz4 block format; a value that does not shrink is stored as is.
+    Lz4,
+}
+
+/// A stored value.
+struct Object {
+    /// The value's length as the guest gave it.
+    len: usize,
+    /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
+    data: Vec<u8>,
+    compressed: bool,
+}
+
+impl Object {
+    fn charge(key: &[u8], data: &[u8]) -> u64 {
+        key.len() as u64 + data.len() as u64 + OBJECT_OVERHEAD
+    }
+}
+
+/// Why a put was refused; the pool is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaExceeded;
+
+/// Per-operation counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    pub puts: u64,
+    pub gets: u64,
+    pub get_hits: u64,
+    pub invalidates: u64,
+    pub flushes: u64,
+    pub batches: u64,
+    /// Puts refused for the quota.
+    pub refused: u64,
+    /// Calls refused as malformed (bad address, length, op or request).
+    pub invalid: u64,
+}
+
+/// A snapshot of the pool's state, as `GET /tmem` reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    pub objects: u64,
+    /// Keys and values as the guest gave them.
+    pub bytes_used: u64,
+    /// What the VMM holds for them: keys, stored values, per-object overhead.
+    pub bytes_stored: u64,
+    pub quota_bytes: u64,
+    pub compression: Compression,
+    #[serde(flatten)]
+    pub counters: Counters,
+}
+
+impl PoolStats {
+    /// The guest-visible form (`STATS`).
+    pub fn to_abi(&self) -> TmemStats {
+        TmemStats {
+            objects: self.objects,
+            bytes_used: self.bytes_used,
+            bytes_stored: self.bytes_stored,
+            quota_bytes: self.quota_bytes,
+            puts: self.counters.puts,
+            gets: self.counters.gets,
+            get_hits: self.counters.get_hits,
+            invalidates: self.counters.invalidates,
+            flushes: self.counters.flushes,
+            batches: self.counters.batches,
+            refused: self.counters.refused,
+        }
+    }
+}
+
+pub struct Pool {
+    objects: HashMap<Vec<u8>, Object>,
+    bytes_used: u64,
+    bytes_stored: u64,
+    quota_bytes: u64,
+    compression: Compression,
+    pub counters: Counters,
+}
+
+/// A looked-up value, to be copied out by the caller.
+pub enum Value<'a> {
+    Raw(&'a [u8]),
+    /// lz4 block; decompresses to `len` bytes.
+    Lz4 {
+        block: &'a [u8],
+        len: usize,
+    },
+}
+
+impl Value<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Value::Raw(b) => b.len(),
+            Value::Lz4 { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decompresses (or copies) into `out`, which must be `len()` bytes.
+    pub fn copy_to(&self, out: &mut [u8]) -> Result<(), lz4_flex::block::DecompressError> {
+        match self {
+            Value::Raw(b) => out.copy_from_slice(b),
+            Value::Lz4 { block, len } => {
+                let n = lz4_flex::block::decompress_into(block, out)?;
+                if n != *len {
+                    return Err(lz4_flex::block::DecompressError::ExpectedAnotherByte);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    pub fn new(quota_bytes: u64, compression: Compression) -> Self {
+        Self {
+            objects: HashMap::new(),
+            bytes_used: 0,
+            bytes_stored: 0,
+            quota_bytes,
+            compression,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn set_quota(&mut self, quota_bytes: u64) {
+        self.quota_bytes = quota_bytes;
+    }
+
+    /// Stores `value` under `key`, replacing any previous value. Refused (and
+    /// nothing changes) if the pool would end above its quota and larger than
+    /// it is now; so after the quota is lowered below use, a put that shrinks
+    /// the pool still works.
+    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), QuotaExceeded> {
+        self.counters.puts += 1;
+        let len = value.len();
+        let (data, compressed) = match self.compression {
+            Compression::Lz4 if !value.is_empty() => {
+                let c = lz4_flex::block::compress(&value);
+                if c.len() < value.len() {
+                    (c, true)
+                } else {
+                    (value, false)
+                }
+            }
+            _ => (value, false),
+        };
+        let new_charge = Object::charge(&key, &data);
+        let (old_charge, old_used) = match self.objects.get(&key) {
+            Some(o) => (
+                Object::charge(&key, &o.data),
+                key.len() as u64 + o.len as u64,
+            ),
+            None => (0, 0),
+        };
+        let stored_after = self.bytes_stored - old_charge + new_charge;
+        if stored_after > self.quota_bytes && stored_after > self.bytes_stored {
+            self.counters.refused += 1;
+            return Err(QuotaExceeded);
+        }
+        self.bytes_stored = stored_after;
+        self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
+        self.objects.insert(
+            key,
+            Object {
+                len,
+                data,
+                compressed,
+            },
+        );
+        Ok(())
+    }
+
+    /// Looks `key` up and hands its value to `f`; `None` if absent.
+    pub fn get_with<R>(&mut self, key: &[u8], f: impl FnOnce(Value<'_>) -> R) -> Option<R> {
+        self.counters.gets += 1;
+        let o = self.objects.get(key)?;
+        self.counters.get_hits += 1;
+        let v = if o.compressed {
+            Value::Lz4 {
+                block: &o.data,
+                len: o.len,
+            }
+        } else {
+            Value::Raw(&o.data)
+        };
+        Some(f(v))
+    }
+
+    /// Removes `key`; `false` if it was absent.
+    pub fn invalidate(&mut self, key: &[u8]) -> bool {
+        self.counters.invalidates += 1;
+        match self.objects.remove(key) {
+            Some(o) => {
+                self.bytes_stored -= Object::charge(key, &o.data);
+                self.bytes_used -= key.len() as u64 + o.len as u64;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn flush(&mut self) {
+        self.counters.flushes += 1;
+        self.objects = HashMap::new();
+        self.bytes_used = 0;
+        self.bytes_stored = 0;
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            objects: self.objects.len() as u64,
+            bytes_used: self.bytes_used,
+            bytes_stored: self.bytes_stored,
+            quota_bytes: self.quota_bytes,
+            compression: self.compression,
+            counters: self.counters,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(p: &mut Pool, key: &[u8]) -> Option<Vec<u8>> {
+        p.get_with(key, |v| {
+            let mut out = vec![0; v.len()];
+            v.copy_to(&mut out).unwrap();
+            out
+        })
+    }
+
+    #[test]
+    fn accounting_follows_replacements() {
+        let mut p = Pool::new(1 << 20, Compression::None);
+        p.put(b"k".to_vec(), vec![1; 100]).unwrap();
+        assert_eq!(p.stats().bytes_used, 101);
+        assert_eq!(p.stats().bytes_stored, 101 + OBJECT_OVERHEAD);
+        p.put(b"k".to_vec(), vec![2; 10]).unwrap();
+        assert_eq!(p.stats().objects, 1);
+        assert_eq!(p.stats().bytes_used, 11);
+        assert_eq!(read(&mut p, b"k"), Some(vec![2; 10]));
+        assert!(p.invalidate(b"k"));
+        assert!(!p.invalidate(b"k"));
+        assert_eq!((p.stats().bytes_used, p.stats().bytes_stored), (0, 0));
+    }
+
+    #[test]
+    fn quota_refusal_keeps_old_value() {
+        let mut p = Pool::new(1000, Compression::None);
+        p.put(b"a".to_vec(), vec![7; 500]).unwrap();
+        assert_eq!(p.put(b"a".to_vec(), vec![8; 1000]), Err(QuotaExceeded));
+        assert_eq!(p.put(b"b".to_vec(), vec![8; 500]), Err(QuotaExceeded));
+        assert_eq!(read(&mut p, b"a"), Some(vec![7; 500]));
+        assert_eq!(p.stats().counters.refused, 2);
+        // Lowered below use: growing puts refused, shrinking ones accepted.
+        p.set_quota(10);
+        assert_eq!(p.put(b"c".to_vec(), vec![]), Err(QuotaExceeded));
+        p.put(b"a".to_vec(), vec![9; 5]).unwrap();
+        assert_eq!(read(&mut p, b"a"), Some(vec![9; 5]));
+    }
+
+    #[test]
+    fn lz4_round_trip_and_savings() {
+        let mut p = Pool::new(1 << 30, Compression::Lz4);
+        let text: Vec<u8> = (0..1 << 20).map(|i| (i % 7) as u8).collect();
+        p.put(b"t".to_vec(), text.clone()).unwrap();
+        let random: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        p.put(b"r".to_vec(), random.clone()).unwrap();
+        p.put(b"e".to_vec(), vec![]).unwrap();
+        let s = p.stats();
+        assert!(s.bytes_stored < s.bytes_used / 10, "{s:?}");
+        assert_eq!(read(&mut p, b"t"), Some(text));
+        assert_eq!(read(&mut p, b"r"), Some(random));
+        assert_eq!(read(&mut p, b"e"), Some(vec![]));
+        p.flush();
+        assert_eq!(p.stats().objects, 0);
+        assert_eq!(read(&mut p, b"t"), None);
+    }
+}

@@ -1,0 +1,235 @@
+//! `spore bench tmem`: the VMM side of tmem calls, measured in-process.
+//!
+//! A real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
+//! vCPU loop hands them over (the port value of a request block), so this
+//! measures everything the VMM does per call (parse, validate, copy, pool)
+//! but not the guest's exit round trip, which is what batching saves: the
+//! JSON reports how many exits each way needs. Guest-side times come from a
+//! guest client (the unikernel's tmem bench).
+
+use std::time::Instant;
+
+use anyhow::{bail, ensure};
+use clap::Args;
+use serde_json::{json, Value};
+use spore_abi::tmem::{op, Status, MAX_BATCH};
+use spore_vmm::devices::tmem::{Compression, TmemDevice};
+use spore_vmm::devices::virtio::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
+
+#[derive(Args, Debug)]
+pub struct TmemArgs {
+    /// Repetitions of each 1 MiB put and get.
+    #[arg(long, default_value_t = 200)]
+    pub runs: usize,
+    /// 4 KiB objects in the single-vs-batched comparison.
+    #[arg(long, default_value_t = 4096)]
+    pub objects: u64,
+    /// Entries per BATCH call.
+    #[arg(long, default_value_t = 64)]
+    pub batch: u64,
+}
+
+const BLOCK: u64 = 0x1000;
+const KEYS: u64 = 0x10_0000;
+const ARRAY: u64 = 0x20_0000;
+const VALUES: u64 = 0x100_0000;
+const MEM: usize = 64 << 20;
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+
+struct Guest {
+    mem: GuestMemoryMmap,
+    dev: TmemDevice,
+}
+
+fn block(op: u32, key: (u64, u64), value: (u64, u64)) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[0..4].copy_from_slice(&op.to_le_bytes());
+    b[16..24].copy_from_slice(&key.0.to_le_bytes());
+    b[24..32].copy_from_slice(&key.1.to_le_bytes());
+    b[32..40].copy_from_slice(&value.0.to_le_bytes());
+    b[40..48].copy_from_slice(&value.1.to_le_bytes());
+    b
+}
+
+impl Guest {
+    fn new(compression: Compression) -> anyhow::Result<Self> {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)])?;
+        Ok(Self {
+            mem,
+            dev: TmemDevice::new(u64::MAX, compression),
+        })
+    }
+
+    /// Writes a block at `at` and calls; returns the status and the call's ns.
+    fn call(&self, at: u64, b: &[u8; 64]) -> anyhow::Result<(Status, u64)> {
+        self.mem.write_slice(b, GuestAddress(at))?;
+        let t = Instant::now();
+        let s = self.dev.call(&self.mem, (at >> 4) as u32);
+        Ok((s, t.elapsed().as_nanos() as u64))
+    }
+}
+
+fn fill(mem: &GuestMemoryMmap, at: u64, len: u64, seed: u64) -> anyhow::Result<()> {
+    // Text-like bytes (random words from a small vocabulary): lz4 finds
+    // repeats in them as it would in cached pages of text or JSON.
+    const WORDS: [&str; 16] = [
+        "tmem ",
+        "pool ",
+        "guest ",
+        "value ",
+        "key ",
+        "the ",
+        "of ",
+        "memory ",
+        "{\"id\": ",
+        "42, ",
+        "page ",
+        "spore ",
+        "lz4 ",
+        "batch ",
+        "\n",
+        "quota ",
+    ];
+    let mut x = seed | 1;
+    let mut data = Vec::with_capacity(len as usize + 16);
+    while (data.len() as u64) < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(WORDS[(x & 15) as usize].as_bytes());
+    }
+    data.truncate(len as usize);
+    mem.write_slice(&data, GuestAddress(at))?;
+    Ok(())
+}
+
+fn one_mib(g: &Guest, runs: usize) -> anyhow::Result<Value> {
+    fill(&g.mem, VALUES, MIB, 1)?;
+    g.mem.write_slice(b"big", GuestAddress(KEYS))?;
+    let (mut puts, mut gets) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (s, ns) = g.call(BLOCK, &block(op::PUT, (KEYS, 3), (VALUES, MIB)))?;
+        ensure!(s == Status::Ok, "1 MiB put: {s:?}");
+        puts.push(ns as f64 / 1e3);
+        let (s, ns) = g.call(BLOCK, &block(op::GET, (KEYS, 3), (VALUES + 2 * MIB, MIB)))?;
+        ensure!(s == Status::Ok, "1 MiB get: {s:?}");
+        gets.push(ns as f64 / 1e3);
+    }
+    let mut a = vec![0u8; MIB as usize];
+    let mut b = vec![0u8; MIB as usize];
+    g.mem.read_slice(&mut a, GuestAddress(VALUES))?;
+    g.mem.read_slice(&mut b, GuestAddress(VALUES + 2 * MIB))?;
+    ensure!(a == b, "1 MiB value did not read back identical");
+    let st = g.dev.stats().unwrap_or_default();
+    Ok(json!({
+        "put_us": super::bench::stats(&puts),
+        "get_us": super::bench::stats(&gets),
+        "bytes_used": st.bytes_used,
+        "bytes_stored": st.bytes_stored,
+    }))
+}
+
+/// `n` 4 KiB puts, one call each or `batch` per call; returns ns per object.
+fn small_puts(g: &Guest, n: u64, batch: u64) -> anyhow::Result<f64> {
+    ensure!(
+        n * PAGE <= (MEM as u64 - VALUES),
+        "--objects too large for the bench memory"
+    );
+    ensure!(
+        n * 16 <= ARRAY - KEYS,
+        "--objects too large for the key area"
+    );
+    fill(&g.mem, VALUES, n * PAGE, 2)?;
+    for i in 0..n {
+        g.mem.write_slice(
+            &format!("k{i:014}").into_bytes(),
+            GuestAddress(KEYS + 16 * i),
+        )?;
+    }
+    let entry = |i: u64| block(op::PUT, (KEYS + 16 * i, 15), (VALUES + PAGE * i, PAGE));
+    // One clock pair around the whole loop: reading the clock can cost
+    // microseconds on some hosts (kvm_pvm traps it), which would swamp a
+    // 4 KiB call. The loop includes writing the blocks, as a guest would.
+    let start = Instant::now();
+    if batch <= 1 {
+        for i in 0..n {
+            g.mem.write_slice(&entry(i), GuestAddress(BLOCK))?;
+            let s = g.dev.call(&g.mem, (BLOCK >> 4) as u32);
+            ensure!(s == Status::Ok, "4 KiB put: {s:?}");
+        }
+    } else {
+        let mut i = 0;
+        while i < n {
+            let count = batch.min(n - i);
+            for j in 0..count {
+                g.mem
+                    .write_slice(&entry(i + j), GuestAddress(ARRAY + 64 * j))?;
+            }
+            let b = block(op::BATCH, (0, 0), (ARRAY, count));
+            g.mem.write_slice(&b, GuestAddress(BLOCK))?;
+            let s = g.dev.call(&g.mem, (BLOCK >> 4) as u32);
+            ensure!(s == Status::Ok, "batch: {s:?}");
+            for j in 0..count {
+                let st: u32 = g.mem.read_obj(GuestAddress(ARRAY + 64 * j + 4))?;
+                ensure!(st == Status::Ok as u32, "batch entry {j}: status {st}");
+            }
+            i += count;
+        }
+    }
+    let total_ns = start.elapsed().as_nanos() as u64;
+    Ok(total_ns as f64 / n as f64)
+}
+
+pub fn run(a: TmemArgs) -> anyhow::Result<u8> {
+    if a.runs == 0 || a.objects == 0 {
+        bail!("--runs and --objects must be at least 1");
+    }
+    if a.batch == 0 || a.batch > MAX_BATCH || a.batch * 64 > VALUES - ARRAY {
+        bail!("--batch must be between 1 and {}", (VALUES - ARRAY) / 64);
+    }
+    let mut per_compression = serde_json::Map::new();
+    let mut summary = Vec::new();
+    for (name, c) in [("none", Compression::None), ("lz4", Compression::Lz4)] {
+        let big = one_mib(&Guest::new(c)?, a.runs)?;
+        let single = small_puts(&Guest::new(c)?, a.objects, 1)?;
+        let batched = small_puts(&Guest::new(c)?, a.objects, a.batch)?;
+        summary.push(format!(
+            "{name}: 1 MiB put {:.0} µs, get {:.0} µs (stored {} of {} bytes); 4 KiB put {:.2} µs single, {:.2} µs batched",
+            big["put_us"]["median"].as_f64().unwrap_or(f64::NAN),
+            big["get_us"]["median"].as_f64().unwrap_or(f64::NAN),
+            big["bytes_stored"],
+            big["bytes_used"],
+            single / 1e3,
+            batched / 1e3,
+        ));
+        per_compression.insert(
+            name.into(),
+            json!({
+                "one_mib": big,
+                "put_4k_us_per_object": { "single": single / 1e3, "batched": batched / 1e3 },
+            }),
+        );
+    }
+    eprintln!("tmem (VMM side, in-process): {}", summary.join("; "));
+    eprintln!(
+        "exits for {} 4 KiB puts: {} single, {} batched ({} per call)",
+        a.objects,
+        a.objects,
+        a.objects.div_ceil(a.batch),
+        a.batch
+    );
+    let out = json!({
+        "benchmark": "tmem",
+        "side": "vmm (in-process: device call only, no guest exit)",
+        "machine": super::bench::machine(),
+        "runs": a.runs,
+        "objects_4k": a.objects,
+        "batch": a.batch,
+        "exits_4k": { "single": a.objects, "batched": a.objects.div_ceil(a.batch) },
+        "compression": per_compression,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
+}
