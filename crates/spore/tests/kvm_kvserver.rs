@@ -420,7 +420,6 @@ fn kvm_kvserver_set_beyond_the_heap_answers_oom_and_keeps_serving() {
 }
 
 #[test]
-#[ignore = "needs the tmem device (wip-tmem)"]
 fn kvm_kvserver_tmem_holds_what_the_heap_cannot() {
     let mut kv = KvServer::start("kv-tmem", "64M");
     let mut c = kv.client();

@@ -7,7 +7,6 @@ mod common;
 use common::*;
 
 #[test]
-#[ignore = "needs the tmem device (wip-tmem)"]
 fn kvm_unikernel_tmem_client_round_trips() {
     require_kvm();
     let out = spore()
