@@ -25,11 +25,16 @@ pub mod response;
 pub mod server;
 mod socket;
 
-pub use body::{ActionType, InstanceInfo, InstanceState, MachineConfigPatch, VmState};
+pub use body::{
+    ActionType, BalloonStatsUpdate, BalloonUpdate, InstanceInfo, InstanceState, MachineConfigPatch,
+    VmState,
+};
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
 
-use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+use crate::config::{
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig,
+};
 
 /// One API call, parsed and type-checked (but not yet validated against the
 /// VM's state: that is the handler's job).
@@ -55,6 +60,16 @@ pub enum ApiRequest {
     Action(ActionType),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `PUT /balloon` (before InstanceStart).
+    PutBalloon(BalloonConfig),
+    /// `PATCH /balloon`: a new target.
+    PatchBalloon(BalloonUpdate),
+    /// `GET /balloon`.
+    GetBalloon,
+    /// `GET /balloon/statistics`.
+    GetBalloonStatistics,
+    /// `PATCH /balloon/statistics`: a new polling interval.
+    PatchBalloonStatistics(BalloonStatsUpdate),
 }
 
 /// What a successful request answers.

@@ -55,7 +55,9 @@ pub enum BalloonError {
          changed but not switched between 0 and non-zero"
     )]
     StatsStateChange(&'static str),
-    #[error("balloon statistics are disabled: configure the balloon with stats_polling_interval_s > 0")]
+    #[error(
+        "balloon statistics are disabled: configure the balloon with stats_polling_interval_s > 0"
+    )]
     StatsDisabled,
 }
 
@@ -455,7 +457,11 @@ impl BalloonWorker {
             fds.push((r.evt.as_raw_fd(), Q_REPORT));
         }
         for (fd, token) in fds {
-            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))?;
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )?;
         }
         Ok(epoll)
     }
@@ -656,7 +662,6 @@ impl BalloonWorker {
         });
         notify(&self.interrupt, mem, &mut slot.queue, used);
     }
-
 }
 
 /// Interrupts the driver after buffers were used, if it wants to know.

@@ -70,7 +70,10 @@ pub fn read_readable(
         let start = out.len();
         out.resize(start + take, 0);
         if let Err(e) = mem.read_slice(&mut out[start..], d.addr()) {
-            tracing::debug!("virtio-balloon: buffer at {:?} not in guest memory: {e}", d.addr());
+            tracing::debug!(
+                "virtio-balloon: buffer at {:?} not in guest memory: {e}",
+                d.addr()
+            );
             out.truncate(start);
             break;
         }
@@ -148,7 +151,7 @@ pub enum ReportError {
 pub fn parse_report(mem: &GuestMemoryMmap, d: &Descriptor) -> Result<GuestRange, ReportError> {
     let addr = d.addr().raw_value();
     let len = u64::from(d.len());
-    if len == 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+    if len == 0 || !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
         return Err(ReportError::Unaligned { addr, len });
     }
     let inside = region_of(mem, addr)

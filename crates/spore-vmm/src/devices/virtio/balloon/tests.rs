@@ -68,8 +68,14 @@ impl<'a> Rig<'a> {
         ActivateContext {
             mem: self.mem.clone(),
             interrupt: self.interrupt.clone(),
-            queues: self.queues.iter().map(|q| q.create_queue().unwrap()).collect(),
-            queue_events: (0..4).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect(),
+            queues: self
+                .queues
+                .iter()
+                .map(|q| q.create_queue().unwrap())
+                .collect(),
+            queue_events: (0..4)
+                .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+                .collect(),
             acked_features: acked,
         }
     }
@@ -82,7 +88,11 @@ impl<'a> Rig<'a> {
             .enumerate()
             .map(|(i, &(addr, len, flags))| {
                 let last = i + 1 == descs.len();
-                let flags = if last { flags } else { flags | VRING_DESC_F_NEXT as u16 };
+                let flags = if last {
+                    flags
+                } else {
+                    flags | VRING_DESC_F_NEXT as u16
+                };
                 let next = if last { 0 } else { first + i as u16 + 1 };
                 RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
             })
@@ -150,12 +160,19 @@ fn inflate_punches_holes_then_deflate_gives_pages_back() {
         "memfd blocks {before} -> {after}: the hole was not punched"
     );
     assert_eq!(read(&ram, DATA, 48 * PAGE), vec![0; 48 * PAGE as usize]);
-    assert_eq!(read(&ram, DATA + 48 * PAGE, 16 * PAGE), vec![0xab; 16 * PAGE as usize]);
+    assert_eq!(
+        read(&ram, DATA + 48 * PAGE, 16 * PAGE),
+        vec![0xab; 16 * PAGE as usize]
+    );
     let c = handle.counters();
     assert_eq!((c.inflated_pages, c.refused), (48, 0));
 
     // Deflate: the pages are the guest's again and usable.
-    rig.pfns(1, BUF + 0x1000, &(0..48).map(|i| pfn(DATA) + i).collect::<Vec<_>>());
+    rig.pfns(
+        1,
+        BUF + 0x1000,
+        &(0..48).map(|i| pfn(DATA) + i).collect::<Vec<_>>(),
+    );
     w.serve_deflate();
     assert_eq!(rig.used_idx(1), 1);
     assert_eq!(handle.counters().deflated_pages, 48);
@@ -179,18 +196,27 @@ fn pfns_outside_ram_or_in_the_mmio_hole_are_refused() {
     fill(&ram, MMIO_HOLE_END, PAGE, 0x5c);
     fill(&ram, high, PAGE, 0x5d);
     let hostile = [
-        pfn(MMIO_HOLE_START),              // first page of the hole
-        pfn(MMIO_HOLE_END) - 1,            // last page of the hole
-        pfn(MMIO_HOLE_END + (16 << 20)),   // just past the end of RAM
-        u32::MAX,                          // far past it
+        pfn(MMIO_HOLE_START),            // first page of the hole
+        pfn(MMIO_HOLE_END) - 1,          // last page of the hole
+        pfn(MMIO_HOLE_END + (16 << 20)), // just past the end of RAM
+        u32::MAX,                        // far past it
     ];
     rig.pfns(0, BUF, &hostile);
     w.serve_inflate();
     assert_eq!(rig.used_idx(0), 1, "the chain is still returned");
     assert_eq!(handle.counters().refused, 4);
     assert_eq!(handle.counters().inflated_pages, 0);
-    for (gpa, b) in [(DATA, 0x5a), (MMIO_HOLE_START - PAGE, 0x5b), (MMIO_HOLE_END, 0x5c), (high, 0x5d)] {
-        assert_eq!(read(&ram, gpa, PAGE), vec![b; PAGE as usize], "{gpa:#x} untouched");
+    for (gpa, b) in [
+        (DATA, 0x5a),
+        (MMIO_HOLE_START - PAGE, 0x5b),
+        (MMIO_HOLE_END, 0x5c),
+        (high, 0x5d),
+    ] {
+        assert_eq!(
+            read(&ram, gpa, PAGE),
+            vec![b; PAGE as usize],
+            "{gpa:#x} untouched"
+        );
     }
 
     // A valid page above the hole is released at its memfd offset, which is
@@ -204,8 +230,15 @@ fn pfns_outside_ram_or_in_the_mmio_hole_are_refused() {
     assert_eq!(handle.counters().inflated_pages, 1);
     assert_eq!(handle.counters().refused, 5);
     ram.memfd().read_exact_at(&mut probe, file_off).unwrap();
-    assert_eq!(probe, [0; 4], "the hole is punched at the page's file offset");
-    assert_eq!(read(&ram, MMIO_HOLE_END, 4), vec![0x5c; 4], "its neighbours stay");
+    assert_eq!(
+        probe, [0; 4],
+        "the hole is punched at the page's file offset"
+    );
+    assert_eq!(
+        read(&ram, MMIO_HOLE_END, 4),
+        vec![0x5c; 4],
+        "its neighbours stay"
+    );
 }
 
 #[test]
@@ -217,10 +250,16 @@ fn pfn_buffers_in_odd_shapes() {
     fill(&ram, DATA, 4 * PAGE, 0x77);
     // A trailing partial PFN, a write-only descriptor (ignored), a buffer
     // outside guest memory: none of them releases anything extra.
-    let bytes: Vec<u8> = [pfn(DATA)].iter().flat_map(|p| p.to_le_bytes()).chain([1, 2]).collect();
+    let bytes: Vec<u8> = [pfn(DATA)]
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .chain([1, 2])
+        .collect();
     ram.memory().write_slice(&bytes, GuestAddress(BUF)).unwrap();
     let other = pfn(DATA + PAGE).to_le_bytes();
-    ram.memory().write_slice(&other, GuestAddress(BUF + 0x100)).unwrap();
+    ram.memory()
+        .write_slice(&other, GuestAddress(BUF + 0x100))
+        .unwrap();
     rig.chain(0, &[(BUF, 6, R), (BUF + 0x100, 4, W), (1 << 40, 4, R)]);
     w.serve_inflate();
     assert_eq!(rig.used_idx(0), 1);
@@ -258,10 +297,19 @@ fn statistics_are_kept_and_the_buffer_held_until_polled() {
     assert_eq!(s.stats.available_memory, None);
     assert!(s.last_update_ms.is_some());
     let json = serde_json::to_value(&s).unwrap();
-    for key in ["target_pages", "actual_pages", "target_mib", "actual_mib", "free_memory"] {
+    for key in [
+        "target_pages",
+        "actual_pages",
+        "target_mib",
+        "actual_mib",
+        "free_memory",
+    ] {
         assert!(json.get(key).is_some(), "{key} in {json}");
     }
-    assert!(json.get("swap_in").is_none(), "unreported stats are omitted");
+    assert!(
+        json.get("swap_in").is_none(),
+        "unreported stats are omitted"
+    );
 
     // Polling returns the buffer so the driver refills it.
     rig.interrupt.ack(u32::MAX);
@@ -287,15 +335,22 @@ fn free_page_reports_are_released_and_checked() {
         2,
         &[
             (DATA, range as u32, W),
-            (DATA + range + 1, PAGE as u32, W), // misaligned
+            (DATA + range + 1, PAGE as u32, W),      // misaligned
             ((16 << 20) - PAGE, 2 * PAGE as u32, W), // runs past the end of RAM
         ],
     );
     w.serve_report();
     assert_eq!(rig.used_idx(2), 1);
-    assert_eq!(w.queue(3).size(), QLEN, "queue index 2 is served as the report queue");
+    assert_eq!(
+        w.queue(3).size(),
+        QLEN,
+        "queue index 2 is served as the report queue"
+    );
     let after = blocks(&ram);
-    assert!(before >= after + range / 512, "memfd blocks {before} -> {after}");
+    assert!(
+        before >= after + range / 512,
+        "memfd blocks {before} -> {after}"
+    );
     assert_eq!(read(&ram, DATA, range), vec![0; range as usize]);
     assert_eq!(read(&ram, DATA + range, 8), vec![0x42; 8]);
     let c = handle.counters();
@@ -335,11 +390,16 @@ fn config_space_target_and_actual() {
     // Before activation a new target raises no interrupt; after, it does.
     handle.set_target_mib(8).unwrap();
     assert_eq!(rig.interrupt.status(), 0);
-    balloon.activate(rig.context(F_STATS_VQ | F_REPORTING)).unwrap();
+    balloon
+        .activate(rig.context(F_STATS_VQ | F_REPORTING))
+        .unwrap();
     handle.set_target_mib(2).unwrap();
     assert_ne!(rig.interrupt.status() & INT_CONFIG, 0);
     let s = handle.status();
-    assert_eq!((s.target_pages, s.actual_pages, s.actual_mib), (512, 300, 1));
+    assert_eq!(
+        (s.target_pages, s.actual_pages, s.actual_mib),
+        (512, 300, 1)
+    );
     assert!(handle.set_target_mib(17).is_err());
     assert!(handle.set_stats_interval(0).is_err());
     handle.set_stats_interval(5).unwrap();
@@ -359,5 +419,9 @@ fn stats_disabled_means_no_stats_queue() {
     assert_eq!(b.queue_max_sizes().len(), 2);
     assert_eq!(b.handle().statistics(), Err(BalloonError::StatsDisabled));
     assert!(b.handle().set_stats_interval(1).is_err());
-    assert!(Balloon::new(BalloonSettings { amount_mib: 17, ..settings(16) }).is_err());
+    assert!(Balloon::new(BalloonSettings {
+        amount_mib: 17,
+        ..settings(16)
+    })
+    .is_err());
 }
