@@ -111,6 +111,7 @@ impl RunArgs {
             drives,
             vsock,
             entropy: None,
+            balloon: None,
         };
         config.validate()?;
         Ok(config)
