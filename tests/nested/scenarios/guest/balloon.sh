@@ -1,0 +1,25 @@
+#!/bin/sh
+# L2 guest side of scenarios/balloon.sh. Makes (nearly) all free memory
+# host-resident by filling a tmpfs and deleting the file, so whatever the
+# balloon takes is memory the VMM really holds; then prints /proc/meminfo
+# figures once a second for the host side to read. The host stops the VM.
+meminfo() {
+    awk '/^MemTotal:/ { t = $2 } /^MemFree:/ { f = $2 } /^MemAvailable:/ { a = $2 }
+        END { print "BAL-MEM total=" t " free=" f " avail=" a }' /proc/meminfo
+}
+mkdir -p /mnt/hog
+mount -t tmpfs -o size=480m hog /mnt/hog
+avail=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+n=$((avail - 48))
+dd if=/dev/zero of=/mnt/hog/fill bs=1M count=$n 2>/dev/null
+rm -f /mnt/hog/fill
+echo "BAL-FILLED ${n}MiB"
+meminfo
+echo BAL-READY
+i=0
+while [ $i -lt 900 ]; do
+    meminfo
+    sleep 1
+    i=$((i + 1))
+done
+reboot -f
