@@ -34,6 +34,7 @@ use crate::devices::virtio::{
 };
 
 /// Feature bits (virtio 1.2, §5.5.3).
+pub const F_MUST_TELL_HOST: u64 = 1 << 0;
 pub const F_STATS_VQ: u64 = 1 << 1;
 pub const F_DEFLATE_ON_OOM: u64 = 1 << 2;
 pub const F_REPORTING: u64 = 1 << 5;
@@ -232,7 +233,8 @@ impl Balloon {
                 },
             ));
         }
-        let mut features = 1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX;
+        let mut features =
+            1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX | F_MUST_TELL_HOST;
         let mut queues = 2;
         if settings.stats_polling_interval_s > 0 {
             features |= F_STATS_VQ;
@@ -387,6 +389,8 @@ pub(super) struct BalloonWorker {
     /// The stats buffer the device holds until the next poll.
     held_stats: Option<u16>,
     timer: TimerFd,
+    /// The driver promised to deflate before reusing a page.
+    must_tell_host: bool,
 }
 
 impl BalloonWorker {
@@ -437,6 +441,7 @@ impl BalloonWorker {
             report,
             held_stats: None,
             timer,
+            must_tell_host: acked_features & F_MUST_TELL_HOST != 0,
         };
         w.arm_timer();
         Ok(w)
@@ -547,12 +552,18 @@ impl BalloonWorker {
         }
     }
 
+    /// When the driver acked VIRTIO_BALLOON_F_MUST_TELL_HOST, inflated pages
+    /// are released *after* the chain is returned, so the guest fills its
+    /// next batch while the host frees this one: the guest may then reuse a
+    /// page only after the device used its deflate request, and deflate
+    /// requests are served on this thread, after this release. Otherwise
+    /// the driver may reuse pages at once, so they are released first.
     pub(super) fn serve_inflate(&mut self) {
-        let (mem, shared) = (&self.mem, &self.shared);
+        let (mem, shared, must_tell) = (&self.mem, &self.shared, self.must_tell_host);
+        let mut pending: Vec<GuestRange> = Vec::new();
         let used = drain(&mut self.inflate.queue, mem, |chain| {
             let (bytes, skipped) = read_readable(mem, chain, MAX_PFN_BYTES);
             let batch = parse_pfns(mem, &bytes);
-            let released = release(mem, &batch.ranges);
             let mut st = lock(&shared.state);
             st.counters.inflated_pages += batch.pages;
             st.counters.refused += batch.refused;
@@ -564,12 +575,17 @@ impl BalloonWorker {
                     skipped + batch.ignored_bytes
                 );
             }
-            if let Err(e) = released {
+            if must_tell {
+                pending.extend(batch.ranges);
+            } else if let Err(e) = release(mem, &batch.ranges) {
                 tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
             }
             Some(0)
         });
         notify(&self.interrupt, mem, &mut self.inflate.queue, used);
+        if let Err(e) = release(mem, &pending) {
+            tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
+        }
     }
 
     pub(super) fn serve_deflate(&mut self) {

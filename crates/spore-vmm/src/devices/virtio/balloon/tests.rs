@@ -4,6 +4,7 @@
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -12,10 +13,12 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{BalloonWorker, F_REPORTING, F_STATS_VQ};
+use super::device::{BalloonWorker, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
 use super::*;
 use crate::arch::x86_64::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
+use crate::devices::bus::BusDevice;
 use crate::devices::virtio::interrupt::{INT_CONFIG, INT_VRING};
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{ActivateContext, GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::memory::GuestRam;
 use crate::vm::wake::GuestWake;
@@ -137,11 +140,17 @@ fn pfn(gpa: u64) -> u32 {
 
 #[test]
 fn inflate_punches_holes_then_deflate_gives_pages_back() {
+    // Released before the chain is returned, and after (MUST_TELL_HOST).
+    inflate_then_deflate(0);
+    inflate_then_deflate(F_MUST_TELL_HOST);
+}
+
+fn inflate_then_deflate(acked: u64) {
     let ram = GuestRam::new(16 << 20).unwrap();
     let mut rig = Rig::new(ram.memory());
     let balloon = Balloon::new(settings(16)).unwrap();
     let handle = balloon.handle();
-    let mut w = BalloonWorker::for_test(rig.context(0), &handle);
+    let mut w = BalloonWorker::for_test(rig.context(acked), &handle);
 
     // 64 pages of data, then inflate 48 of them in shuffled order with duplicates.
     fill(&ram, DATA, 64 * PAGE, 0xab);
@@ -424,4 +433,99 @@ fn stats_disabled_means_no_stats_queue() {
         ..settings(16)
     })
     .is_err());
+}
+
+fn wr(t: &mut MmioTransport, offset: u64, v: u32) {
+    t.write(offset, &v.to_le_bytes());
+}
+
+/// Waits up to `secs` for `f` to hold.
+fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f()
+}
+
+#[test]
+fn worker_thread_end_to_end_through_the_transport() {
+    let ram = GuestRam::new(16 << 20).unwrap();
+    let mut rig = Rig::new(ram.memory());
+    let balloon = Balloon::new(settings(16)).unwrap();
+    let handle = balloon.handle();
+    let mut t = MmioTransport::new(
+        Box::new(balloon),
+        ram.memory().clone(),
+        rig.interrupt.clone(),
+    )
+    .unwrap();
+    // The driver's side of initialization (virtio 1.2, §3.1.1), all 4 queues.
+    let features = (1u64 << 32) | F_MUST_TELL_HOST | F_STATS_VQ | F_REPORTING;
+    wr(&mut t, 0x70, 1);
+    wr(&mut t, 0x70, 3);
+    wr(&mut t, 0x24, 0);
+    wr(&mut t, 0x20, features as u32);
+    wr(&mut t, 0x24, 1);
+    wr(&mut t, 0x20, (features >> 32) as u32);
+    wr(&mut t, 0x70, 0xb);
+    assert_eq!(t.status(), 0xb, "features refused");
+    for (i, vq) in rig.queues.iter().enumerate() {
+        wr(&mut t, 0x30, i as u32);
+        wr(&mut t, 0x38, u32::from(QLEN));
+        for (reg, addr) in [
+            (0x80, vq.desc_table_addr().0),
+            (0x90, vq.avail_addr().0),
+            (0xa0, vq.used_addr().0),
+        ] {
+            wr(&mut t, reg, addr as u32);
+            wr(&mut t, reg + 4, (addr >> 32) as u32);
+        }
+        wr(&mut t, 0x44, 1);
+    }
+    wr(&mut t, 0x70, 0xf);
+    assert!(t.is_activated());
+
+    // Inflate through the worker thread, woken by the queue's eventfd.
+    fill(&ram, DATA, 8 * PAGE, 0xcd);
+    rig.pfns(0, BUF, &(0..8).map(|i| pfn(DATA) + i).collect::<Vec<_>>());
+    t.queue_events()[0].write(1).unwrap();
+    assert!(
+        eventually(5, || rig.used_idx(0) == 1),
+        "inflate chain not used"
+    );
+    assert!(eventually(5, || handle.counters().inflated_pages == 8));
+    assert!(eventually(5, || read(&ram, DATA, PAGE)
+        .iter()
+        .all(|&b| b == 0)));
+
+    // The stats buffer is held, then handed back by the 1 s poll.
+    let buf = stat(5, 16 << 20);
+    ram.memory()
+        .write_slice(&buf, GuestAddress(BUF + 0x800))
+        .unwrap();
+    rig.chain(2, &[(BUF + 0x800, buf.len() as u32, R)]);
+    t.queue_events()[2].write(1).unwrap();
+    assert!(eventually(5, || handle
+        .statistics()
+        .unwrap()
+        .stats
+        .total_memory
+        .is_some()));
+    assert_eq!(rig.used_idx(2), 0);
+    assert!(eventually(5, || rig.used_idx(2) == 1), "stats not polled");
+
+    // A new target reaches the driver as a config-change interrupt.
+    rig.interrupt.ack(u32::MAX);
+    handle.set_target_mib(4).unwrap();
+    assert_ne!(rig.interrupt.status() & INT_CONFIG, 0);
+    let mut c = [0u8; 4];
+    t.read(0x100, &mut c);
+    assert_eq!(u32::from_le_bytes(c), 1024);
+    // Reset stops the worker.
+    wr(&mut t, 0x70, 0);
+    assert!(!t.is_activated());
 }
