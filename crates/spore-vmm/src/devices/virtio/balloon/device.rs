@@ -503,6 +503,8 @@ impl BalloonWorker {
                     TOKEN_SETTINGS => {
                         let _ = self.shared.settings_evt.read();
                         self.arm_timer();
+                        // As in Firecracker: the first update comes at once.
+                        self.poll_stats();
                     }
                     Q_INFLATE => {
                         let _ = self.inflate.evt.read();

@@ -518,6 +518,25 @@ fn worker_thread_end_to_end_through_the_transport() {
     assert_eq!(rig.used_idx(2), 0);
     assert!(eventually(5, || rig.used_idx(2) == 1), "stats not polled");
 
+    // A new interval asks for fresh statistics at once (the timer, now at
+    // 60 s and then 30 s, cannot be what returns the buffer).
+    handle.set_stats_interval(60).unwrap();
+    let buf = stat(4, 1 << 20);
+    ram.memory()
+        .write_slice(&buf, GuestAddress(BUF + 0x900))
+        .unwrap();
+    rig.chain(2, &[(BUF + 0x900, buf.len() as u32, R)]);
+    t.queue_events()[2].write(1).unwrap();
+    assert!(eventually(5, || handle
+        .statistics()
+        .unwrap()
+        .stats
+        .free_memory
+        .is_some()));
+    assert_eq!(rig.used_idx(2), 1);
+    handle.set_stats_interval(30).unwrap();
+    assert!(eventually(2, || rig.used_idx(2) == 2), "no immediate poll");
+
     // A new target reaches the driver as a config-change interrupt.
     rig.interrupt.ack(u32::MAX);
     handle.set_target_mib(4).unwrap();
