@@ -91,6 +91,10 @@ struct State {
     actual_pages: u32,
     stats_interval_s: u16,
     stats: Option<(GuestStats, SystemTime)>,
+    /// When the target was last set and when the driver last changed
+    /// `actual`: the time a resize took, measured where it happens.
+    target_set_at: Option<SystemTime>,
+    actual_set_at: Option<SystemTime>,
     counters: ReleaseCounters,
     /// Present while the device is activated: config changes interrupt.
     interrupt: Option<Arc<VirtioInterrupt>>,
@@ -120,6 +124,12 @@ pub struct BalloonStatus {
     pub actual_pages: u32,
     pub target_mib: u32,
     pub actual_mib: u32,
+    /// When the target was last changed (Unix ms), if it was at run time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_updated_ms: Option<u64>,
+    /// When the driver last changed `actual` (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual_updated_ms: Option<u64>,
 }
 
 /// `GET /balloon/statistics`, Firecracker's shape.
@@ -151,6 +161,7 @@ impl BalloonHandle {
         let interrupt = {
             let mut st = lock(&s.state);
             st.target_pages = amount_mib << PAGES_PER_MIB_SHIFT;
+            st.target_set_at = Some(SystemTime::now());
             st.interrupt.clone()
         };
         if let Some(i) = interrupt {
@@ -187,6 +198,8 @@ impl BalloonHandle {
             actual_pages: st.actual_pages,
             target_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
             actual_mib: st.actual_pages >> PAGES_PER_MIB_SHIFT,
+            target_updated_ms: st.target_set_at.and_then(unix_ms),
+            actual_updated_ms: st.actual_set_at.and_then(unix_ms),
         }
     }
 
@@ -202,9 +215,7 @@ impl BalloonHandle {
             target_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
             actual_mib: st.actual_pages >> PAGES_PER_MIB_SHIFT,
             stats: stats.unwrap_or_default(),
-            last_update_ms: when
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as u64),
+            last_update_ms: when.and_then(unix_ms),
             host: st.counters,
         })
     }
@@ -212,6 +223,12 @@ impl BalloonHandle {
     pub fn counters(&self) -> ReleaseCounters {
         lock(&self.0.state).counters
     }
+}
+
+fn unix_ms(t: SystemTime) -> Option<u64> {
+    t.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
 }
 
 /// A virtio balloon (device id 5).
@@ -253,6 +270,8 @@ impl Balloon {
                 actual_pages: 0,
                 stats_interval_s: settings.stats_polling_interval_s,
                 stats: None,
+                target_set_at: None,
+                actual_set_at: None,
                 counters: ReleaseCounters::default(),
                 interrupt: None,
             }),
@@ -335,8 +354,10 @@ impl VirtioDevice for Balloon {
                 tracing::debug!("virtio-balloon: write to read-only config byte {o} ignored");
             }
         }
-        if touched {
-            st.actual_pages = u32::from_le_bytes(actual);
+        let actual = u32::from_le_bytes(actual);
+        if touched && actual != st.actual_pages {
+            st.actual_pages = actual;
+            st.actual_set_at = Some(SystemTime::now());
         }
     }
 

@@ -409,6 +409,8 @@ fn config_space_target_and_actual() {
         (s.target_pages, s.actual_pages, s.actual_mib),
         (512, 300, 1)
     );
+    assert!(s.target_updated_ms.is_some() && s.actual_updated_ms.is_some());
+    assert!(s.actual_updated_ms <= s.target_updated_ms);
     assert!(handle.set_target_mib(17).is_err());
     assert!(handle.set_stats_interval(0).is_err());
     handle.set_stats_interval(5).unwrap();
