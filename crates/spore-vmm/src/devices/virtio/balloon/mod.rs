@@ -19,6 +19,7 @@
 
 pub mod device;
 pub mod request;
+mod worker;
 
 #[cfg(test)]
 mod tests;

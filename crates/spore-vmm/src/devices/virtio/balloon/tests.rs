@@ -13,7 +13,8 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{BalloonWorker, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
+use super::device::{F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
+use super::worker::BalloonWorker;
 use super::*;
 use crate::arch::x86_64::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
 use crate::devices::bus::BusDevice;
