@@ -34,14 +34,14 @@ wait_for() { # FILE PATTERN TIMEOUT_S
     grep -q "$2" "$1"
 }
 
-# start_vm NAME BALLOON_JSON: sets $vmm, $api, $console
+# start_vm NAME BALLOON_JSON [EXTRA_CMDLINE]: sets $vmm, $api, $console
 start_vm() {
     api="$tmp/$1.sock" console="$tmp/$1-console.txt"
     "$SPORE" vmm --api-sock "$api" >"$console" 2>"$tmp/$1-vmm.err" &
     vmm=$!
     i=0
     while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" &&
+    A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline${3:+ $3}\"}" &&
         A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
         A PUT /balloon "$2" &&
         A PUT /actions '{"action_type":"InstanceStart"}'
@@ -162,7 +162,7 @@ cp "$console" "$SPORE_OUT/balloon-console.txt"
 cp "$tmp/main-vmm.err" "$SPORE_OUT/balloon-vmm.err"
 
 # --- 2. free page reporting: freed guest memory leaves the VMM by itself.
-if start_vm report '{"amount_mib":0,"deflate_on_oom":false,"free_page_reporting":true}' &&
+if start_vm report '{"amount_mib":0,"deflate_on_oom":false,"free_page_reporting":true}' spore_balloon_noidle &&
     wait_for "$console" '^BAL-READY' 180; then
     # The guest filled then freed most of its memory; reporting (2 s delay
     # in Linux) must bring the VMM's RSS well below what it touched.
@@ -178,7 +178,7 @@ if start_vm report '{"amount_mib":0,"deflate_on_oom":false,"free_page_reporting"
         t balloon-free-page-reporting FAIL "filled ${filled} MiB, VmRSS still $((rss / 1024)) MiB"
     fi
 else
-    t balloon-free-page-reporting FAIL "$(tail -n 5 "$tmp/report-vmm.err")"
+    t balloon-free-page-reporting FAIL "no BAL-READY: $(tail -n 2 "$console" | tr "\n" " ") $(tail -n 2 "$tmp/report-vmm.err" | tr "\n" " ")"
 fi
 stop_vm
 exit 0
