@@ -74,6 +74,9 @@ pub struct ReleaseCounters {
     pub reported_bytes: u64,
     /// PFNs and report ranges refused (outside guest RAM, misaligned).
     pub refused: u64,
+    /// Ranges released (one syscall each) and the time spent releasing them.
+    pub release_calls: u64,
+    pub release_us: u64,
 }
 
 pub(super) struct State {

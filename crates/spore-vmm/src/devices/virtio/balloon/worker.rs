@@ -5,7 +5,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -241,13 +241,13 @@ impl BalloonWorker {
             }
             if must_tell {
                 pending.extend(batch.ranges);
-            } else if let Err(e) = release(mem, &batch.ranges) {
+            } else if let Err(e) = release_counted(shared, mem, &batch.ranges) {
                 tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
             }
             Some(0)
         });
         notify(&self.interrupt, mem, &mut self.inflate.queue, used);
-        if let Err(e) = release(mem, &pending) {
+        if let Err(e) = release_counted(shared, mem, &pending) {
             tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
         }
     }
@@ -332,7 +332,7 @@ impl BalloonWorker {
                     }
                 }
             }
-            if let Err(e) = release(mem, &ranges) {
+            if let Err(e) = release_counted(shared, mem, &ranges) {
                 tracing::error!("virtio-balloon: cannot release reported pages: {e}");
             }
             let mut st = lock(&shared.state);
@@ -406,6 +406,20 @@ fn drain(
         }
     }
     used_any
+}
+
+/// [`release`], counted in the device's host counters.
+fn release_counted(
+    shared: &Shared,
+    mem: &GuestMemoryMmap,
+    ranges: &[GuestRange],
+) -> std::io::Result<()> {
+    let start = Instant::now();
+    let result = release(mem, ranges);
+    let mut st = lock(&shared.state);
+    st.counters.release_calls += ranges.len() as u64;
+    st.counters.release_us += start.elapsed().as_micros() as u64;
+    result
 }
 
 /// Gives guest RAM ranges back to the host. Shared mappings (the memfd)
