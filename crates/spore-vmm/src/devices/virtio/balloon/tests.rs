@@ -552,3 +552,21 @@ fn worker_thread_end_to_end_through_the_transport() {
     wr(&mut t, 0x70, 0);
     assert!(!t.is_activated());
 }
+
+#[test]
+fn a_corrupt_avail_index_does_not_hang_the_worker() {
+    let ram = GuestRam::new(16 << 20).unwrap();
+    let mut rig = Rig::new(ram.memory());
+    let handle = Balloon::new(settings(16)).unwrap().handle();
+    let mut w = BalloonWorker::for_test(rig.context(0), &handle);
+    rig.pfns(0, BUF, &[pfn(DATA)]);
+    // The driver claims far more chains than the ring holds.
+    let avail = rig.queues[0].avail_addr();
+    ram.memory()
+        .write_obj(1000u16, GuestAddress(avail.0 + 2))
+        .unwrap();
+    w.serve_inflate();
+    w.serve_inflate();
+    assert!(rig.used_idx(0) <= 1);
+    assert_eq!(handle.counters().refused, 0);
+}

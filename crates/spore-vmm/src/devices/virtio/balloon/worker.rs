@@ -225,7 +225,7 @@ impl BalloonWorker {
     pub(super) fn serve_inflate(&mut self) {
         let (mem, shared, must_tell) = (&self.mem, &self.shared, self.must_tell_host);
         let mut pending: Vec<GuestRange> = Vec::new();
-        let used = drain(&mut self.inflate.queue, mem, |chain| {
+        let used = drain(&mut self.inflate.queue, &self.inflate.evt, mem, |chain| {
             let (bytes, skipped) = read_readable(mem, chain, MAX_PFN_BYTES);
             let batch = parse_pfns(mem, &bytes);
             let mut st = lock(&shared.state);
@@ -256,7 +256,7 @@ impl BalloonWorker {
         let (mem, shared) = (&self.mem, &self.shared);
         // Nothing to do on the host: a deflated page is backed again on the
         // guest's next touch (as a zero page).
-        let used = drain(&mut self.deflate.queue, mem, |chain| {
+        let used = drain(&mut self.deflate.queue, &self.deflate.evt, mem, |chain| {
             let (bytes, _) = read_readable(mem, chain, MAX_PFN_BYTES);
             let batch = parse_pfns(mem, &bytes);
             let mut st = lock(&shared.state);
@@ -275,7 +275,7 @@ impl BalloonWorker {
         let (mem, shared) = (&self.mem, &self.shared);
         let mut newest: Option<u16> = None;
         let mut extra: Vec<u16> = Vec::new();
-        let used = drain(&mut slot.queue, mem, |chain| {
+        let used = drain(&mut slot.queue, &slot.evt, mem, |chain| {
             let head = chain.head_index();
             let (bytes, _) = read_readable(mem, chain, MAX_STATS_BYTES);
             let batch = parse_stats(&bytes);
@@ -320,7 +320,7 @@ impl BalloonWorker {
             return;
         };
         let (mem, shared) = (&self.mem, &self.shared);
-        let used = drain(&mut slot.queue, mem, |chain| {
+        let used = drain(&mut slot.queue, &slot.evt, mem, |chain| {
             let mut ranges = Vec::new();
             let mut refused = 0;
             for d in chain {
@@ -364,8 +364,12 @@ fn add_used(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16) -> bool {
 /// Pops every available chain (in bounded batches, with notifications
 /// suppressed while busy) and returns those `serve` answers with a used
 /// length; `None` keeps the chain. Returns whether any chain was used.
+/// A driver that keeps the queue full is served a batch at a time: the
+/// queue's eventfd brings the worker back through epoll, where a stop
+/// request is seen first.
 fn drain(
     queue: &mut Queue,
+    evt: &EventFd,
     mem: &GuestMemoryMmap,
     mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
@@ -392,6 +396,9 @@ fn drain(
             }
         }
         if served >= batch {
+            if let Err(e) = evt.write(1) {
+                tracing::warn!("virtio-balloon: cannot requeue the rest of a batch: {e}");
+            }
             break;
         }
         match queue.enable_notification(mem) {
