@@ -2,7 +2,8 @@
 # Tier 3: every nested scenario, each in its own QEMU (L1) boot.
 #   tests/nested/run-all.sh --spore STATIC_SPORE [--only NAME]
 # NAME: foundation (Linux guest through the API: CPUs, disks, rng, vsock,
-# pause/resume, reboot), demo (a plain `spore run` boot), bench (boot benchmark),
+# pause/resume, reboot), demo (a plain `spore run` boot), balloon (virtio-balloon
+# inflate/deflate, statistics, free page reporting), bench (boot benchmark),
 # tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
 set -euo pipefail
@@ -16,7 +17,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|bench|tmem]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|bench|tmem]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -55,6 +56,8 @@ run_one foundation --scenario "$here/scenarios/foundation.sh" \
     --out-dir "$work/out-foundation"
 run_one demo --scenario "$here/scenarios/demo.sh" \
     --guest-scenario "$here/scenarios/guest/demo.sh"
+run_one balloon --scenario "$here/scenarios/balloon.sh" \
+    --guest-scenario "$here/scenarios/guest/balloon.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-balloon}"
 run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 if [[ -z $only || $only == tmem ]]; then
     # The guest's tmem client, built like the other guest tools (static musl).

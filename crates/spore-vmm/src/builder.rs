@@ -26,6 +26,7 @@ use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
 use crate::devices::tmem::TmemDevice;
+use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::{Block, BlockError};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
@@ -292,6 +293,22 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         let vsock = Vsock::new(v.guest_cid as u64, v.uds_path.clone().into())?;
         slots.attach(Box::new(vsock))?;
     }
+    let mut balloon = None;
+    if let Some(b) = &config.balloon {
+        let device = Balloon::new(BalloonSettings {
+            amount_mib: b.amount_mib,
+            deflate_on_oom: b.deflate_on_oom,
+            stats_polling_interval_s: b.stats_polling_interval_s,
+            free_page_reporting: b.free_page_reporting,
+            mem_mib: machine.mem_size_mib,
+        })
+        .map_err(|e| BuildError::Device {
+            what: "virtio-balloon",
+            detail: e.to_string(),
+        })?;
+        balloon = Some(device.handle());
+        slots.attach(Box::new(device))?;
+    }
     let VirtioSlots {
         bus: mmio,
         placed,
@@ -362,6 +379,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         i8042,
         vcpus,
         virtio,
+        balloon,
     }))
 }
 

@@ -36,6 +36,8 @@ pub enum ConfigError {
     TwoRootDevices(String, String),
     #[error("too many devices: at most {0} virtio devices")]
     TooManyDevices(usize),
+    #[error("balloon amount_mib {amount} exceeds mem_size_mib {mem}")]
+    BalloonTooLarge { amount: u64, mem: u64 },
 }
 
 /// Largest vCPU count spore configures (MP table and IOAPIC limits).
@@ -299,6 +301,52 @@ impl Default for TmemConfig {
     }
 }
 
+/// `PUT /balloon`: a virtio-balloon device (Firecracker's fields).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonConfig {
+    /// Target balloon size: memory the guest should give back.
+    pub amount_mib: u32,
+    /// Offer VIRTIO_BALLOON_F_DEFLATE_ON_OOM: the guest may take pages back
+    /// from the balloon instead of killing a process.
+    pub deflate_on_oom: bool,
+    /// 0 disables statistics (no stats queue); it cannot be switched on or
+    /// off later, only changed between non-zero values.
+    #[serde(default)]
+    pub stats_polling_interval_s: u16,
+    /// Offer VIRTIO_BALLOON_F_REPORTING: the guest reports free ranges and
+    /// spore releases them on the host.
+    #[serde(default)]
+    pub free_page_reporting: bool,
+    /// Firecracker's free page hinting; spore does not offer it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free_page_hinting: bool,
+}
+
+impl BalloonConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.free_page_hinting {
+            return Err(ConfigError::Unsupported {
+                field: "free_page_hinting",
+                detail: "use free_page_reporting".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the target against the guest's memory.
+    pub fn validate_for(&self, machine: &MachineConfig) -> Result<(), ConfigError> {
+        self.validate()?;
+        if u64::from(self.amount_mib) > machine.mem_size_mib {
+            return Err(ConfigError::BalloonTooLarge {
+                amount: self.amount_mib.into(),
+                mem: machine.mem_size_mib,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// spore extension (`PUT /entropy` in Firecracker): a virtio-rng device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -327,6 +375,8 @@ pub struct VmConfig {
     /// spore extension: the tmem pool (defaults apply when absent).
     #[serde(default)]
     pub tmem: TmemConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
 }
 
 impl VmConfig {
@@ -349,6 +399,9 @@ impl VmConfig {
         }
         if let Some(v) = &self.vsock {
             v.validate()?;
+        }
+        if let Some(b) = &self.balloon {
+            b.validate_for(&self.machine)?;
         }
         Ok(())
     }
@@ -448,5 +501,31 @@ mod tests {
         );
         assert!(serde_json::from_str::<TmemConfig>(r#"{"compression":"zip"}"#).is_err());
         assert!(serde_json::from_str::<TmemConfig>(r#"{"quota":1}"#).is_err());
+    }
+
+    #[test]
+    fn balloon_section() {
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot-source":{"kernel_image_path":"/k"},"machine-config":{"vcpu_count":1,"mem_size_mib":256},
+                "balloon":{"amount_mib":64,"deflate_on_oom":true,"stats_polling_interval_s":1}}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let b = c.balloon.clone().unwrap();
+        assert!(!b.free_page_reporting);
+        let mut big = c.clone();
+        big.balloon.as_mut().unwrap().amount_mib = 257;
+        assert!(matches!(
+            big.validate(),
+            Err(ConfigError::BalloonTooLarge { .. })
+        ));
+        let mut hint = b;
+        hint.free_page_hinting = true;
+        assert!(hint.validate().is_err());
+        assert!(serde_json::from_str::<BalloonConfig>(r#"{"amount_mib":1}"#).is_err());
+        assert!(serde_json::from_str::<BalloonConfig>(
+            r#"{"amount_mib":-1,"deflate_on_oom":false}"#
+        )
+        .is_err());
     }
 }

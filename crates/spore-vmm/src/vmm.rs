@@ -11,11 +11,12 @@ use crate::api::{
     TmemInfo, TmemUpdate, VmState,
 };
 use crate::builder::{build_vm, BuildError, BuildOptions};
-use crate::config::VmConfig;
+use crate::config::{BalloonConfig, VmConfig};
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::PoolStats;
+use crate::devices::virtio::balloon::BalloonHandle;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -249,6 +250,74 @@ impl ApiHandler for Vmm {
                 }
                 Ok(ApiResponse::NoContent)
             }
+            ApiRequest::PutBalloon(b) => {
+                b.validate_for(&lock(&self.inner).config.machine)
+                    .map_err(bad)?;
+                self.configure(|c| c.balloon = Some(b))
+            }
+            ApiRequest::PatchBalloon(u) => self.balloon(
+                |h| {
+                    h.set_target_mib(u.amount_mib)
+                        .map(|()| ApiResponse::NoContent)
+                },
+                |c| {
+                    let machine = c.machine.clone();
+                    let b = c.balloon.as_mut().ok_or_else(no_balloon)?;
+                    let new = BalloonConfig {
+                        amount_mib: u.amount_mib,
+                        ..b.clone()
+                    };
+                    new.validate_for(&machine).map_err(bad)?;
+                    *b = new;
+                    Ok(ApiResponse::NoContent)
+                },
+            ),
+            ApiRequest::GetBalloon => self.balloon(
+                |h| ApiResponse::json(&h.status()).map_err(|e| e.to_string()),
+                |c| ApiResponse::json(c.balloon.as_ref().ok_or_else(no_balloon)?),
+            ),
+            ApiRequest::GetBalloonStatistics => self.balloon(
+                |h| match h.statistics() {
+                    Ok(s) => ApiResponse::json(&s).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+                |_| {
+                    Err(bad(
+                        "balloon statistics are available once the microVM is started",
+                    ))
+                },
+            ),
+            ApiRequest::PatchBalloonStatistics(u) => self.balloon(
+                |h| {
+                    h.set_stats_interval(u.stats_polling_interval_s)
+                        .map(|()| ApiResponse::NoContent)
+                },
+                |c| {
+                    let b = c.balloon.as_mut().ok_or_else(no_balloon)?;
+                    b.stats_polling_interval_s = u.stats_polling_interval_s;
+                    Ok(ApiResponse::NoContent)
+                },
+            ),
+        }
+    }
+}
+
+fn no_balloon() -> ApiError {
+    bad("no balloon device: configure one with PUT /balloon before InstanceStart")
+}
+
+impl Vmm {
+    /// Runs `running` on the balloon of the started VM, or `configuring` on
+    /// the configuration before InstanceStart.
+    fn balloon<E: std::fmt::Display>(
+        &self,
+        running: impl FnOnce(&BalloonHandle) -> Result<ApiResponse, E>,
+        configuring: impl FnOnce(&mut VmConfig) -> Result<ApiResponse, ApiError>,
+    ) -> Result<ApiResponse, ApiError> {
+        let mut inner = lock(&self.inner);
+        match &inner.vm {
+            Some(vm) => running(vm.balloon().ok_or_else(no_balloon)?).map_err(bad),
+            None => configuring(&mut inner.config),
         }
     }
 }

@@ -136,6 +136,7 @@ impl RunArgs {
                     CompressionArg::Lz4 => Compression::Lz4,
                 },
             },
+            balloon: None,
         };
         config.validate()?;
         Ok(config)

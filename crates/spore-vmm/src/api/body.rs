@@ -51,6 +51,20 @@ impl MachineConfigPatch {
     }
 }
 
+/// `PATCH /balloon`: the new target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    pub amount_mib: u32,
+}
+
+/// `PATCH /balloon/statistics`: the new polling interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    pub stats_polling_interval_s: u16,
+}
+
 /// `PUT /actions` `action_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ActionType {

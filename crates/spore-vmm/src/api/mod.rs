@@ -26,12 +26,15 @@ pub mod server;
 mod socket;
 
 pub use body::{
-    ActionType, InstanceInfo, InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VmState,
+    ActionType, BalloonStatsUpdate, BalloonUpdate, InstanceInfo, InstanceState, MachineConfigPatch,
+    TmemInfo, TmemUpdate, VmState,
 };
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
 
-use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+use crate::config::{
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig,
+};
 
 /// One API call, parsed and type-checked (but not yet validated against the
 /// VM's state: that is the handler's job).
@@ -61,6 +64,16 @@ pub enum ApiRequest {
     GetTmem,
     /// `PUT /tmem` (at least one field is set).
     PutTmem(TmemUpdate),
+    /// `PUT /balloon` (before InstanceStart).
+    PutBalloon(BalloonConfig),
+    /// `PATCH /balloon`: a new target.
+    PatchBalloon(BalloonUpdate),
+    /// `GET /balloon`.
+    GetBalloon,
+    /// `GET /balloon/statistics`.
+    GetBalloonStatistics,
+    /// `PATCH /balloon/statistics`: a new polling interval.
+    PatchBalloonStatistics(BalloonStatsUpdate),
 }
 
 /// What a successful request answers.

@@ -8,9 +8,13 @@
 use hyper::Method;
 use serde::de::DeserializeOwned;
 
-use super::body::{InstanceActionInfo, TmemUpdate, VmStateBody};
+use super::body::{
+    BalloonStatsUpdate, BalloonUpdate, InstanceActionInfo, TmemUpdate, VmStateBody,
+};
 use super::{ApiError, ApiRequest, MachineConfigPatch};
-use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+use crate::config::{
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig,
+};
 
 /// A resource the API serves, named by its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +29,8 @@ enum Resource<'a> {
     Actions,
     Vm,
     Tmem,
+    Balloon,
+    BalloonStatistics,
 }
 
 impl Resource<'_> {
@@ -38,6 +44,8 @@ impl Resource<'_> {
             }
             Resource::Vm => &["PATCH"],
             Resource::Tmem => &["GET", "PUT"],
+            Resource::Balloon => &["GET", "PUT", "PATCH"],
+            Resource::BalloonStatistics => &["GET", "PATCH"],
         }
     }
 }
@@ -58,6 +66,8 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/actions" => Resource::Actions,
         "/vm" => Resource::Vm,
         "/tmem" => Resource::Tmem,
+        "/balloon" => Resource::Balloon,
+        "/balloon/statistics" => Resource::BalloonStatistics,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -132,6 +142,19 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
             ApiRequest::PutTmem(update)
         }
         (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
+        (Resource::Balloon, "GET") => ApiRequest::GetBalloon,
+        (Resource::Balloon, "PUT") => {
+            let b = decode::<BalloonConfig>(m, path, body)?;
+            b.validate()?;
+            ApiRequest::PutBalloon(b)
+        }
+        (Resource::Balloon, "PATCH") => {
+            ApiRequest::PatchBalloon(decode::<BalloonUpdate>(m, path, body)?)
+        }
+        (Resource::BalloonStatistics, "GET") => ApiRequest::GetBalloonStatistics,
+        (Resource::BalloonStatistics, "PATCH") => {
+            ApiRequest::PatchBalloonStatistics(decode::<BalloonStatsUpdate>(m, path, body)?)
+        }
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",
@@ -496,6 +519,70 @@ mod tests {
             r#"{"drive_id":"","path_on_host":"/img"}"#,
         );
         assert!(m.contains("missing"), "{m}");
+    }
+
+    #[test]
+    fn balloon_routes() {
+        assert_eq!(
+            parse(
+                Method::PUT,
+                "/balloon",
+                r#"{"amount_mib":64,"deflate_on_oom":true,"stats_polling_interval_s":2}"#
+            ),
+            Ok(ApiRequest::PutBalloon(BalloonConfig {
+                amount_mib: 64,
+                deflate_on_oom: true,
+                stats_polling_interval_s: 2,
+                free_page_reporting: false,
+                free_page_hinting: false,
+            }))
+        );
+        assert_eq!(
+            parse(Method::PATCH, "/balloon", r#"{"amount_mib":0}"#),
+            Ok(ApiRequest::PatchBalloon(BalloonUpdate { amount_mib: 0 }))
+        );
+        assert_eq!(
+            parse(Method::GET, "/balloon", ""),
+            Ok(ApiRequest::GetBalloon)
+        );
+        assert_eq!(
+            parse(Method::GET, "/balloon/statistics", ""),
+            Ok(ApiRequest::GetBalloonStatistics)
+        );
+        assert_eq!(
+            parse(
+                Method::PATCH,
+                "/balloon/statistics",
+                r#"{"stats_polling_interval_s":5}"#
+            ),
+            Ok(ApiRequest::PatchBalloonStatistics(BalloonStatsUpdate {
+                stats_polling_interval_s: 5
+            }))
+        );
+        for (method, path, body) in [
+            (Method::PATCH, "/balloon", r#"{"amount_mib":-1}"#),
+            (Method::PATCH, "/balloon", r#"{"amount_mib":4294967296}"#),
+            (Method::PATCH, "/balloon", r#"{"amount_mib":"1"}"#),
+            (Method::PATCH, "/balloon", r#"{"deflate_on_oom":true}"#),
+            (Method::PUT, "/balloon", r#"{"amount_mib":1}"#),
+            (
+                Method::PUT,
+                "/balloon",
+                r#"{"amount_mib":1,"deflate_on_oom":false,"free_page_hinting":true}"#,
+            ),
+            (
+                Method::PATCH,
+                "/balloon/statistics",
+                r#"{"stats_polling_interval_s":70000}"#,
+            ),
+            (Method::PATCH, "/balloon/statistics", "{}"),
+        ] {
+            bad_request(method, path, body);
+        }
+        assert!(matches!(
+            parse(Method::PUT, "/balloon/statistics", "{}"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::TmemDevice;
+use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
@@ -59,6 +60,8 @@ pub struct Vm {
     /// The virtio-mmio transports (also on the MMIO bus), in guest order.
     /// Dropped before the VM fd and RAM: dropping one stops its device worker.
     virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    /// The balloon's target, actual and statistics, if the VM has one.
+    balloon: Option<BalloonHandle>,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
     _vm_fd: VmFd,
     _kvm: Kvm,
@@ -77,6 +80,7 @@ pub struct VmParts {
     pub i8042: Option<Arc<Mutex<I8042>>>,
     pub vcpus: Vec<Vcpu>,
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    pub balloon: Option<BalloonHandle>,
 }
 
 impl Vm {
@@ -89,6 +93,7 @@ impl Vm {
             pending: p.vcpus,
             threads: Vec::new(),
             virtio: p.virtio,
+            balloon: p.balloon,
             _vm_fd: p.vm_fd,
             _kvm: p.kvm,
             _ram: p.ram,
@@ -168,6 +173,11 @@ impl Vm {
 
     pub fn marks(&self) -> Vec<Mark> {
         self.io.signal.marks()
+    }
+
+    /// The balloon device's handle, if the VM has one.
+    pub fn balloon(&self) -> Option<&BalloonHandle> {
+        self.balloon.as_ref()
     }
 
     pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {

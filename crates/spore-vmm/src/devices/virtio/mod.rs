@@ -7,6 +7,7 @@
 //! ([`mmio::MmioTransport`]) owns the register file and the feature/queue
 //! negotiation; devices never see MMIO registers.
 
+pub mod balloon;
 pub mod blk;
 pub mod interrupt;
 pub mod mmio;

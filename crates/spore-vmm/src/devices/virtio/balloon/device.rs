@@ -1,0 +1,383 @@
+//! The balloon device model and the VMM's handle on it.
+//!
+//! [`Balloon`] is what the transport sees; [`BalloonHandle`] is what the VMM
+//! keeps to change the target and read statistics while the VM runs. Both
+//! share one [`Shared`] block: the config space (target, actual), the last
+//! statistics, the polling interval and, once activated, the interrupt.
+//!
+//! The worker (`worker.rs`) serves every queue on one thread of its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::request::{GuestStats, PAGE_SHIFT};
+use super::worker::BalloonWorker;
+use crate::devices::bus::lock;
+use crate::devices::virtio::worker::Worker;
+use crate::devices::virtio::{
+    device_type, ActivateContext, ActivateError, VirtioDevice, VirtioInterrupt,
+};
+
+/// Feature bits (virtio 1.2, §5.5.3).
+pub const F_MUST_TELL_HOST: u64 = 1 << 0;
+pub const F_STATS_VQ: u64 = 1 << 1;
+pub const F_DEFLATE_ON_OOM: u64 = 1 << 2;
+pub const F_REPORTING: u64 = 1 << 5;
+
+/// Entries per queue.
+pub const QUEUE_SIZE: u16 = 256;
+/// Size of the config space: num_pages, actual, free_page_hint_cmd_id, poison_val.
+const CONFIG_SIZE: usize = 16;
+const CONFIG_ACTUAL: u64 = 4;
+/// Pages per MiB, at the balloon's 4 KiB page size.
+const PAGES_PER_MIB_SHIFT: u32 = 20 - PAGE_SHIFT;
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BalloonError {
+    #[error("amount_mib {amount} exceeds the guest's memory ({mem} MiB)")]
+    TooLarge { amount: u64, mem: u64 },
+    #[error(
+        "statistics were {0} when the balloon was configured; the polling interval can be \
+         changed but not switched between 0 and non-zero"
+    )]
+    StatsStateChange(&'static str),
+    #[error(
+        "balloon statistics are disabled: configure the balloon with stats_polling_interval_s > 0"
+    )]
+    StatsDisabled,
+}
+
+/// What the device is configured with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BalloonSettings {
+    pub amount_mib: u32,
+    pub deflate_on_oom: bool,
+    pub stats_polling_interval_s: u16,
+    pub free_page_reporting: bool,
+    /// Guest RAM, bounding the target.
+    pub mem_mib: u64,
+}
+
+/// Host-side counters, for tests and the statistics endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReleaseCounters {
+    /// Pages the guest inflated (each released on the host).
+    pub inflated_pages: u64,
+    /// Pages the guest deflated.
+    pub deflated_pages: u64,
+    /// Bytes of free page reports released on the host.
+    pub reported_bytes: u64,
+    /// PFNs and report ranges refused (outside guest RAM, misaligned).
+    pub refused: u64,
+    /// Ranges released (one syscall each) and the time spent releasing them.
+    pub release_calls: u64,
+    pub release_us: u64,
+}
+
+pub(super) struct State {
+    pub(super) target_pages: u32,
+    pub(super) actual_pages: u32,
+    pub(super) stats_interval_s: u16,
+    pub(super) stats: Option<(GuestStats, SystemTime)>,
+    /// When the target was last set and when the driver last changed
+    /// `actual`: the time a resize took, measured where it happens.
+    pub(super) target_set_at: Option<SystemTime>,
+    pub(super) actual_set_at: Option<SystemTime>,
+    pub(super) counters: ReleaseCounters,
+    /// Present while the device is activated: config changes interrupt.
+    pub(super) interrupt: Option<Arc<VirtioInterrupt>>,
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    pub(super) deflate_on_oom: bool,
+    pub(super) free_page_reporting: bool,
+    pub(super) mem_mib: u64,
+    /// Tells a running worker the polling interval changed.
+    pub(super) settings_evt: EventFd,
+}
+
+/// The VMM's hold on a balloon: target, actual, statistics.
+#[derive(Clone)]
+pub struct BalloonHandle(Arc<Shared>);
+
+/// `GET /balloon`: Firecracker's fields, plus spore's view of progress.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BalloonStatus {
+    pub amount_mib: u32,
+    pub deflate_on_oom: bool,
+    pub stats_polling_interval_s: u16,
+    pub free_page_reporting: bool,
+    pub target_pages: u32,
+    pub actual_pages: u32,
+    pub target_mib: u32,
+    pub actual_mib: u32,
+    /// When the target was last changed (Unix ms), if it was at run time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_updated_ms: Option<u64>,
+    /// When the driver last changed `actual` (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual_updated_ms: Option<u64>,
+}
+
+/// `GET /balloon/statistics`, Firecracker's shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BalloonStatistics {
+    pub target_pages: u32,
+    pub actual_pages: u32,
+    pub target_mib: u32,
+    pub actual_mib: u32,
+    #[serde(flatten)]
+    pub stats: GuestStats,
+    /// spore extension: when the guest last reported, in ms since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_update_ms: Option<u64>,
+    /// spore extension: what was released on the host.
+    pub host: ReleaseCounters,
+}
+
+impl BalloonHandle {
+    /// Changes the target and tells the driver (config-change interrupt).
+    pub fn set_target_mib(&self, amount_mib: u32) -> Result<(), BalloonError> {
+        let s = &self.0;
+        if u64::from(amount_mib) > s.mem_mib {
+            return Err(BalloonError::TooLarge {
+                amount: amount_mib.into(),
+                mem: s.mem_mib,
+            });
+        }
+        let interrupt = {
+            let mut st = lock(&s.state);
+            st.target_pages = amount_mib << PAGES_PER_MIB_SHIFT;
+            st.target_set_at = Some(SystemTime::now());
+            st.interrupt.clone()
+        };
+        if let Some(i) = interrupt {
+            i.signal_config_change();
+        }
+        Ok(())
+    }
+
+    /// Changes the statistics polling interval; 0 ↔ non-zero is refused
+    /// (the stats queue exists only if it was non-zero at configuration).
+    pub fn set_stats_interval(&self, interval_s: u16) -> Result<(), BalloonError> {
+        {
+            let mut st = lock(&self.0.state);
+            match (st.stats_interval_s == 0, interval_s == 0) {
+                (true, false) => return Err(BalloonError::StatsStateChange("disabled")),
+                (false, true) => return Err(BalloonError::StatsStateChange("enabled")),
+                _ => st.stats_interval_s = interval_s,
+            }
+        }
+        if let Err(e) = self.0.settings_evt.write(1) {
+            tracing::warn!("virtio-balloon: cannot wake the worker: {e}");
+        }
+        Ok(())
+    }
+
+    pub fn status(&self) -> BalloonStatus {
+        let st = lock(&self.0.state);
+        BalloonStatus {
+            amount_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
+            deflate_on_oom: self.0.deflate_on_oom,
+            stats_polling_interval_s: st.stats_interval_s,
+            free_page_reporting: self.0.free_page_reporting,
+            target_pages: st.target_pages,
+            actual_pages: st.actual_pages,
+            target_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
+            actual_mib: st.actual_pages >> PAGES_PER_MIB_SHIFT,
+            target_updated_ms: st.target_set_at.and_then(unix_ms),
+            actual_updated_ms: st.actual_set_at.and_then(unix_ms),
+        }
+    }
+
+    pub fn statistics(&self) -> Result<BalloonStatistics, BalloonError> {
+        let st = lock(&self.0.state);
+        if st.stats_interval_s == 0 {
+            return Err(BalloonError::StatsDisabled);
+        }
+        let (stats, when) = st.stats.clone().unzip();
+        Ok(BalloonStatistics {
+            target_pages: st.target_pages,
+            actual_pages: st.actual_pages,
+            target_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
+            actual_mib: st.actual_pages >> PAGES_PER_MIB_SHIFT,
+            stats: stats.unwrap_or_default(),
+            last_update_ms: when.and_then(unix_ms),
+            host: st.counters,
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.0
+    }
+
+    pub fn counters(&self) -> ReleaseCounters {
+        lock(&self.0.state).counters
+    }
+}
+
+fn unix_ms(t: SystemTime) -> Option<u64> {
+    t.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}
+
+/// A virtio balloon (device id 5).
+pub struct Balloon {
+    shared: Arc<Shared>,
+    features: u64,
+    queue_sizes: Vec<u16>,
+    worker: Option<Worker<()>>,
+}
+
+impl Balloon {
+    pub fn new(settings: BalloonSettings) -> Result<Self, std::io::Error> {
+        if u64::from(settings.amount_mib) > settings.mem_mib {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                BalloonError::TooLarge {
+                    amount: settings.amount_mib.into(),
+                    mem: settings.mem_mib,
+                },
+            ));
+        }
+        let mut features =
+            1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX | F_MUST_TELL_HOST;
+        let mut queues = 2;
+        if settings.stats_polling_interval_s > 0 {
+            features |= F_STATS_VQ;
+            queues += 1;
+        }
+        if settings.deflate_on_oom {
+            features |= F_DEFLATE_ON_OOM;
+        }
+        if settings.free_page_reporting {
+            features |= F_REPORTING;
+            queues += 1;
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                target_pages: settings.amount_mib << PAGES_PER_MIB_SHIFT,
+                actual_pages: 0,
+                stats_interval_s: settings.stats_polling_interval_s,
+                stats: None,
+                target_set_at: None,
+                actual_set_at: None,
+                counters: ReleaseCounters::default(),
+                interrupt: None,
+            }),
+            deflate_on_oom: settings.deflate_on_oom,
+            free_page_reporting: settings.free_page_reporting,
+            mem_mib: settings.mem_mib,
+            settings_evt: EventFd::new(EFD_NONBLOCK)?,
+        });
+        Ok(Self {
+            shared,
+            features,
+            queue_sizes: vec![QUEUE_SIZE; queues],
+            worker: None,
+        })
+    }
+
+    pub fn handle(&self) -> BalloonHandle {
+        BalloonHandle(self.shared.clone())
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            if w.stop().is_none() {
+                tracing::error!("virtio-balloon: worker thread panicked");
+            }
+        }
+        lock(&self.shared.state).interrupt = None;
+    }
+
+    fn config_bytes(&self) -> [u8; CONFIG_SIZE] {
+        let st = lock(&self.shared.state);
+        let mut c = [0u8; CONFIG_SIZE];
+        c[..4].copy_from_slice(&st.target_pages.to_le_bytes());
+        c[4..8].copy_from_slice(&st.actual_pages.to_le_bytes());
+        c
+    }
+}
+
+impl VirtioDevice for Balloon {
+    fn device_type(&self) -> u32 {
+        device_type::BALLOON
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let config = self.config_bytes();
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = offset
+                .checked_add(i as u64)
+                .and_then(|o| usize::try_from(o).ok())
+                .and_then(|o| config.get(o).copied())
+                .unwrap_or(0);
+        }
+    }
+
+    /// Only `actual` is writable: the driver reports how many pages it holds.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let mut st = lock(&self.shared.state);
+        let mut actual = st.actual_pages.to_le_bytes();
+        let mut touched = false;
+        for (i, &b) in data.iter().enumerate() {
+            let Some(o) = offset.checked_add(i as u64) else {
+                break;
+            };
+            if let Some(slot) = o
+                .checked_sub(CONFIG_ACTUAL)
+                .and_then(|k| usize::try_from(k).ok())
+                .and_then(|k| actual.get_mut(k))
+            {
+                *slot = b;
+                touched = true;
+            } else {
+                tracing::debug!("virtio-balloon: write to read-only config byte {o} ignored");
+            }
+        }
+        let actual = u32::from_le_bytes(actual);
+        if touched && actual != st.actual_pages {
+            st.actual_pages = actual;
+            st.actual_set_at = Some(SystemTime::now());
+        }
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        self.stop_worker();
+        let worker = BalloonWorker::new(ctx, self.shared.clone())?;
+        let epoll = worker.epoll().map_err(ActivateError::Worker)?;
+        lock(&self.shared.state).interrupt = Some(worker.interrupt().clone());
+        let w = Worker::spawn("virtio-balloon", move |stop| worker.run(epoll, stop));
+        match w {
+            Ok(w) => {
+                self.worker = Some(w);
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.shared.state).interrupt = None;
+                Err(ActivateError::Worker(e))
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        self.stop_worker();
+    }
+}

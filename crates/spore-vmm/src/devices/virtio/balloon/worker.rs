@@ -1,0 +1,490 @@
+//! The balloon's worker thread: serves inflate, deflate, statistics and
+//! free page reporting queues, woken by the queues' ioeventfds, the stats
+//! timer and the "settings changed" eventfd, and releases guest memory on
+//! the host ([`release`]).
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::device::{Shared, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
+use super::request::{
+    parse_pfns, parse_report, parse_stats, read_readable, GuestRange, MAX_PFN_BYTES,
+    MAX_STATS_BYTES,
+};
+use crate::devices::bus::lock;
+use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
+
+/// One queue and its notification eventfd.
+struct QueueSlot {
+    queue: Queue,
+    evt: EventFd,
+}
+
+const TOKEN_STOP: u64 = 100;
+const TOKEN_TIMER: u64 = 101;
+const TOKEN_SETTINGS: u64 = 102;
+const Q_INFLATE: u64 = 0;
+const Q_DEFLATE: u64 = 1;
+const Q_STATS: u64 = 2;
+const Q_REPORT: u64 = 3;
+
+/// Serves the balloon's queues; runs on the device's worker thread.
+pub(super) struct BalloonWorker {
+    mem: GuestMemoryMmap,
+    interrupt: Arc<VirtioInterrupt>,
+    shared: Arc<Shared>,
+    inflate: QueueSlot,
+    deflate: QueueSlot,
+    stats: Option<QueueSlot>,
+    report: Option<QueueSlot>,
+    /// The stats buffer the device holds until the next poll.
+    held_stats: Option<u16>,
+    timer: TimerFd,
+    /// The driver promised to deflate before reusing a page.
+    must_tell_host: bool,
+}
+
+impl BalloonWorker {
+    /// Maps the driver's queues: inflate, deflate, then stats and reporting
+    /// if negotiated. Linux numbers only the queues it uses, so the index of
+    /// the reporting queue depends on whether stats were negotiated.
+    pub(super) fn new(ctx: ActivateContext, shared: Arc<Shared>) -> Result<Self, ActivateError> {
+        let ActivateContext {
+            mem,
+            interrupt,
+            queues,
+            queue_events,
+            acked_features,
+        } = ctx;
+        let got = queues.len().min(queue_events.len());
+        let mut slots = queues
+            .into_iter()
+            .zip(queue_events)
+            .map(|(queue, evt)| QueueSlot { queue, evt });
+        let mut take = |what: &str| -> Result<QueueSlot, ActivateError> {
+            let slot = slots.next().ok_or(ActivateError::QueueCount {
+                expected: got + 1,
+                got,
+            })?;
+            if !slot.queue.ready() {
+                return Err(ActivateError::Device(format!(
+                    "virtio-balloon: the driver did not enable the {what} queue"
+                )));
+            }
+            Ok(slot)
+        };
+        let inflate = take("inflate")?;
+        let deflate = take("deflate")?;
+        let stats = (acked_features & F_STATS_VQ != 0)
+            .then(|| take("statistics"))
+            .transpose()?;
+        let report = (acked_features & F_REPORTING != 0)
+            .then(|| take("free page reporting"))
+            .transpose()?;
+        let timer = TimerFd::new().map_err(|e| ActivateError::Worker(e.into()))?;
+        let mut w = Self {
+            mem,
+            interrupt,
+            shared,
+            inflate,
+            deflate,
+            stats,
+            report,
+            held_stats: None,
+            timer,
+            must_tell_host: acked_features & F_MUST_TELL_HOST != 0,
+        };
+        w.arm_timer();
+        Ok(w)
+    }
+
+    pub(super) fn interrupt(&self) -> &Arc<VirtioInterrupt> {
+        &self.interrupt
+    }
+
+    pub(super) fn epoll(&self) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        let mut fds = vec![
+            (self.inflate.evt.as_raw_fd(), Q_INFLATE),
+            (self.deflate.evt.as_raw_fd(), Q_DEFLATE),
+            (self.timer.as_raw_fd(), TOKEN_TIMER),
+            (self.shared.settings_evt.as_raw_fd(), TOKEN_SETTINGS),
+        ];
+        if let Some(s) = &self.stats {
+            fds.push((s.evt.as_raw_fd(), Q_STATS));
+        }
+        if let Some(r) = &self.report {
+            fds.push((r.evt.as_raw_fd(), Q_REPORT));
+        }
+        for (fd, token) in fds {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )?;
+        }
+        Ok(epoll)
+    }
+
+    pub(super) fn run(mut self, epoll: Epoll, stop: EventFd) {
+        if let Err(e) = epoll.ctl(
+            ControlOperation::Add,
+            stop.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_STOP),
+        ) {
+            tracing::error!("virtio-balloon: cannot watch the stop event: {e}");
+            return;
+        }
+        // Buffers made available before activation need no new notification.
+        self.serve_all();
+        let mut events = [EpollEvent::default(); 8];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("virtio-balloon: epoll failed: {e}");
+                    return;
+                }
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    TOKEN_STOP => return,
+                    TOKEN_TIMER => {
+                        // A read error only means no expiry is pending.
+                        let _ = self.timer.wait();
+                        self.poll_stats();
+                    }
+                    TOKEN_SETTINGS => {
+                        let _ = self.shared.settings_evt.read();
+                        self.arm_timer();
+                        // As in Firecracker: the first update comes at once.
+                        self.poll_stats();
+                    }
+                    Q_INFLATE => {
+                        let _ = self.inflate.evt.read();
+                        self.serve_inflate();
+                    }
+                    Q_DEFLATE => {
+                        let _ = self.deflate.evt.read();
+                        self.serve_deflate();
+                    }
+                    Q_STATS => {
+                        if let Some(s) = &self.stats {
+                            let _ = s.evt.read();
+                        }
+                        self.serve_stats();
+                    }
+                    Q_REPORT => {
+                        if let Some(r) = &self.report {
+                            let _ = r.evt.read();
+                        }
+                        self.serve_report();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn serve_all(&mut self) {
+        self.serve_inflate();
+        self.serve_deflate();
+        self.serve_stats();
+        self.serve_report();
+    }
+
+    /// (Re)arms the stats timer at the current interval; disarms it when
+    /// there is no stats queue.
+    fn arm_timer(&mut self) {
+        let interval = lock(&self.shared.state).stats_interval_s;
+        let result = if self.stats.is_some() && interval > 0 {
+            let d = Duration::from_secs(interval.into());
+            self.timer.reset(d, Some(d))
+        } else {
+            self.timer.clear()
+        };
+        if let Err(e) = result {
+            tracing::warn!("virtio-balloon: cannot arm the statistics timer: {e}");
+        }
+    }
+
+    /// When the driver acked VIRTIO_BALLOON_F_MUST_TELL_HOST, inflated pages
+    /// are released *after* the chain is returned, so the guest fills its
+    /// next batch while the host frees this one: the guest may then reuse a
+    /// page only after the device used its deflate request, and deflate
+    /// requests are served on this thread, after this release. Otherwise
+    /// the driver may reuse pages at once, so they are released first.
+    pub(super) fn serve_inflate(&mut self) {
+        let (mem, shared, must_tell) = (&self.mem, &self.shared, self.must_tell_host);
+        let mut pending: Vec<GuestRange> = Vec::new();
+        let used = drain(&mut self.inflate.queue, &self.inflate.evt, mem, |chain| {
+            let (bytes, skipped) = read_readable(mem, chain, MAX_PFN_BYTES);
+            let batch = parse_pfns(mem, &bytes);
+            let mut st = lock(&shared.state);
+            st.counters.inflated_pages += batch.pages;
+            st.counters.refused += batch.refused;
+            drop(st);
+            if batch.refused > 0 || skipped > 0 || batch.ignored_bytes > 0 {
+                tracing::warn!(
+                    "virtio-balloon: inflate refused {} PFNs outside guest RAM, ignored {} bytes",
+                    batch.refused,
+                    skipped + batch.ignored_bytes
+                );
+            }
+            if must_tell {
+                pending.extend(batch.ranges);
+            } else if let Err(e) = release_counted(shared, mem, &batch.ranges) {
+                tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
+            }
+            Some(0)
+        });
+        notify(&self.interrupt, mem, &mut self.inflate.queue, used);
+        if let Err(e) = release_counted(shared, mem, &pending) {
+            tracing::error!("virtio-balloon: cannot release inflated pages: {e}");
+        }
+    }
+
+    pub(super) fn serve_deflate(&mut self) {
+        let (mem, shared) = (&self.mem, &self.shared);
+        // Nothing to do on the host: a deflated page is backed again on the
+        // guest's next touch (as a zero page).
+        let used = drain(&mut self.deflate.queue, &self.deflate.evt, mem, |chain| {
+            let (bytes, _) = read_readable(mem, chain, MAX_PFN_BYTES);
+            let batch = parse_pfns(mem, &bytes);
+            let mut st = lock(&shared.state);
+            st.counters.deflated_pages += batch.pages;
+            st.counters.refused += batch.refused;
+            Some(0)
+        });
+        notify(&self.interrupt, mem, &mut self.deflate.queue, used);
+    }
+
+    /// Takes a statistics buffer: record it and hold it until the next poll.
+    pub(super) fn serve_stats(&mut self) {
+        let Some(slot) = &mut self.stats else {
+            return;
+        };
+        let (mem, shared) = (&self.mem, &self.shared);
+        let mut newest: Option<u16> = None;
+        let mut extra: Vec<u16> = Vec::new();
+        let used = drain(&mut slot.queue, &slot.evt, mem, |chain| {
+            let head = chain.head_index();
+            let (bytes, _) = read_readable(mem, chain, MAX_STATS_BYTES);
+            let batch = parse_stats(&bytes);
+            if batch.unknown_tags > 0 || batch.truncated_bytes > 0 {
+                tracing::debug!(
+                    "virtio-balloon: stats with {} unknown tags, {} trailing bytes",
+                    batch.unknown_tags,
+                    batch.truncated_bytes
+                );
+            }
+            lock(&shared.state).stats = Some((batch.stats, SystemTime::now()));
+            // Linux keeps one buffer in flight; hold only the newest.
+            if let Some(old) = newest.replace(head) {
+                extra.push(old);
+            }
+            None
+        });
+        let mut returned = used;
+        if let Some(h) = newest {
+            if let Some(old) = self.held_stats.replace(h) {
+                extra.push(old);
+            }
+        }
+        for head in extra {
+            returned |= add_used(&mut slot.queue, mem, head);
+        }
+        notify(&self.interrupt, mem, &mut slot.queue, returned);
+    }
+
+    /// Asks the driver for fresh statistics by returning the held buffer.
+    pub(super) fn poll_stats(&mut self) {
+        let (Some(slot), Some(head)) = (&mut self.stats, self.held_stats.take()) else {
+            return;
+        };
+        let used = add_used(&mut slot.queue, &self.mem, head);
+        notify(&self.interrupt, &self.mem, &mut slot.queue, used);
+    }
+
+    /// Releases each reported free range on the host.
+    pub(super) fn serve_report(&mut self) {
+        let Some(slot) = &mut self.report else {
+            return;
+        };
+        let (mem, shared) = (&self.mem, &self.shared);
+        let used = drain(&mut slot.queue, &slot.evt, mem, |chain| {
+            let mut ranges = Vec::new();
+            let mut refused = 0;
+            for d in chain {
+                match parse_report(mem, &d) {
+                    Ok(r) => ranges.push(r),
+                    Err(e) => {
+                        refused += 1;
+                        tracing::warn!("virtio-balloon: free page report refused: {e}");
+                    }
+                }
+            }
+            if let Err(e) = release_counted(shared, mem, &ranges) {
+                tracing::error!("virtio-balloon: cannot release reported pages: {e}");
+            }
+            let mut st = lock(&shared.state);
+            st.counters.reported_bytes += ranges.iter().map(|r| r.len).sum::<u64>();
+            st.counters.refused += refused;
+            Some(0)
+        });
+        notify(&self.interrupt, mem, &mut slot.queue, used);
+    }
+}
+
+/// Interrupts the driver after buffers were used, if it wants to know.
+fn notify(interrupt: &VirtioInterrupt, mem: &GuestMemoryMmap, queue: &mut Queue, used: bool) {
+    if used && queue.needs_notification(mem).unwrap_or(true) {
+        interrupt.signal_used_queue();
+    }
+}
+
+fn add_used(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16) -> bool {
+    match queue.add_used(mem, head, 0) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("virtio-balloon: cannot return chain {head}: {e}");
+            false
+        }
+    }
+}
+
+/// Pops every available chain (in bounded batches, with notifications
+/// suppressed while busy) and returns those `serve` answers with a used
+/// length; `None` keeps the chain. Returns whether any chain was used.
+/// A driver that keeps the queue full is served a batch at a time: the
+/// queue's eventfd brings the worker back through epoll, where a stop
+/// request is seen first.
+fn drain(
+    queue: &mut Queue,
+    evt: &EventFd,
+    mem: &GuestMemoryMmap,
+    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+) -> bool {
+    let batch = 4 * usize::from(queue.size());
+    let mut served = 0;
+    let mut used_any = false;
+    loop {
+        if let Err(e) = queue.disable_notification(mem) {
+            tracing::warn!("virtio-balloon: queue unusable: {e}");
+            break;
+        }
+        let before = served;
+        while served < batch {
+            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                break;
+            };
+            served += 1;
+            let head = chain.head_index();
+            if let Some(len) = serve(chain) {
+                match queue.add_used(mem, head, len) {
+                    Ok(()) => used_any = true,
+                    Err(e) => tracing::warn!("virtio-balloon: cannot return chain {head}: {e}"),
+                }
+            }
+        }
+        if served >= batch {
+            if let Err(e) = evt.write(1) {
+                tracing::warn!("virtio-balloon: cannot requeue the rest of a batch: {e}");
+            }
+            break;
+        }
+        match queue.enable_notification(mem) {
+            // More arrived while notifications were off; retry only after
+            // progress, so a corrupt avail index cannot make this spin.
+            Ok(true) if served > before => continue,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!("virtio-balloon: queue unusable: {e}");
+                break;
+            }
+        }
+    }
+    used_any
+}
+
+/// [`release`], counted in the device's host counters.
+fn release_counted(
+    shared: &Shared,
+    mem: &GuestMemoryMmap,
+    ranges: &[GuestRange],
+) -> std::io::Result<()> {
+    let start = Instant::now();
+    let result = release(mem, ranges);
+    let mut st = lock(&shared.state);
+    st.counters.release_calls += ranges.len() as u64;
+    st.counters.release_us += start.elapsed().as_micros() as u64;
+    result
+}
+
+/// Gives guest RAM ranges back to the host. Shared mappings (the memfd)
+/// get `MADV_REMOVE`, which punches a hole in the file at the mapping's
+/// offset; private mappings get `MADV_DONTNEED`. Either way the pages read
+/// as zero on the guest's next touch (or as the file's content for a
+/// private file mapping, which a balloon page's content never matters for).
+pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<()> {
+    let mut first_error = None;
+    for r in ranges {
+        let Some(region) = mem.find_region(GuestAddress(r.addr)) else {
+            continue;
+        };
+        let offset = r.addr - region.start_addr().raw_value();
+        let fits = offset
+            .checked_add(r.len)
+            .is_some_and(|end| end <= region.len());
+        if !fits {
+            // parse_* never produce such a range; refuse rather than trust it.
+            continue;
+        }
+        let advice = if region.flags() & libc::MAP_SHARED != 0 {
+            libc::MADV_REMOVE
+        } else {
+            libc::MADV_DONTNEED
+        };
+        // SAFETY: the range lies inside this mapping (checked above) and the
+        // guest gave these pages up; discarding their content is the point.
+        let rc = unsafe {
+            libc::madvise(
+                region.as_ptr().add(offset as usize).cast(),
+                r.len as usize,
+                advice,
+            )
+        };
+        if rc != 0 && first_error.is_none() {
+            first_error = Some(std::io::Error::last_os_error());
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+impl BalloonWorker {
+    /// A worker over the given queues, for tests that drive it by hand.
+    pub(super) fn for_test(ctx: ActivateContext, handle: &super::BalloonHandle) -> Self {
+        let shared = handle.shared();
+        let w = Self::new(ctx, shared.clone()).expect("queues ready");
+        lock(&shared.state).interrupt = Some(w.interrupt.clone());
+        w
+    }
+
+    pub(super) fn queue(&self, index: u64) -> &Queue {
+        match index {
+            Q_INFLATE => &self.inflate.queue,
+            Q_DEFLATE => &self.deflate.queue,
+            Q_STATS => &self.stats.as_ref().expect("stats queue").queue,
+            _ => &self.report.as_ref().expect("report queue").queue,
+        }
+    }
+}

@@ -1,0 +1,184 @@
+#!/bin/sh
+# Tier 3, issue 6 (virtio-balloon): a 512 MiB Linux guest (1 vCPU) with a
+# balloon, configured and driven through spore's API in L1. The guest side
+# (guest/balloon.sh) makes its free memory host-resident and prints
+# /proc/meminfo once a second.
+#   0. on the idle guest, inflate and deflate 256 MiB (timed, as the peers);
+#   1. once the guest made its memory resident, inflate 256 MiB: the guest's
+#      MemAvailable and the VMM's VmRSS drop;
+#   2. /balloon/statistics: free/total/available memory are sane;
+#   3. deflate to 0: MemAvailable comes back;
+#   4. a second VM with free_page_reporting: after the guest frees memory,
+#      the VMM's RSS drops without any inflation.
+# Inflate/deflate times (target set -> the driver's last update of actual,
+# timed by the VMM) land in
+# $SPORE_OUT/bench-balloon.json.
+t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+tmp=${SPORE_TMP:-/tmp}
+cd "$tmp" || exit 1
+cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+
+rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+field() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
+# Last BAL-MEM value of $2 (total|free|avail) in console file $1, in kB.
+guest_mem() { grep '^BAL-MEM' "$1" | tail -n 1 | sed -n "s/.* $2=\([0-9]*\).*/\1/p"; }
+mem_lines() { grep -c '^BAL-MEM' "$1"; }
+# Waits until the guest printed two more BAL-MEM lines (a fresh reading).
+fresh_mem() {
+    n0=$(mem_lines "$1") i=0
+    while [ "$(mem_lines "$1")" -lt $((n0 + 2)) ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+}
+wait_for() { # FILE PATTERN TIMEOUT_S
+    i=0
+    while ! grep -q "$2" "$1" && [ $i -lt $(($3 * 5)) ]; do sleep 0.2; i=$((i + 1)); done
+    grep -q "$2" "$1"
+}
+
+# start_vm NAME BALLOON_JSON [EXTRA_CMDLINE]: sets $vmm, $api, $console
+start_vm() {
+    api="$tmp/$1.sock" console="$tmp/$1-console.txt"
+    "$SPORE" vmm --api-sock "$api" >"$console" 2>"$tmp/$1-vmm.err" &
+    vmm=$!
+    i=0
+    while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline${3:+ $3}\"}" &&
+        A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
+        A PUT /balloon "$2" &&
+        A PUT /actions '{"action_type":"InstanceStart"}'
+}
+A() { "$SPORE" api "$api" "$@"; }
+# set_balloon MIB: PATCHes the target and waits until actual reaches it;
+# prints the milliseconds it took, from the VMM's own timestamps (target set
+# -> the driver's last update of actual), so the polling here (a process
+# per request, costly under TCG) neither adds to nor slows what is measured.
+# Empty on timeout.
+set_balloon() {
+    A PATCH /balloon "{\"amount_mib\":$1}" >/dev/null || return 1
+    i=0
+    while [ $i -lt 600 ]; do
+        sleep 0.2
+        st=$(A GET /balloon)
+        if [ "$(echo "$st" | field actual_mib)" = "$1" ]; then
+            echo $(($(echo "$st" | field actual_updated_ms) - $(echo "$st" | field target_updated_ms)))
+            return 0
+        fi
+        i=$((i + 1))
+    done
+    return 1
+}
+stop_vm() {
+    kill "$vmm" 2>/dev/null
+    wait "$vmm" 2>/dev/null
+}
+
+# --- 1. inflate / deflate
+if start_vm main '{"amount_mib":0,"deflate_on_oom":true,"stats_polling_interval_s":1}'; then
+    t balloon-api-configure-and-start PASS
+else
+    t balloon-api-configure-and-start FAIL "$(cat "$tmp/main-vmm.err")"
+fi
+# Idle guest (as the peers measured): inflate and deflate 256 MiB.
+if wait_for "$console" '^BAL-IDLE' 180; then
+    idle_inflate_ms=$(set_balloon 256)
+    wait_for "$console" '^BAL-IDLE-LOW' 30 || echo "the guest did not see the idle inflation"
+    idle_deflate_ms=$(set_balloon 0)
+    if [ -n "$idle_inflate_ms" ] && [ -n "$idle_deflate_ms" ]; then
+        t balloon-idle-inflate-deflate-256 PASS "inflate ${idle_inflate_ms} ms, deflate ${idle_deflate_ms} ms"
+    else
+        t balloon-idle-inflate-deflate-256 FAIL "$(A GET /balloon)"
+    fi
+else
+    t balloon-idle-inflate-deflate-256 FAIL "$(tail -n 5 "$console")"
+fi
+if ! wait_for "$console" '^BAL-READY' 240; then
+    t balloon-guest-ready FAIL "$(tail -n 5 "$console")"
+    stop_vm
+    exit 0
+fi
+bad=$(A PATCH /balloon '{"amount_mib":513}' 2>&1) && t balloon-refuses-too-large FAIL ||
+    { echo "$bad" | grep -q fault_message && t balloon-refuses-too-large PASS || t balloon-refuses-too-large FAIL "$bad"; }
+
+sleep 2
+avail0=$(guest_mem "$console" avail) rss0=$(rss_kb "$vmm")
+inflate_ms=$(set_balloon 256)
+if [ -n "$inflate_ms" ]; then t balloon-inflate-256 PASS "${inflate_ms} ms"; else t balloon-inflate-256 FAIL "$(A GET /balloon)"; fi
+fresh_mem "$console"
+avail1=$(guest_mem "$console" avail) rss1=$(rss_kb "$vmm")
+echo "balloon: MemAvailable ${avail0} -> ${avail1} kB, VmRSS ${rss0} -> ${rss1} kB"
+if [ $((avail0 - avail1)) -ge $((240 * 1024)) ]; then
+    t balloon-guest-memavailable-drops PASS "$(((avail0 - avail1) / 1024)) MiB"
+else
+    t balloon-guest-memavailable-drops FAIL "${avail0} -> ${avail1} kB"
+fi
+if [ $((rss0 - rss1)) -ge $((200 * 1024)) ]; then
+    t balloon-vmm-rss-drops PASS "$(((rss0 - rss1) / 1024)) MiB"
+else
+    t balloon-vmm-rss-drops FAIL "${rss0} -> ${rss1} kB"
+fi
+
+sleep 2
+stats=$(A GET /balloon/statistics)
+echo "statistics: $stats"
+total=$(echo "$stats" | field total_memory) free=$(echo "$stats" | field free_memory)
+availb=$(echo "$stats" | field available_memory) actual=$(echo "$stats" | field actual_mib)
+if [ -n "$total" ] && [ -n "$free" ] && [ -n "$availb" ] &&
+    [ "$total" -gt $((400 << 20)) ] && [ "$total" -le $((512 << 20)) ] &&
+    [ "$free" -lt "$total" ] && [ "$availb" -le "$total" ] &&
+    [ "$availb" -lt $((512 - 200 << 20)) ] && [ "$actual" = 256 ]; then
+    t balloon-statistics-sane PASS "total $((total >> 20)) MiB, free $((free >> 20)) MiB, available $((availb >> 20)) MiB"
+else
+    t balloon-statistics-sane FAIL "$stats"
+fi
+if A PATCH /balloon/statistics '{"stats_polling_interval_s":2}' &&
+    A GET /balloon | grep -q '"stats_polling_interval_s":2' &&
+    ! A PATCH /balloon/statistics '{"stats_polling_interval_s":0}' >/dev/null 2>&1; then
+    t balloon-statistics-interval PASS
+else
+    t balloon-statistics-interval FAIL
+fi
+
+deflate_ms=$(set_balloon 0)
+if [ -n "$deflate_ms" ]; then t balloon-deflate PASS "${deflate_ms} ms"; else t balloon-deflate FAIL "$(A GET /balloon)"; fi
+# Deflated pages reach the free lists over a few seconds (per-CPU lists).
+i=0
+while [ $i -lt 8 ]; do
+    fresh_mem "$console"
+    avail2=$(guest_mem "$console" avail)
+    [ $((avail0 - avail2)) -le $((16 * 1024)) ] && break
+    i=$((i + 1))
+done
+echo "balloon: MemAvailable after deflate ${avail2} kB"
+if [ $((avail0 - avail2)) -le $((32 * 1024)) ]; then
+    t balloon-deflate-restores-memavailable PASS "$((avail2 / 1024)) MiB"
+else
+    t balloon-deflate-restores-memavailable FAIL "${avail0} -> ${avail2} kB"
+fi
+stop_vm
+printf '{"idle_inflate_256_mib_ms":%s,"idle_deflate_256_mib_ms":%s,"resident_inflate_256_mib_ms":%s,"resident_deflate_256_mib_ms":%s,"rss_drop_kib":%s}\n' \
+    "${idle_inflate_ms:-null}" "${idle_deflate_ms:-null}" "${inflate_ms:-null}" "${deflate_ms:-null}" \
+    "$((rss0 - rss1))" >"$SPORE_OUT/bench-balloon.json"
+cat "$SPORE_OUT/bench-balloon.json"
+cp "$console" "$SPORE_OUT/balloon-console.txt"
+cp "$tmp/main-vmm.err" "$SPORE_OUT/balloon-vmm.err"
+
+# --- 2. free page reporting: freed guest memory leaves the VMM by itself.
+if start_vm report '{"amount_mib":0,"deflate_on_oom":false,"free_page_reporting":true}' spore_balloon_noidle &&
+    wait_for "$console" '^BAL-READY' 180; then
+    # The guest filled then freed most of its memory; reporting (2 s delay
+    # in Linux) must bring the VMM's RSS well below what it touched.
+    filled=$(sed -n 's/^BAL-FILLED \([0-9]*\)MiB/\1/p' "$console")
+    i=0 rss=$(rss_kb "$vmm")
+    while [ "$rss" -gt $(((filled - 200) * 1024)) ] && [ $i -lt 60 ]; do
+        sleep 0.5
+        rss=$(rss_kb "$vmm") i=$((i + 1))
+    done
+    if [ "$rss" -le $(((filled - 200) * 1024)) ]; then
+        t balloon-free-page-reporting PASS "filled ${filled} MiB, VmRSS now $((rss / 1024)) MiB"
+    else
+        t balloon-free-page-reporting FAIL "filled ${filled} MiB, VmRSS still $((rss / 1024)) MiB"
+    fi
+else
+    t balloon-free-page-reporting FAIL "no BAL-READY: $(tail -n 2 "$console" | tr "\n" " ") $(tail -n 2 "$tmp/report-vmm.err" | tr "\n" " ")"
+fi
+stop_vm
+exit 0
