@@ -9,6 +9,7 @@
 
 pub mod blk;
 pub mod interrupt;
+pub mod mem;
 pub mod mmio;
 pub mod queue_server;
 pub mod rng;
