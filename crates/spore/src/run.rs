@@ -111,6 +111,7 @@ impl RunArgs {
             drives,
             vsock,
             entropy: None,
+            memory_hotplug: None,
         };
         config.validate()?;
         Ok(config)

@@ -25,11 +25,15 @@ pub mod response;
 pub mod server;
 mod socket;
 
-pub use body::{ActionType, InstanceInfo, InstanceState, MachineConfigPatch, VmState};
+pub use body::{
+    ActionType, HotplugMemoryUpdate, InstanceInfo, InstanceState, MachineConfigPatch, VmState,
+};
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
 
-use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+use crate::config::{
+    BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig, VsockConfig,
+};
 
 /// One API call, parsed and type-checked (but not yet validated against the
 /// VM's state: that is the handler's job).
@@ -55,6 +59,12 @@ pub enum ApiRequest {
     Action(ActionType),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `PUT /hotplug/memory`: configure the virtio-mem region (before boot).
+    PutHotplugMemory(MemoryHotplugConfig),
+    /// `PATCH /hotplug/memory`: set the target plugged size (running VM).
+    PatchHotplugMemory(HotplugMemoryUpdate),
+    /// `GET /hotplug/memory`: configuration and plugged size.
+    GetHotplugMemory,
 }
 
 /// What a successful request answers.

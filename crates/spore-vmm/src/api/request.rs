@@ -8,9 +8,11 @@
 use hyper::Method;
 use serde::de::DeserializeOwned;
 
-use super::body::{InstanceActionInfo, VmStateBody};
+use super::body::{HotplugMemoryUpdate, InstanceActionInfo, VmStateBody};
 use super::{ApiError, ApiRequest, MachineConfigPatch};
-use crate::config::{BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig};
+use crate::config::{
+    BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig, VsockConfig,
+};
 
 /// A resource the API serves, named by its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +26,7 @@ enum Resource<'a> {
     Vsock,
     Actions,
     Vm,
+    HotplugMemory,
 }
 
 impl Resource<'_> {
@@ -31,7 +34,7 @@ impl Resource<'_> {
     fn methods(self) -> &'static [&'static str] {
         match self {
             Resource::Root | Resource::VmConfig => &["GET"],
-            Resource::MachineConfig => &["GET", "PUT", "PATCH"],
+            Resource::MachineConfig | Resource::HotplugMemory => &["GET", "PUT", "PATCH"],
             Resource::BootSource | Resource::Drive(_) | Resource::Vsock | Resource::Actions => {
                 &["PUT"]
             }
@@ -55,6 +58,7 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/vsock" => Resource::Vsock,
         "/actions" => Resource::Actions,
         "/vm" => Resource::Vm,
+        "/hotplug/memory" => Resource::HotplugMemory,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -119,6 +123,15 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
             ApiRequest::Action(decode::<InstanceActionInfo>(m, path, body)?.action_type)
         }
         (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
+        (Resource::HotplugMemory, "GET") => ApiRequest::GetHotplugMemory,
+        (Resource::HotplugMemory, "PUT") => {
+            let c = decode::<MemoryHotplugConfig>(m, path, body)?;
+            c.validate()?;
+            ApiRequest::PutHotplugMemory(c)
+        }
+        (Resource::HotplugMemory, "PATCH") => {
+            ApiRequest::PatchHotplugMemory(decode::<HotplugMemoryUpdate>(m, path, body)?)
+        }
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",

@@ -13,6 +13,7 @@ use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
+use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
@@ -58,6 +59,8 @@ pub struct Vm {
     /// The virtio-mmio transports (also on the MMIO bus), in guest order.
     /// Dropped before the VM fd and RAM: dropping one stops its device worker.
     virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    /// The virtio-mem device's handle, if the VM has one.
+    mem_hotplug: Option<MemHandle>,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
     _vm_fd: VmFd,
     _kvm: Kvm,
@@ -76,6 +79,7 @@ pub struct VmParts {
     pub i8042: Option<Arc<Mutex<I8042>>>,
     pub vcpus: Vec<Vcpu>,
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    pub mem_hotplug: Option<MemHandle>,
 }
 
 impl Vm {
@@ -88,6 +92,7 @@ impl Vm {
             pending: p.vcpus,
             threads: Vec::new(),
             virtio: p.virtio,
+            mem_hotplug: p.mem_hotplug,
             _vm_fd: p.vm_fd,
             _kvm: p.kvm,
             _ram: p.ram,
@@ -169,6 +174,11 @@ impl Vm {
         self.io.signal.marks()
     }
 
+    /// The virtio-mem device, if configured.
+    pub fn mem_hotplug(&self) -> Option<&MemHandle> {
+        self.mem_hotplug.as_ref()
+    }
+
     pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
         &self.serial
     }
@@ -184,5 +194,6 @@ impl Drop for Vm {
     fn drop(&mut self) {
         self.stop(StopReason::Requested);
         self.virtio.clear();
+        self.mem_hotplug = None;
     }
 }
