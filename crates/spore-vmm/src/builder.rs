@@ -26,10 +26,10 @@ use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
 use crate::devices::virtio::blk::{Block, BlockError};
+use crate::devices::virtio::mem::VirtioMem;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
-use crate::devices::virtio::mem::VirtioMem;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
@@ -148,13 +148,12 @@ impl VirtioSlots<'_> {
                 .map_err(kvm_setup("a virtio irqfd"))?;
         }
         let interrupt = Arc::new(VirtioInterrupt::new(irqfd, self.wake.clone()));
-        let transport =
-            MmioTransport::new(device, self.mem.clone(), interrupt).map_err(|e| {
-                BuildError::Device {
-                    what: "virtio-mmio transport",
-                    detail: e.to_string(),
-                }
-            })?;
+        let transport = MmioTransport::new(device, self.mem.clone(), interrupt).map_err(|e| {
+            BuildError::Device {
+                what: "virtio-mmio transport",
+                detail: e.to_string(),
+            }
+        })?;
         for (queue, event) in transport.queue_events().iter().enumerate() {
             // The notify register is at offset 0x50; datamatch on the queue index.
             self.vm_fd

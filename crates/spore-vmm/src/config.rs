@@ -304,12 +304,12 @@ impl MemoryHotplugConfig {
                 "block_size_mib must be a power of two of at least 2, got {block}"
             ));
         }
-        if slot == 0 || slot % block != 0 {
+        if slot == 0 || !slot.is_multiple_of(block) {
             return err(format!(
                 "slot_size_mib ({slot}) must be a non-zero multiple of block_size_mib ({block})"
             ));
         }
-        if total == 0 || total % slot != 0 {
+        if total == 0 || !total.is_multiple_of(slot) {
             return err(format!(
                 "total_size_mib ({total}) must be a non-zero multiple of slot_size_mib ({slot})"
             ));
@@ -443,17 +443,20 @@ mod tests {
         c(2048, 2, 128).validate().unwrap();
         c(1024, 128, 128).validate().unwrap();
         for bad in [
-            c(2048, 3, 128),   // not a power of two
-            c(2048, 1, 128),   // below 2 MiB
+            c(2048, 3, 128), // not a power of two
+            c(2048, 1, 128), // below 2 MiB
             c(2048, 0, 128),
             c(2048, 2, 0),
-            c(2048, 64, 96),   // slot not a multiple of the block
-            c(2000, 2, 128),   // total not a multiple of the slot
+            c(2048, 64, 96), // slot not a multiple of the block
+            c(2000, 2, 128), // total not a multiple of the slot
             c(0, 2, 128),
             c(MAX_HOTPLUG_MIB * 2, 1024, 1024),
             c(64 * 1024, 2, 2), // too many slots
         ] {
-            assert!(matches!(bad.validate(), Err(ConfigError::Hotplug(_))), "{bad:?}");
+            assert!(
+                matches!(bad.validate(), Err(ConfigError::Hotplug(_))),
+                "{bad:?}"
+            );
         }
         let d: MemoryHotplugConfig = serde_json::from_str(r#"{"total_size_mib":1024}"#).unwrap();
         assert_eq!((d.block_size_mib, d.slot_size_mib), (2, 128));

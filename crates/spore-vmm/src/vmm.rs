@@ -198,9 +198,9 @@ impl ApiHandler for Vmm {
                 let vm = inner.vm.as_ref().ok_or_else(|| {
                     bad("PATCH /hotplug/memory needs a running microVM; before InstanceStart, PUT /hotplug/memory sets the region")
                 })?;
-                let mem = vm
-                    .mem_hotplug()
-                    .ok_or_else(|| bad("this microVM has no hotplug memory (PUT /hotplug/memory before boot)"))?;
+                let mem = vm.mem_hotplug().ok_or_else(|| {
+                    bad("this microVM has no hotplug memory (PUT /hotplug/memory before boot)")
+                })?;
                 mem.set_requested_mib(u.requested_size_mib).map_err(bad)?;
                 Ok(ApiResponse::NoContent)
             }

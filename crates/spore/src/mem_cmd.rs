@@ -51,7 +51,7 @@ pub fn run(a: MemArgs) -> anyhow::Result<u8> {
         return Ok(0);
     };
     let bytes = parse_size(&set).with_context(|| format!("--set {set:?}"))?;
-    if bytes % (1 << 20) != 0 {
+    if !bytes.is_multiple_of(1 << 20) {
         bail!("--set {set}: the size must be a whole number of MiB");
     }
     let mib = bytes >> 20;

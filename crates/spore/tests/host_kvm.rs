@@ -309,7 +309,10 @@ fn kvm_hotplug_memory_api() {
     assert_eq!(hp("GET", None).0, 400);
     let (code, body) = hp("PATCH", Some(r#"{"requested_size_mib": 64}"#));
     assert_eq!(code, 400, "{body}");
-    assert!(body.contains("fault_message") && body.contains("running"), "{body}");
+    assert!(
+        body.contains("fault_message") && body.contains("running"),
+        "{body}"
+    );
     for bad in [
         r#"{"total_size_mib": 1024, "block_size_mib": 3}"#,
         r#"{"total_size_mib": 1024, "block_size_mib": 1}"#,
@@ -324,12 +327,19 @@ fn kvm_hotplug_memory_api() {
         assert!(body.contains("fault_message"), "{body}");
     }
     assert_eq!(
-        hp("PUT", Some(r#"{"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128}"#)).0,
+        hp(
+            "PUT",
+            Some(r#"{"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128}"#)
+        )
+        .0,
         204
     );
     let (code, body) = hp("GET", None);
     assert_eq!(code, 200);
-    assert!(body.contains("\"total_size_mib\":1024") && body.contains("\"plugged_size_mib\":0"), "{body}");
+    assert!(
+        body.contains("\"total_size_mib\":1024") && body.contains("\"plugged_size_mib\":0"),
+        "{body}"
+    );
 
     let boot = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "secs=30"}}"#,
@@ -337,14 +347,37 @@ fn kvm_hotplug_memory_api() {
     );
     assert_eq!(http(&sock, "PUT", "/boot-source", Some(&boot)).0, 204);
     assert_eq!(
-        http(&sock, "PUT", "/machine-config", Some(r#"{"vcpu_count": 1, "mem_size_mib": 64}"#)).0,
+        http(
+            &sock,
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count": 1, "mem_size_mib": 64}"#)
+        )
+        .0,
         204
     );
-    let (code, body) = http(&sock, "PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#));
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
     assert_eq!(code, 204, "{body}");
 
-    for bad in ["3", "1026", "2048", "-2", "1e3", "18446744073709551616", "\"64\"", "null"] {
-        let (code, body) = hp("PATCH", Some(&format!(r#"{{"requested_size_mib": {bad}}}"#)));
+    for bad in [
+        "3",
+        "1026",
+        "2048",
+        "-2",
+        "1e3",
+        "18446744073709551616",
+        "\"64\"",
+        "null",
+    ] {
+        let (code, body) = hp(
+            "PATCH",
+            Some(&format!(r#"{{"requested_size_mib": {bad}}}"#)),
+        );
         assert_eq!(code, 400, "{bad}: {body}");
         assert!(body.contains("fault_message"), "{body}");
     }
@@ -360,10 +393,24 @@ fn kvm_hotplug_memory_api() {
     let out = spore().arg("mem").arg(&sock).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(stdout_of(&out).contains("\"requested_size_mib\":256"));
-    let out = spore().arg("mem").arg(&sock).args(["--set", "3M"]).output().unwrap();
+    let out = spore()
+        .arg("mem")
+        .arg(&sock)
+        .args(["--set", "3M"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr_of(&out).contains("block size"), "{}", stderr_of(&out));
-    let out = spore().arg("mem").arg(&sock).args(["--set", "128M"]).output().unwrap();
+    assert!(
+        stderr_of(&out).contains("block size"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = spore()
+        .arg("mem")
+        .arg(&sock)
+        .args(["--set", "128M"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(hp("GET", None).1.contains("\"requested_size_mib\":128"));
     // No driver plugs in this unikernel: --wait times out and says so.

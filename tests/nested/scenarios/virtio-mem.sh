@@ -28,10 +28,10 @@ wait_console() {
     done
     return 1
 }
-# refused METHOD BODY: the API answers 4xx with a fault_message.
+# refused METHOD BODY: the API answers 400 with a fault_message.
 refused() {
     out=$(A "$1" /hotplug/memory "$2" 2>&1) && return 1
-    echo "$out" | grep -q fault_message
+    echo "$out" | grep -q fault_message && echo "$out" | grep -q "HTTP 400"
 }
 
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"

@@ -107,7 +107,10 @@ impl HotplugMemory {
 
     /// Whether chunk `chunk` currently has a KVM slot.
     pub fn is_registered(&self, chunk: u64) -> bool {
-        self.registered.get(chunk as usize).copied().unwrap_or(false)
+        self.registered
+            .get(chunk as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Number of chunks with a KVM slot.
@@ -139,7 +142,13 @@ impl HotplugMemory {
         Ok((offset, self.slot_size.min(self.size - offset)))
     }
 
-    fn set_slot(&self, chunk: u64, offset: u64, len: u64, what: &'static str) -> Result<(), HotplugError> {
+    fn set_slot(
+        &self,
+        chunk: u64,
+        offset: u64,
+        len: u64,
+        what: &'static str,
+    ) -> Result<(), HotplugError> {
         let Some(vm) = &self.vm else {
             return Ok(());
         };
@@ -216,9 +225,11 @@ mod tests {
     fn discard_returns_memory() {
         let mib = 1u64 << 20;
         let hp = HotplugMemory::new(4 << 30, 64 * mib, 16 * mib).unwrap();
-        let mem = crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
+        let mem =
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
         let buf = vec![0x5au8; (8 * mib) as usize];
-        mem.write_slice(&buf, GuestAddress((4 << 30) + 16 * mib)).unwrap();
+        mem.write_slice(&buf, GuestAddress((4 << 30) + 16 * mib))
+            .unwrap();
         assert!(hp.resident_bytes() >= 8 * mib);
         hp.discard(16 * mib, 8 * mib).unwrap();
         assert!(hp.resident_bytes() < mib);

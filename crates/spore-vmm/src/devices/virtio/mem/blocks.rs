@@ -97,21 +97,23 @@ impl BlockMap {
 
     /// Plugged blocks in chunk `chunk` (0 for a chunk out of range).
     pub fn chunk_plugged(&self, chunk: u64) -> u64 {
-        self.chunk_plugged
-            .get(chunk as usize)
-            .copied()
-            .unwrap_or(0)
+        self.chunk_plugged.get(chunk as usize).copied().unwrap_or(0)
     }
 
     /// Checks a guest range: `addr` block-aligned, `count` > 0 blocks, all of
     /// it inside the first `usable_blocks` blocks of the region.
-    pub fn range(&self, addr: u64, count: u64, usable_blocks: u64) -> Result<BlockRange, RangeError> {
+    pub fn range(
+        &self,
+        addr: u64,
+        count: u64,
+        usable_blocks: u64,
+    ) -> Result<BlockRange, RangeError> {
         if count == 0 {
             return Err(RangeError::Empty);
         }
         let out = RangeError::OutOfRange { addr, count };
         let offset = addr.checked_sub(self.addr).ok_or(out)?;
-        if offset % self.block_size != 0 {
+        if !offset.is_multiple_of(self.block_size) {
             return Err(RangeError::Misaligned(addr));
         }
         let first = offset / self.block_size;
@@ -200,17 +202,38 @@ mod tests {
         assert_eq!(m.range(BASE, 1, 100), Ok(BlockRange { first: 0, count: 1 }));
         assert_eq!(
             m.range(BASE + 98 * 2 * MIB, 2, 100),
-            Ok(BlockRange { first: 98, count: 2 })
+            Ok(BlockRange {
+                first: 98,
+                count: 2
+            })
         );
         assert_eq!(m.range(BASE, 0, 100), Err(RangeError::Empty));
-        assert_eq!(m.range(BASE + 4096, 1, 100), Err(RangeError::Misaligned(BASE + 4096)));
-        assert!(matches!(m.range(BASE - 2 * MIB, 1, 100), Err(RangeError::OutOfRange { .. })));
-        assert!(matches!(m.range(BASE + 99 * 2 * MIB, 2, 100), Err(RangeError::OutOfRange { .. })));
-        assert!(matches!(m.range(BASE, 101, 100), Err(RangeError::OutOfRange { .. })));
+        assert_eq!(
+            m.range(BASE + 4096, 1, 100),
+            Err(RangeError::Misaligned(BASE + 4096))
+        );
+        assert!(matches!(
+            m.range(BASE - 2 * MIB, 1, 100),
+            Err(RangeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.range(BASE + 99 * 2 * MIB, 2, 100),
+            Err(RangeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.range(BASE, 101, 100),
+            Err(RangeError::OutOfRange { .. })
+        ));
         // Outside the usable part, though inside the region.
-        assert!(matches!(m.range(BASE, 51, 50), Err(RangeError::OutOfRange { .. })));
+        assert!(matches!(
+            m.range(BASE, 51, 50),
+            Err(RangeError::OutOfRange { .. })
+        ));
         assert!(m.range(u64::MAX - 1, 1, 100).is_err());
-        assert!(matches!(m.range(u64::MAX - (2 * MIB - 1), 2, 100), Err(RangeError::OutOfRange { .. })));
+        assert!(matches!(
+            m.range(u64::MAX - (2 * MIB - 1), 2, 100),
+            Err(RangeError::OutOfRange { .. })
+        ));
         assert!(matches!(
             m.range(BASE, u64::MAX, 100),
             Err(RangeError::OutOfRange { .. })

@@ -15,8 +15,8 @@ use vm_memory::Bytes;
 
 use super::blocks::{BlockMap, BlockRange, RangeState};
 use super::request::{
-    parse_chain, Request, Response, RESPONSE_LEN, RESP_ACK, RESP_ERROR, RESP_NACK,
-    STATE_MIXED, STATE_PLUGGED, STATE_UNPLUGGED,
+    parse_chain, Request, Response, RESPONSE_LEN, RESP_ACK, RESP_ERROR, RESP_NACK, STATE_MIXED,
+    STATE_PLUGGED, STATE_UNPLUGGED,
 };
 use super::{CONFIG_SPACE_SIZE, QUEUE_SIZE, VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE};
 use crate::devices::virtio::queue_server::{ChainHandler, QueueServer};
@@ -29,7 +29,9 @@ use crate::memory::hotplug::HotplugMemory;
 /// Why the host's new target size is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemError {
-    #[error("requested size {requested_mib} MiB is not a multiple of the block size ({block_mib} MiB)")]
+    #[error(
+        "requested size {requested_mib} MiB is not a multiple of the block size ({block_mib} MiB)"
+    )]
     NotBlockMultiple { requested_mib: u64, block_mib: u64 },
     #[error("requested size {requested_mib} MiB exceeds the hotplug region ({total_mib} MiB)")]
     TooLarge { requested_mib: u64, total_mib: u64 },
@@ -205,7 +207,12 @@ impl VirtioMem {
     /// (a multiple of `block_size`). Nothing is plugged; the target is 0.
     pub fn new(backing: HotplugMemory, block_size: u64, slot_size: u64) -> (Self, MemHandle) {
         let nb_blocks = backing.size() / block_size;
-        let blocks = BlockMap::new(backing.addr(), block_size, nb_blocks, slot_size / block_size);
+        let blocks = BlockMap::new(
+            backing.addr(),
+            block_size,
+            nb_blocks,
+            slot_size / block_size,
+        );
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 blocks,
@@ -337,7 +344,7 @@ impl MemHandle {
                 total_mib,
             });
         }
-        if block_mib == 0 || requested_mib % block_mib != 0 {
+        if block_mib == 0 || !requested_mib.is_multiple_of(block_mib) {
             return Err(MemError::NotBlockMultiple {
                 requested_mib,
                 block_mib,

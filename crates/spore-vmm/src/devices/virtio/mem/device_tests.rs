@@ -100,15 +100,42 @@ fn refusal_rules() {
     assert_eq!(unplug(&h, 7, 2).resp_type, RESP_ERROR);
     // Ranges: misaligned, out of the region, empty, wrapping.
     for req in [
-        Request::Plug { addr: BASE + 4096, nb_blocks: 1 },
-        Request::Plug { addr: BASE - BS, nb_blocks: 1 },
-        Request::Plug { addr: BASE + 63 * BS, nb_blocks: 2 },
-        Request::Plug { addr: BASE, nb_blocks: 0 },
-        Request::Plug { addr: u64::MAX - BS + 1, nb_blocks: 65_535 },
-        Request::Unplug { addr: BASE + 1, nb_blocks: 1 },
-        Request::Unplug { addr: 0, nb_blocks: 1 },
-        Request::State { addr: BASE + 64 * BS, nb_blocks: 1 },
-        Request::State { addr: BASE, nb_blocks: 65 },
+        Request::Plug {
+            addr: BASE + 4096,
+            nb_blocks: 1,
+        },
+        Request::Plug {
+            addr: BASE - BS,
+            nb_blocks: 1,
+        },
+        Request::Plug {
+            addr: BASE + 63 * BS,
+            nb_blocks: 2,
+        },
+        Request::Plug {
+            addr: BASE,
+            nb_blocks: 0,
+        },
+        Request::Plug {
+            addr: u64::MAX - BS + 1,
+            nb_blocks: 65_535,
+        },
+        Request::Unplug {
+            addr: BASE + 1,
+            nb_blocks: 1,
+        },
+        Request::Unplug {
+            addr: 0,
+            nb_blocks: 1,
+        },
+        Request::State {
+            addr: BASE + 64 * BS,
+            nb_blocks: 1,
+        },
+        Request::State {
+            addr: BASE,
+            nb_blocks: 65,
+        },
     ] {
         assert_eq!(h.handle_request(req).resp_type, RESP_ERROR, "{req:?}");
     }
@@ -174,7 +201,13 @@ fn random_requests_match_model() {
                 model[range].fill(true);
                 RESP_ACK
             };
-            (Request::Plug { addr, nb_blocks: count }, (want, 0))
+            (
+                Request::Plug {
+                    addr,
+                    nb_blocks: count,
+                },
+                (want, 0),
+            )
         } else if kind < 90 {
             let want = if !in_range || n_plugged != count {
                 RESP_ERROR
@@ -182,7 +215,13 @@ fn random_requests_match_model() {
                 model[range].fill(false);
                 RESP_ACK
             };
-            (Request::Unplug { addr, nb_blocks: count }, (want, 0))
+            (
+                Request::Unplug {
+                    addr,
+                    nb_blocks: count,
+                },
+                (want, 0),
+            )
         } else if kind < 99 {
             let want = if !in_range {
                 (RESP_ERROR, 0)
@@ -193,7 +232,13 @@ fn random_requests_match_model() {
             } else {
                 (RESP_ACK, STATE_MIXED)
             };
-            (Request::State { addr, nb_blocks: count }, want)
+            (
+                Request::State {
+                    addr,
+                    nb_blocks: count,
+                },
+                want,
+            )
         } else {
             model.fill(false);
             (Request::UnplugAll, (RESP_ACK, 0))
@@ -215,7 +260,10 @@ fn random_requests_match_model() {
         assert_eq!(h.registered_slots(), used_chunks, "step {step}");
     }
     // The walk exercised every answer.
-    assert!(acks > 1000 && nacks > 10 && errors > 1000, "{acks} {nacks} {errors}");
+    assert!(
+        acks > 1000 && nacks > 10 && errors > 1000,
+        "{acks} {nacks} {errors}"
+    );
 }
 
 /// Unplugged blocks go back to the host: the memfd shrinks.
@@ -228,7 +276,8 @@ fn unplug_releases_host_memory() {
     h.set_requested_mib(64).unwrap();
     assert_eq!(plug(&h, 10, 32).resp_type, RESP_ACK);
     let data = vec![1u8; (32 * BS) as usize];
-    mem.write_slice(&data, GuestAddress(BASE + 10 * BS)).unwrap();
+    mem.write_slice(&data, GuestAddress(BASE + 10 * BS))
+        .unwrap();
     assert!(h.resident_bytes() >= 64 * MIB);
     assert_eq!(unplug(&h, 10, 16).resp_type, RESP_ACK);
     let left = h.resident_bytes();

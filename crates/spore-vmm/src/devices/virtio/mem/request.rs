@@ -197,10 +197,19 @@ mod tests {
             })
         );
         assert_eq!(decode(&req(REQ_UNPLUG_ALL, 0, 0)), Ok(Request::UnplugAll));
-        assert_eq!(decode(&req(REQ_UNPLUG_ALL, 0, 0)[..8]), Ok(Request::UnplugAll));
+        assert_eq!(
+            decode(&req(REQ_UNPLUG_ALL, 0, 0)[..8]),
+            Ok(Request::UnplugAll)
+        );
         assert_eq!(decode(&req(4, 0, 0)), Err(RequestError::UnknownType(4)));
-        assert_eq!(decode(&req(0xffff, 0, 0)), Err(RequestError::UnknownType(0xffff)));
-        assert_eq!(decode(&req(REQ_PLUG, 0, 1)[..17]), Err(RequestError::Short(17)));
+        assert_eq!(
+            decode(&req(0xffff, 0, 0)),
+            Err(RequestError::UnknownType(0xffff))
+        );
+        assert_eq!(
+            decode(&req(REQ_PLUG, 0, 1)[..17]),
+            Err(RequestError::Short(17))
+        );
         assert_eq!(decode(&[0u8; 3]), Err(RequestError::Short(3)));
         assert_eq!(decode(&[]), Err(RequestError::Short(0)));
     }
