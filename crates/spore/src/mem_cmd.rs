@@ -84,6 +84,8 @@ pub fn run(a: MemArgs) -> anyhow::Result<u8> {
             eprintln!("spore mem: timed out after {:.1} s: {s}", a.timeout);
             return Ok(1);
         }
-        std::thread::sleep(Duration::from_millis(2));
+        // 10 ms, as the peer figures were polled: every GET costs the host
+        // (and, nested, the guest) CPU time.
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

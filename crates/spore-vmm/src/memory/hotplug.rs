@@ -160,14 +160,16 @@ impl HotplugMemory {
             memory_size: len,
             userspace_addr: self.region.as_ptr() as u64 + offset,
         };
+        let t = std::time::Instant::now();
         // SAFETY: the range lies inside the mapping `self.region` keeps
         // alive, and `Drop` deletes every slot before that Arc is released,
         // so KVM never holds a slot over unmapped (or remapped) host memory.
-        unsafe { vm.set_user_memory_region(r) }.map_err(|source| HotplugError::Slot {
-            what,
-            slot,
-            source,
-        })
+        let result = unsafe { vm.set_user_memory_region(r) };
+        tracing::debug!(
+            "hotplug memory: {what} slot {slot}: {} us",
+            t.elapsed().as_micros()
+        );
+        result.map_err(|source| HotplugError::Slot { what, slot, source })
     }
 
     /// Releases `len` bytes at `offset` in the region to the host.

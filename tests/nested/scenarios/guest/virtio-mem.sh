@@ -5,6 +5,11 @@
 # Console lines GUEST-* are the protocol with the L1 side; SPORE-TEST lines
 # are relayed results.
 t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+# The timing VM (spore.vmem=idle) only idles while the host plugs and unplugs.
+if grep -qw spore.vmem=idle /proc/cmdline; then
+    echo GUEST-IDLE
+    sleep 3600
+fi
 memtotal() { sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo; }
 # wait_for CMP KB SECS: until MemTotal CMP KB (-ge/-le), or time out.
 wait_for() {

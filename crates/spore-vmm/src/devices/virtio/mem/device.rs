@@ -300,7 +300,16 @@ impl ChainHandler for RequestHandler {
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
         let parsed = parse_chain(chain, mem);
         let response = match parsed.request {
-            Ok(req) => self.shared.lock().handle(req),
+            Ok(req) => {
+                let t = std::time::Instant::now();
+                let r = self.shared.lock().handle(req);
+                tracing::debug!(
+                    "virtio-mem: {req:?} -> {} in {} us",
+                    r.resp_type,
+                    t.elapsed().as_micros()
+                );
+                r
+            }
             Err(e) => {
                 tracing::warn!("virtio-mem: bad request: {e}");
                 Response::of(RESP_ERROR)
