@@ -54,6 +54,10 @@ struct State {
     slot_size: u64,
     /// Set once the driver activated the device; config changes interrupt it.
     interrupt: Option<Arc<VirtioInterrupt>>,
+    /// Chunks left without plugged blocks whose KVM slot is still there:
+    /// deleting a slot costs milliseconds, so it happens after the answer
+    /// went out ([`State::retire_slots`]).
+    retiring: Vec<u64>,
 }
 
 struct Shared {
@@ -138,10 +142,16 @@ impl State {
             return Response::of(RESP_NACK);
         }
         let changes = self.blocks.set(r, true);
-        for (i, &chunk) in changes.now_used.iter().enumerate() {
+        // A chunk emptied a moment ago may still have its slot.
+        let now_used: Vec<u64> = changes
+            .now_used
+            .into_iter()
+            .filter(|&c| !self.backing.is_registered(c))
+            .collect();
+        for (i, &chunk) in now_used.iter().enumerate() {
             if let Err(e) = self.backing.add_slot(chunk) {
                 tracing::error!("virtio-mem: cannot plug: {e}");
-                for &c in &changes.now_used[..i] {
+                for &c in &now_used[..i] {
                     let _ = self.backing.remove_slot(c);
                 }
                 self.blocks.set(r, false);
@@ -164,7 +174,7 @@ impl State {
             return Response::of(RESP_ERROR);
         }
         let changes = self.blocks.set(r, false);
-        self.remove_slots(&changes.now_empty);
+        self.retiring.extend(changes.now_empty);
         Response::of(RESP_ACK)
     }
 
@@ -174,15 +184,28 @@ impl State {
             return Response::of(RESP_ERROR);
         }
         let used = self.blocks.clear();
-        self.remove_slots(&used);
+        self.retiring.extend(used);
         Response::of(RESP_ACK)
     }
 
-    fn remove_slots(&mut self, chunks: &[u64]) {
-        for &c in chunks {
+    /// Deletes the slots of chunks that are still empty, then punches them
+    /// again: a guest that broke the rules and touched them between the
+    /// answer and now must not keep host memory.
+    fn retire_slots(&mut self) {
+        let bs = self.blocks.block_size();
+        let per_chunk = self.blocks.blocks_per_slot();
+        for c in std::mem::take(&mut self.retiring) {
+            if self.blocks.chunk_plugged(c) > 0 || !self.backing.is_registered(c) {
+                continue;
+            }
             // The blocks are already released and unplugged for the guest;
             // a slot KVM refuses to delete only keeps zero pages reachable.
             if let Err(e) = self.backing.remove_slot(c) {
+                tracing::error!("virtio-mem: {e}");
+            }
+            let first = c * per_chunk;
+            let count = per_chunk.min(self.blocks.nb_blocks() - first);
+            if let Err(e) = self.backing.discard(first * bs, count * bs) {
                 tracing::error!("virtio-mem: {e}");
             }
         }
@@ -220,6 +243,7 @@ impl VirtioMem {
                 requested: 0,
                 slot_size,
                 interrupt: None,
+                retiring: Vec::new(),
             }),
         });
         let handle = MemHandle {
@@ -326,6 +350,10 @@ impl ChainHandler for RequestHandler {
             None => 0,
         }
     }
+
+    fn after_round(&mut self) {
+        self.shared.lock().retire_slots();
+    }
 }
 
 const MIB: u64 = 1 << 20;
@@ -369,7 +397,10 @@ impl MemHandle {
     /// Handles one request as if the driver had sent it (host-side tests and
     /// the unikernel path share the device's rules this way).
     pub fn handle_request(&self, req: Request) -> Response {
-        self.shared.lock().handle(req)
+        let mut s = self.shared.lock();
+        let r = s.handle(req);
+        s.retire_slots();
+        r
     }
 
     /// Bytes of host memory the region holds right now.
