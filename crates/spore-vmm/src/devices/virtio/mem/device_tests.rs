@@ -287,3 +287,42 @@ fn unplug_releases_host_memory() {
     assert!(mem.find_region(GuestAddress(BASE)).is_some());
     assert_eq!(GuestAddress(BASE).raw_value(), BASE);
 }
+
+/// A chunk emptied by UNPLUG keeps its slot until the round is over; a PLUG
+/// into it meanwhile reuses the slot, and retiring then leaves it alone.
+#[test]
+fn emptied_slots_retire_after_the_round() {
+    let (_dev, h) = device(64, 32);
+    h.set_requested_mib(128).unwrap();
+    assert_eq!(plug(&h, 0, 4).resp_type, RESP_ACK);
+    let unplug_req = Request::Unplug {
+        addr: BASE,
+        nb_blocks: 4,
+    };
+    let plug_req = Request::Plug {
+        addr: BASE + 2 * BS,
+        nb_blocks: 1,
+    };
+    {
+        let mut s = h.shared.lock();
+        assert_eq!(s.handle(unplug_req).resp_type, RESP_ACK);
+        assert!(s.backing.is_registered(0), "deleted only after the round");
+        assert_eq!(s.handle(plug_req).resp_type, RESP_ACK);
+        s.retire_slots();
+        assert!(
+            s.backing.is_registered(0),
+            "chunk 0 has a plugged block again"
+        );
+        assert_eq!(
+            s.handle(Request::Unplug {
+                addr: BASE + 2 * BS,
+                nb_blocks: 1
+            })
+            .resp_type,
+            RESP_ACK
+        );
+        s.retire_slots();
+        assert!(!s.backing.is_registered(0));
+    }
+    assert_eq!(h.registered_slots(), 0);
+}
