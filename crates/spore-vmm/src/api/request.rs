@@ -373,6 +373,54 @@ mod tests {
     }
 
     #[test]
+    fn hotplug_memory_routes() {
+        use crate::api::HotplugMemoryUpdate;
+        assert_eq!(
+            parse(Method::GET, "/hotplug/memory", ""),
+            Ok(ApiRequest::GetHotplugMemory)
+        );
+        assert_eq!(
+            parse(Method::PUT, "/hotplug/memory", r#"{"total_size_mib":2048}"#),
+            Ok(ApiRequest::PutHotplugMemory(MemoryHotplugConfig {
+                total_size_mib: 2048,
+                block_size_mib: 2,
+                slot_size_mib: 128,
+            }))
+        );
+        assert_eq!(
+            parse(
+                Method::PATCH,
+                "/hotplug/memory",
+                r#"{"requested_size_mib":512}"#
+            ),
+            Ok(ApiRequest::PatchHotplugMemory(HotplugMemoryUpdate {
+                requested_size_mib: 512
+            }))
+        );
+        for (method, body) in [
+            (Method::PUT, r#"{"total_size_mib":2048,"block_size_mib":3}"#),
+            (Method::PUT, r#"{"total_size_mib":2048,"block_size_mib":1}"#),
+            (Method::PUT, r#"{"total_size_mib":-1}"#),
+            (Method::PUT, r#"{"total_size_mib":2000}"#),
+            (Method::PATCH, r#"{"requested_size_mib":-1}"#),
+            (Method::PATCH, r#"{"requested_size_mib":1e3}"#),
+            (
+                Method::PATCH,
+                r#"{"requested_size_mib":99999999999999999999999}"#,
+            ),
+            (Method::PATCH, r#"{"requested_size_mib":"1"}"#),
+            (Method::PATCH, r#"{}"#),
+            (Method::PATCH, ""),
+        ] {
+            bad_request(method, "/hotplug/memory", body);
+        }
+        assert!(matches!(
+            parse(Method::DELETE, "/hotplug/memory", ""),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+    }
+
+    #[test]
     fn malformed_bodies_are_400() {
         let table = [
             (Method::PUT, "/boot-source", "{"),
