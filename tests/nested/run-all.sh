@@ -4,7 +4,8 @@
 # NAME: foundation (Linux guest through the API: CPUs, disks, rng, vsock,
 # pause/resume, reboot), demo (a plain `spore run` boot), balloon (virtio-balloon
 # inflate/deflate, statistics, free page reporting), bench (boot benchmark),
-# tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4).
+# tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4),
+# virtio-mem (plug, fill, unplug, host RSS).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,7 +18,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|bench|tmem]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -58,6 +59,8 @@ run_one demo --scenario "$here/scenarios/demo.sh" \
     --guest-scenario "$here/scenarios/guest/demo.sh"
 run_one balloon --scenario "$here/scenarios/balloon.sh" \
     --guest-scenario "$here/scenarios/guest/balloon.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-balloon}"
+run_one virtio-mem --scenario "$here/scenarios/virtio-mem.sh" \
+    --guest-scenario "$here/scenarios/guest/virtio-mem.sh" --out-dir "$work/out-virtio-mem"
 run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 if [[ -z $only || $only == tmem ]]; then
     # The guest's tmem client, built like the other guest tools (static musl).

@@ -28,10 +28,12 @@ use crate::devices::legacy::signal::SignalPort;
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::{Block, BlockError};
+use crate::devices::virtio::mem::VirtioMem;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
-use crate::devices::virtio::{VirtioDevice, VirtioInterrupt};
+use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
+use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::vcpu::{Vcpu, VcpuIo};
@@ -119,7 +121,8 @@ fn kvm_setup(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> BuildError
 /// Virtio-mmio devices being attached, in guest order.
 struct VirtioSlots<'a> {
     vm_fd: &'a VmFd,
-    ram: &'a GuestRam,
+    /// What devices may address: boot RAM, plus the hotplug region if any.
+    mem: GuestMemoryMmap,
     wake: &'a Arc<GuestWake>,
     irqchip: bool,
     bus: Bus,
@@ -147,13 +150,12 @@ impl VirtioSlots<'_> {
                 .map_err(kvm_setup("a virtio irqfd"))?;
         }
         let interrupt = Arc::new(VirtioInterrupt::new(irqfd, self.wake.clone()));
-        let transport =
-            MmioTransport::new(device, self.ram.memory().clone(), interrupt).map_err(|e| {
-                BuildError::Device {
-                    what: "virtio-mmio transport",
-                    detail: e.to_string(),
-                }
-            })?;
+        let transport = MmioTransport::new(device, self.mem.clone(), interrupt).map_err(|e| {
+            BuildError::Device {
+                what: "virtio-mmio transport",
+                detail: e.to_string(),
+            }
+        })?;
         for (queue, event) in transport.queue_events().iter().enumerate() {
             // The notify register is at offset 0x50; datamatch on the queue index.
             self.vm_fd
@@ -213,6 +215,19 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
     // measured on kvm_pvm), and this is on the boot path.
     let ram = GuestRam::new(machine.mem_bytes())?;
     ram.register(&vm_fd, machine.track_dirty_pages)?;
+    let hotplug = match &config.memory_hotplug {
+        Some(h) => Some((hotplug_memory(&kvm, &vm_fd, machine.mem_bytes(), h)?, h)),
+        None => None,
+    };
+    // Guest buffers may live in plugged memory (Linux onlines it movable, so
+    // the page cache lands there): devices see the hotplug region too.
+    let device_mem = match &hotplug {
+        Some((hp, _)) => ram
+            .memory()
+            .insert_region(hp.region())
+            .map_err(|_| MemoryError::Region(hp.addr()))?,
+        None => ram.memory().clone(),
+    };
     // Linux needs the in-kernel irqchip; a unikernel polls and can do without.
     let irqchip = match (vm_fd.create_irq_chip(), kind) {
         (Ok(()), _) => true,
@@ -266,7 +281,7 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
     // Virtio devices: the root drive first so that it is /dev/vda.
     let mut slots = VirtioSlots {
         vm_fd: &vm_fd,
-        ram: &ram,
+        mem: device_mem,
         wake: &wake,
         irqchip,
         bus: Bus::new(),
@@ -309,6 +324,15 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         balloon = Some(device.handle());
         slots.attach(Box::new(device))?;
     }
+    let mem_hotplug = match hotplug {
+        Some((backing, h)) => {
+            let (device, handle) =
+                VirtioMem::new(backing, h.block_size_mib << 20, h.slot_size_mib << 20);
+            slots.attach(Box::new(device))?;
+            Some(handle)
+        }
+        None => None,
+    };
     let VirtioSlots {
         bus: mmio,
         placed,
@@ -380,7 +404,37 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         vcpus,
         virtio,
         balloon,
+        mem_hotplug,
     }))
+}
+
+/// The virtio-mem region's backing, placed above boot RAM, with its own
+/// handle on the VM (a duplicate fd) to add and remove memory slots from the
+/// device's thread.
+fn hotplug_memory(
+    kvm: &Kvm,
+    vm_fd: &VmFd,
+    mem_bytes: u64,
+    h: &crate::config::MemoryHotplugConfig,
+) -> Result<HotplugMemory, BuildError> {
+    use std::os::fd::AsRawFd;
+    let mut hp = HotplugMemory::new(
+        layout::hotplug_region_addr(mem_bytes),
+        h.total_size_mib << 20,
+        h.slot_size_mib << 20,
+    )?;
+    // SAFETY: fcntl on an fd we own; the result is checked.
+    let fd = unsafe { libc::fcntl(vm_fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(BuildError::Io {
+            what: "duplicating the VM fd",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a fresh duplicate of a KVM VM fd, owned by nobody else.
+    let dup = unsafe { kvm.create_vmfd_from_rawfd(fd) }.map_err(kvm_setup("a VM fd copy"))?;
+    hp.attach_vm(dup);
+    Ok(hp)
 }
 
 fn new_irqfd(vm_fd: &VmFd, irqchip: bool, irq: u32) -> Result<EventFd, BuildError> {

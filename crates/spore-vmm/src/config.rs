@@ -38,6 +38,8 @@ pub enum ConfigError {
     TooManyDevices(usize),
     #[error("balloon amount_mib {amount} exceeds mem_size_mib {mem}")]
     BalloonTooLarge { amount: u64, mem: u64 },
+    #[error("hotplug memory: {0}")]
+    Hotplug(String),
 }
 
 /// Largest vCPU count spore configures (MP table and IOAPIC limits).
@@ -352,6 +354,69 @@ impl BalloonConfig {
 #[serde(deny_unknown_fields)]
 pub struct EntropyConfig {}
 
+/// `PUT /hotplug/memory`: a virtio-mem region (Firecracker's shape).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryHotplugConfig {
+    /// Size of the hotplug region; nothing is plugged at boot.
+    pub total_size_mib: u64,
+    /// Plug/unplug granularity: a power of two, at least 2 MiB.
+    #[serde(default = "default_hotplug_block_mib")]
+    pub block_size_mib: u64,
+    /// KVM memory-slot granularity: a multiple of the block size dividing
+    /// the total size; a slot exists only while it holds a plugged block.
+    #[serde(default = "default_hotplug_slot_mib")]
+    pub slot_size_mib: u64,
+}
+
+fn default_hotplug_block_mib() -> u64 {
+    2
+}
+
+fn default_hotplug_slot_mib() -> u64 {
+    128
+}
+
+/// Largest hotplug region (it sits above boot RAM, under the 1 TiB that
+/// 40 physical address bits reach).
+pub const MAX_HOTPLUG_MIB: u64 = 512 * 1024;
+/// Most KVM slots one hotplug region may use.
+pub const MAX_HOTPLUG_SLOTS: u64 = 256;
+
+impl MemoryHotplugConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: String| Err(ConfigError::Hotplug(m));
+        let (total, block, slot) = (self.total_size_mib, self.block_size_mib, self.slot_size_mib);
+        if block < 2 || !block.is_power_of_two() {
+            return err(format!(
+                "block_size_mib must be a power of two of at least 2, got {block}"
+            ));
+        }
+        if slot == 0 || !slot.is_multiple_of(block) {
+            return err(format!(
+                "slot_size_mib ({slot}) must be a non-zero multiple of block_size_mib ({block})"
+            ));
+        }
+        if total == 0 || !total.is_multiple_of(slot) {
+            return err(format!(
+                "total_size_mib ({total}) must be a non-zero multiple of slot_size_mib ({slot})"
+            ));
+        }
+        if total > MAX_HOTPLUG_MIB {
+            return err(format!(
+                "total_size_mib {total} exceeds the largest region ({MAX_HOTPLUG_MIB} MiB)"
+            ));
+        }
+        if total / slot > MAX_HOTPLUG_SLOTS {
+            return err(format!(
+                "{total} MiB in {slot} MiB slots needs {} KVM slots, more than {MAX_HOTPLUG_SLOTS}; raise slot_size_mib",
+                total / slot
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The whole VM as a `--config-file` describes it (Firecracker's layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -377,6 +442,13 @@ pub struct VmConfig {
     pub tmem: TmemConfig,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
+    /// A virtio-mem device (`PUT /hotplug/memory`).
+    #[serde(
+        rename = "memory-hotplug",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_hotplug: Option<MemoryHotplugConfig>,
 }
 
 impl VmConfig {
@@ -402,6 +474,9 @@ impl VmConfig {
         }
         if let Some(b) = &self.balloon {
             b.validate_for(&self.machine)?;
+        }
+        if let Some(h) = &self.memory_hotplug {
+            h.validate()?;
         }
         Ok(())
     }
@@ -452,6 +527,36 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert!(serde_json::from_str::<VmConfig>(r#"{"logger":{}}"#).is_err());
+    }
+
+    #[test]
+    fn hotplug_memory_rules() {
+        let c = |total, block, slot| MemoryHotplugConfig {
+            total_size_mib: total,
+            block_size_mib: block,
+            slot_size_mib: slot,
+        };
+        c(2048, 2, 128).validate().unwrap();
+        c(1024, 128, 128).validate().unwrap();
+        for bad in [
+            c(2048, 3, 128), // not a power of two
+            c(2048, 1, 128), // below 2 MiB
+            c(2048, 0, 128),
+            c(2048, 2, 0),
+            c(2048, 64, 96), // slot not a multiple of the block
+            c(2000, 2, 128), // total not a multiple of the slot
+            c(0, 2, 128),
+            c(MAX_HOTPLUG_MIB * 2, 1024, 1024),
+            c(64 * 1024, 2, 2), // too many slots
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(ConfigError::Hotplug(_))),
+                "{bad:?}"
+            );
+        }
+        let d: MemoryHotplugConfig = serde_json::from_str(r#"{"total_size_mib":1024}"#).unwrap();
+        assert_eq!((d.block_size_mib, d.slot_size_mib), (2, 128));
+        assert!(serde_json::from_str::<MemoryHotplugConfig>(r#"{"total_size_mib":-1}"#).is_err());
     }
 
     #[test]

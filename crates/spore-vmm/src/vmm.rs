@@ -17,6 +17,7 @@ use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
+use crate::devices::virtio::mem::MemStatus;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -238,6 +239,37 @@ impl ApiHandler for Vmm {
             ApiRequest::Action(ActionType::FlushMetrics) => Ok(ApiResponse::NoContent),
             ApiRequest::GetTmem => ApiResponse::json(&self.tmem_info()),
             ApiRequest::PutTmem(update) => self.update_tmem(&update),
+            ApiRequest::PutHotplugMemory(h) => {
+                h.validate().map_err(bad)?;
+                self.configure(|c| c.memory_hotplug = Some(h))
+            }
+            ApiRequest::PatchHotplugMemory(u) => {
+                let inner = lock(&self.inner);
+                let vm = inner.vm.as_ref().ok_or_else(|| {
+                    bad("PATCH /hotplug/memory needs a running microVM; before InstanceStart, PUT /hotplug/memory sets the region")
+                })?;
+                let mem = vm.mem_hotplug().ok_or_else(|| {
+                    bad("this microVM has no hotplug memory (PUT /hotplug/memory before boot)")
+                })?;
+                mem.set_requested_mib(u.requested_size_mib).map_err(bad)?;
+                Ok(ApiResponse::NoContent)
+            }
+            ApiRequest::GetHotplugMemory => {
+                let inner = lock(&self.inner);
+                if let Some(mem) = inner.vm.as_ref().and_then(|vm| vm.mem_hotplug()) {
+                    return ApiResponse::json(&mem.status());
+                }
+                let h = inner.config.memory_hotplug.as_ref().ok_or_else(|| {
+                    bad("no hotplug memory is configured (PUT /hotplug/memory before boot)")
+                })?;
+                ApiResponse::json(&MemStatus {
+                    total_size_mib: h.total_size_mib,
+                    slot_size_mib: h.slot_size_mib,
+                    block_size_mib: h.block_size_mib,
+                    plugged_size_mib: 0,
+                    requested_size_mib: 0,
+                })
+            }
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner

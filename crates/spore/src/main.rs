@@ -5,6 +5,7 @@ mod api_client;
 mod bench;
 mod bench_tmem;
 mod host;
+mod mem_cmd;
 mod run;
 mod size;
 mod vmm_cmd;
@@ -40,6 +41,8 @@ enum Command {
     Vsock(vsock_cmd::VsockCommand),
     /// Send one request to a VMM's API socket and print the reply.
     Api(api_client::ApiArgs),
+    /// Show or set a running VM's hotplug memory (virtio-mem) target size.
+    Mem(mem_cmd::MemArgs),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => bench::run(b),
         Command::Vsock(v) => vsock_cmd::run(v),
         Command::Api(a) => api_client::run(a),
+        Command::Mem(a) => mem_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -137,6 +137,7 @@ impl RunArgs {
                 },
             },
             balloon: None,
+            memory_hotplug: None,
         };
         config.validate()?;
         Ok(config)

@@ -287,3 +287,142 @@ fn kvm_guest_fault_stops_the_vmm_naming_the_exit_reason() {
     assert!(err.contains("KVM_EXIT_SHUTDOWN"), "stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `/hotplug/memory` end to end: refusals before boot, a VM booted with a
+/// hotplug region, target changes at run time, `spore mem`.
+#[test]
+fn kvm_hotplug_memory_api() {
+    require_kvm();
+    let dir = Scratch::new("hotplug");
+    let sock = dir.path("api.sock");
+    let mut child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let hp = |method: &str, body: Option<&str>| http(&sock, method, "/hotplug/memory", body);
+
+    // Nothing configured yet; PATCH before boot is refused.
+    assert_eq!(hp("GET", None).0, 400);
+    let (code, body) = hp("PATCH", Some(r#"{"requested_size_mib": 64}"#));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("fault_message") && body.contains("running"),
+        "{body}"
+    );
+    for bad in [
+        r#"{"total_size_mib": 1024, "block_size_mib": 3}"#,
+        r#"{"total_size_mib": 1024, "block_size_mib": 1}"#,
+        r#"{"total_size_mib": 1024, "block_size_mib": 0}"#,
+        r#"{"total_size_mib": -1024}"#,
+        r#"{"total_size_mib": 1000}"#,
+        r#"{"total_size_mib": 1024, "slot_size_mib": 100}"#,
+        r#"{"total_size_mib": 1024, "nope": 1}"#,
+    ] {
+        let (code, body) = hp("PUT", Some(bad));
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(body.contains("fault_message"), "{body}");
+    }
+    assert_eq!(
+        hp(
+            "PUT",
+            Some(r#"{"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128}"#)
+        )
+        .0,
+        204
+    );
+    let (code, body) = hp("GET", None);
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("\"total_size_mib\":1024") && body.contains("\"plugged_size_mib\":0"),
+        "{body}"
+    );
+
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "secs=30"}}"#,
+        uk_image("idle").display()
+    );
+    assert_eq!(http(&sock, "PUT", "/boot-source", Some(&boot)).0, 204);
+    assert_eq!(
+        http(
+            &sock,
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count": 1, "mem_size_mib": 64}"#)
+        )
+        .0,
+        204
+    );
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
+    assert_eq!(code, 204, "{body}");
+
+    for bad in [
+        "3",
+        "1026",
+        "2048",
+        "-2",
+        "1e3",
+        "18446744073709551616",
+        "\"64\"",
+        "null",
+    ] {
+        let (code, body) = hp(
+            "PATCH",
+            Some(&format!(r#"{{"requested_size_mib": {bad}}}"#)),
+        );
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(body.contains("fault_message"), "{body}");
+    }
+    assert_eq!(hp("PATCH", Some(r#"{"requested_size_mib": 256}"#)).0, 204);
+    let (code, body) = hp("GET", None);
+    assert_eq!(code, 200);
+    assert!(body.contains("\"requested_size_mib\":256"), "{body}");
+    assert!(body.contains("\"plugged_size_mib\":0"), "{body}");
+    // The region is frozen once the VM runs.
+    assert_eq!(hp("PUT", Some(r#"{"total_size_mib": 2048}"#)).0, 400);
+
+    // The CLI: status, a refused target (exit 1), a target set without waiting.
+    let out = spore().arg("mem").arg(&sock).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("\"requested_size_mib\":256"));
+    let out = spore()
+        .arg("mem")
+        .arg(&sock)
+        .args(["--set", "3M"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr_of(&out).contains("block size"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = spore()
+        .arg("mem")
+        .arg(&sock)
+        .args(["--set", "128M"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(hp("GET", None).1.contains("\"requested_size_mib\":128"));
+    // No driver plugs in this unikernel: --wait times out and says so.
+    let out = spore()
+        .arg("mem")
+        .arg(&sock)
+        .args(["--set", "64M", "--wait", "--timeout", "0.2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("timed out"), "{}", stderr_of(&out));
+
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -91,6 +91,13 @@ pub enum VmState {
 }
 
 /// The body of `PATCH /vm`.
+/// `PATCH /hotplug/memory`: the new target size of the virtio-mem device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HotplugMemoryUpdate {
+    pub requested_size_mib: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VmStateBody {

@@ -26,14 +26,15 @@ pub mod server;
 mod socket;
 
 pub use body::{
-    ActionType, BalloonStatsUpdate, BalloonUpdate, InstanceInfo, InstanceState, MachineConfigPatch,
-    TmemInfo, TmemUpdate, VmState,
+    ActionType, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
+    InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VmState,
 };
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
 
 use crate::config::{
-    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig,
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
+    VsockConfig,
 };
 
 /// One API call, parsed and type-checked (but not yet validated against the
@@ -74,6 +75,12 @@ pub enum ApiRequest {
     GetBalloonStatistics,
     /// `PATCH /balloon/statistics`: a new polling interval.
     PatchBalloonStatistics(BalloonStatsUpdate),
+    /// `PUT /hotplug/memory`: configure the virtio-mem region (before boot).
+    PutHotplugMemory(MemoryHotplugConfig),
+    /// `PATCH /hotplug/memory`: set the target plugged size (running VM).
+    PatchHotplugMemory(HotplugMemoryUpdate),
+    /// `GET /hotplug/memory`: configuration and plugged size.
+    GetHotplugMemory,
 }
 
 /// What a successful request answers.

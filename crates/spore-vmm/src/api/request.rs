@@ -9,11 +9,13 @@ use hyper::Method;
 use serde::de::DeserializeOwned;
 
 use super::body::{
-    BalloonStatsUpdate, BalloonUpdate, InstanceActionInfo, TmemUpdate, VmStateBody,
+    BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
+    VmStateBody,
 };
 use super::{ApiError, ApiRequest, MachineConfigPatch};
 use crate::config::{
-    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VsockConfig,
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
+    VsockConfig,
 };
 
 /// A resource the API serves, named by its path.
@@ -31,6 +33,7 @@ enum Resource<'a> {
     Tmem,
     Balloon,
     BalloonStatistics,
+    HotplugMemory,
 }
 
 impl Resource<'_> {
@@ -38,7 +41,7 @@ impl Resource<'_> {
     fn methods(self) -> &'static [&'static str] {
         match self {
             Resource::Root | Resource::VmConfig => &["GET"],
-            Resource::MachineConfig => &["GET", "PUT", "PATCH"],
+            Resource::MachineConfig | Resource::HotplugMemory => &["GET", "PUT", "PATCH"],
             Resource::BootSource | Resource::Drive(_) | Resource::Vsock | Resource::Actions => {
                 &["PUT"]
             }
@@ -68,6 +71,7 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/tmem" => Resource::Tmem,
         "/balloon" => Resource::Balloon,
         "/balloon/statistics" => Resource::BalloonStatistics,
+        "/hotplug/memory" => Resource::HotplugMemory,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -154,6 +158,16 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::BalloonStatistics, "GET") => ApiRequest::GetBalloonStatistics,
         (Resource::BalloonStatistics, "PATCH") => {
             ApiRequest::PatchBalloonStatistics(decode::<BalloonStatsUpdate>(m, path, body)?)
+        }
+
+        (Resource::HotplugMemory, "GET") => ApiRequest::GetHotplugMemory,
+        (Resource::HotplugMemory, "PUT") => {
+            let c = decode::<MemoryHotplugConfig>(m, path, body)?;
+            c.validate()?;
+            ApiRequest::PutHotplugMemory(c)
+        }
+        (Resource::HotplugMemory, "PATCH") => {
+            ApiRequest::PatchHotplugMemory(decode::<HotplugMemoryUpdate>(m, path, body)?)
         }
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
@@ -403,6 +417,54 @@ mod tests {
         );
         assert_eq!(allowed_methods("/drives/x"), Some(&["PUT"][..]));
         assert_eq!(allowed_methods("/nope"), None);
+    }
+
+    #[test]
+    fn hotplug_memory_routes() {
+        use crate::api::HotplugMemoryUpdate;
+        assert_eq!(
+            parse(Method::GET, "/hotplug/memory", ""),
+            Ok(ApiRequest::GetHotplugMemory)
+        );
+        assert_eq!(
+            parse(Method::PUT, "/hotplug/memory", r#"{"total_size_mib":2048}"#),
+            Ok(ApiRequest::PutHotplugMemory(MemoryHotplugConfig {
+                total_size_mib: 2048,
+                block_size_mib: 2,
+                slot_size_mib: 128,
+            }))
+        );
+        assert_eq!(
+            parse(
+                Method::PATCH,
+                "/hotplug/memory",
+                r#"{"requested_size_mib":512}"#
+            ),
+            Ok(ApiRequest::PatchHotplugMemory(HotplugMemoryUpdate {
+                requested_size_mib: 512
+            }))
+        );
+        for (method, body) in [
+            (Method::PUT, r#"{"total_size_mib":2048,"block_size_mib":3}"#),
+            (Method::PUT, r#"{"total_size_mib":2048,"block_size_mib":1}"#),
+            (Method::PUT, r#"{"total_size_mib":-1}"#),
+            (Method::PUT, r#"{"total_size_mib":2000}"#),
+            (Method::PATCH, r#"{"requested_size_mib":-1}"#),
+            (Method::PATCH, r#"{"requested_size_mib":1e3}"#),
+            (
+                Method::PATCH,
+                r#"{"requested_size_mib":99999999999999999999999}"#,
+            ),
+            (Method::PATCH, r#"{"requested_size_mib":"1"}"#),
+            (Method::PATCH, r#"{}"#),
+            (Method::PATCH, ""),
+        ] {
+            bad_request(method, "/hotplug/memory", body);
+        }
+        assert!(matches!(
+            parse(Method::DELETE, "/hotplug/memory", ""),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! privately. The memfd is sized, not filled: pages cost host memory only
 //! once the guest (or a loader) touches them.
 
+pub mod hotplug;
+
 use std::fs::File;
 use std::os::fd::FromRawFd;
 
@@ -114,7 +116,7 @@ impl GuestRam {
     }
 }
 
-fn create_memfd(name: &str) -> Result<File, MemoryError> {
+pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
     let cname = std::ffi::CString::new(name)
         .map_err(|_| MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
     // SAFETY: cname is a valid NUL-terminated string.

@@ -15,6 +15,7 @@ use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::BalloonHandle;
+use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
@@ -62,6 +63,8 @@ pub struct Vm {
     virtio: Vec<Arc<Mutex<MmioTransport>>>,
     /// The balloon's target, actual and statistics, if the VM has one.
     balloon: Option<BalloonHandle>,
+    /// The virtio-mem device's handle, if the VM has one.
+    mem_hotplug: Option<MemHandle>,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
     _vm_fd: VmFd,
     _kvm: Kvm,
@@ -81,6 +84,7 @@ pub struct VmParts {
     pub vcpus: Vec<Vcpu>,
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
     pub balloon: Option<BalloonHandle>,
+    pub mem_hotplug: Option<MemHandle>,
 }
 
 impl Vm {
@@ -94,6 +98,7 @@ impl Vm {
             threads: Vec::new(),
             virtio: p.virtio,
             balloon: p.balloon,
+            mem_hotplug: p.mem_hotplug,
             _vm_fd: p.vm_fd,
             _kvm: p.kvm,
             _ram: p.ram,
@@ -180,6 +185,11 @@ impl Vm {
         self.balloon.as_ref()
     }
 
+    /// The virtio-mem device, if configured.
+    pub fn mem_hotplug(&self) -> Option<&MemHandle> {
+        self.mem_hotplug.as_ref()
+    }
+
     pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
         &self.serial
     }
@@ -200,5 +210,6 @@ impl Drop for Vm {
     fn drop(&mut self) {
         self.stop(StopReason::Requested);
         self.virtio.clear();
+        self.mem_hotplug = None;
     }
 }

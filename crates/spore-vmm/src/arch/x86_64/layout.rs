@@ -53,6 +53,17 @@ pub fn ram_regions(mem_bytes: u64) -> Vec<(u64, u64)> {
     }
 }
 
+/// Guest address of the virtio-mem hotplug region: above boot RAM and the
+/// MMIO hole, 1 GiB aligned (Linux hotplugs in 128 MiB sections and wants
+/// the region section-aligned). It is never in the e820 map.
+pub fn hotplug_region_addr(mem_bytes: u64) -> u64 {
+    const ALIGN: u64 = 1 << 30;
+    let ram_end = ram_regions(mem_bytes)
+        .last()
+        .map_or(0, |&(gpa, len)| gpa + len);
+    ram_end.max(MMIO_HOLE_END).div_ceil(ALIGN) * ALIGN
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +79,9 @@ mod tests {
             ]
         );
         assert!(virtio_mmio_addr(VIRTIO_MMIO_MAX) <= IOAPIC_ADDR);
+        assert_eq!(hotplug_region_addr(512 << 20), 4 << 30);
+        assert_eq!(hotplug_region_addr(4 << 30), 5 << 30);
+        assert_eq!(hotplug_region_addr((4 << 30) + 1), 6 << 30);
         assert!(virtio_mmio_irq(VIRTIO_MMIO_MAX - 1) < 24);
     }
 }

@@ -10,6 +10,7 @@
 pub mod balloon;
 pub mod blk;
 pub mod interrupt;
+pub mod mem;
 pub mod mmio;
 pub mod queue_server;
 pub mod rng;

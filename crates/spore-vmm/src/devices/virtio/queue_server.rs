@@ -26,6 +26,10 @@ pub trait ChainHandler: Send + 'static {
     /// Serves one chain; returns how many bytes it wrote into the chain's
     /// device-writable buffers (the used length).
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32;
+
+    /// Called after a round of chains went back to the driver (and the
+    /// driver was interrupted): work that need not delay the driver.
+    fn after_round(&mut self) {}
 }
 
 const TOKEN_QUEUE: u64 = 0;
@@ -180,6 +184,9 @@ impl<H: ChainHandler> QueueServer<H> {
         }
         if used_any && self.queue.needs_notification(&self.mem).unwrap_or(true) {
             self.interrupt.signal_used_queue();
+        }
+        if used_any {
+            self.handler.after_round();
         }
     }
 }
