@@ -279,6 +279,10 @@ pub struct TmemConfig {
     /// `"none"` or `"lz4"`.
     #[serde(default)]
     pub compression: Compression,
+    /// Time the VMM's handling of every call per operation (reported by
+    /// `GET /tmem` as `timing`); for benchmarks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timing: bool,
 }
 
 fn default_true() -> bool {
@@ -295,6 +299,7 @@ impl Default for TmemConfig {
             enabled: true,
             quota_bytes: DEFAULT_TMEM_QUOTA_BYTES,
             compression: Compression::None,
+            timing: false,
         }
     }
 }

@@ -53,6 +53,13 @@ pub struct RunArgs {
     /// Give the guest no tmem pool (calls answer DISABLED).
     #[arg(long)]
     pub no_tmem: bool,
+    /// Time the VMM's handling of every tmem call (for benchmarks; reported
+    /// in `GET /tmem` and `--tmem-stats-file` as `timing`).
+    #[arg(long)]
+    pub tmem_timing: bool,
+    /// Write the tmem pool's final `GET /tmem` JSON here when the VM stops.
+    #[arg(long)]
+    pub tmem_stats_file: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -135,6 +142,7 @@ impl RunArgs {
                     CompressionArg::None => Compression::None,
                     CompressionArg::Lz4 => Compression::Lz4,
                 },
+                timing: self.tmem_timing,
             },
         };
         config.validate()?;
@@ -148,6 +156,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     host::stop_on_host_signals(vmm.clone())?;
     vmm.start()?;
     host::forward_stdin(vmm.clone());
+    if let Some(path) = &args.tmem_stats_file {
+        // Read the pool before `finish` releases the VM.
+        vmm.wait_for_exit();
+        let info = serde_json::to_vec_pretty(&vmm.tmem_info())?;
+        std::fs::write(path, info)
+            .with_context(|| format!("writing tmem stats to {}", path.display()))?;
+    }
     finish(&vmm, args.marks_file.as_deref())
 }
 

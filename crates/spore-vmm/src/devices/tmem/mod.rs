@@ -10,6 +10,7 @@
 //!   the only code that interprets guest addresses and lengths.
 //! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
 //!   compression, counters. It never sees guest memory.
+//! - [`timing`]: optional per-operation handling time (for `spore bench tmem`).
 //! - [`device`]: [`TmemDevice`], which runs one call: copies keys and values
 //!   between guest memory and the pool and writes statuses back.
 //!
@@ -19,8 +20,10 @@
 pub mod device;
 pub mod pool;
 pub mod request;
+pub mod timing;
 #[cfg(test)]
 mod tests;
 
 pub use device::TmemDevice;
 pub use pool::{Compression, Counters, PoolStats};
+pub use timing::{CallTiming, OpTiming};
