@@ -15,10 +15,10 @@ use spore_abi::tmem::{Status, TmemStats, TMEM_ADDR_SHIFT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::pool::{Compression, Pool, PoolStats, Value};
-use super::timing::{CallTimer, CallTiming};
 use super::request::{
     parse, GuestRange, RawBlock, Request, BLOCK_SIZE, STATUS_OFFSET, VALUE_LEN_OFFSET,
 };
+use super::timing::{CallTimer, CallTiming};
 use crate::devices::bus::lock;
 use crate::devices::virtio::GuestMemoryMmap;
 

@@ -20,9 +20,9 @@
 pub mod device;
 pub mod pool;
 pub mod request;
-pub mod timing;
 #[cfg(test)]
 mod tests;
+pub mod timing;
 
 pub use device::TmemDevice;
 pub use pool::{Compression, Counters, PoolStats};

@@ -5,14 +5,21 @@
 //! Off unless the VM's `tmem.timing` is set (`spore run --tmem-timing`):
 //! `spore bench tmem` subtracts it from the guest's own timing of the same
 //! calls to split a call into VMM handling and exit + guest overhead. When
-//! off, a call pays one `Option` check; when on, two clock reads and four
-//! relaxed atomic updates.
+//! off, a call pays one `Option` check; when on, two clock reads, four
+//! relaxed atomic updates and (for the first [`MAX_SAMPLES`] calls of an
+//! operation) one uncontended lock to keep the sample for the median.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
 use spore_abi::tmem::op;
+
+use crate::devices::bus::lock;
+
+/// Samples kept per operation for the median (8 bytes each).
+pub const MAX_SAMPLES: usize = 1 << 16;
 
 /// Accumulated handling time of one operation (whole calls; a BATCH's
 /// entries count under `batch`, not under their own operations).
@@ -22,6 +29,8 @@ pub struct OpTiming {
     pub total_ns: u64,
     pub min_ns: u64,
     pub max_ns: u64,
+    /// Median of the first [`MAX_SAMPLES`] calls.
+    pub median_ns: u64,
 }
 
 /// `GET /tmem` → `timing`, when enabled.
@@ -42,10 +51,17 @@ struct OpTimer {
     /// Stored as `u64::MAX - min` so that the zero start value means "none".
     inv_min_ns: AtomicU64,
     max_ns: AtomicU64,
+    samples: Mutex<Vec<u64>>,
 }
 
 impl OpTimer {
     fn record(&self, ns: u64) {
+        {
+            let mut s = lock(&self.samples);
+            if s.len() < MAX_SAMPLES {
+                s.push(ns);
+            }
+        }
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.total_ns.fetch_add(ns, Ordering::Relaxed);
         self.inv_min_ns.fetch_max(u64::MAX - ns, Ordering::Relaxed);
@@ -63,6 +79,11 @@ impl OpTimer {
                 u64::MAX - self.inv_min_ns.load(Ordering::Relaxed)
             },
             max_ns: self.max_ns.load(Ordering::Relaxed),
+            median_ns: {
+                let mut s = lock(&self.samples).clone();
+                s.sort_unstable();
+                s.get(s.len() / 2).copied().unwrap_or(0)
+            },
         }
     }
 }
@@ -118,6 +139,7 @@ mod tests {
         let r = t.read();
         assert_eq!((r.put.calls, r.batch.calls, r.get.calls), (2, 1, 0));
         assert!(r.put.min_ns <= r.put.max_ns && r.put.max_ns <= r.put.total_ns);
+        assert!(r.put.min_ns <= r.put.median_ns && r.put.median_ns <= r.put.max_ns);
         assert_eq!(r.get, OpTiming::default());
     }
 }
