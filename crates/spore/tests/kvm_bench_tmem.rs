@@ -45,7 +45,10 @@ fn kvm_bench_tmem_quick_reports_every_field() {
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "summary: {stderr}");
-    assert!(stderr.starts_with("tmem: guest 1 MiB put"), "summary: {stderr}");
+    assert!(
+        stderr.starts_with("tmem: guest 1 MiB put"),
+        "summary: {stderr}"
+    );
     let j: Value = serde_json::from_str(&stdout_of(&out)).expect("JSON on stdout");
 
     assert_eq!(j["benchmark"], "tmem");
@@ -85,7 +88,10 @@ fn kvm_bench_tmem_quick_reports_every_field() {
     positive(b, "speedup");
 
     let sizes = j["kvserver"]["sizes"].as_array().expect("kvserver.sizes");
-    let got: Vec<u64> = sizes.iter().filter_map(|s| s["value_bytes"].as_u64()).collect();
+    let got: Vec<u64> = sizes
+        .iter()
+        .filter_map(|s| s["value_bytes"].as_u64())
+        .collect();
     assert_eq!(got, [512, 1024, 4096, 16384, 65536]);
     for s in sizes {
         stats_positive(s, "set_cmds_per_s");

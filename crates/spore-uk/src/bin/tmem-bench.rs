@@ -94,12 +94,14 @@ fn latency(runs: usize, khz: u64) -> Result<(), alloc::string::String> {
         let mut b = Batch::with_capacity(1).map_err(|e| alloc::format!("{e}"))?;
         b.put(key, &value).map_err(|e| alloc::format!("{e}"))?;
         b.submit().map_err(|e| alloc::format!("warm-up put: {e}"))?;
-        b.result(0).map_err(|e| alloc::format!("warm-up put: {e}"))?;
+        b.result(0)
+            .map_err(|e| alloc::format!("warm-up put: {e}"))?;
         drop(b);
         let mut b = Batch::with_capacity(1).map_err(|e| alloc::format!("{e}"))?;
         b.get(key, &mut buf).map_err(|e| alloc::format!("{e}"))?;
         b.submit().map_err(|e| alloc::format!("warm-up get: {e}"))?;
-        b.result(0).map_err(|e| alloc::format!("warm-up get: {e}"))?;
+        b.result(0)
+            .map_err(|e| alloc::format!("warm-up get: {e}"))?;
     }
     for i in 0..runs {
         let t0 = rdtsc();
@@ -128,12 +130,20 @@ fn latency(runs: usize, khz: u64) -> Result<(), alloc::string::String> {
 fn check_objects(want: usize) -> Result<(), alloc::string::String> {
     match tmem::stats() {
         Ok(s) if s.objects == want as u64 => Ok(()),
-        Ok(s) => Err(alloc::format!("{} objects stored, expected {want}", s.objects)),
+        Ok(s) => Err(alloc::format!(
+            "{} objects stored, expected {want}",
+            s.objects
+        )),
         Err(e) => Err(alloc::format!("stats: {e}")),
     }
 }
 
-fn batch(runs: usize, objects: usize, per_call: usize, khz: u64) -> Result<(), alloc::string::String> {
+fn batch(
+    runs: usize,
+    objects: usize,
+    per_call: usize,
+    khz: u64,
+) -> Result<(), alloc::string::String> {
     let mut values: Vec<u8> = Vec::new();
     values
         .try_reserve_exact(objects * PAGE)
@@ -166,7 +176,8 @@ fn batch(runs: usize, objects: usize, per_call: usize, khz: u64) -> Result<(), a
         for (ks, vs) in keys.chunks(per_call).zip(values.chunks(per_call * PAGE)) {
             let mut b = Batch::with_capacity(ks.len()).map_err(|e| alloc::format!("{e}"))?;
             for (k, v) in ks.iter().zip(vs.chunks(PAGE)) {
-                b.put(k, v).map_err(|e| alloc::format!("batch entry: {e}"))?;
+                b.put(k, v)
+                    .map_err(|e| alloc::format!("batch entry: {e}"))?;
             }
             b.submit().map_err(|e| alloc::format!("batch: {e}"))?;
             calls += 1;
