@@ -454,4 +454,13 @@ mod tests {
         assert!(serde_json::from_str::<TmemConfig>(r#"{"compression":"zip"}"#).is_err());
         assert!(serde_json::from_str::<TmemConfig>(r#"{"quota":1}"#).is_err());
     }
+
+    #[test]
+    fn tmem_timing_is_opt_in() {
+        assert!(!TmemConfig::default().timing);
+        let json = serde_json::to_string(&TmemConfig::default()).unwrap();
+        assert!(!json.contains("timing"), "{json}");
+        let t: TmemConfig = serde_json::from_str(r#"{"timing":true}"#).unwrap();
+        assert!(t.timing && t.enabled);
+    }
 }

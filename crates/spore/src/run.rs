@@ -156,14 +156,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     host::stop_on_host_signals(vmm.clone())?;
     vmm.start()?;
     host::forward_stdin(vmm.clone());
-    if let Some(path) = &args.tmem_stats_file {
-        // Read the pool before `finish` releases the VM.
+    // Read the pool once the VM stopped, before `finish` releases it.
+    let tmem_info = args.tmem_stats_file.as_ref().map(|_| {
         vmm.wait_for_exit();
-        let info = serde_json::to_vec_pretty(&vmm.tmem_info())?;
-        std::fs::write(path, info)
+        vmm.tmem_info()
+    });
+    let code = finish(&vmm, args.marks_file.as_deref());
+    if let (Some(path), Some(info)) = (&args.tmem_stats_file, tmem_info) {
+        std::fs::write(path, serde_json::to_vec_pretty(&info)?)
             .with_context(|| format!("writing tmem stats to {}", path.display()))?;
     }
-    finish(&vmm, args.marks_file.as_deref())
+    code
 }
 
 /// Waits for the VM to stop, releases it, writes marks, and picks the exit status.
