@@ -70,6 +70,7 @@ demo: build uk
 
 bench: build uk
 	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark
+	$(SPORE) bench tmem --uk-dir $(UK_OUT)
 
 clean:
 	$(CARGO) clean
