@@ -381,6 +381,11 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
         t if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
         _ => TmemDevice::disabled(),
     };
+    let tmem = if config.tmem.timing {
+        tmem.with_timing()
+    } else {
+        tmem
+    };
     let io = Arc::new(VcpuIo {
         pio,
         mmio,

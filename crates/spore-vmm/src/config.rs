@@ -283,6 +283,10 @@ pub struct TmemConfig {
     /// `"none"` or `"lz4"`.
     #[serde(default)]
     pub compression: Compression,
+    /// Time the VMM's handling of every call per operation (reported by
+    /// `GET /tmem` as `timing`); for benchmarks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timing: bool,
 }
 
 fn default_true() -> bool {
@@ -299,6 +303,7 @@ impl Default for TmemConfig {
             enabled: true,
             quota_bytes: DEFAULT_TMEM_QUOTA_BYTES,
             compression: Compression::None,
+            timing: false,
         }
     }
 }
@@ -632,5 +637,14 @@ mod tests {
             r#"{"amount_mib":-1,"deflate_on_oom":false}"#
         )
         .is_err());
+    }
+
+    #[test]
+    fn tmem_timing_is_opt_in() {
+        assert!(!TmemConfig::default().timing);
+        let json = serde_json::to_string(&TmemConfig::default()).unwrap();
+        assert!(!json.contains("timing"), "{json}");
+        let t: TmemConfig = serde_json::from_str(r#"{"timing":true}"#).unwrap();
+        assert!(t.timing && t.enabled);
     }
 }

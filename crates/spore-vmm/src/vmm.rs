@@ -133,11 +133,14 @@ impl Vmm {
     /// `GET /tmem`: the running pool, or the configured one before start.
     pub fn tmem_info(&self) -> TmemInfo {
         let inner = lock(&self.inner);
-        if let Some(stats) = inner.vm.as_ref().and_then(|vm| vm.tmem().stats()) {
-            return TmemInfo {
-                enabled: true,
-                stats,
-            };
+        if let Some(vm) = inner.vm.as_ref() {
+            if let Some(stats) = vm.tmem().stats() {
+                return TmemInfo {
+                    enabled: true,
+                    stats,
+                    timing: vm.tmem().timing(),
+                };
+            }
         }
         let t = &inner.config.tmem;
         TmemInfo {
@@ -147,6 +150,7 @@ impl Vmm {
                 compression: t.compression,
                 ..Default::default()
             },
+            timing: None,
         }
     }
 

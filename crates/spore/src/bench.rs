@@ -20,7 +20,8 @@ use spore_vmm::devices::legacy::signal::monotonic_ns;
 pub enum BenchCommand {
     /// VMM start to the guest's first mark, and the VMM's own RSS.
     Boot(BootArgs),
-    /// VMM-side latency of tmem calls (1 MiB put/get, single vs batched 4 KiB puts).
+    /// tmem calls: 1 MiB put/get latency (guest and VMM side), single vs batched
+    /// 4 KiB puts, kvserver SET vs TMEMPUT commands/s.
     Tmem(crate::bench_tmem::TmemArgs),
 }
 

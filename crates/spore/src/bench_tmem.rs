@@ -1,6 +1,13 @@
-//! `spore bench tmem`: the VMM side of tmem calls, measured in-process.
+//! `spore bench tmem`: tmem calls measured three ways, with the seed's
+//! figures beside them.
 //!
-//! A real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
+//! - In-process (this module): the VMM side alone, no guest.
+//! - In a guest ([`crate::bench_tmem_guest`]): 1 MiB put/get latency split into
+//!   VMM handling and exit + guest overhead; 4 KiB puts single vs batched.
+//! - Against the kvserver unikernel ([`crate::bench_tmem_kv`]): `SET` vs
+//!   `TMEMPUT` commands/s by value size.
+//!
+//! In-process, a real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
 //! vCPU loop hands them over (the port value of a request block), so this
 //! measures everything the VMM does per call (parse, validate, copy, pool)
 //! but not the guest's exit round trip, which is what batching saves: the
@@ -9,7 +16,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, ensure};
+use anyhow::{bail, ensure, Context};
 use clap::Args;
 use serde_json::{json, Value};
 use spore_abi::tmem::{op, Status, MAX_BATCH};
@@ -19,7 +26,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 #[derive(Args, Debug)]
 pub struct TmemArgs {
-    /// Repetitions of each 1 MiB put and get.
+    /// Repetitions of each 1 MiB put and get (per VM in the guest part).
     #[arg(long, default_value_t = 200)]
     pub runs: usize,
     /// 4 KiB objects in the single-vs-batched comparison.
@@ -28,6 +35,60 @@ pub struct TmemArgs {
     /// Entries per BATCH call.
     #[arg(long, default_value_t = 64)]
     pub batch: u64,
+    /// Single-vs-batched rounds per VM.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// VMs booted for each guest measurement (medians are over all of them).
+    #[arg(long, default_value_t = 3)]
+    pub vm_runs: usize,
+    /// Values per size and command in the kvserver part.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_values: usize,
+    /// Runs per size and command in the kvserver part.
+    #[arg(long, default_value_t = 3)]
+    pub kv_runs: usize,
+    /// Commands the kvserver load client sends before reading replies.
+    #[arg(long, default_value_t = 16)]
+    pub pipeline: usize,
+    /// Fewer iterations everywhere (a smoke run: 5 runs, 256 objects, 1 VM,
+    /// 64 values per size).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only the in-process VMM-side part (no VM).
+    #[arg(long)]
+    pub in_process_only: bool,
+    /// Directory with the `tmem-bench` and `kvserver` unikernel images
+    /// (default: $SPORE_UK_DIR, else crates/spore-uk/target/x86_64-unknown-none/release).
+    #[arg(long)]
+    pub uk_dir: Option<std::path::PathBuf>,
+}
+
+impl TmemArgs {
+    fn apply_quick(&mut self) {
+        if self.quick {
+            self.runs = 5;
+            self.objects = 256;
+            self.rounds = 1;
+            self.vm_runs = 1;
+            self.kv_values = 64;
+            self.kv_runs = 1;
+        }
+    }
+
+    fn uk_image(&self, name: &str) -> anyhow::Result<std::path::PathBuf> {
+        let dir = self
+            .uk_dir
+            .clone()
+            .or_else(|| std::env::var_os("SPORE_UK_DIR").map(Into::into))
+            .unwrap_or_else(|| "crates/spore-uk/target/x86_64-unknown-none/release".into());
+        let p = dir.join(name);
+        ensure!(
+            p.is_file(),
+            "unikernel image {} is missing: run `make uk`, or give --uk-dir (or --in-process-only)",
+            p.display()
+        );
+        Ok(p)
+    }
 }
 
 const BLOCK: u64 = 0x1000;
@@ -182,13 +243,90 @@ fn small_puts(g: &Guest, n: u64, batch: u64) -> anyhow::Result<f64> {
     Ok(total_ns as f64 / n as f64)
 }
 
-pub fn run(a: TmemArgs) -> anyhow::Result<u8> {
-    if a.runs == 0 || a.objects == 0 {
-        bail!("--runs and --objects must be at least 1");
+pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
+    a.apply_quick();
+    if a.runs == 0 || a.objects == 0 || a.rounds == 0 || a.vm_runs == 0 {
+        bail!("--runs, --objects, --rounds and --vm-runs must be at least 1");
+    }
+    if a.kv_values == 0 || a.kv_runs == 0 || a.pipeline == 0 {
+        bail!("--kv-values, --kv-runs and --pipeline must be at least 1");
     }
     if a.batch == 0 || a.batch > MAX_BATCH || a.batch * 64 > VALUES - ARRAY {
         bail!("--batch must be between 1 and {}", (VALUES - ARRAY) / 64);
     }
+    let (in_process, mut summary) = in_process(&a)?;
+    let mut out = json!({
+        "benchmark": "tmem",
+        "machine": super::bench::machine(),
+        "quick": a.quick,
+        "vmm_in_process": in_process,
+    });
+    if !a.in_process_only {
+        let spore = std::env::current_exe().context("locating the spore binary")?;
+        let (bench_uk, kv_uk) = (a.uk_image("tmem-bench")?, a.uk_image("kvserver")?);
+        let scratch = std::env::temp_dir().join(format!("spore-bench-tmem-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch)?;
+        let guest = (|| -> anyhow::Result<(Value, Value, Value)> {
+            let lat =
+                crate::bench_tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
+                    .context("guest 1 MiB latency")?;
+            let bat = crate::bench_tmem_guest::batching(
+                &spore, &bench_uk, a.objects, a.batch, a.rounds, a.vm_runs, &scratch,
+            )
+            .context("guest batching")?;
+            let kv = crate::bench_tmem_kv::run(
+                &spore,
+                &kv_uk,
+                a.kv_values,
+                a.kv_runs,
+                a.pipeline,
+                &scratch,
+            )
+            .context("kvserver SET vs TMEMPUT")?;
+            Ok((lat, bat, kv))
+        })();
+        let _ = std::fs::remove_dir_all(&scratch);
+        let (lat, bat, kv) = guest?;
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        summary = format!(
+            "guest 1 MiB put {:.0} µs ({:.0} VMM + {:.0} exit/guest), get {:.0} µs ({:.0} + {:.0}) [seed: 178, 124]; \
+             4 KiB puts {:.0}/s single vs {:.0}/s batched ({:.1}x, {} vs {} exits); \
+             kvserver SET/TMEMPUT cmds/s {}; {summary}",
+            f(&lat["put"]["guest_total_us"]["median"]),
+            f(&lat["put"]["vmm_handling_us"]),
+            f(&lat["put"]["exit_and_guest_us"]),
+            f(&lat["get"]["guest_total_us"]["median"]),
+            f(&lat["get"]["vmm_handling_us"]),
+            f(&lat["get"]["exit_and_guest_us"]),
+            f(&bat["single"]["objects_per_s"]["median"]),
+            f(&bat["batched"]["objects_per_s"]["median"]),
+            f(&bat["speedup"]),
+            bat["single"]["exits"],
+            bat["batched"]["exits"],
+            kv["sizes"]
+                .as_array()
+                .map(|rows| rows
+                    .iter()
+                    .map(|r| format!(
+                        "{} B {:.0}/{:.0}",
+                        r["value_bytes"],
+                        f(&r["set_cmds_per_s"]["median"]),
+                        f(&r["tmemput_cmds_per_s"]["median"])
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default(),
+        );
+        out["guest"] = json!({ "one_mib": lat, "batching_4k": bat });
+        out["kvserver"] = kv;
+    }
+    eprintln!("tmem: {summary}");
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
+}
+
+/// The in-process part: its JSON and its share of the summary line.
+fn in_process(a: &TmemArgs) -> anyhow::Result<(Value, String)> {
     let mut per_compression = serde_json::Map::new();
     let mut summary = Vec::new();
     for (name, c) in [("none", Compression::None), ("lz4", Compression::Lz4)] {
@@ -196,11 +334,9 @@ pub fn run(a: TmemArgs) -> anyhow::Result<u8> {
         let single = small_puts(&Guest::new(c)?, a.objects, 1)?;
         let batched = small_puts(&Guest::new(c)?, a.objects, a.batch)?;
         summary.push(format!(
-            "{name}: 1 MiB put {:.0} µs, get {:.0} µs (stored {} of {} bytes); 4 KiB put {:.2} µs single, {:.2} µs batched",
+            "{name}: 1 MiB put {:.0} µs, get {:.0} µs, 4 KiB put {:.2} µs single, {:.2} µs batched",
             big["put_us"]["median"].as_f64().unwrap_or(f64::NAN),
             big["get_us"]["median"].as_f64().unwrap_or(f64::NAN),
-            big["bytes_stored"],
-            big["bytes_used"],
             single / 1e3,
             batched / 1e3,
         ));
@@ -212,24 +348,15 @@ pub fn run(a: TmemArgs) -> anyhow::Result<u8> {
             }),
         );
     }
-    eprintln!("tmem (VMM side, in-process): {}", summary.join("; "));
-    eprintln!(
-        "exits for {} 4 KiB puts: {} single, {} batched ({} per call)",
-        a.objects,
-        a.objects,
-        a.objects.div_ceil(a.batch),
-        a.batch
-    );
-    let out = json!({
-        "benchmark": "tmem",
-        "side": "vmm (in-process: device call only, no guest exit)",
-        "machine": super::bench::machine(),
-        "runs": a.runs,
-        "objects_4k": a.objects,
-        "batch": a.batch,
-        "exits_4k": { "single": a.objects, "batched": a.objects.div_ceil(a.batch) },
-        "compression": per_compression,
-    });
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(0)
+    Ok((
+        json!({
+            "side": "vmm (in-process: device call only, no guest exit)",
+            "runs": a.runs,
+            "objects_4k": a.objects,
+            "batch": a.batch,
+            "exits_4k": { "single": a.objects, "batched": a.objects.div_ceil(a.batch) },
+            "compression": per_compression,
+        }),
+        format!("VMM in-process {}", summary.join("; ")),
+    ))
 }

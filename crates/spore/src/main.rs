@@ -4,6 +4,8 @@
 mod api_client;
 mod bench;
 mod bench_tmem;
+mod bench_tmem_guest;
+mod bench_tmem_kv;
 mod host;
 mod mem_cmd;
 mod run;

@@ -53,6 +53,13 @@ pub struct RunArgs {
     /// Give the guest no tmem pool (calls answer DISABLED).
     #[arg(long)]
     pub no_tmem: bool,
+    /// Time the VMM's handling of every tmem call (for benchmarks; reported
+    /// in `GET /tmem` and `--tmem-stats-file` as `timing`).
+    #[arg(long)]
+    pub tmem_timing: bool,
+    /// Write the tmem pool's final `GET /tmem` JSON here when the VM stops.
+    #[arg(long)]
+    pub tmem_stats_file: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -135,6 +142,7 @@ impl RunArgs {
                     CompressionArg::None => Compression::None,
                     CompressionArg::Lz4 => Compression::Lz4,
                 },
+                timing: self.tmem_timing,
             },
             balloon: None,
             memory_hotplug: None,
@@ -150,7 +158,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     host::stop_on_host_signals(vmm.clone())?;
     vmm.start()?;
     host::forward_stdin(vmm.clone());
-    finish(&vmm, args.marks_file.as_deref())
+    // Read the pool once the VM stopped, before `finish` releases it.
+    let tmem_info = args.tmem_stats_file.as_ref().map(|_| {
+        vmm.wait_for_exit();
+        vmm.tmem_info()
+    });
+    let code = finish(&vmm, args.marks_file.as_deref());
+    if let (Some(path), Some(info)) = (&args.tmem_stats_file, tmem_info) {
+        std::fs::write(path, serde_json::to_vec_pretty(&info)?)
+            .with_context(|| format!("writing tmem stats to {}", path.display()))?;
+    }
+    code
 }
 
 /// Waits for the VM to stop, releases it, writes marks, and picks the exit status.

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Compression, MachineConfig, TmemConfig};
-use crate::devices::tmem::PoolStats;
+use crate::devices::tmem::{CallTiming, PoolStats};
 
 /// `PATCH /machine-config`: the fields to change; absent ones keep their value.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,6 +206,7 @@ impl TmemUpdate {
             enabled: self.enabled.unwrap_or(base.enabled),
             quota_bytes: self.quota_bytes.unwrap_or(base.quota_bytes),
             compression: self.compression.unwrap_or(base.compression),
+            timing: base.timing,
         }
     }
 }
@@ -217,4 +218,7 @@ pub struct TmemInfo {
     pub enabled: bool,
     #[serde(flatten)]
     pub stats: PoolStats,
+    /// Per-operation handling time, when `tmem.timing` is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing: Option<CallTiming>,
 }

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use spore_abi::tmem::{Status, TmemStats, TMEM_ADDR_SHIFT};
 use vm_memory::{Bytes, GuestAddress};
@@ -17,6 +18,7 @@ use super::pool::{Compression, Pool, PoolStats, Value};
 use super::request::{
     parse, GuestRange, RawBlock, Request, BLOCK_SIZE, STATUS_OFFSET, VALUE_LEN_OFFSET,
 };
+use super::timing::{CallTimer, CallTiming};
 use crate::devices::bus::lock;
 use crate::devices::virtio::GuestMemoryMmap;
 
@@ -27,6 +29,8 @@ pub struct TmemDevice {
     /// Calls whose block was outside RAM or whose port write was malformed
     /// (the pool's own counters cannot see those when disabled).
     bad_blocks: AtomicU64,
+    /// Handling time per operation, only when benchmarking.
+    timer: Option<CallTimer>,
 }
 
 impl TmemDevice {
@@ -34,6 +38,7 @@ impl TmemDevice {
         Self {
             pool: Some(Mutex::new(Pool::new(quota_bytes, compression))),
             bad_blocks: AtomicU64::new(0),
+            timer: None,
         }
     }
 
@@ -41,7 +46,19 @@ impl TmemDevice {
         Self {
             pool: None,
             bad_blocks: AtomicU64::new(0),
+            timer: None,
         }
+    }
+
+    /// Times every call per operation (see [`super::timing`]).
+    pub fn with_timing(mut self) -> Self {
+        self.timer = Some(CallTimer::default());
+        self
+    }
+
+    /// Handling times so far, `None` unless built [`with_timing`](Self::with_timing).
+    pub fn timing(&self) -> Option<CallTiming> {
+        self.timer.as_ref().map(CallTimer::read)
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -62,6 +79,7 @@ impl TmemDevice {
     /// Handles one call; `value` is what the guest wrote to the port. The
     /// returned status is also in the block when the block is in RAM.
     pub fn call(&self, mem: &GuestMemoryMmap, value: u32) -> Status {
+        let start = self.timer.as_ref().map(|_| Instant::now());
         let addr = GuestAddress(u64::from(value) << TMEM_ADDR_SHIFT);
         let Some(block) = RawBlock::read(mem, addr) else {
             self.bad_blocks.fetch_add(1, Ordering::Relaxed);
@@ -78,6 +96,9 @@ impl TmemDevice {
             },
         };
         write_status(mem, addr, status);
+        if let (Some(timer), Some(start)) = (&self.timer, start) {
+            timer.record(block.op, start);
+        }
         status
     }
 

@@ -10,6 +10,7 @@
 //!   the only code that interprets guest addresses and lengths.
 //! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
 //!   compression, counters. It never sees guest memory.
+//! - [`timing`]: optional per-operation handling time (for `spore bench tmem`).
 //! - [`device`]: [`TmemDevice`], which runs one call: copies keys and values
 //!   between guest memory and the pool and writes statuses back.
 //!
@@ -21,6 +22,8 @@ pub mod pool;
 pub mod request;
 #[cfg(test)]
 mod tests;
+pub mod timing;
 
 pub use device::TmemDevice;
 pub use pool::{Compression, Counters, PoolStats};
+pub use timing::{CallTiming, OpTiming};
