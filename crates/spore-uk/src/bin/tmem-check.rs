@@ -1,7 +1,10 @@
 //! tmem-check: exercises the tmem client against the VMM's tmem device.
 //!
 //! Round trips of 1 B, 4 KiB and 1 MiB values, a get into a too-small
-//! buffer, invalidate then get, a batch of puts and gets, stats and flush.
+//! buffer, invalidate then get, a batch of puts and gets, stats and flush,
+//! then 10,000 random puts, gets and invalidates over 64 keys checked
+//! against a model the guest keeps (each value is regenerated from its seed,
+//! so the model costs a few bytes per key).
 //! Exits 0 when every check passed, 1 on a failed check (printed), 2 when
 //! the VMM has no tmem device.
 #![no_std]
@@ -113,6 +116,71 @@ fn main(_info: &spore_uk::BootInfo) -> i32 {
         Ok(s) => check!(s.objects == 0, "stats after flush: {} objects", s.objects),
         Err(e) => check!(false, "stats: {e}"),
     }
+    if let Err(msg) = random_ops(10_000, 0x5eed_cafe) {
+        println!("tmem-check: FAILED: {msg}");
+        return 1;
+    }
     println!("tmem-check: passed");
     0
+}
+
+/// xorshift64*: deterministic, seeded, good enough to pick operations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+}
+
+/// `ops` random operations over 64 keys; the model holds (seed, length) per key.
+fn random_ops(ops: usize, seed: u64) -> Result<(), alloc::string::String> {
+    use alloc::format;
+    const KEYS: usize = 64;
+    let mut rng = Rng(seed);
+    let mut model: Vec<Option<(usize, usize)>> = vec![None; KEYS];
+    let mut buf = vec![0u8; 16 * 1024];
+    for op in 0..ops {
+        let k = rng.below(KEYS as u64);
+        // Keys of varied length, 1..=40 bytes, all distinct per index.
+        let key: Vec<u8> = (0..=(k % 40)).map(|i| (k * 7 + i) as u8).collect();
+        match rng.below(3) {
+            0 => {
+                let len = match rng.below(16) {
+                    0 => 0,
+                    1 => 16 * 1024,
+                    _ => rng.below(4096) + 1,
+                };
+                tmem::put(&key, &pattern(op, len))
+                    .map_err(|e| format!("op {op}: put {k} ({len} B): {e}"))?;
+                model[k] = Some((op, len));
+            }
+            1 => match (tmem::get(&key, &mut buf), model[k]) {
+                (Ok(n), Some((vseed, len))) if n == len && buf[..n] == pattern(vseed, len)[..] => {}
+                (Err(TmemError::NotFound), None) => {}
+                (got, want) => {
+                    return Err(format!("op {op}: get {k}: {got:?}, model {want:?}"));
+                }
+            },
+            _ => match (tmem::invalidate(&key), model[k].take()) {
+                (Ok(()), Some(_)) | (Err(TmemError::NotFound), None) => {}
+                (got, want) => {
+                    return Err(format!("op {op}: invalidate {k}: {got:?}, model {want:?}"));
+                }
+            },
+        }
+    }
+    let live = model.iter().filter(|m| m.is_some()).count() as u64;
+    let stats = tmem::stats().map_err(|e| format!("stats: {e}"))?;
+    if stats.objects != live {
+        return Err(format!("stats: {} objects, model {live}", stats.objects));
+    }
+    println!("tmem-check: {ops} random operations matched the model ({live} objects)");
+    Ok(())
 }
