@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState, VmState,
 };
-use crate::builder::{build_vm, BuildError, BuildOptions};
+use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
+use crate::builder::{build_vm, restore_vm, BuildError, BuildOptions};
+use crate::snapshot;
 use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
@@ -113,6 +115,61 @@ impl Vmm {
         }
     }
 
+    /// Writes a full snapshot of the paused VM (Firecracker's rule: pause first).
+    pub fn create_snapshot(
+        &self,
+        p: &SnapshotCreateParams,
+    ) -> Result<snapshot::SnapshotInfo, SnapshotApiError> {
+        if p.snapshot_type != SnapshotType::Full {
+            return Err(SnapshotApiError::Unsupported(
+                "only Full snapshots are supported so far",
+            ));
+        }
+        let inner = lock(&self.inner);
+        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
+        Ok(snapshot::create_full(
+            vm,
+            &inner.config,
+            std::path::Path::new(&p.snapshot_path),
+            std::path::Path::new(&p.mem_file_path),
+        )?)
+    }
+
+    /// Builds the VM from a snapshot instead of a boot source; only on a VMM
+    /// that has not started a VM. Without `resume` the VM waits paused.
+    pub fn load_snapshot(
+        &self,
+        state_path: &std::path::Path,
+        mem_path: &std::path::Path,
+        resume: bool,
+    ) -> Result<(), SnapshotApiError> {
+        let mut inner = lock(&self.inner);
+        if inner.vm.is_some() || self.control.stop_reason().is_some() {
+            return Err(SnapshotApiError::AlreadyStarted);
+        }
+        let loaded = snapshot::load(state_path, mem_path)?;
+        let serial_out = inner
+            .serial_out
+            .take()
+            .ok_or(SnapshotApiError::AlreadyStarted)?;
+        let opts = BuildOptions {
+            serial_out,
+            control: self.control.clone(),
+        };
+        let mut vm = match restore_vm(&loaded.config, &loaded.state, loaded.mem_file, opts) {
+            Ok(vm) => vm,
+            Err(e) => {
+                inner.serial_out = Some(Box::new(std::io::stdout()));
+                return Err(SnapshotApiError::Build(e));
+            }
+        };
+        let started = if resume { vm.start() } else { vm.start_paused() };
+        started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        inner.config = loaded.config;
+        inner.vm = Some(vm);
+        Ok(())
+    }
+
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() {
@@ -123,6 +180,22 @@ impl Vmm {
         f(&mut inner.config);
         Ok(ApiResponse::NoContent)
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotApiError {
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("the microVM is not started; there is nothing to snapshot")]
+    NoVm,
+    #[error("a snapshot can only be loaded before any microVM was started or loaded in this VMM")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error("cannot restore the microVM: {0}")]
+    Build(#[source] BuildError),
+    #[error("cannot start the restored microVM: {0}")]
+    Start(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +261,20 @@ impl ApiHandler for Vmm {
                 Ok(ApiResponse::NoContent)
             }
             ApiRequest::Action(ActionType::FlushMetrics) => Ok(ApiResponse::NoContent),
+            ApiRequest::CreateSnapshot(p) => {
+                let info = self.create_snapshot(&p).map_err(bad)?;
+                ApiResponse::json(&info.manifest)
+            }
+            ApiRequest::LoadSnapshot(p) => {
+                let mem = p.mem_file().map_err(ApiError::BadRequest)?;
+                self.load_snapshot(
+                    std::path::Path::new(&p.snapshot_path),
+                    std::path::Path::new(mem),
+                    p.resume_vm,
+                )
+                .map_err(bad)?;
+                Ok(ApiResponse::NoContent)
+            }
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner

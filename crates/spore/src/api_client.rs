@@ -33,15 +33,32 @@ pub fn run(a: ApiArgs) -> anyhow::Result<u8> {
             a.path
         );
     }
-    let mut s = UnixStream::connect(&a.socket)
-        .with_context(|| format!("connecting to {}", a.socket.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let body = a.body.unwrap_or_default();
+    let (status, body) = request(&a.socket, &method, &a.path, &body)?;
+    if !body.is_empty() {
+        println!("{body}");
+    }
+    if status >= 400 {
+        bail!("{method} {} -> HTTP {status}", a.path);
+    }
+    Ok(0)
+}
+
+/// Sends one request; returns the HTTP status and the response body.
+pub fn request(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
     write!(
         s,
         "{method} {} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        a.path,
+        path,
         body.len()
     )?;
     let mut resp = Vec::new();
@@ -53,11 +70,5 @@ pub fn run(a: ApiArgs) -> anyhow::Result<u8> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .context("malformed HTTP response")?;
-    if !body.is_empty() {
-        println!("{body}");
-    }
-    if status >= 400 {
-        bail!("{method} {} -> HTTP {status}", a.path);
-    }
-    Ok(0)
+    Ok((status, body.to_string()))
 }

@@ -6,6 +6,7 @@ mod bench;
 mod host;
 mod run;
 mod size;
+mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
 
@@ -38,6 +39,10 @@ enum Command {
     Vsock(vsock_cmd::VsockCommand),
     /// Send one request to a VMM's API socket and print the reply.
     Api(api_client::ApiArgs),
+    /// Snapshots: create one from a running VMM, restore one in a new
+    /// process, inspect one.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => bench::run(b),
         Command::Vsock(v) => vsock_cmd::run(v),
         Command::Api(a) => api_client::run(a),
+        Command::Snapshot(s) => snapshot_cmd::run(s),
     };
     match result {
         Ok(code) => ExitCode::from(code),

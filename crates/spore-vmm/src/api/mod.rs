@@ -23,6 +23,7 @@ pub mod body;
 pub mod request;
 pub mod response;
 pub mod server;
+pub mod snapshot_body;
 mod socket;
 
 pub use body::{ActionType, InstanceInfo, InstanceState, MachineConfigPatch, VmState};
@@ -55,6 +56,10 @@ pub enum ApiRequest {
     Action(ActionType),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `PUT /snapshot/create`.
+    CreateSnapshot(snapshot_body::SnapshotCreateParams),
+    /// `PUT /snapshot/load`.
+    LoadSnapshot(snapshot_body::SnapshotLoadParams),
 }
 
 /// What a successful request answers.

@@ -24,6 +24,8 @@ enum Resource<'a> {
     Vsock,
     Actions,
     Vm,
+    SnapshotCreate,
+    SnapshotLoad,
 }
 
 impl Resource<'_> {
@@ -36,6 +38,7 @@ impl Resource<'_> {
                 &["PUT"]
             }
             Resource::Vm => &["PATCH"],
+            Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
         }
     }
 }
@@ -55,6 +58,8 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/vsock" => Resource::Vsock,
         "/actions" => Resource::Actions,
         "/vm" => Resource::Vm,
+        "/snapshot/create" => Resource::SnapshotCreate,
+        "/snapshot/load" => Resource::SnapshotLoad,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -119,6 +124,8 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
             ApiRequest::Action(decode::<InstanceActionInfo>(m, path, body)?.action_type)
         }
         (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
+        (Resource::SnapshotCreate, "PUT") => ApiRequest::CreateSnapshot(decode(m, path, body)?),
+        (Resource::SnapshotLoad, "PUT") => ApiRequest::LoadSnapshot(decode(m, path, body)?),
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",

@@ -1,0 +1,162 @@
+//! Writing guest RAM to a sparse memory file, and checking one before a
+//! restore maps it.
+//!
+//! The memory file has the memfd's layout: RAM regions back to back in
+//! guest-physical order. Only data is written: ranges the memfd reports as
+//! holes (`SEEK_DATA`/`SEEK_HOLE`, pages never touched) are skipped, and so
+//! is every all-zero page inside data ranges, so the file's holes read as
+//! zeros and cost no disk. A privately mapped RAM (a restored VM) has no
+//! memfd with its contents; there every page of the mapping is checked.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::memory::GuestRam;
+
+const PAGE: usize = 4096;
+
+/// Where a data range lies: an offset in the memory file and the host
+/// address of the same bytes.
+fn region_spans(ram: &GuestRam) -> Vec<(u64, *const u8, usize)> {
+    let mut spans = Vec::new();
+    let mut offset = 0u64;
+    for region in ram.memory().iter() {
+        let len = region.len() as usize;
+        spans.push((offset, region.as_ptr() as *const u8, len));
+        offset += len as u64;
+    }
+    spans
+}
+
+/// Data ranges of a shared memfd, as (offset, len), via SEEK_DATA/SEEK_HOLE.
+fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    let raw = fd.as_raw_fd();
+    while (pos as u64) < size {
+        // SAFETY: lseek on an fd we own; it only moves the file offset.
+        let start = unsafe { libc::lseek(raw, pos, libc::SEEK_DATA) };
+        if start < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data past pos
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(raw, start, libc::SEEK_HOLE) };
+        if end < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let end = (end as u64).min(size);
+        if end > start as u64 {
+            out.push((start as u64, end - start as u64));
+        }
+        pos = end as i64;
+    }
+    Ok(out)
+}
+
+/// Writes the non-zero pages of RAM into `out` (already sized by the caller
+/// to the RAM size). The guest must be paused and devices quiesced. Returns
+/// the bytes written.
+pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
+    out.set_len(ram.size())?;
+    let ranges = if ram.is_private() {
+        vec![(0, ram.size())]
+    } else {
+        data_ranges(ram.memfd(), ram.size())?
+    };
+    let spans = region_spans(ram);
+    let mut written = 0u64;
+    for (start, len) in ranges {
+        for &(span_off, ptr, span_len) in &spans {
+            let lo = start.max(span_off);
+            let hi = (start + len).min(span_off + span_len as u64);
+            if lo >= hi {
+                continue;
+            }
+            // SAFETY: [ptr, ptr + span_len) is a live mapping of guest RAM
+            // owned by `ram`; the guest is paused and device workers are
+            // stopped, so nobody writes it while we read.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
+            let from = (lo - span_off) as usize;
+            let to = (hi - span_off) as usize;
+            written += write_nonzero(&bytes[from..to], out, lo)?;
+        }
+    }
+    Ok(written)
+}
+
+/// Writes runs of non-zero pages of `data` at `file_off` onward.
+fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
+    let mut written = 0u64;
+    let mut run_start: Option<usize> = None;
+    let mut i = 0;
+    while i < data.len() {
+        let end = (i + PAGE).min(data.len());
+        let zero = data[i..end].iter().all(|&b| b == 0);
+        match (zero, run_start) {
+            (false, None) => run_start = Some(i),
+            (true, Some(s)) => {
+                out.write_all_at(&data[s..i], file_off + s as u64)?;
+                written += (i - s) as u64;
+                run_start = None;
+            }
+            _ => {}
+        }
+        i = end;
+    }
+    if let Some(s) = run_start {
+        out.write_all_at(&data[s..], file_off + s as u64)?;
+        written += (data.len() - s) as u64;
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn only_touched_pages_take_disk() {
+        let ram = GuestRam::new(64 << 20).unwrap();
+        ram.memory()
+            .write_slice(&[0xaa; 8192], GuestAddress(0x10_0000))
+            .unwrap();
+        ram.memory().write_obj(0x55u8, GuestAddress(0x300_0000)).unwrap();
+        // A touched but zero page is not written either.
+        ram.memory().write_obj(0u8, GuestAddress(0x200_0000)).unwrap();
+        let path = std::env::temp_dir().join(format!("spore-mem-{}", std::process::id()));
+        let f = File::create(&path).unwrap();
+        let n = write_sparse(&ram, &f).unwrap();
+        assert_eq!(n, 3 * 4096);
+        let md = std::fs::metadata(&path).unwrap();
+        assert_eq!(md.len(), 64 << 20);
+        assert!(md.blocks() * 512 <= 64 * 1024, "{} blocks", md.blocks());
+        // Map it back privately: same bytes.
+        let back = GuestRam::from_snapshot_file(File::open(&path).unwrap(), 64 << 20).unwrap();
+        let mut buf = [0u8; 8192];
+        back.memory().read_slice(&mut buf, GuestAddress(0x10_0000)).unwrap();
+        assert!(buf.iter().all(|&b| b == 0xaa));
+        let v: u8 = back.memory().read_obj(GuestAddress(0x300_0000)).unwrap();
+        assert_eq!(v, 0x55);
+        // Writes stay private to the mapping.
+        back.memory().write_obj(1u8, GuestAddress(0)).unwrap();
+        let f2 = File::open(&path).unwrap();
+        let mut b = [9u8];
+        f2.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b[0], 0);
+        // And a private RAM writes out its own view.
+        let path2 = path.with_extension("2");
+        let n2 = write_sparse(&back, &File::create(&path2).unwrap()).unwrap();
+        assert_eq!(n2, 4 * 4096);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&path2).unwrap();
+    }
+}
