@@ -28,11 +28,11 @@ use crate::devices::legacy::signal::SignalPort;
 use crate::devices::virtio::blk::{Block, BlockError};
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::snapshot::MicrovmState;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{VirtioDevice, VirtioInterrupt};
 use crate::memory::{GuestRam, MemoryError};
+use crate::snapshot::MicrovmState;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::vcpu::{Vcpu, VcpuIo};
 use crate::vm::wake::GuestWake;
@@ -153,8 +153,9 @@ impl VirtioSlots<'_> {
         let transport = match self.restore {
             None => MmioTransport::new(device, mem, interrupt).map_err(|e| e.to_string()),
             Some(states) => match states.get(index) {
-                Some(state) => MmioTransport::restore(device, mem, interrupt, state)
-                    .map_err(|e| e.to_string()),
+                Some(state) => {
+                    MmioTransport::restore(device, mem, interrupt, state).map_err(|e| e.to_string())
+                }
                 None => Err(format!(
                     "the snapshot has {} virtio devices, this VM more",
                     states.len()
@@ -287,14 +288,16 @@ fn build(
     let mut pio = Bus::new();
     let serial_irq = new_irqfd(&vm_fd, irqchip, layout::SERIAL_IRQ)?;
     let serial_trigger = IrqTrigger::new(serial_irq, wake.clone());
-    let serial = Arc::new(Mutex::new(match state {
-        Some(s) => SerialDevice::restore(serial_trigger, opts.serial_out, &s.serial)
-            .map_err(|detail| BuildError::Device {
-                what: "serial",
-                detail,
-            })?,
-        None => SerialDevice::new(serial_trigger, opts.serial_out),
-    }));
+    let serial =
+        Arc::new(Mutex::new(match state {
+            Some(s) => SerialDevice::restore(serial_trigger, opts.serial_out, &s.serial).map_err(
+                |detail| BuildError::Device {
+                    what: "serial",
+                    detail,
+                },
+            )?,
+            None => SerialDevice::new(serial_trigger, opts.serial_out),
+        }));
     pio.insert(
         layout::SERIAL_PORT_BASE,
         layout::SERIAL_PORT_LEN,
@@ -304,12 +307,10 @@ fn build(
         let kbd_irq = new_irqfd(&vm_fd, irqchip, layout::I8042_IRQ)?;
         let ctl = control.clone();
         let on_reset = Box::new(move || ctl.stop(StopReason::Reset));
-        let dev = Arc::new(Mutex::new(
-            match state.and_then(|s| s.i8042.as_ref()) {
-                Some(saved) => I8042::restore(kbd_irq, on_reset, saved),
-                None => I8042::new(kbd_irq, on_reset),
-            },
-        ));
+        let dev = Arc::new(Mutex::new(match state.and_then(|s| s.i8042.as_ref()) {
+            Some(saved) => I8042::restore(kbd_irq, on_reset, saved),
+            None => I8042::new(kbd_irq, on_reset),
+        }));
         pio.insert(layout::I8042_PORT_BASE, layout::I8042_PORT_LEN, dev.clone())?;
         Some(dev)
     } else {

@@ -6,16 +6,16 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState, VmState,
 };
-use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
 use crate::builder::{build_vm, restore_vm, BuildError, BuildOptions};
-use crate::snapshot;
 use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
+use crate::snapshot;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -163,7 +163,11 @@ impl Vmm {
                 return Err(SnapshotApiError::Build(e));
             }
         };
-        let started = if resume { vm.start() } else { vm.start_paused() };
+        let started = if resume {
+            vm.start()
+        } else {
+            vm.start_paused()
+        };
         started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
         inner.config = loaded.config;
         inner.vm = Some(vm);

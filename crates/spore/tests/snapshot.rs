@@ -101,10 +101,18 @@ fn kvm_snapshot_restore_in_new_process_continues_counting_with_memory_intact() {
         tail.push(l);
     }
     assert!(!tail.iter().any(|l| l.starts_with("verify")), "{tail:?}");
-    let last = *counts(&before).iter().chain(counts(&tail).iter()).max().unwrap();
+    let last = *counts(&before)
+        .iter()
+        .chain(counts(&tail).iter())
+        .max()
+        .unwrap();
     assert!(status.code().is_some(), "VMM died by a signal: {status:?}");
 
-    let inspect = spore().args(["snapshot", "inspect"]).arg(&state).output().unwrap();
+    let inspect = spore()
+        .args(["snapshot", "inspect"])
+        .arg(&state)
+        .output()
+        .unwrap();
     assert!(inspect.status.success(), "{}", stderr_of(&inspect));
     let manifest: serde_json::Value = serde_json::from_str(&stdout_of(&inspect)).unwrap();
     assert_eq!(manifest["mem_size_bytes"], 128u64 << 20);
@@ -120,14 +128,28 @@ fn kvm_snapshot_restore_in_new_process_continues_counting_with_memory_intact() {
             .output()
             .unwrap();
         let out = stdout_of(&o);
-        assert_eq!(o.status.code(), Some(0), "restore: {out}\n{}", stderr_of(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "restore: {out}\n{}",
+            stderr_of(&o)
+        );
         let lines: Vec<String> = out.lines().map(str::to_string).collect();
-        assert!(!lines.iter().any(|l| l.starts_with("filled")), "guest restarted: {out}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("filled")),
+            "guest restarted: {out}"
+        );
         let c = counts(&lines);
-        assert_eq!(c.first().copied(), Some(last + 1), "count did not continue: {out}");
+        assert_eq!(
+            c.first().copied(),
+            Some(last + 1),
+            "count did not continue: {out}"
+        );
         assert_eq!(c.last().copied(), Some(39), "{out}");
         assert!(
-            lines.iter().any(|l| l.starts_with("verify ok") && l.ends_with("pages=12288")),
+            lines
+                .iter()
+                .any(|l| l.starts_with("verify ok") && l.ends_with("pages=12288")),
             "{out}"
         );
     }
@@ -183,8 +205,14 @@ fn kvm_idle_1gib_guest_memory_file_is_sparse() {
     assert_eq!(md.len(), 1 << 30);
     let on_disk = md.blocks() * 512;
     // 4 MiB of pattern + page tables, heap metadata, the image: well under 32 MiB.
-    assert!(on_disk < 32 << 20, "memory file takes {on_disk} bytes on disk");
-    assert!(on_disk >= 4 << 20, "memory file too small to hold the pattern: {on_disk}");
+    assert!(
+        on_disk < 32 << 20,
+        "memory file takes {on_disk} bytes on disk"
+    );
+    assert!(
+        on_disk >= 4 << 20,
+        "memory file too small to hold the pattern: {on_disk}"
+    );
 }
 
 #[test]
@@ -215,11 +243,18 @@ fn kvm_bad_snapshots_are_refused() {
     };
     let o = restore(&state, &mem128);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr_of(&o).contains("has 134217728 bytes but the snapshot's guest has 67108864"), "{}", stderr_of(&o));
+    assert!(
+        stderr_of(&o).contains("has 134217728 bytes but the snapshot's guest has 67108864"),
+        "{}",
+        stderr_of(&o)
+    );
 
     let truncated = s.path("trunc.mem");
     std::fs::copy(&mem, &truncated).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&truncated).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&truncated)
+        .unwrap();
     f.set_len((64 << 20) - 4096).unwrap();
     let o = restore(&state, &truncated);
     assert_eq!(o.status.code(), Some(1));
@@ -232,5 +267,9 @@ fn kvm_bad_snapshots_are_refused() {
     std::fs::write(&flipped, &bytes).unwrap();
     let o = restore(&flipped, &mem);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr_of(&o).contains("checksum mismatch"), "{}", stderr_of(&o));
+    assert!(
+        stderr_of(&o).contains("checksum mismatch"),
+        "{}",
+        stderr_of(&o)
+    );
 }

@@ -122,7 +122,12 @@ pub fn decode<'a>(path: &str, bytes: &'a [u8]) -> Result<(Manifest, &'a [u8]), F
         bytes,
         pos: MAGIC.len(),
     };
-    let version = u32::from_le_bytes(r.take(4).ok_or_else(truncated)?.try_into().map_err(|_| truncated())?);
+    let version = u32::from_le_bytes(
+        r.take(4)
+            .ok_or_else(truncated)?
+            .try_into()
+            .map_err(|_| truncated())?,
+    );
     if version != FORMAT_VERSION {
         return Err(FormatError::Version {
             path: path.to_string(),
@@ -328,9 +333,15 @@ mod tests {
         let bytes = encode(&manifest(3), b"abc").unwrap();
         let mut v = bytes.clone();
         v[8] = 9;
-        assert!(matches!(decode("f", &v), Err(FormatError::Version { found: 9, .. })));
+        assert!(matches!(
+            decode("f", &v),
+            Err(FormatError::Version { found: 9, .. })
+        ));
         for n in 0..bytes.len() {
-            assert!(decode("f", &bytes[..n]).is_err(), "truncated to {n} accepted");
+            assert!(
+                decode("f", &bytes[..n]).is_err(),
+                "truncated to {n} accepted"
+            );
         }
         assert!(matches!(
             decode("f", &bytes[..bytes.len() - 1]),

@@ -129,9 +129,13 @@ mod tests {
         ram.memory()
             .write_slice(&[0xaa; 8192], GuestAddress(0x10_0000))
             .unwrap();
-        ram.memory().write_obj(0x55u8, GuestAddress(0x300_0000)).unwrap();
+        ram.memory()
+            .write_obj(0x55u8, GuestAddress(0x300_0000))
+            .unwrap();
         // A touched but zero page is not written either.
-        ram.memory().write_obj(0u8, GuestAddress(0x200_0000)).unwrap();
+        ram.memory()
+            .write_obj(0u8, GuestAddress(0x200_0000))
+            .unwrap();
         let path = std::env::temp_dir().join(format!("spore-mem-{}", std::process::id()));
         let f = File::create(&path).unwrap();
         let n = write_sparse(&ram, &f).unwrap();
@@ -142,7 +146,9 @@ mod tests {
         // Map it back privately: same bytes.
         let back = GuestRam::from_snapshot_file(File::open(&path).unwrap(), 64 << 20).unwrap();
         let mut buf = [0u8; 8192];
-        back.memory().read_slice(&mut buf, GuestAddress(0x10_0000)).unwrap();
+        back.memory()
+            .read_slice(&mut buf, GuestAddress(0x10_0000))
+            .unwrap();
         assert!(buf.iter().all(|&b| b == 0xaa));
         let v: u8 = back.memory().read_obj(GuestAddress(0x300_0000)).unwrap();
         assert_eq!(v, 0x55);

@@ -10,6 +10,9 @@
 
 pub mod format;
 pub mod memory;
+pub mod persist;
+
+pub use persist::Persist;
 
 use std::fs::File;
 use std::path::Path;
@@ -22,8 +25,8 @@ use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
-use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::device_type;
+use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
 use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, FORMAT_VERSION};
@@ -239,10 +242,14 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
             ),
             _ => ("virtio", format!("type {}", t.device_type)),
         };
-        let status = if t.activated { "" } else { ", inactive" };
+        let detail = match (detail.is_empty(), t.activated) {
+            (_, true) => detail,
+            (true, false) => "inactive".to_string(),
+            (false, false) => format!("{detail}, inactive"),
+        };
         out.push(DeviceInfo {
             kind: kind.into(),
-            detail: format!("{detail}{status}"),
+            detail,
         });
     }
     out
@@ -283,9 +290,21 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
     })?;
     for (field, m, s) in [
         ("the memory size", manifest.mem_size_bytes, state.mem_size),
-        ("the vCPU count", u64::from(manifest.vcpu_count), state.vcpus.len() as u64),
-        ("the configured memory size", state.mem_size, config.machine.mem_bytes()),
-        ("the configured vCPU count", state.vcpus.len() as u64, config.machine.vcpu_count),
+        (
+            "the vCPU count",
+            u64::from(manifest.vcpu_count),
+            state.vcpus.len() as u64,
+        ),
+        (
+            "the configured memory size",
+            state.mem_size,
+            config.machine.mem_bytes(),
+        ),
+        (
+            "the configured vCPU count",
+            state.vcpus.len() as u64,
+            config.machine.vcpu_count,
+        ),
     ] {
         if m != s {
             return Err(SnapshotError::Inconsistent {
@@ -321,4 +340,114 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
         config,
         mem_file,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MachineConfig;
+    use format::encode;
+
+    fn vcpu() -> VcpuState {
+        VcpuState {
+            id: 0,
+            cpuid: Vec::new(),
+            regs: Default::default(),
+            sregs: Default::default(),
+            xsave: Default::default(),
+            xcrs: Default::default(),
+            msrs: Vec::new(),
+            lapic: None,
+            mp_state: Default::default(),
+            events: Default::default(),
+            debug_regs: Default::default(),
+            tsc_khz: None,
+        }
+    }
+
+    /// Writes a state file for a 1-vCPU, `mib` MiB guest; `vcpus_in_manifest`
+    /// lets a test make the manifest disagree with the state.
+    fn write_state(path: &Path, mib: u64, vcpus_in_manifest: u32) {
+        let config = VmConfig {
+            machine: MachineConfig {
+                vcpu_count: 1,
+                mem_size_mib: mib,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let state = MicrovmState {
+            config_json: serde_json::to_string(&config).unwrap(),
+            kind: GuestKind::Unikernel,
+            mem_size: mib << 20,
+            vm: VmState {
+                irqchips: Vec::new(),
+                pit: None,
+                clock: Default::default(),
+            },
+            vcpus: vec![vcpu()],
+            serial: Default::default(),
+            i8042: None,
+            virtio: Vec::new(),
+        };
+        let bytes = bincode::serialize(&state).unwrap();
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            spore_version: "test".into(),
+            created_unix_ms: 0,
+            guest: "unikernel".into(),
+            vcpu_count: vcpus_in_manifest,
+            mem_size_bytes: mib << 20,
+            devices: devices(&config, &state),
+            layer: Layer {
+                id: random_id(),
+                kind: LayerKind::Full,
+                parent: None,
+                mem_file_size: mib << 20,
+                mem_data_bytes: 0,
+            },
+            state_bytes: bytes.len() as u64,
+        };
+        std::fs::write(path, encode(&manifest, &bytes).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn load_checks_the_memory_file_and_the_manifest() {
+        let dir = std::env::temp_dir().join(format!("spore-snap-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (state, mem) = (dir.join("s"), dir.join("m"));
+        write_state(&state, 4, 1);
+        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        let loaded = load(&state, &mem).unwrap();
+        assert_eq!(loaded.config.machine.mem_size_mib, 4);
+        assert_eq!(loaded.state.vcpus.len(), 1);
+
+        // A memory file of another size (truncated, or another VM's).
+        for len in [(4 << 20) - 4096, 8 << 20, 0] {
+            File::create(&mem).unwrap().set_len(len).unwrap();
+            let e = load(&state, &mem).err().unwrap();
+            assert!(matches!(e, SnapshotError::MemorySize { .. }), "{e}");
+        }
+        std::fs::remove_file(&mem).unwrap();
+        assert!(matches!(
+            load(&state, &mem).err().unwrap(),
+            SnapshotError::MemoryOpen { .. }
+        ));
+
+        // A manifest that disagrees with the state it carries.
+        write_state(&state, 4, 2);
+        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        let e = load(&state, &mem).err().unwrap();
+        assert!(e.to_string().contains("vCPU count"), "{e}");
+
+        // A flipped byte anywhere.
+        write_state(&state, 4, 1);
+        let mut bytes = std::fs::read(&state).unwrap();
+        let n = bytes.len();
+        bytes[n - 10] ^= 0x80;
+        std::fs::write(&state, &bytes).unwrap();
+        let e = load(&state, &mem).err().unwrap();
+        assert!(e.to_string().contains("checksum"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -20,7 +20,11 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmStateError {
     move |source| VmStateError { what, source }
 }
 
-const CHIPS: [u32; 3] = [KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQCHIP_IOAPIC];
+const CHIPS: [u32; 3] = [
+    KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE,
+    KVM_IRQCHIP_IOAPIC,
+];
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VmState {
@@ -98,6 +102,11 @@ mod tests {
         }
         back.restore(&vm2).unwrap();
         let c = vm2.get_clock().unwrap();
-        assert!(c.clock >= s.clock.clock, "kvmclock went back: {} < {}", c.clock, s.clock.clock);
+        assert!(
+            c.clock >= s.clock.clock,
+            "kvmclock went back: {} < {}",
+            c.clock,
+            s.clock.clock
+        );
     }
 }

@@ -83,7 +83,9 @@ impl VcpuState {
             lapic,
             mp_state: fd.get_mp_state().map_err(kvm("read the MP state"))?,
             events: fd.get_vcpu_events().map_err(kvm("read the vCPU events"))?,
-            debug_regs: fd.get_debug_regs().map_err(kvm("read the debug registers"))?,
+            debug_regs: fd
+                .get_debug_regs()
+                .map_err(kvm("read the debug registers"))?,
             tsc_khz: fd.get_tsc_khz().ok(),
         })
     }
@@ -109,7 +111,8 @@ impl VcpuState {
                 }
             }
         }
-        fd.set_sregs(&self.sregs).map_err(kvm("set the system registers"))?;
+        fd.set_sregs(&self.sregs)
+            .map_err(kvm("set the system registers"))?;
         fd.set_regs(&self.regs).map_err(kvm("set the registers"))?;
         // SAFETY: the xsave area comes from KVM_GET_XSAVE of a vCPU with the
         // same CPUID (restored above), which is what KVM_SET_XSAVE expects.
@@ -165,10 +168,7 @@ fn read_msrs(id: u8, fd: &VcpuFd, list: &[u32]) -> Result<Vec<(u32, u64)>, VcpuS
             })?;
         out.extend(msrs.as_slice()[..n].iter().map(|e| (e.index, e.data)));
         if n < chunk.len() {
-            tracing::debug!(
-                "vCPU {id}: KVM cannot read MSR {:#x}; not saved",
-                chunk[n]
-            );
+            tracing::debug!("vCPU {id}: KVM cannot read MSR {:#x}; not saved", chunk[n]);
             rest = &rest[n + 1..];
         } else {
             rest = &rest[chunk.len()..];

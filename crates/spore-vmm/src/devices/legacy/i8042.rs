@@ -212,6 +212,20 @@ impl BusDevice for I8042 {
     }
 }
 
+impl crate::snapshot::Persist for I8042 {
+    type State = I8042State;
+    type Args = (EventFd, Box<dyn Fn() + Send>);
+    type Error = std::convert::Infallible;
+
+    fn save(&self) -> I8042State {
+        I8042::save(self)
+    }
+
+    fn restore((irq, on_reset): Self::Args, state: &I8042State) -> Result<Self, Self::Error> {
+        Ok(I8042::restore(irq, on_reset, state))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,6 +123,20 @@ impl SerialDevice {
     }
 }
 
+impl crate::snapshot::Persist for SerialDevice {
+    type State = SerialSnapshot;
+    type Args = (IrqTrigger, SerialOut);
+    type Error = String;
+
+    fn save(&self) -> SerialSnapshot {
+        SerialDevice::save(self)
+    }
+
+    fn restore((trigger, out): Self::Args, state: &SerialSnapshot) -> Result<Self, String> {
+        SerialDevice::restore(trigger, out, state)
+    }
+}
+
 impl BusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if data.len() == 1 && offset < 8 {

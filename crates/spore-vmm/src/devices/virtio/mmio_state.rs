@@ -188,11 +188,9 @@ impl MmioTransport {
         if config_bytes(device.as_ref()) != state.config {
             return Err(TransportStateError::Config { device_type });
         }
-        let mut t = Self::new(device, mem, interrupt).map_err(|e| {
-            TransportStateError::Device {
-                device_type,
-                detail: e.to_string(),
-            }
+        let mut t = Self::new(device, mem, interrupt).map_err(|e| TransportStateError::Device {
+            device_type,
+            detail: e.to_string(),
         })?;
         if state.queues.len() != t.queues.len() {
             return Err(TransportStateError::QueueCount {
@@ -244,6 +242,24 @@ impl MmioTransport {
     }
 }
 
+impl crate::snapshot::Persist for MmioTransport {
+    type State = MmioTransportState;
+    type Args = (Box<dyn VirtioDevice>, GuestMemoryMmap, Arc<VirtioInterrupt>);
+    type Error = TransportStateError;
+
+    /// See [`MmioTransport::save`]: quiesce the device first.
+    fn save(&self) -> MmioTransportState {
+        MmioTransport::save(self)
+    }
+
+    fn restore(
+        (device, mem, interrupt): Self::Args,
+        state: &MmioTransportState,
+    ) -> Result<Self, TransportStateError> {
+        MmioTransport::restore(device, mem, interrupt, state)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,7 +270,10 @@ mod tests {
 
     fn transport(mem: &GuestMemoryMmap) -> MmioTransport {
         let wake = Arc::new(GuestWake::new().unwrap());
-        let irq = Arc::new(VirtioInterrupt::new(EventFd::new(EFD_NONBLOCK).unwrap(), wake));
+        let irq = Arc::new(VirtioInterrupt::new(
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            wake,
+        ));
         MmioTransport::new(Box::new(Rng::new()), mem.clone(), irq).unwrap()
     }
 
@@ -290,7 +309,10 @@ mod tests {
         let bytes = bincode::serialize(&saved).unwrap();
         let back: MmioTransportState = bincode::deserialize(&bytes).unwrap();
         let wake = Arc::new(GuestWake::new().unwrap());
-        let irq = Arc::new(VirtioInterrupt::new(EventFd::new(EFD_NONBLOCK).unwrap(), wake));
+        let irq = Arc::new(VirtioInterrupt::new(
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            wake,
+        ));
         let r = MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq, &back).unwrap();
         assert!(r.is_activated());
         assert_eq!(r.save(), saved);
@@ -303,8 +325,13 @@ mod tests {
         let mut s = t.save();
         s.device_type = 2;
         let wake = Arc::new(GuestWake::new().unwrap());
-        let irq = Arc::new(VirtioInterrupt::new(EventFd::new(EFD_NONBLOCK).unwrap(), wake));
-        assert!(MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq.clone(), &s).is_err());
+        let irq = Arc::new(VirtioInterrupt::new(
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            wake,
+        ));
+        assert!(
+            MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq.clone(), &s).is_err()
+        );
         let mut s = t.save();
         s.queues.push(s.queues[0]);
         assert!(MmioTransport::restore(Box::new(Rng::new()), mem, irq, &s).is_err());
