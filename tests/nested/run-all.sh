@@ -2,7 +2,8 @@
 # Tier 3: every nested scenario, each in its own QEMU (L1) boot.
 #   tests/nested/run-all.sh --spore STATIC_SPORE [--only NAME]
 # NAME: foundation (Linux guest through the API: CPUs, disks, rng, vsock,
-# pause/resume, reboot), demo (a plain `spore run` boot), bench (boot benchmark).
+# pause/resume, reboot), demo (a plain `spore run` boot), snapshot (a Linux guest
+# snapshotted and restored twice in new processes), bench (boot benchmark).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +16,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|bench]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|snapshot|bench]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -54,6 +55,8 @@ run_one foundation --scenario "$here/scenarios/foundation.sh" \
     --out-dir "$work/out-foundation"
 run_one demo --scenario "$here/scenarios/demo.sh" \
     --guest-scenario "$here/scenarios/guest/demo.sh"
+run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
+    --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
 run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 
 echo "nested: $passed passed, $failed failed, $skipped skipped"

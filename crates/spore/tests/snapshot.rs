@@ -273,3 +273,61 @@ fn kvm_bad_snapshots_are_refused() {
         stderr_of(&o)
     );
 }
+
+#[test]
+fn kvm_load_through_the_api_waits_paused_until_resumed() {
+    require_kvm();
+    let s = Scratch::new("snap-api-load");
+    let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
+    let (mut vmm, rx) = start_vmm(&sock, 64, "mib=2 rounds=12 sleep_ms=20");
+    read_until(&rx, "count 3");
+    snapshot_create(&sock, &state, &mem, true);
+    vmm.wait().unwrap();
+    let mut tail = vec!["count 3".to_string()];
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+        tail.push(l);
+    }
+    let last = *counts(&tail).iter().max().unwrap();
+
+    let sock2 = s.path("api2.sock");
+    let mut child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx2) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    wait_for_path(&sock2, Duration::from_secs(10));
+    // The deprecated mem_file_path works too; resume_vm defaults to false.
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        state.display(),
+        mem.display()
+    );
+    let (code, reply) = http(&sock2, "PUT", "/snapshot/load", Some(&body));
+    assert_eq!(code, 204, "{reply}");
+    let (_, info) = http(&sock2, "GET", "/", None);
+    assert!(info.contains("Paused"), "{info}");
+    assert!(
+        rx2.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a paused VM printed"
+    );
+    // A second load is refused.
+    let (code, _) = http(&sock2, "PUT", "/snapshot/load", Some(&body));
+    assert_eq!(code, 400);
+    assert_eq!(
+        http(&sock2, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#)).0,
+        204
+    );
+    let rest = read_until(&rx2, "verify");
+    assert_eq!(counts(&rest).first().copied(), Some(last + 1), "{rest:?}");
+    assert!(rest.last().unwrap().starts_with("verify ok"), "{rest:?}");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
