@@ -15,6 +15,8 @@ vmm=$!
 i=0
 while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 A() { "$SPORE" api "$api" "$@"; }
+# Milliseconds since L1 boot (busybox date has no %N).
+now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
     A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":256}' >/dev/null &&
@@ -25,7 +27,7 @@ A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$
 # Runs shell commands in the guest over vsock; retries until it answers.
 guest() {
     i=0
-    while [ $i -lt 240 ]; do
+    while [ $i -lt ${2:-120} ]; do
         out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
             [ -n "$out" ] && { echo "$out"; return 0; }
         sleep 0.5
@@ -37,9 +39,9 @@ guest() {
 before=$(guest 'cut -d" " -f1 /proc/uptime')
 if [ -n "$before" ]; then t vsock-command-before-snapshot PASS "uptime $before"; else t vsock-command-before-snapshot FAIL; fi
 
-start=$(date +%s%N)
+start=$(now_ms)
 if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >"$tmp/manifest.json" 2>"$tmp/create.err"; then
-    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    ms=$(($(now_ms) - start))
     t snapshot-create PASS "${ms} ms, $(du -k "$tmp/vm.mem" | cut -f1) KiB on disk of $(stat -c %s "$tmp/vm.mem") bytes"
 else
     t snapshot-create FAIL "$(cat "$tmp/create.err")"
@@ -48,16 +50,16 @@ wait $vmm
 "$SPORE" snapshot inspect "$tmp/vm.state" >"$SPORE_OUT/snapshot-manifest.json" 2>&1
 
 for round in 1 2; do
-    "$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" \
-        >"$tmp/console-$round.txt" 2>"$tmp/restore-$round.err" &
+    SPORE_LOG=${SPORE_LOG:-debug} "$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" \
+        --api-sock "$tmp/api-$round.sock" >"$tmp/console-$round.txt" 2>"$tmp/restore-$round.err" &
     r=$!
-    start=$(date +%s%N)
+    start=$(now_ms)
     after=$(guest 'cut -d" " -f1 /proc/uptime')
-    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    ms=$(($(now_ms) - start))
     if [ -n "$after" ]; then
         t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms"
     else
-        t "vsock-command-after-restore-$round" FAIL "$(tail -n 3 "$tmp/restore-$round.err")"
+        t "vsock-command-after-restore-$round" FAIL "VM $("$SPORE" api "$tmp/api-$round.sock" GET / 2>&1); $(tail -n 3 "$tmp/restore-$round.err")"
     fi
     sleep 1
     later=$(guest 'cut -d" " -f1 /proc/uptime')
