@@ -331,3 +331,62 @@ fn kvm_load_through_the_api_waits_paused_until_resumed() {
     assert!(rest.last().unwrap().starts_with("verify ok"), "{rest:?}");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn kvm_a_restored_vm_can_be_snapshotted_again() {
+    require_kvm();
+    let s = Scratch::new("snap-twice");
+    let (sock, state, mem) = (s.path("api.sock"), s.path("a.state"), s.path("a.mem"));
+    let (mut vmm, rx) = start_vmm(&sock, 256, "mib=16 rounds=30 sleep_ms=30");
+    read_until(&rx, "count 4");
+    snapshot_create(&sock, &state, &mem, true);
+    vmm.wait().unwrap();
+
+    // Restore with an API socket, let it count on, snapshot it again.
+    let sock2 = s.path("api2.sock");
+    let mut restored = spore()
+        .args(["snapshot", "restore", "--state"])
+        .arg(&state)
+        .arg("--mem")
+        .arg(&mem)
+        .arg("--api-sock")
+        .arg(&sock2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = restored.stdout.take().unwrap();
+    let (tx, rx2) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    wait_for_path(&sock2, Duration::from_secs(10));
+    read_until(&rx2, "count 12");
+    let (state_b, mem_b) = (s.path("b.state"), s.path("b.mem"));
+    snapshot_create(&sock2, &state_b, &mem_b, true);
+    restored.wait().unwrap();
+    let mut tail = vec!["count 12".to_string()];
+    while let Ok(l) = rx2.recv_timeout(Duration::from_millis(200)) {
+        tail.push(l);
+    }
+    let last = *counts(&tail).iter().max().unwrap();
+    // The second memory file holds only the first one's data and the pages
+    // written since: still sparse.
+    let blocks = std::fs::metadata(&mem_b).unwrap().blocks() * 512;
+    assert!(blocks < 64 << 20, "second memory file takes {blocks} bytes");
+
+    let o = spore()
+        .args(["snapshot", "restore", "--state"])
+        .arg(&state_b)
+        .arg("--mem")
+        .arg(&mem_b)
+        .output()
+        .unwrap();
+    let out = stdout_of(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr_of(&o));
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(counts(&lines).first().copied(), Some(last + 1), "{out}");
+    assert!(lines.iter().any(|l| l.starts_with("verify ok")), "{out}");
+}

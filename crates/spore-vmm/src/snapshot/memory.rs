@@ -5,8 +5,11 @@
 //! guest-physical order. Only data is written: ranges the memfd reports as
 //! holes (`SEEK_DATA`/`SEEK_HOLE`, pages never touched) are skipped, and so
 //! is every all-zero page inside data ranges, so the file's holes read as
-//! zeros and cost no disk. A privately mapped RAM (a restored VM) has no
-//! memfd with its contents; there every page of the mapping is checked.
+//! zeros and cost no disk. A privately mapped RAM (a restored VM) has its
+//! contents in two places: the snapshot file it maps (its data ranges) and
+//! the anonymous copy-on-write pages the guest wrote since; the latter are
+//! found with `mincore` (resident pages), so pages in the file's holes that
+//! nobody touched are never read, which would fault them in.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -65,12 +68,18 @@ fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
 /// the bytes written.
 pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
     out.set_len(ram.size())?;
-    let ranges = if ram.is_private() {
-        vec![(0, ram.size())]
-    } else {
-        data_ranges(ram.memfd(), ram.size())?
-    };
     let spans = region_spans(ram);
+    let mut ranges = data_ranges(ram.memfd(), ram.size())?;
+    if ram.is_private() {
+        for &(span_off, ptr, span_len) in &spans {
+            ranges.extend(
+                resident_ranges(ptr, span_len)?
+                    .into_iter()
+                    .map(|(o, l)| (span_off + o, l)),
+            );
+        }
+        ranges = merge(ranges);
+    }
     let mut written = 0u64;
     for (start, len) in ranges {
         for &(span_off, ptr, span_len) in &spans {
@@ -89,6 +98,46 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
         }
     }
     Ok(written)
+}
+
+/// Page ranges of a mapping that are resident (written copy-on-write, or
+/// read from the page cache), as (offset, len) within the mapping.
+fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
+    let pages = len.div_ceil(PAGE);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: [ptr, ptr + len) is one page-aligned mapping owned by the
+    // caller's GuestRam; mincore only fills `vec`, one byte per page.
+    let r = unsafe { libc::mincore(ptr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < pages {
+        if vec[i] & 1 == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < pages && vec[i] & 1 != 0 {
+            i += 1;
+        }
+        out.push(((start * PAGE) as u64, ((i - start) * PAGE) as u64));
+    }
+    Ok(out)
+}
+
+/// Sorts and merges overlapping or touching ranges.
+fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, len) in ranges {
+        match out.last_mut() {
+            Some((s, l)) if start <= *s + *l => *l = (*l).max(start + len - *s),
+            _ => out.push((start, len)),
+        }
+    }
+    out
 }
 
 /// Writes runs of non-zero pages of `data` at `file_off` onward.
@@ -122,6 +171,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
     use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn ranges_merge() {
+        assert_eq!(
+            merge(vec![
+                (8192, 4096),
+                (0, 4096),
+                (4096, 4096),
+                (20480, 4096),
+                (16384, 8192)
+            ]),
+            vec![(0, 12288), (16384, 8192)]
+        );
+    }
 
     #[test]
     fn only_touched_pages_take_disk() {
@@ -158,10 +221,19 @@ mod tests {
         let mut b = [9u8];
         f2.read_exact_at(&mut b, 0).unwrap();
         assert_eq!(b[0], 0);
-        // And a private RAM writes out its own view.
+        // And a private RAM writes out its own view: the file's data plus
+        // its own writes, without reading the file's untouched holes.
+        back.memory()
+            .write_obj(2u8, GuestAddress(0x380_0000))
+            .unwrap();
         let path2 = path.with_extension("2");
         let n2 = write_sparse(&back, &File::create(&path2).unwrap()).unwrap();
-        assert_eq!(n2, 4 * 4096);
+        assert_eq!(n2, 5 * 4096);
+        let f3 = File::open(&path2).unwrap();
+        f3.read_exact_at(&mut b, 0x380_0000).unwrap();
+        assert_eq!(b[0], 2);
+        f3.read_exact_at(&mut b, 0x300_0000).unwrap();
+        assert_eq!(b[0], 0x55);
         std::fs::remove_file(&path).unwrap();
         std::fs::remove_file(&path2).unwrap();
     }
