@@ -249,6 +249,21 @@ fn kvm_bad_snapshots_are_refused() {
         stderr_of(&o)
     );
 
+    // Another snapshot's memory file of the right size: refused by its tag.
+    let sock3 = s.path("api3.sock");
+    let (mut vmm3, rx3) = start_vmm(&sock3, 64, "mib=1 rounds=1000 sleep_ms=20");
+    read_until(&rx3, "count 1");
+    let (state_other, mem_other) = (s.path("other.state"), s.path("other.mem"));
+    snapshot_create(&sock3, &state_other, &mem_other, true);
+    vmm3.wait().unwrap();
+    let o = restore(&state, &mem_other);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr_of(&o).contains("from different snapshots"),
+        "{}",
+        stderr_of(&o)
+    );
+
     let truncated = s.path("trunc.mem");
     std::fs::copy(&mem, &truncated).unwrap();
     let f = std::fs::OpenOptions::new()

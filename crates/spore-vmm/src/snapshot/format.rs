@@ -192,10 +192,19 @@ impl<'a> Reader<'a> {
 /// Reads and checks a state file.
 pub fn read_state_file(path: &Path) -> Result<(Manifest, Vec<u8>), FormatError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
+    let io = |source| FormatError::Io {
         path: name.clone(),
         source,
-    })?;
+    };
+    // Refuse before reading a huge file (a memory file passed by mistake).
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > u64::from(MAX_MANIFEST) + MAX_STATE + 64 {
+        return Err(FormatError::Invalid {
+            path: name,
+            detail: format!("{len} bytes is too large for a state file (is it a memory file?)"),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
     let (m, state) = decode(&name, &bytes)?;
     Ok((m, state.to_vec()))
 }

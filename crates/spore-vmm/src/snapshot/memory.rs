@@ -100,6 +100,50 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
     Ok(written)
 }
 
+/// Extended attribute naming the snapshot a memory file belongs to.
+const TAG_XATTR: &std::ffi::CStr = c"user.spore.snapshot_id";
+
+/// Tags a memory file with its snapshot's id, so that a state file is never
+/// paired with another snapshot's memory (a crash between the two renames of
+/// a snapshot write, a mix-up of files). Returns false where the file system
+/// has no user xattrs; the check is then skipped.
+pub fn tag(file: &File, id: &str) -> bool {
+    // SAFETY: valid fd, NUL-terminated name, a buffer of id.len() bytes.
+    let r = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            TAG_XATTR.as_ptr(),
+            id.as_ptr() as *const libc::c_void,
+            id.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(
+            "cannot tag the memory file: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    r == 0
+}
+
+/// The snapshot id a memory file was tagged with, if any (copies made
+/// without preserving xattrs have none).
+pub fn read_tag(file: &File) -> Option<String> {
+    let mut buf = [0u8; 64];
+    // SAFETY: valid fd, NUL-terminated name, buffer of buf.len() bytes.
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            TAG_XATTR.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    String::from_utf8(buf.get(..n)?.to_vec()).ok()
+}
+
 /// Page ranges of a mapping that are resident (written copy-on-write, or
 /// read from the page cache), as (offset, len) within the mapping.
 fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {

@@ -57,6 +57,12 @@ pub enum SnapshotError {
         expected: u64,
         actual: u64,
     },
+    #[error("the memory file {path} belongs to snapshot {mem_id}, the state file to snapshot {state_id}: they are from different snapshots (or a snapshot write was interrupted)")]
+    MemoryMismatch {
+        path: String,
+        mem_id: String,
+        state_id: String,
+    },
     #[error("{path}: the snapshot state does not decode: {detail}")]
     Decode { path: String, detail: String },
     #[error("{path}: the manifest says {field} is {manifest}, the state says {state}")]
@@ -171,6 +177,8 @@ fn write_full(
         source,
     };
     let data_bytes = memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?;
+    let id = random_id();
+    memory::tag(&mem_pending.file, &id);
     mem_pending.sync()?;
 
     let manifest = Manifest {
@@ -185,7 +193,7 @@ fn write_full(
         mem_size_bytes: state.mem_size,
         devices: devices(config, &state),
         layer: Layer {
-            id: random_id(),
+            id,
             kind: LayerKind::Full,
             parent: None,
             mem_file_size: state.mem_size,
@@ -334,6 +342,15 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
             actual,
         });
     }
+    if let Some(mem_id) = memory::read_tag(&mem_file) {
+        if mem_id != manifest.layer.id {
+            return Err(SnapshotError::MemoryMismatch {
+                path: mem_name,
+                mem_id,
+                state_id: manifest.layer.id,
+            });
+        }
+    }
     Ok(LoadedSnapshot {
         manifest,
         state,
@@ -433,6 +450,17 @@ mod tests {
             load(&state, &mem).err().unwrap(),
             SnapshotError::MemoryOpen { .. }
         ));
+
+        // A memory file tagged by another snapshot (e.g. a write interrupted
+        // between the two renames).
+        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        let f = File::options().write(true).open(&mem).unwrap();
+        if memory::tag(&f, "0123456789abcdef") {
+            let e = load(&state, &mem).err().unwrap();
+            assert!(matches!(e, SnapshotError::MemoryMismatch { .. }), "{e}");
+        }
+        drop(f);
+        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
 
         // A manifest that disagrees with the state it carries.
         write_state(&state, 4, 2);
