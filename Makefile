@@ -41,15 +41,21 @@ fmt:
 	cd crates/spore-uk && $(CARGO) fmt
 
 # Tier 1: unit and device tests, no KVM needed.
+# Tests named kvm_* need /dev/kvm; without it they are reported as skipped.
 test-unit: deps
-	$(CARGO) test --workspace --lib --bins
+	@if [ -c /dev/kvm ]; then \
+	    $(CARGO) test --workspace --lib --bins; \
+	else \
+	    echo "unit tier: kvm_* tests SKIPPED (no /dev/kvm on this host)"; \
+	    $(CARGO) test --workspace --lib --bins -- --skip kvm_; \
+	fi
 	cd crates/spore-uk && $(CARGO) test --target x86_64-unknown-linux-gnu --lib
 
 # Tier 2: the unikernel on /dev/kvm through the real binary. Without /dev/kvm the
 # KVM scenarios are reported as skipped, not passed.
 test-host: deps uk
 	@if [ -c /dev/kvm ]; then \
-	    $(CARGO) test -p spore --test host_kvm --test kvm_kvserver --test kvm_uk_tmem --test kvm_tmem --test kvm_bench_tmem --test bad_input; \
+	    $(CARGO) test -p spore --test host_kvm --test kvm_kvserver --test kvm_uk_tmem --test kvm_tmem --test kvm_bench_tmem --test snapshot --test bad_input; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
 	    $(CARGO) test -p spore --test bad_input -- --skip kvm_; \

@@ -6,6 +6,10 @@
 # inflate/deflate, statistics, free page reporting), bench (boot benchmark),
 # tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4),
 # virtio-mem (plug, fill, unplug, host RSS).
+# Opt-in (only with --only NAME, not in `make test`): snapshot (a Linux guest
+# snapshotted and restored twice in new processes). Its second restore hangs in
+# about 1 run of 3 (an open bug of the snapshot issue); it joins the default set
+# once fixed.
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,7 +22,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem|snapshot]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -61,6 +65,10 @@ run_one balloon --scenario "$here/scenarios/balloon.sh" \
     --guest-scenario "$here/scenarios/guest/balloon.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-balloon}"
 run_one virtio-mem --scenario "$here/scenarios/virtio-mem.sh" \
     --guest-scenario "$here/scenarios/guest/virtio-mem.sh" --out-dir "$work/out-virtio-mem"
+if [[ $only == snapshot ]]; then
+    run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
+        --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
+fi
 run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 if [[ -z $only || $only == tmem ]]; then
     # The guest's tmem client, built like the other guest tools (static musl).

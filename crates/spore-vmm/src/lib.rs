@@ -10,5 +10,6 @@ pub mod builder;
 pub mod config;
 pub mod devices;
 pub mod memory;
+pub mod snapshot;
 pub mod vm;
 pub mod vmm;

@@ -6,11 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
 };
-use crate::builder::{build_vm, BuildError, BuildOptions};
+use crate::builder::{build_vm, restore_vm, BuildError, BuildOptions};
 use crate::config::{BalloonConfig, VmConfig};
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
@@ -18,6 +19,7 @@ use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mem::MemStatus;
+use crate::snapshot;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -117,6 +119,71 @@ impl Vmm {
         }
     }
 
+    /// Writes a full snapshot of the paused VM (Firecracker's rule: pause first).
+    pub fn create_snapshot(
+        &self,
+        p: &SnapshotCreateParams,
+    ) -> Result<snapshot::SnapshotInfo, SnapshotApiError> {
+        if p.snapshot_type != SnapshotType::Full {
+            return Err(SnapshotApiError::Unsupported(
+                "only Full snapshots are supported so far",
+            ));
+        }
+        let inner = lock(&self.inner);
+        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
+        // The pool lives outside guest memory and is not in the snapshot yet:
+        // refuse rather than restore a guest whose tmem objects are gone.
+        // (The VM is paused, so no put can race this check.)
+        if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
+            return Err(SnapshotApiError::TmemNotEmpty(objects));
+        }
+        Ok(snapshot::create_full(
+            vm,
+            &inner.config,
+            std::path::Path::new(&p.snapshot_path),
+            std::path::Path::new(&p.mem_file_path),
+        )?)
+    }
+
+    /// Builds the VM from a snapshot instead of a boot source; only on a VMM
+    /// that has not started a VM. Without `resume` the VM waits paused.
+    pub fn load_snapshot(
+        &self,
+        state_path: &std::path::Path,
+        mem_path: &std::path::Path,
+        resume: bool,
+    ) -> Result<(), SnapshotApiError> {
+        let mut inner = lock(&self.inner);
+        if inner.vm.is_some() || self.control.stop_reason().is_some() {
+            return Err(SnapshotApiError::AlreadyStarted);
+        }
+        let loaded = snapshot::load(state_path, mem_path)?;
+        let serial_out = inner
+            .serial_out
+            .take()
+            .ok_or(SnapshotApiError::AlreadyStarted)?;
+        let opts = BuildOptions {
+            serial_out,
+            control: self.control.clone(),
+        };
+        let mut vm = match restore_vm(&loaded.config, &loaded.state, loaded.mem_file, opts) {
+            Ok(vm) => vm,
+            Err(e) => {
+                inner.serial_out = Some(Box::new(std::io::stdout()));
+                return Err(SnapshotApiError::Build(e));
+            }
+        };
+        let started = if resume {
+            vm.start()
+        } else {
+            vm.start_paused()
+        };
+        started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        inner.config = loaded.config;
+        inner.vm = Some(vm);
+        Ok(())
+    }
+
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() {
@@ -176,6 +243,27 @@ impl Vmm {
         inner.config.tmem.quota_bytes = quota;
         Ok(ApiResponse::NoContent)
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotApiError {
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("the microVM is not started; there is nothing to snapshot")]
+    NoVm,
+    #[error(
+        "the tmem pool holds {0} objects, and tmem contents are not saved in snapshots yet: \
+         flush or invalidate them first"
+    )]
+    TmemNotEmpty(u64),
+    #[error("a snapshot can only be loaded before any microVM was started or loaded in this VMM")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error("cannot restore the microVM: {0}")]
+    Build(#[source] BuildError),
+    #[error("cannot start the restored microVM: {0}")]
+    Start(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -273,6 +361,20 @@ impl ApiHandler for Vmm {
                     plugged_size_mib: 0,
                     requested_size_mib: 0,
                 })
+            }
+            ApiRequest::CreateSnapshot(p) => {
+                let info = self.create_snapshot(&p).map_err(bad)?;
+                ApiResponse::json(&info.manifest)
+            }
+            ApiRequest::LoadSnapshot(p) => {
+                let mem = p.mem_file().map_err(ApiError::BadRequest)?;
+                self.load_snapshot(
+                    std::path::Path::new(&p.snapshot_path),
+                    std::path::Path::new(mem),
+                    p.resume_vm,
+                )
+                .map_err(bad)?;
+                Ok(ApiResponse::NoContent)
             }
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);

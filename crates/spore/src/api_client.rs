@@ -53,7 +53,7 @@ pub fn request(
 ) -> anyhow::Result<(u16, String)> {
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("connecting to {}", socket.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\

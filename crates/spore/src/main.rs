@@ -10,6 +10,7 @@ mod host;
 mod mem_cmd;
 mod run;
 mod size;
+mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
 mod vsock_forward;
@@ -45,6 +46,10 @@ enum Command {
     Api(api_client::ApiArgs),
     /// Show or set a running VM's hotplug memory (virtio-mem) target size.
     Mem(mem_cmd::MemArgs),
+    /// Snapshots: create one from a running VMM, restore one in a new
+    /// process, inspect one.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -60,6 +65,7 @@ fn main() -> ExitCode {
         Command::Vsock(v) => vsock_cmd::run(v),
         Command::Api(a) => api_client::run(a),
         Command::Mem(a) => mem_cmd::run(a),
+        Command::Snapshot(s) => snapshot_cmd::run(s),
     };
     match result {
         Ok(code) => ExitCode::from(code),

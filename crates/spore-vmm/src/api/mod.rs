@@ -23,6 +23,7 @@ pub mod body;
 pub mod request;
 pub mod response;
 pub mod server;
+pub mod snapshot_body;
 mod socket;
 
 pub use body::{
@@ -81,6 +82,10 @@ pub enum ApiRequest {
     PatchHotplugMemory(HotplugMemoryUpdate),
     /// `GET /hotplug/memory`: configuration and plugged size.
     GetHotplugMemory,
+    /// `PUT /snapshot/create`.
+    CreateSnapshot(snapshot_body::SnapshotCreateParams),
+    /// `PUT /snapshot/load`.
+    LoadSnapshot(snapshot_body::SnapshotLoadParams),
 }
 
 /// What a successful request answers.

@@ -34,6 +34,8 @@ enum Resource<'a> {
     Balloon,
     BalloonStatistics,
     HotplugMemory,
+    SnapshotCreate,
+    SnapshotLoad,
 }
 
 impl Resource<'_> {
@@ -49,6 +51,7 @@ impl Resource<'_> {
             Resource::Tmem => &["GET", "PUT"],
             Resource::Balloon => &["GET", "PUT", "PATCH"],
             Resource::BalloonStatistics => &["GET", "PATCH"],
+            Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
         }
     }
 }
@@ -72,6 +75,8 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/balloon" => Resource::Balloon,
         "/balloon/statistics" => Resource::BalloonStatistics,
         "/hotplug/memory" => Resource::HotplugMemory,
+        "/snapshot/create" => Resource::SnapshotCreate,
+        "/snapshot/load" => Resource::SnapshotLoad,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -169,6 +174,8 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::HotplugMemory, "PATCH") => {
             ApiRequest::PatchHotplugMemory(decode::<HotplugMemoryUpdate>(m, path, body)?)
         }
+        (Resource::SnapshotCreate, "PUT") => ApiRequest::CreateSnapshot(decode(m, path, body)?),
+        (Resource::SnapshotLoad, "PUT") => ApiRequest::LoadSnapshot(decode(m, path, body)?),
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",

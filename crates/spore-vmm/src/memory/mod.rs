@@ -45,11 +45,14 @@ pub enum MemoryError {
     },
 }
 
-/// Guest RAM and the memfd behind it.
+/// Guest RAM and the file behind it.
 pub struct GuestRam {
     memfd: File,
     mem: GuestMemoryMmap,
     size: u64,
+    /// Mapped copy-on-write from a snapshot's memory file: the guest's
+    /// writes live in anonymous memory, not in `memfd`.
+    private: bool,
 }
 
 impl GuestRam {
@@ -59,6 +62,17 @@ impl GuestRam {
         memfd
             .set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
+        Self::map(memfd, size, libc::MAP_SHARED, false)
+    }
+
+    /// Maps a snapshot's memory file privately (copy-on-write): pages fault
+    /// in lazily from the page cache, are shared with every other VM mapping
+    /// the same file, and the file itself is never written.
+    pub fn from_snapshot_file(file: File, size: u64) -> Result<Self, MemoryError> {
+        Self::map(file, size, libc::MAP_PRIVATE, true)
+    }
+
+    fn map(memfd: File, size: u64, share: i32, private: bool) -> Result<Self, MemoryError> {
         let mut regions = Vec::new();
         let mut file_offset = 0u64;
         for (gpa, len) in layout::ram_regions(size) {
@@ -67,7 +81,7 @@ impl GuestRam {
                 Some(FileOffset::new(fd, file_offset)),
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                share | libc::MAP_NORESERVE,
             )
             .map_err(|source| MemoryError::Mmap { size: len, source })?;
             let region =
@@ -76,7 +90,18 @@ impl GuestRam {
             file_offset += len;
         }
         let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| MemoryError::Region(0))?;
-        Ok(Self { memfd, mem, size })
+        Ok(Self {
+            memfd,
+            mem,
+            size,
+            private,
+        })
+    }
+
+    /// Whether the guest's memory is a private (copy-on-write) mapping, so
+    /// that its contents can only be read through the mapping.
+    pub fn is_private(&self) -> bool {
+        self.private
     }
 
     pub fn memory(&self) -> &GuestMemoryMmap {

@@ -3,11 +3,12 @@
 
 pub mod control;
 pub mod vcpu;
+pub mod vm_state;
 pub mod wake;
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
@@ -22,7 +23,7 @@ use control::{PauseTimeout, RunControl, StopReason};
 use vcpu::{Vcpu, VcpuIo, VcpuThread};
 
 /// Which boot protocol the guest uses; it decides how some exits are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum GuestKind {
     Linux,
     Unikernel,
@@ -65,11 +66,15 @@ pub struct Vm {
     balloon: Option<BalloonHandle>,
     /// The virtio-mem device's handle, if the VM has one.
     mem_hotplug: Option<MemHandle>,
+    /// Every vCPU's KVM handle, in id order (a snapshot reads them while parked).
+    vcpu_fds: Vec<Arc<Mutex<VcpuFd>>>,
+    kind: GuestKind,
+    irqchip: bool,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
-    _vm_fd: VmFd,
-    _kvm: Kvm,
+    vm_fd: VmFd,
+    kvm: Kvm,
     // Last: guest RAM is unmapped only after KVM has let go of the slots.
-    _ram: GuestRam,
+    ram: GuestRam,
 }
 
 /// Everything the builder hands over to make a [`Vm`].
@@ -85,11 +90,18 @@ pub struct VmParts {
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
     pub balloon: Option<BalloonHandle>,
     pub mem_hotplug: Option<MemHandle>,
+    pub kind: GuestKind,
+    /// Whether KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) exists.
+    pub irqchip: bool,
 }
 
 impl Vm {
     pub fn from_parts(p: VmParts) -> Self {
+        let vcpu_fds = p.vcpus.iter().map(Vcpu::fd).collect();
         Self {
+            vcpu_fds,
+            kind: p.kind,
+            irqchip: p.irqchip,
             control: p.control,
             io: p.io,
             serial: p.serial,
@@ -99,9 +111,9 @@ impl Vm {
             virtio: p.virtio,
             balloon: p.balloon,
             mem_hotplug: p.mem_hotplug,
-            _vm_fd: p.vm_fd,
-            _kvm: p.kvm,
-            _ram: p.ram,
+            vm_fd: p.vm_fd,
+            kvm: p.kvm,
+            ram: p.ram,
         }
     }
 
@@ -197,6 +209,44 @@ impl Vm {
     /// The VM's tmem device (disabled ones answer every call with DISABLED).
     pub fn tmem(&self) -> &Arc<TmemDevice> {
         &self.io.tmem
+    }
+
+    pub fn kind(&self) -> GuestKind {
+        self.kind
+    }
+
+    pub fn has_irqchip(&self) -> bool {
+        self.irqchip
+    }
+
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    pub fn vm_fd(&self) -> &VmFd {
+        &self.vm_fd
+    }
+
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    pub fn vcpu_fds(&self) -> &[Arc<Mutex<VcpuFd>>] {
+        &self.vcpu_fds
+    }
+
+    pub fn i8042(&self) -> Option<&Arc<Mutex<I8042>>> {
+        self.i8042.as_ref()
+    }
+
+    pub fn virtio(&self) -> &[Arc<Mutex<MmioTransport>>] {
+        &self.virtio
+    }
+
+    /// Starts the vCPU threads parked, as a restored VM waits for a resume.
+    pub fn start_paused(&mut self) -> Result<(), VmError> {
+        self.control.pause(0, || {})?;
+        self.start()
     }
 
     fn kick_all(&self) {

@@ -3,7 +3,7 @@
 //! The loop never panics on what the guest does: an exit it cannot handle
 //! stops the VM with a [`StopReason::Error`] naming the exit reason.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -12,7 +12,7 @@ use spore_abi::tmem::TMEM_PORT;
 
 use super::control::{install_kick_handler, Directive, RunControl, StopReason};
 use super::GuestKind;
-use crate::devices::bus::Bus;
+use crate::devices::bus::{lock, Bus};
 use crate::devices::legacy::signal::{SignalAction, SignalPort};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::GuestMemoryMmap;
@@ -29,7 +29,9 @@ pub struct VcpuIo {
 
 pub struct Vcpu {
     id: u8,
-    fd: VcpuFd,
+    /// Locked by the vCPU thread around each `KVM_RUN`; a snapshot locks it
+    /// while the vCPU is parked to read or write its state.
+    fd: Arc<Mutex<VcpuFd>>,
     kind: GuestKind,
     io: Arc<VcpuIo>,
     control: Arc<RunControl>,
@@ -70,13 +72,18 @@ impl Vcpu {
     ) -> Self {
         Self {
             id,
-            fd,
+            fd: Arc::new(Mutex::new(fd)),
             kind,
             io,
             control,
             signal_result: 0,
             tmem_status: 0,
         }
+    }
+
+    /// The vCPU's KVM handle, shared with its thread (see the `fd` field).
+    pub fn fd(&self) -> Arc<Mutex<VcpuFd>> {
+        self.fd.clone()
     }
 
     /// Starts the run loop on its own thread.
@@ -95,19 +102,71 @@ impl Vcpu {
                 self.control.stop(reason);
                 break;
             }
+            if self.control.is_paused() {
+                if let Some(reason) = self.complete_pending_exit() {
+                    self.control.stop(reason);
+                    break;
+                }
+            }
         }
+    }
+
+    /// Before parking, re-enters `KVM_RUN` with `immediate_exit` set so that
+    /// KVM finishes the port I/O or MMIO exit just handled (stores an `in`
+    /// result, advances RIP). Only then is the vCPU state consistent enough
+    /// to save (KVM API docs, `KVM_EXIT_IO`), and a restored guest does not
+    /// repeat or lose the instruction.
+    fn complete_pending_exit(&mut self) -> Option<StopReason> {
+        lock(&self.fd).set_kvm_immediate_exit(1);
+        // An exit that needs yet another completion (string I/O) is handled
+        // like any other; a few rounds always suffice.
+        let mut result = None;
+        for _ in 0..16 {
+            match self.run_inner() {
+                Step::Interrupted => break,
+                Step::Stop(r) => {
+                    result = Some(r);
+                    break;
+                }
+                Step::Continue => {}
+            }
+        }
+        lock(&self.fd).set_kvm_immediate_exit(0);
+        result
     }
 
     /// One `KVM_RUN`; `Some` when the VM must stop.
     fn run_once(&mut self) -> Option<StopReason> {
+        match self.run_inner() {
+            Step::Stop(r) => Some(r),
+            Step::Continue | Step::Interrupted => None,
+        }
+    }
+
+    fn run_inner(&mut self) -> Step {
+        let fd = self.fd.clone();
+        let mut fd = lock(&fd);
+        match self.handle_exit(&mut fd) {
+            Ok(None) => Step::Continue,
+            Ok(Some(r)) => Step::Stop(r),
+            Err(()) => Step::Interrupted,
+        }
+    }
+
+    /// Runs once and handles the exit; `Err` when KVM_RUN was interrupted.
+    fn handle_exit(&mut self, fd: &mut VcpuFd) -> Result<Option<StopReason>, ()> {
         let id = self.id;
-        let exit = match self.fd.run() {
+        let exit = match fd.run() {
             Ok(exit) => exit,
             // Kicked out of KVM_RUN: re-check the directives.
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
-            Err(e) => return Some(StopReason::Error(format!("vCPU {id}: KVM_RUN failed: {e}"))),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return Err(()),
+            Err(e) => {
+                return Ok(Some(StopReason::Error(format!(
+                    "vCPU {id}: KVM_RUN failed: {e}"
+                ))))
+            }
         };
-        match exit {
+        Ok(match exit {
             VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => {
                 match self.io.signal.write(id, data, &mut self.signal_result) {
                     SignalAction::Continue => None,
@@ -141,13 +200,13 @@ impl Vcpu {
             }
             VcpuExit::MmioWrite(addr, data) => {
                 if !self.io.mmio.write(addr, data) {
-                    return stray_mmio(self.kind, id, addr, data.len(), "write");
+                    return Ok(stray_mmio(self.kind, id, addr, data.len(), "write"));
                 }
                 None
             }
             VcpuExit::MmioRead(addr, data) => {
                 if !self.io.mmio.read(addr, data) {
-                    return stray_mmio(self.kind, id, addr, data.len(), "read");
+                    return Ok(stray_mmio(self.kind, id, addr, data.len(), "read"));
                 }
                 None
             }
@@ -181,8 +240,14 @@ impl Vcpu {
             other => Some(StopReason::Error(format!(
                 "vCPU {id}: unhandled exit {other:?}"
             ))),
-        }
+        })
     }
+}
+
+enum Step {
+    Continue,
+    Interrupted,
+    Stop(StopReason),
 }
 
 /// An MMIO access outside every device and outside RAM.

@@ -8,3 +8,4 @@ pub mod mptable;
 pub mod msr;
 pub mod regs;
 pub mod unikernel;
+pub mod vcpu_state;

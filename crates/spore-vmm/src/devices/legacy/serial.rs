@@ -66,6 +66,77 @@ impl SerialDevice {
     }
 }
 
+/// The UART's registers and unread input, for snapshots (mirrors
+/// vm-superio's `SerialState`, which has no serde support).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialSnapshot {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
+}
+
+impl SerialDevice {
+    pub fn save(&self) -> SerialSnapshot {
+        let s = self.uart.state();
+        SerialSnapshot {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// Rebuilds the UART from a snapshot; fails on an over-full input FIFO.
+    pub fn restore(
+        trigger: IrqTrigger,
+        out: SerialOut,
+        s: &SerialSnapshot,
+    ) -> Result<Self, String> {
+        let state = vm_superio::serial::SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        };
+        let uart = Serial::from_state(&state, trigger, NoEvents, out)
+            .map_err(|e| format!("serial state: {e:?}"))?;
+        Ok(Self { uart })
+    }
+}
+
+impl crate::snapshot::Persist for SerialDevice {
+    type State = SerialSnapshot;
+    type Args = (IrqTrigger, SerialOut);
+    type Error = String;
+
+    fn save(&self) -> SerialSnapshot {
+        SerialDevice::save(self)
+    }
+
+    fn restore((trigger, out): Self::Args, state: &SerialSnapshot) -> Result<Self, String> {
+        SerialDevice::restore(trigger, out, state)
+    }
+}
+
 impl BusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if data.len() == 1 && offset < 8 {
@@ -103,5 +174,26 @@ mod tests {
         // Odd widths are ignored, never a panic.
         dev.write(0, &[1, 2]);
         dev.read(100, &mut b);
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let wake = Arc::new(GuestWake::new().unwrap());
+        let irq = || IrqTrigger::new(EventFd::new(EFD_NONBLOCK).unwrap(), wake.clone());
+        let mut dev = SerialDevice::new(irq(), Box::new(Vec::new()));
+        dev.write(7, &[0x5a]); // scratch
+        dev.write(3, &[0x03]); // 8N1
+        dev.enqueue_input(b"xy");
+        let saved = dev.save();
+        let bytes = bincode::serialize(&saved).unwrap();
+        let back: SerialSnapshot = bincode::deserialize(&bytes).unwrap();
+        let mut dev2 = SerialDevice::restore(irq(), Box::new(Vec::new()), &back).unwrap();
+        assert_eq!(dev2.save(), saved);
+        let mut b = [0u8];
+        dev2.read(0, &mut b);
+        assert_eq!(b[0], b'x');
+        let mut bad = saved.clone();
+        bad.in_buffer = vec![0; 1 << 20];
+        assert!(SerialDevice::restore(irq(), Box::new(Vec::new()), &bad).is_err());
     }
 }

@@ -51,6 +51,15 @@ impl VirtioInterrupt {
     }
 
     /// Current InterruptStatus register value.
+    /// Restores the interrupt status register from a snapshot, raising the
+    /// interrupt again if a bit is pending (the guest may not have seen it).
+    pub fn restore_status(&self, status: u32) {
+        self.status.store(status, Ordering::SeqCst);
+        if status != 0 {
+            let _ = self.irqfd.write(1);
+        }
+    }
+
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }

@@ -501,3 +501,6 @@ impl BusDevice for MmioTransport {
 #[cfg(test)]
 #[path = "mmio_tests.rs"]
 mod tests;
+
+#[path = "mmio_state.rs"]
+pub mod state;

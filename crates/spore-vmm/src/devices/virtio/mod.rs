@@ -75,4 +75,18 @@ pub trait VirtioDevice: Send {
     /// Stops the device's worker after a driver reset; the device may be
     /// activated again afterwards.
     fn reset(&mut self);
+    /// Stops the worker of an activated device for a snapshot, keeping the
+    /// device's own state (connections, open files), and hands back its
+    /// queues with their ring positions. The transport re-activates the
+    /// device with them afterwards. Devices that cannot be snapshotted keep
+    /// this default, which refuses.
+    fn quiesce(&mut self) -> Result<Vec<virtio_queue::Queue>, ActivateError> {
+        Err(ActivateError::Device(format!(
+            "virtio device type {} does not support snapshots",
+            self.device_type()
+        )))
+    }
+    /// Runs once after a device restored from a snapshot was re-activated
+    /// (vsock tells the guest its connections are gone).
+    fn restored(&mut self) {}
 }

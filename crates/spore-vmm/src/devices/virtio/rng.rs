@@ -71,6 +71,17 @@ impl VirtioDevice for Rng {
     fn reset(&mut self) {
         self.stop_worker();
     }
+
+    fn quiesce(&mut self) -> Result<Vec<Queue>, ActivateError> {
+        let worker = self
+            .worker
+            .take()
+            .ok_or_else(|| ActivateError::Device("virtio-rng is not active".into()))?;
+        let (queue, _) = worker
+            .stop()
+            .ok_or_else(|| ActivateError::Device("virtio-rng worker panicked".into()))?;
+        Ok(vec![queue])
+    }
 }
 
 /// Fills chains with host randomness on the worker thread.

@@ -133,6 +133,19 @@ impl VirtioDevice for Block {
     fn reset(&mut self) {
         self.stop_worker();
     }
+
+    fn quiesce(&mut self) -> Result<Vec<Queue>, ActivateError> {
+        let worker = self.worker.take().ok_or_else(|| {
+            ActivateError::Device(format!("virtio-blk {} is not active", self.id))
+        })?;
+        // The worker finishes the request it is on; every completed write
+        // has reached the backing file (not necessarily the disk: the guest
+        // flushes when it needs durability).
+        let (queue, _) = worker.stop().ok_or_else(|| {
+            ActivateError::Device(format!("virtio-blk {}: worker panicked", self.id))
+        })?;
+        Ok(vec![queue])
+    }
 }
 
 /// Copies `config[offset..]` into `data`, zero-filling bytes past its end.

@@ -179,4 +179,23 @@ impl VirtioDevice for Vsock {
             None => tracing::error!("vsock worker panicked; the device cannot be reused"),
         }
     }
+
+    fn quiesce(&mut self) -> Result<Vec<virtio_queue::Queue>, ActivateError> {
+        let worker = self
+            .worker
+            .take()
+            .ok_or_else(|| ActivateError::Device("vsock is not active".into()))?;
+        let state = worker
+            .stop()
+            .ok_or_else(|| ActivateError::Device("vsock worker panicked".into()))?;
+        // Connections stay open: the same VMM resumes them after the snapshot.
+        self.muxer = Some(state.muxer);
+        Ok(state.queues)
+    }
+
+    /// The host sockets of the snapshotted VM are gone: reset the transport
+    /// so the guest drops its connections and listens afresh.
+    fn restored(&mut self) {
+        self.transport_reset();
+    }
 }

@@ -1,0 +1,86 @@
+//! snaptest: the snapshot scenario's guest. Fills `mib=N` MiB (default 32)
+//! of heap with a pattern that depends on every word's position, then counts
+//! `rounds=N` rounds (default 60), printing `count I` and sleeping
+//! `sleep_ms=N` (default 50) in the signal port's `WAIT` each round. Finally
+//! it checks every word of the pattern, prints `verify ok checksum=X` (or
+//! `verify FAILED ...`) and exits 0 (or 3).
+//!
+//! Snapshotted mid-count and restored, it must go on counting where it
+//! stopped and find its pattern intact.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::alloc::{alloc, Layout};
+use spore_uk::{println, BootInfo};
+
+spore_uk::entry!(main);
+
+const CHUNK: usize = 1 << 20;
+const WORDS: usize = CHUNK / 8;
+
+fn num(key: &str, default: u64) -> u64 {
+    spore_uk::arg(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pattern(chunk: usize, word: usize) -> u64 {
+    let x = ((chunk as u64) << 32 | word as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^ 0xa5a5_5a5a_0f0f_f0f0
+}
+
+fn main(_info: &BootInfo) -> i32 {
+    let mib = num("mib", 32) as usize;
+    let rounds = num("rounds", 60);
+    let sleep_us = (num("sleep_ms", 50) * 1000).min(10_000_000) as u32;
+    let Ok(layout) = Layout::from_size_align(CHUNK, 4096) else {
+        return 2;
+    };
+    let mut chunks = alloc::vec::Vec::with_capacity(mib);
+    for c in 0..mib {
+        // SAFETY: non-zero-sized layout; the pointer is checked for null.
+        let p = unsafe { alloc(layout) } as *mut u64;
+        if p.is_null() {
+            println!("out of memory after {c} MiB");
+            return 2;
+        }
+        for w in 0..WORDS {
+            // SAFETY: w < WORDS words of a live 1 MiB allocation.
+            unsafe { p.add(w).write_volatile(pattern(c, w)) };
+        }
+        chunks.push(p);
+    }
+    println!("filled {mib} MiB");
+    for i in 0..rounds {
+        println!("count {i}");
+        let start = spore_uk::clock::Instant::now();
+        // WAIT may end early; sleep the whole interval.
+        loop {
+            let left = match start.elapsed_us() {
+                Some(us) if us >= u64::from(sleep_us) => break,
+                Some(us) => u64::from(sleep_us) - us,
+                None => u64::from(sleep_us),
+            };
+            spore_uk::wait(left as u32);
+            if start.elapsed_us().is_none() {
+                break;
+            }
+        }
+    }
+    let mut sum: u64 = 0;
+    for (c, &p) in chunks.iter().enumerate() {
+        for w in 0..WORDS {
+            // SAFETY: as above.
+            let v = unsafe { p.add(w).read_volatile() };
+            if v != pattern(c, w) {
+                println!("verify FAILED at MiB {c} word {w}: {v:#x}");
+                return 3;
+            }
+            sum = sum.wrapping_add(v);
+        }
+    }
+    println!("verify ok checksum={sum:#x} pages={}", mib * CHUNK / 4096);
+    0
+}

@@ -1,0 +1,379 @@
+//! The snapshot state file: a small JSON manifest a human can read, the
+//! binary VM state (bincode), and a CRC32 over both.
+//!
+//! ```text
+//! "SPORESNP"                  8 bytes magic
+//! format version              u32 LE
+//! manifest length M           u32 LE
+//! manifest                    M bytes of JSON (Manifest)
+//! state length S              u64 LE
+//! state                       S bytes of bincode (MicrovmState)
+//! crc32                       u32 LE over every byte before it
+//! ```
+//!
+//! Readers refuse another magic or version, a checksum mismatch and a
+//! truncated or over-long file, each with its own message. Files are written
+//! atomically ([`write_atomic`]): a crash leaves the previous file in place.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 8] = b"SPORESNP";
+pub const FORMAT_VERSION: u32 = 1;
+/// Manifests beyond this are not ours (keeps a hostile file from allocating).
+const MAX_MANIFEST: u32 = 1 << 20;
+/// Likewise for the binary state (xsave areas of many vCPUs fit easily).
+const MAX_STATE: u64 = 256 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}: not a spore snapshot state file (bad magic)")]
+    Magic(String),
+    #[error("{path}: snapshot format version {found} is not supported (this spore reads version {FORMAT_VERSION})")]
+    Version { path: String, found: u32 },
+    #[error("{0}: the file is truncated")]
+    Truncated(String),
+    #[error("{0}: checksum mismatch: the file is corrupt")]
+    Checksum(String),
+    #[error("{path}: {detail}")]
+    Invalid { path: String, detail: String },
+}
+
+/// What kind of memory a layer holds. Only full layers exist so far; diffs
+/// will name their parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayerKind {
+    Full,
+    Diff,
+}
+
+/// A reference to the layer a diff applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRef {
+    pub id: String,
+    /// Hex digest of the parent's memory file, checked before applying a diff.
+    pub content_hash: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layer {
+    /// Random id of this snapshot.
+    pub id: String,
+    pub kind: LayerKind,
+    pub parent: Option<ParentRef>,
+    /// Size of the memory file (the guest RAM size for a full layer).
+    pub mem_file_size: u64,
+    /// Bytes of the memory file that hold data (the rest are holes).
+    pub mem_data_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub detail: String,
+}
+
+/// The human-readable part of a state file (`spore snapshot inspect`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub spore_version: String,
+    pub created_unix_ms: u64,
+    pub guest: String,
+    pub vcpu_count: u32,
+    pub mem_size_bytes: u64,
+    pub devices: Vec<DeviceInfo>,
+    pub layer: Layer,
+    pub state_bytes: u64,
+}
+
+/// Serializes manifest + state into the on-disk layout.
+pub fn encode(manifest: &Manifest, state: &[u8]) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec_pretty(manifest)?;
+    let mut out = Vec::with_capacity(json.len() + state.len() + 32);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&(state.len() as u64).to_le_bytes());
+    out.extend_from_slice(state);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+/// Checks and splits a state file; `path` only names it in errors.
+pub fn decode<'a>(path: &str, bytes: &'a [u8]) -> Result<(Manifest, &'a [u8]), FormatError> {
+    let truncated = || FormatError::Truncated(path.to_string());
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(FormatError::Magic(path.to_string()));
+    }
+    let mut r = Reader {
+        bytes,
+        pos: MAGIC.len(),
+    };
+    let version = u32::from_le_bytes(
+        r.take(4)
+            .ok_or_else(truncated)?
+            .try_into()
+            .map_err(|_| truncated())?,
+    );
+    if version != FORMAT_VERSION {
+        return Err(FormatError::Version {
+            path: path.to_string(),
+            found: version,
+        });
+    }
+    let mlen = r.u32().ok_or_else(truncated)?;
+    if mlen > MAX_MANIFEST {
+        return Err(FormatError::Checksum(path.to_string()));
+    }
+    let manifest_bytes = r.take(mlen as usize).ok_or_else(truncated)?;
+    let slen = r.u64().ok_or_else(truncated)?;
+    if slen > MAX_STATE {
+        return Err(FormatError::Checksum(path.to_string()));
+    }
+    let state = r.take(slen as usize).ok_or_else(truncated)?;
+    let body_end = r.pos;
+    let crc = r.u32().ok_or_else(truncated)?;
+    if r.pos != bytes.len() {
+        return Err(FormatError::Invalid {
+            path: path.to_string(),
+            detail: format!("{} bytes of trailing garbage", bytes.len() - r.pos),
+        });
+    }
+    if crc32fast::hash(&bytes[..body_end]) != crc {
+        return Err(FormatError::Checksum(path.to_string()));
+    }
+    let manifest: Manifest =
+        serde_json::from_slice(manifest_bytes).map_err(|e| FormatError::Invalid {
+            path: path.to_string(),
+            detail: format!("bad manifest: {e}"),
+        })?;
+    if manifest.state_bytes != slen {
+        return Err(FormatError::Invalid {
+            path: path.to_string(),
+            detail: "the manifest's state size does not match the file".into(),
+        });
+    }
+    Ok((manifest, state))
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.bytes.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// Reads and checks a state file.
+pub fn read_state_file(path: &Path) -> Result<(Manifest, Vec<u8>), FormatError> {
+    let name = path.display().to_string();
+    let io = |source| FormatError::Io {
+        path: name.clone(),
+        source,
+    };
+    // Refuse before reading a huge file (a memory file passed by mistake).
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > u64::from(MAX_MANIFEST) + MAX_STATE + 64 {
+        return Err(FormatError::Invalid {
+            path: name,
+            detail: format!("{len} bytes is too large for a state file (is it a memory file?)"),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    let (m, state) = decode(&name, &bytes)?;
+    Ok((m, state.to_vec()))
+}
+
+/// A file being written under a temporary name in its final directory;
+/// [`PendingFile::commit`] makes it durable and renames it into place.
+/// Dropped uncommitted, it removes itself.
+pub struct PendingFile {
+    pub file: File,
+    tmp: PathBuf,
+    dest: PathBuf,
+    committed: bool,
+}
+
+impl PendingFile {
+    pub fn create(dest: &Path) -> Result<Self, FormatError> {
+        let io = |source| FormatError::Io {
+            path: dest.display().to_string(),
+            source,
+        };
+        let name = dest
+            .file_name()
+            .ok_or_else(|| io(std::io::Error::other("not a file path")))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".tmp-{}", std::process::id()));
+        let tmp = dest.with_file_name(tmp_name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io)?;
+        Ok(Self {
+            file,
+            tmp,
+            dest: dest.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    /// fsyncs the data (a rename must never expose unwritten blocks).
+    pub fn sync(&self) -> Result<(), FormatError> {
+        self.file.sync_all().map_err(|source| FormatError::Io {
+            path: self.tmp.display().to_string(),
+            source,
+        })
+    }
+
+    /// Renames into place and fsyncs the directory.
+    pub fn commit(mut self) -> Result<(), FormatError> {
+        let io = |source| FormatError::Io {
+            path: self.dest.display().to_string(),
+            source,
+        };
+        std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
+        self.committed = true;
+        let dir = match self.dest.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Writes `bytes` to a pending file and syncs it (commit is the caller's).
+pub fn write_pending(dest: &Path, bytes: &[u8]) -> Result<PendingFile, FormatError> {
+    let mut p = PendingFile::create(dest)?;
+    p.file.write_all(bytes).map_err(|source| FormatError::Io {
+        path: dest.display().to_string(),
+        source,
+    })?;
+    p.sync()?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(state_bytes: u64) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            spore_version: "test".into(),
+            created_unix_ms: 1,
+            guest: "unikernel".into(),
+            vcpu_count: 1,
+            mem_size_bytes: 128 << 20,
+            devices: vec![DeviceInfo {
+                kind: "rng".into(),
+                detail: String::new(),
+            }],
+            layer: Layer {
+                id: "abc".into(),
+                kind: LayerKind::Full,
+                parent: None,
+                mem_file_size: 128 << 20,
+                mem_data_bytes: 4096,
+            },
+            state_bytes,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let state = b"binary state".to_vec();
+        let bytes = encode(&manifest(state.len() as u64), &state).unwrap();
+        let (m, s) = decode("f", &bytes).unwrap();
+        assert_eq!(m, manifest(state.len() as u64));
+        assert_eq!(s, state);
+    }
+
+    #[test]
+    fn every_flipped_byte_is_refused() {
+        let state = vec![7u8; 100];
+        let bytes = encode(&manifest(100), &state).unwrap();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(decode("f", &b).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    #[test]
+    fn bad_version_truncation_and_garbage_are_refused() {
+        let bytes = encode(&manifest(3), b"abc").unwrap();
+        let mut v = bytes.clone();
+        v[8] = 9;
+        assert!(matches!(
+            decode("f", &v),
+            Err(FormatError::Version { found: 9, .. })
+        ));
+        for n in 0..bytes.len() {
+            assert!(
+                decode("f", &bytes[..n]).is_err(),
+                "truncated to {n} accepted"
+            );
+        }
+        assert!(matches!(
+            decode("f", &bytes[..bytes.len() - 1]),
+            Err(FormatError::Truncated(_))
+        ));
+        let mut g = bytes.clone();
+        g.push(0);
+        assert!(decode("f", &g).is_err());
+        assert!(matches!(decode("f", b"ELF..."), Err(FormatError::Magic(_))));
+    }
+
+    #[test]
+    fn pending_file_is_atomic() {
+        let dir = std::env::temp_dir().join(format!("spore-fmt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dest = dir.join("state");
+        std::fs::write(&dest, b"old").unwrap();
+        // Abandoned: the old file stays, no temp file is left.
+        drop(write_pending(&dest, b"new").unwrap());
+        assert_eq!(std::fs::read(&dest).unwrap(), b"old");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        write_pending(&dest, b"new").unwrap().commit().unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"new");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,284 @@
+//! Writing guest RAM to a sparse memory file, and checking one before a
+//! restore maps it.
+//!
+//! The memory file has the memfd's layout: RAM regions back to back in
+//! guest-physical order. Only data is written: ranges the memfd reports as
+//! holes (`SEEK_DATA`/`SEEK_HOLE`, pages never touched) are skipped, and so
+//! is every all-zero page inside data ranges, so the file's holes read as
+//! zeros and cost no disk. A privately mapped RAM (a restored VM) has its
+//! contents in two places: the snapshot file it maps (its data ranges) and
+//! the anonymous copy-on-write pages the guest wrote since; the latter are
+//! found with `mincore` (resident pages), so pages in the file's holes that
+//! nobody touched are never read, which would fault them in.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::memory::GuestRam;
+
+const PAGE: usize = 4096;
+
+/// Where a data range lies: an offset in the memory file and the host
+/// address of the same bytes.
+fn region_spans(ram: &GuestRam) -> Vec<(u64, *const u8, usize)> {
+    let mut spans = Vec::new();
+    let mut offset = 0u64;
+    for region in ram.memory().iter() {
+        let len = region.len() as usize;
+        spans.push((offset, region.as_ptr() as *const u8, len));
+        offset += len as u64;
+    }
+    spans
+}
+
+/// Data ranges of a shared memfd, as (offset, len), via SEEK_DATA/SEEK_HOLE.
+fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    let raw = fd.as_raw_fd();
+    while (pos as u64) < size {
+        // SAFETY: lseek on an fd we own; it only moves the file offset.
+        let start = unsafe { libc::lseek(raw, pos, libc::SEEK_DATA) };
+        if start < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data past pos
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(raw, start, libc::SEEK_HOLE) };
+        if end < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let end = (end as u64).min(size);
+        if end > start as u64 {
+            out.push((start as u64, end - start as u64));
+        }
+        pos = end as i64;
+    }
+    Ok(out)
+}
+
+/// Writes the non-zero pages of RAM into `out` (already sized by the caller
+/// to the RAM size). The guest must be paused and devices quiesced. Returns
+/// the bytes written.
+pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
+    out.set_len(ram.size())?;
+    let spans = region_spans(ram);
+    let mut ranges = data_ranges(ram.memfd(), ram.size())?;
+    if ram.is_private() {
+        for &(span_off, ptr, span_len) in &spans {
+            ranges.extend(
+                resident_ranges(ptr, span_len)?
+                    .into_iter()
+                    .map(|(o, l)| (span_off + o, l)),
+            );
+        }
+        ranges = merge(ranges);
+    }
+    let mut written = 0u64;
+    for (start, len) in ranges {
+        for &(span_off, ptr, span_len) in &spans {
+            let lo = start.max(span_off);
+            let hi = (start + len).min(span_off + span_len as u64);
+            if lo >= hi {
+                continue;
+            }
+            // SAFETY: [ptr, ptr + span_len) is a live mapping of guest RAM
+            // owned by `ram`; the guest is paused and device workers are
+            // stopped, so nobody writes it while we read.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
+            let from = (lo - span_off) as usize;
+            let to = (hi - span_off) as usize;
+            written += write_nonzero(&bytes[from..to], out, lo)?;
+        }
+    }
+    Ok(written)
+}
+
+/// Extended attribute naming the snapshot a memory file belongs to.
+const TAG_XATTR: &std::ffi::CStr = c"user.spore.snapshot_id";
+
+/// Tags a memory file with its snapshot's id, so that a state file is never
+/// paired with another snapshot's memory (a crash between the two renames of
+/// a snapshot write, a mix-up of files). Returns false where the file system
+/// has no user xattrs; the check is then skipped.
+pub fn tag(file: &File, id: &str) -> bool {
+    // SAFETY: valid fd, NUL-terminated name, a buffer of id.len() bytes.
+    let r = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            TAG_XATTR.as_ptr(),
+            id.as_ptr() as *const libc::c_void,
+            id.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(
+            "cannot tag the memory file: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    r == 0
+}
+
+/// The snapshot id a memory file was tagged with, if any (copies made
+/// without preserving xattrs have none).
+pub fn read_tag(file: &File) -> Option<String> {
+    let mut buf = [0u8; 64];
+    // SAFETY: valid fd, NUL-terminated name, buffer of buf.len() bytes.
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            TAG_XATTR.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    String::from_utf8(buf.get(..n)?.to_vec()).ok()
+}
+
+/// Page ranges of a mapping that are resident (written copy-on-write, or
+/// read from the page cache), as (offset, len) within the mapping.
+fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
+    let pages = len.div_ceil(PAGE);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: [ptr, ptr + len) is one page-aligned mapping owned by the
+    // caller's GuestRam; mincore only fills `vec`, one byte per page.
+    let r = unsafe { libc::mincore(ptr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < pages {
+        if vec[i] & 1 == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < pages && vec[i] & 1 != 0 {
+            i += 1;
+        }
+        out.push(((start * PAGE) as u64, ((i - start) * PAGE) as u64));
+    }
+    Ok(out)
+}
+
+/// Sorts and merges overlapping or touching ranges.
+fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, len) in ranges {
+        match out.last_mut() {
+            Some((s, l)) if start <= *s + *l => *l = (*l).max(start + len - *s),
+            _ => out.push((start, len)),
+        }
+    }
+    out
+}
+
+/// Writes runs of non-zero pages of `data` at `file_off` onward.
+fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
+    let mut written = 0u64;
+    let mut run_start: Option<usize> = None;
+    let mut i = 0;
+    while i < data.len() {
+        let end = (i + PAGE).min(data.len());
+        let zero = data[i..end].iter().all(|&b| b == 0);
+        match (zero, run_start) {
+            (false, None) => run_start = Some(i),
+            (true, Some(s)) => {
+                out.write_all_at(&data[s..i], file_off + s as u64)?;
+                written += (i - s) as u64;
+                run_start = None;
+            }
+            _ => {}
+        }
+        i = end;
+    }
+    if let Some(s) = run_start {
+        out.write_all_at(&data[s..], file_off + s as u64)?;
+        written += (data.len() - s) as u64;
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn ranges_merge() {
+        assert_eq!(
+            merge(vec![
+                (8192, 4096),
+                (0, 4096),
+                (4096, 4096),
+                (20480, 4096),
+                (16384, 8192)
+            ]),
+            vec![(0, 12288), (16384, 8192)]
+        );
+    }
+
+    #[test]
+    fn only_touched_pages_take_disk() {
+        let ram = GuestRam::new(64 << 20).unwrap();
+        ram.memory()
+            .write_slice(&[0xaa; 8192], GuestAddress(0x10_0000))
+            .unwrap();
+        ram.memory()
+            .write_obj(0x55u8, GuestAddress(0x300_0000))
+            .unwrap();
+        // A touched but zero page is not written either.
+        ram.memory()
+            .write_obj(0u8, GuestAddress(0x200_0000))
+            .unwrap();
+        let path = std::env::temp_dir().join(format!("spore-mem-{}", std::process::id()));
+        let f = File::create(&path).unwrap();
+        let n = write_sparse(&ram, &f).unwrap();
+        assert_eq!(n, 3 * 4096);
+        let md = std::fs::metadata(&path).unwrap();
+        assert_eq!(md.len(), 64 << 20);
+        assert!(md.blocks() * 512 <= 64 * 1024, "{} blocks", md.blocks());
+        // Map it back privately: same bytes.
+        let back = GuestRam::from_snapshot_file(File::open(&path).unwrap(), 64 << 20).unwrap();
+        let mut buf = [0u8; 8192];
+        back.memory()
+            .read_slice(&mut buf, GuestAddress(0x10_0000))
+            .unwrap();
+        assert!(buf.iter().all(|&b| b == 0xaa));
+        let v: u8 = back.memory().read_obj(GuestAddress(0x300_0000)).unwrap();
+        assert_eq!(v, 0x55);
+        // Writes stay private to the mapping.
+        back.memory().write_obj(1u8, GuestAddress(0)).unwrap();
+        let f2 = File::open(&path).unwrap();
+        let mut b = [9u8];
+        f2.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b[0], 0);
+        // And a private RAM writes out its own view: the file's data plus
+        // its own writes, without reading the file's untouched holes.
+        back.memory()
+            .write_obj(2u8, GuestAddress(0x380_0000))
+            .unwrap();
+        let path2 = path.with_extension("2");
+        let n2 = write_sparse(&back, &File::create(&path2).unwrap()).unwrap();
+        assert_eq!(n2, 5 * 4096);
+        let f3 = File::open(&path2).unwrap();
+        f3.read_exact_at(&mut b, 0x380_0000).unwrap();
+        assert_eq!(b[0], 2);
+        f3.read_exact_at(&mut b, 0x300_0000).unwrap();
+        assert_eq!(b[0], 0x55);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&path2).unwrap();
+    }
+}

@@ -1,0 +1,83 @@
+#!/bin/sh
+# Tier 3, issue "snapshots": a Linux guest (2 vCPUs, 256 MiB, kvmclock on)
+# with vsock and a read-write disk is snapshotted through `spore snapshot
+# create --stop`, then restored twice, each time in a new VMM process. After
+# each restore a shell command sent over vsock must run, the guest's clock
+# must have moved forward, and the disk must still be readable and writable.
+t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+tmp=${SPORE_TMP:-/tmp}
+cd "$tmp" || exit 1
+api="$tmp/api.sock"
+dd if=/dev/zero of="$tmp/rw.img" bs=1M count=8 2>/dev/null
+
+"$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
+vmm=$!
+i=0
+while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+A() { "$SPORE" api "$api" "$@"; }
+# Milliseconds since L1 boot (busybox date has no %N).
+now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
+    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":256}' >/dev/null &&
+    A PUT /drives/rw "{\"drive_id\":\"rw\",\"path_on_host\":\"$tmp/rw.img\",\"is_root_device\":false,\"is_read_only\":false}" >/dev/null &&
+    A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
+    A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null || t boot FAIL "$(cat "$tmp/vmm.err")"
+
+# Runs shell commands in the guest over vsock; retries until it answers.
+guest() {
+    i=0
+    while [ $i -lt ${2:-120} ]; do
+        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
+            [ -n "$out" ] && { echo "$out"; return 0; }
+        sleep 0.5
+        i=$((i + 1))
+    done
+    return 1
+}
+
+before=$(guest 'cut -d" " -f1 /proc/uptime')
+if [ -n "$before" ]; then t vsock-command-before-snapshot PASS "uptime $before"; else t vsock-command-before-snapshot FAIL; fi
+
+start=$(now_ms)
+if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >"$tmp/manifest.json" 2>"$tmp/create.err"; then
+    ms=$(($(now_ms) - start))
+    t snapshot-create PASS "${ms} ms, $(du -k "$tmp/vm.mem" | cut -f1) KiB on disk of $(stat -c %s "$tmp/vm.mem") bytes"
+else
+    t snapshot-create FAIL "$(cat "$tmp/create.err")"
+fi
+wait $vmm
+"$SPORE" snapshot inspect "$tmp/vm.state" >"$SPORE_OUT/snapshot-manifest.json" 2>&1
+
+for round in 1 2; do
+    SPORE_LOG=${SPORE_LOG:-debug} "$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" \
+        --api-sock "$tmp/api-$round.sock" >"$tmp/console-$round.txt" 2>"$tmp/restore-$round.err" &
+    r=$!
+    start=$(now_ms)
+    after=$(guest 'cut -d" " -f1 /proc/uptime')
+    ms=$(($(now_ms) - start))
+    if [ -n "$after" ]; then
+        t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms"
+    else
+        t "vsock-command-after-restore-$round" FAIL "VM $("$SPORE" api "$tmp/api-$round.sock" GET / 2>&1); $(tail -n 3 "$tmp/restore-$round.err")"
+    fi
+    sleep 1
+    later=$(guest 'cut -d" " -f1 /proc/uptime')
+    if [ -n "$after" ] && [ -n "$later" ] &&
+        awk -v b="$before" -v a="$after" -v l="$later" 'BEGIN{exit !(a >= b && l > a + 0.5)}'; then
+        t "clock-moves-forward-$round" PASS "uptime $before -> $after -> $later"
+    else
+        t "clock-moves-forward-$round" FAIL "uptime $before -> $after -> $later"
+    fi
+    disk=$(guest "dd if=/dev/vda bs=512 count=1 2>/dev/null | head -c 21; echo; printf spore-after-restore-$round | dd of=/dev/vda bs=512 seek=1 conv=sync,fsync 2>/dev/null && echo written")
+    if echo "$disk" | grep -q spore-before-snapshot && echo "$disk" | grep -q written &&
+        dd if="$tmp/rw.img" bs=512 skip=1 count=1 2>/dev/null | grep -q "spore-after-restore-$round"; then
+        t "rw-disk-after-restore-$round" PASS
+    else
+        t "rw-disk-after-restore-$round" FAIL "guest said: $disk"
+    fi
+    kill $r
+    wait $r
+done
+cp "$tmp/console.txt" "$tmp"/console-*.txt "$tmp"/restore-*.err "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
+true
