@@ -3,7 +3,10 @@
 //! The socket controls the whole microVM, so it must never be reachable by
 //! another user, not even for an instant: it is bound, restricted to its owner
 //! (0600), and only then listened on, so no connection can be queued while the
-//! file still has umask permissions. It must also never delete what is not
+//! file still has umask permissions. All that happens under a temporary name
+//! in the same directory, renamed into place last: a client that waits for
+//! the path to appear (as scripts do) never finds a socket that is not yet
+//! listening. It must also never delete what is not
 //! its own: a path that exists and is not a socket is refused, a live socket
 //! (some other VMM answers on it) is refused, and on drop the file is removed
 //! only if it is still the one this process created.
@@ -53,7 +56,10 @@ impl Drop for SocketFile {
 pub(super) fn bind_private(path: &Path) -> Result<(UnixListener, SocketFile), ApiServerError> {
     let owned = || path.to_path_buf();
     clear_stale(path)?;
-    let addr = sockaddr(path)?;
+    sockaddr(path)?; // the final path must fit a socket address too
+    let tmp = temp_path(path);
+    let _ = fs::remove_file(&tmp);
+    let addr = sockaddr(&tmp)?;
 
     // SAFETY: plain syscall; the result is checked before use.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -82,15 +88,15 @@ pub(super) fn bind_private(path: &Path) -> Result<(UnixListener, SocketFile), Ap
     }
     // From here on the file exists and is ours: record it so that any
     // failure below removes it again.
-    let meta = fs::symlink_metadata(path).map_err(|source| ApiServerError::Bind {
+    let meta = fs::symlink_metadata(&tmp).map_err(|source| ApiServerError::Bind {
         path: owned(),
         source,
     })?;
-    let file = SocketFile {
-        path: owned(),
+    let mut file = SocketFile {
+        path: tmp.clone(),
         identity: (meta.dev(), meta.ino()),
     };
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|source| {
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(|source| {
         ApiServerError::Permissions {
             path: owned(),
             source,
@@ -103,7 +109,23 @@ pub(super) fn bind_private(path: &Path) -> Result<(UnixListener, SocketFile), Ap
             source: io::Error::last_os_error(),
         });
     }
+    // The socket stays bound to its inode across the rename.
+    fs::rename(&tmp, path).map_err(|source| ApiServerError::Bind {
+        path: owned(),
+        source,
+    })?;
+    file.path = owned();
     Ok((UnixListener::from(fd), file))
+}
+
+/// A short, process-unique name beside `path` to bind under before the rename.
+fn temp_path(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    dir.unwrap_or(Path::new("."))
+        .join(format!(".spore-api-{}-{n}.sock", std::process::id()))
 }
 
 /// Removes a socket file no process answers on; refuses anything else.
