@@ -232,10 +232,7 @@ impl BlockAllocator {
             }
         }
         self.map.assign(first, n as usize, tenant);
-        Ok(Blocks {
-            addr,
-            len: n * bs,
-        })
+        Ok(Blocks { addr, len: n * bs })
     }
 
     fn unplug_quietly(&mut self, first: usize, n: usize) -> Result<(), MemError> {
@@ -259,7 +256,9 @@ impl BlockAllocator {
         let mut freed = Freed::default();
         for (first, n) in self.map.runs_of(tenant, MAX_BLOCKS_PER_REQUEST as usize) {
             let addr = self.mem.region_addr() + first as u64 * bs;
-            self.mem.unplug(addr, n as u64).map_err(AllocError::Device)?;
+            self.mem
+                .unplug(addr, n as u64)
+                .map_err(AllocError::Device)?;
             self.map.release(first, n);
             freed.blocks += n as u64;
             freed.requests += 1;

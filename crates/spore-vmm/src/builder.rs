@@ -375,14 +375,8 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
                 .collect();
             let tsc_khz = fds[0].get_tsc_khz().map(u64::from).unwrap_or(0);
             let cmdline = boot.boot_args.as_deref().unwrap_or("");
-            let entry = load_unikernel_mapping(
-                mem,
-                &mut kernel,
-                cmdline,
-                &devices,
-                tsc_khz,
-                hotplug_end,
-            )?;
+            let entry =
+                load_unikernel_mapping(mem, &mut kernel, cmdline, &devices, tsc_khz, hotplug_end)?;
             set_supported_cpuid(&kvm, &fds[0])?;
             configure_unikernel_vcpu(&fds[0], &entry)?;
         }

@@ -45,7 +45,10 @@ fn start(tag: &str, args: &str, total_mib: u64, requested_mib: u64) -> Vm {
         assert_eq!(code, 204, "PUT {path} {body}: {resp}");
     };
     put("/boot-source", &boot);
-    put("/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 64}"#);
+    put(
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
     put(
         "/hotplug/memory",
         &format!(r#"{{"total_size_mib": {total_mib}, "block_size_mib": 2, "slot_size_mib": 128}}"#),
@@ -174,7 +177,12 @@ fn kvm_uk_mem_touch_unplugged_stops_the_vm() {
 
 #[test]
 fn kvm_uk_mem_reclaim_returns_memory() {
-    let vm = start("ukmem-reclaim", "mode=reclaim size=256 hold_ms=1500", 512, 256);
+    let vm = start(
+        "ukmem-reclaim",
+        "mode=reclaim size=256 hold_ms=1500",
+        512,
+        256,
+    );
     let mut seen = Vec::new();
     vm.expect_line("memtest: filled 256 MiB", &mut seen);
     std::thread::sleep(Duration::from_millis(300));

@@ -253,7 +253,10 @@ fn random(mut mem: VirtioMem) -> i32 {
                 _ => BlockState::Mixed,
             };
             let r = mem.state(base + first * bs, n);
-            check!(r == Ok(want), "STATE of {n} blocks at {first}: {r:?}, want {want:?}");
+            check!(
+                r == Ok(want),
+                "STATE of {n} blocks at {first}: {r:?}, want {want:?}"
+            );
             states += 1;
         }
         check!(

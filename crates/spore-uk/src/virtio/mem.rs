@@ -254,7 +254,7 @@ impl VirtioMem {
     fn check_range(&self, addr: u64, nb_blocks: u64) -> Result<(), MemError> {
         let bad = MemError::BadRange { addr, nb_blocks };
         let bs = self.block_size;
-        if nb_blocks == 0 || bs == 0 || addr % bs != 0 || addr < self.addr {
+        if nb_blocks == 0 || bs == 0 || addr < self.addr || !(addr - self.addr).is_multiple_of(bs) {
             return Err(bad);
         }
         let end = nb_blocks

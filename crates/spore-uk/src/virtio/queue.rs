@@ -240,3 +240,62 @@ impl Drop for VirtQueue {
         unsafe { dealloc(self.mem, self.layout) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plays the device: puts `id` in the used ring with `len`.
+    fn device_uses(q: &VirtQueue, slot: u16, id: u16, len: u32) {
+        let (_, _, used) = q.addresses();
+        let used = used as *mut u8;
+        // SAFETY: slot < size; the used ring lies in the queue's block.
+        unsafe {
+            let e = used.add(4 + 8 * slot as usize) as *mut u32;
+            e.write_volatile(id as u32);
+            e.add(1).write_volatile(len);
+            (used.add(2) as *mut u16).write_volatile(slot + 1);
+        }
+    }
+
+    fn desc(q: &VirtQueue, id: u16) -> Desc {
+        // SAFETY: id < size.
+        unsafe { core::ptr::read_volatile(q.desc.add(id as usize)) }
+    }
+
+    #[test]
+    fn pairs_chain_and_free_both_descriptors() {
+        let mut q = VirtQueue::new(0, 4).unwrap();
+        let req = [1u8; 24];
+        let mut resp = [0u8; 10];
+        // SAFETY: the buffers outlive the queue's use of them in this test.
+        let head = unsafe { q.add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10) }.unwrap();
+        assert_eq!(q.free_count(), 2);
+        let d = desc(&q, head);
+        assert_eq!(d.flags, DESC_F_NEXT);
+        assert_eq!(d.len, 24);
+        let t = desc(&q, d.next);
+        assert_eq!(t.flags, DESC_F_WRITE);
+        assert_eq!(t.addr, resp.as_ptr() as u64);
+        // SAFETY: avail[1] is idx, avail[2] the first ring slot.
+        assert_eq!(unsafe { q.avail.add(2).read_volatile() }, head);
+        assert_eq!(unsafe { q.avail.add(1).read_volatile() }, 1);
+        assert_eq!(q.pop_used(), None);
+        device_uses(&q, 0, head, 10);
+        assert_eq!(q.pop_used(), Some(Used { id: head, len: 10 }));
+        assert_eq!(q.free_count(), 4, "both descriptors are free again");
+        // Two pairs fill a 4-entry queue; a third does not fit.
+        // SAFETY: as above.
+        unsafe {
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_some());
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_some());
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_none());
+        }
+    }
+}

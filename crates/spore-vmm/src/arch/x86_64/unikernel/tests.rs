@@ -332,15 +332,7 @@ fn memory_map_splits_around_the_hole() {
 fn identity_map_reaches_the_hotplug_region() {
     let mem = guest_mem(16);
     // A 2 GiB hotplug region at 4 GiB: the map must cover 0..6 GiB.
-    load_unikernel_mapping(
-        &mem,
-        &mut Cursor::new(good_image()),
-        "",
-        &[],
-        0,
-        6 << 30,
-    )
-    .unwrap();
+    load_unikernel_mapping(&mem, &mut Cursor::new(good_image()), "", &[], 0, 6 << 30).unwrap();
     for i in 0..6 {
         assert_eq!(
             read_u64(&mem, PDPT_ADDR + 8 * i),
