@@ -145,10 +145,11 @@ fn kvm_uk_mem_random_1000_blocks() {
 fn kvm_uk_mem_touch_unplugged_stops_the_vm() {
     let vm = start("ukmem-touch", "mode=touch-unplugged hold_ms=1000", 256, 2);
     let mut seen = Vec::new();
-    vm.expect_line("touching it", &mut seen);
+    vm.expect_line("unplugged block 0 of", &mut seen);
     // The guest holds for a second after the unplug: the baseline.
     std::thread::sleep(Duration::from_millis(300));
     let before = vm.rss();
+    vm.expect_line("touching it", &mut seen);
     // Sample until the VMM is gone: the stray write must not fault a page in.
     let pid = vm.child.id();
     let mut peak = before;
@@ -198,4 +199,23 @@ fn kvm_uk_mem_reclaim_returns_memory() {
         filled >= reclaimed + 240 * MIB,
         "VMM RSS {filled} after the fill, {reclaimed} after the unplug: {line}"
     );
+}
+
+#[test]
+fn kvm_uk_mem_touch_right_after_unplug_and_sync() {
+    // No pause: after UNPLUG and one more answered request (`sync`), the
+    // emptied chunk's KVM slot must already be gone, every time.
+    for i in 0..5 {
+        let vm = start("ukmem-touch-now", "mode=touch-unplugged", 256, 2);
+        let (code, out, err) = vm.finish(Vec::new());
+        let out = out.join("\n");
+        assert!(
+            code.is_some_and(|c| c != 0) && !out.contains("went through"),
+            "run {i}: exit {code:?}\nstdout:\n{out}\nstderr:\n{err}"
+        );
+        assert!(
+            err.contains("MMIO write at 0x100001008 hits no device or RAM"),
+            "run {i}: stderr:\n{err}"
+        );
+    }
 }

@@ -10,7 +10,8 @@
 //!   random range → PLUGGED/UNPLUGGED/MIXED); every plugged block gets a
 //!   pattern written, and is read back before it is unplugged.
 //! - `mode=touch-unplugged`: plugs a block, writes it, unplugs it, then
-//!   writes to it again. The VMM must stop the VM; if the write goes through
+//!   waits for the VMM to retire the emptied KVM slot (`VirtioMem::sync`)
+//!   and `hold_ms` (0), and writes to it again. The VMM must stop the VM; if the write goes through
 //!   the app exits 1.
 //! - `mode=reclaim size=MIB`: gives one tenant `size` MiB of blocks, fills
 //!   every page, frees the tenant (unplug) and prints the TSC-timed unplug:
@@ -290,8 +291,12 @@ fn touch_unplugged(mut mem: VirtioMem) -> i32 {
     fill(base, bs, 0, 1);
     check!(verify(base, bs, 0, 1).is_none(), "pattern");
     check!(mem.unplug(base, 1).is_ok(), "UNPLUG of the first block");
-    println!("memtest: unplugged {base:#x}, touching it");
+    println!("memtest: unplugged block 0 of the region");
+    // The VMM deletes an emptied chunk's KVM slot just after answering the
+    // UNPLUG; after `sync` it is gone, so the touch meets no memory at all.
+    check!(mem.sync().is_ok(), "sync after UNPLUG");
     hold(num("hold_ms", 0));
+    println!("memtest: unplugged {base:#x}, touching it");
     // SAFETY: deliberately not: the block is unplugged; the VMM must stop
     // the VM here.
     unsafe { core::ptr::write_volatile((base + 0x1008) as *mut u64, 0xdead_beef) };

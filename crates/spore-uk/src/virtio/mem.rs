@@ -236,6 +236,17 @@ impl VirtioMem {
         }
     }
 
+    /// Waits until every block unplugged so far is unreachable. The device
+    /// answers UNPLUG once the memory is back with the host, and deletes the
+    /// KVM slot of a chunk it emptied just after (off the driver's wait); it
+    /// finishes that before answering any later request, so one STATE
+    /// round trip is the barrier. Until then a stray touch of an emptied
+    /// chunk may still find (zeroed) memory.
+    pub fn sync(&mut self) -> Result<(), MemError> {
+        let addr = self.addr;
+        self.state(addr, 1).map(|_| ())
+    }
+
     /// The state of `nb_blocks` blocks from `addr` (at most
     /// [`MAX_BLOCKS_PER_REQUEST`]).
     pub fn state(&mut self, addr: u64, nb_blocks: u64) -> Result<BlockState, MemError> {
