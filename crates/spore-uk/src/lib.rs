@@ -7,7 +7,8 @@
 //! the boot info, serial output ([`print!`]/[`println!`] on COM1), a global heap
 //! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`]), the
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
-//! with vsock), the tmem client ([`tmem`]), and pieces for apps that must
+//! with vsock and virtio-mem), the whole-block allocator over hotplugged
+//! memory ([`blockalloc`]), the tmem client ([`tmem`]), and pieces for apps that must
 //! survive a full heap ([`kvmap`], [`resp`]).
 //!
 //! It never takes an interrupt or a fault and never touches ring-0 state: the
@@ -29,6 +30,7 @@
 
 extern crate alloc;
 
+pub mod blockalloc;
 pub mod boot;
 pub mod clock;
 pub mod cmdline;

@@ -17,7 +17,7 @@ use crate::arch::x86_64::layout;
 use crate::arch::x86_64::linux::{load_linux, LinuxBootError};
 use crate::arch::x86_64::linux_vcpu::{configure_linux_vcpu, LinuxVcpuError};
 use crate::arch::x86_64::unikernel::{
-    configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel,
+    configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel_mapping,
     set_supported_cpuid, UnikernelError,
 };
 use crate::config::{BootProtocol, ConfigError, VmConfig};
@@ -382,6 +382,10 @@ fn build(
         balloon = Some(device.handle());
         slots.attach(Box::new(device))?;
     }
+    // The unikernel's identity map must reach the hotplug region.
+    let hotplug_end = hotplug
+        .as_ref()
+        .map_or(0, |(hp, _)| hp.addr().saturating_add(hp.size()));
     let mem_hotplug = match hotplug {
         Some((backing, h)) => {
             let (device, handle) =
@@ -448,7 +452,8 @@ fn build(
                 .collect();
             let tsc_khz = fds[0].get_tsc_khz().map(u64::from).unwrap_or(0);
             let cmdline = boot.boot_args.as_deref().unwrap_or("");
-            let entry = load_unikernel(mem, kernel, cmdline, &devices, tsc_khz)?;
+            let entry =
+                load_unikernel_mapping(mem, kernel, cmdline, &devices, tsc_khz, hotplug_end)?;
             set_supported_cpuid(&kvm, &fds[0])?;
             configure_unikernel_vcpu(&fds[0], &entry)?;
         }

@@ -9,6 +9,7 @@
 //!   negotiation, queue registration ([`mmio::Transport`]).
 //! - [`queue`]: split virtqueues in guest memory ([`queue::VirtQueue`]).
 //! - [`vsock`]: the virtio-vsock driver (stream sockets, host-initiated).
+//! - [`mem`]: the virtio-mem driver (plug/unplug blocks of the hotplug region).
 //!
 //! A new driver (balloon, mem) finds its device with [`find_device`], calls
 //! [`mmio::Transport::init`] with the features it understands, sets up its
@@ -18,6 +19,7 @@
 //! All RAM is identity-mapped, so a buffer's pointer is its guest-physical
 //! address, which is what descriptors carry.
 
+pub mod mem;
 pub mod mmio;
 pub mod queue;
 pub mod vsock;

@@ -15,7 +15,10 @@ use core::sync::atomic::{fence, Ordering};
 
 use super::VirtioError;
 
+const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
+/// `chained` entry of a descriptor that heads no two-descriptor chain.
+const NO_NEXT: u16 = u16::MAX;
 const PAGE: usize = 4096;
 
 #[repr(C)]
@@ -39,6 +42,9 @@ pub struct VirtQueue {
     used: *mut u8,
     /// Descriptor ids not handed to the device.
     free: Vec<u16>,
+    /// For the head of a chain from [`VirtQueue::add_pair`], its second
+    /// descriptor (returned to `free` with the head); else `NO_NEXT`.
+    chained: Vec<u16>,
     next_avail: u16,
     last_used: u16,
 }
@@ -68,6 +74,11 @@ impl VirtQueue {
         free.try_reserve_exact(n)
             .map_err(|_| VirtioError::OutOfMemory)?;
         free.extend((0..size).rev());
+        let mut chained = Vec::new();
+        chained
+            .try_reserve_exact(n)
+            .map_err(|_| VirtioError::OutOfMemory)?;
+        chained.resize(n, NO_NEXT);
         // SAFETY: layout has a non-zero size.
         let mem = unsafe { alloc_zeroed(layout) };
         if mem.is_null() {
@@ -83,6 +94,7 @@ impl VirtQueue {
             avail: unsafe { mem.add(avail_off) } as *mut u16,
             used: unsafe { mem.add(used_off) },
             free,
+            chained,
             next_avail: 0,
             last_used: 0,
         })
@@ -127,11 +139,58 @@ impl VirtQueue {
             flags: if device_writes { DESC_F_WRITE } else { 0 },
             next: 0,
         };
-        let mask = self.size - 1;
-        // SAFETY: id < size and the slot index is masked to size, so both
-        // writes stay inside the queue block.
+        // SAFETY: id < size: the write stays inside the descriptor table.
+        unsafe { core::ptr::write_volatile(self.desc.add(id as usize), d) };
+        self.publish(id);
+        Some(id)
+    }
+
+    /// Makes a two-descriptor chain available: `out` (read by the device)
+    /// then `inp` (written by it), as request/response devices such as
+    /// virtio-mem want. Returns the head's id, or None if fewer than two
+    /// descriptors are free.
+    ///
+    /// # Safety
+    /// As for [`add`](Self::add), for both buffers.
+    pub unsafe fn add_pair(
+        &mut self,
+        out: *const u8,
+        out_len: u32,
+        inp: *mut u8,
+        inp_len: u32,
+    ) -> Option<u16> {
+        if self.free.len() < 2 {
+            return None;
+        }
+        let head = self.free.pop()?;
+        let tail = self.free.pop()?;
+        let first = Desc {
+            addr: out as u64,
+            len: out_len,
+            flags: DESC_F_NEXT,
+            next: tail,
+        };
+        let second = Desc {
+            addr: inp as u64,
+            len: inp_len,
+            flags: DESC_F_WRITE,
+            next: 0,
+        };
+        // SAFETY: both ids < size: the writes stay inside the table.
         unsafe {
-            core::ptr::write_volatile(self.desc.add(id as usize), d);
+            core::ptr::write_volatile(self.desc.add(head as usize), first);
+            core::ptr::write_volatile(self.desc.add(tail as usize), second);
+        }
+        self.chained[head as usize] = tail;
+        self.publish(head);
+        Some(head)
+    }
+
+    /// Puts descriptor `id` in the next available-ring slot and publishes it.
+    fn publish(&mut self, id: u16) {
+        let mask = self.size - 1;
+        // SAFETY: the slot index is masked to size: inside the ring.
+        unsafe {
             core::ptr::write_volatile(self.avail.add(2 + (self.next_avail & mask) as usize), id);
         }
         self.next_avail = self.next_avail.wrapping_add(1);
@@ -139,7 +198,6 @@ impl VirtQueue {
         fence(Ordering::SeqCst);
         // SAFETY: avail[1] is the ring's idx field.
         unsafe { core::ptr::write_volatile(self.avail.add(1), self.next_avail) };
-        Some(id)
     }
 
     /// The next buffer the device has used, if any.
@@ -167,6 +225,10 @@ impl VirtQueue {
             return self.pop_used();
         }
         self.free.push(id as u16);
+        let tail = core::mem::replace(&mut self.chained[id as usize], NO_NEXT);
+        if tail != NO_NEXT {
+            self.free.push(tail);
+        }
         Some(Used { id: id as u16, len })
     }
 }
@@ -176,5 +238,64 @@ impl Drop for VirtQueue {
         // SAFETY: `mem` came from `alloc_zeroed(self.layout)`. A driver drops
         // a queue only after resetting its device, which then no longer uses it.
         unsafe { dealloc(self.mem, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plays the device: puts `id` in the used ring with `len`.
+    fn device_uses(q: &VirtQueue, slot: u16, id: u16, len: u32) {
+        let (_, _, used) = q.addresses();
+        let used = used as *mut u8;
+        // SAFETY: slot < size; the used ring lies in the queue's block.
+        unsafe {
+            let e = used.add(4 + 8 * slot as usize) as *mut u32;
+            e.write_volatile(id as u32);
+            e.add(1).write_volatile(len);
+            (used.add(2) as *mut u16).write_volatile(slot + 1);
+        }
+    }
+
+    fn desc(q: &VirtQueue, id: u16) -> Desc {
+        // SAFETY: id < size.
+        unsafe { core::ptr::read_volatile(q.desc.add(id as usize)) }
+    }
+
+    #[test]
+    fn pairs_chain_and_free_both_descriptors() {
+        let mut q = VirtQueue::new(0, 4).unwrap();
+        let req = [1u8; 24];
+        let mut resp = [0u8; 10];
+        // SAFETY: the buffers outlive the queue's use of them in this test.
+        let head = unsafe { q.add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10) }.unwrap();
+        assert_eq!(q.free_count(), 2);
+        let d = desc(&q, head);
+        assert_eq!(d.flags, DESC_F_NEXT);
+        assert_eq!(d.len, 24);
+        let t = desc(&q, d.next);
+        assert_eq!(t.flags, DESC_F_WRITE);
+        assert_eq!(t.addr, resp.as_ptr() as u64);
+        // SAFETY: avail[1] is idx, avail[2] the first ring slot.
+        assert_eq!(unsafe { q.avail.add(2).read_volatile() }, head);
+        assert_eq!(unsafe { q.avail.add(1).read_volatile() }, 1);
+        assert_eq!(q.pop_used(), None);
+        device_uses(&q, 0, head, 10);
+        assert_eq!(q.pop_used(), Some(Used { id: head, len: 10 }));
+        assert_eq!(q.free_count(), 4, "both descriptors are free again");
+        // Two pairs fill a 4-entry queue; a third does not fit.
+        // SAFETY: as above.
+        unsafe {
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_some());
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_some());
+            assert!(q
+                .add_pair(req.as_ptr(), 24, resp.as_mut_ptr(), 10)
+                .is_none());
+        }
     }
 }

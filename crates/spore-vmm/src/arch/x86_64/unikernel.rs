@@ -113,6 +113,21 @@ pub fn load_unikernel<M: GuestMemoryBackend>(
     devices: &[MmioDevice],
     tsc_khz: u64,
 ) -> Result<UnikernelEntry, UnikernelError> {
+    load_unikernel_mapping(mem, image, cmdline, devices, tsc_khz, 0)
+}
+
+/// [`load_unikernel`] with the identity map stretched to cover guest-physical
+/// addresses up to `map_end` as well (the virtio-mem hotplug region, which is
+/// not RAM in `mem`). Its unplugged parts have no KVM slot, so a guest access
+/// there exits to the VMM as MMIO and stops the unikernel.
+pub fn load_unikernel_mapping<M: GuestMemoryBackend>(
+    mem: &M,
+    image: &mut (impl Read + Seek),
+    cmdline: &str,
+    devices: &[MmioDevice],
+    tsc_khz: u64,
+    map_end: u64,
+) -> Result<UnikernelEntry, UnikernelError> {
     // Check everything that does not touch guest memory first.
     if cmdline.len() >= CMDLINE_MAX {
         return Err(UnikernelError::CmdlineTooLong {
@@ -134,7 +149,7 @@ pub fn load_unikernel<M: GuestMemoryBackend>(
     if !mem.check_range(GuestAddress(0), STACK_TOP as usize) {
         return Err(UnikernelError::RamTooSmall { need: STACK_TOP });
     }
-    let gib = tables::identity_gib(ram_end)?;
+    let gib = tables::identity_gib(ram_end.max(map_end))?;
 
     let parsed = elf::parse(image)?.ok_or(UnikernelError::NotElf)?;
     if parsed.e_type != ET_EXEC {

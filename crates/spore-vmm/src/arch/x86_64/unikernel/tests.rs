@@ -327,3 +327,30 @@ fn memory_map_splits_around_the_hole() {
         ]
     );
 }
+
+#[test]
+fn identity_map_reaches_the_hotplug_region() {
+    let mem = guest_mem(16);
+    // A 2 GiB hotplug region at 4 GiB: the map must cover 0..6 GiB.
+    load_unikernel_mapping(&mem, &mut Cursor::new(good_image()), "", &[], 0, 6 << 30).unwrap();
+    for i in 0..6 {
+        assert_eq!(
+            read_u64(&mem, PDPT_ADDR + 8 * i),
+            (PD_ADDR + 0x1000 * i) | 7
+        );
+    }
+    assert_eq!(read_u64(&mem, PDPT_ADDR + 8 * 6), 0);
+    // The last 2 MiB page below 6 GiB maps itself.
+    let last = (6u64 << 30) - (2 << 20);
+    assert_eq!(read_u64(&mem, PD_ADDR + 8 * (last >> 21)), last | 0x87);
+    // Beyond the 64 GiB the protocol reserves room for: refused.
+    assert!(load_unikernel_mapping(
+        &mem,
+        &mut Cursor::new(good_image()),
+        "",
+        &[],
+        0,
+        (64 << 30) + 1,
+    )
+    .is_err());
+}

@@ -326,7 +326,14 @@ impl ChainHandler for RequestHandler {
         let response = match parsed.request {
             Ok(req) => {
                 let t = std::time::Instant::now();
-                let r = self.shared.lock().handle(req);
+                let mut s = self.shared.lock();
+                // Slots emptied by an earlier request go before this one is
+                // answered (they normally went in `after_round` already, but a
+                // request can arrive in the same round): a driver that got
+                // any answer after an UNPLUG's knows those chunks are gone.
+                s.retire_slots();
+                let r = s.handle(req);
+                drop(s);
                 tracing::debug!(
                     "virtio-mem: {req:?} -> {} in {} us",
                     r.resp_type,

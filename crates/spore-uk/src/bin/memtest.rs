@@ -1,0 +1,369 @@
+//! memtest: drives the virtio-mem device from the unikernel.
+//!
+//! Every mode first waits (up to 30 s) for the host to set a requested size
+//! (`PATCH /hotplug/memory`) of at least `need=` MiB (default: what the mode
+//! uses).
+//!
+//! - `mode=random blocks=N seed=S`: N plug/unplug operations on random
+//!   blocks, each answer checked against a guest-side model (PLUG past the
+//!   requested size → NACK, UNPLUG of an unplugged block → ERROR, STATE of a
+//!   random range → PLUGGED/UNPLUGGED/MIXED); every plugged block gets a
+//!   pattern written, and is read back before it is unplugged.
+//! - `mode=touch-unplugged`: plugs a block, writes it, unplugs it, then
+//!   waits for the VMM to retire the emptied KVM slot (`VirtioMem::sync`)
+//!   and `hold_ms` (0), and writes to it again. The VMM must stop the VM; if the write goes through
+//!   the app exits 1.
+//! - `mode=reclaim size=MIB`: gives one tenant `size` MiB of blocks, fills
+//!   every page, frees the tenant (unplug) and prints the TSC-timed unplug:
+//!   `memtest: reclaim bytes=… plug_us=… fill_us=… unplug_us=…`.
+//!   `hold_ms=N` sleeps N ms after printing `memtest: filled` and again after
+//!   `memtest: reclaimed`, so a host can read the VMM's RSS at both points.
+//!
+//! Exit codes: 0 ok, 1 a check failed (printed), 2 no virtio-mem device,
+//! 3 the host never set the requested size.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+use spore_uk::blockalloc::BlockAllocator;
+use spore_uk::clock::Instant;
+use spore_uk::println;
+use spore_uk::virtio::mem::{BlockState, MemError, VirtioMem};
+
+spore_uk::entry!(main);
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+
+macro_rules! check {
+    ($cond:expr, $($msg:tt)*) => {
+        if !$cond {
+            println!("memtest: FAILED: {}", format_args!($($msg)*));
+            return 1;
+        }
+    };
+}
+
+fn num(key: &str, default: u64) -> u64 {
+    spore_uk::arg(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// The value written at `off` of a block plugged in round `gen`.
+fn pattern(block: u64, gen: u64, off: u64) -> u64 {
+    (block << 40) ^ (gen << 20) ^ off ^ 0x5a5a_0000_0000_0001
+}
+
+/// Writes one word per page of the block.
+fn fill(addr: u64, len: u64, block: u64, gen: u64) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: the block is plugged and identity-mapped; nothing else
+        // refers to it.
+        unsafe { core::ptr::write_volatile((addr + off) as *mut u64, pattern(block, gen, off)) };
+        off += PAGE;
+    }
+}
+
+/// Offset of the first page whose word is wrong.
+fn verify(addr: u64, len: u64, block: u64, gen: u64) -> Option<u64> {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: as for `fill`.
+        let v = unsafe { core::ptr::read_volatile((addr + off) as *const u64) };
+        if v != pattern(block, gen, off) {
+            return Some(off);
+        }
+        off += PAGE;
+    }
+    None
+}
+
+fn wait_for_target(mem: &VirtioMem, need: u64) -> bool {
+    let start = Instant::now();
+    let mut polls = 0u64;
+    while mem.requested_size() < need {
+        let timed_out = match start.elapsed_us() {
+            Some(us) => us > 30_000_000,
+            None => polls > 300,
+        };
+        if timed_out {
+            return false;
+        }
+        spore_uk::wait(100_000);
+        mem.ack_interrupt();
+        polls += 1;
+    }
+    true
+}
+
+fn hold(ms: u64) {
+    if ms == 0 {
+        return;
+    }
+    let start = Instant::now();
+    let mut left = ms * 1000;
+    while left > 0 {
+        spore_uk::wait(left.min(1_000_000) as u32);
+        let Some(us) = start.elapsed_us() else {
+            // No TSC frequency: one wait per second asked for.
+            left = left.saturating_sub(1_000_000);
+            continue;
+        };
+        left = (ms * 1000).saturating_sub(us);
+    }
+}
+
+fn main(info: &spore_uk::BootInfo) -> i32 {
+    let mem = match VirtioMem::new(info) {
+        Ok(m) => m,
+        Err(e) => {
+            println!("memtest: {e}");
+            return 2;
+        }
+    };
+    let c = mem.config();
+    println!(
+        "memtest: virtio-mem block={} MiB region={:#x}+{} MiB plugged={} MiB requested={} MiB",
+        c.block_size / MIB,
+        c.addr,
+        c.region_size / MIB,
+        c.plugged_size / MIB,
+        c.requested_size / MIB
+    );
+    match spore_uk::arg("mode").unwrap_or("random") {
+        "random" => random(mem),
+        "touch-unplugged" => touch_unplugged(mem),
+        "reclaim" => reclaim(mem),
+        other => {
+            println!("memtest: unknown mode {other}");
+            1
+        }
+    }
+}
+
+fn random(mut mem: VirtioMem) -> i32 {
+    let ops = num("blocks", 1000);
+    let mut rng = XorShift(num("seed", 1).max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let bs = mem.block_size();
+    let base = mem.region_addr();
+    let nblocks = mem.region_size() / bs.max(1);
+    check!(bs > 0 && nblocks > 0, "empty region");
+    if !wait_for_target(&mem, num("need", 1) * MIB) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    if mem.plugged_size() != 0 {
+        check!(mem.unplug_all().is_ok(), "UNPLUG_ALL refused");
+    }
+    let requested = mem.requested_size();
+    let limit = requested / bs;
+    // Model: generation of each plugged block (0 = unplugged).
+    let mut model: Vec<u64> = alloc::vec![0; nblocks as usize];
+    let mut plugged = 0u64;
+    let (mut plugs, mut unplugs, mut nacks, mut errors, mut states) = (0, 0, 0, 0, 0);
+    let start = Instant::now();
+    for op in 1..=ops {
+        let b = rng.below(nblocks);
+        let addr = base + b * bs;
+        let gen = op;
+        if model[b as usize] != 0 {
+            // Plugged: check the pattern, unplug (half the time first try a
+            // double PLUG, which must fail without changing anything).
+            let g = model[b as usize];
+            check!(
+                verify(addr, bs, b, g).is_none(),
+                "block {b} lost its pattern"
+            );
+            if rng.below(2) == 0 {
+                let r = mem.plug(addr, 1);
+                check!(
+                    matches!(r, Err(MemError::Error) | Err(MemError::Nack)),
+                    "PLUG of plugged block {b}: {r:?}"
+                );
+                errors += 1;
+            }
+            let r = mem.unplug(addr, 1);
+            check!(r.is_ok(), "op {op}: UNPLUG of plugged block {b}: {r:?}");
+            model[b as usize] = 0;
+            plugged -= 1;
+            unplugs += 1;
+        } else {
+            if rng.below(4) == 0 {
+                let r = mem.unplug(addr, 1);
+                check!(
+                    r == Err(MemError::Error),
+                    "op {op}: UNPLUG of unplugged block {b}: {r:?}"
+                );
+                errors += 1;
+            }
+            let r = mem.plug(addr, 1);
+            if plugged >= limit {
+                check!(r == Err(MemError::Nack), "op {op}: PLUG past target: {r:?}");
+                nacks += 1;
+                // Make room: unplug some plugged block, chosen at random.
+                let victims: Vec<usize> = (0..model.len()).filter(|&i| model[i] != 0).collect();
+                let v = victims[rng.below(victims.len() as u64) as usize];
+                let vaddr = base + v as u64 * bs;
+                check!(
+                    verify(vaddr, bs, v as u64, model[v]).is_none(),
+                    "block {v} lost its pattern"
+                );
+                check!(mem.unplug(vaddr, 1).is_ok(), "UNPLUG of block {v}");
+                model[v] = 0;
+                plugged -= 1;
+                unplugs += 1;
+                continue;
+            }
+            check!(r.is_ok(), "op {op}: PLUG of block {b}: {r:?}");
+            fill(addr, bs, b, gen);
+            model[b as usize] = gen;
+            plugged += 1;
+            plugs += 1;
+        }
+        // Every few ops, STATE of a random range against the model.
+        if op % 8 == 0 {
+            let first = rng.below(nblocks);
+            let n = 1 + rng.below((nblocks - first).min(16));
+            let p = (first..first + n)
+                .filter(|&i| model[i as usize] != 0)
+                .count() as u64;
+            let want = match p {
+                0 => BlockState::Unplugged,
+                x if x == n => BlockState::Plugged,
+                _ => BlockState::Mixed,
+            };
+            let r = mem.state(base + first * bs, n);
+            check!(
+                r == Ok(want),
+                "STATE of {n} blocks at {first}: {r:?}, want {want:?}"
+            );
+            states += 1;
+        }
+        check!(
+            mem.plugged_size() == plugged * bs,
+            "op {op}: device plugged_size {} != model {}",
+            mem.plugged_size(),
+            plugged * bs
+        );
+    }
+    // Leave nothing plugged, one UNPLUG_ALL.
+    check!(mem.unplug_all().is_ok(), "final UNPLUG_ALL");
+    check!(mem.plugged_size() == 0, "plugged after UNPLUG_ALL");
+    let s = mem.stats();
+    println!(
+        "memtest: random ok ops={ops} plugs={plugs} unplugs={unplugs} nacks={nacks} errors={errors} states={states} requests={} waits={} us={}",
+        s.requests,
+        s.waits,
+        start.elapsed_us().unwrap_or(0)
+    );
+    0
+}
+
+fn touch_unplugged(mut mem: VirtioMem) -> i32 {
+    let bs = mem.block_size();
+    let base = mem.region_addr();
+    if !wait_for_target(&mem, bs) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    check!(mem.plug(base, 1).is_ok(), "PLUG of the first block");
+    fill(base, bs, 0, 1);
+    check!(verify(base, bs, 0, 1).is_none(), "pattern");
+    check!(mem.unplug(base, 1).is_ok(), "UNPLUG of the first block");
+    println!("memtest: unplugged block 0 of the region");
+    // The VMM deletes an emptied chunk's KVM slot just after answering the
+    // UNPLUG; after `sync` it is gone, so the touch meets no memory at all.
+    check!(mem.sync().is_ok(), "sync after UNPLUG");
+    hold(num("hold_ms", 0));
+    println!("memtest: unplugged {base:#x}, touching it");
+    // SAFETY: deliberately not: the block is unplugged; the VMM must stop
+    // the VM here.
+    unsafe { core::ptr::write_volatile((base + 0x1008) as *mut u64, 0xdead_beef) };
+    println!("memtest: FAILED: a write to unplugged memory went through");
+    1
+}
+
+fn reclaim(mem: VirtioMem) -> i32 {
+    let size = num("size", 1024) * MIB;
+    let hold_ms = num("hold_ms", 0);
+    if !wait_for_target(&mem, size) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    let mut alloc = match BlockAllocator::new(mem) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("memtest: FAILED: {e}");
+            return 1;
+        }
+    };
+    const TENANT: u16 = 1;
+    let t = Instant::now();
+    let blocks = match alloc.alloc(TENANT, size) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("memtest: FAILED: alloc {size}: {e}");
+            return 1;
+        }
+    };
+    let plug_us = t.elapsed_us().unwrap_or(0);
+    let t = Instant::now();
+    // Touch every page, as a tenant that used its memory would.
+    // SAFETY: the tenant's blocks are plugged until free_tenant below.
+    let bytes = unsafe { blocks.as_mut_slice() };
+    for (i, page) in bytes.chunks_mut(PAGE as usize).enumerate() {
+        page[0] = i as u8;
+        page[PAGE as usize - 1] = !(i as u8);
+    }
+    let fill_us = t.elapsed_us().unwrap_or(0);
+    check!(
+        alloc.device().plugged_size() == blocks.len,
+        "device plugged_size {}",
+        alloc.device().plugged_size()
+    );
+    println!("memtest: filled {} MiB", blocks.len / MIB);
+    hold(hold_ms);
+    let t = Instant::now();
+    let freed = match alloc.free_tenant(TENANT) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("memtest: FAILED: free: {e}");
+            return 1;
+        }
+    };
+    let unplug_us = t.elapsed_us().unwrap_or(0);
+    check!(freed.bytes == blocks.len, "freed {} bytes", freed.bytes);
+    check!(
+        alloc.device().plugged_size() == 0,
+        "device still has {} plugged",
+        alloc.device().plugged_size()
+    );
+    println!(
+        "memtest: reclaim bytes={} blocks={} requests={} plug_us={plug_us} fill_us={fill_us} unplug_us={unplug_us}",
+        freed.bytes, freed.blocks, freed.requests
+    );
+    println!("memtest: reclaimed");
+    hold(hold_ms);
+    0
+}
