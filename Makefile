@@ -55,7 +55,7 @@ test-unit: deps
 # KVM scenarios are reported as skipped, not passed.
 test-host: deps uk
 	@if [ -c /dev/kvm ]; then \
-	    $(CARGO) test -p spore --test host_kvm --test kvm_kvserver --test kvm_uk_tmem --test kvm_tmem --test kvm_bench_tmem --test kvm_uk_mem --test snapshot --test bad_input; \
+	    $(CARGO) test -p spore --test '*'; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
 	    $(CARGO) test -p spore --test bad_input -- --skip kvm_; \

@@ -121,14 +121,7 @@ fn kvm_api_configure_start_pause_resume() {
     require_kvm();
     let dir = Scratch::new("api");
     let sock = dir.path("api.sock");
-    let child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_path(&sock, Duration::from_secs(10));
+    let child = spawn_vmm(&sock);
 
     let (code, body) = http(&sock, "GET", "/", None);
     assert_eq!(code, 200);

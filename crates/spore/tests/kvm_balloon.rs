@@ -5,9 +5,6 @@
 
 mod common;
 
-use std::process::Stdio;
-use std::time::Duration;
-
 use common::*;
 
 #[test]
@@ -15,14 +12,7 @@ fn kvm_balloon_api() {
     require_kvm();
     let dir = Scratch::new("balloon");
     let sock = dir.path("api.sock");
-    let child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_path(&sock, Duration::from_secs(10));
+    let child = spawn_vmm(&sock);
 
     // Before boot: no balloon yet, then one, checked against the memory.
     let (code, body) = http(&sock, "GET", "/balloon", None);

@@ -5,9 +5,6 @@
 
 mod common;
 
-use std::process::Stdio;
-use std::time::Duration;
-
 use common::*;
 
 fn json(body: &str) -> serde_json::Value {
@@ -19,14 +16,7 @@ fn kvm_tmem_api_before_and_after_start() {
     require_kvm();
     let dir = Scratch::new("tmem-api");
     let sock = dir.path("api.sock");
-    let child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_path(&sock, Duration::from_secs(10));
+    let child = spawn_vmm(&sock);
 
     let (code, body) = http(&sock, "GET", "/tmem", None);
     assert_eq!(code, 200, "{body}");

@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -28,14 +28,7 @@ fn start(tag: &str, args: &str, total_mib: u64, requested_mib: u64) -> Vm {
     require_kvm();
     let dir = Scratch::new(tag);
     let sock = dir.path("api.sock");
-    let mut child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_path(&sock, Duration::from_secs(10));
+    let mut child = spawn_vmm(&sock);
     let boot = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{args}"}}"#,
         uk_image("memtest").display()

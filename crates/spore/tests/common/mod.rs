@@ -97,6 +97,21 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, 
     (status, body)
 }
 
+/// Starts `spore vmm --api-sock SOCK` with stdout and stderr piped, and
+/// waits until the API socket exists (it is only renamed into place once it
+/// accepts connections).
+pub fn spawn_vmm(sock: &Path) -> std::process::Child {
+    let child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(sock)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn spore vmm");
+    wait_for_path(sock, Duration::from_secs(10));
+    child
+}
+
 /// Waits for a path to appear.
 pub fn wait_for_path(p: &Path, timeout: Duration) {
     let t = Instant::now();
