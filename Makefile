@@ -58,7 +58,7 @@ test-host: deps uk
 	    $(CARGO) test -p spore --test '*'; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
-	    $(CARGO) test -p spore --test bad_input -- --skip kvm_; \
+	    $(CARGO) test -p spore --test '*' -- --skip kvm_; \
 	fi
 
 # Tier 3: Linux guests inside QEMU (TCG + emulated SVM) with a real KVM inside.
