@@ -138,7 +138,7 @@ fn boot_once(
     measure_rss: bool,
 ) -> anyhow::Result<Sample> {
     let start = monotonic_ns();
-    let child = Command::new(spore)
+    let mut child = Command::new(spore)
         .arg("run")
         .args(["--mem", &a.mem, "--vcpus", &a.vcpus.to_string()])
         .arg("--marks-file")
@@ -156,13 +156,13 @@ fn boot_once(
     } else {
         None
     };
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "guest run failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    let status = wait_with_timeout(&mut child, RUN_TIMEOUT)?;
+    if !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        bail!("guest run failed ({status}): {}", err.trim());
     }
     let text = std::fs::read(marks).context("reading the marks file")?;
     let list: Vec<Value> = serde_json::from_slice(&text)?;
@@ -174,6 +174,31 @@ fn boot_once(
         boot_ns: first.saturating_sub(start),
         rss_kib,
     })
+}
+
+/// A boot that has not ended by then is stuck: fail the run rather than hang.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Waits for the child; kills it and fails after `timeout`.
+fn wait_with_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "the guest did not finish within {} s (killed)",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Sum of Rss over the process's mappings, without guest RAM.

@@ -144,49 +144,94 @@ impl<H: ChainHandler> QueueServer<H> {
     /// Serves every available chain (up to a batch limit), then interrupts
     /// the driver if it asked for it.
     fn serve_available(&mut self) {
-        // Four rings' worth: large enough to never matter for a real driver.
-        let batch = 4 * usize::from(self.queue.size());
-        let mut served = 0;
-        let mut used_any = false;
-        loop {
-            if let Err(e) = self.queue.disable_notification(&self.mem) {
-                tracing::warn!("{}: queue unusable: {e}", self.tag);
-                break;
-            }
-            let before = served;
-            while served < batch {
-                let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) else {
-                    break;
-                };
-                served += 1;
-                let head = chain.head_index();
-                let used_len = self.handler.serve(&self.mem, chain);
-                match self.queue.add_used(&self.mem, head, used_len) {
-                    Ok(()) => used_any = true,
-                    Err(e) => tracing::warn!("{}: cannot return chain {head}: {e}", self.tag),
-                }
-            }
-            if served >= batch {
-                // Come back through epoll, where a stop request is seen first.
-                let _ = self.queue_evt.write(1);
-                break;
-            }
-            match self.queue.enable_notification(&self.mem) {
-                // More chains arrived while notifications were off. Retry only
-                // after progress: a corrupt avail index would otherwise spin.
-                Ok(true) if served > before => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!("{}: queue unusable: {e}", self.tag);
-                    break;
-                }
-            }
-        }
-        if used_any && self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue();
+        let Self {
+            queue,
+            mem,
+            queue_evt,
+            handler,
+            tag,
+            interrupt,
+        } = self;
+        let used_any = drain_queue(queue, queue_evt, mem, tag, |chain| {
+            Some(handler.serve(mem, chain))
+        });
+        if used_any && queue.needs_notification(mem).unwrap_or(true) {
+            interrupt.signal_used_queue();
         }
         if used_any {
-            self.handler.after_round();
+            handler.after_round();
         }
     }
+}
+
+/// Rounds in a row that pop nothing while `enable_notification` says chains
+/// are available before the loop gives up (see [`drain_queue`]).
+const MAX_IDLE_ROUNDS: u32 = 2;
+
+/// Serves the available chains of `queue` with `serve` (which returns the
+/// used length, or `None` to keep a chain without returning it yet), at most four rings'
+/// worth per call; past that it writes `evt` so the caller's epoll brings it
+/// back, after seeing any stop request. Returns whether any chain was used.
+///
+/// Notifications are off while serving. Turning them back on must be
+/// followed by another look: a chain the driver published in between got no
+/// kick (the driver saw notifications off) and would wait forever. So when
+/// `enable_notification` reports more chains, serve again; only if that
+/// finds nothing, several times in a row, is the avail index corrupt, and
+/// the loop stops instead of spinning.
+pub fn drain_queue(
+    queue: &mut Queue,
+    evt: &EventFd,
+    mem: &GuestMemoryMmap,
+    tag: &str,
+    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+) -> bool {
+    let batch = 4 * usize::from(queue.size());
+    let mut served = 0;
+    let mut used_any = false;
+    let mut idle_rounds = 0;
+    loop {
+        if let Err(e) = queue.disable_notification(mem) {
+            tracing::warn!("{tag}: queue unusable: {e}");
+            break;
+        }
+        let before = served;
+        while served < batch {
+            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                break;
+            };
+            served += 1;
+            let head = chain.head_index();
+            if let Some(len) = serve(chain) {
+                match queue.add_used(mem, head, len) {
+                    Ok(()) => used_any = true,
+                    Err(e) => tracing::warn!("{tag}: cannot return chain {head}: {e}"),
+                }
+            }
+        }
+        if served >= batch {
+            if let Err(e) = evt.write(1) {
+                tracing::warn!("{tag}: cannot requeue the rest of a batch: {e}");
+            }
+            break;
+        }
+        match queue.enable_notification(mem) {
+            Ok(true) => {
+                idle_rounds = if served > before { 0 } else { idle_rounds + 1 };
+                if idle_rounds > MAX_IDLE_ROUNDS {
+                    tracing::warn!(
+                        "{tag}: the avail index announces chains that cannot be popped; \
+                         waiting for the next notification"
+                    );
+                    break;
+                }
+            }
+            Ok(false) => break,
+            Err(e) => {
+                tracing::warn!("{tag}: queue unusable: {e}");
+                break;
+            }
+        }
+    }
+    used_any
 }

@@ -19,6 +19,7 @@ use super::request::{
     MAX_STATS_BYTES,
 };
 use crate::devices::bus::lock;
+use crate::devices::virtio::queue_server::drain_queue;
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
 
 /// One queue and its notification eventfd.
@@ -361,58 +362,14 @@ fn add_used(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16) -> bool {
     }
 }
 
-/// Pops every available chain (in bounded batches, with notifications
-/// suppressed while busy) and returns those `serve` answers with a used
-/// length; `None` keeps the chain. Returns whether any chain was used.
-/// A driver that keeps the queue full is served a batch at a time: the
-/// queue's eventfd brings the worker back through epoll, where a stop
-/// request is seen first.
+/// Serves a queue's available chains; see [`drain_queue`].
 fn drain(
     queue: &mut Queue,
     evt: &EventFd,
     mem: &GuestMemoryMmap,
-    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+    serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
-    let batch = 4 * usize::from(queue.size());
-    let mut served = 0;
-    let mut used_any = false;
-    loop {
-        if let Err(e) = queue.disable_notification(mem) {
-            tracing::warn!("virtio-balloon: queue unusable: {e}");
-            break;
-        }
-        let before = served;
-        while served < batch {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                break;
-            };
-            served += 1;
-            let head = chain.head_index();
-            if let Some(len) = serve(chain) {
-                match queue.add_used(mem, head, len) {
-                    Ok(()) => used_any = true,
-                    Err(e) => tracing::warn!("virtio-balloon: cannot return chain {head}: {e}"),
-                }
-            }
-        }
-        if served >= batch {
-            if let Err(e) = evt.write(1) {
-                tracing::warn!("virtio-balloon: cannot requeue the rest of a batch: {e}");
-            }
-            break;
-        }
-        match queue.enable_notification(mem) {
-            // More arrived while notifications were off; retry only after
-            // progress, so a corrupt avail index cannot make this spin.
-            Ok(true) if served > before => continue,
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!("virtio-balloon: queue unusable: {e}");
-                break;
-            }
-        }
-    }
-    used_any
+    drain_queue(queue, evt, mem, "virtio-balloon", serve)
 }
 
 /// [`release`], counted in the device's host counters.
