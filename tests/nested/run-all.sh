@@ -7,9 +7,10 @@
 # tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4),
 # virtio-mem (plug, fill, unplug, host RSS).
 # Opt-in (only with --only NAME, not in `make test`): snapshot (a Linux guest
-# snapshotted and restored twice in new processes). Its second restore hangs in
-# about 1 run of 3 (an open bug of the snapshot issue); it joins the default set
-# once fixed.
+# snapshotted and restored twice in new processes; its second restore hangs in
+# about 1 run of 3, an open bug of the snapshot issue) and bench (the Linux boot
+# benchmark, 10 boots: a benchmark, not a test; late in session 1 it hung in 3
+# of about 30 boots, an open bug; each run now fails after 120 s instead).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -69,7 +70,9 @@ if [[ $only == snapshot ]]; then
     run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
         --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
 fi
-run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
+if [[ $only == bench ]]; then
+    run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
+fi
 if [[ -z $only || $only == tmem ]]; then
     # The guest's tmem client, built like the other guest tools (static musl).
     tmem_bin="$(cd "$repo" && cargo build --release -q -p spore-guest-tools --bin spore-tmem \
