@@ -34,6 +34,10 @@ pub const GDT_ADDR: u64 = 0x1000;
 pub const PML4_ADDR: u64 = 0x2000;
 pub const PDPT_ADDR: u64 = 0x3000;
 pub const BOOT_INFO_ADDR: u64 = 0x4000;
+/// The VM's clone generation (little-endian u64, 0 at boot), in the last
+/// 8 bytes of the boot-info page: the VMM rewrites it when it clones the VM
+/// (see `signal` for the contract).
+pub const GENERATION_ADDR: u64 = BOOT_INFO_ADDR + 0x1000 - 8;
 pub const CMDLINE_ADDR: u64 = 0x5000;
 pub const CMDLINE_MAX: usize = 0x1000;
 /// Page directories for up to 64 GiB of identity map (64 pages).
@@ -135,5 +139,5 @@ impl BootInfo {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<BootInfo>() <= 0x1000);
+const _: () = assert!(BOOT_INFO_ADDR + core::mem::size_of::<BootInfo>() as u64 <= GENERATION_ADDR);
 const _: () = assert!(PD_ADDR + MAX_IDENTITY_GIB * 0x1000 <= STACK_TOP - STACK_SIZE);

@@ -17,10 +17,30 @@
 //! | 0x04   | `SNAPSHOT` | tag (reserved)                              | reserved for guest-triggered snapshots |
 //! | 0x05   | `FORK`     | clone count (reserved)                      | reserved for guest-triggered fork |
 //! | 0x06   | `DONE`     | (reserved)                                  | reserved: a clone says it is done |
+//! | 0x07   | `GENERATION` | (ignored)                                 | the result becomes the VM's clone generation (low 32 bits) |
 //!
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
-//! [`WAIT_TIMED_OUT`] if the timeout passed. Writes of another width or with
+//! [`WAIT_TIMED_OUT`] if the timeout passed; for `GENERATION`, the generation.
+//!
+//! ## Clone generation
+//!
+//! Every VM has a generation, 0 when booted. The VMM gives each clone a new
+//! one before it resumes (and keeps it in snapshots), so a guest that sees its
+//! generation change knows it is a copy: it must reseed its random number
+//! generators (from virtio-rng), and treat connections and identities it held
+//! as gone. How the guest learns of the change:
+//!
+//! - **Unikernel:** the VMM also writes the full 64-bit generation at guest
+//!   physical [`crate::boot::GENERATION_ADDR`], so the runtime compares one
+//!   memory word (no VM exit) before handing out random numbers; and a `WAIT`
+//!   in progress (or the next one) returns [`WAIT_WOKEN`].
+//! - **Linux:** a program blocks in `accept()` on vsock port
+//!   [`GENERATION_VSOCK_PORT`]. After a clone the VMM resets the vsock
+//!   transport (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: Linux re-reads the guest
+//!   CID, which a clone may have changed), and once the guest has handled that
+//!   event it connects to this port and sends `generation N\n`, then closes.
+//!   The program may also read the generation through this port. Writes of another width or with
 //! an unknown opcode are ignored by the VMM (and logged): a misbehaving guest
 //! cannot stop or crash the VMM through this port.
 
@@ -37,6 +57,7 @@ pub enum SignalOp {
     Snapshot = 0x04,
     Fork = 0x05,
     Done = 0x06,
+    Generation = 0x07,
 }
 
 impl SignalOp {
@@ -48,6 +69,7 @@ impl SignalOp {
             0x04 => Self::Snapshot,
             0x05 => Self::Fork,
             0x06 => Self::Done,
+            0x07 => Self::Generation,
             _ => return None,
         })
     }
@@ -60,6 +82,9 @@ pub const ARG_MASK: u32 = 0x00FF_FFFF;
 pub const WAIT_WOKEN: u32 = 1;
 /// Value returned by an `in` after a `WAIT` whose timeout passed.
 pub const WAIT_TIMED_OUT: u32 = 0;
+
+/// Guest vsock port a Linux guest listens on for clone notifications.
+pub const GENERATION_VSOCK_PORT: u32 = 0x5350;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {
@@ -87,6 +112,7 @@ mod tests {
             SignalOp::Snapshot,
             SignalOp::Fork,
             SignalOp::Done,
+            SignalOp::Generation,
         ] {
             assert_eq!(decode(encode(op, 0x12_3456)), Some((op, 0x12_3456)));
         }

@@ -6,7 +6,6 @@
 //! loaded kernel).
 
 use std::fs::File;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
@@ -348,22 +347,20 @@ fn build(
     };
     let mut drives: Vec<_> = config.drives.iter().collect();
     drives.sort_by_key(|d| !d.is_root_device);
+    let mut drive_handles = Vec::with_capacity(drives.len());
     for d in &drives {
-        let block = Block::new(
-            d.drive_id.clone(),
-            Path::new(&d.path_on_host),
-            d.is_read_only,
-            d.flush_is_durable(),
-        )
-        .map_err(|source| BuildError::Drive {
+        let block = Block::open(d).map_err(|source| BuildError::Drive {
             id: d.drive_id.clone(),
             source,
         })?;
+        drive_handles.push(block.handle());
         slots.attach(Box::new(block))?;
     }
     slots.attach(Box::new(Rng::new()))?;
+    let mut vsock_handle = None;
     if let Some(v) = &config.vsock {
         let vsock = Vsock::new(v.guest_cid as u64, v.uds_path.clone().into())?;
+        vsock_handle = Some(vsock.handle()?);
         slots.attach(Box::new(vsock))?;
     }
     let mut balloon = None;
@@ -468,10 +465,14 @@ fn build(
     } else {
         tmem
     };
+    let signal = SignalPort::new(wake.clone());
+    if let Some(s) = state {
+        signal.set_generation(s.generation);
+    }
     let io = Arc::new(VcpuIo {
         pio,
         mmio,
-        signal: Arc::new(SignalPort::new(wake.clone())),
+        signal: Arc::new(signal),
         tmem: Arc::new(tmem),
         mem: mem.clone(),
     });
@@ -492,6 +493,8 @@ fn build(
         virtio,
         balloon,
         mem_hotplug,
+        drives: drive_handles,
+        vsock: vsock_handle,
         kind,
         irqchip,
     }))
@@ -614,6 +617,7 @@ mod tests {
             partuuid: None,
             cache_type: None,
             io_engine: None,
+            cow_overlay: None,
         });
         let s = linux_cmdline(&c, &[(0xd000_0000, 5, 2), (0xd000_1000, 6, 4)]);
         assert_eq!(

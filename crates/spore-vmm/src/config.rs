@@ -206,6 +206,22 @@ pub struct DriveConfig {
     pub cache_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_engine: Option<String>,
+    /// spore: serve `path_on_host` read-only as the base of this private
+    /// copy-on-write overlay (every guest write goes to the overlay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cow_overlay: Option<CowOverlayConfig>,
+}
+
+/// A drive's copy-on-write overlay: `{"path": "/x.cow"}` (a sparse file,
+/// created if missing, reopened with its contents if present) or
+/// `{"in_memory": true}` (a memfd, gone when the VMM exits).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CowOverlayConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub in_memory: bool,
 }
 
 impl DriveConfig {
@@ -231,6 +247,23 @@ impl DriveConfig {
                 field: "io_engine",
                 detail: format!("{e:?} (only \"Sync\")"),
             });
+        }
+        if let Some(o) = &self.cow_overlay {
+            let detail = match (o.path.as_deref(), o.in_memory) {
+                _ if self.is_read_only => {
+                    Some("a read-only drive has nothing to write to an overlay; drop is_read_only or cow_overlay")
+                }
+                (Some(""), _) => Some("path is empty"),
+                (Some(_), true) => Some("give either path or in_memory: true, not both"),
+                (None, false) => Some("give a path or in_memory: true"),
+                _ => None,
+            };
+            if let Some(d) = detail {
+                return Err(ConfigError::Unsupported {
+                    field: "cow_overlay",
+                    detail: d.into(),
+                });
+            }
         }
         Ok(())
     }
@@ -581,6 +614,7 @@ mod tests {
             partuuid: None,
             cache_type: None,
             io_engine: None,
+            cow_overlay: None,
         };
         c.upsert_drive(d("a", true));
         c.upsert_drive(d("a", true));

@@ -21,6 +21,7 @@ use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
 use crate::vm::control::{RunControl, StopReason};
+use crate::vm::identity::{CloneIdentity, FrozenDrive, IdentityError};
 use crate::vm::{RunState, Vm};
 
 pub struct Vmm {
@@ -153,6 +154,18 @@ impl Vmm {
         mem_path: &std::path::Path,
         resume: bool,
     ) -> Result<(), SnapshotApiError> {
+        self.load_snapshot_as(state_path, mem_path, resume, None)
+    }
+
+    /// [`Self::load_snapshot`], then, before the VM first runs, gives it the
+    /// clone identity `identity` (a clone restored from its source's state).
+    pub fn load_snapshot_as(
+        &self,
+        state_path: &std::path::Path,
+        mem_path: &std::path::Path,
+        resume: bool,
+        identity: Option<CloneIdentity>,
+    ) -> Result<(), SnapshotApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
@@ -173,15 +186,57 @@ impl Vmm {
                 return Err(SnapshotApiError::Build(e));
             }
         };
-        let started = if resume {
+        let started = if resume && identity.is_none() {
             vm.start()
         } else {
             vm.start_paused()
         };
         started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
         inner.config = loaded.config;
+        if let Some(id) = identity {
+            vm.apply_clone_identity(&id)?;
+            record_identity(&mut inner.config, &id);
+            if resume {
+                vm.resume()
+                    .map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+            }
+        }
         inner.vm = Some(vm);
         Ok(())
+    }
+
+    /// [`Vm::apply_clone_identity`] on the running VM, and the new CID in
+    /// the configuration (so that a snapshot of the clone keeps it).
+    pub fn apply_clone_identity(&self, id: &CloneIdentity) -> Result<(), SnapshotApiError> {
+        let mut inner = lock(&self.inner);
+        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
+        vm.apply_clone_identity(id)?;
+        record_identity(&mut inner.config, id);
+        Ok(())
+    }
+
+    /// [`Vm::freeze_disks_for_clone`], recording each drive's new overlay in
+    /// the configuration (which clones then derive theirs from).
+    pub fn freeze_disks_for_clone(
+        &self,
+        dir: &std::path::Path,
+    ) -> Result<Vec<FrozenDrive>, SnapshotApiError> {
+        let mut inner = lock(&self.inner);
+        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
+        let frozen = vm
+            .freeze_disks_for_clone(dir)
+            .map_err(|e| SnapshotApiError::Freeze(e.to_string()))?;
+        for f in &frozen {
+            if let Some(d) = inner
+                .config
+                .drives
+                .iter_mut()
+                .find(|d| d.drive_id == f.drive_id)
+            {
+                d.cow_overlay = Some(f.cow_overlay.clone());
+            }
+        }
+        Ok(frozen)
     }
 
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
@@ -264,6 +319,16 @@ pub enum SnapshotApiError {
     Build(#[source] BuildError),
     #[error("cannot start the restored microVM: {0}")]
     Start(String),
+    #[error("clone identity: {0}")]
+    Identity(#[from] IdentityError),
+    #[error("cannot freeze the disks for cloning: {0}")]
+    Freeze(String),
+}
+
+fn record_identity(config: &mut VmConfig, id: &CloneIdentity) {
+    if let (Some(v), Some(cid)) = (config.vsock.as_mut(), id.vsock_cid) {
+        v.guest_cid = cid;
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -368,10 +433,11 @@ impl ApiHandler for Vmm {
             }
             ApiRequest::LoadSnapshot(p) => {
                 let mem = p.mem_file().map_err(ApiError::BadRequest)?;
-                self.load_snapshot(
+                self.load_snapshot_as(
                     std::path::Path::new(&p.snapshot_path),
                     std::path::Path::new(mem),
                     p.resume_vm,
+                    p.clone_identity().map_err(ApiError::BadRequest)?,
                 )
                 .map_err(bad)?;
                 Ok(ApiResponse::NoContent)

@@ -95,6 +95,7 @@ impl RunArgs {
                 partuuid: None,
                 cache_type: None,
                 io_engine: None,
+                cow_overlay: None,
             });
         }
         let vsock = match &self.vsock {

@@ -258,6 +258,7 @@ mod tests {
             partuuid: None,
             cache_type: None,
             io_engine: None,
+            cow_overlay: None,
         };
         let table: Vec<(Method, &str, &str, ApiRequest)> = vec![
             (Method::GET, "/", "", ApiRequest::GetInstanceInfo),

@@ -50,9 +50,33 @@ pub struct SnapshotLoadParams {
     pub track_dirty_pages: bool,
     #[serde(default)]
     pub resume_vm: bool,
+    /// spore, for testing clone identity without the clone machinery: give
+    /// the restored VM this clone generation before it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_generation: Option<u64>,
+    /// spore, with `clone_generation`: the restored VM's new vsock CID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_cid: Option<u32>,
 }
 
 impl SnapshotLoadParams {
+    /// The clone identity asked for, if any (`vsock_cid` needs `clone_generation`).
+    pub fn clone_identity(&self) -> Result<Option<crate::vm::identity::CloneIdentity>, String> {
+        match (self.clone_generation, self.vsock_cid) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err("vsock_cid needs clone_generation".into()),
+            (Some(generation), vsock_cid) => {
+                if vsock_cid.is_some_and(|c| c < 3 || c == u32::MAX) {
+                    return Err("vsock_cid must be in 3..=4294967294".into());
+                }
+                Ok(Some(crate::vm::identity::CloneIdentity {
+                    generation,
+                    vsock_cid,
+                }))
+            }
+        }
+    }
+
     /// The memory file to map: `mem_backend` (File) or `mem_file_path`,
     /// exactly one of them.
     pub fn mem_file(&self) -> Result<&str, String> {
@@ -94,6 +118,14 @@ mod tests {
         )
         .unwrap();
         assert!(p.mem_file().is_err());
+        let p: SnapshotLoadParams = serde_json::from_str(
+            r#"{"snapshot_path":"s","mem_file_path":"m","clone_generation":3,"vsock_cid":9}"#,
+        )
+        .unwrap();
+        assert_eq!(p.clone_identity().unwrap().unwrap().vsock_cid, Some(9));
+        let p: SnapshotLoadParams =
+            serde_json::from_str(r#"{"snapshot_path":"s","vsock_cid":9}"#).unwrap();
+        assert!(p.clone_identity().is_err());
         let c: SnapshotCreateParams =
             serde_json::from_str(r#"{"snapshot_path":"s","mem_file_path":"m"}"#).unwrap();
         assert_eq!(c.snapshot_type, SnapshotType::Full);

@@ -88,6 +88,8 @@ pub struct MicrovmState {
     pub i8042: Option<I8042State>,
     /// In attach order.
     pub virtio: Vec<MmioTransportState>,
+    /// The clone generation (`spore_abi::signal`), 0 for a booted VM.
+    pub generation: u64,
 }
 
 impl MicrovmState {
@@ -117,6 +119,17 @@ pub fn create_full(
     match vm.state() {
         RunState::Paused => {}
         s => return Err(SnapshotError::NotPaused(s)),
+    }
+    // An in-memory overlay's blocks would be lost: a restore makes a new, empty one.
+    if let Some(d) = config
+        .drives
+        .iter()
+        .find(|d| d.cow_overlay.as_ref().is_some_and(|o| o.in_memory))
+    {
+        return Err(capture("drive")(format!(
+            "{} has an in-memory copy-on-write overlay, which a snapshot cannot carry; give it a file path",
+            d.drive_id
+        )));
     }
     let transports: Vec<_> = vm.virtio().iter().map(|t| lock(t)).collect();
     let mut guards = transports;
@@ -165,6 +178,7 @@ fn write_full(
         serial: lock(vm.serial()).save(),
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
+        generation: vm.generation(),
     };
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
@@ -406,6 +420,7 @@ mod tests {
             serial: Default::default(),
             i8042: None,
             virtio: Vec::new(),
+            generation: 0,
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {

@@ -2,6 +2,7 @@
 //! start, pause, resume and stop. [`crate::builder`] assembles it.
 
 pub mod control;
+pub mod identity;
 pub mod vcpu;
 pub mod vm_state;
 pub mod wake;
@@ -16,8 +17,10 @@ use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::BalloonHandle;
+use crate::devices::virtio::blk::BlockHandle;
 use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::vsock::VsockHandle;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
 use vcpu::{Vcpu, VcpuIo, VcpuThread};
@@ -66,6 +69,10 @@ pub struct Vm {
     balloon: Option<BalloonHandle>,
     /// The virtio-mem device's handle, if the VM has one.
     mem_hotplug: Option<MemHandle>,
+    /// Every drive's disk, in attach order (freezing to copy-on-write).
+    drives: Vec<BlockHandle>,
+    /// The vsock device's CID, if the VM has one (clone identity).
+    vsock: Option<VsockHandle>,
     /// Every vCPU's KVM handle, in id order (a snapshot reads them while parked).
     vcpu_fds: Vec<Arc<Mutex<VcpuFd>>>,
     kind: GuestKind,
@@ -90,6 +97,8 @@ pub struct VmParts {
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
     pub balloon: Option<BalloonHandle>,
     pub mem_hotplug: Option<MemHandle>,
+    pub drives: Vec<BlockHandle>,
+    pub vsock: Option<VsockHandle>,
     pub kind: GuestKind,
     /// Whether KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) exists.
     pub irqchip: bool,
@@ -111,6 +120,8 @@ impl Vm {
             virtio: p.virtio,
             balloon: p.balloon,
             mem_hotplug: p.mem_hotplug,
+            drives: p.drives,
+            vsock: p.vsock,
             vm_fd: p.vm_fd,
             kvm: p.kvm,
             ram: p.ram,

@@ -37,6 +37,8 @@ pub struct SignalPort {
     wake: Arc<GuestWake>,
     marks: Mutex<Vec<Mark>>,
     ignored: AtomicU64,
+    /// The VM's clone generation (`GENERATION`).
+    generation: AtomicU64,
 }
 
 /// Keeps a guest that floods `MARK` from growing VMM memory without bound.
@@ -48,7 +50,19 @@ impl SignalPort {
             wake,
             marks: Mutex::new(Vec::new()),
             ignored: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Sets the clone generation and wakes a `WAIT` (the guest's cue to
+    /// check it).
+    pub fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Release);
+        self.wake.notify();
     }
 
     /// Handles an `out` to the port. `last_result` is the vCPU's own result register.
@@ -79,6 +93,8 @@ impl SignalPort {
                 let woken = self.wake.wait(Duration::from_micros(arg as u64));
                 *last_result = if woken { WAIT_WOKEN } else { WAIT_TIMED_OUT };
             }
+            // The guest sees the low 32 bits; unikernels read all 64 in memory.
+            SignalOp::Generation => *last_result = self.generation() as u32,
             SignalOp::Snapshot | SignalOp::Fork | SignalOp::Done => {
                 self.ignore(vcpu, format_args!("{op:?} is not supported yet"));
             }
@@ -155,6 +171,19 @@ mod tests {
             SignalAction::Continue
         );
         assert_eq!(p.ignored(), 3);
+    }
+
+    #[test]
+    fn generation_is_read_back_and_wakes_a_wait() {
+        let p = port();
+        let mut r = 99;
+        p.write(0, &encode(SignalOp::Generation, 0).to_le_bytes(), &mut r);
+        assert_eq!(r, 0);
+        p.set_generation(0x1_0000_0007);
+        p.write(0, &encode(SignalOp::Generation, 5).to_le_bytes(), &mut r);
+        assert_eq!(r, 7);
+        p.write(0, &encode(SignalOp::Wait, 1_000_000).to_le_bytes(), &mut r);
+        assert_eq!(r, WAIT_WOKEN);
     }
 
     #[test]

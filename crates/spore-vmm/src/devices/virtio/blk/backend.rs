@@ -29,6 +29,8 @@ pub enum DiskIoError {
     Io(#[from] vm_memory::VolatileMemoryError),
     #[error("cannot flush the disk image: {0}")]
     Flush(#[source] std::io::Error),
+    #[error("copy-on-write disk: {0}")]
+    Cow(#[source] super::overlay::CowIoError),
 }
 
 #[derive(Debug)]

@@ -4,8 +4,8 @@
 //! and, once activated, serves its queue on a [`QueueServer`] worker thread;
 //! [`BlockRequests`] runs each validated request against the image.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
@@ -17,8 +17,12 @@ use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::Bytes;
 
 use super::backend::{DiskImage, DiskIoError};
+use super::disk::{BlockHandle, Disk};
+use super::overlay::CowDisk;
 use super::request::{self, DiskLimits, Request, RequestKind};
 use super::{BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_SIZE};
+use crate::config::DriveConfig;
+use crate::devices::bus::lock;
 use crate::devices::virtio::queue_server::{ChainHandler, QueueServer};
 use crate::devices::virtio::worker::Worker;
 use crate::devices::virtio::{
@@ -31,7 +35,8 @@ const CONFIG_LEN: usize = 24;
 /// A virtio-blk device backed by a raw image file.
 pub struct Block {
     id: String,
-    disk: Arc<DiskImage>,
+    disk: Arc<Mutex<Disk>>,
+    durable_flush: bool,
     avail_features: u64,
     config: [u8; CONFIG_LEN],
     worker: Option<Worker<(Queue, BlockRequests)>>,
@@ -48,6 +53,29 @@ impl Block {
         durable_flush: bool,
     ) -> Result<Block, BlockError> {
         let disk = DiskImage::open(path, read_only, durable_flush)?;
+        Ok(Self::with_disk(id, Disk::Raw(disk), durable_flush))
+    }
+
+    /// Opens the drive `d` describes: its image, or its image as the
+    /// read-only base of the copy-on-write overlay `d.cow_overlay`.
+    pub fn open(d: &DriveConfig) -> Result<Block, BlockError> {
+        let durable = d.flush_is_durable();
+        match &d.cow_overlay {
+            None => Self::new(
+                d.drive_id.clone(),
+                Path::new(&d.path_on_host),
+                d.is_read_only,
+                durable,
+            ),
+            Some(o) => {
+                let cow = CowDisk::open(Path::new(&d.path_on_host), o, durable)?;
+                Ok(Self::with_disk(d.drive_id.clone(), Disk::cow(cow), durable))
+            }
+        }
+    }
+
+    fn with_disk(id: String, disk: Disk, durable_flush: bool) -> Block {
+        let read_only = disk.read_only();
         let mut avail_features = 1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_EVENT_IDX
             | 1 << VIRTIO_BLK_F_FLUSH
@@ -59,17 +87,25 @@ impl Block {
         // struct virtio_blk_config: capacity (le64), size_max (le32),
         // seg_max (le32), geometry (4 bytes), blk_size (le32).
         let mut config = [0u8; CONFIG_LEN];
+        // The capacity never changes, not even when the disk is frozen to
+        // copy-on-write (the overlay has its base's size).
         config[0..8].copy_from_slice(&disk.capacity_sectors().to_le_bytes());
         // Header and status take two descriptors of a chain.
         config[12..16].copy_from_slice(&(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
         config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
-        Ok(Block {
+        Block {
             id,
-            disk: Arc::new(disk),
+            disk: Arc::new(Mutex::new(disk)),
+            durable_flush,
             avail_features,
             config,
             worker: None,
-        })
+        }
+    }
+
+    /// A handle on this drive's disk for the VM (freezing to copy-on-write).
+    pub fn handle(&self) -> BlockHandle {
+        BlockHandle::new(self.id.clone(), self.disk.clone(), self.durable_flush)
     }
 
     pub fn id(&self) -> &str {
@@ -77,15 +113,17 @@ impl Block {
     }
 
     pub fn capacity_sectors(&self) -> u64 {
-        self.disk.capacity_sectors()
+        lock(&self.disk).capacity_sectors()
     }
 
+    /// Whether the guest sees a read-only disk (fixed at creation).
     pub fn read_only(&self) -> bool {
-        self.disk.read_only()
+        self.avail_features & (1 << VIRTIO_BLK_F_RO) != 0
     }
 
-    pub fn path(&self) -> &Path {
-        self.disk.path()
+    /// The image file (a copy-on-write disk's base).
+    pub fn path(&self) -> PathBuf {
+        lock(&self.disk).path().to_path_buf()
     }
 
     fn stop_worker(&mut self) {
@@ -162,7 +200,7 @@ pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 
 /// Serves block requests on the worker thread.
 struct BlockRequests {
-    disk: Arc<DiskImage>,
+    disk: Arc<Mutex<Disk>>,
     id_bytes: [u8; ID_BYTES],
     /// Names the drive in log messages.
     tag: String,
@@ -170,9 +208,12 @@ struct BlockRequests {
 
 impl ChainHandler for BlockRequests {
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
-        let limits = DiskLimits {
-            capacity_sectors: self.disk.capacity_sectors(),
-            read_only: self.disk.read_only(),
+        let limits = {
+            let disk = lock(&self.disk);
+            DiskLimits {
+                capacity_sectors: disk.capacity_sectors(),
+                read_only: disk.read_only(),
+            }
         };
         let (status_addr, status, written) = match request::parse(chain, mem, limits) {
             Ok(req) => {
@@ -202,13 +243,15 @@ impl BlockRequests {
     /// Runs a validated request; returns its status and the data bytes written
     /// to guest memory.
     fn execute(&self, mem: &GuestMemoryMmap, req: &Request) -> (u8, u32) {
+        // Held for the whole request, so a freeze to copy-on-write happens
+        // between requests, never inside one.
+        let mut disk = lock(&self.disk);
         let result = match req.kind {
-            RequestKind::In => self
-                .disk
+            RequestKind::In => disk
                 .read_into(mem, req.sector, &req.data)
                 .map(|()| u32::try_from(req.data_len).unwrap_or(u32::MAX)),
-            RequestKind::Out => self.disk.write_from(mem, req.sector, &req.data).map(|()| 0),
-            RequestKind::Flush => self.disk.flush().map(|()| 0),
+            RequestKind::Out => disk.write_from(mem, req.sector, &req.data).map(|()| 0),
+            RequestKind::Flush => disk.flush().map(|()| 0),
             RequestKind::GetId => self.write_id(mem, &req.data),
         };
         match result {

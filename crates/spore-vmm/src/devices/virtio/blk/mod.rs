@@ -1,6 +1,11 @@
-//! virtio-blk: a disk backed by a raw image file (virtio 1.2, §5.2).
+//! virtio-blk: a disk backed by a raw image file, or by a read-only base
+//! image plus a copy-on-write overlay (virtio 1.2, §5.2).
 //!
 //! - [`backend`]: the image file and the I/O between it and guest memory.
+//! - [`overlay`]: copy-on-write overlays (base + sparse block overlay) and
+//!   [`overlay::clone_drive`].
+//! - [`disk`]: the [`disk::Disk`] a device serves (raw or copy-on-write) and
+//!   the [`BlockHandle`] that switches it to copy-on-write in place.
 //! - [`request`]: the guest's request format, parsed and validated in one place.
 //! - [`device`]: the [`Block`] device model and its worker thread.
 //!
@@ -10,11 +15,14 @@
 
 pub mod backend;
 pub mod device;
+pub mod disk;
+pub mod overlay;
 pub mod request;
 
 use std::path::PathBuf;
 
 pub use device::Block;
+pub use disk::{BlockHandle, FreezeError};
 
 /// Bytes per virtio-blk sector, whatever the image's real block size.
 pub const SECTOR_SIZE: u64 = 512;
@@ -47,6 +55,8 @@ pub enum BlockError {
     Empty { path: PathBuf },
     #[error("drive image {path} is {size} bytes, not a multiple of 512; pad or truncate it to whole sectors")]
     NotSectorMultiple { path: PathBuf, size: u64 },
+    #[error(transparent)]
+    Overlay(#[from] overlay::OverlayError),
 }
 
 #[cfg(test)]

@@ -406,3 +406,112 @@ fn activation_needs_one_ready_queue() {
     assert!(block.activate(ctx(true, 1)).is_ok());
     block.reset();
 }
+
+fn cow_drive(base: &std::path::Path, overlay: Option<crate::config::CowOverlayConfig>) -> Block {
+    Block::open(&crate::config::DriveConfig {
+        drive_id: "cow".into(),
+        path_on_host: base.display().to_string(),
+        is_root_device: false,
+        is_read_only: false,
+        partuuid: None,
+        cache_type: None,
+        io_engine: None,
+        cow_overlay: overlay,
+    })
+    .unwrap()
+}
+
+/// Through the queue: a write straddling a 4 KiB block boundary from uneven
+/// buffers lands in the overlay only; reads merge it with the base; a base
+/// truncated underneath gives IOERR and the device keeps serving.
+#[test]
+fn cow_drive_through_the_queue() {
+    let sectors = 24usize; // three 4 KiB blocks
+    let (file, mut content) = image(sectors * 512);
+    let original = content.clone();
+    let mem = memory();
+    let mut d = Driver::new(&mem);
+    let overlay = crate::config::CowOverlayConfig {
+        path: None,
+        in_memory: true,
+    };
+    let block = cow_drive(file.as_path(), Some(overlay));
+    assert_eq!(block.capacity_sectors(), sectors as u64);
+    assert!(!block.read_only());
+    let mut t = activate(block, &mem, &d.vq, 1 << VIRTIO_F_VERSION_1);
+
+    // Sectors 7..10 (bytes 3584..5120) from a 100-byte and a 1436-byte buffer.
+    let pattern: Vec<u8> = (0..1536u32).map(|i| (i % 253) as u8 ^ 0x5a).collect();
+    mem.write_slice(&pattern[..100], GuestAddress(0x2_0000))
+        .unwrap();
+    mem.write_slice(&pattern[100..], GuestAddress(0x3_0000))
+        .unwrap();
+    let h = d.header(0x1_0000, VIRTIO_BLK_T_OUT, 7);
+    let s = status_desc(&mem, 0x1_0100);
+    d.submit(&mut t, &[h, (0x2_0000, 100, R), (0x3_0000, 1436, R), s]);
+    let h = d.header(0x1_1000, VIRTIO_BLK_T_IN, 0);
+    let s = status_desc(&mem, 0x1_1100);
+    d.submit(&mut t, &[h, (0x4_0000, (sectors * 512) as u32, W), s]);
+    assert_eq!(d.wait_all(), vec![1, sectors as u32 * 512 + 1]);
+    assert_eq!(d.status(0x1_0100), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(d.status(0x1_1100), VIRTIO_BLK_S_OK as u8);
+    content[3584..5120].copy_from_slice(&pattern);
+    let mut read = vec![0u8; sectors * 512];
+    mem.read_slice(&mut read, GuestAddress(0x4_0000)).unwrap();
+    assert_eq!(read, content);
+    assert_eq!(std::fs::read(file.as_path()).unwrap(), original);
+
+    // The base shrinks to one block: block 2 cannot be read any more.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file.as_path())
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let h = d.header(0x1_2000, VIRTIO_BLK_T_IN, 16);
+    let s = status_desc(&mem, 0x1_2100);
+    d.submit(&mut t, &[h, (0x5_0000, 512, W), s]);
+    // Block 1 is in the overlay: still served.
+    let h = d.header(0x1_3000, VIRTIO_BLK_T_IN, 8);
+    let s = status_desc(&mem, 0x1_3100);
+    d.submit(&mut t, &[h, (0x6_0000, 512, W), s]);
+    d.wait_all();
+    assert_eq!(d.status(0x1_2100), VIRTIO_BLK_S_IOERR as u8);
+    assert_eq!(d.status(0x1_3100), VIRTIO_BLK_S_OK as u8);
+    mem.read_slice(&mut read[..512], GuestAddress(0x6_0000))
+        .unwrap();
+    assert_eq!(read[..512], content[4096..4608]);
+}
+
+/// A raw read-write drive frozen in place: later writes go to a new overlay
+/// and the image keeps the contents it had at the freeze.
+#[test]
+fn freeze_switches_a_raw_drive_to_copy_on_write() {
+    let (file, content) = image(SECTORS as usize * 512);
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let mem = memory();
+    let mut d = Driver::new(&mem);
+    let block = cow_drive(file.as_path(), None);
+    let handle = block.handle();
+    assert_eq!(handle.overlay_config(), None);
+    let mut t = activate(block, &mem, &d.vq, 1 << VIRTIO_F_VERSION_1);
+    let cfg = handle.freeze(dir.as_path(), "src").unwrap().unwrap();
+    assert!(cfg.path.as_ref().unwrap().ends_with("src.cow.cow"));
+    // A second freeze changes nothing.
+    assert_eq!(handle.freeze(dir.as_path(), "src").unwrap(), None);
+    mem.write_slice(&[0xabu8; 512], GuestAddress(0x2_0000))
+        .unwrap();
+    let h = d.header(0x1_0000, VIRTIO_BLK_T_OUT, 1);
+    let s = status_desc(&mem, 0x1_0100);
+    d.submit(&mut t, &[h, (0x2_0000, 512, R), s]);
+    let h = d.header(0x1_1000, VIRTIO_BLK_T_IN, 0);
+    let s = status_desc(&mem, 0x1_1100);
+    d.submit(&mut t, &[h, (0x3_0000, 1024, W), s]);
+    d.wait_all();
+    assert_eq!(d.status(0x1_1100), VIRTIO_BLK_S_OK as u8);
+    let mut read = vec![0u8; 1024];
+    mem.read_slice(&mut read, GuestAddress(0x3_0000)).unwrap();
+    assert_eq!(read[..512], content[..512]);
+    assert_eq!(read[512..], [0xab; 512]);
+    assert_eq!(std::fs::read(file.as_path()).unwrap(), content);
+}

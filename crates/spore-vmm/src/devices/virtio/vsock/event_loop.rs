@@ -124,10 +124,12 @@ impl EventLoop {
     fn process_queues(&mut self, now: Instant) {
         let mem = &self.mem;
         let tx = self.muxer.process_tx(mem, &mut self.queues[TX_QUEUE], now);
-        let rx = self.muxer.process_rx(mem, &mut self.queues[RX_QUEUE], now);
+        // Events before rx: a transport reset goes out ahead of packets,
+        // and connections it opens (notices) are sent in this pass.
         let ev = self
             .muxer
             .process_event_queue(mem, &mut self.queues[EVENT_QUEUE]);
+        let rx = self.muxer.process_rx(mem, &mut self.queues[RX_QUEUE], now);
         let mut notify = false;
         for (q, used) in [(RX_QUEUE, rx), (TX_QUEUE, tx), (EVENT_QUEUE, ev)] {
             if used {

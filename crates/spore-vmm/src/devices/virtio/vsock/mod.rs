@@ -15,6 +15,7 @@
 
 pub mod connection;
 pub mod event_loop;
+pub mod identity;
 pub mod listener;
 pub mod muxer;
 pub mod packet;
@@ -24,6 +25,7 @@ mod tests;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -31,6 +33,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::worker::Worker;
 use super::{device_type, ActivateContext, ActivateError, VirtioDevice};
 use event_loop::{EventLoop, WorkerState};
+use identity::VsockIdentity;
+pub use identity::{Notice, VsockHandle};
 use muxer::{MuxerError, VsockMuxer};
 
 /// Queue size of rx, tx and event queues.
@@ -48,7 +52,8 @@ pub enum VsockError {
 }
 
 pub struct Vsock {
-    guest_cid: u64,
+    /// The guest CID (changed by a clone through [`VsockHandle`]).
+    identity: Arc<VsockIdentity>,
     uds_path: PathBuf,
     /// Present while no worker runs; the worker owns it otherwise.
     muxer: Option<VsockMuxer>,
@@ -67,9 +72,11 @@ impl Vsock {
             return Err(VsockError::GuestCid(guest_cid));
         }
         let reset_evt = EventFd::new(EFD_NONBLOCK).map_err(VsockError::EventFd)?;
-        let muxer = VsockMuxer::new(guest_cid, uds_path.clone())?;
+        let identity = Arc::new(VsockIdentity::new(guest_cid));
+        let mut muxer = VsockMuxer::new(guest_cid, uds_path.clone())?;
+        muxer.share_identity(identity.clone());
         Ok(Vsock {
-            guest_cid,
+            identity,
             uds_path,
             muxer: Some(muxer),
             worker: None,
@@ -78,7 +85,13 @@ impl Vsock {
     }
 
     pub fn guest_cid(&self) -> u64 {
-        self.guest_cid
+        self.identity.cid()
+    }
+
+    /// A handle for changing the guest CID later (clones).
+    pub fn handle(&self) -> Result<VsockHandle, VsockError> {
+        let reset_evt = self.reset_evt.try_clone().map_err(VsockError::EventFd)?;
+        Ok(VsockHandle::new(self.identity.clone(), reset_evt))
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -115,7 +128,7 @@ impl VirtioDevice for Vsock {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // struct virtio_vsock_config { le64 guest_cid; }
-        let config = self.guest_cid.to_le_bytes();
+        let config = self.identity.cid().to_le_bytes();
         for (i, byte) in data.iter_mut().enumerate() {
             *byte = offset
                 .checked_add(i as u64)

@@ -15,15 +15,19 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
+use std::num::Wrapping;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::connection::{ConnKey, Connection, RxOutcome, Verdict};
+use super::identity::{Notice, VsockIdentity};
 use super::listener::{Handshake, HostListener, ListenerError};
 use super::packet::{parse_tx, Header, Op, RxBuffer, TxPacket, HOST_CID, MAX_PAYLOAD, TYPE_STREAM};
 use crate::devices::virtio::GuestMemoryMmap;
@@ -65,6 +69,13 @@ pub struct VsockMuxer {
     pending_reset_event: bool,
     /// Holds one OP_RW payload on its way from a host socket to the guest.
     scratch: Vec<u8>,
+    /// Where a CID change comes from (see `identity.rs`).
+    identity: Option<Arc<VsockIdentity>>,
+    /// Notices to deliver once the guest handled the reset event.
+    notices: Vec<Notice>,
+    /// The event queue's avail index when the reset event went out: the
+    /// guest re-posting the buffer (a new index) means it handled the event.
+    reset_delivered_at: Option<Wrapping<u16>>,
 }
 
 impl VsockMuxer {
@@ -85,6 +96,9 @@ impl VsockMuxer {
             next_local_port: LOCAL_PORT_BASE,
             pending_reset_event: false,
             scratch: vec![0; MAX_PAYLOAD],
+            identity: None,
+            notices: Vec::new(),
+            reset_delivered_at: None,
         };
         me.watch(me.listener.as_raw_fd())
             .map_err(MuxerError::Epoll)?;
@@ -93,6 +107,11 @@ impl VsockMuxer {
 
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid
+    }
+
+    /// Takes the guest CID (and notices) from `identity` at every transport reset.
+    pub fn share_identity(&mut self, identity: Arc<VsockIdentity>) {
+        self.identity = Some(identity);
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -241,6 +260,18 @@ impl VsockMuxer {
 
     /// A host client asked for guest port `peer_port`: send the guest OP_REQUEST.
     fn start_local(&mut self, stream: UnixStream, peer_port: u32, now: Instant) {
+        // The handshake watched this fd level-triggered; connections are
+        // edge-triggered.
+        self.open_to_guest(stream, peer_port, now, ControlOperation::Modify);
+    }
+
+    fn open_to_guest(
+        &mut self,
+        stream: UnixStream,
+        peer_port: u32,
+        now: Instant,
+        watch: ControlOperation,
+    ) {
         if self.conns.len() >= MAX_CONNECTIONS {
             tracing::warn!("vsock: {MAX_CONNECTIONS} connections open, refusing host client");
             return;
@@ -253,10 +284,8 @@ impl VsockMuxer {
             peer_port,
         };
         let conn = Connection::new_local(stream, key, self.guest_cid, now);
-        // The handshake watched this fd level-triggered; connections are
-        // edge-triggered.
         if let Err(e) = self.epoll.ctl(
-            ControlOperation::Modify,
+            watch,
             conn.fd(),
             EpollEvent::new(conn_events(), conn.fd() as u64),
         ) {
@@ -504,9 +533,36 @@ impl VsockMuxer {
             used = true;
             if written > 0 {
                 self.pending_reset_event = false;
+                self.reset_delivered_at = queue.avail_idx(mem, Ordering::Acquire).ok();
+            }
+        }
+        if let Some(at) = self.reset_delivered_at {
+            let now_idx = queue.avail_idx(mem, Ordering::Acquire).ok();
+            if now_idx.is_some_and(|i| i != at) {
+                self.reset_delivered_at = None;
+                self.deliver_notices();
             }
         }
         used
+    }
+
+    /// Opens a connection to each notice's guest port carrying its message;
+    /// the host end closes after the message, so the guest reads it then EOF.
+    fn deliver_notices(&mut self) {
+        let now = Instant::now();
+        for notice in std::mem::take(&mut self.notices) {
+            let pair = UnixStream::pair().and_then(|(near, mut far)| {
+                near.set_nonblocking(true)?;
+                far.set_nonblocking(true)?;
+                // A few bytes into an empty socket buffer: never blocks.
+                far.write_all(&notice.message)?;
+                Ok(near)
+            });
+            match pair {
+                Ok(near) => self.open_to_guest(near, notice.port, now, ControlOperation::Add),
+                Err(e) => tracing::warn!("vsock: cannot open notice for port {}: {e}", notice.port),
+            }
+        }
     }
 
     /// Drops every connection without telling the guest (its driver reset).
@@ -525,6 +581,14 @@ impl VsockMuxer {
     pub fn transport_reset(&mut self) {
         self.reset();
         self.pending_reset_event = true;
+        if let Some(identity) = &self.identity {
+            let cid = identity.cid();
+            if cid != self.guest_cid {
+                tracing::info!("vsock: guest CID {} -> {cid}", self.guest_cid);
+                self.guest_cid = cid;
+            }
+            self.notices.extend(identity.take_notices());
+        }
     }
 }
 
