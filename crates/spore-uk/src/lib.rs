@@ -8,8 +8,9 @@
 //! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`]), the
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
 //! with vsock and virtio-mem), the whole-block allocator over hotplugged
-//! memory ([`blockalloc`]), the tmem client ([`tmem`]), and pieces for apps that must
-//! survive a full heap ([`kvmap`], [`resp`]).
+//! memory ([`blockalloc`]), the tmem client ([`tmem`]), random numbers that
+//! are reseeded from virtio-rng in every clone ([`random`]), and pieces for
+//! apps that must survive a full heap ([`kvmap`], [`resp`]).
 //!
 //! It never takes an interrupt or a fault and never touches ring-0 state: the
 //! unikernel runs as ring-3 code, which is what runs natively on every KVM
@@ -39,6 +40,7 @@ mod entry;
 pub mod heap;
 pub mod kvmap;
 pub mod port;
+pub mod random;
 pub mod resp;
 pub mod serial;
 pub mod signal;
@@ -47,6 +49,7 @@ pub mod virtio;
 
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};
+pub use random::{generation, random_u64};
 pub use signal::{exit, mark, wait};
 
 /// Exit code of a panic.

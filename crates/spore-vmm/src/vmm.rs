@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
+use crate::api::snapshot_body::{CloneDisks, SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
@@ -18,6 +18,7 @@ use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
+use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
 use crate::vm::control::{RunControl, StopReason};
@@ -154,7 +155,7 @@ impl Vmm {
         mem_path: &std::path::Path,
         resume: bool,
     ) -> Result<(), SnapshotApiError> {
-        self.load_snapshot_as(state_path, mem_path, resume, None)
+        self.load_snapshot_as(state_path, mem_path, resume, None, None)
     }
 
     /// [`Self::load_snapshot`], then, before the VM first runs, gives it the
@@ -165,12 +166,19 @@ impl Vmm {
         mem_path: &std::path::Path,
         resume: bool,
         identity: Option<CloneIdentity>,
+        disks: Option<&CloneDisks>,
     ) -> Result<(), SnapshotApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
-        let loaded = snapshot::load(state_path, mem_path)?;
+        let mut loaded = snapshot::load(state_path, mem_path)?;
+        if let Some(c) = disks {
+            for d in &mut loaded.config.drives {
+                *d = clone_drive(d, std::path::Path::new(&c.dir), &c.name)
+                    .map_err(|e| SnapshotApiError::Freeze(e.to_string()))?;
+            }
+        }
         let serial_out = inner
             .serial_out
             .take()
@@ -321,7 +329,7 @@ pub enum SnapshotApiError {
     Start(String),
     #[error("clone identity: {0}")]
     Identity(#[from] IdentityError),
-    #[error("cannot freeze the disks for cloning: {0}")]
+    #[error("copy-on-write disks for cloning: {0}")]
     Freeze(String),
 }
 
@@ -438,6 +446,7 @@ impl ApiHandler for Vmm {
                     std::path::Path::new(mem),
                     p.resume_vm,
                     p.clone_identity().map_err(ApiError::BadRequest)?,
+                    p.clone_disks.as_ref(),
                 )
                 .map_err(bad)?;
                 Ok(ApiResponse::NoContent)

@@ -10,6 +10,8 @@
 //! - [`queue`]: split virtqueues in guest memory ([`queue::VirtQueue`]).
 //! - [`vsock`]: the virtio-vsock driver (stream sockets, host-initiated).
 //! - [`mem`]: the virtio-mem driver (plug/unplug blocks of the hotplug region).
+//! - [`rng`]: the virtio-rng driver (host entropy for [`crate::random`]).
+//! - [`blk`]: a minimal virtio-blk driver (read, write, flush of sectors).
 //!
 //! A new driver (balloon, mem) finds its device with [`find_device`], calls
 //! [`mmio::Transport::init`] with the features it understands, sets up its
@@ -19,9 +21,11 @@
 //! All RAM is identity-mapped, so a buffer's pointer is its guest-physical
 //! address, which is what descriptors carry.
 
+pub mod blk;
 pub mod mem;
 pub mod mmio;
 pub mod queue;
+pub mod rng;
 pub mod vsock;
 
 use core::fmt;

@@ -20,6 +20,8 @@ const DESC_F_WRITE: u16 = 2;
 /// `chained` entry of a descriptor that heads no two-descriptor chain.
 const NO_NEXT: u16 = u16::MAX;
 const PAGE: usize = 4096;
+/// Longest chain [`VirtQueue::add_chain`] builds.
+pub const MAX_CHAIN: usize = 8;
 
 #[repr(C)]
 struct Desc {
@@ -186,6 +188,38 @@ impl VirtQueue {
         Some(head)
     }
 
+    /// Makes a chain of buffers `(addr, len, device_writes)` available, in
+    /// order (virtio-blk: header, data, status). Returns the head's id, or
+    /// None if fewer than `bufs.len()` descriptors are free, or `bufs` is
+    /// empty or longer than [`MAX_CHAIN`].
+    ///
+    /// # Safety
+    /// As for [`add`](Self::add), for every buffer.
+    pub unsafe fn add_chain(&mut self, bufs: &[(*const u8, u32, bool)]) -> Option<u16> {
+        if bufs.is_empty() || bufs.len() > MAX_CHAIN || self.free.len() < bufs.len() {
+            return None;
+        }
+        // The ids this chain takes, in chain order (no allocation here).
+        let mut ids = [0u16; MAX_CHAIN];
+        for id in ids.iter_mut().take(bufs.len()) {
+            *id = self.free.pop()?;
+        }
+        for (i, &(addr, len, writes)) in bufs.iter().enumerate() {
+            let last = i + 1 == bufs.len();
+            let d = Desc {
+                addr: addr as u64,
+                len,
+                flags: if writes { DESC_F_WRITE } else { 0 } | if last { 0 } else { DESC_F_NEXT },
+                next: if last { 0 } else { ids[i + 1] },
+            };
+            // SAFETY: ids are < size: the writes stay inside the table.
+            unsafe { core::ptr::write_volatile(self.desc.add(ids[i] as usize), d) };
+            self.chained[ids[i] as usize] = if last { NO_NEXT } else { ids[i + 1] };
+        }
+        self.publish(ids[0]);
+        Some(ids[0])
+    }
+
     /// Puts descriptor `id` in the next available-ring slot and publishes it.
     fn publish(&mut self, id: u16) {
         let mask = self.size - 1;
@@ -225,9 +259,11 @@ impl VirtQueue {
             return self.pop_used();
         }
         self.free.push(id as u16);
-        let tail = core::mem::replace(&mut self.chained[id as usize], NO_NEXT);
-        if tail != NO_NEXT {
-            self.free.push(tail);
+        // Return the rest of the chain (each link names the next one).
+        let mut next = core::mem::replace(&mut self.chained[id as usize], NO_NEXT);
+        while next != NO_NEXT && (next as usize) < self.chained.len() {
+            self.free.push(next);
+            next = core::mem::replace(&mut self.chained[next as usize], NO_NEXT);
         }
         Some(Used { id: id as u16, len })
     }

@@ -57,6 +57,18 @@ pub struct SnapshotLoadParams {
     /// spore, with `clone_generation`: the restored VM's new vsock CID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock_cid: Option<u32>,
+    /// spore, for testing: restore every writable drive as a clone's (its
+    /// image, or the snapshot's overlay, as the base of a new overlay
+    /// `<dir>/<name>.<drive_id>.cow`; see `blk::overlay::clone_drive`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_disks: Option<CloneDisks>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneDisks {
+    pub dir: String,
+    pub name: String,
 }
 
 impl SnapshotLoadParams {

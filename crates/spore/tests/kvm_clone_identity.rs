@@ -1,0 +1,290 @@
+//! Clone identity and copy-on-write disks on host KVM, without the clone
+//! machinery: a "clone" here is a snapshot restored in a new VMM process
+//! with the test-only load options `clone_generation`, `vsock_cid` and
+//! `clone_disks`. The `clonetest` unikernel prints its random numbers,
+//! its vsock CID and what it reads from its disk.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+
+/// A VMM whose stdout lines arrive on a channel.
+struct Vmm {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Vmm {
+    fn spawn(sock: &Path) -> Vmm {
+        let mut child = spore()
+            .args(["vmm", "--api-sock"])
+            .arg(sock)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        wait_for_path(sock, Duration::from_secs(10));
+        Vmm { child, lines: rx }
+    }
+
+    /// Lines up to and including the first that starts with `prefix`.
+    fn read_until(&self, prefix: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
+            let done = line.starts_with(prefix);
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn put(sock: &Path, path: &str, body: &str) {
+    let (code, reply) = http(sock, "PUT", path, Some(body));
+    assert_eq!(code, 204, "PUT {path} {body}: {reply}");
+}
+
+/// Boots clonetest with a 1 MiB disk `base` and a vsock device (CID 3).
+fn boot_source(sock: &Path, base: &Path, vsock: &Path) -> Vmm {
+    let vmm = Vmm::spawn(sock);
+    let kernel = uk_image("clonetest");
+    put(
+        sock,
+        "/boot-source",
+        &format!(
+            r#"{{"kernel_image_path": "{}", "boot_args": "rounds=100000 sleep_ms=20"}}"#,
+            kernel.display()
+        ),
+    );
+    put(
+        sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
+    put(
+        sock,
+        "/drives/disk0",
+        &format!(
+            r#"{{"drive_id": "disk0", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
+            base.display()
+        ),
+    );
+    put(
+        sock,
+        "/vsock",
+        &format!(r#"{{"guest_cid": 3, "uds_path": "{}"}}"#, vsock.display()),
+    );
+    put(sock, "/actions", r#"{"action_type": "InstanceStart"}"#);
+    vmm
+}
+
+/// Pauses the VM, snapshots it and stops its VMM.
+fn snapshot(sock: &Path, vmm: Vmm, state: &Path, mem: &Path) {
+    let o = spore()
+        .args(["snapshot", "create"])
+        .arg(sock)
+        .arg("--state")
+        .arg(state)
+        .arg("--mem")
+        .arg(mem)
+        .arg("--stop")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    vmm.kill();
+}
+
+/// Restores the snapshot in a new VMM with `extra` load options and resumes it.
+fn restore(sock: &Path, state: &Path, mem: &Path, extra: &str) -> Vmm {
+    let vmm = Vmm::spawn(sock);
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_file_path": "{}", "resume_vm": true{extra}}}"#,
+        state.display(),
+        mem.display()
+    );
+    put(sock, "/snapshot/load", &body);
+    vmm
+}
+
+/// The value of the first `rand` line in `lines`.
+fn first_value(lines: &[String]) -> String {
+    lines
+        .iter()
+        .find_map(|l| {
+            l.starts_with("rand ")
+                .then(|| l.split_whitespace().find_map(|w| w.strip_prefix("value=")))
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no rand line in {lines:?}"))
+        .to_string()
+}
+
+fn clone_opts(generation: u64, cid: u32, dir: &Path, name: &str) -> String {
+    format!(
+        r#", "clone_generation": {generation}, "vsock_cid": {cid}, "clone_disks": {{"dir": "{}", "name": "{name}"}}"#,
+        dir.display()
+    )
+}
+
+#[test]
+fn kvm_clones_reseed_get_their_cid_and_private_disks() {
+    require_kvm();
+    let s = Scratch::new("cloneid");
+    let base = s.path("base.img");
+    let mut image = vec![0u8; 1 << 20];
+    image[512..525].copy_from_slice(b"base sector 1");
+    std::fs::write(&base, &image).unwrap();
+    let vsock = s.path("v.sock");
+    let (state, mem) = (s.path("src.state"), s.path("src.mem"));
+
+    // The source writes "source" into sector 0 of its (raw) disk, draws numbers.
+    let sock = s.path("src.sock");
+    let src = boot_source(&sock, &base, &vsock);
+    let boot = src.read_until("rand gen=0 round=3 ");
+    assert!(boot.iter().any(|l| l == "disk source wrote"), "{boot:?}");
+    assert!(boot.iter().any(|l| l == "vsock cid=3"), "{boot:?}");
+    snapshot(&sock, src, &state, &mem);
+
+    // Two plain restores: the generator state is in memory, so both print
+    // the same next number, without a reseed.
+    let mut plain = Vec::new();
+    for i in 0..2 {
+        let sock = s.path(&format!("plain{i}.sock"));
+        let vmm = restore(&sock, &state, &mem, "");
+        let lines = vmm.read_until("rand ");
+        assert!(!lines.iter().any(|l| l.starts_with("cloned")), "{lines:?}");
+        assert!(lines.last().unwrap().contains("reseeds=1"), "{lines:?}");
+        plain.push(first_value(&lines));
+        vmm.kill();
+    }
+    assert_eq!(plain[0], plain[1], "plain restores diverged");
+
+    // Clones: each reseeds from virtio-rng, sees its new CID, and writes
+    // its own disk overlay, never the base or a sibling's.
+    let mut values = Vec::new();
+    for (generation, cid, name) in [(1u64, 7u32, "a"), (2, 8, "b")] {
+        let sock = s.path(&format!("{name}.sock"));
+        let vmm = restore(
+            &sock,
+            &state,
+            &mem,
+            &clone_opts(generation, cid, &s.0, name),
+        );
+        let lines = vmm.read_until("rand ");
+        assert!(
+            lines.contains(&format!("cloned gen={generation} reseeds=2")),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&format!("vsock cid={cid}")), "{lines:?}");
+        assert!(
+            lines.contains(&format!(
+                "disk gen={generation} sector0=source before=base sector 1 after=clone {generation}"
+            )),
+            "{lines:?}"
+        );
+        let v = first_value(&lines);
+        assert!(
+            !plain.contains(&v),
+            "clone {name} drew the source's number {v}"
+        );
+        values.push(v);
+        if name == "a" {
+            // Keep clone a's state for a clone of it.
+            snapshot(&sock, vmm, &s.path("a.state"), &s.path("a.mem"));
+        } else {
+            vmm.kill();
+        }
+        assert!(s.path(&format!("{name}.disk0.cow")).exists());
+    }
+    assert_ne!(values[0], values[1], "two clones drew the same number");
+    let after = std::fs::read(&base).unwrap();
+    assert_eq!(&after[..6], b"source");
+    assert_eq!(&after[512..525], b"base sector 1", "a clone wrote the base");
+
+    // Clones of clone a start from a's disk and diverge from it and each other.
+    for (generation, name) in [(3u64, "aa"), (4, "ab")] {
+        let sock = s.path(&format!("{name}.sock"));
+        let vmm = restore(
+            &sock,
+            &s.path("a.state"),
+            &s.path("a.mem"),
+            &clone_opts(generation, 9, &s.0, name),
+        );
+        let lines = vmm.read_until("rand ");
+        assert!(
+            lines.contains(&format!(
+                "disk gen={generation} sector0=source before=clone 1 after=clone {generation}"
+            )),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"vsock cid=9".to_string()), "{lines:?}");
+        let v = first_value(&lines);
+        assert!(!values.contains(&v), "clone {name} repeated a number");
+        values.push(v);
+        vmm.kill();
+    }
+}
+
+/// Bad clone options are refused with a clear message, and a clone whose
+/// base image vanished before it was made cannot be created.
+#[test]
+fn kvm_clone_options_are_checked() {
+    require_kvm();
+    let s = Scratch::new("cloneid-bad");
+    let base = s.path("base.img");
+    std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
+    let (state, mem) = (s.path("src.state"), s.path("src.mem"));
+    let sock = s.path("src.sock");
+    let src = boot_source(&sock, &base, &s.path("v.sock"));
+    src.read_until("rand gen=0 round=1 ");
+    snapshot(&sock, src, &state, &mem);
+
+    let try_load = |tag: &str, extra: &str| {
+        let sock = s.path(&format!("{tag}.sock"));
+        let mut vmm = Vmm::spawn(&sock);
+        let body = format!(
+            r#"{{"snapshot_path": "{}", "mem_file_path": "{}", "resume_vm": true{extra}}}"#,
+            state.display(),
+            mem.display()
+        );
+        let reply = http(&sock, "PUT", "/snapshot/load", Some(&body));
+        let _ = vmm.child.kill();
+        let _ = vmm.child.wait();
+        reply
+    };
+    let (code, reply) = try_load("nocid", r#", "vsock_cid": 5"#);
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("clone_generation"), "{reply}");
+    let (code, reply) = try_load("cid2", r#", "clone_generation": 1, "vsock_cid": 2"#);
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("vsock_cid"), "{reply}");
+    std::fs::remove_file(&base).unwrap();
+    let (code, reply) = try_load("gone", &clone_opts(1, 5, &s.0, "x"));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("base.img"), "{reply}");
+}
