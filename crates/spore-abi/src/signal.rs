@@ -22,6 +22,9 @@
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
 //! [`WAIT_TIMED_OUT`] if the timeout passed; for `GENERATION`, the generation.
+//! Writes of another width or with an unknown opcode are ignored by the VMM
+//! (and logged): a misbehaving guest cannot stop or crash the VMM through
+//! this port.
 //!
 //! ## Clone generation
 //!
@@ -40,9 +43,8 @@
 //!   transport (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: Linux re-reads the guest
 //!   CID, which a clone may have changed), and once the guest has handled that
 //!   event it connects to this port and sends `generation N\n`, then closes.
-//!   The program may also read the generation through this port. Writes of another width or with
-//! an unknown opcode are ignored by the VMM (and logged): a misbehaving guest
-//! cannot stop or crash the VMM through this port.
+//!   The program may also read the generation through this port (it needs
+//!   I/O-port access, `ioperm`); its low 32 bits are what `GENERATION` gives.
 
 /// I/O port of the signal register.
 pub const SIGNAL_PORT: u16 = 0x0510;

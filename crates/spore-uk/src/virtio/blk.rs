@@ -109,7 +109,7 @@ impl VirtioBlk {
     fn check(&self, sector: u64, len: usize) -> Result<(), BlkError> {
         let sectors = (len / SECTOR) as u64;
         if len == 0
-            || len % SECTOR != 0
+            || !len.is_multiple_of(SECTOR)
             || sector
                 .checked_add(sectors)
                 .is_none_or(|end| end > self.capacity)

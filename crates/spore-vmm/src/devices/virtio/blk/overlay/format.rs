@@ -169,7 +169,7 @@ impl BlockMap {
             ));
         }
         let map = Self { bits, blocks };
-        if blocks % 8 != 0 {
+        if !blocks.is_multiple_of(8) {
             let last = map.bits[map.bits.len() - 1];
             if last >> (blocks % 8) != 0 {
                 return Err("bitmap marks blocks past the end of the disk".into());
