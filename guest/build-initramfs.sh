@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the spore Linux guest initramfs: static busybox, /init (init.sh),
-# /bin/spore-signal and /bin/spore-vsock (crate spore-guest-tools, built with
+# /bin/spore-signal, /bin/spore-vsock and /bin/spore-reseed (crate spore-guest-tools, built with
 # cargo for x86_64-unknown-linux-musl) and any
 # extra files. Deterministic: the same inputs give the same bytes; the result
 # is cached as ${SPORE_CACHE:-/var/cache/spore}/initramfs-<sha256>.cpio[.gz]
@@ -11,7 +11,7 @@
 #   SRC[:DEST]  add file SRC at DEST (absolute; default /basename(SRC));
 #               e.g. my-test.sh:/scenario makes /init run it.
 # Env: SPORE_CACHE; SPORE_GUEST_TOOLS_DIR (a directory with prebuilt
-#      spore-signal and spore-vsock instead of building them); CARGO_TARGET_DIR.
+#      spore-signal, spore-vsock and spore-reseed instead of building them); CARGO_TARGET_DIR.
 # Prints OUT as the last line of stdout.
 set -euo pipefail
 
@@ -27,6 +27,7 @@ extra=("$@")
 if [[ -n ${SPORE_GUEST_TOOLS_DIR:-} ]]; then
     signal_bin="$SPORE_GUEST_TOOLS_DIR/spore-signal"
     vsock_bin="$SPORE_GUEST_TOOLS_DIR/spore-vsock"
+    reseed_bin="$SPORE_GUEST_TOOLS_DIR/spore-reseed"
 else
     command -v cargo >/dev/null || die "cargo not found (or set SPORE_GUEST_TOOLS_DIR)"
     log "cargo build --release -p spore-guest-tools --target x86_64-unknown-linux-musl"
@@ -35,12 +36,14 @@ else
         --target x86_64-unknown-linux-musl --message-format json-render-diagnostics)"
     signal_bin="$(sed -n 's/.*"executable":"\([^"]*spore-signal\)".*/\1/p' <<<"$artifacts" | tail -n1)"
     vsock_bin="$(sed -n 's/.*"executable":"\([^"]*spore-vsock\)".*/\1/p' <<<"$artifacts" | tail -n1)"
+    reseed_bin="$(sed -n 's/.*"executable":"\([^"]*spore-reseed\)".*/\1/p' <<<"$artifacts" | tail -n1)"
 fi
 [[ -n $signal_bin && -x $signal_bin ]] || die "spore-signal binary not found (${signal_bin:-none})"
 [[ -n $vsock_bin && -x $vsock_bin ]] || die "spore-vsock binary not found (${vsock_bin:-none})"
+[[ -n $reseed_bin && -x $reseed_bin ]] || die "spore-reseed binary not found (${reseed_bin:-none})"
 
 bb="$(busybox_static)"
-key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" "$vsock_bin" \
+key="$(hash_inputs "$here/build-initramfs.sh" "$here/lib.sh" "$here/init.sh" "$bb" "$signal_bin" "$vsock_bin" "$reseed_bin" \
     "$(file_specs_key "${extra[@]}")")"
 ext=cpio
 [[ $out == *.gz ]] && ext=cpio.gz
@@ -58,6 +61,7 @@ if [[ ! -f $cached ]]; then
         install -m 0755 "$here/init.sh" "$root/init"
         install -m 0755 "$signal_bin" "$root/bin/spore-signal"
         install -m 0755 "$vsock_bin" "$root/bin/spore-vsock"
+        install -m 0755 "$reseed_bin" "$root/bin/spore-reseed"
         for spec in "${extra[@]}"; do add_file_spec "$root" "$spec"; done
         [[ -f $root/scenario ]] && chmod 0755 "$root/scenario"
         if [[ $ext == cpio.gz ]]; then

@@ -35,6 +35,12 @@ stop_vm() {
 }
 trap stop_vm USR1 USR2 TERM
 
+# A clone reseeds the kernel's random pool from /dev/hwrng when the VMM tells
+# it (vsock port 21328, see README "Clone identity"); without vsock it just exits.
+if [ -e /dev/vsock ] || grep -q vsock /proc/misc 2>/dev/null; then
+    spore-reseed >/dev/console 2>&1 &
+fi
+
 read -r up _ </proc/uptime
 echo "SPORE-INIT up ${up}s"
 

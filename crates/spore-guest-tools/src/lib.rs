@@ -4,9 +4,12 @@
 //! - `spore-signal`: signal-port events (exit, mark, wait) from user space;
 //! - `spore-vsock`: a vsock pipe (listen or connect, stdin/stdout ↔ socket),
 //!   the guest end of `spore vsock` on the host;
-//! - `spore-tmem`: put/get/invalidate objects in the VMM's tmem pool.
+//! - `spore-tmem`: put/get/invalidate objects in the VMM's tmem pool;
+//! - `spore-reseed`: reseeds the kernel random pool from /dev/hwrng when the
+//!   VMM says the VM is a clone ([`reseed`]).
 
 pub mod port;
+pub mod reseed;
 pub mod signal_cli;
 #[cfg(target_arch = "x86_64")]
 pub mod tmem;

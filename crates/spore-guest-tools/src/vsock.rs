@@ -50,24 +50,32 @@ impl VsockStream {
 
     /// Listens on `port` (any CID) and accepts one connection.
     pub fn accept_one(port: u32) -> io::Result<Self> {
-        let fd = socket()?;
-        let a = addr(libc::VMADDR_CID_ANY, port);
-        // SAFETY: as in connect; listen/accept on our own fd.
-        unsafe {
-            cvt(libc::bind(
-                fd.as_raw_fd(),
-                &a as *const _ as *const libc::sockaddr,
-                ADDR_LEN,
-            ))?;
-            cvt(libc::listen(fd.as_raw_fd(), 1))?;
-            let conn = cvt(libc::accept4(
-                fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            ))?;
-            Ok(Self(OwnedFd::from_raw_fd(conn)))
-        }
+        VsockListener::bind(port)?.accept()
+    }
+
+    /// Sets a receive timeout (`None`: block).
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        let tv = t.map_or(
+            libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+            |d| libc::timeval {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_usec: d.subsec_micros() as libc::suseconds_t,
+            },
+        );
+        // SAFETY: tv is a valid timeval for the call.
+        cvt(unsafe {
+            libc::setsockopt(
+                self.0.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        })
+        .map(|_| ())
     }
 
     pub fn try_clone(&self) -> io::Result<Self> {
@@ -77,6 +85,40 @@ impl VsockStream {
     pub fn shutdown_write(&self) -> io::Result<()> {
         // SAFETY: shutdown on our own fd.
         cvt(unsafe { libc::shutdown(self.0.as_raw_fd(), libc::SHUT_WR) }).map(|_| ())
+    }
+}
+
+/// A listening vsock socket (any CID).
+pub struct VsockListener(OwnedFd);
+
+impl VsockListener {
+    pub fn bind(port: u32) -> io::Result<Self> {
+        let fd = socket()?;
+        let a = addr(libc::VMADDR_CID_ANY, port);
+        // SAFETY: a is a valid sockaddr_vm of ADDR_LEN bytes; listen on our own fd.
+        unsafe {
+            cvt(libc::bind(
+                fd.as_raw_fd(),
+                &a as *const _ as *const libc::sockaddr,
+                ADDR_LEN,
+            ))?;
+            cvt(libc::listen(fd.as_raw_fd(), 4))?;
+        }
+        Ok(Self(fd))
+    }
+
+    /// Blocks until a peer connects.
+    pub fn accept(&self) -> io::Result<VsockStream> {
+        // SAFETY: accept on our own fd; the new fd is owned right away.
+        unsafe {
+            let conn = cvt(libc::accept4(
+                self.0.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            ))?;
+            Ok(VsockStream(OwnedFd::from_raw_fd(conn)))
+        }
     }
 }
 

@@ -1,0 +1,71 @@
+//! spore-reseed: reseeds the kernel's random pool from /dev/hwrng whenever
+//! the VMM says this VM is a (new) clone.
+//!
+//! `spore-reseed` listens on vsock port 21328 (`GENERATION_VSOCK_PORT`) and,
+//! for each notice (`generation N`), adds 64 bytes from /dev/hwrng to the pool
+//! with RNDADDENTROPY, logging `spore-reseed: generation N: added 64 bytes
+//! (512 bits) from /dev/hwrng` and writing N to /run/spore-generation.
+//! `spore-reseed now` reseeds once and exits. Run as root.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use spore_guest_tools::reseed::{parse_notice, reseed, GENERATION_VSOCK_PORT, RESEED_BYTES};
+use spore_guest_tools::vsock::VsockListener;
+
+const HWRNG: &str = "/dev/hwrng";
+const POOL: &str = "/dev/urandom";
+const USAGE: &str = "usage: spore-reseed [now]";
+
+fn reseed_once(generation: Option<u64>) -> Result<(), String> {
+    let n = reseed(Path::new(HWRNG), Path::new(POOL), RESEED_BYTES).map_err(|e| e.to_string())?;
+    let which = generation.map_or_else(|| "now".to_string(), |g| format!("generation {g}"));
+    println!(
+        "spore-reseed: {which}: added {n} bytes ({} bits) from {HWRNG}",
+        n * 8
+    );
+    if let Some(g) = generation {
+        let _ = std::fs::create_dir_all("/run");
+        let _ = std::fs::write("/run/spore-generation", format!("{g}\n"));
+    }
+    Ok(())
+}
+
+fn serve() -> Result<(), String> {
+    let listener = VsockListener::bind(GENERATION_VSOCK_PORT)
+        .map_err(|e| format!("vsock port {GENERATION_VSOCK_PORT}: {e}"))?;
+    loop {
+        let mut conn = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("accept: {e}")),
+        };
+        // The VMM sends one short line and closes. A connection reset by a
+        // racing transport reset still means "cloned": reseed anyway.
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut msg = Vec::new();
+        let _ = (&mut conn).take(64).read_to_end(&mut msg);
+        drop(conn);
+        if let Err(e) = reseed_once(parse_notice(&msg)) {
+            eprintln!("spore-reseed: {e}");
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.as_slice() {
+        [] => serve(),
+        [cmd] if cmd == "now" => reseed_once(None),
+        _ => Err(USAGE.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spore-reseed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
