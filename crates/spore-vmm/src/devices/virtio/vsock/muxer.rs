@@ -76,7 +76,15 @@ pub struct VsockMuxer {
     /// The event queue's avail index when the reset event went out: the
     /// guest re-posting the buffer (a new index) means it handled the event.
     reset_delivered_at: Option<Wrapping<u16>>,
+    /// Our ends of delivered notices, write side shut: kept open so the
+    /// connection sees EOF after the message rather than a hang-up (which
+    /// would reset it before the guest accepts). Few, and dropped when old.
+    notice_peers: VecDeque<(Instant, UnixStream)>,
 }
+
+/// Notice ends kept at most, and for how long.
+const MAX_NOTICE_PEERS: usize = 16;
+const NOTICE_PEER_LIFETIME: Duration = Duration::from_secs(60);
 
 impl VsockMuxer {
     /// Listens on `uds_path` and prepares the epoll set.
@@ -99,6 +107,7 @@ impl VsockMuxer {
             identity: None,
             notices: Vec::new(),
             reset_delivered_at: None,
+            notice_peers: VecDeque::new(),
         };
         me.watch(me.listener.as_raw_fd())
             .map_err(MuxerError::Epoll)?;
@@ -550,16 +559,25 @@ impl VsockMuxer {
     /// the host end closes after the message, so the guest reads it then EOF.
     fn deliver_notices(&mut self) {
         let now = Instant::now();
+        self.notice_peers
+            .retain(|(at, _)| now.duration_since(*at) < NOTICE_PEER_LIFETIME);
         for notice in std::mem::take(&mut self.notices) {
             let pair = UnixStream::pair().and_then(|(near, mut far)| {
                 near.set_nonblocking(true)?;
                 far.set_nonblocking(true)?;
                 // A few bytes into an empty socket buffer: never blocks.
                 far.write_all(&notice.message)?;
-                Ok(near)
+                far.shutdown(std::net::Shutdown::Write)?;
+                Ok((near, far))
             });
             match pair {
-                Ok(near) => self.open_to_guest(near, notice.port, now, ControlOperation::Add),
+                Ok((near, far)) => {
+                    self.open_to_guest(near, notice.port, now, ControlOperation::Add);
+                    if self.notice_peers.len() >= MAX_NOTICE_PEERS {
+                        self.notice_peers.pop_front();
+                    }
+                    self.notice_peers.push_back((now, far));
+                }
                 Err(e) => tracing::warn!("vsock: cannot open notice for port {}: {e}", notice.port),
             }
         }
@@ -573,6 +591,7 @@ impl VsockMuxer {
         self.rxq.clear();
         self.rst_queue.clear();
         self.pending_reset_event = false;
+        self.reset_delivered_at = None;
     }
 
     /// Drops every connection and queues VIRTIO_VSOCK_EVENT_TRANSPORT_RESET,

@@ -659,3 +659,91 @@ fn reactivates_after_driver_reset() {
     g.send(hdr(Op::Response, 52, req.src_port), &[]);
     assert_eq!(read_line(&mut c), format!("OK {}\n", req.src_port));
 }
+
+/// Next rx packet whatever its CID (`Guest::recv` expects the original one).
+fn recv_any(g: &mut Guest) -> (Header, Vec<u8>) {
+    g.wait_until("an rx packet", |g| {
+        g.used_seen[RX_QUEUE] != g.used_idx(RX_QUEUE)
+    });
+    let (id, _) = g.used_elem(RX_QUEUE, g.used_seen[RX_QUEUE]);
+    g.used_seen[RX_QUEUE] = g.used_seen[RX_QUEUE].wrapping_add(1);
+    let addr = GuestAddress(RX_BASE + u64::from(id) * RX_SLOT);
+    let mut raw = [0u8; HDR_SIZE];
+    g.mem.read_slice(&mut raw, addr).unwrap();
+    let h = Header::from_bytes(&raw);
+    let mut payload = vec![0u8; h.len as usize];
+    g.mem
+        .read_slice(&mut payload, addr.unchecked_add(HDR_SIZE as u64))
+        .unwrap();
+    g.push_avail(RX_QUEUE, id);
+    (h, payload)
+}
+
+/// A clone's new CID: config space at once, a transport reset, then (once
+/// the guest re-posted its event buffer) a connection to the notice port
+/// carrying the message, addressed to the new CID.
+#[test]
+fn new_guest_cid_resets_and_delivers_a_notice() {
+    let uds = TempPath::new("newcid");
+    let mem = new_mem();
+    let mut g = Guest::start(&mem, &uds.0);
+    let handle = g.dev.handle().unwrap();
+    g.post_rx(8);
+    for i in 0..2u16 {
+        let d = desc(EV_BASE + u64::from(i) * 16, 8, VRING_DESC_F_WRITE, 0);
+        g.queues[EVENT_QUEUE].desc_table().store(i, d).unwrap();
+        g.push_avail(EVENT_QUEUE, i);
+    }
+    assert!(matches!(
+        handle.set_guest_cid(2, None),
+        Err(VsockError::GuestCid(2))
+    ));
+    let notice = Notice {
+        port: 77,
+        message: b"generation 5\n".to_vec(),
+    };
+    handle.set_guest_cid(9, Some(notice)).unwrap();
+    let mut cfg = [0u8; 8];
+    g.dev.read_config(0, &mut cfg);
+    assert_eq!(u64::from_le_bytes(cfg), 9);
+    assert_eq!(g.dev.guest_cid(), 9);
+    g.wait_until("the reset event", |g| g.used_idx(EVENT_QUEUE) == 1);
+    // The guest has not handled the event yet: no connection so far.
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        g.used_idx(RX_QUEUE),
+        0,
+        "notice sent before the guest saw the reset"
+    );
+    // The driver handled the event and re-posts its buffer.
+    g.push_avail(EVENT_QUEUE, 0);
+    let (req, _) = recv_any(&mut g);
+    assert_eq!(req.op, Op::Request as u16, "{req:?}");
+    assert_eq!((req.src_cid, req.dst_cid, req.dst_port), (HOST_CID, 9, 77));
+    // A packet still carrying the old CID is dropped, not answered.
+    g.send(hdr(Op::Response, 77, req.src_port), &[]);
+    std::thread::sleep(Duration::from_millis(30));
+    if g.used_idx(RX_QUEUE) != 1 {
+        panic!(
+            "old-CID packet was answered, or the connection reset: {:?}",
+            recv_any(&mut g)
+        );
+    }
+    let mut accept = hdr(Op::Response, 77, req.src_port);
+    accept.src_cid = 9;
+    g.send(accept, &[]);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "no message; got {got:?}");
+        let (h, p) = recv_any(&mut g);
+        assert_eq!(h.dst_cid, 9);
+        match h.op {
+            op if op == Op::Rw as u16 => got.extend_from_slice(&p),
+            op if op == Op::Shutdown as u16 => break,
+            op if op == Op::CreditRequest as u16 || op == Op::CreditUpdate as u16 => {}
+            other => panic!("unexpected op {other}: {h:?}"),
+        }
+    }
+    assert_eq!(got, b"generation 5\n");
+}
