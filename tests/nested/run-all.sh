@@ -5,7 +5,8 @@
 # pause/resume, reboot), demo (a plain `spore run` boot), balloon (virtio-balloon
 # inflate/deflate, statistics, free page reporting), bench (boot benchmark),
 # tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4),
-# virtio-mem (plug, fill, unplug, host RSS).
+# virtio-mem (plug, fill, unplug, host RSS), clone (a Linux guest restored twice as
+# clones: reseed from /dev/hwrng, new vsock CID, urandom differs, private disks).
 # Opt-in (only with --only NAME, not in `make test`): snapshot (a Linux guest
 # snapshotted and restored twice in new processes; its second restore hangs in
 # about 1 run of 3, an open bug of the snapshot issue) and bench (the Linux boot
@@ -23,7 +24,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem|snapshot]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem|snapshot|clone]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -71,6 +72,8 @@ if [[ $only == snapshot ]]; then
     run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
         --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
 fi
+run_one clone --scenario "$here/scenarios/clone.sh" \
+    --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-clone"
 if [[ $only == bench ]]; then
     run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 fi

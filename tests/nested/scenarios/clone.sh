@@ -1,0 +1,106 @@
+#!/bin/sh
+# Tier 3, issue "clones" (identity and disks): a Linux guest with vsock and a
+# read-write disk is snapshotted, then restored twice as clones (test-only
+# /snapshot/load fields clone_generation, vsock_cid, clone_disks: what the
+# clone machinery does). Each clone must: reseed its kernel pool from
+# /dev/hwrng (spore-reseed logs a byte count > 0), answer over vsock with its
+# new CID (the VMM drops packets from the old one), produce /dev/urandom
+# output unlike its sibling's, and write only its own disk overlay.
+t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+tmp=${SPORE_TMP:-/tmp}
+cd "$tmp" || exit 1
+api="$tmp/api.sock"
+dd if=/dev/zero of="$tmp/rw.img" bs=1M count=8 2>/dev/null
+
+"$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
+vmm=$!
+i=0
+while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+A() { "$SPORE" api "$api" "$@"; }
+cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
+    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":256}' >/dev/null &&
+    A PUT /drives/rw "{\"drive_id\":\"rw\",\"path_on_host\":\"$tmp/rw.img\",\"is_root_device\":false,\"is_read_only\":false}" >/dev/null &&
+    A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
+    A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null || t boot FAIL "$(cat "$tmp/vmm.err")"
+
+# Runs shell commands in the guest over vsock; retries until it answers.
+guest() {
+    i=0
+    while [ $i -lt ${2:-120} ]; do
+        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
+            [ -n "$out" ] && { echo "$out"; return 0; }
+        sleep 0.5
+        i=$((i + 1))
+    done
+    return 1
+}
+# The commands each clone answers: boot_id, 16 bytes of urandom, the
+# generation spore-reseed recorded, sector 2 of the disk before and after
+# writing this clone's name there.
+probe() {
+    guest "cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo; cat /run/spore-generation 2>/dev/null || echo none; dd if=/dev/vda bs=512 skip=2 count=1 2>/dev/null | tr -d '\\000' | head -c 16; echo; printf $1 | dd of=/dev/vda bs=512 seek=2 conv=sync,fsync 2>/dev/null; dd if=/dev/vda bs=512 skip=2 count=1 2>/dev/null | tr -d '\\000' | head -c 16; echo"
+}
+
+src_boot_id=$(guest 'cat /proc/sys/kernel/random/boot_id')
+if [ -n "$src_boot_id" ]; then t source-answers PASS "boot_id $src_boot_id"; else t source-answers FAIL; fi
+if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >/dev/null 2>"$tmp/create.err"; then
+    t snapshot-create PASS
+else
+    t snapshot-create FAIL "$(cat "$tmp/create.err")"
+fi
+wait $vmm
+
+for n in 1 2; do
+    sock="$tmp/api-$n.sock"
+    SPORE_LOG=${SPORE_LOG:-info} "$SPORE" vmm --api-sock "$sock" >"$tmp/console-$n.txt" 2>"$tmp/clone-$n.err" &
+    c=$!
+    i=0
+    while [ ! -S "$sock" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    cid=$((10 + n))
+    if ! "$SPORE" api "$sock" PUT /snapshot/load "{\"snapshot_path\":\"$tmp/vm.state\",\"mem_file_path\":\"$tmp/vm.mem\",\"resume_vm\":true,\"clone_generation\":$n,\"vsock_cid\":$cid,\"clone_disks\":{\"dir\":\"$tmp\",\"name\":\"clone$n\"}}" >"$tmp/load-$n.txt" 2>&1; then
+        t "clone-$n-load" FAIL "$(cat "$tmp/load-$n.txt")"
+        kill $c
+        wait $c
+        continue
+    fi
+    out=$(probe "clone$n")
+    if [ -n "$out" ]; then t "clone-$n-answers-with-cid-$cid" PASS; else t "clone-$n-answers-with-cid-$cid" FAIL "$(tail -n 3 "$tmp/clone-$n.err")"; fi
+    boot_id=$(echo "$out" | sed -n 1p)
+    eval "rand_$n=\$(echo \"\$out\" | sed -n 2p)"
+    gen=$(echo "$out" | sed -n 3p)
+    before=$(echo "$out" | sed -n 4p)
+    after=$(echo "$out" | sed -n 5p)
+    line=$(grep -a "spore-reseed: generation $n: added" "$tmp/console-$n.txt" | head -n 1)
+    bytes=$(echo "$line" | sed -n 's/.*added \([0-9]*\) bytes.*/\1/p')
+    if [ -n "$bytes" ] && [ "$bytes" -gt 0 ] && [ "$gen" = "$n" ]; then
+        t "clone-$n-reseeded" PASS "$line"
+    else
+        t "clone-$n-reseeded" FAIL "log '$line', /run/spore-generation '$gen'"
+    fi
+    if [ "$boot_id" = "$src_boot_id" ]; then
+        t "clone-$n-boot-id-is-the-source's" PASS "boot_id is fixed per boot (documented)"
+    else
+        t "clone-$n-boot-id-is-the-source's" FAIL "$boot_id vs $src_boot_id"
+    fi
+    if [ -z "$before" ] && [ "$after" = "clone$n" ]; then
+        t "clone-$n-private-disk" PASS "sector 2 empty before, '$after' after"
+    else
+        t "clone-$n-private-disk" FAIL "before '$before' after '$after'"
+    fi
+    kill $c
+    wait $c
+done
+if [ -n "$rand_1" ] && [ -n "$rand_2" ] && [ "$rand_1" != "$rand_2" ]; then
+    t urandom-differs-between-clones PASS "$rand_1 vs $rand_2"
+else
+    t urandom-differs-between-clones FAIL "'$rand_1' vs '$rand_2'"
+fi
+if [ -z "$(dd if="$tmp/rw.img" bs=512 skip=2 count=1 2>/dev/null | tr -d '\000')" ] &&
+    [ -s "$tmp/clone1.rw.cow" ] && [ -s "$tmp/clone2.rw.cow" ]; then
+    t base-image-untouched PASS "overlays $(du -k "$tmp/clone1.rw.cow" | cut -f1) KiB, $(du -k "$tmp/clone2.rw.cow" | cut -f1) KiB on disk"
+else
+    t base-image-untouched FAIL "$(ls -l "$tmp")"
+fi
+cp "$tmp/console.txt" "$tmp"/console-*.txt "$tmp"/clone-*.err "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
+true
