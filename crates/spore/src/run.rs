@@ -32,8 +32,10 @@ pub struct RunArgs {
     /// Number of vCPUs.
     #[arg(long, default_value_t = 1)]
     pub vcpus: u64,
-    /// A raw disk image; append `:ro` for read-only. Repeatable; the first is /dev/vda.
-    #[arg(long = "disk", value_name = "PATH[:ro]")]
+    /// A raw disk image; append `:ro` for read-only, `:cow` to keep the guest's writes
+    /// in memory (the image is never written) or `:cow=FILE` to keep them in an overlay
+    /// file. Repeatable; the first is /dev/vda.
+    #[arg(long = "disk", value_name = "PATH[:ro|:cow|:cow=FILE]")]
     pub disks: Vec<String>,
     /// A vsock device: guest CID and host Unix socket path.
     #[arg(long, value_name = "CID:UDS_PATH")]
@@ -83,6 +85,16 @@ impl RunArgs {
         }
         let mut drives = Vec::new();
         for (i, spec) in self.disks.iter().enumerate() {
+            let (spec, cow_overlay) = match spec.split_once(":cow") {
+                Some((p, "")) => (p, Some((None, true))),
+                Some((p, f)) if f.starts_with('=') && f.len() > 1 => {
+                    (p, Some((Some(f[1..].to_string()), false)))
+                }
+                _ => (spec.as_str(), None),
+            };
+            let cow_overlay = cow_overlay.map(|(path, in_memory)| {
+                spore_vmm::config::CowOverlayConfig { path, in_memory }
+            });
             let (path, ro) = match spec.strip_suffix(":ro") {
                 Some(p) => (p, true),
                 None => (spec.strip_suffix(":rw").unwrap_or(spec), false),
@@ -95,7 +107,7 @@ impl RunArgs {
                 partuuid: None,
                 cache_type: None,
                 io_engine: None,
-                cow_overlay: None,
+                cow_overlay,
             });
         }
         let vsock = match &self.vsock {

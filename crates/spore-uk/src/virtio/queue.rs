@@ -300,6 +300,37 @@ mod tests {
     }
 
     #[test]
+    fn chains_of_three_link_and_free_every_descriptor() {
+        let mut q = VirtQueue::new(0, 4).unwrap();
+        let (h, mut d, mut st) = ([0u8; 16], [0u8; 512], [0u8; 1]);
+        let bufs = [
+            (h.as_ptr(), 16, false),
+            (d.as_mut_ptr() as *const u8, 512, true),
+            (st.as_mut_ptr() as *const u8, 1, true),
+        ];
+        // SAFETY: the buffers outlive the queue's use of them in this test.
+        let head = unsafe { q.add_chain(&bufs) }.unwrap();
+        assert_eq!(q.free_count(), 1);
+        let first = desc(&q, head);
+        assert_eq!((first.len, first.flags), (16, DESC_F_NEXT));
+        let mid = desc(&q, first.next);
+        assert_eq!((mid.len, mid.flags), (512, DESC_F_WRITE | DESC_F_NEXT));
+        let last = desc(&q, mid.next);
+        assert_eq!((last.len, last.flags), (1, DESC_F_WRITE));
+        // SAFETY: as above. Too long, empty, or more than is free: refused.
+        unsafe {
+            assert!(q.add_chain(&bufs).is_none());
+            assert!(q.add_chain(&[]).is_none());
+            assert!(q.add_chain(&[bufs[0]; MAX_CHAIN + 1]).is_none());
+        }
+        device_uses(&q, 0, head, 513);
+        assert_eq!(q.pop_used(), Some(Used { id: head, len: 513 }));
+        assert_eq!(q.free_count(), 4, "the whole chain is free again");
+        // SAFETY: as above.
+        assert!(unsafe { q.add_chain(&bufs) }.is_some());
+    }
+
+    #[test]
     fn pairs_chain_and_free_both_descriptors() {
         let mut q = VirtQueue::new(0, 4).unwrap();
         let req = [1u8; 24];
