@@ -61,8 +61,8 @@ impl VsockStream {
                 tv_usec: 0,
             },
             |d| libc::timeval {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_usec: d.subsec_micros() as libc::suseconds_t,
+                tv_sec: d.as_secs() as _,
+                tv_usec: d.subsec_micros() as _,
             },
         );
         // SAFETY: tv is a valid timeval for the call.

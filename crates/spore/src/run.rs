@@ -92,9 +92,8 @@ impl RunArgs {
                 }
                 _ => (spec.as_str(), None),
             };
-            let cow_overlay = cow_overlay.map(|(path, in_memory)| {
-                spore_vmm::config::CowOverlayConfig { path, in_memory }
-            });
+            let cow_overlay = cow_overlay
+                .map(|(path, in_memory)| spore_vmm::config::CowOverlayConfig { path, in_memory });
             let (path, ro) = match spec.strip_suffix(":ro") {
                 Some(p) => (p, true),
                 None => (spec.strip_suffix(":rw").unwrap_or(spec), false),
