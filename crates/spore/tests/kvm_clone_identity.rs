@@ -1,7 +1,7 @@
 //! Clone identity and copy-on-write disks on host KVM, without the clone
 //! machinery: a "clone" here is a snapshot restored in a new VMM process
 //! with the test-only load options `clone_generation`, `vsock_cid` and
-//! `clone_disks`. The `clonetest` unikernel prints its random numbers,
+//! `clone_disks`. The `cloneid` unikernel prints its random numbers,
 //! its vsock CID and what it reads from its disk.
 
 mod common;
@@ -69,10 +69,10 @@ fn put(sock: &Path, path: &str, body: &str) {
     assert_eq!(code, 204, "PUT {path} {body}: {reply}");
 }
 
-/// Boots clonetest with a 1 MiB disk `base` and a vsock device (CID 3).
+/// Boots cloneid with a 1 MiB disk `base` and a vsock device (CID 3).
 fn boot_source(sock: &Path, base: &Path, vsock: &Path) -> Vmm {
     let vmm = Vmm::spawn(sock);
-    let kernel = uk_image("clonetest");
+    let kernel = uk_image("cloneid");
     put(
         sock,
         "/boot-source",

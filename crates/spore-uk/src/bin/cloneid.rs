@@ -1,4 +1,4 @@
-//! clonetest: the clone-identity and copy-on-write disk guest.
+//! cloneid: the clone-identity and copy-on-write disk guest.
 //!
 //! Every round it prints a random number from `spore_uk::random_u64` (seeded
 //! from virtio-rng, reseeded when the VM's clone generation changes) and
@@ -7,10 +7,10 @@
 //! generation, reads sector 1, writes `clone G` there, and reads it back,
 //! so a test can check that each clone sees only its own write.
 //!
-//! Lines: `clonetest start gen=G`, `disk source wrote`,
+//! Lines: `cloneid start gen=G`, `disk source wrote`,
 //! `vsock cid=C` (with a vsock device, at start and after a clone),
 //! `cloned gen=G reseeds=R`, `disk gen=G sector0=S before=B after=A`,
-//! `rand gen=G round=I value=HEX reseeds=R`, `clonetest done`.
+//! `rand gen=G round=I value=HEX reseeds=R`, `cloneid done`.
 //! Exit: 0 after `rounds`, 2 = a disk request failed, 101 = no virtio-rng.
 #![no_std]
 #![no_main]
@@ -68,7 +68,7 @@ fn main(info: &BootInfo) -> i32 {
         .min(u32::MAX as u64) as u32;
     let mut disk = VirtioBlk::new(info, 0).ok();
     let mut seen = generation();
-    println!("clonetest start gen={seen}");
+    println!("cloneid start gen={seen}");
     if let Some(cid) = vsock_cid(info) {
         println!("vsock cid={cid}");
     }
@@ -120,6 +120,6 @@ fn main(info: &BootInfo) -> i32 {
         println!("rand gen={now} round={round} value={value:016x} reseeds={reseeds}");
         wait(sleep_us);
     }
-    println!("clonetest done");
+    println!("cloneid done");
     0
 }
