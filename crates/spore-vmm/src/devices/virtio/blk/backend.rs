@@ -112,6 +112,12 @@ impl DiskImage {
         self.read_only
     }
 
+    /// Another handle on the open image (the same file even if its path
+    /// was since removed or replaced).
+    pub fn try_clone_file(&self) -> std::io::Result<File> {
+        self.file.try_clone()
+    }
+
     fn seek_to(&self, sector: u64) -> Result<(), DiskIoError> {
         let offset = sector
             .checked_mul(SECTOR_SIZE)

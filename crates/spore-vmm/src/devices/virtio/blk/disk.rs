@@ -211,10 +211,20 @@ impl BlockHandle {
         match &mut *disk {
             Disk::Raw(raw) if raw.read_only() => Ok(None),
             Disk::Raw(raw) => {
-                // Completed writes are already in the file (pwrite, no cache
-                // of ours); the base is reopened read-only.
+                // Completed writes are already in the file (no cache of
+                // ours). The base is the open file itself, not its path,
+                // which may have been removed or replaced meanwhile.
+                let base = raw.try_clone_file().map_err(|source| {
+                    err(OverlayError::Base {
+                        path: raw.path().to_path_buf(),
+                        op: "duplicate the open image",
+                        source,
+                    })
+                })?;
+                let size = raw.capacity_sectors() * super::SECTOR_SIZE;
                 let cow =
-                    CowDisk::create_over(raw.path(), &path, self.durable_flush).map_err(err)?;
+                    CowDisk::create_over_file(base, raw.path(), size, &path, self.durable_flush)
+                        .map_err(err)?;
                 *disk = Disk::cow(cow);
                 Ok(disk.overlay().map(CowDisk::overlay_config))
             }

@@ -360,6 +360,18 @@ impl CowDisk {
         durable_flush: bool,
     ) -> Result<Self, OverlayError> {
         let (base, size) = open_base(base_path)?;
+        Self::create_over_file(base, base_path, size, path, durable_flush)
+    }
+
+    /// [`Self::create_over`] with the base already open (`size` bytes): a
+    /// running drive frozen in place keeps reading the very file it had.
+    pub fn create_over_file(
+        base: File,
+        base_path: &Path,
+        size: u64,
+        path: &Path,
+        durable_flush: bool,
+    ) -> Result<Self, OverlayError> {
         let overlay = create_new(path)?;
         Self::from_files(
             base,
