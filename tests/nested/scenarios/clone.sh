@@ -73,7 +73,8 @@ for n in 1 2; do
     after=$(echo "$out" | sed -n 5p)
     line=$(grep -a "spore-reseed: generation $n: added" "$tmp/console-$n.txt" | head -n 1)
     bytes=$(echo "$line" | sed -n 's/.*added \([0-9]*\) bytes.*/\1/p')
-    if [ -n "$bytes" ] && [ "$bytes" -gt 0 ] && [ "$gen" = "$n" ]; then
+    if [ -n "$bytes" ] && [ "$bytes" -gt 0 ] && [ "$gen" = "$n" ] &&
+        echo "$line" | grep -q "CRNG reseeded"; then
         t "clone-$n-reseeded" PASS "$line"
     else
         t "clone-$n-reseeded" FAIL "log '$line', /run/spore-generation '$gen'"

@@ -3,8 +3,9 @@
 //!
 //! `spore-reseed` listens on vsock port 21328 (`GENERATION_VSOCK_PORT`) and,
 //! for each notice (`generation N`), adds 64 bytes from /dev/hwrng to the pool
-//! with RNDADDENTROPY, logging `spore-reseed: generation N: added 64 bytes
-//! (512 bits) from /dev/hwrng` and writing N to /run/spore-generation.
+//! with RNDADDENTROPY and rekeys the CRNG at once (RNDRESEEDCRNG), logging
+//! `spore-reseed: generation N: added 64 bytes (512 bits) from /dev/hwrng,
+//! CRNG reseeded` and writing N to /run/spore-generation.
 //! `spore-reseed now` reseeds once and exits. Run as root.
 
 use std::io::Read;
@@ -20,11 +21,17 @@ const POOL: &str = "/dev/urandom";
 const USAGE: &str = "usage: spore-reseed [now]";
 
 fn reseed_once(generation: Option<u64>) -> Result<(), String> {
-    let n = reseed(Path::new(HWRNG), Path::new(POOL), RESEED_BYTES).map_err(|e| e.to_string())?;
+    let r = reseed(Path::new(HWRNG), Path::new(POOL), RESEED_BYTES).map_err(|e| e.to_string())?;
     let which = generation.map_or_else(|| "now".to_string(), |g| format!("generation {g}"));
     println!(
-        "spore-reseed: {which}: added {n} bytes ({} bits) from {HWRNG}",
-        n * 8
+        "spore-reseed: {which}: added {} bytes ({} bits) from {HWRNG}, {}",
+        r.bytes,
+        r.bytes * 8,
+        if r.crng_reseeded {
+            "CRNG reseeded"
+        } else {
+            "CRNG NOT reseeded (RNDRESEEDCRNG failed; it rekeys within a minute)"
+        }
     );
     if let Some(g) = generation {
         let _ = std::fs::create_dir_all("/run");

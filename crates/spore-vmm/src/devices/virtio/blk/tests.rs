@@ -516,5 +516,8 @@ fn freeze_switches_a_raw_drive_to_copy_on_write() {
     mem.read_slice(&mut read, GuestAddress(0x3_0000)).unwrap();
     assert_eq!(read[..512], content[..512]);
     assert_eq!(read[512..], [0xab; 512]);
-    assert_eq!(std::fs::read(file.as_path()).unwrap(), vec![0u8; content.len()]);
+    assert_eq!(
+        std::fs::read(file.as_path()).unwrap(),
+        vec![0u8; content.len()]
+    );
 }
