@@ -202,6 +202,19 @@ impl BlockMap {
         (0..self.blocks).filter(|&b| self.contains(b))
     }
 
+    /// Runs of consecutive present blocks, as `(first, end)` (end exclusive).
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut next = 0;
+        std::iter::from_fn(move || {
+            let first = (next..self.blocks).find(|&b| self.contains(b))?;
+            let end = (first..self.blocks)
+                .find(|&b| !self.contains(b))
+                .unwrap_or(self.blocks);
+            next = end;
+            Some((first, end))
+        })
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.bits
     }
@@ -247,7 +260,11 @@ mod tests {
         assert!(m.contains(3) && !m.contains(4) && !m.contains(100));
         assert_eq!(m.insert(10), Some((1, 4)));
         assert_eq!(m.iter().collect::<Vec<_>>(), vec![3, 10]);
-        assert_eq!(m.present(), 2);
+        m.insert(4);
+        m.insert(9);
+        assert_eq!(m.runs().collect::<Vec<_>>(), vec![(3, 5), (9, 11)]);
+        assert_eq!(BlockMap::empty(5).runs().count(), 0);
+        assert_eq!(m.present(), 4);
         assert!(BlockMap::from_bytes(vec![0, 0x08], 11).is_err());
         assert!(BlockMap::from_bytes(vec![0], 11).is_err());
         assert_eq!(BlockMap::from_bytes(m.as_bytes().to_vec(), 11).unwrap(), m);

@@ -456,12 +456,19 @@ fn copy_overlay(
         dst.write_all_at(&layout.encode(), 0)
             .map_err(io(path, "write header"))?;
         dst.set_len(layout.file_len()).map_err(io(path, "size"))?;
-        let mut buf = vec![0u8; layout.block_size as usize];
-        for block in map.iter() {
-            let at = layout.data_at(block);
-            let b = &mut buf[..layout.block_len(block) as usize];
-            read_full_at(src, b, at).map_err(io(src_path, "read block"))?;
-            dst.write_all_at(b, at).map_err(io(path, "write block"))?;
+        // One copy per run of consecutive blocks, in the kernel where it can
+        // (copy_file_range; a filesystem with reflinks shares the extents).
+        for (first, end) in map.runs() {
+            let at = layout.data_at(first);
+            let len = layout.data_at(end - 1) + layout.block_len(end - 1) - at;
+            copy_range(src, &dst, at, len).map_err(|source| OverlayError::Io {
+                path: path.to_path_buf(),
+                op: "copy blocks",
+                source: std::io::Error::new(
+                    source.kind(),
+                    format!("from {}: {source}", src_path.display()),
+                ),
+            })?;
         }
         // The map last: a copy cut short reads as an overlay without those blocks.
         dst.write_all_at(map.as_bytes(), layout.bitmap_offset)
@@ -471,6 +478,62 @@ fn copy_overlay(
         let _ = std::fs::remove_file(path);
     }
     result
+}
+
+/// Copies `len` bytes at `offset` from `src` to the same offset in `dst`.
+fn copy_range(src: &File, dst: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0u64;
+    while done < len {
+        let (mut off_in, mut off_out) = (
+            (offset + done) as libc::loff_t,
+            (offset + done) as libc::loff_t,
+        );
+        let want = usize::try_from(len - done)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        // SAFETY: both fds are open files; the offsets are ours to update.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                want,
+                0,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as u64,
+            // Past the source's end: it shrank under us.
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                // Not supported between these files (another filesystem,
+                // an old kernel): copy through memory instead.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP)
+                ) {
+                    return copy_range_buffered(src, dst, offset + done, len - done);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn copy_range_buffered(src: &File, dst: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        read_full_at(src, &mut buf[..n], offset + done)?;
+        dst.write_all_at(&buf[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 fn create_new(path: &Path) -> Result<File, OverlayError> {
