@@ -35,7 +35,7 @@ fn region_spans(ram: &GuestRam) -> Vec<(u64, *const u8, usize)> {
 }
 
 /// Data ranges of a shared memfd, as (offset, len), via SEEK_DATA/SEEK_HOLE.
-fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+pub(crate) fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     let mut pos: i64 = 0;
     let raw = fd.as_raw_fd();

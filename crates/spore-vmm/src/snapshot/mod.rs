@@ -9,6 +9,7 @@
 //! VM from them.
 
 pub mod format;
+pub mod layers;
 pub mod memory;
 pub mod persist;
 
