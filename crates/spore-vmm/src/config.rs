@@ -213,8 +213,9 @@ pub struct DriveConfig {
 }
 
 /// A drive's copy-on-write overlay: `{"path": "/x.cow"}` (a sparse file,
-/// created if missing, reopened with its contents if present) or
-/// `{"in_memory": true}` (a memfd, gone when the VMM exits).
+/// created if missing, reopened with its contents if present),
+/// `{"in_memory": true}` (a memfd, gone when the VMM exits), or both
+/// (in memory, starting from the blocks of the file, which is never written).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CowOverlayConfig {
@@ -254,7 +255,6 @@ impl DriveConfig {
                     Some("a read-only drive has nothing to write to an overlay; drop is_read_only or cow_overlay")
                 }
                 (Some(""), _) => Some("path is empty"),
-                (Some(_), true) => Some("give either path or in_memory: true, not both"),
                 (None, false) => Some("give a path or in_memory: true"),
                 _ => None,
             };
@@ -680,5 +680,34 @@ mod tests {
         assert!(!json.contains("timing"), "{json}");
         let t: TmemConfig = serde_json::from_str(r#"{"timing":true}"#).unwrap();
         assert!(t.timing && t.enabled);
+    }
+
+    #[test]
+    fn cow_overlay_shapes() {
+        let drive = |overlay: &str, ro: bool| -> Result<DriveConfig, String> {
+            let d: DriveConfig = serde_json::from_str(&format!(
+                r#"{{"drive_id":"d","path_on_host":"/d","is_read_only":{ro},"cow_overlay":{overlay}}}"#
+            ))
+            .map_err(|e| e.to_string())?;
+            d.validate().map(|()| d).map_err(|e| e.to_string())
+        };
+        let d = drive(r#"{"path":"/x.cow"}"#, false).unwrap();
+        assert_eq!(d.cow_overlay.unwrap().path.as_deref(), Some("/x.cow"));
+        assert!(
+            drive(r#"{"in_memory":true}"#, false)
+                .unwrap()
+                .cow_overlay
+                .unwrap()
+                .in_memory
+        );
+        assert!(drive(r#"{"path":"/x.cow","in_memory":true}"#, false).is_ok());
+        for (bad, ro) in [
+            (r#"{}"#, false),
+            (r#"{"path":""}"#, false),
+            (r#"{"path":"/x.cow"}"#, true),
+            (r#"{"path":"/x.cow","size":1}"#, false),
+        ] {
+            assert!(drive(bad, ro).is_err(), "{bad} ro={ro} accepted");
+        }
     }
 }

@@ -116,7 +116,18 @@ impl CowDisk {
         durable_flush: bool,
     ) -> Result<Self, OverlayError> {
         let (base, size) = open_base(base_path)?;
-        let (overlay, overlay_path) = match cfg.path.as_deref().filter(|_| !cfg.in_memory) {
+        if cfg.in_memory {
+            let overlay = memfd("spore-cow-overlay")?;
+            if let Some(p) = cfg.path.as_deref() {
+                // Start from the file's blocks; the file is never written.
+                let path = PathBuf::from(p);
+                let from = File::open(&path).map_err(io(&path, "open"))?;
+                let (layout, map) = read_layout(&from, &path, base_path, size)?;
+                copy_overlay_into(&from, &path, &layout, &map, &overlay, Path::new("<memory>"))?;
+            }
+            return Self::from_files(base, base_path, size, overlay, None, durable_flush);
+        }
+        let (overlay, overlay_path) = match cfg.path.as_deref() {
             Some(p) => {
                 let path = PathBuf::from(p);
                 let file = OpenOptions::new()
@@ -160,30 +171,8 @@ impl CowDisk {
                 .set_len(layout.file_len())
                 .map_err(io(&shown, "size"))?;
             (layout, BlockMap::empty(layout.blocks()))
-        } else if len < HEADER_LEN {
-            return Err(OverlayError::NotAnOverlay { path: shown });
         } else {
-            let mut header = vec![0u8; HEADER_LEN as usize];
-            read_full_at(&overlay, &mut header, 0).map_err(io(&shown, "read header"))?;
-            let layout = Layout::decode(&header, &shown)?;
-            if layout.disk_size != size {
-                return Err(OverlayError::WrongBase {
-                    path: shown,
-                    base: base_path.to_path_buf(),
-                    overlay_size: layout.disk_size,
-                    base_size: size,
-                });
-            }
-            let mut bits = vec![0u8; layout.bitmap_len() as usize];
-            read_full_at(&overlay, &mut bits, layout.bitmap_offset)
-                .map_err(io(&shown, "read block map"))?;
-            let map = BlockMap::from_bytes(bits, layout.blocks()).map_err(|detail| {
-                OverlayError::Corrupt {
-                    path: shown.clone(),
-                    detail,
-                }
-            })?;
-            (layout, map)
+            read_layout(&overlay, &shown, base_path, size)?
         };
         Ok(Self {
             base,
@@ -394,6 +383,28 @@ pub fn clone_drive(
     dir: &Path,
     name: &str,
 ) -> Result<BlockDeviceConfig, OverlayError> {
+    clone_drive_to(drive, dir, name, OverlayPlace::File)
+}
+
+/// Where a clone keeps its overlay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverlayPlace {
+    /// `<dir>/<name>.<drive_id>.cow`: persisted, snapshots of the clone work.
+    File,
+    /// A memfd in the clone's VMM, gone when it exits (and the clone cannot
+    /// be snapshotted). Over a raw drive nothing is created at all; over a
+    /// drive with an overlay, `<dir>/<name>.<drive_id>.cow` is a frozen copy
+    /// of it that the clone loads into memory and never writes.
+    Memory,
+}
+
+/// [`clone_drive`] with the overlay kept where `place` says.
+pub fn clone_drive_to(
+    drive: &BlockDeviceConfig,
+    dir: &Path,
+    name: &str,
+    place: OverlayPlace,
+) -> Result<BlockDeviceConfig, OverlayError> {
     if drive.is_read_only {
         return Ok(drive.clone());
     }
@@ -408,7 +419,19 @@ pub fn clone_drive(
     }
     let path = dir.join(format!("{name}.{}.cow", sanitize(&drive.drive_id)));
     let base = Path::new(&drive.path_on_host);
+    let in_memory = place == OverlayPlace::Memory;
     match &drive.cow_overlay {
+        None if in_memory => {
+            // Nothing to copy: check the base now rather than in the clone.
+            open_base(base)?;
+            return Ok(BlockDeviceConfig {
+                cow_overlay: Some(CowOverlayConfig {
+                    path: None,
+                    in_memory: true,
+                }),
+                ..drive.clone()
+            });
+        }
         None => {
             CowDisk::create_over(base, &path, false)?;
         }
@@ -425,7 +448,7 @@ pub fn clone_drive(
     Ok(BlockDeviceConfig {
         cow_overlay: Some(CowOverlayConfig {
             path: Some(path.display().to_string()),
-            in_memory: false,
+            in_memory,
         }),
         ..drive.clone()
     })
@@ -452,7 +475,58 @@ fn copy_overlay(
     path: &Path,
 ) -> Result<(), OverlayError> {
     let dst = create_new(path)?;
-    let result = (|| {
+    let result = copy_overlay_into(src, src_path, layout, map, &dst, path);
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// Reads and checks the header and block map of the overlay `f` (shown as
+/// `path`) made for a `size`-byte base.
+fn read_layout(
+    f: &File,
+    path: &Path,
+    base_path: &Path,
+    size: u64,
+) -> Result<(Layout, BlockMap), OverlayError> {
+    let len = f.metadata().map_err(io(path, "stat"))?.len();
+    if len < HEADER_LEN {
+        return Err(OverlayError::NotAnOverlay {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut header = vec![0u8; HEADER_LEN as usize];
+    read_full_at(f, &mut header, 0).map_err(io(path, "read header"))?;
+    let layout = Layout::decode(&header, path)?;
+    if layout.disk_size != size {
+        return Err(OverlayError::WrongBase {
+            path: path.to_path_buf(),
+            base: base_path.to_path_buf(),
+            overlay_size: layout.disk_size,
+            base_size: size,
+        });
+    }
+    let mut bits = vec![0u8; layout.bitmap_len() as usize];
+    read_full_at(f, &mut bits, layout.bitmap_offset).map_err(io(path, "read block map"))?;
+    let map =
+        BlockMap::from_bytes(bits, layout.blocks()).map_err(|detail| OverlayError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        })?;
+    Ok((layout, map))
+}
+
+/// Writes `src`'s overlay (header, present blocks, map) into the empty `dst`.
+fn copy_overlay_into(
+    src: &File,
+    src_path: &Path,
+    layout: &Layout,
+    map: &BlockMap,
+    dst: &File,
+    path: &Path,
+) -> Result<(), OverlayError> {
+    {
         dst.write_all_at(&layout.encode(), 0)
             .map_err(io(path, "write header"))?;
         dst.set_len(layout.file_len()).map_err(io(path, "size"))?;
@@ -461,7 +535,7 @@ fn copy_overlay(
         for (first, end) in map.runs() {
             let at = layout.data_at(first);
             let len = layout.data_at(end - 1) + layout.block_len(end - 1) - at;
-            copy_range(src, &dst, at, len).map_err(|source| OverlayError::Io {
+            copy_range(src, dst, at, len).map_err(|source| OverlayError::Io {
                 path: path.to_path_buf(),
                 op: "copy blocks",
                 source: std::io::Error::new(
@@ -473,11 +547,7 @@ fn copy_overlay(
         // The map last: a copy cut short reads as an overlay without those blocks.
         dst.write_all_at(map.as_bytes(), layout.bitmap_offset)
             .map_err(io(path, "write block map"))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(path);
     }
-    result
 }
 
 /// Copies `len` bytes at `offset` from `src` to the same offset in `dst`.

@@ -291,3 +291,51 @@ fn damaged_block_map_is_refused() {
     f.set_len(10).unwrap();
     assert!(CowDisk::open(&base, &file_cfg(&ov), false).is_err());
 }
+
+#[test]
+fn in_memory_clones_create_nothing_or_a_frozen_copy() {
+    let dir = TempDir::new().unwrap();
+    let (base, content) = make_base(dir.as_path(), 4 * BS);
+    let source = drive(&base, None);
+    let m = clone_drive_to(&source, dir.as_path(), "m", OverlayPlace::Memory).unwrap();
+    assert_eq!(m.cow_overlay, Some(mem_cfg()));
+    assert!(!dir.as_path().join("m.root_fs.cow").exists());
+    let open = |d: &DriveConfig| {
+        CowDisk::open(
+            Path::new(&d.path_on_host),
+            d.cow_overlay.as_ref().unwrap(),
+            false,
+        )
+        .unwrap()
+    };
+    let mut dm = open(&m);
+    dm.write_at(0, b"memory").unwrap();
+    assert_eq!(std::fs::read(&base).unwrap(), content);
+
+    // Over a clone with a file overlay: a frozen copy, loaded into memory.
+    let a = clone_drive(&source, dir.as_path(), "a").unwrap();
+    let mut da = open(&a);
+    da.write_at(BS as u64, b"parent a").unwrap();
+    drop(da);
+    let am = clone_drive_to(&a, dir.as_path(), "am", OverlayPlace::Memory).unwrap();
+    let cfg = am.cow_overlay.clone().unwrap();
+    assert!(cfg.in_memory && cfg.path.as_ref().unwrap().ends_with("am.root_fs.cow"));
+    let frozen = std::fs::read(cfg.path.as_ref().unwrap()).unwrap();
+    let mut dam = open(&am);
+    let mut buf = [0u8; 8];
+    dam.read_at(BS as u64, &mut buf).unwrap();
+    assert_eq!(&buf, b"parent a");
+    dam.write_at(BS as u64, b"child am").unwrap();
+    dam.read_at(BS as u64, &mut buf).unwrap();
+    assert_eq!(&buf, b"child am");
+    // Neither the frozen copy nor the parent saw the child's write.
+    assert_eq!(std::fs::read(cfg.path.as_ref().unwrap()).unwrap(), frozen);
+    open(&a).read_at(BS as u64, &mut buf).unwrap();
+    assert_eq!(&buf, b"parent a");
+    // A base that is gone is reported at clone time.
+    let gone = drive(&dir.as_path().join("nope.img"), None);
+    assert!(matches!(
+        clone_drive_to(&gone, dir.as_path(), "g", OverlayPlace::Memory),
+        Err(OverlayError::Base { .. })
+    ));
+}
