@@ -20,7 +20,10 @@
 //!
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
-//! [`WAIT_TIMED_OUT`] if the timeout passed. Writes of another width or with
+//! [`WAIT_TIMED_OUT`] if the timeout passed. The first `in` on a vCPU of a VM
+//! restored from a snapshot returns [`RESTORED`] instead, once, whatever ran
+//! in between: a guest that polls the port learns it was restored (and where
+//! its first instruction after the restore ran). Writes of another width or with
 //! an unknown opcode are ignored by the VMM (and logged): a misbehaving guest
 //! cannot stop or crash the VMM through this port.
 
@@ -60,6 +63,10 @@ pub const ARG_MASK: u32 = 0x00FF_FFFF;
 pub const WAIT_WOKEN: u32 = 1;
 /// Value returned by an `in` after a `WAIT` whose timeout passed.
 pub const WAIT_TIMED_OUT: u32 = 0;
+
+/// Value returned by the first `in` on a vCPU after the VM was restored
+/// from a snapshot (then the port reads as usual again).
+pub const RESTORED: u32 = 2;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

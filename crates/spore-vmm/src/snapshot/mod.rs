@@ -12,6 +12,7 @@ pub mod format;
 pub mod layers;
 pub mod memory;
 pub mod persist;
+pub mod restore;
 
 pub use persist::Persist;
 
