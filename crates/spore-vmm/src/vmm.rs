@@ -6,12 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
+use crate::api::snapshot_body::{LoadMemory, SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
 };
-use crate::builder::{build_vm, restore_vm, BuildError, BuildOptions};
+use crate::builder::{build_vm, restore_vm_with_ram, BuildError, BuildOptions};
 use crate::config::{BalloonConfig, VmConfig};
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
@@ -20,6 +20,7 @@ use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
+use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan, RestoreSession};
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
@@ -34,6 +35,9 @@ struct Inner {
     vm: Option<Vm>,
     /// Consumed when the VM is built.
     serial_out: Option<SerialOut>,
+    /// A restored VM's memory path (uffd handler, working-set recorder);
+    /// finished after the VM stopped.
+    restore: Option<RestoreSession>,
 }
 
 impl Vmm {
@@ -45,6 +49,7 @@ impl Vmm {
                 config,
                 vm: None,
                 serial_out: Some(serial_out),
+                restore: None,
             }),
         }
     }
@@ -93,6 +98,11 @@ impl Vmm {
             Some(mut vm) => {
                 let marks = vm.marks();
                 vm.stop(StopReason::Requested);
+                drop(vm);
+                // Only now can nothing fault any more.
+                if let Some(mut r) = inner.restore.take() {
+                    r.finish();
+                }
                 marks
             }
             None => Vec::new(),
@@ -137,6 +147,10 @@ impl Vmm {
         if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
             return Err(SnapshotApiError::TmemNotEmpty(objects));
         }
+        if let Some(r) = &inner.restore {
+            r.before_snapshot(vm.ram())
+                .map_err(SnapshotApiError::Restore)?;
+        }
         Ok(snapshot::create_full(
             vm,
             &inner.config,
@@ -147,17 +161,60 @@ impl Vmm {
 
     /// Builds the VM from a snapshot instead of a boot source; only on a VMM
     /// that has not started a VM. Without `resume` the VM waits paused.
+    /// Lazy restore from `mem_path`.
     pub fn load_snapshot(
         &self,
         state_path: &std::path::Path,
         mem_path: &std::path::Path,
         resume: bool,
     ) -> Result<(), SnapshotApiError> {
+        let memory = LoadMemory::File {
+            path: mem_path.to_string_lossy().into_owned(),
+            mode: restore_path::RestoreMode::Lazy,
+        };
+        self.load_snapshot_with(state_path, &memory, resume, None)
+    }
+
+    /// [`Vmm::load_snapshot`] through any restore path (see
+    /// `snapshot::restore`); `record_for` bounds a working-set recording.
+    pub fn load_snapshot_with(
+        &self,
+        state_path: &std::path::Path,
+        memory: &LoadMemory,
+        resume: bool,
+        record_for: Option<std::time::Duration>,
+    ) -> Result<(), SnapshotApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
-        let loaded = snapshot::load(state_path, mem_path)?;
+        let (manifest, state, config, prepared) = match memory {
+            LoadMemory::UffdExternal { socket } => {
+                let (manifest, state, config) = snapshot::load_state(state_path)?;
+                let prepared =
+                    restore_path::prepare_external(state.mem_size, std::path::Path::new(socket))?;
+                (manifest, state, config, prepared)
+            }
+            LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
+                let loaded = snapshot::load(state_path, std::path::Path::new(path))?;
+                let backend = match memory {
+                    LoadMemory::File { mode, .. } => Backend::File(*mode),
+                    _ => Backend::UffdBuiltin,
+                };
+                let plan = RestorePlan {
+                    backend,
+                    working_set_path: Some(restore_path::working_set_path(state_path)),
+                    snapshot_id: loaded.manifest.layer.id.clone(),
+                    record_for,
+                };
+                let layers =
+                    snapshot::layers::MemoryLayers::single(loaded.mem_file, loaded.state.mem_size);
+                let prepared = restore_path::prepare(layers, &plan)?;
+                (loaded.manifest, loaded.state, loaded.config, prepared)
+            }
+        };
+        let _ = manifest;
+        tracing::info!("restore: {:?}", prepared.session.report());
         let serial_out = inner
             .serial_out
             .take()
@@ -166,7 +223,8 @@ impl Vmm {
             serial_out,
             control: self.control.clone(),
         };
-        let mut vm = match restore_vm(&loaded.config, &loaded.state, loaded.mem_file, opts) {
+        let mut session = prepared.session;
+        let mut vm = match restore_vm_with_ram(&config, &state, prepared.ram, opts) {
             Ok(vm) => vm,
             Err(e) => {
                 inner.serial_out = Some(Box::new(std::io::stdout()));
@@ -179,9 +237,21 @@ impl Vmm {
             vm.start_paused()
         };
         started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
-        inner.config = loaded.config;
+        if resume {
+            session.guest_started();
+        }
+        inner.config = config;
         inner.vm = Some(vm);
+        inner.restore = Some(session);
         Ok(())
+    }
+
+    /// What the restore path of a restored VM did (None for a booted VM).
+    pub fn restore_report(&self) -> Option<restore_path::RestoreReport> {
+        lock(&self.inner)
+            .restore
+            .as_ref()
+            .map(|r| r.report().clone())
     }
 
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
@@ -264,6 +334,10 @@ pub enum SnapshotApiError {
     Build(#[source] BuildError),
     #[error("cannot start the restored microVM: {0}")]
     Start(String),
+    #[error("cannot restore the microVM's memory: {0}")]
+    Memory(#[from] restore_path::RestoreError),
+    #[error("cannot snapshot this microVM: {0}")]
+    Restore(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -367,11 +441,13 @@ impl ApiHandler for Vmm {
                 ApiResponse::json(&info.manifest)
             }
             ApiRequest::LoadSnapshot(p) => {
-                let mem = p.mem_file().map_err(ApiError::BadRequest)?;
-                self.load_snapshot(
+                let memory = p.memory().map_err(ApiError::BadRequest)?;
+                self.load_snapshot_with(
                     std::path::Path::new(&p.snapshot_path),
-                    std::path::Path::new(mem),
+                    &memory,
                     p.resume_vm,
+                    p.working_set_record_ms
+                        .map(std::time::Duration::from_millis),
                 )
                 .map_err(bad)?;
                 Ok(ApiResponse::NoContent)
@@ -385,6 +461,12 @@ impl ApiHandler for Vmm {
                 match state {
                     VmState::Paused => vm.pause().map_err(bad)?,
                     VmState::Resumed => vm.resume().map_err(bad)?,
+                }
+                if state == VmState::Resumed {
+                    let mut inner = inner;
+                    if let Some(r) = inner.restore.as_mut() {
+                        r.guest_started();
+                    }
                 }
                 Ok(ApiResponse::NoContent)
             }

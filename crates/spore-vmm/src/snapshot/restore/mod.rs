@@ -101,7 +101,7 @@ pub struct RestoreSession {
     server: Option<UffdServer>,
     /// Kept open for an external handler: if it dies the guest blocks
     /// rather than silently reading zero pages.
-    external: Option<Uffd>,
+    external: Option<(Uffd, std::os::unix::net::UnixStream)>,
     recorder: Option<working_set::Recorder>,
     report: RestoreReport,
 }
@@ -244,12 +244,12 @@ pub fn prepare_external(size: u64, sock: &Path) -> Result<PreparedRam, RestoreEr
     let t0 = Instant::now();
     let ram = GuestRam::new(size)?;
     let uffd = uffd::register_ram(&ram)?;
-    uffd::send_to_handler(sock, &uffd, &uffd::regions_of(&ram))?;
+    let conn = uffd::send_to_handler(sock, &uffd, &uffd::regions_of(&ram))?;
     Ok(PreparedRam {
         ram,
         session: RestoreSession {
             server: None,
-            external: Some(uffd),
+            external: Some((uffd, conn)),
             recorder: None,
             report: RestoreReport {
                 backend: "Uffd".into(),
@@ -311,6 +311,10 @@ impl RestoreSession {
             r.finish();
         }
         if let Some(mut s) = self.server.take() {
+            tracing::info!(
+                "page-fault handler served {} faults",
+                s.log().faults.load(Ordering::Relaxed)
+            );
             if let Some(e) = s.stop() {
                 tracing::warn!("page-fault handler: {e}");
             }

@@ -342,12 +342,14 @@ impl RegionMapping {
     }
 }
 
-/// Hands the uffd and the layout to an external handler listening on `sock`.
+/// Hands the uffd and the layout to an external handler listening on
+/// `sock`. The connection is returned to be kept open while the VM lives:
+/// the handler may take its closing as the VMM's exit.
 pub fn send_to_handler(
     sock: &Path,
     uffd: &Uffd,
     regions: &[RegionMapping],
-) -> Result<(), UffdError> {
+) -> Result<UnixStream, UffdError> {
     let path = sock.display().to_string();
     let stream = UnixStream::connect(sock).map_err(|source| UffdError::Connect {
         path: path.clone(),
@@ -363,7 +365,7 @@ pub fn send_to_handler(
             path,
             source: std::io::Error::from_raw_os_error(e.errno()),
         })?;
-    Ok(())
+    Ok(stream)
 }
 
 /// Receives a uffd and layout sent by [`send_to_handler`] (or Firecracker).
@@ -484,7 +486,7 @@ impl UffdServer {
         let source2 = source.clone();
         let thread = std::thread::Builder::new()
             .name("uffd".into())
-            .spawn(move || serve_loop(&uffd, &source2, &stop2, &log2))
+            .spawn(move || serve_loop(&uffd, &source2, stop2.as_raw_fd(), &log2))
             .map_err(UffdError::Thread)?;
         Ok(Self {
             stop,
@@ -561,12 +563,13 @@ impl Drop for UffdServer {
     }
 }
 
-/// Serves faults until `stop` is signalled or the uffd hangs up (every
-/// mapping it covers is gone). Public for the external handler command.
+/// Serves faults until `stop` becomes readable (an eventfd signalled, or a
+/// socket to the VMM closed) or the uffd hangs up. Public for the external
+/// handler command.
 pub fn serve_loop(
     uffd: &Uffd,
     source: &PageSource,
-    stop: &EventFd,
+    stop: RawFd,
     log: &ServeLog,
 ) -> Result<(), String> {
     let mut buf = vec![0u8; PAGE as usize];
@@ -577,7 +580,7 @@ pub fn serve_loop(
             revents: 0,
         },
         libc::pollfd {
-            fd: stop.as_raw_fd(),
+            fd: stop,
             events: libc::POLLIN,
             revents: 0,
         },
