@@ -139,7 +139,8 @@ impl Vmm {
                 "only Full snapshots are supported so far",
             ));
         }
-        let inner = lock(&self.inner);
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
         // The pool lives outside guest memory and is not in the snapshot yet:
         // refuse rather than restore a guest whose tmem objects are gone.
@@ -147,7 +148,7 @@ impl Vmm {
         if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
             return Err(SnapshotApiError::TmemNotEmpty(objects));
         }
-        if let Some(r) = &inner.restore {
+        if let Some(r) = inner.restore.as_mut() {
             r.before_snapshot(vm.ram())
                 .map_err(SnapshotApiError::Restore)?;
         }
@@ -228,6 +229,7 @@ impl Vmm {
             Ok(vm) => vm,
             Err(e) => {
                 inner.serial_out = Some(Box::new(std::io::stdout()));
+                session.cancel();
                 return Err(SnapshotApiError::Build(e));
             }
         };
@@ -236,7 +238,11 @@ impl Vmm {
         } else {
             vm.start_paused()
         };
-        started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        if let Err(e) = started {
+            drop(vm);
+            session.cancel();
+            return Err(SnapshotApiError::Start(e.to_string()));
+        }
         if resume {
             session.guest_started();
         }

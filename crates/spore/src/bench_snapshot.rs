@@ -65,8 +65,9 @@ pub struct SnapshotBenchArgs {
     /// The workload also writes each word it reads.
     #[arg(long)]
     pub write: bool,
-    /// Where to put the snapshots (default: a directory under /var/tmp, a
-    /// disk, since the page cache is what cold runs measure).
+    /// Where to put the snapshots, in a directory of their own removed at
+    /// the end (default /var/tmp: a disk, since cold runs measure reads
+    /// from it, not tmpfs).
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }

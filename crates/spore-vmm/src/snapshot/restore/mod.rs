@@ -286,7 +286,7 @@ impl RestoreSession {
     /// holds nothing in the memfd, so a snapshot would lose it. The
     /// built-in handler's pages are faulted in first; a VM served by an
     /// external handler cannot be snapshotted.
-    pub fn before_snapshot(&self, ram: &GuestRam) -> Result<(), String> {
+    pub fn before_snapshot(&mut self, ram: &GuestRam) -> Result<(), String> {
         if self.external.is_some() {
             return Err(
                 "this microVM's memory is served by an external userfaultfd handler; \
@@ -294,11 +294,23 @@ impl RestoreSession {
                     .into(),
             );
         }
+        // A snapshot ends a working-set recording: the faults below are the
+        // VMM's, not the guest's working set.
+        if let Some(r) = self.recorder.take() {
+            r.finish();
+        }
         if let Some(server) = &self.server {
             let n = server.fault_in_all(ram).map_err(|e| e.to_string())?;
             tracing::debug!("faulted in {n} pages before the snapshot");
         }
         Ok(())
+    }
+
+    /// Drops a session whose VM could not be built: nothing is recorded.
+    pub fn cancel(mut self) {
+        if let Some(r) = self.recorder.take() {
+            r.cancel();
+        }
     }
 
     /// Once the VM's vCPUs stopped: ends recording (writing the working

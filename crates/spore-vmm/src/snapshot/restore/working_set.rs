@@ -331,6 +331,8 @@ pub struct Recorder {
     source: Arc<PageSource>,
     record_for: Option<Duration>,
     timer: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    /// The guest ran: a VM that never ran has no working set to keep.
+    started: bool,
 }
 
 impl Recorder {
@@ -348,11 +350,13 @@ impl Recorder {
             source,
             record_for,
             timer: None,
+            started: false,
         }
     }
 
     /// Starts the `record_for` timer (when the guest starts running).
     pub fn start_timer(&mut self) {
+        self.started = true;
         let Some(d) = self.record_for else { return };
         if self.timer.is_some() {
             return;
@@ -385,7 +389,21 @@ impl Recorder {
             let _ = tx.send(());
             let _ = h.join();
         }
-        end(&self.path, &self.id, &self.log, &self.source);
+        if self.started {
+            end(&self.path, &self.id, &self.log, &self.source);
+        } else {
+            self.cancel();
+        }
+    }
+
+    /// Ends recording without writing anything (the restore failed).
+    pub fn cancel(self) {
+        self.log.recording.store(false, Ordering::Relaxed);
+        self.log
+            .order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 }
 
@@ -393,7 +411,9 @@ impl Recorder {
 fn end(path: &Path, id: &str, log: &ServeLog, source: &PageSource) {
     log.recording.store(false, Ordering::Relaxed);
     let order = log.order.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let Some(order) = order else { return };
+    let Some(order) = order.filter(|o| !o.is_empty()) else {
+        return;
+    };
     match write(path, id, &order, source) {
         Ok((n, d)) => tracing::info!(
             "working set recorded: {n} pages ({d} with data) in {}",
