@@ -155,9 +155,9 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
         let o = restore(&s, "vm", &["--mode", mode]);
         assert_continued(&o, last, pages, mode);
     }
-    let served_all = faults_served(&restore(&s, "vm", &["--mode", "uffd"])).unwrap();
-    // Every page of the pattern was read through the handler.
-    assert!(served_all >= pages, "{served_all} faults");
+    // Every page of the pattern was read through the handler, 16 to a fault.
+    let served_uffd = faults_served(&restore(&s, "vm", &["--mode", "uffd"])).unwrap();
+    assert!(served_uffd >= pages / 16, "{served_uffd} faults");
 
     // Working set: the first run records it, the second loads it.
     let ws = s.path("vm.state.ws");
@@ -165,6 +165,9 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     let o = restore(&s, "vm", &["--mode", "working-set"]);
     assert_continued(&o, last, pages, "working-set recording");
     assert!(stderr_of(&o).contains("recording"), "{}", stderr_of(&o));
+    // Recording serves one page per fault: every page of the pattern.
+    let served_all = faults_served(&o).unwrap();
+    assert!(served_all >= pages, "{served_all} faults");
     let recorded = std::fs::read(&ws).unwrap();
     assert_eq!(&recorded[..8], b"SPOREWS1");
     // It holds at least the pattern's pages (each with its data).
@@ -200,7 +203,7 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
         .nth(1)
         .and_then(|t| t.split(' ').next()?.parse().ok())
         .unwrap();
-    assert!(served >= pages, "the external handler served {served}");
+    assert!(served >= pages / 16, "the external handler served {served}");
 }
 
 #[test]
