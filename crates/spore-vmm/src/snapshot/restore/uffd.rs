@@ -77,7 +77,8 @@ const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
 const UFFDIO_COPY_BIT: u64 = 1 << 0x03;
 const UFFDIO_ZEROPAGE_BIT: u64 = 1 << 0x04;
-const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00; // _IO(0xAA, 0x00)
+/// `_IO(0xAA, 0x00)` on /dev/userfaultfd (the request type differs between libcs).
+const USERFAULTFD_IOC_NEW: u32 = 0xAA00;
 
 #[repr(C)]
 #[derive(Default)]
@@ -172,7 +173,7 @@ impl Uffd {
                     let r = unsafe {
                         libc::ioctl(
                             dev.as_raw_fd(),
-                            USERFAULTFD_IOC_NEW,
+                            USERFAULTFD_IOC_NEW as _,
                             libc::O_CLOEXEC | libc::O_NONBLOCK,
                         )
                     };
