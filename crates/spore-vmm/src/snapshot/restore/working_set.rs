@@ -224,7 +224,9 @@ pub fn load(path: &Path, id: &str, ram: &GuestRam) -> Result<u64, WsLoad> {
     let mut zeros = Vec::new();
     for &e in &entries {
         let page = e & !ZERO_BIT;
-        let addr = host_addr(&spans, page * PAGE)
+        let addr = page
+            .checked_mul(PAGE)
+            .and_then(|off| host_addr(&spans, off))
             .ok_or_else(|| bad(format!("page {page} lies outside guest memory")))?;
         if e & ZERO_BIT != 0 {
             zeros.push(page);
@@ -500,6 +502,26 @@ mod tests {
         assert!(
             matches!(load(&bad, "abc", &ram), Err(WsLoad::Ignored(w)) if w.contains("truncated"))
         );
+        // A well-formed file (valid CRC) naming pages beyond guest memory.
+        for page in [2048u64, (1 << 62) + 5] {
+            let h = Header {
+                mem_size: size,
+                count: 1,
+                id: "abc".into(),
+            };
+            let list = (page | ZERO_BIT).to_le_bytes();
+            let mut c = crc32fast::Hasher::new();
+            c.update(&encode_header(&h, 0));
+            c.update(&list);
+            let mut bytes = encode_header(&h, c.finalize()).to_vec();
+            bytes.extend_from_slice(&list);
+            bytes.resize(data_offset(1) as usize, 0);
+            std::fs::write(&bad, &bytes).unwrap();
+            assert!(
+                matches!(load(&bad, "abc", &ram), Err(WsLoad::Ignored(w)) if w.contains("outside guest memory")),
+                "page {page}"
+            );
+        }
         std::fs::write(&bad, b"garbage").unwrap();
         assert!(matches!(load(&bad, "abc", &ram), Err(WsLoad::Ignored(_))));
         std::fs::remove_dir_all(&dir).unwrap();
