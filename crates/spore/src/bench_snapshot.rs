@@ -102,6 +102,7 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
         ))
     });
     std::fs::create_dir_all(&dir)?;
+    let load_before = loadavg();
     let result = (|| -> anyhow::Result<Value> {
         let mut sizes = Vec::new();
         for size in &a.sizes {
@@ -119,12 +120,22 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
             "touch_pct": a.touch_pct,
             "workload": if a.write { "read+write one word per touched page" } else { "read one word per touched page" },
             "runs": a.runs,
+            // Timings on a busy host are inflated: say how busy it was.
+            "host_loadavg_1min": {"before": load_before, "after": loadavg()},
             "sizes": sizes,
         }))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     println!("{}", serde_json::to_string_pretty(&result?)?);
     Ok(0)
+}
+
+/// The host's 1-minute load average.
+fn loadavg() -> Value {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(Value::Null, |x| json!(x))
 }
 
 struct Vmm {
