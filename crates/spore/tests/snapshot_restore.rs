@@ -361,3 +361,56 @@ fn kvm_bad_load_bodies_are_refused() {
     vmm.kill().unwrap();
     vmm.wait().unwrap();
 }
+
+#[test]
+fn kvm_working_set_recording_ends_on_its_timer_and_waits_for_the_resume() {
+    require_kvm();
+    let s = Scratch::new("restore-ws-api");
+    let last = make_snapshot(&s, "vm", "mib=8 rounds=60 sleep_ms=20");
+    let (state, mem, ws) = (s.path("vm.state"), s.path("vm.mem"), s.path("vm.state.ws"));
+    let sock = s.path("api.sock");
+    let mut vmm = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut vmm);
+    wait_for_path(&sock, Duration::from_secs(10));
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}},
+            "restore_mode": "working_set", "working_set_record_ms": 300}}"#,
+        state.display(),
+        mem.display()
+    );
+    let (code, reply) = http(&sock, "PUT", "/snapshot/load", Some(&body));
+    assert_eq!(code, 204, "{reply}");
+    // Loaded paused: the timer has not started.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!ws.exists(), "recorded before the guest ran");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#)).0,
+        204
+    );
+    let first = read_until(&rx, "count");
+    assert_eq!(counts(&first).first().copied(), Some(last + 1), "{first:?}");
+    // The set is written while the guest still runs (it counts for ~1 s).
+    let t = std::time::Instant::now();
+    while !ws.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no working set written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(vmm.try_wait().unwrap().is_none(), "written only at exit");
+    let rest = read_until(&rx, "verify");
+    assert!(rest.last().unwrap().starts_with("verify ok"), "{rest:?}");
+    assert_eq!(vmm.wait().unwrap().code(), Some(0));
+    assert_eq!(&std::fs::read(&ws).unwrap()[..8], b"SPOREWS1");
+    // The next restore loads it.
+    let o = restore(&s, "vm", &["--mode", "working-set"]);
+    assert_continued(&o, last, 8 * 256, "replay of the timed recording");
+    assert!(stderr_of(&o).contains("\"loaded\""), "{}", stderr_of(&o));
+}
