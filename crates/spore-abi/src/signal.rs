@@ -22,9 +22,12 @@
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
 //! [`WAIT_TIMED_OUT`] if the timeout passed; for `GENERATION`, the generation.
-//! Writes of another width or with an unknown opcode are ignored by the VMM
-//! (and logged): a misbehaving guest cannot stop or crash the VMM through
-//! this port.
+//! The first `in` on a vCPU of a VM restored from a snapshot returns
+//! [`RESTORED`] instead, once, whatever ran in between: a guest that polls
+//! the port learns it was restored (and where its first instruction after the
+//! restore ran). Writes of another width or with an unknown opcode are
+//! ignored by the VMM (and logged): a misbehaving guest cannot stop or crash
+//! the VMM through this port.
 //!
 //! ## Clone generation
 //!
@@ -87,6 +90,10 @@ pub const WAIT_TIMED_OUT: u32 = 0;
 
 /// Guest vsock port a Linux guest listens on for clone notifications.
 pub const GENERATION_VSOCK_PORT: u32 = 0x5350;
+
+/// Value returned by the first `in` on a vCPU after the VM was restored
+/// from a snapshot (then the port reads as usual again).
+pub const RESTORED: u32 = 2;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

@@ -2,7 +2,7 @@
 //! sleeping until a device has work.
 
 use crate::port::{inl, outl};
-use spore_abi::signal::{encode, SignalOp, ARG_MASK, SIGNAL_PORT, WAIT_WOKEN};
+use spore_abi::signal::{encode, SignalOp, ARG_MASK, RESTORED, SIGNAL_PORT, WAIT_WOKEN};
 
 /// Stops the VM; the VMM exits with the low 8 bits of `code`.
 pub fn exit(code: u32) -> ! {
@@ -27,4 +27,27 @@ pub fn wait(timeout_us: u32) -> bool {
         encode(SignalOp::Wait, timeout_us.min(ARG_MASK)),
     );
     inl(SIGNAL_PORT) == WAIT_WOKEN
+}
+
+/// What a [`wait_status`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitStatus {
+    Woken,
+    TimedOut,
+    /// The VM was restored from a snapshot since the last read of the port.
+    Restored,
+}
+
+/// Like [`wait`], but also tells whether the VM was restored from a
+/// snapshot (the VMM reports it once, on the first read after a restore).
+pub fn wait_status(timeout_us: u32) -> WaitStatus {
+    outl(
+        SIGNAL_PORT,
+        encode(SignalOp::Wait, timeout_us.min(ARG_MASK)),
+    );
+    match inl(SIGNAL_PORT) {
+        RESTORED => WaitStatus::Restored,
+        WAIT_WOKEN => WaitStatus::Woken,
+        _ => WaitStatus::TimedOut,
+    }
 }

@@ -6,12 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::api::snapshot_body::{CloneDisks, SnapshotCreateParams, SnapshotType};
+use crate::api::snapshot_body::{CloneDisks, LoadMemory, SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
 };
-use crate::builder::{build_vm, restore_vm, BuildError, BuildOptions};
+use crate::builder::{build_vm, restore_vm_with_ram, BuildError, BuildOptions};
 use crate::config::{BalloonConfig, VmConfig};
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
@@ -21,6 +21,7 @@ use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
+use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan, RestoreSession};
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::identity::{CloneIdentity, FrozenDrive, IdentityError};
 use crate::vm::{RunState, Vm};
@@ -36,6 +37,22 @@ struct Inner {
     vm: Option<Vm>,
     /// Consumed when the VM is built.
     serial_out: Option<SerialOut>,
+    /// A restored VM's memory path (uffd handler, working-set recorder);
+    /// finished after the VM stopped.
+    restore: Option<RestoreSession>,
+}
+
+/// How [`Vmm::load_snapshot_with`] builds the VM, beyond the files.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Start the guest (else it waits paused for `PATCH /vm`).
+    pub resume: bool,
+    /// Bounds a working-set recording (default: until the VM stops).
+    pub record_for: Option<std::time::Duration>,
+    /// A clone's identity, given before the VM first runs.
+    pub identity: Option<CloneIdentity>,
+    /// Restore every writable drive as a clone's (a new overlay).
+    pub disks: Option<CloneDisks>,
 }
 
 impl Vmm {
@@ -47,6 +64,7 @@ impl Vmm {
                 config,
                 vm: None,
                 serial_out: Some(serial_out),
+                restore: None,
             }),
         }
     }
@@ -95,6 +113,11 @@ impl Vmm {
             Some(mut vm) => {
                 let marks = vm.marks();
                 vm.stop(StopReason::Requested);
+                drop(vm);
+                // Only now can nothing fault any more.
+                if let Some(mut r) = inner.restore.take() {
+                    r.finish();
+                }
                 marks
             }
             None => Vec::new(),
@@ -131,13 +154,18 @@ impl Vmm {
                 "only Full snapshots are supported so far",
             ));
         }
-        let inner = lock(&self.inner);
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
         // The pool lives outside guest memory and is not in the snapshot yet:
         // refuse rather than restore a guest whose tmem objects are gone.
         // (The VM is paused, so no put can race this check.)
         if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
             return Err(SnapshotApiError::TmemNotEmpty(objects));
+        }
+        if let Some(r) = inner.restore.as_mut() {
+            r.before_snapshot(vm.ram())
+                .map_err(SnapshotApiError::Restore)?;
         }
         Ok(snapshot::create_full(
             vm,
@@ -149,34 +177,74 @@ impl Vmm {
 
     /// Builds the VM from a snapshot instead of a boot source; only on a VMM
     /// that has not started a VM. Without `resume` the VM waits paused.
+    /// Lazy restore from `mem_path`.
     pub fn load_snapshot(
         &self,
         state_path: &std::path::Path,
         mem_path: &std::path::Path,
         resume: bool,
     ) -> Result<(), SnapshotApiError> {
-        self.load_snapshot_as(state_path, mem_path, resume, None, None)
+        let memory = LoadMemory::File {
+            path: mem_path.to_string_lossy().into_owned(),
+            mode: restore_path::RestoreMode::Lazy,
+        };
+        let lo = LoadOptions {
+            resume,
+            ..Default::default()
+        };
+        self.load_snapshot_with(state_path, &memory, &lo)
     }
 
-    /// [`Self::load_snapshot`], then, before the VM first runs, gives it the
-    /// clone identity `identity` (a clone restored from its source's state).
-    pub fn load_snapshot_as(
+    /// [`Vmm::load_snapshot`] through any restore path (see
+    /// `snapshot::restore`), optionally as a clone.
+    pub fn load_snapshot_with(
         &self,
         state_path: &std::path::Path,
-        mem_path: &std::path::Path,
-        resume: bool,
-        identity: Option<CloneIdentity>,
-        disks: Option<&CloneDisks>,
+        memory: &LoadMemory,
+        lo: &LoadOptions,
     ) -> Result<(), SnapshotApiError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
-        let mut loaded = snapshot::load(state_path, mem_path)?;
-        if let Some(c) = disks {
-            for d in &mut loaded.config.drives {
-                *d = clone_drive(d, std::path::Path::new(&c.dir), &c.name)
-                    .map_err(|e| SnapshotApiError::Freeze(e.to_string()))?;
+        let (manifest, state, config, prepared) = match memory {
+            LoadMemory::UffdExternal { socket } => {
+                let (manifest, state, config) = snapshot::load_state(state_path)?;
+                let prepared =
+                    restore_path::prepare_external(state.mem_size, std::path::Path::new(socket))?;
+                (manifest, state, config, prepared)
+            }
+            LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
+                let loaded = snapshot::load(state_path, std::path::Path::new(path))?;
+                let backend = match memory {
+                    LoadMemory::File { mode, .. } => Backend::File(*mode),
+                    _ => Backend::UffdBuiltin,
+                };
+                let plan = RestorePlan {
+                    backend,
+                    working_set_path: Some(restore_path::working_set_path(state_path)),
+                    snapshot_id: loaded.manifest.layer.id.clone(),
+                    record_for: lo.record_for,
+                };
+                let layers =
+                    snapshot::layers::MemoryLayers::single(loaded.mem_file, loaded.state.mem_size);
+                let prepared = restore_path::prepare(layers, &plan)?;
+                (loaded.manifest, loaded.state, loaded.config, prepared)
+            }
+        };
+        let _ = manifest;
+        tracing::info!("restore: {:?}", prepared.session.report());
+        let mut session = prepared.session;
+        let mut config = config;
+        if let Some(c) = &lo.disks {
+            for d in &mut config.drives {
+                match clone_drive(d, std::path::Path::new(&c.dir), &c.name) {
+                    Ok(cloned) => *d = cloned,
+                    Err(e) => {
+                        session.cancel();
+                        return Err(SnapshotApiError::Freeze(e.to_string()));
+                    }
+                }
             }
         }
         let serial_out = inner
@@ -187,29 +255,49 @@ impl Vmm {
             serial_out,
             control: self.control.clone(),
         };
-        let mut vm = match restore_vm(&loaded.config, &loaded.state, loaded.mem_file, opts) {
+        let mut vm = match restore_vm_with_ram(&config, &state, prepared.ram, opts) {
             Ok(vm) => vm,
             Err(e) => {
                 inner.serial_out = Some(Box::new(std::io::stdout()));
+                session.cancel();
                 return Err(SnapshotApiError::Build(e));
             }
         };
-        let started = if resume && identity.is_none() {
+        let started = if lo.resume && lo.identity.is_none() {
             vm.start()
         } else {
             vm.start_paused()
         };
-        started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
-        inner.config = loaded.config;
-        if let Some(id) = identity {
-            vm.apply_clone_identity(&id)?;
-            record_identity(&mut inner.config, &id);
-            if resume {
-                vm.resume()
-                    .map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        if let Err(e) = started {
+            drop(vm);
+            session.cancel();
+            return Err(SnapshotApiError::Start(e.to_string()));
+        }
+        inner.config = config;
+        if let Some(id) = &lo.identity {
+            let applied = vm
+                .apply_clone_identity(id)
+                .map_err(SnapshotApiError::from)
+                .and_then(|()| {
+                    if lo.resume {
+                        vm.resume()
+                            .map_err(|e| SnapshotApiError::Start(e.to_string()))
+                    } else {
+                        Ok(())
+                    }
+                });
+            if let Err(e) = applied {
+                drop(vm);
+                session.cancel();
+                return Err(e);
             }
+            record_identity(&mut inner.config, id);
+        }
+        if lo.resume {
+            session.guest_started();
         }
         inner.vm = Some(vm);
+        inner.restore = Some(session);
         Ok(())
     }
 
@@ -245,6 +333,14 @@ impl Vmm {
             }
         }
         Ok(frozen)
+    }
+
+    /// What the restore path of a restored VM did (None for a booted VM).
+    pub fn restore_report(&self) -> Option<restore_path::RestoreReport> {
+        lock(&self.inner)
+            .restore
+            .as_ref()
+            .map(|r| r.report().clone())
     }
 
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
@@ -327,6 +423,10 @@ pub enum SnapshotApiError {
     Build(#[source] BuildError),
     #[error("cannot start the restored microVM: {0}")]
     Start(String),
+    #[error("cannot restore the microVM's memory: {0}")]
+    Memory(#[from] restore_path::RestoreError),
+    #[error("cannot snapshot this microVM: {0}")]
+    Restore(String),
     #[error("clone identity: {0}")]
     Identity(#[from] IdentityError),
     #[error("copy-on-write disks for cloning: {0}")]
@@ -440,15 +540,17 @@ impl ApiHandler for Vmm {
                 ApiResponse::json(&info.manifest)
             }
             ApiRequest::LoadSnapshot(p) => {
-                let mem = p.mem_file().map_err(ApiError::BadRequest)?;
-                self.load_snapshot_as(
-                    std::path::Path::new(&p.snapshot_path),
-                    std::path::Path::new(mem),
-                    p.resume_vm,
-                    p.clone_identity().map_err(ApiError::BadRequest)?,
-                    p.clone_disks.as_ref(),
-                )
-                .map_err(bad)?;
+                let memory = p.memory().map_err(ApiError::BadRequest)?;
+                let lo = LoadOptions {
+                    resume: p.resume_vm,
+                    record_for: p
+                        .working_set_record_ms
+                        .map(std::time::Duration::from_millis),
+                    identity: p.clone_identity().map_err(ApiError::BadRequest)?,
+                    disks: p.clone_disks.clone(),
+                };
+                self.load_snapshot_with(std::path::Path::new(&p.snapshot_path), &memory, &lo)
+                    .map_err(bad)?;
                 Ok(ApiResponse::NoContent)
             }
             ApiRequest::PatchVm(state) => {
@@ -460,6 +562,12 @@ impl ApiHandler for Vmm {
                 match state {
                     VmState::Paused => vm.pause().map_err(bad)?,
                     VmState::Resumed => vm.resume().map_err(bad)?,
+                }
+                if state == VmState::Resumed {
+                    let mut inner = inner;
+                    if let Some(r) = inner.restore.as_mut() {
+                        r.guest_started();
+                    }
                 }
                 Ok(ApiResponse::NoContent)
             }

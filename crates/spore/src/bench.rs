@@ -23,6 +23,8 @@ pub enum BenchCommand {
     /// tmem calls: 1 MiB put/get latency (guest and VMM side), single vs batched
     /// 4 KiB puts, kvserver SET vs TMEMPUT commands/s.
     Tmem(crate::bench_tmem::TmemArgs),
+    /// Snapshot creation time and size, and restore latency per restore path.
+    Snapshot(crate::bench_snapshot::SnapshotBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +50,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
     match cmd {
         BenchCommand::Boot(a) => boot(a),
         BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
+        BenchCommand::Snapshot(a) => crate::bench_snapshot::run(a),
     }
 }
 

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use spore_vmm::api::snapshot_body::{LoadMemory, RestoreMode};
 use spore_vmm::api::ApiServer;
 use spore_vmm::config::VmConfig;
 use spore_vmm::snapshot::format::read_state_file;
-use spore_vmm::vmm::Vmm;
+use spore_vmm::vmm::{LoadOptions, Vmm};
 
 use crate::api_client::request;
 use crate::host;
@@ -26,6 +27,34 @@ pub enum SnapshotCommand {
         /// The snapshot state file.
         state: PathBuf,
     },
+    /// Serve a restored VM's page faults from a snapshot's memory file: a
+    /// Firecracker-compatible external userfaultfd handler. Listens on
+    /// --sock, takes one VMM's uffd and memory layout, serves until it exits.
+    UffdHandler(UffdHandlerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct UffdHandlerArgs {
+    /// The Unix socket to listen on (the VMM's mem_backend backend_path).
+    #[arg(long)]
+    pub sock: PathBuf,
+    /// The snapshot memory file to serve.
+    #[arg(long)]
+    pub mem: PathBuf,
+}
+
+/// `spore snapshot restore --mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Map the memory file privately; pages fault in on demand.
+    Lazy,
+    /// Read every data page in before the guest runs.
+    Eager,
+    /// Load the recorded working set, the rest on demand (records it on the first run).
+    #[value(name = "working-set", alias = "working_set")]
+    WorkingSet,
+    /// userfaultfd with the built-in handler serving the memory file.
+    Uffd,
 }
 
 #[derive(Args, Debug)]
@@ -55,6 +84,17 @@ pub struct RestoreArgs {
     /// Write the guest's signal-port marks here as JSON when the VM stops.
     #[arg(long)]
     pub marks_file: Option<PathBuf>,
+    /// How guest memory is restored.
+    #[arg(long, value_enum, default_value = "lazy")]
+    pub mode: Mode,
+    /// Hand page faults to the external userfaultfd handler on this socket
+    /// (Firecracker's Uffd backend) instead; --mem is then not read.
+    #[arg(long, conflicts_with = "mode")]
+    pub uffd_handler: Option<PathBuf>,
+    /// With --mode working-set: end a new recording this many ms after the
+    /// guest starts (default: when the VM stops).
+    #[arg(long)]
+    pub record_ms: Option<u64>,
 }
 
 pub fn run(cmd: SnapshotCommand) -> anyhow::Result<u8> {
@@ -66,6 +106,7 @@ pub fn run(cmd: SnapshotCommand) -> anyhow::Result<u8> {
             println!("{}", serde_json::to_string_pretty(&manifest)?);
             Ok(0)
         }
+        SnapshotCommand::UffdHandler(a) => uffd_handler(a),
     }
 }
 
@@ -161,7 +202,57 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    vmm.load_snapshot(&a.state, &a.mem, true)?;
+    let mem = a.mem.to_string_lossy().into_owned();
+    let memory = match (a.uffd_handler, a.mode) {
+        (Some(sock), _) => LoadMemory::UffdExternal {
+            socket: sock.to_string_lossy().into_owned(),
+        },
+        (None, Mode::Uffd) => LoadMemory::UffdBuiltin { path: mem },
+        (None, m) => LoadMemory::File {
+            path: mem,
+            mode: match m {
+                Mode::Eager => RestoreMode::Eager,
+                Mode::WorkingSet => RestoreMode::WorkingSet,
+                _ => RestoreMode::Lazy,
+            },
+        },
+    };
+    let record_for = a.record_ms.map(std::time::Duration::from_millis);
+    let lo = LoadOptions {
+        resume: true,
+        record_for,
+        ..Default::default()
+    };
+    vmm.load_snapshot_with(&a.state, &memory, &lo)?;
     host::forward_stdin(vmm.clone());
     crate::run::finish(&vmm, a.marks_file.as_deref())
+}
+
+fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {
+    use spore_vmm::snapshot::layers::MemoryLayers;
+    use spore_vmm::snapshot::restore::uffd::{receive_from_vmm, serve_loop, PageSource, ServeLog};
+    let file =
+        std::fs::File::open(&a.mem).with_context(|| format!("opening {}", a.mem.display()))?;
+    let size = file.metadata()?.len();
+    let _ = std::fs::remove_file(&a.sock);
+    let listener = std::os::unix::net::UnixListener::bind(&a.sock)
+        .with_context(|| format!("listening on {}", a.sock.display()))?;
+    let (stream, _) = listener.accept().context("waiting for the VMM")?;
+    let (uffd, regions) = receive_from_vmm(&stream).context("receiving the userfaultfd")?;
+    let end = regions.iter().map(|r| r.offset + r.size).max().unwrap_or(0);
+    if end > size {
+        bail!(
+            "the VMM's memory layout ends at {end} bytes, the memory file {} has {size}",
+            a.mem.display()
+        );
+    }
+    let source = PageSource::new(MemoryLayers::single(file, size), regions)?;
+    // Serve until the VMM closes the connection (it exited).
+    let log = ServeLog::default();
+    serve_loop(&uffd, &source, stream.as_raw_fd(), &log).map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "spore: uffd handler served {} faults",
+        log.faults.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(0)
 }

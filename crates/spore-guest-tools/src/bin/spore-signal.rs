@@ -5,7 +5,7 @@
 //! spore-signal exit N      stop the VM; the VMM exits with code N (0..=255)
 //! spore-signal mark N      record boot-time mark N in the VMM
 //! spore-signal wait USEC   sleep in the VMM until a device has work or USEC pass;
-//!                          prints "woken" or "timeout"
+//!                          prints "woken" or "timeout" ("restored" once after a snapshot restore)
 //! ```
 //!
 //! Built as a static musl binary and put into guest initramfs images, so that
@@ -59,6 +59,8 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
             match port.read() {
                 signal::WAIT_WOKEN => println!("woken"),
                 signal::WAIT_TIMED_OUT => println!("timeout"),
+                // The first read after a snapshot restore says so, once.
+                signal::RESTORED => println!("restored"),
                 other => {
                     println!("unknown");
                     eprintln!("spore-signal: unexpected wait result {other:#x}");

@@ -1,7 +1,9 @@
 //! Bodies of `PUT /snapshot/create` and `PUT /snapshot/load` (Firecracker's
-//! shapes).
+//! shapes, plus spore's `restore_mode` and `working_set_record_ms`).
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::snapshot::restore::RestoreMode;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SnapshotType {
@@ -50,6 +52,13 @@ pub struct SnapshotLoadParams {
     pub track_dirty_pages: bool,
     #[serde(default)]
     pub resume_vm: bool,
+    /// spore: how a File backend fills RAM (default lazy).
+    #[serde(default)]
+    pub restore_mode: Option<RestoreMode>,
+    /// spore: with `working_set`, recording a new working set ends this many
+    /// milliseconds after the guest starts (default: when the VM stops).
+    #[serde(default)]
+    pub working_set_record_ms: Option<u64>,
     /// spore, for testing clone identity without the clone machinery: give
     /// the restored VM this clone generation before it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,6 +80,17 @@ pub struct CloneDisks {
     pub name: String,
 }
 
+/// Where a restored VM's memory comes from, decoded from a load body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadMemory {
+    /// The memory file, filled per the mode.
+    File { path: String, mode: RestoreMode },
+    /// userfaultfd with the built-in handler serving this memory file.
+    UffdBuiltin { path: String },
+    /// userfaultfd handed to the handler listening on this socket.
+    UffdExternal { socket: String },
+}
+
 impl SnapshotLoadParams {
     /// The clone identity asked for, if any (`vsock_cid` needs `clone_generation`).
     pub fn clone_identity(&self) -> Result<Option<crate::vm::identity::CloneIdentity>, String> {
@@ -89,19 +109,50 @@ impl SnapshotLoadParams {
         }
     }
 
-    /// The memory file to map: `mem_backend` (File) or `mem_file_path`,
-    /// exactly one of them.
-    pub fn mem_file(&self) -> Result<&str, String> {
+    /// The memory source: `mem_backend` or the deprecated `mem_file_path`,
+    /// exactly one of them. A `Uffd` backend_path naming a Unix socket is
+    /// an external handler (Firecracker's protocol); naming a regular file
+    /// (a snapshot memory file), the built-in handler serves it.
+    pub fn memory(&self) -> Result<LoadMemory, String> {
+        let mode = self.restore_mode.unwrap_or_default();
         match (&self.mem_backend, &self.mem_file_path) {
             (Some(_), Some(_)) => {
                 Err("give either mem_backend or the deprecated mem_file_path, not both".into())
             }
             (None, None) => Err("mem_backend is missing".into()),
-            (None, Some(p)) => Ok(p),
+            (None, Some(p)) => Ok(LoadMemory::File {
+                path: p.clone(),
+                mode,
+            }),
             (Some(b), None) => match b.backend_type {
-                MemBackendType::File => Ok(&b.backend_path),
+                MemBackendType::File => Ok(LoadMemory::File {
+                    path: b.backend_path.clone(),
+                    mode,
+                }),
                 MemBackendType::Uffd => {
-                    Err("mem_backend Uffd is not supported yet; use File".into())
+                    if mode != RestoreMode::Lazy {
+                        return Err(format!(
+                            "restore_mode {mode:?} needs the File backend; the Uffd backend \
+                             serves pages on demand"
+                        ));
+                    }
+                    use std::os::unix::fs::FileTypeExt;
+                    let path = &b.backend_path;
+                    match std::fs::metadata(path) {
+                        Ok(m) if m.file_type().is_socket() => Ok(LoadMemory::UffdExternal {
+                            socket: path.clone(),
+                        }),
+                        Ok(m) if m.is_file() => Ok(LoadMemory::UffdBuiltin { path: path.clone() }),
+                        Ok(_) => Err(format!(
+                            "mem_backend Uffd: {path} is neither a Unix socket (an external \
+                             page-fault handler) nor a memory file (the built-in handler)"
+                        )),
+                        Err(e) => Err(format!(
+                            "mem_backend Uffd: backend_path {path}: {e} (it must name the Unix \
+                             socket a page-fault handler listens on, or a snapshot memory file \
+                             for the built-in handler)"
+                        )),
+                    }
                 }
             },
         }
@@ -114,22 +165,74 @@ mod tests {
 
     #[test]
     fn load_bodies() {
+        let file = |path: &str, mode| LoadMemory::File {
+            path: path.into(),
+            mode,
+        };
         let p: SnapshotLoadParams = serde_json::from_str(
             r#"{"snapshot_path":"s","mem_backend":{"backend_type":"File","backend_path":"m"},"resume_vm":true}"#,
         )
         .unwrap();
-        assert_eq!(p.mem_file(), Ok("m"));
+        assert_eq!(p.memory(), Ok(file("m", RestoreMode::Lazy)));
         assert!(p.resume_vm);
         let p: SnapshotLoadParams =
             serde_json::from_str(r#"{"snapshot_path":"s","mem_file_path":"m"}"#).unwrap();
-        assert_eq!(p.mem_file(), Ok("m"));
+        assert_eq!(p.memory(), Ok(file("m", RestoreMode::Lazy)));
         let p: SnapshotLoadParams = serde_json::from_str(r#"{"snapshot_path":"s"}"#).unwrap();
-        assert!(p.mem_file().is_err());
-        let p: SnapshotLoadParams = serde_json::from_str(
-            r#"{"snapshot_path":"s","mem_backend":{"backend_type":"Uffd","backend_path":"u"}}"#,
-        )
-        .unwrap();
-        assert!(p.mem_file().is_err());
+        assert!(p.memory().is_err());
+        for (mode, want) in [
+            ("lazy", RestoreMode::Lazy),
+            ("eager", RestoreMode::Eager),
+            ("working_set", RestoreMode::WorkingSet),
+        ] {
+            let p: SnapshotLoadParams = serde_json::from_str(&format!(
+                r#"{{"snapshot_path":"s","mem_file_path":"m","restore_mode":"{mode}","working_set_record_ms":5}}"#
+            ))
+            .unwrap();
+            assert_eq!(p.memory(), Ok(file("m", want)));
+            assert_eq!(p.working_set_record_ms, Some(5));
+        }
+        // Unknown modes and backends do not decode.
+        for body in [
+            r#"{"snapshot_path":"s","mem_file_path":"m","restore_mode":"fast"}"#,
+            r#"{"snapshot_path":"s","mem_backend":{"backend_type":"Nfs","backend_path":"m"}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<SnapshotLoadParams>(body).is_err(),
+                "{body}"
+            );
+        }
+        // Uffd: a missing path, a regular file (built-in), a socket (external).
+        let dir = std::env::temp_dir().join(format!("spore-load-body-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let uffd = |path: &std::path::Path, mode: &str| {
+            serde_json::from_str::<SnapshotLoadParams>(&format!(
+                r#"{{"snapshot_path":"s","mem_backend":{{"backend_type":"Uffd","backend_path":"{}"}},"restore_mode":"{mode}"}}"#,
+                path.display()
+            ))
+            .unwrap()
+            .memory()
+        };
+        let e = uffd(&dir.join("nope.sock"), "lazy").unwrap_err();
+        assert!(e.contains("No such file"), "{e}");
+        let mem = dir.join("mem");
+        std::fs::write(&mem, b"x").unwrap();
+        assert_eq!(
+            uffd(&mem, "lazy"),
+            Ok(LoadMemory::UffdBuiltin {
+                path: mem.display().to_string()
+            })
+        );
+        assert!(uffd(&mem, "eager").is_err());
+        let sock = dir.join("h.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert_eq!(
+            uffd(&sock, "lazy"),
+            Ok(LoadMemory::UffdExternal {
+                socket: sock.display().to_string()
+            })
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
         let p: SnapshotLoadParams = serde_json::from_str(
             r#"{"snapshot_path":"s","mem_file_path":"m","clone_generation":3,"vsock_cid":9}"#,
         )

@@ -12,6 +12,7 @@ pub mod format;
 pub mod layers;
 pub mod memory;
 pub mod persist;
+pub mod restore;
 
 pub use persist::Persist;
 
@@ -298,9 +299,9 @@ pub struct LoadedSnapshot {
     pub mem_file: File,
 }
 
-/// Reads the state file, checks it, and opens the memory file (read-only:
-/// the VM maps it copy-on-write).
-pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+/// Reads and checks a state file alone (a restore whose memory an external
+/// userfaultfd handler serves never opens the memory file).
+pub fn load_state(state_path: &Path) -> Result<(Manifest, MicrovmState, VmConfig), SnapshotError> {
     let name = state_path.display().to_string();
     let (manifest, bytes) = format::read_state_file(state_path)?;
     let state: MicrovmState = bincode::deserialize(&bytes).map_err(|e| SnapshotError::Decode {
@@ -338,6 +339,13 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
             });
         }
     }
+    Ok((manifest, state, config))
+}
+
+/// Reads the state file, checks it, and opens the memory file (read-only:
+/// the VM maps it copy-on-write).
+pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+    let (manifest, state, config) = load_state(state_path)?;
     let mem_name = mem_path.display().to_string();
     let mem_file = File::open(mem_path).map_err(|source| SnapshotError::MemoryOpen {
         path: mem_name.clone(),

@@ -174,7 +174,7 @@ impl Vcpu {
                 }
             }
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
-                self.io.signal.read(data, self.signal_result);
+                self.io.signal.read(id, data, self.signal_result);
                 None
             }
             // tmem calls copy between guest memory and the pool on this

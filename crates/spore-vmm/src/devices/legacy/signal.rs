@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use spore_abi::signal::{decode, SignalOp, WAIT_TIMED_OUT, WAIT_WOKEN};
+use spore_abi::signal::{decode, SignalOp, RESTORED, WAIT_TIMED_OUT, WAIT_WOKEN};
 
 use crate::devices::bus::lock;
 use crate::vm::wake::GuestWake;
@@ -39,6 +39,8 @@ pub struct SignalPort {
     ignored: AtomicU64,
     /// The VM's clone generation (`GENERATION`).
     generation: AtomicU64,
+    /// One bit per vCPU id (< 64) whose next `in` reads [`RESTORED`].
+    restored: AtomicU64,
 }
 
 /// Keeps a guest that floods `MARK` from growing VMM memory without bound.
@@ -51,6 +53,7 @@ impl SignalPort {
             marks: Mutex::new(Vec::new()),
             ignored: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            restored: AtomicU64::new(0),
         }
     }
 
@@ -63,6 +66,17 @@ impl SignalPort {
     pub fn set_generation(&self, generation: u64) {
         self.generation.store(generation, Ordering::Release);
         self.wake.notify();
+    }
+
+    /// Makes the next `in` of every vCPU read [`RESTORED`] (a VM restored
+    /// from a snapshot, before its vCPUs run).
+    pub fn set_restored(&self, vcpus: u8) {
+        let mask = if vcpus >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << vcpus) - 1
+        };
+        self.restored.store(mask, Ordering::Relaxed);
     }
 
     /// Handles an `out` to the port. `last_result` is the vCPU's own result register.
@@ -103,8 +117,11 @@ impl SignalPort {
     }
 
     /// Handles an `in` from the port.
-    pub fn read(&self, data: &mut [u8], last_result: u32) {
-        let bytes = last_result.to_le_bytes();
+    pub fn read(&self, vcpu: u8, data: &mut [u8], last_result: u32) {
+        let bit = 1u64.checked_shl(u32::from(vcpu)).unwrap_or(0);
+        let restored = bit != 0 && self.restored.fetch_and(!bit, Ordering::Relaxed) & bit != 0;
+        let value = if restored { RESTORED } else { last_result };
+        let bytes = value.to_le_bytes();
         for (i, b) in data.iter_mut().enumerate() {
             *b = bytes.get(i).copied().unwrap_or(0);
         }
@@ -196,7 +213,27 @@ mod tests {
         p.write(0, &encode(SignalOp::Wait, 1_000_000).to_le_bytes(), &mut r);
         assert_eq!(r, WAIT_WOKEN);
         let mut out = [0u8; 4];
-        p.read(&mut out, r);
+        p.read(0, &mut out, r);
         assert_eq!(u32::from_le_bytes(out), WAIT_WOKEN);
+    }
+
+    #[test]
+    fn first_read_after_restore_says_restored_once_per_vcpu() {
+        let p = port();
+        p.set_restored(2);
+        let mut r = 0;
+        // A WAIT in between does not hide it.
+        p.write(1, &encode(SignalOp::Wait, 10).to_le_bytes(), &mut r);
+        let mut out = [0u8; 4];
+        p.read(1, &mut out, r);
+        assert_eq!(u32::from_le_bytes(out), RESTORED);
+        p.read(1, &mut out, r);
+        assert_eq!(u32::from_le_bytes(out), WAIT_TIMED_OUT);
+        p.read(0, &mut out, WAIT_WOKEN);
+        assert_eq!(u32::from_le_bytes(out), RESTORED);
+        p.read(0, &mut out, WAIT_WOKEN);
+        assert_eq!(u32::from_le_bytes(out), WAIT_WOKEN);
+        p.read(200, &mut out, 7);
+        assert_eq!(u32::from_le_bytes(out), 7);
     }
 }

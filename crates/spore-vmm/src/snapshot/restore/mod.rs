@@ -1,0 +1,341 @@
+//! Restore paths: how a restored VM's RAM gets the snapshot's memory.
+//!
+//! Every path reads memory through [`MemoryLayers`] (newest layer wins), so
+//! they restore the same bytes from a full snapshot or a chain:
+//!
+//! | mode / backend | RAM | before the guest runs | afterwards |
+//! |---|---|---|---|
+//! | `lazy` (File) | the layers mapped privately | nothing | pages fault in from the page cache, shared by every VM of the same file |
+//! | `eager` (File) | the same mapping | every data extent populated ([`eager`]) | no file faults |
+//! | `working_set` (File) | a memfd + the built-in uffd handler | the recorded working set, one sequential read ([`working_set`]) | the rest through the handler; the first run records the set |
+//! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
+//! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
+//!
+//! A [`RestoreSession`] lives as long as the VM: it owns the handler thread
+//! and the working-set recorder, and is finished once the vCPUs stopped.
+
+pub mod eager;
+pub mod uffd;
+pub mod working_set;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::memory::{GuestRam, MemoryError};
+use crate::snapshot::layers::MemoryLayers;
+use uffd::{PageSource, Uffd, UffdError, UffdServer};
+
+/// How the VMM fills RAM from a File backend (`restore_mode` in
+/// `PUT /snapshot/load`, `--mode` of `spore snapshot restore`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestoreMode {
+    #[default]
+    Lazy,
+    Eager,
+    WorkingSet,
+}
+
+/// Where RAM comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The snapshot's memory file, filled per [`RestoreMode`].
+    File(RestoreMode),
+    /// userfaultfd, served by the built-in handler from the memory file.
+    UffdBuiltin,
+    /// userfaultfd handed to an external handler listening on this socket.
+    UffdExternal(PathBuf),
+}
+
+/// Options of one restore.
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    pub backend: Backend,
+    /// The working-set file (`working_set` mode): beside the state file.
+    pub working_set_path: Option<PathBuf>,
+    /// The snapshot's id (newest layer): a working set of another id is stale.
+    pub snapshot_id: String,
+    /// Recording a working set ends after this long, or when the VM stops.
+    pub record_for: Option<Duration>,
+}
+
+/// Where a snapshot's working-set file lives: beside its state file.
+pub fn working_set_path(state_path: &Path) -> PathBuf {
+    let mut s = state_path.as_os_str().to_owned();
+    s.push(".ws");
+    PathBuf::from(s)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    #[error("a {0}-layer snapshot chain needs the layered mapping (GuestRam::from_layers), not in this build; use restore_mode working_set or the Uffd backend, or merge the chain")]
+    Chain(usize),
+    #[error("cannot read the snapshot memory: {0}")]
+    Read(#[source] std::io::Error),
+}
+
+/// What a restore did, for `GET /snapshot/restore` callers and the bench.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RestoreReport {
+    pub backend: String,
+    pub mode: String,
+    /// Time spent filling RAM before the guest runs.
+    pub prefill_us: u64,
+    /// Pages copied in before the guest runs (eager, working set).
+    pub prefilled_pages: u64,
+    /// "loaded", "recording", "ignored: <why>" for working-set restores.
+    pub working_set: Option<String>,
+}
+
+/// The restore-time state that lives as long as the restored VM.
+pub struct RestoreSession {
+    server: Option<UffdServer>,
+    /// Kept open for an external handler: if it dies the guest blocks
+    /// rather than silently reading zero pages.
+    external: Option<(Uffd, std::os::unix::net::UnixStream)>,
+    recorder: Option<working_set::Recorder>,
+    report: RestoreReport,
+}
+
+/// Guest RAM prepared by a restore path, and its session.
+pub struct PreparedRam {
+    pub ram: GuestRam,
+    pub session: RestoreSession,
+}
+
+/// Where each RAM region lies: (memory-file offset, host address, length).
+pub(crate) fn spans(ram: &GuestRam) -> Vec<(u64, *mut u8, usize)> {
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    for region in ram.memory().iter() {
+        let len = region.len() as usize;
+        out.push((offset, region.as_ptr(), len));
+        offset += len as u64;
+    }
+    out
+}
+
+/// Maps the layers privately (lazy): the base file copy-on-write.
+fn map_lazy(layers: &MemoryLayers) -> Result<GuestRam, RestoreError> {
+    match layers.files() {
+        [one] => Ok(GuestRam::from_snapshot_file(
+            one.try_clone().map_err(RestoreError::Read)?,
+            layers.size(),
+        )?),
+        more => Err(RestoreError::Chain(more.len())),
+    }
+}
+
+/// Builds guest RAM for a restore. Nothing guest-visible runs yet; the
+/// session must outlive the VM.
+pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, RestoreError> {
+    let t0 = Instant::now();
+    let mut report = RestoreReport::default();
+    let prepared = match &plan.backend {
+        Backend::File(RestoreMode::Lazy) => {
+            report.backend = "File".into();
+            report.mode = "lazy".into();
+            PreparedRam {
+                ram: map_lazy(&layers)?,
+                session: RestoreSession::plain(),
+            }
+        }
+        Backend::File(RestoreMode::Eager) => {
+            report.backend = "File".into();
+            report.mode = "eager".into();
+            let ram = map_lazy(&layers)?;
+            report.prefilled_pages = eager::populate(&ram, &layers).map_err(RestoreError::Read)?;
+            PreparedRam {
+                ram,
+                session: RestoreSession::plain(),
+            }
+        }
+        Backend::File(RestoreMode::WorkingSet) => {
+            report.backend = "File".into();
+            report.mode = "working_set".into();
+            let ram = GuestRam::new(layers.size())?;
+            let ws_path = plan
+                .working_set_path
+                .clone()
+                .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
+            let loaded = working_set::load(&ws_path, &plan.snapshot_id, &ram);
+            let record = match loaded {
+                Ok(n) => {
+                    report.prefilled_pages = n;
+                    report.working_set = Some("loaded".into());
+                    false
+                }
+                Err(working_set::WsLoad::Absent) => {
+                    report.working_set = Some("recording".into());
+                    true
+                }
+                Err(working_set::WsLoad::Ignored(why)) => {
+                    tracing::warn!(
+                        "ignoring the working set {}: {why}; recording a new one",
+                        ws_path.display()
+                    );
+                    report.working_set = Some(format!("ignored ({why}); recording"));
+                    true
+                }
+            };
+            let uffd = uffd::register_ram(&ram)?;
+            let source = Arc::new(
+                PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?,
+            );
+            let server = UffdServer::start(uffd, source.clone(), record)?;
+            let recorder = record.then(|| {
+                working_set::Recorder::new(
+                    ws_path,
+                    plan.snapshot_id.clone(),
+                    server.log().clone(),
+                    source,
+                    plan.record_for,
+                )
+            });
+            PreparedRam {
+                ram,
+                session: RestoreSession {
+                    server: Some(server),
+                    external: None,
+                    recorder,
+                    report: RestoreReport::default(),
+                },
+            }
+        }
+        Backend::UffdBuiltin => {
+            report.backend = "Uffd".into();
+            report.mode = "builtin_handler".into();
+            let ram = GuestRam::new(layers.size())?;
+            let uffd = uffd::register_ram(&ram)?;
+            let source = Arc::new(
+                PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?,
+            );
+            let server = UffdServer::start(uffd, source, false)?;
+            PreparedRam {
+                ram,
+                session: RestoreSession {
+                    server: Some(server),
+                    external: None,
+                    recorder: None,
+                    report: RestoreReport::default(),
+                },
+            }
+        }
+        Backend::UffdExternal(sock) => return prepare_external(layers.size(), sock),
+    };
+    report.prefill_us = t0.elapsed().as_micros() as u64;
+    let mut prepared = prepared;
+    prepared.session.report = report;
+    Ok(prepared)
+}
+
+/// Builds guest RAM for an external-handler restore, where the VMM never
+/// sees the memory file (Firecracker's `Uffd` backend).
+pub fn prepare_external(size: u64, sock: &Path) -> Result<PreparedRam, RestoreError> {
+    let t0 = Instant::now();
+    let ram = GuestRam::new(size)?;
+    let uffd = uffd::register_ram(&ram)?;
+    let conn = uffd::send_to_handler(sock, &uffd, &uffd::regions_of(&ram))?;
+    Ok(PreparedRam {
+        ram,
+        session: RestoreSession {
+            server: None,
+            external: Some((uffd, conn)),
+            recorder: None,
+            report: RestoreReport {
+                backend: "Uffd".into(),
+                mode: "external_handler".into(),
+                prefill_us: t0.elapsed().as_micros() as u64,
+                ..Default::default()
+            },
+        },
+    })
+}
+
+impl RestoreSession {
+    fn plain() -> Self {
+        Self {
+            server: None,
+            external: None,
+            recorder: None,
+            report: RestoreReport::default(),
+        }
+    }
+
+    pub fn report(&self) -> &RestoreReport {
+        &self.report
+    }
+
+    /// Starts the recording timer, if any (call when the guest starts).
+    pub fn guest_started(&mut self) {
+        if let Some(r) = &mut self.recorder {
+            r.start_timer();
+        }
+    }
+
+    /// Before a snapshot of this VM: RAM a uffd handler has not served yet
+    /// holds nothing in the memfd, so a snapshot would lose it. The
+    /// built-in handler's pages are faulted in first; a VM served by an
+    /// external handler cannot be snapshotted.
+    pub fn before_snapshot(&mut self, ram: &GuestRam) -> Result<(), String> {
+        if self.external.is_some() {
+            return Err(
+                "this microVM's memory is served by an external userfaultfd handler; \
+                        the VMM cannot read the pages it has not served, so it cannot snapshot it"
+                    .into(),
+            );
+        }
+        // A snapshot ends a working-set recording: the faults below are the
+        // VMM's, not the guest's working set.
+        if let Some(r) = self.recorder.take() {
+            r.finish();
+        }
+        if let Some(server) = &self.server {
+            let n = server.fault_in_all(ram).map_err(|e| e.to_string())?;
+            tracing::debug!("faulted in {n} pages before the snapshot");
+        }
+        Ok(())
+    }
+
+    /// Drops a session whose VM could not be built: nothing is recorded.
+    pub fn cancel(mut self) {
+        if let Some(r) = self.recorder.take() {
+            r.cancel();
+        }
+    }
+
+    /// Once the VM's vCPUs stopped: ends recording (writing the working
+    /// set) and stops the handler.
+    pub fn finish(&mut self) {
+        if let Some(r) = self.recorder.take() {
+            if let Some(server) = &self.server {
+                server.log().recording.store(false, Ordering::Relaxed);
+            }
+            r.finish();
+        }
+        if let Some(mut s) = self.server.take() {
+            tracing::info!(
+                "page-fault handler served {} faults",
+                s.log().faults.load(Ordering::Relaxed)
+            );
+            if let Some(e) = s.stop() {
+                tracing::warn!("page-fault handler: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for RestoreSession {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
