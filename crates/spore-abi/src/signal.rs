@@ -15,14 +15,22 @@
 //! | 0x02   | `MARK`     | mark number                                 | the VMM records (number, host monotonic time) |
 //! | 0x03   | `WAIT`     | timeout in microseconds (max ~16.7 s)       | the vCPU sleeps in the VMM until a device has work for the guest or the timeout passes |
 //! | 0x04   | `SNAPSHOT` | tag (reserved)                              | reserved for guest-triggered snapshots |
-//! | 0x05   | `FORK`     | clone count (reserved)                      | reserved for guest-triggered fork |
-//! | 0x06   | `DONE`     | (reserved)                                  | reserved: a clone says it is done |
+//! | 0x05   | `FORK`     | clone count (0: the count set with `PUT /clone/config`) | the VMM pauses the VM at this instruction, turns it into a clone template and starts that many clones (see below) |
+//! | 0x06   | `DONE`     | ignored                                     | the VM ends without a guest shutdown; the VMM exits 0 (a clone whose job is done) |
 //!
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
 //! [`WAIT_TIMED_OUT`] if the timeout passed. Writes of another width or with
 //! an unknown opcode are ignored by the VMM (and logged): a misbehaving guest
 //! cannot stop or crash the VMM through this port.
+//!
+//! `FORK` works like `fork()`: the guest reads the result with an `in` right
+//! after the `out`. Each clone reads its clone number (1, 2, ... in the order
+//! its template served them); the source reads 0 when it goes on running
+//! (`continue` mode; in `zygote` mode it stays frozen as the template and
+//! never reads), and [`FORK_FAILED`] when no clone could be made (no fork
+//! support in this VMM, the template's clone cap reached, a clone failed to
+//! start).
 
 /// I/O port of the signal register.
 pub const SIGNAL_PORT: u16 = 0x0510;
@@ -60,6 +68,9 @@ pub const ARG_MASK: u32 = 0x00FF_FFFF;
 pub const WAIT_WOKEN: u32 = 1;
 /// Value returned by an `in` after a `WAIT` whose timeout passed.
 pub const WAIT_TIMED_OUT: u32 = 0;
+
+/// Value a `FORK` returns when no clone was made (the guest goes on).
+pub const FORK_FAILED: u32 = 0xFFFF_FFFF;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

@@ -98,6 +98,10 @@ impl Vcpu {
 
     fn run_loop(mut self) {
         while self.control.checkpoint() == Directive::Run {
+            // A restored clone (or its source) gets its FORK result here.
+            if let Some(r) = self.io.signal.take_pending_result(self.id) {
+                self.signal_result = r;
+            }
             if let Some(reason) = self.run_once() {
                 self.control.stop(reason);
                 break;
@@ -171,6 +175,12 @@ impl Vcpu {
                 match self.io.signal.write(id, data, &mut self.signal_result) {
                     SignalAction::Continue => None,
                     SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
+                    // Park at this instruction boundary; the fork handler
+                    // pauses the rest of the VM and clones it.
+                    SignalAction::Fork(_) => {
+                        self.control.request_pause();
+                        None
+                    }
                 }
             }
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
