@@ -199,13 +199,35 @@ pub fn restore_vm(
     mem_file: File,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
-    build(config, opts, Some((state, mem_file)))
+    let ram = GuestRam::from_snapshot_file(mem_file, config.machine.mem_bytes())?;
+    build(config, opts, Some((state, ram)))
+}
+
+/// Like [`restore_vm`], with guest RAM already mapped (a clone maps its
+/// template's layers itself).
+pub fn restore_vm_with_ram(
+    config: &VmConfig,
+    state: &MicrovmState,
+    ram: GuestRam,
+    opts: BuildOptions,
+) -> Result<Vm, BuildError> {
+    if ram.size() != config.machine.mem_bytes() {
+        return Err(BuildError::Device {
+            what: "guest RAM",
+            detail: format!(
+                "{} bytes mapped, the configuration has {}",
+                ram.size(),
+                config.machine.mem_bytes()
+            ),
+        });
+    }
+    build(config, opts, Some((state, ram)))
 }
 
 fn build(
     config: &VmConfig,
     opts: BuildOptions,
-    restore: Option<(&MicrovmState, File)>,
+    restore: Option<(&MicrovmState, GuestRam)>,
 ) -> Result<Vm, BuildError> {
     config.validate()?;
     let boot = config
@@ -213,7 +235,7 @@ fn build(
         .as_ref()
         .ok_or(ConfigError::NoBootSource)?;
     let machine = &config.machine;
-    let (state, mem_file) = match restore {
+    let (state, restored_ram) = match restore {
         Some((s, f)) => (Some(s), Some(f)),
         None => (None, None),
     };
@@ -256,8 +278,8 @@ fn build(
     // RAM before the irqchip: with an irqchip present, each memory-slot
     // change is far costlier in KVM (7 ms instead of 70 µs for 128 MiB
     // measured on kvm_pvm), and this is on the boot path.
-    let ram = match mem_file {
-        Some(f) => GuestRam::from_snapshot_file(f, machine.mem_bytes())?,
+    let ram = match restored_ram {
+        Some(ram) => ram,
         None => GuestRam::new(machine.mem_bytes())?,
     };
     ram.register(&vm_fd, machine.track_dirty_pages)?;

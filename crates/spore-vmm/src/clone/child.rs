@@ -1,0 +1,93 @@
+//! The clone side: a `spore vmm --clone-handoff FD` process receives its
+//! template, maps it, restores the VM, gives it its identity and reports
+//! back to the source.
+
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use super::handoff::{recv_handoff, send_ready, Handoff, HandoffError, Ready};
+use super::{cloneid, CloneError, CloneState};
+use crate::builder::{restore_vm_with_ram, BuildOptions};
+use crate::config::VmConfig;
+use crate::memory::template::MemoryLayer;
+use crate::memory::GuestRam;
+use crate::snapshot::MicrovmState;
+use crate::vm::Vm;
+
+/// The socket a clone process inherited, and what came over it.
+pub struct Incoming {
+    pub sock: UnixStream,
+    pub handoff: Handoff,
+    pub layers: Vec<MemoryLayer>,
+}
+
+/// Takes ownership of the inherited handoff socket `fd` and waits for the
+/// template (a standby process waits here until it is used).
+pub fn receive(fd: RawFd) -> Result<Incoming, HandoffError> {
+    // SAFETY: fcntl F_GETFD only checks that `fd` is open.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(HandoffError::Malformed(format!(
+            "--clone-handoff {fd} is not an open socket (it is passed by the source VMM)"
+        )));
+    }
+    // SAFETY: the fd was passed to this process for this purpose only.
+    let sock = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: fcntl on the fd we now own.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let (handoff, layers) = recv_handoff(&sock)?;
+    Ok(Incoming {
+        sock,
+        handoff,
+        layers,
+    })
+}
+
+/// A restored clone, still paused (its vCPUs are not started).
+pub struct Restored {
+    pub vm: Vm,
+    pub config: VmConfig,
+    pub clone: CloneState,
+}
+
+/// Maps the template and rebuilds the VM from the handed-over state.
+pub fn restore(
+    handoff: &Handoff,
+    layers: Vec<MemoryLayer>,
+    opts: BuildOptions,
+) -> Result<Restored, CloneError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
+    let state: MicrovmState =
+        bincode::deserialize(&handoff.state).map_err(|e| bad("the VM state does not decode", &e))?;
+    let config: VmConfig = serde_json::from_str(&handoff.config_json)
+        .map_err(|e| bad("the configuration does not decode", &e))?;
+    let ram = GuestRam::from_layers(&layers, state.mem_size)?;
+    let vm = restore_vm_with_ram(&config, &state, ram, opts)
+        .map_err(|e| bad("cannot restore the clone", &e))?;
+    if let Some(v) = handoff.fork_vcpu {
+        // What its FORK returns: the clone number (fits: the cap is u64, but
+        // a template serving 4 billion clones is not a use case).
+        vm.signal()
+            .set_pending_result(v, handoff.index.min(u64::from(u32::MAX - 1)) as u32);
+    }
+    let cid = cloneid::clone_vsock_cid(&config, handoff.index);
+    cloneid::apply_identity(&vm, handoff.generation, cid)?;
+    let clone = CloneState {
+        config: handoff.clone_config.clone(),
+        ram_layers: layers,
+        generation: handoff.generation,
+        ..Default::default()
+    };
+    Ok(Restored { vm, config, clone })
+}
+
+/// Tells the source how the clone went.
+pub fn report(sock: &UnixStream, start_ns: u64, error: Option<String>) {
+    let ready = Ready {
+        pid: std::process::id(),
+        start_ns,
+        error,
+    };
+    if let Err(e) = send_ready(sock, &ready) {
+        tracing::warn!("cannot report to the source VMM: {e}");
+    }
+}
