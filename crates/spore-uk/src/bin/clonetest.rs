@@ -15,7 +15,7 @@
 //!
 //! `mode=bench`: forks with count 0 (the VMM's configured count), and each
 //! clone marks 1 at once (its first instruction after the fork) and does
-//! `after=`.
+//! `after=`; so does a source that goes on.
 #![no_std]
 #![no_main]
 
@@ -94,7 +94,7 @@ fn main(_info: &BootInfo) -> i32 {
                 println!("fork failed");
                 3
             }
-            Some(0) => 0,
+            Some(0) => after(),
             Some(_) => {
                 spore_uk::mark(1);
                 after()

@@ -41,7 +41,8 @@ fn check(vm: &Vm, config: &VmConfig, st: &CloneState, order: &CloneOrder) -> Res
         RunState::NotStarted => return Err(CloneError::NotRunning("not started")),
         RunState::Stopped => return Err(CloneError::NotRunning("stopped")),
     }
-    if order.count == 0 {
+    // A guest FORK with count 0 (and fork_count 0) only makes the template.
+    if order.count == 0 && order.fork_vcpu.is_none() {
         return Err(CloneError::BadRequest(
             "count must be at least 1 clone".into(),
         ));
