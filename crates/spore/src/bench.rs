@@ -23,6 +23,10 @@ pub enum BenchCommand {
     /// tmem calls: 1 MiB put/get latency (guest and VMM side), single vs batched
     /// 4 KiB puts, kvserver SET vs TMEMPUT commands/s.
     Tmem(crate::bench_tmem::TmemArgs),
+    /// Clones: latency from the request to the clone's first guest
+    /// instruction (p50, p99) per memory size, with and without standby
+    /// processes; clones/s with a --keep pool; PSS per clone.
+    Clone(crate::bench_clone::CloneBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +52,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
     match cmd {
         BenchCommand::Boot(a) => boot(a),
         BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
+        BenchCommand::Clone(a) => crate::bench_clone::run(a),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod api_client;
 mod bench;
+mod bench_clone;
 mod bench_tmem;
 mod bench_tmem_guest;
 mod bench_tmem_kv;
