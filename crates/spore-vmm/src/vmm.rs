@@ -504,7 +504,7 @@ impl Vmm {
             request_ns,
         };
         let report = clone_vm(vm, config, clone, order)?;
-        if let Err(e) = fill_standby(clone) {
+        if let Err(e) = fill_standby(clone, config) {
             tracing::warn!("cannot refill the standby clone processes: {e}");
         }
         Ok(report)
@@ -523,7 +523,8 @@ impl Vmm {
         for p in inner.clone.standby.drain(..extra) {
             p.kill();
         }
-        fill_standby(&mut inner.clone)
+        let Inner { config, clone, .. } = &mut *inner;
+        fill_standby(clone, config)
     }
 
     pub fn clone_status(&self) -> CloneStatus {
@@ -599,12 +600,20 @@ impl Vmm {
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
-                if let Err(e) = fill_standby(clone) {
+                if let Err(e) = fill_standby(clone, config) {
                     tracing::warn!("cannot refill the standby clone processes: {e}");
                 }
             }
             Err(e) => eprintln!("spore: guest fork failed: {e}"),
         }
+    }
+
+    /// Makes a clone process's KVM VM, vCPUs and memory slots for a
+    /// `mem_bytes`, `vcpus` VM while it waits for its template.
+    pub fn prepare_clone(&self, mem_bytes: u64, vcpus: u8) -> Result<(), CloneError> {
+        let p = child::Prepared::new(mem_bytes, vcpus)?;
+        lock(&self.inner).clone.prepared = Some(p);
+        Ok(())
     }
 
     /// Runs this VMM as a clone: maps the template that came over the
@@ -629,7 +638,8 @@ impl Vmm {
             serial_out,
             control: self.control.clone(),
         };
-        let restored = child::restore(handoff, layers, opts)?;
+        let prepared = inner.clone.prepared.take();
+        let restored = child::restore(handoff, layers, prepared, opts)?;
         let mut vm = restored.vm;
         self.install_fork_handler(&vm);
         let api_socket = inner.clone.api_socket.take();

@@ -212,6 +212,17 @@ pub fn run_clone_vmm(args: &VmmArgs, fd: i32) -> anyhow::Result<u8> {
     host::stop_on_host_signals(vmm.clone())?;
     vmm.set_api_socket(&sock_path);
     vmm.enable_guest_fork();
+    if let Some(spec) = &args.clone_prepare {
+        // A clone that cannot prepare still restores the ordinary way.
+        match parse_prepare(spec) {
+            Some((bytes, vcpus)) => {
+                if let Err(e) = vmm.prepare_clone(bytes, vcpus) {
+                    eprintln!("spore: preparing the clone VM: {e}");
+                }
+            }
+            None => bail!("--clone-prepare {spec:?}: expected MIB,VCPUS"),
+        }
+    }
     let incoming = match wait_for_template(&vmm, fd) {
         Ok(Some(i)) => i,
         // The source went away (or we were stopped) before using this
@@ -240,6 +251,12 @@ pub fn run_clone_vmm(args: &VmmArgs, fd: i32) -> anyhow::Result<u8> {
     let code = crate::run::finish(&vmm, args.marks_file.as_deref());
     drop(server);
     code
+}
+
+fn parse_prepare(spec: &str) -> Option<(u64, u8)> {
+    let (mib, vcpus) = spec.split_once(',')?;
+    let mib: u64 = mib.trim().parse().ok()?;
+    Some((mib.checked_mul(1 << 20)?, vcpus.trim().parse().ok()?))
 }
 
 /// Blocks until the source sends a template, polling so that a host

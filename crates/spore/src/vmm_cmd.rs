@@ -30,6 +30,10 @@ pub struct VmmArgs {
     /// interactive use).
     #[arg(long, value_name = "FD", conflicts_with = "config_file")]
     pub clone_handoff: Option<i32>,
+    /// With --clone-handoff: make the KVM VM and memory slots for a
+    /// `MIB,VCPUS` VM while waiting for the template.
+    #[arg(long, value_name = "MIB,VCPUS", requires = "clone_handoff")]
+    pub clone_prepare: Option<String>,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<u8> {

@@ -7,7 +7,9 @@ use std::os::unix::net::UnixStream;
 
 use super::handoff::{recv_handoff, send_ready, Handoff, HandoffError, Ready};
 use super::{cloneid, CloneError, CloneState};
-use crate::builder::{restore_vm_with_ram, BuildOptions};
+use crate::builder::{
+    prepare_kvm, restore_vm_prepared, restore_vm_with_ram, BuildOptions, PreparedKvm,
+};
 use crate::config::VmConfig;
 use crate::memory::template::MemoryLayer;
 use crate::memory::GuestRam;
@@ -42,6 +44,23 @@ pub fn receive(fd: RawFd) -> Result<Incoming, HandoffError> {
     })
 }
 
+/// What a clone process makes while it waits for its template: the KVM VM,
+/// its vCPUs and memory slots over a placeholder of the source's RAM size.
+/// With it, a clone only maps memory and loads state.
+pub struct Prepared {
+    ram: GuestRam,
+    kvm: PreparedKvm,
+}
+
+impl Prepared {
+    pub fn new(mem_bytes: u64, vcpus: u8) -> Result<Self, CloneError> {
+        let ram = GuestRam::placeholder(mem_bytes)?;
+        let kvm = prepare_kvm(&ram, vcpus)
+            .map_err(|e| CloneError::Capture(format!("cannot prepare the clone's VM: {e}")))?;
+        Ok(Prepared { ram, kvm })
+    }
+}
+
 /// A restored clone, still paused (its vCPUs are not started).
 pub struct Restored {
     pub vm: Vm,
@@ -53,6 +72,7 @@ pub struct Restored {
 pub fn restore(
     handoff: &Handoff,
     layers: Vec<MemoryLayer>,
+    prepared: Option<Prepared>,
     opts: BuildOptions,
 ) -> Result<Restored, CloneError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
@@ -60,9 +80,18 @@ pub fn restore(
         bincode::deserialize(&handoff.state).map_err(|e| bad("the VM state does not decode", &e))?;
     let config: VmConfig = serde_json::from_str(&handoff.config_json)
         .map_err(|e| bad("the configuration does not decode", &e))?;
-    let ram = GuestRam::from_layers(&layers, state.mem_size)?;
-    let vm = restore_vm_with_ram(&config, &state, ram, opts)
-        .map_err(|e| bad("cannot restore the clone", &e))?;
+    let vm = match prepared.filter(|p| p.kvm.fits(&config, &state)) {
+        Some(Prepared { mut ram, kvm }) => {
+            tracing::debug!("clone {}: restoring on the prepared VM", handoff.name);
+            ram.adopt_layers(&layers)?;
+            restore_vm_prepared(&config, &state, ram, kvm, opts)
+        }
+        None => {
+            let ram = GuestRam::from_layers(&layers, state.mem_size)?;
+            restore_vm_with_ram(&config, &state, ram, opts)
+        }
+    }
+    .map_err(|e| bad("cannot restore the clone", &e))?;
     if let Some(v) = handoff.fork_vcpu {
         // What its FORK returns: the clone number (fits: the cap is u64, but
         // a template serving 4 billion clones is not a use case).

@@ -244,4 +244,6 @@ pub struct CloneState {
     pub standby: Vec<spawn::CloneProcess>,
     /// Names handed out so far (clone and standby processes).
     pub names: u64,
+    /// A clone process's KVM objects made ahead of its template.
+    pub prepared: Option<child::Prepared>,
 }

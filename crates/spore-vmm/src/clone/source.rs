@@ -299,7 +299,8 @@ fn start_clones(
                 Some(i) => (st.standby.swap_remove(i), true),
                 None => {
                     let name = next_name(st);
-                    (spawn(dir, &name, st.config.marks)?, false)
+                    let prep = prepare_for(config);
+                    (spawn(dir, &name, st.config.marks, prep)?, false)
                 }
             };
             procs.push(p);
@@ -368,8 +369,17 @@ fn start_clones(
     }
 }
 
-/// Tops the standby pool up to the configured size.
-pub fn fill_standby(st: &mut CloneState) -> Result<(), CloneError> {
+/// What a clone process of this VM prepares ahead (none where a clone
+/// could not use it).
+fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
+    let m = &config.machine;
+    let usable = !m.track_dirty_pages && config.memory_hotplug.is_none() && m.vcpu_count <= 255;
+    usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
+}
+
+/// Tops the standby pool up to the configured size; standby processes
+/// prepare a VM of this one's size.
+pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneError> {
     let dir = clone_dir(st, None);
     std::fs::create_dir_all(&dir).map_err(|source| CloneError::Io {
         what: "create the clone socket directory",
@@ -382,7 +392,7 @@ pub fn fill_standby(st: &mut CloneState) -> Result<(), CloneError> {
     }
     while st.standby.len() < st.config.standby as usize {
         let name = next_name(st);
-        let p = spawn(&dir, &name, st.config.marks)?;
+        let p = spawn(&dir, &name, st.config.marks, prepare_for(config))?;
         st.standby.push(p);
     }
     Ok(())

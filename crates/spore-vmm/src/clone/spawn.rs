@@ -52,7 +52,14 @@ fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
 }
 
 /// Starts a clone process named `name` in `dir`; it waits for a template.
-pub fn spawn(dir: &Path, name: &str, marks: bool) -> Result<CloneProcess, CloneError> {
+/// With `prepare` (memory bytes, vCPUs) it makes its KVM VM and memory
+/// slots for that size while it waits.
+pub fn spawn(
+    dir: &Path,
+    name: &str,
+    marks: bool,
+    prepare: Option<(u64, u8)>,
+) -> Result<CloneProcess, CloneError> {
     let exe = clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create a handoff socket"))?;
@@ -72,6 +79,9 @@ pub fn spawn(dir: &Path, name: &str, marks: bool) -> Result<CloneProcess, CloneE
         .stdout(out)
         .stderr(err)
         .process_group(0);
+    if let Some((bytes, vcpus)) = prepare {
+        cmd.arg("--clone-prepare").arg(format!("{},{vcpus}", bytes >> 20));
+    }
     if marks {
         cmd.arg("--marks-file")
             .arg(dir.join(format!("{name}.marks.json")));

@@ -221,6 +221,33 @@ impl GuestRam {
         }))
     }
 
+    /// A private mapping of an empty memory file of `size` bytes: the host
+    /// addresses a standby clone process registers with KVM before it
+    /// knows its template ([`Self::adopt_layers`] maps the template there).
+    pub fn placeholder(size: u64) -> Result<Self, TemplateError> {
+        let file = create_memfd("spore-clone-placeholder")?;
+        file.set_len(size)
+            .map_err(|source| MemoryError::Truncate { size, source })?;
+        Ok(GuestRam::from_snapshot_file(file, size)?)
+    }
+
+    /// Maps `layers` (base first) over this RAM in place, at the same host
+    /// addresses: a placeholder becomes a clone's RAM without touching its
+    /// KVM memory slots (KVM's MMU notifier drops the old translations).
+    pub fn adopt_layers(&mut self, layers: &[MemoryLayer]) -> Result<(), TemplateError> {
+        let base = layers.first().ok_or(TemplateError::NoBase)?;
+        if base.runs.is_some() {
+            return Err(TemplateError::NoBase);
+        }
+        for layer in layers {
+            self.map_runs(layer)?;
+        }
+        self.memfd = base.file.try_clone().map_err(MemoryError::Memfd)?;
+        self.private
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
     /// This RAM's memfd as a base layer (a VM that was never cloned).
     pub fn base_layer(&self) -> Result<MemoryLayer, TemplateError> {
         Ok(MemoryLayer {
@@ -273,6 +300,13 @@ mod tests {
         src.memory().write_obj(9u64, GuestAddress(0)).unwrap();
         let again = GuestRam::from_layers(std::slice::from_ref(&base), size).unwrap();
         assert_eq!(again.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
+
+        // A placeholder adopts the layers at its own addresses.
+        let mut ph = GuestRam::placeholder(size).unwrap();
+        let addr = ph.memory().get_host_address(GuestAddress(0)).unwrap();
+        ph.adopt_layers(std::slice::from_ref(&base)).unwrap();
+        assert_eq!(ph.memory().get_host_address(GuestAddress(0)).unwrap(), addr);
+        assert_eq!(ph.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 2);
 
         // Runs outside RAM are refused.
         let bad = MemoryLayer {
