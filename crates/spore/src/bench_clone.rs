@@ -62,11 +62,15 @@ fn uk_image(a: &CloneBenchArgs) -> anyhow::Result<PathBuf> {
         .clone()
         .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../spore-uk/target/x86_64-unknown-none/release")
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../spore-uk/target/x86_64-unknown-none/release")
         });
     let p = dir.join("clonetest");
     if !p.exists() {
-        bail!("{} is missing: build the unikernel apps (make uk)", p.display());
+        bail!(
+            "{} is missing: build the unikernel apps (make uk)",
+            p.display()
+        );
     }
     Ok(p)
 }
@@ -92,7 +96,13 @@ fn call(sock: &Path, method: &str, path: &str, body: &str) -> anyhow::Result<Str
     Ok(reply)
 }
 
-fn start_source(dir: &Path, uk: &Path, mib: u64, after: &str, clone_config: &Value) -> anyhow::Result<Source> {
+fn start_source(
+    dir: &Path,
+    uk: &Path,
+    mib: u64,
+    after: &str,
+    clone_config: &Value,
+) -> anyhow::Result<Source> {
     std::fs::create_dir_all(dir)?;
     let sock = dir.join("src.sock");
     let log = std::fs::File::create(dir.join("src.log"))?;
@@ -120,7 +130,12 @@ fn start_source(dir: &Path, uk: &Path, mib: u64, after: &str, clone_config: &Val
     call(&src.sock, "PUT", "/boot-source", &boot.to_string())?;
     let mc = json!({"vcpu_count": 1, "mem_size_mib": mib});
     call(&src.sock, "PUT", "/machine-config", &mc.to_string())?;
-    call(&src.sock, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
+    call(
+        &src.sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    )?;
     let t = Instant::now();
     loop {
         let status: Value = serde_json::from_str(&call(&src.sock, "GET", "/clone", "")?)?;
@@ -221,7 +236,14 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
 }
 
 /// Clones per second with a pool of `keep` clones that end at once.
-fn throughput(dir: &Path, uk: &Path, mib: u64, keep: u32, total: u64, standby: u32) -> anyhow::Result<Value> {
+fn throughput(
+    dir: &Path,
+    uk: &Path,
+    mib: u64,
+    keep: u32,
+    total: u64,
+    standby: u32,
+) -> anyhow::Result<Value> {
     let config = json!({"fork_count": 0, "max_clones": 100000, "standby": standby});
     let src = start_source(dir, uk, mib, "done", &config)?;
     let out = std::process::Command::new(std::env::current_exe()?)
@@ -259,15 +281,38 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
         let mut sizes = Vec::new();
         for &mib in &a.sizes {
             let fresh = latency(&scratch.join(format!("{mib}-fresh")), &uk, mib, a.runs, 0)?;
-            let standby = latency(&scratch.join(format!("{mib}-standby")), &uk, mib, a.runs, a.standby)?;
-            let tput = throughput(&scratch.join(format!("{mib}-keep")), &uk, mib, a.keep, a.total, 0)?;
-            let tput_standby =
-                throughput(&scratch.join(format!("{mib}-keep-standby")), &uk, mib, a.keep, a.total, a.standby)?;
+            let standby = latency(
+                &scratch.join(format!("{mib}-standby")),
+                &uk,
+                mib,
+                a.runs,
+                a.standby,
+            )?;
+            let tput = throughput(
+                &scratch.join(format!("{mib}-keep")),
+                &uk,
+                mib,
+                a.keep,
+                a.total,
+                0,
+            )?;
+            let tput_standby = throughput(
+                &scratch.join(format!("{mib}-keep-standby")),
+                &uk,
+                mib,
+                a.keep,
+                a.total,
+                a.standby,
+            )?;
             eprintln!(
                 "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
                  {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
-                fresh["first_instruction_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
-                standby["first_instruction_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+                fresh["first_instruction_ms"]["p50"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                standby["first_instruction_ms"]["p50"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
                 tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
                 tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
                 fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),

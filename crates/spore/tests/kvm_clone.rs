@@ -45,7 +45,12 @@ impl Drop for Reaper {
 }
 
 /// Starts a source VMM running clonetest with `args`; clone settings first.
-fn start_source(dir: &Path, mem_mib: u32, args: &str, clone_config: Option<&str>) -> (PathBuf, Reaper) {
+fn start_source(
+    dir: &Path,
+    mem_mib: u32,
+    args: &str,
+    clone_config: Option<&str>,
+) -> (PathBuf, Reaper) {
     let sock = dir.join("src.sock");
     let log = std::fs::File::create(dir.join("src.log")).unwrap();
     let child = spore()
@@ -117,7 +122,10 @@ fn oks(dir: &Path) -> (BTreeSet<u64>, Vec<String>) {
                 failed.push(format!("{}: {l}", p.display()));
             }
             if let Some(rest) = l.strip_prefix("clone ") {
-                if let Some(id) = rest.strip_suffix(" ok depth 1").or(rest.strip_suffix(" ok depth 2")) {
+                if let Some(id) = rest
+                    .strip_suffix(" ok depth 1")
+                    .or(rest.strip_suffix(" ok depth 2"))
+                {
                     ok.insert(id.parse().unwrap());
                 }
             }
@@ -137,13 +145,15 @@ fn forked_pids(log: &str) -> Vec<i32> {
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     let exists = unsafe { libc::kill(pid, 0) } == 0;
-    exists
-        && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
+    exists && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
 }
 
 fn put_clone(sock: &Path, body: &str) -> (u16, serde_json::Value) {
     let (code, reply) = http(sock, "PUT", "/clone", Some(body));
-    (code, serde_json::from_str(&reply).unwrap_or(serde_json::Value::Null))
+    (
+        code,
+        serde_json::from_str(&reply).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 #[test]
@@ -151,7 +161,9 @@ fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_
     require_kvm();
     let s = Scratch::new("clone-20");
     let (sock, mut reaper) = start_source(&s.0, 128, "clones=20 mib=4 hold_ms=300", None);
-    wait_until(&s.0, 60, "20 clones to check their pages", || oks(&s.0).0.len() >= 20);
+    wait_until(&s.0, 60, "20 clones to check their pages", || {
+        oks(&s.0).0.len() >= 20
+    });
     let (ok, failed) = oks(&s.0);
     assert!(failed.is_empty(), "{failed:?}");
     assert_eq!(ok, (1..=20).collect::<BTreeSet<u64>>());
@@ -159,7 +171,9 @@ fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_
     assert_eq!(pids.len(), 20, "{}", read(&s.path("src.log")));
     reaper.pids.extend(&pids);
     // DONE ends each clone (status 0, no guest shutdown).
-    wait_until(&s.0, 20, "the clones to end with DONE", || !pids.iter().any(|&p| alive(p)));
+    wait_until(&s.0, 20, "the clones to end with DONE", || {
+        !pids.iter().any(|&p| alive(p))
+    });
 
     // The zygote is frozen: a resume is refused, and it still serves. A new
     // clone first checks it sees the source's original pattern, after 20
@@ -174,7 +188,8 @@ fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_
     assert_eq!(report["served"], 21);
     wait_until(&s.0, 20, "clone 21", || oks(&s.0).0.contains(&21));
     assert!(oks(&s.0).1.is_empty());
-    let status: serde_json::Value = serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
     assert_eq!(status["zygote"], true);
     assert_eq!(status["served"], 21);
 }
@@ -190,7 +205,9 @@ fn kvm_clone_of_a_clone_in_continue_mode() {
         Some(r#"{"mode": "continue"}"#),
     );
     let want: BTreeSet<u64> = [1, 2, 101, 102, 201, 202].into();
-    wait_until(&s.0, 60, "clones and clones of clones", || oks(&s.0).0 == want);
+    wait_until(&s.0, 60, "clones and clones of clones", || {
+        oks(&s.0).0 == want
+    });
     assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
     // Each source went on and still holds its own pattern after its
     // clones wrote theirs.
@@ -222,7 +239,9 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
         Some(r#"{"fork_count": 0, "max_clones": 3}"#),
     );
     wait_until(&s.0, 20, "the guest to make its template", || {
-        http(&sock, "GET", "/clone", None).1.contains("\"zygote\":true")
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"zygote\":true")
     });
     let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
     assert_eq!(code, 200, "{r}");
@@ -235,11 +254,19 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
     assert_eq!(code, 200, "{r}");
     reaper.add_from(&r);
     // The CLI says it in one line and fails.
-    let o = spore().arg("clone").arg(&sock).args(["-n", "1"]).output().unwrap();
+    let o = spore()
+        .arg("clone")
+        .arg(&sock)
+        .args(["-n", "1"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let err = stderr_of(&o);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("max_clones") && err.contains("served 3"), "{err}");
+    assert!(
+        err.contains("max_clones") && err.contains("served 3"),
+        "{err}"
+    );
     // The three clones run.
     for pid in reaper.pids.clone() {
         assert!(alive(pid), "clone {pid} is gone");
@@ -250,7 +277,8 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
 fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones() {
     require_kvm();
     let s = Scratch::new("clone-kill");
-    let (_sock, mut reaper) = start_source(&s.0, 128, "clones=3 mib=8 hold_ms=1500 after=stay", None);
+    let (_sock, mut reaper) =
+        start_source(&s.0, 128, "clones=3 mib=8 hold_ms=1500 after=stay", None);
     wait_until(&s.0, 20, "3 clones", || {
         forked_pids(&read(&s.path("src.log"))).len() == 3
     });
@@ -261,7 +289,9 @@ fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones() {
     src.wait().unwrap();
     // The template's memory lives on in the clones' mappings: they finish
     // checking their pages (written before and read after the kill) and run on.
-    wait_until(&s.0, 30, "the clones to check their pages", || oks(&s.0).0.len() == 3);
+    wait_until(&s.0, 30, "the clones to check their pages", || {
+        oks(&s.0).0.len() == 3
+    });
     assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
     for (i, &pid) in pids.iter().enumerate() {
         assert!(alive(pid), "clone {pid} died with its source");
@@ -300,7 +330,8 @@ fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
     reaper.pids.extend(forked_pids(&read(&s.path("src.log"))));
     assert_eq!(reaper.pids.len(), 100);
     assert!(oks(&s.0).1.is_empty());
-    let status: serde_json::Value = serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
     assert_eq!(status["served"], 100);
     // All of the source's memory counts once (a baseline measured before
     // the clones would only be smaller), the clones' on top of it.
@@ -314,8 +345,14 @@ fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
         clones_kb >> 10,
         clones_kb / 100
     );
-    assert!(clones_kb > 100 * 1024, "each clone wrote 1 MiB: {clones_kb} kB");
-    assert!(total_kb < 1 << 20, "{total_kb} kB of PSS for the source and 100 clones");
+    assert!(
+        clones_kb > 100 * 1024,
+        "each clone wrote 1 MiB: {clones_kb} kB"
+    );
+    assert!(
+        total_kb < 1 << 20,
+        "{total_kb} kB of PSS for the source and 100 clones"
+    );
 }
 
 #[test]
@@ -327,19 +364,34 @@ fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
     let mut idle = spawn_vmm(&sock);
     let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
     assert_eq!(code, 400);
-    assert!(r["fault_message"].as_str().unwrap().contains("not started"), "{r}");
+    assert!(
+        r["fault_message"].as_str().unwrap().contains("not started"),
+        "{r}"
+    );
     let (code, body) = http(&sock, "PUT", "/clone/config", Some(r#"{"max_clones": 0}"#));
     assert_eq!(code, 400, "{body}");
     let (code, body) = http(&sock, "PUT", "/clone", Some(r#"{"count": -1}"#));
     assert_eq!(code, 400, "{body}");
-    let (code, body) = http(&sock, "PUT", "/clone", Some(r#"{"count": 1, "mode": "sideways"}"#));
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/clone",
+        Some(r#"{"count": 1, "mode": "sideways"}"#),
+    );
     assert_eq!(code, 400, "{body}");
     idle.kill().unwrap();
     idle.wait().unwrap();
 
-    let (sock, mut reaper) = start_source(&s.0, 64, "mode=bench after=stay", Some(r#"{"fork_count": 0, "mode": "continue"}"#));
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+    );
     wait_until(&s.0, 20, "the guest's template", || {
-        http(&sock, "GET", "/clone", None).1.contains("\"template\":\"")
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
     });
     for (body, needle) in [
         (r#"{"count": 0}"#, "at least 1"),
@@ -362,4 +414,59 @@ fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
     reaper.add_from(&r);
     let (_, info) = http(&sock, "GET", "/", None);
     assert!(info.contains("Running"), "{info}");
+}
+
+#[test]
+fn kvm_clone_keep_pool_replaces_clones_that_exit_using_standby_processes() {
+    require_kvm();
+    let s = Scratch::new("clone-keep");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=done",
+        Some(r#"{"fork_count": 0, "standby": 2}"#),
+    );
+    wait_until(&s.0, 20, "the guest's template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"zygote\":true")
+    });
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["standby"], 2);
+    // Clones end at once (DONE): the pool keeps replacing them.
+    let o = spore()
+        .arg("clone")
+        .arg(&sock)
+        .args(["--keep", "2", "--total", "6"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout_of(&o)).unwrap();
+    assert_eq!(r["clones_started"], 6, "{r}");
+    assert_eq!(r["clones_finished"], 6, "{r}");
+    assert!(r["clones_per_s"].as_f64().unwrap() > 0.0);
+    // A clone from a standby process says so; the pool is refilled.
+    let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    assert_eq!(r["clones"][0]["standby"], true, "{r}");
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["standby"], 2);
+    assert_eq!(status["served"], 7);
+    // Stopping the source ends its unused standby processes too.
+    let standby_logs = std::fs::read_dir(&s.0).unwrap().count();
+    assert!(standby_logs > 0);
+    let mut src = reaper.source.take().unwrap();
+    // SAFETY: SIGTERM to the source VMM this test started.
+    unsafe { libc::kill(src.id() as i32, libc::SIGTERM) };
+    src.wait().unwrap();
+    wait_until(&s.0, 10, "the standby processes to end", || {
+        std::process::Command::new("pgrep")
+            .args(["-f", &s.0.display().to_string()])
+            .output()
+            .map(|o| o.stdout.is_empty())
+            .unwrap_or(true)
+    });
 }

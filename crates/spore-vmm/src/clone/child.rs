@@ -76,8 +76,8 @@ pub fn restore(
     opts: BuildOptions,
 ) -> Result<Restored, CloneError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
-    let state: MicrovmState =
-        bincode::deserialize(&handoff.state).map_err(|e| bad("the VM state does not decode", &e))?;
+    let state: MicrovmState = bincode::deserialize(&handoff.state)
+        .map_err(|e| bad("the VM state does not decode", &e))?;
     let config: VmConfig = serde_json::from_str(&handoff.config_json)
         .map_err(|e| bad("the configuration does not decode", &e))?;
     let vm = match prepared.filter(|p| p.kvm.fits(&config, &state)) {

@@ -64,7 +64,12 @@ pub enum HandoffError {
     Closed,
 }
 
-fn send(sock: &UnixStream, magic: &[u8; 8], payload: &[u8], fds: &[RawFd]) -> Result<(), HandoffError> {
+fn send(
+    sock: &UnixStream,
+    magic: &[u8; 8],
+    payload: &[u8],
+    fds: &[RawFd],
+) -> Result<(), HandoffError> {
     let mut header = [0u8; 16];
     header[..8].copy_from_slice(magic);
     header[8..].copy_from_slice(&(payload.len() as u64).to_le_bytes());

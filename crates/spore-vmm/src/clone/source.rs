@@ -13,8 +13,7 @@ use std::time::Instant;
 use super::handoff::{send_handoff, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
-    cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template,
-    MAX_PER_REQUEST,
+    cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
 use crate::devices::bus::lock;
@@ -35,7 +34,12 @@ pub struct CloneOrder {
 }
 
 /// Refuses what cannot be cloned, before anything is touched.
-fn check(vm: &Vm, config: &VmConfig, st: &CloneState, order: &CloneOrder) -> Result<CloneMode, CloneError> {
+fn check(
+    vm: &Vm,
+    config: &VmConfig,
+    st: &CloneState,
+    order: &CloneOrder,
+) -> Result<CloneMode, CloneError> {
     match vm.state() {
         RunState::Running | RunState::Paused => {}
         RunState::NotStarted => return Err(CloneError::NotRunning("not started")),
@@ -125,7 +129,9 @@ struct Quiesced<'a> {
 }
 
 impl<'a> Quiesced<'a> {
-    fn new(transports: &'a [std::sync::Arc<std::sync::Mutex<MmioTransport>>]) -> Result<Self, CloneError> {
+    fn new(
+        transports: &'a [std::sync::Arc<std::sync::Mutex<MmioTransport>>],
+    ) -> Result<Self, CloneError> {
         let mut me = Quiesced {
             guards: transports.iter().map(|t| lock(t)).collect(),
         };
@@ -159,8 +165,8 @@ fn make_template(
     let mut devices = Quiesced::new(vm.virtio())?;
     let result = (|| {
         let virtio = devices.guards.iter().map(|t| t.save()).collect();
-        let state = capture_state(vm, config, virtio)
-            .map_err(|e| CloneError::Capture(e.to_string()))?;
+        let state =
+            capture_state(vm, config, virtio).map_err(|e| CloneError::Capture(e.to_string()))?;
         let state = bincode::serialize(&state).map_err(|e| CloneError::Capture(e.to_string()))?;
         let ram = vm.ram();
         let mut layers: Vec<MemoryLayer> = Vec::new();

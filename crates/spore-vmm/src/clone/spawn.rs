@@ -80,7 +80,8 @@ pub fn spawn(
         .stderr(err)
         .process_group(0);
     if let Some((bytes, vcpus)) = prepare {
-        cmd.arg("--clone-prepare").arg(format!("{},{vcpus}", bytes >> 20));
+        cmd.arg("--clone-prepare")
+            .arg(format!("{},{vcpus}", bytes >> 20));
     }
     if marks {
         cmd.arg("--marks-file")

@@ -194,10 +194,11 @@ impl GuestRam {
             return Ok(None);
         }
         let file = create_memfd("spore-clone-layer")?;
-        file.set_len(self.size).map_err(|source| MemoryError::Truncate {
-            size: self.size,
-            source,
-        })?;
+        file.set_len(self.size)
+            .map_err(|source| MemoryError::Truncate {
+                size: self.size,
+                source,
+            })?;
         let spans = spans(self);
         for &(offset, len) in &runs {
             for &(span_off, ptr, span_len) in &spans {
@@ -209,7 +210,10 @@ impl GuestRam {
                 // SAFETY: inside a live mapping of guest RAM owned by self;
                 // the VM is paused and devices stopped, nobody writes it.
                 let bytes = unsafe {
-                    std::slice::from_raw_parts(ptr.add((lo - span_off) as usize), (hi - lo) as usize)
+                    std::slice::from_raw_parts(
+                        ptr.add((lo - span_off) as usize),
+                        (hi - lo) as usize,
+                    )
                 };
                 file.write_all_at(bytes, lo)
                     .map_err(io("writing a template layer"))?;
@@ -274,29 +278,62 @@ mod tests {
         let clone = GuestRam::from_layers(std::slice::from_ref(&base), size).unwrap();
         assert!(clone.is_private());
         assert_eq!(clone.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
-        clone.memory().write_obj(3u64, GuestAddress(0x5000)).unwrap();
-        clone.memory().write_obj(4u64, GuestAddress(0x7008)).unwrap();
+        clone
+            .memory()
+            .write_obj(3u64, GuestAddress(0x5000))
+            .unwrap();
+        clone
+            .memory()
+            .write_obj(4u64, GuestAddress(0x7008))
+            .unwrap();
         let runs = clone.private_runs().unwrap();
         assert_eq!(runs, vec![(0x5000, 0x1000), (0x7000, 0x1000)]);
         // The template is untouched.
-        assert_eq!(src.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 2);
+        assert_eq!(
+            src.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(),
+            2
+        );
 
         // A clone of the clone sees the clone's pages over the base.
         let overlay = clone.private_layer().unwrap().unwrap();
         let layers = [base.clone(), overlay];
         let grand = GuestRam::from_layers(&layers, size).unwrap();
         assert_eq!(grand.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
-        assert_eq!(grand.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 3);
-        assert_eq!(grand.memory().read_obj::<u64>(GuestAddress(0x7008)).unwrap(), 4);
+        assert_eq!(
+            grand
+                .memory()
+                .read_obj::<u64>(GuestAddress(0x5000))
+                .unwrap(),
+            3
+        );
+        assert_eq!(
+            grand
+                .memory()
+                .read_obj::<u64>(GuestAddress(0x7008))
+                .unwrap(),
+            4
+        );
         assert!(grand.private_runs().unwrap().is_empty());
-        grand.memory().write_obj(5u64, GuestAddress(0x5000)).unwrap();
-        assert_eq!(clone.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 3);
+        grand
+            .memory()
+            .write_obj(5u64, GuestAddress(0x5000))
+            .unwrap();
+        assert_eq!(
+            clone
+                .memory()
+                .read_obj::<u64>(GuestAddress(0x5000))
+                .unwrap(),
+            3
+        );
 
         // The source goes on privately (continue mode): its writes reach
         // neither the template nor the clones.
         src.remap_private(&base).unwrap();
         assert!(src.is_private());
-        assert_eq!(src.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 2);
+        assert_eq!(
+            src.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(),
+            2
+        );
         src.memory().write_obj(9u64, GuestAddress(0)).unwrap();
         let again = GuestRam::from_layers(std::slice::from_ref(&base), size).unwrap();
         assert_eq!(again.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
@@ -306,7 +343,10 @@ mod tests {
         let addr = ph.memory().get_host_address(GuestAddress(0)).unwrap();
         ph.adopt_layers(std::slice::from_ref(&base)).unwrap();
         assert_eq!(ph.memory().get_host_address(GuestAddress(0)).unwrap(), addr);
-        assert_eq!(ph.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(), 2);
+        assert_eq!(
+            ph.memory().read_obj::<u64>(GuestAddress(0x5000)).unwrap(),
+            2
+        );
 
         // Runs outside RAM are refused.
         let bad = MemoryLayer {
