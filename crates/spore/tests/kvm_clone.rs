@@ -74,6 +74,9 @@ fn start_source(
         uk_image("clonetest").display()
     );
     assert_eq!(http(&sock, "PUT", "/boot-source", Some(&body)).0, 204);
+    if let Some(d) = drive {
+        assert_eq!(http(&sock, "PUT", "/drives/data", Some(d)).0, 204);
+    }
     let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
     assert_eq!(http(&sock, "PUT", "/machine-config", Some(&mc)).0, 204);
     let (code, reply) = http(
@@ -469,4 +472,41 @@ fn kvm_clone_keep_pool_replaces_clones_that_exit_using_standby_processes() {
             .map(|o| o.stdout.is_empty())
             .unwrap_or(true)
     });
+}
+
+#[test]
+fn kvm_clone_a_read_write_drive_is_refused_and_the_zygote_undone() {
+    require_kvm();
+    let s = Scratch::new("clone-rw");
+    let disk = s.path("data.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let drive = format!(
+        r#"{{"drive_id": "data", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
+        disk.display()
+    );
+    let (sock, _reaper) = start_source_with(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(&drive),
+    );
+    wait_until(&s.0, 20, "the guest's template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
+    });
+    let (code, r) = put_clone(&sock, r#"{"count": 1, "mode": "zygote"}"#);
+    assert_eq!(code, 400, "{r}");
+    let msg = r["fault_message"].as_str().unwrap();
+    assert!(msg.contains("read-write drive \"data\""), "{msg}");
+    let (_, info) = http(&sock, "GET", "/", None);
+    assert!(info.contains("Running"), "{info}");
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["zygote"], false);
+    assert_eq!(status["served"], 0);
 }
