@@ -238,6 +238,10 @@ pub struct PreparedKvm {
 }
 
 impl PreparedKvm {
+    pub fn mem_bytes(&self) -> u64 {
+        self.mem_bytes
+    }
+
     /// Whether a VM with this configuration and state can be restored on it.
     pub fn fits(&self, config: &VmConfig, state: &MicrovmState) -> bool {
         self.mem_bytes == config.machine.mem_bytes()

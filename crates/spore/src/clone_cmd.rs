@@ -10,8 +10,12 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use spore_vmm::api::ApiServer;
-use spore_vmm::clone::{child, handoff::HandoffError, CloneReport};
+use std::os::unix::net::UnixStream;
+
+use spore_vmm::clone::handoff::{recv_message, Handoff, HandoffError, Message};
+use spore_vmm::clone::{child, CloneReport};
 use spore_vmm::config::VmConfig;
+use spore_vmm::memory::template::MemoryLayer;
 use spore_vmm::vmm::Vmm;
 
 use crate::api_client::request;
@@ -259,12 +263,14 @@ fn parse_prepare(spec: &str) -> Option<(u64, u8)> {
     Some((mib.checked_mul(1 << 20)?, vcpus.trim().parse().ok()?))
 }
 
-/// Blocks until the source sends a template, polling so that a host
-/// signal can end a standby process that was never used.
-fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<child::Incoming>> {
+/// Blocks until the source sends the clone handoff, taking a preloaded
+/// template on the way; polls so that a host signal can end a standby
+/// process that was never used.
+fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
+    let sock = child::adopt_socket(fd)?;
     loop {
         let mut p = libc::pollfd {
-            fd,
+            fd: sock.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -273,16 +279,34 @@ fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<child::Incomin
         if vmm.control().stop_reason().is_some() {
             return Ok(None);
         }
-        if n > 0 {
-            break;
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            bail!("--clone-handoff {fd}: {e}");
         }
-        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            bail!("--clone-handoff {fd}: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            continue;
+        }
+        match recv_message(&sock) {
+            Ok(Message::Preload(id, layers)) => vmm.preload_clone(id, layers)?,
+            Ok(Message::Handoff(handoff, layers)) => {
+                return Ok(Some(Incoming {
+                    sock,
+                    handoff,
+                    layers,
+                }))
+            }
+            Err(HandoffError::Closed) => return Ok(None),
+            Err(e) => return Err(e.into()),
         }
     }
-    match child::receive(fd) {
-        Ok(i) => Ok(Some(i)),
-        Err(HandoffError::Closed) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+}
+
+/// The handoff a clone process received.
+struct Incoming {
+    sock: UnixStream,
+    handoff: Handoff,
+    layers: Vec<MemoryLayer>,
 }

@@ -51,6 +51,16 @@ fn start_source(
     args: &str,
     clone_config: Option<&str>,
 ) -> (PathBuf, Reaper) {
+    start_source_with(dir, mem_mib, args, clone_config, None)
+}
+
+fn start_source_with(
+    dir: &Path,
+    mem_mib: u32,
+    args: &str,
+    clone_config: Option<&str>,
+    drive: Option<&str>,
+) -> (PathBuf, Reaper) {
     let sock = dir.join("src.sock");
     let log = std::fs::File::create(dir.join("src.log")).unwrap();
     let child = spore()

@@ -5,7 +5,7 @@
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use super::handoff::{recv_handoff, send_ready, Handoff, HandoffError, Ready};
+use super::handoff::{send_ready, Handoff, HandoffError, Ready};
 use super::{cloneid, CloneError, CloneState};
 use crate::builder::{
     prepare_kvm, restore_vm_prepared, restore_vm_with_ram, BuildOptions, PreparedKvm,
@@ -16,16 +16,10 @@ use crate::memory::GuestRam;
 use crate::snapshot::MicrovmState;
 use crate::vm::Vm;
 
-/// The socket a clone process inherited, and what came over it.
-pub struct Incoming {
-    pub sock: UnixStream,
-    pub handoff: Handoff,
-    pub layers: Vec<MemoryLayer>,
-}
-
-/// Takes ownership of the inherited handoff socket `fd` and waits for the
-/// template (a standby process waits here until it is used).
-pub fn receive(fd: RawFd) -> Result<Incoming, HandoffError> {
+/// Takes ownership of the inherited handoff socket `fd`; messages are then
+/// read with [`super::handoff::recv_message`] (a standby process waits
+/// there until it is used).
+pub fn adopt_socket(fd: RawFd) -> Result<UnixStream, HandoffError> {
     // SAFETY: fcntl F_GETFD only checks that `fd` is open.
     if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(HandoffError::Malformed(format!(
@@ -36,12 +30,7 @@ pub fn receive(fd: RawFd) -> Result<Incoming, HandoffError> {
     let sock = unsafe { UnixStream::from_raw_fd(fd) };
     // SAFETY: fcntl on the fd we now own.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    let (handoff, layers) = recv_handoff(&sock)?;
-    Ok(Incoming {
-        sock,
-        handoff,
-        layers,
-    })
+    Ok(sock)
 }
 
 /// What a clone process makes while it waits for its template: the KVM VM,
@@ -50,6 +39,9 @@ pub fn receive(fd: RawFd) -> Result<Incoming, HandoffError> {
 pub struct Prepared {
     ram: GuestRam,
     kvm: PreparedKvm,
+    /// The template already mapped over the placeholder (a zygote's
+    /// standby process gets it ahead of its clone request).
+    template: Option<(String, Vec<MemoryLayer>)>,
 }
 
 impl Prepared {
@@ -57,7 +49,34 @@ impl Prepared {
         let ram = GuestRam::placeholder(mem_bytes)?;
         let kvm = prepare_kvm(&ram, vcpus)
             .map_err(|e| CloneError::Capture(format!("cannot prepare the clone's VM: {e}")))?;
-        Ok(Prepared { ram, kvm })
+        Ok(Prepared {
+            ram,
+            kvm,
+            template: None,
+        })
+    }
+
+    /// Maps a template ahead of the clone request. Only once: the
+    /// placeholder is then gone.
+    pub fn preload(&mut self, id: String, layers: Vec<MemoryLayer>) -> Result<(), CloneError> {
+        if self.template.is_some() {
+            return Err(CloneError::BadRequest(
+                "this clone process already holds a template".into(),
+            ));
+        }
+        let base_len = layers
+            .first()
+            .and_then(|l| l.file.metadata().ok())
+            .map_or(0, |m| m.len());
+        if base_len != self.kvm.mem_bytes() {
+            return Err(CloneError::BadRequest(format!(
+                "the template has {base_len} bytes of memory, this process prepared {}",
+                self.kvm.mem_bytes()
+            )));
+        }
+        self.ram.adopt_layers(&layers)?;
+        self.template = Some((id, layers));
+        Ok(())
     }
 }
 
@@ -73,25 +92,59 @@ pub fn restore(
     handoff: &Handoff,
     layers: Vec<MemoryLayer>,
     prepared: Option<Prepared>,
+    preloaded: Option<(String, Vec<MemoryLayer>)>,
     opts: BuildOptions,
 ) -> Result<Restored, CloneError> {
+    // A template preloaded without a prepared VM: its layers.
+    let layers = match preloaded {
+        Some((id, pre)) if layers.is_empty() && id == handoff.template_id => pre,
+        _ => layers,
+    };
     let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
     let state: MicrovmState = bincode::deserialize(&handoff.state)
         .map_err(|e| bad("the VM state does not decode", &e))?;
     let config: VmConfig = serde_json::from_str(&handoff.config_json)
         .map_err(|e| bad("the configuration does not decode", &e))?;
-    let vm = match prepared.filter(|p| p.kvm.fits(&config, &state)) {
-        Some(Prepared { mut ram, kvm }) => {
+    // A prepared VM that does not fit is dropped, keeping a template it
+    // preloaded (its layers are then mapped the ordinary way).
+    let (prepared, layers) = match prepared {
+        Some(p) if !p.kvm.fits(&config, &state) => match p.template {
+            Some((id, pre)) if layers.is_empty() && id == handoff.template_id => (None, pre),
+            _ => (None, layers),
+        },
+        p => (p, layers),
+    };
+    let (vm, layers) = match prepared {
+        // Preloaded: memory is mapped and registered already.
+        Some(Prepared {
+            ram,
+            kvm,
+            template: Some((id, pre)),
+        }) if id == handoff.template_id => {
+            tracing::debug!("clone {}: restoring on the preloaded VM", handoff.name);
+            (restore_vm_prepared(&config, &state, ram, kvm, opts), pre)
+        }
+        Some(Prepared {
+            mut ram,
+            kvm,
+            template: None,
+        }) if !layers.is_empty() => {
             tracing::debug!("clone {}: restoring on the prepared VM", handoff.name);
             ram.adopt_layers(&layers)?;
-            restore_vm_prepared(&config, &state, ram, kvm, opts)
+            (restore_vm_prepared(&config, &state, ram, kvm, opts), layers)
         }
-        None => {
+        _ if layers.is_empty() => {
+            return Err(CloneError::Capture(format!(
+                "template {} was neither sent nor preloaded",
+                handoff.template_id
+            )))
+        }
+        _ => {
             let ram = GuestRam::from_layers(&layers, state.mem_size)?;
-            restore_vm_with_ram(&config, &state, ram, opts)
+            (restore_vm_with_ram(&config, &state, ram, opts), layers)
         }
-    }
-    .map_err(|e| bad("cannot restore the clone", &e))?;
+    };
+    let vm = vm.map_err(|e| bad("cannot restore the clone", &e))?;
     if let Some(v) = handoff.fork_vcpu {
         // What its FORK returns: the clone number (fits: the cap is u64, but
         // a template serving 4 billion clones is not a use case).

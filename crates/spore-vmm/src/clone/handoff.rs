@@ -3,6 +3,8 @@
 //!
 //! Source → clone, once: a 16-byte header (magic, payload length) carrying
 //! the template's memfds as SCM_RIGHTS, then the bincode [`Handoff`].
+//! A standby process of a zygote may get the memfds earlier, in a
+//! [`Preload`] message; its handoff then carries no memfds.
 //! Clone → source, once: a header and the bincode [`Ready`] (its pid and
 //! when it started its vCPUs, or why it failed). Memory never travels over
 //! the socket, and nothing is written to disk.
@@ -20,6 +22,7 @@ use super::CloneConfig;
 use crate::memory::template::MemoryLayer;
 
 const HANDOFF_MAGIC: &[u8; 8] = b"SPORECLN";
+const PRELOAD_MAGIC: &[u8; 8] = b"SPOREPRE";
 const READY_MAGIC: &[u8; 8] = b"SPORERDY";
 /// Layers one template may have (SCM_RIGHTS carries at most 253 fds).
 pub const MAX_LAYERS: usize = 64;
@@ -28,6 +31,8 @@ const MAX_PAYLOAD: u64 = 256 << 20;
 /// What a clone needs besides the memfds.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Handoff {
+    /// The template; a clone that preloaded it gets no memfds again.
+    pub template_id: String,
     pub name: String,
     /// Its clone number (what its `FORK` returns).
     pub index: u64,
@@ -43,6 +48,19 @@ pub struct Handoff {
     pub clone_config: CloneConfig,
     /// Host CLOCK_MONOTONIC (ns) when the clone was asked for.
     pub request_ns: u64,
+}
+
+/// A template's memory, sent ahead to a standby process (zygote mode).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Preload {
+    pub template_id: String,
+    pub layer_runs: Vec<Option<Vec<(u64, u64)>>>,
+}
+
+/// What a waiting clone process receives.
+pub enum Message {
+    Preload(String, Vec<MemoryLayer>),
+    Handoff(Handoff, Vec<MemoryLayer>),
 }
 
 /// The clone's answer.
@@ -84,6 +102,16 @@ fn send(
 
 /// Reads one message; returns the payload and the fds that came with it.
 fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), HandoffError> {
+    let (m, payload, files) = recv_any(sock, &[magic])?;
+    debug_assert_eq!(&m, magic);
+    Ok((payload, files))
+}
+
+/// Reads one message whose magic is one of `magics`.
+fn recv_any(
+    sock: &UnixStream,
+    magics: &[&[u8; 8]],
+) -> Result<([u8; 8], Vec<u8>, Vec<File>), HandoffError> {
     let mut header = [0u8; 16];
     let mut fds = [-1 as RawFd; MAX_LAYERS];
     let mut iov = [libc::iovec {
@@ -106,7 +134,9 @@ fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), Hand
     }
     let mut s = sock;
     s.read_exact(&mut header[n..])?;
-    if &header[..8] != magic {
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(&header[..8]);
+    if !magics.contains(&&magic) {
         return Err(HandoffError::Malformed("bad magic".into()));
     }
     let len = u64::from_le_bytes(header[8..].try_into().unwrap_or([0; 8]));
@@ -115,7 +145,7 @@ fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), Hand
     }
     let mut payload = vec![0u8; len as usize];
     s.read_exact(&mut payload)?;
-    Ok((payload, files))
+    Ok((magic, payload, files))
 }
 
 fn set_cloexec(f: &File) {
@@ -137,28 +167,55 @@ pub fn send_handoff(
     send(sock, HANDOFF_MAGIC, &payload, &fds)
 }
 
-/// Waits for the template (a clone process's first step); returns the
-/// handoff and its layers.
-pub fn recv_handoff(sock: &UnixStream) -> Result<(Handoff, Vec<MemoryLayer>), HandoffError> {
-    let (payload, files) = recv(sock, HANDOFF_MAGIC)?;
-    let handoff: Handoff =
-        bincode::deserialize(&payload).map_err(|e| HandoffError::Malformed(e.to_string()))?;
-    if handoff.layer_runs.len() != files.len() {
+/// Sends a template's memory ahead to a standby process.
+pub fn send_preload(
+    sock: &UnixStream,
+    template_id: &str,
+    layers: &[MemoryLayer],
+) -> Result<(), HandoffError> {
+    use std::os::fd::AsRawFd;
+    let p = Preload {
+        template_id: template_id.to_string(),
+        layer_runs: layers.iter().map(|l| l.runs.clone()).collect(),
+    };
+    let payload = bincode::serialize(&p).map_err(|e| HandoffError::Malformed(e.to_string()))?;
+    let fds: Vec<RawFd> = layers.iter().map(|l| l.file.as_raw_fd()).collect();
+    send(sock, PRELOAD_MAGIC, &payload, &fds)
+}
+
+fn layers_of(
+    runs: &[Option<Vec<(u64, u64)>>],
+    files: Vec<File>,
+) -> Result<Vec<MemoryLayer>, HandoffError> {
+    if runs.len() != files.len() {
         return Err(HandoffError::Malformed(format!(
             "{} layers described, {} memory files received",
-            handoff.layer_runs.len(),
+            runs.len(),
             files.len()
         )));
     }
-    let layers = files
+    Ok(files
         .into_iter()
-        .zip(handoff.layer_runs.iter())
+        .zip(runs.iter())
         .map(|(f, runs)| MemoryLayer {
             file: Arc::new(f),
             runs: runs.clone(),
         })
-        .collect();
-    Ok((handoff, layers))
+        .collect())
+}
+
+/// Waits for the next message of the source (a clone process waits here).
+pub fn recv_message(sock: &UnixStream) -> Result<Message, HandoffError> {
+    let (magic, payload, files) = recv_any(sock, &[HANDOFF_MAGIC, PRELOAD_MAGIC])?;
+    let malformed = |e: bincode::Error| HandoffError::Malformed(e.to_string());
+    if &magic == PRELOAD_MAGIC {
+        let p: Preload = bincode::deserialize(&payload).map_err(malformed)?;
+        let layers = layers_of(&p.layer_runs, files)?;
+        return Ok(Message::Preload(p.template_id, layers));
+    }
+    let handoff: Handoff = bincode::deserialize(&payload).map_err(malformed)?;
+    let layers = layers_of(&handoff.layer_runs, files)?;
+    Ok(Message::Handoff(handoff, layers))
 }
 
 pub fn send_ready(sock: &UnixStream, ready: &Ready) -> Result<(), HandoffError> {
@@ -187,6 +244,7 @@ mod tests {
             runs: None,
         }];
         let h = Handoff {
+            template_id: "t".into(),
             name: "c1".into(),
             index: 1,
             generation: 1,
@@ -197,8 +255,15 @@ mod tests {
             clone_config: CloneConfig::default(),
             request_ns: 5,
         };
+        send_preload(&a, "t", &layers).unwrap();
+        let Message::Preload(id, pre) = recv_message(&b).unwrap() else {
+            panic!("not a preload");
+        };
+        assert_eq!((id.as_str(), pre.len()), ("t", 1));
         send_handoff(&a, &h, &layers).unwrap();
-        let (got, got_layers) = recv_handoff(&b).unwrap();
+        let Message::Handoff(got, got_layers) = recv_message(&b).unwrap() else {
+            panic!("not a handoff");
+        };
         assert_eq!(got.state.len(), 100_000);
         assert_eq!(got.fork_vcpu, Some(0));
         let mut buf = [0u8; 5];

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use super::handoff::{send_handoff, Handoff, MAX_LAYERS};
+use super::handoff::{send_handoff, send_preload, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
     cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
@@ -323,14 +323,21 @@ fn start_clones(
                 .iter()
                 .map(|d| cloneid::clone_drive(d, dir, &p.name))
                 .collect::<Result<_, _>>()?;
+            // A standby process that preloaded this template gets no memfds.
+            let send_layers = p.preloaded.as_deref() != Some(template.id.as_str());
             let handoff = Handoff {
+                template_id: template.id.clone(),
                 name: p.name.clone(),
                 index,
                 generation: st.generation + 1,
                 config_json: serde_json::to_string(&cfg)
                     .map_err(|e| CloneError::Capture(e.to_string()))?,
                 state: template.state.to_vec(),
-                layer_runs: layer_runs.clone(),
+                layer_runs: if send_layers {
+                    layer_runs.clone()
+                } else {
+                    Vec::new()
+                },
                 fork_vcpu: template.fork_vcpu,
                 clone_config: super::CloneConfig {
                     standby: 0,
@@ -338,7 +345,8 @@ fn start_clones(
                 },
                 request_ns: order.request_ns,
             };
-            send_handoff(&p.sock, &handoff, &template.layers).map_err(|e| CloneError::Child {
+            let layers: &[MemoryLayer] = if send_layers { &template.layers } else { &[] };
+            send_handoff(&p.sock, &handoff, layers).map_err(|e| CloneError::Child {
                 name: p.name.clone(),
                 detail: format!("cannot send the template: {e}"),
                 log: p.log.display().to_string(),
@@ -391,15 +399,34 @@ pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneE
         what: "create the clone socket directory",
         source,
     })?;
-    let (keep, stale): (Vec<_>, Vec<_>) = st.standby.drain(..).partition(|p| p.dir == dir);
+    // Standby processes prepared for another size (the machine config
+    // changed before boot) or directory are replaced.
+    let want = prepare_for(config);
+    let (keep, stale): (Vec<_>, Vec<_>) = st
+        .standby
+        .drain(..)
+        .partition(|p| p.dir == dir && p.prepared_for == want);
     st.standby = keep;
     for p in stale {
         p.kill();
     }
     while st.standby.len() < st.config.standby as usize {
         let name = next_name(st);
-        let p = spawn(&dir, &name, st.config.marks, prepare_for(config))?;
+        let p = spawn(&dir, &name, st.config.marks, want)?;
         st.standby.push(p);
+    }
+    // A zygote's template never changes: standby processes map it ahead,
+    // so that a clone only loads state.
+    if let (true, Some(t)) = (st.zygote, st.template.as_ref()) {
+        for p in st.standby.iter_mut() {
+            if p.preloaded.as_deref() == Some(t.id.as_str()) {
+                continue;
+            }
+            match send_preload(&p.sock, &t.id, &t.layers) {
+                Ok(()) => p.preloaded = Some(t.id.clone()),
+                Err(e) => tracing::warn!("cannot preload standby clone {}: {e}", p.name),
+            }
+        }
     }
     Ok(())
 }

@@ -28,6 +28,10 @@ pub struct CloneProcess {
     pub child: Child,
     /// The source's end of the handoff socket.
     pub sock: UnixStream,
+    /// The template sent ahead to it, if any.
+    pub preloaded: Option<String>,
+    /// The VM size it prepared (memory bytes, vCPUs).
+    pub prepared_for: Option<(u64, u8)>,
 }
 
 /// The program clones run: this executable (a `spore` binary), unless
@@ -101,6 +105,8 @@ pub fn spawn(
         dir: dir.to_path_buf(),
         child,
         sock,
+        preloaded: None,
+        prepared_for: prepare,
     })
 }
 
