@@ -49,6 +49,10 @@ impl Prepared {
         let ram = GuestRam::placeholder(mem_bytes)?;
         let kvm = prepare_kvm(&ram, vcpus)
             .map_err(|e| CloneError::Capture(format!("cannot prepare the clone's VM: {e}")))?;
+        crate::vm::vcpu::prespawn_threads(usize::from(vcpus)).map_err(|source| CloneError::Io {
+            what: "start the clone's vCPU threads",
+            source,
+        })?;
         Ok(Prepared {
             ram,
             kvm,
@@ -75,6 +79,7 @@ impl Prepared {
             )));
         }
         self.ram.adopt_layers(&layers)?;
+        self.ram.prefault_layers(&layers);
         self.template = Some((id, layers));
         Ok(())
     }

@@ -74,6 +74,31 @@ fn spans(ram: &GuestRam) -> Vec<(u64, *mut u8, u64)> {
         .collect()
 }
 
+/// The ranges of `file` (up to `size`) that hold data, page-aligned
+/// (`SEEK_DATA`/`SEEK_HOLE`); empty if the file system cannot say.
+fn data_ranges(file: &File, size: u64) -> Vec<(u64, u64)> {
+    let fd = file.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    while (pos as u64) < size {
+        // SAFETY: lseek on an fd we hold; results are checked.
+        let start = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if start < 0 {
+            break;
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+        if end <= start {
+            break;
+        }
+        let lo = start as u64 & !(PAGE - 1);
+        let hi = (end as u64).min(size).div_ceil(PAGE) * PAGE;
+        out.push((lo, hi.min(size) - lo));
+        pos = end;
+    }
+    out
+}
+
 impl GuestRam {
     /// Maps `layers` (base first) privately: the RAM of a clone.
     pub fn from_layers(layers: &[MemoryLayer], size: u64) -> Result<Self, TemplateError> {
@@ -250,6 +275,39 @@ impl GuestRam {
         self.private
             .store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Fills the host page tables for the data `layers` hold (read-only:
+    /// pages stay shared with the template), so that a standby clone's
+    /// first guest accesses do not fault on the host. Best effort: a kernel
+    /// without `MADV_POPULATE_READ` (before 5.14) just skips it.
+    pub fn prefault_layers(&self, layers: &[MemoryLayer]) {
+        const MADV_POPULATE_READ: libc::c_int = 22;
+        let spans = spans(self);
+        for layer in layers {
+            let ranges = match &layer.runs {
+                Some(r) => r.clone(),
+                None => data_ranges(&layer.file, self.size),
+            };
+            for (offset, len) in ranges {
+                for &(span_off, ptr, span_len) in &spans {
+                    let lo = offset.max(span_off);
+                    let hi = (offset + len).min(span_off + span_len);
+                    if lo >= hi {
+                        continue;
+                    }
+                    // SAFETY: a range inside a mapping this GuestRam owns;
+                    // populating reads it, nothing is written.
+                    unsafe {
+                        libc::madvise(
+                            ptr.add((lo - span_off) as usize) as *mut libc::c_void,
+                            (hi - lo) as usize,
+                            MADV_POPULATE_READ,
+                        )
+                    };
+                }
+            }
+        }
     }
 
     /// This RAM's memfd as a base layer (a VM that was never cloned).
