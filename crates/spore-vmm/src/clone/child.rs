@@ -105,6 +105,7 @@ pub fn restore(
         Some((id, pre)) if layers.is_empty() && id == handoff.template_id => pre,
         _ => layers,
     };
+    let t0 = std::time::Instant::now();
     let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
     let state: MicrovmState = bincode::deserialize(&handoff.state)
         .map_err(|e| bad("the VM state does not decode", &e))?;
@@ -156,6 +157,11 @@ pub fn restore(
         vm.signal()
             .set_pending_result(v, handoff.index.min(u64::from(u32::MAX - 1)) as u32);
     }
+    tracing::debug!(
+        "clone {}: restored in {} µs",
+        handoff.name,
+        t0.elapsed().as_micros()
+    );
     let cid = cloneid::clone_vsock_cid(&config, handoff.index);
     cloneid::apply_identity(&vm, handoff.generation, cid)?;
     let clone = CloneState {

@@ -352,6 +352,11 @@ fn start_clones(
                 log: p.log.display().to_string(),
             })?;
         }
+        tracing::debug!(
+            "{} handoffs sent {} µs after the request",
+            procs.len(),
+            monotonic_ns().saturating_sub(order.request_ns) / 1000
+        );
         let mut out = Vec::new();
         for (i, (p, standby)) in procs.iter().enumerate() {
             let ready = p.wait_ready()?;
