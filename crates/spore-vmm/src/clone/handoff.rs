@@ -107,11 +107,14 @@ fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), Hand
     Ok((payload, files))
 }
 
+/// A message read: its magic, payload and the fds that came with it.
+type Received = ([u8; 8], Vec<u8>, Vec<File>);
+
 /// Reads one message whose magic is one of `magics`.
 fn recv_any(
     sock: &UnixStream,
     magics: &[&[u8; 8]],
-) -> Result<([u8; 8], Vec<u8>, Vec<File>), HandoffError> {
+) -> Result<Received, HandoffError> {
     let mut header = [0u8; 16];
     let mut fds = [-1 as RawFd; MAX_LAYERS];
     let mut iov = [libc::iovec {

@@ -279,7 +279,8 @@ pub fn clone_vm(
                 vm.signal()
                     .set_pending_result(v, spore_abi::signal::FORK_FAILED);
             }
-            if was_running && !(st.zygote && !fresh) {
+            // An older zygote stays frozen; anything else runs on.
+            if was_running && (fresh || !st.zygote) {
                 let _ = vm.resume();
             }
             Err(e)
