@@ -339,7 +339,9 @@ fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
         Some(r#"{"mode": "zygote"}"#),
     );
     let src = reaper.source_pid();
-    wait_until(&s.0, 120, "100 clones", || oks(&s.0).0.len() >= 100);
+    wait_until(&s.0, 120, "100 clones", || {
+        oks(&s.0).0.len() >= 100 && forked_pids(&read(&s.path("src.log"))).len() == 100
+    });
     reaper.pids.extend(forked_pids(&read(&s.path("src.log"))));
     assert_eq!(reaper.pids.len(), 100);
     assert!(oks(&s.0).1.is_empty());
