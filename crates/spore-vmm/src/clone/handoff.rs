@@ -111,10 +111,7 @@ fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), Hand
 type Received = ([u8; 8], Vec<u8>, Vec<File>);
 
 /// Reads one message whose magic is one of `magics`.
-fn recv_any(
-    sock: &UnixStream,
-    magics: &[&[u8; 8]],
-) -> Result<Received, HandoffError> {
+fn recv_any(sock: &UnixStream, magics: &[&[u8; 8]]) -> Result<Received, HandoffError> {
     let mut header = [0u8; 16];
     let mut fds = [-1 as RawFd; MAX_LAYERS];
     let mut iov = [libc::iovec {

@@ -249,3 +249,88 @@ pub struct CloneState {
     /// A template sent ahead to this (standby) process without a prepared VM.
     pub preloaded: Option<(String, Vec<MemoryLayer>)>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{parse_request, ApiError, ApiRequest};
+    use hyper::Method;
+
+    #[test]
+    fn clone_routes_parse_and_refuse_bad_bodies() {
+        let r = parse_request(
+            &Method::PUT,
+            "/clone",
+            br#"{"count": 3, "mode": "continue"}"#,
+        );
+        assert_eq!(
+            r,
+            Ok(ApiRequest::PutClone(CloneRequest {
+                count: 3,
+                mode: Some(CloneMode::Continue),
+                socket_dir: None,
+            }))
+        );
+        assert_eq!(
+            parse_request(&Method::GET, "/clone", b""),
+            Ok(ApiRequest::GetClone)
+        );
+        let c = parse_request(&Method::PUT, "/clone/config", br#"{"max_clones": 5}"#);
+        assert_eq!(
+            c,
+            Ok(ApiRequest::PutCloneConfig(CloneConfig {
+                max_clones: 5,
+                ..Default::default()
+            }))
+        );
+        for (path, body) in [
+            ("/clone", &br#"{"count": -1}"#[..]),
+            ("/clone", br#"{"count": 1, "mode": "sideways"}"#),
+            ("/clone", br#"{"mode": "zygote"}"#),
+            ("/clone", br#"{"count": 1, "extra": 1}"#),
+            ("/clone/config", br#"{"max_clones": "many"}"#),
+        ] {
+            assert!(
+                matches!(
+                    parse_request(&Method::PUT, path, body),
+                    Err(ApiError::BadRequest(_))
+                ),
+                "{path} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(matches!(
+            parse_request(&Method::PATCH, "/clone", b"{}"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+    }
+
+    #[test]
+    fn clone_config_defaults_and_limits() {
+        let c = CloneConfig::default();
+        assert_eq!(
+            (c.mode, c.fork_count, c.max_clones),
+            (CloneMode::Zygote, 1, 1000)
+        );
+        assert!(c.validate().is_ok());
+        for bad in [
+            CloneConfig {
+                max_clones: 0,
+                ..Default::default()
+            },
+            CloneConfig {
+                fork_count: MAX_PER_REQUEST + 1,
+                ..Default::default()
+            },
+            CloneConfig {
+                standby: 65,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validate().unwrap_err().is_client_error());
+        }
+        let cap = CloneError::CapReached { served: 3, cap: 3 };
+        assert!(cap.to_string().contains("max_clones"));
+        assert!(cap.is_client_error());
+    }
+}
