@@ -646,6 +646,18 @@ impl Vmm {
         handoff: &crate::clone::handoff::Handoff,
         layers: Vec<crate::memory::template::MemoryLayer>,
     ) -> Result<u64, CloneError> {
+        self.restore_clone(handoff, layers)?;
+        self.go_clone(handoff.index)
+    }
+
+    /// Restores the clone that came over the handoff socket, paused, until
+    /// [`Vmm::go_clone`] gives it its number and starts it (a zygote's
+    /// standby process restores ahead of the request).
+    pub fn restore_clone(
+        &self,
+        handoff: &crate::clone::handoff::Handoff,
+        layers: Vec<crate::memory::template::MemoryLayer>,
+    ) -> Result<(), CloneError> {
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(CloneError::BadRequest(
@@ -663,16 +675,33 @@ impl Vmm {
         let prepared = inner.clone.prepared.take();
         let preloaded = inner.clone.preloaded.take();
         let restored = child::restore(handoff, layers, prepared, preloaded, opts)?;
-        let mut vm = restored.vm;
-        self.install_fork_handler(&vm);
+        self.install_fork_handler(&restored.vm);
         let api_socket = inner.clone.api_socket.take();
         inner.clone = restored.clone;
         inner.clone.api_socket = api_socket;
+        inner.clone.awaiting_go = Some((handoff.fork_vcpu, handoff.generation));
+        inner.config = restored.config;
+        inner.vm = Some(restored.vm);
+        Ok(())
+    }
+
+    /// Makes the restored clone clone number `index` and starts it; returns
+    /// the host monotonic time right before its vCPUs started.
+    pub fn go_clone(&self, index: u64) -> Result<u64, CloneError> {
+        let mut inner = lock(&self.inner);
+        let (fork_vcpu, generation) = inner
+            .clone
+            .awaiting_go
+            .take()
+            .ok_or_else(|| CloneError::BadRequest("no restored clone waits to start".into()))?;
+        let Inner { config, vm, .. } = &mut *inner;
+        let vm = vm
+            .as_mut()
+            .ok_or_else(|| CloneError::BadRequest("no restored clone waits to start".into()))?;
+        child::activate(vm, config, fork_vcpu, index, generation)?;
         let start_ns = crate::devices::legacy::signal::monotonic_ns();
         vm.start()
             .map_err(|e| CloneError::Capture(format!("cannot start the clone: {e}")))?;
-        inner.config = restored.config;
-        inner.vm = Some(vm);
         Ok(start_ns)
     }
 }

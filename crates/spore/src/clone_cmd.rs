@@ -234,7 +234,11 @@ pub fn run_clone_vmm(args: &VmmArgs, fd: i32) -> anyhow::Result<u8> {
         Ok(None) => return Ok(0),
         Err(e) => return Err(e).context("receiving the clone template"),
     };
-    let start_ns = match vmm.start_clone(&incoming.handoff, incoming.layers) {
+    let started = match incoming.start {
+        Start::Handoff(h, layers) => vmm.start_clone(&h, layers),
+        Start::Go(index) => vmm.go_clone(index),
+    };
+    let start_ns = match started {
         Ok(t) => t,
         Err(e) => {
             child::report(&incoming.sock, 0, Some(e.to_string()));
@@ -291,11 +295,24 @@ fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
         }
         match recv_message(&sock) {
             Ok(Message::Preload(id, layers)) => vmm.preload_clone(id, layers)?,
+            // A zygote's standby: restore now, start on the go.
+            Ok(Message::Handoff(handoff, layers)) if handoff.prestart => {
+                if let Err(e) = vmm.restore_clone(&handoff, layers) {
+                    // Nobody waits for this answer yet: end, and let the
+                    // source see the socket close when it uses us.
+                    return Err(e).context("restoring the clone ahead");
+                }
+            }
             Ok(Message::Handoff(handoff, layers)) => {
                 return Ok(Some(Incoming {
                     sock,
-                    handoff,
-                    layers,
+                    start: Start::Handoff(handoff, layers),
+                }))
+            }
+            Ok(Message::Go(go)) => {
+                return Ok(Some(Incoming {
+                    sock,
+                    start: Start::Go(go.index),
                 }))
             }
             Err(HandoffError::Closed) => return Ok(None),
@@ -304,9 +321,15 @@ fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
     }
 }
 
-/// The handoff a clone process received.
+/// What starts a clone process.
+enum Start {
+    Handoff(Handoff, Vec<MemoryLayer>),
+    /// The clone restored ahead gets this number.
+    Go(u64),
+}
+
+/// The socket a clone process inherited and what came over it.
 struct Incoming {
     sock: UnixStream,
-    handoff: Handoff,
-    layers: Vec<MemoryLayer>,
+    start: Start,
 }

@@ -522,3 +522,38 @@ fn kvm_clone_a_read_write_drive_is_refused_and_the_zygote_undone() {
     assert_eq!(status["zygote"], false);
     assert_eq!(status["served"], 0);
 }
+
+#[test]
+fn kvm_clone_standby_clones_restored_ahead_see_the_template_and_keep_their_own_pages() {
+    require_kvm();
+    let s = Scratch::new("clone-standby");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=2 mib=2 hold_ms=200 after=exit",
+        Some(r#"{"standby": 2}"#),
+    );
+    wait_until(&s.0, 30, "the guest's clones", || {
+        oks(&s.0).0.len() == 2 && forked_pids(&read(&s.path("src.log"))).len() == 2
+    });
+    reaper.pids.extend(forked_pids(&read(&s.path("src.log"))));
+    // Now the zygote's standby processes hold clones restored ahead: a
+    // request only numbers and starts them.
+    wait_until(&s.0, 10, "standby processes", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"standby\":2")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    for c in r["clones"].as_array().unwrap() {
+        assert_eq!(c["standby"], true, "{r}");
+    }
+    wait_until(&s.0, 30, "clones 3 and 4", || {
+        let ok = oks(&s.0).0;
+        ok.contains(&3) && ok.contains(&4)
+    });
+    assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
+}

@@ -151,19 +151,11 @@ pub fn restore(
         }
     };
     let vm = vm.map_err(|e| bad("cannot restore the clone", &e))?;
-    if let Some(v) = handoff.fork_vcpu {
-        // What its FORK returns: the clone number (fits: the cap is u64, but
-        // a template serving 4 billion clones is not a use case).
-        vm.signal()
-            .set_pending_result(v, handoff.index.min(u64::from(u32::MAX - 1)) as u32);
-    }
     tracing::debug!(
         "clone {}: restored in {} µs",
         handoff.name,
         t0.elapsed().as_micros()
     );
-    let cid = cloneid::clone_vsock_cid(&config, handoff.index);
-    cloneid::apply_identity(&vm, handoff.generation, cid)?;
     let clone = CloneState {
         config: handoff.clone_config.clone(),
         ram_layers: layers,
@@ -171,6 +163,25 @@ pub fn restore(
         ..Default::default()
     };
     Ok(Restored { vm, config, clone })
+}
+
+/// Makes a restored (still paused) VM clone number `index`: what its
+/// `FORK` returns, and its identity. Called right before it starts.
+pub fn activate(
+    vm: &Vm,
+    config: &VmConfig,
+    fork_vcpu: Option<u8>,
+    index: u64,
+    generation: u64,
+) -> Result<(), CloneError> {
+    if let Some(v) = fork_vcpu {
+        // What its FORK returns: the clone number (fits: the cap is u64, but
+        // a template serving 4 billion clones is not a use case).
+        vm.signal()
+            .set_pending_result(v, index.min(u64::from(u32::MAX - 1)) as u32);
+    }
+    let cid = cloneid::clone_vsock_cid(config, index);
+    cloneid::apply_identity(vm, generation, cid)
 }
 
 /// Tells the source how the clone went.

@@ -4,7 +4,9 @@
 //! Source → clone, once: a 16-byte header (magic, payload length) carrying
 //! the template's memfds as SCM_RIGHTS, then the bincode [`Handoff`].
 //! A standby process of a zygote may get the memfds earlier, in a
-//! [`Preload`] message; its handoff then carries no memfds.
+//! [`Preload`] message; its handoff then carries no memfds. Or it gets the
+//! whole handoff ahead with `prestart` set: it restores the clone paused,
+//! and a later [`Go`] (the clone number) starts it.
 //! Clone → source, once: a header and the bincode [`Ready`] (its pid and
 //! when it started its vCPUs, or why it failed). Memory never travels over
 //! the socket, and nothing is written to disk.
@@ -23,6 +25,7 @@ use crate::memory::template::MemoryLayer;
 
 const HANDOFF_MAGIC: &[u8; 8] = b"SPORECLN";
 const PRELOAD_MAGIC: &[u8; 8] = b"SPOREPRE";
+const GO_MAGIC: &[u8; 8] = b"SPOREGO!";
 const READY_MAGIC: &[u8; 8] = b"SPORERDY";
 /// Layers one template may have (SCM_RIGHTS carries at most 253 fds).
 pub const MAX_LAYERS: usize = 64;
@@ -48,6 +51,15 @@ pub struct Handoff {
     pub clone_config: CloneConfig,
     /// Host CLOCK_MONOTONIC (ns) when the clone was asked for.
     pub request_ns: u64,
+    /// Restore now, start on a [`Go`] (a zygote's standby process).
+    pub prestart: bool,
+}
+
+/// Starts a clone restored ahead (`prestart`).
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Go {
+    pub index: u64,
+    pub request_ns: u64,
 }
 
 /// A template's memory, sent ahead to a standby process (zygote mode).
@@ -61,6 +73,7 @@ pub struct Preload {
 pub enum Message {
     Preload(String, Vec<MemoryLayer>),
     Handoff(Handoff, Vec<MemoryLayer>),
+    Go(Go),
 }
 
 /// The clone's answer.
@@ -206,8 +219,13 @@ fn layers_of(
 
 /// Waits for the next message of the source (a clone process waits here).
 pub fn recv_message(sock: &UnixStream) -> Result<Message, HandoffError> {
-    let (magic, payload, files) = recv_any(sock, &[HANDOFF_MAGIC, PRELOAD_MAGIC])?;
+    let (magic, payload, files) = recv_any(sock, &[HANDOFF_MAGIC, PRELOAD_MAGIC, GO_MAGIC])?;
     let malformed = |e: bincode::Error| HandoffError::Malformed(e.to_string());
+    if &magic == GO_MAGIC {
+        return Ok(Message::Go(
+            bincode::deserialize(&payload).map_err(malformed)?,
+        ));
+    }
     if &magic == PRELOAD_MAGIC {
         let p: Preload = bincode::deserialize(&payload).map_err(malformed)?;
         let layers = layers_of(&p.layer_runs, files)?;
@@ -216,6 +234,11 @@ pub fn recv_message(sock: &UnixStream) -> Result<Message, HandoffError> {
     let handoff: Handoff = bincode::deserialize(&payload).map_err(malformed)?;
     let layers = layers_of(&handoff.layer_runs, files)?;
     Ok(Message::Handoff(handoff, layers))
+}
+
+pub fn send_go(sock: &UnixStream, go: &Go) -> Result<(), HandoffError> {
+    let payload = bincode::serialize(go).map_err(|e| HandoffError::Malformed(e.to_string()))?;
+    send(sock, GO_MAGIC, &payload, &[])
 }
 
 pub fn send_ready(sock: &UnixStream, ready: &Ready) -> Result<(), HandoffError> {
@@ -254,6 +277,7 @@ mod tests {
             fork_vcpu: Some(0),
             clone_config: CloneConfig::default(),
             request_ns: 5,
+            prestart: false,
         };
         send_preload(&a, "t", &layers).unwrap();
         let Message::Preload(id, pre) = recv_message(&b).unwrap() else {
@@ -269,6 +293,16 @@ mod tests {
         let mut buf = [0u8; 5];
         got_layers[0].file.read_exact_at(&mut buf, 4096).unwrap();
         assert_eq!(&buf, b"hello");
+
+        let go = Go {
+            index: 4,
+            request_ns: 6,
+        };
+        send_go(&a, &go).unwrap();
+        let Message::Go(got) = recv_message(&b).unwrap() else {
+            panic!("not a go");
+        };
+        assert_eq!(got, go);
 
         let r = Ready {
             pid: 3,

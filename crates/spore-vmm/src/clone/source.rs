@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use super::handoff::{send_handoff, send_preload, Handoff, MAX_LAYERS};
+use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
     cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
@@ -298,6 +298,9 @@ fn start_clones(
     order: &CloneOrder,
     dir: &Path,
 ) -> Result<Vec<CloneInfo>, CloneError> {
+    // Drop standby processes that died (reaped here).
+    st.standby
+        .retain_mut(|p| matches!(p.child.try_wait(), Ok(None)));
     let mut procs: Vec<(CloneProcess, bool)> = Vec::new();
     let result = (|| {
         for _ in 0..order.count {
@@ -312,42 +315,21 @@ fn start_clones(
             };
             procs.push(p);
         }
-        let layer_runs: Vec<_> = template.layers.iter().map(|l| l.runs.clone()).collect();
         for (i, (p, _)) in procs.iter().enumerate() {
             let index = st.served + 1 + i as u64;
-            let mut cfg = config.clone();
-            if let Some(v) = cfg.vsock.as_mut() {
-                v.uds_path = dir.join(format!("{}.vsock", p.name)).display().to_string();
-            }
-            cfg.drives = config
-                .drives
-                .iter()
-                .map(|d| cloneid::clone_drive(d, dir, &p.name))
-                .collect::<Result<_, _>>()?;
-            // A standby process that preloaded this template gets no memfds.
-            let send_layers = p.preloaded.as_deref() != Some(template.id.as_str());
-            let handoff = Handoff {
-                template_id: template.id.clone(),
-                name: p.name.clone(),
-                index,
-                generation: st.generation + 1,
-                config_json: serde_json::to_string(&cfg)
-                    .map_err(|e| CloneError::Capture(e.to_string()))?,
-                state: template.state.to_vec(),
-                layer_runs: if send_layers {
-                    layer_runs.clone()
-                } else {
-                    Vec::new()
-                },
-                fork_vcpu: template.fork_vcpu,
-                clone_config: super::CloneConfig {
-                    standby: 0,
-                    ..st.config.clone()
-                },
-                request_ns: order.request_ns,
+            let sent = if p.prestarted.as_deref() == Some(template.id.as_str()) {
+                let go = Go {
+                    index,
+                    request_ns: order.request_ns,
+                };
+                send_go(&p.sock, &go)
+            } else {
+                let (handoff, send_layers) =
+                    clone_handoff(config, st, template, p, index, order.request_ns, false)?;
+                let layers: &[MemoryLayer] = if send_layers { &template.layers } else { &[] };
+                send_handoff(&p.sock, &handoff, layers)
             };
-            let layers: &[MemoryLayer] = if send_layers { &template.layers } else { &[] };
-            send_handoff(&p.sock, &handoff, layers).map_err(|e| CloneError::Child {
+            sent.map_err(|e| CloneError::Child {
                 name: p.name.clone(),
                 detail: format!("cannot send the template: {e}"),
                 log: p.log.display().to_string(),
@@ -397,6 +379,51 @@ fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
     usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
 }
 
+/// The handoff for clone process `p` (and whether it needs the memfds: not
+/// when it preloaded the template).
+fn clone_handoff(
+    config: &VmConfig,
+    st: &CloneState,
+    template: &Template,
+    p: &CloneProcess,
+    index: u64,
+    request_ns: u64,
+    prestart: bool,
+) -> Result<(Handoff, bool), CloneError> {
+    let dir = &p.dir;
+    let mut cfg = config.clone();
+    if let Some(v) = cfg.vsock.as_mut() {
+        v.uds_path = dir.join(format!("{}.vsock", p.name)).display().to_string();
+    }
+    cfg.drives = config
+        .drives
+        .iter()
+        .map(|d| cloneid::clone_drive(d, dir, &p.name))
+        .collect::<Result<_, _>>()?;
+    let send_layers = p.preloaded.as_deref() != Some(template.id.as_str());
+    let handoff = Handoff {
+        template_id: template.id.clone(),
+        name: p.name.clone(),
+        index,
+        generation: st.generation + 1,
+        config_json: serde_json::to_string(&cfg).map_err(|e| CloneError::Capture(e.to_string()))?,
+        state: template.state.to_vec(),
+        layer_runs: if send_layers {
+            template.layers.iter().map(|l| l.runs.clone()).collect()
+        } else {
+            Vec::new()
+        },
+        fork_vcpu: template.fork_vcpu,
+        clone_config: super::CloneConfig {
+            standby: 0,
+            ..st.config.clone()
+        },
+        request_ns,
+        prestart,
+    };
+    Ok((handoff, send_layers))
+}
+
 /// Tops the standby pool up to the configured size; standby processes
 /// prepare a VM of this one's size.
 pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneError> {
@@ -421,18 +448,28 @@ pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneE
         let p = spawn(&dir, &name, st.config.marks, want)?;
         st.standby.push(p);
     }
-    // A zygote's template never changes: standby processes map it ahead,
-    // so that a clone only loads state.
-    if let (true, Some(t)) = (st.zygote, st.template.as_ref()) {
-        for p in st.standby.iter_mut() {
-            if p.preloaded.as_deref() == Some(t.id.as_str()) {
+    // A zygote's template never changes: standby processes restore a clone
+    // of it ahead, paused, so that a clone request only gives it its number
+    // and starts it.
+    if let (true, Some(t)) = (st.zygote, st.template.clone()) {
+        let mut standby = std::mem::take(&mut st.standby);
+        for p in standby.iter_mut() {
+            if p.prestarted.as_deref() == Some(t.id.as_str()) {
                 continue;
             }
-            match send_preload(&p.sock, &t.id, &t.layers) {
-                Ok(()) => p.preloaded = Some(t.id.clone()),
-                Err(e) => tracing::warn!("cannot preload standby clone {}: {e}", p.name),
+            let sent = clone_handoff(config, st, &t, p, 0, 0, true).and_then(|(h, _)| {
+                send_handoff(&p.sock, &h, &t.layers).map_err(|e| CloneError::Child {
+                    name: p.name.clone(),
+                    detail: e.to_string(),
+                    log: p.log.display().to_string(),
+                })
+            });
+            match sent {
+                Ok(()) => p.prestarted = Some(t.id.clone()),
+                Err(e) => tracing::warn!("cannot restore standby clone {} ahead: {e}", p.name),
             }
         }
+        st.standby = standby;
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub struct CloneProcess {
     pub sock: UnixStream,
     /// The template sent ahead to it, if any.
     pub preloaded: Option<String>,
+    /// The template it restored a clone of ahead (waiting for a go).
+    pub prestarted: Option<String>,
     /// The VM size it prepared (memory bytes, vCPUs).
     pub prepared_for: Option<(u64, u8)>,
 }
@@ -106,6 +108,7 @@ pub fn spawn(
         child,
         sock,
         preloaded: None,
+        prestarted: None,
         prepared_for: prepare,
     })
 }
