@@ -616,28 +616,6 @@ impl Vmm {
         Ok(())
     }
 
-    /// Takes a template ahead of the clone request (a zygote's standby
-    /// process): maps it over the prepared VM's placeholder if there is one.
-    pub fn preload_clone(
-        &self,
-        template_id: String,
-        layers: Vec<crate::memory::template::MemoryLayer>,
-    ) -> Result<(), CloneError> {
-        let mut inner = lock(&self.inner);
-        if let Some(p) = inner.clone.prepared.as_mut() {
-            match p.preload(template_id.clone(), layers.clone()) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    // Restore the ordinary way: map the layers at clone time.
-                    tracing::warn!("cannot preload the template on the prepared VM: {e}");
-                    inner.clone.prepared = None;
-                }
-            }
-        }
-        inner.clone.preloaded = Some((template_id, layers));
-        Ok(())
-    }
-
     /// Runs this VMM as a clone: maps the template that came over the
     /// handoff socket, restores the VM and starts it. Returns the host
     /// monotonic time right before its vCPUs started.
@@ -673,8 +651,7 @@ impl Vmm {
             control: self.control.clone(),
         };
         let prepared = inner.clone.prepared.take();
-        let preloaded = inner.clone.preloaded.take();
-        let restored = child::restore(handoff, layers, prepared, preloaded, opts)?;
+        let restored = child::restore(handoff, layers, prepared, opts)?;
         self.install_fork_handler(&restored.vm);
         let api_socket = inner.clone.api_socket.take();
         inner.clone = restored.clone;

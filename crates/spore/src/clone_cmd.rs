@@ -267,8 +267,8 @@ fn parse_prepare(spec: &str) -> Option<(u64, u8)> {
     Some((mib.checked_mul(1 << 20)?, vcpus.trim().parse().ok()?))
 }
 
-/// Blocks until the source sends the clone handoff, taking a preloaded
-/// template on the way; polls so that a host signal can end a standby
+/// Blocks until the source sends the clone handoff (or, for a clone
+/// restored ahead, its go); polls so that a host signal can end a standby
 /// process that was never used.
 fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
     let sock = child::adopt_socket(fd)?;
@@ -294,7 +294,6 @@ fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
             continue;
         }
         match recv_message(&sock) {
-            Ok(Message::Preload(id, layers)) => vmm.preload_clone(id, layers)?,
             // A zygote's standby: restore now, start on the go.
             Ok(Message::Handoff(handoff, layers)) if handoff.prestart => {
                 if let Err(e) = vmm.restore_clone(&handoff, layers) {
@@ -323,7 +322,7 @@ fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
 
 /// What starts a clone process.
 enum Start {
-    Handoff(Handoff, Vec<MemoryLayer>),
+    Handoff(Box<Handoff>, Vec<MemoryLayer>),
     /// The clone restored ahead gets this number.
     Go(u64),
 }

@@ -39,9 +39,6 @@ pub fn adopt_socket(fd: RawFd) -> Result<UnixStream, HandoffError> {
 pub struct Prepared {
     ram: GuestRam,
     kvm: PreparedKvm,
-    /// The template already mapped over the placeholder (a zygote's
-    /// standby process gets it ahead of its clone request).
-    template: Option<(String, Vec<MemoryLayer>)>,
 }
 
 impl Prepared {
@@ -53,35 +50,7 @@ impl Prepared {
             what: "start the clone's vCPU threads",
             source,
         })?;
-        Ok(Prepared {
-            ram,
-            kvm,
-            template: None,
-        })
-    }
-
-    /// Maps a template ahead of the clone request. Only once: the
-    /// placeholder is then gone.
-    pub fn preload(&mut self, id: String, layers: Vec<MemoryLayer>) -> Result<(), CloneError> {
-        if self.template.is_some() {
-            return Err(CloneError::BadRequest(
-                "this clone process already holds a template".into(),
-            ));
-        }
-        let base_len = layers
-            .first()
-            .and_then(|l| l.file.metadata().ok())
-            .map_or(0, |m| m.len());
-        if base_len != self.kvm.mem_bytes() {
-            return Err(CloneError::BadRequest(format!(
-                "the template has {base_len} bytes of memory, this process prepared {}",
-                self.kvm.mem_bytes()
-            )));
-        }
-        self.ram.adopt_layers(&layers)?;
-        self.ram.prefault_layers(&layers);
-        self.template = Some((id, layers));
-        Ok(())
+        Ok(Prepared { ram, kvm })
     }
 }
 
@@ -92,62 +61,34 @@ pub struct Restored {
     pub clone: CloneState,
 }
 
-/// Maps the template and rebuilds the VM from the handed-over state.
+/// Maps the template and rebuilds the VM from the handed-over state, on
+/// the prepared VM when it fits.
 pub fn restore(
     handoff: &Handoff,
     layers: Vec<MemoryLayer>,
     prepared: Option<Prepared>,
-    preloaded: Option<(String, Vec<MemoryLayer>)>,
     opts: BuildOptions,
 ) -> Result<Restored, CloneError> {
-    // A template preloaded without a prepared VM: its layers.
-    let layers = match preloaded {
-        Some((id, pre)) if layers.is_empty() && id == handoff.template_id => pre,
-        _ => layers,
-    };
     let t0 = std::time::Instant::now();
     let bad = |what: &str, e: &dyn std::fmt::Display| CloneError::Capture(format!("{what}: {e}"));
     let state: MicrovmState = bincode::deserialize(&handoff.state)
         .map_err(|e| bad("the VM state does not decode", &e))?;
     let config: VmConfig = serde_json::from_str(&handoff.config_json)
         .map_err(|e| bad("the configuration does not decode", &e))?;
-    // A prepared VM that does not fit is dropped, keeping a template it
-    // preloaded (its layers are then mapped the ordinary way).
-    let (prepared, layers) = match prepared {
-        Some(p) if !p.kvm.fits(&config, &state) => match p.template {
-            Some((id, pre)) if layers.is_empty() && id == handoff.template_id => (None, pre),
-            _ => (None, layers),
-        },
-        p => (p, layers),
-    };
-    let (vm, layers) = match prepared {
-        // Preloaded: memory is mapped and registered already.
-        Some(Prepared {
-            ram,
-            kvm,
-            template: Some((id, pre)),
-        }) if id == handoff.template_id => {
-            tracing::debug!("clone {}: restoring on the preloaded VM", handoff.name);
-            (restore_vm_prepared(&config, &state, ram, kvm, opts), pre)
-        }
-        Some(Prepared {
-            mut ram,
-            kvm,
-            template: None,
-        }) if !layers.is_empty() => {
+    let vm = match prepared.filter(|p| p.kvm.fits(&config, &state)) {
+        Some(Prepared { mut ram, kvm }) => {
             tracing::debug!("clone {}: restoring on the prepared VM", handoff.name);
             ram.adopt_layers(&layers)?;
-            (restore_vm_prepared(&config, &state, ram, kvm, opts), layers)
+            if handoff.prestart {
+                // Restored ahead of its request: fill the host page tables
+                // now rather than on the guest's first accesses.
+                ram.prefault_layers(&layers);
+            }
+            restore_vm_prepared(&config, &state, ram, kvm, opts)
         }
-        _ if layers.is_empty() => {
-            return Err(CloneError::Capture(format!(
-                "template {} was neither sent nor preloaded",
-                handoff.template_id
-            )))
-        }
-        _ => {
+        None => {
             let ram = GuestRam::from_layers(&layers, state.mem_size)?;
-            (restore_vm_with_ram(&config, &state, ram, opts), layers)
+            restore_vm_with_ram(&config, &state, ram, opts)
         }
     };
     let vm = vm.map_err(|e| bad("cannot restore the clone", &e))?;

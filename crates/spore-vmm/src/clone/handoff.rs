@@ -3,10 +3,9 @@
 //!
 //! Source → clone, once: a 16-byte header (magic, payload length) carrying
 //! the template's memfds as SCM_RIGHTS, then the bincode [`Handoff`].
-//! A standby process of a zygote may get the memfds earlier, in a
-//! [`Preload`] message; its handoff then carries no memfds. Or it gets the
-//! whole handoff ahead with `prestart` set: it restores the clone paused,
-//! and a later [`Go`] (the clone number) starts it.
+//! A standby process of a zygote gets the whole handoff ahead, with
+//! `prestart` set: it restores the clone paused, and a later [`Go`] (the
+//! clone number) starts it.
 //! Clone → source, once: a header and the bincode [`Ready`] (its pid and
 //! when it started its vCPUs, or why it failed). Memory never travels over
 //! the socket, and nothing is written to disk.
@@ -24,7 +23,6 @@ use super::CloneConfig;
 use crate::memory::template::MemoryLayer;
 
 const HANDOFF_MAGIC: &[u8; 8] = b"SPORECLN";
-const PRELOAD_MAGIC: &[u8; 8] = b"SPOREPRE";
 const GO_MAGIC: &[u8; 8] = b"SPOREGO!";
 const READY_MAGIC: &[u8; 8] = b"SPORERDY";
 /// Layers one template may have (SCM_RIGHTS carries at most 253 fds).
@@ -34,7 +32,7 @@ const MAX_PAYLOAD: u64 = 256 << 20;
 /// What a clone needs besides the memfds.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Handoff {
-    /// The template; a clone that preloaded it gets no memfds again.
+    /// The template it is a clone of.
     pub template_id: String,
     pub name: String,
     /// Its clone number (what its `FORK` returns).
@@ -62,17 +60,9 @@ pub struct Go {
     pub request_ns: u64,
 }
 
-/// A template's memory, sent ahead to a standby process (zygote mode).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Preload {
-    pub template_id: String,
-    pub layer_runs: Vec<Option<Vec<(u64, u64)>>>,
-}
-
 /// What a waiting clone process receives.
 pub enum Message {
-    Preload(String, Vec<MemoryLayer>),
-    Handoff(Handoff, Vec<MemoryLayer>),
+    Handoff(Box<Handoff>, Vec<MemoryLayer>),
     Go(Go),
 }
 
@@ -180,22 +170,6 @@ pub fn send_handoff(
     send(sock, HANDOFF_MAGIC, &payload, &fds)
 }
 
-/// Sends a template's memory ahead to a standby process.
-pub fn send_preload(
-    sock: &UnixStream,
-    template_id: &str,
-    layers: &[MemoryLayer],
-) -> Result<(), HandoffError> {
-    use std::os::fd::AsRawFd;
-    let p = Preload {
-        template_id: template_id.to_string(),
-        layer_runs: layers.iter().map(|l| l.runs.clone()).collect(),
-    };
-    let payload = bincode::serialize(&p).map_err(|e| HandoffError::Malformed(e.to_string()))?;
-    let fds: Vec<RawFd> = layers.iter().map(|l| l.file.as_raw_fd()).collect();
-    send(sock, PRELOAD_MAGIC, &payload, &fds)
-}
-
 fn layers_of(
     runs: &[Option<Vec<(u64, u64)>>],
     files: Vec<File>,
@@ -219,21 +193,16 @@ fn layers_of(
 
 /// Waits for the next message of the source (a clone process waits here).
 pub fn recv_message(sock: &UnixStream) -> Result<Message, HandoffError> {
-    let (magic, payload, files) = recv_any(sock, &[HANDOFF_MAGIC, PRELOAD_MAGIC, GO_MAGIC])?;
+    let (magic, payload, files) = recv_any(sock, &[HANDOFF_MAGIC, GO_MAGIC])?;
     let malformed = |e: bincode::Error| HandoffError::Malformed(e.to_string());
     if &magic == GO_MAGIC {
         return Ok(Message::Go(
             bincode::deserialize(&payload).map_err(malformed)?,
         ));
     }
-    if &magic == PRELOAD_MAGIC {
-        let p: Preload = bincode::deserialize(&payload).map_err(malformed)?;
-        let layers = layers_of(&p.layer_runs, files)?;
-        return Ok(Message::Preload(p.template_id, layers));
-    }
     let handoff: Handoff = bincode::deserialize(&payload).map_err(malformed)?;
     let layers = layers_of(&handoff.layer_runs, files)?;
-    Ok(Message::Handoff(handoff, layers))
+    Ok(Message::Handoff(Box::new(handoff), layers))
 }
 
 pub fn send_go(sock: &UnixStream, go: &Go) -> Result<(), HandoffError> {
@@ -279,11 +248,6 @@ mod tests {
             request_ns: 5,
             prestart: false,
         };
-        send_preload(&a, "t", &layers).unwrap();
-        let Message::Preload(id, pre) = recv_message(&b).unwrap() else {
-            panic!("not a preload");
-        };
-        assert_eq!((id.as_str(), pre.len()), ("t", 1));
         send_handoff(&a, &h, &layers).unwrap();
         let Message::Handoff(got, got_layers) = recv_message(&b).unwrap() else {
             panic!("not a handoff");

@@ -246,8 +246,6 @@ pub struct CloneState {
     pub names: u64,
     /// A clone process's KVM objects made ahead of its template.
     pub prepared: Option<child::Prepared>,
-    /// A template sent ahead to this (standby) process without a prepared VM.
-    pub preloaded: Option<(String, Vec<MemoryLayer>)>,
     /// A clone restored ahead, waiting for its number: (fork vCPU,
     /// generation).
     pub awaiting_go: Option<(Option<u8>, u64)>,

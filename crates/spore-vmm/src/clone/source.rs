@@ -324,10 +324,9 @@ fn start_clones(
                 };
                 send_go(&p.sock, &go)
             } else {
-                let (handoff, send_layers) =
+                let handoff =
                     clone_handoff(config, st, template, p, index, order.request_ns, false)?;
-                let layers: &[MemoryLayer] = if send_layers { &template.layers } else { &[] };
-                send_handoff(&p.sock, &handoff, layers)
+                send_handoff(&p.sock, &handoff, &template.layers)
             };
             sent.map_err(|e| CloneError::Child {
                 name: p.name.clone(),
@@ -379,8 +378,7 @@ fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
     usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
 }
 
-/// The handoff for clone process `p` (and whether it needs the memfds: not
-/// when it preloaded the template).
+/// The handoff for clone process `p`.
 fn clone_handoff(
     config: &VmConfig,
     st: &CloneState,
@@ -389,7 +387,7 @@ fn clone_handoff(
     index: u64,
     request_ns: u64,
     prestart: bool,
-) -> Result<(Handoff, bool), CloneError> {
+) -> Result<Handoff, CloneError> {
     let dir = &p.dir;
     let mut cfg = config.clone();
     if let Some(v) = cfg.vsock.as_mut() {
@@ -400,19 +398,14 @@ fn clone_handoff(
         .iter()
         .map(|d| cloneid::clone_drive(d, dir, &p.name))
         .collect::<Result<_, _>>()?;
-    let send_layers = p.preloaded.as_deref() != Some(template.id.as_str());
-    let handoff = Handoff {
+    Ok(Handoff {
         template_id: template.id.clone(),
         name: p.name.clone(),
         index,
         generation: st.generation + 1,
         config_json: serde_json::to_string(&cfg).map_err(|e| CloneError::Capture(e.to_string()))?,
         state: template.state.to_vec(),
-        layer_runs: if send_layers {
-            template.layers.iter().map(|l| l.runs.clone()).collect()
-        } else {
-            Vec::new()
-        },
+        layer_runs: template.layers.iter().map(|l| l.runs.clone()).collect(),
         fork_vcpu: template.fork_vcpu,
         clone_config: super::CloneConfig {
             standby: 0,
@@ -420,8 +413,7 @@ fn clone_handoff(
         },
         request_ns,
         prestart,
-    };
-    Ok((handoff, send_layers))
+    })
 }
 
 /// Tops the standby pool up to the configured size; standby processes
@@ -457,7 +449,7 @@ pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneE
             if p.prestarted.as_deref() == Some(t.id.as_str()) {
                 continue;
             }
-            let sent = clone_handoff(config, st, &t, p, 0, 0, true).and_then(|(h, _)| {
+            let sent = clone_handoff(config, st, &t, p, 0, 0, true).and_then(|h| {
                 send_handoff(&p.sock, &h, &t.layers).map_err(|e| CloneError::Child {
                     name: p.name.clone(),
                     detail: e.to_string(),

@@ -28,8 +28,6 @@ pub struct CloneProcess {
     pub child: Child,
     /// The source's end of the handoff socket.
     pub sock: UnixStream,
-    /// The template sent ahead to it, if any.
-    pub preloaded: Option<String>,
     /// The template it restored a clone of ahead (waiting for a go).
     pub prestarted: Option<String>,
     /// The VM size it prepared (memory bytes, vCPUs).
@@ -107,7 +105,6 @@ pub fn spawn(
         dir: dir.to_path_buf(),
         child,
         sock,
-        preloaded: None,
         prestarted: None,
         prepared_for: prepare,
     })
