@@ -24,6 +24,11 @@
 //! A template serves at most [`CloneConfig::max_clones`] clones (HyperFork's
 //! mitigation against ASLR brute force across clones).
 //!
+//! Clone processes make their KVM VM, vCPUs, vCPU threads and memory slots
+//! (over a placeholder mapping) while the template is on its way; standby
+//! processes, started ahead, do it before the request, and for a zygote
+//! even restore a clone paused, so that a request only numbers and starts it.
+//!
 //! Module map: [`source`] (the source side), [`spawn`] (clone processes),
 //! [`handoff`] (the wire format between them), [`child`] (the clone side),
 //! [`cloneid`] (the per-clone disk and identity hooks).
@@ -74,8 +79,9 @@ pub struct CloneConfig {
     /// Where clones' API sockets and logs go (default: beside this VM's
     /// API socket, else the temporary directory).
     pub socket_dir: Option<String>,
-    /// Clone processes kept started ahead of time, waiting for a template,
-    /// so that a clone only maps memory and loads state.
+    /// Clone processes kept started ahead of time (KVM VM, vCPUs and
+    /// memory slots made), waiting for a template; for a zygote they
+    /// restore a clone ahead, paused, and a request only starts it.
     pub standby: u32,
     /// Clones write their signal-port marks to `<name>.marks.json`.
     pub marks: bool,
