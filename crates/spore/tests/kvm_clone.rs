@@ -12,10 +12,35 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Kills (by pid) every VMM a test started, even when it fails.
+/// Kills (by pid) every VMM a test started, even when it fails: the pids
+/// it collected, and every clone still serving a socket in its directory.
 struct Reaper {
     source: Option<Child>,
     pids: Vec<i32>,
+    dir: PathBuf,
+}
+
+/// The pid of the process serving a Unix socket (SO_PEERCRED).
+fn peer_pid(sock: &Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 impl Reaper {
@@ -33,6 +58,15 @@ impl Reaper {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
+        let src = self.source_pid();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "sock") {
+                if let Some(pid) = peer_pid(&p).filter(|&pid| pid != src) {
+                    self.pids.push(pid);
+                }
+            }
+        }
         for &pid in &self.pids {
             // SAFETY: kill by pid of a clone VMM this test started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -74,6 +108,7 @@ fn start_source_with(
     let reaper = Reaper {
         source: Some(child),
         pids: Vec::new(),
+        dir: dir.to_path_buf(),
     };
     if let Some(c) = clone_config {
         let (code, body) = http(&sock, "PUT", "/clone/config", Some(c));
