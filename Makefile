@@ -78,6 +78,7 @@ bench: build uk
 	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark
 	$(SPORE) bench tmem --uk-dir $(UK_OUT)
 	$(SPORE) bench snapshot --uk $(UK_OUT)/snapbench
+	$(SPORE) bench clone --uk-dir $(UK_OUT)
 
 clean:
 	$(CARGO) clean

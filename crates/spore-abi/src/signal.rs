@@ -15,8 +15,8 @@
 //! | 0x02   | `MARK`     | mark number                                 | the VMM records (number, host monotonic time) |
 //! | 0x03   | `WAIT`     | timeout in microseconds (max ~16.7 s)       | the vCPU sleeps in the VMM until a device has work for the guest or the timeout passes |
 //! | 0x04   | `SNAPSHOT` | tag (reserved)                              | reserved for guest-triggered snapshots |
-//! | 0x05   | `FORK`     | clone count (reserved)                      | reserved for guest-triggered fork |
-//! | 0x06   | `DONE`     | (reserved)                                  | reserved: a clone says it is done |
+//! | 0x05   | `FORK`     | clone count (0: the count set with `PUT /clone/config`) | the VMM pauses the VM at this instruction, turns it into a clone template and starts that many clones (see below) |
+//! | 0x06   | `DONE`     | ignored                                     | the VM ends without a guest shutdown; the VMM exits 0 (a clone whose job is done) |
 //! | 0x07   | `GENERATION` | (ignored)                                 | the result becomes the VM's clone generation (low 32 bits) |
 //!
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
@@ -48,6 +48,14 @@
 //!   event it connects to this port and sends `generation N\n`, then closes.
 //!   The program may also read the generation through this port (it needs
 //!   I/O-port access, `ioperm`); its low 32 bits are what `GENERATION` gives.
+//!
+//! `FORK` works like `fork()`: the guest reads the result with an `in` right
+//! after the `out`. Each clone reads its clone number (1, 2, ... in the order
+//! its template served them); the source reads 0 when it goes on running
+//! (`continue` mode; in `zygote` mode it stays frozen as the template and
+//! never reads), and [`FORK_FAILED`] when no clone could be made (no fork
+//! support in this VMM, the template's clone cap reached, a clone failed to
+//! start).
 
 /// I/O port of the signal register.
 pub const SIGNAL_PORT: u16 = 0x0510;
@@ -94,6 +102,9 @@ pub const GENERATION_VSOCK_PORT: u32 = 0x5350;
 /// Value returned by the first `in` on a vCPU after the VM was restored
 /// from a snapshot (then the port reads as usual again).
 pub const RESTORED: u32 = 2;
+
+/// Value a `FORK` returns when no clone was made (the guest goes on).
+pub const FORK_FAILED: u32 = 0xFFFF_FFFF;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

@@ -7,7 +7,10 @@ use thiserror::Error;
 
 pub const USAGE: &str = "usage: spore-signal exit CODE   (CODE 0..=255)
        spore-signal mark N      (N 0..=16777215)
-       spore-signal wait USEC   (USEC 0..=16777215; prints woken|timeout)";
+       spore-signal wait USEC   (USEC 0..=16777215; prints woken|timeout)
+       spore-signal fork N      (N 0..=16777215 clones, 0: the VMM's fork_count; prints
+                                 the clone number in a clone, 0 in a source that goes on)
+       spore-signal done        (end this clone; the VMM exits 0)";
 
 /// One signal to send.
 #[derive(Debug, PartialEq, Eq)]
@@ -15,13 +18,15 @@ pub enum Command {
     Exit(u8),
     Mark(u32),
     Wait(u32),
+    Fork(u32),
+    Done,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CliError {
     #[error("missing command")]
     MissingCommand,
-    #[error("unknown command {0:?} (expected exit, mark or wait)")]
+    #[error("unknown command {0:?} (expected exit, mark, wait, fork or done)")]
     UnknownCommand(String),
     #[error("{0} needs exactly one numeric argument")]
     WrongArgCount(&'static str),
@@ -36,7 +41,14 @@ pub enum CliError {
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Command, CliError> {
     let (name, rest) = args.split_first().ok_or(CliError::MissingCommand)?;
+    if name == "done" {
+        return match rest {
+            [] => Ok(Command::Done),
+            _ => Err(CliError::WrongArgCount("done")),
+        };
+    }
     let (what, max) = match name.as_str() {
+        "fork" => ("fork", ARG_MASK),
         "exit" => ("exit", u32::from(u8::MAX)),
         "mark" => ("mark", ARG_MASK),
         "wait" => ("wait", ARG_MASK),
@@ -58,6 +70,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         // `n <= u8::MAX` was checked above.
         "exit" => Command::Exit(u8::try_from(n).unwrap_or(u8::MAX)),
         "mark" => Command::Mark(n),
+        "fork" => Command::Fork(n),
         _ => Command::Wait(n),
     })
 }
@@ -83,9 +96,12 @@ mod tests {
     fn rejects_bad_input() {
         assert_eq!(p(&[]), Err(CliError::MissingCommand));
         assert!(matches!(
-            p(&["fork", "1"]),
+            p(&["snapshot", "1"]),
             Err(CliError::UnknownCommand(_))
         ));
+        assert_eq!(p(&["fork", "3"]), Ok(Command::Fork(3)));
+        assert_eq!(p(&["done"]), Ok(Command::Done));
+        assert_eq!(p(&["done", "1"]), Err(CliError::WrongArgCount("done")));
         assert_eq!(p(&["exit"]), Err(CliError::WrongArgCount("exit")));
         assert_eq!(p(&["mark", "1", "2"]), Err(CliError::WrongArgCount("mark")));
         assert!(matches!(

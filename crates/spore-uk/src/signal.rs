@@ -2,7 +2,9 @@
 //! sleeping until a device has work.
 
 use crate::port::{inl, outl};
-use spore_abi::signal::{encode, SignalOp, ARG_MASK, RESTORED, SIGNAL_PORT, WAIT_WOKEN};
+use spore_abi::signal::{
+    encode, SignalOp, ARG_MASK, FORK_FAILED, RESTORED, SIGNAL_PORT, WAIT_WOKEN,
+};
 
 /// Stops the VM; the VMM exits with the low 8 bits of `code`.
 pub fn exit(code: u32) -> ! {
@@ -49,5 +51,27 @@ pub fn wait_status(timeout_us: u32) -> WaitStatus {
         RESTORED => WaitStatus::Restored,
         WAIT_WOKEN => WaitStatus::Woken,
         _ => WaitStatus::TimedOut,
+    }
+}
+
+/// Asks the VMM to clone this VM `n` times (0: the count configured with
+/// `PUT /clone/config`), like `fork()`: returns `Some(k)` with the clone
+/// number k ≥ 1 in each clone, `Some(0)` in the source when it goes on
+/// (continue mode; a zygote source never returns), and `None` when no
+/// clone was made.
+pub fn fork(n: u32) -> Option<u32> {
+    outl(SIGNAL_PORT, encode(SignalOp::Fork, n.min(ARG_MASK)));
+    match inl(SIGNAL_PORT) {
+        FORK_FAILED => None,
+        k => Some(k),
+    }
+}
+
+/// Ends this VM without a shutdown (a clone whose job is done); the VMM
+/// exits with status 0.
+pub fn done() -> ! {
+    outl(SIGNAL_PORT, encode(SignalOp::Done, 0));
+    loop {
+        core::hint::spin_loop();
     }
 }

@@ -187,7 +187,7 @@ impl VirtioSlots<'_> {
 
 /// Builds the VM; nothing runs until [`Vm::start`].
 pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError> {
-    build(config, opts, None)
+    build(config, opts, None, None)
 }
 
 /// Builds the VM a snapshot describes, with `state` applied and guest RAM
@@ -198,32 +198,105 @@ pub fn restore_vm(
     mem_file: File,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
-    build(config, opts, Some((state, RestoreRam::File(mem_file))))
+    let ram = GuestRam::from_snapshot_file(mem_file, config.machine.mem_bytes())?;
+    build(config, opts, Some((state, ram)), None)
 }
 
-/// Like [`restore_vm`], with guest RAM already prepared by a restore path
-/// (`snapshot::restore`: eager, working set, userfaultfd).
+/// Like [`restore_vm`], with guest RAM already mapped (a clone maps its
+/// template's layers itself).
 pub fn restore_vm_with_ram(
     config: &VmConfig,
     state: &MicrovmState,
     ram: GuestRam,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
-    build(config, opts, Some((state, RestoreRam::Ram(ram))))
+    if ram.size() != config.machine.mem_bytes() {
+        return Err(BuildError::Device {
+            what: "guest RAM",
+            detail: format!(
+                "{} bytes mapped, the configuration has {}",
+                ram.size(),
+                config.machine.mem_bytes()
+            ),
+        });
+    }
+    build(config, opts, Some((state, ram)), None)
 }
 
-/// Where a restored VM's RAM comes from.
-enum RestoreRam {
-    /// Map this memory file privately (lazy restore).
-    File(File),
-    /// Already mapped and filled as the restore path wants.
-    Ram(GuestRam),
+/// KVM objects made ahead of time for a restore whose RAM is not known yet
+/// (a standby clone process): the VM, its memory slots over a placeholder
+/// mapping of the final size, the irqchip and the vCPUs. Creating and
+/// registering these is most of a restore's cost and grows with memory
+/// size; the RAM is later mapped over the same host addresses.
+pub struct PreparedKvm {
+    kvm: Kvm,
+    vm_fd: VmFd,
+    irqchip: bool,
+    vcpus: Vec<kvm_ioctls::VcpuFd>,
+    mem_bytes: u64,
+}
+
+impl PreparedKvm {
+    pub fn mem_bytes(&self) -> u64 {
+        self.mem_bytes
+    }
+
+    /// Whether a VM with this configuration and state can be restored on it.
+    pub fn fits(&self, config: &VmConfig, state: &MicrovmState) -> bool {
+        self.mem_bytes == config.machine.mem_bytes()
+            && self.vcpus.len() as u64 == config.machine.vcpu_count
+            && !config.machine.track_dirty_pages
+            && config.memory_hotplug.is_none()
+            && (self.irqchip || state.vm.irqchips.is_empty())
+    }
+}
+
+/// Creates the VM and registers `ram` (a placeholder of the final size,
+/// without dirty logging) before the irqchip, as [`build`] would.
+pub fn prepare_kvm(ram: &GuestRam, vcpus: u8) -> Result<PreparedKvm, BuildError> {
+    let kvm = Kvm::new().map_err(BuildError::Kvm)?;
+    let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
+    vm_fd
+        .set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+    ram.register(&vm_fd, false)?;
+    let irqchip = vm_fd.create_irq_chip().is_ok();
+    let vcpus = (0..vcpus)
+        .map(|id| vm_fd.create_vcpu(u64::from(id)))
+        .collect::<Result<_, _>>()
+        .map_err(kvm_setup("KVM_CREATE_VCPU"))?;
+    Ok(PreparedKvm {
+        kvm,
+        vm_fd,
+        irqchip,
+        vcpus,
+        mem_bytes: ram.size(),
+    })
+}
+
+/// Like [`restore_vm_with_ram`], on KVM objects made by [`prepare_kvm`]
+/// with `ram` (now mapped over the placeholder's addresses).
+pub fn restore_vm_prepared(
+    config: &VmConfig,
+    state: &MicrovmState,
+    ram: GuestRam,
+    prepared: PreparedKvm,
+    opts: BuildOptions,
+) -> Result<Vm, BuildError> {
+    if ram.size() != prepared.mem_bytes || !prepared.fits(config, state) {
+        return Err(BuildError::Device {
+            what: "prepared VM",
+            detail: "it was made for another memory size, vCPU count or memory setup".into(),
+        });
+    }
+    build(config, opts, Some((state, ram)), Some(prepared))
 }
 
 fn build(
     config: &VmConfig,
     opts: BuildOptions,
-    restore: Option<(&MicrovmState, RestoreRam)>,
+    restore: Option<(&MicrovmState, GuestRam)>,
+    prepared: Option<PreparedKvm>,
 ) -> Result<Vm, BuildError> {
     config.validate()?;
     let boot = config
@@ -231,7 +304,7 @@ fn build(
         .as_ref()
         .ok_or(ConfigError::NoBootSource)?;
     let machine = &config.machine;
-    let (state, mem_file) = match restore {
+    let (state, restored_ram) = match restore {
         Some((s, f)) => (Some(s), Some(f)),
         None => (None, None),
     };
@@ -266,20 +339,27 @@ fn build(
         _ => None,
     };
 
-    let kvm = Kvm::new().map_err(BuildError::Kvm)?;
-    let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
-    vm_fd
-        .set_tss_address(layout::KVM_TSS_ADDR as usize)
-        .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+    let (kvm, vm_fd, pre_irqchip, mut pre_vcpus) = match prepared {
+        Some(p) => (p.kvm, p.vm_fd, Some(p.irqchip), p.vcpus),
+        None => {
+            let kvm = Kvm::new().map_err(BuildError::Kvm)?;
+            let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
+            vm_fd
+                .set_tss_address(layout::KVM_TSS_ADDR as usize)
+                .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+            (kvm, vm_fd, None, Vec::new())
+        }
+    };
     // RAM before the irqchip: with an irqchip present, each memory-slot
     // change is far costlier in KVM (7 ms instead of 70 µs for 128 MiB
     // measured on kvm_pvm), and this is on the boot path.
-    let ram = match mem_file {
-        Some(RestoreRam::File(f)) => GuestRam::from_snapshot_file(f, machine.mem_bytes())?,
-        Some(RestoreRam::Ram(ram)) => ram,
+    let ram = match restored_ram {
+        Some(ram) => ram,
         None => GuestRam::new(machine.mem_bytes())?,
     };
-    ram.register(&vm_fd, machine.track_dirty_pages)?;
+    if pre_irqchip.is_none() {
+        ram.register(&vm_fd, machine.track_dirty_pages)?;
+    }
     let hotplug = match &config.memory_hotplug {
         Some(h) => Some((hotplug_memory(&kvm, &vm_fd, machine.mem_bytes(), h)?, h)),
         None => None,
@@ -294,16 +374,19 @@ fn build(
         None => ram.memory().clone(),
     };
     // Linux needs the in-kernel irqchip; a unikernel polls and can do without.
-    let irqchip = match (vm_fd.create_irq_chip(), kind) {
-        (Ok(()), _) => true,
-        (Err(e), _) if state.is_some_and(|s| !s.vm.irqchips.is_empty()) => {
-            return Err(kvm_setup("KVM_CREATE_IRQCHIP (the snapshot has one)")(e))
-        }
-        (Err(e), GuestKind::Linux) => return Err(kvm_setup("KVM_CREATE_IRQCHIP")(e)),
-        (Err(e), GuestKind::Unikernel) => {
-            tracing::debug!("no in-kernel irqchip for the unikernel: {e}");
-            false
-        }
+    let irqchip = match pre_irqchip {
+        Some(made) => made,
+        None => match (vm_fd.create_irq_chip(), kind) {
+            (Ok(()), _) => true,
+            (Err(e), _) if state.is_some_and(|s| !s.vm.irqchips.is_empty()) => {
+                return Err(kvm_setup("KVM_CREATE_IRQCHIP (the snapshot has one)")(e))
+            }
+            (Err(e), GuestKind::Linux) => return Err(kvm_setup("KVM_CREATE_IRQCHIP")(e)),
+            (Err(e), GuestKind::Unikernel) => {
+                tracing::debug!("no in-kernel irqchip for the unikernel: {e}");
+                false
+            }
+        },
     };
     if kind == GuestKind::Linux {
         let pit = kvm_pit_config {
@@ -434,12 +517,15 @@ fn build(
     // vCPUs and the kernel.
     let num_vcpus = machine.vcpu_count as u8;
     let mut fds = Vec::with_capacity(num_vcpus as usize);
+    pre_vcpus.reverse();
     for id in 0..num_vcpus {
-        fds.push(
-            vm_fd
+        let fd = match pre_vcpus.pop() {
+            Some(fd) => fd,
+            None => vm_fd
                 .create_vcpu(id as u64)
                 .map_err(kvm_setup("KVM_CREATE_VCPU"))?,
-        );
+        };
+        fds.push(fd);
     }
     let mem = ram.memory();
     match (state, kernel.as_mut(), kind) {

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod arch;
 pub mod builder;
+pub mod clone;
 pub mod config;
 pub mod devices;
 pub mod memory;

@@ -4,7 +4,8 @@
 //! [`Vm`]. API requests arrive one at a time (the API thread serializes
 //! them); the process's main thread waits in [`Vmm::wait_for_exit`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::api::snapshot_body::{CloneDisks, LoadMemory, SnapshotCreateParams, SnapshotType};
 use crate::api::{
@@ -12,6 +13,8 @@ use crate::api::{
     TmemInfo, TmemUpdate, VmState,
 };
 use crate::builder::{build_vm, restore_vm_with_ram, BuildError, BuildOptions};
+use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
+use crate::clone::{child, CloneConfig, CloneError, CloneReport, CloneRequest, CloneState};
 use crate::config::{BalloonConfig, VmConfig};
 use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
@@ -30,6 +33,8 @@ pub struct Vmm {
     id: String,
     control: Arc<RunControl>,
     inner: Mutex<Inner>,
+    /// Where guest `FORK`s go (see [`Vmm::enable_guest_fork`]).
+    fork_tx: Mutex<Option<Sender<(u8, u32)>>>,
 }
 
 struct Inner {
@@ -40,6 +45,7 @@ struct Inner {
     /// A restored VM's memory path (uffd handler, working-set recorder);
     /// finished after the VM stopped.
     restore: Option<RestoreSession>,
+    clone: CloneState,
 }
 
 /// How [`Vmm::load_snapshot_with`] builds the VM, beyond the files.
@@ -65,7 +71,9 @@ impl Vmm {
                 vm: None,
                 serial_out: Some(serial_out),
                 restore: None,
+                clone: CloneState::default(),
             }),
+            fork_tx: Mutex::new(None),
         }
     }
 
@@ -91,6 +99,7 @@ impl Vmm {
                 return Err(StartError::Build(e));
             }
         };
+        self.install_fork_handler(&vm);
         vm.start().map_err(|e| StartError::Start(e.to_string()))?;
         inner.vm = Some(vm);
         Ok(())
@@ -263,6 +272,7 @@ impl Vmm {
                 return Err(SnapshotApiError::Build(e));
             }
         };
+        self.install_fork_handler(&vm);
         let started = if lo.resume && lo.identity.is_none() {
             vm.start()
         } else {
@@ -553,12 +563,24 @@ impl ApiHandler for Vmm {
                     .map_err(bad)?;
                 Ok(ApiResponse::NoContent)
             }
+            ApiRequest::PutClone(r) => ApiResponse::json(&self.clone_vm(&r).map_err(clone_err)?),
+            ApiRequest::PutCloneConfig(c) => {
+                self.set_clone_config(c).map_err(clone_err)?;
+                Ok(ApiResponse::NoContent)
+            }
+            ApiRequest::GetClone => ApiResponse::json(&self.clone_status()),
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner
                     .vm
                     .as_ref()
                     .ok_or_else(|| bad("the microVM is not started"))?;
+                if state == VmState::Resumed && inner.clone.zygote {
+                    return Err(bad(
+                        "this microVM is a zygote: it stays frozen as its clones' template \
+                         (clone it with PUT /clone; stop it when no more clones are wanted)",
+                    ));
+                }
                 match state {
                     VmState::Paused => vm.pause().map_err(bad)?,
                     VmState::Resumed => vm.resume().map_err(bad)?,
@@ -620,6 +642,227 @@ impl ApiHandler for Vmm {
                 },
             ),
         }
+    }
+}
+
+fn clone_err(e: CloneError) -> ApiError {
+    if e.is_client_error() {
+        ApiError::BadRequest(e.to_string())
+    } else {
+        ApiError::Internal(e.to_string())
+    }
+}
+
+/// `GET /clone`.
+#[derive(Debug, serde::Serialize)]
+pub struct CloneStatus {
+    pub config: CloneConfig,
+    pub zygote: bool,
+    pub served: u64,
+    pub generation: u64,
+    pub template: Option<String>,
+    pub template_layers: usize,
+    pub standby: usize,
+}
+
+impl Vmm {
+    /// Tells the VMM its API socket (clones' sockets go beside it).
+    pub fn set_api_socket(&self, path: &std::path::Path) {
+        lock(&self.inner).clone.api_socket = Some(path.to_path_buf());
+    }
+
+    /// `PUT /clone`.
+    pub fn clone_vm(&self, r: &CloneRequest) -> Result<CloneReport, CloneError> {
+        let request_ns = crate::devices::legacy::signal::monotonic_ns();
+        let mut inner = lock(&self.inner);
+        let Inner {
+            config, vm, clone, ..
+        } = &mut *inner;
+        let vm = vm.as_ref().ok_or(CloneError::NotRunning("not started"))?;
+        let order = CloneOrder {
+            count: r.count,
+            mode: r.mode,
+            socket_dir: r.socket_dir.clone(),
+            fork_vcpu: None,
+            request_ns,
+        };
+        let report = clone_vm(vm, config, clone, order)?;
+        if let Err(e) = fill_standby(clone, config) {
+            tracing::warn!("cannot refill the standby clone processes: {e}");
+        }
+        Ok(report)
+    }
+
+    /// `PUT /clone/config`; starts (or stops) standby processes to match.
+    pub fn set_clone_config(&self, c: CloneConfig) -> Result<(), CloneError> {
+        c.validate()?;
+        let mut inner = lock(&self.inner);
+        inner.clone.config = c;
+        let extra = inner
+            .clone
+            .standby
+            .len()
+            .saturating_sub(inner.clone.config.standby as usize);
+        for p in inner.clone.standby.drain(..extra) {
+            p.kill();
+        }
+        let Inner { config, clone, .. } = &mut *inner;
+        fill_standby(clone, config)
+    }
+
+    pub fn clone_status(&self) -> CloneStatus {
+        let inner = lock(&self.inner);
+        let c = &inner.clone;
+        CloneStatus {
+            config: c.config.clone(),
+            zygote: c.zygote,
+            served: c.served,
+            generation: c.generation,
+            template: c.template.as_ref().map(|t| t.id.clone()),
+            template_layers: c.template.as_ref().map_or(0, |t| t.layers.len()),
+            standby: c.standby.len(),
+        }
+    }
+
+    /// Lets the guest's signal-port `FORK` clone this VM: a thread serves
+    /// the forks (the vCPU that signalled parks meanwhile). Without this,
+    /// `FORK` fails at once in the guest.
+    pub fn enable_guest_fork(self: &Arc<Self>) {
+        let (tx, rx) = channel::<(u8, u32)>();
+        *lock(&self.fork_tx) = Some(tx);
+        let me: Weak<Vmm> = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("guest-fork".into())
+            .spawn(move || {
+                while let Ok((vcpu, n)) = rx.recv() {
+                    let Some(vmm) = me.upgrade() else { return };
+                    vmm.guest_fork(vcpu, n);
+                }
+            });
+        if let Some(vm) = lock(&self.inner).vm.as_ref() {
+            self.install_fork_handler(vm);
+        }
+    }
+
+    fn install_fork_handler(&self, vm: &Vm) {
+        if let Some(tx) = lock(&self.fork_tx).clone() {
+            let tx = Mutex::new(tx);
+            vm.signal().set_fork_handler(Box::new(move |vcpu, n| {
+                let _ = lock(&tx).send((vcpu, n));
+            }));
+        }
+    }
+
+    fn guest_fork(&self, vcpu: u8, n: u32) {
+        let request_ns = crate::devices::legacy::signal::monotonic_ns();
+        let mut inner = lock(&self.inner);
+        let Inner {
+            config, vm, clone, ..
+        } = &mut *inner;
+        let Some(vm) = vm.as_ref() else { return };
+        let count = if n == 0 { clone.config.fork_count } else { n };
+        let order = CloneOrder {
+            count,
+            mode: None,
+            socket_dir: None,
+            fork_vcpu: Some(vcpu),
+            request_ns,
+        };
+        match clone_vm(vm, config, clone, order) {
+            Ok(r) => {
+                let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
+                tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
+                eprintln!(
+                    "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
+                    r.clones.len(),
+                    r.template,
+                    r.mode,
+                    r.clones
+                        .iter()
+                        .map(|c| format!("{} pid {}", c.socket, c.pid))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if let Err(e) = fill_standby(clone, config) {
+                    tracing::warn!("cannot refill the standby clone processes: {e}");
+                }
+            }
+            Err(e) => eprintln!("spore: guest fork failed: {e}"),
+        }
+    }
+
+    /// Makes a clone process's KVM VM, vCPUs and memory slots for a
+    /// `mem_bytes`, `vcpus` VM while it waits for its template.
+    pub fn prepare_clone(&self, mem_bytes: u64, vcpus: u8) -> Result<(), CloneError> {
+        let p = child::Prepared::new(mem_bytes, vcpus)?;
+        lock(&self.inner).clone.prepared = Some(p);
+        Ok(())
+    }
+
+    /// Runs this VMM as a clone: maps the template that came over the
+    /// handoff socket, restores the VM and starts it. Returns the host
+    /// monotonic time right before its vCPUs started.
+    pub fn start_clone(
+        &self,
+        handoff: &crate::clone::handoff::Handoff,
+        layers: Vec<crate::memory::template::MemoryLayer>,
+    ) -> Result<u64, CloneError> {
+        self.restore_clone(handoff, layers)?;
+        self.go_clone(handoff.index)
+    }
+
+    /// Restores the clone that came over the handoff socket, paused, until
+    /// [`Vmm::go_clone`] gives it its number and starts it (a zygote's
+    /// standby process restores ahead of the request).
+    pub fn restore_clone(
+        &self,
+        handoff: &crate::clone::handoff::Handoff,
+        layers: Vec<crate::memory::template::MemoryLayer>,
+    ) -> Result<(), CloneError> {
+        let mut inner = lock(&self.inner);
+        if inner.vm.is_some() || self.control.stop_reason().is_some() {
+            return Err(CloneError::BadRequest(
+                "this VMM already runs a microVM".into(),
+            ));
+        }
+        let serial_out = inner
+            .serial_out
+            .take()
+            .ok_or_else(|| CloneError::BadRequest("this VMM already ran a microVM".into()))?;
+        let opts = BuildOptions {
+            serial_out,
+            control: self.control.clone(),
+        };
+        let prepared = inner.clone.prepared.take();
+        let restored = child::restore(handoff, layers, prepared, opts)?;
+        self.install_fork_handler(&restored.vm);
+        let api_socket = inner.clone.api_socket.take();
+        inner.clone = restored.clone;
+        inner.clone.api_socket = api_socket;
+        inner.clone.awaiting_go = Some((handoff.fork_vcpu, handoff.generation));
+        inner.config = restored.config;
+        inner.vm = Some(restored.vm);
+        Ok(())
+    }
+
+    /// Makes the restored clone clone number `index` and starts it; returns
+    /// the host monotonic time right before its vCPUs started.
+    pub fn go_clone(&self, index: u64) -> Result<u64, CloneError> {
+        let mut inner = lock(&self.inner);
+        let (fork_vcpu, generation) = inner
+            .clone
+            .awaiting_go
+            .take()
+            .ok_or_else(|| CloneError::BadRequest("no restored clone waits to start".into()))?;
+        let Inner { config, vm, .. } = &mut *inner;
+        let vm = vm
+            .as_mut()
+            .ok_or_else(|| CloneError::BadRequest("no restored clone waits to start".into()))?;
+        child::activate(vm, config, fork_vcpu, index, generation)?;
+        let start_ns = crate::devices::legacy::signal::monotonic_ns();
+        vm.start()
+            .map_err(|e| CloneError::Capture(format!("cannot start the clone: {e}")))?;
+        Ok(start_ns)
     }
 }
 

@@ -25,6 +25,10 @@ pub enum BenchCommand {
     Tmem(crate::bench_tmem::TmemArgs),
     /// Snapshot creation time and size, and restore latency per restore path.
     Snapshot(crate::bench_snapshot::SnapshotBenchArgs),
+    /// Clones: latency from the request to the clone's first guest
+    /// instruction (p50, p99) per memory size, with and without standby
+    /// processes; clones/s with a --keep pool; PSS per clone.
+    Clone(crate::bench_clone::CloneBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -51,6 +55,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Boot(a) => boot(a),
         BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
         BenchCommand::Snapshot(a) => crate::bench_snapshot::run(a),
+        BenchCommand::Clone(a) => crate::bench_clone::run(a),
     }
 }
 

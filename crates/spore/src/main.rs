@@ -3,10 +3,12 @@
 
 mod api_client;
 mod bench;
+mod bench_clone;
 mod bench_snapshot;
 mod bench_tmem;
 mod bench_tmem_guest;
 mod bench_tmem_kv;
+mod clone_cmd;
 mod host;
 mod mem_cmd;
 mod run;
@@ -51,6 +53,9 @@ enum Command {
     /// process, inspect one.
     #[command(subcommand)]
     Snapshot(snapshot_cmd::SnapshotCommand),
+    /// Clone a running VMM's microVM into new VMM processes (copy-on-write
+    /// from a frozen template), or keep a pool of clones running.
+    Clone(clone_cmd::CloneArgs),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         Command::Api(a) => api_client::run(a),
         Command::Mem(a) => mem_cmd::run(a),
         Command::Snapshot(s) => snapshot_cmd::run(s),
+        Command::Clone(a) => clone_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -25,9 +25,21 @@ pub struct VmmArgs {
     /// Write the guest's signal-port marks here as JSON when the VM stops.
     #[arg(long)]
     pub marks_file: Option<PathBuf>,
+    /// Run as a clone: wait on this inherited socket for a template from
+    /// the source VMM (set by the source when it starts a clone; not for
+    /// interactive use).
+    #[arg(long, value_name = "FD", conflicts_with = "config_file")]
+    pub clone_handoff: Option<i32>,
+    /// With --clone-handoff: make the KVM VM and memory slots for a
+    /// `MIB,VCPUS` VM while waiting for the template.
+    #[arg(long, value_name = "MIB,VCPUS", requires = "clone_handoff")]
+    pub clone_prepare: Option<String>,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
+    if let Some(fd) = args.clone_handoff {
+        return crate::clone_cmd::run_clone_vmm(&args, fd);
+    }
     if args.api_sock.is_none() && args.config_file.is_none() {
         bail!("give --api-sock PATH, --config-file FILE, or both");
     }
@@ -50,6 +62,10 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         Box::new(std::io::stdout()),
     ));
     host::stop_on_host_signals(vmm.clone())?;
+    vmm.enable_guest_fork();
+    if let Some(path) = &args.api_sock {
+        vmm.set_api_socket(path);
+    }
     let _server = match &args.api_sock {
         Some(path) => Some(
             ApiServer::start(path, vmm.clone())

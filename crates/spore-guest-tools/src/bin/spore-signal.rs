@@ -6,6 +6,10 @@
 //! spore-signal mark N      record boot-time mark N in the VMM
 //! spore-signal wait USEC   sleep in the VMM until a device has work or USEC pass;
 //!                          prints "woken" or "timeout" ("restored" once after a snapshot restore)
+//! spore-signal fork N      clone this VM N times (0: the VMM's fork_count); prints
+//!                          the clone number in each clone, 0 in a source that
+//!                          goes on; fails if no clone was made
+//! spore-signal done        end this clone without a shutdown (the VMM exits 0)
 //! ```
 //!
 //! Built as a static musl binary and put into guest initramfs images, so that
@@ -52,6 +56,26 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
         Command::Mark(n) => {
             port.write(signal::encode(SignalOp::Mark, n));
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Fork(n) => {
+            // The result is per vCPU: read it on the one that wrote.
+            port.pin_to_current_cpu()?;
+            port.write(signal::encode(SignalOp::Fork, n));
+            match port.read() {
+                signal::FORK_FAILED => {
+                    eprintln!("spore-signal: the VMM made no clone (see its log)");
+                    Ok(ExitCode::FAILURE)
+                }
+                k => {
+                    println!("{k}");
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Command::Done => {
+            port.write(signal::encode(SignalOp::Done, 0));
+            eprintln!("spore-signal: done sent but the VM is still running (not under spore?)");
+            Ok(ExitCode::FAILURE)
         }
         Command::Wait(usec) => {
             port.pin_to_current_cpu()?;

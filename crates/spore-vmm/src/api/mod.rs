@@ -86,6 +86,12 @@ pub enum ApiRequest {
     CreateSnapshot(snapshot_body::SnapshotCreateParams),
     /// `PUT /snapshot/load`.
     LoadSnapshot(snapshot_body::SnapshotLoadParams),
+    /// `PUT /clone`: start clones of this VM.
+    PutClone(crate::clone::CloneRequest),
+    /// `PUT /clone/config`: clone mode, fork count, cap, socket directory, standby processes.
+    PutCloneConfig(crate::clone::CloneConfig),
+    /// `GET /clone`: the clone configuration and template status.
+    GetClone,
 }
 
 /// What a successful request answers.

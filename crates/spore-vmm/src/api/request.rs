@@ -36,6 +36,8 @@ enum Resource<'a> {
     HotplugMemory,
     SnapshotCreate,
     SnapshotLoad,
+    Clone,
+    CloneConfig,
 }
 
 impl Resource<'_> {
@@ -52,6 +54,8 @@ impl Resource<'_> {
             Resource::Balloon => &["GET", "PUT", "PATCH"],
             Resource::BalloonStatistics => &["GET", "PATCH"],
             Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
+            Resource::Clone => &["GET", "PUT"],
+            Resource::CloneConfig => &["PUT"],
         }
     }
 }
@@ -77,6 +81,8 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/hotplug/memory" => Resource::HotplugMemory,
         "/snapshot/create" => Resource::SnapshotCreate,
         "/snapshot/load" => Resource::SnapshotLoad,
+        "/clone" => Resource::Clone,
+        "/clone/config" => Resource::CloneConfig,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -176,6 +182,9 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         }
         (Resource::SnapshotCreate, "PUT") => ApiRequest::CreateSnapshot(decode(m, path, body)?),
         (Resource::SnapshotLoad, "PUT") => ApiRequest::LoadSnapshot(decode(m, path, body)?),
+        (Resource::Clone, "GET") => ApiRequest::GetClone,
+        (Resource::Clone, "PUT") => ApiRequest::PutClone(decode(m, path, body)?),
+        (Resource::CloneConfig, "PUT") => ApiRequest::PutCloneConfig(decode(m, path, body)?),
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",

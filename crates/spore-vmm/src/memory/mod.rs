@@ -6,9 +6,11 @@
 //! once the guest (or a loader) touches them.
 
 pub mod hotplug;
+pub mod template;
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
@@ -50,9 +52,10 @@ pub struct GuestRam {
     memfd: File,
     mem: GuestMemoryMmap,
     size: u64,
-    /// Mapped copy-on-write from a snapshot's memory file: the guest's
-    /// writes live in anonymous memory, not in `memfd`.
-    private: bool,
+    /// Mapped copy-on-write from a snapshot's memory file (or a clone
+    /// template): the guest's writes live in anonymous memory, not in
+    /// `memfd`. Set later when a running VM becomes a clone template.
+    private: AtomicBool,
 }
 
 impl GuestRam {
@@ -94,14 +97,14 @@ impl GuestRam {
             memfd,
             mem,
             size,
-            private,
+            private: AtomicBool::new(private),
         })
     }
 
     /// Whether the guest's memory is a private (copy-on-write) mapping, so
     /// that its contents can only be read through the mapping.
     pub fn is_private(&self) -> bool {
-        self.private
+        self.private.load(Ordering::SeqCst)
     }
 
     pub fn memory(&self) -> &GuestMemoryMmap {

@@ -152,13 +152,14 @@ pub fn create_full(
     out
 }
 
-fn write_full(
+/// Captures a paused VM's vCPU, VM-wide and device state (not memory),
+/// given its virtio transports' states saved while quiesced. Snapshots
+/// write it out; clones hand it to a new process.
+pub fn capture_state(
     vm: &Vm,
     config: &VmConfig,
     virtio: Vec<MmioTransportState>,
-    state_path: &Path,
-    mem_path: &Path,
-) -> Result<SnapshotInfo, SnapshotError> {
+) -> Result<MicrovmState, SnapshotError> {
     let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
     let mut vcpus = Vec::new();
     for (id, fd) in vm.vcpu_fds().iter().enumerate() {
@@ -170,7 +171,7 @@ fn write_full(
     }
     let vm_state = VmState::save(vm.vm_fd(), vm.has_irqchip(), vm.kind() == GuestKind::Linux)
         .map_err(|e| capture("VM state")(e.to_string()))?;
-    let state = MicrovmState {
+    Ok(MicrovmState {
         config_json: serde_json::to_string(config)
             .map_err(|e| capture("the configuration")(e.to_string()))?,
         kind: vm.kind(),
@@ -181,7 +182,17 @@ fn write_full(
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
         generation: vm.generation(),
-    };
+    })
+}
+
+fn write_full(
+    vm: &Vm,
+    config: &VmConfig,
+    virtio: Vec<MmioTransportState>,
+    state_path: &Path,
+    mem_path: &Path,
+) -> Result<SnapshotInfo, SnapshotError> {
+    let state = capture_state(vm, config, virtio)?;
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
 

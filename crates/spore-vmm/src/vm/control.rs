@@ -134,6 +134,13 @@ impl RunControl {
         }
     }
 
+    /// Asks every vCPU to park at its next checkpoint without waiting (a
+    /// vCPU thread pausing its own VM, e.g. on a guest `FORK`).
+    pub fn request_pause(&self) {
+        lock(&self.state).paused = true;
+        self.changed.notify_all();
+    }
+
     pub fn resume(&self) {
         lock(&self.state).paused = false;
         self.changed.notify_all();

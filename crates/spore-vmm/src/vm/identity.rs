@@ -66,7 +66,8 @@ impl Vm {
     /// Gives this (restored, paused) VM a clone's identity; see the module docs.
     pub fn apply_clone_identity(&self, id: &CloneIdentity) -> Result<(), IdentityError> {
         match self.state() {
-            RunState::Paused => {}
+            // Built and not yet run (a clone about to start), or paused.
+            RunState::NotStarted | RunState::Paused => {}
             s => return Err(IdentityError::NotPaused(s)),
         }
         if self.kind == GuestKind::Unikernel {

@@ -14,7 +14,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
-use crate::devices::legacy::signal::Mark;
+use crate::devices::legacy::signal::{Mark, SignalPort};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::blk::BlockHandle;
@@ -197,6 +197,11 @@ impl Vm {
         let kbd = self.i8042.as_ref().ok_or(VmError::NoKeyboard)?;
         lock(kbd).send_ctrl_alt_del();
         Ok(())
+    }
+
+    /// The signal port (clones install the guest-`FORK` handler on it).
+    pub fn signal(&self) -> &Arc<SignalPort> {
+        &self.io.signal
     }
 
     pub fn marks(&self) -> Vec<Mark> {

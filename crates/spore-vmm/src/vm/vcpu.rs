@@ -41,6 +41,29 @@ pub struct Vcpu {
     tmem_status: u32,
 }
 
+type SpareThread = (JoinHandle<()>, std::sync::mpsc::SyncSender<Vcpu>);
+
+/// Threads started ahead of time that each run the first vCPU handed to them.
+static SPARE_THREADS: Mutex<Vec<SpareThread>> = Mutex::new(Vec::new());
+
+/// Starts `n` threads that wait for a vCPU to run: a process that will
+/// restore a VM soon (a standby clone) takes thread creation off the path
+/// from restore to the guest's first instruction.
+pub fn prespawn_threads(n: usize) -> std::io::Result<()> {
+    for _ in 0..n {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vcpu>(1);
+        let handle = std::thread::Builder::new()
+            .name("vcpu".into())
+            .spawn(move || {
+                if let Ok(vcpu) = rx.recv() {
+                    vcpu.run_loop();
+                }
+            })?;
+        lock(&SPARE_THREADS).push((handle, tx));
+    }
+    Ok(())
+}
+
 /// A started vCPU thread.
 pub struct VcpuThread {
     pub id: u8,
@@ -86,18 +109,33 @@ impl Vcpu {
         self.fd.clone()
     }
 
-    /// Starts the run loop on its own thread.
+    /// Starts the run loop on its own thread (a spare one made by
+    /// [`prespawn_threads`] if there is one).
     pub fn start(self) -> std::io::Result<VcpuThread> {
         install_kick_handler();
         let id = self.id;
+        let spare = lock(&SPARE_THREADS).pop();
+        let mut me = self;
+        if let Some((handle, tx)) = spare {
+            match tx.send(me) {
+                Ok(()) => return Ok(VcpuThread { id, handle }),
+                // The spare thread is gone: start one the ordinary way.
+                Err(std::sync::mpsc::SendError(v)) => me = v,
+            }
+        }
+        let this = me;
         let handle = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
-            .spawn(move || self.run_loop())?;
+            .spawn(move || this.run_loop())?;
         Ok(VcpuThread { id, handle })
     }
 
     fn run_loop(mut self) {
         while self.control.checkpoint() == Directive::Run {
+            // A restored clone (or its source) gets its FORK result here.
+            if let Some(r) = self.io.signal.take_pending_result(self.id) {
+                self.signal_result = r;
+            }
             if let Some(reason) = self.run_once() {
                 self.control.stop(reason);
                 break;
@@ -171,6 +209,12 @@ impl Vcpu {
                 match self.io.signal.write(id, data, &mut self.signal_result) {
                     SignalAction::Continue => None,
                     SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
+                    // Park at this instruction boundary; the fork handler
+                    // pauses the rest of the VM and clones it.
+                    SignalAction::Fork(_) => {
+                        self.control.request_pause();
+                        None
+                    }
                 }
             }
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {

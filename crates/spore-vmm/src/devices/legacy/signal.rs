@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use spore_abi::signal::{decode, SignalOp, RESTORED, WAIT_TIMED_OUT, WAIT_WOKEN};
+use spore_abi::signal::{decode, SignalOp, FORK_FAILED, RESTORED, WAIT_TIMED_OUT, WAIT_WOKEN};
 
 use crate::devices::bus::lock;
 use crate::vm::wake::GuestWake;
@@ -30,7 +30,14 @@ pub enum SignalAction {
     Continue,
     /// The guest asked to stop with this exit code.
     Exit(u8),
+    /// The guest asked to be cloned this many times (0: the configured
+    /// count). The vCPU parks itself; the fork handler does the rest.
+    Fork(u32),
 }
+
+/// Called (on the vCPU thread) when the guest signals `FORK`: vCPU id and
+/// requested count. It must not block on the VM: the vCPU parks after it.
+pub type ForkHandler = Box<dyn Fn(u8, u32) + Send + Sync>;
 
 /// Per-VM signal port state.
 pub struct SignalPort {
@@ -41,6 +48,11 @@ pub struct SignalPort {
     generation: AtomicU64,
     /// One bit per vCPU id (< 64) whose next `in` reads [`RESTORED`].
     restored: AtomicU64,
+    fork: Mutex<Option<ForkHandler>>,
+    /// A result the VMM sets for one vCPU's next `in` (bit 63: set, bits
+    /// 32..40: vCPU id, low 32 bits: value): what `FORK` returns in a clone
+    /// and in its source.
+    pending: AtomicU64,
 }
 
 /// Keeps a guest that floods `MARK` from growing VMM memory without bound.
@@ -54,6 +66,8 @@ impl SignalPort {
             ignored: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             restored: AtomicU64::new(0),
+            fork: Mutex::new(None),
+            pending: AtomicU64::new(0),
         }
     }
 
@@ -77,6 +91,39 @@ impl SignalPort {
             (1u64 << vcpus) - 1
         };
         self.restored.store(mask, Ordering::Relaxed);
+    }
+
+    /// Installs what a guest `FORK` does; without one, `FORK` fails at once
+    /// (the guest reads [`FORK_FAILED`]).
+    pub fn set_fork_handler(&self, handler: ForkHandler) {
+        *lock(&self.fork) = Some(handler);
+    }
+
+    /// Sets what vCPU `vcpu` reads from its next `in` on the port, replacing
+    /// its last result (a restored clone's `FORK` result, or a source's).
+    pub fn set_pending_result(&self, vcpu: u8, value: u32) {
+        let v = 1u64 << 63 | u64::from(vcpu) << 32 | u64::from(value);
+        self.pending.store(v, Ordering::SeqCst);
+    }
+
+    /// The pending result for `vcpu`, taken once (see [`Self::set_pending_result`]).
+    pub fn take_pending_result(&self, vcpu: u8) -> Option<u32> {
+        let v = self.pending.load(Ordering::Relaxed);
+        if v >> 63 == 0 || (v >> 32) as u8 != vcpu {
+            return None;
+        }
+        let taken = self
+            .pending
+            .compare_exchange(v, 0, Ordering::SeqCst, Ordering::Relaxed)
+            .ok()
+            .map(|v| v as u32);
+        if taken.is_some() {
+            // A clone reads its FORK result, not RESTORED: that result is
+            // how it learns it is a clone.
+            let bit = 1u64.checked_shl(u32::from(vcpu)).unwrap_or(0);
+            self.restored.fetch_and(!bit, Ordering::Relaxed);
+        }
+        taken
     }
 
     /// Handles an `out` to the port. `last_result` is the vCPU's own result register.
@@ -109,7 +156,20 @@ impl SignalPort {
             }
             // The guest sees the low 32 bits; unikernels read all 64 in memory.
             SignalOp::Generation => *last_result = self.generation() as u32,
-            SignalOp::Snapshot | SignalOp::Fork | SignalOp::Done => {
+            SignalOp::Fork => {
+                let handler = lock(&self.fork);
+                match handler.as_ref() {
+                    Some(h) => {
+                        h(vcpu, arg);
+                        return SignalAction::Fork(arg);
+                    }
+                    None => *last_result = FORK_FAILED,
+                }
+            }
+            // A clone's work is done: end it like an exit with status 0,
+            // without a guest shutdown.
+            SignalOp::Done => return SignalAction::Exit(0),
+            SignalOp::Snapshot => {
                 self.ignore(vcpu, format_args!("{op:?} is not supported yet"));
             }
         }
@@ -184,7 +244,7 @@ mod tests {
         assert_eq!(p.write(0, &[1], &mut r), SignalAction::Continue);
         assert_eq!(p.write(0, &w(0xff00_0000), &mut r), SignalAction::Continue);
         assert_eq!(
-            p.write(0, &w(encode(SignalOp::Fork, 1)), &mut r),
+            p.write(0, &w(encode(SignalOp::Snapshot, 1)), &mut r),
             SignalAction::Continue
         );
         assert_eq!(p.ignored(), 3);
@@ -201,6 +261,35 @@ mod tests {
         assert_eq!(r, 7);
         p.write(0, &encode(SignalOp::Wait, 1_000_000).to_le_bytes(), &mut r);
         assert_eq!(r, WAIT_WOKEN);
+    }
+
+    #[test]
+    fn fork_needs_a_handler_and_done_ends_the_vm() {
+        let p = port();
+        let mut r = 0;
+        let w = |v: u32| v.to_le_bytes();
+        assert_eq!(
+            p.write(0, &w(encode(SignalOp::Fork, 3)), &mut r),
+            SignalAction::Continue
+        );
+        assert_eq!(r, FORK_FAILED);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        p.set_fork_handler(Box::new(move |vcpu, n| lock(&s2).push((vcpu, n))));
+        assert_eq!(
+            p.write(1, &w(encode(SignalOp::Fork, 3)), &mut r),
+            SignalAction::Fork(3)
+        );
+        assert_eq!(*lock(&seen), vec![(1, 3)]);
+        assert_eq!(
+            p.write(0, &w(encode(SignalOp::Done, 0)), &mut r),
+            SignalAction::Exit(0)
+        );
+        // A pending result reaches only its vCPU, once.
+        p.set_pending_result(1, 7);
+        assert_eq!(p.take_pending_result(0), None);
+        assert_eq!(p.take_pending_result(1), Some(7));
+        assert_eq!(p.take_pending_result(1), None);
     }
 
     #[test]

@@ -1,0 +1,343 @@
+//! Templates and clones: copy-on-write copies of a running microVM, each
+//! in a VMM process of its own.
+//!
+//! A clone request pauses the source VM at an instruction boundary, captures
+//! its state in memory ([`crate::snapshot::capture_state`]) and turns its RAM
+//! into a **template**: a stack of frozen memfds ([`crate::memory::template`]).
+//! Each clone is a new `spore vmm` process that receives the memfds and the
+//! state over a Unix socket (SCM_RIGHTS, [`handoff`]), maps the template
+//! privately, restores the state and resumes: nothing is copied and nothing
+//! is written to disk, so the cost does not grow with memory size.
+//!
+//! - **zygote** mode: the source stays frozen as the template (its devices
+//!   stay stopped, a resume is refused) and serves later clone requests.
+//! - **continue** mode: the source resumes with a private (copy-on-write)
+//!   view of the template; each later request makes a new template from its
+//!   current memory (an overlay of the pages it wrote since).
+//!
+//! A clone can itself be cloned: its template is its parent's layers plus an
+//! overlay of the pages it wrote. Templates are reference-counted by the
+//! kernel: the source holds the layer fds, every clone holds its own fds and
+//! mappings, and a layer's memory is freed when the last of them is gone
+//! (killing the source does not disturb its clones).
+//!
+//! A template serves at most [`CloneConfig::max_clones`] clones (HyperFork's
+//! mitigation against ASLR brute force across clones).
+//!
+//! Clone processes make their KVM VM, vCPUs, vCPU threads and memory slots
+//! (over a placeholder mapping) while the template is on its way; standby
+//! processes, started ahead, do it before the request, and for a zygote
+//! even restore a clone paused, so that a request only numbers and starts it.
+//!
+//! Module map: [`source`] (the source side), [`spawn`] (clone processes),
+//! [`handoff`] (the wire format between them), [`child`] (the clone side),
+//! [`cloneid`] (the per-clone disk and identity hooks).
+
+pub mod child;
+pub mod cloneid;
+pub mod handoff;
+pub mod source;
+pub mod spawn;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::memory::template::MemoryLayer;
+
+/// Default [`CloneConfig::max_clones`].
+pub const DEFAULT_MAX_CLONES: u64 = 1000;
+/// The most clones one request may ask for (more is a typo, not a plan).
+pub const MAX_PER_REQUEST: u32 = 4096;
+/// How long a clone process may take to restore and report back.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// What happens to the source VM once it is a template.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CloneMode {
+    /// The source stays frozen as the template.
+    #[default]
+    Zygote,
+    /// The source resumes with its own copy-on-write view.
+    Continue,
+}
+
+/// `PUT /clone/config`: settings for clone requests that do not say, and
+/// for guest-triggered forks. Clones inherit them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CloneConfig {
+    pub mode: CloneMode,
+    /// Clones a guest `FORK` with argument 0 asks for; 0 turns the VM into
+    /// a template without starting any (clones are then asked for with
+    /// `PUT /clone`).
+    pub fork_count: u32,
+    /// The most clones this VM serves as a source, over all its templates.
+    pub max_clones: u64,
+    /// Where clones' API sockets and logs go (default: beside this VM's
+    /// API socket, else the temporary directory).
+    pub socket_dir: Option<String>,
+    /// Clone processes kept started ahead of time (KVM VM, vCPUs and
+    /// memory slots made), waiting for a template; for a zygote they
+    /// restore a clone ahead, paused, and a request only starts it.
+    pub standby: u32,
+    /// Clones write their signal-port marks to `<name>.marks.json`.
+    pub marks: bool,
+}
+
+impl Default for CloneConfig {
+    fn default() -> Self {
+        Self {
+            mode: CloneMode::Zygote,
+            fork_count: 1,
+            max_clones: DEFAULT_MAX_CLONES,
+            socket_dir: None,
+            standby: 0,
+            marks: false,
+        }
+    }
+}
+
+impl CloneConfig {
+    pub fn validate(&self) -> Result<(), CloneError> {
+        if self.max_clones == 0 {
+            return Err(CloneError::BadRequest(
+                "max_clones must be at least 1".into(),
+            ));
+        }
+        if self.fork_count > MAX_PER_REQUEST {
+            return Err(CloneError::BadRequest(format!(
+                "fork_count {} is more than {MAX_PER_REQUEST} clones",
+                self.fork_count
+            )));
+        }
+        if self.standby > 64 {
+            return Err(CloneError::BadRequest(format!(
+                "standby {} is more than 64 waiting processes",
+                self.standby
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `PUT /clone`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    pub count: u32,
+    #[serde(default)]
+    pub mode: Option<CloneMode>,
+    #[serde(default)]
+    pub socket_dir: Option<String>,
+}
+
+/// One started clone, as the response lists it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CloneInfo {
+    /// The clone number its `FORK` returns (1, 2, ... per source VM).
+    pub index: u64,
+    pub name: String,
+    pub socket: String,
+    pub pid: u32,
+    /// Its serial console and log.
+    pub log: String,
+    /// Host CLOCK_MONOTONIC (ns) when its vCPUs were started.
+    pub start_ns: u64,
+    /// Whether it was a process started ahead of time (standby).
+    pub standby: bool,
+}
+
+/// The response to `PUT /clone`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CloneReport {
+    pub template: String,
+    pub mode: CloneMode,
+    /// Host CLOCK_MONOTONIC (ns) when the request arrived.
+    pub request_ns: u64,
+    /// Time spent pausing the source and making the template (0 when a
+    /// zygote's existing template served).
+    pub template_us: u64,
+    /// Clones this VM has served so far, and its cap.
+    pub served: u64,
+    pub max_clones: u64,
+    pub clones: Vec<CloneInfo>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloneError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("this VM has served {served} clones and may serve {cap} (max_clones): it refuses more; boot a fresh VM as the template (or raise the cap with PUT /clone/config)")]
+    CapReached { served: u64, cap: u64 },
+    #[error("{count} clones asked for, but this VM may serve only {left} more (max_clones {cap}, {served} served)")]
+    OverCap {
+        count: u32,
+        left: u64,
+        served: u64,
+        cap: u64,
+    },
+    #[error("the microVM is {0}; clone a running (or paused) microVM")]
+    NotRunning(&'static str),
+    #[error("this microVM {0} and cannot be cloned (its memory lives outside the template)")]
+    Unsupported(String),
+    #[error("cannot capture the VM state: {0}")]
+    Capture(String),
+    #[error("cannot make the template: {0}")]
+    Template(#[from] crate::memory::template::TemplateError),
+    #[error("cannot start a clone process: {0}")]
+    Spawn(String),
+    #[error("clone {name} failed: {detail} (see {log})")]
+    Child {
+        name: String,
+        detail: String,
+        log: String,
+    },
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CloneError {
+    /// Whether the client asked for something wrong (4xx) rather than the
+    /// host failing (500).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            CloneError::BadRequest(_)
+                | CloneError::CapReached { .. }
+                | CloneError::OverCap { .. }
+                | CloneError::NotRunning(_)
+                | CloneError::Unsupported(_)
+        )
+    }
+}
+
+/// A frozen image of a VM that clones start from.
+pub struct Template {
+    pub id: String,
+    pub layers: Vec<MemoryLayer>,
+    /// bincode of [`crate::snapshot::MicrovmState`].
+    pub state: Arc<Vec<u8>>,
+    pub mem_size: u64,
+    /// The vCPU that signalled `FORK`, if a guest made this template: its
+    /// clones read their clone number there.
+    pub fork_vcpu: Option<u8>,
+}
+
+/// A VMM's clone bookkeeping, kept beside its VM.
+#[derive(Default)]
+pub struct CloneState {
+    pub config: CloneConfig,
+    /// The layers this VM's RAM is mapped privately from (a clone, or a
+    /// source that went on in continue mode); empty while RAM is its own.
+    pub ram_layers: Vec<MemoryLayer>,
+    /// The last template made; a zygote serves all requests from it.
+    pub template: Option<Arc<Template>>,
+    pub zygote: bool,
+    /// Clones served as a source (the cap counts these).
+    pub served: u64,
+    /// Clone generation: 0 for a booted VM, parent's + 1 for a clone.
+    pub generation: u64,
+    /// This VMM's API socket (clones go beside it).
+    pub api_socket: Option<PathBuf>,
+    /// Processes started ahead of time, waiting for a template.
+    pub standby: Vec<spawn::CloneProcess>,
+    /// Names handed out so far (clone and standby processes).
+    pub names: u64,
+    /// A clone process's KVM objects made ahead of its template.
+    pub prepared: Option<child::Prepared>,
+    /// A clone restored ahead, waiting for its number: (fork vCPU,
+    /// generation).
+    pub awaiting_go: Option<(Option<u8>, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{parse_request, ApiError, ApiRequest};
+    use hyper::Method;
+
+    #[test]
+    fn clone_routes_parse_and_refuse_bad_bodies() {
+        let r = parse_request(
+            &Method::PUT,
+            "/clone",
+            br#"{"count": 3, "mode": "continue"}"#,
+        );
+        assert_eq!(
+            r,
+            Ok(ApiRequest::PutClone(CloneRequest {
+                count: 3,
+                mode: Some(CloneMode::Continue),
+                socket_dir: None,
+            }))
+        );
+        assert_eq!(
+            parse_request(&Method::GET, "/clone", b""),
+            Ok(ApiRequest::GetClone)
+        );
+        let c = parse_request(&Method::PUT, "/clone/config", br#"{"max_clones": 5}"#);
+        assert_eq!(
+            c,
+            Ok(ApiRequest::PutCloneConfig(CloneConfig {
+                max_clones: 5,
+                ..Default::default()
+            }))
+        );
+        for (path, body) in [
+            ("/clone", &br#"{"count": -1}"#[..]),
+            ("/clone", br#"{"count": 1, "mode": "sideways"}"#),
+            ("/clone", br#"{"mode": "zygote"}"#),
+            ("/clone", br#"{"count": 1, "extra": 1}"#),
+            ("/clone/config", br#"{"max_clones": "many"}"#),
+        ] {
+            assert!(
+                matches!(
+                    parse_request(&Method::PUT, path, body),
+                    Err(ApiError::BadRequest(_))
+                ),
+                "{path} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(matches!(
+            parse_request(&Method::PATCH, "/clone", b"{}"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+    }
+
+    #[test]
+    fn clone_config_defaults_and_limits() {
+        let c = CloneConfig::default();
+        assert_eq!(
+            (c.mode, c.fork_count, c.max_clones),
+            (CloneMode::Zygote, 1, 1000)
+        );
+        assert!(c.validate().is_ok());
+        for bad in [
+            CloneConfig {
+                max_clones: 0,
+                ..Default::default()
+            },
+            CloneConfig {
+                fork_count: MAX_PER_REQUEST + 1,
+                ..Default::default()
+            },
+            CloneConfig {
+                standby: 65,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validate().unwrap_err().is_client_error());
+        }
+        let cap = CloneError::CapReached { served: 3, cap: 3 };
+        assert!(cap.to_string().contains("max_clones"));
+        assert!(cap.is_client_error());
+    }
+}

@@ -1,0 +1,488 @@
+//! The source side of a clone: check the request, make (or reuse) the
+//! template, start the clone processes, hand each the template, and put the
+//! source in its mode (frozen zygote, or running again).
+//!
+//! Nothing here leaves the source worse off on failure: bad requests are
+//! refused before the VM is touched, and a failure after the pause kills the
+//! clones of that request and resumes the source (a fresh zygote is undone).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
+
+use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
+use super::spawn::{spawn, CloneProcess};
+use super::{
+    cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
+};
+use crate::config::VmConfig;
+use crate::devices::bus::lock;
+use crate::devices::legacy::signal::monotonic_ns;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::memory::template::MemoryLayer;
+use crate::snapshot::capture_state;
+use crate::vm::{RunState, Vm};
+
+/// One clone request, after the API or a guest `FORK` asked for it.
+pub struct CloneOrder {
+    pub count: u32,
+    pub mode: Option<CloneMode>,
+    pub socket_dir: Option<String>,
+    /// The vCPU that signalled `FORK` (a guest-triggered clone).
+    pub fork_vcpu: Option<u8>,
+    pub request_ns: u64,
+}
+
+/// Refuses what cannot be cloned, before anything is touched.
+fn check(
+    vm: &Vm,
+    config: &VmConfig,
+    st: &CloneState,
+    order: &CloneOrder,
+) -> Result<CloneMode, CloneError> {
+    match vm.state() {
+        RunState::Running | RunState::Paused => {}
+        RunState::NotStarted => return Err(CloneError::NotRunning("not started")),
+        RunState::Stopped => return Err(CloneError::NotRunning("stopped")),
+    }
+    // A guest FORK with count 0 (and fork_count 0) only makes the template.
+    if order.count == 0 && order.fork_vcpu.is_none() {
+        return Err(CloneError::BadRequest(
+            "count must be at least 1 clone".into(),
+        ));
+    }
+    if order.count > MAX_PER_REQUEST {
+        return Err(CloneError::BadRequest(format!(
+            "count {} is more than the {MAX_PER_REQUEST} clones one request may start",
+            order.count
+        )));
+    }
+    let cap = st.config.max_clones;
+    if st.served >= cap {
+        return Err(CloneError::CapReached {
+            served: st.served,
+            cap,
+        });
+    }
+    if st.served + u64::from(order.count) > cap {
+        return Err(CloneError::OverCap {
+            count: order.count,
+            left: cap - st.served,
+            served: st.served,
+            cap,
+        });
+    }
+    if config.memory_hotplug.is_some() {
+        return Err(CloneError::Unsupported(
+            "has virtio-mem hotplug memory".into(),
+        ));
+    }
+    if config.balloon.is_some() {
+        return Err(CloneError::Unsupported("has a balloon device".into()));
+    }
+    if let Some(n) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
+        return Err(CloneError::Unsupported(format!(
+            "holds {n} objects in its tmem pool"
+        )));
+    }
+    if st.zygote {
+        if order.mode == Some(CloneMode::Continue) {
+            return Err(CloneError::BadRequest(
+                "this VM is already a zygote (a frozen template); it cannot continue".into(),
+            ));
+        }
+        return Ok(CloneMode::Zygote);
+    }
+    Ok(order.mode.unwrap_or(st.config.mode))
+}
+
+/// Where clones' sockets and logs go.
+pub fn clone_dir(st: &CloneState, asked: Option<&str>) -> PathBuf {
+    if let Some(d) = asked.or(st.config.socket_dir.as_deref()) {
+        return PathBuf::from(d);
+    }
+    st.api_socket
+        .as_deref()
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// The prefix of clone names: this VMM's socket name without `.sock`.
+fn stem(st: &CloneState) -> String {
+    st.api_socket
+        .as_deref()
+        .and_then(Path::file_stem)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "spore".into())
+}
+
+pub fn next_name(st: &mut CloneState) -> String {
+    st.names += 1;
+    format!("{}-c{}", stem(st), st.names)
+}
+
+/// The source's devices, stopped while the template is made.
+struct Quiesced<'a> {
+    guards: Vec<MutexGuard<'a, MmioTransport>>,
+}
+
+impl<'a> Quiesced<'a> {
+    fn new(
+        transports: &'a [std::sync::Arc<std::sync::Mutex<MmioTransport>>],
+    ) -> Result<Self, CloneError> {
+        let mut me = Quiesced {
+            guards: transports.iter().map(|t| lock(t)).collect(),
+        };
+        for t in me.guards.iter_mut() {
+            if let Err(e) = t.quiesce() {
+                me.resume();
+                return Err(CloneError::Capture(format!("virtio device: {e}")));
+            }
+        }
+        Ok(me)
+    }
+
+    fn resume(&mut self) {
+        for t in self.guards.iter_mut() {
+            t.resume();
+        }
+    }
+}
+
+/// Pauses the VM, captures its state and freezes its memory as a template.
+/// In zygote mode the devices stay stopped (the VM never runs again); in
+/// continue mode they are restarted and RAM is re-mapped privately.
+fn make_template(
+    vm: &Vm,
+    config: &mut VmConfig,
+    st: &mut CloneState,
+    mode: CloneMode,
+    fork_vcpu: Option<u8>,
+    dir: &Path,
+) -> Result<Arc<Template>, CloneError> {
+    vm.pause().map_err(|e| CloneError::Capture(e.to_string()))?;
+    let mut devices = Quiesced::new(vm.virtio())?;
+    let result = (|| {
+        // The source stops writing its disk images (they become the clones'
+        // shared bases): each writable drive goes on in a new overlay of its
+        // own, which the configuration records so clones derive theirs.
+        let frozen = vm
+            .freeze_disks_for_clone(dir)
+            .map_err(|e| CloneError::Capture(format!("cannot freeze the disks: {e}")))?;
+        for f in frozen {
+            if let Some(d) = config.drives.iter_mut().find(|d| d.drive_id == f.drive_id) {
+                d.cow_overlay = Some(f.cow_overlay);
+            }
+        }
+        let config = &*config;
+        let virtio = devices.guards.iter().map(|t| t.save()).collect();
+        let state =
+            capture_state(vm, config, virtio).map_err(|e| CloneError::Capture(e.to_string()))?;
+        let state = bincode::serialize(&state).map_err(|e| CloneError::Capture(e.to_string()))?;
+        let ram = vm.ram();
+        let mut layers: Vec<MemoryLayer> = Vec::new();
+        if ram.is_private() {
+            layers.extend(st.ram_layers.iter().cloned());
+            if let Some(overlay) = ram.private_layer()? {
+                // The pages were just copied: map the copy instead of
+                // keeping them twice.
+                ram.remap_private(&overlay)?;
+                layers.push(overlay);
+            }
+        } else {
+            let base = ram.base_layer()?;
+            if mode == CloneMode::Continue {
+                ram.remap_private(&base)?;
+            }
+            layers.push(base);
+        }
+        if layers.len() > MAX_LAYERS {
+            return Err(CloneError::BadRequest(format!(
+                "this VM's memory is {} layers deep (a clone of a clone ...); at most \
+                 {MAX_LAYERS} are supported",
+                layers.len()
+            )));
+        }
+        if ram.is_private() {
+            st.ram_layers = layers.clone();
+        }
+        Ok(Arc::new(Template {
+            id: random_id(),
+            layers,
+            state: Arc::new(state),
+            mem_size: ram.size(),
+            fork_vcpu,
+        }))
+    })();
+    if result.is_err() || mode == CloneMode::Continue {
+        devices.resume();
+    }
+    result
+}
+
+/// Serves one clone request; see the module docs.
+pub fn clone_vm(
+    vm: &Vm,
+    config: &mut VmConfig,
+    st: &mut CloneState,
+    order: CloneOrder,
+) -> Result<CloneReport, CloneError> {
+    let mode = check(vm, config, st, &order)?;
+    let dir = clone_dir(st, order.socket_dir.as_deref());
+    std::fs::create_dir_all(&dir).map_err(|source| CloneError::Io {
+        what: "create the clone socket directory",
+        source,
+    })?;
+    let was_running = vm.state() == RunState::Running || order.fork_vcpu.is_some();
+    let t0 = Instant::now();
+    let (template, fresh) = match (&st.template, st.zygote) {
+        (Some(t), true) => (t.clone(), false),
+        _ => match make_template(vm, config, st, mode, order.fork_vcpu, &dir) {
+            Ok(t) => (t, true),
+            Err(e) => {
+                if let Some(v) = order.fork_vcpu {
+                    vm.signal()
+                        .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                }
+                if was_running {
+                    let _ = vm.resume();
+                }
+                return Err(e);
+            }
+        },
+    };
+    let template_us = t0.elapsed().as_micros() as u64;
+    if mode == CloneMode::Zygote {
+        st.zygote = true;
+    }
+    let started = start_clones(config, st, &template, &order, &dir);
+    match started {
+        Ok(clones) => {
+            st.served += clones.len() as u64;
+            st.template = Some(template.clone());
+            if mode == CloneMode::Continue {
+                if let Some(v) = order.fork_vcpu {
+                    vm.signal().set_pending_result(v, 0);
+                }
+                if was_running {
+                    let _ = vm.resume();
+                }
+            }
+            Ok(CloneReport {
+                template: template.id.clone(),
+                mode,
+                request_ns: order.request_ns,
+                template_us,
+                served: st.served,
+                max_clones: st.config.max_clones,
+                clones,
+            })
+        }
+        Err(e) => {
+            if fresh && mode == CloneMode::Zygote {
+                // Undo the zygote: restart the devices and let it run.
+                st.zygote = false;
+                for t in vm.virtio() {
+                    lock(t).resume();
+                }
+            }
+            if let Some(v) = order.fork_vcpu {
+                vm.signal()
+                    .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+            }
+            // An older zygote stays frozen; anything else runs on.
+            if was_running && (fresh || !st.zygote) {
+                let _ = vm.resume();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Starts `order.count` clones of `template` (standby processes first),
+/// waits until each runs and serves its API. On any failure the clones of
+/// this request are stopped.
+fn start_clones(
+    config: &VmConfig,
+    st: &mut CloneState,
+    template: &Template,
+    order: &CloneOrder,
+    dir: &Path,
+) -> Result<Vec<CloneInfo>, CloneError> {
+    // Drop standby processes that died (reaped here).
+    st.standby
+        .retain_mut(|p| matches!(p.child.try_wait(), Ok(None)));
+    let mut procs: Vec<(CloneProcess, bool)> = Vec::new();
+    let result = (|| {
+        for _ in 0..order.count {
+            let standby = st.standby.iter().position(|p| p.dir == dir);
+            let p = match standby {
+                Some(i) => (st.standby.swap_remove(i), true),
+                None => {
+                    let name = next_name(st);
+                    let prep = prepare_for(config);
+                    (spawn(dir, &name, st.config.marks, prep)?, false)
+                }
+            };
+            procs.push(p);
+        }
+        for (i, (p, _)) in procs.iter().enumerate() {
+            let index = st.served + 1 + i as u64;
+            let sent = if p.prestarted.as_deref() == Some(template.id.as_str()) {
+                let go = Go {
+                    index,
+                    request_ns: order.request_ns,
+                };
+                send_go(&p.sock, &go)
+            } else {
+                let handoff =
+                    clone_handoff(config, st, template, p, index, order.request_ns, false)?;
+                send_handoff(&p.sock, &handoff, &template.layers)
+            };
+            sent.map_err(|e| CloneError::Child {
+                name: p.name.clone(),
+                detail: format!("cannot send the template: {e}"),
+                log: p.log.display().to_string(),
+            })?;
+        }
+        tracing::debug!(
+            "{} handoffs sent {} µs after the request",
+            procs.len(),
+            monotonic_ns().saturating_sub(order.request_ns) / 1000
+        );
+        let mut out = Vec::new();
+        for (i, (p, standby)) in procs.iter().enumerate() {
+            let ready = p.wait_ready()?;
+            out.push(CloneInfo {
+                index: st.served + 1 + i as u64,
+                name: p.name.clone(),
+                socket: p.socket.display().to_string(),
+                pid: ready.pid,
+                log: p.log.display().to_string(),
+                start_ns: ready.start_ns,
+                standby: *standby,
+            });
+        }
+        Ok(out)
+    })();
+    match result {
+        Ok(out) => {
+            for (p, _) in procs {
+                p.detach();
+            }
+            Ok(out)
+        }
+        Err(e) => {
+            for (p, _) in procs {
+                p.kill();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// What a clone process of this VM prepares ahead (none where a clone
+/// could not use it).
+fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
+    let m = &config.machine;
+    let usable = !m.track_dirty_pages && config.memory_hotplug.is_none() && m.vcpu_count <= 255;
+    usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
+}
+
+/// The handoff for clone process `p`.
+fn clone_handoff(
+    config: &VmConfig,
+    st: &CloneState,
+    template: &Template,
+    p: &CloneProcess,
+    index: u64,
+    request_ns: u64,
+    prestart: bool,
+) -> Result<Handoff, CloneError> {
+    let dir = &p.dir;
+    let mut cfg = config.clone();
+    if let Some(v) = cfg.vsock.as_mut() {
+        v.uds_path = dir.join(format!("{}.vsock", p.name)).display().to_string();
+    }
+    cfg.drives = config
+        .drives
+        .iter()
+        .map(|d| cloneid::clone_drive(d, dir, &p.name))
+        .collect::<Result<_, _>>()?;
+    Ok(Handoff {
+        template_id: template.id.clone(),
+        name: p.name.clone(),
+        index,
+        generation: st.generation + 1,
+        config_json: serde_json::to_string(&cfg).map_err(|e| CloneError::Capture(e.to_string()))?,
+        state: template.state.to_vec(),
+        layer_runs: template.layers.iter().map(|l| l.runs.clone()).collect(),
+        fork_vcpu: template.fork_vcpu,
+        clone_config: super::CloneConfig {
+            standby: 0,
+            ..st.config.clone()
+        },
+        request_ns,
+        prestart,
+    })
+}
+
+/// Tops the standby pool up to the configured size; standby processes
+/// prepare a VM of this one's size.
+pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneError> {
+    let dir = clone_dir(st, None);
+    std::fs::create_dir_all(&dir).map_err(|source| CloneError::Io {
+        what: "create the clone socket directory",
+        source,
+    })?;
+    // Standby processes prepared for another size (the machine config
+    // changed before boot) or directory are replaced.
+    let want = prepare_for(config);
+    let (keep, stale): (Vec<_>, Vec<_>) = st
+        .standby
+        .drain(..)
+        .partition(|p| p.dir == dir && p.prepared_for == want);
+    st.standby = keep;
+    for p in stale {
+        p.kill();
+    }
+    while st.standby.len() < st.config.standby as usize {
+        let name = next_name(st);
+        let p = spawn(&dir, &name, st.config.marks, want)?;
+        st.standby.push(p);
+    }
+    // A zygote's template never changes: standby processes restore a clone
+    // of it ahead, paused, so that a clone request only gives it its number
+    // and starts it.
+    if let (true, Some(t)) = (st.zygote, st.template.clone()) {
+        let mut standby = std::mem::take(&mut st.standby);
+        for p in standby.iter_mut() {
+            if p.prestarted.as_deref() == Some(t.id.as_str()) {
+                continue;
+            }
+            let sent = clone_handoff(config, st, &t, p, 0, 0, true).and_then(|h| {
+                send_handoff(&p.sock, &h, &t.layers).map_err(|e| CloneError::Child {
+                    name: p.name.clone(),
+                    detail: e.to_string(),
+                    log: p.log.display().to_string(),
+                })
+            });
+            match sent {
+                Ok(()) => p.prestarted = Some(t.id.clone()),
+                Err(e) => tracing::warn!("cannot restore standby clone {} ahead: {e}", p.name),
+            }
+        }
+        st.standby = standby;
+    }
+    Ok(())
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        b = monotonic_ns().to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,155 @@
+//! Clone processes: each clone is a `spore vmm` child of the source VMM,
+//! started with `--clone-handoff FD` (one end of a socket pair) and waiting
+//! there for its template.
+//!
+//! Processes are spawned with `posix_spawn` (std's path when no `pre_exec`
+//! is given), never with `fork()`: a fork would copy the source's page
+//! tables and write-protect its private guest pages, exactly the cost a
+//! template avoids. Each clone gets its own process group, so a terminal's
+//! Ctrl-C to the source does not reach it, and its stdout/stderr (the
+//! guest's serial console) go to `<name>.log` beside its socket.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::handoff::{recv_ready, Ready};
+use super::{CloneError, READY_TIMEOUT};
+
+/// A started `spore vmm --clone-handoff` process.
+pub struct CloneProcess {
+    pub name: String,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub dir: PathBuf,
+    pub child: Child,
+    /// The source's end of the handoff socket.
+    pub sock: UnixStream,
+    /// The template it restored a clone of ahead (waiting for a go).
+    pub prestarted: Option<String>,
+    /// The VM size it prepared (memory bytes, vCPUs).
+    pub prepared_for: Option<(u64, u8)>,
+}
+
+/// The program clones run: this executable (a `spore` binary), unless
+/// `SPORE_CLONE_EXE` names another.
+pub fn clone_exe() -> Result<PathBuf, CloneError> {
+    if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
+        return Ok(PathBuf::from(p));
+    }
+    std::env::current_exe().map_err(|source| CloneError::Io {
+        what: "find the spore executable",
+        source,
+    })
+}
+
+fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
+    let flags = if inherit { 0 } else { libc::FD_CLOEXEC };
+    // SAFETY: fcntl on an fd we own.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Starts a clone process named `name` in `dir`; it waits for a template.
+/// With `prepare` (memory bytes, vCPUs) it makes its KVM VM and memory
+/// slots for that size while it waits.
+pub fn spawn(
+    dir: &Path,
+    name: &str,
+    marks: bool,
+    prepare: Option<(u64, u8)>,
+) -> Result<CloneProcess, CloneError> {
+    let exe = clone_exe()?;
+    let io = |what| move |source| CloneError::Io { what, source };
+    let (sock, theirs) = UnixStream::pair().map_err(io("create a handoff socket"))?;
+    let socket = dir.join(format!("{name}.sock"));
+    let log = dir.join(format!("{name}.log"));
+    let out = File::create(&log).map_err(io("create a clone log"))?;
+    let err = out.try_clone().map_err(io("create a clone log"))?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("vmm")
+        .arg("--api-sock")
+        .arg(&socket)
+        .arg("--id")
+        .arg(name)
+        .arg("--clone-handoff")
+        .arg(theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    if let Some((bytes, vcpus)) = prepare {
+        cmd.arg("--clone-prepare")
+            .arg(format!("{},{vcpus}", bytes >> 20));
+    }
+    if marks {
+        cmd.arg("--marks-file")
+            .arg(dir.join(format!("{name}.marks.json")));
+    }
+    // The child end must survive exec. Clearing CLOEXEC (instead of a
+    // pre_exec hook, which would force fork()) is safe: this VMM spawns
+    // processes only here, one request at a time.
+    set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
+    let child = cmd.spawn();
+    drop(theirs);
+    let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe.display())))?;
+    Ok(CloneProcess {
+        name: name.to_string(),
+        socket,
+        log,
+        dir: dir.to_path_buf(),
+        child,
+        sock,
+        prestarted: None,
+        prepared_for: prepare,
+    })
+}
+
+impl CloneProcess {
+    /// Waits for the clone's report; an error names its log.
+    pub fn wait_ready(&self) -> Result<Ready, CloneError> {
+        let fail = |detail: String| CloneError::Child {
+            name: self.name.clone(),
+            detail,
+            log: self.log.display().to_string(),
+        };
+        self.sock
+            .set_read_timeout(Some(READY_TIMEOUT))
+            .map_err(|e| fail(e.to_string()))?;
+        let ready = recv_ready(&self.sock).map_err(|e| match e {
+            super::handoff::HandoffError::Closed => fail("it exited before starting".into()),
+            e => fail(e.to_string()),
+        })?;
+        match &ready.error {
+            Some(e) => Err(fail(e.clone())),
+            None => Ok(ready),
+        }
+    }
+
+    /// Stops a clone that failed or is no longer wanted.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+
+    /// Leaves the clone running on its own; a thread reaps it when it exits.
+    pub fn detach(self) -> u32 {
+        let CloneProcess {
+            mut child, name, ..
+        } = self;
+        let pid = child.id();
+        let _ = std::thread::Builder::new()
+            .name("clone-reaper".into())
+            .spawn(move || match child.wait() {
+                Ok(s) => tracing::info!("clone {name} (pid {pid}) exited: {s}"),
+                Err(e) => tracing::warn!("clone {name} (pid {pid}): {e}"),
+            });
+        pid
+    }
+}

@@ -1,0 +1,340 @@
+//! `spore bench clone`: clone latency, throughput and memory per clone, for
+//! several guest memory sizes, with and without standby processes.
+//!
+//! For each size a source VMM boots the `clonetest` unikernel in bench mode:
+//! its guest signals `FORK` with count 0, which turns it into a zygote
+//! without clones. The bench then asks for clones one at a time
+//! (`PUT /clone`) and measures, on the host's CLOCK_MONOTONIC:
+//!
+//! - `vmm_start`: request → the clone VMM starting its vCPUs;
+//! - `first_instruction`: request → the clone guest's first signal-port
+//!   `MARK` (its first instruction after the fork; it includes that one
+//!   port-I/O exit, about 37 µs here);
+//! - memory per clone: the clone process's PSS once it runs;
+//! - clones/s: a pool of `--keep` clones of a source whose clones end at
+//!   once (`DONE`), replaced as they exit, over `--total` clones.
+//!
+//! Runs with `standby` use clone processes started ahead of time
+//! (`PUT /clone/config {"standby": N}`): the clone only receives the
+//! template, maps it, loads state and starts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::api_client::request;
+use crate::clone_cmd::put_clone;
+
+#[derive(Args, Debug)]
+pub struct CloneBenchArgs {
+    /// Guest memory sizes in MiB.
+    #[arg(long, value_delimiter = ',', default_value = "128,1024,4096,8192")]
+    pub sizes: Vec<u64>,
+    /// Clones timed per size and variant.
+    #[arg(long, default_value_t = 20)]
+    pub runs: usize,
+    /// Standby processes kept ready in the standby variant.
+    #[arg(long, default_value_t = 2)]
+    pub standby: u32,
+    /// Clones kept running in the throughput run.
+    #[arg(long, default_value_t = 2)]
+    pub keep: u32,
+    /// Clones started in the throughput run.
+    #[arg(long, default_value_t = 40)]
+    pub total: u64,
+    /// Directory of the unikernel images (default: `SPORE_UK_DIR`, else the
+    /// spore-uk build directory of this source tree).
+    #[arg(long)]
+    pub uk_dir: Option<PathBuf>,
+}
+
+/// HyperFork's published figure (Colavita 2020): 9.27 ms to clone a 1 GiB VM,
+/// growing linearly with memory.
+const HYPERFORK_1GIB_MS: f64 = 9.27;
+
+fn uk_image(a: &CloneBenchArgs) -> anyhow::Result<PathBuf> {
+    let dir = a
+        .uk_dir
+        .clone()
+        .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../spore-uk/target/x86_64-unknown-none/release")
+        });
+    let p = dir.join("clonetest");
+    if !p.exists() {
+        bail!(
+            "{} is missing: build the unikernel apps (make uk)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A source VMM, stopped on drop.
+struct Source {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn call(sock: &Path, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
+    let (status, reply) = request(sock, method, path, body)?;
+    if status >= 400 {
+        bail!("{method} {path}: HTTP {status}: {}", reply.trim());
+    }
+    Ok(reply)
+}
+
+fn start_source(
+    dir: &Path,
+    uk: &Path,
+    mib: u64,
+    after: &str,
+    clone_config: &Value,
+) -> anyhow::Result<Source> {
+    std::fs::create_dir_all(dir)?;
+    let sock = dir.join("src.sock");
+    let log = std::fs::File::create(dir.join("src.log"))?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting the source VMM")?;
+    let src = Source { child, sock };
+    let t = Instant::now();
+    while !src.sock.exists() {
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!("the source VMM did not serve its API");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    call(&src.sock, "PUT", "/clone/config", &clone_config.to_string())?;
+    let boot = json!({
+        "kernel_image_path": uk.display().to_string(),
+        "boot_args": format!("mode=bench after={after}"),
+    });
+    call(&src.sock, "PUT", "/boot-source", &boot.to_string())?;
+    let mc = json!({"vcpu_count": 1, "mem_size_mib": mib});
+    call(&src.sock, "PUT", "/machine-config", &mc.to_string())?;
+    call(
+        &src.sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    )?;
+    let t = Instant::now();
+    loop {
+        let status: Value = serde_json::from_str(&call(&src.sock, "GET", "/clone", "")?)?;
+        if status["zygote"] == true {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("the source guest did not become a zygote: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(src)
+}
+
+fn pss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        if t.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+fn first_mark(path: &Path) -> Option<u64> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let v: Value = serde_json::from_str(&text).ok()?;
+            return v.as_array()?.first()?["monotonic_ns"].as_u64();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+fn stats(mut v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        return Value::Null;
+    }
+    v.sort_by(f64::total_cmp);
+    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    json!({"p50": p(0.5), "p99": p(0.99), "min": v[0], "max": v[v.len() - 1], "n": v.len()})
+}
+
+/// Latency and memory of `runs` clones, one at a time.
+fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow::Result<Value> {
+    let config = json!({"fork_count": 0, "marks": true, "max_clones": 100000, "standby": standby});
+    let src = start_source(dir, uk, mib, "stay", &config)?;
+    let (mut vmm_ms, mut guest_ms, mut reply_ms, mut pss) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..runs {
+        // Let standby processes finish starting, as a pool would be.
+        if standby > 0 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        let t = Instant::now();
+        let r = put_clone(&src.sock, 1, None, None)?;
+        reply_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let c = r.clones.first().context("no clone in the report")?;
+        vmm_ms.push(c.start_ns.saturating_sub(r.request_ns) as f64 / 1e6);
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some(k) = pss_kib(c.pid) {
+            pss.push(k as f64);
+        }
+        // SAFETY: SIGTERM to the clone VMM just started (a clean stop that
+        // writes its marks).
+        unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
+        if !wait_gone(c.pid, Duration::from_secs(10)) {
+            bail!("clone {} did not stop", c.pid);
+        }
+        let marks = dir.join(format!("{}.marks.json", c.name));
+        if let Some(m) = first_mark(&marks) {
+            guest_ms.push(m.saturating_sub(r.request_ns) as f64 / 1e6);
+        }
+        let _ = std::fs::remove_file(&marks);
+        let _ = std::fs::remove_file(dir.join(format!("{}.log", c.name)));
+    }
+    drop(src);
+    Ok(json!({
+        "vmm_start_ms": stats(vmm_ms),
+        "first_instruction_ms": stats(guest_ms),
+        "request_to_reply_ms": stats(reply_ms),
+        "clone_pss_kib": stats(pss),
+    }))
+}
+
+/// Clones per second with a pool of `keep` clones that end at once.
+fn throughput(
+    dir: &Path,
+    uk: &Path,
+    mib: u64,
+    keep: u32,
+    total: u64,
+    standby: u32,
+) -> anyhow::Result<Value> {
+    let config = json!({"fork_count": 0, "max_clones": 100000, "standby": standby});
+    let src = start_source(dir, uk, mib, "done", &config)?;
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .arg("clone")
+        .arg(&src.sock)
+        .args(["--keep", &keep.to_string(), "--total", &total.to_string()])
+        .stderr(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        bail!("spore clone --keep failed");
+    }
+    drop(src);
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The machine the numbers come from.
+fn host_info() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    json!({"cpu": cpu, "cpus": cpus, "kernel": kernel.trim()})
+}
+
+pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let uk = uk_image(&a)?;
+    let scratch = std::env::temp_dir().join(format!("spore-bench-clone-{}", std::process::id()));
+    let result = (|| -> anyhow::Result<Value> {
+        let mut sizes = Vec::new();
+        for &mib in &a.sizes {
+            let fresh = latency(&scratch.join(format!("{mib}-fresh")), &uk, mib, a.runs, 0)?;
+            let standby = latency(
+                &scratch.join(format!("{mib}-standby")),
+                &uk,
+                mib,
+                a.runs,
+                a.standby,
+            )?;
+            let tput = throughput(
+                &scratch.join(format!("{mib}-keep")),
+                &uk,
+                mib,
+                a.keep,
+                a.total,
+                0,
+            )?;
+            let tput_standby = throughput(
+                &scratch.join(format!("{mib}-keep-standby")),
+                &uk,
+                mib,
+                a.keep,
+                a.total,
+                a.standby,
+            )?;
+            eprintln!(
+                "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
+                 {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
+                fresh["first_instruction_ms"]["p50"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                standby["first_instruction_ms"]["p50"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+                tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+                fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+            );
+            sizes.push(json!({
+                "mem_mib": mib,
+                "fresh_process": fresh,
+                "standby_process": standby,
+                "throughput": tput,
+                "throughput_standby": tput_standby,
+                "hyperfork_ms_estimate": HYPERFORK_1GIB_MS * mib as f64 / 1024.0,
+            }));
+        }
+        Ok(json!({
+            "bench": "clone",
+            "runs": a.runs,
+            "host": host_info(),
+            "hyperfork": "9.27 ms at 1 GiB (thesis, m5.metal), linear in memory; the estimate per size scales it",
+            "sizes": sizes,
+        }))
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    println!("{}", serde_json::to_string_pretty(&result?)?);
+    Ok(0)
+}

@@ -1,0 +1,334 @@
+//! `spore clone SOCK -n N`: clone a running VMM's microVM; `--keep N` keeps
+//! N clones running and replaces each one that exits. Also the clone side
+//! of `spore vmm --clone-handoff FD` (a process the source VMM started).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use spore_vmm::api::ApiServer;
+use std::os::unix::net::UnixStream;
+
+use spore_vmm::clone::handoff::{recv_message, Handoff, HandoffError, Message};
+use spore_vmm::clone::{child, CloneReport};
+use spore_vmm::config::VmConfig;
+use spore_vmm::memory::template::MemoryLayer;
+use spore_vmm::vmm::Vmm;
+
+use crate::api_client::request;
+use crate::host;
+use crate::vmm_cmd::VmmArgs;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Mode {
+    Zygote,
+    Continue,
+}
+
+#[derive(Args, Debug)]
+pub struct CloneArgs {
+    /// The source VMM's API socket.
+    pub socket: PathBuf,
+    /// How many clones to start.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub count: u32,
+    /// zygote: the source stays frozen as the template; continue: it runs on.
+    /// Default: the source's configured mode (PUT /clone/config), zygote.
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// Directory for the clones' API sockets and logs (default: beside the source's).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep this many clones running: start them, then replace each one
+    /// that exits, until interrupted (or --total clones were started).
+    #[arg(long, conflicts_with = "count")]
+    pub keep: Option<u32>,
+    /// With --keep: stop after starting this many clones in all, wait for
+    /// them to exit, and print the throughput.
+    #[arg(long, requires = "keep")]
+    pub total: Option<u64>,
+}
+
+fn body(count: u32, mode: Option<Mode>, dir: Option<&Path>) -> anyhow::Result<String> {
+    let mut b = serde_json::json!({ "count": count });
+    if let Some(m) = mode {
+        b["mode"] = match m {
+            Mode::Zygote => "zygote",
+            Mode::Continue => "continue",
+        }
+        .into();
+    }
+    if let Some(d) = dir {
+        let d = if d.is_absolute() {
+            d.to_path_buf()
+        } else {
+            std::env::current_dir()?.join(d)
+        };
+        b["socket_dir"] = d.to_string_lossy().into_owned().into();
+    }
+    Ok(b.to_string())
+}
+
+/// One `PUT /clone`; the API's fault message becomes the error.
+pub fn put_clone(
+    sock: &Path,
+    count: u32,
+    mode: Option<Mode>,
+    dir: Option<&Path>,
+) -> anyhow::Result<CloneReport> {
+    let (status, reply) = request(sock, "PUT", "/clone", &body(count, mode, dir)?)?;
+    if status >= 400 {
+        let msg = serde_json::from_str::<serde_json::Value>(&reply)
+            .ok()
+            .and_then(|v| v["fault_message"].as_str().map(str::to_string))
+            .unwrap_or(reply);
+        bail!("clone refused (HTTP {status}): {}", msg.trim());
+    }
+    serde_json::from_str(&reply).context("the VMM's clone report does not parse")
+}
+
+pub fn run(a: CloneArgs) -> anyhow::Result<u8> {
+    match a.keep {
+        None => {
+            let report = put_clone(&a.socket, a.count, a.mode, a.dir.as_deref())?;
+            for c in &report.clones {
+                eprintln!(
+                    "spore: clone {} started: pid {}, socket {}, {:.2} ms after the request",
+                    c.index,
+                    c.pid,
+                    c.socket,
+                    c.start_ns.saturating_sub(report.request_ns) as f64 / 1e6
+                );
+            }
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(0)
+        }
+        Some(keep) => keep_pool(&a, keep),
+    }
+}
+
+/// A pidfd: readable once the process exited (works for processes that are
+/// not our children, which clones are not: the source VMM started them).
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `--keep N`: HyperFork's throughput mode.
+fn keep_pool(a: &CloneArgs, keep: u32) -> anyhow::Result<u8> {
+    if keep == 0 {
+        bail!("--keep needs at least 1 clone");
+    }
+    let total = a.total.unwrap_or(u64::MAX);
+    let t0 = Instant::now();
+    let mut running: Vec<(u32, OwnedFd)> = Vec::new();
+    let mut started = 0u64;
+    let mut finished = 0u64;
+    let mut latencies = Vec::new();
+    loop {
+        let want = (keep as u64 - running.len() as u64).min(total - started) as u32;
+        if want > 0 {
+            let r = put_clone(&a.socket, want, a.mode, a.dir.as_deref())?;
+            for c in &r.clones {
+                latencies.push(c.start_ns.saturating_sub(r.request_ns));
+                match pidfd(c.pid) {
+                    Some(fd) => running.push((c.pid, fd)),
+                    // Already gone.
+                    None => finished += 1,
+                }
+            }
+            started += r.clones.len() as u64;
+        }
+        if running.is_empty() && started >= total {
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = running
+            .iter()
+            .map(|(_, fd)| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of pollfds for the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e).context("waiting for clones");
+            }
+        }
+        let before = running.len();
+        let exited: Vec<bool> = fds.iter().map(|p| p.revents != 0).collect();
+        let mut i = 0;
+        running.retain(|_| {
+            let keep = !exited[i];
+            i += 1;
+            keep
+        });
+        finished += (before - running.len()) as u64;
+        if before != running.len() && started < total {
+            eprintln!(
+                "spore: {} clone(s) exited, replacing ({started} started)",
+                before - running.len()
+            );
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+            .map_or(0.0, |&ns| ns as f64 / 1e3)
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "keep": keep,
+            "clones_started": started,
+            "clones_finished": finished,
+            "seconds": secs,
+            "clones_per_s": finished as f64 / secs,
+            "start_latency_us": { "p50": pct(0.5), "p99": pct(0.99) },
+        })
+    );
+    Ok(0)
+}
+
+/// `spore vmm --clone-handoff FD`: wait for the template, restore, serve.
+pub fn run_clone_vmm(args: &VmmArgs, fd: i32) -> anyhow::Result<u8> {
+    let Some(sock_path) = args.api_sock.clone() else {
+        bail!("--clone-handoff needs --api-sock");
+    };
+    let vmm = Arc::new(Vmm::new(
+        args.id.clone(),
+        VmConfig::default(),
+        Box::new(std::io::stdout()),
+    ));
+    host::stop_on_host_signals(vmm.clone())?;
+    vmm.set_api_socket(&sock_path);
+    vmm.enable_guest_fork();
+    if let Some(spec) = &args.clone_prepare {
+        // A clone that cannot prepare still restores the ordinary way.
+        match parse_prepare(spec) {
+            Some((bytes, vcpus)) => {
+                if let Err(e) = vmm.prepare_clone(bytes, vcpus) {
+                    eprintln!("spore: preparing the clone VM: {e}");
+                }
+            }
+            None => bail!("--clone-prepare {spec:?}: expected MIB,VCPUS"),
+        }
+    }
+    let incoming = match wait_for_template(&vmm, fd) {
+        Ok(Some(i)) => i,
+        // The source went away (or we were stopped) before using this
+        // standby process: nothing to do.
+        Ok(None) => return Ok(0),
+        Err(e) => return Err(e).context("receiving the clone template"),
+    };
+    let started = match incoming.start {
+        Start::Handoff(h, layers) => vmm.start_clone(&h, layers),
+        Start::Go(index) => vmm.go_clone(index),
+    };
+    let start_ns = match started {
+        Ok(t) => t,
+        Err(e) => {
+            child::report(&incoming.sock, 0, Some(e.to_string()));
+            return Err(e).context("starting the clone");
+        }
+    };
+    let server = match ApiServer::start(&sock_path, vmm.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            child::report(&incoming.sock, start_ns, Some(e.to_string()));
+            vmm.request_stop();
+            let _ = crate::run::finish(&vmm, None);
+            return Err(e).with_context(|| format!("serving the API on {}", sock_path.display()));
+        }
+    };
+    child::report(&incoming.sock, start_ns, None);
+    drop(incoming.sock);
+    let code = crate::run::finish(&vmm, args.marks_file.as_deref());
+    drop(server);
+    code
+}
+
+fn parse_prepare(spec: &str) -> Option<(u64, u8)> {
+    let (mib, vcpus) = spec.split_once(',')?;
+    let mib: u64 = mib.trim().parse().ok()?;
+    Some((mib.checked_mul(1 << 20)?, vcpus.trim().parse().ok()?))
+}
+
+/// Blocks until the source sends the clone handoff (or, for a clone
+/// restored ahead, its go); polls so that a host signal can end a standby
+/// process that was never used.
+fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
+    let sock = child::adopt_socket(fd)?;
+    loop {
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 200) };
+        if vmm.control().stop_reason().is_some() {
+            return Ok(None);
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            bail!("--clone-handoff {fd}: {e}");
+        }
+        if n == 0 {
+            continue;
+        }
+        match recv_message(&sock) {
+            // A zygote's standby: restore now, start on the go.
+            Ok(Message::Handoff(handoff, layers)) if handoff.prestart => {
+                if let Err(e) = vmm.restore_clone(&handoff, layers) {
+                    // Nobody waits for this answer yet: end, and let the
+                    // source see the socket close when it uses us.
+                    return Err(e).context("restoring the clone ahead");
+                }
+            }
+            Ok(Message::Handoff(handoff, layers)) => {
+                return Ok(Some(Incoming {
+                    sock,
+                    start: Start::Handoff(handoff, layers),
+                }))
+            }
+            Ok(Message::Go(go)) => {
+                return Ok(Some(Incoming {
+                    sock,
+                    start: Start::Go(go.index),
+                }))
+            }
+            Err(HandoffError::Closed) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// What starts a clone process.
+enum Start {
+    Handoff(Box<Handoff>, Vec<MemoryLayer>),
+    /// The clone restored ahead gets this number.
+    Go(u64),
+}
+
+/// The socket a clone process inherited and what came over it.
+struct Incoming {
+    sock: UnixStream,
+    start: Start,
+}

@@ -1,0 +1,607 @@
+//! Clones end to end on host KVM with the `clonetest` unikernel: copy-on-write
+//! isolation between 20 clones and their template, clones of clones,
+//! continue mode, the fork cap, a zygote killed under its clones, the host
+//! memory of 100 clones, and refused bad input.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Kills (by pid) every VMM a test started, even when it fails: the pids
+/// it collected, and every clone still serving a socket in its directory.
+struct Reaper {
+    source: Option<Child>,
+    pids: Vec<i32>,
+    dir: PathBuf,
+}
+
+/// The pid of the process serving a Unix socket (SO_PEERCRED).
+fn peer_pid(sock: &Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+impl Reaper {
+    fn source_pid(&self) -> i32 {
+        self.source.as_ref().map_or(0, |c| c.id() as i32)
+    }
+    fn add_from(&mut self, report: &serde_json::Value) {
+        for c in report["clones"].as_array().into_iter().flatten() {
+            if let Some(pid) = c["pid"].as_i64() {
+                self.pids.push(pid as i32);
+            }
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let src = self.source_pid();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "sock") {
+                if let Some(pid) = peer_pid(&p).filter(|&pid| pid != src) {
+                    self.pids.push(pid);
+                }
+            }
+        }
+        for &pid in &self.pids {
+            // SAFETY: kill by pid of a clone VMM this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if let Some(mut c) = self.source.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts a source VMM running clonetest with `args`; clone settings first.
+fn start_source(
+    dir: &Path,
+    mem_mib: u32,
+    args: &str,
+    clone_config: Option<&str>,
+) -> (PathBuf, Reaper) {
+    start_source_with(dir, mem_mib, args, clone_config, None)
+}
+
+fn start_source_with(
+    dir: &Path,
+    mem_mib: u32,
+    args: &str,
+    clone_config: Option<&str>,
+    drive: Option<&str>,
+) -> (PathBuf, Reaper) {
+    let sock = dir.join("src.sock");
+    let log = std::fs::File::create(dir.join("src.log")).unwrap();
+    let child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let reaper = Reaper {
+        source: Some(child),
+        pids: Vec::new(),
+        dir: dir.to_path_buf(),
+    };
+    if let Some(c) = clone_config {
+        let (code, body) = http(&sock, "PUT", "/clone/config", Some(c));
+        assert_eq!(code, 204, "{body}");
+    }
+    let body = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "{args}"}}"#,
+        uk_image("clonetest").display()
+    );
+    assert_eq!(http(&sock, "PUT", "/boot-source", Some(&body)).0, 204);
+    if let Some(d) = drive {
+        assert_eq!(http(&sock, "PUT", "/drives/data", Some(d)).0, 204);
+    }
+    let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
+    assert_eq!(http(&sock, "PUT", "/machine-config", Some(&mc)).0, 204);
+    let (code, reply) = http(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
+    assert_eq!(code, 204, "{reply}");
+    (sock, reaper)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Waits until `f` holds, showing every log of `dir` on timeout.
+fn wait_until(dir: &Path, secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        if t.elapsed() > Duration::from_secs(secs) {
+            let mut logs = String::new();
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    logs += &format!("== {}\n{}\n", p.display(), read(&p));
+                }
+            }
+            panic!("timed out waiting for {what}\n{logs}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every `clone ID ok` line in the logs of `dir`, and any FAILED line.
+fn oks(dir: &Path) -> (BTreeSet<u64>, Vec<String>) {
+    let mut ok = BTreeSet::new();
+    let mut failed = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "log") {
+            continue;
+        }
+        for l in read(&p).lines() {
+            if l.contains("FAILED") {
+                failed.push(format!("{}: {l}", p.display()));
+            }
+            if let Some(rest) = l.strip_prefix("clone ") {
+                if let Some(id) = rest
+                    .strip_suffix(" ok depth 1")
+                    .or(rest.strip_suffix(" ok depth 2"))
+                {
+                    ok.insert(id.parse().unwrap());
+                }
+            }
+        }
+    }
+    (ok, failed)
+}
+
+/// Pids of the clones the source's guest forks started (from its log).
+fn forked_pids(log: &str) -> Vec<i32> {
+    log.split(" pid ")
+        .skip(1)
+        .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
+}
+
+fn put_clone(sock: &Path, body: &str) -> (u16, serde_json::Value) {
+    let (code, reply) = http(sock, "PUT", "/clone", Some(body));
+    (
+        code,
+        serde_json::from_str(&reply).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_original() {
+    require_kvm();
+    let s = Scratch::new("clone-20");
+    let (sock, mut reaper) = start_source(&s.0, 128, "clones=20 mib=4 hold_ms=300", None);
+    wait_until(&s.0, 60, "20 clones to check their pages", || {
+        oks(&s.0).0.len() >= 20
+    });
+    let (ok, failed) = oks(&s.0);
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(ok, (1..=20).collect::<BTreeSet<u64>>());
+    let pids = forked_pids(&read(&s.path("src.log")));
+    assert_eq!(pids.len(), 20, "{}", read(&s.path("src.log")));
+    reaper.pids.extend(&pids);
+    // DONE ends each clone (status 0, no guest shutdown).
+    wait_until(&s.0, 20, "the clones to end with DONE", || {
+        !pids.iter().any(|&p| alive(p))
+    });
+
+    // The zygote is frozen: a resume is refused, and it still serves. A new
+    // clone first checks it sees the source's original pattern, after 20
+    // clones wrote their own ids over the same pages.
+    let (code, body) = http(&sock, "PATCH", "/vm", Some(r#"{"state": "Resumed"}"#));
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("zygote"), "{body}");
+    let (code, report) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    assert_eq!(report["clones"][0]["index"], 21);
+    assert_eq!(report["served"], 21);
+    wait_until(&s.0, 20, "clone 21", || oks(&s.0).0.contains(&21));
+    assert!(oks(&s.0).1.is_empty());
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["zygote"], true);
+    assert_eq!(status["served"], 21);
+}
+
+#[test]
+fn kvm_clone_of_a_clone_in_continue_mode() {
+    require_kvm();
+    let s = Scratch::new("clone-nest");
+    let (_sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=2 nest=2 levels=2 mib=2 hold_ms=300",
+        Some(r#"{"mode": "continue"}"#),
+    );
+    let want: BTreeSet<u64> = [1, 2, 101, 102, 201, 202].into();
+    wait_until(&s.0, 60, "clones and clones of clones", || {
+        oks(&s.0).0 == want
+    });
+    assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
+    // Each source went on and still holds its own pattern after its
+    // clones wrote theirs.
+    wait_until(&s.0, 20, "the sources to check their pages", || {
+        let all: String = ["src.log", "src-c1.log", "src-c2.log"]
+            .iter()
+            .map(|f| read(&s.path(f)))
+            .collect();
+        ["source 0 ok", "source 1 ok", "source 2 ok"]
+            .iter()
+            .all(|l| all.contains(l))
+    });
+    for f in ["src.log", "src-c1.log", "src-c2.log"] {
+        reaper.pids.extend(forked_pids(&read(&s.path(f))));
+    }
+    // The continuing source exited 0 on its own.
+    let status = reaper.source.as_mut().unwrap().wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
+    require_kvm();
+    let s = Scratch::new("clone-cap");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "max_clones": 3}"#),
+    );
+    wait_until(&s.0, 20, "the guest to make its template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"zygote\":true")
+    });
+    let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 400, "{r}");
+    let msg = r["fault_message"].as_str().unwrap();
+    assert!(msg.contains("only 1 more"), "{msg}");
+    let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    // The CLI says it in one line and fails.
+    let o = spore()
+        .arg("clone")
+        .arg(&sock)
+        .args(["-n", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = stderr_of(&o);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("max_clones") && err.contains("served 3"),
+        "{err}"
+    );
+    // The three clones run.
+    for pid in reaper.pids.clone() {
+        assert!(alive(pid), "clone {pid} is gone");
+    }
+}
+
+#[test]
+fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones() {
+    require_kvm();
+    let s = Scratch::new("clone-kill");
+    let (_sock, mut reaper) =
+        start_source(&s.0, 128, "clones=3 mib=8 hold_ms=1500 after=stay", None);
+    wait_until(&s.0, 20, "3 clones", || {
+        forked_pids(&read(&s.path("src.log"))).len() == 3
+    });
+    let pids = forked_pids(&read(&s.path("src.log")));
+    reaper.pids.extend(&pids);
+    let mut src = reaper.source.take().unwrap();
+    src.kill().unwrap();
+    src.wait().unwrap();
+    // The template's memory lives on in the clones' mappings: they finish
+    // checking their pages (written before and read after the kill) and run on.
+    wait_until(&s.0, 30, "the clones to check their pages", || {
+        oks(&s.0).0.len() == 3
+    });
+    assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
+    for (i, &pid) in pids.iter().enumerate() {
+        assert!(alive(pid), "clone {pid} died with its source");
+        let sock = s.path(&format!("src-c{}.sock", i + 1));
+        let (code, body) = http(&sock, "GET", "/", None);
+        assert_eq!(code, 200);
+        assert!(body.contains("Running"), "{body}");
+    }
+}
+
+/// Sum of the PSS (kB) of these processes.
+fn pss_kb(pids: &[i32]) -> u64 {
+    pids.iter()
+        .map(|p| {
+            read(Path::new(&format!("/proc/{p}/smaps_rollup")))
+                .lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
+    require_kvm();
+    let s = Scratch::new("clone-100");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        512,
+        "clones=100 mib=1 hold_ms=100 after=stay",
+        Some(r#"{"mode": "zygote"}"#),
+    );
+    let src = reaper.source_pid();
+    wait_until(&s.0, 120, "100 clones", || {
+        oks(&s.0).0.len() >= 100 && forked_pids(&read(&s.path("src.log"))).len() == 100
+    });
+    reaper.pids.extend(forked_pids(&read(&s.path("src.log"))));
+    assert_eq!(reaper.pids.len(), 100);
+    assert!(oks(&s.0).1.is_empty());
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["served"], 100);
+    // All of the source's memory counts once (a baseline measured before
+    // the clones would only be smaller), the clones' on top of it.
+    let mut all = reaper.pids.clone();
+    all.push(src);
+    let total_kb = pss_kb(&all);
+    let clones_kb = pss_kb(&reaper.pids);
+    eprintln!(
+        "100 clones of a 512 MiB guest: PSS {} MiB in all, {} MiB for the clones ({} KiB each)",
+        total_kb >> 10,
+        clones_kb >> 10,
+        clones_kb / 100
+    );
+    assert!(
+        clones_kb > 100 * 1024,
+        "each clone wrote 1 MiB: {clones_kb} kB"
+    );
+    assert!(
+        total_kb < 1 << 20,
+        "{total_kb} kB of PSS for the source and 100 clones"
+    );
+}
+
+#[test]
+fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
+    require_kvm();
+    let s = Scratch::new("clone-bad");
+    // Not started yet.
+    let sock = s.path("idle.sock");
+    let mut idle = spawn_vmm(&sock);
+    let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 400);
+    assert!(
+        r["fault_message"].as_str().unwrap().contains("not started"),
+        "{r}"
+    );
+    let (code, body) = http(&sock, "PUT", "/clone/config", Some(r#"{"max_clones": 0}"#));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = http(&sock, "PUT", "/clone", Some(r#"{"count": -1}"#));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/clone",
+        Some(r#"{"count": 1, "mode": "sideways"}"#),
+    );
+    assert_eq!(code, 400, "{body}");
+    idle.kill().unwrap();
+    idle.wait().unwrap();
+
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+    );
+    wait_until(&s.0, 20, "the guest's template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
+    });
+    for (body, needle) in [
+        (r#"{"count": 0}"#, "at least 1"),
+        (r#"{"count": 100000}"#, "more than"),
+        (r#"{"count": 2000}"#, "max_clones"),
+    ] {
+        let (code, r) = put_clone(&sock, body);
+        assert_eq!(code, 400, "{body}: {r}");
+        let msg = r["fault_message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{body}: {msg}");
+    }
+    // A socket directory that cannot be made.
+    let (code, r) = put_clone(&sock, r#"{"count": 1, "socket_dir": "/proc/no/such/dir"}"#);
+    assert!(code >= 400, "{r}");
+    let (_, info) = http(&sock, "GET", "/", None);
+    assert!(info.contains("Running"), "{info}");
+    // And it still clones afterwards.
+    let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    let (_, info) = http(&sock, "GET", "/", None);
+    assert!(info.contains("Running"), "{info}");
+}
+
+#[test]
+fn kvm_clone_keep_pool_replaces_clones_that_exit_using_standby_processes() {
+    require_kvm();
+    let s = Scratch::new("clone-keep");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=done",
+        Some(r#"{"fork_count": 0, "standby": 2}"#),
+    );
+    wait_until(&s.0, 20, "the guest's template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"zygote\":true")
+    });
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["standby"], 2);
+    // Clones end at once (DONE): the pool keeps replacing them.
+    let o = spore()
+        .arg("clone")
+        .arg(&sock)
+        .args(["--keep", "2", "--total", "6"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout_of(&o)).unwrap();
+    assert_eq!(r["clones_started"], 6, "{r}");
+    assert_eq!(r["clones_finished"], 6, "{r}");
+    assert!(r["clones_per_s"].as_f64().unwrap() > 0.0);
+    // A clone from a standby process says so; the pool is refilled.
+    let (code, r) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    assert_eq!(r["clones"][0]["standby"], true, "{r}");
+    let status: serde_json::Value =
+        serde_json::from_str(&http(&sock, "GET", "/clone", None).1).unwrap();
+    assert_eq!(status["standby"], 2);
+    assert_eq!(status["served"], 7);
+    // Stopping the source ends its unused standby processes too.
+    let standby_logs = std::fs::read_dir(&s.0).unwrap().count();
+    assert!(standby_logs > 0);
+    let mut src = reaper.source.take().unwrap();
+    // SAFETY: SIGTERM to the source VMM this test started.
+    unsafe { libc::kill(src.id() as i32, libc::SIGTERM) };
+    src.wait().unwrap();
+    wait_until(&s.0, 10, "the standby processes to end", || {
+        std::process::Command::new("pgrep")
+            .args(["-f", &s.0.display().to_string()])
+            .output()
+            .map(|o| o.stdout.is_empty())
+            .unwrap_or(true)
+    });
+}
+
+#[test]
+fn kvm_clone_a_read_write_drive_gets_overlays_and_a_deleted_image_is_refused() {
+    require_kvm();
+    let s = Scratch::new("clone-rw");
+    let disk = s.path("data.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let drive = format!(
+        r#"{{"drive_id": "data", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
+        disk.display()
+    );
+    let (sock, _reaper) = start_source_with(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(&drive),
+    );
+    wait_until(&s.0, 20, "the guest's template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
+    });
+    // The source's image becomes the shared base: the source and the clone
+    // each write their own overlay beside the sockets.
+    let (code, r) = put_clone(&sock, r#"{"count": 1, "mode": "continue"}"#);
+    assert_eq!(code, 200, "{r}");
+    let overlays: Vec<_> = std::fs::read_dir(&s.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cow"))
+        .collect();
+    assert!(
+        overlays.len() >= 2,
+        "source and clone overlays: {overlays:?}"
+    );
+    // The base image deleted underneath: the next clone is refused clearly,
+    // and the source keeps running.
+    std::fs::remove_file(&disk).unwrap();
+    let (code, r) = put_clone(&sock, r#"{"count": 1, "mode": "continue"}"#);
+    assert_eq!(code, 400, "{r}");
+    let msg = r["fault_message"].as_str().unwrap();
+    assert!(msg.contains("drive \"data\""), "{msg}");
+    let (_, info) = http(&sock, "GET", "/", None);
+    assert!(info.contains("Running"), "{info}");
+}
+
+#[test]
+fn kvm_clone_standby_clones_restored_ahead_see_the_template_and_keep_their_own_pages() {
+    require_kvm();
+    let s = Scratch::new("clone-standby");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=2 mib=2 hold_ms=200 after=exit",
+        Some(r#"{"standby": 2}"#),
+    );
+    wait_until(&s.0, 30, "the guest's clones", || {
+        oks(&s.0).0.len() == 2 && forked_pids(&read(&s.path("src.log"))).len() == 2
+    });
+    reaper.pids.extend(forked_pids(&read(&s.path("src.log"))));
+    // Now the zygote's standby processes hold clones restored ahead: a
+    // request only numbers and starts them.
+    wait_until(&s.0, 10, "standby processes", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"standby\":2")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 200, "{r}");
+    reaper.add_from(&r);
+    for c in r["clones"].as_array().unwrap() {
+        assert_eq!(c["standby"], true, "{r}");
+    }
+    wait_until(&s.0, 30, "clones 3 and 4", || {
+        let ok = oks(&s.0).0;
+        ok.contains(&3) && ok.contains(&4)
+    });
+    assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
+}
