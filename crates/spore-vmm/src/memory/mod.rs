@@ -12,12 +12,10 @@ use std::os::fd::FromRawFd;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
-};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
 use crate::arch::x86_64::layout;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::devices::virtio::{GuestMemoryMmap, GuestRegionMmap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
