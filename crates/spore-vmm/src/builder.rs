@@ -36,6 +36,7 @@ use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
+use crate::snapshot::layers::MemoryLayers;
 use crate::snapshot::MicrovmState;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::vcpu::{Vcpu, VcpuIo};
@@ -192,20 +193,21 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
 }
 
 /// Builds the VM a snapshot describes, with `state` applied and guest RAM
-/// mapped privately from `mem_file`; nothing runs until [`Vm::start`].
+/// mapped privately from its memory layers ([`GuestRam::from_layers`]);
+/// nothing runs until [`Vm::start`].
 pub fn restore_vm(
     config: &VmConfig,
     state: &MicrovmState,
-    mem_file: File,
+    layers: &MemoryLayers,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
-    build(config, opts, Some((state, mem_file)))
+    build(config, opts, Some((state, layers)))
 }
 
 fn build(
     config: &VmConfig,
     opts: BuildOptions,
-    restore: Option<(&MicrovmState, File)>,
+    restore: Option<(&MicrovmState, &MemoryLayers)>,
 ) -> Result<Vm, BuildError> {
     config.validate()?;
     let boot = config
@@ -257,7 +259,7 @@ fn build(
     // change is far costlier in KVM (7 ms instead of 70 µs for 128 MiB
     // measured on kvm_pvm), and this is on the boot path.
     let ram = match mem_file {
-        Some(f) => GuestRam::from_snapshot_file(f, machine.mem_bytes())?,
+        Some(layers) => GuestRam::from_layers(layers)?,
         None => GuestRam::new(machine.mem_bytes())?,
     };
     ram.register(&vm_fd, machine.track_dirty_pages)?;

@@ -34,6 +34,21 @@ struct Inner {
     vm: Option<Vm>,
     /// Consumed when the VM is built.
     serial_out: Option<SerialOut>,
+    /// The last snapshot and the pages changed since (for Diff snapshots).
+    chain: snapshot::ChainState,
+}
+
+/// How `load_snapshot` builds the VM, beyond the files.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Start the guest (else it waits paused for `PATCH /vm`).
+    pub resume: bool,
+    /// Dirty page tracking for the restored VM's diff snapshots; `None`
+    /// keeps the setting the snapshot was taken with.
+    pub track_dirty_pages: Option<bool>,
+    /// The files of the snapshot's parents, nearest first, when they are
+    /// not where the diff's manifest says.
+    pub parents: Vec<snapshot::LayerPaths>,
 }
 
 impl Vmm {
@@ -45,6 +60,7 @@ impl Vmm {
                 config,
                 vm: None,
                 serial_out: Some(serial_out),
+                chain: Default::default(),
             }),
         }
     }
@@ -119,17 +135,15 @@ impl Vmm {
         }
     }
 
-    /// Writes a full snapshot of the paused VM (Firecracker's rule: pause first).
+    /// Writes a snapshot of the paused VM (Firecracker's rule: pause first):
+    /// Full, or Diff against the last snapshot this VM wrote or was
+    /// restored from. The single entry point for every snapshot.
     pub fn create_snapshot(
         &self,
         p: &SnapshotCreateParams,
     ) -> Result<snapshot::SnapshotInfo, SnapshotApiError> {
-        if p.snapshot_type != SnapshotType::Full {
-            return Err(SnapshotApiError::Unsupported(
-                "only Full snapshots are supported so far",
-            ));
-        }
-        let inner = lock(&self.inner);
+        let mut inner = lock(&self.inner);
+        let inner = &mut *inner;
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
         // The pool lives outside guest memory and is not in the snapshot yet:
         // refuse rather than restore a guest whose tmem objects are gone.
@@ -137,11 +151,17 @@ impl Vmm {
         if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
             return Err(SnapshotApiError::TmemNotEmpty(objects));
         }
-        Ok(snapshot::create_full(
+        let kind = match p.snapshot_type {
+            SnapshotType::Full => snapshot::format::LayerKind::Full,
+            SnapshotType::Diff => snapshot::format::LayerKind::Diff,
+        };
+        Ok(snapshot::create(
             vm,
             &inner.config,
+            kind,
             std::path::Path::new(&p.snapshot_path),
             std::path::Path::new(&p.mem_file_path),
+            &mut inner.chain,
         )?)
     }
 
@@ -153,11 +173,29 @@ impl Vmm {
         mem_path: &std::path::Path,
         resume: bool,
     ) -> Result<(), SnapshotApiError> {
+        let opts = LoadOptions {
+            resume,
+            ..Default::default()
+        };
+        self.load_snapshot_with(state_path, mem_path, &opts)
+    }
+
+    /// [`Vmm::load_snapshot`] of a full snapshot or a chain of layers.
+    pub fn load_snapshot_with(
+        &self,
+        state_path: &std::path::Path,
+        mem_path: &std::path::Path,
+        lo: &LoadOptions,
+    ) -> Result<(), SnapshotApiError> {
+        let resume = lo.resume;
         let mut inner = lock(&self.inner);
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
-        let loaded = snapshot::load(state_path, mem_path)?;
+        let mut loaded = snapshot::load_chain(state_path, mem_path, &lo.parents)?;
+        if let Some(track) = lo.track_dirty_pages {
+            loaded.config.machine.track_dirty_pages = track;
+        }
         let serial_out = inner
             .serial_out
             .take()
@@ -166,7 +204,7 @@ impl Vmm {
             serial_out,
             control: self.control.clone(),
         };
-        let mut vm = match restore_vm(&loaded.config, &loaded.state, loaded.mem_file, opts) {
+        let mut vm = match restore_vm(&loaded.config, &loaded.state, &loaded.layers, opts) {
             Ok(vm) => vm,
             Err(e) => {
                 inner.serial_out = Some(Box::new(std::io::stdout()));
@@ -179,6 +217,8 @@ impl Vmm {
             vm.start_paused()
         };
         started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        // A diff of this VM continues the chain from the layer it came from.
+        inner.chain = snapshot::ChainState::restored_from(loaded.head());
         inner.config = loaded.config;
         inner.vm = Some(vm);
         Ok(())
@@ -368,10 +408,15 @@ impl ApiHandler for Vmm {
             }
             ApiRequest::LoadSnapshot(p) => {
                 let mem = p.mem_file().map_err(ApiError::BadRequest)?;
-                self.load_snapshot(
+                let lo = LoadOptions {
+                    resume: p.resume_vm,
+                    track_dirty_pages: p.track_dirty(),
+                    parents: p.parent_paths(),
+                };
+                self.load_snapshot_with(
                     std::path::Path::new(&p.snapshot_path),
                     std::path::Path::new(mem),
-                    p.resume_vm,
+                    &lo,
                 )
                 .map_err(bad)?;
                 Ok(ApiResponse::NoContent)

@@ -50,9 +50,39 @@ pub struct SnapshotLoadParams {
     pub track_dirty_pages: bool,
     #[serde(default)]
     pub resume_vm: bool,
+    /// spore extension: the files of a diff's parents, nearest parent
+    /// first, for layers moved away from where the diff's manifest says
+    /// (each is still checked against the id and hash the child names).
+    #[serde(default)]
+    pub parents: Vec<ParentFiles>,
+}
+
+/// One parent layer's files (`parents` in `PUT /snapshot/load`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParentFiles {
+    pub snapshot_path: String,
+    pub mem_file_path: String,
 }
 
 impl SnapshotLoadParams {
+    /// Dirty page tracking for the restored VM: on when either
+    /// `track_dirty_pages` or Firecracker's older `enable_diff_snapshots`
+    /// asks for it, else as the snapshotted VM had it.
+    pub fn track_dirty(&self) -> Option<bool> {
+        (self.track_dirty_pages || self.enable_diff_snapshots).then_some(true)
+    }
+
+    pub fn parent_paths(&self) -> Vec<crate::snapshot::LayerPaths> {
+        self.parents
+            .iter()
+            .map(|p| crate::snapshot::LayerPaths {
+                state: p.snapshot_path.clone().into(),
+                mem: p.mem_file_path.clone().into(),
+            })
+            .collect()
+    }
+
     /// The memory file to map: `mem_backend` (File) or `mem_file_path`,
     /// exactly one of them.
     pub fn mem_file(&self) -> Result<&str, String> {

@@ -8,7 +8,8 @@
 pub mod hotplug;
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
@@ -16,6 +17,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion,
 
 use crate::arch::x86_64::layout;
 use crate::devices::virtio::{GuestMemoryMmap, GuestRegionMmap};
+use crate::snapshot::layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -35,6 +37,8 @@ pub enum MemoryError {
     },
     #[error("guest memory region at {0:#x} overlaps or overflows")]
     Region(u64),
+    #[error("cannot overlay the snapshot layers onto guest memory: {0}")]
+    Layers(#[source] std::io::Error),
     #[error("cannot register guest memory slot {slot} with KVM: {source}")]
     Slot {
         slot: u32,
@@ -51,6 +55,10 @@ pub struct GuestRam {
     /// Mapped copy-on-write from a snapshot's memory file: the guest's
     /// writes live in anonymous memory, not in `memfd`.
     private: bool,
+    /// Ranges (memory-file offsets) mapped from diff layers over `memfd`
+    /// (the base layer): data a later snapshot must read through the
+    /// mapping although `memfd` has holes there.
+    overlays: Vec<(u64, u64)>,
 }
 
 impl GuestRam {
@@ -93,7 +101,71 @@ impl GuestRam {
             mem,
             size,
             private,
+            overlays: Vec::new(),
         })
+    }
+
+    /// Maps a snapshot chain privately: the base layer lazily, as
+    /// [`GuestRam::from_snapshot_file`], and every range a diff layer
+    /// supplies (newest layer wins, see [`MemoryLayers::extents`]) mapped
+    /// from that layer's file on top (`MAP_FIXED | MAP_PRIVATE`), so diff
+    /// pages fault in lazily too and stay shared in the page cache. Ranges
+    /// that are not page-aligned, or more of them than `max_overlay_maps`
+    /// (each is a kernel VMA, and a process has a limited number), are read
+    /// in instead.
+    pub fn from_layers(layers: &MemoryLayers) -> Result<Self, MemoryError> {
+        Self::from_layers_with(layers, MAX_OVERLAY_MAPS)
+    }
+
+    pub(crate) fn from_layers_with(
+        layers: &MemoryLayers,
+        max_overlay_maps: usize,
+    ) -> Result<Self, MemoryError> {
+        let base = layers
+            .base()
+            .ok_or_else(|| MemoryError::Layers(std::io::Error::other("no layers")))?
+            .try_clone()
+            .map_err(MemoryError::Layers)?;
+        let mut ram = Self::from_snapshot_file(base, layers.size())?;
+        if layers.files().len() < 2 {
+            return Ok(ram);
+        }
+        let overlays: Vec<_> = layers
+            .extents()
+            .map_err(MemoryError::Layers)?
+            .into_iter()
+            .filter(|e| e.layer > 0)
+            .collect();
+        let map = overlays.len() <= max_overlay_maps;
+        let spans: Vec<(u64, u64, u64)> = {
+            let mut off = 0;
+            ram.mem
+                .iter()
+                .map(|r| {
+                    let s = (off, r.as_ptr() as u64, r.len());
+                    off += r.len();
+                    s
+                })
+                .collect()
+        };
+        for e in &overlays {
+            let file = &layers.files()[e.layer];
+            for &(span_off, host, span_len) in &spans {
+                let lo = e.offset.max(span_off);
+                let hi = (e.offset + e.len).min(span_off + span_len);
+                if lo < hi {
+                    overlay(file, lo, host + (lo - span_off), hi - lo, map)
+                        .map_err(MemoryError::Layers)?;
+                }
+            }
+        }
+        ram.overlays = overlays.iter().map(|e| (e.offset, e.len)).collect();
+        Ok(ram)
+    }
+
+    /// Memory-file ranges mapped from diff layers (see `from_layers`).
+    pub fn overlays(&self) -> &[(u64, u64)] {
+        &self.overlays
     }
 
     /// Whether the guest's memory is a private (copy-on-write) mapping, so
@@ -137,6 +209,41 @@ impl GuestRam {
         }
         Ok(())
     }
+}
+
+/// Above this many diff extents, `from_layers` reads them in rather than
+/// mapping each (Linux's default limit is 65530 mappings per process).
+const MAX_OVERLAY_MAPS: usize = 16384;
+
+/// Puts `len` bytes of `file` at `file_off` at host address `host` (inside a
+/// private guest RAM mapping): mapped there when `map` and everything is
+/// page-aligned, else read in.
+fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::io::Result<()> {
+    const PAGE: u64 = 4096;
+    if map && file_off % PAGE == 0 && host % PAGE == 0 && len % PAGE == 0 {
+        // SAFETY: [host, host + len) lies inside one guest RAM mapping owned
+        // by the GuestRam being built (computed from its regions); replacing
+        // part of it with another private file mapping keeps it valid memory
+        // of the same size, and the region's munmap on drop covers it.
+        let p = unsafe {
+            libc::mmap(
+                host as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                file_off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    }
+    // SAFETY: as above, [host, host + len) is guest RAM we own, and nothing
+    // runs in the guest yet.
+    let buf = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len as usize) };
+    file.read_exact_at(buf, file_off)
 }
 
 pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {

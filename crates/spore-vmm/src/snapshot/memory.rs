@@ -17,6 +17,7 @@ use std::os::unix::fs::FileExt;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use super::dirty::DirtyPages;
 use crate::memory::GuestRam;
 
 const PAGE: usize = 4096;
@@ -78,6 +79,8 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
                     .map(|(o, l)| (span_off + o, l)),
             );
         }
+        // Pages mapped from diff layers are data too, resident or not.
+        ranges.extend_from_slice(ram.overlays());
         ranges = merge(ranges);
     }
     let mut written = 0u64;
@@ -98,6 +101,31 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
         }
     }
     Ok(written)
+}
+
+/// Writes every dirty page of RAM into `out` (sized here to the RAM size),
+/// zero or not: in a diff layer a hole means "unchanged, see the parent",
+/// so a page the guest zeroed must be written as data. The guest must be
+/// paused and devices quiesced. Returns the bytes written.
+pub fn write_dirty(ram: &GuestRam, dirty: &DirtyPages, out: &File) -> std::io::Result<u64> {
+    out.set_len(ram.size())?;
+    let mut written = 0u64;
+    for (region, (span_off, ptr, span_len)) in region_spans(ram).into_iter().enumerate() {
+        // SAFETY: as in write_sparse: a live, paused mapping owned by `ram`.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
+        for (first, n) in dirty.runs(region, (span_len / PAGE) as u64) {
+            let from = first as usize * PAGE;
+            let to = from + n as usize * PAGE;
+            out.write_all_at(&bytes[from..to], span_off + from as u64)?;
+            written += (to - from) as u64;
+        }
+    }
+    Ok(written)
+}
+
+/// Bytes of `file` (of `size` bytes) that hold data, per SEEK_DATA.
+pub fn data_bytes(file: &File, size: u64) -> std::io::Result<u64> {
+    Ok(data_ranges(file, size)?.iter().map(|r| r.1).sum())
 }
 
 /// Extended attribute naming the snapshot a memory file belongs to.

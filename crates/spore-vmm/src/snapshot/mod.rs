@@ -8,14 +8,17 @@
 //! reads them back. The builder ([`crate::builder::restore_vm`]) rebuilds a
 //! VM from them.
 
+pub mod chain;
+pub mod dirty;
 pub mod format;
 pub mod layers;
 pub mod memory;
 pub mod persist;
 
+pub use chain::{ChainHead, LayerInfo, LayerPaths};
+pub use dirty::DirtyPages;
 pub use persist::Persist;
 
-use std::fs::File;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,7 +33,8 @@ use crate::devices::virtio::device_type;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
-use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, FORMAT_VERSION};
+use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION};
+use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -66,6 +70,36 @@ pub enum SnapshotError {
     },
     #[error("{path}: the snapshot state does not decode: {detail}")]
     Decode { path: String, detail: String },
+    #[error("a Diff snapshot needs dirty page tracking: set track_dirty_pages in /machine-config before InstanceStart (or in /snapshot/load)")]
+    DiffNeedsTracking,
+    #[error("a Diff snapshot needs a previous snapshot of this microVM to apply to: create a Full snapshot first (or restore from one)")]
+    DiffNoParent,
+    #[error("Diff snapshots of a microVM with hotplug memory (virtio-mem) are not supported: create a Full snapshot")]
+    DiffHotplug,
+    #[error("cannot read the dirty page logs: {0}")]
+    Dirty(#[from] dirty::DirtyError),
+    #[error("{path}: the diff's memory file holds {actual} bytes of data, its manifest says {expected}: it was altered, or copied by a tool or onto a file system that does not keep holes (in a diff, a hole means \"unchanged\")")]
+    DiffData {
+        path: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{child}: its parent snapshot {id} is missing: {detail}")]
+    ParentMissing {
+        child: String,
+        id: String,
+        detail: String,
+    },
+    #[error("{child}: {parent} is not its parent: {detail}")]
+    ParentMismatch {
+        child: String,
+        parent: String,
+        detail: String,
+    },
+    #[error("the snapshot chain is longer than {0} layers (merge it, or it loops)")]
+    ChainTooLong(usize),
+    #[error("{given} parent layers were named, but the chain has only {chain} parents")]
+    ExtraParents { given: usize, chain: usize },
     #[error("{path}: the manifest says {field} is {manifest}, the state says {state}")]
     Inconsistent {
         path: String,
@@ -107,17 +141,71 @@ fn capture(what: &'static str) -> impl Fn(String) -> SnapshotError {
     move |detail| SnapshotError::Capture { what, detail }
 }
 
-/// Writes a full snapshot of a paused VM: device workers are stopped for
-/// the capture and restarted afterwards, whatever the outcome.
+/// What a VM remembers between snapshots to write its next diff: the
+/// snapshot it last wrote or was restored from, and the pages collected
+/// from the dirty logs that are not yet in a snapshot on disk.
+#[derive(Debug, Default)]
+pub struct ChainState {
+    pub head: Option<ChainHead>,
+    pub pending: DirtyPages,
+}
+
+impl ChainState {
+    /// The state of a VM just restored from `head`: nothing changed yet.
+    pub fn restored_from(head: ChainHead) -> Self {
+        Self {
+            head: Some(head),
+            pending: DirtyPages::new(),
+        }
+    }
+}
+
+/// Writes a full snapshot of a paused VM (see [`create`]).
 pub fn create_full(
     vm: &Vm,
     config: &VmConfig,
     state_path: &Path,
     mem_path: &Path,
 ) -> Result<SnapshotInfo, SnapshotError> {
+    create(
+        vm,
+        config,
+        LayerKind::Full,
+        state_path,
+        mem_path,
+        &mut ChainState::default(),
+    )
+}
+
+/// Writes a snapshot of a paused VM: a full one, or a diff holding only
+/// the pages changed since `chain.head`. Device workers are stopped for the
+/// capture and restarted afterwards, whatever the outcome. With dirty page
+/// tracking on, every snapshot (full or diff) resets the tracking, so the
+/// next diff is relative to it; on success `chain.head` becomes this
+/// snapshot. A failed write keeps the collected pages in `chain.pending`.
+pub fn create(
+    vm: &Vm,
+    config: &VmConfig,
+    kind: LayerKind,
+    state_path: &Path,
+    mem_path: &Path,
+    chain: &mut ChainState,
+) -> Result<SnapshotInfo, SnapshotError> {
     match vm.state() {
         RunState::Paused => {}
         s => return Err(SnapshotError::NotPaused(s)),
+    }
+    let tracking = config.machine.track_dirty_pages;
+    if kind == LayerKind::Diff {
+        if !tracking {
+            return Err(SnapshotError::DiffNeedsTracking);
+        }
+        if config.memory_hotplug.is_some() {
+            return Err(SnapshotError::DiffHotplug);
+        }
+        if chain.head.is_none() {
+            return Err(SnapshotError::DiffNoParent);
+        }
     }
     let transports: Vec<_> = vm.virtio().iter().map(|t| lock(t)).collect();
     let mut guards = transports;
@@ -129,23 +217,49 @@ pub fn create_full(
         }
     }
     let out = result.and_then(|()| {
+        if tracking {
+            // Devices are quiesced and vCPUs paused: nothing writes now.
+            let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
+            chain.pending.merge(&dirty);
+        }
         let virtio: Vec<_> = guards.iter().map(|t| t.save()).collect();
-        write_full(vm, config, virtio, state_path, mem_path)
+        let mem = match (kind, &chain.head) {
+            (LayerKind::Diff, Some(head)) => MemoryContent::Diff {
+                dirty: &chain.pending,
+                parent: head.parent_ref(state_path),
+            },
+            _ => MemoryContent::Full,
+        };
+        write_snapshot(vm, config, virtio, state_path, mem_path, mem)
     });
     for t in guards.iter_mut() {
         t.resume();
     }
-    out
+    let (info, head) = out?;
+    chain.pending.clear();
+    chain.head = Some(head);
+    Ok(info)
 }
 
-fn write_full(
+/// What a snapshot's memory file holds.
+enum MemoryContent<'a> {
+    /// Every non-zero page.
+    Full,
+    /// Exactly the dirty pages, on top of `parent`.
+    Diff {
+        dirty: &'a DirtyPages,
+        parent: ParentRef,
+    },
+}
+
+fn write_snapshot(
     vm: &Vm,
     config: &VmConfig,
     virtio: Vec<MmioTransportState>,
     state_path: &Path,
     mem_path: &Path,
-) -> Result<SnapshotInfo, SnapshotError> {
-    let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
+    content: MemoryContent<'_>,
+) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {    let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
     let mut vcpus = Vec::new();
     for (id, fd) in vm.vcpu_fds().iter().enumerate() {
         let fd = lock(fd);
@@ -177,7 +291,18 @@ fn write_full(
         path: mem_path.display().to_string(),
         source,
     };
-    let data_bytes = memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?;
+    let (kind, parent, data_bytes) = match content {
+        MemoryContent::Full => (
+            LayerKind::Full,
+            None,
+            memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?,
+        ),
+        MemoryContent::Diff { dirty, parent } => (
+            LayerKind::Diff,
+            Some(parent),
+            memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?,
+        ),
+    };
     let id = random_id();
     memory::tag(&mem_pending.file, &id);
     mem_pending.sync()?;
@@ -195,8 +320,8 @@ fn write_full(
         devices: devices(config, &state),
         layer: Layer {
             id,
-            kind: LayerKind::Full,
-            parent: None,
+            kind,
+            parent,
             mem_file_size: state.mem_size,
             mem_data_bytes: data_bytes,
         },
@@ -207,7 +332,17 @@ fn write_full(
     let state_pending = format::write_pending(state_path, &bytes)?;
     mem_pending.commit()?;
     state_pending.commit()?;
-    Ok(SnapshotInfo { manifest })
+    let head = ChainHead {
+        id: manifest.layer.id.clone(),
+        state_hash: format::state_digest(&bytes),
+        paths: LayerPaths {
+            state: chain::absolute(state_path),
+            mem: chain::absolute(mem_path),
+        },
+        mem_size: manifest.mem_size_bytes,
+        vcpu_count: manifest.vcpu_count,
+    };
+    Ok((SnapshotInfo { manifest }, head))
 }
 
 fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
@@ -276,23 +411,53 @@ fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A snapshot read from disk and checked against its memory file.
+/// A snapshot read from disk and checked, with every layer of its chain.
 pub struct LoadedSnapshot {
+    /// The newest layer's manifest.
     pub manifest: Manifest,
     pub state: MicrovmState,
     pub config: VmConfig,
-    pub mem_file: File,
+    /// The memory: the chain's files, base first (one file for a full
+    /// snapshot), opened read-only (the VM maps them copy-on-write).
+    pub layers: MemoryLayers,
+    /// The checked layers, newest first.
+    pub chain: Vec<LayerInfo>,
 }
 
-/// Reads the state file, checks it, and opens the memory file (read-only:
-/// the VM maps it copy-on-write).
+impl LoadedSnapshot {
+    /// What a VM restored from this snapshot makes its next diff against.
+    pub fn head(&self) -> ChainHead {
+        ChainHead::of(&self.chain[0])
+    }
+}
+
+/// Reads a snapshot (a full one, or a diff with its parents found through
+/// its manifest) and checks it; see [`load_chain`].
 pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+    load_chain(state_path, mem_path, &[])
+}
+
+/// Reads the state file, walks and checks the chain down to its full base
+/// (`parents` names parent files explicitly, nearest first, for layers
+/// moved away from where their child's manifest says), and opens every
+/// memory file.
+pub fn load_chain(
+    state_path: &Path,
+    mem_path: &Path,
+    parents: &[LayerPaths],
+) -> Result<LoadedSnapshot, SnapshotError> {
     let name = state_path.display().to_string();
-    let (manifest, bytes) = format::read_state_file(state_path)?;
-    let state: MicrovmState = bincode::deserialize(&bytes).map_err(|e| SnapshotError::Decode {
-        path: name.clone(),
-        detail: e.to_string(),
-    })?;
+    let newest = LayerPaths {
+        state: state_path.to_path_buf(),
+        mem: mem_path.to_path_buf(),
+    };
+    let chain = chain::walk(&newest, parents)?;
+    let manifest = chain.layers[0].manifest.clone();
+    let state: MicrovmState =
+        bincode::deserialize(&chain.newest_state).map_err(|e| SnapshotError::Decode {
+            path: name.clone(),
+            detail: e.to_string(),
+        })?;
     let config = state.config().map_err(|e| SnapshotError::Decode {
         path: name.clone(),
         detail: format!("configuration: {e}"),
@@ -324,39 +489,12 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
             });
         }
     }
-    let mem_name = mem_path.display().to_string();
-    let mem_file = File::open(mem_path).map_err(|source| SnapshotError::MemoryOpen {
-        path: mem_name.clone(),
-        source,
-    })?;
-    let actual = mem_file
-        .metadata()
-        .map_err(|source| SnapshotError::MemoryOpen {
-            path: mem_name.clone(),
-            source,
-        })?
-        .len();
-    if actual != state.mem_size {
-        return Err(SnapshotError::MemorySize {
-            path: mem_name,
-            expected: state.mem_size,
-            actual,
-        });
-    }
-    if let Some(mem_id) = memory::read_tag(&mem_file) {
-        if mem_id != manifest.layer.id {
-            return Err(SnapshotError::MemoryMismatch {
-                path: mem_name,
-                mem_id,
-                state_id: manifest.layer.id,
-            });
-        }
-    }
     Ok(LoadedSnapshot {
+        layers: MemoryLayers::new(chain.files, manifest.mem_size_bytes),
         manifest,
         state,
         config,
-        mem_file,
+        chain: chain.layers,
     })
 }
 
@@ -364,6 +502,7 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
 mod tests {
     use super::*;
     use crate::config::MachineConfig;
+    use std::fs::File;
     use format::encode;
 
     fn vcpu() -> VcpuState {
@@ -461,6 +600,8 @@ mod tests {
             assert!(matches!(e, SnapshotError::MemoryMismatch { .. }), "{e}");
         }
         drop(f);
+        // (Truncation keeps the tag: make a new file.)
+        std::fs::remove_file(&mem).unwrap();
         File::create(&mem).unwrap().set_len(4 << 20).unwrap();
 
         // A manifest that disagrees with the state it carries.
