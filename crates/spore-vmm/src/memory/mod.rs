@@ -275,3 +275,60 @@ mod tests {
         assert!(ram.memory().write_obj(1u8, GuestAddress(64 << 20)).is_err());
     }
 }
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+    use vm_memory::Bytes;
+
+    /// A base with pages 0..4 set to 1, a diff that zeroes page 1 and sets
+    /// page 2 and page 9 to 2: mapped or read in, the RAM shows the diff's
+    /// pages (a zero page too) and the base elsewhere.
+    #[test]
+    fn layers_overlay_the_base_newest_wins() {
+        let dir = std::env::temp_dir().join(format!("spore-ram-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = 4u64 << 20;
+        let mk = |name: &str, pages: &[(u64, u8)]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(size).unwrap();
+            for &(p, v) in pages {
+                f.write_all_at(&[v; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        let base = mk("base", &[(0, 1), (1, 1), (2, 1), (3, 1)]);
+        let diff = mk("diff", &[(1, 0), (2, 2), (9, 2)]);
+        let layers = MemoryLayers::new(vec![base, diff], size);
+        for max_maps in [MAX_OVERLAY_MAPS, 0] {
+            let ram = GuestRam::from_layers_with(&layers, max_maps).unwrap();
+            let page = |p: u64| {
+                let mut b = [0u8; 4096];
+                ram.memory()
+                    .read_slice(&mut b, GuestAddress(p * 4096))
+                    .unwrap();
+                assert!(b.iter().all(|&x| x == b[0]), "page {p} mixed");
+                b[0]
+            };
+            assert_eq!(
+                (0..11).map(page).collect::<Vec<_>>(),
+                [1, 0, 2, 1, 0, 0, 0, 0, 0, 2, 0],
+                "max_maps {max_maps}"
+            );
+            // Writes stay private: the layer files keep their bytes.
+            ram.memory().write_obj(7u8, GuestAddress(2 * 4096)).unwrap();
+            let mut b = [0u8];
+            layers.files()[1].read_exact_at(&mut b, 2 * 4096).unwrap();
+            assert_eq!(b[0], 2);
+            assert!(ram.overlays().contains(&(9 * 4096, 4096)));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -213,7 +213,7 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// Writes runs of non-zero pages of `data` at `file_off` onward.
-fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
+pub(crate) fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
     let mut written = 0u64;
     let mut run_start: Option<usize> = None;
     let mut i = 0;

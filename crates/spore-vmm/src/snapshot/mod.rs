@@ -13,6 +13,7 @@ pub mod dirty;
 pub mod format;
 pub mod layers;
 pub mod memory;
+pub mod merge;
 pub mod persist;
 
 pub use chain::{ChainHead, LayerInfo, LayerPaths};
@@ -399,7 +400,7 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
     out
 }
 
-fn random_id() -> String {
+pub(crate) fn random_id() -> String {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
         let t = SystemTime::now()
