@@ -131,9 +131,16 @@ fn resolve(child_state: &Path, named: Option<&String>) -> Option<PathBuf> {
 }
 
 /// Reads the layer at `paths` and checks it on its own: the state file's
-/// format and checksum, the memory file's size and tag, a diff's data.
-fn read_layer(paths: &LayerPaths) -> Result<(LayerInfo, Vec<u8>, File), SnapshotError> {
+/// format and checksum, then (after `check`, which sees the manifest and
+/// state hash first, so that a wrong parent is reported as such rather
+/// than as a memory file mismatch) the memory file's size and tag, and a
+/// diff's data.
+fn read_layer(
+    paths: &LayerPaths,
+    check: impl FnOnce(&Manifest, &str) -> Result<(), SnapshotError>,
+) -> Result<(LayerInfo, Vec<u8>, File), SnapshotError> {
     let (manifest, state, state_hash) = format::read_state_file_hashed(&paths.state)?;
+    check(&manifest, &state_hash)?;
     let mem_name = paths.mem.display().to_string();
     let open_err = |source| SnapshotError::MemoryOpen {
         path: mem_name.clone(),
@@ -181,7 +188,7 @@ fn read_layer(paths: &LayerPaths) -> Result<(LayerInfo, Vec<u8>, File), Snapshot
 /// `parents` names the parents' files explicitly, nearest parent first;
 /// beyond it, each diff's manifest says where its parent is.
 pub fn walk(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Chain, SnapshotError> {
-    let (info, newest_state, file) = read_layer(newest)?;
+    let (info, newest_state, file) = read_layer(newest, |_, _| Ok(()))?;
     let mut layers = vec![info];
     let mut files = vec![file];
     loop {
@@ -191,10 +198,14 @@ pub fn walk(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Chain, Snapsh
             break;
         }
         let child_name = child.paths.state.display().to_string();
-        let parent = m.layer.parent.clone().ok_or_else(|| SnapshotError::Decode {
-            path: child_name.clone(),
-            detail: "a diff layer without a parent reference".into(),
-        })?;
+        let parent = m
+            .layer
+            .parent
+            .clone()
+            .ok_or_else(|| SnapshotError::Decode {
+                path: child_name.clone(),
+                detail: "a diff layer without a parent reference".into(),
+            })?;
         if layers.len() >= MAX_LAYERS {
             return Err(SnapshotError::ChainTooLong(MAX_LAYERS));
         }
@@ -206,8 +217,9 @@ pub fn walk(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Chain, Snapsh
                     || SnapshotError::ParentMissing {
                         child: child_name.clone(),
                         id: parent.id.clone(),
-                        detail: "the manifest does not say where it is; name it in the load request"
-                            .into(),
+                        detail:
+                            "the manifest does not say where it is; name it in the load request"
+                                .into(),
                     },
                 )?,
                 mem: resolve(&child.paths.state, parent.mem_path.as_ref()).ok_or_else(|| {
@@ -228,8 +240,9 @@ pub fn walk(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Chain, Snapsh
                 });
             }
         }
-        let (info, _, file) = read_layer(&paths)?;
-        check_link(&child_name, m, &parent, &info)?;
+        let (info, _, file) = read_layer(&paths, |pm, hash| {
+            check_link(&child_name, m, &parent, &paths.state, pm, hash)
+        })?;
         layers.push(info);
         files.push(file);
     }
@@ -252,12 +265,13 @@ fn check_link(
     child_name: &str,
     child: &Manifest,
     want: &ParentRef,
-    parent: &LayerInfo,
+    parent_state: &Path,
+    pm: &Manifest,
+    parent_hash: &str,
 ) -> Result<(), SnapshotError> {
-    let pm = &parent.manifest;
     let mismatch = |detail: String| SnapshotError::ParentMismatch {
         child: child_name.to_string(),
-        parent: parent.paths.state.display().to_string(),
+        parent: parent_state.display().to_string(),
         detail,
     };
     if pm.layer.id != want.id {
@@ -267,10 +281,9 @@ fn check_link(
         )));
     }
     if let Some(h) = &want.content_hash {
-        if *h != parent.state_hash {
+        if h != parent_hash {
             return Err(mismatch(format!(
-                "its content hash is {}, the diff expects {h} (the file was rewritten or altered)",
-                parent.state_hash
+                "its content hash is {parent_hash}, the diff expects {h} (the file was rewritten or altered)"
             )));
         }
     }
@@ -356,7 +369,7 @@ mod tests {
             state_bytes: 3,
         };
         std::fs::write(&paths.state, encode(&manifest, b"abc").unwrap()).unwrap();
-        let (info, _, _) = read_layer(&paths).unwrap();
+        let (info, _, _) = read_layer(&paths, |_, _| Ok(())).unwrap();
         (paths, ChainHead::of(&info))
     }
 

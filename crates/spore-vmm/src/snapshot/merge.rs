@@ -50,7 +50,8 @@ pub fn merge(
         while off < end {
             let n = (end - off).min(CHUNK) as usize;
             src.read_exact_at(&mut buf[..n], off).map_err(mem_err)?;
-            data_bytes += memory::write_nonzero(&buf[..n], &mem_pending.file, off).map_err(mem_err)?;
+            data_bytes +=
+                memory::write_nonzero(&buf[..n], &mem_pending.file, off).map_err(mem_err)?;
             off += n as u64;
         }
     }
@@ -66,12 +67,11 @@ pub fn merge(
     manifest.layer.kind = LayerKind::Full;
     manifest.layer.parent = None;
     manifest.layer.mem_data_bytes = data_bytes;
-    let bytes = format::encode(&manifest, &chain.newest_state).map_err(|e| {
-        SnapshotError::Capture {
+    let bytes =
+        format::encode(&manifest, &chain.newest_state).map_err(|e| SnapshotError::Capture {
             what: "the manifest",
             detail: e.to_string(),
-        }
-    })?;
+        })?;
     let state_pending = format::write_pending(&out.state, &bytes)?;
     mem_pending.commit()?;
     state_pending.commit()?;

@@ -260,7 +260,8 @@ fn write_snapshot(
     state_path: &Path,
     mem_path: &Path,
     content: MemoryContent<'_>,
-) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {    let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
+) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {
+    let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
     let mut vcpus = Vec::new();
     for (id, fd) in vm.vcpu_fds().iter().enumerate() {
         let fd = lock(fd);
@@ -503,8 +504,8 @@ pub fn load_chain(
 mod tests {
     use super::*;
     use crate::config::MachineConfig;
-    use std::fs::File;
     use format::encode;
+    use std::fs::File;
 
     fn vcpu() -> VcpuState {
         VcpuState {
