@@ -220,7 +220,8 @@ const MAX_OVERLAY_MAPS: usize = 16384;
 /// page-aligned, else read in.
 fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::io::Result<()> {
     const PAGE: u64 = 4096;
-    if map && file_off % PAGE == 0 && host % PAGE == 0 && len % PAGE == 0 {
+    if map && file_off.is_multiple_of(PAGE) && host.is_multiple_of(PAGE) && len.is_multiple_of(PAGE)
+    {
         // SAFETY: [host, host + len) lies inside one guest RAM mapping owned
         // by the GuestRam being built (computed from its regions); replacing
         // part of it with another private file mapping keeps it valid memory
