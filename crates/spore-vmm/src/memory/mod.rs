@@ -109,10 +109,10 @@ impl GuestRam {
     /// [`GuestRam::from_snapshot_file`], and every range a diff layer
     /// supplies (newest layer wins, see [`MemoryLayers::extents`]) mapped
     /// from that layer's file on top (`MAP_FIXED | MAP_PRIVATE`), so diff
-    /// pages fault in lazily too and stay shared in the page cache. Ranges
-    /// that are not page-aligned, or more of them than `max_overlay_maps`
-    /// (each is a kernel VMA, and a process has a limited number), are read
-    /// in instead.
+    /// pages fault in lazily too and stay shared in the page cache. Short
+    /// ranges (under 64 KiB), ranges that are not page-aligned, and ranges
+    /// beyond `max_overlay_maps` (each mapping is a kernel VMA, and a
+    /// process has a limited number) are read in instead.
     pub fn from_layers(layers: &MemoryLayers) -> Result<Self, MemoryError> {
         Self::from_layers_with(layers, MAX_OVERLAY_MAPS)
     }
@@ -136,7 +136,7 @@ impl GuestRam {
             .into_iter()
             .filter(|e| e.layer > 0)
             .collect();
-        let map = overlays.len() <= max_overlay_maps;
+        let mut maps = 0;
         let spans: Vec<(u64, u64, u64)> = {
             let mut off = 0;
             ram.mem
@@ -150,6 +150,10 @@ impl GuestRam {
         };
         for e in &overlays {
             let file = &layers.files()[e.layer];
+            // An mmap costs a syscall and a VMA: worth it (and lazy) for
+            // runs of pages; single scattered pages are cheaper read in.
+            let map = e.len >= MIN_OVERLAY_MAP && maps < max_overlay_maps;
+            maps += usize::from(map);
             for &(span_off, host, span_len) in &spans {
                 let lo = e.offset.max(span_off);
                 let hi = (e.offset + e.len).min(span_off + span_len);
@@ -211,9 +215,13 @@ impl GuestRam {
     }
 }
 
-/// Above this many diff extents, `from_layers` reads them in rather than
-/// mapping each (Linux's default limit is 65530 mappings per process).
+/// At most this many diff extents are mapped by `from_layers`; the rest are
+/// read in (Linux's default limit is 65530 mappings per process).
 const MAX_OVERLAY_MAPS: usize = 16384;
+/// Diff extents shorter than this are read in rather than mapped: measured
+/// on a 512 MiB guest with a 25 MiB diff, mapping 6400 single pages took
+/// 121 ms against 90 ms to read them, while one 25 MiB run maps in 52 µs.
+const MIN_OVERLAY_MAP: u64 = 64 << 10;
 
 /// Puts `len` bytes of `file` at `file_off` at host address `host` (inside a
 /// private guest RAM mapping): mapped there when `map` and everything is
@@ -306,7 +314,9 @@ mod layer_tests {
             f
         };
         let base = mk("base", &[(0, 1), (1, 1), (2, 1), (3, 1)]);
-        let diff = mk("diff", &[(1, 0), (2, 2), (9, 2)]);
+        let mut diff_pages = vec![(1, 0), (2, 2), (9, 2)];
+        diff_pages.extend((32..48).map(|p| (p, 4)));
+        let diff = mk("diff", &diff_pages);
         let layers = MemoryLayers::new(vec![base, diff], size);
         for max_maps in [MAX_OVERLAY_MAPS, 0] {
             let ram = GuestRam::from_layers_with(&layers, max_maps).unwrap();
@@ -328,7 +338,27 @@ mod layer_tests {
             let mut b = [0u8];
             layers.files()[1].read_exact_at(&mut b, 2 * 4096).unwrap();
             assert_eq!(b[0], 2);
+            assert_eq!(page(32), 4);
+            assert_eq!(page(47), 4);
+            assert_eq!(page(48), 0);
             assert!(ram.overlays().contains(&(9 * 4096, 4096)));
+            assert!(ram.overlays().contains(&(32 * 4096, 16 * 4096)));
+            // A full snapshot of this RAM holds the diff's pages, although
+            // the base file has holes there and nothing touched them.
+            let path = dir.join(format!("full-{max_maps}"));
+            let out = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            crate::snapshot::memory::write_sparse(&ram, &out).unwrap();
+            let mut b = [0u8];
+            for (p, v) in [(0, 1), (1, 0), (2, 7), (9, 2), (40, 4), (100, 0)] {
+                out.read_exact_at(&mut b, p * 4096).unwrap();
+                assert_eq!(b[0], v, "page {p}");
+            }
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
