@@ -127,5 +127,33 @@ mod tests {
         let c: SnapshotCreateParams =
             serde_json::from_str(r#"{"snapshot_path":"s","mem_file_path":"m"}"#).unwrap();
         assert_eq!(c.snapshot_type, SnapshotType::Full);
+        let c: SnapshotCreateParams = serde_json::from_str(
+            r#"{"snapshot_type":"Diff","snapshot_path":"s","mem_file_path":"m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.snapshot_type, SnapshotType::Diff);
+    }
+
+    #[test]
+    fn load_parents_and_tracking() {
+        let p: SnapshotLoadParams = serde_json::from_str(
+            r#"{"snapshot_path":"s","mem_file_path":"m","enable_diff_snapshots":true,
+                "parents":[{"snapshot_path":"p.state","mem_file_path":"p.mem"},
+                           {"snapshot_path":"b.state","mem_file_path":"b.mem"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.track_dirty(), Some(true));
+        let parents = p.parent_paths();
+        assert_eq!(parents.len(), 2);
+        assert_eq!(parents[0].state, std::path::Path::new("p.state"));
+        assert_eq!(parents[1].mem, std::path::Path::new("b.mem"));
+        let p: SnapshotLoadParams = serde_json::from_str(r#"{"snapshot_path":"s"}"#).unwrap();
+        assert_eq!(p.track_dirty(), None);
+        assert!(p.parent_paths().is_empty());
+        // A typo in a parent entry is refused, not ignored.
+        assert!(serde_json::from_str::<SnapshotLoadParams>(
+            r#"{"snapshot_path":"s","parents":[{"snapshot_path":"a","mem_path":"b"}]}"#
+        )
+        .is_err());
     }
 }
