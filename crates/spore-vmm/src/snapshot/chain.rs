@@ -18,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, LayerKind, Manifest, ParentRef};
+use super::layers::MemoryLayers;
 use super::memory;
 use super::SnapshotError;
 
@@ -49,6 +50,22 @@ pub struct Chain {
     pub layers: Vec<LayerInfo>,
     pub files: Vec<File>,
     pub newest_state: Vec<u8>,
+}
+
+impl Chain {
+    /// The chain's memory, each diff's recorded zero pages included (takes
+    /// the files).
+    pub fn memory_layers(&mut self, size: u64) -> MemoryLayers {
+        let n = self.files.len();
+        let mut layers = MemoryLayers::new(std::mem::take(&mut self.files), size);
+        // `self.layers` is newest first, the files base first.
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Some(z) = &l.manifest.layer.zero_runs {
+                layers.add_ranges(n - 1 - i, z.iter().map(|r| (r[0], r[1])).collect());
+            }
+        }
+        layers
+    }
 }
 
 /// What a VM's next diff applies to: the snapshot it last wrote or was
@@ -166,7 +183,13 @@ fn read_layer(
         }
     }
     if manifest.layer.kind == LayerKind::Diff {
-        let actual = memory::data_bytes(&file, expected).map_err(open_err)?;
+        // The file's data plus the recorded zero pages (a copy may have
+        // made holes of them) must be exactly what the diff wrote.
+        let mut ranges = memory::data_ranges(&file, expected).map_err(open_err)?;
+        if let Some(z) = &manifest.layer.zero_runs {
+            ranges.extend(z.iter().map(|r| (r[0], r[1])));
+        }
+        let actual: u64 = memory::merge(ranges).iter().map(|r| r.1).sum();
         if actual != manifest.layer.mem_data_bytes {
             return Err(SnapshotError::DiffData {
                 path: mem_name,
@@ -343,7 +366,7 @@ mod tests {
         let f = File::create(&paths.mem).unwrap();
         f.set_len(mem_size).unwrap();
         for &p in pages {
-            f.write_all_at(&[0u8; 4096], p * 4096).unwrap();
+            f.write_all_at(&[0x11u8; 4096], p * 4096).unwrap();
         }
         let id = format!("id-{name}");
         memory::tag(&f, &id);
@@ -365,6 +388,7 @@ mod tests {
                 parent: parent.map(|h| h.parent_ref(&paths.state)),
                 mem_file_size: mem_size,
                 mem_data_bytes: pages.len() as u64 * 4096,
+                zero_runs: None,
             },
             state_bytes: 3,
         };
@@ -461,6 +485,59 @@ mod tests {
             let e = walk(&p1, &[]).err().unwrap();
             assert!(e.to_string().contains(what), "{e}");
         }
+    }
+
+    /// A diff's zeroed pages survive a copy that turns them into holes
+    /// (GNU cp does): the manifest lists them, and they still override the
+    /// parent.
+    #[test]
+    fn recorded_zero_pages_survive_becoming_holes() {
+        let d = dir("zeros");
+        let (_, base) = layer(&d.0, "base", None, &[0, 1, 2], SIZE, 1);
+        let (p1, _) = layer(&d.0, "d1", Some(&base), &[1], SIZE, 1);
+        // Page 2 zeroed in the diff: data, listed in zero_runs.
+        let (mut m, s) = format::read_state_file(&p1.state).unwrap();
+        let f = File::options().write(true).open(&p1.mem).unwrap();
+        f.write_all_at(&[0u8; 4096], 2 * 4096).unwrap();
+        m.layer.mem_data_bytes += 4096;
+        m.layer.zero_runs = Some(vec![[2 * 4096, 4096]]);
+        std::fs::write(&p1.state, encode(&m, &s).unwrap()).unwrap();
+        let owners = |p: &LayerPaths| {
+            let ext = walk(p, &[]).unwrap().memory_layers(SIZE).extents().unwrap();
+            (0..4u64)
+                .map(|pg| {
+                    ext.iter()
+                        .find(|e| e.offset <= pg * 4096 && pg * 4096 < e.offset + e.len)
+                        .map(|e| e.layer)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(owners(&p1), [Some(0), Some(1), Some(1), None]);
+        // A copy made a hole of it: same chain, same owners.
+        // SAFETY: a valid fd we own; punching a hole only changes the file.
+        let r = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                2 * 4096,
+                4096,
+            )
+        };
+        assert_eq!(r, 0);
+        assert_eq!(owners(&p1), [Some(0), Some(1), Some(1), None]);
+        // But a hole at a page that held data is still refused.
+        // SAFETY: as above.
+        let r = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                4096,
+                4096,
+            )
+        };
+        assert_eq!(r, 0);
+        let e = walk(&p1, &[]).err().unwrap();
+        assert!(matches!(e, SnapshotError::DiffData { .. }), "{e}");
     }
 
     #[test]

@@ -225,7 +225,7 @@ mod tests {
             .truncate(true)
             .open(dir.join("diff"))
             .unwrap();
-        assert_eq!(write_dirty(&ram, &d, &out).unwrap(), 4096);
+        assert_eq!(write_dirty(&ram, &d, &out).unwrap(), (4096, Some(vec![])));
         let mut b = [0u8; 4096];
         out.read_exact_at(&mut b, 7 * PAGE).unwrap();
         assert!(b.iter().all(|&x| x == 0x5a));

@@ -98,6 +98,12 @@ pub struct Layer {
     pub mem_file_size: u64,
     /// Bytes of the memory file that hold data (the rest are holes).
     pub mem_data_bytes: u64,
+    /// A diff's dirty pages that were all zero, as `[offset, len]` runs:
+    /// part of the layer although a copy may have turned them into holes
+    /// (GNU cp does). Absent when not recorded (too many runs): then only
+    /// the file's data ranges count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_runs: Option<Vec<[u64; 2]>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -341,6 +347,7 @@ mod tests {
                 parent: None,
                 mem_file_size: 128 << 20,
                 mem_data_bytes: 4096,
+                zero_runs: None,
             },
             state_bytes,
         }

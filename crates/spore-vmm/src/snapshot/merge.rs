@@ -17,7 +17,6 @@ use serde::Serialize;
 
 use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
-use super::layers::MemoryLayers;
 use super::{memory, random_id, SnapshotError, SnapshotInfo};
 
 /// Bytes copied per read while merging.
@@ -30,10 +29,10 @@ pub fn merge(
     parents: &[LayerPaths],
     out: &LayerPaths,
 ) -> Result<SnapshotInfo, SnapshotError> {
-    let chain = chain::walk(newest, parents)?;
+    let mut chain = chain::walk(newest, parents)?;
     let mut manifest = chain.layers[0].manifest.clone();
     let size = manifest.mem_size_bytes;
-    let layers = MemoryLayers::new(chain.files, size);
+    let layers = chain.memory_layers(size);
     let mem_name = out.mem.display().to_string();
     let mem_err = |source| SnapshotError::MemoryWrite {
         path: mem_name.clone(),
@@ -67,6 +66,7 @@ pub fn merge(
     manifest.layer.kind = LayerKind::Full;
     manifest.layer.parent = None;
     manifest.layer.mem_data_bytes = data_bytes;
+    manifest.layer.zero_runs = None;
     let bytes =
         format::encode(&manifest, &chain.newest_state).map_err(|e| SnapshotError::Capture {
             what: "the manifest",

@@ -293,17 +293,18 @@ fn write_snapshot(
         path: mem_path.display().to_string(),
         source,
     };
-    let (kind, parent, data_bytes) = match content {
+    let (kind, parent, data_bytes, zero_runs) = match content {
         MemoryContent::Full => (
             LayerKind::Full,
             None,
             memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?,
+            None,
         ),
-        MemoryContent::Diff { dirty, parent } => (
-            LayerKind::Diff,
-            Some(parent),
-            memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?,
-        ),
+        MemoryContent::Diff { dirty, parent } => {
+            let (n, zeros) =
+                memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?;
+            (LayerKind::Diff, Some(parent), n, zeros)
+        }
     };
     let id = random_id();
     memory::tag(&mem_pending.file, &id);
@@ -326,6 +327,7 @@ fn write_snapshot(
             parent,
             mem_file_size: state.mem_size,
             mem_data_bytes: data_bytes,
+            zero_runs,
         },
         state_bytes: state_bytes.len() as u64,
     };
@@ -453,7 +455,7 @@ pub fn load_chain(
         state: state_path.to_path_buf(),
         mem: mem_path.to_path_buf(),
     };
-    let chain = chain::walk(&newest, parents)?;
+    let mut chain = chain::walk(&newest, parents)?;
     let manifest = chain.layers[0].manifest.clone();
     let state: MicrovmState =
         bincode::deserialize(&chain.newest_state).map_err(|e| SnapshotError::Decode {
@@ -491,8 +493,9 @@ pub fn load_chain(
             });
         }
     }
+    let layers = chain.memory_layers(manifest.mem_size_bytes);
     Ok(LoadedSnapshot {
-        layers: MemoryLayers::new(chain.files, manifest.mem_size_bytes),
+        layers,
         manifest,
         state,
         config,
@@ -564,6 +567,7 @@ mod tests {
                 parent: None,
                 mem_file_size: mib << 20,
                 mem_data_bytes: 0,
+                zero_runs: None,
             },
             state_bytes: bytes.len() as u64,
         };
