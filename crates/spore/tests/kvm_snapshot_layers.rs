@@ -173,6 +173,24 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
     let (mut vmm, rx) = start_vmm(&sock, 128, true, "mib=24 rounds=70 sleep_ms=50 rewrite=1");
     read_until(&rx, "count 3");
     create(&sock, &base, false, false);
+    // A diff that fails (its directory does not exist) must not lose the
+    // pages it collected: d1 still holds the chunks rewritten until now
+    // (rounds 4..=6), or the restores below would find them stale.
+    read_until(&rx, "count 6");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let body = format!(
+        r#"{{"snapshot_type": "Diff", "snapshot_path": "{0}/x.state", "mem_file_path": "{0}/x.mem"}}"#,
+        s.path("no-such-dir").display()
+    );
+    let (code, reply) = http(&sock, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#)).0,
+        204
+    );
     read_until(&rx, "count 10");
     let t_diff = create(&sock, &d1, true, false);
     read_until(&rx, "count 17");
