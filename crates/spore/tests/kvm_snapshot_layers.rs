@@ -35,6 +35,7 @@ fn start_vmm(
     mem_mib: u32,
     track: bool,
     cmdline: &str,
+    extra: &[(&str, &str)],
 ) -> (Child, mpsc::Receiver<String>) {
     let mut child = spore()
         .args(["vmm", "--api-sock"])
@@ -53,6 +54,10 @@ fn start_vmm(
     let mc =
         format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}, "track_dirty_pages": {track}}}"#);
     assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
+    for (path, body) in extra {
+        let (code, reply) = http(sock, "PUT", path, Some(body));
+        assert_eq!(code, 204, "PUT {path}: {reply}");
+    }
     let (code, reply) = http(
         sock,
         "PUT",
@@ -170,7 +175,13 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
         Layer::new(&s, "d1"),
         Layer::new(&s, "d2"),
     );
-    let (mut vmm, rx) = start_vmm(&sock, 128, true, "mib=24 rounds=70 sleep_ms=50 rewrite=1");
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        128,
+        true,
+        "mib=24 rounds=70 sleep_ms=50 rewrite=1",
+        &[],
+    );
     read_until(&rx, "count 3");
     create(&sock, &base, false, false);
     // A diff that fails (its directory does not exist) must not lose the
@@ -304,7 +315,13 @@ fn kvm_diff_of_5_percent_of_512_mib_is_small() {
     let sock = s.path("api.sock");
     let (base, diff) = (Layer::new(&s, "base"), Layer::new(&s, "diff"));
     // 26 MiB of pattern; each round rewrites 1 MiB of it.
-    let (mut vmm, rx) = start_vmm(&sock, 512, true, "mib=26 rounds=1000 sleep_ms=60 rewrite=1");
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        512,
+        true,
+        "mib=26 rounds=1000 sleep_ms=60 rewrite=1",
+        &[],
+    );
     read_until(&rx, "count 1");
     create(&sock, &base, false, false);
     // 25 more rounds: 25 MiB, 4.9% of 512 MiB.
@@ -337,7 +354,13 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     let (base, d1) = (Layer::new(&s, "base"), Layer::new(&s, "d1"));
 
     // Diff with no snapshot before it, and without tracking.
-    let (mut vmm, rx) = start_vmm(&sock, 64, true, "mib=2 rounds=1000 sleep_ms=20 rewrite=1");
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        64,
+        true,
+        "mib=2 rounds=1000 sleep_ms=20 rewrite=1",
+        &[],
+    );
     read_until(&rx, "count 1");
     assert_eq!(
         http(&sock, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
@@ -362,7 +385,7 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     vmm.wait().unwrap();
 
     let sock2 = s.path("api2.sock");
-    let (mut untracked, rx2) = start_vmm(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20");
+    let (mut untracked, rx2) = start_vmm(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx2, "count 1");
     let other = Layer::new(&s, "other");
     create(&sock2, &other, false, false);
@@ -380,6 +403,29 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     assert!(reply.contains("track_dirty_pages"), "{reply}");
     untracked.kill().unwrap();
     untracked.wait().unwrap();
+
+    // Diff of a VM with hotplug memory (virtio-mem): refused, clearly.
+    let sock3 = s.path("api3.sock");
+    let (mut hp, rx3) = start_vmm(
+        &sock3,
+        64,
+        true,
+        "mib=1 rounds=1000 sleep_ms=20",
+        &[(
+            "/hotplug/memory",
+            r#"{"total_size_mib": 256, "block_size_mib": 2, "slot_size_mib": 128}"#,
+        )],
+    );
+    read_until(&rx3, "count 1");
+    assert_eq!(
+        http(&sock3, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let (code, reply) = http(&sock3, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("hotplug memory"), "{reply}");
+    hp.kill().unwrap();
+    hp.wait().unwrap();
 
     let refused = |c: &mut Command, needle: &str| {
         let o = c.output().unwrap();
