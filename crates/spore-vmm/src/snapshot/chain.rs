@@ -94,6 +94,17 @@ impl ChainHead {
         }
     }
 
+    /// Refuses a diff whose files would replace this head's (its parent).
+    pub fn check_diff_target(&self, state: &Path, mem: &Path) -> Result<(), SnapshotError> {
+        for p in [state, mem] {
+            let p = absolute(p);
+            if p == self.paths.state || p == self.paths.mem {
+                return Err(SnapshotError::DiffOverParent(p.display().to_string()));
+            }
+        }
+        Ok(())
+    }
+
     /// The reference a diff written to `child_state` makes to this head.
     pub fn parent_ref(&self, child_state: &Path) -> ParentRef {
         let dir = absolute(child_state)
@@ -416,6 +427,25 @@ mod tests {
         let r = chain.layers[0].manifest.layer.parent.as_ref().unwrap();
         assert_eq!(r.state_path.as_deref(), Some("d1.state"));
         assert!(r.content_hash.as_ref().unwrap().starts_with("sha256:"));
+    }
+
+    #[test]
+    fn a_diff_may_not_replace_its_parent() {
+        let d = dir("over");
+        let (p, base) = layer(&d.0, "base", None, &[0], SIZE, 1);
+        let e = base
+            .check_diff_target(&p.state, &d.0.join("x.mem"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, SnapshotError::DiffOverParent(_)), "{e}");
+        // Through another spelling of the same path, and for the memory file.
+        let other = d.0.join(".").join("base.mem");
+        assert!(base
+            .check_diff_target(&d.0.join("x.state"), &other)
+            .is_err());
+        assert!(base
+            .check_diff_target(&d.0.join("x.state"), &d.0.join("x.mem"))
+            .is_ok());
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub enum SnapshotError {
         parent: String,
         detail: String,
     },
+    #[error("{0} is where this microVM's last snapshot is: a Diff written there would replace its own parent (write it elsewhere)")]
+    DiffOverParent(String),
     #[error("the snapshot chain is longer than {0} layers (merge it, or it loops)")]
     ChainTooLong(usize),
     #[error("{given} parent layers were named, but the chain has only {chain} parents")]
@@ -204,8 +206,9 @@ pub fn create(
         if config.memory_hotplug.is_some() {
             return Err(SnapshotError::DiffHotplug);
         }
-        if chain.head.is_none() {
-            return Err(SnapshotError::DiffNoParent);
+        match &chain.head {
+            None => return Err(SnapshotError::DiffNoParent),
+            Some(head) => head.check_diff_target(state_path, mem_path)?,
         }
     }
     let transports: Vec<_> = vm.virtio().iter().map(|t| lock(t)).collect();
