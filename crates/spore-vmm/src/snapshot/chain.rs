@@ -56,12 +56,11 @@ impl Chain {
     /// The chain's memory, each diff's recorded zero pages included (takes
     /// the files).
     pub fn memory_layers(&mut self, size: u64) -> MemoryLayers {
-        let n = self.files.len();
         let mut layers = MemoryLayers::new(std::mem::take(&mut self.files), size);
         // `self.layers` is newest first, the files base first.
-        for (i, l) in self.layers.iter().enumerate() {
+        for (i, l) in self.layers.iter().rev().enumerate() {
             if let Some(z) = &l.manifest.layer.zero_runs {
-                layers.add_ranges(n - 1 - i, z.iter().map(|r| (r[0], r[1])).collect());
+                layers.add_ranges(i, z.iter().map(|r| (r[0], r[1])).collect());
             }
         }
         layers
