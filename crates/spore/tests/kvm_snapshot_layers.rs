@@ -358,7 +358,7 @@ fn kvm_bad_chains_and_diffs_are_refused() {
         &sock,
         64,
         true,
-        "mib=2 rounds=1000 sleep_ms=20 rewrite=1",
+        "mib=2 rounds=150 sleep_ms=20 rewrite=1",
         &[],
     );
     read_until(&rx, "count 1");
