@@ -74,6 +74,8 @@ if [[ $only == snapshot ]]; then
 fi
 run_one clone --scenario "$here/scenarios/clone.sh" \
     --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-clone"
+run_one snapshot-diff --timeout 400 --scenario "$here/scenarios/snapshot-diff.sh" \
+    --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot-diff"
 if [[ $only == bench ]]; then
     run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 fi

@@ -35,6 +35,7 @@ use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
+use crate::snapshot::layers::MemoryLayers;
 use crate::snapshot::MicrovmState;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::vcpu::{Vcpu, VcpuIo};
@@ -191,14 +192,15 @@ pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError>
 }
 
 /// Builds the VM a snapshot describes, with `state` applied and guest RAM
-/// mapped privately from `mem_file`; nothing runs until [`Vm::start`].
+/// mapped privately from its memory layers ([`GuestRam::from_layers`]);
+/// nothing runs until [`Vm::start`].
 pub fn restore_vm(
     config: &VmConfig,
     state: &MicrovmState,
-    mem_file: File,
+    layers: &MemoryLayers,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
-    let ram = GuestRam::from_snapshot_file(mem_file, config.machine.mem_bytes())?;
+    let ram = GuestRam::from_layers(layers)?;
     build(config, opts, Some((state, ram)), None)
 }
 

@@ -46,6 +46,8 @@ struct Inner {
     /// finished after the VM stopped.
     restore: Option<RestoreSession>,
     clone: CloneState,
+    /// The last snapshot and the pages changed since (for Diff snapshots).
+    chain: snapshot::ChainState,
 }
 
 /// How [`Vmm::load_snapshot_with`] builds the VM, beyond the files.
@@ -59,6 +61,12 @@ pub struct LoadOptions {
     pub identity: Option<CloneIdentity>,
     /// Restore every writable drive as a clone's (a new overlay).
     pub disks: Option<CloneDisks>,
+    /// Dirty page tracking for the restored VM's diff snapshots; `None`
+    /// keeps the setting the snapshot was taken with.
+    pub track_dirty_pages: Option<bool>,
+    /// The files of the snapshot's parents, nearest first, when they are
+    /// not where the diff's manifest says.
+    pub parents: Vec<snapshot::LayerPaths>,
 }
 
 impl Vmm {
@@ -72,6 +80,7 @@ impl Vmm {
                 serial_out: Some(serial_out),
                 restore: None,
                 clone: CloneState::default(),
+                chain: Default::default(),
             }),
             fork_tx: Mutex::new(None),
         }
@@ -153,16 +162,13 @@ impl Vmm {
         }
     }
 
-    /// Writes a full snapshot of the paused VM (Firecracker's rule: pause first).
+    /// Writes a snapshot of the paused VM (Firecracker's rule: pause first):
+    /// Full, or Diff against the last snapshot this VM wrote or was
+    /// restored from. The single entry point for every snapshot.
     pub fn create_snapshot(
         &self,
         p: &SnapshotCreateParams,
     ) -> Result<snapshot::SnapshotInfo, SnapshotApiError> {
-        if p.snapshot_type != SnapshotType::Full {
-            return Err(SnapshotApiError::Unsupported(
-                "only Full snapshots are supported so far",
-            ));
-        }
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
@@ -176,11 +182,17 @@ impl Vmm {
             r.before_snapshot(vm.ram())
                 .map_err(SnapshotApiError::Restore)?;
         }
-        Ok(snapshot::create_full(
+        let kind = match p.snapshot_type {
+            SnapshotType::Full => snapshot::format::LayerKind::Full,
+            SnapshotType::Diff => snapshot::format::LayerKind::Diff,
+        };
+        Ok(snapshot::create(
             vm,
             &inner.config,
+            kind,
             std::path::Path::new(&p.snapshot_path),
             std::path::Path::new(&p.mem_file_path),
+            &mut inner.chain,
         )?)
     }
 
@@ -216,6 +228,7 @@ impl Vmm {
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
+        let mut head = None;
         let (manifest, state, config, prepared) = match memory {
             LoadMemory::UffdExternal { socket } => {
                 let (manifest, state, config) = snapshot::load_state(state_path)?;
@@ -224,7 +237,9 @@ impl Vmm {
                 (manifest, state, config, prepared)
             }
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
-                let loaded = snapshot::load(state_path, std::path::Path::new(path))?;
+                let loaded =
+                    snapshot::load_chain(state_path, std::path::Path::new(path), &lo.parents)?;
+                head = Some(loaded.head());
                 let backend = match memory {
                     LoadMemory::File { mode, .. } => Backend::File(*mode),
                     _ => Backend::UffdBuiltin,
@@ -235,9 +250,7 @@ impl Vmm {
                     snapshot_id: loaded.manifest.layer.id.clone(),
                     record_for: lo.record_for,
                 };
-                let layers =
-                    snapshot::layers::MemoryLayers::single(loaded.mem_file, loaded.state.mem_size);
-                let prepared = restore_path::prepare(layers, &plan)?;
+                let prepared = restore_path::prepare(loaded.layers, &plan)?;
                 (loaded.manifest, loaded.state, loaded.config, prepared)
             }
         };
@@ -245,6 +258,9 @@ impl Vmm {
         tracing::info!("restore: {:?}", prepared.session.report());
         let mut session = prepared.session;
         let mut config = config;
+        if let Some(track) = lo.track_dirty_pages {
+            config.machine.track_dirty_pages = track;
+        }
         if let Some(c) = &lo.disks {
             for d in &mut config.drives {
                 match clone_drive(d, std::path::Path::new(&c.dir), &c.name) {
@@ -283,6 +299,10 @@ impl Vmm {
             session.cancel();
             return Err(SnapshotApiError::Start(e.to_string()));
         }
+        // A diff of this VM continues the chain from the layer it came from.
+        inner.chain = head
+            .map(snapshot::ChainState::restored_from)
+            .unwrap_or_default();
         inner.config = config;
         if let Some(id) = &lo.identity {
             let applied = vm
@@ -558,6 +578,8 @@ impl ApiHandler for Vmm {
                         .map(std::time::Duration::from_millis),
                     identity: p.clone_identity().map_err(ApiError::BadRequest)?,
                     disks: p.clone_disks.clone(),
+                    track_dirty_pages: p.track_dirty(),
+                    parents: p.parent_paths(),
                 };
                 self.load_snapshot_with(std::path::Path::new(&p.snapshot_path), &memory, &lo)
                     .map_err(bad)?;

@@ -1,4 +1,4 @@
-//! `spore snapshot create | restore | inspect`.
+//! `spore snapshot create | restore | inspect | merge`.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -10,6 +10,8 @@ use spore_vmm::api::snapshot_body::{LoadMemory, RestoreMode};
 use spore_vmm::api::ApiServer;
 use spore_vmm::config::VmConfig;
 use spore_vmm::snapshot::format::read_state_file;
+use spore_vmm::snapshot::merge::{describe, merge as merge_chain};
+use spore_vmm::snapshot::LayerPaths;
 use spore_vmm::vmm::{LoadOptions, Vmm};
 
 use crate::api_client::request;
@@ -17,20 +19,72 @@ use crate::host;
 
 #[derive(Subcommand, Debug)]
 pub enum SnapshotCommand {
-    /// Pause a running VMM's microVM, write a full snapshot, and resume it
-    /// (or stop the VMM with --stop).
+    /// Pause a running VMM's microVM, write a full (or --diff) snapshot, and
+    /// resume it (or stop the VMM with --stop).
     Create(CreateArgs),
     /// Run a microVM restored from a snapshot in the foreground, like `spore run`.
     Restore(RestoreArgs),
-    /// Print a snapshot's manifest (JSON).
-    Inspect {
-        /// The snapshot state file.
-        state: PathBuf,
-    },
+    /// Print a snapshot's manifest (JSON); with --mem, also check and list
+    /// every layer of its chain ("chain", newest first).
+    Inspect(InspectArgs),
+    /// Flatten a chain of layers (base ← diff ← … ← newest) into one full
+    /// snapshot that restores to exactly the newest layer's memory.
+    Merge(MergeArgs),
     /// Serve a restored VM's page faults from a snapshot's memory file: a
     /// Firecracker-compatible external userfaultfd handler. Listens on
     /// --sock, takes one VMM's uffd and memory layout, serves until it exits.
     UffdHandler(UffdHandlerArgs),
+}
+
+/// A diff's parent layers named explicitly, nearest first, each as
+/// `--parent STATE MEM` (for layers moved away from where the diff's
+/// manifest says they are).
+#[derive(Args, Debug, Default)]
+pub struct ParentArgs {
+    #[arg(long = "parent", num_args = 2, value_names = ["STATE", "MEM"])]
+    pub parent: Vec<PathBuf>,
+}
+
+impl ParentArgs {
+    fn paths(&self) -> Vec<LayerPaths> {
+        self.parent
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| LayerPaths {
+                state: c[0].clone(),
+                mem: c[1].clone(),
+            })
+            .collect()
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The snapshot state file.
+    pub state: PathBuf,
+    /// Its memory file: check the whole chain and list its layers.
+    #[arg(long)]
+    pub mem: Option<PathBuf>,
+    #[command(flatten)]
+    pub parents: ParentArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// The newest layer's state file.
+    #[arg(long)]
+    pub state: PathBuf,
+    /// The newest layer's memory file.
+    #[arg(long)]
+    pub mem: PathBuf,
+    #[command(flatten)]
+    pub parents: ParentArgs,
+    /// Where to write the merged state file.
+    #[arg(long)]
+    pub out_state: PathBuf,
+    /// Where to write the merged memory file.
+    #[arg(long)]
+    pub out_mem: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -70,6 +124,10 @@ pub struct CreateArgs {
     /// Stop the VMM after the snapshot instead of resuming the guest.
     #[arg(long)]
     pub stop: bool,
+    /// Write a Diff snapshot (only the pages changed since the VM's last
+    /// snapshot; needs track_dirty_pages) instead of a Full one.
+    #[arg(long)]
+    pub diff: bool,
 }
 
 #[derive(Args, Debug)]
@@ -95,19 +153,59 @@ pub struct RestoreArgs {
     /// guest starts (default: when the VM stops).
     #[arg(long)]
     pub record_ms: Option<u64>,
+    /// Track dirty pages in the restored VM, so that it can write Diff
+    /// snapshots on top of this one (default: as the snapshotted VM did).
+    #[arg(long)]
+    pub track_dirty_pages: bool,
+    #[command(flatten)]
+    pub parents: ParentArgs,
 }
 
 pub fn run(cmd: SnapshotCommand) -> anyhow::Result<u8> {
     match cmd {
         SnapshotCommand::Create(a) => create(a),
         SnapshotCommand::Restore(a) => restore(a),
-        SnapshotCommand::Inspect { state } => {
-            let (manifest, _) = read_state_file(&state)?;
-            println!("{}", serde_json::to_string_pretty(&manifest)?);
-            Ok(0)
-        }
+        SnapshotCommand::Inspect(a) => inspect(a),
+        SnapshotCommand::Merge(a) => merge(a),
         SnapshotCommand::UffdHandler(a) => uffd_handler(a),
     }
+}
+
+fn inspect(a: InspectArgs) -> anyhow::Result<u8> {
+    let (manifest, _) = read_state_file(&a.state)?;
+    let mut out = serde_json::to_value(&manifest)?;
+    if let Some(mem) = &a.mem {
+        let newest = LayerPaths {
+            state: a.state.clone(),
+            mem: mem.clone(),
+        };
+        let chain = describe(&newest, &a.parents.paths())?;
+        out["chain"] = serde_json::to_value(&chain)?;
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
+}
+
+fn merge(a: MergeArgs) -> anyhow::Result<u8> {
+    let t0 = std::time::Instant::now();
+    let newest = LayerPaths {
+        state: a.state.clone(),
+        mem: a.mem.clone(),
+    };
+    let out = LayerPaths {
+        state: a.out_state.clone(),
+        mem: a.out_mem.clone(),
+    };
+    let info = merge_chain(&newest, &a.parents.paths(), &out)?;
+    eprintln!(
+        "spore: merged into {} and {} in {:.1} ms ({} bytes of data)",
+        a.out_state.display(),
+        a.out_mem.display(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        info.manifest.layer.mem_data_bytes
+    );
+    println!("{}", serde_json::to_string_pretty(&info.manifest)?);
+    Ok(0)
 }
 
 fn call(sock: &Path, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
@@ -129,7 +227,7 @@ fn abs(p: &Path) -> anyhow::Result<String> {
 
 fn create(a: CreateArgs) -> anyhow::Result<u8> {
     let body = serde_json::json!({
-        "snapshot_type": "Full",
+        "snapshot_type": if a.diff { "Diff" } else { "Full" },
         "snapshot_path": abs(&a.state)?,
         "mem_file_path": abs(&a.mem)?,
     })
@@ -221,6 +319,8 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
     let lo = LoadOptions {
         resume: true,
         record_for,
+        track_dirty_pages: a.track_dirty_pages.then_some(true),
+        parents: a.parents.paths(),
         ..Default::default()
     };
     vmm.load_snapshot_with(&a.state, &memory, &lo)?;

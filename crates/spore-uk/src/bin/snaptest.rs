@@ -5,6 +5,12 @@
 //! it checks every word of the pattern, prints `verify ok checksum=X` (or
 //! `verify FAILED ...`) and exits 0 (or 3).
 //!
+//! With `rewrite=N` (default 0), each round first rewrites N MiB of the
+//! pattern, the chunks after the previous round's, with a new generation
+//! (every third generation is all zeros), so memory keeps changing between
+//! snapshots; verify checks each chunk against its last generation. This is
+//! what diff snapshots must capture, zeroed pages included.
+//!
 //! Snapshotted mid-count and restored, it must go on counting where it
 //! stopped and find its pattern intact.
 #![no_std]
@@ -31,10 +37,20 @@ fn pattern(chunk: usize, word: usize) -> u64 {
     x ^ 0xa5a5_5a5a_0f0f_f0f0
 }
 
+/// The word of a chunk rewritten to generation `gen` (0: the first fill).
+fn value(chunk: usize, word: usize, gen: u64) -> u64 {
+    match gen {
+        0 => pattern(chunk, word),
+        g if g % 3 == 0 => 0,
+        g => pattern(chunk, word) ^ g.wrapping_mul(0x2545_f491_4f6c_dd1d),
+    }
+}
+
 fn main(_info: &BootInfo) -> i32 {
     let mib = num("mib", 32) as usize;
     let rounds = num("rounds", 60);
     let sleep_us = (num("sleep_ms", 50) * 1000).min(10_000_000) as u32;
+    let rewrite = num("rewrite", 0) as usize;
     let Ok(layout) = Layout::from_size_align(CHUNK, 4096) else {
         return 2;
     };
@@ -53,7 +69,20 @@ fn main(_info: &BootInfo) -> i32 {
         chunks.push(p);
     }
     println!("filled {mib} MiB");
+    let mut gens = alloc::vec![0u64; mib];
+    let mut next_chunk = 0;
+    let mut next_gen = 1;
     for i in 0..rounds {
+        for _ in 0..rewrite.min(mib) {
+            let c = next_chunk;
+            next_chunk = (next_chunk + 1) % mib;
+            for w in 0..WORDS {
+                // SAFETY: w < WORDS words of a live 1 MiB allocation.
+                unsafe { chunks[c].add(w).write_volatile(value(c, w, next_gen)) };
+            }
+            gens[c] = next_gen;
+            next_gen += 1;
+        }
         println!("count {i}");
         let start = spore_uk::clock::Instant::now();
         // WAIT may end early; sleep the whole interval.
@@ -74,7 +103,7 @@ fn main(_info: &BootInfo) -> i32 {
         for w in 0..WORDS {
             // SAFETY: as above.
             let v = unsafe { p.add(w).read_volatile() };
-            if v != pattern(c, w) {
+            if v != value(c, w, gens[c]) {
                 println!("verify FAILED at MiB {c} word {w}: {v:#x}");
                 return 3;
             }

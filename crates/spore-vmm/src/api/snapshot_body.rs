@@ -71,6 +71,11 @@ pub struct SnapshotLoadParams {
     /// `<dir>/<name>.<drive_id>.cow`; see `blk::overlay::clone_drive`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_disks: Option<CloneDisks>,
+    /// spore extension: the files of a diff's parents, nearest parent
+    /// first, for layers moved away from where the diff's manifest says
+    /// (each is still checked against the id and hash the child names).
+    #[serde(default)]
+    pub parents: Vec<ParentFiles>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +83,14 @@ pub struct SnapshotLoadParams {
 pub struct CloneDisks {
     pub dir: String,
     pub name: String,
+}
+
+/// One parent layer's files (`parents` in `PUT /snapshot/load`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParentFiles {
+    pub snapshot_path: String,
+    pub mem_file_path: String,
 }
 
 /// Where a restored VM's memory comes from, decoded from a load body.
@@ -107,6 +120,23 @@ impl SnapshotLoadParams {
                 }))
             }
         }
+    }
+
+    /// Dirty page tracking for the restored VM: on when either
+    /// `track_dirty_pages` or Firecracker's older `enable_diff_snapshots`
+    /// asks for it, else as the snapshotted VM had it.
+    pub fn track_dirty(&self) -> Option<bool> {
+        (self.track_dirty_pages || self.enable_diff_snapshots).then_some(true)
+    }
+
+    pub fn parent_paths(&self) -> Vec<crate::snapshot::LayerPaths> {
+        self.parents
+            .iter()
+            .map(|p| crate::snapshot::LayerPaths {
+                state: p.snapshot_path.clone().into(),
+                mem: p.mem_file_path.clone().into(),
+            })
+            .collect()
     }
 
     /// The memory source: `mem_backend` or the deprecated `mem_file_path`,
@@ -244,5 +274,33 @@ mod tests {
         let c: SnapshotCreateParams =
             serde_json::from_str(r#"{"snapshot_path":"s","mem_file_path":"m"}"#).unwrap();
         assert_eq!(c.snapshot_type, SnapshotType::Full);
+        let c: SnapshotCreateParams = serde_json::from_str(
+            r#"{"snapshot_type":"Diff","snapshot_path":"s","mem_file_path":"m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.snapshot_type, SnapshotType::Diff);
+    }
+
+    #[test]
+    fn load_parents_and_tracking() {
+        let p: SnapshotLoadParams = serde_json::from_str(
+            r#"{"snapshot_path":"s","mem_file_path":"m","enable_diff_snapshots":true,
+                "parents":[{"snapshot_path":"p.state","mem_file_path":"p.mem"},
+                           {"snapshot_path":"b.state","mem_file_path":"b.mem"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.track_dirty(), Some(true));
+        let parents = p.parent_paths();
+        assert_eq!(parents.len(), 2);
+        assert_eq!(parents[0].state, std::path::Path::new("p.state"));
+        assert_eq!(parents[1].mem, std::path::Path::new("b.mem"));
+        let p: SnapshotLoadParams = serde_json::from_str(r#"{"snapshot_path":"s"}"#).unwrap();
+        assert_eq!(p.track_dirty(), None);
+        assert!(p.parent_paths().is_empty());
+        // A typo in a parent entry is refused, not ignored.
+        assert!(serde_json::from_str::<SnapshotLoadParams>(
+            r#"{"snapshot_path":"s","parents":[{"snapshot_path":"a","mem_path":"b"}]}"#
+        )
+        .is_err());
     }
 }

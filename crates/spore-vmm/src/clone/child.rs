@@ -87,7 +87,7 @@ pub fn restore(
             restore_vm_prepared(&config, &state, ram, kvm, opts)
         }
         None => {
-            let ram = GuestRam::from_layers(&layers, state.mem_size)?;
+            let ram = GuestRam::from_template_layers(&layers, state.mem_size)?;
             restore_vm_with_ram(&config, &state, ram, opts)
         }
     };

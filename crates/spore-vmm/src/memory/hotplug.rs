@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap, MmapRegion};
+use vm_memory::{FileOffset, GuestAddress, MmapRegion};
+
+use crate::devices::virtio::GuestRegionMmap;
 
 use super::{create_memfd, MemoryError};
 

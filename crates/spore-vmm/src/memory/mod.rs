@@ -9,17 +9,17 @@ pub mod hotplug;
 pub mod template;
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
-};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
 use crate::arch::x86_64::layout;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::devices::virtio::{GuestMemoryMmap, GuestRegionMmap};
+use crate::snapshot::layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -39,6 +39,8 @@ pub enum MemoryError {
     },
     #[error("guest memory region at {0:#x} overlaps or overflows")]
     Region(u64),
+    #[error("cannot overlay the snapshot layers onto guest memory: {0}")]
+    Layers(#[source] std::io::Error),
     #[error("cannot register guest memory slot {slot} with KVM: {source}")]
     Slot {
         slot: u32,
@@ -56,6 +58,10 @@ pub struct GuestRam {
     /// template): the guest's writes live in anonymous memory, not in
     /// `memfd`. Set later when a running VM becomes a clone template.
     private: AtomicBool,
+    /// Ranges (memory-file offsets) mapped from diff layers over `memfd`
+    /// (the base layer): data a later snapshot must read through the
+    /// mapping although `memfd` has holes there.
+    overlays: Vec<(u64, u64)>,
 }
 
 impl GuestRam {
@@ -98,7 +104,75 @@ impl GuestRam {
             mem,
             size,
             private: AtomicBool::new(private),
+            overlays: Vec::new(),
         })
+    }
+
+    /// Maps a snapshot chain privately: the base layer lazily, as
+    /// [`GuestRam::from_snapshot_file`], and every range a diff layer
+    /// supplies (newest layer wins, see [`MemoryLayers::extents`]) mapped
+    /// from that layer's file on top (`MAP_FIXED | MAP_PRIVATE`), so diff
+    /// pages fault in lazily too and stay shared in the page cache. Short
+    /// ranges (under 64 KiB), ranges that are not page-aligned, and ranges
+    /// beyond `max_overlay_maps` (each mapping is a kernel VMA, and a
+    /// process has a limited number) are read in instead.
+    pub fn from_layers(layers: &MemoryLayers) -> Result<Self, MemoryError> {
+        Self::from_layers_with(layers, MAX_OVERLAY_MAPS)
+    }
+
+    pub(crate) fn from_layers_with(
+        layers: &MemoryLayers,
+        max_overlay_maps: usize,
+    ) -> Result<Self, MemoryError> {
+        let base = layers
+            .base()
+            .ok_or_else(|| MemoryError::Layers(std::io::Error::other("no layers")))?
+            .try_clone()
+            .map_err(MemoryError::Layers)?;
+        let mut ram = Self::from_snapshot_file(base, layers.size())?;
+        if layers.files().len() < 2 {
+            return Ok(ram);
+        }
+        let overlays: Vec<_> = layers
+            .extents()
+            .map_err(MemoryError::Layers)?
+            .into_iter()
+            .filter(|e| e.layer > 0)
+            .collect();
+        let mut maps = 0;
+        let spans: Vec<(u64, u64, u64)> = {
+            let mut off = 0;
+            ram.mem
+                .iter()
+                .map(|r| {
+                    let s = (off, r.as_ptr() as u64, r.len());
+                    off += r.len();
+                    s
+                })
+                .collect()
+        };
+        for e in &overlays {
+            let file = &layers.files()[e.layer];
+            // An mmap costs a syscall and a VMA: worth it (and lazy) for
+            // runs of pages; single scattered pages are cheaper read in.
+            let map = e.len >= MIN_OVERLAY_MAP && maps < max_overlay_maps;
+            maps += usize::from(map);
+            for &(span_off, host, span_len) in &spans {
+                let lo = e.offset.max(span_off);
+                let hi = (e.offset + e.len).min(span_off + span_len);
+                if lo < hi {
+                    overlay(file, lo, host + (lo - span_off), hi - lo, map)
+                        .map_err(MemoryError::Layers)?;
+                }
+            }
+        }
+        ram.overlays = overlays.iter().map(|e| (e.offset, e.len)).collect();
+        Ok(ram)
+    }
+
+    /// Memory-file ranges mapped from diff layers (see `from_layers`).
+    pub fn overlays(&self) -> &[(u64, u64)] {
+        &self.overlays
     }
 
     /// Whether the guest's memory is a private (copy-on-write) mapping, so
@@ -144,6 +218,46 @@ impl GuestRam {
     }
 }
 
+/// At most this many diff extents are mapped by `from_layers`; the rest are
+/// read in (Linux's default limit is 65530 mappings per process).
+const MAX_OVERLAY_MAPS: usize = 16384;
+/// Diff extents shorter than this are read in rather than mapped: measured
+/// on a 512 MiB guest with a 25 MiB diff, mapping 6400 single pages took
+/// 121 ms against 90 ms to read them, while one 25 MiB run maps in 52 µs.
+const MIN_OVERLAY_MAP: u64 = 64 << 10;
+
+/// Puts `len` bytes of `file` at `file_off` at host address `host` (inside a
+/// private guest RAM mapping): mapped there when `map` and everything is
+/// page-aligned, else read in.
+fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::io::Result<()> {
+    const PAGE: u64 = 4096;
+    if map && file_off.is_multiple_of(PAGE) && host.is_multiple_of(PAGE) && len.is_multiple_of(PAGE)
+    {
+        // SAFETY: [host, host + len) lies inside one guest RAM mapping owned
+        // by the GuestRam being built (computed from its regions); replacing
+        // part of it with another private file mapping keeps it valid memory
+        // of the same size, and the region's munmap on drop covers it.
+        let p = unsafe {
+            libc::mmap(
+                host as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                file_off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    }
+    // SAFETY: as above, [host, host + len) is guest RAM we own, and nothing
+    // runs in the guest yet.
+    let buf = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len as usize) };
+    file.read_exact_at(buf, file_off)
+}
+
 pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
     let cname = std::ffi::CString::new(name)
         .map_err(|_| MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
@@ -171,5 +285,84 @@ mod tests {
         let v: u32 = ram.memory().read_obj(GuestAddress(0x1000)).unwrap();
         assert_eq!(v, 0xdead_beef);
         assert!(ram.memory().write_obj(1u8, GuestAddress(64 << 20)).is_err());
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+    use vm_memory::Bytes;
+
+    /// A base with pages 0..4 set to 1, a diff that zeroes page 1 and sets
+    /// page 2 and page 9 to 2: mapped or read in, the RAM shows the diff's
+    /// pages (a zero page too) and the base elsewhere.
+    #[test]
+    fn layers_overlay_the_base_newest_wins() {
+        let dir = std::env::temp_dir().join(format!("spore-ram-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = 4u64 << 20;
+        let mk = |name: &str, pages: &[(u64, u8)]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(size).unwrap();
+            for &(p, v) in pages {
+                f.write_all_at(&[v; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        let base = mk("base", &[(0, 1), (1, 1), (2, 1), (3, 1)]);
+        let mut diff_pages = vec![(1, 0), (2, 2), (9, 2)];
+        diff_pages.extend((32..48).map(|p| (p, 4)));
+        let diff = mk("diff", &diff_pages);
+        let layers = MemoryLayers::new(vec![base, diff], size);
+        for max_maps in [MAX_OVERLAY_MAPS, 0] {
+            let ram = GuestRam::from_layers_with(&layers, max_maps).unwrap();
+            let page = |p: u64| {
+                let mut b = [0u8; 4096];
+                ram.memory()
+                    .read_slice(&mut b, GuestAddress(p * 4096))
+                    .unwrap();
+                assert!(b.iter().all(|&x| x == b[0]), "page {p} mixed");
+                b[0]
+            };
+            assert_eq!(
+                (0..11).map(page).collect::<Vec<_>>(),
+                [1, 0, 2, 1, 0, 0, 0, 0, 0, 2, 0],
+                "max_maps {max_maps}"
+            );
+            // Writes stay private: the layer files keep their bytes.
+            ram.memory().write_obj(7u8, GuestAddress(2 * 4096)).unwrap();
+            let mut b = [0u8];
+            layers.files()[1].read_exact_at(&mut b, 2 * 4096).unwrap();
+            assert_eq!(b[0], 2);
+            assert_eq!(page(32), 4);
+            assert_eq!(page(47), 4);
+            assert_eq!(page(48), 0);
+            assert!(ram.overlays().contains(&(9 * 4096, 4096)));
+            assert!(ram.overlays().contains(&(32 * 4096, 16 * 4096)));
+            // A full snapshot of this RAM holds the diff's pages, although
+            // the base file has holes there and nothing touched them.
+            let path = dir.join(format!("full-{max_maps}"));
+            let out = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            crate::snapshot::memory::write_sparse(&ram, &out).unwrap();
+            let mut b = [0u8];
+            for (p, v) in [(0, 1), (1, 0), (2, 7), (9, 2), (40, 4), (100, 0)] {
+                out.read_exact_at(&mut b, p * 4096).unwrap();
+                assert_eq!(b[0], v, "page {p}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -101,7 +101,7 @@ fn data_ranges(file: &File, size: u64) -> Vec<(u64, u64)> {
 
 impl GuestRam {
     /// Maps `layers` (base first) privately: the RAM of a clone.
-    pub fn from_layers(layers: &[MemoryLayer], size: u64) -> Result<Self, TemplateError> {
+    pub fn from_template_layers(layers: &[MemoryLayer], size: u64) -> Result<Self, TemplateError> {
         let (base, overlays) = layers.split_first().ok_or(TemplateError::NoBase)?;
         if base.runs.is_some() {
             return Err(TemplateError::NoBase);
@@ -333,7 +333,7 @@ mod tests {
         let base = src.base_layer().unwrap();
 
         // A clone of the source writes one page of its own.
-        let clone = GuestRam::from_layers(std::slice::from_ref(&base), size).unwrap();
+        let clone = GuestRam::from_template_layers(std::slice::from_ref(&base), size).unwrap();
         assert!(clone.is_private());
         assert_eq!(clone.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
         clone
@@ -355,7 +355,7 @@ mod tests {
         // A clone of the clone sees the clone's pages over the base.
         let overlay = clone.private_layer().unwrap().unwrap();
         let layers = [base.clone(), overlay];
-        let grand = GuestRam::from_layers(&layers, size).unwrap();
+        let grand = GuestRam::from_template_layers(&layers, size).unwrap();
         assert_eq!(grand.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
         assert_eq!(
             grand
@@ -393,7 +393,7 @@ mod tests {
             2
         );
         src.memory().write_obj(9u64, GuestAddress(0)).unwrap();
-        let again = GuestRam::from_layers(std::slice::from_ref(&base), size).unwrap();
+        let again = GuestRam::from_template_layers(std::slice::from_ref(&base), size).unwrap();
         assert_eq!(again.memory().read_obj::<u64>(GuestAddress(0)).unwrap(), 1);
 
         // A placeholder adopts the layers at its own addresses.
@@ -412,7 +412,7 @@ mod tests {
             runs: Some(vec![(size, 4096)]),
         };
         assert!(matches!(
-            GuestRam::from_layers(&[base, bad], size),
+            GuestRam::from_template_layers(&[base, bad], size),
             Err(TemplateError::BadRun { .. })
         ));
     }

@@ -48,8 +48,8 @@ pub enum FormatError {
     Invalid { path: String, detail: String },
 }
 
-/// What kind of memory a layer holds. Only full layers exist so far; diffs
-/// will name their parent.
+/// What kind of memory a layer holds: a full layer stands alone, a diff
+/// holds only the pages written since its parent and names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LayerKind {
     Full,
@@ -60,8 +60,32 @@ pub enum LayerKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParentRef {
     pub id: String,
-    /// Hex digest of the parent's memory file, checked before applying a diff.
+    /// `sha256:` and the hex SHA-256 of the parent's whole state file (see
+    /// [`state_digest`]), checked before applying a diff. The state file
+    /// names its memory file's id, and the memory file carries that id in
+    /// its tag, so this pins the parent's memory too without hashing
+    /// gigabytes at every restore.
     pub content_hash: Option<String>,
+    /// Where the parent's state file was, relative to this state file's
+    /// directory when it lies below it, else absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_path: Option<String>,
+    /// Where the parent's memory file was, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_path: Option<String>,
+}
+
+/// The content hash of a state file, as a diff names its parent:
+/// `sha256:<64 hex digits>`.
+pub fn state_digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(bytes);
+    let mut s = String::with_capacity(7 + 64);
+    s.push_str("sha256:");
+    for b in d.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +98,12 @@ pub struct Layer {
     pub mem_file_size: u64,
     /// Bytes of the memory file that hold data (the rest are holes).
     pub mem_data_bytes: u64,
+    /// A diff's dirty pages that were all zero, as `[offset, len]` runs:
+    /// part of the layer although a copy may have turned them into holes
+    /// (GNU cp does). Absent when not recorded (too many runs): then only
+    /// the file's data ranges count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_runs: Option<Vec<[u64; 2]>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +221,11 @@ impl<'a> Reader<'a> {
 
 /// Reads and checks a state file.
 pub fn read_state_file(path: &Path) -> Result<(Manifest, Vec<u8>), FormatError> {
+    read_state_file_hashed(path).map(|(m, s, _)| (m, s))
+}
+
+/// Reads and checks a state file; also returns its [`state_digest`].
+pub fn read_state_file_hashed(path: &Path) -> Result<(Manifest, Vec<u8>, String), FormatError> {
     let name = path.display().to_string();
     let io = |source| FormatError::Io {
         path: name.clone(),
@@ -206,7 +241,7 @@ pub fn read_state_file(path: &Path) -> Result<(Manifest, Vec<u8>), FormatError> 
     }
     let bytes = std::fs::read(path).map_err(io)?;
     let (m, state) = decode(&name, &bytes)?;
-    Ok((m, state.to_vec()))
+    Ok((m, state.to_vec(), state_digest(&bytes)))
 }
 
 /// A file being written under a temporary name in its final directory;
@@ -312,6 +347,7 @@ mod tests {
                 parent: None,
                 mem_file_size: 128 << 20,
                 mem_data_bytes: 4096,
+                zero_runs: None,
             },
             state_bytes,
         }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 
-use super::memory::data_ranges;
+use super::memory::{data_ranges, merge as merge_ranges};
 
 /// A byte range of guest memory and the layer that supplies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +27,29 @@ pub struct Extent {
 pub struct MemoryLayers {
     files: Vec<File>,
     size: u64,
+    /// Per layer, ranges that belong to it besides its file's data ranges
+    /// (a diff's zero pages a copy turned into holes; they read as zeros).
+    extra: Vec<Vec<(u64, u64)>>,
 }
 
 impl MemoryLayers {
     /// `files` base first. The caller has checked each file's size and
     /// identity against its manifest.
     pub fn new(files: Vec<File>, size: u64) -> Self {
-        Self { files, size }
+        Self {
+            files,
+            size,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Declares `ranges` (sorted, non-overlapping) part of layer `layer`
+    /// even where its file has holes.
+    pub fn add_ranges(&mut self, layer: usize, ranges: Vec<(u64, u64)>) {
+        if self.extra.len() <= layer {
+            self.extra.resize_with(layer + 1, Vec::new);
+        }
+        self.extra[layer] = ranges;
     }
 
     /// A single full snapshot.
@@ -58,8 +74,13 @@ impl MemoryLayers {
     /// listed read as zero.
     pub fn extents(&self) -> std::io::Result<Vec<Extent>> {
         let mut per_layer = Vec::with_capacity(self.files.len());
-        for f in &self.files {
-            per_layer.push(data_ranges(f, self.size)?);
+        for (i, f) in self.files.iter().enumerate() {
+            let mut ranges = data_ranges(f, self.size)?;
+            if let Some(extra) = self.extra.get(i).filter(|e| !e.is_empty()) {
+                ranges.extend_from_slice(extra);
+                ranges = merge_ranges(ranges);
+            }
+            per_layer.push(ranges);
         }
         Ok(resolve(&per_layer))
     }

@@ -17,6 +17,7 @@ use std::os::unix::fs::FileExt;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use super::dirty::DirtyPages;
 use crate::memory::GuestRam;
 
 const PAGE: usize = 4096;
@@ -78,6 +79,8 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
                     .map(|(o, l)| (span_off + o, l)),
             );
         }
+        // Pages mapped from diff layers are data too, resident or not.
+        ranges.extend_from_slice(ram.overlays());
         ranges = merge(ranges);
     }
     let mut written = 0u64;
@@ -98,6 +101,50 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
         }
     }
     Ok(written)
+}
+
+/// Writes every dirty page of RAM into `out` (sized here to the RAM size),
+/// zero or not: in a diff layer a hole means "unchanged, see the parent",
+/// so a page the guest zeroed must be written as data. The guest must be
+/// paused and devices quiesced. Returns the bytes written and the runs of
+/// written pages that were all zero (`None` past [`MAX_ZERO_RUNS`]).
+pub fn write_dirty(
+    ram: &GuestRam,
+    dirty: &DirtyPages,
+    out: &File,
+) -> std::io::Result<(u64, Option<Vec<[u64; 2]>>)> {
+    out.set_len(ram.size())?;
+    let mut written = 0u64;
+    let mut zeros: Vec<[u64; 2]> = Vec::new();
+    for (region, (span_off, ptr, span_len)) in region_spans(ram).into_iter().enumerate() {
+        // SAFETY: as in write_sparse: a live, paused mapping owned by `ram`.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
+        for (first, n) in dirty.runs(region, (span_len / PAGE) as u64) {
+            let from = first as usize * PAGE;
+            let to = from + n as usize * PAGE;
+            out.write_all_at(&bytes[from..to], span_off + from as u64)?;
+            written += (to - from) as u64;
+            for (i, page) in bytes[from..to].chunks(PAGE).enumerate() {
+                if page.iter().all(|&b| b == 0) {
+                    let off = span_off + (from + i * PAGE) as u64;
+                    match zeros.last_mut() {
+                        Some([o, l]) if *o + *l == off => *l += PAGE as u64,
+                        _ => zeros.push([off, PAGE as u64]),
+                    }
+                }
+            }
+        }
+    }
+    Ok((written, (zeros.len() <= MAX_ZERO_RUNS).then_some(zeros)))
+}
+
+/// Most zero-page runs a diff's manifest lists (keeps it well under the
+/// manifest size limit).
+pub const MAX_ZERO_RUNS: usize = 16384;
+
+/// Bytes of `file` (of `size` bytes) that hold data, per SEEK_DATA.
+pub fn data_bytes(file: &File, size: u64) -> std::io::Result<u64> {
+    Ok(data_ranges(file, size)?.iter().map(|r| r.1).sum())
 }
 
 /// Extended attribute naming the snapshot a memory file belongs to.
@@ -172,7 +219,7 @@ fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)
 }
 
 /// Sorts and merges overlapping or touching ranges.
-fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub(crate) fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for (start, len) in ranges {
@@ -185,7 +232,7 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// Writes runs of non-zero pages of `data` at `file_off` onward.
-fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
+pub(crate) fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
     let mut written = 0u64;
     let mut run_start: Option<usize> = None;
     let mut i = 0;

@@ -8,15 +8,19 @@
 //! reads them back. The builder ([`crate::builder::restore_vm`]) rebuilds a
 //! VM from them.
 
+pub mod chain;
+pub mod dirty;
 pub mod format;
 pub mod layers;
 pub mod memory;
+pub mod merge;
 pub mod persist;
 pub mod restore;
 
+pub use chain::{ChainHead, LayerInfo, LayerPaths};
+pub use dirty::DirtyPages;
 pub use persist::Persist;
 
-use std::fs::File;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,7 +35,8 @@ use crate::devices::virtio::device_type;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
-use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, FORMAT_VERSION};
+use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION};
+use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -67,6 +72,38 @@ pub enum SnapshotError {
     },
     #[error("{path}: the snapshot state does not decode: {detail}")]
     Decode { path: String, detail: String },
+    #[error("a Diff snapshot needs dirty page tracking: set track_dirty_pages in /machine-config before InstanceStart (or in /snapshot/load)")]
+    DiffNeedsTracking,
+    #[error("a Diff snapshot needs a previous snapshot of this microVM to apply to: create a Full snapshot first (or restore from one)")]
+    DiffNoParent,
+    #[error("Diff snapshots of a microVM with hotplug memory (virtio-mem) are not supported: create a Full snapshot")]
+    DiffHotplug,
+    #[error("cannot read the dirty page logs: {0}")]
+    Dirty(#[from] dirty::DirtyError),
+    #[error("{path}: the diff's memory file holds {actual} bytes of data, its manifest says {expected}: it was altered, or copied by a tool or onto a file system that does not keep holes (in a diff, a hole means \"unchanged\")")]
+    DiffData {
+        path: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{child}: its parent snapshot {id} is missing: {detail}")]
+    ParentMissing {
+        child: String,
+        id: String,
+        detail: String,
+    },
+    #[error("{child}: {parent} is not its parent: {detail}")]
+    ParentMismatch {
+        child: String,
+        parent: String,
+        detail: String,
+    },
+    #[error("{0} is where this microVM's last snapshot is: a Diff written there would replace its own parent (write it elsewhere)")]
+    DiffOverParent(String),
+    #[error("the snapshot chain is longer than {0} layers (merge it, or it loops)")]
+    ChainTooLong(usize),
+    #[error("{given} parent layers were named, but the chain has only {chain} parents")]
+    ExtraParents { given: usize, chain: usize },
     #[error("{path}: the manifest says {field} is {manifest}, the state says {state}")]
     Inconsistent {
         path: String,
@@ -110,13 +147,55 @@ fn capture(what: &'static str) -> impl Fn(String) -> SnapshotError {
     move |detail| SnapshotError::Capture { what, detail }
 }
 
-/// Writes a full snapshot of a paused VM: device workers are stopped for
-/// the capture and restarted afterwards, whatever the outcome.
+/// What a VM remembers between snapshots to write its next diff: the
+/// snapshot it last wrote or was restored from, and the pages collected
+/// from the dirty logs that are not yet in a snapshot on disk.
+#[derive(Debug, Default)]
+pub struct ChainState {
+    pub head: Option<ChainHead>,
+    pub pending: DirtyPages,
+}
+
+impl ChainState {
+    /// The state of a VM just restored from `head`: nothing changed yet.
+    pub fn restored_from(head: ChainHead) -> Self {
+        Self {
+            head: Some(head),
+            pending: DirtyPages::new(),
+        }
+    }
+}
+
+/// Writes a full snapshot of a paused VM (see [`create`]).
 pub fn create_full(
     vm: &Vm,
     config: &VmConfig,
     state_path: &Path,
     mem_path: &Path,
+) -> Result<SnapshotInfo, SnapshotError> {
+    create(
+        vm,
+        config,
+        LayerKind::Full,
+        state_path,
+        mem_path,
+        &mut ChainState::default(),
+    )
+}
+
+/// Writes a snapshot of a paused VM: a full one, or a diff holding only
+/// the pages changed since `chain.head`. Device workers are stopped for the
+/// capture and restarted afterwards, whatever the outcome. With dirty page
+/// tracking on, every snapshot (full or diff) resets the tracking, so the
+/// next diff is relative to it; on success `chain.head` becomes this
+/// snapshot. A failed write keeps the collected pages in `chain.pending`.
+pub fn create(
+    vm: &Vm,
+    config: &VmConfig,
+    kind: LayerKind,
+    state_path: &Path,
+    mem_path: &Path,
+    chain: &mut ChainState,
 ) -> Result<SnapshotInfo, SnapshotError> {
     match vm.state() {
         RunState::Paused => {}
@@ -133,6 +212,19 @@ pub fn create_full(
             d.drive_id
         )));
     }
+    let tracking = config.machine.track_dirty_pages;
+    if kind == LayerKind::Diff {
+        if !tracking {
+            return Err(SnapshotError::DiffNeedsTracking);
+        }
+        if config.memory_hotplug.is_some() {
+            return Err(SnapshotError::DiffHotplug);
+        }
+        match &chain.head {
+            None => return Err(SnapshotError::DiffNoParent),
+            Some(head) => head.check_diff_target(state_path, mem_path)?,
+        }
+    }
     let transports: Vec<_> = vm.virtio().iter().map(|t| lock(t)).collect();
     let mut guards = transports;
     let mut result = Ok(());
@@ -143,13 +235,28 @@ pub fn create_full(
         }
     }
     let out = result.and_then(|()| {
+        if tracking {
+            // Devices are quiesced and vCPUs paused: nothing writes now.
+            let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
+            chain.pending.merge(&dirty);
+        }
         let virtio: Vec<_> = guards.iter().map(|t| t.save()).collect();
-        write_full(vm, config, virtio, state_path, mem_path)
+        let mem = match (kind, &chain.head) {
+            (LayerKind::Diff, Some(head)) => MemoryContent::Diff {
+                dirty: &chain.pending,
+                parent: head.parent_ref(state_path),
+            },
+            _ => MemoryContent::Full,
+        };
+        write_snapshot(vm, config, virtio, state_path, mem_path, mem)
     });
     for t in guards.iter_mut() {
         t.resume();
     }
-    out
+    let (info, head) = out?;
+    chain.pending.clear();
+    chain.head = Some(head);
+    Ok(info)
 }
 
 /// Captures a paused VM's vCPU, VM-wide and device state (not memory),
@@ -185,13 +292,25 @@ pub fn capture_state(
     })
 }
 
-fn write_full(
+/// What a snapshot's memory file holds.
+enum MemoryContent<'a> {
+    /// Every non-zero page.
+    Full,
+    /// Exactly the dirty pages, on top of `parent`.
+    Diff {
+        dirty: &'a DirtyPages,
+        parent: ParentRef,
+    },
+}
+
+fn write_snapshot(
     vm: &Vm,
     config: &VmConfig,
     virtio: Vec<MmioTransportState>,
     state_path: &Path,
     mem_path: &Path,
-) -> Result<SnapshotInfo, SnapshotError> {
+    content: MemoryContent<'_>,
+) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {
     let state = capture_state(vm, config, virtio)?;
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
@@ -203,7 +322,19 @@ fn write_full(
         path: mem_path.display().to_string(),
         source,
     };
-    let data_bytes = memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?;
+    let (kind, parent, data_bytes, zero_runs) = match content {
+        MemoryContent::Full => (
+            LayerKind::Full,
+            None,
+            memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?,
+            None,
+        ),
+        MemoryContent::Diff { dirty, parent } => {
+            let (n, zeros) =
+                memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?;
+            (LayerKind::Diff, Some(parent), n, zeros)
+        }
+    };
     let id = random_id();
     memory::tag(&mem_pending.file, &id);
     mem_pending.sync()?;
@@ -221,10 +352,11 @@ fn write_full(
         devices: devices(config, &state),
         layer: Layer {
             id,
-            kind: LayerKind::Full,
-            parent: None,
+            kind,
+            parent,
             mem_file_size: state.mem_size,
             mem_data_bytes: data_bytes,
+            zero_runs,
         },
         state_bytes: state_bytes.len() as u64,
     };
@@ -233,7 +365,17 @@ fn write_full(
     let state_pending = format::write_pending(state_path, &bytes)?;
     mem_pending.commit()?;
     state_pending.commit()?;
-    Ok(SnapshotInfo { manifest })
+    let head = ChainHead {
+        id: manifest.layer.id.clone(),
+        state_hash: format::state_digest(&bytes),
+        paths: LayerPaths {
+            state: chain::absolute(state_path),
+            mem: chain::absolute(mem_path),
+        },
+        mem_size: manifest.mem_size_bytes,
+        vcpu_count: manifest.vcpu_count,
+    };
+    Ok((SnapshotInfo { manifest }, head))
 }
 
 fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
@@ -290,7 +432,7 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
     out
 }
 
-fn random_id() -> String {
+pub(crate) fn random_id() -> String {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
         let t = SystemTime::now()
@@ -302,25 +444,80 @@ fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A snapshot read from disk and checked against its memory file.
+/// A snapshot read from disk and checked, with every layer of its chain.
 pub struct LoadedSnapshot {
+    /// The newest layer's manifest.
     pub manifest: Manifest,
     pub state: MicrovmState,
     pub config: VmConfig,
-    pub mem_file: File,
+    /// The memory: the chain's files, base first (one file for a full
+    /// snapshot), opened read-only (the VM maps them copy-on-write).
+    pub layers: MemoryLayers,
+    /// The checked layers, newest first.
+    pub chain: Vec<LayerInfo>,
+}
+
+impl LoadedSnapshot {
+    /// What a VM restored from this snapshot makes its next diff against.
+    pub fn head(&self) -> ChainHead {
+        ChainHead::of(&self.chain[0])
+    }
+}
+
+/// Reads a snapshot (a full one, or a diff with its parents found through
+/// its manifest) and checks it; see [`load_chain`].
+pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+    load_chain(state_path, mem_path, &[])
+}
+
+/// Reads the state file, walks and checks the chain down to its full base
+/// (`parents` names parent files explicitly, nearest first, for layers
+/// moved away from where their child's manifest says), and opens every
+/// memory file.
+pub fn load_chain(
+    state_path: &Path,
+    mem_path: &Path,
+    parents: &[LayerPaths],
+) -> Result<LoadedSnapshot, SnapshotError> {
+    let name = state_path.display().to_string();
+    let newest = LayerPaths {
+        state: state_path.to_path_buf(),
+        mem: mem_path.to_path_buf(),
+    };
+    let mut chain = chain::walk(&newest, parents)?;
+    let manifest = chain.layers[0].manifest.clone();
+    let (state, config) = decode_state(&name, &manifest, &chain.newest_state)?;
+    let layers = chain.memory_layers(manifest.mem_size_bytes);
+    Ok(LoadedSnapshot {
+        layers,
+        manifest,
+        state,
+        config,
+        chain: chain.layers,
+    })
 }
 
 /// Reads and checks a state file alone (a restore whose memory an external
-/// userfaultfd handler serves never opens the memory file).
+/// userfaultfd handler serves never opens the memory files).
 pub fn load_state(state_path: &Path) -> Result<(Manifest, MicrovmState, VmConfig), SnapshotError> {
     let name = state_path.display().to_string();
     let (manifest, bytes) = format::read_state_file(state_path)?;
-    let state: MicrovmState = bincode::deserialize(&bytes).map_err(|e| SnapshotError::Decode {
-        path: name.clone(),
+    let (state, config) = decode_state(&name, &manifest, &bytes)?;
+    Ok((manifest, state, config))
+}
+
+/// Decodes a state and checks it against its manifest and configuration.
+fn decode_state(
+    name: &str,
+    manifest: &Manifest,
+    bytes: &[u8],
+) -> Result<(MicrovmState, VmConfig), SnapshotError> {
+    let state: MicrovmState = bincode::deserialize(bytes).map_err(|e| SnapshotError::Decode {
+        path: name.to_string(),
         detail: e.to_string(),
     })?;
     let config = state.config().map_err(|e| SnapshotError::Decode {
-        path: name.clone(),
+        path: name.to_string(),
         detail: format!("configuration: {e}"),
     })?;
     for (field, m, s) in [
@@ -343,54 +540,14 @@ pub fn load_state(state_path: &Path) -> Result<(Manifest, MicrovmState, VmConfig
     ] {
         if m != s {
             return Err(SnapshotError::Inconsistent {
-                path: name,
+                path: name.to_string(),
                 field,
                 manifest: m,
                 state: s,
             });
         }
     }
-    Ok((manifest, state, config))
-}
-
-/// Reads the state file, checks it, and opens the memory file (read-only:
-/// the VM maps it copy-on-write).
-pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
-    let (manifest, state, config) = load_state(state_path)?;
-    let mem_name = mem_path.display().to_string();
-    let mem_file = File::open(mem_path).map_err(|source| SnapshotError::MemoryOpen {
-        path: mem_name.clone(),
-        source,
-    })?;
-    let actual = mem_file
-        .metadata()
-        .map_err(|source| SnapshotError::MemoryOpen {
-            path: mem_name.clone(),
-            source,
-        })?
-        .len();
-    if actual != state.mem_size {
-        return Err(SnapshotError::MemorySize {
-            path: mem_name,
-            expected: state.mem_size,
-            actual,
-        });
-    }
-    if let Some(mem_id) = memory::read_tag(&mem_file) {
-        if mem_id != manifest.layer.id {
-            return Err(SnapshotError::MemoryMismatch {
-                path: mem_name,
-                mem_id,
-                state_id: manifest.layer.id,
-            });
-        }
-    }
-    Ok(LoadedSnapshot {
-        manifest,
-        state,
-        config,
-        mem_file,
-    })
+    Ok((state, config))
 }
 
 #[cfg(test)]
@@ -398,6 +555,7 @@ mod tests {
     use super::*;
     use crate::config::MachineConfig;
     use format::encode;
+    use std::fs::File;
 
     fn vcpu() -> VcpuState {
         VcpuState {
@@ -457,6 +615,7 @@ mod tests {
                 parent: None,
                 mem_file_size: mib << 20,
                 mem_data_bytes: 0,
+                zero_runs: None,
             },
             state_bytes: bytes.len() as u64,
         };
@@ -495,6 +654,8 @@ mod tests {
             assert!(matches!(e, SnapshotError::MemoryMismatch { .. }), "{e}");
         }
         drop(f);
+        // (Truncation keeps the tag: make a new file.)
+        std::fs::remove_file(&mem).unwrap();
         File::create(&mem).unwrap().set_len(4 << 20).unwrap();
 
         // A manifest that disagrees with the state it carries.

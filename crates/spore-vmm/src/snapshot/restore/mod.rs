@@ -77,8 +77,6 @@ pub enum RestoreError {
     Memory(#[from] MemoryError),
     #[error(transparent)]
     Uffd(#[from] UffdError),
-    #[error("a {0}-layer snapshot chain needs the layered mapping (GuestRam::from_layers), not in this build; use restore_mode working_set or the Uffd backend, or merge the chain")]
-    Chain(usize),
     #[error("cannot read the snapshot memory: {0}")]
     Read(#[source] std::io::Error),
 }
@@ -126,13 +124,7 @@ pub(crate) fn spans(ram: &GuestRam) -> Vec<(u64, *mut u8, usize)> {
 
 /// Maps the layers privately (lazy): the base file copy-on-write.
 fn map_lazy(layers: &MemoryLayers) -> Result<GuestRam, RestoreError> {
-    match layers.files() {
-        [one] => Ok(GuestRam::from_snapshot_file(
-            one.try_clone().map_err(RestoreError::Read)?,
-            layers.size(),
-        )?),
-        more => Err(RestoreError::Chain(more.len())),
-    }
+    Ok(GuestRam::from_layers(layers)?)
 }
 
 /// Builds guest RAM for a restore. Nothing guest-visible runs yet; the

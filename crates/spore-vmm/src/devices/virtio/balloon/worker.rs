@@ -422,6 +422,12 @@ pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<
         if rc != 0 && first_error.is_none() {
             first_error = Some(std::io::Error::last_os_error());
         }
+        // The pages now read as zeros: a diff snapshot must say so, or the
+        // parent's old contents would show through on restore.
+        let mapping: &vm_memory::MmapRegion<crate::devices::virtio::DirtyBitmap> = region;
+        mapping
+            .bitmap()
+            .set_addr_range(offset as usize, r.len as usize);
     }
     first_error.map_or(Ok(()), Err)
 }

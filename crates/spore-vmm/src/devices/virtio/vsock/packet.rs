@@ -232,7 +232,7 @@ where
 
 /// A guest rx buffer, ready to receive one host packet.
 pub struct RxBuffer<'a> {
-    writer: Writer<'a>,
+    writer: Writer<'a, vm_memory::bitmap::BS<'a, crate::devices::virtio::DirtyBitmap>>,
 }
 
 impl<'a> RxBuffer<'a> {

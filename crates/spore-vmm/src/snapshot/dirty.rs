@@ -1,0 +1,236 @@
+//! Which guest pages changed since the last snapshot, for diff snapshots.
+//!
+//! Two writers change guest memory: the guest itself (vCPUs, through KVM's
+//! page tables; KVM logs these in a per-slot dirty bitmap when the slot has
+//! `KVM_MEM_LOG_DIRTY_PAGES`) and the VMM (virtio devices filling guest
+//! buffers, the balloon discarding pages; these go through vm-memory, whose
+//! per-region [`DirtyBitmap`](crate::devices::virtio::DirtyBitmap) records
+//! them). KVM never sees the VMM's writes, so a diff built from KVM's log
+//! alone would miss every buffer a device filled. [`collect`] reads and
+//! clears both and ORs them together.
+//!
+//! Both sources are cleared when read. A snapshot that then fails must not
+//! lose what it collected, or the next diff would silently miss pages: the
+//! caller keeps a [`DirtyPages`] accumulator, merges every collection into
+//! it and clears it only once a snapshot is safely on disk.
+
+use kvm_ioctls::VmFd;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::devices::virtio::{DirtyBitmap, GuestRegionMmap};
+use crate::memory::GuestRam;
+
+pub const PAGE: u64 = 4096;
+
+/// A dirty bitmap per RAM region (region `i` is KVM slot `i` and lies at
+/// file offset `sum of the lengths of regions before it` in a memory file).
+/// Bit `j` of a region's bitmap is its page `j` (word `j / 64`, bit `j % 64`:
+/// KVM's layout, and vm-memory's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirtyPages {
+    regions: Vec<Vec<u64>>,
+}
+
+impl DirtyPages {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// ORs `bits` into region `region`'s bitmap, growing it as needed.
+    pub fn merge_region(&mut self, region: usize, bits: &[u64]) {
+        if self.regions.len() <= region {
+            self.regions.resize_with(region + 1, Vec::new);
+        }
+        let mine = &mut self.regions[region];
+        if mine.len() < bits.len() {
+            mine.resize(bits.len(), 0);
+        }
+        for (m, b) in mine.iter_mut().zip(bits) {
+            *m |= *b;
+        }
+    }
+
+    /// ORs every region of `other` into `self`.
+    pub fn merge(&mut self, other: &DirtyPages) {
+        for (i, bits) in other.regions.iter().enumerate() {
+            self.merge_region(i, bits);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.regions.clear();
+    }
+
+    /// Number of dirty pages in all regions.
+    pub fn count(&self) -> u64 {
+        self.regions
+            .iter()
+            .flatten()
+            .map(|w| u64::from(w.count_ones()))
+            .sum()
+    }
+
+    /// Runs of consecutive dirty pages of region `region`, as
+    /// (first page, page count), in order, limited to `pages` pages.
+    pub fn runs(&self, region: usize, pages: u64) -> Vec<(u64, u64)> {
+        let Some(bits) = self.regions.get(region) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (wi, &word) in bits.iter().enumerate() {
+            let mut w = word;
+            while w != 0 {
+                let bit = u64::from(w.trailing_zeros());
+                w &= w - 1;
+                let page = wi as u64 * 64 + bit;
+                if page >= pages {
+                    return out;
+                }
+                match out.last_mut() {
+                    Some((start, n)) if *start + *n == page => *n += 1,
+                    _ => out.push((page, 1)),
+                }
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DirtyError {
+    #[error("KVM_GET_DIRTY_LOG on memory slot {slot} failed: {source} (is track_dirty_pages on?)")]
+    KvmLog {
+        slot: u32,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// Reads and clears KVM's dirty log of every RAM slot and the VMM's own
+/// dirty bitmap of every region. Call with the vCPUs paused and device
+/// workers quiesced, or pages written meanwhile may be missed.
+pub fn collect(vm: &VmFd, ram: &GuestRam) -> Result<DirtyPages, DirtyError> {
+    let mut out = DirtyPages::new();
+    for (i, region) in ram.memory().iter().enumerate() {
+        let slot = i as u32;
+        let kvm = vm
+            .get_dirty_log(slot, region.len() as usize)
+            .map_err(|source| DirtyError::KvmLog { slot, source })?;
+        out.merge_region(i, &kvm);
+        out.merge_region(i, &vmm_bitmap(region).get_and_reset());
+    }
+    Ok(out)
+}
+
+/// The VMM-write bitmap of a region (vm-memory's trait method returns a
+/// slice view; the whole bitmap is on the mapping).
+fn vmm_bitmap(region: &GuestRegionMmap) -> &DirtyBitmap {
+    let mapping: &vm_memory::MmapRegion<DirtyBitmap> = region;
+    mapping.bitmap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn merging_ors_and_grows() {
+        let mut a = DirtyPages::new();
+        a.merge_region(0, &[0b0101]);
+        let mut b = DirtyPages::new();
+        b.merge_region(0, &[0b0011, 1 << 63]);
+        b.merge_region(2, &[1]);
+        a.merge(&b);
+        assert_eq!(a.regions, vec![vec![0b0111, 1 << 63], vec![], vec![1]]);
+        assert_eq!(a.count(), 5);
+        // Merging is idempotent: a failed snapshot's pages merged twice
+        // still count once.
+        let before = a.clone();
+        a.merge(&b);
+        assert_eq!(a, before);
+        a.clear();
+        assert_eq!(a.count(), 0);
+        assert!(a.runs(0, 1000).is_empty());
+    }
+
+    #[test]
+    fn runs_cross_words_and_stop_at_the_region_end() {
+        let mut d = DirtyPages::new();
+        // Pages 62..=65 (across a word boundary), 70, and 127.
+        d.merge_region(0, &[0b11 << 62, 0b11 | 1 << 6 | 1 << 63]);
+        assert_eq!(d.runs(0, 128), vec![(62, 4), (70, 1), (127, 1)]);
+        // A region of 100 pages never reports page 127 (bitmaps are rounded
+        // up to whole words).
+        assert_eq!(d.runs(0, 100), vec![(62, 4), (70, 1)]);
+        assert!(d.runs(1, 128).is_empty());
+    }
+
+    #[test]
+    fn vmm_writes_are_collected_from_the_bitmap() {
+        let ram = GuestRam::new(8 << 20).unwrap();
+        // A write through vm-memory, as a device makes it.
+        ram.memory()
+            .write_slice(&[1u8; 10], GuestAddress(3 * PAGE + 4090))
+            .unwrap();
+        let mut d = DirtyPages::new();
+        for (i, region) in ram.memory().iter().enumerate() {
+            d.merge_region(i, &vmm_bitmap(region).get_and_reset());
+        }
+        // 10 bytes from 4090 into page 3 straddle pages 3 and 4.
+        assert_eq!(d.runs(0, 2048), vec![(3, 2)]);
+        // Read-and-clear: a second read finds nothing.
+        let again: u64 = ram
+            .memory()
+            .iter()
+            .flat_map(|r| vmm_bitmap(r).get_and_reset())
+            .map(|w| u64::from(w.count_ones()))
+            .sum();
+        assert_eq!(again, 0);
+    }
+
+    /// A device's write into guest memory (a virtio-blk read, which the
+    /// guest's vCPUs never touch) reaches a diff: KVM's log misses it, the
+    /// VMM's bitmap has it, and `write_dirty` writes it out.
+    #[test]
+    fn kvm_device_writes_reach_the_diff() {
+        use crate::devices::virtio::blk::backend::DiskImage;
+        use crate::devices::virtio::blk::request::Segment;
+        use crate::snapshot::memory::write_dirty;
+        use std::os::unix::fs::FileExt;
+
+        let dir = std::env::temp_dir().join(format!("spore-dirty-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let disk = dir.join("disk");
+        std::fs::write(&disk, [0x5au8; 4096]).unwrap();
+        let kvm = kvm_ioctls::Kvm::new().expect("this test needs /dev/kvm");
+        let vm = kvm.create_vm().unwrap();
+        let ram = GuestRam::new(8 << 20).unwrap();
+        ram.register(&vm, true).unwrap();
+        // Whatever was written before (a loader) is the base's business.
+        collect(&vm, &ram).unwrap();
+        let image = DiskImage::open(&disk, true, false).unwrap();
+        let seg = Segment {
+            addr: GuestAddress(7 * PAGE),
+            len: 4096,
+        };
+        image.read_into(ram.memory(), 0, &[seg]).unwrap();
+        let d = collect(&vm, &ram).unwrap();
+        assert_eq!(d.runs(0, 2048), vec![(7, 1)]);
+        let out = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("diff"))
+            .unwrap();
+        assert_eq!(write_dirty(&ram, &d, &out).unwrap(), (4096, Some(vec![])));
+        let mut b = [0u8; 4096];
+        out.read_exact_at(&mut b, 7 * PAGE).unwrap();
+        assert!(b.iter().all(|&x| x == 0x5a));
+        // Both logs were cleared.
+        assert_eq!(collect(&vm, &ram).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,119 @@
+//! `spore snapshot merge`: flattens a chain of layers into one full
+//! snapshot (Firecracker's `rebase-snap`, built in), and `inspect`'s view
+//! of a chain.
+//!
+//! The merged memory is, page by page, what [`MemoryLayers::extents`]
+//! resolves (newest layer wins), written sparsely: all-zero pages become
+//! holes, which a full layer reads as zeros. The state is the newest
+//! layer's, unchanged; the manifest becomes a full layer with a new id (a
+//! diff made against the old chain does not apply to the merged snapshot,
+//! which is a different file). Both files are written under temporary
+//! names and renamed into place only when complete and synced.
+
+use std::os::unix::fs::FileExt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::chain::{self, LayerPaths};
+use super::format::{self, LayerKind, ParentRef};
+use super::{memory, random_id, SnapshotError, SnapshotInfo};
+
+/// Bytes copied per read while merging.
+const CHUNK: u64 = 1 << 20;
+
+/// Writes the chain ending at `newest` (parents found as for a load) as
+/// one full snapshot at `out`.
+pub fn merge(
+    newest: &LayerPaths,
+    parents: &[LayerPaths],
+    out: &LayerPaths,
+) -> Result<SnapshotInfo, SnapshotError> {
+    let mut chain = chain::walk(newest, parents)?;
+    let mut manifest = chain.layers[0].manifest.clone();
+    let size = manifest.mem_size_bytes;
+    let layers = chain.memory_layers(size);
+    let mem_name = out.mem.display().to_string();
+    let mem_err = |source| SnapshotError::MemoryWrite {
+        path: mem_name.clone(),
+        source,
+    };
+    let mem_pending = format::PendingFile::create(&out.mem)?;
+    mem_pending.file.set_len(size).map_err(mem_err)?;
+    let mut data_bytes = 0;
+    let mut buf = vec![0u8; CHUNK as usize];
+    for e in layers.extents().map_err(mem_err)? {
+        let src = &layers.files()[e.layer];
+        let mut off = e.offset;
+        let end = e.offset + e.len;
+        while off < end {
+            let n = (end - off).min(CHUNK) as usize;
+            src.read_exact_at(&mut buf[..n], off).map_err(mem_err)?;
+            data_bytes +=
+                memory::write_nonzero(&buf[..n], &mem_pending.file, off).map_err(mem_err)?;
+            off += n as u64;
+        }
+    }
+    let id = random_id();
+    memory::tag(&mem_pending.file, &id);
+    mem_pending.sync()?;
+    manifest.created_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    manifest.spore_version = env!("CARGO_PKG_VERSION").to_string();
+    manifest.layer.id = id;
+    manifest.layer.kind = LayerKind::Full;
+    manifest.layer.parent = None;
+    manifest.layer.mem_data_bytes = data_bytes;
+    manifest.layer.zero_runs = None;
+    let bytes =
+        format::encode(&manifest, &chain.newest_state).map_err(|e| SnapshotError::Capture {
+            what: "the manifest",
+            detail: e.to_string(),
+        })?;
+    let state_pending = format::write_pending(&out.state, &bytes)?;
+    mem_pending.commit()?;
+    state_pending.commit()?;
+    Ok(SnapshotInfo { manifest })
+}
+
+/// One layer as `spore snapshot inspect` shows it.
+#[derive(Debug, Serialize)]
+pub struct LayerSummary {
+    pub id: String,
+    pub kind: LayerKind,
+    pub state_path: String,
+    pub mem_path: String,
+    pub state_hash: String,
+    /// Bytes of data the layer wrote (a diff: its dirty pages).
+    pub mem_data_bytes: u64,
+    /// What the memory file occupies on disk.
+    pub mem_disk_bytes: u64,
+    pub created_unix_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRef>,
+}
+
+/// The checked chain ending at `newest`, newest layer first.
+pub fn describe(
+    newest: &LayerPaths,
+    parents: &[LayerPaths],
+) -> Result<Vec<LayerSummary>, SnapshotError> {
+    let chain = chain::walk(newest, parents)?;
+    Ok(chain
+        .layers
+        .into_iter()
+        .map(|l| LayerSummary {
+            id: l.manifest.layer.id,
+            kind: l.manifest.layer.kind,
+            state_path: l.paths.state.display().to_string(),
+            mem_path: l.paths.mem.display().to_string(),
+            state_hash: l.state_hash,
+            mem_data_bytes: l.manifest.layer.mem_data_bytes,
+            mem_disk_bytes: l.mem_disk_bytes,
+            created_unix_ms: l.manifest.created_unix_ms,
+            parent: l.manifest.layer.parent,
+        })
+        .collect())
+}

@@ -1,0 +1,494 @@
+//! Diff and layered snapshots end to end on host KVM with the `snaptest`
+//! unikernel rewriting part of its pattern every round: base ← diff ←
+//! diff restored in a new VMM process (the guest goes on counting and finds
+//! every page of its pattern as it last wrote it), the same through
+//! `snapshot merge`, a restored VM continuing the chain, diff sizes that
+//! track what was written, and refused bad chains.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Starts `spore vmm` running snaptest with dirty page tracking as asked.
+fn start_vmm(
+    sock: &Path,
+    mem_mib: u32,
+    track: bool,
+    cmdline: &str,
+    extra: &[(&str, &str)],
+) -> (Child, mpsc::Receiver<String>) {
+    let mut child = spore()
+        .args(["vmm", "--api-sock"])
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(&mut child);
+    wait_for_path(sock, Duration::from_secs(10));
+    let body = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
+        uk_image("snaptest").display()
+    );
+    assert_eq!(http(sock, "PUT", "/boot-source", Some(&body)).0, 204);
+    let mc =
+        format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}, "track_dirty_pages": {track}}}"#);
+    assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
+    for (path, body) in extra {
+        let (code, reply) = http(sock, "PUT", path, Some(body));
+        assert_eq!(code, 204, "PUT {path}: {reply}");
+    }
+    let (code, reply) = http(
+        sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
+    assert_eq!(code, 204, "{reply}");
+    (child, rx)
+}
+
+fn read_until(rx: &mpsc::Receiver<String>, prefix: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
+        let done = line.starts_with(prefix);
+        seen.push(line);
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn drain(rx: &mpsc::Receiver<String>) -> Vec<String> {
+    let mut tail = Vec::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+        tail.push(l);
+    }
+    tail
+}
+
+fn counts(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
+        .collect()
+}
+
+struct Layer {
+    state: PathBuf,
+    mem: PathBuf,
+}
+
+impl Layer {
+    fn new(s: &Scratch, name: &str) -> Self {
+        Self {
+            state: s.path(&format!("{name}.state")),
+            mem: s.path(&format!("{name}.mem")),
+        }
+    }
+}
+
+/// `spore snapshot create` (pause, snapshot, resume or stop); returns the
+/// time it took.
+fn create(sock: &Path, l: &Layer, diff: bool, stop: bool) -> Duration {
+    let mut cmd = spore();
+    cmd.args(["snapshot", "create"]).arg(sock);
+    cmd.arg("--state").arg(&l.state).arg("--mem").arg(&l.mem);
+    if diff {
+        cmd.arg("--diff");
+    }
+    if stop {
+        cmd.arg("--stop");
+    }
+    let t0 = Instant::now();
+    let o = cmd.output().unwrap();
+    let took = t0.elapsed();
+    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    took
+}
+
+fn restore_cmd(l: &Layer) -> Command {
+    let mut c = spore();
+    c.args(["snapshot", "restore", "--state"])
+        .arg(&l.state)
+        .arg("--mem")
+        .arg(&l.mem);
+    c
+}
+
+/// Restores `l` to completion; checks the guest went on from `last` and
+/// verified its whole pattern.
+fn restore_and_verify(l: &Layer, last: u64, what: &str) {
+    let o = restore_cmd(l).output().unwrap();
+    let out = stdout_of(&o);
+    assert_eq!(o.status.code(), Some(0), "{what}: {out}\n{}", stderr_of(&o));
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    assert!(
+        !lines.iter().any(|l| l.starts_with("filled")),
+        "{what}: guest restarted: {out}"
+    );
+    assert_eq!(
+        counts(&lines).first().copied(),
+        Some(last + 1),
+        "{what}: count did not continue: {out}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("verify ok")),
+        "{what}: {out}"
+    );
+}
+
+fn disk_bytes(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+#[test]
+fn kvm_three_layer_chain_restores_merges_and_continues() {
+    require_kvm();
+    let s = Scratch::new("snap-layers");
+    let sock = s.path("api.sock");
+    let (base, d1, d2) = (
+        Layer::new(&s, "base"),
+        Layer::new(&s, "d1"),
+        Layer::new(&s, "d2"),
+    );
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        128,
+        true,
+        "mib=24 rounds=70 sleep_ms=50 rewrite=1",
+        &[],
+    );
+    read_until(&rx, "count 3");
+    create(&sock, &base, false, false);
+    // A diff that fails (its directory does not exist) must not lose the
+    // pages it collected: d1 still holds the chunks rewritten until now
+    // (rounds 4..=6), or the restores below would find them stale.
+    read_until(&rx, "count 6");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let body = format!(
+        r#"{{"snapshot_type": "Diff", "snapshot_path": "{0}/x.state", "mem_file_path": "{0}/x.mem"}}"#,
+        s.path("no-such-dir").display()
+    );
+    let (code, reply) = http(&sock, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#)).0,
+        204
+    );
+    read_until(&rx, "count 10");
+    let t_diff = create(&sock, &d1, true, false);
+    read_until(&rx, "count 17");
+    create(&sock, &d2, true, true);
+    vmm.wait().unwrap();
+    let tail = drain(&rx);
+    assert!(!tail.iter().any(|l| l.starts_with("verify")), "{tail:?}");
+    let last = counts(&tail).into_iter().max().unwrap_or(17).max(17);
+    eprintln!("diff create took {t_diff:?}");
+
+    // The diffs hold about what was rewritten (7 rounds of 1 MiB), far
+    // less than the base's 24 MiB of pattern.
+    for d in [&d1, &d2] {
+        let b = disk_bytes(&d.mem);
+        assert!(
+            (6 << 20..14 << 20).contains(&b),
+            "{}: {b} bytes",
+            d.mem.display()
+        );
+    }
+    // (A third of the rewritten chunks are zeros, which a full layer skips.)
+    assert!(disk_bytes(&base.mem) >= 20 << 20);
+
+    // inspect lists the chain, newest first.
+    let o = spore()
+        .args(["snapshot", "inspect"])
+        .arg(&d2.state)
+        .arg("--mem")
+        .arg(&d2.mem)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout_of(&o)).unwrap();
+    let kinds: Vec<_> = j["chain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["Diff", "Diff", "Full"]);
+    assert_eq!(j["layer"]["parent"]["state_path"], "d1.state");
+    assert_eq!(j["vcpu_count"], 1);
+
+    // The 3-layer chain restores, twice.
+    for _ in 0..2 {
+        restore_and_verify(&d2, last, "3-layer chain");
+    }
+
+    // Merged into one full snapshot: the same guest.
+    let merged = Layer::new(&s, "merged");
+    let o = spore()
+        .args(["snapshot", "merge", "--state"])
+        .arg(&d2.state)
+        .arg("--mem")
+        .arg(&d2.mem)
+        .arg("--out-state")
+        .arg(&merged.state)
+        .arg("--out-mem")
+        .arg(&merged.mem)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "merge: {}", stderr_of(&o));
+    let m: serde_json::Value = serde_json::from_str(&stdout_of(&o)).unwrap();
+    assert_eq!(m["layer"]["kind"], "Full");
+    // Sparse: the pattern, not the whole 128 MiB.
+    assert!(disk_bytes(&merged.mem) < 48 << 20);
+    restore_and_verify(&merged, last, "merged");
+
+    // A restored VM continues the chain: its diff's parent is d2.
+    let sock2 = s.path("api2.sock");
+    let mut restored = restore_cmd(&d2)
+        .arg("--api-sock")
+        .arg(&sock2)
+        .arg("--track-dirty-pages")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let rx2 = lines_of(&mut restored);
+    wait_for_path(&sock2, Duration::from_secs(10));
+    read_until(&rx2, &format!("count {}", last + 4));
+    let d3 = Layer::new(&s, "d3");
+    create(&sock2, &d3, true, true);
+    restored.wait().unwrap();
+    let last3 = counts(&drain(&rx2))
+        .into_iter()
+        .max()
+        .unwrap_or(last + 4)
+        .max(last + 4);
+    let (m3, _) = read_manifest(&d3.state);
+    assert_eq!(m3["layer"]["kind"], "Diff");
+    assert_eq!(m3["layer"]["parent"]["state_path"], "d2.state");
+    restore_and_verify(&d3, last3, "4-layer chain from a restored VM");
+}
+
+fn read_manifest(state: &Path) -> (serde_json::Value, String) {
+    let o = spore()
+        .args(["snapshot", "inspect"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let out = stdout_of(&o);
+    (serde_json::from_str(&out).unwrap(), out)
+}
+
+#[test]
+fn kvm_diff_of_5_percent_of_512_mib_is_small() {
+    require_kvm();
+    let s = Scratch::new("snap-diff-size");
+    let sock = s.path("api.sock");
+    let (base, diff) = (Layer::new(&s, "base"), Layer::new(&s, "diff"));
+    // 26 MiB of pattern; each round rewrites 1 MiB of it.
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        512,
+        true,
+        "mib=26 rounds=1000 sleep_ms=60 rewrite=1",
+        &[],
+    );
+    read_until(&rx, "count 1");
+    create(&sock, &base, false, false);
+    // 25 more rounds: 25 MiB, 4.9% of 512 MiB.
+    read_until(&rx, "count 26");
+    let took = create(&sock, &diff, true, true);
+    vmm.wait().unwrap();
+    let on_disk = disk_bytes(&diff.mem);
+    let limit = 512u64 * (1 << 20) * 6 / 100;
+    eprintln!(
+        "diff of 512 MiB guest: {} KiB on disk (limit {} KiB), created in {took:?}",
+        on_disk >> 10,
+        limit >> 10
+    );
+    assert_eq!(std::fs::metadata(&diff.mem).unwrap().len(), 512 << 20);
+    assert!(on_disk <= limit, "diff takes {on_disk} bytes on disk");
+    assert!(
+        on_disk >= 25 << 20,
+        "diff misses rewritten pages: {on_disk}"
+    );
+    let (m, _) = read_manifest(&diff.state);
+    assert_eq!(m["layer"]["kind"], "Diff");
+    assert!(m["layer"]["mem_data_bytes"].as_u64().unwrap() >= 25 << 20);
+}
+
+#[test]
+fn kvm_bad_chains_and_diffs_are_refused() {
+    require_kvm();
+    let s = Scratch::new("snap-bad-chain");
+    let sock = s.path("api.sock");
+    let (base, d1) = (Layer::new(&s, "base"), Layer::new(&s, "d1"));
+
+    // Diff with no snapshot before it, and without tracking.
+    let (mut vmm, rx) = start_vmm(
+        &sock,
+        64,
+        true,
+        "mib=2 rounds=150 sleep_ms=20 rewrite=1",
+        &[],
+    );
+    read_until(&rx, "count 1");
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let body = format!(
+        r#"{{"snapshot_type": "Diff", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        d1.state.display(),
+        d1.mem.display()
+    );
+    let (code, reply) = http(&sock, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("create a Full snapshot first"), "{reply}");
+    assert!(!d1.state.exists() && !d1.mem.exists());
+    assert_eq!(
+        http(&sock, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#)).0,
+        204
+    );
+    create(&sock, &base, false, false);
+    read_until(&rx, "count 5");
+    create(&sock, &d1, true, true);
+    vmm.wait().unwrap();
+
+    let sock2 = s.path("api2.sock");
+    let (mut untracked, rx2) = start_vmm(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
+    read_until(&rx2, "count 1");
+    let other = Layer::new(&s, "other");
+    create(&sock2, &other, false, false);
+    assert_eq!(
+        http(&sock2, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let body = format!(
+        r#"{{"snapshot_type": "Diff", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        s.path("x.state").display(),
+        s.path("x.mem").display()
+    );
+    let (code, reply) = http(&sock2, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("track_dirty_pages"), "{reply}");
+    untracked.kill().unwrap();
+    untracked.wait().unwrap();
+
+    // Diff of a VM with hotplug memory (virtio-mem): refused, clearly.
+    let sock3 = s.path("api3.sock");
+    let (mut hp, rx3) = start_vmm(
+        &sock3,
+        64,
+        true,
+        "mib=1 rounds=1000 sleep_ms=20",
+        &[(
+            "/hotplug/memory",
+            r#"{"total_size_mib": 256, "block_size_mib": 2, "slot_size_mib": 128}"#,
+        )],
+    );
+    read_until(&rx3, "count 1");
+    assert_eq!(
+        http(&sock3, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+        204
+    );
+    let (code, reply) = http(&sock3, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("hotplug memory"), "{reply}");
+    hp.kill().unwrap();
+    hp.wait().unwrap();
+
+    let refused = |c: &mut Command, needle: &str| {
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stdout_of(&o));
+        assert!(
+            stderr_of(&o).contains(needle),
+            "want {needle:?}: {}",
+            stderr_of(&o)
+        );
+    };
+    // A plain `cp` of the chain (it turns the diff's zeroed pages into
+    // holes, and drops the xattr tags) still restores the same guest: the
+    // diff's manifest lists its zero pages.
+    let (m1, _) = read_manifest(&d1.state);
+    assert!(
+        !m1["layer"]["zero_runs"].as_array().unwrap().is_empty(),
+        "the guest zeroed no page in the diff: {m1}"
+    );
+    let copied = s.path("copied");
+    std::fs::create_dir_all(&copied).unwrap();
+    for f in [&base.state, &base.mem, &d1.state, &d1.mem] {
+        let st = Command::new("cp").arg(f).arg(&copied).status().unwrap();
+        assert!(st.success());
+    }
+    let o = restore_cmd(&Layer {
+        state: copied.join("d1.state"),
+        mem: copied.join("d1.mem"),
+    })
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(stdout_of(&o).contains("verify ok"), "{}", stdout_of(&o));
+
+    // The diff moved without its parent.
+    let moved_dir = s.path("moved");
+    std::fs::create_dir_all(&moved_dir).unwrap();
+    let moved = Layer {
+        state: moved_dir.join("d1.state"),
+        mem: moved_dir.join("d1.mem"),
+    };
+    std::fs::rename(&d1.state, &moved.state).unwrap();
+    std::fs::rename(&d1.mem, &moved.mem).unwrap();
+    refused(&mut restore_cmd(&moved), "is missing");
+    // ... and found again when named explicitly (checked, then restored).
+    let mut named = restore_cmd(&moved);
+    named.arg("--parent").arg(&base.state).arg(&base.mem);
+    let o = named.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(stdout_of(&o).contains("verify ok"));
+    // A different parent named in its place.
+    let mut wrong = restore_cmd(&moved);
+    wrong.arg("--parent").arg(&other.state).arg(&other.mem);
+    refused(&mut wrong, "is not its parent");
+    std::fs::rename(&moved.state, &d1.state).unwrap();
+    std::fs::rename(&moved.mem, &d1.mem).unwrap();
+    // The parent replaced under its name by another snapshot.
+    std::fs::copy(&other.state, &base.state).unwrap();
+    refused(&mut restore_cmd(&d1), "is not its parent");
+    // A truncated layer.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&d1.mem)
+        .unwrap();
+    f.set_len((64 << 20) - 4096).unwrap();
+    refused(&mut restore_cmd(&d1), "truncated");
+}
