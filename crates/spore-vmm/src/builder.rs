@@ -21,7 +21,7 @@ use crate::arch::x86_64::unikernel::{
     set_supported_cpuid, UnikernelError,
 };
 use crate::config::{BootProtocol, ConfigError, VmConfig};
-use crate::devices::bus::{Bus, BusError};
+use crate::devices::bus::{lock, Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
@@ -426,7 +426,17 @@ fn build(
     }
     let mem = ram.memory();
     match (state, kernel.as_mut(), kind) {
-        (Some(s), _, _) => restore_cpus(&vm_fd, &fds, s)?,
+        (Some(s), _, _) => {
+            restore_cpus(&vm_fd, &fds, s)?;
+            // Devices start only now: their first interrupts need the
+            // restored irqchip.
+            for t in &virtio {
+                lock(t).finish_restore().map_err(|e| BuildError::Device {
+                    what: "virtio device",
+                    detail: e.to_string(),
+                })?;
+            }
+        }
         (None, None, _) => {
             return Err(BuildError::Device {
                 what: "kernel",

@@ -157,6 +157,7 @@ impl Vmm {
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
+        let t0 = std::time::Instant::now();
         let loaded = snapshot::load(state_path, mem_path)?;
         let serial_out = inner
             .serial_out
@@ -179,6 +180,11 @@ impl Vmm {
             vm.start_paused()
         };
         started.map_err(|e| SnapshotApiError::Start(e.to_string()))?;
+        tracing::debug!(
+            "snapshot {} restored in {} µs",
+            loaded.manifest.layer.id,
+            t0.elapsed().as_micros()
+        );
         inner.config = loaded.config;
         inner.vm = Some(vm);
         Ok(())

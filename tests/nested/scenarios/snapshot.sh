@@ -24,13 +24,18 @@ A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$
     A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
     A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null || t boot FAIL "$(cat "$tmp/vmm.err")"
 
-# Runs shell commands in the guest over vsock; retries until it answers.
+# Runs shell commands in the guest over vsock; retries (for up to a minute)
+# until it answers. Each failed attempt is logged to $tmp/attempts. An
+# accepted connection that never answers fails after 60 s instead of
+# hanging the scenario (that was the symptom of a guest accepting a
+# connection before it handled the restore's transport reset).
 guest() {
     i=0
-    while [ $i -lt ${2:-120} ]; do
-        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
+    while [ $i -lt 600 ]; do
+        out=$(printf '%s\nexit\n' "$1" | timeout 60 "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>>"$tmp/attempts") &&
             [ -n "$out" ] && { echo "$out"; return 0; }
-        sleep 0.5
+        echo "attempt $i failed at $(now_ms) ms" >>"$tmp/attempts"
+        sleep 0.1
         i=$((i + 1))
     done
     return 1
@@ -54,10 +59,16 @@ for round in 1 2; do
         --api-sock "$tmp/api-$round.sock" >"$tmp/console-$round.txt" 2>"$tmp/restore-$round.err" &
     r=$!
     start=$(now_ms)
+    : >"$tmp/attempts"
+    # The vsock socket is there once the restored VM's devices are built.
+    i=0
+    while [ ! -S "$tmp/api-$round.sock" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+    api_ms=$(($(now_ms) - start))
     after=$(guest 'cut -d" " -f1 /proc/uptime')
     ms=$(($(now_ms) - start))
+    cp "$tmp/attempts" "$SPORE_OUT/attempts-$round.txt"
     if [ -n "$after" ]; then
-        t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms"
+        t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms (API up after ${api_ms} ms, $(grep -c failed "$tmp/attempts") failed attempts)"
     else
         t "vsock-command-after-restore-$round" FAIL "VM $("$SPORE" api "$tmp/api-$round.sock" GET / 2>&1); $(tail -n 3 "$tmp/restore-$round.err")"
     fi

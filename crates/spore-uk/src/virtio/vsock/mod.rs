@@ -256,6 +256,27 @@ impl Vsock {
     /// packets. Returns true if anything happened.
     pub fn poll(&mut self) -> bool {
         let mut progress = false;
+        // Events first: a transport reset closes the connections that existed
+        // before it, not one whose request arrived in the same poll.
+        let mut ev_reposted = false;
+        while let Some(used) = self.ev.pop_used() {
+            progress = true;
+            let start = used.id as usize * EV_SIZE;
+            let id = u32::from_le_bytes([
+                self.ev_bufs[start],
+                self.ev_bufs[start + 1],
+                self.ev_bufs[start + 2],
+                self.ev_bufs[start + 3],
+            ]);
+            if id == EVENT_TRANSPORT_RESET {
+                self.transport_reset();
+            }
+            ev_reposted = true;
+        }
+        if ev_reposted {
+            while self.post_free_ev() {}
+            self.notify(EVQ);
+        }
         let mut popped = 0;
         while let Some(used) = self.rx.pop_used() {
             progress = true;
@@ -286,25 +307,6 @@ impl Vsock {
         }
         while self.tx.pop_used().is_some() {
             progress = true;
-        }
-        let mut ev_reposted = false;
-        while let Some(used) = self.ev.pop_used() {
-            progress = true;
-            let start = used.id as usize * EV_SIZE;
-            let id = u32::from_le_bytes([
-                self.ev_bufs[start],
-                self.ev_bufs[start + 1],
-                self.ev_bufs[start + 2],
-                self.ev_bufs[start + 3],
-            ]);
-            if id == EVENT_TRANSPORT_RESET {
-                self.transport_reset();
-            }
-            ev_reposted = true;
-        }
-        if ev_reposted {
-            while self.post_free_ev() {}
-            self.notify(EVQ);
         }
         if self.flush_pending() {
             progress = true;

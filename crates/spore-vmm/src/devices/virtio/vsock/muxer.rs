@@ -40,6 +40,24 @@ pub const MAX_RST_QUEUE: usize = 1024;
 pub const LOCAL_PORT_BASE: u32 = 1 << 30;
 /// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`.
 pub const EVENT_TRANSPORT_RESET: u32 = 0;
+/// How long host clients wait for the guest to acknowledge a transport
+/// reset (by re-posting an event buffer) before they are let through anyway:
+/// a driver that never re-arms its event queue must not block them forever.
+pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A transport reset the guest has not acknowledged yet. Until it does, new
+/// host clients are held back: a guest driver handles the reset event and
+/// incoming packets in separate steps (Linux: two work items), so a
+/// connection it accepted before seeing the event would be reset with the
+/// stale ones.
+struct ResetAck {
+    /// The event queue's available index right after the reset event was
+    /// written; `None` while the event waits for a buffer. The guest re-posts
+    /// the buffer once it has handled the event, moving the index.
+    avail_at_post: Option<u16>,
+    /// When held clients are let through regardless.
+    deadline: Instant,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MuxerError {
@@ -63,6 +81,10 @@ pub struct VsockMuxer {
     rst_queue: VecDeque<ConnKey>,
     next_local_port: u32,
     pending_reset_event: bool,
+    /// Set from a transport reset until the guest acknowledges it.
+    reset_ack: Option<ResetAck>,
+    /// Host clients (stream, guest port) whose request waits for that ack.
+    held_clients: Vec<(UnixStream, u32)>,
     /// Holds one OP_RW payload on its way from a host socket to the guest.
     scratch: Vec<u8>,
 }
@@ -84,6 +106,8 @@ impl VsockMuxer {
             rst_queue: VecDeque::new(),
             next_local_port: LOCAL_PORT_BASE,
             pending_reset_event: false,
+            reset_ack: None,
+            held_clients: Vec::new(),
             scratch: vec![0; MAX_PAYLOAD],
         };
         me.watch(me.listener.as_raw_fd())
@@ -147,6 +171,7 @@ impl VsockMuxer {
             .values()
             .filter_map(Connection::expiry)
             .chain(self.handshakes.values().map(Handshake::deadline))
+            .chain(self.reset_ack.as_ref().map(|a| a.deadline))
             .min()
     }
 
@@ -239,8 +264,23 @@ impl VsockMuxer {
         None
     }
 
-    /// A host client asked for guest port `peer_port`: send the guest OP_REQUEST.
+    /// A host client asked for guest port `peer_port`: send the guest
+    /// OP_REQUEST (or hold it until the guest acknowledged a transport reset).
     fn start_local(&mut self, stream: UnixStream, peer_port: u32, now: Instant) {
+        if self.reset_ack.is_some() {
+            tracing::debug!(
+                peer_port,
+                "vsock: host client waits for the transport reset"
+            );
+            if self.held_clients.len() < MAX_HANDSHAKES {
+                self.held_clients.push((stream, peer_port));
+            } else {
+                tracing::warn!(
+                    "vsock: too many host clients wait for a transport reset, refusing one"
+                );
+            }
+            return;
+        }
         if self.conns.len() >= MAX_CONNECTIONS {
             tracing::warn!("vsock: {MAX_CONNECTIONS} connections open, refusing host client");
             return;
@@ -484,8 +524,49 @@ impl VsockMuxer {
     }
 
     /// Posts a pending transport-reset event if the guest gave an event
-    /// buffer. Returns whether any descriptor was used.
-    pub fn process_event_queue(&mut self, mem: &GuestMemoryMmap, queue: &mut Queue) -> bool {
+    /// buffer, and lets held host clients through once the guest re-posted
+    /// one (it handled the event) or the wait timed out. Returns whether any
+    /// descriptor was used.
+    pub fn process_event_queue(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        queue: &mut Queue,
+        now: Instant,
+    ) -> bool {
+        let used = self.post_reset_event(mem, queue);
+        if let Some(ack) = &mut self.reset_ack {
+            let avail = queue
+                .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+                .ok();
+            if self.pending_reset_event {
+                // Still no buffer: the wait counts from when one arrives.
+            } else if ack.avail_at_post.is_none() {
+                ack.avail_at_post = avail.map(|w| w.0);
+                ack.deadline = now + RESET_ACK_TIMEOUT;
+            }
+            let acked = ack.avail_at_post.is_some() && avail.map(|w| w.0) != ack.avail_at_post;
+            if acked || now >= ack.deadline {
+                if acked {
+                    tracing::debug!(
+                        held = self.held_clients.len(),
+                        "vsock: the guest handled the transport reset"
+                    );
+                } else {
+                    tracing::debug!(
+                        held = self.held_clients.len(),
+                        "vsock: the guest did not acknowledge the transport reset in time"
+                    );
+                }
+                self.reset_ack = None;
+                for (stream, port) in std::mem::take(&mut self.held_clients) {
+                    self.start_local(stream, port, now);
+                }
+            }
+        }
+        used
+    }
+
+    fn post_reset_event(&mut self, mem: &GuestMemoryMmap, queue: &mut Queue) -> bool {
         let mut used = false;
         while self.pending_reset_event {
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
@@ -503,6 +584,7 @@ impl VsockMuxer {
             add_used(queue, mem, head, written);
             used = true;
             if written > 0 {
+                tracing::debug!("vsock: transport reset event posted");
                 self.pending_reset_event = false;
             }
         }
@@ -517,14 +599,23 @@ impl VsockMuxer {
         self.rxq.clear();
         self.rst_queue.clear();
         self.pending_reset_event = false;
+        self.reset_ack = None;
+        self.held_clients.clear();
     }
 
     /// Drops every connection and queues VIRTIO_VSOCK_EVENT_TRANSPORT_RESET,
     /// after which the guest drops its side of them too (snapshot restore:
     /// the host sockets did not survive).
     pub fn transport_reset(&mut self) {
+        let now = Instant::now();
         self.reset();
         self.pending_reset_event = true;
+        // A guest that never gives the event queue a buffer holds clients
+        // back this long at most.
+        self.reset_ack = Some(ResetAck {
+            avail_at_post: None,
+            deadline: now + RESET_ACK_TIMEOUT,
+        });
     }
 }
 
