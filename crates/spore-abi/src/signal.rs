@@ -14,13 +14,26 @@
 //! | 0x01   | `EXIT`     | exit code (low 8 bits used)                 | the VM stops; the VMM exits with that code |
 //! | 0x02   | `MARK`     | mark number                                 | the VMM records (number, host monotonic time) |
 //! | 0x03   | `WAIT`     | timeout in microseconds (max ~16.7 s)       | the vCPU sleeps in the VMM until a device has work for the guest or the timeout passes |
-//! | 0x04   | `SNAPSHOT` | tag (reserved)                              | reserved for guest-triggered snapshots |
+//! | 0x04   | `SNAPSHOT` | tag (any 24-bit number)                     | the VMM pauses every vCPU at this instruction, writes a snapshot named by the tag into the configured directory, then resumes or stops the VM as configured (see below) |
 //! | 0x05   | `FORK`     | clone count (reserved)                      | reserved for guest-triggered fork |
 //! | 0x06   | `DONE`     | (reserved)                                  | reserved: a clone says it is done |
 //!
 //! A 32-bit `in eax, dx` from the same port returns the result of the last
 //! operation on that vCPU: for `WAIT`, [`WAIT_WOKEN`] if a device had work,
-//! [`WAIT_TIMED_OUT`] if the timeout passed. Writes of another width or with
+//! [`WAIT_TIMED_OUT`] if the timeout passed; for `SNAPSHOT`,
+//! [`SNAPSHOT_TAKEN`] in the VM that took the snapshot (it goes on running),
+//! [`SNAPSHOT_RESTORED`] in a VM restored from that snapshot (it resumes
+//! right after the `out`, like the two returns of `fork`),
+//! [`SNAPSHOT_FAILED`] if the VMM could not write it (its log says why) and
+//! [`SNAPSHOT_NOT_CONFIGURED`] if no snapshot directory is configured (the
+//! request is ignored).
+//!
+//! `SNAPSHOT` writes `<directory>/tag-<T>.state` and `<directory>/tag-<T>.mem`
+//! (T in decimal), replacing an older snapshot of the same tag atomically.
+//! The directory, the snapshot type (full or diff) and what happens after
+//! (resume, or stop the VM with exit code 0) are host configuration
+//! (`PUT /snapshot/guest-triggered`); the result register of the vCPU that
+//! asked is part of the snapshot. Writes of another width or with
 //! an unknown opcode are ignored by the VMM (and logged): a misbehaving guest
 //! cannot stop or crash the VMM through this port.
 
@@ -60,6 +73,15 @@ pub const ARG_MASK: u32 = 0x00FF_FFFF;
 pub const WAIT_WOKEN: u32 = 1;
 /// Value returned by an `in` after a `WAIT` whose timeout passed.
 pub const WAIT_TIMED_OUT: u32 = 0;
+
+/// `SNAPSHOT` result: the snapshot could not be written.
+pub const SNAPSHOT_FAILED: u32 = 0;
+/// `SNAPSHOT` result: the snapshot was written; this VM goes on.
+pub const SNAPSHOT_TAKEN: u32 = 1;
+/// `SNAPSHOT` result: this VM was restored from the snapshot.
+pub const SNAPSHOT_RESTORED: u32 = 2;
+/// `SNAPSHOT` result: the host configured no snapshot directory.
+pub const SNAPSHOT_NOT_CONFIGURED: u32 = 3;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

@@ -5,7 +5,8 @@
 //! interrupts off, all guest RAM identity-mapped. This crate gives an app
 //! everything it needs on top of that: the `_start` entry, a validated view of
 //! the boot info, serial output ([`print!`]/[`println!`] on COM1), a global heap
-//! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`]), the
+//! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`], and
+//! [`snapshot_point`] to snapshot the VM from inside), the
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
 //! with vsock and virtio-mem), the whole-block allocator over hotplugged
 //! memory ([`blockalloc`]), the tmem client ([`tmem`]), and pieces for apps that must
@@ -47,7 +48,7 @@ pub mod virtio;
 
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};
-pub use signal::{exit, mark, wait};
+pub use signal::{exit, mark, snapshot_point, wait, SnapshotPoint};
 
 /// Exit code of a panic.
 pub const EXIT_PANIC: u32 = 101;

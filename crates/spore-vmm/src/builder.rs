@@ -490,7 +490,8 @@ fn build(
         .enumerate()
         .map(|(id, fd)| Vcpu::new(id as u8, fd, kind, io.clone(), control.clone()))
         .collect();
-    Ok(Vm::from_parts(VmParts {
+    control.set_guest_snapshots(config.guest_snapshots.is_some());
+    let vm = Vm::from_parts(VmParts {
         kvm,
         vm_fd,
         ram,
@@ -504,7 +505,13 @@ fn build(
         mem_hotplug,
         kind,
         irqchip,
-    }))
+    });
+    if let Some(s) = state {
+        for (id, &value) in s.signal_results.iter().enumerate() {
+            vm.set_signal_result(id as u8, value);
+        }
+    }
+    Ok(vm)
 }
 
 /// The virtio-mem region's backing, placed above boot RAM, with its own

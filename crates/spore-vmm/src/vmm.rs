@@ -4,6 +4,8 @@
 //! [`Vm`]. API requests arrive one at a time (the API thread serializes
 //! them); the process's main thread waits in [`Vmm::wait_for_exit`].
 
+mod guest_snapshot;
+
 use std::sync::{Arc, Mutex};
 
 use crate::api::snapshot_body::{SnapshotCreateParams, SnapshotType};
@@ -20,7 +22,7 @@ use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
-use crate::vm::control::{RunControl, StopReason};
+use crate::vm::control::{ControlEvent, RunControl, StopReason};
 use crate::vm::{RunState, Vm};
 
 pub struct Vmm {
@@ -77,8 +79,15 @@ impl Vmm {
     }
 
     /// Blocks until the VM stops (or a stop is requested before it starts).
+    /// Guest-triggered snapshots are served here, on the caller's thread:
+    /// the process's main thread must be the one waiting.
     pub fn wait_for_exit(&self) -> StopReason {
-        self.control.wait_stopped()
+        loop {
+            match self.control.wait_event() {
+                ControlEvent::Stopped(reason) => return reason,
+                ControlEvent::GuestSnapshot(req) => self.serve_guest_snapshot(req),
+            }
+        }
     }
 
     /// Asks the VM to stop (host signal, shutdown).
@@ -158,7 +167,12 @@ impl Vmm {
             return Err(SnapshotApiError::AlreadyStarted);
         }
         let t0 = std::time::Instant::now();
-        let loaded = snapshot::load(state_path, mem_path)?;
+        let mut loaded = snapshot::load(state_path, mem_path)?;
+        // Guest snapshot points configured on this VMM before the load win
+        // over the snapshot's own.
+        if inner.config.guest_snapshots.is_some() {
+            loaded.config.guest_snapshots = inner.config.guest_snapshots.clone();
+        }
         let serial_out = inner
             .serial_out
             .take()
@@ -382,6 +396,8 @@ impl ApiHandler for Vmm {
                 .map_err(bad)?;
                 Ok(ApiResponse::NoContent)
             }
+            ApiRequest::PutGuestSnapshots(c) => self.put_guest_snapshots(c),
+            ApiRequest::GetGuestSnapshots => self.get_guest_snapshots(),
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner

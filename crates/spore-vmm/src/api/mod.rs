@@ -86,6 +86,10 @@ pub enum ApiRequest {
     CreateSnapshot(snapshot_body::SnapshotCreateParams),
     /// `PUT /snapshot/load`.
     LoadSnapshot(snapshot_body::SnapshotLoadParams),
+    /// `PUT /snapshot/guest-triggered`: where guest snapshot points go.
+    PutGuestSnapshots(snapshot_body::GuestSnapshotConfig),
+    /// `GET /snapshot/guest-triggered`.
+    GetGuestSnapshots,
 }
 
 /// What a successful request answers.

@@ -12,6 +12,7 @@ use super::body::{
     BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
     VmStateBody,
 };
+use super::snapshot_body::GuestSnapshotConfig;
 use super::{ApiError, ApiRequest, MachineConfigPatch};
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
@@ -36,6 +37,7 @@ enum Resource<'a> {
     HotplugMemory,
     SnapshotCreate,
     SnapshotLoad,
+    GuestSnapshots,
 }
 
 impl Resource<'_> {
@@ -52,6 +54,7 @@ impl Resource<'_> {
             Resource::Balloon => &["GET", "PUT", "PATCH"],
             Resource::BalloonStatistics => &["GET", "PATCH"],
             Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
+            Resource::GuestSnapshots => &["GET", "PUT"],
         }
     }
 }
@@ -77,6 +80,7 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/hotplug/memory" => Resource::HotplugMemory,
         "/snapshot/create" => Resource::SnapshotCreate,
         "/snapshot/load" => Resource::SnapshotLoad,
+        "/snapshot/guest-triggered" => Resource::GuestSnapshots,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -176,6 +180,12 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         }
         (Resource::SnapshotCreate, "PUT") => ApiRequest::CreateSnapshot(decode(m, path, body)?),
         (Resource::SnapshotLoad, "PUT") => ApiRequest::LoadSnapshot(decode(m, path, body)?),
+        (Resource::GuestSnapshots, "GET") => ApiRequest::GetGuestSnapshots,
+        (Resource::GuestSnapshots, "PUT") => {
+            let c = decode::<GuestSnapshotConfig>(m, path, body)?;
+            c.validate_here().map_err(ApiError::BadRequest)?;
+            ApiRequest::PutGuestSnapshots(c)
+        }
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",

@@ -88,6 +88,8 @@ pub struct MicrovmState {
     pub i8042: Option<I8042State>,
     /// In attach order.
     pub virtio: Vec<MmioTransportState>,
+    /// Each vCPU's signal-port result register (what its next `in` reads).
+    pub signal_results: Vec<u32>,
 }
 
 impl MicrovmState {
@@ -165,6 +167,7 @@ fn write_full(
         serial: lock(vm.serial()).save(),
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
+        signal_results: vm.signal_results(),
     };
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
@@ -406,6 +409,7 @@ mod tests {
             serial: Default::default(),
             i8042: None,
             virtio: Vec::new(),
+            signal_results: vec![0],
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {

@@ -6,6 +6,7 @@ pub mod vcpu;
 pub mod vm_state;
 pub mod wake;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -68,6 +69,8 @@ pub struct Vm {
     mem_hotplug: Option<MemHandle>,
     /// Every vCPU's KVM handle, in id order (a snapshot reads them while parked).
     vcpu_fds: Vec<Arc<Mutex<VcpuFd>>>,
+    /// Every vCPU's signal-port result register, in id order.
+    signal_results: Vec<Arc<AtomicU32>>,
     kind: GuestKind,
     irqchip: bool,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
@@ -98,8 +101,10 @@ pub struct VmParts {
 impl Vm {
     pub fn from_parts(p: VmParts) -> Self {
         let vcpu_fds = p.vcpus.iter().map(Vcpu::fd).collect();
+        let signal_results = p.vcpus.iter().map(Vcpu::signal_result).collect();
         Self {
             vcpu_fds,
+            signal_results,
             kind: p.kind,
             irqchip: p.irqchip,
             control: p.control,
@@ -233,6 +238,22 @@ impl Vm {
 
     pub fn vcpu_fds(&self) -> &[Arc<Mutex<VcpuFd>>] {
         &self.vcpu_fds
+    }
+
+    /// The signal-port result register of each vCPU, in id order.
+    pub fn signal_results(&self) -> Vec<u32> {
+        self.signal_results
+            .iter()
+            .map(|r| r.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Sets what vCPU `id`'s next `in` from the signal port reads (a
+    /// snapshot's result, or a restored value). Ignores unknown ids.
+    pub fn set_signal_result(&self, id: u8, value: u32) {
+        if let Some(r) = self.signal_results.get(id as usize) {
+            r.store(value, Ordering::SeqCst);
+        }
     }
 
     pub fn i8042(&self) -> Option<&Arc<Mutex<I8042>>> {

@@ -30,6 +30,9 @@ pub enum SignalAction {
     Continue,
     /// The guest asked to stop with this exit code.
     Exit(u8),
+    /// The guest asked for a snapshot with this tag; the vCPU loop hands it
+    /// to the VMM (see `RunControl::request_guest_snapshot`).
+    Snapshot(u32),
 }
 
 /// Per-VM signal port state.
@@ -79,7 +82,8 @@ impl SignalPort {
                 let woken = self.wake.wait(Duration::from_micros(arg as u64));
                 *last_result = if woken { WAIT_WOKEN } else { WAIT_TIMED_OUT };
             }
-            SignalOp::Snapshot | SignalOp::Fork | SignalOp::Done => {
+            SignalOp::Snapshot => return SignalAction::Snapshot(arg),
+            SignalOp::Fork | SignalOp::Done => {
                 self.ignore(vcpu, format_args!("{op:?} is not supported yet"));
             }
         }
@@ -102,6 +106,12 @@ impl SignalPort {
     /// How many writes were ignored as malformed.
     pub fn ignored(&self) -> u64 {
         self.ignored.load(Ordering::Relaxed)
+    }
+
+    /// Logs a `SNAPSHOT` the VMM did not take up (rate-limited like
+    /// malformed writes: a guest may ask in a loop).
+    pub fn snapshot_refused(&self, vcpu: u8, tag: u32, why: &str) {
+        self.ignore(vcpu, format_args!("SNAPSHOT tag {tag}: {why}"));
     }
 
     fn ignore(&self, vcpu: u8, what: std::fmt::Arguments) {
@@ -155,6 +165,10 @@ mod tests {
             SignalAction::Continue
         );
         assert_eq!(p.ignored(), 3);
+        assert_eq!(
+            p.write(0, &w(encode(SignalOp::Snapshot, 0x12_3456)), &mut r),
+            SignalAction::Snapshot(0x12_3456)
+        );
     }
 
     #[test]
