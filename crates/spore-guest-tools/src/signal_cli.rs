@@ -7,7 +7,8 @@ use thiserror::Error;
 
 pub const USAGE: &str = "usage: spore-signal exit CODE   (CODE 0..=255)
        spore-signal mark N      (N 0..=16777215)
-       spore-signal wait USEC   (USEC 0..=16777215; prints woken|timeout)";
+       spore-signal wait USEC   (USEC 0..=16777215; prints woken|timeout)
+       spore-signal snapshot TAG  (TAG 0..=16777215; prints taken|restored|failed|not-configured)";
 
 /// One signal to send.
 #[derive(Debug, PartialEq, Eq)]
@@ -15,13 +16,14 @@ pub enum Command {
     Exit(u8),
     Mark(u32),
     Wait(u32),
+    Snapshot(u32),
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CliError {
     #[error("missing command")]
     MissingCommand,
-    #[error("unknown command {0:?} (expected exit, mark or wait)")]
+    #[error("unknown command {0:?} (expected exit, mark, wait or snapshot)")]
     UnknownCommand(String),
     #[error("{0} needs exactly one numeric argument")]
     WrongArgCount(&'static str),
@@ -40,6 +42,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         "exit" => ("exit", u32::from(u8::MAX)),
         "mark" => ("mark", ARG_MASK),
         "wait" => ("wait", ARG_MASK),
+        "snapshot" => ("snapshot", ARG_MASK),
         _ => return Err(CliError::UnknownCommand(name.clone())),
     };
     let [value] = rest else {
@@ -58,6 +61,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         // `n <= u8::MAX` was checked above.
         "exit" => Command::Exit(u8::try_from(n).unwrap_or(u8::MAX)),
         "mark" => Command::Mark(n),
+        "snapshot" => Command::Snapshot(n),
         _ => Command::Wait(n),
     })
 }
@@ -77,6 +81,11 @@ mod tests {
         assert_eq!(p(&["mark", "7"]), Ok(Command::Mark(7)));
         assert_eq!(p(&["mark", "16777215"]), Ok(Command::Mark(ARG_MASK)));
         assert_eq!(p(&["wait", "1000"]), Ok(Command::Wait(1000)));
+        assert_eq!(p(&["snapshot", "1"]), Ok(Command::Snapshot(1)));
+        assert_eq!(
+            p(&["snapshot", "16777215"]),
+            Ok(Command::Snapshot(ARG_MASK))
+        );
     }
 
     #[test]
@@ -105,6 +114,11 @@ mod tests {
             Err(CliError::BadNumber { .. })
         ));
         assert!(matches!(p(&["wait", ""]), Err(CliError::BadNumber { .. })));
+        assert!(matches!(
+            p(&["snapshot", "16777216"]),
+            Err(CliError::BadNumber { .. })
+        ));
+        assert_eq!(p(&["snapshot"]), Err(CliError::WrongArgCount("snapshot")));
     }
 
     #[test]

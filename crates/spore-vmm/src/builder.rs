@@ -469,9 +469,14 @@ fn build(
         }
     }
 
-    let tmem = match &config.tmem {
-        t if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
-        _ => TmemDevice::disabled(),
+    let tmem = match (state, &config.tmem) {
+        // The pool's contents and quota come from the snapshot.
+        (Some(s), _) => TmemDevice::restore(&s.tmem).map_err(|e| BuildError::Device {
+            what: "tmem",
+            detail: e.to_string(),
+        })?,
+        (None, t) if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
+        (None, _) => TmemDevice::disabled(),
     };
     let tmem = if config.tmem.timing {
         tmem.with_timing()

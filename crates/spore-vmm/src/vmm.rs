@@ -140,12 +140,6 @@ impl Vmm {
         }
         let inner = lock(&self.inner);
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
-        // The pool lives outside guest memory and is not in the snapshot yet:
-        // refuse rather than restore a guest whose tmem objects are gone.
-        // (The VM is paused, so no put can race this check.)
-        if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
-            return Err(SnapshotApiError::TmemNotEmpty(objects));
-        }
         Ok(snapshot::create_full(
             vm,
             &inner.config,
@@ -271,11 +265,6 @@ pub enum SnapshotApiError {
     Unsupported(&'static str),
     #[error("the microVM is not started; there is nothing to snapshot")]
     NoVm,
-    #[error(
-        "the tmem pool holds {0} objects, and tmem contents are not saved in snapshots yet: \
-         flush or invalidate them first"
-    )]
-    TmemNotEmpty(u64),
     #[error("a snapshot can only be loaded before any microVM was started or loaded in this VMM")]
     AlreadyStarted,
     #[error(transparent)]

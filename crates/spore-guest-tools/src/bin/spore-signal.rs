@@ -6,6 +6,10 @@
 //! spore-signal mark N      record boot-time mark N in the VMM
 //! spore-signal wait USEC   sleep in the VMM until a device has work or USEC pass;
 //!                          prints "woken" or "timeout"
+//! spore-signal snapshot T  snapshot the whole VM here, tagged T, if the host
+//!                          configured guest snapshots; prints "taken" (this VM,
+//!                          exit 0), "restored" (a VM restored from it, exit 0),
+//!                          "failed" or "not-configured" (exit 1)
 //! ```
 //!
 //! Built as a static musl binary and put into guest initramfs images, so that
@@ -66,6 +70,23 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Snapshot(tag) => {
+            // The result register is per vCPU: read it on the vCPU that wrote.
+            port.pin_to_current_cpu()?;
+            port.write(signal::encode(SignalOp::Snapshot, tag));
+            let (word, ok) = match port.read() {
+                signal::SNAPSHOT_TAKEN => ("taken", true),
+                signal::SNAPSHOT_RESTORED => ("restored", true),
+                signal::SNAPSHOT_NOT_CONFIGURED => ("not-configured", false),
+                _ => ("failed", false),
+            };
+            println!("{word}");
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

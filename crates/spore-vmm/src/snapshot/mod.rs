@@ -25,6 +25,7 @@ use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
+use crate::devices::tmem::TmemState;
 use crate::devices::virtio::device_type;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
@@ -90,6 +91,8 @@ pub struct MicrovmState {
     pub virtio: Vec<MmioTransportState>,
     /// Each vCPU's signal-port result register (what its next `in` reads).
     pub signal_results: Vec<u32>,
+    /// The tmem pool: it lives in VMM memory, not guest memory.
+    pub tmem: TmemState,
 }
 
 impl MicrovmState {
@@ -168,6 +171,7 @@ fn write_full(
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
         signal_results: vm.signal_results(),
+        tmem: vm.tmem().save(),
     };
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
@@ -410,6 +414,7 @@ mod tests {
             i8042: None,
             virtio: Vec::new(),
             signal_results: vec![0],
+            tmem: Default::default(),
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
