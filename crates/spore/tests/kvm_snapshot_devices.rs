@@ -55,7 +55,7 @@ impl Client {
         self.0.read_line(&mut line).unwrap();
         let line = line.trim_end();
         match line.as_bytes().first() {
-            Some(b'+') | Some(b':') => Some(line[1..].as_bytes().to_vec()),
+            Some(b'+') | Some(b':') => Some(line.as_bytes()[1..].to_vec()),
             Some(b'$') => {
                 let n: i64 = line[1..].parse().unwrap();
                 if n < 0 {
