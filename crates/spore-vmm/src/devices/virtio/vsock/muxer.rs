@@ -43,7 +43,10 @@ pub const EVENT_TRANSPORT_RESET: u32 = 0;
 /// How long host clients wait for the guest to acknowledge a transport
 /// reset (by re-posting an event buffer) before they are let through anyway:
 /// a driver that never re-arms its event queue must not block them forever.
-pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Generous, because letting a client through early brings back the silent
+/// drop the wait prevents, and a starved guest (a loaded host, nested
+/// emulation) was seen taking more than 5 s to run its event handler.
+pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A transport reset the guest has not acknowledged yet. Until it does, new
 /// host clients are held back: a guest driver handles the reset event and
@@ -85,6 +88,8 @@ pub struct VsockMuxer {
     reset_ack: Option<ResetAck>,
     /// Host clients (stream, guest port) whose request waits for that ack.
     held_clients: Vec<(UnixStream, u32)>,
+    /// [`RESET_ACK_TIMEOUT`], shorter in tests.
+    reset_ack_timeout: Duration,
     /// Holds one OP_RW payload on its way from a host socket to the guest.
     scratch: Vec<u8>,
 }
@@ -108,6 +113,7 @@ impl VsockMuxer {
             pending_reset_event: false,
             reset_ack: None,
             held_clients: Vec::new(),
+            reset_ack_timeout: RESET_ACK_TIMEOUT,
             scratch: vec![0; MAX_PAYLOAD],
         };
         me.watch(me.listener.as_raw_fd())
@@ -117,6 +123,11 @@ impl VsockMuxer {
 
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid
+    }
+
+    /// Shortens [`RESET_ACK_TIMEOUT`] (tests).
+    pub fn set_reset_ack_timeout(&mut self, timeout: Duration) {
+        self.reset_ack_timeout = timeout;
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -542,7 +553,7 @@ impl VsockMuxer {
                 // Still no buffer: the wait counts from when one arrives.
             } else if ack.avail_at_post.is_none() {
                 ack.avail_at_post = avail.map(|w| w.0);
-                ack.deadline = now + RESET_ACK_TIMEOUT;
+                ack.deadline = now + self.reset_ack_timeout;
             }
             let acked = ack.avail_at_post.is_some() && avail.map(|w| w.0) != ack.avail_at_post;
             if acked || now >= ack.deadline {
@@ -614,7 +625,7 @@ impl VsockMuxer {
         // back this long at most.
         self.reset_ack = Some(ResetAck {
             avail_at_post: None,
-            deadline: now + RESET_ACK_TIMEOUT,
+            deadline: now + self.reset_ack_timeout,
         });
     }
 }
