@@ -329,15 +329,11 @@ impl Vsock {
     fn transport_reset(&mut self) {
         self.guest_cid =
             self.transport.config_u32(0) as u64 | (self.transport.config_u32(4) as u64) << 32;
+        // The device dropped every connection and expects nothing more about
+        // them: free their slots at once (their ids now read as closed), so
+        // that a request arriving right behind the reset finds room.
         for c in &mut self.conns {
-            match c.state {
-                ConnState::Free => {}
-                ConnState::Closing => c.free(),
-                _ => {
-                    c.state = ConnState::PeerClosed;
-                    c.pending = 0;
-                }
-            }
+            c.free();
         }
     }
 

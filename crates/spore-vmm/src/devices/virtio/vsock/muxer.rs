@@ -54,9 +54,10 @@ pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection it accepted before seeing the event would be reset with the
 /// stale ones.
 struct ResetAck {
-    /// The event queue's available index right after the reset event was
-    /// written; `None` while the event waits for a buffer. The guest re-posts
-    /// the buffer once it has handled the event, moving the index.
+    /// The event queue's available index when the reset event was written
+    /// (read just before); `None` while the event waits for a buffer. The
+    /// guest re-posts the buffer once it has handled the event, moving the
+    /// index.
     avail_at_post: Option<u16>,
     /// When held clients are let through regardless.
     deadline: Instant,
@@ -283,6 +284,9 @@ impl VsockMuxer {
                 peer_port,
                 "vsock: host client waits for the transport reset"
             );
+            // Out of the epoll set while held: a client that gives up (or
+            // sends early data) must not wake the worker in a loop.
+            let _ = self.unwatch(stream.as_raw_fd());
             if self.held_clients.len() < MAX_HANDSHAKES {
                 self.held_clients.push((stream, peer_port));
             } else {
@@ -544,18 +548,24 @@ impl VsockMuxer {
         queue: &mut Queue,
         now: Instant,
     ) -> bool {
+        let avail_idx = |queue: &Queue| {
+            queue
+                .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+                .ok()
+                .map(|w| w.0)
+        };
+        // Read before posting: a polling driver may see the event, handle it
+        // and hand the buffer back before this function reads again.
+        let before = avail_idx(queue);
         let used = self.post_reset_event(mem, queue);
         if let Some(ack) = &mut self.reset_ack {
-            let avail = queue
-                .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
-                .ok();
             if self.pending_reset_event {
                 // Still no buffer: the wait counts from when one arrives.
             } else if ack.avail_at_post.is_none() {
-                ack.avail_at_post = avail.map(|w| w.0);
+                ack.avail_at_post = before;
                 ack.deadline = now + self.reset_ack_timeout;
             }
-            let acked = ack.avail_at_post.is_some() && avail.map(|w| w.0) != ack.avail_at_post;
+            let acked = ack.avail_at_post.is_some() && avail_idx(queue) != ack.avail_at_post;
             if acked || now >= ack.deadline {
                 if acked {
                     tracing::debug!(
@@ -570,6 +580,11 @@ impl VsockMuxer {
                 }
                 self.reset_ack = None;
                 for (stream, port) in std::mem::take(&mut self.held_clients) {
+                    // Held clients were out of the epoll set.
+                    if let Err(e) = self.watch(stream.as_raw_fd()) {
+                        tracing::warn!("vsock: cannot watch a held host client: {e}");
+                        continue;
+                    }
                     self.start_local(stream, port, now);
                 }
             }
