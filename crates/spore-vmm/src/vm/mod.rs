@@ -158,6 +158,21 @@ impl Vm {
             s => return Err(VmError::NotRunning(s)),
         }
         self.control.pause(self.threads.len(), || self.kick_all())?;
+        if self.kind == GuestKind::Linux {
+            // Tell a kvmclock guest its vCPUs were stopped on purpose
+            // (PVCLOCK_GUEST_STOPPED), so its soft-lockup watchdog does not
+            // fire after a long pause, or in a VM restored from a snapshot
+            // taken now. Fails harmlessly where kvmclock is not in use.
+            // Parked vCPUs do not hold their fd; one that does (the VM is
+            // stopping) is skipped rather than waited for.
+            for fd in &self.vcpu_fds {
+                if let Ok(fd) = fd.try_lock() {
+                    if let Err(e) = fd.kvmclock_ctrl() {
+                        tracing::debug!("KVM_KVMCLOCK_CTRL: {e}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
