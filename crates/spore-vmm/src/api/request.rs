@@ -437,6 +437,38 @@ mod tests {
     }
 
     #[test]
+    fn guest_snapshot_routes() {
+        assert_eq!(
+            parse(Method::GET, "/snapshot/guest-triggered", ""),
+            Ok(ApiRequest::GetGuestSnapshots)
+        );
+        let dir = std::env::temp_dir();
+        let body = format!(r#"{{"directory":"{}","after":"exit"}}"#, dir.display());
+        match parse(Method::PUT, "/snapshot/guest-triggered", &body) {
+            Ok(ApiRequest::PutGuestSnapshots(c)) => {
+                assert_eq!(c.after, crate::api::snapshot_body::AfterSnapshot::Exit);
+                assert_eq!(c.directory, dir.display().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = bad_request(
+            Method::PUT,
+            "/snapshot/guest-triggered",
+            r#"{"directory":"/nonexistent/spore-snaps"}"#,
+        );
+        assert!(e.contains("not a directory"), "{e}");
+        bad_request(
+            Method::PUT,
+            "/snapshot/guest-triggered",
+            r#"{"after":"exit"}"#,
+        );
+        assert!(matches!(
+            parse(Method::PATCH, "/snapshot/guest-triggered", "{}"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+    }
+
+    #[test]
     fn hotplug_memory_routes() {
         use crate::api::HotplugMemoryUpdate;
         assert_eq!(
