@@ -232,6 +232,21 @@ impl TmemDevice {
     }
 }
 
+impl crate::snapshot::Persist for TmemDevice {
+    type State = TmemState;
+    type Args = ();
+    type Error = PoolStateError;
+
+    /// See [`TmemDevice::save`]: only on a paused VM.
+    fn save(&self) -> TmemState {
+        TmemDevice::save(self)
+    }
+
+    fn restore((): (), state: &TmemState) -> Result<Self, PoolStateError> {
+        TmemDevice::restore(state)
+    }
+}
+
 trait UncheckedAdd {
     fn unchecked_add(self, off: u64) -> Self;
 }
