@@ -14,7 +14,7 @@
 //! | 0x01   | `EXIT`     | exit code (low 8 bits used)                 | the VM stops; the VMM exits with that code |
 //! | 0x02   | `MARK`     | mark number                                 | the VMM records (number, host monotonic time) |
 //! | 0x03   | `WAIT`     | timeout in microseconds (max ~16.7 s)       | the vCPU sleeps in the VMM until a device has work for the guest or the timeout passes |
-//! | 0x04   | `SNAPSHOT` | tag (reserved)                              | reserved for guest-triggered snapshots |
+//! | 0x04   | `SNAPSHOT` | tag (any 24-bit number)                     | the VMM pauses every vCPU at this instruction, writes a snapshot named by the tag into the configured directory, then resumes or stops the VM as configured (see below) |
 //! | 0x05   | `FORK`     | clone count (0: the count set with `PUT /clone/config`) | the VMM pauses the VM at this instruction, turns it into a clone template and starts that many clones (see below) |
 //! | 0x06   | `DONE`     | ignored                                     | the VM ends without a guest shutdown; the VMM exits 0 (a clone whose job is done) |
 //! | 0x07   | `GENERATION` | (ignored)                                 | the result becomes the VM's clone generation (low 32 bits) |
@@ -56,6 +56,19 @@
 //! never reads), and [`FORK_FAILED`] when no clone could be made (no fork
 //! support in this VMM, the template's clone cap reached, a clone failed to
 //! start).
+//!
+//! `SNAPSHOT` writes `<directory>/tag-<T>.state` and `<directory>/tag-<T>.mem`
+//! (T in decimal), replacing an older snapshot of the same tag atomically.
+//! The directory, the snapshot type (full or diff) and what happens after
+//! (resume, or stop the VM with exit code 0) are host configuration
+//! (`PUT /snapshot/guest-triggered`); the result register of the vCPU that
+//! asked is part of the snapshot. After `SNAPSHOT` the `in` reads
+//! [`SNAPSHOT_TAKEN`] in the VM that took the snapshot (it goes on running),
+//! [`SNAPSHOT_RESTORED`] (= [`RESTORED`]) in a VM restored from it (it resumes
+//! right after the `out`, like the two returns of `fork`), [`SNAPSHOT_FAILED`]
+//! if the VMM could not write it (its log says why) and
+//! [`SNAPSHOT_NOT_CONFIGURED`] if no snapshot directory is configured (the
+//! request is ignored).
 
 /// I/O port of the signal register.
 pub const SIGNAL_PORT: u16 = 0x0510;
@@ -105,6 +118,15 @@ pub const RESTORED: u32 = 2;
 
 /// Value a `FORK` returns when no clone was made (the guest goes on).
 pub const FORK_FAILED: u32 = 0xFFFF_FFFF;
+
+/// `SNAPSHOT` result: the snapshot could not be written.
+pub const SNAPSHOT_FAILED: u32 = 0;
+/// `SNAPSHOT` result: the snapshot was written; this VM goes on.
+pub const SNAPSHOT_TAKEN: u32 = 1;
+/// `SNAPSHOT` result: this VM was restored from the snapshot.
+pub const SNAPSHOT_RESTORED: u32 = 2;
+/// `SNAPSHOT` result: the host configured no snapshot directory.
+pub const SNAPSHOT_NOT_CONFIGURED: u32 = 3;
 
 /// Encodes a signal; the argument is truncated to 24 bits.
 pub const fn encode(op: SignalOp, arg: u32) -> u32 {

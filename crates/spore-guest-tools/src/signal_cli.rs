@@ -10,7 +10,8 @@ pub const USAGE: &str = "usage: spore-signal exit CODE   (CODE 0..=255)
        spore-signal wait USEC   (USEC 0..=16777215; prints woken|timeout)
        spore-signal fork N      (N 0..=16777215 clones, 0: the VMM's fork_count; prints
                                  the clone number in a clone, 0 in a source that goes on)
-       spore-signal done        (end this clone; the VMM exits 0)";
+       spore-signal done        (end this clone; the VMM exits 0)
+       spore-signal snapshot TAG  (TAG 0..=16777215; prints taken|restored|failed|not-configured)";
 
 /// One signal to send.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,13 +21,14 @@ pub enum Command {
     Wait(u32),
     Fork(u32),
     Done,
+    Snapshot(u32),
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CliError {
     #[error("missing command")]
     MissingCommand,
-    #[error("unknown command {0:?} (expected exit, mark, wait, fork or done)")]
+    #[error("unknown command {0:?} (expected exit, mark, wait, snapshot, fork or done)")]
     UnknownCommand(String),
     #[error("{0} needs exactly one numeric argument")]
     WrongArgCount(&'static str),
@@ -52,6 +54,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         "exit" => ("exit", u32::from(u8::MAX)),
         "mark" => ("mark", ARG_MASK),
         "wait" => ("wait", ARG_MASK),
+        "snapshot" => ("snapshot", ARG_MASK),
         _ => return Err(CliError::UnknownCommand(name.clone())),
     };
     let [value] = rest else {
@@ -71,6 +74,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         "exit" => Command::Exit(u8::try_from(n).unwrap_or(u8::MAX)),
         "mark" => Command::Mark(n),
         "fork" => Command::Fork(n),
+        "snapshot" => Command::Snapshot(n),
         _ => Command::Wait(n),
     })
 }
@@ -90,13 +94,18 @@ mod tests {
         assert_eq!(p(&["mark", "7"]), Ok(Command::Mark(7)));
         assert_eq!(p(&["mark", "16777215"]), Ok(Command::Mark(ARG_MASK)));
         assert_eq!(p(&["wait", "1000"]), Ok(Command::Wait(1000)));
+        assert_eq!(p(&["snapshot", "1"]), Ok(Command::Snapshot(1)));
+        assert_eq!(
+            p(&["snapshot", "16777215"]),
+            Ok(Command::Snapshot(ARG_MASK))
+        );
     }
 
     #[test]
     fn rejects_bad_input() {
         assert_eq!(p(&[]), Err(CliError::MissingCommand));
         assert!(matches!(
-            p(&["snapshot", "1"]),
+            p(&["teleport", "1"]),
             Err(CliError::UnknownCommand(_))
         ));
         assert_eq!(p(&["fork", "3"]), Ok(Command::Fork(3)));
@@ -121,6 +130,11 @@ mod tests {
             Err(CliError::BadNumber { .. })
         ));
         assert!(matches!(p(&["wait", ""]), Err(CliError::BadNumber { .. })));
+        assert!(matches!(
+            p(&["snapshot", "16777216"]),
+            Err(CliError::BadNumber { .. })
+        ));
+        assert_eq!(p(&["snapshot"]), Err(CliError::WrongArgCount("snapshot")));
     }
 
     #[test]

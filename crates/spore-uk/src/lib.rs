@@ -5,7 +5,8 @@
 //! interrupts off, all guest RAM identity-mapped. This crate gives an app
 //! everything it needs on top of that: the `_start` entry, a validated view of
 //! the boot info, serial output ([`print!`]/[`println!`] on COM1), a global heap
-//! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`], [`fork`], [`done`]), the
+//! over the free RAM, the signal port ([`exit`], [`mark`], [`wait`], [`fork`], [`done`], and
+//! [`snapshot_point`] to snapshot the VM from inside), the
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
 //! with vsock and virtio-mem), the whole-block allocator over hotplugged
 //! memory ([`blockalloc`]), the tmem client ([`tmem`]), random numbers that
@@ -50,7 +51,7 @@ pub mod virtio;
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};
 pub use random::{generation, random_u64};
-pub use signal::{done, exit, fork, mark, wait};
+pub use signal::{done, exit, fork, mark, snapshot_point, wait, SnapshotPoint};
 
 /// Exit code of a panic.
 pub const EXIT_PANIC: u32 = 101;

@@ -1,9 +1,10 @@
-//! The spore signal port (see [`spore_abi::signal`]): exit, boot marks, and
-//! sleeping until a device has work.
+//! The spore signal port (see [`spore_abi::signal`]): exit, boot marks,
+//! sleeping until a device has work, and snapshot points.
 
 use crate::port::{inl, outl};
 use spore_abi::signal::{
-    encode, SignalOp, ARG_MASK, FORK_FAILED, RESTORED, SIGNAL_PORT, WAIT_WOKEN,
+    encode, SignalOp, ARG_MASK, FORK_FAILED, RESTORED, SIGNAL_PORT, SNAPSHOT_NOT_CONFIGURED,
+    SNAPSHOT_RESTORED, SNAPSHOT_TAKEN, WAIT_WOKEN,
 };
 
 /// Stops the VM; the VMM exits with the low 8 bits of `code`.
@@ -73,5 +74,33 @@ pub fn done() -> ! {
     outl(SIGNAL_PORT, encode(SignalOp::Done, 0));
     loop {
         core::hint::spin_loop();
+    }
+}
+
+/// What [`snapshot_point`] returned to this run of the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotPoint {
+    /// The snapshot was written; this VM goes on (unless the host stops it).
+    Taken,
+    /// This VM was restored from the snapshot taken here.
+    Restored,
+    /// The VMM could not write the snapshot (its log says why).
+    Failed,
+    /// The host configured no snapshot directory; nothing happened.
+    NotConfigured,
+}
+
+/// Asks the VMM to snapshot the whole VM right here, tagged `tag` (24 bits).
+/// Returns twice, like `fork`: [`SnapshotPoint::Taken`] in this VM and
+/// [`SnapshotPoint::Restored`] in every VM later restored from the snapshot.
+/// The host decides where snapshots go and whether this VM goes on
+/// afterwards (`PUT /snapshot/guest-triggered`).
+pub fn snapshot_point(tag: u32) -> SnapshotPoint {
+    outl(SIGNAL_PORT, encode(SignalOp::Snapshot, tag & ARG_MASK));
+    match inl(SIGNAL_PORT) {
+        SNAPSHOT_TAKEN => SnapshotPoint::Taken,
+        SNAPSHOT_RESTORED => SnapshotPoint::Restored,
+        SNAPSHOT_NOT_CONFIGURED => SnapshotPoint::NotConfigured,
+        _ => SnapshotPoint::Failed,
     }
 }

@@ -20,7 +20,7 @@ use crate::arch::x86_64::unikernel::{
     set_supported_cpuid, UnikernelError,
 };
 use crate::config::{BootProtocol, ConfigError, VmConfig};
-use crate::devices::bus::{Bus, BusError};
+use crate::devices::bus::{lock, Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
@@ -531,7 +531,17 @@ fn build(
     }
     let mem = ram.memory();
     match (state, kernel.as_mut(), kind) {
-        (Some(s), _, _) => restore_cpus(&vm_fd, &fds, s)?,
+        (Some(s), _, _) => {
+            restore_cpus(&vm_fd, &fds, s)?;
+            // Devices start only now: their first interrupts need the
+            // restored irqchip.
+            for t in &virtio {
+                lock(t).finish_restore().map_err(|e| BuildError::Device {
+                    what: "virtio device",
+                    detail: e.to_string(),
+                })?;
+            }
+        }
         (None, None, _) => {
             return Err(BuildError::Device {
                 what: "kernel",
@@ -564,9 +574,14 @@ fn build(
         }
     }
 
-    let tmem = match &config.tmem {
-        t if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
-        _ => TmemDevice::disabled(),
+    let tmem = match (state, &config.tmem) {
+        // The pool's contents and quota come from the snapshot.
+        (Some(s), _) => TmemDevice::restore(&s.tmem).map_err(|e| BuildError::Device {
+            what: "tmem",
+            detail: e.to_string(),
+        })?,
+        (None, t) if t.enabled => TmemDevice::new(t.quota_bytes, t.compression),
+        (None, _) => TmemDevice::disabled(),
     };
     let tmem = if config.tmem.timing {
         tmem.with_timing()
@@ -592,7 +607,8 @@ fn build(
         .enumerate()
         .map(|(id, fd)| Vcpu::new(id as u8, fd, kind, io.clone(), control.clone()))
         .collect();
-    Ok(Vm::from_parts(VmParts {
+    control.set_guest_snapshots(config.guest_snapshots.is_some());
+    let vm = Vm::from_parts(VmParts {
         kvm,
         vm_fd,
         ram,
@@ -608,7 +624,13 @@ fn build(
         vsock: vsock_handle,
         kind,
         irqchip,
-    }))
+    });
+    if let Some(s) = state {
+        for (id, &value) in s.signal_results.iter().enumerate() {
+            vm.set_signal_result(id as u8, value);
+        }
+    }
+    Ok(vm)
 }
 
 /// The virtio-mem region's backing, placed above boot RAM, with its own

@@ -40,6 +40,8 @@ pub enum ConfigError {
     BalloonTooLarge { amount: u64, mem: u64 },
     #[error("hotplug memory: {0}")]
     Hotplug(String),
+    #[error("{0}")]
+    GuestSnapshots(String),
 }
 
 /// Largest vCPU count spore configures (MP table and IOAPIC limits).
@@ -487,6 +489,15 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub memory_hotplug: Option<MemoryHotplugConfig>,
+    /// spore extension: where guest-triggered snapshots go
+    /// (`PUT /snapshot/guest-triggered`); without it the guest's requests
+    /// are ignored.
+    #[serde(
+        rename = "guest-snapshots",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guest_snapshots: Option<crate::api::snapshot_body::GuestSnapshotConfig>,
 }
 
 impl VmConfig {
@@ -515,6 +526,9 @@ impl VmConfig {
         }
         if let Some(h) = &self.memory_hotplug {
             h.validate()?;
+        }
+        if let Some(g) = &self.guest_snapshots {
+            g.validate().map_err(ConfigError::GuestSnapshots)?;
         }
         Ok(())
     }

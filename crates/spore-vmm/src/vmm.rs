@@ -4,6 +4,8 @@
 //! [`Vm`]. API requests arrive one at a time (the API thread serializes
 //! them); the process's main thread waits in [`Vmm::wait_for_exit`].
 
+mod guest_snapshot;
+
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -25,7 +27,7 @@ use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::devices::virtio::mem::MemStatus;
 use crate::snapshot;
 use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan, RestoreSession};
-use crate::vm::control::{RunControl, StopReason};
+use crate::vm::control::{ControlEvent, RunControl, StopReason};
 use crate::vm::identity::{CloneIdentity, FrozenDrive, IdentityError};
 use crate::vm::{RunState, Vm};
 
@@ -115,8 +117,15 @@ impl Vmm {
     }
 
     /// Blocks until the VM stops (or a stop is requested before it starts).
+    /// Guest-triggered snapshots are served here, on the caller's thread:
+    /// the process's main thread must be the one waiting.
     pub fn wait_for_exit(&self) -> StopReason {
-        self.control.wait_stopped()
+        loop {
+            match self.control.wait_event() {
+                ControlEvent::Stopped(reason) => return reason,
+                ControlEvent::GuestSnapshot(req) => self.serve_guest_snapshot(req),
+            }
+        }
     }
 
     /// Asks the VM to stop (host signal, shutdown).
@@ -172,12 +181,6 @@ impl Vmm {
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
-        // The pool lives outside guest memory and is not in the snapshot yet:
-        // refuse rather than restore a guest whose tmem objects are gone.
-        // (The VM is paused, so no put can race this check.)
-        if let Some(objects) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
-            return Err(SnapshotApiError::TmemNotEmpty(objects));
-        }
         if let Some(r) = inner.restore.as_mut() {
             r.before_snapshot(vm.ram())
                 .map_err(SnapshotApiError::Restore)?;
@@ -228,6 +231,7 @@ impl Vmm {
         if inner.vm.is_some() || self.control.stop_reason().is_some() {
             return Err(SnapshotApiError::AlreadyStarted);
         }
+        let t0 = std::time::Instant::now();
         let mut head = None;
         let (manifest, state, config, prepared) = match memory {
             LoadMemory::UffdExternal { socket } => {
@@ -254,12 +258,16 @@ impl Vmm {
                 (loaded.manifest, loaded.state, loaded.config, prepared)
             }
         };
-        let _ = manifest;
         tracing::info!("restore: {:?}", prepared.session.report());
         let mut session = prepared.session;
         let mut config = config;
         if let Some(track) = lo.track_dirty_pages {
             config.machine.track_dirty_pages = track;
+        }
+        // Guest snapshot points configured on this VMM before the load win
+        // over the snapshot's own.
+        if inner.config.guest_snapshots.is_some() {
+            config.guest_snapshots = inner.config.guest_snapshots.clone();
         }
         if let Some(c) = &lo.disks {
             for d in &mut config.drives {
@@ -303,6 +311,11 @@ impl Vmm {
         inner.chain = head
             .map(snapshot::ChainState::restored_from)
             .unwrap_or_default();
+        tracing::debug!(
+            "snapshot {} restored in {} µs",
+            manifest.layer.id,
+            t0.elapsed().as_micros()
+        );
         inner.config = config;
         if let Some(id) = &lo.identity {
             let applied = vm
@@ -440,11 +453,6 @@ pub enum SnapshotApiError {
     Unsupported(&'static str),
     #[error("the microVM is not started; there is nothing to snapshot")]
     NoVm,
-    #[error(
-        "the tmem pool holds {0} objects, and tmem contents are not saved in snapshots yet: \
-         flush or invalidate them first"
-    )]
-    TmemNotEmpty(u64),
     #[error("a snapshot can only be loaded before any microVM was started or loaded in this VMM")]
     AlreadyStarted,
     #[error(transparent)]
@@ -591,6 +599,8 @@ impl ApiHandler for Vmm {
                 Ok(ApiResponse::NoContent)
             }
             ApiRequest::GetClone => ApiResponse::json(&self.clone_status()),
+            ApiRequest::PutGuestSnapshots(c) => self.put_guest_snapshots(c),
+            ApiRequest::GetGuestSnapshots => self.get_guest_snapshots(),
             ApiRequest::PatchVm(state) => {
                 let inner = lock(&self.inner);
                 let vm = inner

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use spore_vmm::api::snapshot_body::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 use spore_vmm::config::{
     BootProtocol, BootSourceConfig, Compression, DriveConfig, MachineConfig, TmemConfig, VmConfig,
     VsockConfig,
@@ -62,6 +63,39 @@ pub struct RunArgs {
     /// Write the tmem pool's final `GET /tmem` JSON here when the VM stops.
     #[arg(long)]
     pub tmem_stats_file: Option<PathBuf>,
+    /// Serve the guest's snapshot points (signal `SNAPSHOT`): write them
+    /// into this directory as tag-<T>.state and tag-<T>.mem.
+    #[arg(long, value_name = "DIR")]
+    pub guest_snapshot_dir: Option<PathBuf>,
+    /// After a guest snapshot point: let the guest go on, or stop the VM
+    /// (exit code 0).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "resume",
+        requires = "guest_snapshot_dir"
+    )]
+    pub guest_snapshot_after: AfterArg,
+    /// Full snapshots, or diffs of what changed since the previous one.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "full",
+        requires = "guest_snapshot_dir"
+    )]
+    pub guest_snapshot_type: SnapshotTypeArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum AfterArg {
+    Resume,
+    Exit,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum SnapshotTypeArg {
+    Full,
+    Diff,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -158,6 +192,25 @@ impl RunArgs {
             },
             balloon: None,
             memory_hotplug: None,
+            guest_snapshots: match &self.guest_snapshot_dir {
+                Some(dir) => {
+                    let g = GuestSnapshotConfig {
+                        directory: dir.to_string_lossy().into_owned(),
+                        snapshot_type: match self.guest_snapshot_type {
+                            SnapshotTypeArg::Full => SnapshotType::Full,
+                            SnapshotTypeArg::Diff => SnapshotType::Diff,
+                        },
+                        after: match self.guest_snapshot_after {
+                            AfterArg::Resume => AfterSnapshot::Resume,
+                            AfterArg::Exit => AfterSnapshot::Exit,
+                        },
+                    };
+                    g.validate_here()
+                        .map_err(|e| anyhow::anyhow!("--guest-snapshot-dir: {e}"))?;
+                    Some(g)
+                }
+                None => None,
+            },
         };
         config.validate()?;
         Ok(config)

@@ -1,9 +1,13 @@
 #!/bin/sh
 # Tier 3, issue "snapshots": a Linux guest (2 vCPUs, 256 MiB, kvmclock on)
-# with vsock and a read-write disk is snapshotted through `spore snapshot
-# create --stop`, then restored twice, each time in a new VMM process. After
-# each restore a shell command sent over vsock must run, the guest's clock
-# must have moved forward, and the disk must still be readable and writable.
+# with vsock and a read-write disk first snapshots itself (a guest-triggered
+# snapshot point: `spore-signal snapshot 7`, the VM goes on), then is
+# snapshotted through `spore snapshot create --stop` and restored twice from
+# those files, each time in a new VMM process; finally the guest's own
+# snapshot is restored. After each restore a shell command sent over vsock
+# must run, the guest's clock must have moved forward, and the disk must
+# still be readable and writable; in the guest's own snapshot, the
+# `spore-signal` that took it must have returned "restored".
 t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
@@ -24,13 +28,18 @@ A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$
     A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
     A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null || t boot FAIL "$(cat "$tmp/vmm.err")"
 
-# Runs shell commands in the guest over vsock; retries until it answers.
+# Runs shell commands in the guest over vsock; retries (for up to a minute)
+# until it answers. Each failed attempt is logged to $tmp/attempts. An
+# accepted connection that never answers fails after 60 s instead of
+# hanging the scenario (that was the symptom of a guest accepting a
+# connection before it handled the restore's transport reset).
 guest() {
     i=0
-    while [ $i -lt ${2:-120} ]; do
-        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
+    while [ $i -lt 600 ]; do
+        out=$(printf '%s\nexit\n' "$1" | timeout 60 "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>>"$tmp/attempts") &&
             [ -n "$out" ] && { echo "$out"; return 0; }
-        sleep 0.5
+        echo "attempt $i failed at $(now_ms) ms" >>"$tmp/attempts"
+        sleep 0.1
         i=$((i + 1))
     done
     return 1
@@ -38,6 +47,20 @@ guest() {
 
 before=$(guest 'cut -d" " -f1 /proc/uptime')
 if [ -n "$before" ]; then t vsock-command-before-snapshot PASS "uptime $before"; else t vsock-command-before-snapshot FAIL; fi
+
+# A guest-triggered snapshot point; the guest runs on ("taken"). Its result
+# also goes to a file, which a VM restored from it rewrites ("restored").
+mkdir -p "$tmp/guest-snaps"
+A PUT /snapshot/guest-triggered "{\"directory\":\"$tmp/guest-snaps\",\"after\":\"resume\"}" >/dev/null 2>"$tmp/gs.err" ||
+    t guest-snapshot-point FAIL "$(cat "$tmp/gs.err")"
+start=$(now_ms)
+said=$(guest 'spore-signal snapshot 7 >/tmp/point7 2>&1; cat /tmp/point7')
+ms=$(($(now_ms) - start))
+if [ "$said" = taken ] && [ -s "$tmp/guest-snaps/tag-7.state" ] && [ -s "$tmp/guest-snaps/tag-7.mem" ]; then
+    t guest-snapshot-point PASS "${ms} ms, $(du -k "$tmp/guest-snaps/tag-7.mem" | cut -f1) KiB on disk"
+else
+    t guest-snapshot-point FAIL "guest said '$said'; $(ls -l "$tmp/guest-snaps"; tail -n 3 "$tmp/vmm.err")"
+fi
 
 start=$(now_ms)
 if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >"$tmp/manifest.json" 2>"$tmp/create.err"; then
@@ -49,15 +72,20 @@ fi
 wait $vmm
 "$SPORE" snapshot inspect "$tmp/vm.state" >"$SPORE_OUT/snapshot-manifest.json" 2>&1
 
-for round in 1 2; do
-    SPORE_LOG=${SPORE_LOG:-debug} "$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" \
+# restore_round NAME STATE MEM: restores in a new VMM process and checks the
+# guest answers over vsock, its clock moves forward and its disk works.
+restore_round() {
+    round=$1
+    SPORE_LOG=${SPORE_LOG:-debug} "$SPORE" snapshot restore --state "$2" --mem "$3" \
         --api-sock "$tmp/api-$round.sock" >"$tmp/console-$round.txt" 2>"$tmp/restore-$round.err" &
     r=$!
     start=$(now_ms)
+    : >"$tmp/attempts"
     after=$(guest 'cut -d" " -f1 /proc/uptime')
     ms=$(($(now_ms) - start))
+    cp "$tmp/attempts" "$SPORE_OUT/attempts-$round.txt"
     if [ -n "$after" ]; then
-        t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms"
+        t "vsock-command-after-restore-$round" PASS "first reply after ${ms} ms ($(grep -c failed "$tmp/attempts") failed attempts before)"
     else
         t "vsock-command-after-restore-$round" FAIL "VM $("$SPORE" api "$tmp/api-$round.sock" GET / 2>&1); $(tail -n 3 "$tmp/restore-$round.err")"
     fi
@@ -76,8 +104,22 @@ for round in 1 2; do
     else
         t "rw-disk-after-restore-$round" FAIL "guest said: $disk"
     fi
+}
+
+for round in 1 2; do
+    restore_round $round "$tmp/vm.state" "$tmp/vm.mem"
     kill $r
     wait $r
 done
+
+restore_round guest-point "$tmp/guest-snaps/tag-7.state" "$tmp/guest-snaps/tag-7.mem"
+said=$(guest 'cat /tmp/point7')
+if [ "$said" = restored ]; then
+    t guest-snapshot-point-restored PASS
+else
+    t guest-snapshot-point-restored FAIL "spore-signal said '$said' in the restored guest"
+fi
+kill $r
+wait $r
 cp "$tmp/console.txt" "$tmp"/console-*.txt "$tmp"/restore-*.err "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
 true

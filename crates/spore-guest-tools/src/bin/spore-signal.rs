@@ -10,6 +10,10 @@
 //!                          the clone number in each clone, 0 in a source that
 //!                          goes on; fails if no clone was made
 //! spore-signal done        end this clone without a shutdown (the VMM exits 0)
+//! spore-signal snapshot T  snapshot the whole VM here, tagged T, if the host
+//!                          configured guest snapshots; prints "taken" (this VM,
+//!                          exit 0), "restored" (a VM restored from it, exit 0),
+//!                          "failed" or "not-configured" (exit 1)
 //! ```
 //!
 //! Built as a static musl binary and put into guest initramfs images, so that
@@ -92,6 +96,23 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Snapshot(tag) => {
+            // The result register is per vCPU: read it on the vCPU that wrote.
+            port.pin_to_current_cpu()?;
+            port.write(signal::encode(SignalOp::Snapshot, tag));
+            let (word, ok) = match port.read() {
+                signal::SNAPSHOT_TAKEN => ("taken", true),
+                signal::SNAPSHOT_RESTORED => ("restored", true),
+                signal::SNAPSHOT_NOT_CONFIGURED => ("not-configured", false),
+                _ => ("failed", false),
+            };
+            println!("{word}");
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

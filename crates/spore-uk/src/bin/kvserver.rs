@@ -110,14 +110,10 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
     let mut input = [0u8; 16 * 1024];
     loop {
         let mut progress = false;
-        while let Some(c) = server.vsock.accept() {
-            progress = true;
-            match sessions.iter_mut().find(|s| s.conn.is_none()) {
-                Some(s) => s.conn = Some(c),
-                // The driver has as many slots as there are sessions.
-                None => server.vsock.close(c),
-            }
-        }
+        // Serve (and end) sessions before accepting: after a transport reset
+        // (a snapshot restore) the driver frees every connection at once,
+        // and a new one may arrive in the same poll; its session is the one
+        // whose connection just went.
         for s in sessions.iter_mut() {
             let Some(c) = s.conn else { continue };
             match server.serve(s, c, &mut input) {
@@ -128,6 +124,14 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
                     s.out.clear();
                     progress = true;
                 }
+            }
+        }
+        while let Some(c) = server.vsock.accept() {
+            progress = true;
+            match sessions.iter_mut().find(|s| s.conn.is_none()) {
+                Some(s) => s.conn = Some(c),
+                // The driver has as many slots as there are sessions.
+                None => server.vsock.close(c),
             }
         }
         if !progress {

@@ -13,6 +13,11 @@
 //!
 //! Snapshotted mid-count and restored, it must go on counting where it
 //! stopped and find its pattern intact.
+//!
+//! With `point=T`, right after filling it asks the VMM for a snapshot tagged
+//! T (a guest-triggered snapshot point) and prints
+//! `snapshot point T: Taken|Restored|Failed|NotConfigured` before counting:
+//! a VM restored from that snapshot prints `Restored` first of all.
 #![no_std]
 #![no_main]
 
@@ -69,6 +74,10 @@ fn main(_info: &BootInfo) -> i32 {
         chunks.push(p);
     }
     println!("filled {mib} MiB");
+    if let Some(tag) = spore_uk::arg("point").and_then(|v| v.parse::<u32>().ok()) {
+        let r = spore_uk::snapshot_point(tag);
+        println!("snapshot point {tag}: {r:?}");
+    }
     let mut gens = alloc::vec![0u64; mib];
     let mut next_chunk = 0;
     let mut next_gen = 1;

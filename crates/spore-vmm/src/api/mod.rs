@@ -92,6 +92,10 @@ pub enum ApiRequest {
     PutCloneConfig(crate::clone::CloneConfig),
     /// `GET /clone`: the clone configuration and template status.
     GetClone,
+    /// `PUT /snapshot/guest-triggered`: where guest snapshot points go.
+    PutGuestSnapshots(snapshot_body::GuestSnapshotConfig),
+    /// `GET /snapshot/guest-triggered`.
+    GetGuestSnapshots,
 }
 
 /// What a successful request answers.

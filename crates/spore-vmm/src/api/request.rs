@@ -12,6 +12,7 @@ use super::body::{
     BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
     VmStateBody,
 };
+use super::snapshot_body::GuestSnapshotConfig;
 use super::{ApiError, ApiRequest, MachineConfigPatch};
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
@@ -38,6 +39,7 @@ enum Resource<'a> {
     SnapshotLoad,
     Clone,
     CloneConfig,
+    GuestSnapshots,
 }
 
 impl Resource<'_> {
@@ -56,6 +58,7 @@ impl Resource<'_> {
             Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
             Resource::Clone => &["GET", "PUT"],
             Resource::CloneConfig => &["PUT"],
+            Resource::GuestSnapshots => &["GET", "PUT"],
         }
     }
 }
@@ -83,6 +86,7 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/snapshot/load" => Resource::SnapshotLoad,
         "/clone" => Resource::Clone,
         "/clone/config" => Resource::CloneConfig,
+        "/snapshot/guest-triggered" => Resource::GuestSnapshots,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -185,6 +189,12 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::Clone, "GET") => ApiRequest::GetClone,
         (Resource::Clone, "PUT") => ApiRequest::PutClone(decode(m, path, body)?),
         (Resource::CloneConfig, "PUT") => ApiRequest::PutCloneConfig(decode(m, path, body)?),
+        (Resource::GuestSnapshots, "GET") => ApiRequest::GetGuestSnapshots,
+        (Resource::GuestSnapshots, "PUT") => {
+            let c = decode::<GuestSnapshotConfig>(m, path, body)?;
+            c.validate_here().map_err(ApiError::BadRequest)?;
+            ApiRequest::PutGuestSnapshots(c)
+        }
         (res, _) => {
             return Err(ApiError::MethodNotAllowed(format!(
                 "{} is not allowed on {}; use {}",
@@ -434,6 +444,38 @@ mod tests {
         );
         assert_eq!(allowed_methods("/drives/x"), Some(&["PUT"][..]));
         assert_eq!(allowed_methods("/nope"), None);
+    }
+
+    #[test]
+    fn guest_snapshot_routes() {
+        assert_eq!(
+            parse(Method::GET, "/snapshot/guest-triggered", ""),
+            Ok(ApiRequest::GetGuestSnapshots)
+        );
+        let dir = std::env::temp_dir();
+        let body = format!(r#"{{"directory":"{}","after":"exit"}}"#, dir.display());
+        match parse(Method::PUT, "/snapshot/guest-triggered", &body) {
+            Ok(ApiRequest::PutGuestSnapshots(c)) => {
+                assert_eq!(c.after, crate::api::snapshot_body::AfterSnapshot::Exit);
+                assert_eq!(c.directory, dir.display().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = bad_request(
+            Method::PUT,
+            "/snapshot/guest-triggered",
+            r#"{"directory":"/nonexistent/spore-snaps"}"#,
+        );
+        assert!(e.contains("not a directory"), "{e}");
+        bad_request(
+            Method::PUT,
+            "/snapshot/guest-triggered",
+            r#"{"after":"exit"}"#,
+        );
+        assert!(matches!(
+            parse(Method::PATCH, "/snapshot/guest-triggered", "{}"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! Bodies of `PUT /snapshot/create` and `PUT /snapshot/load` (Firecracker's
-//! shapes, plus spore's `restore_mode` and `working_set_record_ms`).
+//! shapes, plus spore's `restore_mode` and `working_set_record_ms`), and of
+//! spore's `PUT /snapshot/guest-triggered`.
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +15,7 @@ pub enum SnapshotType {
     Diff,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotCreateParams {
     #[serde(default)]
@@ -22,6 +25,74 @@ pub struct SnapshotCreateParams {
     /// Firecracker's deprecated field; accepted and ignored.
     #[serde(default)]
     pub version: Option<String>,
+}
+
+/// What the VMM does once a guest-triggered snapshot is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AfterSnapshot {
+    /// The guest goes on running.
+    #[default]
+    Resume,
+    /// The VM stops and the VMM exits with code 0 (a template is made).
+    Exit,
+}
+
+/// Guest-triggered snapshot points (signal op `SNAPSHOT`): where they go and
+/// what follows. `PUT /snapshot/guest-triggered`, or `guest-snapshots` in a
+/// config file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestSnapshotConfig {
+    /// Snapshots are written here as `tag-<T>.state` and `tag-<T>.mem`.
+    pub directory: String,
+    #[serde(default)]
+    pub snapshot_type: SnapshotType,
+    #[serde(default)]
+    pub after: AfterSnapshot,
+}
+
+impl GuestSnapshotConfig {
+    /// Checks what can be checked anywhere (a restore on another host
+    /// re-checks nothing about the directory until the guest asks).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.directory.trim().is_empty() {
+            return Err("guest-triggered snapshots: directory is empty".into());
+        }
+        Ok(())
+    }
+
+    /// Also checks that the directory exists now.
+    pub fn validate_here(&self) -> Result<(), String> {
+        self.validate()?;
+        if !std::path::Path::new(&self.directory).is_dir() {
+            return Err(format!(
+                "guest-triggered snapshots: {} is not a directory (create it first)",
+                self.directory
+            ));
+        }
+        Ok(())
+    }
+
+    /// (state file, memory file) of the snapshot tagged `tag`.
+    pub fn paths(&self, tag: u32) -> (PathBuf, PathBuf) {
+        let dir = PathBuf::from(&self.directory);
+        (
+            dir.join(format!("tag-{tag}.state")),
+            dir.join(format!("tag-{tag}.mem")),
+        )
+    }
+
+    /// The `PUT /snapshot/create` request this configuration makes for `tag`.
+    pub fn create_params(&self, tag: u32) -> SnapshotCreateParams {
+        let (state, mem) = self.paths(tag);
+        SnapshotCreateParams {
+            snapshot_type: self.snapshot_type,
+            snapshot_path: state.to_string_lossy().into_owned(),
+            mem_file_path: mem.to_string_lossy().into_owned(),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -302,5 +373,49 @@ mod tests {
             r#"{"snapshot_path":"s","parents":[{"snapshot_path":"a","mem_path":"b"}]}"#
         )
         .is_err());
+    }
+
+    #[test]
+    fn guest_triggered_bodies() {
+        let g: GuestSnapshotConfig = serde_json::from_str(r#"{"directory":"/snaps"}"#).unwrap();
+        assert_eq!(
+            (g.snapshot_type, g.after),
+            (SnapshotType::Full, AfterSnapshot::Resume)
+        );
+        let p = g.create_params(7);
+        assert_eq!(p.snapshot_path, "/snaps/tag-7.state");
+        assert_eq!(p.mem_file_path, "/snaps/tag-7.mem");
+        let g: GuestSnapshotConfig =
+            serde_json::from_str(r#"{"directory":"/s","snapshot_type":"Diff","after":"exit"}"#)
+                .unwrap();
+        assert_eq!(
+            (g.snapshot_type, g.after),
+            (SnapshotType::Diff, AfterSnapshot::Exit)
+        );
+        for bad in [
+            r#"{"directory":"/s","after":"stop"}"#,
+            r#"{"directory":"/s","snapshot_type":"full"}"#,
+            r#"{"directory":"/s","tag":1}"#,
+            r#"{"after":"exit"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<GuestSnapshotConfig>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let empty = GuestSnapshotConfig {
+            directory: " ".into(),
+            ..g.clone()
+        };
+        assert!(empty.validate().is_err());
+        let missing = GuestSnapshotConfig {
+            directory: "/nonexistent/spore-guest-snaps".into(),
+            ..g
+        };
+        assert!(missing.validate().is_ok());
+        assert!(missing
+            .validate_here()
+            .unwrap_err()
+            .contains("not a directory"));
     }
 }

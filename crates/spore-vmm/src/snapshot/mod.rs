@@ -31,6 +31,7 @@ use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
+use crate::devices::tmem::TmemState;
 use crate::devices::virtio::device_type;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
@@ -129,6 +130,10 @@ pub struct MicrovmState {
     pub virtio: Vec<MmioTransportState>,
     /// The clone generation (`spore_abi::signal`), 0 for a booted VM.
     pub generation: u64,
+    /// Each vCPU's signal-port result register (what its next `in` reads).
+    pub signal_results: Vec<u32>,
+    /// The tmem pool: it lives in VMM memory, not guest memory.
+    pub tmem: TmemState,
 }
 
 impl MicrovmState {
@@ -289,6 +294,8 @@ pub fn capture_state(
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
         generation: vm.generation(),
+        signal_results: vm.signal_results(),
+        tmem: vm.tmem().save(),
     })
 }
 
@@ -599,6 +606,8 @@ mod tests {
             i8042: None,
             virtio: Vec::new(),
             generation: 0,
+            signal_results: vec![0],
+            tmem: Default::default(),
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {

@@ -36,11 +36,42 @@ impl StopReason {
     }
 }
 
+/// A guest's `SNAPSHOT` signal, handed from its vCPU thread to the VMM's
+/// main thread (a vCPU never snapshots the VM itself while others run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestSnapshotRequest {
+    pub vcpu: u8,
+    pub tag: u32,
+}
+
+/// What the VMM's main thread is woken for (see [`RunControl::wait_event`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ControlEvent {
+    Stopped(StopReason),
+    GuestSnapshot(GuestSnapshotRequest),
+}
+
+/// Why a guest's snapshot request was not taken up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotRefused {
+    /// No snapshot directory is configured.
+    NotConfigured,
+    /// Another vCPU's request is being served, or the VM is stopping.
+    Busy,
+}
+
 #[derive(Default)]
 struct State {
     paused: bool,
     parked: usize,
     stop: Option<StopReason>,
+    /// Whether guest-triggered snapshots are configured.
+    guest_snapshots: bool,
+    /// A request not yet picked up by [`RunControl::wait_event`].
+    snapshot_request: Option<GuestSnapshotRequest>,
+    /// From a request until [`RunControl::finish_guest_snapshot`]: the VM
+    /// stays paused whatever else asks it to resume.
+    snapshot_active: bool,
 }
 
 /// Shared between the VMM and every vCPU thread.
@@ -73,6 +104,52 @@ impl RunControl {
 
     pub fn stop_reason(&self) -> Option<StopReason> {
         lock(&self.state).stop.clone()
+    }
+
+    /// Enables or disables guest-triggered snapshots.
+    pub fn set_guest_snapshots(&self, enabled: bool) {
+        lock(&self.state).guest_snapshots = enabled;
+    }
+
+    /// Called by a vCPU thread on a `SNAPSHOT` signal: pauses the VM at once
+    /// (this vCPU parks after completing its `out`, before running another
+    /// guest instruction) and queues the request for the main thread.
+    pub fn request_guest_snapshot(&self, req: GuestSnapshotRequest) -> Result<(), SnapshotRefused> {
+        let mut s = lock(&self.state);
+        if !s.guest_snapshots {
+            return Err(SnapshotRefused::NotConfigured);
+        }
+        if s.snapshot_active || s.stop.is_some() {
+            return Err(SnapshotRefused::Busy);
+        }
+        s.snapshot_request = Some(req);
+        s.snapshot_active = true;
+        s.paused = true;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Ends a guest snapshot: the VM may be resumed again.
+    pub fn finish_guest_snapshot(&self) {
+        let mut s = lock(&self.state);
+        s.snapshot_active = false;
+        s.snapshot_request = None;
+        self.changed.notify_all();
+    }
+
+    /// Blocks until the VM stops or a guest asks for a snapshot. A stop wins
+    /// over a pending request.
+    pub fn wait_event(&self) -> ControlEvent {
+        let mut s = lock(&self.state);
+        loop {
+            if let Some(r) = &s.stop {
+                return ControlEvent::Stopped(r.clone());
+            }
+            if let Some(req) = s.snapshot_request.take() {
+                return ControlEvent::GuestSnapshot(req);
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Blocks until the VM stops.
@@ -141,8 +218,15 @@ impl RunControl {
         self.changed.notify_all();
     }
 
+    /// Lets parked vCPUs run again, except while a guest snapshot is being
+    /// taken: that ends with its own resume (or stop).
     pub fn resume(&self) {
-        lock(&self.state).paused = false;
+        let mut s = lock(&self.state);
+        if s.snapshot_active {
+            tracing::info!("resume deferred: a guest-triggered snapshot is being written");
+            return;
+        }
+        s.paused = false;
         self.changed.notify_all();
     }
 }
@@ -176,6 +260,37 @@ pub fn install_kick_handler() {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn guest_snapshot_requests() {
+        let c = RunControl::new();
+        let req = GuestSnapshotRequest { vcpu: 1, tag: 9 };
+        assert_eq!(
+            c.request_guest_snapshot(req),
+            Err(SnapshotRefused::NotConfigured)
+        );
+        assert!(!c.is_paused());
+        c.set_guest_snapshots(true);
+        c.request_guest_snapshot(req).unwrap();
+        assert!(c.is_paused(), "the asking vCPU must park at once");
+        // One at a time.
+        assert_eq!(
+            c.request_guest_snapshot(GuestSnapshotRequest { vcpu: 0, tag: 1 }),
+            Err(SnapshotRefused::Busy)
+        );
+        assert_eq!(c.wait_event(), ControlEvent::GuestSnapshot(req));
+        // Nobody resumes the VM under the snapshot.
+        c.resume();
+        assert!(c.is_paused());
+        c.finish_guest_snapshot();
+        c.resume();
+        assert!(!c.is_paused());
+        // A stop wins over a pending request.
+        c.request_guest_snapshot(req).unwrap();
+        c.stop(StopReason::Requested);
+        assert_eq!(c.wait_event(), ControlEvent::Stopped(StopReason::Requested));
+        assert_eq!(c.request_guest_snapshot(req), Err(SnapshotRefused::Busy));
+    }
 
     #[test]
     fn pause_resume_stop() {

@@ -7,6 +7,7 @@ pub mod vcpu;
 pub mod vm_state;
 pub mod wake;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -75,6 +76,8 @@ pub struct Vm {
     vsock: Option<VsockHandle>,
     /// Every vCPU's KVM handle, in id order (a snapshot reads them while parked).
     vcpu_fds: Vec<Arc<Mutex<VcpuFd>>>,
+    /// Every vCPU's signal-port result register, in id order.
+    signal_results: Vec<Arc<AtomicU32>>,
     kind: GuestKind,
     irqchip: bool,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
@@ -107,8 +110,10 @@ pub struct VmParts {
 impl Vm {
     pub fn from_parts(p: VmParts) -> Self {
         let vcpu_fds = p.vcpus.iter().map(Vcpu::fd).collect();
+        let signal_results = p.vcpus.iter().map(Vcpu::signal_result).collect();
         Self {
             vcpu_fds,
+            signal_results,
             kind: p.kind,
             irqchip: p.irqchip,
             control: p.control,
@@ -164,6 +169,21 @@ impl Vm {
             s => return Err(VmError::NotRunning(s)),
         }
         self.control.pause(self.threads.len(), || self.kick_all())?;
+        if self.kind == GuestKind::Linux {
+            // Tell a kvmclock guest its vCPUs were stopped on purpose
+            // (PVCLOCK_GUEST_STOPPED), so its soft-lockup watchdog does not
+            // fire after a long pause, or in a VM restored from a snapshot
+            // taken now. Fails harmlessly where kvmclock is not in use.
+            // Parked vCPUs do not hold their fd; one that does (the VM is
+            // stopping) is skipped rather than waited for.
+            for fd in &self.vcpu_fds {
+                if let Ok(fd) = fd.try_lock() {
+                    if let Err(e) = fd.kvmclock_ctrl() {
+                        tracing::debug!("KVM_KVMCLOCK_CTRL: {e}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -249,6 +269,22 @@ impl Vm {
 
     pub fn vcpu_fds(&self) -> &[Arc<Mutex<VcpuFd>>] {
         &self.vcpu_fds
+    }
+
+    /// The signal-port result register of each vCPU, in id order.
+    pub fn signal_results(&self) -> Vec<u32> {
+        self.signal_results
+            .iter()
+            .map(|r| r.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Sets what vCPU `id`'s next `in` from the signal port reads (a
+    /// snapshot's result, or a restored value). Ignores unknown ids.
+    pub fn set_signal_result(&self, id: u8, value: u32) {
+        if let Some(r) = self.signal_results.get(id as usize) {
+            r.store(value, Ordering::SeqCst);
+        }
     }
 
     pub fn i8042(&self) -> Option<&Arc<Mutex<I8042>>> {

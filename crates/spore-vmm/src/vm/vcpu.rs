@@ -3,14 +3,17 @@
 //! The loop never panics on what the guest does: an exit it cannot handle
 //! stops the VM with a [`StopReason::Error`] naming the exit reason.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use spore_abi::signal::SIGNAL_PORT;
+use spore_abi::signal::{SIGNAL_PORT, SNAPSHOT_FAILED, SNAPSHOT_NOT_CONFIGURED};
 use spore_abi::tmem::TMEM_PORT;
 
-use super::control::{install_kick_handler, Directive, RunControl, StopReason};
+use super::control::{
+    install_kick_handler, Directive, GuestSnapshotRequest, RunControl, SnapshotRefused, StopReason,
+};
 use super::GuestKind;
 use crate::devices::bus::{lock, Bus};
 use crate::devices::legacy::signal::{SignalAction, SignalPort};
@@ -35,8 +38,10 @@ pub struct Vcpu {
     kind: GuestKind,
     io: Arc<VcpuIo>,
     control: Arc<RunControl>,
-    /// Result register of the signal port for this vCPU.
-    signal_result: u32,
+    /// Result register of the signal port for this vCPU; shared so that the
+    /// VMM sets a `SNAPSHOT` result while the vCPU is parked, and so that a
+    /// snapshot saves and restores it.
+    signal_result: Arc<AtomicU32>,
     /// Status of this vCPU's last tmem call (what an `in` from the port reads).
     tmem_status: u32,
 }
@@ -99,7 +104,7 @@ impl Vcpu {
             kind,
             io,
             control,
-            signal_result: 0,
+            signal_result: Arc::new(AtomicU32::new(0)),
             tmem_status: 0,
         }
     }
@@ -107,6 +112,11 @@ impl Vcpu {
     /// The vCPU's KVM handle, shared with its thread (see the `fd` field).
     pub fn fd(&self) -> Arc<Mutex<VcpuFd>> {
         self.fd.clone()
+    }
+
+    /// The vCPU's signal-port result register (see the field).
+    pub fn signal_result(&self) -> Arc<AtomicU32> {
+        self.signal_result.clone()
     }
 
     /// Starts the run loop on its own thread (a spare one made by
@@ -134,7 +144,7 @@ impl Vcpu {
         while self.control.checkpoint() == Directive::Run {
             // A restored clone (or its source) gets its FORK result here.
             if let Some(r) = self.io.signal.take_pending_result(self.id) {
-                self.signal_result = r;
+                self.signal_result.store(r, Ordering::SeqCst);
             }
             if let Some(reason) = self.run_once() {
                 self.control.stop(reason);
@@ -206,9 +216,16 @@ impl Vcpu {
         };
         Ok(match exit {
             VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => {
-                match self.io.signal.write(id, data, &mut self.signal_result) {
+                let mut result = self.signal_result.load(Ordering::SeqCst);
+                let action = self.io.signal.write(id, data, &mut result);
+                self.signal_result.store(result, Ordering::SeqCst);
+                match action {
                     SignalAction::Continue => None,
                     SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
+                    SignalAction::Snapshot(tag) => {
+                        self.request_snapshot(tag);
+                        None
+                    }
                     // Park at this instruction boundary; the fork handler
                     // pauses the rest of the VM and clones it.
                     SignalAction::Fork(_) => {
@@ -218,7 +235,9 @@ impl Vcpu {
                 }
             }
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
-                self.io.signal.read(id, data, self.signal_result);
+                self.io
+                    .signal
+                    .read(id, data, self.signal_result.load(Ordering::SeqCst));
                 None
             }
             // tmem calls copy between guest memory and the pool on this
@@ -285,6 +304,34 @@ impl Vcpu {
                 "vCPU {id}: unhandled exit {other:?}"
             ))),
         })
+    }
+}
+
+impl Vcpu {
+    /// A guest `SNAPSHOT`: the VM pauses (this vCPU parks as soon as its
+    /// `out` is complete, see `run_loop`) and the VMM's main thread takes the
+    /// snapshot and sets this vCPU's result; a refused request is answered
+    /// at once.
+    fn request_snapshot(&mut self, tag: u32) {
+        let req = GuestSnapshotRequest { vcpu: self.id, tag };
+        let refused = match self.control.request_guest_snapshot(req) {
+            Ok(()) => return,
+            Err(SnapshotRefused::NotConfigured) => {
+                self.io.signal.snapshot_refused(
+                    self.id,
+                    tag,
+                    "no snapshot directory is configured",
+                );
+                SNAPSHOT_NOT_CONFIGURED
+            }
+            Err(SnapshotRefused::Busy) => {
+                self.io
+                    .signal
+                    .snapshot_refused(self.id, tag, "another snapshot is being taken");
+                SNAPSHOT_FAILED
+            }
+        };
+        self.signal_result.store(refused, Ordering::SeqCst);
     }
 }
 

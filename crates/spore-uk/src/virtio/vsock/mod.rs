@@ -256,6 +256,27 @@ impl Vsock {
     /// packets. Returns true if anything happened.
     pub fn poll(&mut self) -> bool {
         let mut progress = false;
+        // Events first: a transport reset closes the connections that existed
+        // before it, not one whose request arrived in the same poll.
+        let mut ev_reposted = false;
+        while let Some(used) = self.ev.pop_used() {
+            progress = true;
+            let start = used.id as usize * EV_SIZE;
+            let id = u32::from_le_bytes([
+                self.ev_bufs[start],
+                self.ev_bufs[start + 1],
+                self.ev_bufs[start + 2],
+                self.ev_bufs[start + 3],
+            ]);
+            if id == EVENT_TRANSPORT_RESET {
+                self.transport_reset();
+            }
+            ev_reposted = true;
+        }
+        if ev_reposted {
+            while self.post_free_ev() {}
+            self.notify(EVQ);
+        }
         let mut popped = 0;
         while let Some(used) = self.rx.pop_used() {
             progress = true;
@@ -287,25 +308,6 @@ impl Vsock {
         while self.tx.pop_used().is_some() {
             progress = true;
         }
-        let mut ev_reposted = false;
-        while let Some(used) = self.ev.pop_used() {
-            progress = true;
-            let start = used.id as usize * EV_SIZE;
-            let id = u32::from_le_bytes([
-                self.ev_bufs[start],
-                self.ev_bufs[start + 1],
-                self.ev_bufs[start + 2],
-                self.ev_bufs[start + 3],
-            ]);
-            if id == EVENT_TRANSPORT_RESET {
-                self.transport_reset();
-            }
-            ev_reposted = true;
-        }
-        if ev_reposted {
-            while self.post_free_ev() {}
-            self.notify(EVQ);
-        }
         if self.flush_pending() {
             progress = true;
         }
@@ -327,15 +329,11 @@ impl Vsock {
     fn transport_reset(&mut self) {
         self.guest_cid =
             self.transport.config_u32(0) as u64 | (self.transport.config_u32(4) as u64) << 32;
+        // The device dropped every connection and expects nothing more about
+        // them: free their slots at once (their ids now read as closed), so
+        // that a request arriving right behind the reset finds room.
         for c in &mut self.conns {
-            match c.state {
-                ConnState::Free => {}
-                ConnState::Closing => c.free(),
-                _ => {
-                    c.state = ConnState::PeerClosed;
-                    c.pending = 0;
-                }
-            }
+            c.free();
         }
     }
 

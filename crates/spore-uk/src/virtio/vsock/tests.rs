@@ -312,5 +312,49 @@ fn ignores_packets_for_other_cids_and_transport_resets_close_everything() {
     d.push_used(&v, EVQ, id, 4);
     v.poll();
     assert!(v.at_eof(c));
-    assert_eq!(v.recv(c, &mut [0u8; 4]), Ok(0));
+    assert_eq!(v.recv(c, &mut [0u8; 4]), Err(VsockError::Closed));
+}
+
+#[test]
+fn a_transport_reset_spares_a_request_that_arrived_with_it() {
+    // After a snapshot restore the device posts the reset and may deliver a
+    // new host request before the driver polls: the reset is for the old
+    // connections only.
+    let mut regs = fake_registers();
+    let (mut v, mut d, old) = connected(&mut regs, 4096);
+    // Both slots taken: the reset must make room for the new request.
+    d.deliver(&v, host_hdr(op::REQUEST, 1026, 6379), &[]);
+    v.poll();
+    let other = v.accept().expect("second connection");
+    d.take_tx(&v);
+    d.deliver(&v, host_hdr(op::REQUEST, 1025, 6379), &[]);
+    let (id, addr, _) = d.pop_avail(&v, EVQ).unwrap();
+    wr(addr, EVENT_TRANSPORT_RESET);
+    d.push_used(&v, EVQ, id, 4);
+    v.poll();
+    assert!(
+        v.at_eof(old),
+        "the connections of before the reset are gone"
+    );
+    assert!(v.at_eof(other));
+    assert_eq!(v.recv(other, &mut [0u8; 4]), Err(VsockError::Closed));
+    let new = v.accept().expect("the new request must be accepted");
+    assert!(!v.at_eof(new));
+    v.close(old);
+    v.close(other);
+    assert!(
+        !v.at_eof(new),
+        "closing a stale id must not touch its slot's new tenant"
+    );
+    let tx = d.take_tx(&v);
+    assert!(
+        tx.iter()
+            .any(|(h, _)| (h.op, h.dst_port) == (op::RESPONSE, 1025)),
+        "{:?}",
+        tx.iter()
+            .map(|(h, _)| (h.op, h.dst_port))
+            .collect::<Vec<_>>()
+    );
+    // The driver handed the event buffer back and told the device.
+    assert!(d.pop_avail(&v, EVQ).is_some());
 }

@@ -111,7 +111,11 @@ impl VcpuState {
                 }
             }
         }
-        fd.set_sregs(&self.sregs)
+        let mut sregs = self.sregs;
+        if host_is_qemu_tcg() && sregs.tr.type_ == TSS_BUSY {
+            sregs.tr.type_ = TSS_AVAILABLE;
+        }
+        fd.set_sregs(&sregs)
             .map_err(kvm("set the system registers"))?;
         fd.set_regs(&self.regs).map_err(kvm("set the registers"))?;
         // SAFETY: the xsave area comes from KVM_GET_XSAVE of a vCPU with the
@@ -130,6 +134,36 @@ impl VcpuState {
             .map_err(kvm("set the vCPU events"))?;
         Ok(())
     }
+}
+
+/// 64-bit TSS descriptor types: busy (what a loaded TR always is, and what
+/// KVM reports) and available.
+const TSS_BUSY: u8 = 0xb;
+const TSS_AVAILABLE: u8 = 0x9;
+
+/// Whether this VMM runs on QEMU's TCG (CPUID hypervisor leaf
+/// "TCGTCGTCGTCG"), i.e. inside the nested test harness, whose KVM runs on
+/// QEMU's emulated SVM. QEMU's emulation of a user-mode `in`/`out` checks
+/// the I/O permission bitmap only if the cached TR type is *available*
+/// (it keeps that type after `ltr`); hardware never looks at the type. A
+/// restored TR (busy, as KVM reports it) therefore made every user-space
+/// port access of a restored Linux guest fault (#GP) there. On TCG the
+/// restored TR gets the type QEMU expects; everywhere else nothing changes
+/// (Intel's VM entry requires the busy type).
+fn host_is_qemu_tcg() -> bool {
+    static TCG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TCG.get_or_init(|| {
+        // The hypervisor leaves mean something only with CPUID.1:ECX[31].
+        if std::arch::x86_64::__cpuid(1).ecx & (1 << 31) == 0 {
+            return false;
+        }
+        let r = std::arch::x86_64::__cpuid(0x4000_0000);
+        let mut vendor = [0u8; 12];
+        vendor[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&r.ecx.to_le_bytes());
+        vendor[8..].copy_from_slice(&r.edx.to_le_bytes());
+        &vendor == b"TCGTCGTCGTCG"
+    })
 }
 
 /// The MSRs KVM says it can save and restore (`KVM_GET_MSR_INDEX_LIST`),

@@ -33,6 +33,9 @@ pub enum SignalAction {
     /// The guest asked to be cloned this many times (0: the configured
     /// count). The vCPU parks itself; the fork handler does the rest.
     Fork(u32),
+    /// The guest asked for a snapshot with this tag; the vCPU loop hands it
+    /// to the VMM (see `RunControl::request_guest_snapshot`).
+    Snapshot(u32),
 }
 
 /// Called (on the vCPU thread) when the guest signals `FORK`: vCPU id and
@@ -169,9 +172,7 @@ impl SignalPort {
             // A clone's work is done: end it like an exit with status 0,
             // without a guest shutdown.
             SignalOp::Done => return SignalAction::Exit(0),
-            SignalOp::Snapshot => {
-                self.ignore(vcpu, format_args!("{op:?} is not supported yet"));
-            }
+            SignalOp::Snapshot => return SignalAction::Snapshot(arg),
         }
         SignalAction::Continue
     }
@@ -195,6 +196,12 @@ impl SignalPort {
     /// How many writes were ignored as malformed.
     pub fn ignored(&self) -> u64 {
         self.ignored.load(Ordering::Relaxed)
+    }
+
+    /// Logs a `SNAPSHOT` the VMM did not take up (rate-limited like
+    /// malformed writes: a guest may ask in a loop).
+    pub fn snapshot_refused(&self, vcpu: u8, tag: u32, why: &str) {
+        self.ignore(vcpu, format_args!("SNAPSHOT tag {tag}: {why}"));
     }
 
     fn ignore(&self, vcpu: u8, what: std::fmt::Arguments) {
@@ -240,14 +247,14 @@ mod tests {
         );
         assert_eq!(p.marks().len(), 1);
         assert_eq!(p.marks()[0].mark, 3);
-        // Garbage: wrong width, unknown opcode, reserved opcode.
+        // Garbage: wrong width, unknown opcode.
         assert_eq!(p.write(0, &[1], &mut r), SignalAction::Continue);
         assert_eq!(p.write(0, &w(0xff00_0000), &mut r), SignalAction::Continue);
+        assert_eq!(p.ignored(), 2);
         assert_eq!(
-            p.write(0, &w(encode(SignalOp::Snapshot, 1)), &mut r),
-            SignalAction::Continue
+            p.write(0, &w(encode(SignalOp::Snapshot, 0x12_3456)), &mut r),
+            SignalAction::Snapshot(0x12_3456)
         );
-        assert_eq!(p.ignored(), 3);
     }
 
     #[test]

@@ -14,13 +14,21 @@ use std::time::Instant;
 use spore_abi::tmem::{Status, TmemStats, TMEM_ADDR_SHIFT};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::pool::{Compression, Pool, PoolStats, Value};
+use super::pool::{Compression, Pool, PoolState, PoolStateError, PoolStats, Value};
 use super::request::{
     parse, GuestRange, RawBlock, Request, BLOCK_SIZE, STATUS_OFFSET, VALUE_LEN_OFFSET,
 };
 use super::timing::{CallTimer, CallTiming};
 use crate::devices::bus::lock;
 use crate::devices::virtio::GuestMemoryMmap;
+
+/// The tmem device's snapshot state: the whole pool (objects, quota,
+/// counters), or `None` for a VM whose tmem is disabled.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TmemState {
+    pub pool: Option<PoolState>,
+    pub bad_blocks: u64,
+}
 
 /// One VM's tmem device; shared by its vCPUs.
 pub struct TmemDevice {
@@ -48,6 +56,28 @@ impl TmemDevice {
             bad_blocks: AtomicU64::new(0),
             timer: None,
         }
+    }
+
+    /// The device's snapshot state. Take it while no vCPU runs (a paused VM):
+    /// a call in progress would be half in, half out.
+    pub fn save(&self) -> TmemState {
+        TmemState {
+            pool: self.pool.as_ref().map(|p| lock(p).save()),
+            bad_blocks: self.bad_blocks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Rebuilds the device of a snapshot, pool contents included.
+    pub fn restore(state: &TmemState) -> Result<Self, PoolStateError> {
+        let pool = match &state.pool {
+            Some(p) => Some(Mutex::new(Pool::restore(p.clone())?)),
+            None => None,
+        };
+        Ok(Self {
+            pool,
+            bad_blocks: AtomicU64::new(state.bad_blocks),
+            timer: None,
+        })
     }
 
     /// Times every call per operation (see [`super::timing`]).
@@ -199,6 +229,21 @@ impl TmemDevice {
             }
             None => false,
         }
+    }
+}
+
+impl crate::snapshot::Persist for TmemDevice {
+    type State = TmemState;
+    type Args = ();
+    type Error = PoolStateError;
+
+    /// See [`TmemDevice::save`]: only on a paused VM.
+    fn save(&self) -> TmemState {
+        TmemDevice::save(self)
+    }
+
+    fn restore((): (), state: &TmemState) -> Result<Self, PoolStateError> {
+        TmemDevice::restore(state)
     }
 }
 

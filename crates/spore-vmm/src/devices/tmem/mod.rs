@@ -9,7 +9,7 @@
 //! - [`request`]: the block's wire format → a validated [`request::Request`];
 //!   the only code that interprets guest addresses and lengths.
 //! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
-//!   compression, counters. It never sees guest memory.
+//!   compression, counters, and its snapshot state. It never sees guest memory.
 //! - [`timing`]: optional per-operation handling time (for `spore bench tmem`).
 //! - [`device`]: [`TmemDevice`], which runs one call: copies keys and values
 //!   between guest memory and the pool and writes statuses back.
@@ -24,6 +24,6 @@ pub mod request;
 mod tests;
 pub mod timing;
 
-pub use device::TmemDevice;
-pub use pool::{Compression, Counters, PoolStats};
+pub use device::{TmemDevice, TmemState};
+pub use pool::{Compression, Counters, PoolState, PoolStats};
 pub use timing::{CallTiming, OpTiming};

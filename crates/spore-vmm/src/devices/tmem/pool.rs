@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
-use spore_abi::tmem::TmemStats;
+use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 /// Bytes charged per object for the map entry and allocation headers.
 pub const OBJECT_OVERHEAD: u64 = 64;
@@ -46,7 +46,7 @@ impl Object {
 pub struct QuotaExceeded;
 
 /// Per-operation counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     pub puts: u64,
     pub gets: u64,
@@ -139,7 +139,93 @@ impl Value<'_> {
     }
 }
 
+/// One stored object in a snapshot: as the pool holds it (still compressed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectState {
+    pub key: Vec<u8>,
+    /// The value's length as the guest gave it.
+    pub len: u64,
+    pub data: Vec<u8>,
+    pub compressed: bool,
+}
+
+/// A pool's snapshot state: every object, the quota and the counters. The
+/// byte totals are recomputed on restore rather than trusted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolState {
+    pub quota_bytes: u64,
+    pub compression: Compression,
+    pub counters: Counters,
+    /// Sorted by key, so equal pools give equal snapshots.
+    pub objects: Vec<ObjectState>,
+}
+
+/// Why a pool's snapshot state cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolStateError {
+    #[error("tmem object {index}: {detail}")]
+    Object { index: usize, detail: String },
+}
+
 impl Pool {
+    /// The pool's snapshot state (copies every object).
+    pub fn save(&self) -> PoolState {
+        let mut objects: Vec<ObjectState> = self
+            .objects
+            .iter()
+            .map(|(key, o)| ObjectState {
+                key: key.clone(),
+                len: o.len as u64,
+                data: o.data.clone(),
+                compressed: o.compressed,
+            })
+            .collect();
+        objects.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        PoolState {
+            quota_bytes: self.quota_bytes,
+            compression: self.compression,
+            counters: self.counters,
+            objects,
+        }
+    }
+
+    /// Rebuilds a pool from its snapshot state, checking every object against
+    /// the ABI's limits (a state file is checksummed, not trusted blindly).
+    pub fn restore(state: PoolState) -> Result<Self, PoolStateError> {
+        let mut pool = Pool::new(state.quota_bytes, state.compression);
+        pool.counters = state.counters;
+        for (index, o) in state.objects.into_iter().enumerate() {
+            let bad = |detail: String| PoolStateError::Object { index, detail };
+            if o.key.is_empty() || o.key.len() as u64 > MAX_KEY_LEN {
+                return Err(bad(format!("key of {} bytes", o.key.len())));
+            }
+            if o.len > MAX_VALUE_LEN {
+                return Err(bad(format!("value of {} bytes", o.len)));
+            }
+            if !o.compressed && o.data.len() as u64 != o.len {
+                return Err(bad(format!(
+                    "{} stored bytes for a {}-byte value",
+                    o.data.len(),
+                    o.len
+                )));
+            }
+            if pool.objects.contains_key(&o.key) {
+                return Err(bad("duplicate key".into()));
+            }
+            pool.bytes_stored += Object::charge(&o.key, &o.data);
+            pool.bytes_used += o.key.len() as u64 + o.len;
+            pool.objects.insert(
+                o.key,
+                Object {
+                    len: o.len as usize,
+                    data: o.data,
+                    compressed: o.compressed,
+                },
+            );
+        }
+        Ok(pool)
+    }
+
     pub fn new(quota_bytes: u64, compression: Compression) -> Self {
         Self {
             objects: HashMap::new(),
@@ -287,6 +373,38 @@ mod tests {
         assert_eq!(p.put(b"c".to_vec(), vec![]), Err(QuotaExceeded));
         p.put(b"a".to_vec(), vec![9; 5]).unwrap();
         assert_eq!(read(&mut p, b"a"), Some(vec![9; 5]));
+    }
+
+    #[test]
+    fn snapshot_state_round_trips_and_is_checked() {
+        let mut p = Pool::new(1 << 20, Compression::Lz4);
+        p.put(b"zeros".to_vec(), vec![0; 4096]).unwrap();
+        p.put(b"a".to_vec(), vec![1, 2, 3]).unwrap();
+        p.put(b"empty".to_vec(), vec![]).unwrap();
+        read(&mut p, b"a");
+        let state = p.save();
+        assert_eq!(state.objects[0].key, b"a");
+        assert!(state.objects.iter().any(|o| o.compressed));
+        let bytes = bincode::serialize(&state).unwrap();
+        let back: PoolState = bincode::deserialize(&bytes).unwrap();
+        let mut q = Pool::restore(back).unwrap();
+        assert_eq!(q.stats(), p.stats());
+        assert_eq!(read(&mut q, b"zeros"), Some(vec![0; 4096]));
+        assert_eq!(read(&mut q, b"a"), Some(vec![1, 2, 3]));
+        assert_eq!(read(&mut q, b"empty"), Some(vec![]));
+
+        let mut bad = state.clone();
+        bad.objects[0].data.push(9);
+        assert!(Pool::restore(bad).is_err(), "length mismatch");
+        let mut bad = state.clone();
+        bad.objects[1].key.clear();
+        assert!(Pool::restore(bad).is_err(), "empty key");
+        let mut bad = state.clone();
+        bad.objects.push(bad.objects[0].clone());
+        assert!(Pool::restore(bad).is_err(), "duplicate key");
+        let mut bad = state;
+        bad.objects[0].len = MAX_VALUE_LEN + 1;
+        assert!(Pool::restore(bad).is_err(), "oversized value");
     }
 
     #[test]

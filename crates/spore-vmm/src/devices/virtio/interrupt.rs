@@ -50,16 +50,28 @@ impl VirtioInterrupt {
         self.wake.notify();
     }
 
-    /// Current InterruptStatus register value.
-    /// Restores the interrupt status register from a snapshot, raising the
-    /// interrupt again if a bit is pending (the guest may not have seen it).
+    /// Restores the interrupt status register from a snapshot; see
+    /// [`Self::resend_pending`] for raising it again.
     pub fn restore_status(&self, status: u32) {
         self.status.store(status, Ordering::SeqCst);
-        if status != 0 {
-            let _ = self.irqfd.write(1);
+    }
+
+    /// Raises the interrupt again if a status bit is pending: after a restore,
+    /// an edge that was in flight when the snapshot was taken is in no saved
+    /// irqchip state, and the guest would wait for it forever. Call only once
+    /// the interrupt controllers hold their restored state (an irqchip still
+    /// in its reset state drops the edge). A spurious extra interrupt is
+    /// harmless: the driver reads the status and finds nothing new.
+    pub fn resend_pending(&self) {
+        if self.status() != 0 {
+            if let Err(e) = self.irqfd.write(1) {
+                tracing::warn!("virtio irqfd write failed: {e}");
+            }
+            self.wake.notify();
         }
     }
 
+    /// Current InterruptStatus register value.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }

@@ -5,8 +5,9 @@
 //!
 //! A snapshot first [`MmioTransport::quiesce`]s the device (its worker stops
 //! and hands back the live queues), saves, and [`MmioTransport::resume`]s it.
-//! A restore builds the same device afresh, applies the state and, if the
-//! driver had the device running, re-activates it with the saved queues.
+//! A restore builds the same device afresh and applies the state; once the
+//! VM's irqchip and vCPUs are restored too, [`MmioTransport::finish_restore`]
+//! re-activates a device the driver had running with the saved queues.
 
 use std::sync::Arc;
 
@@ -142,10 +143,7 @@ impl MmioTransport {
 
     /// Restarts a device stopped by [`Self::quiesce`].
     pub fn resume(&mut self) {
-        if self.status & DRIVER_OK != 0
-            && self.status & (FAILED | NEEDS_RESET) == 0
-            && !self.activated
-        {
+        if self.should_run() && !self.activated {
             self.activate();
         }
     }
@@ -157,7 +155,7 @@ impl MmioTransport {
             device_type: self.device.device_type(),
             config: config_bytes(self.device.as_ref()),
             status: self.status,
-            activated: self.status & DRIVER_OK != 0 && self.status & (FAILED | NEEDS_RESET) == 0,
+            activated: self.should_run(),
             device_features_sel: self.device_features_sel,
             driver_features_sel: self.driver_features_sel,
             acked_features: self.acked_features,
@@ -170,8 +168,8 @@ impl MmioTransport {
         }
     }
 
-    /// Builds the transport for a freshly built `device` and applies `state`;
-    /// a device the driver had running is re-activated with the saved queues.
+    /// Builds the transport for a freshly built `device` and applies `state`.
+    /// The device stays stopped until [`Self::finish_restore`].
     pub fn restore(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
@@ -228,17 +226,41 @@ impl MmioTransport {
         t.shm_sel = state.shm_sel;
         t.config_generation = state.config_generation;
         t.interrupt.restore_status(state.interrupt_status);
-        if state.activated {
-            t.activate();
-            if !t.activated {
+        if state.activated != t.should_run() {
+            return Err(TransportStateError::Device {
+                device_type,
+                detail: "the saved device status and activation state disagree".into(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Whether the driver set the device running (DRIVER_OK, no failure).
+    fn should_run(&self) -> bool {
+        self.status & DRIVER_OK != 0 && self.status & (FAILED | NEEDS_RESET) == 0
+    }
+
+    /// Second half of a restore, called once the VM's interrupt controllers
+    /// and vCPUs hold their restored state: re-activates a device the driver
+    /// had running with the saved queues (its worker may raise an interrupt
+    /// at once, which an irqchip still in its reset state would drop: a lost
+    /// interrupt hangs a queue for good with EVENT_IDX), lets the device
+    /// react to the restore (vsock resets its transport), and raises the
+    /// interrupt again if one was pending at the snapshot.
+    pub fn finish_restore(&mut self) -> Result<(), TransportStateError> {
+        let device_type = self.device.device_type();
+        if self.should_run() && !self.activated {
+            self.activate();
+            if !self.activated {
                 return Err(TransportStateError::Device {
                     device_type,
                     detail: "cannot re-activate the device with the snapshot's queues".into(),
                 });
             }
-            t.device.restored();
+            self.device.restored();
         }
-        Ok(t)
+        self.interrupt.resend_pending();
+        Ok(())
     }
 }
 
@@ -313,7 +335,10 @@ mod tests {
             EventFd::new(EFD_NONBLOCK).unwrap(),
             wake,
         ));
-        let r = MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq, &back).unwrap();
+        let mut r = MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq, &back).unwrap();
+        // Activation waits for the second half, once the irqchip is restored.
+        assert!(!r.is_activated());
+        r.finish_restore().unwrap();
         assert!(r.is_activated());
         assert_eq!(r.save(), saved);
     }

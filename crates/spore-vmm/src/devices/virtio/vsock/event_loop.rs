@@ -2,8 +2,8 @@
 //! three queue notifications, the transport-reset request, the stop event,
 //! the host listener and every connection socket.
 //!
-//! Each wake-up drains guest tx, then fills guest rx buffers and the event
-//! queue, and raises one interrupt for whatever was used. The loop owns the
+//! Each wake-up serves the event queue, drains guest tx, then fills guest rx
+//! buffers, and raises one interrupt for whatever was used. The loop owns the
 //! queues and the muxer while it runs and hands both back when stopped.
 
 use std::io;
@@ -123,12 +123,12 @@ impl EventLoop {
 
     fn process_queues(&mut self, now: Instant) {
         let mem = &self.mem;
-        let tx = self.muxer.process_tx(mem, &mut self.queues[TX_QUEUE], now);
-        // Events before rx: a transport reset goes out ahead of packets,
-        // and connections it opens (notices) are sent in this pass.
+        // Events first: a transport reset the guest acknowledged releases
+        // held host clients, whose requests then go out on rx below.
         let ev = self
             .muxer
-            .process_event_queue(mem, &mut self.queues[EVENT_QUEUE]);
+            .process_event_queue(mem, &mut self.queues[EVENT_QUEUE], now);
+        let tx = self.muxer.process_tx(mem, &mut self.queues[TX_QUEUE], now);
         let rx = self.muxer.process_rx(mem, &mut self.queues[RX_QUEUE], now);
         let mut notify = false;
         for (q, used) in [(RX_QUEUE, rx), (TX_QUEUE, tx), (EVENT_QUEUE, ev)] {

@@ -94,6 +94,14 @@ impl Vsock {
         Ok(VsockHandle::new(self.identity.clone(), reset_evt))
     }
 
+    /// Shortens how long host clients wait for the guest to handle a
+    /// transport reset (tests); only before the device is activated.
+    pub fn set_reset_ack_timeout(&mut self, timeout: std::time::Duration) {
+        if let Some(m) = &mut self.muxer {
+            m.set_reset_ack_timeout(timeout);
+        }
+    }
+
     pub fn uds_path(&self) -> &Path {
         &self.uds_path
     }

@@ -15,11 +15,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
-use std::num::Wrapping;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +42,28 @@ pub const MAX_RST_QUEUE: usize = 1024;
 pub const LOCAL_PORT_BASE: u32 = 1 << 30;
 /// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`.
 pub const EVENT_TRANSPORT_RESET: u32 = 0;
+/// How long host clients wait for the guest to acknowledge a transport
+/// reset (by re-posting an event buffer) before they are let through anyway:
+/// a driver that never re-arms its event queue must not block them forever.
+/// Generous, because letting a client through early brings back the silent
+/// drop the wait prevents, and a starved guest (a loaded host, nested
+/// emulation) was seen taking more than 5 s to run its event handler.
+pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A transport reset the guest has not acknowledged yet. Until it does, new
+/// host clients are held back: a guest driver handles the reset event and
+/// incoming packets in separate steps (Linux: two work items), so a
+/// connection it accepted before seeing the event would be reset with the
+/// stale ones.
+struct ResetAck {
+    /// The event queue's available index when the reset event was written
+    /// (read just before); `None` while the event waits for a buffer. The
+    /// guest re-posts the buffer once it has handled the event, moving the
+    /// index.
+    avail_at_post: Option<u16>,
+    /// When held clients are let through regardless.
+    deadline: Instant,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MuxerError {
@@ -67,15 +87,18 @@ pub struct VsockMuxer {
     rst_queue: VecDeque<ConnKey>,
     next_local_port: u32,
     pending_reset_event: bool,
+    /// Set from a transport reset until the guest acknowledges it.
+    reset_ack: Option<ResetAck>,
+    /// Host clients (stream, guest port) whose request waits for that ack.
+    held_clients: Vec<(UnixStream, u32)>,
+    /// [`RESET_ACK_TIMEOUT`], shorter in tests.
+    reset_ack_timeout: Duration,
     /// Holds one OP_RW payload on its way from a host socket to the guest.
     scratch: Vec<u8>,
     /// Where a CID change comes from (see `identity.rs`).
     identity: Option<Arc<VsockIdentity>>,
     /// Notices to deliver once the guest handled the reset event.
     notices: Vec<Notice>,
-    /// The event queue's avail index when the reset event went out: the
-    /// guest re-posting the buffer (a new index) means it handled the event.
-    reset_delivered_at: Option<Wrapping<u16>>,
     /// Our ends of delivered notices, write side shut: kept open so the
     /// connection sees EOF after the message rather than a hang-up (which
     /// would reset it before the guest accepts). Few, and dropped when old.
@@ -103,10 +126,12 @@ impl VsockMuxer {
             rst_queue: VecDeque::new(),
             next_local_port: LOCAL_PORT_BASE,
             pending_reset_event: false,
+            reset_ack: None,
+            held_clients: Vec::new(),
+            reset_ack_timeout: RESET_ACK_TIMEOUT,
             scratch: vec![0; MAX_PAYLOAD],
             identity: None,
             notices: Vec::new(),
-            reset_delivered_at: None,
             notice_peers: VecDeque::new(),
         };
         me.watch(me.listener.as_raw_fd())
@@ -121,6 +146,11 @@ impl VsockMuxer {
     /// Takes the guest CID (and notices) from `identity` at every transport reset.
     pub fn share_identity(&mut self, identity: Arc<VsockIdentity>) {
         self.identity = Some(identity);
+    }
+
+    /// Shortens [`RESET_ACK_TIMEOUT`] (tests).
+    pub fn set_reset_ack_timeout(&mut self, timeout: Duration) {
+        self.reset_ack_timeout = timeout;
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -175,6 +205,7 @@ impl VsockMuxer {
             .values()
             .filter_map(Connection::expiry)
             .chain(self.handshakes.values().map(Handshake::deadline))
+            .chain(self.reset_ack.as_ref().map(|a| a.deadline))
             .min()
     }
 
@@ -267,8 +298,26 @@ impl VsockMuxer {
         None
     }
 
-    /// A host client asked for guest port `peer_port`: send the guest OP_REQUEST.
+    /// A host client asked for guest port `peer_port`: send the guest
+    /// OP_REQUEST (or hold it until the guest acknowledged a transport reset).
     fn start_local(&mut self, stream: UnixStream, peer_port: u32, now: Instant) {
+        if self.reset_ack.is_some() {
+            tracing::debug!(
+                peer_port,
+                "vsock: host client waits for the transport reset"
+            );
+            // Out of the epoll set while held: a client that gives up (or
+            // sends early data) must not wake the worker in a loop.
+            let _ = self.unwatch(stream.as_raw_fd());
+            if self.held_clients.len() < MAX_HANDSHAKES {
+                self.held_clients.push((stream, peer_port));
+            } else {
+                tracing::warn!(
+                    "vsock: too many host clients wait for a transport reset, refusing one"
+                );
+            }
+            return;
+        }
         // The handshake watched this fd level-triggered; connections are
         // edge-triggered.
         self.open_to_guest(stream, peer_port, now, ControlOperation::Modify);
@@ -522,8 +571,63 @@ impl VsockMuxer {
     }
 
     /// Posts a pending transport-reset event if the guest gave an event
-    /// buffer. Returns whether any descriptor was used.
-    pub fn process_event_queue(&mut self, mem: &GuestMemoryMmap, queue: &mut Queue) -> bool {
+    /// buffer, and lets held host clients through once the guest re-posted
+    /// one (it handled the event) or the wait timed out. Returns whether any
+    /// descriptor was used.
+    pub fn process_event_queue(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        queue: &mut Queue,
+        now: Instant,
+    ) -> bool {
+        let avail_idx = |queue: &Queue| {
+            queue
+                .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+                .ok()
+                .map(|w| w.0)
+        };
+        // Read before posting: a polling driver may see the event, handle it
+        // and hand the buffer back before this function reads again.
+        let before = avail_idx(queue);
+        let used = self.post_reset_event(mem, queue);
+        if let Some(ack) = &mut self.reset_ack {
+            if self.pending_reset_event {
+                // Still no buffer: the wait counts from when one arrives.
+            } else if ack.avail_at_post.is_none() {
+                ack.avail_at_post = before;
+                ack.deadline = now + self.reset_ack_timeout;
+            }
+            let acked = ack.avail_at_post.is_some() && avail_idx(queue) != ack.avail_at_post;
+            if acked || now >= ack.deadline {
+                if acked {
+                    tracing::debug!(
+                        held = self.held_clients.len(),
+                        "vsock: the guest handled the transport reset"
+                    );
+                } else {
+                    tracing::debug!(
+                        held = self.held_clients.len(),
+                        "vsock: the guest did not acknowledge the transport reset in time"
+                    );
+                }
+                self.reset_ack = None;
+                // Notices (a clone's new generation) go out now that the
+                // guest's driver is past the reset.
+                self.deliver_notices();
+                for (stream, port) in std::mem::take(&mut self.held_clients) {
+                    // Held clients were out of the epoll set.
+                    if let Err(e) = self.watch(stream.as_raw_fd()) {
+                        tracing::warn!("vsock: cannot watch a held host client: {e}");
+                        continue;
+                    }
+                    self.start_local(stream, port, now);
+                }
+            }
+        }
+        used
+    }
+
+    fn post_reset_event(&mut self, mem: &GuestMemoryMmap, queue: &mut Queue) -> bool {
         let mut used = false;
         while self.pending_reset_event {
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
@@ -541,15 +645,8 @@ impl VsockMuxer {
             add_used(queue, mem, head, written);
             used = true;
             if written > 0 {
+                tracing::debug!("vsock: transport reset event posted");
                 self.pending_reset_event = false;
-                self.reset_delivered_at = queue.avail_idx(mem, Ordering::Acquire).ok();
-            }
-        }
-        if let Some(at) = self.reset_delivered_at {
-            let now_idx = queue.avail_idx(mem, Ordering::Acquire).ok();
-            if now_idx.is_some_and(|i| i != at) {
-                self.reset_delivered_at = None;
-                self.deliver_notices();
             }
         }
         used
@@ -591,13 +688,15 @@ impl VsockMuxer {
         self.rxq.clear();
         self.rst_queue.clear();
         self.pending_reset_event = false;
-        self.reset_delivered_at = None;
+        self.reset_ack = None;
+        self.held_clients.clear();
     }
 
     /// Drops every connection and queues VIRTIO_VSOCK_EVENT_TRANSPORT_RESET,
     /// after which the guest drops its side of them too (snapshot restore:
     /// the host sockets did not survive).
     pub fn transport_reset(&mut self) {
+        let now = Instant::now();
         self.reset();
         self.pending_reset_event = true;
         if let Some(identity) = &self.identity {
@@ -608,6 +707,12 @@ impl VsockMuxer {
             }
             self.notices.extend(identity.take_notices());
         }
+        // A guest that never gives the event queue a buffer holds clients
+        // back this long at most.
+        self.reset_ack = Some(ResetAck {
+            avail_at_post: None,
+            deadline: now + self.reset_ack_timeout,
+        });
     }
 }
 

@@ -589,6 +589,61 @@ fn transport_reset_drops_connections_and_tells_the_guest() {
     g.expect_quiet(Duration::from_millis(20));
 }
 
+/// How long the reset tests' devices hold host clients at most.
+const ACK_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// A guest driver with two event buffers, after a transport reset it got.
+fn guest_after_reset<'a>(mem: &'a GuestMemoryMmap, uds: &Path) -> Guest<'a> {
+    let mut dev = Vsock::new(CID, uds.to_owned()).unwrap();
+    dev.set_reset_ack_timeout(ACK_TIMEOUT);
+    let mut g = Guest::attach(mem, dev);
+    g.post_rx(8);
+    for i in 0..2u16 {
+        let d = desc(EV_BASE + u64::from(i) * 16, 8, VRING_DESC_F_WRITE, 0);
+        g.queues[EVENT_QUEUE].desc_table().store(i, d).unwrap();
+        g.push_avail(EVENT_QUEUE, i);
+    }
+    g.dev.transport_reset();
+    g.wait_until("the reset event", |g| g.used_idx(EVENT_QUEUE) == 1);
+    g
+}
+
+#[test]
+fn host_clients_wait_until_the_guest_handled_a_transport_reset() {
+    // A driver that accepted a connection before handling the reset event
+    // would reset that new connection with the stale ones.
+    let uds = TempPath::new("reset-hold");
+    let mem = new_mem();
+    let mut g = guest_after_reset(&mem, &uds.0);
+    let mut c = client(&uds.0);
+    c.write_all(b"CONNECT 52\n").unwrap();
+    g.expect_quiet(Duration::from_millis(200));
+    // The driver handled the event and gives its buffer back.
+    g.push_avail(EVENT_QUEUE, 0);
+    let (req, _) = g.recv_op(Op::Request);
+    assert_eq!(req.dst_port, 52);
+    g.send(hdr(Op::Response, 52, req.src_port), &[]);
+    assert_eq!(read_line(&mut c), format!("OK {}\n", req.src_port));
+}
+
+#[test]
+fn held_host_clients_go_through_when_the_guest_never_acknowledges() {
+    let uds = TempPath::new("reset-timeout");
+    let mem = new_mem();
+    let mut g = guest_after_reset(&mem, &uds.0);
+    let start = Instant::now();
+    let mut c = client(&uds.0);
+    c.write_all(b"CONNECT 52\n").unwrap();
+    let (req, _) = g.recv_op(Op::Request);
+    let waited = start.elapsed();
+    assert!(
+        waited >= ACK_TIMEOUT - Duration::from_millis(100),
+        "let through after {waited:?}"
+    );
+    assert_eq!(req.dst_port, 52);
+    drop(c);
+}
+
 #[test]
 fn device_basics() {
     let uds = TempPath::new("basics");
