@@ -131,6 +131,13 @@ impl Vmm {
         }
         let inner = lock(&self.inner);
         let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
+        // The hotplug region is written whole (plugged blocks, after boot
+        // RAM); a diff layer would need its own dirty tracking of it.
+        if p.snapshot_type != SnapshotType::Full && vm.mem_hotplug().is_some() {
+            return Err(SnapshotApiError::Unsupported(
+                "diff snapshots of a microVM with a virtio-mem device are not supported: take a Full snapshot",
+            ));
+        }
         // The pool lives outside guest memory and is not in the snapshot yet:
         // refuse rather than restore a guest whose tmem objects are gone.
         // (The VM is paused, so no put can race this check.)

@@ -18,6 +18,13 @@
 //!   `memtest: reclaim bytes=… plug_us=… fill_us=… unplug_us=…`.
 //!   `hold_ms=N` sleeps N ms after printing `memtest: filled` and again after
 //!   `memtest: reclaimed`, so a host can read the VMM's RSS at both points.
+//! - `mode=persist size=MIB`: gives one tenant `size` MiB, writes a pattern
+//!   word in every page, prints `memtest: filled`, holds `hold_ms` (a host
+//!   snapshots the VM here and restores it elsewhere), checks every page
+//!   (`memtest: verified pages=…`), holds again, frees the tenant (unplug),
+//!   prints `memtest: reclaimed` and holds a third time. The snapshot
+//!   tests' guest: a restored VM must keep its plugged memory and give it
+//!   back afterwards.
 //!
 //! Exit codes: 0 ok, 1 a check failed (printed), 2 no virtio-mem device,
 //! 3 the host never set the requested size.
@@ -155,6 +162,7 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         "random" => random(mem),
         "touch-unplugged" => touch_unplugged(mem),
         "reclaim" => reclaim(mem),
+        "persist" => persist(mem),
         other => {
             println!("memtest: unknown mode {other}");
             1
@@ -364,6 +372,67 @@ fn reclaim(mem: VirtioMem) -> i32 {
         freed.bytes, freed.blocks, freed.requests
     );
     println!("memtest: reclaimed");
+    hold(hold_ms);
+    0
+}
+
+fn persist(mem: VirtioMem) -> i32 {
+    let size = num("size", 64) * MIB;
+    let hold_ms = num("hold_ms", 0);
+    if !wait_for_target(&mem, size) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    let mut alloc = match BlockAllocator::new(mem) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("memtest: FAILED: {e}");
+            return 1;
+        }
+    };
+    const TENANT: u16 = 1;
+    let blocks = match alloc.alloc(TENANT, size) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("memtest: FAILED: alloc {size}: {e}");
+            return 1;
+        }
+    };
+    let bs = alloc.block_size();
+    let first = (blocks.addr - alloc.device().region_addr()) / bs.max(1);
+    for b in 0..blocks.len / bs {
+        fill(blocks.addr + b * bs, bs, first + b, 7);
+    }
+    println!("memtest: filled {} MiB at {:#x}", blocks.len / MIB, blocks.addr);
+    hold(hold_ms);
+    for b in 0..blocks.len / bs {
+        if let Some(off) = verify(blocks.addr + b * bs, bs, first + b, 7) {
+            println!("memtest: FAILED: block {} lost its pattern at {off:#x}", first + b);
+            return 1;
+        }
+    }
+    check!(
+        alloc.device().plugged_size() == blocks.len,
+        "device plugged_size {} after the hold",
+        alloc.device().plugged_size()
+    );
+    println!("memtest: verified pages={}", blocks.len / PAGE);
+    hold(hold_ms);
+    let t = Instant::now();
+    let freed = match alloc.free_tenant(TENANT) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("memtest: FAILED: free: {e}");
+            return 1;
+        }
+    };
+    check!(freed.bytes == blocks.len, "freed {} bytes", freed.bytes);
+    check!(alloc.device().plugged_size() == 0, "still plugged");
+    println!(
+        "memtest: reclaimed bytes={} unplug_us={}",
+        freed.bytes,
+        t.elapsed_us().unwrap_or(0)
+    );
     hold(hold_ms);
     0
 }

@@ -146,7 +146,7 @@ pub fn read_tag(file: &File) -> Option<String> {
 
 /// Page ranges of a mapping that are resident (written copy-on-write, or
 /// read from the page cache), as (offset, len) within the mapping.
-fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
+pub(crate) fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
     let pages = len.div_ceil(PAGE);
     let mut vec = vec![0u8; pages];
     // SAFETY: [ptr, ptr + len) is one page-aligned mapping owned by the
@@ -172,7 +172,7 @@ fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)
 }
 
 /// Sorts and merges overlapping or touching ranges.
-fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub(crate) fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for (start, len) in ranges {
@@ -185,7 +185,7 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// Writes runs of non-zero pages of `data` at `file_off` onward.
-fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
+pub(crate) fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
     let mut written = 0u64;
     let mut run_start: Option<usize> = None;
     let mut i = 0;

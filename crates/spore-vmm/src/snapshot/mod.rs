@@ -9,6 +9,7 @@
 //! VM from them.
 
 pub mod format;
+pub mod hotplug_mem;
 pub mod memory;
 pub mod persist;
 
@@ -25,11 +26,15 @@ use crate::config::VmConfig;
 use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
+use crate::devices::virtio::balloon::BalloonState;
 use crate::devices::virtio::device_type;
+use crate::devices::virtio::mem::VirtioMemState;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
-use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, FORMAT_VERSION};
+use format::{
+    DeviceInfo, FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, FORMAT_VERSION,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -88,11 +93,27 @@ pub struct MicrovmState {
     pub i8042: Option<I8042State>,
     /// In attach order.
     pub virtio: Vec<MmioTransportState>,
+    /// Device state beyond the transport, for devices that have any.
+    pub elastic: ElasticState,
+}
+
+/// The memory devices' own state (beyond their transports).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ElasticState {
+    pub balloon: Option<BalloonState>,
+    /// The virtio-mem device; its region's memory follows boot RAM in the
+    /// memory file.
+    pub mem: Option<VirtioMemState>,
 }
 
 impl MicrovmState {
     pub fn config(&self) -> Result<VmConfig, serde_json::Error> {
         serde_json::from_str(&self.config_json)
+    }
+
+    /// Size of the memory file: boot RAM, then the hotplug region if any.
+    pub fn mem_file_size(&self) -> u64 {
+        self.mem_size + self.elastic.mem.as_ref().map_or(0, |m| m.region_size)
     }
 }
 
@@ -129,7 +150,12 @@ pub fn create_full(
     }
     let out = result.and_then(|()| {
         let virtio: Vec<_> = guards.iter().map(|t| t.save()).collect();
-        write_full(vm, config, virtio, state_path, mem_path)
+        // Device states are read while the devices are quiesced.
+        let elastic = ElasticState {
+            balloon: vm.balloon().map(|b| b.save()),
+            mem: vm.mem_hotplug().map(|m| m.save()),
+        };
+        write_full(vm, config, virtio, elastic, state_path, mem_path)
     });
     for t in guards.iter_mut() {
         t.resume();
@@ -141,6 +167,7 @@ fn write_full(
     vm: &Vm,
     config: &VmConfig,
     virtio: Vec<MmioTransportState>,
+    elastic: ElasticState,
     state_path: &Path,
     mem_path: &Path,
 ) -> Result<SnapshotInfo, SnapshotError> {
@@ -165,6 +192,7 @@ fn write_full(
         serial: lock(vm.serial()).save(),
         i8042: vm.i8042().map(|d| lock(d).save()),
         virtio,
+        elastic,
     };
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
@@ -176,7 +204,25 @@ fn write_full(
         path: mem_path.display().to_string(),
         source,
     };
-    let data_bytes = memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?;
+    let mut data_bytes = memory::write_sparse(vm.ram(), &mem_pending.file).map_err(mem_err)?;
+    let hotplug = match (vm.mem_hotplug(), &state.elastic.mem) {
+        (Some(h), Some(m)) => {
+            let written = h
+                .write_memory(&mem_pending.file, state.mem_size)
+                .map_err(mem_err)?;
+            data_bytes += written;
+            Some(HotplugRegionInfo {
+                guest_addr: m.addr,
+                file_offset: state.mem_size,
+                region_size_bytes: m.region_size,
+                block_size_bytes: m.block_size,
+                plugged_bytes: h.plugged_bytes(),
+                requested_bytes: m.requested_size,
+                data_bytes: written,
+            })
+        }
+        _ => None,
+    };
     let id = random_id();
     memory::tag(&mem_pending.file, &id);
     mem_pending.sync()?;
@@ -196,10 +242,11 @@ fn write_full(
             id,
             kind: LayerKind::Full,
             parent: None,
-            mem_file_size: state.mem_size,
+            mem_file_size: state.mem_file_size(),
             mem_data_bytes: data_bytes,
         },
         state_bytes: state_bytes.len() as u64,
+        hotplug,
     };
     let bytes = format::encode(&manifest, &state_bytes)
         .map_err(|e| capture("the manifest")(e.to_string()))?;
@@ -240,6 +287,38 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
                     .unwrap_or_default(),
             ),
             device_type::RNG => ("virtio-rng", String::new()),
+            device_type::BALLOON => (
+                "virtio-balloon",
+                state
+                    .elastic
+                    .balloon
+                    .as_ref()
+                    .map(|b| {
+                        format!(
+                            "target {} pages, actual {} pages",
+                            b.target_pages, b.actual_pages
+                        )
+                    })
+                    .unwrap_or_default(),
+            ),
+            device_type::MEM => (
+                "virtio-mem",
+                state
+                    .elastic
+                    .mem
+                    .as_ref()
+                    .map(|m| {
+                        let plugged: u32 = m.plugged.iter().map(|w| w.count_ones()).sum();
+                        format!(
+                            "region {:#x}+{} MiB, {} MiB plugged, {} MiB requested",
+                            m.addr,
+                            m.region_size >> 20,
+                            (u64::from(plugged) * m.block_size) >> 20,
+                            m.requested_size >> 20
+                        )
+                    })
+                    .unwrap_or_default(),
+            ),
             device_type::VSOCK => (
                 "virtio-vsock",
                 config
@@ -335,10 +414,10 @@ pub fn load(state_path: &Path, mem_path: &Path) -> Result<LoadedSnapshot, Snapsh
             source,
         })?
         .len();
-    if actual != state.mem_size {
+    if actual != state.mem_file_size() {
         return Err(SnapshotError::MemorySize {
             path: mem_name,
-            expected: state.mem_size,
+            expected: state.mem_file_size(),
             actual,
         });
     }
@@ -406,6 +485,7 @@ mod tests {
             serial: Default::default(),
             i8042: None,
             virtio: Vec::new(),
+            elastic: Default::default(),
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
@@ -424,6 +504,7 @@ mod tests {
                 mem_data_bytes: 0,
             },
             state_bytes: bytes.len() as u64,
+            hotplug: None,
         };
         std::fs::write(path, encode(&manifest, &bytes).unwrap()).unwrap();
     }

@@ -47,11 +47,11 @@ pub struct MemStatus {
     pub requested_size_mib: u64,
 }
 
-struct State {
-    blocks: BlockMap,
-    backing: HotplugMemory,
-    requested: u64,
-    slot_size: u64,
+pub(super) struct State {
+    pub(super) blocks: BlockMap,
+    pub(super) backing: HotplugMemory,
+    pub(super) requested: u64,
+    pub(super) slot_size: u64,
     /// Set once the driver activated the device; config changes interrupt it.
     interrupt: Option<Arc<VirtioInterrupt>>,
     /// Chunks left without plugged blocks whose KVM slot is still there:
@@ -60,12 +60,18 @@ struct State {
     retiring: Vec<u64>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn new(state: State) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(state),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent-enough state:
         // every update below completes or rolls back before it can panic.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -73,7 +79,23 @@ impl Shared {
 }
 
 impl State {
-    fn region_size(&self) -> u64 {
+    pub(super) fn new(
+        blocks: BlockMap,
+        backing: HotplugMemory,
+        requested: u64,
+        slot_size: u64,
+    ) -> Self {
+        Self {
+            blocks,
+            backing,
+            requested,
+            slot_size,
+            interrupt: None,
+            retiring: Vec::new(),
+        }
+    }
+
+    pub(super) fn region_size(&self) -> u64 {
         self.blocks.nb_blocks() * self.blocks.block_size()
     }
 
@@ -214,14 +236,14 @@ impl State {
 
 /// The virtio-mem device, as the transport sees it.
 pub struct VirtioMem {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     worker: Option<Worker<(Queue, RequestHandler)>>,
 }
 
 /// The host's handle on a virtio-mem device: status and target size.
 #[derive(Clone)]
 pub struct MemHandle {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl VirtioMem {
@@ -236,16 +258,11 @@ impl VirtioMem {
             nb_blocks,
             slot_size / block_size,
         );
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                blocks,
-                backing,
-                requested: 0,
-                slot_size,
-                interrupt: None,
-                retiring: Vec::new(),
-            }),
-        });
+        Self::from_state(State::new(blocks, backing, 0, slot_size))
+    }
+
+    pub(super) fn from_state(state: State) -> (Self, MemHandle) {
+        let shared = Shared::new(state);
         let handle = MemHandle {
             shared: shared.clone(),
         };
@@ -312,6 +329,23 @@ impl VirtioDevice for VirtioMem {
     fn reset(&mut self) {
         self.stop_worker();
         self.shared.lock().interrupt = None;
+    }
+
+    /// Stops the worker for a snapshot; the block map, the backing and its
+    /// slots stay as they are (the snapshot reads them through
+    /// [`MemHandle::save`]).
+    fn quiesce(&mut self) -> Result<Vec<Queue>, ActivateError> {
+        let worker = self
+            .worker
+            .take()
+            .ok_or_else(|| ActivateError::Device("virtio-mem is not active".into()))?;
+        let (queue, _) = worker
+            .stop()
+            .ok_or_else(|| ActivateError::Device("virtio-mem worker panicked".into()))?;
+        // Slots of chunks emptied by the last requests go now, so that the
+        // running VM and its restored copy have the same slots.
+        self.shared.lock().retire_slots();
+        Ok(vec![queue])
     }
 }
 
