@@ -5,8 +5,10 @@
 # pause/resume, reboot), demo (a plain `spore run` boot), balloon (virtio-balloon
 # inflate/deflate, statistics, free page reporting), bench (boot benchmark),
 # tmem (spore-tmem in a Linux guest: put/get of 1 MiB values, quota, lz4),
-# virtio-mem (plug, fill, unplug, host RSS).
-# Opt-in (only with --only NAME, not in `make test`): snapshot (a Linux guest
+# virtio-mem (plug, fill, unplug, host RSS), virtio-mem-snapshot (512 MiB plugged,
+# snapshot, restore in a new process, contents intact, unplug, RSS drops).
+# Opt-in (only with --only NAME, not in `make test`): bench-reclaim (`spore bench
+# reclaim` on the Linux guest: virtio-mem and balloon, 128 MiB-1 GiB), snapshot (a Linux guest
 # snapshotted and restored twice in new processes; its second restore hangs in
 # about 1 run of 3, an open bug of the snapshot issue) and bench (the Linux boot
 # benchmark, 10 boots: a benchmark, not a test; late in session 1 it hung in 3
@@ -23,7 +25,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem|snapshot]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -67,9 +69,18 @@ run_one balloon --scenario "$here/scenarios/balloon.sh" \
 # Its guest grows to 1.5 GiB and fills 900 MiB: give L1 room (3 GiB was tight).
 run_one virtio-mem --memory 4096 --scenario "$here/scenarios/virtio-mem.sh" \
     --guest-scenario "$here/scenarios/guest/virtio-mem.sh" --out-dir "$work/out-virtio-mem"
+# L1 holds the 2.5 GiB sparse memory file (about 900 MiB of data) and the VMMs.
+run_one virtio-mem-snapshot --memory 4096 --scenario "$here/scenarios/virtio-mem-snapshot.sh" \
+    --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" --out-dir "$work/out-virtio-mem-snapshot"
 if [[ $only == snapshot ]]; then
     run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
         --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
+fi
+if [[ $only == bench-reclaim ]]; then
+    # A benchmark, opt-in: 4 sizes x 2 mechanisms x 3 runs take about 20 minutes.
+    run_one bench-reclaim --memory 4096 --timeout 3600 --scenario "$here/scenarios/bench-reclaim.sh" \
+        --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
+        --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
 fi
 if [[ $only == bench ]]; then
     run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"

@@ -23,6 +23,10 @@ pub enum BenchCommand {
     /// tmem calls: 1 MiB put/get latency (guest and VMM side), single vs batched
     /// 4 KiB puts, kvserver SET vs TMEMPUT commands/s.
     Tmem(crate::bench_tmem::TmemArgs),
+    /// Reclaim (the virtio-mem seed's two-hog experiment): time to give a
+    /// size back and host memory released, virtio-mem and balloon on Linux
+    /// (`--linux-kernel`, nested harness) or virtio-mem on the unikernel (`--uk`).
+    Reclaim(crate::bench_reclaim::ReclaimArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +52,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
     match cmd {
         BenchCommand::Boot(a) => boot(a),
         BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
+        BenchCommand::Reclaim(a) => crate::bench_reclaim::run(a),
     }
 }
 

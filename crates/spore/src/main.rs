@@ -3,6 +3,8 @@
 
 mod api_client;
 mod bench;
+mod bench_reclaim;
+mod bench_reclaim_linux;
 mod bench_tmem;
 mod bench_tmem_guest;
 mod bench_tmem_kv;

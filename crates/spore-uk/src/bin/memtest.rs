@@ -18,6 +18,8 @@
 //!   `memtest: reclaim bytes=… plug_us=… fill_us=… unplug_us=…`.
 //!   `hold_ms=N` sleeps N ms after printing `memtest: filled` and again after
 //!   `memtest: reclaimed`, so a host can read the VMM's RSS at both points.
+//!   `other=MIB` first gives a second tenant that much, filled and kept (the
+//!   seed's first memory hog: with whole-block tenants nothing of it moves).
 //! - `mode=persist size=MIB`: gives one tenant `size` MiB, writes a pattern
 //!   word in every page, prints `memtest: filled`, holds `hold_ms` (a host
 //!   snapshots the VM here and restores it elsewhere), checks every page
@@ -315,7 +317,8 @@ fn touch_unplugged(mut mem: VirtioMem) -> i32 {
 fn reclaim(mem: VirtioMem) -> i32 {
     let size = num("size", 1024) * MIB;
     let hold_ms = num("hold_ms", 0);
-    if !wait_for_target(&mem, size) {
+    let other = num("other", 0) * MIB;
+    if !wait_for_target(&mem, size + other) {
         println!("memtest: the host never set the requested size");
         return 3;
     }
@@ -327,6 +330,19 @@ fn reclaim(mem: VirtioMem) -> i32 {
         }
     };
     const TENANT: u16 = 1;
+    const OTHER: u16 = 2;
+    if other > 0 {
+        match alloc.alloc(OTHER, other) {
+            // SAFETY: the blocks stay plugged (the tenant is never freed).
+            Ok(b) => unsafe { b.as_mut_slice() }
+                .chunks_mut(PAGE as usize)
+                .for_each(|p| p[0] = 0xa5),
+            Err(e) => {
+                println!("memtest: FAILED: alloc other {other}: {e}");
+                return 1;
+            }
+        }
+    }
     let t = Instant::now();
     let blocks = match alloc.alloc(TENANT, size) {
         Ok(b) => b,
@@ -346,7 +362,7 @@ fn reclaim(mem: VirtioMem) -> i32 {
     }
     let fill_us = t.elapsed_us().unwrap_or(0);
     check!(
-        alloc.device().plugged_size() == blocks.len,
+        alloc.device().plugged_size() == blocks.len + other,
         "device plugged_size {}",
         alloc.device().plugged_size()
     );
@@ -363,7 +379,7 @@ fn reclaim(mem: VirtioMem) -> i32 {
     let unplug_us = t.elapsed_us().unwrap_or(0);
     check!(freed.bytes == blocks.len, "freed {} bytes", freed.bytes);
     check!(
-        alloc.device().plugged_size() == 0,
+        alloc.device().plugged_size() == other,
         "device still has {} plugged",
         alloc.device().plugged_size()
     );
