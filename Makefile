@@ -77,6 +77,7 @@ demo: build uk
 bench: build uk
 	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark
 	$(SPORE) bench tmem --uk-dir $(UK_OUT)
+	$(SPORE) bench reclaim --uk $(UK_OUT)/memtest
 
 clean:
 	$(CARGO) clean

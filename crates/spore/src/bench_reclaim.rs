@@ -165,6 +165,16 @@ impl Drop for VmmProcess {
     }
 }
 
+/// The largest power-of-two slot size (MiB, at most 128) dividing `size`,
+/// so that a region of exactly `size` is a whole number of slots.
+pub(crate) fn slot_mib(size: u64) -> u64 {
+    let mut slot = 128;
+    while slot > 2 && size % slot != 0 {
+        slot /= 2;
+    }
+    slot
+}
+
 /// One size's results: times in ms, memory in MiB.
 pub(crate) fn summary(size: u64, times_ms: &[f64], released_mib: &[f64], extra: Value) -> Value {
     let mut v = json!({
@@ -197,7 +207,8 @@ fn uk_bench(spore: &Path, image: &Path, a: &ReclaimArgs, scratch: &Path) -> anyh
         let (mut times, mut released, mut requests) = (vec![], vec![], vec![]);
         for run in 0..a.runs {
             let vm = VmmProcess::spawn(spore, scratch.join("uk.sock"))?;
-            let region = size + a.first_hog_mib;
+            // The region is a whole number of 128 MiB slots.
+            let region = (size + a.first_hog_mib).div_ceil(128) * 128;
             vm.api(
                 "PUT",
                 "/boot-source",

@@ -150,7 +150,7 @@ fn one_size(
         vm.api(
             "PUT",
             "/hotplug/memory",
-            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": 128}).to_string(),
+            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": crate::bench_reclaim::slot_mib(size)}).to_string(),
         )?;
     }
     vm.api(
