@@ -169,7 +169,7 @@ impl Drop for VmmProcess {
 /// so that a region of exactly `size` is a whole number of slots.
 pub(crate) fn slot_mib(size: u64) -> u64 {
     let mut slot = 128;
-    while slot > 2 && size % slot != 0 {
+    while slot > 2 && !size.is_multiple_of(slot) {
         slot /= 2;
     }
     slot
