@@ -4,7 +4,8 @@
 //! stopped, then restored in a new VMM process: the pattern is intact, the
 //! device still reports the memory plugged, and when the guest unplugs it
 //! the restored VMM's RSS drops by about that much. The memory file holds
-//! the region after boot RAM with unplugged blocks as holes.
+//! the region after boot RAM with unplugged blocks as holes. The VM also
+//! has a balloon, whose target survives the restore.
 
 mod common;
 
@@ -94,6 +95,12 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
         "/hotplug/memory",
         r#"{"total_size_mib": 512, "block_size_mib": 2, "slot_size_mib": 128}"#,
     );
+    // A balloon too (the unikernel leaves it inactive): its state must
+    // survive with the VM's.
+    put(
+        "/balloon",
+        r#"{"amount_mib": 0, "deflate_on_oom": true, "stats_polling_interval_s": 1}"#,
+    );
     put("/actions", r#"{"action_type": "InstanceStart"}"#);
     let (code, resp) = http(
         &sock,
@@ -101,6 +108,8 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
         "/hotplug/memory",
         Some(r#"{"requested_size_mib": 256}"#),
     );
+    assert_eq!(code, 204, "{resp}");
+    let (code, resp) = http(&sock, "PATCH", "/balloon", Some(r#"{"amount_mib": 8}"#));
     assert_eq!(code, 204, "{resp}");
     let mut seen = Vec::new();
     expect_line(&rx, "memtest: filled 256 MiB", &mut seen);
@@ -182,6 +191,9 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
     let status = json(&sock2, "/hotplug/memory");
     assert_eq!(status["plugged_size_mib"], 256, "{status}");
     assert_eq!(status["requested_size_mib"], 256, "{status}");
+    let balloon = json(&sock2, "/balloon");
+    assert_eq!(balloon["target_mib"], 8, "{balloon}");
+    assert_eq!(balloon["deflate_on_oom"], true, "{balloon}");
     let pid = restored.id();
     // The check read every page: the plugged memory is resident now.
     std::thread::sleep(Duration::from_millis(300));
