@@ -54,9 +54,12 @@ pub(super) struct State {
     pub(super) slot_size: u64,
     /// Set once the driver activated the device; config changes interrupt it.
     interrupt: Option<Arc<VirtioInterrupt>>,
-    /// Chunks left without plugged blocks whose KVM slot is still there:
-    /// deleting a slot costs milliseconds, so it happens after the answer
-    /// went out ([`State::retire_slots`]).
+    /// Chunks left without plugged blocks whose KVM slot is still there
+    /// ([`State::retire_slots`]). Deleting a slot costs milliseconds, and
+    /// in KVM it drops the guest's whole stage-2 mapping (every vCPU then
+    /// faults its working set back in), so it waits until the driver's
+    /// burst of requests is over ([`RETIRE_AFTER_IDLE`]) or a STATE request
+    /// asks for a barrier; the blocks themselves were released at once.
     retiring: Vec<u64>,
 }
 
@@ -349,6 +352,11 @@ impl VirtioDevice for VirtioMem {
     }
 }
 
+/// How long the request queue must be quiet before emptied chunks lose
+/// their KVM slots: longer than the gap between a Linux driver's UNPLUG
+/// requests while it offlines one memory block after another.
+pub const RETIRE_AFTER_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Serves requests on the device's worker thread.
 struct RequestHandler {
     shared: Arc<Shared>,
@@ -361,11 +369,11 @@ impl ChainHandler for RequestHandler {
             Ok(req) => {
                 let t = std::time::Instant::now();
                 let mut s = self.shared.lock();
-                // Slots emptied by an earlier request go before this one is
-                // answered (they normally went in `after_round` already, but a
-                // request can arrive in the same round): a driver that got
-                // any answer after an UNPLUG's knows those chunks are gone.
-                s.retire_slots();
+                // STATE is the barrier: once it is answered, chunks emptied
+                // by earlier UNPLUGs have no slot (a unikernel's `sync`).
+                if matches!(req, Request::State { .. }) {
+                    s.retire_slots();
+                }
                 let r = s.handle(req);
                 drop(s);
                 tracing::debug!(
@@ -392,7 +400,11 @@ impl ChainHandler for RequestHandler {
         }
     }
 
-    fn after_round(&mut self) {
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        (!self.shared.lock().retiring.is_empty()).then_some(RETIRE_AFTER_IDLE)
+    }
+
+    fn on_idle(&mut self) {
         self.shared.lock().retire_slots();
     }
 }
