@@ -331,7 +331,10 @@ impl VirtioDevice for VirtioMem {
     /// driver learns them from `plugged_size` and sends UNPLUG_ALL).
     fn reset(&mut self) {
         self.stop_worker();
-        self.shared.lock().interrupt = None;
+        let mut s = self.shared.lock();
+        s.interrupt = None;
+        // No worker is left to retire them when the queue goes quiet.
+        s.retire_slots();
     }
 
     /// Stops the worker for a snapshot; the block map, the backing and its
