@@ -9,9 +9,15 @@
 t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
-if "$SPORE" bench reclaim --linux-kernel "$GUEST_KERNEL" --linux-initrd "$GUEST_INITRD" \
-    --runs "${SPORE_RECLAIM_RUNS:-3}" --sizes "${SPORE_RECLAIM_SIZES:-128,256,512,1024}" \
-    >"$tmp/bench.json" 2>"$tmp/bench.err"; then
+# Progress lines (one per run) go to the console as they come, so a run
+# cut short still leaves its figures in the log.
+{
+    "$SPORE" bench reclaim --linux-kernel "$GUEST_KERNEL" --linux-initrd "$GUEST_INITRD" \
+        --runs "${SPORE_RECLAIM_RUNS:-3}" --sizes "${SPORE_RECLAIM_SIZES:-128,256,512,1024}" \
+        2>&1 >"$tmp/bench.json"
+    echo "bench-rc $?"
+} | tee "$tmp/bench.err"
+if grep -q '^bench-rc 0$' "$tmp/bench.err"; then
     cat "$tmp/bench.json"
     cp "$tmp/bench.json" "$SPORE_OUT/bench-reclaim-linux.json"
     t bench-reclaim-linux PASS "$(grep -E '^reclaim .*median' "$tmp/bench.err" | tr '\n' ';')"
