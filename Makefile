@@ -79,6 +79,7 @@ bench: build uk
 	$(SPORE) bench tmem --uk-dir $(UK_OUT)
 	$(SPORE) bench snapshot --uk $(UK_OUT)/snapbench
 	$(SPORE) bench clone --uk-dir $(UK_OUT)
+	$(SPORE) bench reclaim --uk $(UK_OUT)/memtest
 
 clean:
 	$(CARGO) clean

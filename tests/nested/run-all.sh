@@ -9,8 +9,11 @@
 # and a rw disk snapshots itself, is snapshotted through the API and restored
 # three times in new processes), clone (a Linux guest restored twice as clones:
 # reseed from /dev/hwrng, new vsock CID, urandom differs, private disks),
-# snapshot-diff (a diff chain over a guest whose page cache was filled by virtio-blk).
-# Opt-in (only with --only NAME, not in `make test`): bench (the Linux boot
+# snapshot-diff (a diff chain over a guest whose page cache was filled by virtio-blk),
+# virtio-mem-snapshot (512 MiB plugged, snapshot, restore in a new process, contents
+# intact, unplug, RSS drops).
+# Opt-in (only with --only NAME, not in `make test`): bench-reclaim (`spore bench
+# reclaim` on the Linux guest: virtio-mem and balloon, 128 MiB-1 GiB) and bench (the Linux boot
 # benchmark, 10 boots: a benchmark, not a test; late in session 1 it hung in 3
 # of about 30 boots, an open bug; each run now fails after 120 s instead).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
@@ -25,7 +28,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|bench|tmem|snapshot|clone]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -75,6 +78,15 @@ run_one clone --scenario "$here/scenarios/clone.sh" \
     --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-clone"
 run_one snapshot-diff --timeout 400 --scenario "$here/scenarios/snapshot-diff.sh" \
     --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot-diff"
+# L1 holds the 2.5 GiB sparse memory file (about 900 MiB of data) and the VMMs.
+run_one virtio-mem-snapshot --memory 4096 --scenario "$here/scenarios/virtio-mem-snapshot.sh" \
+    --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" --out-dir "$work/out-virtio-mem-snapshot"
+if [[ $only == bench-reclaim ]]; then
+    # A benchmark, opt-in: 4 sizes x 2 mechanisms x 3 runs take about 20 minutes.
+    run_one bench-reclaim --memory 4096 --timeout 3600 --scenario "$here/scenarios/bench-reclaim.sh" \
+        --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
+        --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
+fi
 if [[ $only == bench ]]; then
     run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 fi

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
+use vm_memory::GuestMemoryRegion;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::x86_64::layout;
@@ -27,7 +28,7 @@ use crate::devices::legacy::signal::SignalPort;
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::{Block, BlockError};
-use crate::devices::virtio::mem::VirtioMem;
+use crate::devices::virtio::mem::{MemHandle, VirtioMem, VirtioMemState};
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
@@ -355,6 +356,16 @@ fn build(
     // RAM before the irqchip: with an irqchip present, each memory-slot
     // change is far costlier in KVM (7 ms instead of 70 µs for 128 MiB
     // measured on kvm_pvm), and this is on the boot path.
+    // The snapshot's memory file also holds the hotplug region, after RAM:
+    // a restore maps it from the file RAM itself was mapped from.
+    let hotplug_file = match (&restored_ram, &config.memory_hotplug) {
+        (Some(ram), Some(h)) => Some(hotplug_snapshot_file(
+            ram,
+            machine.mem_bytes(),
+            h.total_size_mib << 20,
+        )?),
+        _ => None,
+    };
     let ram = match restored_ram {
         Some(ram) => ram,
         None => GuestRam::new(machine.mem_bytes())?,
@@ -362,17 +373,26 @@ fn build(
     if pre_irqchip.is_none() {
         ram.register(&vm_fd, machine.track_dirty_pages)?;
     }
-    let hotplug = match &config.memory_hotplug {
-        Some(h) => Some((hotplug_memory(&kvm, &vm_fd, machine.mem_bytes(), h)?, h)),
+    // The virtio-mem device is built here, before the irqchip, because a
+    // restore re-registers the KVM slots of its plugged chunks.
+    let mem_device = match &config.memory_hotplug {
+        Some(h) => Some(virtio_mem_device(
+            &kvm,
+            &vm_fd,
+            machine.mem_bytes(),
+            h,
+            hotplug_file,
+            state.map(|s| s.elastic.mem.as_ref()),
+        )?),
         None => None,
     };
     // Guest buffers may live in plugged memory (Linux onlines it movable, so
     // the page cache lands there): devices see the hotplug region too.
-    let device_mem = match &hotplug {
-        Some((hp, _)) => ram
+    let device_mem = match &mem_device {
+        Some((_, _, region)) => ram
             .memory()
-            .insert_region(hp.region())
-            .map_err(|_| MemoryError::Region(hp.addr()))?,
+            .insert_region(region.clone())
+            .map_err(|_| MemoryError::Region(region.start_addr().0))?,
         None => ram.memory().clone(),
     };
     // Linux needs the in-kernel irqchip; a unikernel polls and can do without.
@@ -470,28 +490,31 @@ fn build(
     }
     let mut balloon = None;
     if let Some(b) = &config.balloon {
-        let device = Balloon::new(BalloonSettings {
+        let settings = BalloonSettings {
             amount_mib: b.amount_mib,
             deflate_on_oom: b.deflate_on_oom,
             stats_polling_interval_s: b.stats_polling_interval_s,
             free_page_reporting: b.free_page_reporting,
             mem_mib: machine.mem_size_mib,
-        })
-        .map_err(|e| BuildError::Device {
+        };
+        let device = match state.map(|s| s.elastic.balloon.as_ref()) {
+            None => Balloon::new(settings).map_err(|e| e.to_string()),
+            Some(Some(saved)) => Balloon::restore(settings, saved).map_err(|e| e.to_string()),
+            Some(None) => Err("the snapshot has no balloon state".to_string()),
+        }
+        .map_err(|detail| BuildError::Device {
             what: "virtio-balloon",
-            detail: e.to_string(),
+            detail,
         })?;
         balloon = Some(device.handle());
         slots.attach(Box::new(device))?;
     }
     // The unikernel's identity map must reach the hotplug region.
-    let hotplug_end = hotplug
+    let hotplug_end = mem_device
         .as_ref()
-        .map_or(0, |(hp, _)| hp.addr().saturating_add(hp.size()));
-    let mem_hotplug = match hotplug {
-        Some((backing, h)) => {
-            let (device, handle) =
-                VirtioMem::new(backing, h.block_size_mib << 20, h.slot_size_mib << 20);
+        .map_or(0, |(_, _, r)| r.start_addr().0.saturating_add(r.len()));
+    let mem_hotplug = match mem_device {
+        Some((device, handle, _)) => {
             slots.attach(Box::new(device))?;
             Some(handle)
         }
@@ -633,21 +656,87 @@ fn build(
     Ok(vm)
 }
 
-/// The virtio-mem region's backing, placed above boot RAM, with its own
-/// handle on the VM (a duplicate fd) to add and remove memory slots from the
-/// device's thread.
-fn hotplug_memory(
+/// The virtio-mem device and its region, placed above boot RAM, with its
+/// own handle on the VM (a duplicate fd) to add and remove memory slots from
+/// the device's thread. On a restore (`saved` is `Some`), the region is
+/// mapped privately from the snapshot's memory file (`file`, where it
+/// follows boot RAM) and the device state applied, plugged chunks' slots
+/// included.
+type MemDevice = (
+    VirtioMem,
+    MemHandle,
+    Arc<crate::devices::virtio::GuestRegionMmap>,
+);
+
+/// The file a restored VM's hotplug region is mapped from: the snapshot
+/// memory file its RAM was mapped from, which holds the region after RAM.
+fn hotplug_snapshot_file(ram: &GuestRam, mem_bytes: u64, region: u64) -> Result<File, BuildError> {
+    let unusable = || BuildError::Device {
+        what: "virtio-mem",
+        detail: "a microVM with virtio-mem memory restores only through the lazy or eager File \
+                 path (its region is mapped from the snapshot's memory file)"
+            .into(),
+    };
+    if !ram.is_private() {
+        return Err(unusable());
+    }
+    let file = ram.memfd().try_clone().map_err(|source| BuildError::Io {
+        what: "the snapshot memory file",
+        source,
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|source| BuildError::Io {
+            what: "the snapshot memory file",
+            source,
+        })?
+        .len();
+    if len < mem_bytes.saturating_add(region) {
+        return Err(unusable());
+    }
+    Ok(file)
+}
+
+fn virtio_mem_device(
     kvm: &Kvm,
     vm_fd: &VmFd,
     mem_bytes: u64,
     h: &crate::config::MemoryHotplugConfig,
-) -> Result<HotplugMemory, BuildError> {
-    use std::os::fd::AsRawFd;
-    let mut hp = HotplugMemory::new(
+    file: Option<File>,
+    saved: Option<Option<&VirtioMemState>>,
+) -> Result<MemDevice, BuildError> {
+    let (addr, size, slot) = (
         layout::hotplug_region_addr(mem_bytes),
         h.total_size_mib << 20,
         h.slot_size_mib << 20,
-    )?;
+    );
+    let mut hp = match file {
+        Some(f) => HotplugMemory::from_snapshot_file(f, mem_bytes, addr, size, slot)?,
+        None => HotplugMemory::new(addr, size, slot)?,
+    };
+    attach_vm_copy(kvm, vm_fd, &mut hp)?;
+    let region = hp.region();
+    let block = h.block_size_mib << 20;
+    let (device, handle) = match saved {
+        None => VirtioMem::new(hp, block, slot),
+        Some(Some(state)) => {
+            VirtioMem::restore(hp, block, slot, state).map_err(|e| BuildError::Device {
+                what: "virtio-mem",
+                detail: e.to_string(),
+            })?
+        }
+        Some(None) => {
+            return Err(BuildError::Device {
+                what: "virtio-mem",
+                detail: "the snapshot has no virtio-mem state".into(),
+            })
+        }
+    };
+    Ok((device, handle, region))
+}
+
+fn attach_vm_copy(kvm: &Kvm, vm_fd: &VmFd, hp: &mut HotplugMemory) -> Result<(), BuildError> {
+    use std::os::fd::AsRawFd;
     // SAFETY: fcntl on an fd we own; the result is checked.
     let fd = unsafe { libc::fcntl(vm_fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
@@ -659,7 +748,7 @@ fn hotplug_memory(
     // SAFETY: `fd` is a fresh duplicate of a KVM VM fd, owned by nobody else.
     let dup = unsafe { kvm.create_vmfd_from_rawfd(fd) }.map_err(kvm_setup("a VM fd copy"))?;
     hp.attach_vm(dup);
-    Ok(hp)
+    Ok(())
 }
 
 /// Applies the snapshot's vCPU and VM-wide KVM state to the new VM.

@@ -29,6 +29,10 @@ pub enum BenchCommand {
     /// instruction (p50, p99) per memory size, with and without standby
     /// processes; clones/s with a --keep pool; PSS per clone.
     Clone(crate::bench_clone::CloneBenchArgs),
+    /// Reclaim (the virtio-mem seed's two-hog experiment): time to give a
+    /// size back and host memory released, virtio-mem and balloon on Linux
+    /// (`--linux-kernel`, nested harness) or virtio-mem on the unikernel (`--uk`).
+    Reclaim(crate::bench_reclaim::ReclaimArgs),
 }
 
 #[derive(Args, Debug)]
@@ -56,6 +60,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
         BenchCommand::Snapshot(a) => crate::bench_snapshot::run(a),
         BenchCommand::Clone(a) => crate::bench_clone::run(a),
+        BenchCommand::Reclaim(a) => crate::bench_reclaim::run(a),
     }
 }
 

@@ -4,6 +4,8 @@
 mod api_client;
 mod bench;
 mod bench_clone;
+mod bench_reclaim;
+mod bench_reclaim_linux;
 mod bench_snapshot;
 mod bench_tmem;
 mod bench_tmem_guest;

@@ -9,7 +9,10 @@
 #   2. /balloon/statistics: free/total/available memory are sane;
 #   3. deflate to 0: MemAvailable comes back;
 #   4. a second VM with free_page_reporting: after the guest frees memory,
-#      the VMM's RSS drops without any inflation.
+#      the VMM's RSS drops without any inflation;
+#   5. a third VM with deflate_on_oom: inflate 384 MiB, the guest writes
+#      96 MiB more than it has left; the driver deflates instead of the OOM
+#      killer killing the writer, and the VMM sees `actual` fall.
 # Inflate/deflate times (target set -> the driver's last update of actual,
 # timed by the VMM) land in
 # $SPORE_OUT/bench-balloon.json.
@@ -180,5 +183,30 @@ if start_vm report '{"amount_mib":0,"deflate_on_oom":false,"free_page_reporting"
 else
     t balloon-free-page-reporting FAIL "no BAL-READY: $(tail -n 2 "$console" | tr "\n" " ") $(tail -n 2 "$tmp/report-vmm.err" | tr "\n" " ")"
 fi
+stop_vm
+
+# --- 3. deflate on OOM.
+if start_vm oom '{"amount_mib":0,"deflate_on_oom":true,"stats_polling_interval_s":1}' spore_balloon_oom &&
+    wait_for "$console" '^BAL-OOM-READY' 180; then
+    ms=$(set_balloon 384)
+    [ -n "$ms" ] || echo "balloon: the oom VM did not reach 384 MiB: $(A GET /balloon)"
+    if wait_for "$console" '^BAL-OOM-RESULT' 300; then
+        res=$(grep '^BAL-OOM-RESULT' "$console")
+        st=$(A GET /balloon)
+        deflated=$(A GET /balloon/statistics | sed -n 's/.*"deflated_pages":\([0-9]*\).*/\1/p')
+        actual=$(echo "$st" | field actual_mib)
+        if echo "$res" | grep -q ' rc=0 ' && echo "$res" | grep -q ' killed=0 ' &&
+            [ -n "$actual" ] && [ "$actual" -lt 384 ] && [ "${deflated:-0}" -gt 0 ]; then
+            t balloon-deflate-on-oom PASS "${res#BAL-OOM-RESULT }; balloon actual ${actual} MiB of target 384, ${deflated} pages deflated"
+        else
+            t balloon-deflate-on-oom FAIL "$res; $st; deflated ${deflated:-?}; $(grep -i 'killed process\|out of memory' "$console" | head -n 2 | tr '\n' ' ')"
+        fi
+    else
+        t balloon-deflate-on-oom FAIL "no BAL-OOM-RESULT: $(tail -n 3 "$console" | tr '\n' ' ')"
+    fi
+else
+    t balloon-deflate-on-oom FAIL "no BAL-OOM-READY: $(tail -n 2 "$console" | tr '\n' ' ')"
+fi
+cp "$console" "$SPORE_OUT/balloon-oom-console.txt"
 stop_vm
 exit 0

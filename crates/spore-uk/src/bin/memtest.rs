@@ -18,6 +18,15 @@
 //!   `memtest: reclaim bytes=… plug_us=… fill_us=… unplug_us=…`.
 //!   `hold_ms=N` sleeps N ms after printing `memtest: filled` and again after
 //!   `memtest: reclaimed`, so a host can read the VMM's RSS at both points.
+//!   `other=MIB` first gives a second tenant that much, filled and kept (the
+//!   seed's first memory hog: with whole-block tenants nothing of it moves).
+//! - `mode=persist size=MIB`: gives one tenant `size` MiB, writes a pattern
+//!   word in every page, prints `memtest: filled`, holds `hold_ms` (a host
+//!   snapshots the VM here and restores it elsewhere), checks every page
+//!   (`memtest: verified pages=…`), holds again, frees the tenant (unplug),
+//!   prints `memtest: reclaimed` and holds a third time. The snapshot
+//!   tests' guest: a restored VM must keep its plugged memory and give it
+//!   back afterwards.
 //!
 //! Exit codes: 0 ok, 1 a check failed (printed), 2 no virtio-mem device,
 //! 3 the host never set the requested size.
@@ -155,6 +164,7 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         "random" => random(mem),
         "touch-unplugged" => touch_unplugged(mem),
         "reclaim" => reclaim(mem),
+        "persist" => persist(mem),
         other => {
             println!("memtest: unknown mode {other}");
             1
@@ -307,7 +317,8 @@ fn touch_unplugged(mut mem: VirtioMem) -> i32 {
 fn reclaim(mem: VirtioMem) -> i32 {
     let size = num("size", 1024) * MIB;
     let hold_ms = num("hold_ms", 0);
-    if !wait_for_target(&mem, size) {
+    let other = num("other", 0) * MIB;
+    if !wait_for_target(&mem, size + other) {
         println!("memtest: the host never set the requested size");
         return 3;
     }
@@ -319,6 +330,19 @@ fn reclaim(mem: VirtioMem) -> i32 {
         }
     };
     const TENANT: u16 = 1;
+    const OTHER: u16 = 2;
+    if other > 0 {
+        match alloc.alloc(OTHER, other) {
+            // SAFETY: the blocks stay plugged (the tenant is never freed).
+            Ok(b) => unsafe { b.as_mut_slice() }
+                .chunks_mut(PAGE as usize)
+                .for_each(|p| p[0] = 0xa5),
+            Err(e) => {
+                println!("memtest: FAILED: alloc other {other}: {e}");
+                return 1;
+            }
+        }
+    }
     let t = Instant::now();
     let blocks = match alloc.alloc(TENANT, size) {
         Ok(b) => b,
@@ -338,7 +362,7 @@ fn reclaim(mem: VirtioMem) -> i32 {
     }
     let fill_us = t.elapsed_us().unwrap_or(0);
     check!(
-        alloc.device().plugged_size() == blocks.len,
+        alloc.device().plugged_size() == blocks.len + other,
         "device plugged_size {}",
         alloc.device().plugged_size()
     );
@@ -355,7 +379,7 @@ fn reclaim(mem: VirtioMem) -> i32 {
     let unplug_us = t.elapsed_us().unwrap_or(0);
     check!(freed.bytes == blocks.len, "freed {} bytes", freed.bytes);
     check!(
-        alloc.device().plugged_size() == 0,
+        alloc.device().plugged_size() == other,
         "device still has {} plugged",
         alloc.device().plugged_size()
     );
@@ -364,6 +388,74 @@ fn reclaim(mem: VirtioMem) -> i32 {
         freed.bytes, freed.blocks, freed.requests
     );
     println!("memtest: reclaimed");
+    hold(hold_ms);
+    0
+}
+
+fn persist(mem: VirtioMem) -> i32 {
+    let size = num("size", 64) * MIB;
+    let hold_ms = num("hold_ms", 0);
+    if !wait_for_target(&mem, size) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    let mut alloc = match BlockAllocator::new(mem) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("memtest: FAILED: {e}");
+            return 1;
+        }
+    };
+    const TENANT: u16 = 1;
+    let blocks = match alloc.alloc(TENANT, size) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("memtest: FAILED: alloc {size}: {e}");
+            return 1;
+        }
+    };
+    let bs = alloc.block_size();
+    let first = (blocks.addr - alloc.device().region_addr()) / bs.max(1);
+    for b in 0..blocks.len / bs {
+        fill(blocks.addr + b * bs, bs, first + b, 7);
+    }
+    println!(
+        "memtest: filled {} MiB at {:#x}",
+        blocks.len / MIB,
+        blocks.addr
+    );
+    hold(hold_ms);
+    for b in 0..blocks.len / bs {
+        if let Some(off) = verify(blocks.addr + b * bs, bs, first + b, 7) {
+            println!(
+                "memtest: FAILED: block {} lost its pattern at {off:#x}",
+                first + b
+            );
+            return 1;
+        }
+    }
+    check!(
+        alloc.device().plugged_size() == blocks.len,
+        "device plugged_size {} after the hold",
+        alloc.device().plugged_size()
+    );
+    println!("memtest: verified pages={}", blocks.len / PAGE);
+    hold(hold_ms);
+    let t = Instant::now();
+    let freed = match alloc.free_tenant(TENANT) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("memtest: FAILED: free: {e}");
+            return 1;
+        }
+    };
+    check!(freed.bytes == blocks.len, "freed {} bytes", freed.bytes);
+    check!(alloc.device().plugged_size() == 0, "still plugged");
+    println!(
+        "memtest: reclaimed bytes={} unplug_us={}",
+        freed.bytes,
+        t.elapsed_us().unwrap_or(0)
+    );
     hold(hold_ms);
     0
 }

@@ -238,9 +238,9 @@ impl VirtioMem {
 
     /// Waits until every block unplugged so far is unreachable. The device
     /// answers UNPLUG once the memory is back with the host, and deletes the
-    /// KVM slot of a chunk it emptied just after (off the driver's wait); it
-    /// finishes that before answering any later request, so one STATE
-    /// round trip is the barrier. Until then a stray touch of an emptied
+    /// KVM slot of a chunk it emptied once its queue has been quiet for a
+    /// while (off the driver's wait); it finishes that before answering a
+    /// STATE request, so one STATE round trip is the barrier. Until then a stray touch of an emptied
     /// chunk may still find (zeroed) memory.
     pub fn sync(&mut self) -> Result<(), MemError> {
         let addr = self.addr;

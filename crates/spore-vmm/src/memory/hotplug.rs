@@ -9,6 +9,15 @@
 //! are given back with `fallocate(PUNCH_HOLE)`, which frees the memfd's pages
 //! and zaps every mapping of them (the VMM's and, through KVM's MMU
 //! notifier, the guest's).
+//!
+//! A VM restored from a snapshot maps the region privately from the
+//! snapshot's memory file instead (at the file offset right after boot RAM),
+//! so plugged blocks fault in lazily from the page cache and restore costs
+//! no copy. Such a region cannot punch holes in a file it does not own:
+//! unplugged blocks are replaced by fresh anonymous memory (`mmap` with
+//! `MAP_FIXED` over the range), which frees the copy-on-write pages and
+//! drops the file's pages from the mapping, and reads as zeros when the
+//! block is plugged again — the same contract as a punched memfd.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -47,7 +56,14 @@ pub enum HotplugError {
 
 /// The hotplug region's memfd, its mapping, and its KVM slots.
 pub struct HotplugMemory {
+    /// The memfd (shared mapping), or the snapshot memory file the region
+    /// is mapped from privately.
     memfd: File,
+    /// Where the region starts in `memfd` (non-zero for a snapshot file,
+    /// which holds boot RAM first).
+    file_offset: u64,
+    /// Mapped copy-on-write from a snapshot file (see the module docs).
+    private: bool,
     region: Arc<GuestRegionMmap>,
     addr: u64,
     size: u64,
@@ -66,12 +82,42 @@ impl HotplugMemory {
         memfd
             .set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
+        Self::map(memfd, 0, false, addr, size, slot_size)
+    }
+
+    /// Maps the region privately from a snapshot's memory file, where it
+    /// starts at `file_offset` (the file must be at least that plus `size`
+    /// bytes long; the snapshot loader checks). Nothing is read or copied:
+    /// plugged blocks fault in from the file when the guest touches them.
+    pub fn from_snapshot_file(
+        file: File,
+        file_offset: u64,
+        addr: u64,
+        size: u64,
+        slot_size: u64,
+    ) -> Result<Self, MemoryError> {
+        Self::map(file, file_offset, true, addr, size, slot_size)
+    }
+
+    fn map(
+        memfd: File,
+        file_offset: u64,
+        private: bool,
+        addr: u64,
+        size: u64,
+        slot_size: u64,
+    ) -> Result<Self, MemoryError> {
         let fd = memfd.try_clone().map_err(MemoryError::Memfd)?;
+        let share = if private {
+            libc::MAP_PRIVATE
+        } else {
+            libc::MAP_SHARED
+        };
         let mapping = MmapRegion::build(
-            Some(FileOffset::new(fd, 0)),
+            Some(FileOffset::new(fd, file_offset)),
             size as usize,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            share | libc::MAP_NORESERVE,
         )
         .map_err(|source| MemoryError::Mmap { size, source })?;
         let region =
@@ -79,6 +125,8 @@ impl HotplugMemory {
         let chunks = size.div_ceil(slot_size.max(1));
         Ok(Self {
             memfd,
+            file_offset,
+            private,
             region: Arc::new(region),
             addr,
             size,
@@ -105,6 +153,27 @@ impl HotplugMemory {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Whether the region is a private mapping of a snapshot file (its
+    /// contents are then readable only through the mapping).
+    pub fn is_private(&self) -> bool {
+        self.private
+    }
+
+    /// The file behind the mapping and where the region starts in it.
+    pub fn file(&self) -> (&File, u64) {
+        (&self.memfd, self.file_offset)
+    }
+
+    /// Host address of the region's first byte.
+    pub fn host_addr(&self) -> *mut u8 {
+        self.region.as_ptr()
+    }
+
+    /// Slot size in bytes.
+    pub fn slot_size(&self) -> u64 {
+        self.slot_size
     }
 
     /// Whether chunk `chunk` currently has a KVM slot.
@@ -184,6 +253,9 @@ impl HotplugMemory {
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
         }
+        if self.private {
+            return self.replace_with_anonymous(offset, len).map_err(err);
+        }
         // SAFETY: plain syscall on a file we own; it changes no memory this
         // process relies on (punched pages read back as zeros).
         let rc = unsafe {
@@ -200,10 +272,48 @@ impl HotplugMemory {
         Ok(())
     }
 
-    /// Bytes of the memfd that currently hold host memory (for tests and
-    /// accounting): the file's allocated blocks.
+    /// Private mappings: swaps `[offset, offset + len)` of the mapping for
+    /// fresh anonymous memory. `MADV_DONTNEED` would free the copy-on-write
+    /// pages too, but the guest would then read the snapshot file's old
+    /// contents when the block is plugged again, not zeros.
+    fn replace_with_anonymous(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside the mapping `self.region` owns
+        // (checked by the caller), so MAP_FIXED replaces only our own pages;
+        // the mapping stays valid (same address, same protection), so
+        // neither vm-memory's view nor KVM's slots go stale: KVM's MMU
+        // notifier drops the old pages from the guest.
+        let p = unsafe {
+            libc::mmap(
+                self.region.as_ptr().add(offset as usize).cast(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Bytes of host memory the region holds (for tests and accounting):
+    /// the memfd's allocated blocks, or for a private mapping its resident
+    /// pages (copy-on-write copies and file pages it maps).
     pub fn resident_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
+        if self.private {
+            return crate::snapshot::memory::resident_ranges(
+                self.region.as_ptr(),
+                self.size as usize,
+            )
+            .map(|r| r.iter().map(|(_, l)| l).sum())
+            .unwrap_or(0);
+        }
         self.memfd.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }
 }

@@ -176,10 +176,12 @@ fn read_layer(
     let file = File::open(&paths.mem).map_err(open_err)?;
     let md = file.metadata().map_err(open_err)?;
     let expected = manifest.mem_size_bytes;
-    if md.len() != expected || manifest.layer.mem_file_size != expected {
+    // A virtio-mem region's memory follows boot RAM in the file.
+    let file_size = expected + manifest.hotplug.as_ref().map_or(0, |h| h.region_size_bytes);
+    if md.len() != file_size || manifest.layer.mem_file_size != file_size {
         return Err(SnapshotError::MemorySize {
             path: mem_name,
-            expected,
+            expected: file_size,
             actual: md.len(),
         });
     }
@@ -401,6 +403,7 @@ mod tests {
                 zero_runs: None,
             },
             state_bytes: 3,
+            hotplug: None,
         };
         std::fs::write(&paths.state, encode(&manifest, b"abc").unwrap()).unwrap();
         let (info, _, _) = read_layer(&paths, |_, _| Ok(())).unwrap();

@@ -113,6 +113,21 @@ pub struct DeviceInfo {
     pub detail: String,
 }
 
+/// Where the virtio-mem hotplug region lies in the memory file: right after
+/// boot RAM, as long as the region, plugged blocks as data and unplugged
+/// blocks as holes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotplugRegionInfo {
+    pub guest_addr: u64,
+    pub file_offset: u64,
+    pub region_size_bytes: u64,
+    pub block_size_bytes: u64,
+    pub plugged_bytes: u64,
+    pub requested_bytes: u64,
+    /// Bytes of the region written to the memory file.
+    pub data_bytes: u64,
+}
+
 /// The human-readable part of a state file (`spore snapshot inspect`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -125,6 +140,9 @@ pub struct Manifest {
     pub devices: Vec<DeviceInfo>,
     pub layer: Layer,
     pub state_bytes: u64,
+    /// The virtio-mem region's place in the memory file, if the VM has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug: Option<HotplugRegionInfo>,
 }
 
 /// Serializes manifest + state into the on-disk layout.
@@ -350,6 +368,7 @@ mod tests {
                 zero_runs: None,
             },
             state_bytes,
+            hotplug: None,
         }
     }
 

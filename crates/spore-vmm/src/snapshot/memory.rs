@@ -193,7 +193,7 @@ pub fn read_tag(file: &File) -> Option<String> {
 
 /// Page ranges of a mapping that are resident (written copy-on-write, or
 /// read from the page cache), as (offset, len) within the mapping.
-fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
+pub(crate) fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
     let pages = len.div_ceil(PAGE);
     let mut vec = vec![0u8; pages];
     // SAFETY: [ptr, ptr + len) is one page-aligned mapping owned by the

@@ -31,6 +31,13 @@ pub fn merge(
 ) -> Result<SnapshotInfo, SnapshotError> {
     let mut chain = chain::walk(newest, parents)?;
     let mut manifest = chain.layers[0].manifest.clone();
+    if manifest.hotplug.is_some() {
+        // Diffs of such VMs are refused, so its chain is one full layer.
+        return Err(SnapshotError::Capture {
+            what: "the chain",
+            detail: "a snapshot with virtio-mem memory is a single full layer already; there is nothing to merge".into(),
+        });
+    }
     let size = manifest.mem_size_bytes;
     let layers = chain.memory_layers(size);
     let mem_name = out.mem.display().to_string();

@@ -11,6 +11,7 @@
 pub mod chain;
 pub mod dirty;
 pub mod format;
+pub mod hotplug_mem;
 pub mod layers;
 pub mod memory;
 pub mod merge;
@@ -32,11 +33,16 @@ use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
 use crate::devices::tmem::TmemState;
+use crate::devices::virtio::balloon::BalloonState;
 use crate::devices::virtio::device_type;
+use crate::devices::virtio::mem::VirtioMemState;
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
-use format::{DeviceInfo, FormatError, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION};
+use format::{
+    DeviceInfo, FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef,
+    FORMAT_VERSION,
+};
 use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
@@ -134,11 +140,27 @@ pub struct MicrovmState {
     pub signal_results: Vec<u32>,
     /// The tmem pool: it lives in VMM memory, not guest memory.
     pub tmem: TmemState,
+    /// Device state beyond the transport, for devices that have any.
+    pub elastic: ElasticState,
+}
+
+/// The memory devices' own state (beyond their transports).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ElasticState {
+    pub balloon: Option<BalloonState>,
+    /// The virtio-mem device; its region's memory follows boot RAM in the
+    /// memory file.
+    pub mem: Option<VirtioMemState>,
 }
 
 impl MicrovmState {
     pub fn config(&self) -> Result<VmConfig, serde_json::Error> {
         serde_json::from_str(&self.config_json)
+    }
+
+    /// Size of the memory file: boot RAM, then the hotplug region if any.
+    pub fn mem_file_size(&self) -> u64 {
+        self.mem_size + self.elastic.mem.as_ref().map_or(0, |m| m.region_size)
     }
 }
 
@@ -296,6 +318,11 @@ pub fn capture_state(
         generation: vm.generation(),
         signal_results: vm.signal_results(),
         tmem: vm.tmem().save(),
+        // Read while the devices are quiesced, like the transports.
+        elastic: ElasticState {
+            balloon: vm.balloon().map(|b| b.save()),
+            mem: vm.mem_hotplug().map(|m| m.save()),
+        },
     })
 }
 
@@ -329,7 +356,7 @@ fn write_snapshot(
         path: mem_path.display().to_string(),
         source,
     };
-    let (kind, parent, data_bytes, zero_runs) = match content {
+    let (kind, parent, mut data_bytes, zero_runs) = match content {
         MemoryContent::Full => (
             LayerKind::Full,
             None,
@@ -341,6 +368,24 @@ fn write_snapshot(
                 memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?;
             (LayerKind::Diff, Some(parent), n, zeros)
         }
+    };
+    let hotplug = match (vm.mem_hotplug(), &state.elastic.mem) {
+        (Some(h), Some(m)) => {
+            let written = h
+                .write_memory(&mem_pending.file, state.mem_size)
+                .map_err(mem_err)?;
+            data_bytes += written;
+            Some(HotplugRegionInfo {
+                guest_addr: m.addr,
+                file_offset: state.mem_size,
+                region_size_bytes: m.region_size,
+                block_size_bytes: m.block_size,
+                plugged_bytes: h.plugged_bytes(),
+                requested_bytes: m.requested_size,
+                data_bytes: written,
+            })
+        }
+        _ => None,
     };
     let id = random_id();
     memory::tag(&mem_pending.file, &id);
@@ -361,11 +406,12 @@ fn write_snapshot(
             id,
             kind,
             parent,
-            mem_file_size: state.mem_size,
+            mem_file_size: state.mem_file_size(),
             mem_data_bytes: data_bytes,
             zero_runs,
         },
         state_bytes: state_bytes.len() as u64,
+        hotplug,
     };
     let bytes = format::encode(&manifest, &state_bytes)
         .map_err(|e| capture("the manifest")(e.to_string()))?;
@@ -416,6 +462,38 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
                     .unwrap_or_default(),
             ),
             device_type::RNG => ("virtio-rng", String::new()),
+            device_type::BALLOON => (
+                "virtio-balloon",
+                state
+                    .elastic
+                    .balloon
+                    .as_ref()
+                    .map(|b| {
+                        format!(
+                            "target {} pages, actual {} pages",
+                            b.target_pages, b.actual_pages
+                        )
+                    })
+                    .unwrap_or_default(),
+            ),
+            device_type::MEM => (
+                "virtio-mem",
+                state
+                    .elastic
+                    .mem
+                    .as_ref()
+                    .map(|m| {
+                        let plugged: u32 = m.plugged.iter().map(|w| w.count_ones()).sum();
+                        format!(
+                            "region {:#x}+{} MiB, {} MiB plugged, {} MiB requested",
+                            m.addr,
+                            m.region_size >> 20,
+                            (u64::from(plugged) * m.block_size) >> 20,
+                            m.requested_size >> 20
+                        )
+                    })
+                    .unwrap_or_default(),
+            ),
             device_type::VSOCK => (
                 "virtio-vsock",
                 config
@@ -608,6 +686,7 @@ mod tests {
             generation: 0,
             signal_results: vec![0],
             tmem: Default::default(),
+            elastic: Default::default(),
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
@@ -627,6 +706,7 @@ mod tests {
                 zero_runs: None,
             },
             state_bytes: bytes.len() as u64,
+            hotplug: None,
         };
         std::fs::write(path, encode(&manifest, &bytes).unwrap()).unwrap();
     }

@@ -7,10 +7,31 @@ meminfo() {
     awk '/^MemTotal:/ { t = $2 } /^MemFree:/ { f = $2 } /^MemAvailable:/ { a = $2 }
         END { print "BAL-MEM total=" t " free=" f " avail=" a }' /proc/meminfo
 }
+mib() { awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo; }
+# The deflate-on-OOM VM (spore_balloon_oom): once the host inflated the
+# balloon, write more to a tmpfs than the guest has left. With
+# VIRTIO_BALLOON_F_DEFLATE_ON_OOM the driver's OOM notifier gives pages back
+# from the balloon instead of the OOM killer killing the writer.
+if grep -qw spore_balloon_oom /proc/cmdline; then
+    avail0=$(mib)
+    echo "BAL-OOM-READY $avail0 MiB"
+    i=0
+    while [ "$(mib)" -gt $((avail0 - 300)) ] && [ $i -lt 600 ]; do sleep 0.5; i=$((i + 1)); done
+    low=$(mib)
+    echo "BAL-OOM-INFLATED $low MiB"
+    mkdir -p /mnt/hog
+    mount -t tmpfs -o size=480m hog /mnt/hog
+    want=$((low + 96))
+    dd if=/dev/zero of=/mnt/hog/x bs=1M count=$want 2>/dev/null
+    rc=$?
+    wrote=$(($(stat -c %s /mnt/hog/x 2>/dev/null || echo 0) >> 20))
+    killed=$(dmesg | grep -c 'Killed process')
+    echo "BAL-OOM-RESULT want=$want wrote=$wrote rc=$rc killed=$killed avail=$(mib)"
+    while :; do sleep 3600; done
+fi
 # Idle phase (the peers' benchmark setup): the host inflates then deflates
 # 256 MiB on an idle guest. Wait until MemAvailable has dropped by 200 MiB
 # and come back, or 180 s.
-mib() { awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo; }
 # A VM booted with spore_balloon_noidle (the reporting check) skips it.
 start=$(mib) seen_low=0 i=0
 grep -q spore_balloon_noidle /proc/cmdline && i=360

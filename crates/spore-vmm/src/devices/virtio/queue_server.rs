@@ -30,6 +30,14 @@ pub trait ChainHandler: Send + 'static {
     /// Called after a round of chains went back to the driver (and the
     /// driver was interrupted): work that need not delay the driver.
     fn after_round(&mut self) {}
+
+    /// If `Some`, [`Self::on_idle`] runs once the queue has been quiet this
+    /// long: deferred work that should wait until a burst of requests ends.
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    fn on_idle(&mut self) {}
 }
 
 const TOKEN_QUEUE: u64 = 0;
@@ -104,7 +112,15 @@ impl<H: ChainHandler> QueueServer<H> {
         self.serve_available();
         let mut events = [EpollEvent::default(); 2];
         loop {
-            let n = match epoll.wait(-1, &mut events) {
+            let timeout = self
+                .handler
+                .idle_timeout()
+                .map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
+            let n = match epoll.wait(timeout, &mut events) {
+                Ok(0) if timeout >= 0 => {
+                    self.handler.on_idle();
+                    continue;
+                }
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {

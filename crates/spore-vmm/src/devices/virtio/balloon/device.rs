@@ -16,7 +16,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::request::{GuestStats, PAGE_SHIFT};
-use super::worker::BalloonWorker;
+use super::worker::{BalloonWorker, Stopped};
 use crate::devices::bus::lock;
 use crate::devices::virtio::worker::Worker;
 use crate::devices::virtio::{
@@ -64,7 +64,7 @@ pub struct BalloonSettings {
 }
 
 /// Host-side counters, for tests and the statistics endpoint.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ReleaseCounters {
     /// Pages the guest inflated (each released on the host).
     pub inflated_pages: u64,
@@ -91,6 +91,9 @@ pub(super) struct State {
     pub(super) counters: ReleaseCounters,
     /// Present while the device is activated: config changes interrupt.
     pub(super) interrupt: Option<Arc<VirtioInterrupt>>,
+    /// The statistics buffer a quiesced worker was holding, for the
+    /// snapshot and for the worker a restore starts.
+    pub(super) restored_held_stats: Option<u16>,
 }
 
 pub(super) struct Shared {
@@ -213,6 +216,10 @@ impl BalloonHandle {
         })
     }
 
+    pub(super) fn shared_block(&self) -> &Arc<Shared> {
+        &self.0
+    }
+
     #[cfg(test)]
     pub(super) fn shared(&self) -> &Arc<Shared> {
         &self.0
@@ -234,7 +241,7 @@ pub struct Balloon {
     shared: Arc<Shared>,
     features: u64,
     queue_sizes: Vec<u16>,
-    worker: Option<Worker<()>>,
+    worker: Option<Worker<Stopped>>,
 }
 
 impl Balloon {
@@ -272,6 +279,7 @@ impl Balloon {
                 actual_set_at: None,
                 counters: ReleaseCounters::default(),
                 interrupt: None,
+                restored_held_stats: None,
             }),
             deflate_on_oom: settings.deflate_on_oom,
             free_page_reporting: settings.free_page_reporting,
@@ -379,5 +387,22 @@ impl VirtioDevice for Balloon {
 
     fn reset(&mut self) {
         self.stop_worker();
+        lock(&self.shared.state).restored_held_stats = None;
+    }
+
+    /// Stops the worker for a snapshot, keeping the statistics buffer it
+    /// holds (the driver sends no other until that one comes back).
+    fn quiesce(&mut self) -> Result<Vec<virtio_queue::Queue>, ActivateError> {
+        let worker = self
+            .worker
+            .take()
+            .ok_or_else(|| ActivateError::Device("virtio-balloon is not active".into()))?;
+        let stopped = worker
+            .stop()
+            .ok_or_else(|| ActivateError::Device("virtio-balloon worker panicked".into()))?;
+        let mut st = lock(&self.shared.state);
+        st.interrupt = None;
+        st.restored_held_stats = stopped.held_stats;
+        Ok(stopped.queues)
     }
 }

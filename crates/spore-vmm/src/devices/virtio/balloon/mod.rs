@@ -15,9 +15,11 @@
 //! on), after every PFN and range has been checked against guest RAM.
 //!
 //! Files: `request.rs` (parsing and validation of everything the guest
-//! sends), `device.rs` (device model, API handle, worker thread, release).
+//! sends), `device.rs` (device model, API handle), `worker.rs` (queues, host
+//! release), `persist.rs` (snapshot state).
 
 pub mod device;
+pub mod persist;
 pub mod request;
 mod worker;
 
@@ -28,3 +30,4 @@ pub use device::{
     Balloon, BalloonError, BalloonHandle, BalloonSettings, BalloonStatistics, BalloonStatus,
     ReleaseCounters,
 };
+pub use persist::{BalloonState, BalloonStateError};

@@ -165,7 +165,7 @@ pub fn parse_report(mem: &GuestMemoryMmap, d: &Descriptor) -> Result<GuestRange,
 
 /// Memory statistics as the guest last reported them (virtio 1.2, §5.5.6.3),
 /// under Firecracker's field names. A tag the guest did not send stays unset.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct GuestStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_in: Option<u64>,

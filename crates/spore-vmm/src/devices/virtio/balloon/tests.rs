@@ -467,30 +467,7 @@ fn worker_thread_end_to_end_through_the_transport() {
         rig.interrupt.clone(),
     )
     .unwrap();
-    // The driver's side of initialization (virtio 1.2, §3.1.1), all 4 queues.
-    let features = (1u64 << 32) | F_MUST_TELL_HOST | F_STATS_VQ | F_REPORTING;
-    wr(&mut t, 0x70, 1);
-    wr(&mut t, 0x70, 3);
-    wr(&mut t, 0x24, 0);
-    wr(&mut t, 0x20, features as u32);
-    wr(&mut t, 0x24, 1);
-    wr(&mut t, 0x20, (features >> 32) as u32);
-    wr(&mut t, 0x70, 0xb);
-    assert_eq!(t.status(), 0xb, "features refused");
-    for (i, vq) in rig.queues.iter().enumerate() {
-        wr(&mut t, 0x30, i as u32);
-        wr(&mut t, 0x38, u32::from(QLEN));
-        for (reg, addr) in [
-            (0x80, vq.desc_table_addr().0),
-            (0x90, vq.avail_addr().0),
-            (0xa0, vq.used_addr().0),
-        ] {
-            wr(&mut t, reg, addr as u32);
-            wr(&mut t, reg + 4, (addr >> 32) as u32);
-        }
-        wr(&mut t, 0x44, 1);
-    }
-    wr(&mut t, 0x70, 0xf);
+    bring_up(&mut t, &rig);
     assert!(t.is_activated());
 
     // Inflate through the worker thread, woken by the queue's eventfd.
@@ -569,4 +546,112 @@ fn a_corrupt_avail_index_does_not_hang_the_worker() {
     w.serve_inflate();
     assert!(rig.used_idx(0) <= 1);
     assert_eq!(handle.counters().refused, 0);
+}
+
+/// The driver's side of initialization (virtio 1.2, §3.1.1), all 4 queues.
+fn bring_up(t: &mut MmioTransport, rig: &Rig) {
+    let features = (1u64 << 32) | F_MUST_TELL_HOST | F_STATS_VQ | F_REPORTING;
+    wr(t, 0x70, 1);
+    wr(t, 0x70, 3);
+    wr(t, 0x24, 0);
+    wr(t, 0x20, features as u32);
+    wr(t, 0x24, 1);
+    wr(t, 0x20, (features >> 32) as u32);
+    wr(t, 0x70, 0xb);
+    assert_eq!(t.status(), 0xb, "features refused");
+    for (i, vq) in rig.queues.iter().enumerate() {
+        wr(t, 0x30, i as u32);
+        wr(t, 0x38, u32::from(QLEN));
+        for (reg, addr) in [
+            (0x80, vq.desc_table_addr().0),
+            (0x90, vq.avail_addr().0),
+            (0xa0, vq.used_addr().0),
+        ] {
+            wr(t, reg, addr as u32);
+            wr(t, reg + 4, (addr >> 32) as u32);
+        }
+        wr(t, 0x44, 1);
+    }
+    wr(t, 0x70, 0xf);
+}
+
+/// A snapshot of a running balloon: target, actual and counters survive,
+/// and the statistics buffer the device held is held again by the
+/// restored device and handed back at its next poll (else the driver would
+/// never send statistics again).
+#[test]
+fn snapshot_round_trip_keeps_the_held_stats_buffer() {
+    let ram = GuestRam::new(16 << 20).unwrap();
+    let mut rig = Rig::new(ram.memory());
+    let balloon = Balloon::new(settings(16)).unwrap();
+    let handle = balloon.handle();
+    let mut t = MmioTransport::new(
+        Box::new(balloon),
+        ram.memory().clone(),
+        rig.interrupt.clone(),
+    )
+    .unwrap();
+    bring_up(&mut t, &rig);
+    assert!(t.is_activated());
+    handle.set_target_mib(2).unwrap();
+    wr(&mut t, 0x104, 512);
+    rig.pfns(0, BUF, &[pfn(DATA), pfn(DATA) + 1]);
+    t.queue_events()[0].write(1).unwrap();
+    assert!(eventually(5, || handle.counters().inflated_pages == 2));
+    let buf = stat(5, 16 << 20);
+    ram.memory()
+        .write_slice(&buf, GuestAddress(BUF + 0x800))
+        .unwrap();
+    rig.chain(2, &[(BUF + 0x800, buf.len() as u32, R)]);
+    t.queue_events()[2].write(1).unwrap();
+    assert!(eventually(5, || handle
+        .statistics()
+        .unwrap()
+        .stats
+        .total_memory
+        .is_some()));
+    // Snapshot as `snapshot::create_full` does: quiesce, save both, resume.
+    t.quiesce().unwrap();
+    let tstate = t.save();
+    let bstate = handle.save();
+    t.resume();
+    assert_eq!(bstate.target_pages, 512);
+    assert_eq!(bstate.actual_pages, 512);
+    assert_eq!(bstate.counters.inflated_pages, 2);
+    assert_eq!(bstate.held_stats, Some(0));
+    assert_eq!(rig.used_idx(2), 0, "the buffer is still held");
+    wr(&mut t, 0x70, 0);
+    drop(t);
+
+    let bytes = bincode::serialize(&bstate).unwrap();
+    let bstate: BalloonState = bincode::deserialize(&bytes).unwrap();
+    let restored = Balloon::restore(settings(16), &bstate).unwrap();
+    let h2 = restored.handle();
+    let mut t2 = MmioTransport::restore(
+        Box::new(restored),
+        ram.memory().clone(),
+        rig.interrupt.clone(),
+        &tstate,
+    )
+    .unwrap();
+    // As the builder does once vCPU and VM state are restored.
+    t2.finish_restore().unwrap();
+    assert!(t2.is_activated());
+    let st = h2.status();
+    assert_eq!((st.target_mib, st.actual_mib), (2, 2));
+    assert_eq!(h2.counters().inflated_pages, 2);
+    assert!(h2.statistics().unwrap().stats.total_memory.is_some());
+    assert!(
+        eventually(5, || rig.used_idx(2) == 1),
+        "the restored device never returned the held stats buffer"
+    );
+
+    // A configuration that contradicts the snapshot is refused.
+    let mut other = settings(16);
+    other.deflate_on_oom = false;
+    assert!(Balloon::restore(other, &bstate).is_err());
+    let mut other = settings(16);
+    other.stats_polling_interval_s = 0;
+    assert!(Balloon::restore(other, &bstate).is_err());
+    assert!(Balloon::restore(settings(1), &bstate).is_err());
 }

@@ -36,6 +36,13 @@ const Q_DEFLATE: u64 = 1;
 const Q_STATS: u64 = 2;
 const Q_REPORT: u64 = 3;
 
+/// What a stopped worker hands back.
+pub(super) struct Stopped {
+    pub(super) queues: Vec<Queue>,
+    /// The statistics buffer the device was holding (its head index).
+    pub(super) held_stats: Option<u16>,
+}
+
 /// Serves the balloon's queues; runs on the device's worker thread.
 pub(super) struct BalloonWorker {
     mem: GuestMemoryMmap,
@@ -90,6 +97,8 @@ impl BalloonWorker {
             .then(|| take("free page reporting"))
             .transpose()?;
         let timer = TimerFd::new().map_err(|e| ActivateError::Worker(e.into()))?;
+        // A buffer held when a snapshot was taken is held again.
+        let held_stats = lock(&shared.state).restored_held_stats.take();
         let mut w = Self {
             mem,
             interrupt,
@@ -98,7 +107,7 @@ impl BalloonWorker {
             deflate,
             stats,
             report,
-            held_stats: None,
+            held_stats,
             timer,
             must_tell_host: acked_features & F_MUST_TELL_HOST != 0,
         };
@@ -134,14 +143,16 @@ impl BalloonWorker {
         Ok(epoll)
     }
 
-    pub(super) fn run(mut self, epoll: Epoll, stop: EventFd) {
+    /// Serves until `stop` is signalled; hands back the queues (in the
+    /// driver's order) and the held statistics buffer, for a snapshot.
+    pub(super) fn run(mut self, epoll: Epoll, stop: EventFd) -> Stopped {
         if let Err(e) = epoll.ctl(
             ControlOperation::Add,
             stop.as_raw_fd(),
             EpollEvent::new(EventSet::IN, TOKEN_STOP),
         ) {
             tracing::error!("virtio-balloon: cannot watch the stop event: {e}");
-            return;
+            return self.stopped();
         }
         // Buffers made available before activation need no new notification.
         self.serve_all();
@@ -152,12 +163,12 @@ impl BalloonWorker {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::error!("virtio-balloon: epoll failed: {e}");
-                    return;
+                    return self.stopped();
                 }
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    TOKEN_STOP => return,
+                    TOKEN_STOP => return self.stopped(),
                     TOKEN_TIMER => {
                         // A read error only means no expiry is pending.
                         let _ = self.timer.wait();
@@ -192,6 +203,16 @@ impl BalloonWorker {
                     _ => {}
                 }
             }
+        }
+    }
+
+    fn stopped(self) -> Stopped {
+        let mut queues = vec![self.inflate.queue, self.deflate.queue];
+        queues.extend(self.stats.map(|s| s.queue));
+        queues.extend(self.report.map(|r| r.queue));
+        Stopped {
+            queues,
+            held_stats: self.held_stats,
         }
     }
 

@@ -187,6 +187,50 @@ impl BlockMap {
     pub fn bits(&self) -> &[u64] {
         &self.bits
     }
+
+    /// A map with the plugged blocks of `bits` (as [`Self::bits`] gave
+    /// them), per-chunk counts rebuilt. `None` if `bits` has the wrong
+    /// length or marks blocks past the region's end.
+    pub fn from_bits(
+        addr: u64,
+        block_size: u64,
+        nb_blocks: u64,
+        blocks_per_slot: u64,
+        bits: &[u64],
+    ) -> Option<Self> {
+        let mut map = Self::new(addr, block_size, nb_blocks, blocks_per_slot);
+        if bits.len() != map.bits.len() {
+            return None;
+        }
+        let tail = nb_blocks % 64;
+        if tail != 0 && bits.last().is_some_and(|&w| w >> tail != 0) {
+            return None;
+        }
+        for (i, &word) in bits.iter().enumerate() {
+            let mut w = word;
+            while w != 0 {
+                let b = i as u64 * 64 + u64::from(w.trailing_zeros());
+                w &= w - 1;
+                map.set(BlockRange { first: b, count: 1 }, true);
+            }
+        }
+        Some(map)
+    }
+
+    /// Runs of consecutive plugged blocks, in order.
+    pub fn plugged_runs(&self) -> Vec<BlockRange> {
+        let mut out: Vec<BlockRange> = Vec::new();
+        for b in 0..self.nb_blocks {
+            if !self.is_plugged(b) {
+                continue;
+            }
+            match out.last_mut() {
+                Some(r) if r.first + r.count == b => r.count += 1,
+                _ => out.push(BlockRange { first: b, count: 1 }),
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -257,6 +301,26 @@ mod tests {
         assert_eq!(c.now_empty, vec![0]);
         assert_eq!(m.clear(), vec![1]);
         assert_eq!(m.plugged_blocks(), 0);
+    }
+
+    #[test]
+    fn bits_round_trip() {
+        let mut m = BlockMap::new(BASE, 2 * MIB, 130, 64);
+        let r = |first, count| BlockRange { first, count };
+        m.set(r(3, 2), true);
+        m.set(r(63, 3), true);
+        m.set(r(129, 1), true);
+        let back = BlockMap::from_bits(BASE, 2 * MIB, 130, 64, m.bits()).unwrap();
+        assert_eq!(back.plugged_blocks(), 6);
+        assert_eq!(back.chunk_plugged(0), 3);
+        assert_eq!(back.chunk_plugged(1), 2);
+        assert_eq!(back.chunk_plugged(2), 1);
+        assert_eq!(back.plugged_runs(), vec![r(3, 2), r(63, 3), r(129, 1)]);
+        // Wrong length, or a bit past the last block.
+        assert!(BlockMap::from_bits(BASE, 2 * MIB, 130, 64, &m.bits()[..2]).is_none());
+        let mut bad = m.bits().to_vec();
+        bad[2] |= 1 << 5;
+        assert!(BlockMap::from_bits(BASE, 2 * MIB, 130, 64, &bad).is_none());
     }
 
     /// More blocks than a u16 counts: nothing truncates.

@@ -47,25 +47,34 @@ pub struct MemStatus {
     pub requested_size_mib: u64,
 }
 
-struct State {
-    blocks: BlockMap,
-    backing: HotplugMemory,
-    requested: u64,
-    slot_size: u64,
+pub(super) struct State {
+    pub(super) blocks: BlockMap,
+    pub(super) backing: HotplugMemory,
+    pub(super) requested: u64,
+    pub(super) slot_size: u64,
     /// Set once the driver activated the device; config changes interrupt it.
     interrupt: Option<Arc<VirtioInterrupt>>,
-    /// Chunks left without plugged blocks whose KVM slot is still there:
-    /// deleting a slot costs milliseconds, so it happens after the answer
-    /// went out ([`State::retire_slots`]).
+    /// Chunks left without plugged blocks whose KVM slot is still there
+    /// ([`State::retire_slots`]). Deleting a slot costs milliseconds, and
+    /// in KVM it drops the guest's whole stage-2 mapping (every vCPU then
+    /// faults its working set back in), so it waits until the driver's
+    /// burst of requests is over ([`RETIRE_AFTER_IDLE`]) or a STATE request
+    /// asks for a barrier; the blocks themselves were released at once.
     retiring: Vec<u64>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn new(state: State) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(state),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent-enough state:
         // every update below completes or rolls back before it can panic.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -73,7 +82,23 @@ impl Shared {
 }
 
 impl State {
-    fn region_size(&self) -> u64 {
+    pub(super) fn new(
+        blocks: BlockMap,
+        backing: HotplugMemory,
+        requested: u64,
+        slot_size: u64,
+    ) -> Self {
+        Self {
+            blocks,
+            backing,
+            requested,
+            slot_size,
+            interrupt: None,
+            retiring: Vec::new(),
+        }
+    }
+
+    pub(super) fn region_size(&self) -> u64 {
         self.blocks.nb_blocks() * self.blocks.block_size()
     }
 
@@ -214,14 +239,14 @@ impl State {
 
 /// The virtio-mem device, as the transport sees it.
 pub struct VirtioMem {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     worker: Option<Worker<(Queue, RequestHandler)>>,
 }
 
 /// The host's handle on a virtio-mem device: status and target size.
 #[derive(Clone)]
 pub struct MemHandle {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl VirtioMem {
@@ -236,16 +261,11 @@ impl VirtioMem {
             nb_blocks,
             slot_size / block_size,
         );
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                blocks,
-                backing,
-                requested: 0,
-                slot_size,
-                interrupt: None,
-                retiring: Vec::new(),
-            }),
-        });
+        Self::from_state(State::new(blocks, backing, 0, slot_size))
+    }
+
+    pub(super) fn from_state(state: State) -> (Self, MemHandle) {
+        let shared = Shared::new(state);
         let handle = MemHandle {
             shared: shared.clone(),
         };
@@ -311,9 +331,34 @@ impl VirtioDevice for VirtioMem {
     /// driver learns them from `plugged_size` and sends UNPLUG_ALL).
     fn reset(&mut self) {
         self.stop_worker();
-        self.shared.lock().interrupt = None;
+        let mut s = self.shared.lock();
+        s.interrupt = None;
+        // No worker is left to retire them when the queue goes quiet.
+        s.retire_slots();
+    }
+
+    /// Stops the worker for a snapshot; the block map, the backing and its
+    /// slots stay as they are (the snapshot reads them through
+    /// [`MemHandle::save`]).
+    fn quiesce(&mut self) -> Result<Vec<Queue>, ActivateError> {
+        let worker = self
+            .worker
+            .take()
+            .ok_or_else(|| ActivateError::Device("virtio-mem is not active".into()))?;
+        let (queue, _) = worker
+            .stop()
+            .ok_or_else(|| ActivateError::Device("virtio-mem worker panicked".into()))?;
+        // Slots of chunks emptied by the last requests go now, so that the
+        // running VM and its restored copy have the same slots.
+        self.shared.lock().retire_slots();
+        Ok(vec![queue])
     }
 }
+
+/// How long the request queue must be quiet before emptied chunks lose
+/// their KVM slots: longer than the gap between a Linux driver's UNPLUG
+/// requests while it offlines one memory block after another.
+pub const RETIRE_AFTER_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Serves requests on the device's worker thread.
 struct RequestHandler {
@@ -327,11 +372,11 @@ impl ChainHandler for RequestHandler {
             Ok(req) => {
                 let t = std::time::Instant::now();
                 let mut s = self.shared.lock();
-                // Slots emptied by an earlier request go before this one is
-                // answered (they normally went in `after_round` already, but a
-                // request can arrive in the same round): a driver that got
-                // any answer after an UNPLUG's knows those chunks are gone.
-                s.retire_slots();
+                // STATE is the barrier: once it is answered, chunks emptied
+                // by earlier UNPLUGs have no slot (a unikernel's `sync`).
+                if matches!(req, Request::State { .. }) {
+                    s.retire_slots();
+                }
                 let r = s.handle(req);
                 drop(s);
                 tracing::debug!(
@@ -358,7 +403,11 @@ impl ChainHandler for RequestHandler {
         }
     }
 
-    fn after_round(&mut self) {
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        (!self.shared.lock().retiring.is_empty()).then_some(RETIRE_AFTER_IDLE)
+    }
+
+    fn on_idle(&mut self) {
         self.shared.lock().retire_slots();
     }
 }

@@ -326,3 +326,33 @@ fn emptied_slots_retire_after_the_round() {
     }
     assert_eq!(h.registered_slots(), 0);
 }
+
+/// The worker deletes emptied chunks' slots once the queue has been idle
+/// for [`RETIRE_AFTER_IDLE`], not while the driver is still unplugging.
+#[test]
+fn emptied_slots_wait_for_an_idle_queue() {
+    let (_dev, h) = device(64, 32);
+    h.set_requested_mib(128).unwrap();
+    assert_eq!(plug(&h, 0, 4).resp_type, RESP_ACK);
+    let mut worker = RequestHandler {
+        shared: h.shared.clone(),
+    };
+    assert_eq!(worker.idle_timeout(), None, "nothing to retire");
+    {
+        let mut s = h.shared.lock();
+        assert_eq!(
+            s.handle(Request::Unplug {
+                addr: BASE,
+                nb_blocks: 4
+            })
+            .resp_type,
+            RESP_ACK
+        );
+    }
+    worker.after_round();
+    assert_eq!(worker.idle_timeout(), Some(RETIRE_AFTER_IDLE));
+    assert_eq!(h.registered_slots(), 1, "kept through the burst");
+    worker.on_idle();
+    assert_eq!(h.registered_slots(), 0);
+    assert_eq!(worker.idle_timeout(), None);
+}

@@ -15,12 +15,16 @@
 //! - [`request`]: the wire format, parsed and validated in one place.
 //! - [`blocks`]: the per-block plugged bitmap and range checks.
 //! - [`device`]: the device model, its worker, and [`MemHandle`] for the API.
+//! - [`persist`]: the device's snapshot state, restore onto a region mapped
+//!   from the snapshot file, and writing plugged blocks to the memory file.
 
 pub mod blocks;
 pub mod device;
+pub mod persist;
 pub mod request;
 
 pub use device::{MemError, MemHandle, MemStatus, VirtioMem};
+pub use persist::{MemStateError, VirtioMemState};
 
 /// The device's only feature bit beyond VIRTIO_F_VERSION_1: the driver must
 /// not touch unplugged memory (it is not backed, and usually not mapped).

@@ -1,0 +1,301 @@
+//! Snapshot state of the virtio-mem device.
+//!
+//! The state is what the device model holds beyond its transport: the
+//! region's geometry, the requested size and the plugged bitmap. The
+//! region's memory goes into the snapshot's memory file (plugged blocks as
+//! data, unplugged blocks as holes, at the file offset right after boot RAM;
+//! [`MemHandle::write_memory`]). No host address is saved: a restore maps
+//! the region afresh from the memory file ([`HotplugMemory::from_snapshot_file`])
+//! and derives every pointer and KVM slot from that mapping.
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::BlockMap;
+use super::device::{MemHandle, State, VirtioMem};
+use crate::memory::hotplug::{HotplugError, HotplugMemory};
+
+/// The device's snapshot state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioMemState {
+    /// Guest-physical start of the region.
+    pub addr: u64,
+    pub region_size: u64,
+    pub block_size: u64,
+    pub slot_size: u64,
+    /// The host's target (`requested_size`), bytes.
+    pub requested_size: u64,
+    /// One bit per block, set when plugged.
+    pub plugged: Vec<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemStateError {
+    #[error("the snapshot's virtio-mem {field} is {saved:#x}, this VM's is {actual:#x}")]
+    Mismatch {
+        field: &'static str,
+        saved: u64,
+        actual: u64,
+    },
+    #[error("the snapshot's virtio-mem block map is malformed (length or bits past the region)")]
+    Bitmap,
+    #[error(
+        "the snapshot's virtio-mem requested size {0:#x} is not a block multiple within the region"
+    )]
+    Requested(u64),
+    #[error("virtio-mem restore: {0}")]
+    Slot(#[from] HotplugError),
+}
+
+impl MemHandle {
+    /// The device's state; take it while the device is quiesced (or the VM
+    /// paused with no request in flight).
+    pub fn save(&self) -> VirtioMemState {
+        let s = self.shared.lock();
+        VirtioMemState {
+            addr: s.backing.addr(),
+            region_size: s.region_size(),
+            block_size: s.blocks.block_size(),
+            slot_size: s.slot_size,
+            requested_size: s.requested,
+            plugged: s.blocks.bits().to_vec(),
+        }
+    }
+
+    /// Writes the plugged blocks' contents into `out` at `file_offset`
+    /// (growing the file to `file_offset` + region size; unplugged blocks
+    /// and zero pages stay holes). Returns the bytes written.
+    pub fn write_memory(&self, out: &std::fs::File, file_offset: u64) -> std::io::Result<u64> {
+        let s = self.shared.lock();
+        let bs = s.blocks.block_size();
+        let runs: Vec<(u64, u64)> = s
+            .blocks
+            .plugged_runs()
+            .into_iter()
+            .map(|r| (r.first * bs, r.count * bs))
+            .collect();
+        crate::snapshot::hotplug_mem::write_plugged(&s.backing, &runs, out, file_offset)
+    }
+
+    /// Plugged bytes right now.
+    pub fn plugged_bytes(&self) -> u64 {
+        let s = self.shared.lock();
+        s.blocks.plugged_blocks() * s.blocks.block_size()
+    }
+}
+
+impl VirtioMem {
+    /// Rebuilds the device over `backing` (the region mapped from the
+    /// snapshot file, with the VM attached) from `state`: the block map,
+    /// the target, and a KVM slot for every chunk holding plugged blocks.
+    /// The geometry must match the VM's configuration.
+    pub fn restore(
+        mut backing: HotplugMemory,
+        block_size: u64,
+        slot_size: u64,
+        state: &VirtioMemState,
+    ) -> Result<(Self, MemHandle), MemStateError> {
+        for (field, saved, actual) in [
+            ("region address", state.addr, backing.addr()),
+            ("region size", state.region_size, backing.size()),
+            ("block size", state.block_size, block_size),
+            ("slot size", state.slot_size, slot_size),
+        ] {
+            if saved != actual {
+                return Err(MemStateError::Mismatch {
+                    field,
+                    saved,
+                    actual,
+                });
+            }
+        }
+        if block_size == 0 || slot_size < block_size {
+            return Err(MemStateError::Mismatch {
+                field: "block size",
+                saved: block_size,
+                actual: slot_size,
+            });
+        }
+        let nb_blocks = backing.size() / block_size;
+        let blocks = BlockMap::from_bits(
+            backing.addr(),
+            block_size,
+            nb_blocks,
+            slot_size / block_size,
+            &state.plugged,
+        )
+        .ok_or(MemStateError::Bitmap)?;
+        if state.requested_size > backing.size() || !state.requested_size.is_multiple_of(block_size)
+        {
+            return Err(MemStateError::Requested(state.requested_size));
+        }
+        for chunk in 0..blocks.nb_chunks() {
+            if blocks.chunk_plugged(chunk) > 0 {
+                backing.add_slot(chunk)?;
+            }
+        }
+        Ok(Self::from_state(State::new(
+            blocks,
+            backing,
+            state.requested_size,
+            slot_size,
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::mem::request::{Request, RESP_ACK};
+    use crate::devices::virtio::VirtioDevice;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+    const MIB: u64 = 1 << 20;
+    const BASE: u64 = 4 << 30;
+    const BS: u64 = 2 * MIB;
+
+    fn config(dev: &VirtioMem) -> Vec<u8> {
+        let mut c = vec![0u8; 56];
+        dev.read_config(0, &mut c);
+        c
+    }
+
+    /// Plug, write, save + write memory, restore from the file: same
+    /// config, same contents, and unplugging afterwards frees the memory and
+    /// reads back zeros on a re-plug.
+    #[test]
+    fn save_write_restore_unplug() {
+        let boot = 4 * MIB; // stands for boot RAM before the region in the file
+        let backing = HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
+        let (dev, h) = VirtioMem::new(backing, BS, 8 * BS);
+        h.set_requested_mib(16).unwrap();
+        let plug = |h: &MemHandle, first: u64, n: u64| {
+            h.handle_request(Request::Plug {
+                addr: BASE + first * BS,
+                nb_blocks: n,
+            })
+            .resp_type
+        };
+        assert_eq!(plug(&h, 1, 2), RESP_ACK);
+        assert_eq!(plug(&h, 20, 1), RESP_ACK);
+        let region = {
+            let s = h.shared.lock();
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![s.backing.region()])
+                .unwrap()
+        };
+        region
+            .write_slice(&[0xab; 4096], GuestAddress(BASE + BS + 8192))
+            .unwrap();
+        region
+            .write_obj(0x1234_5678u32, GuestAddress(BASE + 20 * BS))
+            .unwrap();
+        let state = h.save();
+        let dir = std::env::temp_dir().join(format!("spore-memstate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mem");
+        let rw = |p: &std::path::Path| {
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(p)
+                .unwrap()
+        };
+        let out = rw(&path);
+        out.set_len(boot).unwrap();
+        let n = h.write_memory(&out, boot).unwrap();
+        assert_eq!(n, 2 * 4096, "only the written pages");
+        let md = std::fs::metadata(&path).unwrap();
+        assert_eq!(md.len(), boot + 32 * BS);
+        assert!(md.blocks() * 512 <= 64 * 1024);
+        let mut b = [0u8; 4];
+        out.read_exact_at(&mut b, boot + 20 * BS).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 0x1234_5678);
+        let cfg = config(&dev);
+        drop((dev, h));
+
+        let bytes = bincode::serialize(&state).unwrap();
+        let state: VirtioMemState = bincode::deserialize(&bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let backing = HotplugMemory::from_snapshot_file(file, boot, BASE, 32 * BS, 8 * BS).unwrap();
+        let (dev, h) = VirtioMem::restore(backing, BS, 8 * BS, &state).unwrap();
+        assert_eq!(config(&dev), cfg);
+        assert_eq!(h.save(), state);
+        assert_eq!(h.registered_slots(), 2);
+        let region = {
+            let s = h.shared.lock();
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![s.backing.region()])
+                .unwrap()
+        };
+        let mut page = [0u8; 4096];
+        region
+            .read_slice(&mut page, GuestAddress(BASE + BS + 8192))
+            .unwrap();
+        assert!(page.iter().all(|&x| x == 0xab));
+        let v: u32 = region.read_obj(GuestAddress(BASE + 20 * BS)).unwrap();
+        assert_eq!(v, 0x1234_5678);
+        // Dirty a whole block privately, then unplug: memory goes back.
+        region
+            .write_slice(&vec![7u8; BS as usize], GuestAddress(BASE + 2 * BS))
+            .unwrap();
+        assert!(h.resident_bytes() >= BS);
+        let r = h.handle_request(Request::Unplug {
+            addr: BASE + BS,
+            nb_blocks: 2,
+        });
+        assert_eq!(r.resp_type, RESP_ACK);
+        assert!(h.resident_bytes() < BS, "{}", h.resident_bytes());
+        // The file was never written.
+        out.read_exact_at(&mut b, boot + 2 * BS).unwrap();
+        assert_eq!(b, [0; 4]);
+        // Plugged again, the blocks read as zeros (not the file's old data).
+        assert_eq!(plug(&h, 1, 2), RESP_ACK);
+        region
+            .read_slice(&mut page, GuestAddress(BASE + BS + 8192))
+            .unwrap();
+        assert!(page.iter().all(|&x| x == 0));
+        // Unchanged block still maps the file.
+        let v: u32 = region.read_obj(GuestAddress(BASE + 20 * BS)).unwrap();
+        assert_eq!(v, 0x1234_5678);
+        // A restored region snapshots again: the file's blocks plus its own.
+        region
+            .write_obj(0x99u8, GuestAddress(BASE + BS + 5))
+            .unwrap();
+        let path2 = dir.join("mem2");
+        let out2 = rw(&path2);
+        let n = h.write_memory(&out2, 0).unwrap();
+        assert_eq!(n, 2 * 4096);
+        let mut x = [0u8; 1];
+        out2.read_exact_at(&mut x, BS + 5).unwrap();
+        assert_eq!(x[0], 0x99);
+        out2.read_exact_at(&mut b, 20 * BS).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 0x1234_5678);
+        assert!(region.find_region(GuestAddress(BASE)).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mismatched_state_is_refused() {
+        let backing = HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
+        let (_dev, h) = VirtioMem::new(backing, BS, 8 * BS);
+        let good = h.save();
+        let fresh = || HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
+        let mut s = good.clone();
+        s.block_size = 4 * MIB;
+        assert!(VirtioMem::restore(fresh(), BS, 8 * BS, &s).is_err());
+        let mut s = good.clone();
+        s.plugged.push(0);
+        assert!(matches!(
+            VirtioMem::restore(fresh(), BS, 8 * BS, &s),
+            Err(MemStateError::Bitmap)
+        ));
+        let mut s = good.clone();
+        s.requested_size = BS + 1;
+        assert!(VirtioMem::restore(fresh(), BS, 8 * BS, &s).is_err());
+        let mut s = good.clone();
+        s.addr += BS;
+        assert!(VirtioMem::restore(fresh(), BS, 8 * BS, &s).is_err());
+        assert!(VirtioMem::restore(fresh(), BS, 8 * BS, &good).is_ok());
+    }
+}
