@@ -58,9 +58,28 @@ impl Vmm {
         }
     }
 
-    fn kill(mut self) {
+    fn kill(self) {
+        // Drop kills it.
+    }
+}
+
+/// A failed assertion must not leave VMM processes behind.
+impl Drop for Vmm {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Kills the clone processes a source started (not this test's children).
+struct ClonePids(Vec<i32>);
+
+impl Drop for ClonePids {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) with a pid from the clone report; no memory involved.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -287,4 +306,85 @@ fn kvm_clone_options_are_checked() {
     let (code, reply) = try_load("gone", &clone_opts(1, 5, &s.0, "x"));
     assert_eq!(code, 400, "{reply}");
     assert!(reply.contains("base.img"), "{reply}");
+}
+
+/// The first line of the log at `path` that starts with `prefix`, waiting
+/// for it up to 30 s.
+fn log_line(path: &Path, prefix: &str) -> String {
+    for _ in 0..300 {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Some(l) = text.lines().find(|l| l.starts_with(prefix)) {
+                return l.to_string();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "no line starting with {prefix:?} in {}: {}",
+        path.display(),
+        std::fs::read_to_string(path).unwrap_or_default()
+    );
+}
+
+/// The real clone path (`PUT /clone`): two clones of a running source each
+/// reseed (different numbers), get their own CID and a private disk overlay
+/// over the frozen base, and the base image keeps what the source wrote.
+#[test]
+fn kvm_put_clone_reseeds_each_clone_and_gives_it_a_cid_and_a_disk() {
+    require_kvm();
+    let s = Scratch::new("cloneid-put");
+    let base = s.path("base.img");
+    let mut image = vec![0u8; 1 << 20];
+    image[512..525].copy_from_slice(b"base sector 1");
+    std::fs::write(&base, &image).unwrap();
+    let sock = s.path("src.sock");
+    let src = boot_source(&sock, &base, &s.path("v.sock"));
+    let boot = src.read_until("rand gen=0 round=3 ");
+    assert!(boot.iter().any(|l| l == "disk source wrote"), "{boot:?}");
+
+    let body = format!(
+        r#"{{"count": 2, "mode": "zygote", "socket_dir": "{}"}}"#,
+        s.0.display()
+    );
+    let (code, reply) = http(&sock, "PUT", "/clone", Some(&body));
+    assert_eq!(code, 200, "{reply}");
+    let report: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let clones = report["clones"].as_array().expect("clones in the report");
+    let _pids = ClonePids(
+        clones
+            .iter()
+            .filter_map(|c| c["pid"].as_i64().map(|p| p as i32))
+            .collect(),
+    );
+    assert_eq!(clones.len(), 2, "{reply}");
+    let mut values = Vec::new();
+    for c in clones {
+        let index = c["index"].as_u64().unwrap();
+        let log = std::path::PathBuf::from(c["log"].as_str().unwrap());
+        assert_eq!(
+            log_line(&log, "cloned gen="),
+            "cloned gen=1 reseeds=2",
+            "clone {index} did not reseed"
+        );
+        assert_eq!(
+            log_line(&log, "vsock cid="),
+            format!("vsock cid={}", 3 + index)
+        );
+        assert_eq!(
+            log_line(&log, "disk gen="),
+            "disk gen=1 sector0=source before=base sector 1 after=clone 1"
+        );
+        let rand = log_line(&log, "rand gen=1 ");
+        let v = rand
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("value="))
+            .unwrap()
+            .to_string();
+        values.push(v);
+    }
+    assert_ne!(values[0], values[1], "two clones drew the same number");
+    let after = std::fs::read(&base).unwrap();
+    assert_eq!(&after[..6], b"source");
+    assert_eq!(&after[512..525], b"base sector 1", "a clone wrote the base");
+    src.kill();
 }

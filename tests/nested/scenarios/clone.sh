@@ -1,10 +1,9 @@
 #!/bin/sh
-# Tier 3, issue "clones" (identity and disks): a Linux guest with vsock and a
-# read-write disk is snapshotted, then restored twice as clones (test-only
-# /snapshot/load fields clone_generation, vsock_cid, clone_disks: what the
-# clone machinery does). Each clone must: reseed its kernel pool from
-# /dev/hwrng (spore-reseed logs a byte count > 0), answer over vsock with its
-# new CID (the VMM drops packets from the old one), produce /dev/urandom
+# Tier 3, issue "clones": a booted Linux guest with vsock and a read-write
+# disk is cloned twice (`spore clone -n 2`, zygote mode: new VMM processes
+# mapping its memory copy-on-write). Each clone must: reseed its kernel pool
+# from /dev/hwrng (spore-reseed logs a byte count > 0), answer over vsock with
+# its new CID (the VMM drops packets from the old one), produce /dev/urandom
 # output unlike its sibling's, and write only its own disk overlay.
 t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
 tmp=${SPORE_TMP:-/tmp}
@@ -28,7 +27,7 @@ A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$
 guest() {
     i=0
     while [ $i -lt ${2:-120} ]; do
-        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "$tmp/v.sock" --port 5000 2>/dev/null) &&
+        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "${vs:-$tmp/v.sock}" --port 5000 2>/dev/null) &&
             [ -n "$out" ] && { echo "$out"; return 0; }
         sleep 0.5
         i=$((i + 1))
@@ -44,36 +43,28 @@ probe() {
 
 src_boot_id=$(guest 'cat /proc/sys/kernel/random/boot_id')
 if [ -n "$src_boot_id" ]; then t source-answers PASS "boot_id $src_boot_id"; else t source-answers FAIL; fi
-if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >/dev/null 2>"$tmp/create.err"; then
-    t snapshot-create PASS
+mkdir -p "$tmp/clones"
+if "$SPORE" clone "$api" -n 2 --dir "$tmp/clones" >"$tmp/clone.json" 2>"$tmp/clone.err"; then
+    t clone-2 PASS "$(grep -c '"pid"' "$tmp/clone.json") clones"
 else
-    t snapshot-create FAIL "$(cat "$tmp/create.err")"
+    t clone-2 FAIL "$(cat "$tmp/clone.err")"
 fi
-wait $vmm
-
+clone_pids=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$tmp/clone.json")
 for n in 1 2; do
-    sock="$tmp/api-$n.sock"
-    SPORE_LOG=${SPORE_LOG:-info} "$SPORE" vmm --api-sock "$sock" >"$tmp/console-$n.txt" 2>"$tmp/clone-$n.err" &
-    c=$!
-    i=0
-    while [ ! -S "$sock" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    cid=$((10 + n))
-    if ! "$SPORE" api "$sock" PUT /snapshot/load "{\"snapshot_path\":\"$tmp/vm.state\",\"mem_file_path\":\"$tmp/vm.mem\",\"resume_vm\":true,\"clone_generation\":$n,\"vsock_cid\":$cid,\"clone_disks\":{\"dir\":\"$tmp\",\"name\":\"clone$n\"}}" >"$tmp/load-$n.txt" 2>&1; then
-        t "clone-$n-load" FAIL "$(cat "$tmp/load-$n.txt")"
-        kill $c
-        wait $c
-        continue
-    fi
+    # Clone n: its vsock socket beside its API socket, CID = the source's + n.
+    cid=$((3 + n))
+    vs="$tmp/clones/api-c$n.vsock"
     out=$(probe "clone$n")
-    if [ -n "$out" ]; then t "clone-$n-answers-with-cid-$cid" PASS; else t "clone-$n-answers-with-cid-$cid" FAIL "$(tail -n 3 "$tmp/clone-$n.err")"; fi
+    if [ -n "$out" ]; then t "clone-$n-answers-with-cid-$cid" PASS; else t "clone-$n-answers-with-cid-$cid" FAIL "$(tail -n 3 "$tmp/clones/api-c$n.log")"; fi
     boot_id=$(echo "$out" | sed -n 1p)
     eval "rand_$n=\$(echo \"\$out\" | sed -n 2p)"
     gen=$(echo "$out" | sed -n 3p)
     before=$(echo "$out" | sed -n 4p)
     after=$(echo "$out" | sed -n 5p)
-    line=$(grep -a "spore-reseed: generation $n: added" "$tmp/console-$n.txt" | head -n 1)
+    # Every clone of a booted source gets generation 1 (the source's + 1).
+    line=$(grep -a "spore-reseed: generation 1: added" "$tmp/clones/api-c$n.log" | head -n 1)
     bytes=$(echo "$line" | sed -n 's/.*added \([0-9]*\) bytes.*/\1/p')
-    if [ -n "$bytes" ] && [ "$bytes" -gt 0 ] && [ "$gen" = "$n" ] &&
+    if [ -n "$bytes" ] && [ "$bytes" -gt 0 ] && [ "$gen" = 1 ] &&
         echo "$line" | grep -q "CRNG reseeded"; then
         t "clone-$n-reseeded" PASS "$line"
     else
@@ -89,8 +80,6 @@ for n in 1 2; do
     else
         t "clone-$n-private-disk" FAIL "before '$before' after '$after'"
     fi
-    kill $c
-    wait $c
 done
 if [ -n "$rand_1" ] && [ -n "$rand_2" ] && [ "$rand_1" != "$rand_2" ]; then
     t urandom-differs-between-clones PASS "$rand_1 vs $rand_2"
@@ -98,10 +87,13 @@ else
     t urandom-differs-between-clones FAIL "'$rand_1' vs '$rand_2'"
 fi
 if [ -z "$(dd if="$tmp/rw.img" bs=512 skip=2 count=1 2>/dev/null | tr -d '\000')" ] &&
-    [ -s "$tmp/clone1.rw.cow" ] && [ -s "$tmp/clone2.rw.cow" ]; then
-    t base-image-untouched PASS "overlays $(du -k "$tmp/clone1.rw.cow" | cut -f1) KiB, $(du -k "$tmp/clone2.rw.cow" | cut -f1) KiB on disk"
+    [ -s "$tmp/clones/api-c1.rw.cow" ] && [ -s "$tmp/clones/api-c2.rw.cow" ]; then
+    t base-image-untouched PASS "overlays $(du -k "$tmp/clones/api-c1.rw.cow" | cut -f1) KiB, $(du -k "$tmp/clones/api-c2.rw.cow" | cut -f1) KiB on disk"
 else
     t base-image-untouched FAIL "$(ls -l "$tmp")"
 fi
-cp "$tmp/console.txt" "$tmp"/console-*.txt "$tmp"/clone-*.err "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
+for p in $clone_pids; do kill "$p" 2>/dev/null; done
+kill $vmm 2>/dev/null
+wait $vmm 2>/dev/null
+cp "$tmp/console.txt" "$tmp"/clones/*.log "$tmp/clone.json" "$tmp/clone.err" "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
 true

@@ -32,9 +32,11 @@ pub fn clone_drive(drive: &DriveConfig, dir: &Path, name: &str) -> Result<DriveC
 /// The vsock CID a clone gets (a fresh one per clone number).
 pub fn clone_vsock_cid(config: &VmConfig, index: u64) -> Option<u32> {
     config.vsock.as_ref().map(|v| {
-        // CIDs 0-2 are reserved; keep clones of one source apart.
-        let cid = u64::from(v.guest_cid) + index;
-        (cid % (u64::from(u32::MAX) - 3) + 3) as u32
+        // CIDs 0-2 and u32::MAX are reserved: wrap within 3..u32::MAX, so
+        // clone k of a source with CID c gets c + k.
+        let span = u64::from(u32::MAX) - 3;
+        let cid = u64::from(v.guest_cid).saturating_sub(3) + index;
+        (cid % span + 3) as u32
     })
 }
 
@@ -46,4 +48,27 @@ pub fn apply_identity(vm: &Vm, generation: u64, vsock_cid: Option<u32>) -> Resul
         vsock_cid,
     })
     .map_err(|e| CloneError::Capture(format!("cannot give the clone its identity: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::VsockConfig;
+
+    #[test]
+    fn clone_cids_follow_the_source_and_skip_reserved_ones() {
+        let mut config = VmConfig::default();
+        assert_eq!(clone_vsock_cid(&config, 1), None);
+        config.vsock = Some(VsockConfig {
+            guest_cid: 3,
+            uds_path: "v.sock".into(),
+            vsock_id: None,
+        });
+        assert_eq!(clone_vsock_cid(&config, 1), Some(4));
+        assert_eq!(clone_vsock_cid(&config, 2), Some(5));
+        if let Some(v) = config.vsock.as_mut() {
+            v.guest_cid = u32::MAX - 1;
+        }
+        assert_eq!(clone_vsock_cid(&config, 1), Some(3));
+    }
 }
