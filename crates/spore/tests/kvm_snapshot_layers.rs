@@ -142,7 +142,12 @@ fn restore_cmd(l: &Layer) -> Command {
 /// Restores `l` to completion; checks the guest went on from `last` and
 /// verified its whole pattern.
 fn restore_and_verify(l: &Layer, last: u64, what: &str) {
-    let o = restore_cmd(l).output().unwrap();
+    restore_and_verify_with(l, last, what, &[]);
+}
+
+/// [`restore_and_verify`] with extra `spore snapshot restore` arguments.
+fn restore_and_verify_with(l: &Layer, last: u64, what: &str, args: &[&str]) {
+    let o = restore_cmd(l).args(args).output().unwrap();
     let out = stdout_of(&o);
     assert_eq!(o.status.code(), Some(0), "{what}: {out}\n{}", stderr_of(&o));
     let lines: Vec<String> = out.lines().map(str::to_string).collect();
@@ -245,10 +250,23 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
     assert_eq!(j["layer"]["parent"]["state_path"], "d1.state");
     assert_eq!(j["vcpu_count"], 1);
 
-    // The 3-layer chain restores, twice.
+    // The 3-layer chain restores, twice, and through every restore path
+    // (working set: a recording run, then a replay of the recorded set).
     for _ in 0..2 {
         restore_and_verify(&d2, last, "3-layer chain");
     }
+    for mode in ["eager", "working-set", "working-set", "uffd"] {
+        restore_and_verify_with(
+            &d2,
+            last,
+            &format!("3-layer chain, {mode}"),
+            &["--mode", mode],
+        );
+    }
+    assert!(
+        std::fs::metadata(format!("{}.ws", d2.state.display())).is_ok(),
+        "no working set was recorded beside the newest layer"
+    );
 
     // Merged into one full snapshot: the same guest.
     let merged = Layer::new(&s, "merged");
