@@ -7,8 +7,11 @@
 //! - [`boot`]: the boot-info block the VMM hands to a unikernel in RDI, and
 //!   the ELF note that marks an image as a spore unikernel.
 //! - [`tmem`]: transcendent memory calls (key/value objects in a VMM pool).
+//! - [`vsock`]: the virtio-vsock packet header, spoken by the VMM's device
+//!   and the unikernel's driver.
 #![no_std]
 
 pub mod boot;
 pub mod signal;
 pub mod tmem;
+pub mod vsock;

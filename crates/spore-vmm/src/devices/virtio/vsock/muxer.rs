@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spore_abi::vsock::EVENT_TRANSPORT_RESET;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
@@ -40,8 +41,7 @@ pub const MAX_RST_QUEUE: usize = 1024;
 /// First host port handed to host-initiated connections, above the ports
 /// guests usually address.
 pub const LOCAL_PORT_BASE: u32 = 1 << 30;
-/// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`.
-pub const EVENT_TRANSPORT_RESET: u32 = 0;
+
 /// How long host clients wait for the guest to acknowledge a transport
 /// reset (by re-posting an event buffer) before they are let through anyway:
 /// a driver that never re-arms its event queue must not block them forever.

@@ -15,100 +15,12 @@ use virtio_queue::{DescriptorChain, Writer};
 
 use crate::devices::virtio::GuestMemoryMmap;
 
-/// Size of `struct virtio_vsock_hdr`.
-pub const HDR_SIZE: usize = 44;
-/// The host's well-known CID.
-pub const HOST_CID: u64 = 2;
-/// `VIRTIO_VSOCK_TYPE_STREAM`, the only socket type offered.
-pub const TYPE_STREAM: u16 = 1;
+pub use spore_abi::vsock::{
+    Header, Op, HDR_SIZE, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
+};
+
 /// Largest payload accepted in one guest packet (Linux sends at most 64 KiB).
 pub const MAX_PAYLOAD: usize = 64 * 1024;
-/// Shutdown flag: the sender will receive no more data.
-pub const SHUTDOWN_RCV: u32 = 1;
-/// Shutdown flag: the sender will send no more data.
-pub const SHUTDOWN_SEND: u32 = 2;
-/// Both shutdown flags.
-pub const SHUTDOWN_BOTH: u32 = SHUTDOWN_RCV | SHUTDOWN_SEND;
-
-/// Packet operations (`VIRTIO_VSOCK_OP_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum Op {
-    Request = 1,
-    Response = 2,
-    Rst = 3,
-    Shutdown = 4,
-    Rw = 5,
-    CreditUpdate = 6,
-    CreditRequest = 7,
-}
-
-impl Op {
-    fn from_raw(raw: u16) -> Option<Self> {
-        Some(match raw {
-            1 => Op::Request,
-            2 => Op::Response,
-            3 => Op::Rst,
-            4 => Op::Shutdown,
-            5 => Op::Rw,
-            6 => Op::CreditUpdate,
-            7 => Op::CreditRequest,
-            _ => return None,
-        })
-    }
-}
-
-/// `struct virtio_vsock_hdr`, fields in host order; little-endian on the wire.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
-    pub src_cid: u64,
-    pub dst_cid: u64,
-    pub src_port: u32,
-    pub dst_port: u32,
-    pub len: u32,
-    pub type_: u16,
-    pub op: u16,
-    pub flags: u32,
-    pub buf_alloc: u32,
-    pub fwd_cnt: u32,
-}
-
-impl Header {
-    pub fn from_bytes(b: &[u8; HDR_SIZE]) -> Self {
-        // The slices below have constant, in-range bounds, so the conversions
-        // cannot fail.
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
-        let u16_at = |o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap_or_default());
-        Header {
-            src_cid: u64_at(0),
-            dst_cid: u64_at(8),
-            src_port: u32_at(16),
-            dst_port: u32_at(20),
-            len: u32_at(24),
-            type_: u16_at(28),
-            op: u16_at(30),
-            flags: u32_at(32),
-            buf_alloc: u32_at(36),
-            fwd_cnt: u32_at(40),
-        }
-    }
-
-    pub fn to_bytes(&self) -> [u8; HDR_SIZE] {
-        let mut b = [0u8; HDR_SIZE];
-        b[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
-        b[8..16].copy_from_slice(&self.dst_cid.to_le_bytes());
-        b[16..20].copy_from_slice(&self.src_port.to_le_bytes());
-        b[20..24].copy_from_slice(&self.dst_port.to_le_bytes());
-        b[24..28].copy_from_slice(&self.len.to_le_bytes());
-        b[28..30].copy_from_slice(&self.type_.to_le_bytes());
-        b[30..32].copy_from_slice(&self.op.to_le_bytes());
-        b[32..36].copy_from_slice(&self.flags.to_le_bytes());
-        b[36..40].copy_from_slice(&self.buf_alloc.to_le_bytes());
-        b[40..44].copy_from_slice(&self.fwd_cnt.to_le_bytes());
-        b
-    }
-}
 
 /// A packet the guest sent, fully validated: addressed from the guest to the
 /// host, stream type, known op, and a payload exactly `len` bytes long.

@@ -583,7 +583,7 @@ fn transport_reset_drops_connections_and_tells_the_guest() {
     g.wait_until("the reset event", |g| g.used_idx(EVENT_QUEUE) == 1);
     assert_eq!(g.used_elem(EVENT_QUEUE, 0), (0, 4));
     let id: u32 = mem.read_obj(GuestAddress(EV_BASE)).unwrap();
-    assert_eq!(id, super::muxer::EVENT_TRANSPORT_RESET);
+    assert_eq!(id, spore_abi::vsock::EVENT_TRANSPORT_RESET);
     let mut buf = [0u8; 4];
     assert_eq!(s.read(&mut buf).unwrap(), 0, "host side must be closed");
     g.expect_quiet(Duration::from_millis(20));
