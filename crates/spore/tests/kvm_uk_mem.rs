@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::Child;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use common::*;
 const MIB: u64 = 1 << 20;
 
 struct Vm {
-    child: Child,
+    child: VmmChild,
     lines: Receiver<String>,
     _dir: Scratch,
 }

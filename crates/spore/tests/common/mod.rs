@@ -97,10 +97,53 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, 
     (status, body)
 }
 
+/// A `spore vmm` child process that is killed when dropped, so that a test
+/// failing half-way leaves no VMM behind.
+pub struct VmmChild(Option<std::process::Child>);
+
+impl VmmChild {
+    /// The process, no longer killed on drop (to wait for its own exit).
+    pub fn into_child(mut self) -> std::process::Child {
+        self.0
+            .take()
+            .expect("the child is present until into_child")
+    }
+
+    pub fn wait_with_output(self) -> std::io::Result<Output> {
+        self.into_child().wait_with_output()
+    }
+}
+
+impl std::ops::Deref for VmmChild {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("the child is present until into_child")
+    }
+}
+
+impl std::ops::DerefMut for VmmChild {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0
+            .as_mut()
+            .expect("the child is present until into_child")
+    }
+}
+
+impl Drop for VmmChild {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Starts `spore vmm --api-sock SOCK` with stdout and stderr piped, and
 /// waits until the API socket exists (it is only renamed into place once it
 /// accepts connections).
-pub fn spawn_vmm(sock: &Path) -> std::process::Child {
+pub fn spawn_vmm(sock: &Path) -> VmmChild {
     let child = spore()
         .args(["vmm", "--api-sock"])
         .arg(sock)
@@ -108,6 +151,7 @@ pub fn spawn_vmm(sock: &Path) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn spore vmm");
+    let child = VmmChild(Some(child));
     wait_for_path(sock, Duration::from_secs(10));
     child
 }
