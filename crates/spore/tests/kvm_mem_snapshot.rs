@@ -9,29 +9,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Stdio;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const MIB: u64 = 1 << 20;
-
-fn lines_of(child: &mut Child) -> Receiver<String> {
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
 
 fn expect_line(rx: &Receiver<String>, want: &str, seen: &mut Vec<String>) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,19 +14,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
 
 /// Starts `spore vmm` running snaptest with dirty page tracking as asked.
 fn start_vmm(
@@ -66,35 +52,6 @@ fn start_vmm(
     );
     assert_eq!(code, 204, "{reply}");
     (child, rx)
-}
-
-fn read_until(rx: &mpsc::Receiver<String>, prefix: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
-        let done = line.starts_with(prefix);
-        seen.push(line);
-        if done {
-            return seen;
-        }
-    }
-}
-
-fn drain(rx: &mpsc::Receiver<String>) -> Vec<String> {
-    let mut tail = Vec::new();
-    while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
-        tail.push(l);
-    }
-    tail
-}
-
-fn counts(lines: &[String]) -> Vec<u64> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
-        .collect()
 }
 
 struct Layer {

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -24,15 +23,7 @@ fn start_vmm(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = lines_of(&mut child);
     wait_for_path(sock, Duration::from_secs(10));
     let kernel = uk_image("snaptest");
     let body = format!(
@@ -50,28 +41,6 @@ fn start_vmm(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver
     );
     assert_eq!(code, 204, "{reply}");
     (child, rx)
-}
-
-/// Reads lines until one starts with `prefix`; returns the lines read.
-fn read_until(rx: &mpsc::Receiver<String>, prefix: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
-        let done = line.starts_with(prefix);
-        seen.push(line);
-        if done {
-            return seen;
-        }
-    }
-}
-
-fn counts(lines: &[String]) -> Vec<u64> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
-        .collect()
 }
 
 fn snapshot_create(sock: &Path, state: &Path, mem: &Path, stop: bool) {
@@ -312,13 +281,7 @@ fn kvm_load_through_the_api_waits_paused_until_resumed() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx2) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx2 = lines_of(&mut child);
     wait_for_path(&sock2, Duration::from_secs(10));
     // The deprecated mem_file_path works too; resume_vm defaults to false.
     let body = format!(
@@ -370,13 +333,7 @@ fn kvm_a_restored_vm_can_be_snapshotted_again() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let out = restored.stdout.take().unwrap();
-    let (tx, rx2) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx2 = lines_of(&mut restored);
     wait_for_path(&sock2, Duration::from_secs(10));
     read_until(&rx2, "count 12");
     let (state_b, mem_b) = (s.path("b.state"), s.path("b.mem"));

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
@@ -24,7 +23,7 @@ fn boot(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver<Stri
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let rx = lines(&mut child);
+    let rx = lines_of(&mut child);
     wait_for_path(sock, Duration::from_secs(10));
     let body = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
@@ -41,40 +40,6 @@ fn boot(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver<Stri
     );
     assert_eq!(code, 204, "{reply}");
     (child, rx)
-}
-
-fn lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn read_until(rx: &mpsc::Receiver<String>, prefix: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
-        let done = line.starts_with(prefix);
-        seen.push(line);
-        if done {
-            return seen;
-        }
-    }
-}
-
-fn counts(lines: &[String]) -> Vec<u64> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
-        .collect()
 }
 
 /// Snapshots a snaptest guest mid-count and stops it; returns the last
@@ -225,7 +190,7 @@ fn kvm_a_vm_restored_through_uffd_snapshots_every_page() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let rx = lines(&mut child);
+    let rx = lines_of(&mut child);
     wait_for_path(&sock, Duration::from_secs(10));
     read_until(&rx, "count 10");
     let o = spore()
@@ -376,7 +341,7 @@ fn kvm_working_set_recording_ends_on_its_timer_and_waits_for_the_resume() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let rx = lines(&mut vmm);
+    let rx = lines_of(&mut vmm);
     wait_for_path(&sock, Duration::from_secs(10));
     let body = format!(
         r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}},

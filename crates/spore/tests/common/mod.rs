@@ -1,10 +1,11 @@
 //! Helpers for end-to-end tests that drive the real `spore` binary.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 pub fn spore() -> Command {
@@ -163,4 +164,50 @@ pub fn wait_for_path(p: &Path, timeout: Duration) {
         assert!(t.elapsed() < timeout, "{} did not appear", p.display());
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The child's stdout, line by line, on a channel (a thread reads it).
+pub fn lines_of(child: &mut Child) -> Receiver<String> {
+    let out = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Lines up to and including the first that starts with `prefix` (60 s at most).
+pub fn read_until(rx: &Receiver<String>, prefix: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
+        let done = line.starts_with(prefix);
+        seen.push(line);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// Whatever lines arrive until the channel is quiet for 300 ms.
+pub fn drain(rx: &Receiver<String>) -> Vec<String> {
+    let mut tail = Vec::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+        tail.push(l);
+    }
+    tail
+}
+
+/// The numbers of snaptest's `count N` lines.
+pub fn counts(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
+        .collect()
 }
