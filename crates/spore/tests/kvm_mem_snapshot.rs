@@ -53,15 +53,7 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
     require_kvm();
     let s = Scratch::new("memsnap");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let mut vmm = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut vmm);
-    wait_for_path(&sock, Duration::from_secs(10));
+    let (mut vmm, rx) = spawn_vmm_lines(&sock);
     let put = |path: &str, body: &str| {
         let (code, resp) = http(&sock, "PUT", path, Some(body));
         assert_eq!(code, 204, "PUT {path} {body}: {resp}");

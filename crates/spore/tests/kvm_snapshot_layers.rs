@@ -9,7 +9,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -22,16 +22,8 @@ fn start_vmm(
     track: bool,
     cmdline: &str,
     extra: &[(&str, &str)],
-) -> (Child, mpsc::Receiver<String>) {
-    let mut child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut child);
-    wait_for_path(sock, Duration::from_secs(10));
+) -> (VmmChild, mpsc::Receiver<String>) {
+    let (child, rx) = spawn_vmm_lines(sock);
     let body = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
         uk_image("snaptest").display()

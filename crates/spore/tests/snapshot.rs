@@ -7,7 +7,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -15,16 +15,8 @@ use common::*;
 
 /// Starts `spore vmm` with the snaptest guest; returns the child and a
 /// channel of its stdout lines.
-fn start_vmm(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut child);
-    wait_for_path(sock, Duration::from_secs(10));
+fn start_vmm(sock: &Path, mem_mib: u32, cmdline: &str) -> (VmmChild, mpsc::Receiver<String>) {
+    let (child, rx) = spawn_vmm_lines(sock);
     let kernel = uk_image("snaptest");
     let body = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
@@ -274,15 +266,7 @@ fn kvm_load_through_the_api_waits_paused_until_resumed() {
     let last = *counts(&tail).iter().max().unwrap();
 
     let sock2 = s.path("api2.sock");
-    let mut child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock2)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx2 = lines_of(&mut child);
-    wait_for_path(&sock2, Duration::from_secs(10));
+    let (mut child, rx2) = spawn_vmm_lines(&sock2);
     // The deprecated mem_file_path works too; resume_vm defaults to false.
     let body = format!(
         r#"{{"snapshot_path": "{}", "mem_file_path": "{}"}}"#,

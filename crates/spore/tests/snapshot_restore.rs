@@ -8,23 +8,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
 
 /// Boots snaptest under `spore vmm`; returns the child and its stdout lines.
-fn boot(sock: &Path, mem_mib: u32, cmdline: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut child);
-    wait_for_path(sock, Duration::from_secs(10));
+fn boot(sock: &Path, mem_mib: u32, cmdline: &str) -> (VmmChild, mpsc::Receiver<String>) {
+    let (child, rx) = spawn_vmm_lines(sock);
     let body = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
         uk_image("snaptest").display()
@@ -334,15 +326,7 @@ fn kvm_working_set_recording_ends_on_its_timer_and_waits_for_the_resume() {
     let last = make_snapshot(&s, "vm", "mib=8 rounds=60 sleep_ms=20");
     let (state, mem, ws) = (s.path("vm.state"), s.path("vm.mem"), s.path("vm.state.ws"));
     let sock = s.path("api.sock");
-    let mut vmm = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut vmm);
-    wait_for_path(&sock, Duration::from_secs(10));
+    let (mut vmm, rx) = spawn_vmm_lines(&sock);
     let body = format!(
         r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}},
             "restore_mode": "working_set", "working_set_record_ms": 300}}"#,

@@ -157,6 +157,23 @@ pub fn spawn_vmm(sock: &Path) -> VmmChild {
     child
 }
 
+/// Starts `spore vmm --api-sock SOCK` with its stdout on a line channel
+/// (stderr goes to the test's), once the API socket exists.
+pub fn spawn_vmm_lines(sock: &Path) -> (VmmChild, Receiver<String>) {
+    let mut child = VmmChild(Some(
+        spore()
+            .args(["vmm", "--api-sock"])
+            .arg(sock)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn spore vmm"),
+    ));
+    let rx = lines_of(&mut child);
+    wait_for_path(sock, Duration::from_secs(10));
+    (child, rx)
+}
+
 /// Waits for a path to appear.
 pub fn wait_for_path(p: &Path, timeout: Duration) {
     let t = Instant::now();
