@@ -54,6 +54,15 @@ run_one() {
     local quiet=(--quiet)
     [[ $name == demo ]] && quiet=() # the demo's point is its console
     out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
+    if ((rc != 0)) && grep -q "no SPORE-TEST results" <<<"$out"; then
+        # An open bug: in about 1 of 20-40 runs the nested stack stalls right
+        # after L1's KVM comes up, before the scenario reports anything (the
+        # same shape as the rare `bench boot` hang). Such a run tested
+        # nothing; it is run once more, and the retry is logged, not hidden.
+        log "RETRY $name: the run stalled before any result (open bug, see guest/README.md)"
+        rc=0
+        out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
+    fi
     # run.sh ends with "<name>: P passed, F failed, S skipped (...)".
     local counts p=0 f=0 s=0
     counts="$(sed -n 's/^.*: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped.*$/\1 \2 \3/p' <<<"$out" | tail -n1)"
