@@ -9,9 +9,12 @@
 //! - [`tmem`]: transcendent memory calls (key/value objects in a VMM pool).
 //! - [`vsock`]: the virtio-vsock packet header, spoken by the VMM's device
 //!   and the unikernel's driver.
+//! - [`function`]: the invoke protocol between `spore serve` and a function
+//!   instance, over vsock.
 #![no_std]
 
 pub mod boot;
+pub mod function;
 pub mod signal;
 pub mod tmem;
 pub mod vsock;
