@@ -18,6 +18,31 @@ while read -r m; do
     insmod "/lib/modules/$m" || echo "SPORE-L1 insmod $m failed"
 done </lib/modules/load-order
 
+# An open bug (guest/README.md): now and then a run stalls before its first
+# result. If no SPORE-TEST line came after $1 seconds, print what every spore
+# process is doing (threads, wait channels, kernel stacks), the scenario's
+# console and error files, and the kernel log, before run.sh kills QEMU.
+stall_report() {
+    sleep "$1"
+    grep -q 'SPORE-TEST ' /tmp/.scenario.out 2>/dev/null && return 0
+    echo "SPORE-L1 stall report after $1 s"
+    ps | grep -v " \[" # user processes only
+    for pid in $(pidof spore); do
+        for task in /proc/"$pid"/task/*; do
+            echo "-- pid $pid thread $(cat "$task/comm") $(cut -d' ' -f3 "$task/stat") wchan=$(cat "$task/wchan")"
+            head -n 12 "$task/stack" 2>/dev/null
+        done
+    done
+    for f in /tmp/*.txt /tmp/*.err /tmp/*/*.txt /tmp/*/*.err; do
+        [ -f "$f" ] || continue
+        echo "-- tail $f"
+        tail -n 15 "$f" | cut -c1-200
+    done
+    echo "-- dmesg"
+    dmesg | tail -n 30
+    echo "SPORE-L1 stall report end"
+}
+
 if [ -c /dev/kvm ]; then
     read -r up _ </proc/uptime
     echo "NESTED-KVM ok (${up}s)"
@@ -27,8 +52,13 @@ if [ -c /dev/kvm ]; then
     export SPORE_OUT=/out
     mkdir -p /out
     cd /tmp || exit 1
-    /scenario
-    echo "SPORE-L1 scenario exit $?"
+    # The scenario's output also goes to a file, so that the stall reporter
+    # below can tell whether any result came.
+    stall_s=$(sed -n 's/.*spore\.stall_report_s=\([0-9]*\).*/\1/p' /proc/cmdline)
+    [ -n "$stall_s" ] && stall_report "$stall_s" &
+    reporter=$!
+    { /scenario; echo "SPORE-L1 scenario exit $?"; } 2>&1 | tee /tmp/.scenario.out
+    kill "$reporter" 2>/dev/null
     cd /
     if [ -n "$(ls -A /out)" ]; then
         echo "SPORE-OUT-BEGIN"

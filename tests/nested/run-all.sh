@@ -54,15 +54,20 @@ run_one() {
     local quiet=(--quiet)
     [[ $name == demo ]] && quiet=() # the demo's point is its console
     out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
-    if ((rc != 0)) && grep -q "no SPORE-TEST results" <<<"$out"; then
-        # An open bug: in about 1 of 20-40 runs the nested stack stalls right
-        # after L1's KVM comes up, before the scenario reports anything (the
-        # same shape as the rare `bench boot` hang). Such a run tested
-        # nothing; it is run once more, and the retry is logged, not hidden.
-        log "RETRY $name: the run stalled before any result (open bug, see guest/README.md)"
+    local attempt=1
+    while ((rc != 0 && attempt < 3)) && grep -q "no SPORE-TEST results" <<<"$out"; do
+        # An open bug: now and then (1 of 4 snapshot runs on a loaded host) the
+        # nested stack stalls right after L1's KVM comes up, before the
+        # scenario reports anything (the same shape as the rare `bench boot`
+        # hang). run.sh stops such a run after its --stall-timeout, with L1's
+        # stall report in the log. It tested nothing; it is run again (at most
+        # twice), and each retry is logged, not hidden.
+        attempt=$((attempt + 1))
+        cp "$(sed -n 's/^.*; log \(.*\))$/\1/p' <<<"$out" | tail -n1)" "/tmp/spore-nested/$name.stalled-$attempt.log" 2>/dev/null || true
+        log "RETRY $name (attempt $attempt): the run stalled before any result (open bug, see guest/README.md; log of the stalled run: /tmp/spore-nested/$name.stalled-$attempt.log)"
         rc=0
         out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
-    fi
+    done
     # run.sh ends with "<name>: P passed, F failed, S skipped (...)".
     local counts p=0 f=0 s=0
     counts="$(sed -n 's/^.*: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped.*$/\1 \2 \3/p' <<<"$out" | tail -n1)"
@@ -97,12 +102,12 @@ run_one virtio-mem-snapshot --memory 4096 --scenario "$here/scenarios/virtio-mem
     --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" --out-dir "$work/out-virtio-mem-snapshot"
 if [[ $only == bench-reclaim ]]; then
     # A benchmark, opt-in: 4 sizes x 2 mechanisms x 3 runs take about 20 minutes.
-    run_one bench-reclaim --memory 4096 --timeout 3600 --scenario "$here/scenarios/bench-reclaim.sh" \
+    run_one bench-reclaim --memory 4096 --timeout 3600 --stall-timeout 3600 --scenario "$here/scenarios/bench-reclaim.sh" \
         --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
         --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
 fi
 if [[ $only == bench ]]; then
-    run_one bench --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
+    run_one bench --stall-timeout 900 --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"
 fi
 if [[ -z $only || $only == tmem ]]; then
     # The guest's tmem client, built like the other guest tools (static musl).
