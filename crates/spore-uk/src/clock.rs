@@ -6,9 +6,19 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 static TSC_KHZ: AtomicU64 = AtomicU64::new(0);
+/// The TSC when the runtime started (the guest's TSC need not start at 0).
+static START_TSC: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) fn init(tsc_khz: u64) {
     TSC_KHZ.store(tsc_khz, Ordering::Relaxed);
+    START_TSC.store(rdtsc(), Ordering::Relaxed);
+}
+
+/// Microseconds since the runtime started (0 without a TSC frequency).
+pub fn since_start_us() -> u64 {
+    tsc_khz().map_or(0, |khz| {
+        ticks_to_us(rdtsc().wrapping_sub(START_TSC.load(Ordering::Relaxed)), khz)
+    })
 }
 
 /// The raw time-stamp counter.

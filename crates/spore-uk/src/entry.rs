@@ -84,5 +84,6 @@ extern "C" fn rust_start(boot_info_addr: u64) -> ! {
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo) -> ! {
     println!("spore-uk: {info}");
+    crate::function::report_panic(info);
     exit(EXIT_PANIC)
 }

@@ -9,7 +9,8 @@
 //! [`snapshot_point`] to snapshot the VM from inside), the
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
 //! with vsock and virtio-mem), the whole-block allocator over hotplugged
-//! memory ([`blockalloc`]), the tmem client ([`tmem`]), random numbers that
+//! memory ([`blockalloc`]), the function SDK for `spore serve` ([`function`]),
+//! the tmem client ([`tmem`]), random numbers that
 //! are reseeded from virtio-rng in every clone ([`random`]), and pieces for
 //! apps that must survive a full heap ([`kvmap`], [`resp`]).
 //!
@@ -38,6 +39,7 @@ pub mod clock;
 pub mod cmdline;
 #[cfg(not(test))]
 mod entry;
+pub mod function;
 pub mod heap;
 pub mod kvmap;
 pub mod port;

@@ -1,0 +1,97 @@
+//! fn-echo: a `spore serve` function (see `function`). It answers
+//! `{"echo":<payload>,"invocations":N}` (N counts this instance's invocations,
+//! so a caller sees warm reuse), and acts on a few payloads used by tests:
+//! `{"sleep_ms":M}` answers after M ms, `{"fail":"MSG"}` returns a handled
+//! error, `{"panic":"MSG"}` panics, `{"exit":C}` exits the guest with C,
+//! `{"env":"KEY"}` answers the variable's value.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use spore_uk::clock::Instant;
+use spore_uk::function::{self, Context, FunctionError, Response};
+use spore_uk::{flog, BootInfo};
+
+spore_uk::entry!(main);
+
+fn main(info: &BootInfo) -> i32 {
+    function::serve(info, handle)
+}
+
+fn handle(event: &[u8], ctx: &Context) -> Response {
+    flog!(
+        "fn-echo: request {} ({} bytes)",
+        ctx.request_id,
+        event.len()
+    );
+    if let Some(ms) = number_field(event, "sleep_ms") {
+        sleep_ms(ms);
+    }
+    if let Some(msg) = string_field(event, "fail") {
+        return Err(FunctionError::new("HandledError", &msg));
+    }
+    if let Some(msg) = string_field(event, "panic") {
+        panic!("{msg}");
+    }
+    if let Some(code) = number_field(event, "exit") {
+        spore_uk::exit(code as u32);
+    }
+    if let Some(key) = string_field(event, "env") {
+        let mut out = String::from("{\"env\":\"");
+        out.push_str(&key);
+        out.push_str("\",\"value\":");
+        match function::env(&key) {
+            Some(v) => {
+                out.push('"');
+                out.push_str(&v.replace('\\', "\\\\").replace('"', "\\\""));
+                out.push('"');
+            }
+            None => out.push_str("null"),
+        }
+        out.push('}');
+        return Ok(out.into_bytes());
+    }
+    let mut out = Vec::new();
+    out.try_reserve(event.len() + 48)
+        .map_err(|_| FunctionError::new("OutOfMemory", "response too large for the heap"))?;
+    out.extend_from_slice(b"{\"echo\":");
+    out.extend_from_slice(event);
+    out.extend_from_slice(alloc::format!(",\"invocations\":{}}}", ctx.served + 1).as_bytes());
+    Ok(out)
+}
+
+/// Waits `ms` milliseconds, sleeping in the signal port's WAIT.
+fn sleep_ms(ms: u64) {
+    let start = Instant::now();
+    while start.elapsed_us().unwrap_or(u64::MAX) < ms.saturating_mul(1000) {
+        spore_uk::wait(100_000);
+    }
+}
+
+/// The text after `"key":` in a flat JSON object, with spaces skipped.
+fn field<'a>(event: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    let pat = alloc::format!("\"{key}\"");
+    let at = event.windows(pat.len()).position(|w| w == pat.as_bytes())?;
+    let rest = &event[at + pat.len()..];
+    let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
+    let rest = rest.strip_prefix(b":")?;
+    Some(&rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..])
+}
+
+fn number_field(event: &[u8], key: &str) -> Option<u64> {
+    let v = field(event, key)?;
+    let end = v
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(v.len());
+    core::str::from_utf8(&v[..end]).ok()?.parse().ok()
+}
+
+fn string_field(event: &[u8], key: &str) -> Option<String> {
+    let v = field(event, key)?.strip_prefix(b"\"")?;
+    let end = v.iter().position(|&b| b == b'"')?;
+    Some(String::from_utf8_lossy(&v[..end]).into_owned())
+}
