@@ -14,6 +14,7 @@ mod clone_cmd;
 mod host;
 mod mem_cmd;
 mod run;
+mod serve_cmd;
 mod size;
 mod snapshot_cmd;
 mod vmm_cmd;
@@ -58,6 +59,9 @@ enum Command {
     /// Clone a running VMM's microVM into new VMM processes (copy-on-write
     /// from a frozen template), or keep a pool of clones running.
     Clone(clone_cmd::CloneArgs),
+    /// The serverless daemon: functions deployed and invoked through the
+    /// AWS Lambda API (boto3, the AWS CLI), each instance a spore microVM.
+    Serve(serve_cmd::ServeArgs),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Command::Mem(a) => mem_cmd::run(a),
         Command::Snapshot(s) => snapshot_cmd::run(s),
         Command::Clone(a) => clone_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

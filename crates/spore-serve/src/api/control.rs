@@ -1,0 +1,460 @@
+//! Lambda's control plane: CreateFunction, GetFunction(Configuration),
+//! ListFunctions, UpdateFunctionCode, UpdateFunctionConfiguration,
+//! DeleteFunction, Put/Get/DeleteFunctionConcurrency, and `/metrics`.
+//! Every input is checked before anything is stored; a refused request
+//! changes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use base64::Engine;
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+use serde::Deserialize;
+
+use super::error::LambdaError;
+use super::{empty_response, json_response, parse_json, read_body, Daemon, Resp, ACCOUNT, REGION};
+use crate::catalog::Function;
+use crate::{code, runtime};
+
+/// Request bodies may carry a base64 zip of up to 50 MB.
+const CONTROL_BODY_LIMIT: usize = 70 * 1024 * 1024;
+pub const MEMORY_MIB: std::ops::RangeInclusive<u32> = 64..=10240;
+pub const TIMEOUT_S: std::ops::RangeInclusive<u32> = 1..=900;
+/// Lambda's limit on the environment's total size.
+const ENV_BYTES: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CodeBody {
+    zip_file: Option<String>,
+    s3_bucket: Option<String>,
+    image_uri: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct EnvironmentBody {
+    #[serde(default)]
+    variables: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CreateBody {
+    function_name: String,
+    runtime: Option<String>,
+    handler: Option<String>,
+    code: CodeBody,
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    description: String,
+    memory_size: Option<u32>,
+    timeout: Option<u32>,
+    environment: Option<EnvironmentBody>,
+    package_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct UpdateCodeBody {
+    zip_file: Option<String>,
+    s3_bucket: Option<String>,
+    image_uri: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct UpdateConfigBody {
+    runtime: Option<String>,
+    handler: Option<String>,
+    role: Option<String>,
+    description: Option<String>,
+    memory_size: Option<u32>,
+    timeout: Option<u32>,
+    environment: Option<EnvironmentBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ConcurrencyBody {
+    reserved_concurrent_executions: i64,
+}
+
+fn arn(name: &str) -> String {
+    format!("arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
+}
+
+/// Lambda's `FunctionConfiguration` of a function.
+pub fn configuration(f: &Function) -> serde_json::Value {
+    use base64::engine::general_purpose::STANDARD;
+    let sha_b64 = (0..f.code_sha256.len() / 2)
+        .filter_map(|i| u8::from_str_radix(f.code_sha256.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect::<Vec<u8>>();
+    serde_json::json!({
+        "FunctionName": f.name,
+        "FunctionArn": arn(&f.name),
+        "Runtime": f.runtime,
+        "Role": f.role,
+        "Handler": f.handler,
+        "CodeSize": f.code_size,
+        "Description": f.description,
+        "Timeout": f.timeout_s,
+        "MemorySize": f.memory_mib,
+        "LastModified": f.last_modified,
+        "CodeSha256": STANDARD.encode(sha_b64),
+        "Version": "$LATEST",
+        "Environment": { "Variables": f.env },
+        "TracingConfig": { "Mode": "PassThrough" },
+        "RevisionId": f.revision_id,
+        "State": "Active",
+        "LastUpdateStatus": "Successful",
+        "PackageType": "Zip",
+        "Architectures": ["x86_64"],
+        "EphemeralStorage": { "Size": 512 },
+    })
+}
+
+fn check_memory(m: u32) -> Result<u32, LambdaError> {
+    if MEMORY_MIB.contains(&m) {
+        Ok(m)
+    } else {
+        Err(LambdaError::invalid(format!(
+            "1 validation error detected: Value '{m}' at 'memorySize' failed to satisfy constraint: Member must have value between {} and {} (MiB)",
+            MEMORY_MIB.start(),
+            MEMORY_MIB.end()
+        )))
+    }
+}
+
+fn check_timeout(t: u32) -> Result<u32, LambdaError> {
+    if TIMEOUT_S.contains(&t) {
+        Ok(t)
+    } else {
+        Err(LambdaError::invalid(format!(
+            "1 validation error detected: Value '{t}' at 'timeout' failed to satisfy constraint: Member must have value between {} and {}",
+            TIMEOUT_S.start(),
+            TIMEOUT_S.end()
+        )))
+    }
+}
+
+fn check_runtime(r: &str) -> Result<(), LambdaError> {
+    match runtime::find(r) {
+        Some(_) => Ok(()),
+        None => Err(LambdaError::invalid(format!(
+            "Value {r} at 'runtime' failed to satisfy constraint: Member must satisfy enum value set: {:?}",
+            runtime::NAMES
+        ))),
+    }
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), LambdaError> {
+    let mut total = 0;
+    for (k, v) in env {
+        let mut chars = k.chars();
+        let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(LambdaError::invalid(format!(
+                "Environment variable name '{k}' must match [a-zA-Z]([a-zA-Z0-9_])+"
+            )));
+        }
+        total += k.len() + v.len();
+    }
+    if total > ENV_BYTES {
+        return Err(LambdaError::invalid(format!(
+            "Lambda was unable to configure your environment variables because the environment variables you have provided exceeded the 4KB limit. Size: {total}"
+        )));
+    }
+    Ok(())
+}
+
+/// Decodes and checks an uploaded zip for `handler`, and stores it.
+fn accept_code(
+    daemon: &Daemon,
+    zip_b64: Option<&str>,
+    s3: bool,
+    image: bool,
+    handler: &str,
+) -> Result<code::CheckedCode, LambdaError> {
+    if s3 || image {
+        return Err(LambdaError::invalid(
+            "spore serve takes code only as Code.ZipFile (no S3 or container images)",
+        ));
+    }
+    let zip_b64 = zip_b64.ok_or_else(|| LambdaError::invalid("Code.ZipFile is required"))?;
+    let zip = base64::engine::general_purpose::STANDARD
+        .decode(zip_b64.trim())
+        .map_err(|e| LambdaError::invalid(format!("Code.ZipFile is not valid base64: {e}")))?;
+    let checked = code::check(&zip, handler).map_err(|e| LambdaError::invalid(e.to_string()))?;
+    code::store(&daemon.state_dir, &zip, &checked, handler).map_err(|e| {
+        if e.is_user_error() {
+            LambdaError::invalid(e.to_string())
+        } else {
+            LambdaError::service(e.to_string())
+        }
+    })?;
+    Ok(checked)
+}
+
+fn now() -> String {
+    super::lambda_time(std::time::SystemTime::now())
+}
+
+fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
+    LambdaError::service(e.to_string())
+}
+
+pub async fn create(daemon: &Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, LambdaError> {
+    let body = read_body(req, CONTROL_BODY_LIMIT, "CreateFunction").await?;
+    let b: CreateBody = parse_json(&body)?;
+    super::check_name(&b.function_name)?;
+    if b.package_type.as_deref().is_some_and(|p| p != "Zip") {
+        return Err(LambdaError::invalid(
+            "spore serve supports PackageType Zip only",
+        ));
+    }
+    let runtime = b
+        .runtime
+        .ok_or_else(|| LambdaError::invalid("Runtime is required"))?;
+    check_runtime(&runtime)?;
+    let handler = b
+        .handler
+        .ok_or_else(|| LambdaError::invalid("Handler is required"))?;
+    let memory = check_memory(b.memory_size.unwrap_or(128))?;
+    let timeout = check_timeout(b.timeout.unwrap_or(3))?;
+    let env = b.environment.unwrap_or_default().variables;
+    check_env(&env)?;
+    let _admin = daemon.admin.lock().await;
+    if daemon
+        .catalog
+        .get(&b.function_name)
+        .map_err(catalog_err)?
+        .is_some()
+    {
+        return Err(LambdaError::conflict(format!(
+            "Function already exist: {}",
+            b.function_name
+        )));
+    }
+    let code = accept_code(
+        daemon,
+        b.code.zip_file.as_deref(),
+        b.code.s3_bucket.is_some(),
+        b.code.image_uri.is_some(),
+        &handler,
+    )?;
+    let f = Function {
+        name: b.function_name,
+        runtime,
+        handler,
+        memory_mib: memory,
+        timeout_s: timeout,
+        env,
+        description: b.description,
+        role: b.role,
+        code_sha256: code.sha256_hex,
+        code_size: code.size,
+        version: 1,
+        revision_id: super::random_uuid(),
+        last_modified: now(),
+        reserved_concurrency: None,
+    };
+    if !daemon.catalog.insert(&f).map_err(catalog_err)? {
+        return Err(LambdaError::conflict(format!(
+            "Function already exist: {}",
+            f.name
+        )));
+    }
+    tracing::info!(function = %f.name, "created ({} bytes of code)", f.code_size);
+    Ok(json_response(StatusCode::CREATED, &configuration(&f)))
+}
+
+fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaError> {
+    daemon
+        .catalog
+        .get(name)
+        .map_err(catalog_err)?
+        .ok_or_else(|| LambdaError::not_found(name))
+}
+
+pub fn get(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let f = existing(daemon, name)?;
+    let mut v = serde_json::json!({
+        "Configuration": configuration(&f),
+        "Code": { "RepositoryType": "spore", "Location": code::dir(&daemon.state_dir, &f.code_sha256) },
+    });
+    if let Some(n) = f.reserved_concurrency {
+        v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
+    }
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+pub fn get_configuration(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    Ok(json_response(
+        StatusCode::OK,
+        &configuration(&existing(daemon, name)?),
+    ))
+}
+
+pub fn list(daemon: &Arc<Daemon>) -> Result<Resp, LambdaError> {
+    let all = daemon.catalog.list().map_err(catalog_err)?;
+    let functions: Vec<_> = all.iter().map(configuration).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "Functions": functions }),
+    ))
+}
+
+pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let _admin = daemon.admin.lock().await;
+    let f = existing(daemon, name)?;
+    daemon.catalog.delete(name).map_err(catalog_err)?;
+    daemon.manager.set_reserved(name, None);
+    daemon.manager.forget(name).await;
+    if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {
+        let _ = std::fs::remove_dir_all(code::dir(&daemon.state_dir, &f.code_sha256));
+    }
+    tracing::info!(function = %name, "deleted");
+    Ok(empty_response(StatusCode::NO_CONTENT))
+}
+
+/// Stores a changed function as a new version: instances and the zygote of
+/// the old version are ended and never serve it again.
+async fn replace(daemon: &Daemon, old: &Function, mut f: Function) -> Result<Resp, LambdaError> {
+    f.version = old.version + 1;
+    f.revision_id = super::random_uuid();
+    f.last_modified = now();
+    daemon.catalog.update(&f).map_err(catalog_err)?;
+    daemon.manager.forget(&f.name).await;
+    if old.code_sha256 != f.code_sha256
+        && !daemon.catalog.code_in_use(&old.code_sha256).unwrap_or(true)
+    {
+        let _ = std::fs::remove_dir_all(code::dir(&daemon.state_dir, &old.code_sha256));
+    }
+    tracing::info!(function = %f.name, version = f.version, "updated");
+    Ok(json_response(StatusCode::OK, &configuration(&f)))
+}
+
+pub async fn update_code(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Resp, LambdaError> {
+    let body = read_body(req, CONTROL_BODY_LIMIT, "UpdateFunctionCode").await?;
+    let b: UpdateCodeBody = parse_json(&body)?;
+    let _admin = daemon.admin.lock().await;
+    let old = existing(daemon, name)?;
+    let code = accept_code(
+        daemon,
+        b.zip_file.as_deref(),
+        b.s3_bucket.is_some(),
+        b.image_uri.is_some(),
+        &old.handler,
+    )?;
+    let mut f = old.clone();
+    f.code_sha256 = code.sha256_hex;
+    f.code_size = code.size;
+    replace(daemon, &old, f).await
+}
+
+pub async fn update_configuration(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Resp, LambdaError> {
+    let body = read_body(req, CONTROL_BODY_LIMIT, "UpdateFunctionConfiguration").await?;
+    let b: UpdateConfigBody = parse_json(&body)?;
+    let _admin = daemon.admin.lock().await;
+    let old = existing(daemon, name)?;
+    let mut f = old.clone();
+    if let Some(r) = b.runtime {
+        check_runtime(&r)?;
+        f.runtime = r;
+    }
+    if let Some(m) = b.memory_size {
+        f.memory_mib = check_memory(m)?;
+    }
+    if let Some(t) = b.timeout {
+        f.timeout_s = check_timeout(t)?;
+    }
+    if let Some(env) = b.environment {
+        check_env(&env.variables)?;
+        f.env = env.variables;
+    }
+    if let Some(d) = b.description {
+        f.description = d;
+    }
+    if let Some(r) = b.role {
+        f.role = r;
+    }
+    if let Some(h) = b.handler {
+        if h != f.handler {
+            code::rehandle(&daemon.state_dir, &f.code_sha256, &h).map_err(|e| {
+                if e.is_user_error() {
+                    LambdaError::invalid(e.to_string())
+                } else {
+                    LambdaError::service(e.to_string())
+                }
+            })?;
+        }
+        f.handler = h;
+    }
+    replace(daemon, &old, f).await
+}
+
+pub async fn put_concurrency(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Resp, LambdaError> {
+    let body = read_body(req, 64 * 1024, "PutFunctionConcurrency").await?;
+    let b: ConcurrencyBody = parse_json(&body)?;
+    let max = daemon.manager.max_concurrency() as i64;
+    if !(0..=max).contains(&b.reserved_concurrent_executions) {
+        return Err(LambdaError::invalid(format!(
+            "ReservedConcurrentExecutions must be between 0 and this host's limit ({max})"
+        )));
+    }
+    let n = b.reserved_concurrent_executions as u32;
+    let _admin = daemon.admin.lock().await;
+    let mut f = existing(daemon, name)?;
+    f.reserved_concurrency = Some(n);
+    daemon.catalog.update(&f).map_err(catalog_err)?;
+    daemon.manager.set_reserved(name, Some(n));
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "ReservedConcurrentExecutions": n }),
+    ))
+}
+
+pub fn get_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let f = existing(daemon, name)?;
+    let v = match f.reserved_concurrency {
+        Some(n) => serde_json::json!({ "ReservedConcurrentExecutions": n }),
+        None => serde_json::json!({}),
+    };
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+pub async fn delete_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let _admin = daemon.admin.lock().await;
+    let mut f = existing(daemon, name)?;
+    f.reserved_concurrency = None;
+    daemon.catalog.update(&f).map_err(catalog_err)?;
+    daemon.manager.set_reserved(name, None);
+    Ok(empty_response(StatusCode::NO_CONTENT))
+}
+
+pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
+    let gauges = daemon.manager.gauges().await;
+    let text = daemon.manager.metrics.render(&gauges);
+    let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}

@@ -1,0 +1,210 @@
+//! Lambda's Invoke: `RequestResponse` (the function's answer), `Event`
+//! (202, run in the background), `DryRun` (204); function errors carry
+//! `X-Amz-Function-Error`, `LogType: Tail` the last 4 KB of the log in
+//! `X-Amz-Log-Result`. Every invocation's log is kept under
+//! `<state>/logs/<function>.log`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use base64::Engine;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{Request, StatusCode};
+
+use super::error::LambdaError;
+use super::{empty_response, read_body, Daemon, Resp};
+use crate::catalog::Function;
+use crate::instances::{AcquireError, Invocation, Outcome};
+use crate::logs;
+
+/// Lambda's synchronous payload limit.
+const SYNC_PAYLOAD: usize = spore_abi::function::MAX_PAYLOAD as usize;
+/// Lambda's asynchronous (`Event`) payload limit.
+const ASYNC_PAYLOAD: usize = 256 * 1024;
+/// `X-Amz-Log-Result` carries this much of the log's end.
+const LOG_TAIL: usize = 4096;
+
+enum InvocationType {
+    RequestResponse,
+    Event,
+    DryRun,
+}
+
+pub async fn invoke(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Resp, LambdaError> {
+    let received = Instant::now();
+    let header = |k: &str| {
+        req.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let kind = match header("x-amz-invocation-type").as_deref() {
+        None | Some("RequestResponse") => InvocationType::RequestResponse,
+        Some("Event") => InvocationType::Event,
+        Some("DryRun") => InvocationType::DryRun,
+        Some(other) => {
+            return Err(LambdaError::invalid(format!(
+                "Value '{other}' at 'invocationType' failed to satisfy constraint: Member must satisfy enum value set: [Event, RequestResponse, DryRun]"
+            )))
+        }
+    };
+    let tail = match header("x-amz-log-type").as_deref() {
+        None | Some("None") => false,
+        Some("Tail") => true,
+        Some(other) => {
+            return Err(LambdaError::invalid(format!(
+                "Value '{other}' at 'logType' failed to satisfy constraint: Member must satisfy enum value set: [None, Tail]"
+            )))
+        }
+    };
+    if let Some(q) = req.uri().query() {
+        let qualifier = q.split('&').find_map(|kv| kv.strip_prefix("Qualifier="));
+        if qualifier.is_some_and(|v| v != "$LATEST" && v != "%24LATEST") {
+            return Err(LambdaError::not_found(&format!(
+                "{name}:{}",
+                qualifier.unwrap_or("")
+            )));
+        }
+    }
+    let limit = match kind {
+        InvocationType::Event => ASYNC_PAYLOAD,
+        _ => SYNC_PAYLOAD,
+    };
+    let payload = read_body(req, limit, "Invoke").await?;
+    let f = daemon
+        .catalog
+        .get(name)
+        .map_err(|e| LambdaError::service(e.to_string()))?
+        .ok_or_else(|| LambdaError::not_found(name))?;
+    match kind {
+        InvocationType::DryRun => Ok(empty_response(StatusCode::NO_CONTENT)),
+        InvocationType::Event => {
+            let daemon = daemon.clone();
+            tokio::spawn(async move {
+                let request_id = super::random_uuid();
+                // A throttled event waits and tries again, as Lambda's queue does.
+                for _ in 0..60 {
+                    match run(&daemon, &f, &request_id, &payload, received).await {
+                        Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => {
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await
+                        }
+                        Err(e) => {
+                            tracing::warn!(function = %f.name, "event invocation failed: {}", e.message);
+                            return;
+                        }
+                        Ok(_) => return,
+                    }
+                }
+            });
+            Ok(empty_response(StatusCode::ACCEPTED))
+        }
+        InvocationType::RequestResponse => {
+            let request_id = super::random_uuid();
+            let done = run(daemon, &f, &request_id, &payload, received).await?;
+            let mut resp = hyper::Response::new(http_body_util::Full::new(Bytes::from(done.body)));
+            let h = resp.headers_mut();
+            h.insert(
+                "x-amz-executed-version",
+                HeaderValue::from_static("$LATEST"),
+            );
+            if let Ok(v) = HeaderValue::from_str(&request_id) {
+                h.insert("x-amzn-requestid", v);
+            }
+            h.insert(
+                hyper::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            if done.function_error {
+                h.insert(
+                    "x-amz-function-error",
+                    HeaderValue::from_static("Unhandled"),
+                );
+            }
+            if tail {
+                let log = &done.log[done.log.len().saturating_sub(LOG_TAIL)..];
+                let b64 = base64::engine::general_purpose::STANDARD.encode(log);
+                if let Ok(v) = HeaderValue::from_str(&b64) {
+                    h.insert("x-amz-log-result", v);
+                }
+            }
+            Ok(resp)
+        }
+    }
+}
+
+struct Done {
+    body: Vec<u8>,
+    function_error: bool,
+    log: Vec<u8>,
+}
+
+/// Runs one invocation through the instance manager and keeps its log.
+async fn run(
+    daemon: &Daemon,
+    f: &Function,
+    request_id: &str,
+    payload: &[u8],
+    received: Instant,
+) -> Result<Done, LambdaError> {
+    let inv: Invocation = match daemon.manager.invoke(f, request_id, payload).await {
+        Ok(i) => i,
+        Err(AcquireError::Throttled { reserved }) => {
+            return Err(LambdaError::throttled(if reserved {
+                "ReservedFunctionConcurrentInvocationLimitExceeded"
+            } else {
+                "ConcurrentInvocationLimitExceeded"
+            }))
+        }
+        Err(e @ AcquireError::Start(_)) => return Err(LambdaError::service(e.to_string())),
+    };
+    let (body, function_error, outcome, function_log) = match inv.outcome {
+        Outcome::Done(r) => {
+            let outcome = if r.ok { "success" } else { "function_error" };
+            (r.body, !r.ok, outcome, r.log)
+        }
+        Outcome::TimedOut => {
+            let msg = format!(
+                "{} {request_id} Task timed out after {}.00 seconds",
+                super::lambda_time(std::time::SystemTime::now()),
+                f.timeout_s
+            );
+            (
+                serde_json::json!({ "errorMessage": msg })
+                    .to_string()
+                    .into_bytes(),
+                true,
+                "timeout",
+                Vec::new(),
+            )
+        }
+        Outcome::Crashed(why) => {
+            let msg = format!("RequestId: {request_id} Error: {why}");
+            (
+                serde_json::json!({ "errorType": "Runtime.ExitError", "errorMessage": msg })
+                    .to_string()
+                    .into_bytes(),
+                true,
+                "function_error",
+                Vec::new(),
+            )
+        }
+    };
+    let seconds = received.elapsed().as_secs_f64();
+    daemon
+        .manager
+        .metrics
+        .invoked(&f.name, inv.path, outcome, seconds);
+    let log = logs::invocation_log(f, request_id, inv.path, seconds, outcome, &function_log);
+    logs::append(&daemon.state_dir, &f.name, log.clone());
+    Ok(Done {
+        body,
+        function_error,
+        log,
+    })
+}

@@ -1,0 +1,284 @@
+//! The Lambda API (`2015-03-31`) over HTTP/1.1: routing, request bodies and
+//! responses. The control plane is in [`control`], Invoke in [`invoke`].
+//! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
+//! and the tools built on them drive the daemon unmodified.
+
+mod control;
+pub mod error;
+mod invoke;
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::catalog::Catalog;
+use crate::instances::Manager;
+use error::LambdaError;
+
+/// The region and account every ARN names (spore is one host, not AWS).
+pub const REGION: &str = "us-east-1";
+pub const ACCOUNT: &str = "000000000000";
+
+/// What request handlers share.
+pub struct Daemon {
+    pub state_dir: PathBuf,
+    pub catalog: Arc<Catalog>,
+    pub manager: Arc<Manager>,
+    /// Serialises control-plane writes (create, update, delete).
+    pub admin: tokio::sync::Mutex<()>,
+}
+
+type Resp = Response<Full<Bytes>>;
+
+/// Routes one request; never fails (errors become Lambda-shaped responses).
+pub async fn handle(daemon: Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let result = route(&daemon, req).await;
+    let resp = result.unwrap_or_else(|e| {
+        tracing::debug!("{method} {path}: {} {}", e.kind, e.message);
+        e.into_response()
+    });
+    Ok(resp)
+}
+
+async fn route(daemon: &Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, LambdaError> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = req.method().clone();
+    match (method, segments.as_slice()) {
+        (Method::GET, ["metrics"]) => Ok(control::metrics(daemon).await),
+        (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
+        (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
+        (Method::GET, ["2015-03-31", "functions", name]) => control::get(daemon, &fn_name(name)?),
+        (Method::GET, ["2015-03-31", "functions", name, "configuration"]) => {
+            control::get_configuration(daemon, &fn_name(name)?)
+        }
+        (Method::DELETE, ["2015-03-31", "functions", name]) => {
+            control::delete(daemon, &fn_name(name)?).await
+        }
+        (Method::PUT, ["2015-03-31", "functions", name, "code"]) => {
+            let name = fn_name(name)?;
+            control::update_code(daemon, &name, req).await
+        }
+        (Method::PUT, ["2015-03-31", "functions", name, "configuration"]) => {
+            let name = fn_name(name)?;
+            control::update_configuration(daemon, &name, req).await
+        }
+        (Method::PUT, ["2017-10-31", "functions", name, "concurrency"]) => {
+            let name = fn_name(name)?;
+            control::put_concurrency(daemon, &name, req).await
+        }
+        (Method::DELETE, ["2017-10-31", "functions", name, "concurrency"]) => {
+            control::delete_concurrency(daemon, &fn_name(name)?).await
+        }
+        (Method::GET, ["2019-09-30", "functions", name, "concurrency"]) => {
+            control::get_concurrency(daemon, &fn_name(name)?)
+        }
+        (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
+            let name = fn_name(name)?;
+            invoke::invoke(daemon, &name, req).await
+        }
+        (m, _) => Err(LambdaError::new(
+            StatusCode::NOT_FOUND,
+            "UnknownOperationException",
+            format!("no operation at {m} {path}"),
+        )),
+    }
+}
+
+/// The function name of a path segment: percent-decoded, an ARN reduced to
+/// its name, and checked against Lambda's rule (`[A-Za-z0-9_-]{1,64}`), so a
+/// name can never be a path (`../`) anywhere in the state directory.
+pub fn fn_name(segment: &str) -> Result<String, LambdaError> {
+    let decoded = percent_decode(segment).ok_or_else(|| {
+        LambdaError::invalid("The function name is not valid percent-encoded UTF-8")
+    })?;
+    let name = match decoded.rsplit_once(":function:") {
+        Some((_, rest)) => rest.split(':').next().unwrap_or("").to_string(),
+        None => decoded,
+    };
+    check_name(&name)?;
+    Ok(name)
+}
+
+pub fn check_name(name: &str) -> Result<(), LambdaError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(LambdaError::invalid(format!(
+            "1 validation error detected: Value '{name}' at 'functionName' failed to satisfy constraint: Member must satisfy regular expression pattern: [a-zA-Z0-9-_]+ (1 to 64 characters)"
+        )))
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Reads a request body of at most `limit` bytes; a larger one is a 413.
+pub async fn read_body(
+    req: Request<Incoming>,
+    limit: usize,
+    operation: &str,
+) -> Result<Bytes, LambdaError> {
+    let too_large = || {
+        LambdaError::too_large(format!(
+            "Request must be smaller than {limit} bytes for the {operation} operation"
+        ))
+    };
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(too_large());
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large())
+        }
+        Err(e) => Err(LambdaError::bad_content(format!(
+            "reading the request body: {e}"
+        ))),
+    }
+}
+
+/// Parses a JSON request body into `T`; malformed JSON is Lambda's
+/// `InvalidRequestContentException`, a wrong field type its
+/// `InvalidParameterValueException`.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, LambdaError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        LambdaError::bad_content(format!("Could not parse request body into json: {e}"))
+    })?;
+    serde_json::from_value(value).map_err(|e| LambdaError::invalid(e.to_string()))
+}
+
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+pub fn empty_response(status: StatusCode) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = status;
+    resp
+}
+
+/// Lambda's timestamp form, e.g. `2026-11-24T22:30:00.123+0000`.
+pub fn lambda_time(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}+0000",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// A random id in UUID form (revision ids, request ids).
+pub fn random_uuid() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // Unique enough without the OS generator: time and a counter.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let t = crate::instances::unix_ms() ^ N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        b[..8].copy_from_slice(&t.to_le_bytes());
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(fn_name("my-fn_1").unwrap(), "my-fn_1");
+        assert_eq!(
+            fn_name("arn%3Aaws%3Alambda%3Aus-east-1%3A000000000000%3Afunction%3Aecho").unwrap(),
+            "echo"
+        );
+        assert!(fn_name("..%2Fetc").is_err());
+        assert!(fn_name("a.b").is_err());
+        assert!(fn_name("").is_err());
+        assert!(fn_name(&"x".repeat(65)).is_err());
+        assert!(fn_name("%zz").is_err());
+    }
+
+    #[test]
+    fn times_are_lambdas() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_998_600_123);
+        assert_eq!(lambda_time(t), "2026-11-30T00:30:00.123+0000");
+        assert_eq!(
+            lambda_time(std::time::UNIX_EPOCH),
+            "1970-01-01T00:00:00.000+0000"
+        );
+    }
+
+    #[test]
+    fn uuids_look_like_uuids() {
+        let u = random_uuid();
+        assert_eq!(u.len(), 36);
+        assert_eq!(u.matches('-').count(), 4);
+        assert_ne!(u, random_uuid());
+    }
+}

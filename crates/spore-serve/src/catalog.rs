@@ -1,0 +1,298 @@
+//! The daemon's catalogue in SQLite (`<state-dir>/catalog.db`): functions with
+//! the version of their code and configuration, and the VMM processes the
+//! daemon started (so that a restarted daemon can end those of its
+//! predecessor). Everything a restart must not lose lives here; instances
+//! themselves are rebuilt from it, never trusted across a restart.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// One function as deployed: its current version's code and configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Function {
+    pub name: String,
+    pub runtime: String,
+    pub handler: String,
+    pub memory_mib: u32,
+    pub timeout_s: u32,
+    pub env: BTreeMap<String, String>,
+    pub description: String,
+    pub role: String,
+    /// SHA-256 of the zip, hex: names the stored code.
+    pub code_sha256: String,
+    pub code_size: u64,
+    /// Bumped on every change of code or configuration; instances, zygotes
+    /// and snapshots belong to one version and are never served for another.
+    pub version: i64,
+    pub revision_id: String,
+    /// RFC 3339 time of the last change.
+    pub last_modified: String,
+    pub reserved_concurrency: Option<u32>,
+}
+
+/// A VMM process the daemon started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessRecord {
+    pub pid: i32,
+    pub run_dir: String,
+}
+
+pub struct Catalog {
+    db: Mutex<Connection>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("catalogue: {0}")]
+pub struct CatalogError(#[from] rusqlite::Error);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS functions (
+    name TEXT PRIMARY KEY,
+    runtime TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    timeout_s INTEGER NOT NULL,
+    env_json TEXT NOT NULL,
+    description TEXT NOT NULL,
+    role TEXT NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    code_size INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    revision_id TEXT NOT NULL,
+    last_modified TEXT NOT NULL,
+    reserved_concurrency INTEGER
+);
+CREATE TABLE IF NOT EXISTS processes (
+    pid INTEGER NOT NULL,
+    run_dir TEXT NOT NULL,
+    PRIMARY KEY (pid, run_dir)
+);
+";
+
+impl Catalog {
+    /// Opens (creating if needed) the catalogue at `path`, in WAL mode so a
+    /// daemon killed mid-write loses at most the write in flight.
+    pub fn open(path: &Path) -> Result<Self, CatalogError> {
+        let db = Connection::open(path)?;
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "NORMAL")?;
+        db.execute_batch(SCHEMA)?;
+        Ok(Catalog { db: Mutex::new(db) })
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Inserts a new function; false if the name is taken.
+    pub fn insert(&self, f: &Function) -> Result<bool, CatalogError> {
+        let db = self.db();
+        let n = db.execute(
+            "INSERT OR IGNORE INTO functions (name, runtime, handler, memory_mib, timeout_s,
+                env_json, description, role, code_sha256, code_size, version, revision_id,
+                last_modified, reserved_concurrency)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            params![
+                f.name,
+                f.runtime,
+                f.handler,
+                f.memory_mib,
+                f.timeout_s,
+                env_json(&f.env),
+                f.description,
+                f.role,
+                f.code_sha256,
+                f.code_size as i64,
+                f.version,
+                f.revision_id,
+                f.last_modified,
+                f.reserved_concurrency,
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Replaces a function's row (code, configuration, version).
+    pub fn update(&self, f: &Function) -> Result<(), CatalogError> {
+        self.db().execute(
+            "UPDATE functions SET runtime = ?2, handler = ?3, memory_mib = ?4, timeout_s = ?5,
+                env_json = ?6, description = ?7, role = ?8, code_sha256 = ?9, code_size = ?10,
+                version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14
+             WHERE name = ?1",
+            params![
+                f.name,
+                f.runtime,
+                f.handler,
+                f.memory_mib,
+                f.timeout_s,
+                env_json(&f.env),
+                f.description,
+                f.role,
+                f.code_sha256,
+                f.code_size as i64,
+                f.version,
+                f.revision_id,
+                f.last_modified,
+                f.reserved_concurrency,
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Result<Option<Function>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached("SELECT * FROM functions WHERE name = ?1")?;
+        Ok(st.query_row([name], row_to_function).optional()?)
+    }
+
+    pub fn list(&self) -> Result<Vec<Function>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached("SELECT * FROM functions ORDER BY name")?;
+        let rows = st.query_map([], row_to_function)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes a function; false if there was none.
+    pub fn delete(&self, name: &str) -> Result<bool, CatalogError> {
+        Ok(self
+            .db()
+            .execute("DELETE FROM functions WHERE name = ?1", [name])?
+            == 1)
+    }
+
+    /// Whether any function's current version uses the code with this hash.
+    pub fn code_in_use(&self, sha256: &str) -> Result<bool, CatalogError> {
+        let db = self.db();
+        let n: i64 = db.query_row(
+            "SELECT COUNT(*) FROM functions WHERE code_sha256 = ?1",
+            [sha256],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    }
+
+    pub fn add_process(&self, p: &ProcessRecord) -> Result<(), CatalogError> {
+        self.db().execute(
+            "INSERT OR REPLACE INTO processes (pid, run_dir) VALUES (?1, ?2)",
+            params![p.pid, p.run_dir],
+        )?;
+        Ok(())
+    }
+
+    pub fn remove_process(&self, p: &ProcessRecord) -> Result<(), CatalogError> {
+        self.db().execute(
+            "DELETE FROM processes WHERE pid = ?1 AND run_dir = ?2",
+            params![p.pid, p.run_dir],
+        )?;
+        Ok(())
+    }
+
+    /// Every recorded process, removing the records.
+    pub fn take_processes(&self) -> Result<Vec<ProcessRecord>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare("SELECT pid, run_dir FROM processes")?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(ProcessRecord {
+                    pid: r.get(0)?,
+                    run_dir: r.get(1)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        db.execute("DELETE FROM processes", [])?;
+        Ok(rows)
+    }
+}
+
+fn env_json(env: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(env).unwrap_or_else(|_| "{}".into())
+}
+
+fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
+    let env: String = r.get("env_json")?;
+    Ok(Function {
+        name: r.get("name")?,
+        runtime: r.get("runtime")?,
+        handler: r.get("handler")?,
+        memory_mib: r.get("memory_mib")?,
+        timeout_s: r.get("timeout_s")?,
+        env: serde_json::from_str(&env).unwrap_or_default(),
+        description: r.get("description")?,
+        role: r.get("role")?,
+        code_sha256: r.get("code_sha256")?,
+        code_size: r.get::<_, i64>("code_size")?.max(0) as u64,
+        version: r.get("version")?,
+        revision_id: r.get("revision_id")?,
+        last_modified: r.get("last_modified")?,
+        reserved_concurrency: r.get("reserved_concurrency")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(name: &str) -> Function {
+        Function {
+            name: name.into(),
+            runtime: "spore-uk".into(),
+            handler: "fn-echo".into(),
+            memory_mib: 128,
+            timeout_s: 3,
+            env: BTreeMap::from([("A".into(), "b c".into())]),
+            description: String::new(),
+            role: "r".into(),
+            code_sha256: "00".into(),
+            code_size: 10,
+            version: 1,
+            revision_id: "rev".into(),
+            last_modified: "2026-01-01T00:00:00.000+0000".into(),
+            reserved_concurrency: None,
+        }
+    }
+
+    #[test]
+    fn functions_survive_reopening() {
+        let dir = std::env::temp_dir().join(format!("spore-catalog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("catalog.db");
+        {
+            let c = Catalog::open(&path).unwrap();
+            assert!(c.insert(&sample("a")).unwrap());
+            assert!(!c.insert(&sample("a")).unwrap(), "a name is taken once");
+            let mut b = sample("b");
+            b.reserved_concurrency = Some(2);
+            assert!(c.insert(&b).unwrap());
+            c.add_process(&ProcessRecord {
+                pid: 42,
+                run_dir: "/x".into(),
+            })
+            .unwrap();
+        }
+        let c = Catalog::open(&path).unwrap();
+        let all = c.list().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0], sample("a"));
+        assert_eq!(all[1].reserved_concurrency, Some(2));
+        let mut a = sample("a");
+        a.version = 2;
+        a.handler = "fn-upper".into();
+        c.update(&a).unwrap();
+        assert_eq!(c.get("a").unwrap().unwrap(), a);
+        assert!(c.delete("a").unwrap());
+        assert!(!c.delete("a").unwrap());
+        assert_eq!(c.get("a").unwrap(), None);
+        assert_eq!(
+            c.take_processes().unwrap(),
+            vec![ProcessRecord {
+                pid: 42,
+                run_dir: "/x".into()
+            }]
+        );
+        assert!(c.take_processes().unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,143 @@
+//! `spore serve`: a serverless platform on spore microVMs that speaks the
+//! AWS Lambda API. Deploy a function once (its code, as a zip, in the
+//! catalogue), invoke it many times: each invocation gets an idle warm
+//! instance, a clone of the function's zygote, or a cold boot that also makes
+//! the zygote.
+//!
+//! The daemon is only a client of `spore vmm` processes (their API sockets
+//! and vsock), never a second VMM: a VMM crash or exploit stays in one
+//! instance, and the daemon can be killed and restarted without losing a
+//! deployed function. Modules: [`api`] (the Lambda HTTP API), [`catalog`]
+//! (SQLite), [`code`] (zips), [`instances`] (pools and start paths),
+//! [`invoke`] (the invoke protocol over vsock), [`runtime`], [`vmm`] (VMM
+//! processes), [`metrics`], [`logs`].
+
+pub mod api;
+pub mod catalog;
+pub mod code;
+pub mod instances;
+pub mod invoke;
+pub mod logs;
+pub mod metrics;
+pub mod recovery;
+pub mod runtime;
+pub mod vmm;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+pub use instances::ManagerConfig;
+
+/// What `spore serve` was asked for.
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub manager: ManagerConfig,
+}
+
+/// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
+/// daemon's leftovers, opens the catalogue, serves the API. Prints
+/// `{"listen":"ADDR"}` on stdout once serving.
+pub fn run(config: ServeConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("spore-serve")
+        .build()?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let state_dir: PathBuf = config.manager.state_dir.clone();
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
+    restrict(&state_dir);
+    let catalog = Arc::new(
+        catalog::Catalog::open(&state_dir.join("catalog.db"))
+            .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
+    );
+    let report = recovery::recover(&state_dir, &catalog)?;
+    if report.killed > 0 || report.removed > 0 {
+        tracing::info!(
+            "recovered from a previous daemon: {} VMM processes ended, {} leftovers removed",
+            report.killed,
+            report.removed
+        );
+    }
+    let manager = instances::Manager::new(config.manager, catalog.clone());
+    for f in catalog.list()? {
+        if let Some(n) = f.reserved_concurrency {
+            manager.set_reserved(&f.name, Some(n));
+        }
+    }
+    let daemon = Arc::new(api::Daemon {
+        state_dir,
+        catalog,
+        manager: manager.clone(),
+        admin: tokio::sync::Mutex::new(()),
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", serde_json::json!({ "listen": addr.to_string() }))?;
+        out.flush()?;
+    }
+    tracing::info!("spore serve: Lambda API on http://{addr}");
+
+    let reaper = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                manager.reap_idle().await;
+            }
+        })
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let daemon = daemon.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| api::handle(daemon.clone(), req));
+                    if let Err(e) = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                    {
+                        tracing::debug!("connection: {e}");
+                    }
+                });
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        }
+    }
+    tracing::info!("spore serve: stopping; ending every instance");
+    reaper.abort();
+    manager.shutdown().await;
+    Ok(())
+}
+
+/// The state directory holds code and sockets: owner only.
+fn restrict(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+}

@@ -1,0 +1,68 @@
+//! Per-function invocation logs: `<state>/logs/<function>.log`, each
+//! invocation framed by Lambda-style START / END / REPORT lines around what
+//! the function logged. A log over 1 MiB is rotated to `.log.1` (one
+//! generation kept), so logs never grow without bound.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::catalog::Function;
+use crate::metrics::StartPath;
+
+const ROTATE_BYTES: u64 = 1024 * 1024;
+
+pub fn path(state: &Path, function: &str) -> PathBuf {
+    state.join("logs").join(format!("{function}.log"))
+}
+
+/// The log text of one invocation.
+pub fn invocation_log(
+    f: &Function,
+    request_id: &str,
+    path: StartPath,
+    seconds: f64,
+    outcome: &str,
+    function_log: &[u8],
+) -> Vec<u8> {
+    let mut out = format!("START RequestId: {request_id} Version: $LATEST\n").into_bytes();
+    out.extend_from_slice(function_log);
+    if !function_log.is_empty() && !function_log.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(
+        format!(
+            "END RequestId: {request_id}\nREPORT RequestId: {request_id}\tDuration: {:.2} ms\tMemory Size: {} MB\tStart Path: {}\tOutcome: {outcome}\n",
+            seconds * 1e3,
+            f.memory_mib,
+            path.as_str()
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+/// Appends to a function's log off the request path.
+pub fn append(state: &Path, function: &str, text: Vec<u8>) {
+    let file = path(state, function);
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = append_now(&file, &text) {
+            tracing::warn!("writing {}: {e}", file.display());
+        }
+    });
+}
+
+fn append_now(file: &Path, text: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) > ROTATE_BYTES {
+        std::fs::rename(file, file.with_extension("log.1"))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(file)?;
+    f.write_all(text)
+}

@@ -1,0 +1,227 @@
+//! Counters and latency histograms, rendered as Prometheus text at
+//! `GET /metrics`. Written here rather than with a metrics crate because the
+//! whole need is a few labelled counters and one histogram family, rendered in
+//! one function; gauges (instances, memory) are read at scrape time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// How an invocation got its instance, fastest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StartPath {
+    /// An idle instance of the same function and version.
+    Warm,
+    /// A new clone of the function's zygote.
+    Clone,
+    /// A boot (which also made the zygote).
+    Cold,
+}
+
+impl StartPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartPath::Warm => "warm",
+            StartPath::Clone => "clone",
+            StartPath::Cold => "cold",
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the latency buckets.
+const BUCKETS: [f64; 14] = [
+    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// (function, start path, outcome) → invocations.
+    invocations: BTreeMap<(String, &'static str, &'static str), u64>,
+    /// function → throttled requests.
+    throttles: BTreeMap<String, u64>,
+    /// start path → latency (request received → response ready).
+    latency: BTreeMap<&'static str, Histogram>,
+}
+
+/// Gauges read when `/metrics` is scraped.
+pub struct Gauges {
+    /// (function, state) → instances.
+    pub instances: BTreeMap<(String, &'static str), u64>,
+    /// Host memory (PSS) held by instances, and by zygotes (templates).
+    pub instance_bytes: u64,
+    pub template_bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records one invocation: `outcome` is `success`, `function_error` or
+    /// `timeout`.
+    pub fn invoked(&self, function: &str, path: StartPath, outcome: &'static str, seconds: f64) {
+        let mut m = self.inner();
+        *m.invocations
+            .entry((function.to_string(), path.as_str(), outcome))
+            .or_default() += 1;
+        let h = m.latency.entry(path.as_str()).or_default();
+        h.count += 1;
+        h.sum += seconds;
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if seconds <= *le {
+                h.counts[i] += 1;
+            }
+        }
+    }
+
+    pub fn throttled(&self, function: &str) {
+        *self
+            .inner()
+            .throttles
+            .entry(function.to_string())
+            .or_default() += 1;
+    }
+
+    /// Invocations so far by start path (for tests and `spore fn stats`).
+    pub fn by_path(&self) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        for ((_, path, _), n) in &self.inner().invocations {
+            *out.entry(*path).or_default() += n;
+        }
+        out
+    }
+
+    pub fn render(&self, gauges: &Gauges) -> String {
+        let m = self.inner();
+        let mut out = String::new();
+        out.push_str(
+            "# HELP spore_invocations_total Invocations by function, start path and outcome.\n",
+        );
+        out.push_str("# TYPE spore_invocations_total counter\n");
+        for ((f, path, outcome), n) in &m.invocations {
+            let _ = writeln!(
+                out,
+                "spore_invocations_total{{function=\"{}\",start_path=\"{path}\",outcome=\"{outcome}\"}} {n}",
+                escape(f)
+            );
+        }
+        out.push_str(
+            "# HELP spore_errors_total Invocations that ended in a function error or a timeout.\n",
+        );
+        out.push_str("# TYPE spore_errors_total counter\n");
+        let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
+        for ((f, _, outcome), n) in &m.invocations {
+            if *outcome != "success" {
+                *errors.entry(f).or_default() += n;
+            }
+        }
+        for (f, n) in errors {
+            let _ = writeln!(out, "spore_errors_total{{function=\"{}\"}} {n}", escape(f));
+        }
+        out.push_str("# HELP spore_throttles_total Requests refused with 429.\n");
+        out.push_str("# TYPE spore_throttles_total counter\n");
+        for (f, n) in &m.throttles {
+            let _ = writeln!(
+                out,
+                "spore_throttles_total{{function=\"{}\"}} {n}",
+                escape(f)
+            );
+        }
+        out.push_str("# HELP spore_invoke_duration_seconds Request received to response ready, by start path.\n");
+        out.push_str("# TYPE spore_invoke_duration_seconds histogram\n");
+        for (path, h) in &m.latency {
+            for (i, le) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"{le}\"}} {}",
+                    h.counts[i]
+                );
+            }
+            let _ = writeln!(
+                out,
+                "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "spore_invoke_duration_seconds_sum{{start_path=\"{path}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "spore_invoke_duration_seconds_count{{start_path=\"{path}\"}} {}",
+                h.count
+            );
+        }
+        out.push_str("# HELP spore_instances Function instances by state.\n");
+        out.push_str("# TYPE spore_instances gauge\n");
+        for ((f, state), n) in &gauges.instances {
+            let _ = writeln!(
+                out,
+                "spore_instances{{function=\"{}\",state=\"{state}\"}} {n}",
+                escape(f)
+            );
+        }
+        out.push_str("# HELP spore_memory_bytes Host memory (PSS) held by VMM processes.\n");
+        out.push_str("# TYPE spore_memory_bytes gauge\n");
+        let _ = writeln!(
+            out,
+            "spore_memory_bytes{{held_by=\"instances\"}} {}",
+            gauges.instance_bytes
+        );
+        let _ = writeln!(
+            out,
+            "spore_memory_bytes{{held_by=\"templates\"}} {}",
+            gauges.template_bytes
+        );
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        m.invoked("f", StartPath::Cold, "success", 0.004);
+        m.invoked("f", StartPath::Warm, "success", 0.0003);
+        m.invoked("f", StartPath::Warm, "function_error", 0.0004);
+        m.throttled("f");
+        let text = m.render(&Gauges {
+            instances: BTreeMap::from([(("f".to_string(), "idle"), 2)]),
+            instance_bytes: 10,
+            template_bytes: 20,
+        });
+        assert!(text.contains(
+            "spore_invocations_total{function=\"f\",start_path=\"warm\",outcome=\"success\"} 1"
+        ));
+        assert!(text.contains("spore_errors_total{function=\"f\"} 1"));
+        assert!(text.contains("spore_throttles_total{function=\"f\"} 1"));
+        assert!(text
+            .contains("spore_invoke_duration_seconds_bucket{start_path=\"warm\",le=\"0.0005\"} 2"));
+        assert!(text
+            .contains("spore_invoke_duration_seconds_bucket{start_path=\"cold\",le=\"0.002\"} 0"));
+        assert!(text.contains("spore_instances{function=\"f\",state=\"idle\"} 2"));
+        assert_eq!(m.by_path().get("warm"), Some(&2));
+    }
+}

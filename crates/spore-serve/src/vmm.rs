@@ -1,0 +1,216 @@
+//! The daemon's side of a `spore vmm` process: start one, send it API
+//! requests over its Unix socket (HTTP/1.1, as any user's client would), end
+//! it. The daemon never links KVM or guest memory: a VMM that crashes or is
+//! exploited stays one process.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+
+/// A VMM process: either started by the daemon (its child), or a clone
+/// started by a zygote's VMM (known by pid).
+pub struct VmmProcess {
+    pub pid: i32,
+    pub api_sock: PathBuf,
+    pub vsock_uds: PathBuf,
+    /// The directory holding its sockets and log; removed when it ends
+    /// (clones share their zygote's directory and remove only their files).
+    pub run_dir: PathBuf,
+    child: Option<tokio::process::Child>,
+    ended: bool,
+}
+
+impl VmmProcess {
+    /// Starts `spore vmm --api-sock <run_dir>/api.sock`, its console and
+    /// messages going to `<run_dir>/vmm.log`, in a process group of its own.
+    pub async fn spawn(spore_bin: &Path, run_dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        let api_sock = run_dir.join("api.sock");
+        let log = std::fs::File::create(run_dir.join("vmm.log"))?;
+        let child = tokio::process::Command::new(spore_bin)
+            .arg("vmm")
+            .arg("--api-sock")
+            .arg(&api_sock)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {} vmm", spore_bin.display()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("the VMM exited at once"))? as i32;
+        let mut vmm = VmmProcess {
+            pid,
+            vsock_uds: run_dir.join("v.sock"),
+            api_sock,
+            run_dir: run_dir.to_path_buf(),
+            child: Some(child),
+            ended: false,
+        };
+        vmm.wait_for_socket(Duration::from_secs(10)).await?;
+        Ok(vmm)
+    }
+
+    /// A clone a zygote's VMM started (not our child).
+    pub fn adopt(pid: i32, api_sock: PathBuf, vsock_uds: PathBuf, run_dir: PathBuf) -> Self {
+        VmmProcess {
+            pid,
+            api_sock,
+            vsock_uds,
+            run_dir,
+            child: None,
+            ended: false,
+        }
+    }
+
+    async fn wait_for_socket(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if UnixStream::connect(&self.api_sock).await.is_ok() {
+                return Ok(());
+            }
+            if let Some(child) = &mut self.child {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "the VMM exited before serving its API ({status}): {}",
+                        self.log_tail()
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the VMM did not serve {} within {limit:?}",
+                    self.api_sock.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// One API request; the response body on 2xx, an error naming the
+    /// VMM's `fault_message` otherwise.
+    pub async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<String> {
+        api_call(&self.api_sock, method, path, body).await
+    }
+
+    /// The last lines of the VMM's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.run_dir.join("vmm.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Whether the process is still running.
+    pub fn is_alive(&mut self) -> bool {
+        if self.ended {
+            return false;
+        }
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            // SAFETY: signal 0 only checks that the process exists.
+            None => (unsafe { libc::kill(self.pid, 0) }) == 0,
+        }
+    }
+
+    /// Ends the process (SIGKILL to its group for our children, to the pid
+    /// for clones), waits for our child, and removes its files.
+    pub async fn kill(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        match &mut self.child {
+            Some(child) => {
+                // SAFETY: the child leads its own process group (spawned with
+                // process_group(0)); only that group is signalled.
+                unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+                let _ = child.wait().await;
+                let _ = std::fs::remove_dir_all(&self.run_dir);
+            }
+            None => {
+                // SAFETY: the pid is a clone's; its zygote's VMM reaps it.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                let _ = std::fs::remove_file(&self.api_sock);
+                let _ = std::fs::remove_file(&self.vsock_uds);
+            }
+        }
+    }
+
+    /// Host memory the process holds: its proportional set size (shared
+    /// template pages split among the processes mapping them), in bytes.
+    pub fn pss_bytes(&self) -> u64 {
+        proc_pss_bytes(self.pid)
+    }
+}
+
+impl Drop for VmmProcess {
+    fn drop(&mut self) {
+        if !self.ended && self.child.is_none() {
+            // SAFETY: as in kill(): a clone's pid.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        // Our children are killed by kill_on_drop.
+    }
+}
+
+/// `Pss:` of `/proc/PID/smaps_rollup`, in bytes (0 if unreadable).
+pub fn proc_pss_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Sends one HTTP/1.1 request to a VMM's API socket.
+pub async fn api_call(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<String> {
+    let stream = UnixStream::connect(sock)
+        .await
+        .with_context(|| format!("connecting to {}", sock.display()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://localhost{path}"))
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    if !status.is_success() {
+        let fault = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| {
+                v.get("fault_message")
+                    .and_then(|m| m.as_str())
+                    .map(String::from)
+            })
+            .unwrap_or(text);
+        bail!("{method} {path}: {status}: {fault}");
+    }
+    Ok(text)
+}

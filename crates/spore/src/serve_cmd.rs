@@ -1,0 +1,63 @@
+//! `spore serve`: the serverless daemon (crate `spore-serve`), here only its
+//! command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address of the Lambda API (port 0 picks a free one; the address is
+    /// printed on stdout as {"listen":"ADDR"} once serving).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// Where the catalogue (SQLite), code, logs and instances' sockets live.
+    #[arg(long, default_value = "/var/lib/spore")]
+    state_dir: PathBuf,
+    /// Invocations running at once on this host; more wait, then get 429.
+    #[arg(long, default_value_t = 64)]
+    max_concurrency: usize,
+    /// How long a request over a concurrency limit waits before its 429 (ms).
+    #[arg(long, default_value_t = 200)]
+    queue_wait_ms: u64,
+    /// An idle instance is ended after this long unused (ms).
+    #[arg(long, default_value_t = 60_000)]
+    keep_alive_ms: u64,
+    /// Host memory idle instances may hold (e.g. 4G); over it the least
+    /// recently used are ended. Default: no budget.
+    #[arg(long)]
+    memory_budget: Option<String>,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
+    let spore_bin = match std::env::var_os("SPORE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe().context("finding the spore binary")?,
+    };
+    let memory_budget = match &a.memory_budget {
+        Some(s) => {
+            crate::size::parse_size(s).map_err(|e| anyhow::anyhow!("--memory-budget: {e}"))?
+        }
+        None => 0,
+    };
+    let state_dir = if a.state_dir.is_absolute() {
+        a.state_dir
+    } else {
+        std::env::current_dir()?.join(a.state_dir)
+    };
+    spore_serve::run(spore_serve::ServeConfig {
+        listen: a.listen,
+        manager: spore_serve::ManagerConfig {
+            spore_bin,
+            state_dir,
+            max_concurrency: a.max_concurrency,
+            queue_wait: Duration::from_millis(a.queue_wait_ms),
+            keep_alive: Duration::from_millis(a.keep_alive_ms),
+            memory_budget,
+        },
+    })?;
+    Ok(0)
+}
