@@ -1,6 +1,8 @@
 //! Helpers for end-to-end tests that drive the real `spore` binary.
 #![allow(dead_code)]
 
+pub mod serve;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
