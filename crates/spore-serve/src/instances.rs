@@ -118,12 +118,13 @@ impl Manager {
         self.cfg.max_concurrency
     }
 
-    fn run_dir(&self, tag: &str) -> PathBuf {
+    /// A new instance's directory: short (`<state>/run/r<n>`), because the
+    /// VMM's Unix sockets (clones' included) live under it and a socket path
+    /// has at most 107 bytes. The daemon holds the state directory's lock, so
+    /// names never collide with another daemon's.
+    fn run_dir(&self) -> PathBuf {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.cfg
-            .state_dir
-            .join("run")
-            .join(format!("{tag}-{}-{n}", std::process::id()))
+        self.cfg.state_dir.join("run").join(format!("r{n}"))
     }
 
     /// Runs one invocation of `f` (its current version).
@@ -336,7 +337,7 @@ impl Manager {
     async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
         let rt = runtime::find(&f.runtime)
             .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
-        let run_dir = self.run_dir(&format!("{}-v{}", f.name, f.version));
+        let run_dir = self.run_dir();
         let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &run_dir).await?;
         self.record(&vmm);
         let image = code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler);

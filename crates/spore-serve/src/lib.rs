@@ -57,6 +57,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
     restrict(&state_dir);
+    check_socket_room(&state_dir)?;
+    let _lock = lock_state_dir(&state_dir)?;
     let catalog = Arc::new(
         catalog::Catalog::open(&state_dir.join("catalog.db"))
             .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
@@ -134,6 +136,43 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     reaper.abort();
     manager.shutdown().await;
     Ok(())
+}
+
+/// Longest state directory path: VMM sockets go under `<state>/run/r<n>/clones/`
+/// with names of up to about 40 bytes, and a Unix socket path has at most 107.
+const MAX_STATE_DIR_BYTES: usize = 60;
+
+fn check_socket_room(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    let len = state_dir.as_os_str().len();
+    if len > MAX_STATE_DIR_BYTES {
+        anyhow::bail!(
+            "the state directory {} is {len} bytes long; the VMM sockets under it need it to be at most {MAX_STATE_DIR_BYTES} (Unix socket paths are limited to 107 bytes)",
+            state_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// One daemon per state directory: a second one is refused instead of
+/// ending the first one's VMMs as leftovers.
+fn lock_state_dir(state_dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let path = state_dir.join("serve.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!(
+            "another spore serve is using the state directory {} ({})",
+            state_dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(file)
 }
 
 /// The state directory holds code and sockets: owner only.

@@ -363,6 +363,22 @@ fn kvm_serve_survives_kill_9() {
         "the old daemon's VMMs are ended: {:?}",
         d2.vmm_pids()
     );
+    assert!(
+        !state.join("run").exists() || state.join("run").read_dir().unwrap().next().is_none(),
+        "the old daemon's run directories are removed"
+    );
+    // A second daemon on the same state directory is refused.
+    let second = common::spore()
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(
+        common::stderr_of(&second).contains("another spore serve"),
+        "{}",
+        common::stderr_of(&second)
+    );
     let list = d2.request("GET", "/2015-03-31/functions", b"", &[]).json();
     let names: Vec<_> = list["Functions"]
         .as_array()
@@ -373,15 +389,6 @@ fn kvm_serve_survives_kill_9() {
     assert_eq!(names, vec!["f", "g"]);
     assert_eq!(d2.invoke("f", br#"{"after":1}"#).json()["echo"]["after"], 1);
     assert_eq!(d2.invoke("g", b"after").text(), "AFTER");
-    assert!(
-        !state.join("run").read_dir().unwrap().any(|e| {
-            e.unwrap()
-                .file_name()
-                .to_string_lossy()
-                .contains(&format!("-{}-", d.child.id()))
-        }),
-        "the old daemon's run directories are removed"
-    );
 }
 
 #[test]

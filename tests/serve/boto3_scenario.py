@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""boto3 against `spore serve`, as a Lambda user would drive it.
+
+    boto3_scenario.py --endpoint http://127.0.0.1:PORT --echo-elf fn-echo --upper-elf fn-upper
+
+Creates a spore-uk function from a zip, invokes it 100 times with distinct
+payloads checking every response, lists and gets it, updates its configuration
+and its code (the next invoke runs the new code), deletes it (the next invoke
+raises ResourceNotFoundException), and checks that bad input raises the right
+exception classes. Leaves a function named `cli-echo` for the AWS CLI part.
+Exits non-zero with a message on the first failure.
+"""
+import argparse
+import base64
+import io
+import json
+import sys
+import zipfile
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+
+def zip_of(path, name):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.write(path, name)
+    return buf.getvalue()
+
+
+def check(cond, what):
+    if not cond:
+        print(f"boto3 scenario: FAILED: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def expect_error(kind, call, **kwargs):
+    try:
+        call(**kwargs)
+    except botocore.exceptions.ClientError as e:
+        got = e.response["Error"]["Code"]
+        check(got == kind, f"{call.__name__}: expected {kind}, got {got}: {e}")
+        return
+    check(False, f"{call.__name__}({list(kwargs)}) should have raised {kind}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--echo-elf", required=True)
+    p.add_argument("--upper-elf", required=True)
+    a = p.parse_args()
+
+    cfg = botocore.config.Config(retries={"max_attempts": 1}, read_timeout=120)
+    lam = boto3.client(
+        "lambda",
+        endpoint_url=a.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="AKIDSPORETEST",
+        aws_secret_access_key="spore-test-secret",
+        config=cfg,
+    )
+    echo_zip = zip_of(a.echo_elf, "fn-echo")
+    role = "arn:aws:iam::000000000000:role/spore-test"
+
+    conf = lam.create_function(
+        FunctionName="b3-echo",
+        Runtime="spore-uk",
+        Role=role,
+        Handler="fn-echo",
+        Code={"ZipFile": echo_zip},
+        MemorySize=128,
+        Timeout=5,
+        Environment={"Variables": {"STAGE": "one"}},
+    )
+    check(conf["FunctionName"] == "b3-echo", f"create answered {conf}")
+    check(conf["State"] == "Active", "function active")
+
+    for i in range(100):
+        payload = {"n": i, "text": f"payload-{i}-" + "x" * (i % 7)}
+        r = lam.invoke(FunctionName="b3-echo", Payload=json.dumps(payload).encode())
+        check(r["StatusCode"] == 200, f"invoke {i} status {r['StatusCode']}")
+        check("FunctionError" not in r, f"invoke {i} function error")
+        body = json.loads(r["Payload"].read())
+        check(body["echo"] == payload, f"invoke {i}: got {body}")
+
+    names = [f["FunctionName"] for f in lam.list_functions()["Functions"]]
+    check("b3-echo" in names, f"list_functions: {names}")
+    got = lam.get_function(FunctionName="b3-echo")
+    check(got["Configuration"]["Handler"] == "fn-echo", f"get_function: {got['Configuration']}")
+
+    lam.update_function_configuration(FunctionName="b3-echo", Environment={"Variables": {"STAGE": "two"}})
+    r = lam.invoke(FunctionName="b3-echo", Payload=b'{"env":"STAGE"}')
+    check(json.loads(r["Payload"].read())["value"] == "two", "new environment after update_function_configuration")
+
+    r = lam.invoke(FunctionName="b3-echo", Payload=b'{"fail":"on purpose"}', LogType="Tail")
+    check(r.get("FunctionError") == "Unhandled", f"function error header: {r.get('FunctionError')}")
+    check(json.loads(r["Payload"].read())["errorMessage"] == "on purpose", "error body")
+    check("fn-echo: request" in base64.b64decode(r["LogResult"]).decode(), "log tail")
+
+    lam.update_function_code(FunctionName="b3-echo", ZipFile=zip_of(a.upper_elf, "fn-echo"))
+    for _ in range(3):
+        r = lam.invoke(FunctionName="b3-echo", Payload=b'{"new":"code"}')
+        out = r["Payload"].read()
+        check(out == b'{"NEW":"CODE"}', f"after update_function_code got {out!r}")
+
+    r = lam.invoke(FunctionName="b3-echo", InvocationType="Event", Payload=b"{}")
+    check(r["StatusCode"] == 202, "Event invoke")
+    r = lam.invoke(FunctionName="b3-echo", InvocationType="DryRun", Payload=b"{}")
+    check(r["StatusCode"] == 204, "DryRun invoke")
+
+    lam.put_function_concurrency(FunctionName="b3-echo", ReservedConcurrentExecutions=3)
+    check(lam.get_function(FunctionName="b3-echo")["Concurrency"]["ReservedConcurrentExecutions"] == 3, "concurrency")
+    lam.delete_function_concurrency(FunctionName="b3-echo")
+
+    lam.delete_function(FunctionName="b3-echo")
+    expect_error("ResourceNotFoundException", lam.invoke, FunctionName="b3-echo", Payload=b"{}")
+    expect_error("ResourceNotFoundException", lam.get_function, FunctionName="b3-echo")
+
+    # Bad input: each refused with the right exception, nothing created.
+    base = dict(Runtime="spore-uk", Role=role, Handler="fn-echo")
+    expect_error("InvalidParameterValueException", lam.create_function, FunctionName="bad1", Code={"ZipFile": b"not a zip"}, **base)
+    expect_error(
+        "InvalidParameterValueException",
+        lam.create_function,
+        FunctionName="bad2",
+        Code={"ZipFile": zip_of(a.echo_elf, "something-else")},
+        **base,
+    )
+    expect_error(
+        "InvalidParameterValueException",
+        lam.create_function,
+        FunctionName="bad3",
+        Runtime="python9.9",
+        Role=role,
+        Handler="fn-echo",
+        Code={"ZipFile": echo_zip},
+    )
+    expect_error("InvalidParameterValueException", lam.create_function, FunctionName="bad4", Code={"ZipFile": echo_zip}, MemorySize=20000, **base)
+    expect_error("InvalidParameterValueException", lam.create_function, FunctionName="../bad5", Code={"ZipFile": echo_zip}, **base)
+
+    lam.create_function(FunctionName="cli-echo", Code={"ZipFile": echo_zip}, **base)
+    expect_error("RequestTooLargeException", lam.invoke, FunctionName="cli-echo", Payload=b"x" * (6 * 1024 * 1024 + 1))
+    names = sorted(f["FunctionName"] for f in lam.list_functions()["Functions"])
+    check(names == ["cli-echo"], f"after bad input the functions are {names}")
+    print("boto3 scenario: passed (100 invocations checked)")
+
+
+if __name__ == "__main__":
+    main()
