@@ -42,6 +42,9 @@ pub struct ManagerConfig {
     /// Host memory (PSS) instances may hold; over it the least recently used
     /// idle instances are ended. 0 = no budget.
     pub memory_budget: u64,
+    /// Never make zygotes: every start that is not warm boots (for functions
+    /// that must not share a template, and to compare start paths).
+    pub no_clones: bool,
 }
 
 /// Why an invocation got no instance.
@@ -261,6 +264,20 @@ impl Manager {
             }
             self.end(inst.vmm).await;
         }
+        if self.cfg.no_clones {
+            let (vmm, conn) = self
+                .boot(&pool.function)
+                .await
+                .map_err(|e| AcquireError::Start(format!("{e:#}")))?;
+            return Ok((
+                Instance {
+                    vmm,
+                    conn,
+                    last_used: Instant::now(),
+                },
+                StartPath::Cold,
+            ));
+        }
         let mut zygote = pool.zygote.lock().await;
         if let Some(z) = zygote.as_mut() {
             match self.clone_of(&pool.function, z).await {
@@ -403,7 +420,8 @@ impl Manager {
         let current = lock(&self.pools)
             .get(&pool.function.name)
             .is_some_and(|p| Arc::ptr_eq(p, pool));
-        if current {
+        // Keep-alive 0: no warm instances at all.
+        if current && !self.cfg.keep_alive.is_zero() {
             lock(&pool.idle).push(inst);
         } else {
             let mgr_end = inst.vmm;

@@ -33,6 +33,9 @@ pub enum BenchCommand {
     /// size back and host memory released, virtio-mem and balloon on Linux
     /// (`--linux-kernel`, nested harness) or virtio-mem on the unikernel (`--uk`).
     Reclaim(crate::bench_reclaim::ReclaimArgs),
+    /// `spore serve`: invoke latency per start path (warm, clone, cold),
+    /// invocations/s with clones against cold boots, idle instances held.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -61,6 +64,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Snapshot(a) => crate::bench_snapshot::run(a),
         BenchCommand::Clone(a) => crate::bench_clone::run(a),
         BenchCommand::Reclaim(a) => crate::bench_reclaim::run(a),
+        BenchCommand::Serve(a) => crate::bench_serve::run(a),
     }
 }
 
@@ -243,7 +247,7 @@ fn median(v: &[f64]) -> f64 {
     percentile(v, 0.5)
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     if s.is_empty() {

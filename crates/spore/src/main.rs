@@ -6,6 +6,7 @@ mod bench;
 mod bench_clone;
 mod bench_reclaim;
 mod bench_reclaim_linux;
+mod bench_serve;
 mod bench_snapshot;
 mod bench_tmem;
 mod bench_tmem_guest;

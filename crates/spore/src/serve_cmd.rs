@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// recently used are ended. Default: no budget.
     #[arg(long)]
     memory_budget: Option<String>,
+    /// Never clone a zygote: every start that is not warm boots the function.
+    #[arg(long)]
+    no_clones: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -57,6 +60,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             queue_wait: Duration::from_millis(a.queue_wait_ms),
             keep_alive: Duration::from_millis(a.keep_alive_ms),
             memory_budget,
+            no_clones: a.no_clones,
         },
     })?;
     Ok(0)

@@ -120,6 +120,15 @@ pub async fn invoke(
                 hyper::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
+            // spore extensions: how the instance started, and the time from
+            // the request's arrival to the response (for benchmarks).
+            h.insert(
+                "x-spore-start-path",
+                HeaderValue::from_static(done.path.as_str()),
+            );
+            if let Ok(v) = HeaderValue::from_str(&done.micros.to_string()) {
+                h.insert("x-spore-duration-us", v);
+            }
             if done.function_error {
                 h.insert(
                     "x-amz-function-error",
@@ -142,6 +151,8 @@ struct Done {
     body: Vec<u8>,
     function_error: bool,
     log: Vec<u8>,
+    path: crate::metrics::StartPath,
+    micros: u64,
 }
 
 /// Runs one invocation through the instance manager and keeps its log.
@@ -206,5 +217,7 @@ async fn run(
         body,
         function_error,
         log,
+        path: inv.path,
+        micros: (seconds * 1e6) as u64,
     })
 }

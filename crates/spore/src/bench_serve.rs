@@ -1,0 +1,404 @@
+//! `spore bench serve`: end-to-end invoke latency of `spore serve` per start
+//! path (warm, clone, cold), as the daemon measures it (request received →
+//! response ready, `X-Spore-Duration-Us`) and as a client sees it (one
+//! persistent HTTP connection); invocations per second at several
+//! concurrencies with clones against cold boots; and how many idle instances
+//! of a 64 MiB function the host holds, with their memory (PSS) measured from
+//! the VMM processes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use base64::Engine;
+use clap::Args;
+use serde_json::{json, Value};
+
+#[derive(Args, Debug)]
+pub struct ServeBenchArgs {
+    /// Directory of the unikernel function images (default: SPORE_UK_DIR).
+    #[arg(long)]
+    pub uk_dir: Option<PathBuf>,
+    /// Invocations measured per start path (cold: functions deployed).
+    #[arg(long, default_value_t = 200)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 20)]
+    pub cold_runs: usize,
+    /// Concurrencies of the throughput part.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,8,32")]
+    pub concurrency: Vec<usize>,
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Idle instances of a 64 MiB function to hold (0 skips that part).
+    #[arg(long, default_value_t = 1000)]
+    pub idle_instances: usize,
+}
+
+/// A `spore serve` for the bench, ended on drop.
+struct Daemon {
+    child: Child,
+    addr: String,
+    state: PathBuf,
+}
+
+impl Daemon {
+    fn start(state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("daemon stdout")?).read_line(&mut line)?;
+        let v: Value =
+            serde_json::from_str(&line).with_context(|| format!("daemon said {line:?}"))?;
+        let addr = v["listen"]
+            .as_str()
+            .context("no listen address")?
+            .to_string();
+        Ok(Daemon {
+            child,
+            addr,
+            state: state.to_path_buf(),
+        })
+    }
+
+    fn deploy(&self, name: &str, image: &Path, memory_mib: u32) -> anyhow::Result<()> {
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        zip.start_file("fn", zip::write::SimpleFileOptions::default())?;
+        zip.write_all(
+            &std::fs::read(image).with_context(|| format!("reading {}", image.display()))?,
+        )?;
+        let zip = zip.finish()?.into_inner();
+        let body = json!({
+            "FunctionName": name, "Runtime": "spore-uk", "Handler": "fn", "Role": "bench",
+            "MemorySize": memory_mib, "Timeout": 60,
+            "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
+        });
+        let mut c = Conn::open(&self.addr)?;
+        let r = c.request("POST", "/2015-03-31/functions", body.to_string().as_bytes())?;
+        if r.status != 201 {
+            bail!(
+                "deploying {name}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child: SIGTERM ends its instances.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// One persistent HTTP/1.1 connection.
+struct Conn {
+    stream: BufReader<TcpStream>,
+    host: String,
+}
+
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
+    path: String,
+    server_us: f64,
+}
+
+impl Conn {
+    fn open(addr: &str) -> anyhow::Result<Conn> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            stream: BufReader::new(s),
+            host: addr.to_string(),
+        })
+    }
+
+    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Reply> {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        );
+        let s = self.stream.get_mut();
+        s.write_all(head.as_bytes())?;
+        s.write_all(body)?;
+        let mut status_line = String::new();
+        self.stream.read_line(&mut status_line)?;
+        let status = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("bad status line")?;
+        let (mut len, mut start_path, mut server_us) = (0usize, String::new(), f64::NAN);
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line)?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                match k.trim().to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.trim().parse().unwrap_or(0),
+                    "x-spore-start-path" => start_path = v.trim().to_string(),
+                    "x-spore-duration-us" => server_us = v.trim().parse().unwrap_or(f64::NAN),
+                    _ => {}
+                }
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body)?;
+        Ok(Reply {
+            status,
+            body,
+            path: start_path,
+            server_us,
+        })
+    }
+
+    fn invoke(&mut self, name: &str, payload: &[u8]) -> anyhow::Result<Reply> {
+        let r = self.request(
+            "POST",
+            &format!("/2015-03-31/functions/{name}/invocations"),
+            payload,
+        )?;
+        if r.status != 200 {
+            bail!(
+                "invoke {name}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        Ok(r)
+    }
+}
+
+fn stats_ms(v: &[f64]) -> Value {
+    let p = |q| crate::bench::percentile(v, q) / 1e3;
+    json!({"p50": p(0.5), "p99": p(0.99), "min": p(0.0), "max": p(1.0), "n": v.len()})
+}
+
+/// Latency samples (server µs, client µs) of invocations that took `want`.
+fn measure(
+    conn: &mut Conn,
+    name: &str,
+    runs: usize,
+    want: &str,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let (mut server, mut client) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        let t = Instant::now();
+        let r = conn.invoke(name, format!("{{\"i\":{i}}}").as_bytes())?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        if r.path == want {
+            server.push(r.server_us);
+            client.push(us);
+        }
+    }
+    Ok((server, client))
+}
+
+fn path_figures(server: &[f64], client: &[f64]) -> Value {
+    json!({"server_ms": stats_ms(server), "client_ms": stats_ms(client)})
+}
+
+pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
+    let dir = a
+        .uk_dir
+        .clone()
+        .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../spore-uk/target/x86_64-unknown-none/release")
+        });
+    let (echo, touch) = (dir.join("fn-echo"), dir.join("fn-touch32"));
+    for p in [&echo, &touch] {
+        if !p.exists() {
+            bail!(
+                "{} is missing: build the unikernel apps (make uk)",
+                p.display()
+            );
+        }
+    }
+    let scratch = std::env::temp_dir().join(format!("spore-bench-serve-{}", std::process::id()));
+    let state = |n: &str| scratch.join(n);
+    let mut report = json!({"bench": "serve", "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get())});
+
+    for (fname, image) in [("echo", &echo), ("touch32", &touch)] {
+        eprintln!("bench serve: {fname}: warm and cold");
+        let d = Daemon::start(&state(&format!("{fname}-a")), &["--max-concurrency", "64"])?;
+        let mut conn = Conn::open(&d.addr)?;
+        let (mut cold_s, mut cold_c) = (Vec::new(), Vec::new());
+        for i in 0..a.cold_runs {
+            let name = format!("{fname}-cold-{i}");
+            d.deploy(&name, image, 64)?;
+            let (s, c) = measure(&mut conn, &name, 1, "cold")?;
+            cold_s.extend(s);
+            cold_c.extend(c);
+        }
+        d.deploy(fname, image, 64)?;
+        conn.invoke(fname, b"{}")?;
+        let (warm_s, warm_c) = measure(&mut conn, fname, a.runs, "warm")?;
+        drop(d);
+
+        eprintln!("bench serve: {fname}: clone (keep-alive 0: every invocation a clone)");
+        let d = Daemon::start(&state(&format!("{fname}-b")), &["--keep-alive-ms", "0"])?;
+        d.deploy(fname, image, 64)?;
+        let mut conn = Conn::open(&d.addr)?;
+        conn.invoke(fname, b"{}")?;
+        let (clone_s, clone_c) = measure(&mut conn, fname, a.runs, "clone")?;
+        drop(d);
+        report[fname] = json!({
+            "warm": path_figures(&warm_s, &warm_c),
+            "clone": path_figures(&clone_s, &clone_c),
+            "cold": path_figures(&cold_s, &cold_c),
+        });
+    }
+
+    eprintln!("bench serve: throughput, clones against cold boots");
+    let mut tput = Vec::new();
+    for (mode, extra) in [
+        ("clone", vec!["--keep-alive-ms", "0"]),
+        ("cold", vec!["--keep-alive-ms", "0", "--no-clones"]),
+    ] {
+        let mut args = extra.clone();
+        args.extend(["--max-concurrency", "64"]);
+        let d = Daemon::start(&state(&format!("tput-{mode}")), &args)?;
+        d.deploy("echo", &echo, 64)?;
+        Conn::open(&d.addr)?.invoke("echo", b"{}")?;
+        for &c in &a.concurrency {
+            let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let until = Instant::now() + Duration::from_secs_f64(a.seconds);
+            let threads: Vec<_> = (0..c)
+                .map(|_| {
+                    let (addr, done, errors) = (d.addr.clone(), done.clone(), errors.clone());
+                    std::thread::spawn(move || {
+                        let Ok(mut conn) = Conn::open(&addr) else {
+                            return;
+                        };
+                        while Instant::now() < until {
+                            match conn.invoke("echo", b"{}") {
+                                Ok(_) => done.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                                Err(_) => errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                            };
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                let _ = t.join();
+            }
+            let n = done.load(std::sync::atomic::Ordering::Relaxed) as f64;
+            tput.push(
+                json!({"start": mode, "concurrency": c, "invocations_per_s": n / a.seconds,
+                "errors": errors.load(std::sync::atomic::Ordering::Relaxed)}),
+            );
+            eprintln!(
+                "bench serve: {mode} concurrency {c}: {:.0} invocations/s",
+                n / a.seconds
+            );
+        }
+    }
+    report["throughput"] = Value::Array(tput);
+
+    if a.idle_instances > 0 {
+        let n = a.idle_instances;
+        eprintln!("bench serve: holding {n} idle instances of a 64 MiB function");
+        let d = Daemon::start(
+            &state("density"),
+            &[
+                "--max-concurrency",
+                &n.to_string(),
+                "--queue-wait-ms",
+                "600000",
+                "--keep-alive-ms",
+                "3600000",
+            ],
+        )?;
+        d.deploy("echo", &echo, 64)?;
+        let t = Instant::now();
+        // n invocations at once, each held 3 s, so each needs an instance of its own.
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let addr = d.addr.clone();
+                std::thread::spawn(move || {
+                    Conn::open(&addr)?
+                        .invoke("echo", br#"{"sleep_ms":3000}"#)
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        let ok = threads
+            .into_iter()
+            .map(|t| t.join().map(|r| r.is_ok()).unwrap_or(false))
+            .filter(|ok| *ok)
+            .count();
+        let secs = t.elapsed().as_secs_f64();
+        let pids = vmm_pids_under(&d.state);
+        let pss: u64 = pids.iter().map(|p| pss_kib(*p)).sum();
+        let rss: u64 = pids.iter().map(|p| rss_kib(*p)).sum();
+        report["density"] = json!({
+            "function_mib": 64, "invocations_ok": ok, "vmm_processes": pids.len(),
+            "pss_total_mib": pss as f64 / 1024.0, "pss_per_instance_kib": pss as f64 / pids.len().max(1) as f64,
+            "rss_total_mib": rss as f64 / 1024.0, "guest_memory_promised_mib": pids.len() * 64,
+            "seconds_to_serve_all": secs,
+        });
+        eprintln!("bench serve: {} VMM processes hold {:.0} MiB PSS ({:.0} MiB RSS) for {} MiB of guest memory", pids.len(), pss as f64 / 1024.0, rss as f64 / 1024.0, pids.len() * 64);
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
+
+fn vmm_pids_under(state: &Path) -> Vec<i32> {
+    let marker = state.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    c.contains(" vmm ") && c.contains(&marker)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn status_kib(pid: i32, file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn pss_kib(pid: i32) -> u64 {
+    status_kib(pid, "smaps_rollup", "Pss:")
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "status", "VmRSS:")
+}
