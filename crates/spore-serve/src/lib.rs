@@ -13,6 +13,7 @@
 //! processes), [`metrics`], [`logs`].
 
 pub mod api;
+pub mod auth;
 pub mod catalog;
 pub mod code;
 pub mod instances;
@@ -39,6 +40,8 @@ pub use instances::ManagerConfig;
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub manager: ManagerConfig,
+    /// `--auth keys.toml`: verify SigV4 signatures against these keys.
+    pub auth_keys: Option<PathBuf>,
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
@@ -77,11 +80,16 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             manager.set_reserved(&f.name, Some(n));
         }
     }
+    let auth = match &config.auth_keys {
+        Some(path) => Some(auth::Keys::load(path)?),
+        None => None,
+    };
     let daemon = Arc::new(api::Daemon {
         state_dir,
         catalog,
         manager: manager.clone(),
         admin: tokio::sync::Mutex::new(()),
+        auth,
     });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

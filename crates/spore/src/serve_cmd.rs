@@ -33,6 +33,11 @@ pub struct ServeArgs {
     /// Never clone a zygote: every start that is not warm boots the function.
     #[arg(long)]
     no_clones: bool,
+    /// Verify every request's SigV4 signature against the access keys in
+    /// this TOML file ([[keys]] access_key_id, secret_access_key); unsigned or
+    /// wrongly signed requests get 403. Default: accept any request.
+    #[arg(long, value_name = "KEYS_TOML")]
+    auth: Option<PathBuf>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -53,6 +58,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     };
     spore_serve::run(spore_serve::ServeConfig {
         listen: a.listen,
+        auth_keys: a.auth,
         manager: spore_serve::ManagerConfig {
             spore_bin,
             state_dir,

@@ -107,3 +107,35 @@ fn kvm_serve_boto3_and_aws_cli() {
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list["Functions"][0]["FunctionName"], "cli-echo");
 }
+
+#[test]
+fn kvm_serve_sigv4_auth() {
+    require_kvm();
+    let venv = client_venv();
+    let dir = Scratch::new("serve-auth");
+    let keys = dir.path("keys.toml");
+    std::fs::write(
+        &keys,
+        "[[keys]]\naccess_key_id = \"AKIDSPORE\"\nsecret_access_key = \"s3cr3t/key+example\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&dir.path("state"), &["--auth", keys.to_str().unwrap()]);
+    let out = Command::new(venv.join("bin/python"))
+        .arg(repo().join("tests/serve/boto3_auth.py"))
+        .args(["--endpoint", &format!("http://{}", d.addr)])
+        .arg("--echo-elf")
+        .arg(common::uk_image("fn-echo"))
+        .args(["--key", "AKIDSPORE", "--secret", "s3cr3t/key+example"])
+        .output()
+        .expect("running the boto3 auth scenario");
+    assert!(
+        out.status.success(),
+        "boto3 auth scenario failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Unsigned: refused, and nothing runs.
+    let r = d.invoke("signed", b"{}");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error_type(), Some("MissingAuthenticationTokenException"));
+}

@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine;
-use hyper::body::Incoming;
-use hyper::{Request, StatusCode};
+use hyper::StatusCode;
 use serde::Deserialize;
 
 use super::error::LambdaError;
-use super::{empty_response, json_response, parse_json, read_body, Daemon, Resp, ACCOUNT, REGION};
+use super::{empty_response, json_response, parse_json, Daemon, Resp, ACCOUNT, REGION};
 use crate::catalog::Function;
 use crate::{code, runtime};
 
@@ -207,8 +206,8 @@ fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
     LambdaError::service(e.to_string())
 }
 
-pub async fn create(daemon: &Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, LambdaError> {
-    let body = read_body(req, CONTROL_BODY_LIMIT, "CreateFunction").await?;
+pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, LambdaError> {
+    let body = super::body_within(&req, CONTROL_BODY_LIMIT, "CreateFunction")?;
     let b: CreateBody = parse_json(&body)?;
     super::check_name(&b.function_name)?;
     if b.package_type.as_deref().is_some_and(|p| p != "Zip") {
@@ -341,9 +340,9 @@ async fn replace(daemon: &Daemon, old: &Function, mut f: Function) -> Result<Res
 pub async fn update_code(
     daemon: &Arc<Daemon>,
     name: &str,
-    req: Request<Incoming>,
+    req: super::Req,
 ) -> Result<Resp, LambdaError> {
-    let body = read_body(req, CONTROL_BODY_LIMIT, "UpdateFunctionCode").await?;
+    let body = super::body_within(&req, CONTROL_BODY_LIMIT, "UpdateFunctionCode")?;
     let b: UpdateCodeBody = parse_json(&body)?;
     let _admin = daemon.admin.lock().await;
     let old = existing(daemon, name)?;
@@ -363,9 +362,9 @@ pub async fn update_code(
 pub async fn update_configuration(
     daemon: &Arc<Daemon>,
     name: &str,
-    req: Request<Incoming>,
+    req: super::Req,
 ) -> Result<Resp, LambdaError> {
-    let body = read_body(req, CONTROL_BODY_LIMIT, "UpdateFunctionConfiguration").await?;
+    let body = super::body_within(&req, CONTROL_BODY_LIMIT, "UpdateFunctionConfiguration")?;
     let b: UpdateConfigBody = parse_json(&body)?;
     let _admin = daemon.admin.lock().await;
     let old = existing(daemon, name)?;
@@ -408,9 +407,9 @@ pub async fn update_configuration(
 pub async fn put_concurrency(
     daemon: &Arc<Daemon>,
     name: &str,
-    req: Request<Incoming>,
+    req: super::Req,
 ) -> Result<Resp, LambdaError> {
-    let body = read_body(req, 64 * 1024, "PutFunctionConcurrency").await?;
+    let body = super::body_within(&req, 64 * 1024, "PutFunctionConcurrency")?;
     let b: ConcurrencyBody = parse_json(&body)?;
     let max = daemon.manager.max_concurrency() as i64;
     if !(0..=max).contains(&b.reserved_concurrent_executions) {

@@ -9,12 +9,11 @@ use std::time::Instant;
 
 use base64::Engine;
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::header::HeaderValue;
-use hyper::{Request, StatusCode};
+use hyper::StatusCode;
 
 use super::error::LambdaError;
-use super::{empty_response, read_body, Daemon, Resp};
+use super::{empty_response, Daemon, Resp};
 use crate::catalog::Function;
 use crate::instances::{AcquireError, Invocation, Outcome};
 use crate::logs;
@@ -35,7 +34,7 @@ enum InvocationType {
 pub async fn invoke(
     daemon: &Arc<Daemon>,
     name: &str,
-    req: Request<Incoming>,
+    req: super::Req,
 ) -> Result<Resp, LambdaError> {
     let received = Instant::now();
     let header = |k: &str| {
@@ -76,7 +75,7 @@ pub async fn invoke(
         InvocationType::Event => ASYNC_PAYLOAD,
         _ => SYNC_PAYLOAD,
     };
-    let payload = read_body(req, limit, "Invoke").await?;
+    let payload = super::body_within(&req, limit, "Invoke")?;
     let f = daemon
         .catalog
         .get(name)

@@ -31,15 +31,30 @@ pub struct Daemon {
     pub manager: Arc<Manager>,
     /// Serialises control-plane writes (create, update, delete).
     pub admin: tokio::sync::Mutex<()>,
+    /// With `--auth`: the access keys requests must be signed with.
+    pub auth: Option<crate::auth::Keys>,
 }
 
 type Resp = Response<Full<Bytes>>;
+
+/// Largest request body of any operation (a base64 zip of 50 MB).
+pub const MAX_BODY: usize = 70 * 1024 * 1024;
+
+/// A request with its whole body read.
+pub type Req = Request<Bytes>;
 
 /// Routes one request; never fails (errors become Lambda-shaped responses).
 pub async fn handle(daemon: Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let result = route(&daemon, req).await;
+    let result = async {
+        let req = read_whole(req).await?;
+        if let Some(keys) = &daemon.auth {
+            authenticate(keys, &req)?;
+        }
+        route(&daemon, req).await
+    }
+    .await;
     let resp = result.unwrap_or_else(|e| {
         tracing::debug!("{method} {path}: {} {}", e.kind, e.message);
         e.into_response()
@@ -47,7 +62,26 @@ pub async fn handle(daemon: Arc<Daemon>, req: Request<Incoming>) -> Result<Resp,
     Ok(resp)
 }
 
-async fn route(daemon: &Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, LambdaError> {
+/// Checks the request's SigV4 signature against the configured keys (403).
+fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let now = crate::instances::unix_ms() / 1000;
+    keys.verify(
+        req.method().as_str(),
+        req.uri().path(),
+        req.uri().query().unwrap_or(""),
+        &headers,
+        req.body(),
+        now,
+    )
+    .map_err(|e| LambdaError::new(StatusCode::FORBIDDEN, e.kind(), e.to_string()))
+}
+
+async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let method = req.method().clone();
@@ -139,39 +173,46 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Reads a request body of at most `limit` bytes; a larger one is a 413.
-pub async fn read_body(
-    req: Request<Incoming>,
-    limit: usize,
-    operation: &str,
-) -> Result<Bytes, LambdaError> {
-    let too_large = || {
-        LambdaError::too_large(format!(
-            "Request must be smaller than {limit} bytes for the {operation} operation"
-        ))
-    };
-    if let Some(len) = req
-        .headers()
+/// Reads the whole body (at most [`MAX_BODY`]; a larger one is a 413).
+async fn read_whole(req: Request<Incoming>) -> Result<Req, LambdaError> {
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            return Err(too_large());
-        }
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY as u64) {
+        return Err(too_large(MAX_BODY, "any"));
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
+    let bytes = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(c) => c.to_bytes(),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            Err(too_large())
+            return Err(too_large(MAX_BODY, "any"))
         }
-        Err(e) => Err(LambdaError::bad_content(format!(
-            "reading the request body: {e}"
-        ))),
+        Err(e) => {
+            return Err(LambdaError::bad_content(format!(
+                "reading the request body: {e}"
+            )))
+        }
+    };
+    Ok(Request::from_parts(parts, bytes))
+}
+
+fn too_large(limit: usize, operation: &str) -> LambdaError {
+    LambdaError::too_large(format!(
+        "Request must be smaller than {limit} bytes for the {operation} operation"
+    ))
+}
+
+/// An operation's body, refused with 413 over its own limit.
+pub fn body_within(req: &Req, limit: usize, operation: &str) -> Result<Bytes, LambdaError> {
+    if req.body().len() > limit {
+        return Err(too_large(limit, operation));
     }
+    Ok(req.body().clone())
 }
 
 /// Parses a JSON request body into `T`; malformed JSON is Lambda's
