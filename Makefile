@@ -27,9 +27,10 @@ build: deps
 uk: deps
 	cd crates/spore-uk && $(CARGO) build --release
 
-# A static spore for the nested harness's L1 initramfs.
+# A static spore for the nested harness's L1 initramfs (its C part, SQLite, is
+# compiled with musl-gcc from musl-tools).
 static: deps-nested
-	$(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
+	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -12,7 +12,9 @@ need_pkgs=(redis-tools)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.
-    need_pkgs+=(qemu-system-x86 linux-source-6.12 busybox-static bc flex bison
+    # musl-tools: the static spore links SQLite (spore serve's catalogue), built
+    # from C with musl-gcc.
+    need_pkgs+=(musl-tools qemu-system-x86 linux-source-6.12 busybox-static bc flex bison
                 libelf-dev libssl-dev cpio xz-utils zstd e2fsprogs gcc make)
 fi
 
