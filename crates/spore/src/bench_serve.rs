@@ -6,8 +6,7 @@
 //! of a 64 MiB function the host holds, with their memory (PSS) measured from
 //! the VMM processes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -17,6 +16,8 @@ use anyhow::{bail, Context as _};
 use base64::Engine;
 use clap::Args;
 use serde_json::{json, Value};
+
+use crate::lambda_client::Conn;
 
 #[derive(Args, Debug)]
 pub struct ServeBenchArgs {
@@ -102,89 +103,6 @@ impl Drop for Daemon {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.state);
-    }
-}
-
-/// One persistent HTTP/1.1 connection.
-struct Conn {
-    stream: BufReader<TcpStream>,
-    host: String,
-}
-
-struct Reply {
-    status: u16,
-    body: Vec<u8>,
-    path: String,
-    server_us: f64,
-}
-
-impl Conn {
-    fn open(addr: &str) -> anyhow::Result<Conn> {
-        let s = TcpStream::connect(addr)?;
-        s.set_nodelay(true)?;
-        Ok(Conn {
-            stream: BufReader::new(s),
-            host: addr.to_string(),
-        })
-    }
-
-    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Reply> {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
-            self.host,
-            body.len()
-        );
-        let s = self.stream.get_mut();
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        let mut status_line = String::new();
-        self.stream.read_line(&mut status_line)?;
-        let status = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("bad status line")?;
-        let (mut len, mut start_path, mut server_us) = (0usize, String::new(), f64::NAN);
-        loop {
-            let mut line = String::new();
-            self.stream.read_line(&mut line)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                match k.trim().to_ascii_lowercase().as_str() {
-                    "content-length" => len = v.trim().parse().unwrap_or(0),
-                    "x-spore-start-path" => start_path = v.trim().to_string(),
-                    "x-spore-duration-us" => server_us = v.trim().parse().unwrap_or(f64::NAN),
-                    _ => {}
-                }
-            }
-        }
-        let mut body = vec![0u8; len];
-        self.stream.read_exact(&mut body)?;
-        Ok(Reply {
-            status,
-            body,
-            path: start_path,
-            server_us,
-        })
-    }
-
-    fn invoke(&mut self, name: &str, payload: &[u8]) -> anyhow::Result<Reply> {
-        let r = self.request(
-            "POST",
-            &format!("/2015-03-31/functions/{name}/invocations"),
-            payload,
-        )?;
-        if r.status != 200 {
-            bail!(
-                "invoke {name}: {} {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-        Ok(r)
     }
 }
 

@@ -12,7 +12,9 @@ mod bench_tmem;
 mod bench_tmem_guest;
 mod bench_tmem_kv;
 mod clone_cmd;
+mod fn_cmd;
 mod host;
+mod lambda_client;
 mod mem_cmd;
 mod run;
 mod serve_cmd;
@@ -63,6 +65,9 @@ enum Command {
     /// The serverless daemon: functions deployed and invoked through the
     /// AWS Lambda API (boto3, the AWS CLI), each instance a spore microVM.
     Serve(serve_cmd::ServeArgs),
+    /// Deploy, invoke, list and remove spore serve functions, read their
+    /// logs and statistics (the same Lambda API the AWS CLI uses).
+    Fn(fn_cmd::FnArgs),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
         Command::Snapshot(s) => snapshot_cmd::run(s),
         Command::Clone(a) => clone_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
+        Command::Fn(a) => fn_cmd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -486,3 +486,63 @@ fn kvm_serve_bad_input_is_lambda_shaped_and_changes_nothing() {
     );
     assert_eq!(r.status, 202);
 }
+
+#[test]
+fn kvm_serve_fn_cli() {
+    require_kvm();
+    let dir = Scratch::new("serve-fncli");
+    let state = dir.path("state");
+    let d = Daemon::start(&state, &[]);
+    let run = |args: &[&str]| {
+        common::spore()
+            .args(["fn", "--endpoint", &d.addr])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let image = common::uk_image("fn-echo");
+    let out = run(&[
+        "deploy",
+        "cli",
+        "--image",
+        image.to_str().unwrap(),
+        "--memory",
+        "64",
+        "--env",
+        "K=v w",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr_of(&out));
+    let out = run(&["invoke", "cli", r#"{"env":"K"}"#]);
+    assert!(out.status.success(), "{}", common::stderr_of(&out));
+    assert_eq!(
+        common::stdout_of(&out).trim(),
+        r#"{"env":"K","value":"v w"}"#
+    );
+    let out = run(&["invoke", "cli", r#"{"fail":"x"}"#]);
+    assert_eq!(out.status.code(), Some(1), "a function error exits 1");
+    let out = run(&["ls"]);
+    assert!(
+        common::stdout_of(&out)
+            .lines()
+            .any(|l| l.starts_with("cli ")),
+        "{}",
+        common::stdout_of(&out)
+    );
+    let out = common::spore()
+        .args(["fn", "logs", "cli", "--state-dir", state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        common::stdout_of(&out).contains("Outcome: function_error"),
+        "{}",
+        common::stdout_of(&out)
+    );
+    assert!(run(&["rm", "cli"]).status.success());
+    let out = run(&["invoke", "cli"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        common::stderr_of(&out).contains("ResourceNotFoundException"),
+        "{}",
+        common::stderr_of(&out)
+    );
+}
