@@ -546,3 +546,50 @@ fn kvm_serve_fn_cli() {
         common::stderr_of(&out)
     );
 }
+
+#[test]
+fn kvm_serve_memory_budget_ends_lru_idle_instances() {
+    require_kvm();
+    let dir = Scratch::new("serve-budget");
+    // Clones of fn-touch32 share its 32 MiB with the zygote: each idle one
+    // holds 5-11 MiB of PSS here (more as fewer share it); 20 MiB keeps one or two.
+    let d = Arc::new(Daemon::start(
+        &dir.path("state"),
+        &["--memory-budget", "20M", "--keep-alive-ms", "600000"],
+    ));
+    assert_eq!(
+        d.create("t", "fn-touch32", serde_json::json!({"MemorySize": 128}))
+            .status,
+        201
+    );
+    let handles: Vec<_> = (0..5)
+        .map(|_| {
+            let d = d.clone();
+            thread::spawn(move || d.invoke("t", br#"{"sleep_ms":300}"#).status)
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    let idle = |d: &Daemon| d.metric("spore_instances{function=\"t\",state=\"idle\"}");
+    let held = |d: &Daemon| d.metric("spore_memory_bytes{held_by=\"instances\"}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held(&d) > 20.0 * 1048576.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("idle instances {} holding {} B", idle(&d), held(&d));
+    assert!(
+        held(&d) <= 20.0 * 1048576.0,
+        "over the budget: {} B",
+        held(&d)
+    );
+    assert!(
+        idle(&d) >= 1.0 && idle(&d) < 5.0,
+        "some, not all, idle instances ended: {}",
+        idle(&d)
+    );
+    // What is left still serves, warm.
+    let r = d.request("POST", "/2015-03-31/functions/t/invocations", b"{}", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-spore-start-path"), Some("warm"));
+}
