@@ -384,7 +384,9 @@ impl Manager {
     /// One clone of the zygote, connected and ready.
     async fn clone_of(&self, f: &Function, z: &mut Zygote) -> anyhow::Result<Instance> {
         let body = serde_json::json!({ "count": 1, "socket_dir": z.clone_dir });
+        let asked = Instant::now();
         let resp = z.vmm.api("PUT", "/clone", Some(body.to_string())).await?;
+        let cloned_us = asked.elapsed().as_micros();
         let report: serde_json::Value = serde_json::from_str(&resp)?;
         let clone = report
             .get("clones")
@@ -402,11 +404,18 @@ impl Manager {
         let vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
         self.record(&vmm);
         match InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await {
-            Ok(conn) => Ok(Instance {
-                vmm,
-                conn,
-                last_used: Instant::now(),
-            }),
+            Ok(conn) => {
+                tracing::debug!(
+                    function = %f.name,
+                    "clone: PUT /clone {cloned_us} µs, ready {} µs later",
+                    asked.elapsed().as_micros() - cloned_us
+                );
+                Ok(Instance {
+                    vmm,
+                    conn,
+                    last_used: Instant::now(),
+                })
+            }
             Err(e) => {
                 self.end(vmm).await;
                 Err(anyhow::anyhow!("clone of {}: {e}", f.name))
