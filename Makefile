@@ -32,7 +32,9 @@ uk: deps
 static: deps-nested
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
 
-lint:
+# Formatting and clippy (workspace lints in Cargo.toml), warnings denied; CI runs it
+# before the tests (.ci/run).
+lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings

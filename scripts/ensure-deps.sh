@@ -19,6 +19,13 @@ if [[ $tier == nested ]]; then
 fi
 
 if command -v rustup >/dev/null 2>&1; then
+    # make lint needs them; rustup's minimal profile leaves them out.
+    for c in clippy rustfmt; do
+        if ! rustup component list --installed | grep -q "^$c"; then
+            echo "ensure-deps: rustup component add $c" >&2
+            rustup component add "$c" >&2
+        fi
+    done
     installed=$(rustup target list --installed)
     for t in "${need_targets[@]}"; do
         if ! grep -qx "$t" <<<"$installed"; then

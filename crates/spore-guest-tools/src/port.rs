@@ -30,8 +30,7 @@ pub struct SignalPort(());
 impl SignalPort {
     pub fn open() -> Result<Self, PortError> {
         // Leaf 1 exists on every x86_64 CPU; bit 31 of ECX is the hypervisor bit.
-        #[allow(unused_unsafe)] // `__cpuid` is safe from Rust 1.87 on
-        let leaf1 = unsafe { core::arch::x86_64::__cpuid(1) };
+        let leaf1 = core::arch::x86_64::__cpuid(1);
         if leaf1.ecx & (1 << 31) == 0 {
             return Err(PortError::NotVirtualized { port: SIGNAL_PORT });
         }

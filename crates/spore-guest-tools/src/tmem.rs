@@ -286,8 +286,7 @@ pub struct Tmem {
 
 impl Tmem {
     pub fn open() -> Result<Self, TmemError> {
-        #[allow(unused_unsafe)] // `__cpuid` is safe from Rust 1.87 on
-        let leaf1 = unsafe { core::arch::x86_64::__cpuid(1) };
+        let leaf1 = core::arch::x86_64::__cpuid(1);
         if leaf1.ecx & (1 << 31) == 0 {
             return Err(TmemError::NotVirtualized(TMEM_PORT));
         }

@@ -92,8 +92,9 @@ impl VirtQueue {
             mem,
             layout,
             desc: mem as *mut Desc,
-            // SAFETY: both offsets lie inside the block allocated above.
+            // SAFETY: the offset lies inside the block allocated above.
             avail: unsafe { mem.add(avail_off) } as *mut u16,
+            // SAFETY: as for `avail`.
             used: unsafe { mem.add(used_off) },
             free,
             chained,
