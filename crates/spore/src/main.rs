@@ -3,14 +3,6 @@
 
 mod api_client;
 mod bench;
-mod bench_clone;
-mod bench_reclaim;
-mod bench_reclaim_linux;
-mod bench_serve;
-mod bench_snapshot;
-mod bench_tmem;
-mod bench_tmem_guest;
-mod bench_tmem_kv;
 mod clone_cmd;
 mod fn_cmd;
 mod host;

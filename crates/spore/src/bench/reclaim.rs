@@ -59,7 +59,7 @@ pub fn run(a: ReclaimArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&scratch)?;
     let result = match (&a.uk, &a.linux_kernel) {
         (Some(uk), None) => uk_bench(&spore, uk, &a, &scratch),
-        (None, Some(k)) => crate::bench_reclaim_linux::bench(&spore, k, &a, &scratch),
+        (None, Some(k)) => crate::bench::reclaim_linux::bench(&spore, k, &a, &scratch),
         _ => Err(anyhow::anyhow!(
             "give exactly one of --uk or --linux-kernel"
         )),
@@ -189,9 +189,7 @@ pub(crate) fn summary(size: u64, times_ms: &[f64], released_mib: &[f64], extra: 
     v
 }
 
-pub(crate) fn median(v: &[f64]) -> f64 {
-    stats(v)["median"].as_f64().unwrap_or(f64::NAN)
-}
+pub(crate) use super::stats::median;
 
 fn pair(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()

@@ -72,9 +72,7 @@ fn timing(tmem: &Value, op: &str, field: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("the VMM reported no timing.{op}.{field}"))
 }
 
-fn median(v: &[f64]) -> f64 {
-    stats(v)["median"].as_f64().unwrap_or(f64::NAN)
-}
+use super::stats::median;
 
 /// 1 MiB put and get latency: guest total, VMM handling, the difference.
 pub fn latency(

@@ -2,9 +2,9 @@
 //! figures beside them.
 //!
 //! - In-process (this module): the VMM side alone, no guest.
-//! - In a guest ([`crate::bench_tmem_guest`]): 1 MiB put/get latency split into
+//! - In a guest ([`crate::bench::tmem_guest`]): 1 MiB put/get latency split into
 //!   VMM handling and exit + guest overhead; 4 KiB puts single vs batched.
-//! - Against the kvserver unikernel ([`crate::bench_tmem_kv`]): `SET` vs
+//! - Against the kvserver unikernel ([`crate::bench::tmem_kv`]): `SET` vs
 //!   `TMEMPUT` commands/s by value size.
 //!
 //! In-process, a real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
@@ -185,8 +185,8 @@ fn one_mib(g: &Guest, runs: usize) -> anyhow::Result<Value> {
     ensure!(a == b, "1 MiB value did not read back identical");
     let st = g.dev.stats().unwrap_or_default();
     Ok(json!({
-        "put_us": super::bench::stats(&puts),
-        "get_us": super::bench::stats(&gets),
+        "put_us": super::stats(&puts),
+        "get_us": super::stats(&gets),
         "bytes_used": st.bytes_used,
         "bytes_stored": st.bytes_stored,
     }))
@@ -257,7 +257,7 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
     let (in_process, mut summary) = in_process(&a)?;
     let mut out = json!({
         "benchmark": "tmem",
-        "machine": super::bench::machine(),
+        "machine": super::machine(),
         "quick": a.quick,
         "vmm_in_process": in_process,
     });
@@ -268,13 +268,13 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
         std::fs::create_dir_all(&scratch)?;
         let guest = (|| -> anyhow::Result<(Value, Value, Value)> {
             let lat =
-                crate::bench_tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
+                crate::bench::tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
                     .context("guest 1 MiB latency")?;
-            let bat = crate::bench_tmem_guest::batching(
+            let bat = crate::bench::tmem_guest::batching(
                 &spore, &bench_uk, a.objects, a.batch, a.rounds, a.vm_runs, &scratch,
             )
             .context("guest batching")?;
-            let kv = crate::bench_tmem_kv::run(
+            let kv = crate::bench::tmem_kv::run(
                 &spore,
                 &kv_uk,
                 a.kv_values,

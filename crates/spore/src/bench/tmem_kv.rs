@@ -196,9 +196,7 @@ pub fn run(
     }))
 }
 
-fn median(v: &[f64]) -> f64 {
-    stats(v)["median"].as_f64().unwrap_or(f64::NAN)
-}
+use super::stats::median;
 
 #[cfg(test)]
 mod tests {

@@ -107,7 +107,7 @@ impl Drop for Daemon {
 }
 
 fn stats_ms(v: &[f64]) -> Value {
-    let p = |q| crate::bench::percentile(v, q) / 1e3;
+    let p = |q| super::stats::percentile(v, q) / 1e3;
     json!({"p50": p(0.5), "p99": p(0.99), "min": p(0.0), "max": p(1.0), "n": v.len()})
 }
 

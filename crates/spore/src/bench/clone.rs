@@ -185,15 +185,6 @@ fn first_mark(path: &Path) -> Option<u64> {
     None
 }
 
-fn stats(mut v: Vec<f64>) -> Value {
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_by(f64::total_cmp);
-    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    json!({"p50": p(0.5), "p99": p(0.99), "min": v[0], "max": v[v.len() - 1], "n": v.len()})
-}
-
 /// Latency and memory of `runs` clones, one at a time.
 fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow::Result<Value> {
     let config = json!({"fork_count": 0, "marks": true, "max_clones": 100000, "standby": standby});
@@ -228,10 +219,10 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
     }
     drop(src);
     Ok(json!({
-        "vmm_start_ms": stats(vmm_ms),
-        "first_instruction_ms": stats(guest_ms),
-        "request_to_reply_ms": stats(reply_ms),
-        "clone_pss_kib": stats(pss),
+        "vmm_start_ms": super::stats::summary(&vmm_ms),
+        "first_instruction_ms": super::stats::summary(&guest_ms),
+        "request_to_reply_ms": super::stats::summary(&reply_ms),
+        "clone_pss_kib": super::stats::summary(&pss),
     }))
 }
 

@@ -11,6 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod clone;
+mod reclaim;
+mod reclaim_linux;
+mod serve;
+mod snapshot;
+pub mod stats;
+mod tmem;
+mod tmem_guest;
+mod tmem_kv;
+
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
@@ -22,20 +32,20 @@ pub enum BenchCommand {
     Boot(BootArgs),
     /// tmem calls: 1 MiB put/get latency (guest and VMM side), single vs batched
     /// 4 KiB puts, kvserver SET vs TMEMPUT commands/s.
-    Tmem(crate::bench_tmem::TmemArgs),
+    Tmem(crate::bench::tmem::TmemArgs),
     /// Snapshot creation time and size, and restore latency per restore path.
-    Snapshot(crate::bench_snapshot::SnapshotBenchArgs),
+    Snapshot(crate::bench::snapshot::SnapshotBenchArgs),
     /// Clones: latency from the request to the clone's first guest
     /// instruction (p50, p99) per memory size, with and without standby
     /// processes; clones/s with a --keep pool; PSS per clone.
-    Clone(crate::bench_clone::CloneBenchArgs),
+    Clone(crate::bench::clone::CloneBenchArgs),
     /// Reclaim (the virtio-mem seed's two-hog experiment): time to give a
     /// size back and host memory released, virtio-mem and balloon on Linux
     /// (`--linux-kernel`, nested harness) or virtio-mem on the unikernel (`--uk`).
-    Reclaim(crate::bench_reclaim::ReclaimArgs),
+    Reclaim(crate::bench::reclaim::ReclaimArgs),
     /// `spore serve`: invoke latency per start path (warm, clone, cold),
     /// invocations/s with clones against cold boots, idle instances held.
-    Serve(crate::bench_serve::ServeBenchArgs),
+    Serve(crate::bench::serve::ServeBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -60,11 +70,11 @@ pub struct BootArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
     match cmd {
         BenchCommand::Boot(a) => boot(a),
-        BenchCommand::Tmem(a) => crate::bench_tmem::run(a),
-        BenchCommand::Snapshot(a) => crate::bench_snapshot::run(a),
-        BenchCommand::Clone(a) => crate::bench_clone::run(a),
-        BenchCommand::Reclaim(a) => crate::bench_reclaim::run(a),
-        BenchCommand::Serve(a) => crate::bench_serve::run(a),
+        BenchCommand::Tmem(a) => crate::bench::tmem::run(a),
+        BenchCommand::Snapshot(a) => crate::bench::snapshot::run(a),
+        BenchCommand::Clone(a) => crate::bench::clone::run(a),
+        BenchCommand::Reclaim(a) => crate::bench::reclaim::run(a),
+        BenchCommand::Serve(a) => crate::bench::serve::run(a),
     }
 }
 
@@ -128,8 +138,8 @@ fn boot(a: BootArgs) -> anyhow::Result<u8> {
         eprintln!(
             "boot ({kind}, {} runs): VMM start to first mark median {:.3} ms; VMM RSS without guest memory median {} KiB",
             a.runs,
-            median(&boots),
-            if rss.is_empty() { "n/a".to_string() } else { format!("{:.0}", median(&rss)) },
+            stats::median(&boots),
+            if rss.is_empty() { "n/a".to_string() } else { format!("{:.0}", stats::median(&rss)) },
         );
         Ok(json!({
             "benchmark": "boot",
@@ -243,27 +253,9 @@ fn is_mapping_header(line: &str) -> bool {
     })
 }
 
-fn median(v: &[f64]) -> f64 {
-    percentile(v, 0.5)
-}
-
-pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((s.len() - 1) as f64 * p).round() as usize;
-    s[idx]
-}
-
+/// Summary of a sample set (see [`stats::summary`]).
 pub(crate) fn stats(v: &[f64]) -> Value {
-    json!({
-        "median": median(v),
-        "p90": percentile(v, 0.9),
-        "min": percentile(v, 0.0),
-        "max": percentile(v, 1.0),
-    })
+    stats::summary(v)
 }
 
 pub(crate) fn machine() -> Value {
@@ -299,15 +291,6 @@ pub(crate) fn machine() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles() {
-        let v = [5.0, 1.0, 3.0, 2.0, 4.0];
-        assert_eq!(median(&v), 3.0);
-        assert_eq!(percentile(&v, 0.0), 1.0);
-        assert_eq!(percentile(&v, 1.0), 5.0);
-        assert!(median(&[]).is_nan());
-    }
 
     #[test]
     fn mapping_headers() {

@@ -27,7 +27,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use crate::bench::machine;
-use crate::bench_reclaim::{median, summary, ReclaimArgs, VmmProcess};
+use crate::bench::reclaim::{median, summary, ReclaimArgs, VmmProcess};
 
 const CMDLINE: &str =
     "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
@@ -150,7 +150,7 @@ fn one_size(
         vm.api(
             "PUT",
             "/hotplug/memory",
-            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": crate::bench_reclaim::slot_mib(size)}).to_string(),
+            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": crate::bench::reclaim::slot_mib(size)}).to_string(),
         )?;
     }
     vm.api(
