@@ -77,12 +77,17 @@ demo: build uk
 	@echo "== Linux guest in the nested harness (QEMU TCG + SVM; about a minute)"
 	tests/nested/run-all.sh --spore $(STATIC_SPORE) --only demo
 
+# Every bench's JSON goes to $(BENCH_OUT), then one HTML page with plots.
+BENCH_OUT ?= $(CURDIR)/target/bench
 bench: build uk
-	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark
-	$(SPORE) bench tmem --uk-dir $(UK_OUT)
-	$(SPORE) bench snapshot --uk $(UK_OUT)/snapbench
-	$(SPORE) bench clone --uk-dir $(UK_OUT)
-	$(SPORE) bench reclaim --uk $(UK_OUT)/memtest
+	mkdir -p $(BENCH_OUT)
+	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark > $(BENCH_OUT)/boot.json
+	$(SPORE) bench tmem --uk-dir $(UK_OUT) > $(BENCH_OUT)/tmem.json
+	$(SPORE) bench snapshot --uk $(UK_OUT)/snapbench > $(BENCH_OUT)/snapshot.json
+	$(SPORE) bench clone --uk-dir $(UK_OUT) > $(BENCH_OUT)/clone.json
+	$(SPORE) bench reclaim --uk $(UK_OUT)/memtest > $(BENCH_OUT)/reclaim.json
+	$(SPORE) bench serve --uk-dir $(UK_OUT) > $(BENCH_OUT)/serve.json
+	$(SPORE) bench report $(BENCH_OUT)
 
 clean:
 	$(CARGO) clean

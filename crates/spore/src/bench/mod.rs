@@ -14,6 +14,7 @@ use std::time::Duration;
 mod clone;
 mod reclaim;
 mod reclaim_linux;
+mod report;
 mod serve;
 mod snapshot;
 pub mod stats;
@@ -46,6 +47,8 @@ pub enum BenchCommand {
     /// `spore serve`: invoke latency per start path (warm, clone, cold),
     /// invocations/s with clones against cold boots, idle instances held.
     Serve(crate::bench::serve::ServeBenchArgs),
+    /// One HTML page with plots from the bench JSON saved in a directory.
+    Report(crate::bench::report::ReportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -75,6 +78,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Clone(a) => crate::bench::clone::run(a),
         BenchCommand::Reclaim(a) => crate::bench::reclaim::run(a),
         BenchCommand::Serve(a) => crate::bench::serve::run(a),
+        BenchCommand::Report(a) => crate::bench::report::run(a),
     }
 }
 
