@@ -55,7 +55,12 @@ impl Daemon {
             .arg(state)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("SPORE_BENCH_DAEMON_LOG") {
+                Some(p) => std::fs::File::create(p)
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+                None => Stdio::null(),
+            })
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().context("daemon stdout")?).read_line(&mut line)?;
