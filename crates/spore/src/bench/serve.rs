@@ -260,10 +260,18 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
         let threads: Vec<_> = (0..n)
             .map(|_| {
                 let addr = d.addr.clone();
+                // A burst of 1000 connects can overflow the listen backlog:
+                // a refused connection is tried again.
                 std::thread::spawn(move || {
-                    Conn::open(&addr)?
-                        .invoke("echo", br#"{"sleep_ms":3000}"#)
-                        .map(|_| ())
+                    let mut conn = Conn::open(&addr);
+                    for _ in 0..20 {
+                        if conn.is_ok() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                        conn = Conn::open(&addr);
+                    }
+                    conn?.invoke("echo", br#"{"sleep_ms":3000}"#).map(|_| ())
                 })
             })
             .collect();
