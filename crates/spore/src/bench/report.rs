@@ -134,10 +134,12 @@ pub fn collect(v: &Value, path: &str, out: &mut Vec<Figure>) {
             for (i, child) in items.iter().enumerate() {
                 // Label array items by a distinguishing field when they have one.
                 let tag = [
+                    "mem_mib",
                     "size_mib",
                     "mib",
                     "size",
                     "concurrency",
+                    "start",
                     "path",
                     "mode",
                     "name",
