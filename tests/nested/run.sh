@@ -120,7 +120,9 @@ trap 'exit 143' TERM
 vmlinux="$("$repo/guest/build-kernel.sh" | tail -n1)"
 bzimage="$(dirname "$vmlinux")/bzImage"
 [[ -f $bzimage ]] || die "no bzImage beside $vmlinux"
-gspecs=("${guest_files[@]}")
+# The scenarios' shared helpers, at the same path in L1 and in the L2 guest.
+scenario_lib="$here/scenarios/lib.sh:/lib/spore/scenario-lib.sh"
+gspecs=("${guest_files[@]}" "$scenario_lib")
 [[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
 guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
 l1="$("$here/l1-kernel.sh" | tail -n1)"
@@ -130,7 +132,7 @@ l1="$("$here/l1-kernel.sh" | tail -n1)"
 run_direct() {
     local root="$work/root"
     mkdir -p "$root" "$work/out" "$work/tmp"
-    for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done
+    for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
     log "running $name directly on this host's KVM (timeout ${timeout_s}s, log $log_file)"
     start=$EPOCHREALTIME
     {
@@ -170,7 +172,7 @@ cp "$vmlinux" "$root/guest/vmlinux"
 cp "$bzimage" "$root/guest/bzImage"
 cp "$guest_initrd" "$root/guest/initramfs.cpio"
 [[ -n $spore ]] && install -m 0755 "$spore" "$root/bin/spore"
-for spec in "${l1_files[@]}"; do add_file_spec "$root" "$spec"; done
+for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
 pack_cpio "$root" "$work/l1.cpio"
 
 # --- run

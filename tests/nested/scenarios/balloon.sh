@@ -16,7 +16,7 @@
 # Inflate/deflate times (target set -> the driver's last update of actual,
 # timed by the VMM) land in
 # $SPORE_OUT/bench-balloon.json.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
@@ -42,8 +42,7 @@ start_vm() {
     api="$tmp/$1.sock" console="$tmp/$1-console.txt"
     "$SPORE" vmm --api-sock "$api" >"$console" 2>"$tmp/$1-vmm.err" &
     vmm=$!
-    i=0
-    while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    wait_for_socket "$api"
     A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline${3:+ $3}\"}" &&
         A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
         A PUT /balloon "$2" &&

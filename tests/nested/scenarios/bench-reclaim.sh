@@ -6,7 +6,7 @@
 # (target to the size). Medians over SPORE_RECLAIM_RUNS (3) runs; the JSON
 # lands in $SPORE_OUT/bench-reclaim-linux.json. Guest side:
 # guest/virtio-mem-snapshot.sh (a shell on vsock port 5000).
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 # Progress lines (one per run) go to the console as they come, so a run

@@ -2,7 +2,7 @@
 # Boot benchmark of the Linux guest inside L1 (1 vCPU, 256 MiB, `quiet`):
 # VMM start to the guest's /init (its first mark), medians over 10 runs.
 # The JSON lands in $SPORE_OUT/bench-boot-linux.json.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 if "$SPORE" bench boot --linux-kernel "$GUEST_KERNEL" --linux-initrd "$GUEST_INITRD" \

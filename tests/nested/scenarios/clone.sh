@@ -5,7 +5,7 @@
 # from /dev/hwrng (spore-reseed logs a byte count > 0), answer over vsock with
 # its new CID (the VMM drops packets from the old one), produce /dev/urandom
 # output unlike its sibling's, and write only its own disk overlay.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -13,8 +13,7 @@ dd if=/dev/zero of="$tmp/rw.img" bs=1M count=8 2>/dev/null
 
 "$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&

@@ -2,7 +2,7 @@
 # `make demo`: boot the spore Linux guest with `spore run` (2 vCPUs, 256 MiB)
 # and show its console; the guest (guest/demo.sh) says hello and exits 7,
 # which must become spore's exit status.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 echo "== spore run --kernel vmlinux --initrd initramfs --vcpus 2 --mem 256M"

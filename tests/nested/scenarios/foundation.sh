@@ -3,7 +3,7 @@
 # and started through spore's API in L1, with a read-only and a read-write
 # virtio-blk disk, virtio-rng and vsock. The guest side is
 # guest/foundation.sh; its SPORE-TEST lines are relayed from its console.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp} root=${SPORE_ROOT:-}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -15,8 +15,7 @@ echo reply-from-host | "$SPORE" vsock listen --uds "$tmp/v.sock" --port 6000 \
 
 "$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 
 A() { "$SPORE" api "$api" "$@"; }
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"

@@ -8,7 +8,7 @@
 # gets the old bytes only if the diff captured the device's writes (a diff
 # that missed them would show the base's stale memory instead). Checked on
 # the base ← diff chain and on its `snapshot merge`.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -18,8 +18,7 @@ want=$(dd if="$tmp/rw.img" bs=1M skip=4 count=4 2>/dev/null | sha256sum | cut -d
 
 "$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&

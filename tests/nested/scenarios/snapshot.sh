@@ -8,7 +8,7 @@
 # must run, the guest's clock must have moved forward, and the disk must
 # still be readable and writable; in the guest's own snapshot, the
 # `spore-signal` that took it must have returned "restored".
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -16,8 +16,7 @@ dd if=/dev/zero of="$tmp/rw.img" bs=1M count=8 2>/dev/null
 
 "$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 # Milliseconds since L1 boot (busybox date has no %N).
 now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }

@@ -3,7 +3,7 @@
 # (scenarios/guest/tmem.sh) puts and gets values through /bin/spore-tmem,
 # once with an uncompressed pool and once with lz4. The guest's SPORE-TEST
 # lines come back on its console; here they are relayed.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 for mode in none lz4; do

@@ -8,7 +8,7 @@
 # drops the file, setting the target to 0 unplugs everything and the
 # restored VMM's RSS drops. The memory file holds the region after boot RAM
 # with unplugged blocks as holes. Guest side: guest/virtio-mem-snapshot.sh.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -19,8 +19,7 @@ field() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
 
 "$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
     A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":512}' >/dev/null &&

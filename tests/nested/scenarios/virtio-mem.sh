@@ -5,7 +5,7 @@
 # guest unplugs, plugged_size_mib reaches 0 and the VMM's RSS drops by at
 # least 800 MiB. Also: API refusals, and plug/unplug of 512 MiB timed on an
 # idle guest. Guest side: guest/virtio-mem.sh.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 api="$tmp/api.sock"
@@ -13,8 +13,7 @@ con="$tmp/console.txt"
 
 SPORE_LOG=spore_vmm::devices::virtio::mem=debug,spore_vmm::memory::hotplug=debug,info "$SPORE" vmm --api-sock "$api" >"$con" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$vmm/status"; }
 # wait_console WORD SECS
@@ -110,8 +109,7 @@ rm -f "$api"
 SPORE_LOG=spore_vmm::devices::virtio::mem=debug,spore_vmm::memory::hotplug=debug,info \
     "$SPORE" vmm --api-sock "$api" >"$con" 2>"$tmp/vmm.err" &
 vmm=$!
-i=0
-while [ ! -S "$api" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for_socket "$api"
 A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline spore.vmem=idle\"}" &&
     A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
     A PUT /hotplug/memory '{"total_size_mib":2048}' &&

@@ -1,7 +1,7 @@
 #!/bin/sh
 # L2 guest side of scenarios/foundation.sh. Prints results on the console;
 # ends with `reboot -f`, which must make the VMM exit 0.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 
 n=$(grep -c '^processor' /proc/cpuinfo)
 if [ "$n" = 2 ]; then t guest-sees-2-cpus PASS; else t guest-sees-2-cpus FAIL "saw $n"; fi

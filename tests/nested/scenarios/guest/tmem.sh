@@ -2,7 +2,7 @@
 # L2 guest side of scenarios/tmem.sh: drives the VMM's tmem pool from Linux
 # user space with /bin/spore-tmem. Values are random (incompressible). The
 # VM runs with a 4 MiB tmem quota; prints SPORE-TEST lines; exits 0.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 mode=$(sed -n 's/.*spore.tmem=\([a-z0-9]*\).*/\1/p' /proc/cmdline)
 mode=${mode:-none}
 cd /tmp || exit 1

@@ -4,7 +4,7 @@
 # lands in plugged memory), frees it, and waits for the host to unplug.
 # Console lines GUEST-* are the protocol with the L1 side; SPORE-TEST lines
 # are relayed results.
-t() { echo "SPORE-TEST $1 $2${3:+ $3}"; }
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 # The timing VM (spore.vmem=idle) only idles while the host plugs and unplugs.
 if grep -qw spore.vmem=idle /proc/cmdline; then
     echo GUEST-IDLE
