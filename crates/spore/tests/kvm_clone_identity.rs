@@ -124,17 +124,7 @@ fn boot_source(sock: &Path, base: &Path, vsock: &Path) -> Vmm {
 
 /// Pauses the VM, snapshots it and stops its VMM.
 fn snapshot(sock: &Path, vmm: Vmm, state: &Path, mem: &Path) {
-    let o = spore()
-        .args(["snapshot", "create"])
-        .arg(sock)
-        .arg("--state")
-        .arg(state)
-        .arg("--mem")
-        .arg(mem)
-        .arg("--stop")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    snapshot_create(sock, state, mem, false, true);
     vmm.kill();
 }
 

@@ -91,17 +91,7 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
     assert_eq!(code, 204, "{resp}");
     let mut seen = Vec::new();
     expect_line(&rx, "memtest: filled 256 MiB", &mut seen);
-    let o = spore()
-        .args(["snapshot", "create"])
-        .arg(&sock)
-        .arg("--state")
-        .arg(&state)
-        .arg("--mem")
-        .arg(&mem)
-        .arg("--stop")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    snapshot_create(&sock, &state, &mem, false, true);
     vmm.wait().unwrap();
     while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
         seen.push(l);

@@ -134,17 +134,7 @@ fn kvm_restored_kvserver_keeps_its_tmem_pool_and_resets_vsock() {
     assert_eq!(before["objects"], 2, "{before}");
 
     // `c` stays open through the snapshot: it holds the guest's only slot.
-    let o = spore()
-        .args(["snapshot", "create"])
-        .arg(&sock)
-        .arg("--state")
-        .arg(&state)
-        .arg("--mem")
-        .arg(&mem)
-        .arg("--stop")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    snapshot_create(&sock, &state, &mem, false, true);
     drop(vmm);
     drop(c);
 

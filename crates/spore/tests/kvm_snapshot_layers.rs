@@ -10,41 +10,9 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-
-/// Starts `spore vmm` running snaptest with dirty page tracking as asked.
-fn start_vmm(
-    sock: &Path,
-    mem_mib: u32,
-    track: bool,
-    cmdline: &str,
-    extra: &[(&str, &str)],
-) -> (VmmChild, mpsc::Receiver<String>) {
-    let (child, rx) = spawn_vmm_lines(sock);
-    let body = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
-        uk_image("snaptest").display()
-    );
-    assert_eq!(http(sock, "PUT", "/boot-source", Some(&body)).0, 204);
-    let mc =
-        format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}, "track_dirty_pages": {track}}}"#);
-    assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
-    for (path, body) in extra {
-        let (code, reply) = http(sock, "PUT", path, Some(body));
-        assert_eq!(code, 204, "PUT {path}: {reply}");
-    }
-    let (code, reply) = http(
-        sock,
-        "PUT",
-        "/actions",
-        Some(r#"{"action_type": "InstanceStart"}"#),
-    );
-    assert_eq!(code, 204, "{reply}");
-    (child, rx)
-}
 
 struct Layer {
     state: PathBuf,
@@ -58,25 +26,6 @@ impl Layer {
             mem: s.path(&format!("{name}.mem")),
         }
     }
-}
-
-/// `spore snapshot create` (pause, snapshot, resume or stop); returns the
-/// time it took.
-fn create(sock: &Path, l: &Layer, diff: bool, stop: bool) -> Duration {
-    let mut cmd = spore();
-    cmd.args(["snapshot", "create"]).arg(sock);
-    cmd.arg("--state").arg(&l.state).arg("--mem").arg(&l.mem);
-    if diff {
-        cmd.arg("--diff");
-    }
-    if stop {
-        cmd.arg("--stop");
-    }
-    let t0 = Instant::now();
-    let o = cmd.output().unwrap();
-    let took = t0.elapsed();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
-    took
 }
 
 fn restore_cmd(l: &Layer) -> Command {
@@ -129,7 +78,7 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
         Layer::new(&s, "d1"),
         Layer::new(&s, "d2"),
     );
-    let (mut vmm, rx) = start_vmm(
+    let (mut vmm, rx) = boot_snaptest(
         &sock,
         128,
         true,
@@ -137,7 +86,7 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
         &[],
     );
     read_until(&rx, "count 3");
-    create(&sock, &base, false, false);
+    snapshot_create(&sock, &base.state, &base.mem, false, false);
     // A diff that fails (its directory does not exist) must not lose the
     // pages it collected: d1 still holds the chunks rewritten until now
     // (rounds 4..=6), or the restores below would find them stale.
@@ -157,9 +106,9 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
         204
     );
     read_until(&rx, "count 10");
-    let t_diff = create(&sock, &d1, true, false);
+    let t_diff = snapshot_create(&sock, &d1.state, &d1.mem, true, false);
     read_until(&rx, "count 17");
-    create(&sock, &d2, true, true);
+    snapshot_create(&sock, &d2.state, &d2.mem, true, true);
     vmm.wait().unwrap();
     let tail = drain(&rx);
     assert!(!tail.iter().any(|l| l.starts_with("verify")), "{tail:?}");
@@ -251,7 +200,7 @@ fn kvm_three_layer_chain_restores_merges_and_continues() {
     wait_for_path(&sock2, Duration::from_secs(10));
     read_until(&rx2, &format!("count {}", last + 4));
     let d3 = Layer::new(&s, "d3");
-    create(&sock2, &d3, true, true);
+    snapshot_create(&sock2, &d3.state, &d3.mem, true, true);
     restored.wait().unwrap();
     let last3 = counts(&drain(&rx2))
         .into_iter()
@@ -282,7 +231,7 @@ fn kvm_diff_of_5_percent_of_512_mib_is_small() {
     let sock = s.path("api.sock");
     let (base, diff) = (Layer::new(&s, "base"), Layer::new(&s, "diff"));
     // 26 MiB of pattern; each round rewrites 1 MiB of it.
-    let (mut vmm, rx) = start_vmm(
+    let (mut vmm, rx) = boot_snaptest(
         &sock,
         512,
         true,
@@ -290,10 +239,10 @@ fn kvm_diff_of_5_percent_of_512_mib_is_small() {
         &[],
     );
     read_until(&rx, "count 1");
-    create(&sock, &base, false, false);
+    snapshot_create(&sock, &base.state, &base.mem, false, false);
     // 25 more rounds: 25 MiB, 4.9% of 512 MiB.
     read_until(&rx, "count 26");
-    let took = create(&sock, &diff, true, true);
+    let took = snapshot_create(&sock, &diff.state, &diff.mem, true, true);
     vmm.wait().unwrap();
     let on_disk = disk_bytes(&diff.mem);
     let limit = 512u64 * (1 << 20) * 6 / 100;
@@ -321,7 +270,7 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     let (base, d1) = (Layer::new(&s, "base"), Layer::new(&s, "d1"));
 
     // Diff with no snapshot before it, and without tracking.
-    let (mut vmm, rx) = start_vmm(
+    let (mut vmm, rx) = boot_snaptest(
         &sock,
         64,
         true,
@@ -346,16 +295,17 @@ fn kvm_bad_chains_and_diffs_are_refused() {
         http(&sock, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#)).0,
         204
     );
-    create(&sock, &base, false, false);
+    snapshot_create(&sock, &base.state, &base.mem, false, false);
     read_until(&rx, "count 5");
-    create(&sock, &d1, true, true);
+    snapshot_create(&sock, &d1.state, &d1.mem, true, true);
     vmm.wait().unwrap();
 
     let sock2 = s.path("api2.sock");
-    let (mut untracked, rx2) = start_vmm(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
+    let (mut untracked, rx2) =
+        boot_snaptest(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx2, "count 1");
     let other = Layer::new(&s, "other");
-    create(&sock2, &other, false, false);
+    snapshot_create(&sock2, &other.state, &other.mem, false, false);
     assert_eq!(
         http(&sock2, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
         204
@@ -373,7 +323,7 @@ fn kvm_bad_chains_and_diffs_are_refused() {
 
     // Diff of a VM with hotplug memory (virtio-mem): refused, clearly.
     let sock3 = s.path("api3.sock");
-    let (mut hp, rx3) = start_vmm(
+    let (mut hp, rx3) = boot_snaptest(
         &sock3,
         64,
         true,

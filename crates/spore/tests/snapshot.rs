@@ -8,53 +8,19 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
-
-/// Starts `spore vmm` with the snaptest guest; returns the child and a
-/// channel of its stdout lines.
-fn start_vmm(sock: &Path, mem_mib: u32, cmdline: &str) -> (VmmChild, mpsc::Receiver<String>) {
-    let (child, rx) = spawn_vmm_lines(sock);
-    let kernel = uk_image("snaptest");
-    let body = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
-        kernel.display()
-    );
-    assert_eq!(http(sock, "PUT", "/boot-source", Some(&body)).0, 204);
-    let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
-    assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
-    let (code, reply) = http(
-        sock,
-        "PUT",
-        "/actions",
-        Some(r#"{"action_type": "InstanceStart"}"#),
-    );
-    assert_eq!(code, 204, "{reply}");
-    (child, rx)
-}
-
-fn snapshot_create(sock: &Path, state: &Path, mem: &Path, stop: bool) {
-    let mut cmd = spore();
-    cmd.args(["snapshot", "create"]).arg(sock);
-    cmd.arg("--state").arg(state).arg("--mem").arg(mem);
-    if stop {
-        cmd.arg("--stop");
-    }
-    let o = cmd.output().unwrap();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
-}
 
 #[test]
 fn kvm_snapshot_restore_in_new_process_continues_counting_with_memory_intact() {
     require_kvm();
     let s = Scratch::new("snap-continue");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 128, "mib=48 rounds=40 sleep_ms=40");
+    let (mut vmm, rx) = boot_snaptest(&sock, 128, false, "mib=48 rounds=40 sleep_ms=40", &[]);
     let before = read_until(&rx, "count 10");
     assert!(before.iter().any(|l| l == "filled 48 MiB"), "{before:?}");
-    snapshot_create(&sock, &state, &mem, true);
+    snapshot_create(&sock, &state, &mem, false, true);
     let status = vmm.wait().unwrap();
     // The rest of the first VMM's output: where it stopped.
     let mut tail = Vec::new();
@@ -121,16 +87,16 @@ fn kvm_snapshot_then_resume_keeps_the_guest_running() {
     require_kvm();
     let s = Scratch::new("snap-resume");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 64, "mib=8 rounds=30 sleep_ms=20");
+    let (mut vmm, rx) = boot_snaptest(&sock, 64, false, "mib=8 rounds=30 sleep_ms=20", &[]);
     read_until(&rx, "count 5");
-    snapshot_create(&sock, &state, &mem, false);
+    snapshot_create(&sock, &state, &mem, false, false);
     let rest = read_until(&rx, "verify");
     assert!(rest.last().unwrap().starts_with("verify ok"), "{rest:?}");
     assert_eq!(vmm.wait().unwrap().code(), Some(0));
     // Loading into a VMM that already runs a VM is refused.
     let s2 = Scratch::new("snap-started");
     let sock2 = s2.path("api.sock");
-    let (mut vmm2, rx2) = start_vmm(&sock2, 64, "mib=1 rounds=1000 sleep_ms=20");
+    let (mut vmm2, rx2) = boot_snaptest(&sock2, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx2, "count 1");
     let body = format!(
         r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}}}"#,
@@ -158,9 +124,9 @@ fn kvm_idle_1gib_guest_memory_file_is_sparse() {
     require_kvm();
     let s = Scratch::new("snap-sparse");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 1024, "mib=4 rounds=1000 sleep_ms=20");
+    let (mut vmm, rx) = boot_snaptest(&sock, 1024, false, "mib=4 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx, "count 2");
-    snapshot_create(&sock, &state, &mem, true);
+    snapshot_create(&sock, &state, &mem, false, true);
     vmm.wait().unwrap();
     let md = std::fs::metadata(&mem).unwrap();
     assert_eq!(md.len(), 1 << 30);
@@ -181,16 +147,16 @@ fn kvm_bad_snapshots_are_refused() {
     require_kvm();
     let s = Scratch::new("snap-bad");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 64, "mib=1 rounds=1000 sleep_ms=20");
+    let (mut vmm, rx) = boot_snaptest(&sock, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx, "count 1");
-    snapshot_create(&sock, &state, &mem, true);
+    snapshot_create(&sock, &state, &mem, false, true);
     vmm.wait().unwrap();
     // A memory file from a 128 MiB VM.
     let sock2 = s.path("api2.sock");
-    let (mut vmm2, rx2) = start_vmm(&sock2, 128, "mib=1 rounds=1000 sleep_ms=20");
+    let (mut vmm2, rx2) = boot_snaptest(&sock2, 128, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx2, "count 1");
     let (state128, mem128) = (s.path("128.state"), s.path("128.mem"));
-    snapshot_create(&sock2, &state128, &mem128, true);
+    snapshot_create(&sock2, &state128, &mem128, false, true);
     vmm2.wait().unwrap();
 
     let restore = |st: &Path, m: &Path| {
@@ -212,10 +178,10 @@ fn kvm_bad_snapshots_are_refused() {
 
     // Another snapshot's memory file of the right size: refused by its tag.
     let sock3 = s.path("api3.sock");
-    let (mut vmm3, rx3) = start_vmm(&sock3, 64, "mib=1 rounds=1000 sleep_ms=20");
+    let (mut vmm3, rx3) = boot_snaptest(&sock3, 64, false, "mib=1 rounds=1000 sleep_ms=20", &[]);
     read_until(&rx3, "count 1");
     let (state_other, mem_other) = (s.path("other.state"), s.path("other.mem"));
-    snapshot_create(&sock3, &state_other, &mem_other, true);
+    snapshot_create(&sock3, &state_other, &mem_other, false, true);
     vmm3.wait().unwrap();
     let o = restore(&state, &mem_other);
     assert_eq!(o.status.code(), Some(1));
@@ -255,9 +221,9 @@ fn kvm_load_through_the_api_waits_paused_until_resumed() {
     require_kvm();
     let s = Scratch::new("snap-api-load");
     let (sock, state, mem) = (s.path("api.sock"), s.path("vm.state"), s.path("vm.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 64, "mib=2 rounds=12 sleep_ms=20");
+    let (mut vmm, rx) = boot_snaptest(&sock, 64, false, "mib=2 rounds=12 sleep_ms=20", &[]);
     read_until(&rx, "count 3");
-    snapshot_create(&sock, &state, &mem, true);
+    snapshot_create(&sock, &state, &mem, false, true);
     vmm.wait().unwrap();
     let mut tail = vec!["count 3".to_string()];
     while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
@@ -299,9 +265,9 @@ fn kvm_a_restored_vm_can_be_snapshotted_again() {
     require_kvm();
     let s = Scratch::new("snap-twice");
     let (sock, state, mem) = (s.path("api.sock"), s.path("a.state"), s.path("a.mem"));
-    let (mut vmm, rx) = start_vmm(&sock, 256, "mib=16 rounds=30 sleep_ms=30");
+    let (mut vmm, rx) = boot_snaptest(&sock, 256, false, "mib=16 rounds=30 sleep_ms=30", &[]);
     read_until(&rx, "count 4");
-    snapshot_create(&sock, &state, &mem, true);
+    snapshot_create(&sock, &state, &mem, false, true);
     vmm.wait().unwrap();
 
     // Restore with an API socket, let it count on, snapshot it again.
@@ -321,7 +287,7 @@ fn kvm_a_restored_vm_can_be_snapshotted_again() {
     wait_for_path(&sock2, Duration::from_secs(10));
     read_until(&rx2, "count 12");
     let (state_b, mem_b) = (s.path("b.state"), s.path("b.mem"));
-    snapshot_create(&sock2, &state_b, &mem_b, true);
+    snapshot_create(&sock2, &state_b, &mem_b, false, true);
     restored.wait().unwrap();
     let mut tail = vec!["count 12".to_string()];
     while let Ok(l) = rx2.recv_timeout(Duration::from_millis(200)) {

@@ -7,50 +7,24 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Output, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
-
-/// Boots snaptest under `spore vmm`; returns the child and its stdout lines.
-fn boot(sock: &Path, mem_mib: u32, cmdline: &str) -> (VmmChild, mpsc::Receiver<String>) {
-    let (child, rx) = spawn_vmm_lines(sock);
-    let body = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
-        uk_image("snaptest").display()
-    );
-    assert_eq!(http(sock, "PUT", "/boot-source", Some(&body)).0, 204);
-    let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
-    assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
-    let (code, reply) = http(
-        sock,
-        "PUT",
-        "/actions",
-        Some(r#"{"action_type": "InstanceStart"}"#),
-    );
-    assert_eq!(code, 204, "{reply}");
-    (child, rx)
-}
 
 /// Snapshots a snaptest guest mid-count and stops it; returns the last
 /// count it printed.
 fn make_snapshot(dir: &Scratch, name: &str, cmdline: &str) -> u64 {
     let sock = dir.path(&format!("{name}.sock"));
-    let (mut vmm, rx) = boot(&sock, 128, cmdline);
+    let (mut vmm, rx) = boot_snaptest(&sock, 128, false, cmdline, &[]);
     let mut seen = read_until(&rx, "count 4");
-    let o = spore()
-        .args(["snapshot", "create"])
-        .arg(&sock)
-        .arg("--state")
-        .arg(dir.path(&format!("{name}.state")))
-        .arg("--mem")
-        .arg(dir.path(&format!("{name}.mem")))
-        .arg("--stop")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    snapshot_create(
+        &sock,
+        &dir.path(&format!("{name}.state")),
+        &dir.path(&format!("{name}.mem")),
+        false,
+        true,
+    );
     vmm.wait().unwrap();
     while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
         seen.push(l);
@@ -185,17 +159,7 @@ fn kvm_a_vm_restored_through_uffd_snapshots_every_page() {
     let rx = lines_of(&mut child);
     wait_for_path(&sock, Duration::from_secs(10));
     read_until(&rx, "count 10");
-    let o = spore()
-        .args(["snapshot", "create"])
-        .arg(&sock)
-        .arg("--state")
-        .arg(s.path("b.state"))
-        .arg("--mem")
-        .arg(s.path("b.mem"))
-        .arg("--stop")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr_of(&o));
+    snapshot_create(&sock, &s.path("b.state"), &s.path("b.mem"), false, true);
     child.wait().unwrap();
     let mut tail = vec!["count 10".to_string()];
     while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {

@@ -230,3 +230,57 @@ pub fn counts(lines: &[String]) -> Vec<u64> {
         .filter_map(|l| l.strip_prefix("count ")?.trim().parse().ok())
         .collect()
 }
+
+/// Starts `spore vmm` and boots the `snaptest` guest (dirty-page tracking as
+/// asked, then any `extra` PUTs before `InstanceStart`); returns the VMM and
+/// its stdout lines.
+pub fn boot_snaptest(
+    sock: &Path,
+    mem_mib: u32,
+    track_dirty_pages: bool,
+    cmdline: &str,
+    extra: &[(&str, &str)],
+) -> (VmmChild, Receiver<String>) {
+    let (child, rx) = spawn_vmm_lines(sock);
+    let body = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
+        uk_image("snaptest").display()
+    );
+    assert_eq!(http(sock, "PUT", "/boot-source", Some(&body)).0, 204);
+    let mc = format!(
+        r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}, "track_dirty_pages": {track_dirty_pages}}}"#
+    );
+    assert_eq!(http(sock, "PUT", "/machine-config", Some(&mc)).0, 204);
+    for (path, body) in extra {
+        let (code, reply) = http(sock, "PUT", path, Some(body));
+        assert_eq!(code, 204, "PUT {path}: {reply}");
+    }
+    let (code, reply) = http(
+        sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type": "InstanceStart"}"#),
+    );
+    assert_eq!(code, 204, "{reply}");
+    (child, rx)
+}
+
+/// `spore snapshot create SOCK --state STATE --mem MEM [--diff] [--stop]`:
+/// pause, snapshot, then resume (or stop the VMM). Asserts it succeeded;
+/// returns how long it took.
+pub fn snapshot_create(sock: &Path, state: &Path, mem: &Path, diff: bool, stop: bool) -> Duration {
+    let mut cmd = spore();
+    cmd.args(["snapshot", "create"]).arg(sock);
+    cmd.arg("--state").arg(state).arg("--mem").arg(mem);
+    if diff {
+        cmd.arg("--diff");
+    }
+    if stop {
+        cmd.arg("--stop");
+    }
+    let t0 = Instant::now();
+    let o = cmd.output().unwrap();
+    let took = t0.elapsed();
+    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    took
+}
