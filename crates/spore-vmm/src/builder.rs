@@ -21,7 +21,7 @@ use crate::arch::x86_64::unikernel::{
     set_supported_cpuid, UnikernelError,
 };
 use crate::config::{BootProtocol, ConfigError, VmConfig};
-use crate::devices::bus::{lock, Bus, BusError};
+use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::legacy::signal::SignalPort;
@@ -34,6 +34,7 @@ use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
+use crate::host::lock;
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
 use crate::snapshot::layers::MemoryLayers;

@@ -10,6 +10,7 @@ pub mod builder;
 pub mod clone;
 pub mod config;
 pub mod devices;
+pub mod host;
 pub mod memory;
 pub mod snapshot;
 pub mod vm;

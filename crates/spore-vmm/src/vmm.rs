@@ -18,13 +18,13 @@ use crate::builder::{build_vm, restore_vm_with_ram, BuildError, BuildOptions};
 use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
 use crate::clone::{child, CloneConfig, CloneError, CloneReport, CloneRequest, CloneState};
 use crate::config::{BalloonConfig, VmConfig};
-use crate::devices::bus::lock;
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::Mark;
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::devices::virtio::mem::MemStatus;
+use crate::host::lock;
 use crate::snapshot;
 use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan, RestoreSession};
 use crate::vm::control::{ControlEvent, RunControl, StopReason};
@@ -705,7 +705,7 @@ impl Vmm {
 
     /// `PUT /clone`.
     pub fn clone_vm(&self, r: &CloneRequest) -> Result<CloneReport, CloneError> {
-        let request_ns = crate::devices::legacy::signal::monotonic_ns();
+        let request_ns = crate::host::monotonic_ns();
         let mut inner = lock(&self.inner);
         let Inner {
             config, vm, clone, ..
@@ -786,7 +786,7 @@ impl Vmm {
     }
 
     fn guest_fork(&self, vcpu: u8, n: u32) {
-        let request_ns = crate::devices::legacy::signal::monotonic_ns();
+        let request_ns = crate::host::monotonic_ns();
         let mut inner = lock(&self.inner);
         let Inner {
             config, vm, clone, ..
@@ -891,7 +891,7 @@ impl Vmm {
             .as_mut()
             .ok_or_else(|| CloneError::BadRequest("no restored clone waits to start".into()))?;
         child::activate(vm, config, fork_vcpu, index, generation)?;
-        let start_ns = crate::devices::legacy::signal::monotonic_ns();
+        let start_ns = crate::host::monotonic_ns();
         vm.start()
             .map_err(|e| CloneError::Capture(format!("cannot start the clone: {e}")))?;
         Ok(start_ns)

@@ -16,9 +16,9 @@ use super::{
     cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
-use crate::devices::bus::lock;
-use crate::devices::legacy::signal::monotonic_ns;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::host::monotonic_ns;
+use crate::host::{lock, random_id};
 use crate::memory::template::MemoryLayer;
 use crate::snapshot::capture_state;
 use crate::vm::{RunState, Vm};
@@ -477,12 +477,4 @@ pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneE
         st.standby = standby;
     }
     Ok(())
-}
-
-fn random_id() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        b = monotonic_ns().to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::host::lock;
+
 /// A device reachable through port I/O or MMIO.
 pub trait BusDevice: Send {
     /// Guest reads `data.len()` bytes at `offset` into the device's range.
@@ -92,12 +94,6 @@ impl Bus {
             None => false,
         }
     }
-}
-
-/// Locks a device, recovering from a poisoned lock: device state is plain
-/// data, and one panicked thread must not wedge every vCPU behind it.
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use serde::Serialize;
 
 use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
-use super::{memory, random_id, SnapshotError, SnapshotInfo};
+use super::{memory, SnapshotError, SnapshotInfo};
+use crate::host::random_id;
 
 /// Bytes copied per read while merging.
 const CHUNK: u64 = 1 << 20;

@@ -29,7 +29,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::vcpu_state::{saveable_msrs, VcpuState};
 use crate::config::VmConfig;
-use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialSnapshot;
 use crate::devices::tmem::TmemState;
@@ -37,6 +36,7 @@ use crate::devices::virtio::balloon::BalloonState;
 use crate::devices::virtio::device_type;
 use crate::devices::virtio::mem::VirtioMemState;
 use crate::devices::virtio::mmio::state::MmioTransportState;
+use crate::host::{lock, random_id};
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
 use format::{
@@ -515,18 +515,6 @@ fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
         });
     }
     out
-}
-
-pub(crate) fn random_id() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        b = t.to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A snapshot read from disk and checked, with every layer of its chain.

@@ -9,7 +9,7 @@
 use std::sync::{Condvar, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use crate::devices::bus::lock;
+use crate::host::lock;
 
 /// Why the VM stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
-use crate::devices::bus::lock;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::{Mark, SignalPort};
@@ -22,6 +21,7 @@ use crate::devices::virtio::blk::BlockHandle;
 use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::vsock::VsockHandle;
+use crate::host::lock;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
 use vcpu::{Vcpu, VcpuIo, VcpuThread};

@@ -15,10 +15,11 @@ use super::control::{
     install_kick_handler, Directive, GuestSnapshotRequest, RunControl, SnapshotRefused, StopReason,
 };
 use super::GuestKind;
-use crate::devices::bus::{lock, Bus};
+use crate::devices::bus::Bus;
 use crate::devices::legacy::signal::{SignalAction, SignalPort};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host::lock;
 
 /// What every vCPU of a VM shares: the buses, the signal port, the tmem
 /// device and guest memory (for the calls handled on the vCPU thread).

@@ -13,7 +13,7 @@ use spore_abi::signal::{SNAPSHOT_FAILED, SNAPSHOT_RESTORED, SNAPSHOT_TAKEN};
 use super::Vmm;
 use crate::api::snapshot_body::{AfterSnapshot, GuestSnapshotConfig};
 use crate::api::{ApiError, ApiResponse};
-use crate::devices::bus::lock;
+use crate::host::lock;
 use crate::vm::control::{GuestSnapshotRequest, StopReason};
 
 impl Vmm {

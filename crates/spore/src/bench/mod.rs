@@ -25,7 +25,7 @@ mod tmem_kv;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use spore_vmm::devices::legacy::signal::monotonic_ns;
+use spore_vmm::host::monotonic_ns;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {

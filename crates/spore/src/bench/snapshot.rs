@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
-use spore_vmm::devices::legacy::signal::monotonic_ns;
+use spore_vmm::host::monotonic_ns;
 
 use crate::api_client::request;
 use crate::bench::{machine, stats};

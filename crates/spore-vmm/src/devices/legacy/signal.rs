@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use spore_abi::signal::{decode, SignalOp, FORK_FAILED, RESTORED, WAIT_TIMED_OUT, WAIT_WOKEN};
 
-use crate::devices::bus::lock;
+use crate::host::{lock, monotonic_ns};
 use crate::vm::wake::GuestWake;
 
 /// A timestamped `MARK` from the guest.
@@ -210,17 +210,6 @@ impl SignalPort {
             tracing::warn!("signal port: ignored {what} from vCPU {vcpu}");
         }
     }
-}
-
-/// Host CLOCK_MONOTONIC in nanoseconds (comparable across processes).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

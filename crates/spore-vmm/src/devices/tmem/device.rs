@@ -19,8 +19,8 @@ use super::request::{
     parse, GuestRange, RawBlock, Request, BLOCK_SIZE, STATUS_OFFSET, VALUE_LEN_OFFSET,
 };
 use super::timing::{CallTimer, CallTiming};
-use crate::devices::bus::lock;
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host::lock;
 
 /// The tmem device's snapshot state: the whole pool (objects, quota,
 /// counters), or `None` for a VM whose tmem is disabled.

@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 use spore_abi::tmem::op;
 
-use crate::devices::bus::lock;
+use crate::host::lock;
 
 /// Samples kept per operation for the median (8 bytes each).
 pub const MAX_SAMPLES: usize = 1 << 16;

@@ -17,11 +17,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::request::{GuestStats, PAGE_SHIFT};
 use super::worker::{BalloonWorker, Stopped};
-use crate::devices::bus::lock;
 use crate::devices::virtio::worker::Worker;
 use crate::devices::virtio::{
     device_type, ActivateContext, ActivateError, VirtioDevice, VirtioInterrupt,
 };
+use crate::host::lock;
 
 /// Feature bits (virtio 1.2, §5.5.3).
 pub const F_MUST_TELL_HOST: u64 = 1 << 0;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::device::{Balloon, BalloonHandle, BalloonSettings, ReleaseCounters};
 use super::request::GuestStats;
-use crate::devices::bus::lock;
+use crate::host::lock;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalloonState {

@@ -18,9 +18,9 @@ use super::request::{
     parse_pfns, parse_report, parse_stats, read_readable, GuestRange, MAX_PFN_BYTES,
     MAX_STATS_BYTES,
 };
-use crate::devices::bus::lock;
 use crate::devices::virtio::queue_server::drain_queue;
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
+use crate::host::lock;
 
 /// One queue and its notification eventfd.
 struct QueueSlot {

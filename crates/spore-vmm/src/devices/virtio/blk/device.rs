@@ -22,12 +22,12 @@ use super::overlay::CowDisk;
 use super::request::{self, DiskLimits, Request, RequestKind};
 use super::{BlockError, ID_BYTES, QUEUE_SIZE, SECTOR_SIZE};
 use crate::config::DriveConfig;
-use crate::devices::bus::lock;
 use crate::devices::virtio::queue_server::{ChainHandler, QueueServer};
 use crate::devices::virtio::worker::Worker;
 use crate::devices::virtio::{
     device_type, ActivateContext, ActivateError, GuestMemoryMmap, VirtioDevice,
 };
+use crate::host::lock;
 
 /// Size of `struct virtio_blk_config` up to and including `blk_size`.
 const CONFIG_LEN: usize = 24;

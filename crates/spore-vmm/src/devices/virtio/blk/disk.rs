@@ -16,8 +16,8 @@ use super::overlay::{sanitize, CowDisk, CowIoError, OverlayError};
 use super::request::Segment;
 use super::SECTOR_SIZE;
 use crate::config::CowOverlayConfig;
-use crate::devices::bus::lock;
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host::lock;
 
 /// Bytes moved between guest memory and a copy-on-write disk per step (the
 /// overlay cannot hand guest memory to the kernel in one read: a request may

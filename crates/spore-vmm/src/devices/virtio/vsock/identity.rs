@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::VsockError;
-use crate::devices::bus::lock;
+use crate::host::lock;
 
 /// A message for a guest port, sent over a connection the VMM opens.
 #[derive(Clone, Debug, PartialEq, Eq)]
