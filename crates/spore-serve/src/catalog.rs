@@ -95,22 +95,7 @@ impl Catalog {
                 env_json, description, role, code_sha256, code_size, version, revision_id,
                 last_modified, reserved_concurrency)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            params![
-                f.name,
-                f.runtime,
-                f.handler,
-                f.memory_mib,
-                f.timeout_s,
-                env_json(&f.env),
-                f.description,
-                f.role,
-                f.code_sha256,
-                f.code_size as i64,
-                f.version,
-                f.revision_id,
-                f.last_modified,
-                f.reserved_concurrency,
-            ],
+            row_params(f, &env_json(&f.env)),
         )?;
         Ok(n == 1)
     }
@@ -122,22 +107,7 @@ impl Catalog {
                 env_json = ?6, description = ?7, role = ?8, code_sha256 = ?9, code_size = ?10,
                 version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14
              WHERE name = ?1",
-            params![
-                f.name,
-                f.runtime,
-                f.handler,
-                f.memory_mib,
-                f.timeout_s,
-                env_json(&f.env),
-                f.description,
-                f.role,
-                f.code_sha256,
-                f.code_size as i64,
-                f.version,
-                f.revision_id,
-                f.last_modified,
-                f.reserved_concurrency,
-            ],
+            row_params(f, &env_json(&f.env)),
         )?;
         Ok(())
     }
@@ -205,6 +175,30 @@ impl Catalog {
         db.execute("DELETE FROM processes", [])?;
         Ok(rows)
     }
+}
+
+/// A function's columns in table order (`?1`..`?14` of insert and update).
+fn row_params<'a>(
+    f: &'a Function,
+    env_json: &'a dyn rusqlite::ToSql,
+) -> [&'a dyn rusqlite::ToSql; 14] {
+    [
+        &f.name,
+        &f.runtime,
+        &f.handler,
+        &f.memory_mib,
+        &f.timeout_s,
+        env_json,
+        &f.description,
+        &f.role,
+        &f.code_sha256,
+        // SQLite integers are signed; sizes stay far below i64::MAX.
+        &f.code_size,
+        &f.version,
+        &f.revision_id,
+        &f.last_modified,
+        &f.reserved_concurrency,
+    ]
 }
 
 fn env_json(env: &BTreeMap<String, String>) -> String {

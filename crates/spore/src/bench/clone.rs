@@ -57,14 +57,7 @@ pub struct CloneBenchArgs {
 const HYPERFORK_1GIB_MS: f64 = 9.27;
 
 fn uk_image(a: &CloneBenchArgs) -> anyhow::Result<PathBuf> {
-    let dir = a
-        .uk_dir
-        .clone()
-        .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../spore-uk/target/x86_64-unknown-none/release")
-        });
+    let dir = super::uk_dir(&a.uk_dir);
     let p = dir.join("clonetest");
     if !p.exists() {
         bail!(

@@ -257,6 +257,17 @@ fn is_mapping_header(line: &str) -> bool {
     })
 }
 
+/// The directory of the unikernel images: `--uk-dir`, else `SPORE_UK_DIR`,
+/// else this source tree's spore-uk build directory.
+pub(crate) fn uk_dir(flag: &Option<PathBuf>) -> PathBuf {
+    flag.clone()
+        .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../spore-uk/target/x86_64-unknown-none/release")
+        })
+}
+
 /// Summary of a sample set (see [`stats::summary`]).
 pub(crate) fn stats(v: &[f64]) -> Value {
     stats::summary(v)

@@ -141,14 +141,7 @@ fn path_figures(server: &[f64], client: &[f64]) -> Value {
 }
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
-    let dir = a
-        .uk_dir
-        .clone()
-        .or_else(|| std::env::var_os("SPORE_UK_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../spore-uk/target/x86_64-unknown-none/release")
-        });
+    let dir = super::uk_dir(&a.uk_dir);
     let (echo, touch) = (dir.join("fn-echo"), dir.join("fn-touch32"));
     for p in [&echo, &touch] {
         if !p.exists() {
