@@ -21,31 +21,31 @@ pub fn recover(state: &Path, catalog: &Catalog) -> anyhow::Result<RecoveryReport
     let mut report = RecoveryReport::default();
     let run = state.join("run");
     let marker = run.display().to_string();
-    let mut pids: Vec<i32> = catalog
-        .take_processes()?
-        .into_iter()
-        .map(|p| p.pid)
-        .collect();
-    // Clones and standby processes of an old zygote are not recorded by
-    // pid: find every process whose command line names our run directory.
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
-                pids.push(pid);
-            }
+    // The records are dropped: every process of ours is found by its command
+    // line below, recorded or not (clones and standby processes of an old
+    // zygote are not recorded by pid).
+    catalog.take_processes()?;
+    // SIGKILL takes effect asynchronously, and a zygote being ended may still
+    // start a standby clone: scan and kill until a scan finds none, so that
+    // no VMM of the old daemon is left once this returns.
+    let mut killed = std::collections::BTreeSet::new();
+    for _ in 0..250 {
+        let alive = our_vmms(&marker);
+        if alive.is_empty() {
+            break;
         }
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    let me = std::process::id() as i32;
-    for pid in pids {
-        if pid != me && is_our_vmm(pid, &marker) {
-            // SAFETY: the pid was just checked to be a spore VMM of this
-            // state directory.
+        for pid in alive {
+            // SAFETY: the pid was just checked to be a running spore VMM of
+            // this state directory.
             if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-                report.killed += 1;
+                killed.insert(pid);
             }
         }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    report.killed = killed.len();
+    if let Some(pid) = our_vmms(&marker).first() {
+        anyhow::bail!("VMM process {pid} of a previous daemon does not end");
     }
     if run.exists() {
         if let Ok(entries) = std::fs::read_dir(&run) {
@@ -63,6 +63,27 @@ pub fn recover(state: &Path, catalog: &Catalog) -> anyhow::Result<RecoveryReport
         }
     }
     Ok(report)
+}
+
+/// Running (not zombie) processes of the spore binary with an argument under
+/// `run_dir`, other than this one.
+fn our_vmms(run_dir: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && is_our_vmm(pid, run_dir) && !is_zombie(pid))
+        .collect()
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(true)
 }
 
 /// Whether `pid` runs the spore binary with an argument under `run_dir`.
