@@ -127,7 +127,9 @@ fn kvm_serve_concurrent_cold_invokes_boot_once_then_clone() {
         .map(|i| {
             let d = d.clone();
             thread::spawn(move || {
-                let r = d.invoke("f", format!("{{\"i\":{i},\"sleep_ms\":300}}").as_bytes());
+                // Long enough that no invocation finds another one's instance idle,
+                // even when threads start late on a loaded host.
+                let r = d.invoke("f", format!("{{\"i\":{i},\"sleep_ms\":2000}}").as_bytes());
                 (i, r.status, r.text())
             })
         })
@@ -173,7 +175,7 @@ fn kvm_serve_reserved_concurrency_throttles() {
         .map(|i| {
             let d = d.clone();
             thread::spawn(move || {
-                let r = d.invoke("f", format!("{{\"i\":{i},\"sleep_ms\":1500}}").as_bytes());
+                let r = d.invoke("f", format!("{{\"i\":{i},\"sleep_ms\":3000}}").as_bytes());
                 (i, r.status, r.error_type().map(String::from), r.text())
             })
         })
