@@ -37,7 +37,6 @@ use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::host::lock;
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, MemoryError};
-use crate::snapshot::layers::MemoryLayers;
 use crate::snapshot::MicrovmState;
 use crate::vm::control::{RunControl, StopReason};
 use crate::vm::vcpu::{Vcpu, VcpuIo};
@@ -188,30 +187,21 @@ impl VirtioSlots<'_> {
     }
 }
 
-/// Builds the VM; nothing runs until [`Vm::start`].
-pub fn build_vm(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError> {
+/// Builds a VM to boot from `config`'s boot source; nothing runs until
+/// [`Vm::start`].
+pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, BuildError> {
     build(config, opts, None, None)
 }
 
-/// Builds the VM a snapshot describes, with `state` applied and guest RAM
-/// mapped privately from its memory layers ([`GuestRam::from_layers`]);
+/// Builds the VM a snapshot describes, with `state` applied over guest RAM
+/// already mapped by the caller (a restore path's layers, or a clone's
+/// template), on KVM objects made ahead by [`prepare_kvm`] when given;
 /// nothing runs until [`Vm::start`].
-pub fn restore_vm(
-    config: &VmConfig,
-    state: &MicrovmState,
-    layers: &MemoryLayers,
-    opts: BuildOptions,
-) -> Result<Vm, BuildError> {
-    let ram = GuestRam::from_layers(layers)?;
-    build(config, opts, Some((state, ram)), None)
-}
-
-/// Like [`restore_vm`], with guest RAM already mapped (a clone maps its
-/// template's layers itself).
-pub fn restore_vm_with_ram(
+pub fn build_from_state(
     config: &VmConfig,
     state: &MicrovmState,
     ram: GuestRam,
+    prepared: Option<PreparedKvm>,
     opts: BuildOptions,
 ) -> Result<Vm, BuildError> {
     if ram.size() != config.machine.mem_bytes() {
@@ -224,7 +214,15 @@ pub fn restore_vm_with_ram(
             ),
         });
     }
-    build(config, opts, Some((state, ram)), None)
+    if let Some(p) = &prepared {
+        if ram.size() != p.mem_bytes || !p.fits(config, state) {
+            return Err(BuildError::Device {
+                what: "prepared VM",
+                detail: "it was made for another memory size, vCPU count or memory setup".into(),
+            });
+        }
+    }
+    build(config, opts, Some((state, ram)), prepared)
 }
 
 /// KVM objects made ahead of time for a restore whose RAM is not known yet
@@ -276,24 +274,6 @@ pub fn prepare_kvm(ram: &GuestRam, vcpus: u8) -> Result<PreparedKvm, BuildError>
         vcpus,
         mem_bytes: ram.size(),
     })
-}
-
-/// Like [`restore_vm_with_ram`], on KVM objects made by [`prepare_kvm`]
-/// with `ram` (now mapped over the placeholder's addresses).
-pub fn restore_vm_prepared(
-    config: &VmConfig,
-    state: &MicrovmState,
-    ram: GuestRam,
-    prepared: PreparedKvm,
-    opts: BuildOptions,
-) -> Result<Vm, BuildError> {
-    if ram.size() != prepared.mem_bytes || !prepared.fits(config, state) {
-        return Err(BuildError::Device {
-            what: "prepared VM",
-            detail: "it was made for another memory size, vCPU count or memory setup".into(),
-        });
-    }
-    build(config, opts, Some((state, ram)), Some(prepared))
 }
 
 fn build(

@@ -14,7 +14,7 @@ use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
 };
-use crate::builder::{build_vm, restore_vm_with_ram, BuildError, BuildOptions};
+use crate::builder::{build_for_boot, build_from_state, BuildError, BuildOptions};
 use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
 use crate::clone::{child, CloneConfig, CloneError, CloneReport, CloneRequest, CloneState};
 use crate::config::{BalloonConfig, VmConfig};
@@ -95,7 +95,7 @@ impl Vmm {
             return Err(StartError::AlreadyStarted);
         }
         let serial_out = inner.serial_out.take().ok_or(StartError::AlreadyStarted)?;
-        let mut vm = match build_vm(
+        let mut vm = match build_for_boot(
             &inner.config,
             BuildOptions {
                 serial_out,
@@ -288,7 +288,7 @@ impl Vmm {
             serial_out,
             control: self.control.clone(),
         };
-        let mut vm = match restore_vm_with_ram(&config, &state, prepared.ram, opts) {
+        let mut vm = match build_from_state(&config, &state, prepared.ram, None, opts) {
             Ok(vm) => vm,
             Err(e) => {
                 inner.serial_out = Some(Box::new(std::io::stdout()));

@@ -7,9 +7,7 @@ use std::os::unix::net::UnixStream;
 
 use super::handoff::{send_ready, Handoff, HandoffError, Ready};
 use super::{cloneid, CloneError, CloneState};
-use crate::builder::{
-    prepare_kvm, restore_vm_prepared, restore_vm_with_ram, BuildOptions, PreparedKvm,
-};
+use crate::builder::{build_from_state, prepare_kvm, BuildOptions, PreparedKvm};
 use crate::config::VmConfig;
 use crate::memory::template::MemoryLayer;
 use crate::memory::GuestRam;
@@ -84,11 +82,11 @@ pub fn restore(
                 // now rather than on the guest's first accesses.
                 ram.prefault_layers(&layers);
             }
-            restore_vm_prepared(&config, &state, ram, kvm, opts)
+            build_from_state(&config, &state, ram, Some(kvm), opts)
         }
         None => {
             let ram = GuestRam::from_template_layers(&layers, state.mem_size)?;
-            restore_vm_with_ram(&config, &state, ram, opts)
+            build_from_state(&config, &state, ram, None, opts)
         }
     };
     let vm = vm.map_err(|e| bad("cannot restore the clone", &e))?;

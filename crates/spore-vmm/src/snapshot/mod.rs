@@ -5,7 +5,7 @@
 //! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`, the
 //! serial port, i8042 and every virtio-mmio transport next to their device);
 //! this module only gathers them into [`MicrovmState`], writes the files and
-//! reads them back. The builder ([`crate::builder::restore_vm`]) rebuilds a
+//! reads them back. The builder ([`crate::builder::build_from_state`]) rebuilds a
 //! VM from them.
 
 pub mod chain;
