@@ -69,6 +69,8 @@ pub struct LoadOptions {
     /// The files of the snapshot's parents, nearest first, when they are
     /// not where the diff's manifest says.
     pub parents: Vec<snapshot::LayerPaths>,
+    /// The vsock device's new Unix socket path (Firecracker's `vsock_override`).
+    pub vsock_uds: Option<String>,
 }
 
 impl Vmm {
@@ -268,6 +270,15 @@ impl Vmm {
         // over the snapshot's own.
         if inner.config.guest_snapshots.is_some() {
             config.guest_snapshots = inner.config.guest_snapshots.clone();
+        }
+        if let Some(uds) = &lo.vsock_uds {
+            match config.vsock.as_mut() {
+                Some(v) => v.uds_path = uds.clone(),
+                None => {
+                    session.cancel();
+                    return Err(SnapshotApiError::NoVsock);
+                }
+            }
         }
         if let Some(c) = &lo.disks {
             for d in &mut config.drives {
@@ -469,6 +480,8 @@ pub enum SnapshotApiError {
     Identity(#[from] IdentityError),
     #[error("copy-on-write disks for cloning: {0}")]
     Freeze(String),
+    #[error("vsock_override: the snapshot has no vsock device")]
+    NoVsock,
 }
 
 fn record_identity(config: &mut VmConfig, id: &CloneIdentity) {
@@ -588,6 +601,7 @@ impl ApiHandler for Vmm {
                     disks: p.clone_disks.clone(),
                     track_dirty_pages: p.track_dirty(),
                     parents: p.parent_paths(),
+                    vsock_uds: p.vsock_override.as_ref().map(|v| v.uds_path.clone()),
                 };
                 self.load_snapshot_with(std::path::Path::new(&p.snapshot_path), &memory, &lo)
                     .map_err(bad)?;

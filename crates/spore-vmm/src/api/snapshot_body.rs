@@ -147,6 +147,17 @@ pub struct SnapshotLoadParams {
     /// (each is still checked against the id and hash the child names).
     #[serde(default)]
     pub parents: Vec<ParentFiles>,
+    /// Firecracker's: the restored vsock device's Unix socket, instead of
+    /// the path the snapshot was taken with (which another VM may hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_override: Option<VsockOverride>,
+}
+
+/// `vsock_override` in `PUT /snapshot/load`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockOverride {
+    pub uds_path: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +361,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.snapshot_type, SnapshotType::Diff);
+    }
+
+    #[test]
+    fn vsock_override_is_firecrackers_shape() {
+        let p: SnapshotLoadParams = serde_json::from_str(
+            r#"{"snapshot_path":"s","mem_file_path":"m","vsock_override":{"uds_path":"/run/v.sock"}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.vsock_override.unwrap().uds_path, "/run/v.sock");
+        assert!(serde_json::from_str::<SnapshotLoadParams>(
+            r#"{"snapshot_path":"s","vsock_override":{"path":"x"}}"#
+        )
+        .is_err());
     }
 
     #[test]
