@@ -65,6 +65,13 @@ CREATE TABLE IF NOT EXISTS functions (
     last_modified TEXT NOT NULL,
     reserved_concurrency INTEGER
 );
+CREATE TABLE IF NOT EXISTS snapshots (
+    function TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    dir TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    PRIMARY KEY (function, version)
+);
 CREATE TABLE IF NOT EXISTS processes (
     pid INTEGER NOT NULL,
     run_dir TEXT NOT NULL,
@@ -177,6 +184,72 @@ impl Catalog {
     }
 }
 
+/// A function version's snapshot on disk (the restore start path).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotRecord {
+    pub function: String,
+    pub version: i64,
+    /// The directory holding `vm.state`, `vm.mem` and the working set.
+    pub dir: String,
+}
+
+impl Catalog {
+    /// Records the snapshot of a function version (replacing an older record
+    /// of the same version).
+    pub fn put_snapshot(
+        &self,
+        s: &SnapshotRecord,
+        created_unix_ms: u64,
+    ) -> Result<(), CatalogError> {
+        self.db().execute(
+            "INSERT OR REPLACE INTO snapshots (function, version, dir, created_unix_ms)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![s.function, s.version, s.dir, created_unix_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn snapshot(
+        &self,
+        function: &str,
+        version: i64,
+    ) -> Result<Option<SnapshotRecord>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT function, version, dir FROM snapshots WHERE function = ?1 AND version = ?2",
+        )?;
+        Ok(st
+            .query_row(params![function, version], row_to_snapshot)
+            .optional()?)
+    }
+
+    /// Every recorded snapshot.
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached("SELECT function, version, dir FROM snapshots")?;
+        let rows = st
+            .query_map([], row_to_snapshot)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn remove_snapshot(&self, function: &str, version: i64) -> Result<(), CatalogError> {
+        self.db().execute(
+            "DELETE FROM snapshots WHERE function = ?1 AND version = ?2",
+            params![function, version],
+        )?;
+        Ok(())
+    }
+}
+
+fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
+    Ok(SnapshotRecord {
+        function: r.get(0)?,
+        version: r.get(1)?,
+        dir: r.get(2)?,
+    })
+}
+
 /// A function's columns in table order (`?1`..`?14` of insert and update).
 fn row_params<'a>(
     f: &'a Function,
@@ -246,6 +319,26 @@ mod tests {
             last_modified: "2026-01-01T00:00:00.000+0000".into(),
             reserved_concurrency: None,
         }
+    }
+
+    #[test]
+    fn snapshots_are_recorded_per_version() {
+        let dir = std::env::temp_dir().join(format!("spore-catalog-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Catalog::open(&dir.join("catalog.db")).unwrap();
+        let rec = |v: i64| SnapshotRecord {
+            function: "f".into(),
+            version: v,
+            dir: format!("/s/f-v{v}"),
+        };
+        c.put_snapshot(&rec(1), 1).unwrap();
+        c.put_snapshot(&rec(2), 2).unwrap();
+        assert_eq!(c.snapshot("f", 1).unwrap(), Some(rec(1)));
+        assert_eq!(c.snapshot("f", 3).unwrap(), None);
+        assert_eq!(c.snapshot("g", 1).unwrap(), None);
+        c.remove_snapshot("f", 1).unwrap();
+        assert_eq!(c.snapshots().unwrap(), vec![rec(2)]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

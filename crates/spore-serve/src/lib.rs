@@ -22,6 +22,7 @@ pub mod logs;
 pub mod metrics;
 pub mod recovery;
 pub mod runtime;
+pub mod snapshots;
 pub mod vmm;
 
 use std::net::SocketAddr;
@@ -75,6 +76,10 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         );
     }
     let manager = instances::Manager::new(config.manager, catalog.clone());
+    let stale = manager.recover_snapshots();
+    if stale > 0 {
+        tracing::info!("{stale} stale or half-written snapshots removed");
+    }
     for f in catalog.list()? {
         if let Some(n) = f.reserved_concurrency {
             manager.set_reserved(&f.name, Some(n));

@@ -14,7 +14,10 @@ pub enum StartPath {
     Warm,
     /// A new clone of the function's zygote.
     Clone,
-    /// A boot (which also made the zygote).
+    /// A restore of the version's snapshot (which also made the zygote,
+    /// unless zygotes are off or demoted).
+    Restore,
+    /// A boot (which also made the snapshot and the zygote).
     Cold,
 }
 
@@ -23,6 +26,7 @@ impl StartPath {
         match self {
             StartPath::Warm => "warm",
             StartPath::Clone => "clone",
+            StartPath::Restore => "restore",
             StartPath::Cold => "cold",
         }
     }

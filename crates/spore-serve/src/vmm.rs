@@ -13,6 +13,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
+/// How long a VMM asked to stop cleanly may take before it is killed.
+const CLEAN_STOP_LIMIT: Duration = Duration::from_secs(2);
+
 /// A VMM process: either started by the daemon (its child), or a clone
 /// started by a zygote's VMM (known by pid).
 pub struct VmmProcess {
@@ -24,6 +27,9 @@ pub struct VmmProcess {
     pub run_dir: PathBuf,
     child: Option<tokio::process::Child>,
     ended: bool,
+    /// Ended with SIGTERM first (a VMM recording a working set writes it
+    /// when it stops cleanly).
+    pub stop_cleanly: bool,
 }
 
 impl VmmProcess {
@@ -55,6 +61,7 @@ impl VmmProcess {
             run_dir: run_dir.to_path_buf(),
             child: Some(child),
             ended: false,
+            stop_cleanly: false,
         };
         vmm.wait_for_socket(Duration::from_secs(10)).await?;
         Ok(vmm)
@@ -69,6 +76,7 @@ impl VmmProcess {
             run_dir,
             child: None,
             ended: false,
+            stop_cleanly: false,
         }
     }
 
@@ -135,6 +143,11 @@ impl VmmProcess {
         self.ended = true;
         match &mut self.child {
             Some(child) => {
+                if self.stop_cleanly {
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(self.pid, libc::SIGTERM) };
+                    let _ = tokio::time::timeout(CLEAN_STOP_LIMIT, child.wait()).await;
+                }
                 // SAFETY: the child leads its own process group (spawned with
                 // process_group(0)); only that group is signalled.
                 unsafe { libc::kill(-self.pid, libc::SIGKILL) };

@@ -26,13 +26,24 @@ pub struct ServeArgs {
     /// An idle instance is ended after this long unused (ms).
     #[arg(long, default_value_t = 60_000)]
     keep_alive_ms: u64,
-    /// Host memory idle instances may hold (e.g. 4G); over it the least
-    /// recently used are ended. Default: no budget.
+    /// Host memory idle instances and zygotes may hold (e.g. 4G); over it
+    /// the least recently used idle instances are ended, then zygotes
+    /// demoted to their snapshots. Default: no budget.
     #[arg(long)]
     memory_budget: Option<String>,
-    /// Never clone a zygote: every start that is not warm boots the function.
+    /// Never clone a zygote: every start that is not warm restores the
+    /// function's snapshot, or boots it.
     #[arg(long)]
     no_clones: bool,
+    /// Never snapshot functions: every start that is not warm or a clone
+    /// boots.
+    #[arg(long)]
+    no_snapshots: bool,
+    /// How instances are restored from a function's snapshot: working-set
+    /// (the first restore records the pages the guest touches, later ones
+    /// read them up front) or lazy (every page on demand).
+    #[arg(long, default_value = "working-set", value_parser = ["working-set", "lazy"])]
+    restore_mode: String,
     /// Verify every request's SigV4 signature against the access keys in
     /// this TOML file ([[keys]] access_key_id, secret_access_key); unsigned or
     /// wrongly signed requests get 403. Default: accept any request.
@@ -67,6 +78,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             keep_alive: Duration::from_millis(a.keep_alive_ms),
             memory_budget,
             no_clones: a.no_clones,
+            no_snapshots: a.no_snapshots,
+            restore_mode: spore_serve::snapshots::RestoreMode::parse(&a.restore_mode)
+                .context("--restore-mode")?,
         },
     })?;
     Ok(0)

@@ -389,8 +389,126 @@ fn kvm_serve_survives_kill_9() {
         .map(|f| f["FunctionName"].clone())
         .collect();
     assert_eq!(names, vec!["f", "g"]);
-    assert_eq!(d2.invoke("f", br#"{"after":1}"#).json()["echo"]["after"], 1);
-    assert_eq!(d2.invoke("g", b"after").text(), "AFTER");
+    // f's snapshot (written by its first cold boot) survived the kill: its
+    // first start restores it; g was never invoked, so it boots.
+    let r = d2.invoke("f", br#"{"after":1}"#);
+    assert_eq!(r.json()["echo"]["after"], 1);
+    assert_eq!(r.header("x-spore-start-path"), Some("restore"));
+    let r = d2.invoke("g", b"after");
+    assert_eq!(r.text(), "AFTER");
+    assert_eq!(r.header("x-spore-start-path"), Some("cold"));
+}
+
+#[test]
+fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
+    require_kvm();
+    let dir = Scratch::new("serve-restore");
+    let state = dir.path("state");
+    // A budget no zygote fits in: zygotes are demoted to their snapshots.
+    let d = Daemon::start(&state, &["--memory-budget", "1M", "--keep-alive-ms", "0"]);
+    assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
+    let r = d.invoke("f", br#"{"n":0}"#);
+    assert_eq!(r.json()["echo"]["n"], 0);
+    assert_eq!(r.header("x-spore-start-path"), Some("cold"));
+    // The cold boot wrote the version's snapshot, private to the daemon.
+    let snap = state.join("snapshots/f-v1");
+    assert!(snap.join("vm.state").is_file() && snap.join("vm.mem").is_file());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&snap).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "snapshot directory mode {mode:o}");
+
+    let zygotes = |d: &Daemon| d.metric("spore_instances{function=\"f\",state=\"zygote\"}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zygotes(&d) > 0.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(zygotes(&d), 0.0, "the zygote was demoted under the budget");
+    let pids_before = d.vmm_pids().len();
+
+    // Demoted: every start restores the snapshot (no zygote is made again).
+    // The first restore records the working set; the VMM writes it beside
+    // the snapshot when the recording ends (1 s after the guest started, or
+    // when the instance is stopped before).
+    for i in 1..=2 {
+        let r = d.invoke("f", format!("{{\"n\":{i}}}").as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["echo"]["n"], i);
+        assert_eq!(r.header("x-spore-start-path"), Some("restore"));
+    }
+    let ws = snap.join("vm.state.ws");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ws.is_file() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ws.is_file(), "the first restore recorded a working set");
+    let r = d.invoke("f", br#"{"n":3}"#);
+    assert_eq!(r.json()["echo"]["n"], 3);
+    assert_eq!(r.header("x-spore-start-path"), Some("restore"));
+    assert_eq!(invocations(&d, "restore"), 3.0);
+    // keep-alive 0: restored instances end after their invocation.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.vmm_pids().len() > pids_before && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.vmm_pids().len() <= pids_before, "{:?}", d.vmm_pids());
+
+    // New code is a new version: the old snapshot is deleted and never
+    // restored; the next start boots the new code and snapshots it.
+    let zip = common::serve::zip_b64(&[(
+        "fn-echo",
+        &std::fs::read(common::uk_image("fn-upper")).unwrap(),
+    )]);
+    let r = d.request(
+        "PUT",
+        "/2015-03-31/functions/f/code",
+        serde_json::json!({"ZipFile": zip}).to_string().as_bytes(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!snap.exists(), "the old version's snapshot is deleted");
+    let r = d.invoke("f", b"abc");
+    assert_eq!(r.text(), "ABC");
+    assert_eq!(r.header("x-spore-start-path"), Some("cold"));
+    assert!(state.join("snapshots/f-v2/vm.state").is_file());
+    let r = d.request("DELETE", "/2015-03-31/functions/f", b"", &[]);
+    assert_eq!(r.status, 204);
+    assert!(
+        !state.join("snapshots/f-v2").exists(),
+        "deleted with its function"
+    );
+}
+
+#[test]
+fn kvm_serve_restore_remakes_the_zygote() {
+    require_kvm();
+    let dir = Scratch::new("serve-remake");
+    let state = dir.path("state");
+    let mut d = Daemon::start(&state, &["--keep-alive-ms", "0"]);
+    assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(
+        d.invoke("f", b"{}").header("x-spore-start-path"),
+        Some("cold")
+    );
+    assert_eq!(
+        d.invoke("f", b"{}").header("x-spore-start-path"),
+        Some("clone")
+    );
+    d.kill9();
+    let d = Daemon::start(&state, &["--keep-alive-ms", "0"]);
+    // No zygote after the restart: the snapshot serves at once, and a boot
+    // in the background makes the zygote for the starts after it.
+    let r = d.invoke("f", br#"{"k":1}"#);
+    assert_eq!(r.json()["echo"]["k"], 1);
+    assert_eq!(r.header("x-spore-start-path"), Some("restore"));
+    let zygotes = || d.metric("spore_instances{function=\"f\",state=\"zygote\"}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zygotes() < 1.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(zygotes(), 1.0);
+    let r = d.invoke("f", br#"{"k":2}"#);
+    assert_eq!(r.json()["echo"]["k"], 2);
+    assert_eq!(r.header("x-spore-start-path"), Some("clone"));
 }
 
 #[test]

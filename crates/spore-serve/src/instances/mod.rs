@@ -1,15 +1,22 @@
 //! The instance manager: for each function version, idle warm instances and a
 //! zygote (a booted instance paused after init and made a clone template by
 //! its VMM). Each invocation takes the fastest start path there is — an idle
-//! instance, a clone of the zygote, or a cold boot that also makes the zygote —
-//! and gives its instance back, or ends it if it failed or timed out.
+//! instance, a clone of the zygote, a restore of the version's snapshot, or a
+//! cold boot that also makes the snapshot and the zygote — and gives its
+//! instance back, or ends it if it failed or timed out.
+//!
+//! Module map: [`start`] (the start paths), [`memory`] (keep-alive, the
+//! memory budget, zygote demotion, gauges).
 //!
 //! Isolation rules: an instance serves only the function and version it was
 //! started for; one that timed out, crashed or broke the protocol is killed,
 //! never reused; a function's new version retires every instance and the
 //! zygote of the old one.
 
-use std::collections::{BTreeMap, HashMap};
+mod memory;
+mod start;
+
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,10 +25,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::catalog::{Catalog, Function, ProcessRecord};
-use crate::code;
 use crate::invoke::{InstanceConn, InvokeError, InvokeResult};
-use crate::metrics::{Gauges, Metrics, StartPath};
-use crate::runtime;
+use crate::metrics::{Metrics, StartPath};
+use crate::snapshots::{RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
 /// How long a guest may take from `InstanceStart` (or a clone's start) to
@@ -42,9 +48,14 @@ pub struct ManagerConfig {
     /// Host memory (PSS) instances may hold; over it the least recently used
     /// idle instances are ended. 0 = no budget.
     pub memory_budget: u64,
-    /// Never make zygotes: every start that is not warm boots (for functions
-    /// that must not share a template, and to compare start paths).
+    /// Never make zygotes: every start that is not warm restores the
+    /// version's snapshot or boots (for functions that must not share a
+    /// template, and to compare start paths).
     pub no_clones: bool,
+    /// Never snapshot: every start that is not warm or a clone boots.
+    pub no_snapshots: bool,
+    /// How instances are restored from snapshots.
+    pub restore_mode: RestoreMode,
 }
 
 /// Why an invocation got no instance.
@@ -84,14 +95,23 @@ struct Zygote {
 struct Pool {
     function: Function,
     idle: Mutex<Vec<Instance>>,
-    /// `None` until the first cold start; serialises clone requests.
+    /// `None` until the first cold start or restore; serialises clone
+    /// requests and the starts that make a zygote.
     zygote: tokio::sync::Mutex<Option<Zygote>>,
     busy: AtomicU64,
+    /// Non-zero while the zygote is demoted under the memory budget: what
+    /// it held (PSS), which must fit again before a zygote is made; until
+    /// then starts restore the snapshot.
+    demoted_bytes: AtomicU64,
+    /// When an invocation last started (ms since the epoch), for the
+    /// memory budget's least-recently-used order of zygotes.
+    last_used_ms: AtomicU64,
 }
 
 pub struct Manager {
     cfg: ManagerConfig,
     catalog: Arc<Catalog>,
+    snapshots: SnapshotStore,
     pub metrics: Metrics,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
@@ -108,6 +128,7 @@ impl Manager {
     pub fn new(cfg: ManagerConfig, catalog: Arc<Catalog>) -> Arc<Self> {
         Arc::new(Manager {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
+            snapshots: SnapshotStore::new(&cfg.state_dir, catalog.clone(), cfg.restore_mode),
             cfg,
             catalog,
             metrics: Metrics::default(),
@@ -115,6 +136,12 @@ impl Manager {
             reserved: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         })
+    }
+
+    /// After a restart: removes snapshots that are half-written, of old
+    /// versions or of deleted functions; returns how many.
+    pub fn recover_snapshots(&self) -> usize {
+        self.snapshots.recover()
     }
 
     pub fn max_concurrency(&self) -> usize {
@@ -132,13 +159,14 @@ impl Manager {
 
     /// Runs one invocation of `f` (its current version).
     pub async fn invoke(
-        &self,
+        self: &Arc<Self>,
         f: &Function,
         request_id: &str,
         payload: &[u8],
     ) -> Result<Invocation, AcquireError> {
         let _permits = self.admit(f).await?;
         let pool = self.pool_for(f).await;
+        pool.last_used_ms.store(unix_ms(), Ordering::Relaxed);
         let (mut inst, path) = self.acquire(&pool).await?;
         pool.busy.fetch_add(1, Ordering::Relaxed);
         let timeout = Duration::from_secs(f.timeout_s.max(1) as u64);
@@ -234,12 +262,15 @@ impl Manager {
     }
 
     /// Ends everything of a function (deleted, or changed: its next
-    /// invocation starts a new pool).
+    /// invocation starts a new pool) and deletes the snapshots of every
+    /// version but the current one.
     pub async fn forget(&self, name: &str) {
         let old = lock(&self.pools).remove(name);
         if let Some(old) = old {
             self.retire(old).await;
         }
+        let current = self.catalog.get(name).ok().flatten().map(|f| f.version);
+        self.snapshots.prune(name, current);
     }
 
     async fn retire(&self, pool: Arc<Pool>) {
@@ -250,176 +281,6 @@ impl Manager {
         if let Some(z) = pool.zygote.lock().await.take() {
             self.end(z.vmm).await;
             let _ = std::fs::remove_dir_all(&z.clone_dir);
-        }
-    }
-
-    async fn acquire(&self, pool: &Arc<Pool>) -> Result<(Instance, StartPath), AcquireError> {
-        // Warm: the most recently used idle instance (its pages are hottest).
-        loop {
-            let Some(mut inst) = lock(&pool.idle).pop() else {
-                break;
-            };
-            if inst.vmm.is_alive() {
-                return Ok((inst, StartPath::Warm));
-            }
-            self.end(inst.vmm).await;
-        }
-        if self.cfg.no_clones {
-            let (vmm, conn) = self
-                .boot(&pool.function)
-                .await
-                .map_err(|e| AcquireError::Start(format!("{e:#}")))?;
-            return Ok((
-                Instance {
-                    vmm,
-                    conn,
-                    last_used: Instant::now(),
-                },
-                StartPath::Cold,
-            ));
-        }
-        let mut zygote = pool.zygote.lock().await;
-        if let Some(z) = zygote.as_mut() {
-            match self.clone_of(&pool.function, z).await {
-                Ok(inst) => return Ok((inst, StartPath::Clone)),
-                Err(e) => {
-                    // A zygote that cannot clone (its cap reached, its VMM
-                    // gone) is replaced by a cold start.
-                    tracing::warn!(function = %pool.function.name, "zygote retired: {e:#}");
-                    if let Some(z) = zygote.take() {
-                        self.end(z.vmm).await;
-                        let _ = std::fs::remove_dir_all(&z.clone_dir);
-                    }
-                }
-            }
-        }
-        let inst = self.cold_start(&pool.function, &mut zygote).await?;
-        Ok((inst, StartPath::Cold))
-    }
-
-    /// Boots the function, makes the booted VM the zygote and returns its
-    /// first clone; if the VM cannot become a zygote, returns it as a plain
-    /// instance.
-    async fn cold_start(
-        &self,
-        f: &Function,
-        zygote_slot: &mut Option<Zygote>,
-    ) -> Result<Instance, AcquireError> {
-        let started = Instant::now();
-        let (vmm, conn) = self
-            .boot(f)
-            .await
-            .map_err(|e| AcquireError::Start(format!("{e:#}")))?;
-        tracing::info!(function = %f.name, version = f.version, init_us = conn.init_us,
-            "booted in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
-        // The guest goes back to accepting when this connection closes; the
-        // zygote is paused there.
-        drop(conn);
-        let clone_dir = vmm.run_dir.join("clones");
-        let mut z = Zygote { vmm, clone_dir };
-        let config = serde_json::json!({
-            "mode": "zygote", "standby": STANDBY_CLONES, "max_clones": 1000,
-            "socket_dir": z.clone_dir,
-        });
-        let made = async {
-            std::fs::create_dir_all(&z.clone_dir)?;
-            z.vmm
-                .api("PUT", "/clone/config", Some(config.to_string()))
-                .await?;
-            self.clone_of(f, &mut z).await
-        }
-        .await;
-        match made {
-            Ok(inst) => {
-                tracing::info!(function = %f.name, "zygote ready after {:.1} ms",
-                    started.elapsed().as_secs_f64() * 1e3);
-                *zygote_slot = Some(z);
-                Ok(inst)
-            }
-            Err(e) => {
-                tracing::warn!(function = %f.name, "no zygote ({e:#}); serving from the booted VM");
-                let conn = InstanceConn::connect(&z.vmm.vsock_uds, READY_LIMIT)
-                    .await
-                    .map_err(|e| AcquireError::Start(e.to_string()))?;
-                Ok(Instance {
-                    vmm: z.vmm,
-                    conn,
-                    last_used: Instant::now(),
-                })
-            }
-        }
-    }
-
-    /// A fresh VMM booted with the function, connected and ready.
-    async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
-        let rt = runtime::find(&f.runtime)
-            .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
-        let run_dir = self.run_dir();
-        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &run_dir).await?;
-        self.record(&vmm);
-        let image = code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler);
-        let setup = async {
-            for call in rt.configure(f, &image, &vmm.vsock_uds) {
-                vmm.api(call.method, call.path, Some(call.body)).await?;
-            }
-            vmm.api(
-                "PUT",
-                "/actions",
-                Some(r#"{"action_type":"InstanceStart"}"#.into()),
-            )
-            .await?;
-            anyhow::Ok(InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await?)
-        }
-        .await;
-        match setup {
-            Ok(conn) => Ok((vmm, conn)),
-            Err(e) => {
-                let tail = vmm.log_tail();
-                self.end(vmm).await;
-                Err(e.context(format!("VMM log: {tail}")))
-            }
-        }
-    }
-
-    /// One clone of the zygote, connected and ready.
-    async fn clone_of(&self, f: &Function, z: &mut Zygote) -> anyhow::Result<Instance> {
-        let body = serde_json::json!({ "count": 1, "socket_dir": z.clone_dir });
-        let asked = Instant::now();
-        let resp = z.vmm.api("PUT", "/clone", Some(body.to_string())).await?;
-        let cloned_us = asked.elapsed().as_micros();
-        let report: serde_json::Value = serde_json::from_str(&resp)?;
-        let clone = report
-            .get("clones")
-            .and_then(|c| c.get(0))
-            .ok_or_else(|| anyhow::anyhow!("PUT /clone answered no clone: {resp}"))?;
-        let field = |k: &str| clone.get(k).and_then(|v| v.as_str()).map(PathBuf::from);
-        let (Some(sock), Some(name), Some(pid)) = (
-            field("socket"),
-            clone.get("name").and_then(|v| v.as_str()),
-            clone.get("pid").and_then(|v| v.as_i64()),
-        ) else {
-            anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
-        };
-        let vsock = z.clone_dir.join(format!("{name}.vsock"));
-        let vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
-        self.record(&vmm);
-        match InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await {
-            Ok(conn) => {
-                tracing::debug!(
-                    function = %f.name,
-                    "clone: PUT /clone {cloned_us} µs, ready {} µs later",
-                    asked.elapsed().as_micros() - cloned_us
-                );
-                Ok(Instance {
-                    vmm,
-                    conn,
-                    last_used: Instant::now(),
-                })
-            }
-            Err(e) => {
-                self.end(vmm).await;
-                Err(anyhow::anyhow!("clone of {}: {e}", f.name))
-            }
         }
     }
 
@@ -462,84 +323,6 @@ impl Manager {
         }
     }
 
-    /// Ends idle instances unused for longer than the keep-alive, then, over
-    /// the memory budget, the least recently used idle ones. Returns how many
-    /// were ended.
-    pub async fn reap_idle(&self) -> usize {
-        let pools: Vec<Arc<Pool>> = lock(&self.pools).values().cloned().collect();
-        let now = Instant::now();
-        let mut ended = Vec::new();
-        for pool in &pools {
-            let mut idle = lock(&pool.idle);
-            let (old, keep): (Vec<_>, Vec<_>) = idle
-                .drain(..)
-                .partition(|i| now.duration_since(i.last_used) >= self.cfg.keep_alive);
-            *idle = keep;
-            ended.extend(old);
-        }
-        if self.cfg.memory_budget > 0 {
-            let mut held = self.held_bytes(&pools);
-            while held > self.cfg.memory_budget {
-                // The least recently used idle instance of any pool.
-                let victim = pools
-                    .iter()
-                    .filter_map(|p| {
-                        let idle = lock(&p.idle);
-                        let (i, inst) = idle.iter().enumerate().min_by_key(|(_, i)| i.last_used)?;
-                        Some((inst.last_used, p.clone(), i))
-                    })
-                    .min_by_key(|(t, _, _)| *t);
-                let Some((_, pool, i)) = victim else { break };
-                let inst = lock(&pool.idle).remove(i);
-                held = held.saturating_sub(inst.vmm.pss_bytes());
-                ended.push(inst);
-            }
-        }
-        let n = ended.len();
-        for inst in ended {
-            tracing::info!(
-                pid = inst.vmm.pid,
-                "idle instance ended (keep-alive or memory budget)"
-            );
-            self.end(inst.vmm).await;
-        }
-        n
-    }
-
-    fn held_bytes(&self, pools: &[Arc<Pool>]) -> u64 {
-        pools
-            .iter()
-            .map(|p| lock(&p.idle).iter().map(|i| i.vmm.pss_bytes()).sum::<u64>())
-            .sum()
-    }
-
-    /// Instance counts and memory, for `/metrics`.
-    pub async fn gauges(&self) -> Gauges {
-        let pools: Vec<Arc<Pool>> = lock(&self.pools).values().cloned().collect();
-        let mut instances = BTreeMap::new();
-        let mut instance_bytes = 0;
-        let mut template_bytes = 0;
-        for p in &pools {
-            let name = p.function.name.clone();
-            let idle = lock(&p.idle);
-            instances.insert((name.clone(), "idle"), idle.len() as u64);
-            instance_bytes += idle.iter().map(|i| i.vmm.pss_bytes()).sum::<u64>();
-            drop(idle);
-            instances.insert((name.clone(), "busy"), p.busy.load(Ordering::Relaxed));
-            if let Ok(z) = p.zygote.try_lock() {
-                if let Some(z) = z.as_ref() {
-                    instances.insert((name, "zygote"), 1);
-                    template_bytes += z.vmm.pss_bytes();
-                }
-            }
-        }
-        Gauges {
-            instances,
-            instance_bytes,
-            template_bytes,
-        }
-    }
-
     /// Ends every instance and zygote (daemon shutdown).
     pub async fn shutdown(&self) {
         let pools: Vec<Arc<Pool>> = lock(&self.pools).drain().map(|(_, p)| p).collect();
@@ -550,12 +333,19 @@ impl Manager {
 }
 
 impl Pool {
+    /// Whether the zygote is demoted under the memory budget.
+    fn demoted(&self) -> bool {
+        self.demoted_bytes.load(Ordering::Relaxed) > 0
+    }
+
     fn new(function: Function) -> Self {
         Pool {
             function,
             idle: Mutex::new(Vec::new()),
             zygote: tokio::sync::Mutex::new(None),
             busy: AtomicU64::new(0),
+            demoted_bytes: AtomicU64::new(0),
+            last_used_ms: AtomicU64::new(unix_ms()),
         }
     }
 }

@@ -1,0 +1,334 @@
+//! The start paths, fastest first: an idle **warm** instance; a **clone** of
+//! the version's zygote; a **restore** of the version's snapshot; a **cold**
+//! boot. A cold boot also writes the snapshot (once per version), and both
+//! a cold boot and a restore make the VM they started the zygote (unless
+//! zygotes are off, or demoted under the memory budget), the invocation then
+//! running on the zygote's first clone.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{AcquireError, Instance, Manager, Pool, Zygote, READY_LIMIT, STANDBY_CLONES};
+use crate::catalog::Function;
+use crate::code;
+use crate::invoke::InstanceConn;
+use crate::metrics::StartPath;
+use crate::runtime;
+use crate::snapshots::FunctionSnapshot;
+use crate::vmm::VmmProcess;
+
+fn start_err(e: anyhow::Error) -> AcquireError {
+    AcquireError::Start(format!("{e:#}"))
+}
+
+impl Manager {
+    pub(super) async fn acquire(
+        self: &Arc<Self>,
+        pool: &Arc<Pool>,
+    ) -> Result<(Instance, StartPath), AcquireError> {
+        // Warm: the most recently used idle instance (its pages are hottest).
+        loop {
+            let Some(mut inst) = super::lock(&pool.idle).pop() else {
+                break;
+            };
+            if inst.vmm.is_alive() {
+                return Ok((inst, StartPath::Warm));
+            }
+            self.end(inst.vmm).await;
+        }
+        let f = &pool.function;
+        let zygotes = !self.cfg.no_clones && !pool.demoted();
+        if !zygotes {
+            // Every start is its own VM: restored if the version has a
+            // snapshot, else booted (which makes the snapshot).
+            if let Some(snap) = self.usable_snapshot(f) {
+                match self.restore(f, &snap).await {
+                    Ok((vmm, conn)) => return Ok((instance(vmm, conn), StartPath::Restore)),
+                    Err(e) => self.snapshot_failed(f, e),
+                }
+            }
+            let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
+            let (vmm, conn) = self.snapshot_booted(f, vmm, conn).await?;
+            return Ok((instance(vmm, conn), StartPath::Cold));
+        }
+        let mut zygote = pool.zygote.lock().await;
+        if let Some(z) = zygote.as_mut() {
+            match self.clone_of(f, z).await {
+                Ok(inst) => return Ok((inst, StartPath::Clone)),
+                Err(e) => {
+                    // A zygote that cannot clone (its cap reached, its VMM
+                    // gone) is replaced by a restore or a cold start.
+                    tracing::warn!(function = %f.name, "zygote retired: {e:#}");
+                    if let Some(z) = zygote.take() {
+                        self.end_zygote(z).await;
+                    }
+                }
+            }
+        }
+        if let Some(snap) = self.usable_snapshot(f) {
+            let started = Instant::now();
+            match self.restore(f, &snap).await {
+                Ok((vmm, conn)) => {
+                    tracing::info!(function = %f.name, version = f.version,
+                        "restored in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+                    // The restored VM serves this invocation; the zygote is
+                    // made again by a boot in the background (a VM restored
+                    // from a file is not made a template).
+                    drop(zygote);
+                    let (me, pool) = (self.clone(), pool.clone());
+                    tokio::spawn(async move { me.remake_zygote(&pool).await });
+                    return Ok((instance(vmm, conn), StartPath::Restore));
+                }
+                Err(e) => self.snapshot_failed(f, e),
+            }
+        }
+        let started = Instant::now();
+        let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
+        tracing::info!(function = %f.name, version = f.version, init_us = conn.init_us,
+            "booted in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+        let (vmm, conn) = self.snapshot_booted(f, vmm, conn).await?;
+        let inst = self.become_zygote(f, vmm, conn, &mut zygote).await?;
+        Ok((inst, StartPath::Cold))
+    }
+
+    /// Boots the pool's function again to make its zygote, if it still has
+    /// none and is still the function's current pool.
+    async fn remake_zygote(&self, pool: &Arc<Pool>) {
+        let mut zygote = pool.zygote.lock().await;
+        let current = super::lock(&self.pools)
+            .get(&pool.function.name)
+            .is_some_and(|p| Arc::ptr_eq(p, pool));
+        if zygote.is_some() || !current || pool.demoted() {
+            return;
+        }
+        let f = &pool.function;
+        let made = async {
+            let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
+            self.become_zygote(f, vmm, conn, &mut zygote).await
+        }
+        .await;
+        match made {
+            // Its first clone waits as a warm instance.
+            Ok(inst) => self.release(pool, inst),
+            Err(e) => tracing::warn!(function = %f.name, "zygote not made again: {e}"),
+        }
+    }
+
+    /// The version's snapshot, when snapshots are on and one was made.
+    fn usable_snapshot(&self, f: &Function) -> Option<FunctionSnapshot> {
+        if self.cfg.no_snapshots {
+            return None;
+        }
+        self.snapshots.find(f)
+    }
+
+    /// A snapshot that does not restore is deleted: the next cold boot
+    /// writes a new one.
+    fn snapshot_failed(&self, f: &Function, e: anyhow::Error) {
+        tracing::warn!(function = %f.name, "restore failed, snapshot dropped: {e:#}");
+        self.snapshots.drop_snapshot(&f.name, f.version);
+    }
+
+    /// Writes the version's snapshot from a VM booted for it, if it has
+    /// none yet; the VM is then resumed and reconnected. A snapshot that
+    /// cannot be written is logged, not fatal: the instance still serves.
+    async fn snapshot_booted(
+        &self,
+        f: &Function,
+        vmm: VmmProcess,
+        conn: InstanceConn,
+    ) -> Result<(VmmProcess, InstanceConn), AcquireError> {
+        if self.cfg.no_snapshots || self.snapshots.find(f).is_some() {
+            return Ok((vmm, conn));
+        }
+        // The guest goes back to accepting when this connection closes; a
+        // restore resets vsock connections anyway.
+        drop(conn);
+        let started = Instant::now();
+        match self.snapshots.create(f, &vmm).await {
+            Ok(snap) => tracing::info!(function = %f.name, version = f.version,
+                "snapshot {} written in {:.1} ms", snap.dir.display(),
+                started.elapsed().as_secs_f64() * 1e3),
+            Err(e) => tracing::warn!(function = %f.name, "no snapshot: {e:#}"),
+        }
+        let resumed = vmm
+            .api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
+            .await;
+        let conn = match resumed {
+            Ok(_) => InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT)
+                .await
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        match conn {
+            Ok(conn) => Ok((vmm, conn)),
+            Err(e) => {
+                self.end(vmm).await;
+                Err(start_err(e))
+            }
+        }
+    }
+
+    /// Makes a started VM of `f` (booted or restored, its guest `Ready`) the
+    /// zygote and returns its first clone; if it cannot become a zygote,
+    /// returns it as a plain instance.
+    async fn become_zygote(
+        &self,
+        f: &Function,
+        vmm: VmmProcess,
+        conn: InstanceConn,
+        zygote_slot: &mut Option<Zygote>,
+    ) -> Result<Instance, AcquireError> {
+        let started = Instant::now();
+        // The guest goes back to accepting when this connection closes; the
+        // zygote is paused there.
+        drop(conn);
+        let clone_dir = vmm.run_dir.join("clones");
+        let mut z = Zygote { vmm, clone_dir };
+        let config = serde_json::json!({
+            "mode": "zygote", "standby": STANDBY_CLONES, "max_clones": 1000,
+            "socket_dir": z.clone_dir,
+        });
+        let made = async {
+            std::fs::create_dir_all(&z.clone_dir)?;
+            z.vmm
+                .api("PUT", "/clone/config", Some(config.to_string()))
+                .await?;
+            self.clone_of(f, &mut z).await
+        }
+        .await;
+        match made {
+            Ok(inst) => {
+                tracing::info!(function = %f.name, "zygote ready after {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1e3);
+                *zygote_slot = Some(z);
+                Ok(inst)
+            }
+            Err(e) => {
+                tracing::warn!(function = %f.name, "no zygote ({e:#}); serving from the VM itself");
+                let conn = InstanceConn::connect(&z.vmm.vsock_uds, READY_LIMIT)
+                    .await
+                    .map_err(|e| AcquireError::Start(e.to_string()))?;
+                Ok(instance(z.vmm, conn))
+            }
+        }
+    }
+
+    /// A fresh VMM booted with the function, connected and ready.
+    async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
+        let rt = runtime::find(&f.runtime)
+            .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
+        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir()).await?;
+        self.record(&vmm);
+        let image = code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler);
+        let setup = async {
+            for call in rt.configure(f, &image, &vmm.vsock_uds) {
+                vmm.api(call.method, call.path, Some(call.body)).await?;
+            }
+            vmm.api(
+                "PUT",
+                "/actions",
+                Some(r#"{"action_type":"InstanceStart"}"#.into()),
+            )
+            .await?;
+            anyhow::Ok(InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await?)
+        }
+        .await;
+        self.started_or_ended(vmm, setup).await
+    }
+
+    /// A fresh VMM restored from the version's snapshot, connected and ready.
+    async fn restore(
+        &self,
+        f: &Function,
+        snap: &FunctionSnapshot,
+    ) -> anyhow::Result<(VmmProcess, InstanceConn)> {
+        let mut vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir()).await?;
+        self.record(&vmm);
+        let setup = async {
+            self.snapshots.restore(snap, &mut vmm).await?;
+            anyhow::Ok(InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await?)
+        }
+        .await;
+        let started = self.started_or_ended(vmm, setup).await;
+        if let Err(e) = &started {
+            tracing::debug!(function = %f.name, "restore of {}: {e:#}", snap.dir.display());
+        }
+        started
+    }
+
+    /// The started VMM and its connection, or the VMM ended and the error
+    /// naming the end of its log.
+    async fn started_or_ended(
+        &self,
+        vmm: VmmProcess,
+        setup: anyhow::Result<InstanceConn>,
+    ) -> anyhow::Result<(VmmProcess, InstanceConn)> {
+        match setup {
+            Ok(conn) => Ok((vmm, conn)),
+            Err(e) => {
+                let tail = vmm.log_tail();
+                self.end(vmm).await;
+                Err(e.context(format!("VMM log: {tail}")))
+            }
+        }
+    }
+
+    /// One clone of the zygote, connected and ready.
+    async fn clone_of(&self, f: &Function, z: &mut Zygote) -> anyhow::Result<Instance> {
+        let body = serde_json::json!({ "count": 1, "socket_dir": z.clone_dir });
+        let asked = Instant::now();
+        let resp = z.vmm.api("PUT", "/clone", Some(body.to_string())).await?;
+        let cloned_us = asked.elapsed().as_micros();
+        let report: serde_json::Value = serde_json::from_str(&resp)?;
+        let clone = report
+            .get("clones")
+            .and_then(|c| c.get(0))
+            .ok_or_else(|| anyhow::anyhow!("PUT /clone answered no clone: {resp}"))?;
+        let field = |k: &str| {
+            clone
+                .get(k)
+                .and_then(|v| v.as_str())
+                .map(std::path::PathBuf::from)
+        };
+        let (Some(sock), Some(name), Some(pid)) = (
+            field("socket"),
+            clone.get("name").and_then(|v| v.as_str()),
+            clone.get("pid").and_then(|v| v.as_i64()),
+        ) else {
+            anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
+        };
+        let vsock = z.clone_dir.join(format!("{name}.vsock"));
+        let vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
+        self.record(&vmm);
+        match InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await {
+            Ok(conn) => {
+                tracing::debug!(
+                    function = %f.name,
+                    "clone: PUT /clone {cloned_us} µs, ready {} µs later",
+                    asked.elapsed().as_micros() - cloned_us
+                );
+                Ok(instance(vmm, conn))
+            }
+            Err(e) => {
+                self.end(vmm).await;
+                Err(anyhow::anyhow!("clone of {}: {e}", f.name))
+            }
+        }
+    }
+
+    /// Ends a zygote and removes its clones' directory (running clones
+    /// keep their mapped template; the kernel frees it with the last).
+    pub(super) async fn end_zygote(&self, z: Zygote) {
+        self.end(z.vmm).await;
+        let _ = std::fs::remove_dir_all(&z.clone_dir);
+    }
+}
+
+fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {
+    Instance {
+        vmm,
+        conn,
+        last_used: Instant::now(),
+    }
+}
