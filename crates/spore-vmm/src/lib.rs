@@ -12,6 +12,7 @@ pub mod config;
 pub mod devices;
 pub mod host;
 pub mod memory;
+pub mod persist;
 pub mod snapshot;
 pub mod vm;
 pub mod vmm;

@@ -307,7 +307,7 @@ impl HotplugMemory {
     pub fn resident_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         if self.private {
-            return crate::snapshot::memory::resident_ranges(
+            return super::pages::resident_ranges(
                 self.region.as_ptr(),
                 self.size as usize,
             )

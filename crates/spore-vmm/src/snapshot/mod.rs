@@ -11,16 +11,12 @@
 pub mod chain;
 pub mod dirty;
 pub mod format;
-pub mod hotplug_mem;
-pub mod layers;
 pub mod memory;
 pub mod merge;
-pub mod persist;
 pub mod restore;
 
 pub use chain::{ChainHead, LayerInfo, LayerPaths};
 pub use dirty::DirtyPages;
-pub use persist::Persist;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -43,7 +39,7 @@ use format::{
     DeviceInfo, FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef,
     FORMAT_VERSION,
 };
-use layers::MemoryLayers;
+use crate::memory::layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -191,23 +187,6 @@ impl ChainState {
             pending: DirtyPages::new(),
         }
     }
-}
-
-/// Writes a full snapshot of a paused VM (see [`create`]).
-pub fn create_full(
-    vm: &Vm,
-    config: &VmConfig,
-    state_path: &Path,
-    mem_path: &Path,
-) -> Result<SnapshotInfo, SnapshotError> {
-    create(
-        vm,
-        config,
-        LayerKind::Full,
-        state_path,
-        mem_path,
-        &mut ChainState::default(),
-    )
 }
 
 /// Writes a snapshot of a paused VM: a full one, or a diff holding only

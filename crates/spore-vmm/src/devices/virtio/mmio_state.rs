@@ -264,7 +264,7 @@ impl MmioTransport {
     }
 }
 
-impl crate::snapshot::Persist for MmioTransport {
+impl crate::persist::Persist for MmioTransport {
     type State = MmioTransportState;
     type Args = (Box<dyn VirtioDevice>, GuestMemoryMmap, Arc<VirtioInterrupt>);
     type Error = TransportStateError;

@@ -13,7 +13,7 @@
 use std::os::unix::fs::FileExt;
 
 use crate::memory::GuestRam;
-use crate::snapshot::layers::MemoryLayers;
+use crate::memory::layers::MemoryLayers;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EagerMethod {

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::memory::{GuestRam, MemoryError};
-use crate::snapshot::layers::MemoryLayers;
+use crate::memory::layers::MemoryLayers;
 use uffd::{PageSource, Uffd, UffdError, UffdServer};
 
 /// How the VMM fills RAM from a File backend (`restore_mode` in

@@ -8,11 +8,14 @@
 //! the region afresh from the memory file ([`HotplugMemory::from_snapshot_file`])
 //! and derives every pointer and KVM slot from that mapping.
 
+use std::fs::File;
+
 use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
 use crate::memory::hotplug::{HotplugError, HotplugMemory};
+use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
 
 /// The device's snapshot state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +76,7 @@ impl MemHandle {
             .into_iter()
             .map(|r| (r.first * bs, r.count * bs))
             .collect();
-        crate::snapshot::hotplug_mem::write_plugged(&s.backing, &runs, out, file_offset)
+        write_plugged(&s.backing, &runs, out, file_offset)
     }
 
     /// Plugged bytes right now.
@@ -140,6 +143,50 @@ impl VirtioMem {
             slot_size,
         )))
     }
+}
+
+/// Writes the data of the `plugged` byte ranges (region offsets, sorted)
+/// of `hp` into `out` at `file_offset` onward; the file is sized to
+/// `file_offset + hp.size()` first. The guest must be paused and the device
+/// quiesced. Returns the bytes written.
+fn write_plugged(
+    hp: &HotplugMemory,
+    plugged: &[(u64, u64)],
+    out: &File,
+    file_offset: u64,
+) -> std::io::Result<u64> {
+    out.set_len(file_offset + hp.size())?;
+    if plugged.is_empty() {
+        return Ok(0);
+    }
+    let (file, start) = hp.file();
+    let mut ranges = data_ranges_in(file, start, start + hp.size())?;
+    if hp.is_private() {
+        ranges.extend(resident_ranges(hp.host_addr(), hp.size() as usize)?);
+        ranges = merge(ranges);
+    }
+    // SAFETY: the region's mapping lives as long as `hp`; the guest is
+    // paused and the device's worker stopped, so nobody writes it now.
+    let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+    let mut written = 0;
+    let mut i = 0;
+    for &(ps, pl) in plugged {
+        let pe = ps + pl;
+        // Both lists are sorted: skip data ranges wholly before this run.
+        while i < ranges.len() && ranges[i].0 + ranges[i].1 <= ps {
+            i += 1;
+        }
+        let mut j = i;
+        while j < ranges.len() && ranges[j].0 < pe {
+            let lo = ranges[j].0.max(ps);
+            let hi = (ranges[j].0 + ranges[j].1).min(pe);
+            if lo < hi {
+                written += write_nonzero(&bytes[lo as usize..hi as usize], out, file_offset + lo)?;
+            }
+            j += 1;
+        }
+    }
+    Ok(written)
 }
 
 #[cfg(test)]
