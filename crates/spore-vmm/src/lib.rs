@@ -9,6 +9,7 @@ pub mod arch;
 pub mod builder;
 pub mod clone;
 pub mod config;
+pub mod device_manager;
 pub mod devices;
 pub mod host;
 pub mod memory;

@@ -18,9 +18,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, LayerKind, Manifest, ParentRef};
-use crate::memory::layers::MemoryLayers;
 use super::memory;
 use super::SnapshotError;
+use crate::memory::layers::MemoryLayers;
 
 /// Longest chain accepted (a crafted cycle of state files must not loop).
 pub const MAX_LAYERS: usize = 256;
@@ -201,7 +201,10 @@ fn read_layer(
         if let Some(z) = &manifest.layer.zero_runs {
             ranges.extend(z.iter().map(|r| (r[0], r[1])));
         }
-        let actual: u64 = crate::memory::pages::merge(ranges).iter().map(|r| r.1).sum();
+        let actual: u64 = crate::memory::pages::merge(ranges)
+            .iter()
+            .map(|r| r.1)
+            .sum();
         if actual != manifest.layer.mem_data_bytes {
             return Err(SnapshotError::DiffData {
                 path: mem_name,

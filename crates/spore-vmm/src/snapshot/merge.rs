@@ -57,8 +57,8 @@ pub fn merge(
         while off < end {
             let n = (end - off).min(CHUNK) as usize;
             src.read_exact_at(&mut buf[..n], off).map_err(mem_err)?;
-            data_bytes +=
-                crate::memory::pages::write_nonzero(&buf[..n], &mem_pending.file, off).map_err(mem_err)?;
+            data_bytes += crate::memory::pages::write_nonzero(&buf[..n], &mem_pending.file, off)
+                .map_err(mem_err)?;
             off += n as u64;
         }
     }

@@ -16,6 +16,8 @@ use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
 use crate::memory::hotplug::{HotplugError, HotplugMemory};
 use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
+use crate::memory::{GuestRam, MemoryError};
+use crate::persist::Persist;
 
 /// The device's snapshot state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +49,37 @@ pub enum MemStateError {
     Requested(u64),
     #[error("virtio-mem restore: {0}")]
     Slot(#[from] HotplugError),
+    #[error("a microVM with virtio-mem memory restores only through the lazy or eager File path (its region is mapped from the snapshot's memory file)")]
+    NotFromFile,
+    #[error("the snapshot memory file: {0}")]
+    File(#[source] std::io::Error),
+    #[error("virtio-mem region: {0}")]
+    Memory(#[from] MemoryError),
+}
+
+/// Maps a restored VM's hotplug region from the snapshot memory file its
+/// boot RAM (`ram`) was mapped from: the region follows boot RAM there.
+pub fn map_snapshot_region(
+    ram: &GuestRam,
+    addr: u64,
+    size: u64,
+    slot_size: u64,
+) -> Result<HotplugMemory, MemStateError> {
+    if !ram.is_private() {
+        return Err(MemStateError::NotFromFile);
+    }
+    let file = ram.memfd().try_clone().map_err(MemStateError::File)?;
+    let len = file.metadata().map_err(MemStateError::File)?.len();
+    if len < ram.size().saturating_add(size) {
+        return Err(MemStateError::NotFromFile);
+    }
+    Ok(HotplugMemory::from_snapshot_file(
+        file,
+        ram.size(),
+        addr,
+        size,
+        slot_size,
+    )?)
 }
 
 impl MemHandle {
@@ -187,6 +220,26 @@ fn write_plugged(
         }
     }
     Ok(written)
+}
+
+impl Persist for VirtioMem {
+    type State = VirtioMemState;
+    /// The region (mapped from the snapshot, with the VM attached), the
+    /// block size and the slot size.
+    type Args = (HotplugMemory, u64, u64);
+    type Error = MemStateError;
+
+    /// See [`MemHandle::save`].
+    fn save(&self) -> VirtioMemState {
+        self.handle().save()
+    }
+
+    fn restore(
+        (backing, block_size, slot_size): Self::Args,
+        state: &VirtioMemState,
+    ) -> Result<Self, MemStateError> {
+        VirtioMem::restore(backing, block_size, slot_size, state).map(|(device, _)| device)
+    }
 }
 
 #[cfg(test)]
