@@ -2,11 +2,12 @@
 //! sparse memory file, and check them before a restore.
 //!
 //! Each component owns its state type and save/restore (vCPUs in
-//! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`, the
-//! serial port, i8042 and every virtio-mmio transport next to their device);
-//! this module only gathers them into [`MicrovmState`], writes the files and
-//! reads them back. The builder ([`crate::builder::build_from_state`]) rebuilds a
-//! VM from them.
+//! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`,
+//! every device through [`crate::persist::Persist`], gathered by id in
+//! [`crate::device_manager`], which also writes the virtio-mem region);
+//! this module only composes them into [`MicrovmState`], writes the files
+//! and reads them back. The builder ([`crate::builder::build_from_state`])
+//! rebuilds a VM from them.
 
 pub mod chain;
 pub mod describe;
