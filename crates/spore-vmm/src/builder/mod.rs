@@ -359,3 +359,17 @@ fn assemble(p: VmPieces<'_>) -> Vm {
         irqchip: p.irqchip,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_manager::DeviceId;
+
+    #[test]
+    fn state_mismatches_name_the_device() {
+        let missing = BuildError::from(DeviceError::MissingState(DeviceId::drive("data")));
+        assert!(missing.to_string().contains("drive:data"), "{missing}");
+        let unknown = BuildError::from(DeviceError::UnknownDevice(DeviceId::balloon()));
+        assert!(unknown.to_string().contains("balloon"), "{unknown}");
+    }
+}
