@@ -329,7 +329,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
 }
 
 fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {
-    use spore_vmm::snapshot::layers::MemoryLayers;
+    use spore_vmm::memory::layers::MemoryLayers;
     use spore_vmm::snapshot::restore::uffd::{receive_from_vmm, serve_loop, PageSource, ServeLog};
     let file =
         std::fs::File::open(&a.mem).with_context(|| format!("opening {}", a.mem.display()))?;

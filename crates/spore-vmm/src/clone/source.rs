@@ -7,7 +7,7 @@
 //! clones of that request and resumes the source (a fresh zygote is undone).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
@@ -16,7 +16,7 @@ use super::{
     cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
-use crate::devices::virtio::mmio::MmioTransport;
+use crate::device_manager::PausedDevices;
 use crate::host::monotonic_ns;
 use crate::host::{lock, random_id};
 use crate::memory::template::MemoryLayer;
@@ -123,34 +123,6 @@ pub fn next_name(st: &mut CloneState) -> String {
     format!("{}-c{}", stem(st), st.names)
 }
 
-/// The source's devices, stopped while the template is made.
-struct Quiesced<'a> {
-    guards: Vec<MutexGuard<'a, MmioTransport>>,
-}
-
-impl<'a> Quiesced<'a> {
-    fn new(
-        transports: &'a [std::sync::Arc<std::sync::Mutex<MmioTransport>>],
-    ) -> Result<Self, CloneError> {
-        let mut me = Quiesced {
-            guards: transports.iter().map(|t| lock(t)).collect(),
-        };
-        for t in me.guards.iter_mut() {
-            if let Err(e) = t.quiesce() {
-                me.resume();
-                return Err(CloneError::Capture(format!("virtio device: {e}")));
-            }
-        }
-        Ok(me)
-    }
-
-    fn resume(&mut self) {
-        for t in self.guards.iter_mut() {
-            t.resume();
-        }
-    }
-}
-
 /// Pauses the VM, captures its state and freezes its memory as a template.
 /// In zygote mode the devices stay stopped (the VM never runs again); in
 /// continue mode they are restarted and RAM is re-mapped privately.
@@ -163,7 +135,9 @@ fn make_template(
     dir: &Path,
 ) -> Result<Arc<Template>, CloneError> {
     vm.pause().map_err(|e| CloneError::Capture(e.to_string()))?;
-    let mut devices = Quiesced::new(vm.virtio())?;
+    // The source's devices, stopped while the template is made.
+    let devices =
+        PausedDevices::new(vm.devices()).map_err(|e| CloneError::Capture(e.to_string()))?;
     let result = (|| {
         // The source stops writing its disk images (they become the clones'
         // shared bases): each writable drive goes on in a new overlay of its
@@ -177,9 +151,8 @@ fn make_template(
             }
         }
         let config = &*config;
-        let virtio = devices.guards.iter().map(|t| t.save()).collect();
         let state =
-            capture_state(vm, config, virtio).map_err(|e| CloneError::Capture(e.to_string()))?;
+            capture_state(vm, config, &devices).map_err(|e| CloneError::Capture(e.to_string()))?;
         let state = bincode::serialize(&state).map_err(|e| CloneError::Capture(e.to_string()))?;
         let ram = vm.ram();
         let mut layers: Vec<MemoryLayer> = Vec::new();
@@ -216,8 +189,9 @@ fn make_template(
             fork_vcpu,
         }))
     })();
-    if result.is_err() || mode == CloneMode::Continue {
-        devices.resume();
+    if result.is_ok() && mode == CloneMode::Zygote {
+        // A zygote never runs again: its devices stay stopped.
+        devices.keep_stopped();
     }
     result
 }

@@ -307,12 +307,9 @@ impl HotplugMemory {
     pub fn resident_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         if self.private {
-            return crate::snapshot::memory::resident_ranges(
-                self.region.as_ptr(),
-                self.size as usize,
-            )
-            .map(|r| r.iter().map(|(_, l)| l).sum())
-            .unwrap_or(0);
+            return super::pages::resident_ranges(self.region.as_ptr(), self.size as usize)
+                .map(|r| r.iter().map(|(_, l)| l).sum())
+                .unwrap_or(0);
         }
         self.memfd.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }

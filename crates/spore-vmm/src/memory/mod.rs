@@ -6,6 +6,8 @@
 //! once the guest (or a loader) touches them.
 
 pub mod hotplug;
+pub mod layers;
+pub mod pages;
 pub mod template;
 
 use std::fs::File;
@@ -19,7 +21,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion,
 
 use crate::arch::x86_64::layout;
 use crate::devices::virtio::{GuestMemoryMmap, GuestRegionMmap};
-use crate::snapshot::layers::MemoryLayers;
+use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {

@@ -18,9 +18,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, LayerKind, Manifest, ParentRef};
-use super::layers::MemoryLayers;
 use super::memory;
 use super::SnapshotError;
+use crate::memory::layers::MemoryLayers;
 
 /// Longest chain accepted (a crafted cycle of state files must not loop).
 pub const MAX_LAYERS: usize = 256;
@@ -44,7 +44,7 @@ pub struct LayerInfo {
 }
 
 /// A checked chain: `layers` newest first, `files` base first (the order
-/// [`super::layers::MemoryLayers`] takes), and the newest layer's binary
+/// [`MemoryLayers`] takes), and the newest layer's binary
 /// state.
 pub struct Chain {
     pub layers: Vec<LayerInfo>,
@@ -197,11 +197,14 @@ fn read_layer(
     if manifest.layer.kind == LayerKind::Diff {
         // The file's data plus the recorded zero pages (a copy may have
         // made holes of them) must be exactly what the diff wrote.
-        let mut ranges = memory::data_ranges(&file, expected).map_err(open_err)?;
+        let mut ranges = crate::memory::pages::data_ranges(&file, expected).map_err(open_err)?;
         if let Some(z) = &manifest.layer.zero_runs {
             ranges.extend(z.iter().map(|r| (r[0], r[1])));
         }
-        let actual: u64 = memory::merge(ranges).iter().map(|r| r.1).sum();
+        let actual: u64 = crate::memory::pages::merge(ranges)
+            .iter()
+            .map(|r| r.1)
+            .sum();
         if actual != manifest.layer.mem_data_bytes {
             return Err(SnapshotError::DiffData {
                 path: mem_name,

@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: &[u8; 8] = b"SPORESNP";
-pub const FORMAT_VERSION: u32 = 1;
+/// The state layout this spore writes and reads. 2: device states keyed by
+/// device id (version 1 matched virtio states to devices by attach order).
+pub const FORMAT_VERSION: u32 = 2;
 /// Manifests beyond this are not ours (keeps a hostile file from allocating).
 const MAX_MANIFEST: u32 = 1 << 20;
 /// Likewise for the binary state (xsave areas of many vCPUs fit easily).
@@ -38,7 +40,7 @@ pub enum FormatError {
     },
     #[error("{0}: not a spore snapshot state file (bad magic)")]
     Magic(String),
-    #[error("{path}: snapshot format version {found} is not supported (this spore reads version {FORMAT_VERSION})")]
+    #[error("{path}: snapshot format version {found} is not supported (this spore reads version {FORMAT_VERSION} only; take the snapshot again with this spore)")]
     Version { path: String, found: u32 },
     #[error("{0}: the file is truncated")]
     Truncated(String),
@@ -415,6 +417,21 @@ mod tests {
         g.push(0);
         assert!(decode("f", &g).is_err());
         assert!(matches!(decode("f", b"ELF..."), Err(FormatError::Magic(_))));
+    }
+
+    #[test]
+    fn an_older_format_is_refused_naming_both_versions() {
+        let mut bytes = encode(&manifest(3), b"abc").unwrap();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let e = decode("old.state", &bytes).err().unwrap();
+        assert!(matches!(e, FormatError::Version { found: 1, .. }), "{e}");
+        let message = e.to_string();
+        assert!(message.contains("version 1 "), "{message}");
+        assert!(
+            message.contains(&format!("version {FORMAT_VERSION} ")),
+            "{message}"
+        );
+        const { assert!(FORMAT_VERSION > 1) };
     }
 
     #[test]

@@ -18,9 +18,8 @@ use std::os::unix::fs::FileExt;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::dirty::DirtyPages;
+use crate::memory::pages::{data_ranges, merge, resident_ranges, write_nonzero, PAGE};
 use crate::memory::GuestRam;
-
-const PAGE: usize = 4096;
 
 /// Where a data range lies: an offset in the memory file and the host
 /// address of the same bytes.
@@ -33,35 +32,6 @@ fn region_spans(ram: &GuestRam) -> Vec<(u64, *const u8, usize)> {
         offset += len as u64;
     }
     spans
-}
-
-/// Data ranges of a shared memfd, as (offset, len), via SEEK_DATA/SEEK_HOLE.
-pub(crate) fn data_ranges(fd: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    let mut out = Vec::new();
-    let mut pos: i64 = 0;
-    let raw = fd.as_raw_fd();
-    while (pos as u64) < size {
-        // SAFETY: lseek on an fd we own; it only moves the file offset.
-        let start = unsafe { libc::lseek(raw, pos, libc::SEEK_DATA) };
-        if start < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break; // no data past pos
-            }
-            return Err(e);
-        }
-        // SAFETY: as above.
-        let end = unsafe { libc::lseek(raw, start, libc::SEEK_HOLE) };
-        if end < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let end = (end as u64).min(size);
-        if end > start as u64 {
-            out.push((start as u64, end - start as u64));
-        }
-        pos = end as i64;
-    }
-    Ok(out)
 }
 
 /// Writes the non-zero pages of RAM into `out` (already sized by the caller
@@ -191,91 +161,11 @@ pub fn read_tag(file: &File) -> Option<String> {
     String::from_utf8(buf.get(..n)?.to_vec()).ok()
 }
 
-/// Page ranges of a mapping that are resident (written copy-on-write, or
-/// read from the page cache), as (offset, len) within the mapping.
-pub(crate) fn resident_ranges(ptr: *const u8, len: usize) -> std::io::Result<Vec<(u64, u64)>> {
-    let pages = len.div_ceil(PAGE);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: [ptr, ptr + len) is one page-aligned mapping owned by the
-    // caller's GuestRam; mincore only fills `vec`, one byte per page.
-    let r = unsafe { libc::mincore(ptr as *mut libc::c_void, len, vec.as_mut_ptr()) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < pages {
-        if vec[i] & 1 == 0 {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < pages && vec[i] & 1 != 0 {
-            i += 1;
-        }
-        out.push(((start * PAGE) as u64, ((i - start) * PAGE) as u64));
-    }
-    Ok(out)
-}
-
-/// Sorts and merges overlapping or touching ranges.
-pub(crate) fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for (start, len) in ranges {
-        match out.last_mut() {
-            Some((s, l)) if start <= *s + *l => *l = (*l).max(start + len - *s),
-            _ => out.push((start, len)),
-        }
-    }
-    out
-}
-
-/// Writes runs of non-zero pages of `data` at `file_off` onward.
-pub(crate) fn write_nonzero(data: &[u8], out: &File, file_off: u64) -> std::io::Result<u64> {
-    let mut written = 0u64;
-    let mut run_start: Option<usize> = None;
-    let mut i = 0;
-    while i < data.len() {
-        let end = (i + PAGE).min(data.len());
-        let zero = data[i..end].iter().all(|&b| b == 0);
-        match (zero, run_start) {
-            (false, None) => run_start = Some(i),
-            (true, Some(s)) => {
-                out.write_all_at(&data[s..i], file_off + s as u64)?;
-                written += (i - s) as u64;
-                run_start = None;
-            }
-            _ => {}
-        }
-        i = end;
-    }
-    if let Some(s) = run_start {
-        out.write_all_at(&data[s..], file_off + s as u64)?;
-        written += (data.len() - s) as u64;
-    }
-    Ok(written)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
     use vm_memory::{Bytes, GuestAddress};
-
-    #[test]
-    fn ranges_merge() {
-        assert_eq!(
-            merge(vec![
-                (8192, 4096),
-                (0, 4096),
-                (4096, 4096),
-                (20480, 4096),
-                (16384, 8192)
-            ]),
-            vec![(0, 12288), (16384, 8192)]
-        );
-    }
 
     #[test]
     fn only_touched_pages_take_disk() {

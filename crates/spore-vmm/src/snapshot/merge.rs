@@ -2,7 +2,7 @@
 //! snapshot (Firecracker's `rebase-snap`, built in), and `inspect`'s view
 //! of a chain.
 //!
-//! The merged memory is, page by page, what [`MemoryLayers::extents`]
+//! The merged memory is, page by page, what [`crate::memory::layers::MemoryLayers::extents`]
 //! resolves (newest layer wins), written sparsely: all-zero pages become
 //! holes, which a full layer reads as zeros. The state is the newest
 //! layer's, unchanged; the manifest becomes a full layer with a new id (a
@@ -57,8 +57,8 @@ pub fn merge(
         while off < end {
             let n = (end - off).min(CHUNK) as usize;
             src.read_exact_at(&mut buf[..n], off).map_err(mem_err)?;
-            data_bytes +=
-                memory::write_nonzero(&buf[..n], &mem_pending.file, off).map_err(mem_err)?;
+            data_bytes += crate::memory::pages::write_nonzero(&buf[..n], &mem_pending.file, off)
+                .map_err(mem_err)?;
             off += n as u64;
         }
     }

@@ -2,25 +2,23 @@
 //! sparse memory file, and check them before a restore.
 //!
 //! Each component owns its state type and save/restore (vCPUs in
-//! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`, the
-//! serial port, i8042 and every virtio-mmio transport next to their device);
-//! this module only gathers them into [`MicrovmState`], writes the files and
-//! reads them back. The builder ([`crate::builder::build_from_state`]) rebuilds a
-//! VM from them.
+//! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`,
+//! every device through [`crate::persist::Persist`], gathered by id in
+//! [`crate::device_manager`], which also writes the virtio-mem region);
+//! this module only composes them into [`MicrovmState`], writes the files
+//! and reads them back. The builder ([`crate::builder::build_from_state`])
+//! rebuilds a VM from them.
 
 pub mod chain;
+pub mod describe;
 pub mod dirty;
 pub mod format;
-pub mod hotplug_mem;
-pub mod layers;
 pub mod memory;
 pub mod merge;
-pub mod persist;
 pub mod restore;
 
 pub use chain::{ChainHead, LayerInfo, LayerPaths};
 pub use dirty::DirtyPages;
-pub use persist::Persist;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -29,21 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::vcpu_state::{saveable_msrs, VcpuState};
 use crate::config::VmConfig;
-use crate::devices::legacy::i8042::I8042State;
-use crate::devices::legacy::serial::SerialSnapshot;
-use crate::devices::tmem::TmemState;
-use crate::devices::virtio::balloon::BalloonState;
-use crate::devices::virtio::device_type;
-use crate::devices::virtio::mem::VirtioMemState;
-use crate::devices::virtio::mmio::state::MmioTransportState;
+use crate::device_manager::{DeviceStates, PausedDevices};
 use crate::host::{lock, random_id};
+use crate::memory::layers::MemoryLayers;
 use crate::vm::vm_state::VmState;
 use crate::vm::{GuestKind, RunState, Vm};
 use format::{
-    DeviceInfo, FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef,
-    FORMAT_VERSION,
+    FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
 };
-use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -130,27 +121,13 @@ pub struct MicrovmState {
     pub mem_size: u64,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
-    pub serial: SerialSnapshot,
-    pub i8042: Option<I8042State>,
-    /// In attach order.
-    pub virtio: Vec<MmioTransportState>,
+    /// Every device's own state (the tmem pool too: it lives in VMM
+    /// memory), keyed by device id.
+    pub devices: DeviceStates,
     /// The clone generation (`spore_abi::signal`), 0 for a booted VM.
     pub generation: u64,
     /// Each vCPU's signal-port result register (what its next `in` reads).
     pub signal_results: Vec<u32>,
-    /// The tmem pool: it lives in VMM memory, not guest memory.
-    pub tmem: TmemState,
-    /// Device state beyond the transport, for devices that have any.
-    pub elastic: ElasticState,
-}
-
-/// The memory devices' own state (beyond their transports).
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct ElasticState {
-    pub balloon: Option<BalloonState>,
-    /// The virtio-mem device; its region's memory follows boot RAM in the
-    /// memory file.
-    pub mem: Option<VirtioMemState>,
 }
 
 impl MicrovmState {
@@ -160,7 +137,7 @@ impl MicrovmState {
 
     /// Size of the memory file: boot RAM, then the hotplug region if any.
     pub fn mem_file_size(&self) -> u64 {
-        self.mem_size + self.elastic.mem.as_ref().map_or(0, |m| m.region_size)
+        self.mem_size + self.devices.virtio_mem().map_or(0, |m| m.region_size)
     }
 }
 
@@ -191,23 +168,6 @@ impl ChainState {
             pending: DirtyPages::new(),
         }
     }
-}
-
-/// Writes a full snapshot of a paused VM (see [`create`]).
-pub fn create_full(
-    vm: &Vm,
-    config: &VmConfig,
-    state_path: &Path,
-    mem_path: &Path,
-) -> Result<SnapshotInfo, SnapshotError> {
-    create(
-        vm,
-        config,
-        LayerKind::Full,
-        state_path,
-        mem_path,
-        &mut ChainState::default(),
-    )
 }
 
 /// Writes a snapshot of a paused VM: a full one, or a diff holding only
@@ -252,34 +212,23 @@ pub fn create(
             Some(head) => head.check_diff_target(state_path, mem_path)?,
         }
     }
-    let transports: Vec<_> = vm.virtio().iter().map(|t| lock(t)).collect();
-    let mut guards = transports;
-    let mut result = Ok(());
-    for t in guards.iter_mut() {
-        if let Err(e) = t.quiesce() {
-            result = Err(capture("virtio device")(e.to_string()));
-            break;
-        }
+    // Device workers stop here and restart when `paused` is dropped.
+    let paused =
+        PausedDevices::new(vm.devices()).map_err(|e| capture("virtio device")(e.to_string()))?;
+    if tracking {
+        // Devices are quiesced and vCPUs paused: nothing writes now.
+        let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
+        chain.pending.merge(&dirty);
     }
-    let out = result.and_then(|()| {
-        if tracking {
-            // Devices are quiesced and vCPUs paused: nothing writes now.
-            let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
-            chain.pending.merge(&dirty);
-        }
-        let virtio: Vec<_> = guards.iter().map(|t| t.save()).collect();
-        let mem = match (kind, &chain.head) {
-            (LayerKind::Diff, Some(head)) => MemoryContent::Diff {
-                dirty: &chain.pending,
-                parent: head.parent_ref(state_path),
-            },
-            _ => MemoryContent::Full,
-        };
-        write_snapshot(vm, config, virtio, state_path, mem_path, mem)
-    });
-    for t in guards.iter_mut() {
-        t.resume();
-    }
+    let mem = match (kind, &chain.head) {
+        (LayerKind::Diff, Some(head)) => MemoryContent::Diff {
+            dirty: &chain.pending,
+            parent: head.parent_ref(state_path),
+        },
+        _ => MemoryContent::Full,
+    };
+    let out = write_snapshot(vm, config, &paused, state_path, mem_path, mem);
+    drop(paused);
     let (info, head) = out?;
     chain.pending.clear();
     chain.head = Some(head);
@@ -287,12 +236,12 @@ pub fn create(
 }
 
 /// Captures a paused VM's vCPU, VM-wide and device state (not memory),
-/// given its virtio transports' states saved while quiesced. Snapshots
-/// write it out; clones hand it to a new process.
+/// its devices stopped by `devices`. Snapshots write it out; clones hand
+/// it to a new process.
 pub fn capture_state(
     vm: &Vm,
     config: &VmConfig,
-    virtio: Vec<MmioTransportState>,
+    devices: &PausedDevices<'_>,
 ) -> Result<MicrovmState, SnapshotError> {
     let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
     let mut vcpus = Vec::new();
@@ -312,17 +261,11 @@ pub fn capture_state(
         mem_size: vm.ram().size(),
         vm: vm_state,
         vcpus,
-        serial: lock(vm.serial()).save(),
-        i8042: vm.i8042().map(|d| lock(d).save()),
-        virtio,
+        devices: devices
+            .save_states()
+            .map_err(|e| capture("device state")(e.to_string()))?,
         generation: vm.generation(),
         signal_results: vm.signal_results(),
-        tmem: vm.tmem().save(),
-        // Read while the devices are quiesced, like the transports.
-        elastic: ElasticState {
-            balloon: vm.balloon().map(|b| b.save()),
-            mem: vm.mem_hotplug().map(|m| m.save()),
-        },
     })
 }
 
@@ -340,12 +283,12 @@ enum MemoryContent<'a> {
 fn write_snapshot(
     vm: &Vm,
     config: &VmConfig,
-    virtio: Vec<MmioTransportState>,
+    devices: &PausedDevices<'_>,
     state_path: &Path,
     mem_path: &Path,
     content: MemoryContent<'_>,
 ) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {
-    let state = capture_state(vm, config, virtio)?;
+    let state = capture_state(vm, config, devices)?;
     let state_bytes =
         bincode::serialize(&state).map_err(|e| capture("the state")(e.to_string()))?;
 
@@ -369,20 +312,21 @@ fn write_snapshot(
             (LayerKind::Diff, Some(parent), n, zeros)
         }
     };
-    let hotplug = match (vm.mem_hotplug(), &state.elastic.mem) {
-        (Some(h), Some(m)) => {
-            let written = h
-                .write_memory(&mem_pending.file, state.mem_size)
-                .map_err(mem_err)?;
-            data_bytes += written;
+    // The virtio-mem region follows boot RAM in the memory file.
+    let written = devices
+        .write_device_memory(&mem_pending.file, state.mem_size)
+        .map_err(mem_err)?;
+    let hotplug = match (written, state.devices.virtio_mem()) {
+        (Some(w), Some(m)) => {
+            data_bytes += w.data_bytes;
             Some(HotplugRegionInfo {
                 guest_addr: m.addr,
                 file_offset: state.mem_size,
                 region_size_bytes: m.region_size,
                 block_size_bytes: m.block_size,
-                plugged_bytes: h.plugged_bytes(),
+                plugged_bytes: w.plugged_bytes,
                 requested_bytes: m.requested_size,
-                data_bytes: written,
+                data_bytes: w.data_bytes,
             })
         }
         _ => None,
@@ -401,7 +345,7 @@ fn write_snapshot(
         guest: format!("{:?}", state.kind).to_lowercase(),
         vcpu_count: state.vcpus.len() as u32,
         mem_size_bytes: state.mem_size,
-        devices: devices(config, &state),
+        devices: describe::devices(config, &state),
         layer: Layer {
             id,
             kind,
@@ -429,92 +373,6 @@ fn write_snapshot(
         vcpu_count: manifest.vcpu_count,
     };
     Ok((SnapshotInfo { manifest }, head))
-}
-
-fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
-    let mut out = vec![DeviceInfo {
-        kind: "serial".into(),
-        detail: "COM1".into(),
-    }];
-    if state.i8042.is_some() {
-        out.push(DeviceInfo {
-            kind: "i8042".into(),
-            detail: String::new(),
-        });
-    }
-    let mut drives: Vec<_> = config.drives.iter().collect();
-    drives.sort_by_key(|d| !d.is_root_device);
-    let mut drives = drives.into_iter();
-    for t in &state.virtio {
-        let (kind, detail) = match t.device_type {
-            device_type::BLOCK => (
-                "virtio-blk",
-                drives
-                    .next()
-                    .map(|d| {
-                        format!(
-                            "{} {} ({})",
-                            d.drive_id,
-                            d.path_on_host,
-                            if d.is_read_only { "ro" } else { "rw" }
-                        )
-                    })
-                    .unwrap_or_default(),
-            ),
-            device_type::RNG => ("virtio-rng", String::new()),
-            device_type::BALLOON => (
-                "virtio-balloon",
-                state
-                    .elastic
-                    .balloon
-                    .as_ref()
-                    .map(|b| {
-                        format!(
-                            "target {} pages, actual {} pages",
-                            b.target_pages, b.actual_pages
-                        )
-                    })
-                    .unwrap_or_default(),
-            ),
-            device_type::MEM => (
-                "virtio-mem",
-                state
-                    .elastic
-                    .mem
-                    .as_ref()
-                    .map(|m| {
-                        let plugged: u32 = m.plugged.iter().map(|w| w.count_ones()).sum();
-                        format!(
-                            "region {:#x}+{} MiB, {} MiB plugged, {} MiB requested",
-                            m.addr,
-                            m.region_size >> 20,
-                            (u64::from(plugged) * m.block_size) >> 20,
-                            m.requested_size >> 20
-                        )
-                    })
-                    .unwrap_or_default(),
-            ),
-            device_type::VSOCK => (
-                "virtio-vsock",
-                config
-                    .vsock
-                    .as_ref()
-                    .map(|v| format!("cid {} {}", v.guest_cid, v.uds_path))
-                    .unwrap_or_default(),
-            ),
-            _ => ("virtio", format!("type {}", t.device_type)),
-        };
-        let detail = match (detail.is_empty(), t.activated) {
-            (_, true) => detail,
-            (true, false) => "inactive".to_string(),
-            (false, false) => format!("{detail}, inactive"),
-        };
-        out.push(DeviceInfo {
-            kind: kind.into(),
-            detail,
-        });
-    }
-    out
 }
 
 /// A snapshot read from disk and checked, with every layer of its chain.
@@ -668,13 +526,9 @@ mod tests {
                 clock: Default::default(),
             },
             vcpus: vec![vcpu()],
-            serial: Default::default(),
-            i8042: None,
-            virtio: Vec::new(),
+            devices: Default::default(),
             generation: 0,
             signal_results: vec![0],
-            tmem: Default::default(),
-            elastic: Default::default(),
         };
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
@@ -684,7 +538,7 @@ mod tests {
             guest: "unikernel".into(),
             vcpu_count: vcpus_in_manifest,
             mem_size_bytes: mib << 20,
-            devices: devices(&config, &state),
+            devices: describe::devices(&config, &state),
             layer: Layer {
                 id: random_id(),
                 kind: LayerKind::Full,

@@ -76,7 +76,7 @@ impl Vm {
                 .write_obj(id.generation, GuestAddress(GENERATION_ADDR))
                 .map_err(|e| IdentityError::Memory(e.to_string()))?;
         }
-        match (&self.vsock, id.vsock_cid) {
+        match (&self.devices().handles().vsock, id.vsock_cid) {
             (None, Some(cid)) => return Err(IdentityError::NoVsock(cid)),
             (None, None) => {}
             (Some(vsock), cid) => {
@@ -107,7 +107,7 @@ impl Vm {
     pub fn freeze_disks_for_clone(&self, dir: &Path) -> Result<Vec<FrozenDrive>, FreezeError> {
         let prefix = format!("source-{}", std::process::id());
         let mut changed = Vec::new();
-        for drive in &self.drives {
+        for drive in &self.devices().handles().drives {
             if let Some(cow_overlay) = drive.freeze(dir, &prefix)? {
                 changed.push(FrozenDrive {
                     drive_id: drive.id().to_string(),

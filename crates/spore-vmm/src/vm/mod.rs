@@ -12,15 +12,14 @@ use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
+use crate::device_manager::VmDevices;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::legacy::signal::{Mark, SignalPort};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::BalloonHandle;
-use crate::devices::virtio::blk::BlockHandle;
 use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::vsock::VsockHandle;
 use crate::host::lock;
 use crate::memory::GuestRam;
 use control::{PauseTimeout, RunControl, StopReason};
@@ -58,22 +57,12 @@ pub enum VmError {
 pub struct Vm {
     control: Arc<RunControl>,
     io: Arc<VcpuIo>,
-    serial: Arc<Mutex<SerialDevice>>,
-    i8042: Option<Arc<Mutex<I8042>>>,
     /// Created and configured, waiting for `start`.
     pending: Vec<Vcpu>,
     threads: Vec<VcpuThread>,
-    /// The virtio-mmio transports (also on the MMIO bus), in guest order.
-    /// Dropped before the VM fd and RAM: dropping one stops its device worker.
-    virtio: Vec<Arc<Mutex<MmioTransport>>>,
-    /// The balloon's target, actual and statistics, if the VM has one.
-    balloon: Option<BalloonHandle>,
-    /// The virtio-mem device's handle, if the VM has one.
-    mem_hotplug: Option<MemHandle>,
-    /// Every drive's disk, in attach order (freezing to copy-on-write).
-    drives: Vec<BlockHandle>,
-    /// The vsock device's CID, if the VM has one (clone identity).
-    vsock: Option<VsockHandle>,
+    /// Every device. The virtio ones are dropped before the VM fd and RAM:
+    /// dropping one stops its device worker.
+    devices: VmDevices,
     /// Every vCPU's KVM handle, in id order (a snapshot reads them while parked).
     vcpu_fds: Vec<Arc<Mutex<VcpuFd>>>,
     /// Every vCPU's signal-port result register, in id order.
@@ -94,14 +83,8 @@ pub struct VmParts {
     pub ram: GuestRam,
     pub control: Arc<RunControl>,
     pub io: Arc<VcpuIo>,
-    pub serial: Arc<Mutex<SerialDevice>>,
-    pub i8042: Option<Arc<Mutex<I8042>>>,
+    pub devices: VmDevices,
     pub vcpus: Vec<Vcpu>,
-    pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
-    pub balloon: Option<BalloonHandle>,
-    pub mem_hotplug: Option<MemHandle>,
-    pub drives: Vec<BlockHandle>,
-    pub vsock: Option<VsockHandle>,
     pub kind: GuestKind,
     /// Whether KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) exists.
     pub irqchip: bool,
@@ -118,15 +101,9 @@ impl Vm {
             irqchip: p.irqchip,
             control: p.control,
             io: p.io,
-            serial: p.serial,
-            i8042: p.i8042,
+            devices: p.devices,
             pending: p.vcpus,
             threads: Vec::new(),
-            virtio: p.virtio,
-            balloon: p.balloon,
-            mem_hotplug: p.mem_hotplug,
-            drives: p.drives,
-            vsock: p.vsock,
             vm_fd: p.vm_fd,
             kvm: p.kvm,
             ram: p.ram,
@@ -214,7 +191,7 @@ impl Vm {
     }
 
     pub fn send_ctrl_alt_del(&self) -> Result<(), VmError> {
-        let kbd = self.i8042.as_ref().ok_or(VmError::NoKeyboard)?;
+        let kbd = self.devices.i8042().ok_or(VmError::NoKeyboard)?;
         lock(kbd).send_ctrl_alt_del();
         Ok(())
     }
@@ -230,16 +207,16 @@ impl Vm {
 
     /// The balloon device's handle, if the VM has one.
     pub fn balloon(&self) -> Option<&BalloonHandle> {
-        self.balloon.as_ref()
+        self.devices.handles().balloon.as_ref()
     }
 
     /// The virtio-mem device, if configured.
     pub fn mem_hotplug(&self) -> Option<&MemHandle> {
-        self.mem_hotplug.as_ref()
+        self.devices.handles().mem.as_ref()
     }
 
     pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
-        &self.serial
+        self.devices.serial()
     }
 
     /// The VM's tmem device (disabled ones answer every call with DISABLED).
@@ -288,11 +265,16 @@ impl Vm {
     }
 
     pub fn i8042(&self) -> Option<&Arc<Mutex<I8042>>> {
-        self.i8042.as_ref()
+        self.devices.i8042()
+    }
+
+    /// Every device, for captures ([`crate::device_manager::PausedDevices`]).
+    pub fn devices(&self) -> &VmDevices {
+        &self.devices
     }
 
     pub fn virtio(&self) -> &[Arc<Mutex<MmioTransport>>] {
-        &self.virtio
+        self.devices.transports()
     }
 
     /// Starts the vCPU threads parked, as a restored VM waits for a resume.
@@ -311,7 +293,6 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.stop(StopReason::Requested);
-        self.virtio.clear();
-        self.mem_hotplug = None;
+        self.devices.detach_virtio();
     }
 }

@@ -212,7 +212,7 @@ impl BusDevice for I8042 {
     }
 }
 
-impl crate::snapshot::Persist for I8042 {
+impl crate::persist::Persist for I8042 {
     type State = I8042State;
     type Args = (EventFd, Box<dyn Fn() + Send>);
     type Error = std::convert::Infallible;

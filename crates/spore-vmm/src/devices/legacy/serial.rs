@@ -123,7 +123,7 @@ impl SerialDevice {
     }
 }
 
-impl crate::snapshot::Persist for SerialDevice {
+impl crate::persist::Persist for SerialDevice {
     type State = SerialSnapshot;
     type Args = (IrqTrigger, SerialOut);
     type Error = String;

@@ -232,7 +232,7 @@ impl TmemDevice {
     }
 }
 
-impl crate::snapshot::Persist for TmemDevice {
+impl crate::persist::Persist for TmemDevice {
     type State = TmemState;
     type Args = ();
     type Error = PoolStateError;

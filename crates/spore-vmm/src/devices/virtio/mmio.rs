@@ -170,6 +170,11 @@ impl MmioTransport {
         &self.interrupt
     }
 
+    /// The device behind the transport (its snapshot state is its own).
+    pub fn device(&self) -> &dyn VirtioDevice {
+        self.device.as_ref()
+    }
+
     pub fn device_type(&self) -> u32 {
         self.device.device_type()
     }

@@ -141,11 +141,13 @@ impl MmioTransport {
         Ok(())
     }
 
-    /// Restarts a device stopped by [`Self::quiesce`].
-    pub fn resume(&mut self) {
+    /// Restarts a device stopped by [`Self::quiesce`]. Returns false if the
+    /// device should run but could not be re-activated.
+    pub fn resume(&mut self) -> bool {
         if self.should_run() && !self.activated {
             self.activate();
         }
+        self.activated || !self.should_run()
     }
 
     /// The transport's state. Call on a quiesced device (or one never
@@ -264,7 +266,7 @@ impl MmioTransport {
     }
 }
 
-impl crate::snapshot::Persist for MmioTransport {
+impl crate::persist::Persist for MmioTransport {
     type State = MmioTransportState;
     type Args = (Box<dyn VirtioDevice>, GuestMemoryMmap, Arc<VirtioInterrupt>);
     type Error = TransportStateError;

@@ -65,7 +65,10 @@ pub enum ActivateError {
 }
 
 /// A virtio device model, independent of its transport.
-pub trait VirtioDevice: Send {
+///
+/// `Any` lets the device manager reach a device's own snapshot state
+/// ([`crate::persist::Persist`]) behind the transport's trait object.
+pub trait VirtioDevice: Send + std::any::Any {
     /// Virtio device id, see [`device_type`].
     fn device_type(&self) -> u32;
     /// Maximum size of each queue; the length is the number of queues.

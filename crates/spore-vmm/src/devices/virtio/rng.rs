@@ -23,6 +23,25 @@ pub const MAX_BYTES_PER_CHAIN: u32 = 64 * 1024;
 /// Bytes generated per getrandom call and guest-memory write.
 const CHUNK: usize = 4096;
 
+/// The rng's snapshot state: it has none beyond its transport (the
+/// entropy source is the host's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RngState {}
+
+impl crate::persist::Persist for Rng {
+    type State = RngState;
+    type Args = ();
+    type Error = std::convert::Infallible;
+
+    fn save(&self) -> RngState {
+        RngState {}
+    }
+
+    fn restore((): (), _state: &RngState) -> Result<Self, Self::Error> {
+        Ok(Rng::new())
+    }
+}
+
 /// A virtio entropy device.
 #[derive(Default)]
 pub struct Rng {

@@ -12,8 +12,8 @@
 
 use std::os::unix::fs::FileExt;
 
+use crate::memory::layers::MemoryLayers;
 use crate::memory::GuestRam;
-use crate::snapshot::layers::MemoryLayers;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EagerMethod {

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::memory::layers::MemoryLayers;
 use crate::memory::{GuestRam, MemoryError};
-use crate::snapshot::layers::MemoryLayers;
 use uffd::{PageSource, Uffd, UffdError, UffdServer};
 
 /// How the VMM fills RAM from a File backend (`restore_mode` in

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::snapshot::layers::{Extent, MemoryLayers};
+use crate::memory::layers::{Extent, MemoryLayers};
 
 const PAGE: u64 = 4096;
 /// Pages the built-in handler copies per fault when it can (64 KiB, the

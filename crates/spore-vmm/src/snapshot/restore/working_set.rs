@@ -428,7 +428,7 @@ fn end(path: &Path, id: &str, log: &ServeLog, source: &PageSource) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::layers::MemoryLayers;
+    use crate::memory::layers::MemoryLayers;
     use crate::snapshot::restore::uffd::regions_of;
     use vm_memory::{Bytes, GuestAddress};
 
@@ -460,7 +460,7 @@ mod tests {
             let v: u8 = ram.memory().read_obj(GuestAddress(p * PAGE)).unwrap();
             assert_eq!(v, p as u8);
         }
-        let resident = crate::snapshot::memory::data_ranges(ram.memfd(), size).unwrap();
+        let resident = crate::memory::pages::data_ranges(ram.memfd(), size).unwrap();
         let pages: u64 = resident.iter().map(|r| r.1 / PAGE).sum();
         assert_eq!(pages, 3, "{resident:?}");
         // Loaded pages, zero ones included, never reach the handler.
@@ -495,7 +495,7 @@ mod tests {
             matches!(load(&bad, "abc", &ram), Err(WsLoad::Ignored(w)) if w.contains("checksum"))
         );
         // The failed load left nothing behind.
-        assert!(crate::snapshot::memory::data_ranges(ram.memfd(), size)
+        assert!(crate::memory::pages::data_ranges(ram.memfd(), size)
             .unwrap()
             .is_empty());
         std::fs::write(&bad, &bytes[..bytes.len() - 4096]).unwrap();

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::device::{Balloon, BalloonHandle, BalloonSettings, ReleaseCounters};
 use super::request::GuestStats;
 use crate::host::lock;
+use crate::persist::Persist;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalloonState {
@@ -124,5 +125,21 @@ impl Balloon {
             st.restored_held_stats = state.held_stats;
         }
         Ok(balloon)
+    }
+}
+
+impl Persist for Balloon {
+    type State = BalloonState;
+    /// The balloon the VM's configuration describes.
+    type Args = BalloonSettings;
+    type Error = BalloonStateError;
+
+    /// See [`BalloonHandle::save`]: quiesce the device first.
+    fn save(&self) -> BalloonState {
+        self.handle().save()
+    }
+
+    fn restore(settings: BalloonSettings, state: &BalloonState) -> Result<Self, Self::Error> {
+        Balloon::restore(settings, state)
     }
 }

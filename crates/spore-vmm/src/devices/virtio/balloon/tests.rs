@@ -610,7 +610,7 @@ fn snapshot_round_trip_keeps_the_held_stats_buffer() {
         .stats
         .total_memory
         .is_some()));
-    // Snapshot as `snapshot::create_full` does: quiesce, save both, resume.
+    // Snapshot as `snapshot::create` does: quiesce, save both, resume.
     t.quiesce().unwrap();
     let tstate = t.save();
     let bstate = handle.save();

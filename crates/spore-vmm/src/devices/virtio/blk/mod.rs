@@ -17,12 +17,14 @@ pub mod backend;
 pub mod device;
 pub mod disk;
 pub mod overlay;
+pub mod persist;
 pub mod request;
 
 use std::path::PathBuf;
 
 pub use device::Block;
 pub use disk::{BlockHandle, FreezeError};
+pub use persist::{BlockState, BlockStateError};
 
 /// Bytes per virtio-blk sector, whatever the image's real block size.
 pub const SECTOR_SIZE: u64 = 512;

@@ -264,6 +264,13 @@ impl VirtioMem {
         Self::from_state(State::new(blocks, backing, 0, slot_size))
     }
 
+    /// Another handle on this device, for the API.
+    pub fn handle(&self) -> MemHandle {
+        MemHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
     pub(super) fn from_state(state: State) -> (Self, MemHandle) {
         let shared = Shared::new(state);
         let handle = MemHandle {

@@ -8,11 +8,16 @@
 //! the region afresh from the memory file ([`HotplugMemory::from_snapshot_file`])
 //! and derives every pointer and KVM slot from that mapping.
 
+use std::fs::File;
+
 use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
 use crate::memory::hotplug::{HotplugError, HotplugMemory};
+use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
+use crate::memory::{GuestRam, MemoryError};
+use crate::persist::Persist;
 
 /// The device's snapshot state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +49,37 @@ pub enum MemStateError {
     Requested(u64),
     #[error("virtio-mem restore: {0}")]
     Slot(#[from] HotplugError),
+    #[error("a microVM with virtio-mem memory restores only through the lazy or eager File path (its region is mapped from the snapshot's memory file)")]
+    NotFromFile,
+    #[error("the snapshot memory file: {0}")]
+    File(#[source] std::io::Error),
+    #[error("virtio-mem region: {0}")]
+    Memory(#[from] MemoryError),
+}
+
+/// Maps a restored VM's hotplug region from the snapshot memory file its
+/// boot RAM (`ram`) was mapped from: the region follows boot RAM there.
+pub fn map_snapshot_region(
+    ram: &GuestRam,
+    addr: u64,
+    size: u64,
+    slot_size: u64,
+) -> Result<HotplugMemory, MemStateError> {
+    if !ram.is_private() {
+        return Err(MemStateError::NotFromFile);
+    }
+    let file = ram.memfd().try_clone().map_err(MemStateError::File)?;
+    let len = file.metadata().map_err(MemStateError::File)?.len();
+    if len < ram.size().saturating_add(size) {
+        return Err(MemStateError::NotFromFile);
+    }
+    Ok(HotplugMemory::from_snapshot_file(
+        file,
+        ram.size(),
+        addr,
+        size,
+        slot_size,
+    )?)
 }
 
 impl MemHandle {
@@ -73,7 +109,7 @@ impl MemHandle {
             .into_iter()
             .map(|r| (r.first * bs, r.count * bs))
             .collect();
-        crate::snapshot::hotplug_mem::write_plugged(&s.backing, &runs, out, file_offset)
+        write_plugged(&s.backing, &runs, out, file_offset)
     }
 
     /// Plugged bytes right now.
@@ -139,6 +175,70 @@ impl VirtioMem {
             state.requested_size,
             slot_size,
         )))
+    }
+}
+
+/// Writes the data of the `plugged` byte ranges (region offsets, sorted)
+/// of `hp` into `out` at `file_offset` onward; the file is sized to
+/// `file_offset + hp.size()` first. The guest must be paused and the device
+/// quiesced. Returns the bytes written.
+fn write_plugged(
+    hp: &HotplugMemory,
+    plugged: &[(u64, u64)],
+    out: &File,
+    file_offset: u64,
+) -> std::io::Result<u64> {
+    out.set_len(file_offset + hp.size())?;
+    if plugged.is_empty() {
+        return Ok(0);
+    }
+    let (file, start) = hp.file();
+    let mut ranges = data_ranges_in(file, start, start + hp.size())?;
+    if hp.is_private() {
+        ranges.extend(resident_ranges(hp.host_addr(), hp.size() as usize)?);
+        ranges = merge(ranges);
+    }
+    // SAFETY: the region's mapping lives as long as `hp`; the guest is
+    // paused and the device's worker stopped, so nobody writes it now.
+    let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+    let mut written = 0;
+    let mut i = 0;
+    for &(ps, pl) in plugged {
+        let pe = ps + pl;
+        // Both lists are sorted: skip data ranges wholly before this run.
+        while i < ranges.len() && ranges[i].0 + ranges[i].1 <= ps {
+            i += 1;
+        }
+        let mut j = i;
+        while j < ranges.len() && ranges[j].0 < pe {
+            let lo = ranges[j].0.max(ps);
+            let hi = (ranges[j].0 + ranges[j].1).min(pe);
+            if lo < hi {
+                written += write_nonzero(&bytes[lo as usize..hi as usize], out, file_offset + lo)?;
+            }
+            j += 1;
+        }
+    }
+    Ok(written)
+}
+
+impl Persist for VirtioMem {
+    type State = VirtioMemState;
+    /// The region (mapped from the snapshot, with the VM attached), the
+    /// block size and the slot size.
+    type Args = (HotplugMemory, u64, u64);
+    type Error = MemStateError;
+
+    /// See [`MemHandle::save`].
+    fn save(&self) -> VirtioMemState {
+        self.handle().save()
+    }
+
+    fn restore(
+        (backing, block_size, slot_size): Self::Args,
+        state: &VirtioMemState,
+    ) -> Result<Self, MemStateError> {
+        VirtioMem::restore(backing, block_size, slot_size, state).map(|(device, _)| device)
     }
 }
 

@@ -19,6 +19,7 @@ pub mod identity;
 pub mod listener;
 pub mod muxer;
 pub mod packet;
+pub mod persist;
 
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,7 @@ use event_loop::{EventLoop, WorkerState};
 use identity::VsockIdentity;
 pub use identity::{Notice, VsockHandle};
 use muxer::{MuxerError, VsockMuxer};
+pub use persist::{VsockState, VsockStateError};
 
 /// Queue size of rx, tx and event queues.
 pub const QUEUE_SIZE: u16 = 256;

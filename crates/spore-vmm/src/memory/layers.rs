@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 
-use super::memory::{data_ranges, merge as merge_ranges};
+use super::pages::{data_ranges, merge as merge_ranges};
 
 /// A byte range of guest memory and the layer that supplies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,246 @@
+//! The VM's devices: attaching them, their ids, their interrupts and MMIO
+//! windows, and their snapshot states.
+//!
+//! - [`legacy`]: port-I/O devices (serial, i8042) and tmem.
+//! - [`mmio`]: virtio-mmio windows, IRQs, irqfds, ioeventfds, the MMIO bus.
+//! - [`virtio`]: which virtio devices a configuration asks for, in guest order.
+//! - [`persist`]: device ids and states; the one generic caller of
+//!   [`crate::persist::Persist`] for every device.
+//! - [`pause`]: [`PausedDevices`], every virtio device stopped for a capture.
+//!
+//! A device is made fresh for a boot or rebuilt from the state saved under
+//! its id for a restore; the builder only says which. Nothing here runs
+//! vCPUs or reads guest memory.
+
+pub mod legacy;
+pub mod mmio;
+pub mod pause;
+pub mod persist;
+pub mod virtio;
+
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::config::VmConfig;
+use crate::devices::bus::{Bus, BusError};
+use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::serial::{SerialDevice, SerialOut};
+use crate::devices::tmem::TmemDevice;
+use crate::devices::virtio::balloon::BalloonHandle;
+use crate::devices::virtio::blk::{BlockError, BlockHandle};
+use crate::devices::virtio::mem::MemHandle;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::vsock::{VsockError, VsockHandle};
+use crate::devices::virtio::GuestMemoryMmap;
+use crate::host::lock;
+use crate::memory::MemoryError;
+use crate::vm::control::RunControl;
+use crate::vm::wake::GuestWake;
+use crate::vm::GuestKind;
+use mmio::{AttachedVirtio, MmioSlots};
+pub use pause::PausedDevices;
+pub use persist::{DeviceId, DeviceState, DeviceStates, StateLookup};
+pub use virtio::{make_mem_device, MemDevice};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("the snapshot has no state for device {0}, which this VM has (the configuration and the snapshot disagree)")]
+    MissingState(DeviceId),
+    #[error("the snapshot has a state for device {0}, which this VM does not have (the configuration and the snapshot disagree)")]
+    UnknownDevice(DeviceId),
+    #[error("the snapshot's state for device {id} is a {found} state")]
+    WrongKind { id: DeviceId, found: &'static str },
+    #[error("device {id}: {detail}")]
+    Restore { id: DeviceId, detail: String },
+    #[error("cannot stop virtio device {id} for the capture: {detail}")]
+    Quiesce { id: DeviceId, detail: String },
+    #[error("too many virtio devices (at most {0})")]
+    TooManyDevices(usize),
+    #[error("drive {id}: {source}")]
+    Drive {
+        id: String,
+        #[source]
+        source: BlockError,
+    },
+    #[error("vsock: {0}")]
+    Vsock(#[from] VsockError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("KVM refused {what}: {source}")]
+    Kvm {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The host's handles on virtio devices (API calls, clone identity).
+#[derive(Default)]
+pub struct VirtioHandles {
+    pub balloon: Option<BalloonHandle>,
+    pub mem: Option<MemHandle>,
+    /// Every drive's disk, in attach order (freezing to copy-on-write).
+    pub drives: Vec<BlockHandle>,
+    pub vsock: Option<VsockHandle>,
+}
+
+/// What attaching devices needs from the VM being built.
+pub struct AttachContext<'a> {
+    pub vm_fd: &'a VmFd,
+    /// Whether KVM's in-kernel irqchip exists (irqfds are registered with it).
+    pub irqchip: bool,
+    pub wake: &'a Arc<GuestWake>,
+    pub kind: GuestKind,
+    pub serial_out: SerialOut,
+    /// The VM's run control (the i8042 resets the VM through it).
+    pub control: &'a Arc<RunControl>,
+    /// What devices may address: boot RAM, plus the hotplug region if any.
+    pub device_mem: GuestMemoryMmap,
+}
+
+/// The buses the vCPUs dispatch port I/O and MMIO exits to.
+pub struct Buses {
+    pub pio: Bus,
+    pub mmio: Bus,
+}
+
+/// Every device of a VM.
+pub struct VmDevices {
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Option<Arc<Mutex<I8042>>>,
+    tmem: Arc<TmemDevice>,
+    /// In slot order.
+    virtio: Vec<AttachedVirtio>,
+    /// The same transports, for callers that only need those.
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
+    handles: VirtioHandles,
+}
+
+impl VmDevices {
+    /// Attaches every device `config` asks for (and `mem_device`, made
+    /// earlier); with `saved`, each is rebuilt from the state saved under
+    /// its id. States left over are the caller's to refuse
+    /// ([`StateLookup::finish`]).
+    pub fn attach(
+        ctx: AttachContext<'_>,
+        config: &VmConfig,
+        mem_device: Option<MemDevice<'_>>,
+        mut saved: Option<&mut StateLookup<'_>>,
+    ) -> Result<(Self, Buses), DeviceError> {
+        let legacy = legacy::LegacySetup {
+            vm_fd: ctx.vm_fd,
+            irqchip: ctx.irqchip,
+            wake: ctx.wake,
+            kind: ctx.kind,
+            serial_out: ctx.serial_out,
+            control: ctx.control,
+            tmem: &config.tmem,
+        }
+        .attach(saved.as_deref_mut())?;
+        let mut slots = MmioSlots {
+            vm_fd: ctx.vm_fd,
+            irqchip: ctx.irqchip,
+            wake: ctx.wake,
+            mem: ctx.device_mem,
+            bus: Bus::new(),
+            attached: Vec::new(),
+        };
+        let handles = virtio::attach_virtio(&mut slots, config, mem_device, saved)?;
+        let mut attached = slots.attached;
+        attached.sort_by_key(|a| a.slot);
+        let devices = VmDevices {
+            serial: legacy.serial,
+            i8042: legacy.i8042,
+            tmem: legacy.tmem,
+            transports: attached.iter().map(|a| a.transport.clone()).collect(),
+            virtio: attached,
+            handles,
+        };
+        let buses = Buses {
+            pio: legacy.pio,
+            mmio: slots.bus,
+        };
+        Ok((devices, buses))
+    }
+
+    /// Second half of a restore, once the irqchip and vCPUs hold their
+    /// restored state: restarts the devices the driver had running (their
+    /// first interrupts need the restored irqchip).
+    pub fn finish_restore(&self) -> Result<(), DeviceError> {
+        for v in &self.virtio {
+            lock(&v.transport)
+                .finish_restore()
+                .map_err(|e| DeviceError::Restore {
+                    id: v.id.clone(),
+                    detail: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// (window address, IRQ, virtio device type) of every virtio device, in
+    /// slot order: what the Linux command line and the unikernel boot info list.
+    pub fn mmio_placements(&self) -> Vec<(u64, u32, u32)> {
+        self.virtio
+            .iter()
+            .map(|v| (v.addr(), v.irq(), v.device_type))
+            .collect()
+    }
+
+    pub fn serial(&self) -> &Arc<Mutex<SerialDevice>> {
+        &self.serial
+    }
+
+    pub fn i8042(&self) -> Option<&Arc<Mutex<I8042>>> {
+        self.i8042.as_ref()
+    }
+
+    pub fn tmem(&self) -> &Arc<TmemDevice> {
+        &self.tmem
+    }
+
+    /// The virtio-mmio transports, in slot order.
+    pub fn transports(&self) -> &[Arc<Mutex<MmioTransport>>] {
+        &self.transports
+    }
+
+    pub fn handles(&self) -> &VirtioHandles {
+        &self.handles
+    }
+
+    /// Drops the virtio devices (stopping their workers) ahead of the VM fd
+    /// and RAM they use.
+    pub fn detach_virtio(&mut self) {
+        self.virtio.clear();
+        self.transports.clear();
+        self.handles.mem = None;
+    }
+}
+
+/// An eventfd for `irq`, registered as an irqfd when there is an irqchip
+/// (without one, a unikernel polls and never reads it).
+fn new_irqfd(vm_fd: &VmFd, irqchip: bool, irq: u32) -> Result<EventFd, DeviceError> {
+    let fd = EventFd::new(EFD_NONBLOCK).map_err(|source| DeviceError::Io {
+        what: "irqfd",
+        source,
+    })?;
+    if irqchip {
+        vm_fd
+            .register_irqfd(&fd, irq)
+            .map_err(|source| DeviceError::Kvm {
+                what: "an irqfd",
+                source,
+            })?;
+    }
+    Ok(fd)
+}

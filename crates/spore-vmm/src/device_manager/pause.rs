@@ -1,0 +1,114 @@
+//! [`PausedDevices`]: every virtio device stopped while a paused VM's
+//! state is captured (a snapshot, a clone template), and started again
+//! whatever happens.
+//!
+//! vCPUs being paused is not enough: device workers run on their own
+//! threads and would keep moving queues and writing guest memory. Stopping
+//! a worker hands its live queues back to the transport, so the saved ring
+//! positions are the real ones.
+
+use std::fs::File;
+use std::sync::MutexGuard;
+
+use super::persist::{save_virtio, DeviceId, DeviceState, DeviceStates};
+use super::{DeviceError, VmDevices};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::host::lock;
+use crate::persist::Persist;
+
+/// What the virtio-mem device wrote into a snapshot's memory file.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceMemoryWritten {
+    /// Bytes of data written (plugged, non-zero pages).
+    pub data_bytes: u64,
+    pub plugged_bytes: u64,
+}
+
+/// Every virtio transport quiesced, held locked; they are resumed when
+/// this is dropped (unless [`Self::keep_stopped`]).
+pub struct PausedDevices<'a> {
+    devices: &'a VmDevices,
+    /// In slot order, as `devices.virtio`.
+    transports: Vec<MutexGuard<'a, MmioTransport>>,
+}
+
+impl<'a> PausedDevices<'a> {
+    /// Quiesces every virtio device. If one refuses, those already stopped
+    /// are resumed and the refusal is returned.
+    pub fn new(devices: &'a VmDevices) -> Result<Self, DeviceError> {
+        let mut paused = PausedDevices {
+            devices,
+            transports: Vec::with_capacity(devices.virtio.len()),
+        };
+        for v in &devices.virtio {
+            let mut t = lock(&v.transport);
+            let quiesced = t.quiesce();
+            // Held even on failure: the drop resumes it with the others.
+            paused.transports.push(t);
+            quiesced.map_err(|e| DeviceError::Quiesce {
+                id: v.id.clone(),
+                detail: e.to_string(),
+            })?;
+        }
+        Ok(paused)
+    }
+
+    /// Every device's state, keyed by its id.
+    pub fn save_states(&self) -> Result<DeviceStates, DeviceError> {
+        let d = self.devices;
+        let mut states = DeviceStates::default();
+        states.push(
+            DeviceId::serial(),
+            DeviceState::Serial(Persist::save(&*lock(&d.serial))),
+        );
+        if let Some(i8042) = &d.i8042 {
+            states.push(
+                DeviceId::i8042(),
+                DeviceState::I8042(Persist::save(&*lock(i8042))),
+            );
+        }
+        states.push(
+            DeviceId::tmem(),
+            DeviceState::Tmem(Persist::save(d.tmem.as_ref())),
+        );
+        for (v, t) in d.virtio.iter().zip(&self.transports) {
+            states.push(
+                v.id.clone(),
+                DeviceState::Virtio(save_virtio(&v.id, v.slot, t)?),
+            );
+        }
+        Ok(states)
+    }
+
+    /// Writes the virtio-mem region's plugged blocks into a snapshot memory
+    /// file at `file_offset` (right after boot RAM), if the VM has the device.
+    pub fn write_device_memory(
+        &self,
+        out: &File,
+        file_offset: u64,
+    ) -> std::io::Result<Option<DeviceMemoryWritten>> {
+        let Some(mem) = &self.devices.handles.mem else {
+            return Ok(None);
+        };
+        Ok(Some(DeviceMemoryWritten {
+            data_bytes: mem.write_memory(out, file_offset)?,
+            plugged_bytes: mem.plugged_bytes(),
+        }))
+    }
+
+    /// Leaves the devices stopped (a zygote template never runs again;
+    /// its caller resumes them itself if it changes its mind).
+    pub fn keep_stopped(mut self) {
+        self.transports.clear();
+    }
+}
+
+impl Drop for PausedDevices<'_> {
+    fn drop(&mut self) {
+        for (v, t) in self.devices.virtio.iter().zip(self.transports.iter_mut()) {
+            if !t.resume() {
+                tracing::error!(device = %v.id, "the device could not be restarted after the capture");
+            }
+        }
+    }
+}
