@@ -14,6 +14,7 @@ import argparse
 import base64
 import io
 import json
+import time
 import sys
 import zipfile
 
@@ -113,6 +114,22 @@ def main():
     lam.put_function_concurrency(FunctionName="b3-echo", ReservedConcurrentExecutions=3)
     check(lam.get_function(FunctionName="b3-echo")["Concurrency"]["ReservedConcurrentExecutions"] == 3, "concurrency")
     lam.delete_function_concurrency(FunctionName="b3-echo")
+
+    # Provisioned concurrency (HyperFork's throughput mode): fresh clones kept ready.
+    expect_error("ProvisionedConcurrencyConfigNotFoundException", lam.get_provisioned_concurrency_config,
+                 FunctionName="b3-echo", Qualifier="$LATEST")
+    r = lam.put_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST",
+                                               ProvisionedConcurrentExecutions=2)
+    check(r["RequestedProvisionedConcurrentExecutions"] == 2, "provisioned concurrency requested")
+    deadline = time.time() + 20
+    while lam.get_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST")["Status"] != "READY":
+        check(time.time() < deadline, "provisioned concurrency READY")
+        time.sleep(0.1)
+    r = lam.invoke(FunctionName="b3-echo", Payload=b'{"p":1}')
+    check(r["Payload"].read() == b'{"P":1}', "provisioned invoke (the fn-upper code)")
+    configs = lam.list_provisioned_concurrency_configs(FunctionName="b3-echo")["ProvisionedConcurrencyConfigs"]
+    check(len(configs) == 1 and configs[0]["RequestedProvisionedConcurrentExecutions"] == 2, "list provisioned")
+    lam.delete_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST")
 
     lam.delete_function(FunctionName="b3-echo")
     expect_error("ResourceNotFoundException", lam.invoke, FunctionName="b3-echo", Payload=b"{}")

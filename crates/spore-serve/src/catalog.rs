@@ -72,6 +72,12 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created_unix_ms INTEGER NOT NULL,
     PRIMARY KEY (function, version)
 );
+CREATE TABLE IF NOT EXISTS provisioned (
+    function TEXT PRIMARY KEY,
+    qualifier TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    last_modified TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS processes (
     pid INTEGER NOT NULL,
     run_dir TEXT NOT NULL,
@@ -239,6 +245,59 @@ impl Catalog {
             params![function, version],
         )?;
         Ok(())
+    }
+}
+
+/// A function's provisioned concurrency (HyperFork's throughput mode).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProvisionedRecord {
+    pub function: String,
+    pub qualifier: String,
+    pub count: u32,
+    pub last_modified: String,
+}
+
+impl Catalog {
+    pub fn put_provisioned(&self, p: &ProvisionedRecord) -> Result<(), CatalogError> {
+        self.db().execute(
+            "INSERT OR REPLACE INTO provisioned (function, qualifier, count, last_modified)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![p.function, p.qualifier, p.count, p.last_modified],
+        )?;
+        Ok(())
+    }
+
+    pub fn provisioned(&self, function: &str) -> Result<Option<ProvisionedRecord>, CatalogError> {
+        Ok(self
+            .all_provisioned()?
+            .into_iter()
+            .find(|p| p.function == function))
+    }
+
+    pub fn all_provisioned(&self) -> Result<Vec<ProvisionedRecord>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT function, qualifier, count, last_modified FROM provisioned ORDER BY function",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(ProvisionedRecord {
+                    function: r.get(0)?,
+                    qualifier: r.get(1)?,
+                    count: r.get(2)?,
+                    last_modified: r.get(3)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Whether a record was deleted.
+    pub fn delete_provisioned(&self, function: &str) -> Result<bool, CatalogError> {
+        let n = self
+            .db()
+            .execute("DELETE FROM provisioned WHERE function = ?1", [function])?;
+        Ok(n > 0)
     }
 }
 

@@ -85,6 +85,11 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             manager.set_reserved(&f.name, Some(n));
         }
     }
+    for p in catalog.all_provisioned()? {
+        if let Some(f) = catalog.get(&p.function)? {
+            manager.set_provisioned(&f, Some(p.count)).await;
+        }
+    }
     let auth = match &config.auth_keys {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,
@@ -115,6 +120,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 manager.reap_idle().await;
+                manager.refill_all();
             }
         })
     };

@@ -10,6 +10,9 @@ use std::sync::Mutex;
 /// How an invocation got its instance, fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StartPath {
+    /// A provisioned instance: a clone started ahead, never invoked before
+    /// (used once, then replaced).
+    Provisioned,
     /// An idle instance of the same function and version.
     Warm,
     /// A new clone of the function's zygote.
@@ -24,6 +27,7 @@ pub enum StartPath {
 impl StartPath {
     pub fn as_str(self) -> &'static str {
         match self {
+            StartPath::Provisioned => "provisioned",
             StartPath::Warm => "warm",
             StartPath::Clone => "clone",
             StartPath::Restore => "restore",

@@ -81,7 +81,7 @@ struct ConcurrencyBody {
     reserved_concurrent_executions: i64,
 }
 
-fn arn(name: &str) -> String {
+pub(super) fn arn(name: &str) -> String {
     format!("arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
 }
 
@@ -198,11 +198,11 @@ fn accept_code(
     Ok(checked)
 }
 
-fn now() -> String {
+pub(super) fn now() -> String {
     super::lambda_time(std::time::SystemTime::now())
 }
 
-fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
+pub(super) fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
     LambdaError::service(e.to_string())
 }
 
@@ -271,7 +271,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     Ok(json_response(StatusCode::CREATED, &configuration(&f)))
 }
 
-fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaError> {
+pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaError> {
     daemon
         .catalog
         .get(name)
@@ -311,6 +311,10 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
     let _admin = daemon.admin.lock().await;
     let f = existing(daemon, name)?;
     daemon.catalog.delete(name).map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_provisioned(name)
+        .map_err(catalog_err)?;
     daemon.manager.set_reserved(name, None);
     daemon.manager.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {

@@ -6,6 +6,7 @@
 mod control;
 pub mod error;
 mod invoke;
+mod provisioned;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -114,6 +115,26 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2019-09-30", "functions", name, "concurrency"]) => {
             control::get_concurrency(daemon, &fn_name(name)?)
         }
+        (Method::PUT, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
+            let name = fn_name(name)?;
+            provisioned::put(daemon, &name, req).await
+        }
+        (Method::GET, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
+            let name = fn_name(name)?;
+            if req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "List=ALL"))
+            {
+                provisioned::list(daemon, &name)
+            } else {
+                provisioned::get(daemon, &name, &req)
+            }
+        }
+        (Method::DELETE, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
+            let name = fn_name(name)?;
+            provisioned::delete(daemon, &name, &req).await
+        }
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let name = fn_name(name)?;
             invoke::invoke(daemon, &name, req).await
@@ -156,7 +177,7 @@ pub fn check_name(name: &str) -> Result<(), LambdaError> {
     }
 }
 
-fn percent_decode(s: &str) -> Option<String> {
+pub(super) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

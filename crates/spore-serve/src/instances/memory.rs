@@ -139,6 +139,10 @@ impl Manager {
             instance_bytes += idle.iter().map(|i| i.vmm.pss_bytes()).sum::<u64>();
             drop(idle);
             instances.insert((name.clone(), "busy"), p.busy.load(Ordering::Relaxed));
+            let fresh = lock(&p.fresh);
+            instances.insert((name.clone(), "provisioned"), fresh.len() as u64);
+            instance_bytes += fresh.iter().map(|i| i.vmm.pss_bytes()).sum::<u64>();
+            drop(fresh);
             if let Ok(z) = p.zygote.try_lock() {
                 if let Some(z) = z.as_ref() {
                     instances.insert((name, "zygote"), 1);

@@ -6,7 +6,8 @@
 //! instance back, or ends it if it failed or timed out.
 //!
 //! Module map: [`start`] (the start paths), [`memory`] (keep-alive, the
-//! memory budget, zygote demotion, gauges).
+//! memory budget, zygote demotion, gauges), [`provisioned`] (provisioned
+//! concurrency: fresh clones kept ready, each used once and replaced).
 //!
 //! Isolation rules: an instance serves only the function and version it was
 //! started for; one that timed out, crashed or broke the protocol is killed,
@@ -14,6 +15,7 @@
 //! zygote of the old one.
 
 mod memory;
+mod provisioned;
 mod start;
 
 use std::collections::HashMap;
@@ -95,6 +97,10 @@ struct Zygote {
 struct Pool {
     function: Function,
     idle: Mutex<Vec<Instance>>,
+    /// Provisioned instances: clones started ahead and never invoked.
+    fresh: Mutex<Vec<Instance>>,
+    /// A refill of `fresh` is under way.
+    refilling: std::sync::atomic::AtomicBool,
     /// `None` until the first cold start or restore; serialises clone
     /// requests and the starts that make a zygote.
     zygote: tokio::sync::Mutex<Option<Zygote>>,
@@ -116,6 +122,8 @@ pub struct Manager {
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
     reserved: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    /// Per function: its provisioned concurrency, if set.
+    provisioned: Mutex<HashMap<String, u32>>,
     host_slots: Arc<Semaphore>,
     next_id: AtomicU64,
 }
@@ -134,6 +142,7 @@ impl Manager {
             metrics: Metrics::default(),
             pools: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
+            provisioned: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         })
     }
@@ -174,9 +183,16 @@ impl Manager {
         let result =
             tokio::time::timeout(timeout, inst.conn.invoke(request_id, payload, deadline_ms)).await;
         pool.busy.fetch_sub(1, Ordering::Relaxed);
+        if path == StartPath::Provisioned {
+            // Throughput mode: a provisioned instance serves once, and a
+            // fresh clone takes its place.
+            self.refill(&pool);
+        }
         let outcome = match result {
             Ok(Ok(r)) => {
-                if r.ok || !is_runtime_error(&r.body) {
+                if path == StartPath::Provisioned {
+                    self.end(inst.vmm).await;
+                } else if r.ok || !is_runtime_error(&r.body) {
                     inst.last_used = Instant::now();
                     self.release(&pool, inst);
                 } else {
@@ -264,17 +280,31 @@ impl Manager {
     /// Ends everything of a function (deleted, or changed: its next
     /// invocation starts a new pool) and deletes the snapshots of every
     /// version but the current one.
-    pub async fn forget(&self, name: &str) {
+    pub async fn forget(self: &Arc<Self>, name: &str) {
         let old = lock(&self.pools).remove(name);
         if let Some(old) = old {
             self.retire(old).await;
         }
-        let current = self.catalog.get(name).ok().flatten().map(|f| f.version);
-        self.snapshots.prune(name, current);
+        let current = self.catalog.get(name).ok().flatten();
+        self.snapshots
+            .prune(name, current.as_ref().map(|f| f.version));
+        match current {
+            // The new version is provisioned like the old one.
+            Some(f) => {
+                if lock(&self.provisioned).contains_key(name) {
+                    let pool = self.pool_for(&f).await;
+                    self.refill(&pool);
+                }
+            }
+            None => {
+                lock(&self.provisioned).remove(name);
+            }
+        }
     }
 
     async fn retire(&self, pool: Arc<Pool>) {
-        let idle = std::mem::take(&mut *lock(&pool.idle));
+        let mut idle = std::mem::take(&mut *lock(&pool.idle));
+        idle.append(&mut lock(&pool.fresh));
         for inst in idle {
             self.end(inst.vmm).await;
         }
@@ -342,6 +372,8 @@ impl Pool {
         Pool {
             function,
             idle: Mutex::new(Vec::new()),
+            fresh: Mutex::new(Vec::new()),
+            refilling: std::sync::atomic::AtomicBool::new(false),
             zygote: tokio::sync::Mutex::new(None),
             busy: AtomicU64::new(0),
             demoted_bytes: AtomicU64::new(0),

@@ -26,6 +26,16 @@ impl Manager {
         self: &Arc<Self>,
         pool: &Arc<Pool>,
     ) -> Result<(Instance, StartPath), AcquireError> {
+        // Provisioned: a fresh clone started ahead (throughput mode).
+        loop {
+            let Some(mut inst) = super::lock(&pool.fresh).pop() else {
+                break;
+            };
+            if inst.vmm.is_alive() {
+                return Ok((inst, StartPath::Provisioned));
+            }
+            self.end(inst.vmm).await;
+        }
         // Warm: the most recently used idle instance (its pages are hottest).
         loop {
             let Some(mut inst) = super::lock(&pool.idle).pop() else {
@@ -89,6 +99,32 @@ impl Manager {
         let (vmm, conn) = self.snapshot_booted(f, vmm, conn).await?;
         let inst = self.become_zygote(f, vmm, conn, &mut zygote).await?;
         Ok((inst, StartPath::Cold))
+    }
+
+    /// One instance for the provisioned pool: a clone of the zygote, which
+    /// is made first (restored or booted) if there is none.
+    pub(super) async fn provision_one(&self, pool: &Arc<Pool>) -> Result<Instance, AcquireError> {
+        let f = &pool.function;
+        let mut zygote = pool.zygote.lock().await;
+        if let Some(z) = zygote.as_mut() {
+            match self.clone_of(f, z).await {
+                Ok(inst) => return Ok(inst),
+                Err(e) => {
+                    tracing::warn!(function = %f.name, "zygote retired: {e:#}");
+                    if let Some(z) = zygote.take() {
+                        self.end_zygote(z).await;
+                    }
+                }
+            }
+        }
+        let (vmm, conn) = match self.usable_snapshot(f) {
+            Some(snap) => self.restore(f, &snap).await.map_err(start_err)?,
+            None => {
+                let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
+                self.snapshot_booted(f, vmm, conn).await?
+            }
+        };
+        self.become_zygote(f, vmm, conn, &mut zygote).await
     }
 
     /// Boots the pool's function again to make its zygote, if it still has

@@ -1,5 +1,5 @@
 //! `spore bench serve`: end-to-end invoke latency of `spore serve` per start
-//! path (warm, clone, cold), as the daemon measures it (request received →
+//! path (warm, clone, restore with a working set, restore lazy, cold), as the daemon measures it (request received →
 //! response ready, `X-Spore-Duration-Us`) and as a client sees it (one
 //! persistent HTTP connection); invocations per second at several
 //! concurrencies with clones against cold boots; and how many idle instances
@@ -179,18 +179,57 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
         conn.invoke(fname, b"{}")?;
         let (clone_s, clone_c) = measure(&mut conn, fname, a.runs, "clone")?;
         drop(d);
-        report[fname] = json!({
+        let mut figures = json!({
             "warm": path_figures(&warm_s, &warm_c),
             "clone": path_figures(&clone_s, &clone_c),
             "cold": path_figures(&cold_s, &cold_c),
         });
+        for (label, mode) in [
+            ("restore_working_set", "working-set"),
+            ("restore_lazy", "lazy"),
+        ] {
+            eprintln!("bench serve: {fname}: {label} (no zygote, keep-alive 0: every invocation a restore)");
+            let st = state(&format!("{fname}-{mode}"));
+            let d = Daemon::start(
+                &st,
+                &[
+                    "--keep-alive-ms",
+                    "0",
+                    "--no-clones",
+                    "--restore-mode",
+                    mode,
+                ],
+            )?;
+            d.deploy(fname, image, 64)?;
+            let mut conn = Conn::open(&d.addr)?;
+            // The boot writes the snapshot; the first restore records the
+            // working set, written when that instance stops.
+            conn.invoke(fname, b"{}")?;
+            conn.invoke(fname, b"{}")?;
+            if mode == "working-set" {
+                let ws = st.join(format!("snapshots/{fname}-v1/vm.state.ws"));
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !ws.is_file() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if !ws.is_file() {
+                    bail!("no working set was recorded at {}", ws.display());
+                }
+            }
+            let (s, c) = measure(&mut conn, fname, a.runs.min(100), "restore")?;
+            figures[label] = path_figures(&s, &c);
+        }
+        report[fname] = figures;
     }
 
     eprintln!("bench serve: throughput, clones against cold boots");
     let mut tput = Vec::new();
     for (mode, extra) in [
         ("clone", vec!["--keep-alive-ms", "0"]),
-        ("cold", vec!["--keep-alive-ms", "0", "--no-clones"]),
+        (
+            "cold",
+            vec!["--keep-alive-ms", "0", "--no-clones", "--no-snapshots"],
+        ),
     ] {
         let mut args = extra.clone();
         args.extend(["--max-concurrency", "64"]);
