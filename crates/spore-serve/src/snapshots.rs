@@ -1,9 +1,8 @@
 //! Function snapshots: the restore start path.
 //!
-//! The first cold boot of a function version, once its guest said `Ready`,
-//! is paused and snapshotted through the VMM's own API (`PUT
-//! /snapshot/create`, Full) into `<state>/snapshots/<name>-v<version>/`
-//! before it becomes the zygote. The snapshot outlives the daemon: after a
+//! The zygote of a function version (its first cold boot, paused after its
+//! guest said `Ready`) is snapshotted through the VMM's own API (`PUT
+//! /snapshot/create`, Full) into `<state>/snapshots/<name>-v<version>/`. The snapshot outlives the daemon: after a
 //! restart, or once a zygote was demoted under the memory budget, an
 //! instance is restored from it (`PUT /snapshot/load`) instead of booted.
 //! The first restore records the guest's working set (`vm.state.ws`, written
@@ -137,8 +136,8 @@ impl SnapshotStore {
         }
     }
 
-    /// Pauses the booted instance `vmm` (its guest has said `Ready`), writes
-    /// its snapshot and records it. The VM is left paused.
+    /// Pauses `vmm` (a zygote, or a booted instance whose guest has said
+    /// `Ready`), writes its snapshot and records it. The VM is left paused.
     pub async fn create(&self, f: &Function, vmm: &VmmProcess) -> anyhow::Result<FunctionSnapshot> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self

@@ -11,6 +11,17 @@ use std::time::{Duration, Instant};
 use common::serve::{private_of, Daemon};
 use common::{require_kvm, Scratch};
 
+/// Waits (bounded) for the snapshot the first cold boot of `f` version `v`
+/// writes from its zygote in the background.
+fn wait_for_snapshot(state: &std::path::Path, f: &str, v: u32) {
+    let file = state.join(format!("snapshots/{f}-v{v}/vm.state"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.is_file() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(file.is_file(), "no snapshot at {}", file.display());
+}
+
 fn invocations(d: &Daemon, path: &str) -> f64 {
     ["success", "function_error", "timeout"]
         .iter()
@@ -350,6 +361,7 @@ fn kvm_serve_survives_kill_9() {
         })
         .collect();
     thread::sleep(Duration::from_millis(300));
+    wait_for_snapshot(&state, "f", 1);
     d.kill9();
     for h in handles {
         let _ = h.join();
@@ -410,7 +422,8 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
     let r = d.invoke("f", br#"{"n":0}"#);
     assert_eq!(r.json()["echo"]["n"], 0);
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
-    // The cold boot wrote the version's snapshot, private to the daemon.
+    // The cold boot's zygote wrote the version's snapshot, private to the daemon.
+    wait_for_snapshot(&state, "f", 1);
     let snap = state.join("snapshots/f-v1");
     assert!(snap.join("vm.state").is_file() && snap.join("vm.mem").is_file());
     use std::os::unix::fs::PermissionsExt;
@@ -469,7 +482,7 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
     let r = d.invoke("f", b"abc");
     assert_eq!(r.text(), "ABC");
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
-    assert!(state.join("snapshots/f-v2/vm.state").is_file());
+    wait_for_snapshot(&state, "f", 2);
     let r = d.request("DELETE", "/2015-03-31/functions/f", b"", &[]);
     assert_eq!(r.status, 204);
     assert!(

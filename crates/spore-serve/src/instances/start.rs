@@ -1,9 +1,10 @@
 //! The start paths, fastest first: an idle **warm** instance; a **clone** of
 //! the version's zygote; a **restore** of the version's snapshot; a **cold**
-//! boot. A cold boot also writes the snapshot (once per version), and both
-//! a cold boot and a restore make the VM they started the zygote (unless
-//! zygotes are off, or demoted under the memory budget), the invocation then
-//! running on the zygote's first clone.
+//! boot. A cold boot makes the VM it started the zygote (unless zygotes are
+//! off, or demoted under the memory budget), the invocation then running on
+//! the zygote's first clone, and the zygote writes the version's snapshot
+//! afterwards (once per version). A restore serves its invocation itself
+//! while a boot remakes the zygote in the background.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -96,8 +97,12 @@ impl Manager {
         let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
         tracing::info!(function = %f.name, version = f.version, init_us = conn.init_us,
             "booted in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
-        let (vmm, conn) = self.snapshot_booted(f, vmm, conn).await?;
         let inst = self.become_zygote(f, vmm, conn, &mut zygote).await?;
+        drop(zygote);
+        // The snapshot is written from the zygote (paused, a template) after
+        // this invocation has its instance: off the cold start's path.
+        let (me, pool) = (self.clone(), pool.clone());
+        tokio::spawn(async move { me.snapshot_zygote(&pool).await });
         Ok((inst, StartPath::Cold))
     }
 
@@ -163,6 +168,24 @@ impl Manager {
     fn snapshot_failed(&self, f: &Function, e: anyhow::Error) {
         tracing::warn!(function = %f.name, "restore failed, snapshot dropped: {e:#}");
         self.snapshots.drop_snapshot(&f.name, f.version);
+    }
+
+    /// Writes the version's snapshot from its zygote, if it has none yet
+    /// (clones wait meanwhile; the zygote stays paused and keeps serving).
+    async fn snapshot_zygote(&self, pool: &Arc<Pool>) {
+        let f = &pool.function;
+        if self.cfg.no_snapshots || self.snapshots.find(f).is_some() {
+            return;
+        }
+        let zygote = pool.zygote.lock().await;
+        let Some(z) = zygote.as_ref() else { return };
+        let started = Instant::now();
+        match self.snapshots.create(f, &z.vmm).await {
+            Ok(snap) => tracing::info!(function = %f.name, version = f.version,
+                "snapshot {} written from the zygote in {:.1} ms", snap.dir.display(),
+                started.elapsed().as_secs_f64() * 1e3),
+            Err(e) => tracing::warn!(function = %f.name, "no snapshot: {e:#}"),
+        }
     }
 
     /// Writes the version's snapshot from a VM booted for it, if it has
