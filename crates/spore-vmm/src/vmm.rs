@@ -9,12 +9,12 @@ mod guest_snapshot;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::api::snapshot_body::{CloneDisks, LoadMemory, SnapshotCreateParams, SnapshotType};
 use crate::api::{
     ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, InstanceInfo, InstanceState,
     TmemInfo, TmemUpdate, VmState,
 };
 use crate::builder::{build_for_boot, build_from_state, BuildError, BuildOptions};
+use crate::clone::identity::{self, CloneIdentity, IdentityError};
 use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
 use crate::clone::{child, CloneConfig, CloneError, CloneReport, CloneRequest, CloneState};
 use crate::config::{BalloonConfig, VmConfig};
@@ -26,9 +26,9 @@ use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::devices::virtio::mem::MemStatus;
 use crate::host::lock;
 use crate::snapshot;
+use crate::snapshot::params::{CloneDisks, LoadMemory, SnapshotCreateParams};
 use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan, RestoreSession};
 use crate::vm::control::{ControlEvent, RunControl, StopReason};
-use crate::vm::identity::{CloneIdentity, FrozenDrive, IdentityError};
 use crate::vm::{RunState, Vm};
 
 pub struct Vmm {
@@ -185,10 +185,7 @@ impl Vmm {
             r.before_snapshot(vm.ram())
                 .map_err(SnapshotApiError::Restore)?;
         }
-        let kind = match p.snapshot_type {
-            SnapshotType::Full => snapshot::format::LayerKind::Full,
-            SnapshotType::Diff => snapshot::format::LayerKind::Diff,
-        };
+        let kind = p.layer_kind();
         Ok(snapshot::create(
             vm,
             &inner.config,
@@ -199,28 +196,9 @@ impl Vmm {
         )?)
     }
 
-    /// Builds the VM from a snapshot instead of a boot source; only on a VMM
-    /// that has not started a VM. Without `resume` the VM waits paused.
-    /// Lazy restore from `mem_path`.
-    pub fn load_snapshot(
-        &self,
-        state_path: &std::path::Path,
-        mem_path: &std::path::Path,
-        resume: bool,
-    ) -> Result<(), SnapshotApiError> {
-        let memory = LoadMemory::File {
-            path: mem_path.to_string_lossy().into_owned(),
-            mode: restore_path::RestoreMode::Lazy,
-        };
-        let lo = LoadOptions {
-            resume,
-            ..Default::default()
-        };
-        self.load_snapshot_with(state_path, &memory, &lo)
-    }
-
-    /// [`Vmm::load_snapshot`] through any restore path (see
-    /// `snapshot::restore`), optionally as a clone.
+    /// Builds the VM from a snapshot instead of a boot source, through any
+    /// restore path (see `snapshot::restore`), optionally as a clone; only on
+    /// a VMM that has not started a VM. Without `resume` the VM waits paused.
     pub fn load_snapshot_with(
         &self,
         state_path: &std::path::Path,
@@ -318,8 +296,7 @@ impl Vmm {
         );
         inner.config = config;
         if let Some(id) = &lo.identity {
-            let applied = vm
-                .apply_clone_identity(id)
+            let applied = identity::apply(&vm, id)
                 .map_err(SnapshotApiError::from)
                 .and_then(|()| {
                     if lo.resume {
@@ -334,7 +311,7 @@ impl Vmm {
                 session.cancel();
                 return Err(e);
             }
-            record_identity(&mut inner.config, id);
+            identity::record(&mut inner.config, id);
         }
         if lo.resume {
             session.guest_started();
@@ -342,48 +319,6 @@ impl Vmm {
         inner.vm = Some(vm);
         inner.restore = Some(session);
         Ok(())
-    }
-
-    /// [`Vm::apply_clone_identity`] on the running VM, and the new CID in
-    /// the configuration (so that a snapshot of the clone keeps it).
-    pub fn apply_clone_identity(&self, id: &CloneIdentity) -> Result<(), SnapshotApiError> {
-        let mut inner = lock(&self.inner);
-        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
-        vm.apply_clone_identity(id)?;
-        record_identity(&mut inner.config, id);
-        Ok(())
-    }
-
-    /// [`Vm::freeze_disks_for_clone`], recording each drive's new overlay in
-    /// the configuration (which clones then derive theirs from).
-    pub fn freeze_disks_for_clone(
-        &self,
-        dir: &std::path::Path,
-    ) -> Result<Vec<FrozenDrive>, SnapshotApiError> {
-        let mut inner = lock(&self.inner);
-        let vm = inner.vm.as_ref().ok_or(SnapshotApiError::NoVm)?;
-        let frozen = vm
-            .freeze_disks_for_clone(dir)
-            .map_err(|e| SnapshotApiError::Freeze(e.to_string()))?;
-        for f in &frozen {
-            if let Some(d) = inner
-                .config
-                .drives
-                .iter_mut()
-                .find(|d| d.drive_id == f.drive_id)
-            {
-                d.cow_overlay = Some(f.cow_overlay.clone());
-            }
-        }
-        Ok(frozen)
-    }
-
-    /// What the restore path of a restored VM did (None for a booted VM).
-    pub fn restore_report(&self) -> Option<restore_path::RestoreReport> {
-        lock(&self.inner)
-            .restore
-            .as_ref()
-            .map(|r| r.report().clone())
     }
 
     fn configure(&self, f: impl FnOnce(&mut VmConfig)) -> Result<ApiResponse, ApiError> {
@@ -469,12 +404,6 @@ pub enum SnapshotApiError {
     Identity(#[from] IdentityError),
     #[error("copy-on-write disks for cloning: {0}")]
     Freeze(String),
-}
-
-fn record_identity(config: &mut VmConfig, id: &CloneIdentity) {
-    if let (Some(v), Some(cid)) = (config.vsock.as_mut(), id.vsock_cid) {
-        v.guest_cid = cid;
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use super::handoff::{send_ready, Handoff, HandoffError, Ready};
-use super::{cloneid, CloneError, CloneState};
+use super::{identity, CloneError, CloneState};
 use crate::builder::{build_from_state, prepare_kvm, BuildOptions, PreparedKvm};
 use crate::config::VmConfig;
 use crate::memory::template::MemoryLayer;
@@ -119,8 +119,7 @@ pub fn activate(
         vm.signal()
             .set_pending_result(v, index.min(u64::from(u32::MAX - 1)) as u32);
     }
-    let cid = cloneid::clone_vsock_cid(config, index);
-    cloneid::apply_identity(vm, generation, cid)
+    identity::apply_to_clone(vm, config, index, generation)
 }
 
 /// Tells the source how the clone went.

@@ -31,11 +31,11 @@
 //!
 //! Module map: [`source`] (the source side), [`spawn`] (clone processes),
 //! [`handoff`] (the wire format between them), [`child`] (the clone side),
-//! [`cloneid`] (the per-clone disk and identity hooks).
+//! [`identity`] (a clone's generation, vsock CID and disks).
 
 pub mod child;
-pub mod cloneid;
 pub mod handoff;
+pub mod identity;
 pub mod source;
 pub mod spawn;
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
-    cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
+    identity, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
 use crate::devices::virtio::mmio::MmioTransport;
@@ -168,14 +168,8 @@ fn make_template(
         // The source stops writing its disk images (they become the clones'
         // shared bases): each writable drive goes on in a new overlay of its
         // own, which the configuration records so clones derive theirs.
-        let frozen = vm
-            .freeze_disks_for_clone(dir)
+        identity::freeze_disks(vm, config, dir)
             .map_err(|e| CloneError::Capture(format!("cannot freeze the disks: {e}")))?;
-        for f in frozen {
-            if let Some(d) = config.drives.iter_mut().find(|d| d.drive_id == f.drive_id) {
-                d.cow_overlay = Some(f.cow_overlay);
-            }
-        }
         let config = &*config;
         let virtio = devices.guards.iter().map(|t| t.save()).collect();
         let state =
@@ -409,7 +403,7 @@ fn clone_handoff(
     cfg.drives = config
         .drives
         .iter()
-        .map(|d| cloneid::clone_drive(d, dir, &p.name))
+        .map(|d| identity::clone_drive(d, dir, &p.name))
         .collect::<Result<_, _>>()?;
     Ok(Handoff {
         template_id: template.id.clone(),

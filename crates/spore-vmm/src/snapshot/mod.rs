@@ -15,6 +15,7 @@ pub mod hotplug_mem;
 pub mod layers;
 pub mod memory;
 pub mod merge;
+pub mod params;
 pub mod persist;
 pub mod restore;
 

@@ -2,7 +2,6 @@
 //! start, pause, resume and stop. [`crate::builder`] assembles it.
 
 pub mod control;
-pub mod identity;
 pub mod vcpu;
 pub mod vm_state;
 pub mod wake;
@@ -222,6 +221,21 @@ impl Vm {
     /// The signal port (clones install the guest-`FORK` handler on it).
     pub fn signal(&self) -> &Arc<SignalPort> {
         &self.io.signal
+    }
+
+    /// The VM's clone generation (0 for a booted VM).
+    pub fn generation(&self) -> u64 {
+        self.io.signal.generation()
+    }
+
+    /// Every drive's disk, in attach order (cloning freezes them).
+    pub fn drives(&self) -> &[BlockHandle] {
+        &self.drives
+    }
+
+    /// The vsock device's handle, if the VM has one (a clone's new CID).
+    pub fn vsock(&self) -> Option<&VsockHandle> {
+        self.vsock.as_ref()
     }
 
     pub fn marks(&self) -> Vec<Mark> {

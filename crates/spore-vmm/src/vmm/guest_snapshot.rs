@@ -11,9 +11,10 @@
 use spore_abi::signal::{SNAPSHOT_FAILED, SNAPSHOT_RESTORED, SNAPSHOT_TAKEN};
 
 use super::Vmm;
-use crate::api::snapshot_body::{AfterSnapshot, GuestSnapshotConfig};
 use crate::api::{ApiError, ApiResponse};
+use crate::config::{AfterSnapshot, GuestSnapshotConfig};
 use crate::host::lock;
+use crate::snapshot::params::SnapshotCreateParams;
 use crate::vm::control::{GuestSnapshotRequest, StopReason};
 
 impl Vmm {
@@ -80,7 +81,7 @@ impl Vmm {
             vm.set_signal_result(req.vcpu, SNAPSHOT_RESTORED);
             config
         };
-        let params = config.create_params(req.tag);
+        let params = SnapshotCreateParams::for_guest_tag(&config, req.tag);
         self.create_snapshot(&params).map_err(|e| e.to_string())?;
         Ok((config.after, params.snapshot_path))
     }
