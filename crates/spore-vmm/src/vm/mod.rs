@@ -40,6 +40,12 @@ pub enum RunState {
     Stopped,
 }
 
+/// The one answer to a request that needs a VM before there is one (the
+/// API, cloning and snapshots all say it the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the microVM is not started")]
+pub struct NotStarted;
+
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
     #[error("the VM is {0:?}; this needs it running")]
