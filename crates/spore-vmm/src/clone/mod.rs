@@ -29,13 +29,16 @@
 //! processes, started ahead, do it before the request, and for a zygote
 //! even restore a clone paused, so that a request only numbers and starts it.
 //!
-//! Module map: [`source`] (the source side), [`spawn`] (clone processes),
-//! [`handoff`] (the wire format between them), [`child`] (the clone side),
-//! [`identity`] (a clone's generation, vsock CID and disks).
+//! Module map: [`source`] (the source side), [`spawn`] (starting clone
+//! processes), [`handoff`] (the wire format between them), [`process`] (a
+//! clone process: its command line and its run), [`child`] (the clone
+//! side's restore and start), [`identity`] (a clone's generation, vsock CID
+//! and disks). The VMM keeps [`SourceState`] and [`ChildState`] apart.
 
 pub mod child;
 pub mod handoff;
 pub mod identity;
+pub mod process;
 pub mod source;
 pub mod spawn;
 
