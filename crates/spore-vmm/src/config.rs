@@ -8,7 +8,20 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::devices::tmem::Compression;
+mod guest_snapshot;
+
+pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
+
+/// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
+/// below the device, so that configuration never depends on devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    /// lz4 block format; a value that does not shrink is stored as is.
+    Lz4,
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -497,7 +510,7 @@ pub struct VmConfig {
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    pub guest_snapshots: Option<crate::api::snapshot_body::GuestSnapshotConfig>,
+    pub guest_snapshots: Option<GuestSnapshotConfig>,
 }
 
 impl VmConfig {

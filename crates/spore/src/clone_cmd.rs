@@ -1,26 +1,17 @@
 //! `spore clone SOCK -n N`: clone a running VMM's microVM; `--keep N` keeps
-//! N clones running and replaces each one that exits. Also the clone side
-//! of `spore vmm --clone-handoff FD` (a process the source VMM started).
+//! N clones running and replaces each one that exits. A client of the
+//! source's API (`PUT /clone`); the clone processes themselves are
+//! `spore vmm --clone-handoff` (`spore_vmm::clone::process`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use spore_vmm::api::ApiServer;
-use std::os::unix::net::UnixStream;
-
-use spore_vmm::clone::handoff::{recv_message, Handoff, HandoffError, Message};
-use spore_vmm::clone::{child, CloneReport};
-use spore_vmm::config::VmConfig;
-use spore_vmm::memory::template::MemoryLayer;
-use spore_vmm::vmm::Vmm;
+use spore_vmm::clone::CloneReport;
 
 use crate::api_client::request;
-use crate::host;
-use crate::vmm_cmd::VmmArgs;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Mode {
@@ -201,134 +192,4 @@ fn keep_pool(a: &CloneArgs, keep: u32) -> anyhow::Result<u8> {
         })
     );
     Ok(0)
-}
-
-/// `spore vmm --clone-handoff FD`: wait for the template, restore, serve.
-pub fn run_clone_vmm(args: &VmmArgs, fd: i32) -> anyhow::Result<u8> {
-    let Some(sock_path) = args.api_sock.clone() else {
-        bail!("--clone-handoff needs --api-sock");
-    };
-    let vmm = Arc::new(Vmm::new(
-        args.id.clone(),
-        VmConfig::default(),
-        Box::new(std::io::stdout()),
-    ));
-    host::stop_on_host_signals(vmm.clone())?;
-    vmm.set_api_socket(&sock_path);
-    vmm.enable_guest_fork();
-    if let Some(spec) = &args.clone_prepare {
-        // A clone that cannot prepare still restores the ordinary way.
-        match parse_prepare(spec) {
-            Some((bytes, vcpus)) => {
-                if let Err(e) = vmm.prepare_clone(bytes, vcpus) {
-                    eprintln!("spore: preparing the clone VM: {e}");
-                }
-            }
-            None => bail!("--clone-prepare {spec:?}: expected MIB,VCPUS"),
-        }
-    }
-    let incoming = match wait_for_template(&vmm, fd) {
-        Ok(Some(i)) => i,
-        // The source went away (or we were stopped) before using this
-        // standby process: nothing to do.
-        Ok(None) => return Ok(0),
-        Err(e) => return Err(e).context("receiving the clone template"),
-    };
-    let started = match incoming.start {
-        Start::Handoff(h, layers) => vmm.start_clone(&h, layers),
-        Start::Go(index) => vmm.go_clone(index),
-    };
-    let start_ns = match started {
-        Ok(t) => t,
-        Err(e) => {
-            child::report(&incoming.sock, 0, Some(e.to_string()));
-            return Err(e).context("starting the clone");
-        }
-    };
-    let server = match ApiServer::start(&sock_path, vmm.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            child::report(&incoming.sock, start_ns, Some(e.to_string()));
-            vmm.request_stop();
-            let _ = crate::run::finish(&vmm, None);
-            return Err(e).with_context(|| format!("serving the API on {}", sock_path.display()));
-        }
-    };
-    child::report(&incoming.sock, start_ns, None);
-    drop(incoming.sock);
-    let code = crate::run::finish(&vmm, args.marks_file.as_deref());
-    drop(server);
-    code
-}
-
-fn parse_prepare(spec: &str) -> Option<(u64, u8)> {
-    let (mib, vcpus) = spec.split_once(',')?;
-    let mib: u64 = mib.trim().parse().ok()?;
-    Some((mib.checked_mul(1 << 20)?, vcpus.trim().parse().ok()?))
-}
-
-/// Blocks until the source sends the clone handoff (or, for a clone
-/// restored ahead, its go); polls so that a host signal can end a standby
-/// process that was never used.
-fn wait_for_template(vmm: &Vmm, fd: i32) -> anyhow::Result<Option<Incoming>> {
-    let sock = child::adopt_socket(fd)?;
-    loop {
-        let mut p = libc::pollfd {
-            fd: sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, 200) };
-        if vmm.control().stop_reason().is_some() {
-            return Ok(None);
-        }
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            bail!("--clone-handoff {fd}: {e}");
-        }
-        if n == 0 {
-            continue;
-        }
-        match recv_message(&sock) {
-            // A zygote's standby: restore now, start on the go.
-            Ok(Message::Handoff(handoff, layers)) if handoff.prestart => {
-                if let Err(e) = vmm.restore_clone(&handoff, layers) {
-                    // Nobody waits for this answer yet: end, and let the
-                    // source see the socket close when it uses us.
-                    return Err(e).context("restoring the clone ahead");
-                }
-            }
-            Ok(Message::Handoff(handoff, layers)) => {
-                return Ok(Some(Incoming {
-                    sock,
-                    start: Start::Handoff(handoff, layers),
-                }))
-            }
-            Ok(Message::Go(go)) => {
-                return Ok(Some(Incoming {
-                    sock,
-                    start: Start::Go(go.index),
-                }))
-            }
-            Err(HandoffError::Closed) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// What starts a clone process.
-enum Start {
-    Handoff(Box<Handoff>, Vec<MemoryLayer>),
-    /// The clone restored ahead gets this number.
-    Go(u64),
-}
-
-/// The socket a clone process inherited and what came over it.
-struct Incoming {
-    sock: UnixStream,
-    start: Start,
 }

@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use spore_vmm::api::snapshot_body::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 use spore_vmm::config::{
-    BootProtocol, BootSourceConfig, Compression, DriveConfig, MachineConfig, TmemConfig, VmConfig,
-    VsockConfig,
+    AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig, GuestSnapshotConfig,
+    MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
 };
 use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;

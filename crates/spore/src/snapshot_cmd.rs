@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use spore_vmm::api::snapshot_body::{LoadMemory, RestoreMode};
 use spore_vmm::api::ApiServer;
 use spore_vmm::config::VmConfig;
 use spore_vmm::snapshot::format::read_state_file;
 use spore_vmm::snapshot::merge::{describe, merge as merge_chain};
+use spore_vmm::snapshot::params::{LoadMemory, RestoreMode};
 use spore_vmm::snapshot::LayerPaths;
 use spore_vmm::vmm::{LoadOptions, Vmm};
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use spore_vmm::api::ApiServer;
+use spore_vmm::clone::process::{self as clone_process, ClonedProcessArgs};
 use spore_vmm::config::VmConfig;
 use spore_vmm::vmm::Vmm;
 
@@ -38,7 +39,7 @@ pub struct VmmArgs {
 
 pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
     if let Some(fd) = args.clone_handoff {
-        return crate::clone_cmd::run_clone_vmm(&args, fd);
+        return run_clone(args, fd);
     }
     if args.api_sock.is_none() && args.config_file.is_none() {
         bail!("give --api-sock PATH, --config-file FILE, or both");
@@ -78,4 +79,29 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
     }
     // The server (and its socket file) goes away when `_server` drops.
     crate::run::finish(&vmm, args.marks_file.as_deref())
+}
+
+/// `--clone-handoff FD`: this process is a clone the source VMM started;
+/// the library decides what the flags mean and runs it.
+fn run_clone(args: VmmArgs, fd: i32) -> anyhow::Result<u8> {
+    let clone_args = ClonedProcessArgs::from_flags(
+        args.api_sock,
+        args.id,
+        fd,
+        args.clone_prepare.as_deref(),
+        args.marks_file,
+    )?;
+    let vmm = Arc::new(Vmm::new(
+        clone_args.id.clone(),
+        VmConfig::default(),
+        Box::new(std::io::stdout()),
+    ));
+    // Before any other thread starts, so that they inherit the signal mask.
+    host::stop_on_host_signals(vmm.clone())?;
+    let Some(server) = clone_process::run(&vmm, &clone_args)? else {
+        return Ok(0);
+    };
+    let code = crate::run::finish(&vmm, clone_args.marks_file.as_deref());
+    drop(server);
+    code
 }

@@ -303,7 +303,7 @@ fn kvm_hotplug_memory_api() {
     let (code, body) = hp("PATCH", Some(r#"{"requested_size_mib": 64}"#));
     assert_eq!(code, 400, "{body}");
     assert!(
-        body.contains("fault_message") && body.contains("running"),
+        body.contains("fault_message") && body.contains("the microVM is not started"),
         "{body}"
     );
     for bad in [

@@ -83,7 +83,7 @@ pub enum ApiRequest {
     /// `GET /hotplug/memory`: configuration and plugged size.
     GetHotplugMemory,
     /// `PUT /snapshot/create`.
-    CreateSnapshot(snapshot_body::SnapshotCreateParams),
+    CreateSnapshot(crate::snapshot::params::SnapshotCreateParams),
     /// `PUT /snapshot/load`.
     LoadSnapshot(snapshot_body::SnapshotLoadParams),
     /// `PUT /clone`: start clones of this VM.
@@ -93,7 +93,7 @@ pub enum ApiRequest {
     /// `GET /clone`: the clone configuration and template status.
     GetClone,
     /// `PUT /snapshot/guest-triggered`: where guest snapshot points go.
-    PutGuestSnapshots(snapshot_body::GuestSnapshotConfig),
+    PutGuestSnapshots(crate::config::GuestSnapshotConfig),
     /// `GET /snapshot/guest-triggered`.
     GetGuestSnapshots,
 }

@@ -12,8 +12,8 @@ use super::body::{
     BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
     VmStateBody,
 };
-use super::snapshot_body::GuestSnapshotConfig;
 use super::{ApiError, ApiRequest, MachineConfigPatch};
+use crate::config::GuestSnapshotConfig;
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
     VsockConfig,
@@ -456,7 +456,7 @@ mod tests {
         let body = format!(r#"{{"directory":"{}","after":"exit"}}"#, dir.display());
         match parse(Method::PUT, "/snapshot/guest-triggered", &body) {
             Ok(ApiRequest::PutGuestSnapshots(c)) => {
-                assert_eq!(c.after, crate::api::snapshot_body::AfterSnapshot::Exit);
+                assert_eq!(c.after, crate::config::AfterSnapshot::Exit);
                 assert_eq!(c.directory, dir.display().to_string());
             }
             other => panic!("{other:?}"),

@@ -1,99 +1,16 @@
-//! Bodies of `PUT /snapshot/create` and `PUT /snapshot/load` (Firecracker's
-//! shapes, plus spore's `restore_mode` and `working_set_record_ms`), and of
-//! spore's `PUT /snapshot/guest-triggered`.
-
-use std::path::PathBuf;
+//! The wire body of `PUT /snapshot/load` (Firecracker's shape, plus spore's
+//! `restore_mode`, `working_set_record_ms`, clone and parent fields), and its
+//! mapping onto the domain types in [`crate::snapshot::params`].
+//!
+//! The other snapshot bodies are domain types themselves
+//! (`snapshot::params::SnapshotCreateParams`,
+//! `config::GuestSnapshotConfig`); nothing here acts on a VM.
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::snapshot::restore::RestoreMode;
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SnapshotType {
-    #[default]
-    Full,
-    Diff,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotCreateParams {
-    #[serde(default)]
-    pub snapshot_type: SnapshotType,
-    pub snapshot_path: String,
-    pub mem_file_path: String,
-    /// Firecracker's deprecated field; accepted and ignored.
-    #[serde(default)]
-    pub version: Option<String>,
-}
-
-/// What the VMM does once a guest-triggered snapshot is written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AfterSnapshot {
-    /// The guest goes on running.
-    #[default]
-    Resume,
-    /// The VM stops and the VMM exits with code 0 (a template is made).
-    Exit,
-}
-
-/// Guest-triggered snapshot points (signal op `SNAPSHOT`): where they go and
-/// what follows. `PUT /snapshot/guest-triggered`, or `guest-snapshots` in a
-/// config file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GuestSnapshotConfig {
-    /// Snapshots are written here as `tag-<T>.state` and `tag-<T>.mem`.
-    pub directory: String,
-    #[serde(default)]
-    pub snapshot_type: SnapshotType,
-    #[serde(default)]
-    pub after: AfterSnapshot,
-}
-
-impl GuestSnapshotConfig {
-    /// Checks what can be checked anywhere (a restore on another host
-    /// re-checks nothing about the directory until the guest asks).
-    pub fn validate(&self) -> Result<(), String> {
-        if self.directory.trim().is_empty() {
-            return Err("guest-triggered snapshots: directory is empty".into());
-        }
-        Ok(())
-    }
-
-    /// Also checks that the directory exists now.
-    pub fn validate_here(&self) -> Result<(), String> {
-        self.validate()?;
-        if !std::path::Path::new(&self.directory).is_dir() {
-            return Err(format!(
-                "guest-triggered snapshots: {} is not a directory (create it first)",
-                self.directory
-            ));
-        }
-        Ok(())
-    }
-
-    /// (state file, memory file) of the snapshot tagged `tag`.
-    pub fn paths(&self, tag: u32) -> (PathBuf, PathBuf) {
-        let dir = PathBuf::from(&self.directory);
-        (
-            dir.join(format!("tag-{tag}.state")),
-            dir.join(format!("tag-{tag}.mem")),
-        )
-    }
-
-    /// The `PUT /snapshot/create` request this configuration makes for `tag`.
-    pub fn create_params(&self, tag: u32) -> SnapshotCreateParams {
-        let (state, mem) = self.paths(tag);
-        SnapshotCreateParams {
-            snapshot_type: self.snapshot_type,
-            snapshot_path: state.to_string_lossy().into_owned(),
-            mem_file_path: mem.to_string_lossy().into_owned(),
-            ..Default::default()
-        }
-    }
-}
+use crate::clone::identity::CloneIdentity;
+pub use crate::snapshot::params::{CloneDisks, LoadMemory};
+use crate::snapshot::restore::RestoreMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MemBackendType {
@@ -160,13 +77,6 @@ pub struct VsockOverride {
     pub uds_path: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CloneDisks {
-    pub dir: String,
-    pub name: String,
-}
-
 /// One parent layer's files (`parents` in `PUT /snapshot/load`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -175,20 +85,9 @@ pub struct ParentFiles {
     pub mem_file_path: String,
 }
 
-/// Where a restored VM's memory comes from, decoded from a load body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LoadMemory {
-    /// The memory file, filled per the mode.
-    File { path: String, mode: RestoreMode },
-    /// userfaultfd with the built-in handler serving this memory file.
-    UffdBuiltin { path: String },
-    /// userfaultfd handed to the handler listening on this socket.
-    UffdExternal { socket: String },
-}
-
 impl SnapshotLoadParams {
     /// The clone identity asked for, if any (`vsock_cid` needs `clone_generation`).
-    pub fn clone_identity(&self) -> Result<Option<crate::vm::identity::CloneIdentity>, String> {
+    pub fn clone_identity(&self) -> Result<Option<CloneIdentity>, String> {
         match (self.clone_generation, self.vsock_cid) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err("vsock_cid needs clone_generation".into()),
@@ -196,7 +95,7 @@ impl SnapshotLoadParams {
                 if vsock_cid.is_some_and(|c| c < 3 || c == u32::MAX) {
                     return Err("vsock_cid must be in 3..=4294967294".into());
                 }
-                Ok(Some(crate::vm::identity::CloneIdentity {
+                Ok(Some(CloneIdentity {
                     generation,
                     vsock_cid,
                 }))
@@ -353,14 +252,6 @@ mod tests {
         let p: SnapshotLoadParams =
             serde_json::from_str(r#"{"snapshot_path":"s","vsock_cid":9}"#).unwrap();
         assert!(p.clone_identity().is_err());
-        let c: SnapshotCreateParams =
-            serde_json::from_str(r#"{"snapshot_path":"s","mem_file_path":"m"}"#).unwrap();
-        assert_eq!(c.snapshot_type, SnapshotType::Full);
-        let c: SnapshotCreateParams = serde_json::from_str(
-            r#"{"snapshot_type":"Diff","snapshot_path":"s","mem_file_path":"m"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.snapshot_type, SnapshotType::Diff);
     }
 
     #[test]
@@ -397,49 +288,5 @@ mod tests {
             r#"{"snapshot_path":"s","parents":[{"snapshot_path":"a","mem_path":"b"}]}"#
         )
         .is_err());
-    }
-
-    #[test]
-    fn guest_triggered_bodies() {
-        let g: GuestSnapshotConfig = serde_json::from_str(r#"{"directory":"/snaps"}"#).unwrap();
-        assert_eq!(
-            (g.snapshot_type, g.after),
-            (SnapshotType::Full, AfterSnapshot::Resume)
-        );
-        let p = g.create_params(7);
-        assert_eq!(p.snapshot_path, "/snaps/tag-7.state");
-        assert_eq!(p.mem_file_path, "/snaps/tag-7.mem");
-        let g: GuestSnapshotConfig =
-            serde_json::from_str(r#"{"directory":"/s","snapshot_type":"Diff","after":"exit"}"#)
-                .unwrap();
-        assert_eq!(
-            (g.snapshot_type, g.after),
-            (SnapshotType::Diff, AfterSnapshot::Exit)
-        );
-        for bad in [
-            r#"{"directory":"/s","after":"stop"}"#,
-            r#"{"directory":"/s","snapshot_type":"full"}"#,
-            r#"{"directory":"/s","tag":1}"#,
-            r#"{"after":"exit"}"#,
-        ] {
-            assert!(
-                serde_json::from_str::<GuestSnapshotConfig>(bad).is_err(),
-                "{bad}"
-            );
-        }
-        let empty = GuestSnapshotConfig {
-            directory: " ".into(),
-            ..g.clone()
-        };
-        assert!(empty.validate().is_err());
-        let missing = GuestSnapshotConfig {
-            directory: "/nonexistent/spore-guest-snaps".into(),
-            ..g
-        };
-        assert!(missing.validate().is_ok());
-        assert!(missing
-            .validate_here()
-            .unwrap_err()
-            .contains("not a directory"));
     }
 }

@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use super::handoff::{send_ready, Handoff, HandoffError, Ready};
-use super::{cloneid, CloneError, CloneState};
+use super::{identity, CloneError, SourceState};
 use crate::builder::{build_from_state, prepare_kvm, BuildOptions, PreparedKvm};
 use crate::config::VmConfig;
 use crate::memory::template::MemoryLayer;
@@ -56,7 +56,9 @@ impl Prepared {
 pub struct Restored {
     pub vm: Vm,
     pub config: VmConfig,
-    pub clone: CloneState,
+    /// Its start as a source: its parent's clone settings, its layers
+    /// and generation.
+    pub source: SourceState,
 }
 
 /// Maps the template and rebuilds the VM from the handed-over state, on
@@ -95,13 +97,13 @@ pub fn restore(
         handoff.name,
         t0.elapsed().as_micros()
     );
-    let clone = CloneState {
+    let source = SourceState {
         config: handoff.clone_config.clone(),
         ram_layers: layers,
         generation: handoff.generation,
         ..Default::default()
     };
-    Ok(Restored { vm, config, clone })
+    Ok(Restored { vm, config, source })
 }
 
 /// Makes a restored (still paused) VM clone number `index`: what its
@@ -119,8 +121,7 @@ pub fn activate(
         vm.signal()
             .set_pending_result(v, index.min(u64::from(u32::MAX - 1)) as u32);
     }
-    let cid = cloneid::clone_vsock_cid(config, index);
-    cloneid::apply_identity(vm, generation, cid)
+    identity::apply_to_clone(vm, config, index, generation)
 }
 
 /// Tells the source how the clone went.

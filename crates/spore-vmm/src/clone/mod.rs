@@ -29,13 +29,16 @@
 //! processes, started ahead, do it before the request, and for a zygote
 //! even restore a clone paused, so that a request only numbers and starts it.
 //!
-//! Module map: [`source`] (the source side), [`spawn`] (clone processes),
-//! [`handoff`] (the wire format between them), [`child`] (the clone side),
-//! [`cloneid`] (the per-clone disk and identity hooks).
+//! Module map: [`source`] (the source side), [`spawn`] (starting clone
+//! processes), [`handoff`] (the wire format between them), [`process`] (a
+//! clone process: its command line and its run), [`child`] (the clone
+//! side's restore and start), [`identity`] (a clone's generation, vsock CID
+//! and disks). The VMM keeps [`SourceState`] and [`ChildState`] apart.
 
 pub mod child;
-pub mod cloneid;
 pub mod handoff;
+pub mod identity;
+pub mod process;
 pub mod source;
 pub mod spawn;
 
@@ -179,6 +182,8 @@ pub enum CloneError {
         served: u64,
         cap: u64,
     },
+    #[error(transparent)]
+    NotStarted(#[from] crate::vm::NotStarted),
     #[error("the microVM is {0}; clone a running (or paused) microVM")]
     NotRunning(&'static str),
     #[error("this microVM {0} and cannot be cloned (its memory lives outside the template)")]
@@ -212,6 +217,7 @@ impl CloneError {
             CloneError::BadRequest(_)
                 | CloneError::CapReached { .. }
                 | CloneError::OverCap { .. }
+                | CloneError::NotStarted(_)
                 | CloneError::NotRunning(_)
                 | CloneError::Unsupported(_)
         )
@@ -230,9 +236,11 @@ pub struct Template {
     pub fork_vcpu: Option<u8>,
 }
 
-/// A VMM's clone bookkeeping, kept beside its VM.
+/// The source side: what this VM is and has done as a clone source. A
+/// clone starts with its own (its parent's settings, its memory layers and
+/// generation); nothing of a clone process's start-up lives here.
 #[derive(Default)]
-pub struct CloneState {
+pub struct SourceState {
     pub config: CloneConfig,
     /// The layers this VM's RAM is mapped privately from (a clone, or a
     /// source that went on in continue mode); empty while RAM is its own.
@@ -250,11 +258,24 @@ pub struct CloneState {
     pub standby: Vec<spawn::CloneProcess>,
     /// Names handed out so far (clone and standby processes).
     pub names: u64,
-    /// A clone process's KVM objects made ahead of its template.
+}
+
+/// The clone side: a clone process on its way to running (`spore vmm
+/// --clone-handoff`); empty in every other VMM.
+#[derive(Default)]
+pub struct ChildState {
+    /// KVM objects made ahead of the template.
     pub prepared: Option<child::Prepared>,
-    /// A clone restored ahead, waiting for its number: (fork vCPU,
-    /// generation).
-    pub awaiting_go: Option<(Option<u8>, u64)>,
+    /// A clone restored ahead (a zygote's standby), waiting for its number.
+    pub awaiting_go: Option<AwaitingGo>,
+}
+
+/// What a clone restored ahead still needs when its number comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AwaitingGo {
+    /// The vCPU that signalled the template's `FORK`, if a guest made it.
+    pub fork_vcpu: Option<u8>,
+    pub generation: u64,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
-    cloneid, CloneError, CloneInfo, CloneMode, CloneReport, CloneState, Template, MAX_PER_REQUEST,
+    identity, CloneError, CloneInfo, CloneMode, CloneReport, SourceState, Template, MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
 use crate::device_manager::PausedDevices;
@@ -37,12 +37,12 @@ pub struct CloneOrder {
 fn check(
     vm: &Vm,
     config: &VmConfig,
-    st: &CloneState,
+    st: &SourceState,
     order: &CloneOrder,
 ) -> Result<CloneMode, CloneError> {
     match vm.state() {
         RunState::Running | RunState::Paused => {}
-        RunState::NotStarted => return Err(CloneError::NotRunning("not started")),
+        RunState::NotStarted => return Err(crate::vm::NotStarted.into()),
         RunState::Stopped => return Err(CloneError::NotRunning("stopped")),
     }
     // A guest FORK with count 0 (and fork_count 0) only makes the template.
@@ -97,7 +97,7 @@ fn check(
 }
 
 /// Where clones' sockets and logs go.
-pub fn clone_dir(st: &CloneState, asked: Option<&str>) -> PathBuf {
+pub fn clone_dir(st: &SourceState, asked: Option<&str>) -> PathBuf {
     if let Some(d) = asked.or(st.config.socket_dir.as_deref()) {
         return PathBuf::from(d);
     }
@@ -110,7 +110,7 @@ pub fn clone_dir(st: &CloneState, asked: Option<&str>) -> PathBuf {
 }
 
 /// The prefix of clone names: this VMM's socket name without `.sock`.
-fn stem(st: &CloneState) -> String {
+fn stem(st: &SourceState) -> String {
     st.api_socket
         .as_deref()
         .and_then(Path::file_stem)
@@ -118,7 +118,7 @@ fn stem(st: &CloneState) -> String {
         .unwrap_or_else(|| "spore".into())
 }
 
-pub fn next_name(st: &mut CloneState) -> String {
+pub fn next_name(st: &mut SourceState) -> String {
     st.names += 1;
     format!("{}-c{}", stem(st), st.names)
 }
@@ -129,7 +129,7 @@ pub fn next_name(st: &mut CloneState) -> String {
 fn make_template(
     vm: &Vm,
     config: &mut VmConfig,
-    st: &mut CloneState,
+    st: &mut SourceState,
     mode: CloneMode,
     fork_vcpu: Option<u8>,
     dir: &Path,
@@ -142,14 +142,8 @@ fn make_template(
         // The source stops writing its disk images (they become the clones'
         // shared bases): each writable drive goes on in a new overlay of its
         // own, which the configuration records so clones derive theirs.
-        let frozen = vm
-            .freeze_disks_for_clone(dir)
+        identity::freeze_disks(vm, config, dir)
             .map_err(|e| CloneError::Capture(format!("cannot freeze the disks: {e}")))?;
-        for f in frozen {
-            if let Some(d) = config.drives.iter_mut().find(|d| d.drive_id == f.drive_id) {
-                d.cow_overlay = Some(f.cow_overlay);
-            }
-        }
         let config = &*config;
         let state =
             capture_state(vm, config, &devices).map_err(|e| CloneError::Capture(e.to_string()))?;
@@ -200,7 +194,7 @@ fn make_template(
 pub fn clone_vm(
     vm: &Vm,
     config: &mut VmConfig,
-    st: &mut CloneState,
+    st: &mut SourceState,
     order: CloneOrder,
 ) -> Result<CloneReport, CloneError> {
     let mode = check(vm, config, st, &order)?;
@@ -280,7 +274,7 @@ pub fn clone_vm(
 /// this request are stopped.
 fn start_clones(
     config: &VmConfig,
-    st: &mut CloneState,
+    st: &mut SourceState,
     template: &Template,
     order: &CloneOrder,
     dir: &Path,
@@ -368,7 +362,7 @@ fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
 /// The handoff for clone process `p`.
 fn clone_handoff(
     config: &VmConfig,
-    st: &CloneState,
+    st: &SourceState,
     template: &Template,
     p: &CloneProcess,
     index: u64,
@@ -383,7 +377,7 @@ fn clone_handoff(
     cfg.drives = config
         .drives
         .iter()
-        .map(|d| cloneid::clone_drive(d, dir, &p.name))
+        .map(|d| identity::clone_drive(d, dir, &p.name))
         .collect::<Result<_, _>>()?;
     Ok(Handoff {
         template_id: template.id.clone(),
@@ -405,7 +399,7 @@ fn clone_handoff(
 
 /// Tops the standby pool up to the configured size; standby processes
 /// prepare a VM of this one's size.
-pub fn fill_standby(st: &mut CloneState, config: &VmConfig) -> Result<(), CloneError> {
+pub fn fill_standby(st: &mut SourceState, config: &VmConfig) -> Result<(), CloneError> {
     let dir = clone_dir(st, None);
     std::fs::create_dir_all(&dir).map_err(|source| CloneError::Io {
         what: "create the clone socket directory",

@@ -1,6 +1,7 @@
 //! Clone processes: each clone is a `spore vmm` child of the source VMM,
-//! started with `--clone-handoff FD` (one end of a socket pair) and waiting
-//! there for its template.
+//! started with `--clone-handoff FD` (one end of a socket pair; the whole
+//! command line is [`ClonedProcessArgs`]) and waiting there for its
+//! template ([`super::process`] is what it then does).
 //!
 //! Processes are spawned with `posix_spawn` (std's path when no `pre_exec`
 //! is given), never with `fork()`: a fork would copy the source's page
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use super::handoff::{recv_ready, Ready};
+use super::process::ClonedProcessArgs;
 use super::{CloneError, READY_TIMEOUT};
 
 /// A started `spore vmm --clone-handoff` process.
@@ -71,26 +73,19 @@ pub fn spawn(
     let log = dir.join(format!("{name}.log"));
     let out = File::create(&log).map_err(io("create a clone log"))?;
     let err = out.try_clone().map_err(io("create a clone log"))?;
+    let args = ClonedProcessArgs {
+        api_sock: socket.clone(),
+        id: name.to_string(),
+        handoff_fd: theirs.as_raw_fd(),
+        prepare,
+        marks_file: marks.then(|| dir.join(format!("{name}.marks.json"))),
+    };
     let mut cmd = Command::new(&exe);
-    cmd.arg("vmm")
-        .arg("--api-sock")
-        .arg(&socket)
-        .arg("--id")
-        .arg(name)
-        .arg("--clone-handoff")
-        .arg(theirs.as_raw_fd().to_string())
+    cmd.args(args.to_args())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0);
-    if let Some((bytes, vcpus)) = prepare {
-        cmd.arg("--clone-prepare")
-            .arg(format!("{},{vcpus}", bytes >> 20));
-    }
-    if marks {
-        cmd.arg("--marks-file")
-            .arg(dir.join(format!("{name}.marks.json")));
-    }
     // The child end must survive exec. Clearing CLOEXEC (instead of a
     // pre_exec hook, which would force fork()) is safe: this VMM spawns
     // processes only here, one request at a time.

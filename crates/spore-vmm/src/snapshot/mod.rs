@@ -15,6 +15,7 @@ pub mod dirty;
 pub mod format;
 pub mod memory;
 pub mod merge;
+pub mod params;
 pub mod restore;
 
 pub use chain::{ChainHead, LayerInfo, LayerPaths};

@@ -2,7 +2,6 @@
 //! start, pause, resume and stop. [`crate::builder`] assembles it.
 
 pub mod control;
-pub mod identity;
 pub mod vcpu;
 pub mod vm_state;
 pub mod wake;
@@ -39,6 +38,12 @@ pub enum RunState {
     Paused,
     Stopped,
 }
+
+/// The one answer to a request that needs a VM before there is one (the
+/// API, cloning and snapshots all say it the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the microVM is not started")]
+pub struct NotStarted;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -199,6 +204,21 @@ impl Vm {
     /// The signal port (clones install the guest-`FORK` handler on it).
     pub fn signal(&self) -> &Arc<SignalPort> {
         &self.io.signal
+    }
+
+    /// The VM's clone generation (0 for a booted VM).
+    pub fn generation(&self) -> u64 {
+        self.io.signal.generation()
+    }
+
+    /// Every drive's disk, in attach order (cloning freezes them).
+    pub fn drives(&self) -> &[crate::devices::virtio::blk::BlockHandle] {
+        &self.devices.handles().drives
+    }
+
+    /// The vsock device's handle, if the VM has one (a clone's new CID).
+    pub fn vsock(&self) -> Option<&crate::devices::virtio::vsock::VsockHandle> {
+        self.devices.handles().vsock.as_ref()
     }
 
     pub fn marks(&self) -> Vec<Mark> {

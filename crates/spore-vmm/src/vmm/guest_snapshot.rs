@@ -11,17 +11,17 @@
 use spore_abi::signal::{SNAPSHOT_FAILED, SNAPSHOT_RESTORED, SNAPSHOT_TAKEN};
 
 use super::Vmm;
-use crate::api::snapshot_body::{AfterSnapshot, GuestSnapshotConfig};
-use crate::api::{ApiError, ApiResponse};
-use crate::host::lock;
+use crate::api::ApiError;
+use crate::config::{AfterSnapshot, GuestSnapshotConfig};
+use crate::snapshot::params::SnapshotCreateParams;
 use crate::vm::control::{GuestSnapshotRequest, StopReason};
 
 impl Vmm {
     /// Serves one guest request; never fails (the guest reads the outcome).
     pub(super) fn serve_guest_snapshot(&self, req: GuestSnapshotRequest) {
         let outcome = self.write_guest_snapshot(req);
-        let inner = lock(&self.inner);
-        let Some(vm) = inner.vm.as_ref() else {
+        let inner = self.lock();
+        let Some(vm) = inner.vm() else {
             self.control.finish_guest_snapshot();
             return;
         };
@@ -67,40 +67,37 @@ impl Vmm {
         req: GuestSnapshotRequest,
     ) -> Result<(AfterSnapshot, String), String> {
         let config = {
-            let inner = lock(&self.inner);
+            let inner = self.lock();
             let config = inner
                 .config
                 .guest_snapshots
                 .clone()
                 .ok_or("guest-triggered snapshots were switched off")?;
-            let vm = inner.vm.as_ref().ok_or("the microVM is gone")?;
+            let vm = &inner.built().map_err(|e| e.to_string())?.vm;
             vm.pause().map_err(|e| e.to_string())?;
             // What the asking vCPU reads in a VM restored from this snapshot;
             // the running VM gets its own result afterwards.
             vm.set_signal_result(req.vcpu, SNAPSHOT_RESTORED);
             config
         };
-        let params = config.create_params(req.tag);
+        let params = SnapshotCreateParams::for_guest_tag(&config, req.tag);
         self.create_snapshot(&params).map_err(|e| e.to_string())?;
         Ok((config.after, params.snapshot_path))
     }
 
-    /// `PUT /snapshot/guest-triggered`: valid before and after InstanceStart.
-    pub(super) fn put_guest_snapshots(
-        &self,
-        config: GuestSnapshotConfig,
-    ) -> Result<ApiResponse, ApiError> {
-        let mut inner = lock(&self.inner);
-        inner.config.guest_snapshots = Some(config);
+    /// `PUT /snapshot/guest-triggered`: valid before and after InstanceStart
+    /// (the API has also checked that the directory exists).
+    pub fn set_guest_snapshots(&self, config: GuestSnapshotConfig) -> Result<(), ApiError> {
+        config.validate().map_err(ApiError::BadRequest)?;
+        self.lock().config.guest_snapshots = Some(config);
         self.control.set_guest_snapshots(true);
-        Ok(ApiResponse::NoContent)
+        Ok(())
     }
 
     /// `GET /snapshot/guest-triggered`.
-    pub(super) fn get_guest_snapshots(&self) -> Result<ApiResponse, ApiError> {
-        let inner = lock(&self.inner);
-        match &inner.config.guest_snapshots {
-            Some(c) => ApiResponse::json(c),
+    pub fn guest_snapshots(&self) -> Result<GuestSnapshotConfig, ApiError> {
+        match &self.lock().config.guest_snapshots {
+            Some(c) => Ok(c.clone()),
             None => Err(ApiError::BadRequest(
                 "guest-triggered snapshots are not configured: PUT /snapshot/guest-triggered \
                  {\"directory\": ...} first"

@@ -16,15 +16,7 @@ use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 /// Bytes charged per object for the map entry and allocation headers.
 pub const OBJECT_OVERHEAD: u64 = 64;
 
-/// How values are stored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compression {
-    #[default]
-    None,
-    /// lz4 block format; a value that does not shrink is stored as is.
-    Lz4,
-}
+pub use crate::config::Compression;
 
 /// A stored value.
 struct Object {

@@ -1,0 +1,162 @@
+//! This VM as a clone source: `PUT /clone`, `PUT /clone/config`, `GET
+//! /clone`, and the guest's `FORK` (served on a `guest-fork` thread while
+//! the vCPU that signalled parks).
+//!
+//! The cloning itself is `clone::source`'s; here the VMM only hands it the
+//! VM, the configuration and the [`crate::clone::SourceState`] under one
+//! lock, and keeps the standby pool topped up afterwards.
+
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::{Inner, Vmm};
+use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
+use crate::clone::{CloneConfig, CloneError, CloneReport, CloneRequest, SourceState};
+use crate::host::{lock, monotonic_ns};
+use crate::vm::Vm;
+
+/// `GET /clone`.
+#[derive(Debug, serde::Serialize)]
+pub struct CloneStatus {
+    pub config: CloneConfig,
+    pub zygote: bool,
+    pub served: u64,
+    pub generation: u64,
+    pub template: Option<String>,
+    pub template_layers: usize,
+    pub standby: usize,
+}
+
+impl Vmm {
+    /// Tells the VMM its API socket (clones' sockets go beside it).
+    pub fn set_api_socket(&self, path: &std::path::Path) {
+        self.lock().source.api_socket = Some(path.to_path_buf());
+    }
+
+    /// `PUT /clone`.
+    pub fn clone_vm(&self, r: &CloneRequest) -> Result<CloneReport, CloneError> {
+        let request_ns = monotonic_ns();
+        self.clone_with(|_| CloneOrder {
+            count: r.count,
+            mode: r.mode,
+            socket_dir: r.socket_dir.clone(),
+            fork_vcpu: None,
+            request_ns,
+        })
+    }
+
+    /// Serves one clone order (made from the source's settings) on the
+    /// built VM, then refills the standby pool.
+    fn clone_with(
+        &self,
+        order: impl FnOnce(&SourceState) -> CloneOrder,
+    ) -> Result<CloneReport, CloneError> {
+        let mut inner = self.lock();
+        let Inner {
+            config,
+            phase,
+            source,
+            ..
+        } = &mut *inner;
+        let vm = &phase.built()?.vm;
+        let order = order(source);
+        let report = clone_vm(vm, config, source, order)?;
+        if let Err(e) = fill_standby(source, config) {
+            tracing::warn!("cannot refill the standby clone processes: {e}");
+        }
+        Ok(report)
+    }
+
+    /// `PUT /clone/config`; starts (or stops) standby processes to match.
+    pub fn set_clone_config(&self, c: CloneConfig) -> Result<(), CloneError> {
+        c.validate()?;
+        let mut inner = self.lock();
+        let Inner { config, source, .. } = &mut *inner;
+        source.config = c;
+        let extra = source
+            .standby
+            .len()
+            .saturating_sub(source.config.standby as usize);
+        for p in source.standby.drain(..extra) {
+            p.kill();
+        }
+        fill_standby(source, config)
+    }
+
+    /// `GET /clone`.
+    pub fn clone_status(&self) -> CloneStatus {
+        let inner = self.lock();
+        let s = &inner.source;
+        CloneStatus {
+            config: s.config.clone(),
+            zygote: s.zygote,
+            served: s.served,
+            generation: s.generation,
+            template: s.template.as_ref().map(|t| t.id.clone()),
+            template_layers: s.template.as_ref().map_or(0, |t| t.layers.len()),
+            standby: s.standby.len(),
+        }
+    }
+
+    /// Lets the guest's signal-port `FORK` clone this VM: a thread serves
+    /// the forks (the vCPU that signalled parks meanwhile). Without this,
+    /// `FORK` fails at once in the guest.
+    pub fn enable_guest_fork(self: &Arc<Self>) {
+        let (tx, rx) = channel::<(u8, u32)>();
+        *lock(&self.fork_tx) = Some(tx);
+        let me: Weak<Vmm> = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("guest-fork".into())
+            .spawn(move || {
+                while let Ok((vcpu, n)) = rx.recv() {
+                    let Some(vmm) = me.upgrade() else { return };
+                    vmm.guest_fork(vcpu, n);
+                }
+            });
+        if let Some(vm) = self.lock().vm() {
+            self.install_fork_handler(vm);
+        }
+    }
+
+    /// Routes the VM's `FORK`s to the guest-fork thread, if there is one.
+    pub(super) fn install_fork_handler(&self, vm: &Vm) {
+        if let Some(tx) = lock(&self.fork_tx).clone() {
+            let tx = Mutex::new(tx);
+            vm.signal().set_fork_handler(Box::new(move |vcpu, n| {
+                let _ = lock(&tx).send((vcpu, n));
+            }));
+        }
+    }
+
+    /// One guest `FORK` of `n` clones (0: the configured `fork_count`).
+    fn guest_fork(&self, vcpu: u8, n: u32) {
+        let request_ns = monotonic_ns();
+        let order = |source: &SourceState| CloneOrder {
+            count: if n == 0 { source.config.fork_count } else { n },
+            mode: None,
+            socket_dir: None,
+            fork_vcpu: Some(vcpu),
+            request_ns,
+        };
+        match self.clone_with(order) {
+            Ok(r) => {
+                let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
+                tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
+                eprintln!(
+                    "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
+                    r.clones.len(),
+                    r.template,
+                    r.mode,
+                    r.clones
+                        .iter()
+                        .map(|c| format!("{} pid {}", c.socket, c.pid))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            // The VM is gone: the FORK has nobody left to answer.
+            Err(CloneError::NotStarted(_)) => {}
+            Err(e) => eprintln!("spore: guest fork failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The VMM's state machine: configure → start (boot, restore or clone) →
+//! pause/resume → stop, for one microVM.
+//!
+//! [`Vmm`] holds the configuration and, once one is built, the [`Vm`]; which
+//! of the two a request may touch is decided by [`Phase`], in one place
+//! ([`Inner::built`] answers "is there a VM" with [`NotStarted`]). Each
+//! request takes the state lock once. API requests arrive one at a time
+//! (the API thread serializes them); the process's main thread waits in
+//! [`Vmm::wait_for_exit`] and serves guest-triggered snapshots there.
+//!
+//! Module map, by question:
+//! - [`dispatch`]: API request → one typed call below (the only place that
+//!   knows `ApiRequest`).
+//! - [`preboot`]: the configuration, set before `InstanceStart`; `start`.
+//! - [`running`]: a built VM's controls: pause/resume, balloon, hotplug
+//!   memory, tmem, snapshot create.
+//! - [`restore`]: building the VM from a snapshot instead.
+//! - [`clone_source`]: this VM as a clone source (`PUT /clone`, guest `FORK`).
+//! - [`clone_child`]: this process becoming a clone (`spore vmm --clone-handoff`).
+//! - [`guest_snapshot`]: guest-triggered snapshot points.
+//!
+//! Nothing here parses HTTP or guest memory; nothing here runs on a vCPU.
+
+mod clone_child;
+mod clone_source;
+mod dispatch;
+mod guest_snapshot;
+mod preboot;
+mod restore;
+mod running;
+#[cfg(test)]
+mod tests;
+
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use clone_source::CloneStatus;
+pub use restore::LoadOptions;
+
+use crate::api::ApiError;
+use crate::builder::BuildError;
+use crate::clone::identity::IdentityError;
+use crate::clone::{ChildState, SourceState};
+use crate::config::VmConfig;
+use crate::devices::legacy::serial::SerialOut;
+use crate::devices::legacy::signal::Mark;
+use crate::host::lock;
+use crate::snapshot;
+use crate::snapshot::restore::{RestoreError, RestoreSession};
+use crate::vm::control::{ControlEvent, RunControl, StopReason};
+pub use crate::vm::NotStarted;
+use crate::vm::{RunState, Vm};
+
+pub struct Vmm {
+    id: String,
+    control: Arc<RunControl>,
+    inner: Mutex<Inner>,
+    /// Where guest `FORK`s go (see [`Vmm::enable_guest_fork`]).
+    fork_tx: Mutex<Option<Sender<(u8, u32)>>>,
+}
+
+/// Everything a request may read or change, behind the one lock.
+struct Inner {
+    config: VmConfig,
+    phase: Phase,
+    source: SourceState,
+    child: ChildState,
+}
+
+/// Whether a VM exists. Requests that need one go through [`Inner::built`].
+enum Phase {
+    /// Configuring: no VM yet; the serial sink waits for the one to come.
+    PreBoot { serial_out: SerialOut },
+    /// A VM exists: booted, restored, or a clone waiting for its number.
+    Built(Box<BuiltVm>),
+    /// The VM was shut down, or a build used up the serial sink and failed
+    /// after it could be given back.
+    Ended,
+}
+
+/// A built VM and what lives exactly as long as it.
+struct BuiltVm {
+    vm: Vm,
+    /// A restored VM's memory path (uffd handler, working-set recorder);
+    /// finished after the VM stopped.
+    restore: Option<RestoreSession>,
+    /// The last snapshot and the pages changed since (for Diff snapshots).
+    chain: snapshot::ChainState,
+}
+
+impl BuiltVm {
+    fn new(vm: Vm) -> Box<Self> {
+        Box::new(BuiltVm {
+            vm,
+            restore: None,
+            chain: Default::default(),
+        })
+    }
+}
+
+impl Phase {
+    /// The VM, or the one "not started" answer.
+    fn built(&self) -> Result<&BuiltVm, NotStarted> {
+        match self {
+            Phase::Built(b) => Ok(b),
+            _ => Err(NotStarted),
+        }
+    }
+
+    fn built_mut(&mut self) -> Result<&mut BuiltVm, NotStarted> {
+        match self {
+            Phase::Built(b) => Ok(b),
+            _ => Err(NotStarted),
+        }
+    }
+}
+
+impl Inner {
+    fn built(&self) -> Result<&BuiltVm, NotStarted> {
+        self.phase.built()
+    }
+
+    fn built_mut(&mut self) -> Result<&mut BuiltVm, NotStarted> {
+        self.phase.built_mut()
+    }
+
+    fn vm(&self) -> Option<&Vm> {
+        self.built().ok().map(|b| &b.vm)
+    }
+
+    /// Hands the serial sink to a VM about to be built: only before any VM
+    /// was built and before a stop was asked for. On a failed build, give it
+    /// back with [`Inner::build_failed`].
+    fn take_serial_out(&mut self, control: &RunControl) -> Result<SerialOut, AlreadyStarted> {
+        if control.stop_reason().is_some() {
+            return Err(AlreadyStarted);
+        }
+        match std::mem::replace(&mut self.phase, Phase::Ended) {
+            Phase::PreBoot { serial_out } => Ok(serial_out),
+            other => {
+                self.phase = other;
+                Err(AlreadyStarted)
+            }
+        }
+    }
+
+    /// A failed build may be retried after fixing the configuration, but
+    /// the serial sink is gone: the next attempt gets stdout.
+    fn build_failed(&mut self) {
+        self.phase = Phase::PreBoot {
+            serial_out: Box::new(std::io::stdout()),
+        };
+    }
+}
+
+/// A VM was already built (or a stop asked for) in this VMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AlreadyStarted;
+
+impl Vmm {
+    pub fn new(id: String, config: VmConfig, serial_out: SerialOut) -> Self {
+        Self {
+            id,
+            control: Arc::new(RunControl::new()),
+            inner: Mutex::new(Inner {
+                config,
+                phase: Phase::PreBoot { serial_out },
+                source: SourceState::default(),
+                child: ChildState::default(),
+            }),
+            fork_tx: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Blocks until the VM stops (or a stop is requested before it starts).
+    /// Guest-triggered snapshots are served here, on the caller's thread:
+    /// the process's main thread must be the one waiting.
+    pub fn wait_for_exit(&self) -> StopReason {
+        loop {
+            match self.control.wait_event() {
+                ControlEvent::Stopped(reason) => return reason,
+                ControlEvent::GuestSnapshot(req) => self.serve_guest_snapshot(req),
+            }
+        }
+    }
+
+    /// Asks the VM to stop (host signal, shutdown).
+    pub fn request_stop(&self) {
+        self.control.stop(StopReason::Requested);
+    }
+
+    /// Stops vCPU threads and releases the VM; returns the marks it recorded.
+    pub fn shutdown(&self) -> Vec<Mark> {
+        let mut inner = self.lock();
+        if !matches!(inner.phase, Phase::Built(_)) {
+            return Vec::new();
+        }
+        let Phase::Built(built) = std::mem::replace(&mut inner.phase, Phase::Ended) else {
+            return Vec::new();
+        };
+        let BuiltVm {
+            mut vm, restore, ..
+        } = *built;
+        let marks = vm.marks();
+        vm.stop(StopReason::Requested);
+        drop(vm);
+        // Only now can nothing fault any more.
+        if let Some(mut r) = restore {
+            r.finish();
+        }
+        marks
+    }
+
+    pub fn state(&self) -> RunState {
+        match self.lock().vm() {
+            Some(vm) => vm.state(),
+            None if self.control.stop_reason().is_some() => RunState::Stopped,
+            None => RunState::NotStarted,
+        }
+    }
+
+    pub fn control(&self) -> &Arc<RunControl> {
+        &self.control
+    }
+
+    /// Feeds console input to the guest's serial port; returns bytes taken.
+    pub fn serial_input(&self, bytes: &[u8]) -> usize {
+        match self.lock().vm() {
+            Some(vm) => lock(vm.serial()).enqueue_input(bytes),
+            None => 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the microVM was already started (InstanceStart is accepted once)")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("cannot start the microVM: {0}")]
+    Start(String),
+}
+
+impl From<AlreadyStarted> for StartError {
+    fn from(_: AlreadyStarted) -> Self {
+        StartError::AlreadyStarted
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotApiError {
+    #[error(transparent)]
+    NotStarted(#[from] NotStarted),
+    #[error("a snapshot can only be loaded before any microVM was started or loaded in this VMM")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error("cannot restore the microVM: {0}")]
+    Build(#[source] BuildError),
+    #[error("cannot start the restored microVM: {0}")]
+    Start(String),
+    #[error("cannot restore the microVM's memory: {0}")]
+    Memory(#[from] RestoreError),
+    #[error("cannot snapshot this microVM: {0}")]
+    Restore(String),
+    #[error("clone identity: {0}")]
+    Identity(#[from] IdentityError),
+    #[error("copy-on-write disks for cloning: {0}")]
+    Freeze(String),
+    #[error("vsock_override: the snapshot has no vsock device")]
+    NoVsock,
+}
+
+impl From<AlreadyStarted> for SnapshotApiError {
+    fn from(_: AlreadyStarted) -> Self {
+        SnapshotApiError::AlreadyStarted
+    }
+}
+
+impl From<NotStarted> for ApiError {
+    fn from(e: NotStarted) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
+/// A request that cannot be served now, or names something wrong: a 400
+/// carrying the message.
+fn bad(e: impl std::fmt::Display) -> ApiError {
+    ApiError::BadRequest(e.to_string())
+}
