@@ -6,8 +6,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use spore_vmm::api::ApiServer;
-use spore_vmm::clone::process::{self as clone_process, ClonedProcessArgs};
+use spore_vmm::clone::args::ClonedProcessArgs;
 use spore_vmm::config::VmConfig;
+use spore_vmm::vmm::clone_process;
 use spore_vmm::vmm::Vmm;
 
 use crate::host;

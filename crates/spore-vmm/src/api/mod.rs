@@ -26,6 +26,9 @@ pub mod server;
 pub mod snapshot_body;
 mod socket;
 
+#[cfg(test)]
+mod clone_route_tests;
+
 pub use body::{
     ActionType, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
     InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VmState,

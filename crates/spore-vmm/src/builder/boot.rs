@@ -15,9 +15,9 @@ use crate::arch::x86_64::unikernel::{
     configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel_mapping,
     set_supported_cpuid,
 };
+use crate::arch::GuestKind;
 use crate::config::{BootProtocol, VmConfig};
-use crate::devices::virtio::GuestMemoryMmap;
-use crate::vm::GuestKind;
+use crate::memory::GuestMemoryMmap;
 
 /// The guest kind the boot source asks for, or finds in the kernel's ELF note.
 pub(super) fn guest_kind(

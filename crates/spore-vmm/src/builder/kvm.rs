@@ -8,10 +8,10 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
 use super::{kvm_setup, BuildError};
 use crate::arch::x86_64::layout;
+use crate::arch::GuestKind;
 use crate::config::VmConfig;
 use crate::memory::GuestRam;
 use crate::snapshot::MicrovmState;
-use crate::vm::GuestKind;
 
 /// KVM objects made ahead of time for a restore whose RAM is not known yet
 /// (a standby clone process): the VM, its memory slots over a placeholder

@@ -25,19 +25,20 @@ use vm_memory::GuestMemoryRegion;
 use crate::arch::x86_64::linux::LinuxBootError;
 use crate::arch::x86_64::linux_vcpu::LinuxVcpuError;
 use crate::arch::x86_64::unikernel::UnikernelError;
+use crate::arch::GuestKind;
 use crate::config::{ConfigError, VmConfig};
 use crate::device_manager::{
     make_mem_device, AttachContext, Buses, DeviceError, MemDevice, StateLookup, VmDevices,
 };
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::SignalPort;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::devices::wake::GuestWake;
+use crate::memory::GuestMemoryMmap;
 use crate::memory::{GuestRam, MemoryError};
 use crate::snapshot::MicrovmState;
 use crate::vm::control::RunControl;
 use crate::vm::vcpu::{Vcpu, VcpuIo};
-use crate::vm::wake::GuestWake;
-use crate::vm::{GuestKind, Vm, VmParts};
+use crate::vm::{Vm, VmParts};
 pub use kvm::{prepare_kvm, PreparedKvm};
 
 /// Command line used when `/boot-source` gives none (Firecracker's, plus the
@@ -146,7 +147,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         wake: &wake,
         kind,
         serial_out: opts.serial_out,
-        control: &opts.control,
+        on_reset: reset_hook(&opts.control),
         device_mem: device_memory(&ram, mem_device.as_ref())?,
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, None)?;
@@ -231,7 +232,7 @@ pub fn build_from_state(
         wake: &wake,
         kind,
         serial_out: opts.serial_out,
-        control: &opts.control,
+        on_reset: reset_hook(&opts.control),
         device_mem: device_memory(&ram, mem_device.as_ref())?,
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, Some(&mut saved))?;
@@ -358,6 +359,12 @@ fn assemble(p: VmPieces<'_>) -> Vm {
         kind: p.kind,
         irqchip: p.irqchip,
     })
+}
+
+/// The i8042's reset line: stops the VM (`StopReason::Reset`).
+fn reset_hook(control: &Arc<RunControl>) -> crate::device_manager::ResetHook {
+    let control = control.clone();
+    Arc::new(move || control.stop(crate::vm::control::StopReason::Reset))
 }
 
 #[cfg(test)]

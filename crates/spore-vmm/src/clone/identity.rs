@@ -27,10 +27,11 @@ use spore_abi::signal::GENERATION_VSOCK_PORT;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::CloneError;
+use crate::arch::GuestKind;
 use crate::config::{CowOverlayConfig, DriveConfig, VmConfig};
 use crate::devices::virtio::blk::FreezeError;
 use crate::devices::virtio::vsock::{Notice, VsockError};
-use crate::vm::{GuestKind, RunState, Vm};
+use crate::vm::{RunState, Vm};
 
 /// The identity a clone gets before it first runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,15 +30,16 @@
 //! even restore a clone paused, so that a request only numbers and starts it.
 //!
 //! Module map: [`source`] (the source side), [`spawn`] (starting clone
-//! processes), [`handoff`] (the wire format between them), [`process`] (a
-//! clone process: its command line and its run), [`child`] (the clone
+//! processes), [`handoff`] (the wire format between them), [`args`] (a
+//! clone process's command line; what the process does is
+//! `crate::vmm::clone_process`), [`child`] (the clone
 //! side's restore and start), [`identity`] (a clone's generation, vsock CID
 //! and disks). The VMM keeps [`SourceState`] and [`ChildState`] apart.
 
+pub mod args;
 pub mod child;
 pub mod handoff;
 pub mod identity;
-pub mod process;
 pub mod source;
 pub mod spawn;
 
@@ -281,57 +282,6 @@ pub struct AwaitingGo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{parse_request, ApiError, ApiRequest};
-    use hyper::Method;
-
-    #[test]
-    fn clone_routes_parse_and_refuse_bad_bodies() {
-        let r = parse_request(
-            &Method::PUT,
-            "/clone",
-            br#"{"count": 3, "mode": "continue"}"#,
-        );
-        assert_eq!(
-            r,
-            Ok(ApiRequest::PutClone(CloneRequest {
-                count: 3,
-                mode: Some(CloneMode::Continue),
-                socket_dir: None,
-            }))
-        );
-        assert_eq!(
-            parse_request(&Method::GET, "/clone", b""),
-            Ok(ApiRequest::GetClone)
-        );
-        let c = parse_request(&Method::PUT, "/clone/config", br#"{"max_clones": 5}"#);
-        assert_eq!(
-            c,
-            Ok(ApiRequest::PutCloneConfig(CloneConfig {
-                max_clones: 5,
-                ..Default::default()
-            }))
-        );
-        for (path, body) in [
-            ("/clone", &br#"{"count": -1}"#[..]),
-            ("/clone", br#"{"count": 1, "mode": "sideways"}"#),
-            ("/clone", br#"{"mode": "zygote"}"#),
-            ("/clone", br#"{"count": 1, "extra": 1}"#),
-            ("/clone/config", br#"{"max_clones": "many"}"#),
-        ] {
-            assert!(
-                matches!(
-                    parse_request(&Method::PUT, path, body),
-                    Err(ApiError::BadRequest(_))
-                ),
-                "{path} {}",
-                String::from_utf8_lossy(body)
-            );
-        }
-        assert!(matches!(
-            parse_request(&Method::PATCH, "/clone", b"{}"),
-            Err(ApiError::MethodNotAllowed(_))
-        ));
-    }
 
     #[test]
     fn clone_config_defaults_and_limits() {

@@ -17,8 +17,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use super::args::ClonedProcessArgs;
 use super::handoff::{recv_ready, Ready};
-use super::process::ClonedProcessArgs;
 use super::{CloneError, READY_TIMEOUT};
 
 /// A started `spore vmm --clone-handoff` process.

@@ -7,14 +7,13 @@ use std::sync::{Arc, Mutex};
 use super::persist::{restore_device, DeviceId, StateLookup};
 use super::{new_irqfd, DeviceError};
 use crate::arch::x86_64::layout;
+use crate::arch::GuestKind;
 use crate::config::TmemConfig;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::tmem::TmemDevice;
-use crate::vm::control::{RunControl, StopReason};
-use crate::vm::wake::GuestWake;
-use crate::vm::GuestKind;
+use crate::devices::wake::GuestWake;
 use kvm_ioctls::VmFd;
 
 /// The legacy devices of a VM and the port-I/O bus they sit on.
@@ -31,8 +30,8 @@ pub(super) struct LegacySetup<'a> {
     pub wake: &'a Arc<GuestWake>,
     pub kind: GuestKind,
     pub serial_out: SerialOut,
-    /// Stopped with [`StopReason::Reset`] by the i8042.
-    pub control: &'a Arc<RunControl>,
+    /// The i8042's reset line.
+    pub on_reset: super::ResetHook,
     pub tmem: &'a TmemConfig,
 }
 
@@ -60,8 +59,8 @@ impl LegacySetup<'_> {
         )?;
         let i8042 = if self.kind == GuestKind::Linux {
             let irq = new_irqfd(self.vm_fd, self.irqchip, layout::I8042_IRQ)?;
-            let control = self.control.clone();
-            let on_reset: Box<dyn Fn() + Send> = Box::new(move || control.stop(StopReason::Reset));
+            let hook = self.on_reset.clone();
+            let on_reset: Box<dyn Fn() + Send> = Box::new(move || hook());
             let device = match saved.as_deref_mut() {
                 None => I8042::new(irq, on_reset),
                 Some(states) => {

@@ -14,8 +14,8 @@ use crate::arch::x86_64::layout;
 use crate::devices::bus::Bus;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
+use crate::devices::wake::GuestWake;
 use crate::persist::Persist;
-use crate::vm::wake::GuestWake;
 
 /// Offset of the QueueNotify register in a virtio-mmio window.
 const QUEUE_NOTIFY: u64 = 0x50;

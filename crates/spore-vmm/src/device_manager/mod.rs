@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::arch::GuestKind;
 use crate::config::VmConfig;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
@@ -33,12 +34,10 @@ use crate::devices::virtio::blk::{BlockError, BlockHandle};
 use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::vsock::{VsockError, VsockHandle};
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::devices::wake::GuestWake;
 use crate::host::lock;
+use crate::memory::GuestMemoryMmap;
 use crate::memory::MemoryError;
-use crate::vm::control::RunControl;
-use crate::vm::wake::GuestWake;
-use crate::vm::GuestKind;
 use mmio::{AttachedVirtio, MmioSlots};
 pub use pause::PausedDevices;
 pub use persist::{DeviceId, DeviceState, DeviceStates, StateLookup};
@@ -94,6 +93,9 @@ pub struct VirtioHandles {
     pub vsock: Option<VsockHandle>,
 }
 
+/// Called when the guest resets the machine through the i8042.
+pub type ResetHook = Arc<dyn Fn() + Send + Sync>;
+
 /// What attaching devices needs from the VM being built.
 pub struct AttachContext<'a> {
     pub vm_fd: &'a VmFd,
@@ -102,8 +104,8 @@ pub struct AttachContext<'a> {
     pub wake: &'a Arc<GuestWake>,
     pub kind: GuestKind,
     pub serial_out: SerialOut,
-    /// The VM's run control (the i8042 resets the VM through it).
-    pub control: &'a Arc<RunControl>,
+    /// What the i8042's reset line does (the builder stops the VM).
+    pub on_reset: ResetHook,
     /// What devices may address: boot RAM, plus the hotplug region if any.
     pub device_mem: GuestMemoryMmap,
 }
@@ -143,7 +145,7 @@ impl VmDevices {
             wake: ctx.wake,
             kind: ctx.kind,
             serial_out: ctx.serial_out,
-            control: ctx.control,
+            on_reset: ctx.on_reset,
             tmem: &config.tmem,
         }
         .attach(saved.as_deref_mut())?;

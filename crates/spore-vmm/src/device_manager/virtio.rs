@@ -20,9 +20,9 @@ use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::mem::{map_snapshot_region, VirtioMem};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
-use crate::devices::virtio::GuestRegionMmap;
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::GuestRam;
+use crate::memory::GuestRegionMmap;
 
 /// The virtio-mem device, made ahead of the other devices, and its region.
 pub struct MemDevice<'s> {

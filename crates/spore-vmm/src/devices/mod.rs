@@ -4,3 +4,4 @@ pub mod bus;
 pub mod legacy;
 pub mod tmem;
 pub mod virtio;
+pub mod wake;

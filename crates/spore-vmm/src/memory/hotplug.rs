@@ -27,7 +27,7 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, MmapRegion};
 
-use crate::devices::virtio::GuestRegionMmap;
+use super::GuestRegionMmap;
 
 use super::{create_memfd, MemoryError};
 
@@ -336,8 +336,7 @@ mod tests {
     fn discard_returns_memory() {
         let mib = 1u64 << 20;
         let hp = HotplugMemory::new(4 << 30, 64 * mib, 16 * mib).unwrap();
-        let mem =
-            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
+        let mem = crate::memory::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
         let buf = vec![0x5au8; (8 * mib) as usize];
         mem.write_slice(&buf, GuestAddress((4 << 30) + 16 * mib))
             .unwrap();

@@ -20,7 +20,6 @@ use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
 use crate::arch::x86_64::layout;
-use crate::devices::virtio::{GuestMemoryMmap, GuestRegionMmap};
 use layers::MemoryLayers;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +49,15 @@ pub enum MemoryError {
         source: kvm_ioctls::Error,
     },
 }
+
+/// Guest memory as the VMM maps it. Every region carries a dirty bitmap:
+/// writes the VMM makes through vm-memory (a device filling a guest buffer)
+/// are not in KVM's dirty log, and a diff snapshot must include them.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<DirtyBitmap>;
+/// One region of [`GuestMemoryMmap`].
+pub type GuestRegionMmap = vm_memory::GuestRegionMmap<DirtyBitmap>;
+/// The per-region bitmap of pages the VMM wrote (one bit per 4 KiB page).
+pub type DirtyBitmap = vm_memory::bitmap::AtomicBitmap;
 
 /// Guest RAM and the file behind it.
 pub struct GuestRam {
@@ -222,7 +230,7 @@ impl GuestRam {
 
 /// At most this many diff extents are mapped by `from_layers`; the rest are
 /// read in (Linux's default limit is 65530 mappings per process).
-const MAX_OVERLAY_MAPS: usize = 16384;
+pub(crate) const MAX_OVERLAY_MAPS: usize = 16384;
 /// Diff extents shorter than this are read in rather than mapped: measured
 /// on a 512 MiB guest with a 25 MiB diff, mapping 6400 single pages took
 /// 121 ms against 90 ms to read them, while one 25 MiB run maps in 52 µs.
@@ -287,84 +295,5 @@ mod tests {
         let v: u32 = ram.memory().read_obj(GuestAddress(0x1000)).unwrap();
         assert_eq!(v, 0xdead_beef);
         assert!(ram.memory().write_obj(1u8, GuestAddress(64 << 20)).is_err());
-    }
-}
-
-#[cfg(test)]
-mod layer_tests {
-    use super::*;
-    use std::os::unix::fs::FileExt;
-    use vm_memory::Bytes;
-
-    /// A base with pages 0..4 set to 1, a diff that zeroes page 1 and sets
-    /// page 2 and page 9 to 2: mapped or read in, the RAM shows the diff's
-    /// pages (a zero page too) and the base elsewhere.
-    #[test]
-    fn layers_overlay_the_base_newest_wins() {
-        let dir = std::env::temp_dir().join(format!("spore-ram-layers-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let size = 4u64 << 20;
-        let mk = |name: &str, pages: &[(u64, u8)]| {
-            let f = File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.join(name))
-                .unwrap();
-            f.set_len(size).unwrap();
-            for &(p, v) in pages {
-                f.write_all_at(&[v; 4096], p * 4096).unwrap();
-            }
-            f
-        };
-        let base = mk("base", &[(0, 1), (1, 1), (2, 1), (3, 1)]);
-        let mut diff_pages = vec![(1, 0), (2, 2), (9, 2)];
-        diff_pages.extend((32..48).map(|p| (p, 4)));
-        let diff = mk("diff", &diff_pages);
-        let layers = MemoryLayers::new(vec![base, diff], size);
-        for max_maps in [MAX_OVERLAY_MAPS, 0] {
-            let ram = GuestRam::from_layers_with(&layers, max_maps).unwrap();
-            let page = |p: u64| {
-                let mut b = [0u8; 4096];
-                ram.memory()
-                    .read_slice(&mut b, GuestAddress(p * 4096))
-                    .unwrap();
-                assert!(b.iter().all(|&x| x == b[0]), "page {p} mixed");
-                b[0]
-            };
-            assert_eq!(
-                (0..11).map(page).collect::<Vec<_>>(),
-                [1, 0, 2, 1, 0, 0, 0, 0, 0, 2, 0],
-                "max_maps {max_maps}"
-            );
-            // Writes stay private: the layer files keep their bytes.
-            ram.memory().write_obj(7u8, GuestAddress(2 * 4096)).unwrap();
-            let mut b = [0u8];
-            layers.files()[1].read_exact_at(&mut b, 2 * 4096).unwrap();
-            assert_eq!(b[0], 2);
-            assert_eq!(page(32), 4);
-            assert_eq!(page(47), 4);
-            assert_eq!(page(48), 0);
-            assert!(ram.overlays().contains(&(9 * 4096, 4096)));
-            assert!(ram.overlays().contains(&(32 * 4096, 16 * 4096)));
-            // A full snapshot of this RAM holds the diff's pages, although
-            // the base file has holes there and nothing touched them.
-            let path = dir.join(format!("full-{max_maps}"));
-            let out = File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .unwrap();
-            crate::snapshot::memory::write_sparse(&ram, &out).unwrap();
-            let mut b = [0u8];
-            for (p, v) in [(0, 1), (1, 0), (2, 7), (9, 2), (40, 4), (100, 0)] {
-                out.read_exact_at(&mut b, p * 4096).unwrap();
-                assert_eq!(b[0], v, "page {p}");
-            }
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

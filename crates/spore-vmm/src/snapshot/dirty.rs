@@ -17,8 +17,8 @@
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::devices::virtio::{DirtyBitmap, GuestRegionMmap};
 use crate::memory::GuestRam;
+use crate::memory::{DirtyBitmap, GuestRegionMmap};
 
 pub const PAGE: u64 = 4096;
 

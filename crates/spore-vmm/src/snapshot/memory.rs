@@ -219,3 +219,87 @@ mod tests {
         std::fs::remove_file(&path2).unwrap();
     }
 }
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+    use crate::memory::layers::MemoryLayers;
+    use crate::memory::{GuestRam, MAX_OVERLAY_MAPS};
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
+    use vm_memory::Bytes;
+    use vm_memory::GuestAddress;
+
+    /// (Here rather than in `memory/`, which must not import `snapshot/`.)
+    /// A base with pages 0..4 set to 1, a diff that zeroes page 1 and sets
+    /// page 2 and page 9 to 2: mapped or read in, the RAM shows the diff's
+    /// pages (a zero page too) and the base elsewhere.
+    #[test]
+    fn layers_overlay_the_base_newest_wins() {
+        let dir = std::env::temp_dir().join(format!("spore-ram-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = 4u64 << 20;
+        let mk = |name: &str, pages: &[(u64, u8)]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(size).unwrap();
+            for &(p, v) in pages {
+                f.write_all_at(&[v; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        let base = mk("base", &[(0, 1), (1, 1), (2, 1), (3, 1)]);
+        let mut diff_pages = vec![(1, 0), (2, 2), (9, 2)];
+        diff_pages.extend((32..48).map(|p| (p, 4)));
+        let diff = mk("diff", &diff_pages);
+        let layers = MemoryLayers::new(vec![base, diff], size);
+        for max_maps in [MAX_OVERLAY_MAPS, 0] {
+            let ram = GuestRam::from_layers_with(&layers, max_maps).unwrap();
+            let page = |p: u64| {
+                let mut b = [0u8; 4096];
+                ram.memory()
+                    .read_slice(&mut b, GuestAddress(p * 4096))
+                    .unwrap();
+                assert!(b.iter().all(|&x| x == b[0]), "page {p} mixed");
+                b[0]
+            };
+            assert_eq!(
+                (0..11).map(page).collect::<Vec<_>>(),
+                [1, 0, 2, 1, 0, 0, 0, 0, 0, 2, 0],
+                "max_maps {max_maps}"
+            );
+            // Writes stay private: the layer files keep their bytes.
+            ram.memory().write_obj(7u8, GuestAddress(2 * 4096)).unwrap();
+            let mut b = [0u8];
+            layers.files()[1].read_exact_at(&mut b, 2 * 4096).unwrap();
+            assert_eq!(b[0], 2);
+            assert_eq!(page(32), 4);
+            assert_eq!(page(47), 4);
+            assert_eq!(page(48), 0);
+            assert!(ram.overlays().contains(&(9 * 4096, 4096)));
+            assert!(ram.overlays().contains(&(32 * 4096, 16 * 4096)));
+            // A full snapshot of this RAM holds the diff's pages, although
+            // the base file has holes there and nothing touched them.
+            let path = dir.join(format!("full-{max_maps}"));
+            let out = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            write_sparse(&ram, &out).unwrap();
+            let mut b = [0u8];
+            for (p, v) in [(0, 1), (1, 0), (2, 7), (9, 2), (40, 4), (100, 0)] {
+                out.read_exact_at(&mut b, p * 4096).unwrap();
+                assert_eq!(b[0], v, "page {p}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

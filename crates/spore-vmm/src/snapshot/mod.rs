@@ -27,12 +27,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::vcpu_state::{saveable_msrs, VcpuState};
+use crate::arch::GuestKind;
 use crate::config::VmConfig;
 use crate::device_manager::{DeviceStates, PausedDevices};
 use crate::host::{lock, random_id};
 use crate::memory::layers::MemoryLayers;
 use crate::vm::vm_state::VmState;
-use crate::vm::{GuestKind, RunState, Vm};
+use crate::vm::{RunState, Vm};
 use format::{
     FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
 };

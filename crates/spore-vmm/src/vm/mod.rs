@@ -4,13 +4,13 @@
 pub mod control;
 pub mod vcpu;
 pub mod vm_state;
-pub mod wake;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
+use crate::arch::GuestKind;
 use crate::device_manager::VmDevices;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
@@ -25,11 +25,6 @@ use control::{PauseTimeout, RunControl, StopReason};
 use vcpu::{Vcpu, VcpuIo, VcpuThread};
 
 /// Which boot protocol the guest uses; it decides how some exits are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum GuestKind {
-    Linux,
-    Unikernel,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {

@@ -18,8 +18,8 @@ use super::GuestKind;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::signal::{SignalAction, SignalPort};
 use crate::devices::tmem::TmemDevice;
-use crate::devices::virtio::GuestMemoryMmap;
 use crate::host::lock;
+use crate::memory::GuestMemoryMmap;
 
 /// What every vCPU of a VM shares: the buses, the signal port, the tmem
 /// device and guest memory (for the calls handled on the vCPU thread).

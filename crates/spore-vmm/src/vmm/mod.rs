@@ -22,6 +22,7 @@
 //! Nothing here parses HTTP or guest memory; nothing here runs on a vCPU.
 
 mod clone_child;
+pub mod clone_process;
 mod clone_source;
 mod dispatch;
 mod guest_snapshot;

@@ -34,7 +34,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryReg
 use super::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
 pub use super::linux_vcpu::{configure_linux_vcpu, LinuxVcpuError};
 use super::mptable::{setup_mptable, MpTableError};
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 /// Start of high memory; the kernel is loaded at or above it.
 pub const HIMEM_START: u64 = 0x10_0000;

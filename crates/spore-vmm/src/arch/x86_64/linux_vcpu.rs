@@ -9,7 +9,7 @@ use super::cpuid::{vcpu_cpuid, CpuidError};
 use super::linux::LinuxEntry;
 use super::msr::{setup_msrs, MsrError};
 use super::regs::{setup_fpu, setup_lapic, setup_linux_regs, setup_linux_sregs, RegsError};
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 /// Errors configuring a vCPU for a Linux guest.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::layout::{IOAPIC_ADDR, LAPIC_ADDR};
 use super::linux::EBDA_START;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 /// Where the MP floating pointer structure is written.
 pub const MPTABLE_START: u64 = EBDA_START;

@@ -17,7 +17,7 @@ use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::linux::LinuxEntry;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 /// Boot GDT: null, code, data, TSS (8 bytes each).
 pub const BOOT_GDT_START: u64 = 0x500;

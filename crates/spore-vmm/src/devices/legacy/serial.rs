@@ -8,7 +8,7 @@ use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
-use crate::vm::wake::GuestWake;
+use crate::devices::wake::GuestWake;
 
 /// Raises the serial IRQ through its irqfd and wakes a polling guest.
 pub struct IrqTrigger {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde::Serialize;
 use spore_abi::signal::{decode, SignalOp, FORK_FAILED, RESTORED, WAIT_TIMED_OUT, WAIT_WOKEN};
 
+use crate::devices::wake::GuestWake;
 use crate::host::{lock, monotonic_ns};
-use crate::vm::wake::GuestWake;
 
 /// A timestamped `MARK` from the guest.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]

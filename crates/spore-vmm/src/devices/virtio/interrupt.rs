@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::vm::wake::GuestWake;
+use crate::devices::wake::GuestWake;
 
 /// InterruptStatus bit: the device used buffers in a queue.
 pub const INT_VRING: u32 = 1;

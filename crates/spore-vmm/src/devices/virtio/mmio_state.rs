@@ -288,7 +288,7 @@ impl crate::persist::Persist for MmioTransport {
 mod tests {
     use super::*;
     use crate::devices::virtio::rng::Rng;
-    use crate::vm::wake::GuestWake;
+    use crate::devices::wake::GuestWake;
     use vm_memory::GuestAddress;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -8,7 +8,7 @@ use vm_memory::GuestAddress;
 
 use super::*;
 use crate::devices::virtio::ActivateError;
-use crate::vm::wake::GuestWake;
+use crate::devices::wake::GuestWake;
 
 const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 const FAKE_FEATURE: u64 = 1 << 3;

@@ -23,14 +23,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub use interrupt::VirtioInterrupt;
 
-/// Guest memory as the VMM maps it. Every region carries a dirty bitmap:
-/// writes the VMM makes through vm-memory (a device filling a guest buffer)
-/// are not in KVM's dirty log, and a diff snapshot must include them.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<DirtyBitmap>;
-/// One region of [`GuestMemoryMmap`].
-pub type GuestRegionMmap = vm_memory::GuestRegionMmap<DirtyBitmap>;
-/// The per-region bitmap of pages the VMM wrote (one bit per 4 KiB page).
-pub type DirtyBitmap = vm_memory::bitmap::AtomicBitmap;
+/// Guest memory as devices see it (defined with guest RAM, below them).
+pub use crate::memory::{DirtyBitmap, GuestMemoryMmap, GuestRegionMmap};
 
 /// Virtio device ids (virtio 1.2, §5).
 pub mod device_type {

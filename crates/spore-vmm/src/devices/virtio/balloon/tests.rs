@@ -21,8 +21,8 @@ use crate::devices::bus::BusDevice;
 use crate::devices::virtio::interrupt::{INT_CONFIG, INT_VRING};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{ActivateContext, GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
+use crate::devices::wake::GuestWake;
 use crate::memory::GuestRam;
-use crate::vm::wake::GuestWake;
 
 const QLEN: u16 = 16;
 const R: u16 = 0;

@@ -22,7 +22,7 @@ use crate::devices::bus::BusDevice;
 use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
-use crate::vm::wake::GuestWake;
+use crate::devices::wake::GuestWake;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const R: u16 = 0;

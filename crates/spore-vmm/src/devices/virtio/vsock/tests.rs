@@ -24,7 +24,7 @@ use super::packet::{Header, Op, HDR_SIZE, HOST_CID, SHUTDOWN_BOTH, TYPE_STREAM};
 use super::*;
 use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioInterrupt};
-use crate::vm::wake::GuestWake;
+use crate::devices::wake::GuestWake;
 
 const CID: u64 = 3;
 const QSIZE: u16 = QUEUE_SIZE;
