@@ -179,11 +179,15 @@ pub(crate) fn report_panic(info: &core::panic::PanicInfo) {
     let body = FunctionError::new("Runtime.Panic", &message).to_json();
     let log = core::mem::take(&mut *LOG.lock());
     let _ = send_result(vsock, conn, Kind::ResultError, &body, &log, 0);
-    // Give the device a moment to take the packets before the VM ends.
+    // The VM ends right after this: wait until the host has the result,
+    // which it shows by closing the connection (or ending this VM, as it
+    // does after a runtime error). Bounded, so a host that never closes
+    // does not keep a broken guest alive: 100 waits of at most 10 ms.
     for _ in 0..100 {
-        if !vsock.poll() {
+        if vsock.at_eof(conn) {
             break;
         }
+        vsock.wait_for_work(10_000);
     }
 }
 

@@ -221,6 +221,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let vmm = Arc::new(Vmm::new("run".into(), config, Box::new(std::io::stdout())));
     host::stop_on_host_signals(vmm.clone())?;
     vmm.enable_guest_fork();
+    vmm.enable_background_standby();
     vmm.start()?;
     host::forward_stdin(vmm.clone());
     // Read the pool once the VM stopped, before `finish` releases it.

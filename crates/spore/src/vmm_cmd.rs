@@ -65,6 +65,7 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
     ));
     host::stop_on_host_signals(vmm.clone())?;
     vmm.enable_guest_fork();
+    vmm.enable_background_standby();
     if let Some(path) = &args.api_sock {
         vmm.set_api_socket(path);
     }

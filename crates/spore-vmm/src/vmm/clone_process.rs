@@ -51,6 +51,7 @@ pub fn run(
 ) -> Result<Option<ApiServer>, ClonedProcessError> {
     vmm.set_api_socket(&args.api_sock);
     vmm.enable_guest_fork();
+    vmm.enable_background_standby();
     if let Some((bytes, vcpus)) = args.prepare {
         // A clone that cannot prepare still restores the ordinary way.
         if let Err(e) = vmm.prepare_clone(bytes, vcpus) {

@@ -4,7 +4,7 @@
 //!
 //! The cloning itself is `clone::source`'s; here the VMM only hands it the
 //! VM, the configuration and the [`crate::clone::SourceState`] under one
-//! lock, and keeps the standby pool topped up afterwards.
+//! lock, and has the standby pool topped up afterwards (`standby.rs`).
 
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex, Weak};
@@ -46,7 +46,8 @@ impl Vmm {
     }
 
     /// Serves one clone order (made from the source's settings) on the
-    /// built VM, then refills the standby pool.
+    /// built VM, then has the standby pool refilled (off the request path
+    /// when a refill thread runs).
     fn clone_with(
         &self,
         order: impl FnOnce(&SourceState) -> CloneOrder,
@@ -61,9 +62,8 @@ impl Vmm {
         let vm = &phase.built()?.vm;
         let order = order(source);
         let report = clone_vm(vm, config, source, order)?;
-        if let Err(e) = fill_standby(source, config) {
-            tracing::warn!("cannot refill the standby clone processes: {e}");
-        }
+        drop(inner);
+        self.refill_standby();
         Ok(report)
     }
 
@@ -83,8 +83,10 @@ impl Vmm {
         fill_standby(source, config)
     }
 
-    /// `GET /clone`.
+    /// `GET /clone`: the standby pool as it is once a refill under way is
+    /// done.
     pub fn clone_status(&self) -> CloneStatus {
+        self.settle_standby();
         let inner = self.lock();
         let s = &inner.source;
         CloneStatus {

@@ -29,6 +29,7 @@ mod guest_snapshot;
 mod preboot;
 mod restore;
 mod running;
+mod standby;
 #[cfg(test)]
 mod tests;
 
@@ -58,6 +59,8 @@ pub struct Vmm {
     inner: Mutex<Inner>,
     /// Where guest `FORK`s go (see [`Vmm::enable_guest_fork`]).
     fork_tx: Mutex<Option<Sender<(u8, u32)>>>,
+    /// The standby pool's refill thread (see [`Vmm::enable_background_standby`]).
+    standby_refill: Mutex<Option<Arc<standby::StandbyRefill>>>,
 }
 
 /// Everything a request may read or change, behind the one lock.
@@ -170,6 +173,7 @@ impl Vmm {
                 child: ChildState::default(),
             }),
             fork_tx: Mutex::new(None),
+            standby_refill: Mutex::new(None),
         }
     }
 
