@@ -85,16 +85,7 @@ fn kvm_serve_lifecycle_and_distinct_invocations() {
 
     // New code: the next invocation runs it, never an instance or the zygote
     // of the old code.
-    let zip = common::serve::zip_b64(&[(
-        "fn-echo",
-        &std::fs::read(common::uk_image("fn-upper")).unwrap(),
-    )]);
-    let r = d.request(
-        "PUT",
-        "/2015-03-31/functions/f/code",
-        serde_json::json!({"ZipFile": zip}).to_string().as_bytes(),
-        &[],
-    );
+    let r = d.update_code("f", "fn-echo", "fn-upper");
     assert_eq!(r.status, 200, "{}", r.text());
     for _ in 0..3 {
         let r = d.invoke("f", b"{\"hello\":1}");
@@ -467,16 +458,7 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
 
     // New code is a new version: the old snapshot is deleted and never
     // restored; the next start boots the new code and snapshots it.
-    let zip = common::serve::zip_b64(&[(
-        "fn-echo",
-        &std::fs::read(common::uk_image("fn-upper")).unwrap(),
-    )]);
-    let r = d.request(
-        "PUT",
-        "/2015-03-31/functions/f/code",
-        serde_json::json!({"ZipFile": zip}).to_string().as_bytes(),
-        &[],
-    );
+    let r = d.update_code("f", "fn-echo", "fn-upper");
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(!snap.exists(), "the old version's snapshot is deleted");
     let r = d.invoke("f", b"abc");

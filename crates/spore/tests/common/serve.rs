@@ -82,6 +82,18 @@ impl Daemon {
         )
     }
 
+    /// UpdateFunctionCode: the unikernel app `app` stored under the
+    /// function's handler name `handler`.
+    pub fn update_code(&self, name: &str, handler: &str, app: &str) -> Response {
+        let zip = zip_b64(&[(handler, &std::fs::read(super::uk_image(app)).unwrap())]);
+        self.request(
+            "PUT",
+            &format!("/2015-03-31/functions/{name}/code"),
+            serde_json::json!({ "ZipFile": zip }).to_string().as_bytes(),
+            &[],
+        )
+    }
+
     pub fn invoke(&self, name: &str, payload: &[u8]) -> Response {
         self.request(
             "POST",
