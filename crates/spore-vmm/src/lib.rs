@@ -11,6 +11,7 @@ pub mod clone;
 pub mod config;
 pub mod device_manager;
 pub mod devices;
+pub mod files;
 pub mod host;
 pub mod memory;
 pub mod persist;

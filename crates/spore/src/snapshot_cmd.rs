@@ -216,13 +216,19 @@ fn call(sock: &Path, method: &str, path: &str, body: &str) -> anyhow::Result<Str
     Ok(reply)
 }
 
+/// `p` as an absolute path for the VMM (which refuses `..`): its directory
+/// resolved when it exists, else joined to the current directory.
 fn abs(p: &Path) -> anyhow::Result<String> {
     let p = if p.is_absolute() {
         p.to_path_buf()
     } else {
         std::env::current_dir()?.join(p)
     };
-    Ok(p.to_string_lossy().into_owned())
+    let resolved = match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).ok().map(|d| d.join(name)),
+        _ => None,
+    };
+    Ok(resolved.unwrap_or(p).to_string_lossy().into_owned())
 }
 
 fn create(a: CreateArgs) -> anyhow::Result<u8> {

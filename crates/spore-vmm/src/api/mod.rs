@@ -132,6 +132,9 @@ pub enum ApiError {
     /// 405: the resource exists but not with this method.
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// 408: the client did not send the request in time.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// 413: the body is larger than the API accepts.
     #[error("{0}")]
     PayloadTooLarge(String),

@@ -7,9 +7,12 @@
 //! a VMM must never configure, start and pause itself concurrently.
 //! Connections are independent tasks, so a client that stalls, sends garbage
 //! or disconnects mid-request costs only its own connection. Bodies are
-//! bounded ([`MAX_BODY_BYTES`]), headers too ([`MAX_HEADER_BYTES`]), and a
-//! client gets [`HEADER_TIMEOUT`] to send a request's headers (idle
-//! keep-alive connections included) before its connection is closed.
+//! bounded ([`MAX_BODY_BYTES`]), headers too ([`MAX_HEADER_BYTES`]), and so
+//! is time: a client gets [`HEADER_TIMEOUT`] to send a request's head (idle
+//! keep-alive connections included) before its connection is closed, then
+//! [`BODY_TIMEOUT`] for its body, else it is answered 408 and the
+//! connection closed. A slow client never holds a connection slot (of
+//! [`MAX_CONNECTIONS`]) for long, and never delays another client.
 
 use std::convert::Infallible;
 use std::io;
@@ -39,8 +42,10 @@ use super::{ApiError, ApiHandler, ApiRequest, ApiResponse};
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Largest request head (request line and headers) accepted (431 beyond).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// Time a client has to send a request's headers, idle time included.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a client has to send a request's head, idle time included.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a client has to send a request's body once its head has arrived.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; more are closed on accept. The socket is
 /// owner-only, so this guards against a buggy client, not an attacker.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -210,7 +215,7 @@ async fn respond(req: Request<Incoming>, handler: &dyn ApiHandler) -> Response<R
         Ok(bytes) => parse_request(&parts.method, path, &bytes).and_then(|r| call(handler, r)),
         Err(e) => Err(e),
     };
-    let response = match result {
+    let mut response = match result {
         Ok(ok) => success(ok),
         Err(e) => {
             tracing::debug!("API {} {path} failed: {e}", parts.method);
@@ -221,6 +226,13 @@ async fn respond(req: Request<Incoming>, handler: &dyn ApiHandler) -> Response<R
             failure(&e, allow)
         }
     };
+    if response.status() == hyper::StatusCode::REQUEST_TIMEOUT {
+        // The rest of a late body is not waited for: the connection ends.
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
     tracing::debug!(
         method = %parts.method,
         path,
@@ -246,11 +258,16 @@ async fn read_body(headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiErro
     if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::BadRequest(format!(
+    let collect = Limited::new(body, MAX_BODY_BYTES).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::BadRequest(format!(
             "cannot read the request body: {e}"
+        ))),
+        Err(_) => Err(ApiError::RequestTimeout(format!(
+            "the request body did not arrive within {} s",
+            BODY_TIMEOUT.as_secs()
         ))),
     }
 }

@@ -351,6 +351,36 @@ fn idle_connection_does_not_block_others() {
 }
 
 #[test]
+fn a_slow_body_is_answered_408_and_its_connection_closed() {
+    let f = Fixture::new();
+    let mut slow = f.connect();
+    let t0 = Instant::now();
+    slow.send_raw(b"PUT /boot-source HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"kern");
+    // Others are served meanwhile.
+    assert_eq!(f.connect().request("GET", "/", "").status, 200);
+    let out = String::from_utf8_lossy(&slow.read_to_close()).into_owned();
+    let took = t0.elapsed();
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("fault_message"), "{out}");
+    assert!(
+        took >= BODY_TIMEOUT && took < BODY_TIMEOUT + Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(f.seen(), vec![ApiRequest::GetInstanceInfo]);
+}
+
+#[test]
+fn a_slow_head_is_closed_after_the_header_timeout() {
+    let f = Fixture::new();
+    let mut slow = f.connect();
+    let t0 = Instant::now();
+    slow.send_raw(b"PUT /boot-source HTTP/1.1\r\nHost: x\r\n");
+    slow.read_to_close();
+    let took = t0.elapsed();
+    assert!(took < HEADER_TIMEOUT + Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
 fn requests_are_handled_one_at_a_time() {
     let f = Fixture::new();
     let clients: Vec<_> = (0..4)

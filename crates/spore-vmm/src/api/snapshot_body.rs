@@ -110,6 +110,22 @@ impl SnapshotLoadParams {
         (self.track_dirty_pages || self.enable_diff_snapshots).then_some(true)
     }
 
+    /// Refuses the body if any path in it has a `..` component (see
+    /// [`crate::files::refuse_dotdot`]).
+    pub fn refuse_dotdot(&self) -> Result<(), String> {
+        let mut paths = vec![&self.snapshot_path];
+        paths.extend(self.mem_backend.as_ref().map(|b| &b.backend_path));
+        paths.extend(self.mem_file_path.as_ref());
+        for p in &self.parents {
+            paths.extend([&p.snapshot_path, &p.mem_file_path]);
+        }
+        paths.extend(self.clone_disks.as_ref().map(|c| &c.dir));
+        paths.extend(self.vsock_override.as_ref().map(|v| &v.uds_path));
+        paths
+            .into_iter()
+            .try_for_each(|p| crate::files::refuse_dotdot(std::path::Path::new(p)))
+    }
+
     pub fn parent_paths(&self) -> Vec<crate::snapshot::LayerPaths> {
         self.parents
             .iter()

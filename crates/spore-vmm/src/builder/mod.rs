@@ -98,7 +98,7 @@ pub struct BuildOptions {
 }
 
 fn open(what: &'static str, path: &str) -> Result<File, BuildError> {
-    File::open(path).map_err(|source| BuildError::Open {
+    crate::files::open_regular(std::path::Path::new(path)).map_err(|source| BuildError::Open {
         what,
         path: path.to_string(),
         source,

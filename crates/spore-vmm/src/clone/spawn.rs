@@ -10,7 +10,6 @@
 //! Ctrl-C to the source does not reach it, and its stdout/stderr (the
 //! guest's serial console) go to `<name>.log` beside its socket.
 
-use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -71,7 +70,7 @@ pub fn spawn(
     let (sock, theirs) = UnixStream::pair().map_err(io("create a handoff socket"))?;
     let socket = dir.join(format!("{name}.sock"));
     let log = dir.join(format!("{name}.log"));
-    let out = File::create(&log).map_err(io("create a clone log"))?;
+    let out = crate::files::create_private(&log).map_err(io("create a clone log"))?;
     let err = out.try_clone().map_err(io("create a clone log"))?;
     let args = ClonedProcessArgs {
         api_sock: socket.clone(),

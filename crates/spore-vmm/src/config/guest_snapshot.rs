@@ -49,6 +49,8 @@ impl GuestSnapshotConfig {
         if self.directory.trim().is_empty() {
             return Err("guest-triggered snapshots: directory is empty".into());
         }
+        crate::files::refuse_dotdot(std::path::Path::new(&self.directory))
+            .map_err(|e| format!("guest-triggered snapshots: {e}"))?;
         Ok(())
     }
 

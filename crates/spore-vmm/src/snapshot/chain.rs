@@ -173,7 +173,7 @@ fn read_layer(
         path: mem_name.clone(),
         source,
     };
-    let file = File::open(&paths.mem).map_err(open_err)?;
+    let file = crate::files::open_regular(&paths.mem).map_err(open_err)?;
     let md = file.metadata().map_err(open_err)?;
     let expected = manifest.mem_size_bytes;
     // A virtio-mem region's memory follows boot RAM in the file.

@@ -251,17 +251,75 @@ pub fn read_state_file_hashed(path: &Path) -> Result<(Manifest, Vec<u8>, String)
         path: name.clone(),
         source,
     };
+    // Never blocks (a FIFO) and never reads without end (a device): only a
+    // regular file, read up to the length it had when opened.
+    let file = crate::files::open_regular(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
     // Refuse before reading a huge file (a memory file passed by mistake).
-    let len = std::fs::metadata(path).map_err(io)?.len();
     if len > u64::from(MAX_MANIFEST) + MAX_STATE + 64 {
         return Err(FormatError::Invalid {
             path: name,
             detail: format!("{len} bytes is too large for a state file (is it a memory file?)"),
         });
     }
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = read_bounded(&name, file, len)?;
     let (m, state) = decode(&name, &bytes)?;
     Ok((m, state.to_vec(), state_digest(&bytes)))
+}
+
+/// Reads a state file of `len` bytes (its size when opened), checking the
+/// lengths its header announces against `len` before reading the state:
+/// a truncated or over-long file is refused without reading its body, and
+/// nothing past `len` is ever read.
+fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError> {
+    use std::io::Read;
+    let io = |source| FormatError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let mut r = file.take(len);
+    let mut bytes = Vec::with_capacity(len.min(1 << 20) as usize);
+    let mut fill = |bytes: &mut Vec<u8>, upto: u64| -> Result<(), FormatError> {
+        let want = upto.saturating_sub(bytes.len() as u64);
+        (&mut r).take(want).read_to_end(bytes).map_err(io)?;
+        Ok(())
+    };
+    // Magic, version, manifest length; then the manifest and state length.
+    let head = MAGIC.len() as u64 + 8;
+    fill(&mut bytes, head)?;
+    let le32 = |b: &[u8], at: usize| b.get(at..at + 4).and_then(|s| s.try_into().ok());
+    if let (Some(true), Some(m)) = (
+        bytes.get(..MAGIC.len()).map(|m| m == MAGIC),
+        le32(&bytes, MAGIC.len() + 4).map(u32::from_le_bytes),
+    ) {
+        if m <= MAX_MANIFEST {
+            let slen_end = head + u64::from(m) + 8;
+            if slen_end > len {
+                return Err(FormatError::Truncated(path.to_string()));
+            }
+            fill(&mut bytes, slen_end)?;
+            let at = (slen_end - 8) as usize;
+            let slen = bytes
+                .get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
+            if slen <= MAX_STATE {
+                let total = slen_end + slen + 4;
+                if total > len {
+                    return Err(FormatError::Truncated(path.to_string()));
+                }
+                if total < len {
+                    return Err(FormatError::Invalid {
+                        path: path.to_string(),
+                        detail: format!("{} bytes of trailing garbage", len - total),
+                    });
+                }
+            }
+        }
+    }
+    // Anything else (a bad magic, an oversized length) decode refuses.
+    fill(&mut bytes, len)?;
+    Ok(bytes)
 }
 
 /// A file being written under a temporary name in its final directory;
@@ -275,25 +333,22 @@ pub struct PendingFile {
 }
 
 impl PendingFile {
+    /// Starts writing `dest`, which may be a new file or an existing regular
+    /// file only (a device node, FIFO, socket or directory is refused). The
+    /// temporary file is private (0600) and named with this process's pid;
+    /// stale ones that dead processes left in the directory go first.
     pub fn create(dest: &Path) -> Result<Self, FormatError> {
         let io = |source| FormatError::Io {
             path: dest.display().to_string(),
             source,
         };
-        let name = dest
-            .file_name()
-            .ok_or_else(|| io(std::io::Error::other("not a file path")))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = dest.with_file_name(tmp_name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .read(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io)?;
+        crate::files::check_target(dest).map_err(io)?;
+        let tmp = crate::files::temp_path(dest).map_err(io)?;
+        crate::files::remove_stale_temps(crate::files::dir_of(dest));
+        // Our own leftover (an earlier failed write) is replaced; the new file
+        // is made with O_EXCL and O_NOFOLLOW, never through a planted link.
+        let _ = std::fs::remove_file(&tmp);
+        let file = crate::files::create_new_private(&tmp).map_err(io)?;
         Ok(Self {
             file,
             tmp,
@@ -318,11 +373,9 @@ impl PendingFile {
         };
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
         self.committed = true;
-        let dir = match self.dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+        File::open(crate::files::dir_of(&self.dest))
+            .and_then(|d| d.sync_all())
+            .map_err(io)
     }
 }
 
@@ -446,6 +499,47 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         write_pending(&dest, b"new").unwrap().commit().unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"new");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pending_files_are_private_and_replace_regular_files_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("spore-fmt-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dest = dir.join("state");
+        // A temp file a killed process left goes; another name stays.
+        let stale = dir.join(".old.mem.spore-tmp-4194305");
+        let other = dir.join(".old.mem.tmp-4194305");
+        std::fs::write(&stale, b"x").unwrap();
+        std::fs::write(&other, b"x").unwrap();
+        write_pending(&dest, b"new").unwrap().commit().unwrap();
+        let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(!stale.exists() && other.exists());
+        let e = PendingFile::create(Path::new("/dev/null")).err().unwrap();
+        assert!(e.to_string().contains("character device"), "{e}");
+        let e = PendingFile::create(&dir).err().unwrap();
+        assert!(e.to_string().contains("directory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn state_files_that_are_devices_or_lie_about_their_length_are_refused() {
+        let e = read_state_file(Path::new("/dev/zero")).err().unwrap();
+        assert!(e.to_string().contains("character device"), "{e}");
+        let dir = std::env::temp_dir().join(format!("spore-fmt-len-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("state");
+        let mut bytes = encode(&manifest(3), b"abc").unwrap();
+        // The header announces a state longer than the file.
+        let at = MAGIC.len() + 8 + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        bytes[at..at + 8].copy_from_slice(&1000u64.to_le_bytes());
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(matches!(
+            read_state_file(&p),
+            Err(FormatError::Truncated(_))
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

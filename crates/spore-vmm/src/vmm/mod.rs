@@ -279,6 +279,8 @@ pub enum SnapshotApiError {
     Freeze(String),
     #[error("vsock_override: the snapshot has no vsock device")]
     NoVsock,
+    #[error("{0}")]
+    Path(String),
 }
 
 impl From<AlreadyStarted> for SnapshotApiError {

@@ -59,6 +59,7 @@ impl Vmm {
     /// `PUT /snapshot/load`: the body is checked (memory source, identity)
     /// before anything is read.
     pub fn load_snapshot_request(&self, p: &SnapshotLoadParams) -> Result<(), ApiError> {
+        p.refuse_dotdot().map_err(bad)?;
         let memory = p.memory().map_err(bad)?;
         let options = LoadOptions::from_body(p).map_err(bad)?;
         self.load_snapshot_with(Path::new(&p.snapshot_path), &memory, &options)

@@ -57,6 +57,14 @@ impl Vmm {
         &self,
         p: &SnapshotCreateParams,
     ) -> Result<snapshot::SnapshotInfo, SnapshotApiError> {
+        // Refused before the VM is touched: `..`, and a target that is not
+        // a new or regular file (a device node, a FIFO, a directory...).
+        for path in [&p.snapshot_path, &p.mem_file_path] {
+            let path = std::path::Path::new(path);
+            crate::files::refuse_dotdot(path).map_err(SnapshotApiError::Path)?;
+            crate::files::check_target(path)
+                .map_err(|e| SnapshotApiError::Path(format!("{}: {e}", path.display())))?;
+        }
         let mut guard = self.lock();
         let Inner { config, phase, .. } = &mut *guard;
         let built = phase.built_mut()?;

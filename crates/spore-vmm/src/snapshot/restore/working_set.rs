@@ -128,9 +128,13 @@ pub fn write(
     hasher.update(&encode_header(&header, 0));
     hasher.update(&list);
 
-    let tmp = path.with_extension(format!("ws-tmp-{}", std::process::id()));
+    crate::files::check_target(path)?;
+    let tmp = crate::files::temp_path(path)?;
+    crate::files::remove_stale_temps(crate::files::dir_of(path));
+    let _ = std::fs::remove_file(&tmp);
     let result = (|| -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let file = crate::files::create_new_private(&tmp)?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
         // Header placeholder, rewritten with the CRC at the end.
         f.write_all(&[0u8; HEADER])?;
         f.write_all(&list)?;
@@ -173,7 +177,7 @@ fn host_addr(spans: &[(u64, *mut u8, usize)], off: u64) -> Option<*mut u8> {
 /// Loads a working set into `ram` (a fresh memfd RAM, before userfaultfd
 /// registration). Returns the pages loaded.
 pub fn load(path: &Path, id: &str, ram: &GuestRam) -> Result<u64, WsLoad> {
-    let f = match File::open(path) {
+    let f = match crate::files::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(WsLoad::Absent),
         Err(e) => return Err(WsLoad::Ignored(format!("cannot open it: {e}"))),

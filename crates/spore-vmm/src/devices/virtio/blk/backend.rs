@@ -6,7 +6,7 @@
 //! segments that [`super::request`] already validated; this module re-checks
 //! nothing about the guest but reports every failure as an error, never a panic.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -46,27 +46,26 @@ impl DiskImage {
     /// Opens `path` read-only or read-write and sizes it.
     pub fn open(path: &Path, read_only: bool, durable_flush: bool) -> Result<Self, BlockError> {
         let path_buf = path.to_path_buf();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|source| match source.kind() {
-                ErrorKind::NotFound => BlockError::NotFound {
-                    path: path_buf.clone(),
-                },
-                ErrorKind::PermissionDenied => BlockError::PermissionDenied {
-                    path: path_buf.clone(),
-                    mode: if read_only {
-                        "reading"
-                    } else {
-                        "reading and writing"
+        // A drive is a regular file or a block device; a FIFO would block.
+        let file =
+            crate::files::open_checked(path, !read_only, crate::files::Expect::RegularOrBlock)
+                .map_err(|source| match source.kind() {
+                    ErrorKind::NotFound => BlockError::NotFound {
+                        path: path_buf.clone(),
                     },
-                },
-                _ => BlockError::Open {
-                    path: path_buf.clone(),
-                    source,
-                },
-            })?;
+                    ErrorKind::PermissionDenied => BlockError::PermissionDenied {
+                        path: path_buf.clone(),
+                        mode: if read_only {
+                            "reading"
+                        } else {
+                            "reading and writing"
+                        },
+                    },
+                    _ => BlockError::Open {
+                        path: path_buf.clone(),
+                        source,
+                    },
+                })?;
         let meta = file.metadata().map_err(|source| BlockError::Size {
             path: path_buf.clone(),
             source,

@@ -121,7 +121,7 @@ impl CowDisk {
             if let Some(p) = cfg.path.as_deref() {
                 // Start from the file's blocks; the file is never written.
                 let path = PathBuf::from(p);
-                let from = File::open(&path).map_err(io(&path, "open"))?;
+                let from = crate::files::open_regular(&path).map_err(io(&path, "open"))?;
                 let (layout, map) = read_layout(&from, &path, base_path, size)?;
                 copy_overlay_into(&from, &path, &layout, &map, &overlay, Path::new("<memory>"))?;
             }
@@ -130,13 +130,18 @@ impl CowDisk {
         let (overlay, overlay_path) = match cfg.path.as_deref() {
             Some(p) => {
                 let path = PathBuf::from(p);
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o600)
-                    .open(&path)
+                // An existing overlay must be a regular file (never a FIFO).
+                let file =
+                    match crate::files::open_checked(&path, true, crate::files::Expect::Regular) {
+                        Err(e) if e.kind() == ErrorKind::NotFound => OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .create(true)
+                            .truncate(false)
+                            .mode(0o600)
+                            .open(&path),
+                        other => other,
+                    }
                     .map_err(io(&path, "open"))?;
                 (file, Some(path))
             }
@@ -633,7 +638,8 @@ fn open_base(path: &Path) -> Result<(File, u64), OverlayError> {
             source,
         }
     };
-    let file = File::open(path).map_err(base_err("open read-only"))?;
+    let file = crate::files::open_checked(path, false, crate::files::Expect::RegularOrBlock)
+        .map_err(base_err("open read-only"))?;
     let meta = file.metadata().map_err(base_err("stat"))?;
     if meta.is_dir() {
         return Err(OverlayError::BaseSize {
