@@ -61,6 +61,11 @@ impl DiskImage {
                             "reading and writing"
                         },
                     },
+                    // A FIFO, a character device, a directory: named as such.
+                    ErrorKind::InvalidInput => BlockError::NotAFile {
+                        path: path_buf.clone(),
+                        detail: source.to_string(),
+                    },
                     _ => BlockError::Open {
                         path: path_buf.clone(),
                         source,
@@ -71,7 +76,10 @@ impl DiskImage {
             source,
         })?;
         if meta.is_dir() {
-            return Err(BlockError::NotAFile { path: path_buf });
+            return Err(BlockError::NotAFile {
+                path: path_buf,
+                detail: "it is a directory, not a raw disk image".into(),
+            });
         }
         // Seeking to the end sizes block devices too, whose metadata length is 0.
         let size = (&file)

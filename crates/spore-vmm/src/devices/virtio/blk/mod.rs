@@ -45,8 +45,8 @@ pub enum BlockError {
         #[source]
         source: std::io::Error,
     },
-    #[error("drive image {path} is a directory, not a raw disk image")]
-    NotAFile { path: PathBuf },
+    #[error("drive image {}: {detail}", path.display())]
+    NotAFile { path: PathBuf, detail: String },
     #[error("cannot determine the size of drive image {path}: {source}")]
     Size {
         path: PathBuf,
