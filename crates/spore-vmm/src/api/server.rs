@@ -42,8 +42,11 @@ use super::{ApiError, ApiHandler, ApiRequest, ApiResponse};
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Largest request head (request line and headers) accepted (431 beyond).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// Time a client has to send a request's head, idle time included.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a client has to send a request's head, idle time included: long
+/// enough that a client keeping its connection alive between requests (as
+/// Firecracker's SDKs do) is not cut off; a slow head holds only its own
+/// connection, never the handler.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Time a client has to send a request's body once its head has arrived.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; more are closed on accept. The socket is
