@@ -208,7 +208,12 @@ fn put_clone(sock: &Path, body: &str) -> (u16, serde_json::Value) {
 fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_original() {
     require_kvm();
     let s = Scratch::new("clone-20");
-    let (sock, mut reaper) = start_source(&s.0, 128, "clones=20 mib=4 hold_ms=300", None);
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=20 mib=4 hold_ms=300",
+        Some(r#"{"guest_fork": true}"#),
+    );
     wait_until(&s.0, 60, "20 clones to check their pages", || {
         oks(&s.0).0.len() >= 20
     });
@@ -250,7 +255,10 @@ fn kvm_clone_of_a_clone_in_continue_mode() {
         &s.0,
         128,
         "clones=2 nest=2 levels=2 mib=2 hold_ms=300",
-        Some(r#"{"mode": "continue"}"#),
+        // Each source exits on its own while its clones still run.
+        Some(
+            r#"{"mode": "continue", "guest_fork": true, "clones_may_fork": true, "clones_outlive_source": true}"#,
+        ),
     );
     let want: BTreeSet<u64> = [1, 2, 101, 102, 201, 202].into();
     wait_until(&s.0, 60, "clones and clones of clones", || {
@@ -284,7 +292,7 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "max_clones": 3}"#),
+        Some(r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest to make its template", || {
         http(&sock, "GET", "/clone", None)
@@ -322,11 +330,15 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
 }
 
 #[test]
-fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones() {
+fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones_that_may_outlive_it() {
     require_kvm();
     let s = Scratch::new("clone-kill");
-    let (_sock, mut reaper) =
-        start_source(&s.0, 128, "clones=3 mib=8 hold_ms=1500 after=stay", None);
+    let (_sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=3 mib=8 hold_ms=1500 after=stay",
+        Some(r#"{"guest_fork": true, "clones_outlive_source": true}"#),
+    );
     wait_until(&s.0, 20, "3 clones", || {
         forked_pids(&read(&s.path("src.log"))).len() == 3
     });
@@ -371,7 +383,7 @@ fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
         &s.0,
         512,
         "clones=100 mib=1 hold_ms=100 after=stay",
-        Some(r#"{"mode": "zygote"}"#),
+        Some(r#"{"mode": "zygote", "guest_fork": true}"#),
     );
     let src = reaper.source_pid();
     wait_until(&s.0, 120, "100 clones", || {
@@ -436,7 +448,7 @@ fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest's template", || {
         http(&sock, "GET", "/clone", None)
@@ -474,7 +486,7 @@ fn kvm_clone_keep_pool_replaces_clones_that_exit_using_standby_processes() {
         &s.0,
         64,
         "mode=bench after=done",
-        Some(r#"{"fork_count": 0, "standby": 2}"#),
+        Some(r#"{"fork_count": 0, "standby": 2, "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest's template", || {
         http(&sock, "GET", "/clone", None)
@@ -538,7 +550,7 @@ fn kvm_clone_a_read_write_drive_gets_overlays_and_a_deleted_image_is_refused() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
         Some(&drive),
     );
     wait_until(&s.0, 20, "the guest's template", || {
@@ -579,7 +591,7 @@ fn kvm_clone_standby_clones_restored_ahead_see_the_template_and_keep_their_own_p
         &s.0,
         128,
         "clones=2 mib=2 hold_ms=200 after=exit",
-        Some(r#"{"standby": 2}"#),
+        Some(r#"{"standby": 2, "guest_fork": true}"#),
     );
     wait_until(&s.0, 30, "the guest's clones", || {
         oks(&s.0).0.len() == 2 && forked_pids(&read(&s.path("src.log"))).len() == 2
