@@ -221,10 +221,13 @@ pub fn clone_vm(
         Ok(m) => m,
         Err(e) => {
             // A guest's FORK refused: it reads the failure and runs on.
+            // The vCPU asks for the pause itself after signalling: wait
+            // until it parked, or a resume now would come before its pause.
             if let Some(v) = order.fork_vcpu {
+                let parked = vm.pause().is_ok();
                 vm.signal()
                     .set_pending_result(v, spore_abi::signal::FORK_FAILED);
-                if !st.zygote {
+                if parked && !st.zygote {
                     let _ = vm.resume();
                 }
             }
