@@ -21,8 +21,13 @@
 //! mappings, and a layer's memory is freed when the last of them is gone
 //! (killing the source does not disturb its clones).
 //!
-//! A template serves at most [`CloneConfig::max_clones`] clones (HyperFork's
-//! mitigation against ASLR brute force across clones).
+//! A booted VM's whole clone tree counts at most [`CloneConfig::max_clones`]
+//! clones (HyperFork's mitigation against ASLR brute force across clones),
+//! split between the clones through the handoff; a host may cap its clone
+//! processes too ([`limits`]). A guest's `FORK` is served only when
+//! [`CloneConfig::guest_fork`] is on, clones get it only when their source
+//! grants it, and clones end with their source unless
+//! [`CloneConfig::clones_outlive_source`].
 //!
 //! Clone processes make their KVM VM, vCPUs, vCPU threads and memory slots
 //! (over a placeholder mapping) while the template is on its way; standby
@@ -34,7 +39,8 @@
 //! clone process's command line; what the process does is
 //! `crate::vmm::clone_process`), [`child`] (the clone
 //! side's restore and start), [`identity`] (a clone's generation, vsock CID
-//! and disks). The VMM keeps [`SourceState`] and [`ChildState`] apart.
+//! and disks), [`limits`] (the tree's budget, the host's limit). The VMM
+//! keeps [`SourceState`] and [`ChildState`] apart.
 
 pub mod args;
 pub mod child;

@@ -225,8 +225,7 @@ pub fn clone_vm(
             // until it parked, or a resume now would come before its pause.
             if let Some(v) = order.fork_vcpu {
                 let parked = vm.pause().is_ok();
-                vm.signal()
-                    .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                fork_failed(vm, v, &e);
                 if parked && !st.zygote {
                     let _ = vm.resume();
                 }
@@ -247,8 +246,7 @@ pub fn clone_vm(
             Ok(t) => (t, true),
             Err(e) => {
                 if let Some(v) = order.fork_vcpu {
-                    vm.signal()
-                        .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                    fork_failed(vm, v, &e);
                 }
                 if was_running {
                     let _ = vm.resume();
@@ -294,8 +292,7 @@ pub fn clone_vm(
                 }
             }
             if let Some(v) = order.fork_vcpu {
-                vm.signal()
-                    .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                fork_failed(vm, v, &e);
             }
             // An older zygote stays frozen; anything else runs on.
             if was_running && (fresh || !st.zygote) {
@@ -304,6 +301,17 @@ pub fn clone_vm(
             Err(e)
         }
     }
+}
+
+/// A guest's `FORK` that made no clone: the VMM says why (before the
+/// guest runs again, so the line does not land inside the guest's output
+/// on a shared console), and the vCPU reads the failure.
+fn fork_failed(vm: &Vm, vcpu: u8, e: &CloneError) {
+    if !matches!(e, CloneError::NotStarted(_)) {
+        eprintln!("spore: guest fork failed: {e}");
+    }
+    vm.signal()
+        .set_pending_result(vcpu, spore_abi::signal::FORK_FAILED);
 }
 
 /// Starts `order.count` clones of `template` (standby processes first),

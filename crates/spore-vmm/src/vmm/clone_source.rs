@@ -185,9 +185,9 @@ impl Vmm {
                         .join(", ")
                 );
             }
-            // The VM is gone: the FORK has nobody left to answer.
-            Err(CloneError::NotStarted(_)) => {}
-            Err(e) => eprintln!("spore: guest fork failed: {e}"),
+            // Said (by `clone::source`) before the guest ran on; or the VM
+            // is gone and the FORK has nobody left to answer.
+            Err(_) => {}
         }
     }
 }
