@@ -158,13 +158,13 @@ mod tests {
         for (pid, cmdline) in [
             (
                 "10",
-                &b"/usr/bin/spore\0vmm\0--api-sock\0/r/c1.sock\0--clone-handoff\05\0"[..],
+                &b"/usr/bin/spore\0vmm\0--api-sock\0/r/c1.sock\0--clone-handoff\x005\0"[..],
             ),
-            ("11", b"spore\0vmm\0--clone-handoff\04\0"),
+            ("11", b"spore\0vmm\0--clone-handoff\x004\0"),
             ("12", b"spore\0vmm\0--api-sock\0/r/src.sock\0"),
             ("13", b"grep\0--clone-handoff\0"),
             ("14", b""),
-            ("self", b"spore\0vmm\0--clone-handoff\04\0"),
+            ("self", b"spore\0vmm\0--clone-handoff\x004\0"),
         ] {
             std::fs::create_dir_all(root.join(pid)).unwrap();
             std::fs::write(root.join(pid).join("cmdline"), cmdline).unwrap();

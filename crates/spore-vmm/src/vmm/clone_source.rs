@@ -169,25 +169,22 @@ impl Vmm {
             fork_vcpu: Some(vcpu),
             request_ns,
         };
-        match self.clone_with(order) {
-            Ok(r) => {
-                let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
-                tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
-                eprintln!(
-                    "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
-                    r.clones.len(),
-                    r.template,
-                    r.mode,
-                    r.clones
-                        .iter()
-                        .map(|c| format!("{} pid {}", c.socket, c.pid))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-            // Said (by `clone::source`) before the guest ran on; or the VM
-            // is gone and the FORK has nobody left to answer.
-            Err(_) => {}
+        // A failure was said (by `clone::source`) before the guest ran on;
+        // or the VM is gone and the FORK has nobody left to answer.
+        if let Ok(r) = self.clone_with(order) {
+            let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
+            tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
+            eprintln!(
+                "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
+                r.clones.len(),
+                r.template,
+                r.mode,
+                r.clones
+                    .iter()
+                    .map(|c| format!("{} pid {}", c.socket, c.pid))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
     }
 }
