@@ -62,6 +62,10 @@ pub struct RunArgs {
     /// Write the tmem pool's final `GET /tmem` JSON here when the VM stops.
     #[arg(long)]
     pub tmem_stats_file: Option<PathBuf>,
+    /// Let the guest clone this VM with the signal port's `FORK` (off by
+    /// default: a `FORK` then fails in the guest). Its clones may not fork.
+    #[arg(long)]
+    pub guest_fork: bool,
     /// Serve the guest's snapshot points (signal `SNAPSHOT`): write them
     /// into this directory as tag-<T>.state and tag-<T>.mem.
     #[arg(long, value_name = "DIR")]
@@ -222,6 +226,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     host::stop_on_host_signals(vmm.clone())?;
     vmm.enable_guest_fork();
     vmm.enable_background_standby();
+    if args.guest_fork {
+        let on = spore_vmm::clone::CloneConfig {
+            guest_fork: true,
+            ..Default::default()
+        };
+        vmm.set_clone_config(on)
+            .map_err(|e| anyhow::anyhow!("--guest-fork: {e}"))?;
+    }
     vmm.start()?;
     host::forward_stdin(vmm.clone());
     // Read the pool once the VM stopped, before `finish` releases it.

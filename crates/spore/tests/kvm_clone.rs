@@ -6,209 +6,22 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
+use common::clone::*;
 use common::*;
-
-/// Kills (by pid) every VMM a test started, even when it fails: the pids
-/// it collected, and every clone still serving a socket in its directory.
-struct Reaper {
-    source: Option<Child>,
-    pids: Vec<i32>,
-    dir: PathBuf,
-}
-
-/// The pid of the process serving a Unix socket (SO_PEERCRED).
-fn peer_pid(sock: &Path) -> Option<i32> {
-    use std::os::fd::AsRawFd;
-    let s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0 && cred.pid > 0).then_some(cred.pid)
-}
-
-impl Reaper {
-    fn source_pid(&self) -> i32 {
-        self.source.as_ref().map_or(0, |c| c.id() as i32)
-    }
-    fn add_from(&mut self, report: &serde_json::Value) {
-        for c in report["clones"].as_array().into_iter().flatten() {
-            if let Some(pid) = c["pid"].as_i64() {
-                self.pids.push(pid as i32);
-            }
-        }
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let src = self.source_pid();
-        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "sock") {
-                if let Some(pid) = peer_pid(&p).filter(|&pid| pid != src) {
-                    self.pids.push(pid);
-                }
-            }
-        }
-        for &pid in &self.pids {
-            // SAFETY: kill by pid of a clone VMM this test started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        if let Some(mut c) = self.source.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Starts a source VMM running clonetest with `args`; clone settings first.
-fn start_source(
-    dir: &Path,
-    mem_mib: u32,
-    args: &str,
-    clone_config: Option<&str>,
-) -> (PathBuf, Reaper) {
-    start_source_with(dir, mem_mib, args, clone_config, None)
-}
-
-fn start_source_with(
-    dir: &Path,
-    mem_mib: u32,
-    args: &str,
-    clone_config: Option<&str>,
-    drive: Option<&str>,
-) -> (PathBuf, Reaper) {
-    let sock = dir.join("src.sock");
-    let log = std::fs::File::create(dir.join("src.log")).unwrap();
-    let child = spore()
-        .args(["vmm", "--api-sock"])
-        .arg(&sock)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    wait_for_path(&sock, Duration::from_secs(10));
-    let reaper = Reaper {
-        source: Some(child),
-        pids: Vec::new(),
-        dir: dir.to_path_buf(),
-    };
-    if let Some(c) = clone_config {
-        let (code, body) = http(&sock, "PUT", "/clone/config", Some(c));
-        assert_eq!(code, 204, "{body}");
-    }
-    let body = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "{args}"}}"#,
-        uk_image("clonetest").display()
-    );
-    assert_eq!(http(&sock, "PUT", "/boot-source", Some(&body)).0, 204);
-    if let Some(d) = drive {
-        assert_eq!(http(&sock, "PUT", "/drives/data", Some(d)).0, 204);
-    }
-    let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
-    assert_eq!(http(&sock, "PUT", "/machine-config", Some(&mc)).0, 204);
-    let (code, reply) = http(
-        &sock,
-        "PUT",
-        "/actions",
-        Some(r#"{"action_type": "InstanceStart"}"#),
-    );
-    assert_eq!(code, 204, "{reply}");
-    (sock, reaper)
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-/// Waits until `f` holds, showing every log of `dir` on timeout.
-fn wait_until(dir: &Path, secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        if t.elapsed() > Duration::from_secs(secs) {
-            let mut logs = String::new();
-            for e in std::fs::read_dir(dir).unwrap().flatten() {
-                let p = e.path();
-                if p.extension().is_some_and(|x| x == "log") {
-                    logs += &format!("== {}\n{}\n", p.display(), read(&p));
-                }
-            }
-            panic!("timed out waiting for {what}\n{logs}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Every `clone ID ok` line in the logs of `dir`, and any FAILED line.
-fn oks(dir: &Path) -> (BTreeSet<u64>, Vec<String>) {
-    let mut ok = BTreeSet::new();
-    let mut failed = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.extension().is_none_or(|x| x != "log") {
-            continue;
-        }
-        for l in read(&p).lines() {
-            if l.contains("FAILED") {
-                failed.push(format!("{}: {l}", p.display()));
-            }
-            if let Some(rest) = l.strip_prefix("clone ") {
-                if let Some(id) = rest
-                    .strip_suffix(" ok depth 1")
-                    .or(rest.strip_suffix(" ok depth 2"))
-                {
-                    ok.insert(id.parse().unwrap());
-                }
-            }
-        }
-    }
-    (ok, failed)
-}
-
-/// Pids of the clones the source's guest forks started (from its log).
-fn forked_pids(log: &str) -> Vec<i32> {
-    log.split(" pid ")
-        .skip(1)
-        .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
-        .collect()
-}
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid, 0) } == 0;
-    exists && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
-}
-
-fn put_clone(sock: &Path, body: &str) -> (u16, serde_json::Value) {
-    let (code, reply) = http(sock, "PUT", "/clone", Some(body));
-    (
-        code,
-        serde_json::from_str(&reply).unwrap_or(serde_json::Value::Null),
-    )
-}
 
 #[test]
 fn kvm_clone_twenty_clones_each_keep_their_own_pages_and_the_template_holds_the_original() {
     require_kvm();
     let s = Scratch::new("clone-20");
-    let (sock, mut reaper) = start_source(&s.0, 128, "clones=20 mib=4 hold_ms=300", None);
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=20 mib=4 hold_ms=300",
+        Some(r#"{"guest_fork": true}"#),
+    );
     wait_until(&s.0, 60, "20 clones to check their pages", || {
         oks(&s.0).0.len() >= 20
     });
@@ -250,7 +63,10 @@ fn kvm_clone_of_a_clone_in_continue_mode() {
         &s.0,
         128,
         "clones=2 nest=2 levels=2 mib=2 hold_ms=300",
-        Some(r#"{"mode": "continue"}"#),
+        // Each source exits on its own while its clones still run.
+        Some(
+            r#"{"mode": "continue", "guest_fork": true, "clones_may_fork": true, "clones_outlive_source": true}"#,
+        ),
     );
     let want: BTreeSet<u64> = [1, 2, 101, 102, 201, 202].into();
     wait_until(&s.0, 60, "clones and clones of clones", || {
@@ -284,7 +100,7 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "max_clones": 3}"#),
+        Some(r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest to make its template", || {
         http(&sock, "GET", "/clone", None)
@@ -322,11 +138,15 @@ fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
 }
 
 #[test]
-fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones() {
+fn kvm_clone_killing_the_zygote_does_not_disturb_its_clones_that_may_outlive_it() {
     require_kvm();
     let s = Scratch::new("clone-kill");
-    let (_sock, mut reaper) =
-        start_source(&s.0, 128, "clones=3 mib=8 hold_ms=1500 after=stay", None);
+    let (_sock, mut reaper) = start_source(
+        &s.0,
+        128,
+        "clones=3 mib=8 hold_ms=1500 after=stay",
+        Some(r#"{"guest_fork": true, "clones_outlive_source": true}"#),
+    );
     wait_until(&s.0, 20, "3 clones", || {
         forked_pids(&read(&s.path("src.log"))).len() == 3
     });
@@ -371,7 +191,7 @@ fn kvm_clone_a_hundred_clones_of_a_512_mib_guest_use_under_1_gib() {
         &s.0,
         512,
         "clones=100 mib=1 hold_ms=100 after=stay",
-        Some(r#"{"mode": "zygote"}"#),
+        Some(r#"{"mode": "zygote", "guest_fork": true}"#),
     );
     let src = reaper.source_pid();
     wait_until(&s.0, 120, "100 clones", || {
@@ -436,7 +256,7 @@ fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest's template", || {
         http(&sock, "GET", "/clone", None)
@@ -474,7 +294,7 @@ fn kvm_clone_keep_pool_replaces_clones_that_exit_using_standby_processes() {
         &s.0,
         64,
         "mode=bench after=done",
-        Some(r#"{"fork_count": 0, "standby": 2}"#),
+        Some(r#"{"fork_count": 0, "standby": 2, "guest_fork": true}"#),
     );
     wait_until(&s.0, 20, "the guest's template", || {
         http(&sock, "GET", "/clone", None)
@@ -538,7 +358,7 @@ fn kvm_clone_a_read_write_drive_gets_overlays_and_a_deleted_image_is_refused() {
         &s.0,
         64,
         "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue"}"#),
+        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
         Some(&drive),
     );
     wait_until(&s.0, 20, "the guest's template", || {
@@ -579,7 +399,7 @@ fn kvm_clone_standby_clones_restored_ahead_see_the_template_and_keep_their_own_p
         &s.0,
         128,
         "clones=2 mib=2 hold_ms=200 after=exit",
-        Some(r#"{"standby": 2}"#),
+        Some(r#"{"standby": 2, "guest_fork": true}"#),
     );
     wait_until(&s.0, 30, "the guest's clones", || {
         oks(&s.0).0.len() == 2 && forked_pids(&read(&s.path("src.log"))).len() == 2

@@ -244,9 +244,13 @@ impl Manager {
         drop(conn);
         let clone_dir = vmm.run_dir.join("clones");
         let mut z = Zygote { vmm, clone_dir };
+        // The daemon ends every VMM it started itself (and recovery those of
+        // a killed daemon), and a retired version's zygote must not take
+        // its clones' invocations in flight with it: clones outlive it.
+        // Its clones never fork (guest fork stays off).
         let config = serde_json::json!({
             "mode": "zygote", "standby": STANDBY_CLONES, "max_clones": 1000,
-            "socket_dir": z.clone_dir,
+            "socket_dir": z.clone_dir, "clones_outlive_source": true,
         });
         let made = async {
             std::fs::create_dir_all(&z.clone_dir)?;

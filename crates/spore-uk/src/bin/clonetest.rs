@@ -16,6 +16,11 @@
 //! `mode=bench`: forks with count 0 (the VMM's configured count), and each
 //! clone marks 1 at once (its first instruction after the fork) and does
 //! `after=`; so does a source that goes on.
+//!
+//! `mode=loop`: forks one clone at a time for as long as the VMM lets it
+//! (in continue mode the source and every clone go on forking: a fork
+//! bomb), then prints `id ID: fork refused after N forks` and stays in
+//! WAIT; each clone prints `forked id ID` first.
 #![no_std]
 #![no_main]
 
@@ -87,6 +92,27 @@ fn after() -> i32 {
     }
 }
 
+/// `mode=loop`: fork until refused, then stay.
+fn fork_loop() -> i32 {
+    let mut id = 0u64;
+    let mut forks = 0u64;
+    loop {
+        match spore_uk::fork(1) {
+            None => break,
+            Some(0) => forks += 1,
+            Some(k) => {
+                id = id.wrapping_mul(100).wrapping_add(u64::from(k));
+                forks = 0;
+                println!("forked id {id}");
+            }
+        }
+    }
+    println!("id {id}: fork refused after {forks} forks");
+    loop {
+        spore_uk::wait(1_000_000);
+    }
+}
+
 fn main(_info: &BootInfo) -> i32 {
     if spore_uk::arg("mode") == Some("bench") {
         return match spore_uk::fork(0) {
@@ -100,6 +126,9 @@ fn main(_info: &BootInfo) -> i32 {
                 after()
             }
         };
+    }
+    if spore_uk::arg("mode") == Some("loop") {
+        return fork_loop();
     }
     let mib = num("mib", 4) as usize;
     let clones = num("clones", 20) as u32;

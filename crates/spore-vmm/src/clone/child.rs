@@ -101,6 +101,8 @@ pub fn restore(
         config: handoff.clone_config.clone(),
         ram_layers: layers,
         generation: handoff.generation,
+        // Set again by the go of a clone restored ahead.
+        tree_budget: Some(handoff.budget),
         ..Default::default()
     };
     Ok(Restored { vm, config, source })

@@ -9,6 +9,11 @@
 //! Clone → source, once: a header and the bincode [`Ready`] (its pid and
 //! when it started its vCPUs, or why it failed). Memory never travels over
 //! the socket, and nothing is written to disk.
+//!
+//! The source keeps its end open as long as the clone runs (and its
+//! process lives): unless `clones_outlive_source`, a clone ends when it
+//! sees the socket close (`crate::vmm::clone_process`), which happens
+//! however the source ends, `SIGKILL` included.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -47,6 +52,9 @@ pub struct Handoff {
     pub layer_runs: Vec<Option<Vec<(u64, u64)>>>,
     pub fork_vcpu: Option<u8>,
     pub clone_config: CloneConfig,
+    /// Its share of the clone tree's budget: the most clones its own
+    /// subtree may count (see [`super::limits`]).
+    pub budget: u64,
     /// Host CLOCK_MONOTONIC (ns) when the clone was asked for.
     pub request_ns: u64,
     /// Restore now, start on a [`Go`] (a zygote's standby process).
@@ -57,6 +65,8 @@ pub struct Handoff {
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Go {
     pub index: u64,
+    /// Its share of the clone tree's budget (as [`Handoff::budget`]).
+    pub budget: u64,
     pub request_ns: u64,
 }
 
@@ -245,6 +255,7 @@ mod tests {
             layer_runs: vec![None],
             fork_vcpu: Some(0),
             clone_config: CloneConfig::default(),
+            budget: 3,
             request_ns: 5,
             prestart: false,
         };
@@ -253,13 +264,14 @@ mod tests {
             panic!("not a handoff");
         };
         assert_eq!(got.state.len(), 100_000);
-        assert_eq!(got.fork_vcpu, Some(0));
+        assert_eq!((got.fork_vcpu, got.budget), (Some(0), 3));
         let mut buf = [0u8; 5];
         got_layers[0].file.read_exact_at(&mut buf, 4096).unwrap();
         assert_eq!(&buf, b"hello");
 
         let go = Go {
             index: 4,
+            budget: 2,
             request_ns: 6,
         };
         send_go(&a, &go).unwrap();

@@ -21,8 +21,13 @@
 //! mappings, and a layer's memory is freed when the last of them is gone
 //! (killing the source does not disturb its clones).
 //!
-//! A template serves at most [`CloneConfig::max_clones`] clones (HyperFork's
-//! mitigation against ASLR brute force across clones).
+//! A booted VM's whole clone tree counts at most [`CloneConfig::max_clones`]
+//! clones (HyperFork's mitigation against ASLR brute force across clones),
+//! split between the clones through the handoff; a host may cap its clone
+//! processes too ([`limits`]). A guest's `FORK` is served only when
+//! [`CloneConfig::guest_fork`] is on, clones get it only when their source
+//! grants it, and clones end with their source unless
+//! [`CloneConfig::clones_outlive_source`].
 //!
 //! Clone processes make their KVM VM, vCPUs, vCPU threads and memory slots
 //! (over a placeholder mapping) while the template is on its way; standby
@@ -34,12 +39,14 @@
 //! clone process's command line; what the process does is
 //! `crate::vmm::clone_process`), [`child`] (the clone
 //! side's restore and start), [`identity`] (a clone's generation, vsock CID
-//! and disks). The VMM keeps [`SourceState`] and [`ChildState`] apart.
+//! and disks), [`limits`] (the tree's budget, the host's limit). The VMM
+//! keeps [`SourceState`] and [`ChildState`] apart.
 
 pub mod args;
 pub mod child;
 pub mod handoff;
 pub mod identity;
+pub mod limits;
 pub mod source;
 pub mod spawn;
 
@@ -89,6 +96,24 @@ pub struct CloneConfig {
     pub standby: u32,
     /// Clones write their signal-port marks to `<name>.marks.json`.
     pub marks: bool,
+    /// The guest may clone this VM with the signal port's `FORK` (off by
+    /// default: a guest `FORK` then fails at once; `PUT /clone`, the
+    /// host's choice, is always allowed).
+    pub guest_fork: bool,
+    /// Clones of this VM get `guest_fork` on (else they start with it off
+    /// whatever this VM's is).
+    pub clones_may_fork: bool,
+    /// Clones each clone of this VM may make in turn (its whole subtree),
+    /// drawn from this VM's budget; default: half of what is left when
+    /// `clones_may_fork`, else none. See [`limits::share`].
+    pub clone_budget: Option<u64>,
+    /// The most `spore vmm --clone-handoff` processes (clones and standby
+    /// processes) that may run on this host; `SPORE_MAX_CLONES_HOST` in the
+    /// environment sets one too (the lower wins).
+    pub host_max_clones: Option<u64>,
+    /// Clones go on running when this VMM ends (else they end with it,
+    /// the default: a clone watches its handoff socket to the source).
+    pub clones_outlive_source: bool,
 }
 
 impl Default for CloneConfig {
@@ -100,6 +125,11 @@ impl Default for CloneConfig {
             socket_dir: None,
             standby: 0,
             marks: false,
+            guest_fork: false,
+            clones_may_fork: false,
+            clone_budget: None,
+            host_max_clones: None,
+            clones_outlive_source: false,
         }
     }
 }
@@ -116,6 +146,11 @@ impl CloneConfig {
                 "fork_count {} is more than {MAX_PER_REQUEST} clones",
                 self.fork_count
             )));
+        }
+        if self.host_max_clones == Some(0) {
+            return Err(CloneError::BadRequest(
+                "host_max_clones must be at least 1 (or absent: no host limit)".into(),
+            ));
         }
         if self.standby > 64 {
             return Err(CloneError::BadRequest(format!(
@@ -174,15 +209,26 @@ pub struct CloneReport {
 pub enum CloneError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("this VM has served {served} clones and may serve {cap} (max_clones): it refuses more; boot a fresh VM as the template (or raise the cap with PUT /clone/config)")]
+    #[error("this VM has served {served} clones and may serve {cap} (max_clones, shared by its clone tree): it refuses more; boot a fresh VM as the template (or raise the cap with PUT /clone/config)")]
     CapReached { served: u64, cap: u64 },
-    #[error("{count} clones asked for, but this VM may serve only {left} more (max_clones {cap}, {served} served)")]
+    #[error("{count} clones asked for, but this VM may serve only {left} more (max_clones {cap}, shared by its clone tree; {served} served or given to its clones)")]
     OverCap {
         count: u32,
         left: u64,
         served: u64,
         cap: u64,
     },
+    #[error("{running} clone processes run on this host and the host limit is {limit} ({source_of}): {count} more refused")]
+    HostLimit {
+        running: u64,
+        count: u64,
+        limit: u64,
+        source_of: &'static str,
+    },
+    #[error(
+        "guest fork is off for this VM (PUT /clone/config {{\"guest_fork\": true}} turns it on)"
+    )]
+    GuestForkOff,
     #[error(transparent)]
     NotStarted(#[from] crate::vm::NotStarted),
     #[error("the microVM is {0}; clone a running (or paused) microVM")]
@@ -218,6 +264,8 @@ impl CloneError {
             CloneError::BadRequest(_)
                 | CloneError::CapReached { .. }
                 | CloneError::OverCap { .. }
+                | CloneError::HostLimit { .. }
+                | CloneError::GuestForkOff
                 | CloneError::NotStarted(_)
                 | CloneError::NotRunning(_)
                 | CloneError::Unsupported(_)
@@ -249,8 +297,14 @@ pub struct SourceState {
     /// The last template made; a zygote serves all requests from it.
     pub template: Option<Arc<Template>>,
     pub zygote: bool,
-    /// Clones served as a source (the cap counts these).
+    /// Clones served as a source (numbered 1, 2, ...).
     pub served: u64,
+    /// Budget handed to those clones for their own clones (the cap counts
+    /// these with `served`).
+    pub granted: u64,
+    /// A clone's share of its tree's budget (what its source gave it);
+    /// `None` for a VM that is no clone (its `max_clones` is the tree's).
+    pub tree_budget: Option<u64>,
     /// Clone generation: 0 for a booted VM, parent's + 1 for a clone.
     pub generation: u64,
     /// This VMM's API socket (clones go beside it).
@@ -259,6 +313,20 @@ pub struct SourceState {
     pub standby: Vec<spawn::CloneProcess>,
     /// Names handed out so far (clone and standby processes).
     pub names: u64,
+}
+
+impl SourceState {
+    /// The most clones this VM and its clones' subtrees may still count:
+    /// `max_clones`, or less for a clone (its share of the tree's budget).
+    pub fn cap(&self) -> u64 {
+        self.tree_budget
+            .map_or(self.config.max_clones, |b| b.min(self.config.max_clones))
+    }
+
+    /// What this VM has used of [`Self::cap`].
+    pub fn spent(&self) -> u64 {
+        self.served.saturating_add(self.granted)
+    }
 }
 
 /// The clone side: a clone process on its way to running (`spore vmm

@@ -13,7 +13,8 @@ use std::time::Instant;
 use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
 use super::spawn::{spawn, CloneProcess};
 use super::{
-    identity, CloneError, CloneInfo, CloneMode, CloneReport, SourceState, Template, MAX_PER_REQUEST,
+    identity, limits, CloneError, CloneInfo, CloneMode, CloneReport, SourceState, Template,
+    MAX_PER_REQUEST,
 };
 use crate::config::VmConfig;
 use crate::device_manager::PausedDevices;
@@ -57,18 +58,16 @@ fn check(
             order.count
         )));
     }
-    let cap = st.config.max_clones;
-    if st.served >= cap {
-        return Err(CloneError::CapReached {
-            served: st.served,
-            cap,
-        });
+    // One budget for the whole clone tree (see `limits`).
+    let (cap, spent) = (st.cap(), st.spent());
+    if spent >= cap {
+        return Err(CloneError::CapReached { served: spent, cap });
     }
-    if st.served + u64::from(order.count) > cap {
+    if spent.saturating_add(u64::from(order.count)) > cap {
         return Err(CloneError::OverCap {
             count: order.count,
-            left: cap - st.served,
-            served: st.served,
+            left: cap - spent,
+            served: spent,
             cap,
         });
     }
@@ -85,6 +84,7 @@ fn check(
             "holds {n} objects in its tmem pool"
         )));
     }
+    check_host_limit(st, order.count)?;
     if st.zygote {
         if order.mode == Some(CloneMode::Continue) {
             return Err(CloneError::BadRequest(
@@ -94,6 +94,26 @@ fn check(
         return Ok(CloneMode::Zygote);
     }
     Ok(order.mode.unwrap_or(st.config.mode))
+}
+
+/// Refuses `count` more clone processes over the host's limit, if one is
+/// set (standby processes of this VM that a request would use are no new
+/// processes).
+fn check_host_limit(st: &SourceState, count: u32) -> Result<(), CloneError> {
+    let Some((limit, source_of)) = limits::host_limit(st.config.host_max_clones) else {
+        return Ok(());
+    };
+    let running = limits::count_clone_processes(Path::new("/proc"));
+    let new = u64::from(count).saturating_sub(st.standby.len() as u64);
+    if new > 0 && running.saturating_add(new) > limit {
+        return Err(CloneError::HostLimit {
+            running,
+            count: new,
+            limit,
+            source_of,
+        });
+    }
+    Ok(())
 }
 
 /// Where clones' sockets and logs go.
@@ -197,7 +217,22 @@ pub fn clone_vm(
     st: &mut SourceState,
     order: CloneOrder,
 ) -> Result<CloneReport, CloneError> {
-    let mode = check(vm, config, st, &order)?;
+    let mode = match check(vm, config, st, &order) {
+        Ok(m) => m,
+        Err(e) => {
+            // A guest's FORK refused: it reads the failure and runs on.
+            // The vCPU asks for the pause itself after signalling: wait
+            // until it parked, or a resume now would come before its pause.
+            if let Some(v) = order.fork_vcpu {
+                let parked = vm.pause().is_ok();
+                fork_failed(vm, v, &e);
+                if parked && !st.zygote {
+                    let _ = vm.resume();
+                }
+            }
+            return Err(e);
+        }
+    };
     let dir = clone_dir(st, order.socket_dir.as_deref());
     std::fs::create_dir_all(&dir).map_err(|source| CloneError::Io {
         what: "create the clone socket directory",
@@ -211,8 +246,7 @@ pub fn clone_vm(
             Ok(t) => (t, true),
             Err(e) => {
                 if let Some(v) = order.fork_vcpu {
-                    vm.signal()
-                        .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                    fork_failed(vm, v, &e);
                 }
                 if was_running {
                     let _ = vm.resume();
@@ -227,8 +261,9 @@ pub fn clone_vm(
     }
     let started = start_clones(config, st, &template, &order, &dir);
     match started {
-        Ok(clones) => {
+        Ok((clones, granted)) => {
             st.served += clones.len() as u64;
+            st.granted = st.granted.saturating_add(granted);
             st.template = Some(template.clone());
             if mode == CloneMode::Continue {
                 if let Some(v) = order.fork_vcpu {
@@ -244,7 +279,7 @@ pub fn clone_vm(
                 request_ns: order.request_ns,
                 template_us,
                 served: st.served,
-                max_clones: st.config.max_clones,
+                max_clones: st.cap(),
                 clones,
             })
         }
@@ -257,8 +292,7 @@ pub fn clone_vm(
                 }
             }
             if let Some(v) = order.fork_vcpu {
-                vm.signal()
-                    .set_pending_result(v, spore_abi::signal::FORK_FAILED);
+                fork_failed(vm, v, &e);
             }
             // An older zygote stays frozen; anything else runs on.
             if was_running && (fresh || !st.zygote) {
@@ -269,16 +303,34 @@ pub fn clone_vm(
     }
 }
 
+/// A guest's `FORK` that made no clone: the VMM says why (before the
+/// guest runs again, so the line does not land inside the guest's output
+/// on a shared console), and the vCPU reads the failure.
+fn fork_failed(vm: &Vm, vcpu: u8, e: &CloneError) {
+    if !matches!(e, CloneError::NotStarted(_)) {
+        eprintln!("spore: guest fork failed: {e}");
+    }
+    vm.signal()
+        .set_pending_result(vcpu, spore_abi::signal::FORK_FAILED);
+}
+
 /// Starts `order.count` clones of `template` (standby processes first),
-/// waits until each runs and serves its API. On any failure the clones of
-/// this request are stopped.
+/// waits until each runs and serves its API; returns them and the budget
+/// handed to them. On any failure the clones of this request are stopped.
 fn start_clones(
     config: &VmConfig,
     st: &mut SourceState,
     template: &Template,
     order: &CloneOrder,
     dir: &Path,
-) -> Result<Vec<CloneInfo>, CloneError> {
+) -> Result<(Vec<CloneInfo>, u64), CloneError> {
+    let shares = limits::shares(
+        st.cap().saturating_sub(st.spent()),
+        order.count,
+        st.config.clone_budget,
+        st.config.clones_may_fork,
+    )
+    .ok_or_else(|| CloneError::BadRequest("the clone tree's budget is spent".into()))?;
     // Drop standby processes that died (reaped here).
     st.standby
         .retain_mut(|p| matches!(p.child.try_wait(), Ok(None)));
@@ -296,17 +348,18 @@ fn start_clones(
             };
             procs.push(p);
         }
-        for (i, (p, _)) in procs.iter().enumerate() {
+        for (i, ((p, _), &budget)) in procs.iter().zip(&shares).enumerate() {
             let index = st.served + 1 + i as u64;
             let sent = if p.prestarted.as_deref() == Some(template.id.as_str()) {
                 let go = Go {
                     index,
+                    budget,
                     request_ns: order.request_ns,
                 };
                 send_go(&p.sock, &go)
             } else {
-                let handoff =
-                    clone_handoff(config, st, template, p, index, order.request_ns, false)?;
+                let at = (index, budget, order.request_ns);
+                let handoff = clone_handoff(config, st, template, p, at, false)?;
                 send_handoff(&p.sock, &handoff, &template.layers)
             };
             sent.map_err(|e| CloneError::Child {
@@ -340,7 +393,7 @@ fn start_clones(
             for (p, _) in procs {
                 p.detach();
             }
-            Ok(out)
+            Ok((out, shares.iter().sum()))
         }
         Err(e) => {
             for (p, _) in procs {
@@ -359,14 +412,14 @@ fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
     usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
 }
 
-/// The handoff for clone process `p`.
+/// The handoff for clone process `p`, clone number `index` with its
+/// share of the budget, asked for at `request_ns` (`at`).
 fn clone_handoff(
     config: &VmConfig,
     st: &SourceState,
     template: &Template,
     p: &CloneProcess,
-    index: u64,
-    request_ns: u64,
+    (index, budget, request_ns): (u64, u64, u64),
     prestart: bool,
 ) -> Result<Handoff, CloneError> {
     let dir = &p.dir;
@@ -388,10 +441,13 @@ fn clone_handoff(
         state: template.state.to_vec(),
         layer_runs: template.layers.iter().map(|l| l.runs.clone()).collect(),
         fork_vcpu: template.fork_vcpu,
+        // A clone may fork only if this VM's settings grant it.
         clone_config: super::CloneConfig {
             standby: 0,
+            guest_fork: st.config.clones_may_fork,
             ..st.config.clone()
         },
+        budget,
         request_ns,
         prestart,
     })
@@ -417,6 +473,10 @@ pub fn fill_standby(st: &mut SourceState, config: &VmConfig) -> Result<(), Clone
         p.kill();
     }
     while st.standby.len() < st.config.standby as usize {
+        if let Err(e) = check_host_limit(st, st.standby.len() as u32 + 1) {
+            tracing::warn!("standby processes: {e}");
+            break;
+        }
         let name = next_name(st);
         let p = spawn(&dir, &name, st.config.marks, want)?;
         st.standby.push(p);
@@ -430,7 +490,8 @@ pub fn fill_standby(st: &mut SourceState, config: &VmConfig) -> Result<(), Clone
             if p.prestarted.as_deref() == Some(t.id.as_str()) {
                 continue;
             }
-            let sent = clone_handoff(config, st, &t, p, 0, 0, true).and_then(|h| {
+            // Number and budget come with the go.
+            let sent = clone_handoff(config, st, &t, p, (0, 0, 0), true).and_then(|h| {
                 send_handoff(&p.sock, &h, &t.layers).map_err(|e| CloneError::Child {
                     name: p.name.clone(),
                     detail: e.to_string(),

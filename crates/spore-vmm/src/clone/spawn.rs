@@ -132,17 +132,26 @@ impl CloneProcess {
         let _ = std::fs::remove_file(&self.socket);
     }
 
-    /// Leaves the clone running on its own; a thread reaps it when it exits.
+    /// Leaves the clone running on its own; a thread reaps it when it
+    /// exits. The thread holds the source's end of the handoff socket
+    /// until then: the clone sees it close when this process ends (its cue
+    /// to end too, unless clones outlive their source).
     pub fn detach(self) -> u32 {
         let CloneProcess {
-            mut child, name, ..
+            mut child,
+            name,
+            sock,
+            ..
         } = self;
         let pid = child.id();
         let _ = std::thread::Builder::new()
             .name("clone-reaper".into())
-            .spawn(move || match child.wait() {
-                Ok(s) => tracing::info!("clone {name} (pid {pid}) exited: {s}"),
-                Err(e) => tracing::warn!("clone {name} (pid {pid}): {e}"),
+            .spawn(move || {
+                match child.wait() {
+                    Ok(s) => tracing::info!("clone {name} (pid {pid}) exited: {s}"),
+                    Err(e) => tracing::warn!("clone {name} (pid {pid}): {e}"),
+                }
+                drop(sock);
             });
         pid
     }

@@ -33,7 +33,7 @@ impl Vmm {
         layers: Vec<MemoryLayer>,
     ) -> Result<u64, CloneError> {
         self.restore_clone(handoff, layers)?;
-        self.go_clone(handoff.index)
+        self.go_clone(handoff.index, handoff.budget)
     }
 
     /// Restores the clone that came over the handoff socket, paused, until
@@ -64,6 +64,7 @@ impl Vmm {
         let api_socket = source.api_socket.take();
         *source = restored.source;
         source.api_socket = api_socket;
+        self.set_guest_fork(source.config.guest_fork);
         child.awaiting_go = Some(AwaitingGo {
             fork_vcpu: handoff.fork_vcpu,
             generation: handoff.generation,
@@ -73,15 +74,16 @@ impl Vmm {
         Ok(())
     }
 
-    /// Makes the restored clone clone number `index` and starts it; returns
-    /// the host monotonic time right before its vCPUs started.
-    pub fn go_clone(&self, index: u64) -> Result<u64, CloneError> {
+    /// Makes the restored clone clone number `index`, with `budget` for its
+    /// own subtree, and starts it; returns the host monotonic time right
+    /// before its vCPUs started.
+    pub fn go_clone(&self, index: u64, budget: u64) -> Result<u64, CloneError> {
         let mut inner = self.lock();
         let Inner {
             config,
             phase,
             child,
-            ..
+            source,
         } = &mut *inner;
         let awaiting = child
             .awaiting_go
@@ -92,6 +94,7 @@ impl Vmm {
             .map_err(|_| CloneError::BadRequest(NOTHING_AWAITS_GO.into()))?
             .vm;
         child::activate(vm, config, awaiting.fork_vcpu, index, awaiting.generation)?;
+        source.tree_budget = Some(budget);
         let start_ns = crate::host::monotonic_ns();
         vm.start()
             .map_err(|e| CloneError::Capture(format!("cannot start the clone: {e}")))?;

@@ -3,7 +3,8 @@
 //! ([`ClonedProcessArgs`]) to a running clone. [`run`] prepares the KVM
 //! objects, waits on the inherited socket for the template (or, for a
 //! standby restored ahead, its number), starts the clone, serves its API and
-//! reports to the source. It sits above the state machine and the API
+//! reports to the source; unless its source's settings let clones outlive
+//! it, the clone then ends when the source does. It sits above the state machine and the API
 //! server it runs, which is why it lives here and not in `clone/`.
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -63,7 +64,7 @@ pub fn run(
     };
     let started = match incoming.start {
         Start::Handoff(h, layers) => vmm.start_clone(&h, layers),
-        Start::Go(index) => vmm.go_clone(index),
+        Start::Go(index, budget) => vmm.go_clone(index, budget),
     };
     let start_ns = match started {
         Ok(t) => t,
@@ -75,6 +76,11 @@ pub fn run(
     match ApiServer::start(&args.api_sock, vmm.clone()) {
         Ok(server) => {
             child::report(&incoming.sock, start_ns, None);
+            // What the source's settings said about its clones.
+            let outlive = vmm.lock().source.config.clones_outlive_source;
+            if !outlive {
+                end_with_source(vmm, incoming.sock);
+            }
             Ok(Some(server))
         }
         Err(source) => {
@@ -90,11 +96,45 @@ pub fn run(
     }
 }
 
+/// Ends this clone when its source ends (`clones_outlive_source` off, the
+/// default): a `source-watch` thread reads the handoff socket, which the
+/// source holds open as long as it runs and the kernel closes however it
+/// ends (`SIGKILL` included); at its end the clone stops as on `SIGTERM`.
+/// A source already gone is seen at once, so there is no window between
+/// the clone's start and the watch.
+fn end_with_source(vmm: &Arc<Vmm>, sock: UnixStream) {
+    use std::io::Read;
+    let me = Arc::downgrade(vmm);
+    let spawned = std::thread::Builder::new()
+        .name("source-watch".into())
+        .spawn(move || {
+            let mut buf = [0u8; 64];
+            loop {
+                match (&sock).read(&mut buf) {
+                    // Nothing is sent after the start; ignore it.
+                    Ok(n) if n > 0 => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    _ => break,
+                }
+            }
+            let Some(vmm) = me.upgrade() else { return };
+            eprintln!(
+                "spore: the source VMM ended; this clone ends with it (clones_outlive_source is off)"
+            );
+            vmm.request_stop();
+        });
+    if let Err(e) = spawned {
+        // Without the watch the clone would outlive its source unasked.
+        eprintln!("spore: cannot watch the source VMM ({e}); this clone stops");
+        vmm.request_stop();
+    }
+}
+
 /// What starts a clone process.
 enum Start {
     Handoff(Box<Handoff>, Vec<MemoryLayer>),
-    /// The clone restored ahead gets this number.
-    Go(u64),
+    /// The clone restored ahead gets this number and budget.
+    Go(u64, u64),
 }
 
 /// The socket a clone process inherited and what came over it.
@@ -145,7 +185,7 @@ fn wait_for_template(vmm: &Vmm, fd: RawFd) -> Result<Option<Incoming>, ClonedPro
             Ok(Message::Go(go)) => {
                 return Ok(Some(Incoming {
                     sock,
-                    start: Start::Go(go.index),
+                    start: Start::Go(go.index, go.budget),
                 }))
             }
             Err(HandoffError::Closed) => return Ok(None),

@@ -6,6 +6,7 @@
 //! VM, the configuration and the [`crate::clone::SourceState`] under one
 //! lock, and has the standby pool topped up afterwards (`standby.rs`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -15,12 +16,18 @@ use crate::clone::{CloneConfig, CloneError, CloneReport, CloneRequest, SourceSta
 use crate::host::{lock, monotonic_ns};
 use crate::vm::Vm;
 
+/// Refused guest forks the VMM reports (one line each); more are silent.
+const REFUSALS_LOGGED: u64 = 3;
+
 /// `GET /clone`.
 #[derive(Debug, serde::Serialize)]
 pub struct CloneStatus {
     pub config: CloneConfig,
     pub zygote: bool,
     pub served: u64,
+    /// What this VM may still count in its clone tree (see
+    /// `clone::limits`).
+    pub budget_left: u64,
     pub generation: u64,
     pub template: Option<String>,
     pub template_layers: usize,
@@ -72,6 +79,7 @@ impl Vmm {
         c.validate()?;
         let mut inner = self.lock();
         let Inner { config, source, .. } = &mut *inner;
+        self.set_guest_fork(c.guest_fork);
         source.config = c;
         let extra = source
             .standby
@@ -93,6 +101,7 @@ impl Vmm {
             config: s.config.clone(),
             zygote: s.zygote,
             served: s.served,
+            budget_left: s.cap().saturating_sub(s.spent()),
             generation: s.generation,
             template: s.template.as_ref().map(|t| t.id.clone()),
             template_layers: s.template.as_ref().map_or(0, |t| t.layers.len()),
@@ -120,14 +129,34 @@ impl Vmm {
         }
     }
 
-    /// Routes the VM's `FORK`s to the guest-fork thread, if there is one.
+    /// Routes the VM's `FORK`s to the guest-fork thread, if there is one,
+    /// while the clone config's `guest_fork` is on; while it is off, a
+    /// `FORK` fails at once in the guest and the VMM says so (the first
+    /// few times).
     pub(super) fn install_fork_handler(&self, vm: &Vm) {
         if let Some(tx) = lock(&self.fork_tx).clone() {
             let tx = Mutex::new(tx);
+            let allowed = self.guest_fork.clone();
+            let refused = AtomicU64::new(0);
             vm.signal().set_fork_handler(Box::new(move |vcpu, n| {
-                let _ = lock(&tx).send((vcpu, n));
+                if !allowed.load(Ordering::Acquire) {
+                    let seen = refused.fetch_add(1, Ordering::Relaxed);
+                    if seen < REFUSALS_LOGGED {
+                        eprintln!(
+                            "spore: guest fork refused (vCPU {vcpu}, count {n}): {}",
+                            CloneError::GuestForkOff
+                        );
+                    }
+                    return false;
+                }
+                lock(&tx).send((vcpu, n)).is_ok()
             }));
         }
+    }
+
+    /// Turns the guest's `FORK` on or off (the clone config's `guest_fork`).
+    pub(super) fn set_guest_fork(&self, on: bool) {
+        self.guest_fork.store(on, Ordering::Release);
     }
 
     /// One guest `FORK` of `n` clones (0: the configured `fork_count`).
@@ -140,25 +169,22 @@ impl Vmm {
             fork_vcpu: Some(vcpu),
             request_ns,
         };
-        match self.clone_with(order) {
-            Ok(r) => {
-                let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
-                tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
-                eprintln!(
-                    "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
-                    r.clones.len(),
-                    r.template,
-                    r.mode,
-                    r.clones
-                        .iter()
-                        .map(|c| format!("{} pid {}", c.socket, c.pid))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-            // The VM is gone: the FORK has nobody left to answer.
-            Err(CloneError::NotStarted(_)) => {}
-            Err(e) => eprintln!("spore: guest fork failed: {e}"),
+        // A failure was said (by `clone::source`) before the guest ran on;
+        // or the VM is gone and the FORK has nobody left to answer.
+        if let Ok(r) = self.clone_with(order) {
+            let pids: Vec<_> = r.clones.iter().map(|c| c.pid).collect();
+            tracing::info!("guest fork: {} clones started: {pids:?}", r.clones.len());
+            eprintln!(
+                "spore: guest fork: {} clone(s) of template {} started ({:?} mode): {}",
+                r.clones.len(),
+                r.template,
+                r.mode,
+                r.clones
+                    .iter()
+                    .map(|c| format!("{} pid {}", c.socket, c.pid))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
     }
 }

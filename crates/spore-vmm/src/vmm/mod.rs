@@ -33,6 +33,7 @@ mod standby;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -59,6 +60,9 @@ pub struct Vmm {
     inner: Mutex<Inner>,
     /// Where guest `FORK`s go (see [`Vmm::enable_guest_fork`]).
     fork_tx: Mutex<Option<Sender<(u8, u32)>>>,
+    /// The clone config's `guest_fork`, read on vCPU threads (which must
+    /// not take the state lock: a clone under way holds it while pausing).
+    guest_fork: Arc<AtomicBool>,
     /// The standby pool's refill thread (see [`Vmm::enable_background_standby`]).
     standby_refill: Mutex<Option<Arc<standby::StandbyRefill>>>,
 }
@@ -173,6 +177,7 @@ impl Vmm {
                 child: ChildState::default(),
             }),
             fork_tx: Mutex::new(None),
+            guest_fork: Arc::new(AtomicBool::new(false)),
             standby_refill: Mutex::new(None),
         }
     }

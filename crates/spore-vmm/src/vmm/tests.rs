@@ -273,7 +273,7 @@ fn clone_requests_before_start_are_refused_or_only_configure() {
         NOT_STARTED
     );
     // The clone-process side: no clone was restored ahead to start.
-    let e = v.go_clone(1).unwrap_err();
+    let e = v.go_clone(1, 0).unwrap_err();
     assert!(e.to_string().contains("no restored clone"), "{e}");
 }
 

@@ -180,7 +180,7 @@ fn first_mark(path: &Path) -> Option<u64> {
 
 /// Latency and memory of `runs` clones, one at a time.
 fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow::Result<Value> {
-    let config = json!({"fork_count": 0, "marks": true, "max_clones": 100000, "standby": standby});
+    let config = json!({"fork_count": 0, "guest_fork": true, "marks": true, "max_clones": 100000, "standby": standby});
     let src = start_source(dir, uk, mib, "stay", &config)?;
     let (mut vmm_ms, mut guest_ms, mut reply_ms, mut pss) = (vec![], vec![], vec![], vec![]);
     for _ in 0..runs {
@@ -228,7 +228,8 @@ fn throughput(
     total: u64,
     standby: u32,
 ) -> anyhow::Result<Value> {
-    let config = json!({"fork_count": 0, "max_clones": 100000, "standby": standby});
+    let config =
+        json!({"fork_count": 0, "guest_fork": true, "max_clones": 100000, "standby": standby});
     let src = start_source(dir, uk, mib, "done", &config)?;
     let out = std::process::Command::new(std::env::current_exe()?)
         .arg("clone")

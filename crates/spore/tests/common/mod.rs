@@ -1,6 +1,7 @@
 //! Helpers for end-to-end tests that drive the real `spore` binary.
 #![allow(dead_code)]
 
+pub mod clone;
 pub mod serve;
 
 use std::io::{BufRead, BufReader, Read, Write};

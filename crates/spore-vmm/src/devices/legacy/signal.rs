@@ -39,8 +39,10 @@ pub enum SignalAction {
 }
 
 /// Called (on the vCPU thread) when the guest signals `FORK`: vCPU id and
-/// requested count. It must not block on the VM: the vCPU parks after it.
-pub type ForkHandler = Box<dyn Fn(u8, u32) + Send + Sync>;
+/// requested count. It must not block on the VM: the vCPU parks after it
+/// if it returns true (the fork is under way); false refuses the fork (the
+/// guest reads [`FORK_FAILED`] at once).
+pub type ForkHandler = Box<dyn Fn(u8, u32) -> bool + Send + Sync>;
 
 /// Per-VM signal port state.
 pub struct SignalPort {
@@ -162,11 +164,8 @@ impl SignalPort {
             SignalOp::Fork => {
                 let handler = lock(&self.fork);
                 match handler.as_ref() {
-                    Some(h) => {
-                        h(vcpu, arg);
-                        return SignalAction::Fork(arg);
-                    }
-                    None => *last_result = FORK_FAILED,
+                    Some(h) if h(vcpu, arg) => return SignalAction::Fork(arg),
+                    _ => *last_result = FORK_FAILED,
                 }
             }
             // A clone's work is done: end it like an exit with status 0,
@@ -271,12 +270,22 @@ mod tests {
         assert_eq!(r, FORK_FAILED);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s2 = seen.clone();
-        p.set_fork_handler(Box::new(move |vcpu, n| lock(&s2).push((vcpu, n))));
+        p.set_fork_handler(Box::new(move |vcpu, n| {
+            lock(&s2).push((vcpu, n));
+            n != 4
+        }));
         assert_eq!(
             p.write(1, &w(encode(SignalOp::Fork, 3)), &mut r),
             SignalAction::Fork(3)
         );
-        assert_eq!(*lock(&seen), vec![(1, 3)]);
+        // A handler that refuses: the guest reads the failure at once.
+        r = 0;
+        assert_eq!(
+            p.write(1, &w(encode(SignalOp::Fork, 4)), &mut r),
+            SignalAction::Continue
+        );
+        assert_eq!(r, FORK_FAILED);
+        assert_eq!(*lock(&seen), vec![(1, 3), (1, 4)]);
         assert_eq!(
             p.write(0, &w(encode(SignalOp::Done, 0)), &mut r),
             SignalAction::Exit(0)
