@@ -15,6 +15,7 @@ pub mod files;
 pub mod host;
 pub mod memory;
 pub mod persist;
+pub mod seccomp;
 pub mod snapshot;
 pub mod vm;
 pub mod vmm;

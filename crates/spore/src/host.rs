@@ -2,12 +2,46 @@
 //! console input, the marks file.
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use spore_vmm::devices::legacy::signal::Mark;
+use spore_vmm::seccomp::SeccompSetting;
 use spore_vmm::vmm::Vmm;
+
+/// The seccomp flags of the subcommands that run a VMM in this process.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SeccompArgs {
+    /// Run without seccomp filters (they are on by default: a syscall
+    /// outside a thread's allow list kills the VMM process).
+    #[arg(long, conflicts_with = "seccomp_filter")]
+    pub no_seccomp: bool,
+    /// Replace the built-in seccomp filters with this seccompiler JSON file
+    /// (one filter per thread kind: keys "vmm", "api", "vcpu").
+    #[arg(long, value_name = "FILE")]
+    pub seccomp_filter: Option<PathBuf>,
+}
+
+impl SeccompArgs {
+    /// The choice these flags make (a filter file as an absolute path, so
+    /// that clone processes find it too).
+    pub fn setting(&self) -> std::io::Result<SeccompSetting> {
+        Ok(match (&self.seccomp_filter, self.no_seccomp) {
+            (Some(p), _) => SeccompSetting::File(std::path::absolute(p)?),
+            (None, true) => SeccompSetting::Off,
+            (None, false) => SeccompSetting::Default,
+        })
+    }
+}
+
+/// Sets this process's seccomp choice (compiling the filters) before any
+/// thread starts; the main thread installs its own later
+/// ([`spore_vmm::seccomp::apply_main`]), before the guest runs.
+pub fn configure_seccomp(setting: SeccompSetting) -> anyhow::Result<()> {
+    spore_vmm::seccomp::configure(setting)?;
+    Ok(())
+}
 
 /// Logs go to stderr; `SPORE_LOG` sets the filter (default `warn`).
 pub fn init_logging() {
@@ -46,9 +80,7 @@ pub fn stop_on_host_signals(vmm: Arc<Vmm>) -> std::io::Result<()> {
         }
         set
     };
-    std::thread::Builder::new()
-        .name("host-signals".into())
-        .spawn(move || {
+    spore_vmm::seccomp::spawn(spore_vmm::seccomp::ThreadKind::Vmm, "host-signals".into(), move || {
             let mut sig = 0;
             // SAFETY: set is a valid, initialised sigset.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
@@ -61,9 +93,7 @@ pub fn stop_on_host_signals(vmm: Arc<Vmm>) -> std::io::Result<()> {
 
 /// Forwards this process's stdin to the guest's serial port.
 pub fn forward_stdin(vmm: Arc<Vmm>) {
-    let _ = std::thread::Builder::new()
-        .name("serial-in".into())
-        .spawn(move || {
+    let _ = spore_vmm::seccomp::spawn(spore_vmm::seccomp::ThreadKind::Vmm, "serial-in".into(), move || {
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; 64];
             loop {

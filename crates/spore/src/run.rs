@@ -87,6 +87,8 @@ pub struct RunArgs {
         requires = "guest_snapshot_dir"
     )]
     pub guest_snapshot_type: SnapshotTypeArg,
+    #[command(flatten)]
+    pub seccomp: host::SeccompArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -222,6 +224,7 @@ impl RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = args.to_config()?;
+    host::configure_seccomp(args.seccomp.setting()?)?;
     let vmm = Arc::new(Vmm::new("run".into(), config, Box::new(std::io::stdout())));
     host::stop_on_host_signals(vmm.clone())?;
     vmm.enable_guest_fork();
@@ -234,6 +237,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         vmm.set_clone_config(on)
             .map_err(|e| anyhow::anyhow!("--guest-fork: {e}"))?;
     }
+    spore_vmm::seccomp::apply_main()?;
     vmm.start()?;
     host::forward_stdin(vmm.clone());
     // Read the pool once the VM stopped, before `finish` releases it.

@@ -159,6 +159,8 @@ pub struct RestoreArgs {
     pub track_dirty_pages: bool,
     #[command(flatten)]
     pub parents: ParentArgs,
+    #[command(flatten)]
+    pub seccomp: host::SeccompArgs,
 }
 
 pub fn run(cmd: SnapshotCommand) -> anyhow::Result<u8> {
@@ -293,6 +295,7 @@ fn stop_vmm(sock: &Path) -> anyhow::Result<()> {
 }
 
 fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
+    host::configure_seccomp(a.seccomp.setting()?)?;
     let vmm = Arc::new(Vmm::new(
         "restore".into(),
         VmConfig::default(),
@@ -329,6 +332,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
         parents: a.parents.paths(),
         ..Default::default()
     };
+    spore_vmm::seccomp::apply_main()?;
     vmm.load_snapshot_with(&a.state, &memory, &lo)?;
     host::forward_stdin(vmm.clone());
     crate::run::finish(&vmm, a.marks_file.as_deref())

@@ -36,6 +36,8 @@ pub struct VmmArgs {
     /// `MIB,VCPUS` VM while waiting for the template.
     #[arg(long, value_name = "MIB,VCPUS", requires = "clone_handoff")]
     pub clone_prepare: Option<String>,
+    #[command(flatten)]
+    pub seccomp: host::SeccompArgs,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
@@ -45,6 +47,7 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
     if args.api_sock.is_none() && args.config_file.is_none() {
         bail!("give --api-sock PATH, --config-file FILE, or both");
     }
+    host::configure_seccomp(args.seccomp.setting()?)?;
     let config = match &args.config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -76,6 +79,9 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
+    // Every thread started so far installed its own filter; the main
+    // thread's goes on before any guest code runs.
+    spore_vmm::seccomp::apply_main()?;
     if args.config_file.is_some() {
         vmm.start()?;
     }
@@ -92,7 +98,9 @@ fn run_clone(args: VmmArgs, fd: i32) -> anyhow::Result<u8> {
         fd,
         args.clone_prepare.as_deref(),
         args.marks_file,
+        args.seccomp.setting()?,
     )?;
+    host::configure_seccomp(clone_args.seccomp.clone())?;
     let vmm = Arc::new(Vmm::new(
         clone_args.id.clone(),
         VmConfig::default(),

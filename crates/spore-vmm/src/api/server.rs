@@ -111,9 +111,7 @@ impl ApiServer {
             UnixListener::from_std(listener).map_err(ApiServerError::Runtime)?
         };
         let (stop, stopped) = oneshot::channel();
-        let thread = thread::Builder::new()
-            .name("spore-api".into())
-            .spawn(move || {
+        let thread = crate::seccomp::spawn(crate::seccomp::ThreadKind::Api, "spore-api".into(), move || {
                 runtime.block_on(serve(listener, handler, stopped));
                 // Dropping the runtime here cancels every connection task.
             })

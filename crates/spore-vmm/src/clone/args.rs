@@ -8,6 +8,8 @@ use std::ffi::OsString;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+use crate::seccomp::SeccompSetting;
+
 /// Everything a clone process is told on its command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClonedProcessArgs {
@@ -22,6 +24,8 @@ pub struct ClonedProcessArgs {
     pub prepare: Option<(u64, u8)>,
     /// Where its signal-port marks go when it stops.
     pub marks_file: Option<PathBuf>,
+    /// The source's seccomp choice, which its clones keep.
+    pub seccomp: SeccompSetting,
 }
 
 /// Clone-process flags that do not fit together.
@@ -32,7 +36,7 @@ pub struct BadCloneArgs(pub String);
 impl ClonedProcessArgs {
     /// The `spore` arguments (after the program name) that start this
     /// process: `vmm --api-sock S --id N --clone-handoff FD [--clone-prepare
-    /// MIB,VCPUS] [--marks-file F]`.
+    /// MIB,VCPUS] [--marks-file F] [--no-seccomp | --seccomp-filter F]`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
             "vmm".into(),
@@ -51,6 +55,7 @@ impl ClonedProcessArgs {
             a.push("--marks-file".into());
             a.push(m.clone().into());
         }
+        a.extend(self.seccomp.to_args());
         a
     }
 
@@ -62,6 +67,7 @@ impl ClonedProcessArgs {
         handoff_fd: RawFd,
         prepare: Option<&str>,
         marks_file: Option<PathBuf>,
+        seccomp: SeccompSetting,
     ) -> Result<Self, BadCloneArgs> {
         let api_sock =
             api_sock.ok_or_else(|| BadCloneArgs("--clone-handoff needs --api-sock".into()))?;
@@ -77,6 +83,7 @@ impl ClonedProcessArgs {
             handoff_fd,
             prepare,
             marks_file,
+            seccomp,
         })
     }
 }
@@ -99,6 +106,7 @@ mod tests {
             handoff_fd: 7,
             prepare: Some((256 << 20, 2)),
             marks_file: Some("/run/c1.marks.json".into()),
+            seccomp: SeccompSetting::File("/etc/f.json".into()),
         }
     }
 
@@ -124,7 +132,9 @@ mod tests {
                 "--clone-prepare",
                 "256,2",
                 "--marks-file",
-                "/run/c1.marks.json"
+                "/run/c1.marks.json",
+                "--seccomp-filter",
+                "/etc/f.json"
             ]
         );
         let flag = |name: &str| {
@@ -140,21 +150,38 @@ mod tests {
                 .unwrap_or(-1),
             flag("--clone-prepare").as_deref(),
             flag("--marks-file").map(PathBuf::from),
+            match flag("--seccomp-filter") {
+                Some(f) => SeccompSetting::File(f.into()),
+                None => SeccompSetting::Default,
+            },
         )
         .unwrap();
         assert_eq!(back, a);
         let bare = ClonedProcessArgs {
             prepare: None,
             marks_file: None,
-            ..a
+            seccomp: SeccompSetting::Default,
+            ..a.clone()
         };
         assert_eq!(bare.to_args().len(), 7);
+        let off = ClonedProcessArgs {
+            seccomp: SeccompSetting::Off,
+            ..bare
+        };
+        assert_eq!(off.to_args().last().map(|s| s.to_string_lossy().into_owned()), Some("--no-seccomp".into()));
     }
 
     #[test]
     fn bad_flags_are_refused() {
         let from = |sock: Option<&str>, prepare: Option<&str>| {
-            ClonedProcessArgs::from_flags(sock.map(PathBuf::from), "c".into(), 3, prepare, None)
+            ClonedProcessArgs::from_flags(
+                sock.map(PathBuf::from),
+                "c".into(),
+                3,
+                prepare,
+                None,
+                SeccompSetting::Default,
+            )
         };
         assert!(from(None, None)
             .unwrap_err()

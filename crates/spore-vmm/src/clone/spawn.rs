@@ -78,6 +78,7 @@ pub fn spawn(
         handoff_fd: theirs.as_raw_fd(),
         prepare,
         marks_file: marks.then(|| dir.join(format!("{name}.marks.json"))),
+        seccomp: crate::seccomp::setting(),
     };
     let mut cmd = Command::new(&exe);
     cmd.args(args.to_args())
@@ -144,9 +145,7 @@ impl CloneProcess {
             ..
         } = self;
         let pid = child.id();
-        let _ = std::thread::Builder::new()
-            .name("clone-reaper".into())
-            .spawn(move || {
+        let _ = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "clone-reaper".into(), move || {
                 match child.wait() {
                     Ok(s) => tracing::info!("clone {name} (pid {pid}) exited: {s}"),
                     Err(e) => tracing::warn!("clone {name} (pid {pid}): {e}"),

@@ -58,9 +58,7 @@ static SPARE_THREADS: Mutex<Vec<SpareThread>> = Mutex::new(Vec::new());
 pub fn prespawn_threads(n: usize) -> std::io::Result<()> {
     for _ in 0..n {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vcpu>(1);
-        let handle = std::thread::Builder::new()
-            .name("vcpu".into())
-            .spawn(move || {
+        let handle = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, "vcpu".into(), move || {
                 if let Ok(vcpu) = rx.recv() {
                     vcpu.run_loop();
                 }
@@ -135,9 +133,7 @@ impl Vcpu {
             }
         }
         let this = me;
-        let handle = std::thread::Builder::new()
-            .name(format!("vcpu{id}"))
-            .spawn(move || this.run_loop())?;
+        let handle = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, format!("vcpu{id}"), move || this.run_loop())?;
         Ok(VcpuThread { id, handle })
     }
 

@@ -31,6 +31,8 @@ pub enum ClonedProcessError {
     },
     #[error("restoring the clone ahead: {0}")]
     RestoreAhead(#[source] CloneError),
+    #[error("{0}")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
     #[error("starting the clone: {0}")]
     Start(#[source] CloneError),
     #[error("serving the API on {path}: {source}")]
@@ -62,6 +64,12 @@ pub fn run(
     let Some(incoming) = wait_for_template(vmm, args.handoff_fd)? else {
         return Ok(None);
     };
+    // A clone keeps the filter it inherited from its source; otherwise the
+    // main thread's goes on here, before the clone's guest runs.
+    if let Err(e) = crate::seccomp::apply_main() {
+        child::report(&incoming.sock, 0, Some(e.to_string()));
+        return Err(ClonedProcessError::Seccomp(e));
+    }
     let started = match incoming.start {
         Start::Handoff(h, layers) => vmm.start_clone(&h, layers),
         Start::Go(index, budget) => vmm.go_clone(index, budget),
@@ -105,9 +113,7 @@ pub fn run(
 fn end_with_source(vmm: &Arc<Vmm>, sock: UnixStream) {
     use std::io::Read;
     let me = Arc::downgrade(vmm);
-    let spawned = std::thread::Builder::new()
-        .name("source-watch".into())
-        .spawn(move || {
+    let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "source-watch".into(), move || {
             let mut buf = [0u8; 64];
             loop {
                 match (&sock).read(&mut buf) {

@@ -116,9 +116,7 @@ impl Vmm {
         let (tx, rx) = channel::<(u8, u32)>();
         *lock(&self.fork_tx) = Some(tx);
         let me: Weak<Vmm> = Arc::downgrade(self);
-        let _ = std::thread::Builder::new()
-            .name("guest-fork".into())
-            .spawn(move || {
+        let _ = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "guest-fork".into(), move || {
                 while let Ok((vcpu, n)) = rx.recv() {
                     let Some(vmm) = me.upgrade() else { return };
                     vmm.guest_fork(vcpu, n);

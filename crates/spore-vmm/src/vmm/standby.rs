@@ -48,9 +48,7 @@ impl Vmm {
         let pending = Arc::new((Mutex::new(false), Condvar::new()));
         let me: Weak<Vmm> = Arc::downgrade(self);
         let done = pending.clone();
-        let spawned = std::thread::Builder::new()
-            .name("standby-refill".into())
-            .spawn(move || {
+        let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "standby-refill".into(), move || {
                 while rx.recv().is_ok() {
                     // Requests that came meanwhile are served by this refill.
                     while rx.try_recv().is_ok() {}

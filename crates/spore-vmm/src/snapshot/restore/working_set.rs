@@ -374,9 +374,7 @@ impl Recorder {
             self.log.clone(),
             self.source.clone(),
         );
-        let spawned = std::thread::Builder::new()
-            .name("ws-record".into())
-            .spawn(move || {
+        let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "ws-record".into(), move || {
                 if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(d) {
                     end(&path, &id, &log, &source);
                 }

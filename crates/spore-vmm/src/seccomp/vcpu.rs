@@ -1,0 +1,64 @@
+//! The vCPU thread kind's allow list: a `KVM_RUN` loop and what its exits
+//! do on the vCPU's thread (port I/O and MMIO through the buses, so device
+//! register writes and activations; the signal port, whose `WAIT` sleeps;
+//! tmem copies; serial output; logging).
+//!
+//! `ioctl` is allowed only with the KVM request numbers a vCPU thread makes.
+//! Threads a vCPU thread needs (a device worker activated by the guest) are
+//! started by the spawner thread (`super::spawn`), so no thread creation here.
+
+use libc::*;
+use seccompiler::{
+    SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule,
+};
+
+/// `_IO(KVMIO, 0x80)`: KVM_RUN.
+const KVM_RUN: u64 = 0xAE80;
+
+/// Allowed without conditions, grouped by why.
+const SYSCALLS: &[i64] = &[
+    // Serial output, eventfd signals (irqfds, queue wakes), log lines.
+    SYS_read,
+    SYS_write,
+    SYS_writev,
+    // Allocation (tmem values, buffers) and its release.
+    SYS_mmap,
+    SYS_munmap,
+    SYS_mremap,
+    SYS_madvise,
+    SYS_brk,
+    // Locks, the signal port's WAIT, pause/resume parking.
+    SYS_futex,
+    SYS_poll,
+    SYS_ppoll,
+    SYS_nanosleep,
+    SYS_clock_nanosleep,
+    SYS_clock_gettime,
+    SYS_sched_yield,
+    // The kick signal's handler returning; stopping the VM kicks the others.
+    SYS_rt_sigreturn,
+    SYS_rt_sigprocmask,
+    SYS_sigaltstack,
+    SYS_tgkill,
+    SYS_getpid,
+    SYS_gettid,
+    // A device activated by the guest makes its stop eventfd here.
+    SYS_eventfd2,
+    SYS_fcntl,
+    SYS_close,
+    // The thread's end (and a panic's abort).
+    SYS_exit,
+    SYS_exit_group,
+];
+
+/// The vCPU kind's rules: [`SYSCALLS`], and `ioctl` on KVM_RUN only.
+pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
+    let ioctl = |req: u64| -> seccompiler::Result<SeccompRule> {
+        let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, req)?;
+        Ok(SeccompRule::new(vec![cond])?)
+    };
+    let mut rules: Vec<(i64, Vec<SeccompRule>)> =
+        SYSCALLS.iter().map(|&n| (n, Vec::new())).collect();
+    rules.push((SYS_ioctl, vec![ioctl(KVM_RUN)?]));
+    Ok(rules)
+}

@@ -1,0 +1,185 @@
+//! The VMM thread kind's allow list: the main thread, the virtio device
+//! workers and the helper threads (host-signals, guest-fork, standby-refill,
+//! clone-reaper, source-watch, uffd, ws-record, serial-in, the spawner).
+//!
+//! Syscall level, no argument filtering: these threads build and restore VMs
+//! (KVM ioctls on every kind of fd), write snapshots, serve devices' I/O and
+//! start clone processes, and a clone process inherits the filter of the
+//! thread that started it (guest-fork, standby-refill), so this list holds
+//! what a whole VMM process needs outside its vCPU loops, its API server
+//! included ([`super::api::SERVING`]). Both glibc's and musl's names are
+//! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...).
+
+use libc::*;
+use seccompiler::SeccompRule;
+
+/// Allowed without conditions, grouped by why.
+pub(super) const SYSCALLS: &[i64] = &[
+    // Files: guest images, disks, snapshot state and memory files, logs.
+    SYS_read,
+    SYS_write,
+    SYS_readv,
+    SYS_writev,
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_preadv,
+    SYS_pwritev,
+    SYS_preadv2,
+    SYS_pwritev2,
+    SYS_open,
+    SYS_openat,
+    SYS_close,
+    SYS_close_range,
+    SYS_stat,
+    SYS_fstat,
+    SYS_lstat,
+    SYS_newfstatat,
+    SYS_statx,
+    SYS_statfs,
+    SYS_fstatfs,
+    SYS_lseek,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_ftruncate,
+    // Disk hole punching (discard, overlays), balloon and virtio-mem release.
+    SYS_fallocate,
+    SYS_copy_file_range,
+    SYS_sendfile,
+    SYS_rename,
+    SYS_renameat,
+    SYS_renameat2,
+    SYS_unlink,
+    SYS_unlinkat,
+    SYS_mkdir,
+    SYS_mkdirat,
+    SYS_rmdir,
+    SYS_link,
+    SYS_linkat,
+    SYS_readlink,
+    SYS_readlinkat,
+    SYS_getdents64,
+    SYS_access,
+    SYS_faccessat,
+    SYS_faccessat2,
+    SYS_chmod,
+    SYS_fchmod,
+    SYS_fchmodat,
+    SYS_getcwd,
+    SYS_flock,
+    SYS_fcntl,
+    SYS_dup,
+    SYS_dup2,
+    SYS_dup3,
+    SYS_pipe2,
+    SYS_umask,
+    // KVM (VM, vCPU and device fds), TUN, block device sizes, terminals.
+    SYS_ioctl,
+    // Guest memory: memfds (sealed for templates), mappings, page state.
+    SYS_memfd_create,
+    SYS_mmap,
+    SYS_mprotect,
+    SYS_munmap,
+    SYS_mremap,
+    SYS_madvise,
+    SYS_mincore,
+    SYS_brk,
+    // Lazy restores through userfaultfd (the syscall; /dev/userfaultfd is an open).
+    SYS_userfaultfd,
+    // Waiting: worker loops, timers, eventfds.
+    SYS_poll,
+    SYS_ppoll,
+    SYS_select,
+    SYS_pselect6,
+    SYS_epoll_create,
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_wait,
+    SYS_epoll_pwait,
+    SYS_epoll_pwait2,
+    SYS_eventfd,
+    SYS_eventfd2,
+    SYS_timerfd_create,
+    SYS_timerfd_settime,
+    SYS_timerfd_gettime,
+    SYS_futex,
+    SYS_nanosleep,
+    SYS_clock_nanosleep,
+    SYS_clock_gettime,
+    SYS_clock_getres,
+    SYS_gettimeofday,
+    SYS_sched_yield,
+    SYS_sched_getaffinity,
+    // Unix sockets: vsock's host side, the clone handoff (SCM_RIGHTS).
+    SYS_socket,
+    SYS_socketpair,
+    SYS_bind,
+    SYS_listen,
+    SYS_accept,
+    SYS_accept4,
+    SYS_connect,
+    SYS_sendto,
+    SYS_recvfrom,
+    SYS_sendmsg,
+    SYS_recvmsg,
+    SYS_shutdown,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+    // Threads: creation, their exit, stacks, signals (the vCPU kick).
+    SYS_clone,
+    SYS_clone3,
+    SYS_set_robust_list,
+    SYS_rseq,
+    SYS_set_tid_address,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_rt_sigaction,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigreturn,
+    SYS_rt_sigtimedwait,
+    SYS_sigaltstack,
+    SYS_tgkill,
+    SYS_tkill,
+    SYS_kill,
+    SYS_restart_syscall,
+    // Each new thread installs its own filter (stacked on this one).
+    SYS_prctl,
+    SYS_seccomp,
+    // Clone processes: posix_spawn (or fork and exec) of `spore vmm`, its
+    // process group, waiting for it; and the new process's own start
+    // (dynamic loader, libc and Rust runtime set-up) under this filter.
+    SYS_vfork,
+    SYS_fork,
+    SYS_execve,
+    SYS_setpgid,
+    SYS_wait4,
+    SYS_waitid,
+    SYS_pidfd_open,
+    SYS_pidfd_send_signal,
+    SYS_arch_prctl,
+    SYS_prlimit64,
+    SYS_getrlimit,
+    SYS_getrandom,
+    SYS_uname,
+    SYS_sysinfo,
+    SYS_getpid,
+    SYS_getppid,
+    SYS_gettid,
+    SYS_getuid,
+    SYS_geteuid,
+    SYS_getgid,
+    SYS_getegid,
+    SYS_getpgid,
+    SYS_getpgrp,
+];
+
+/// The VMM kind's rules: every syscall in [`SYSCALLS`] and the API server's
+/// ([`super::api::SERVING`]).
+pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
+    SYSCALLS
+        .iter()
+        .chain(super::api::SERVING)
+        .map(|&n| (n, Vec::new()))
+        .collect()
+}
