@@ -80,20 +80,27 @@ pub fn stop_on_host_signals(vmm: Arc<Vmm>) -> std::io::Result<()> {
         }
         set
     };
-    spore_vmm::seccomp::spawn(spore_vmm::seccomp::ThreadKind::Vmm, "host-signals".into(), move || {
+    spore_vmm::seccomp::spawn(
+        spore_vmm::seccomp::ThreadKind::Vmm,
+        "host-signals".into(),
+        move || {
             let mut sig = 0;
             // SAFETY: set is a valid, initialised sigset.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
                 HOST_SIGNAL.store(sig, Ordering::SeqCst);
                 vmm.request_stop();
             }
-        })?;
+        },
+    )?;
     Ok(())
 }
 
 /// Forwards this process's stdin to the guest's serial port.
 pub fn forward_stdin(vmm: Arc<Vmm>) {
-    let _ = spore_vmm::seccomp::spawn(spore_vmm::seccomp::ThreadKind::Vmm, "serial-in".into(), move || {
+    let _ = spore_vmm::seccomp::spawn(
+        spore_vmm::seccomp::ThreadKind::Vmm,
+        "serial-in".into(),
+        move || {
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; 64];
             loop {
@@ -114,7 +121,8 @@ pub fn forward_stdin(vmm: Arc<Vmm>) {
                     }
                 }
             }
-        });
+        },
+    );
 }
 
 /// Writes the guest's marks as JSON, atomically (temp file, fsync, rename).

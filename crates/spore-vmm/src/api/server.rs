@@ -111,11 +111,15 @@ impl ApiServer {
             UnixListener::from_std(listener).map_err(ApiServerError::Runtime)?
         };
         let (stop, stopped) = oneshot::channel();
-        let thread = crate::seccomp::spawn(crate::seccomp::ThreadKind::Api, "spore-api".into(), move || {
+        let thread = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Api,
+            "spore-api".into(),
+            move || {
                 runtime.block_on(serve(listener, handler, stopped));
                 // Dropping the runtime here cancels every connection task.
-            })
-            .map_err(ApiServerError::Thread)?;
+            },
+        )
+        .map_err(ApiServerError::Thread)?;
         tracing::debug!("API listening on {}", socket.path().display());
         Ok(ApiServer {
             stop: Some(stop),

@@ -168,7 +168,12 @@ mod tests {
             seccomp: SeccompSetting::Off,
             ..bare
         };
-        assert_eq!(off.to_args().last().map(|s| s.to_string_lossy().into_owned()), Some("--no-seccomp".into()));
+        assert_eq!(
+            off.to_args()
+                .last()
+                .map(|s| s.to_string_lossy().into_owned()),
+            Some("--no-seccomp".into())
+        );
     }
 
     #[test]

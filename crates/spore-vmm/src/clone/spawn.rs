@@ -145,13 +145,17 @@ impl CloneProcess {
             ..
         } = self;
         let pid = child.id();
-        let _ = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "clone-reaper".into(), move || {
+        let _ = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vmm,
+            "clone-reaper".into(),
+            move || {
                 match child.wait() {
                     Ok(s) => tracing::info!("clone {name} (pid {pid}) exited: {s}"),
                     Err(e) => tracing::warn!("clone {name} (pid {pid}): {e}"),
                 }
                 drop(sock);
-            });
+            },
+        );
         pid
     }
 }

@@ -103,7 +103,9 @@ pub enum SeccompError {
         #[source]
         source: seccompiler::Error,
     },
-    #[error("--seccomp-filter {path}: no {key:?} filter (the file needs \"vmm\", \"api\" and \"vcpu\")")]
+    #[error(
+        "--seccomp-filter {path}: no {key:?} filter (the file needs \"vmm\", \"api\" and \"vcpu\")"
+    )]
     Missing { path: String, key: &'static str },
     #[error("building the built-in seccomp filters: {0}")]
     Builtin(String),
@@ -214,7 +216,10 @@ struct Config {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// Where [`spawn`] sends threads that a vCPU thread asks for.
-static SPAWNER: Mutex<Option<Sender<Box<dyn FnOnce() + Send>>>> = Mutex::new(None);
+static SPAWNER: Mutex<Option<Sender<Job>>> = Mutex::new(None);
+
+/// A thread start the spawner runs.
+type Job = Box<dyn FnOnce() + Send>;
 
 /// Whether a filter applies to a thread's kind: the one it installed, or
 /// `Inherited` (a clone process's main thread, under its source's filter).
@@ -230,7 +235,7 @@ thread_local! {
 
 /// Sets this process's seccomp choice; call once, on the main thread, before
 /// starting any thread. Compiles the filters (a bad `--seccomp-filter` file
-/// fails here) and, when on, starts the spawner thread.
+/// fails here).
 pub fn configure(setting: SeccompSetting) -> Result<(), SeccompError> {
     let filters = Filters::for_setting(&setting)?;
     // SAFETY: PR_GET_SECCOMP takes no pointer; it returns the calling
@@ -239,20 +244,12 @@ pub fn configure(setting: SeccompSetting) -> Result<(), SeccompError> {
     if inherited {
         APPLIED.with(|a| a.set(Some(Applied::Inherited)));
     }
-    let on = filters.is_some();
-    if CONFIG
-        .set(Config {
-            setting,
-            filters,
-            inherited,
-        })
-        .is_err()
-    {
-        return Ok(());
-    }
-    if on {
-        start_spawner()?;
-    }
+    // A second call changes nothing: the first choice stays.
+    let _ = CONFIG.set(Config {
+        setting,
+        filters,
+        inherited,
+    });
     Ok(())
 }
 
@@ -286,9 +283,17 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     Ok(())
 }
 
-/// The main thread's filter (VMM), installed before any guest code runs.
-/// A clone process's main thread keeps the filter it inherited.
+/// The main thread's filter (VMM), installed before any guest code runs,
+/// and the spawner thread (started here, after the caller blocked the host
+/// signals, so that it and the workers it starts keep them blocked). A
+/// clone process's main thread keeps the filter it inherited.
 pub fn apply_main() -> Result<(), SeccompError> {
+    if !enabled() {
+        return Ok(());
+    }
+    if lock(&SPAWNER).is_none() {
+        start_spawner()?;
+    }
     if CONFIG.get().is_some_and(|c| c.inherited) {
         return Ok(());
     }
@@ -322,7 +327,7 @@ where
             .spawn(move || start(parent, kind, body));
     }
     let (tx, rx) = sync_channel(1);
-    let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+    let job: Job = Box::new(move || {
         // Started by the spawner, the thread inherits the VMM filter.
         let parent = Some(Applied::Kind(ThreadKind::Vmm));
         let spawned = std::thread::Builder::new()
@@ -347,7 +352,7 @@ fn start<T>(parent: Option<Applied>, kind: ThreadKind, body: impl FnOnce() -> T)
 
 /// The spawner: a VMM-filtered thread that starts threads for vCPU threads.
 fn start_spawner() -> Result<(), SeccompError> {
-    let (tx, rx) = channel::<Box<dyn FnOnce() + Send>>();
+    let (tx, rx) = channel::<Job>();
     let spawned = spawn(ThreadKind::Vmm, "spawner".into(), move || {
         while let Ok(job) = rx.recv() {
             job();
@@ -358,7 +363,9 @@ fn start_spawner() -> Result<(), SeccompError> {
             *lock(&SPAWNER) = Some(tx);
             Ok(())
         }
-        Err(e) => Err(SeccompError::Builtin(format!("starting the spawner thread: {e}"))),
+        Err(e) => Err(SeccompError::Builtin(format!(
+            "starting the spawner thread: {e}"
+        ))),
     }
 }
 

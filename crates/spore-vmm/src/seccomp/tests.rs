@@ -35,7 +35,10 @@ fn write_tmp(name: &str, text: &str) -> PathBuf {
 #[test]
 fn json_files_are_read_or_refused() {
     let one = r#"{"default_action":"kill_process","filter_action":"allow","filter":[{"syscall":"read"}]}"#;
-    let good = write_tmp("good.json", &format!(r#"{{"vmm":{one},"api":{one},"vcpu":{one}}}"#));
+    let good = write_tmp(
+        "good.json",
+        &format!(r#"{{"vmm":{one},"api":{one},"vcpu":{one}}}"#),
+    );
     assert!(Filters::from_json_file(&good).is_ok());
     let missing = write_tmp("missing.json", &format!(r#"{{"vmm":{one},"api":{one}}}"#));
     let e = Filters::from_json_file(&missing).err().unwrap().to_string();
@@ -80,7 +83,10 @@ fn a_syscall_outside_the_vcpu_list_kills_the_process() {
     assert_eq!(libc::WTERMSIG(status), libc::SIGSYS);
     // The VMM list allows it: the child exits normally.
     let status = child_calls_socket(ThreadKind::Vmm);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status:#x}"
+    );
 }
 
 #[test]

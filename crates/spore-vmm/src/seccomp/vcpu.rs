@@ -3,14 +3,13 @@
 //! register writes and activations; the signal port, whose `WAIT` sleeps;
 //! tmem copies; serial output; logging).
 //!
-//! `ioctl` is allowed only with the KVM request numbers a vCPU thread makes.
+//! `ioctl` is allowed only with the KVM request numbers a vCPU thread makes,
+//! `openat` only read-only.
 //! Threads a vCPU thread needs (a device worker activated by the guest) are
 //! started by the spawner thread (`super::spawn`), so no thread creation here.
 
 use libc::*;
-use seccompiler::{
-    SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule,
-};
+use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 
 /// `_IO(KVMIO, 0x80)`: KVM_RUN.
 const KVM_RUN: u64 = 0xAE80;
@@ -27,6 +26,10 @@ const SYSCALLS: &[i64] = &[
     SYS_mremap,
     SYS_madvise,
     SYS_brk,
+    // malloc growing a thread arena (seen in the host tests).
+    SYS_mprotect,
+    // A std HashMap's first random seed on this thread.
+    SYS_getrandom,
     // Locks, the signal port's WAIT, pause/resume parking.
     SYS_futex,
     SYS_poll,
@@ -44,6 +47,9 @@ const SYSCALLS: &[i64] = &[
     SYS_gettid,
     // A device activated by the guest makes its stop eventfd here.
     SYS_eventfd2,
+    // The vsock device, activated by the guest's MMIO write, registers its
+    // sockets with its muxer's epoll (seen in the host tests).
+    SYS_epoll_ctl,
     SYS_fcntl,
     SYS_close,
     // The thread's end (and a panic's abort).
@@ -60,5 +66,15 @@ pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     let mut rules: Vec<(i64, Vec<SeccompRule>)> =
         SYSCALLS.iter().map(|&n| (n, Vec::new())).collect();
     rules.push((SYS_ioctl, vec![ioctl(KVM_RUN)?]));
+    // glibc's malloc reads /proc/sys/vm/overcommit_memory the first time a
+    // thread arena's heap shrinks (a free on this thread after a tmem call,
+    // seen in `spore bench tmem`): read-only, close-on-exec opens only.
+    let read_only = SeccompCondition::new(
+        2,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        (O_RDONLY | O_CLOEXEC) as u64,
+    )?;
+    rules.push((SYS_openat, vec![SeccompRule::new(vec![read_only])?]));
     Ok(rules)
 }

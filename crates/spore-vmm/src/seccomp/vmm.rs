@@ -65,6 +65,9 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_fchmod,
     SYS_fchmodat,
     SYS_getcwd,
+    // Snapshot memory files carry their layer's identity in a user xattr.
+    SYS_fsetxattr,
+    SYS_fgetxattr,
     SYS_flock,
     SYS_fcntl,
     SYS_dup,

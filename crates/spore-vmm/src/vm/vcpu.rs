@@ -58,7 +58,8 @@ static SPARE_THREADS: Mutex<Vec<SpareThread>> = Mutex::new(Vec::new());
 pub fn prespawn_threads(n: usize) -> std::io::Result<()> {
     for _ in 0..n {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vcpu>(1);
-        let handle = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, "vcpu".into(), move || {
+        let handle =
+            crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, "vcpu".into(), move || {
                 if let Ok(vcpu) = rx.recv() {
                     vcpu.run_loop();
                 }
@@ -133,7 +134,11 @@ impl Vcpu {
             }
         }
         let this = me;
-        let handle = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, format!("vcpu{id}"), move || this.run_loop())?;
+        let handle = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vcpu,
+            format!("vcpu{id}"),
+            move || this.run_loop(),
+        )?;
         Ok(VcpuThread { id, handle })
     }
 

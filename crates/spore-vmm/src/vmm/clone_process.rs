@@ -113,7 +113,10 @@ pub fn run(
 fn end_with_source(vmm: &Arc<Vmm>, sock: UnixStream) {
     use std::io::Read;
     let me = Arc::downgrade(vmm);
-    let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "source-watch".into(), move || {
+    let spawned = crate::seccomp::spawn(
+        crate::seccomp::ThreadKind::Vmm,
+        "source-watch".into(),
+        move || {
             let mut buf = [0u8; 64];
             loop {
                 match (&sock).read(&mut buf) {
@@ -128,7 +131,8 @@ fn end_with_source(vmm: &Arc<Vmm>, sock: UnixStream) {
                 "spore: the source VMM ended; this clone ends with it (clones_outlive_source is off)"
             );
             vmm.request_stop();
-        });
+        },
+    );
     if let Err(e) = spawned {
         // Without the watch the clone would outlive its source unasked.
         eprintln!("spore: cannot watch the source VMM ({e}); this clone stops");

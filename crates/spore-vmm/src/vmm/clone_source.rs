@@ -116,12 +116,16 @@ impl Vmm {
         let (tx, rx) = channel::<(u8, u32)>();
         *lock(&self.fork_tx) = Some(tx);
         let me: Weak<Vmm> = Arc::downgrade(self);
-        let _ = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "guest-fork".into(), move || {
+        let _ = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vmm,
+            "guest-fork".into(),
+            move || {
                 while let Ok((vcpu, n)) = rx.recv() {
                     let Some(vmm) = me.upgrade() else { return };
                     vmm.guest_fork(vcpu, n);
                 }
-            });
+            },
+        );
         if let Some(vm) = self.lock().vm() {
             self.install_fork_handler(vm);
         }

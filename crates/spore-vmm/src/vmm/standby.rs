@@ -48,7 +48,10 @@ impl Vmm {
         let pending = Arc::new((Mutex::new(false), Condvar::new()));
         let me: Weak<Vmm> = Arc::downgrade(self);
         let done = pending.clone();
-        let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "standby-refill".into(), move || {
+        let spawned = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vmm,
+            "standby-refill".into(),
+            move || {
                 while rx.recv().is_ok() {
                     // Requests that came meanwhile are served by this refill.
                     while rx.try_recv().is_ok() {}
@@ -59,7 +62,8 @@ impl Vmm {
                     *lock(flag) = false;
                     cv.notify_all();
                 }
-            });
+            },
+        );
         if spawned.is_ok() {
             *lock(&self.standby_refill) = Some(Arc::new(StandbyRefill {
                 tx: Mutex::new(tx),

@@ -50,7 +50,14 @@ pub struct CloneBenchArgs {
     /// spore-uk build directory of this source tree).
     #[arg(long)]
     pub uk_dir: Option<PathBuf>,
+    /// Run the source VMMs (and so their clones) without seccomp filters,
+    /// to measure what the filters cost.
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
+
+/// `--no-seccomp`, for the source VMMs this run starts.
+static NO_SECCOMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// HyperFork's published figure (Colavita 2020): 9.27 ms to clone a 1 GiB VM,
 /// growing linearly with memory.
@@ -102,6 +109,11 @@ fn start_source(
     let child = std::process::Command::new(std::env::current_exe()?)
         .args(["vmm", "--api-sock"])
         .arg(&sock)
+        .args(
+            NO_SECCOMP
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then_some("--no-seccomp"),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -257,6 +269,7 @@ fn host_info() -> Value {
 }
 
 pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
+    NO_SECCOMP.store(a.no_seccomp, std::sync::atomic::Ordering::Relaxed);
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }

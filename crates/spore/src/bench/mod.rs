@@ -68,6 +68,9 @@ pub struct BootArgs {
     pub mem: String,
     #[arg(long, default_value_t = 1)]
     pub vcpus: u64,
+    /// Boot without seccomp filters, to measure what they cost.
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
@@ -174,6 +177,7 @@ fn boot_once(
         .args(["--mem", &a.mem, "--vcpus", &a.vcpus.to_string()])
         .arg("--marks-file")
         .arg(marks)
+        .args(a.no_seccomp.then_some("--no-seccomp"))
         .args(base_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -25,7 +25,11 @@ impl<T: Send + 'static> Worker<T> {
     {
         let stop = EventFd::new(EFD_NONBLOCK)?;
         let stop_for_thread = stop.try_clone()?;
-        let handle = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, name.to_string(), move || body(stop_for_thread))?;
+        let handle = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vmm,
+            name.to_string(),
+            move || body(stop_for_thread),
+        )?;
         Ok(Self {
             stop,
             handle: Some(handle),

@@ -537,7 +537,10 @@ impl UffdServer {
         }
         let log2 = log.clone();
         let source2 = source.clone();
-        let thread = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "uffd".into(), move || serve_loop(&uffd, &source2, stop2.as_raw_fd(), &log2))
+        let thread =
+            crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "uffd".into(), move || {
+                serve_loop(&uffd, &source2, stop2.as_raw_fd(), &log2)
+            })
             .map_err(UffdError::Thread)?;
         Ok(Self {
             stop,

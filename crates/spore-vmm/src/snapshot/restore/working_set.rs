@@ -374,11 +374,15 @@ impl Recorder {
             self.log.clone(),
             self.source.clone(),
         );
-        let spawned = crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "ws-record".into(), move || {
+        let spawned = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vmm,
+            "ws-record".into(),
+            move || {
                 if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(d) {
                     end(&path, &id, &log, &source);
                 }
-            });
+            },
+        );
         match spawned {
             Ok(h) => self.timer = Some((tx, h)),
             Err(e) => tracing::warn!(

@@ -1,0 +1,181 @@
+//! Seccomp on host KVM: every thread of a running VMM, of a restored VM and
+//! of a clone runs under a filter once the VM started; `--no-seccomp` turns
+//! them off; a bad `--seccomp-filter` file is one clear error line. (That a
+//! syscall outside the vCPU list kills the process is a unit test of
+//! `spore_vmm::seccomp`; that the lists allow what the VMM does is every
+//! other host test, which runs with seccomp on.)
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::clone::*;
+use common::*;
+
+/// Each thread of `pid`: (name, the `Seccomp:` mode from its status).
+fn seccomp_modes(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let dir = format!("/proc/{pid}/task");
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let comm = read(&e.path().join("comm")).trim().to_string();
+        let status = read(&e.path().join("status"));
+        let Some(mode) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .and_then(|v| v.trim().parse().ok())
+        else {
+            continue; // the thread ended meanwhile
+        };
+        out.push((comm, mode));
+    }
+    out
+}
+
+fn assert_all(pid: u32, want: u32, must_have: &[&str]) {
+    let modes = seccomp_modes(pid);
+    for name in must_have {
+        assert!(
+            modes.iter().any(|(n, _)| n.starts_with(name)),
+            "no {name} thread in {modes:?}"
+        );
+    }
+    assert!(
+        modes.iter().all(|(_, m)| *m == want),
+        "want Seccomp: {want} on every thread: {modes:?}"
+    );
+}
+
+#[test]
+fn kvm_every_thread_of_a_running_and_a_restored_vm_is_filtered() {
+    require_kvm();
+    let s = Scratch::new("seccomp-run");
+    let sock = s.path("api.sock");
+    let (vmm, rx) = boot_snaptest(&sock, 64, false, "mib=1 rounds=100000 sleep_ms=20", &[]);
+    read_until(&rx, "count 2");
+    assert_all(
+        vmm.id(),
+        2,
+        &["spore", "spore-api", "vcpu0", "host-signals"],
+    );
+
+    // Snapshot it and restore it in a new VMM: that one is filtered too.
+    let (state, mem) = (s.path("vm.state"), s.path("vm.mem"));
+    snapshot_create(&sock, &state, &mem, false, true);
+    let sock2 = s.path("restored.sock");
+    let (restored, rx2) = spawn_vmm_lines(&sock2);
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
+        state.display(),
+        mem.display()
+    );
+    let (code, reply) = http(&sock2, "PUT", "/snapshot/load", Some(&body));
+    assert_eq!(code, 204, "{reply}");
+    read_until(&rx2, "count");
+    assert_all(restored.id(), 2, &["spore-api", "vcpu0"]);
+}
+
+#[test]
+fn kvm_every_thread_of_a_clone_is_filtered() {
+    require_kvm();
+    let s = Scratch::new("seccomp-clone");
+    let (sock, mut reaper) = start_source(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#),
+    );
+    wait_until(&s.0, 20, "the guest to make its template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"zygote\":true")
+    });
+    let (code, report) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    let pid = report["clones"][0]["pid"].as_i64().unwrap_or(0) as u32;
+    assert!(pid > 0, "{report}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(pid as i32),
+        "the clone died: {}",
+        read(&s.path("src.log"))
+    );
+    assert_all(pid, 2, &["spore-api", "vcpu"]);
+    assert_all(
+        reaper.source_pid() as u32,
+        2,
+        &["spore-api", "clone-reaper"],
+    );
+}
+
+#[test]
+fn kvm_no_seccomp_leaves_every_thread_unfiltered() {
+    require_kvm();
+    let s = Scratch::new("seccomp-off");
+    let out = spore()
+        .args(["run", "--no-seccomp", "--kernel"])
+        .arg(uk_image("snaptest"))
+        .args([
+            "--mem",
+            "64M",
+            "--cmdline",
+            "mib=1 rounds=100000 sleep_ms=20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = out;
+    let rx = lines_of(&mut child);
+    read_until(&rx, "count 2");
+    let modes = seccomp_modes(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        modes.iter().any(|(n, _)| n.starts_with("vcpu")),
+        "{modes:?}"
+    );
+    assert!(modes.iter().all(|(_, m)| *m == 0), "{modes:?}");
+    drop(s);
+}
+
+#[test]
+fn a_bad_seccomp_filter_file_is_one_error_line() {
+    let s = Scratch::new("seccomp-bad");
+    let bad = s.path("filter.json");
+    std::fs::write(&bad, "{ \"vmm\": [ not json").unwrap();
+    let missing = s.path("missing.json");
+    let one = r#"{"default_action":"kill_process","filter_action":"allow","filter":[{"syscall":"read"}]}"#;
+    std::fs::write(&missing, format!(r#"{{"vmm":{one},"api":{one}}}"#)).unwrap();
+    for (file, want) in [
+        (bad.as_path(), "--seccomp-filter"),
+        (missing.as_path(), "\"vcpu\""),
+        (Path::new("/nonexistent/filter.json"), "--seccomp-filter"),
+    ] {
+        let o = spore()
+            .args(["vmm", "--api-sock"])
+            .arg(s.path("api.sock"))
+            .arg("--seccomp-filter")
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = stderr_of(&o);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.starts_with("spore: ") && err.contains(want), "{err}");
+    }
+    // Both flags at once are refused by the parser.
+    let o = spore()
+        .args([
+            "vmm",
+            "--api-sock",
+            "x",
+            "--no-seccomp",
+            "--seccomp-filter",
+            "f",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}
