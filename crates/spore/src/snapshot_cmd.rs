@@ -339,7 +339,10 @@ fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {
     use spore_vmm::snapshot::restore::uffd::{receive_from_vmm, serve_loop, PageSource, ServeLog};
     let file =
         std::fs::File::open(&a.mem).with_context(|| format!("opening {}", a.mem.display()))?;
-    let size = file.metadata()?.len();
+    // The guest-memory part ends where the file's trailer begins.
+    let size = spore_vmm::snapshot::trailer::read(&file)
+        .with_context(|| format!("the memory file {}", a.mem.display()))?
+        .mem_bytes;
     let _ = std::fs::remove_file(&a.sock);
     let listener = std::os::unix::net::UnixListener::bind(&a.sock)
         .with_context(|| format!("listening on {}", a.sock.display()))?;

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
-use super::{memory, SnapshotError, SnapshotInfo};
+use super::{integrity, trailer, SnapshotError, SnapshotInfo};
 use crate::host::random_id;
 
 /// Bytes copied per read while merging.
@@ -63,7 +63,12 @@ pub fn merge(
         }
     }
     let id = random_id();
-    memory::tag(&mem_pending.file, &id);
+    let mem_sha256 = match chain.layers[0].manifest.layer.mem_sha256 {
+        // The newest layer was hashed: so is the merged memory.
+        Some(_) => Some(integrity::memory_hash(&mem_pending.file, size).map_err(mem_err)?),
+        None => None,
+    };
+    trailer::write(&mem_pending.file, &id, size).map_err(mem_err)?;
     mem_pending.sync()?;
     manifest.created_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -75,6 +80,7 @@ pub fn merge(
     manifest.layer.parent = None;
     manifest.layer.mem_data_bytes = data_bytes;
     manifest.layer.zero_runs = None;
+    manifest.layer.mem_sha256 = mem_sha256;
     let bytes =
         format::encode(&manifest, &chain.newest_state).map_err(|e| SnapshotError::Capture {
             what: "the manifest",
