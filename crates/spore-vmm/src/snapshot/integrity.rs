@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use super::{LayerInfo, SnapshotError};
 use crate::memory::pages::{data_ranges, PAGE};
 
 /// Length of an HMAC-SHA256 tag.
@@ -164,6 +165,35 @@ pub fn memory_hash(file: &File, size: u64) -> std::io::Result<String> {
         done = done.max(off);
     }
     Ok(hex_digest(&h.finalize()))
+}
+
+/// Checks every layer of a loaded chain that recorded `mem_sha256`
+/// against its memory file; `chain` newest first, `files` base first (as
+/// [`super::LoadedSnapshot`] holds them). Returns how many layers were
+/// checked (layers without a recorded hash are skipped).
+pub fn verify_memory(chain: &[LayerInfo], files: &[File]) -> Result<usize, SnapshotError> {
+    let mut checked = 0;
+    for (layer, file) in chain.iter().zip(files.iter().rev()) {
+        let Some(expected) = &layer.manifest.layer.mem_sha256 else {
+            continue;
+        };
+        let path = layer.paths.mem.display().to_string();
+        let actual = memory_hash(file, layer.manifest.layer.mem_file_size).map_err(|source| {
+            SnapshotError::MemoryOpen {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        if &actual != expected {
+            return Err(SnapshotError::MemoryHash {
+                path,
+                expected: expected.clone(),
+                actual,
+            });
+        }
+        checked += 1;
+    }
+    Ok(checked)
 }
 
 #[cfg(test)]

@@ -131,3 +131,24 @@ pub fn describe(
         })
         .collect())
 }
+
+/// What `spore snapshot inspect --verify` checked.
+#[derive(Debug, Serialize)]
+pub struct Verified {
+    /// Layers whose memory file matched its recorded `mem_sha256`.
+    pub memory_hashed_layers: usize,
+    /// Layers without a recorded hash (their memory was only checked for
+    /// size, trailer and, for a diff, data extent).
+    pub memory_unhashed_layers: usize,
+}
+
+/// Checks the chain ending at `newest` as a load does, and every recorded
+/// memory hash (which a lazy load does not read).
+pub fn verify(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Verified, SnapshotError> {
+    let chain = chain::walk(newest, parents)?;
+    let n = integrity::verify_memory(&chain.layers, &chain.files)?;
+    Ok(Verified {
+        memory_hashed_layers: n,
+        memory_unhashed_layers: chain.layers.len() - n,
+    })
+}
