@@ -560,6 +560,54 @@ mod tests {
         const { assert!(FORMAT_VERSION > 1) };
     }
 
+    /// `bytes` with its trailing CRC recomputed (what an attacker editing
+    /// the file can always do).
+    fn recrc(mut bytes: Vec<u8>) -> Vec<u8> {
+        let n = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_key_signs_and_every_edit_is_refused() {
+        let key = SnapshotKey::new(&[0x5a; 32]).unwrap();
+        let other = SnapshotKey::new(&[0xa5; 40]).unwrap();
+        let k = Some(&key);
+        let state = vec![7u8; 100];
+        let signed = encode_with(&manifest(100), &state, k).unwrap();
+        let (m, s) = decode_with("f", &signed, k).unwrap();
+        assert_eq!((m, s), (manifest(100), &state[..]));
+        // Every flipped byte, even with the CRC fixed up, is refused.
+        for i in 0..signed.len() - 4 {
+            let mut b = signed.clone();
+            b[i] ^= 0x01;
+            assert!(decode_with("f", &recrc(b), k).is_err(), "flip at {i}");
+        }
+        // An edited manifest with a recomputed CRC: the MAC does not match.
+        let text = String::from_utf8_lossy(&signed).into_owned();
+        let at = text.find("\"vcpu_count\": 1").unwrap() + "\"vcpu_count\": ".len();
+        let mut edited = signed.clone();
+        edited[at] = b'2';
+        let e = decode_with("f", &recrc(edited), k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMismatch(_)), "{e}");
+        // Another key; no key; an unsigned file under a key.
+        let e = decode_with("f", &signed, Some(&other)).unwrap_err();
+        assert!(matches!(e, FormatError::MacMismatch(_)), "{e}");
+        let e = decode_with("f", &signed, None).unwrap_err();
+        assert!(matches!(e, FormatError::MacUnexpected(_)), "{e}");
+        assert!(e.to_string().contains("--snapshot-key-file"), "{e}");
+        let unsigned = encode_with(&manifest(100), &state, None).unwrap();
+        let e = decode_with("f", &unsigned, k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMissing(_)), "{e}");
+        // A signed file with its MAC stripped (and the CRC fixed up).
+        let mut stripped = signed[..signed.len() - 4 - 4 - MAC_LEN].to_vec();
+        stripped.extend_from_slice(&0u32.to_le_bytes());
+        stripped.extend_from_slice(&[0; 4]);
+        let e = decode_with("f", &recrc(stripped), k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMissing(_)), "{e}");
+    }
+
     #[test]
     fn pending_file_is_atomic() {
         let dir = std::env::temp_dir().join(format!("spore-fmt-{}", std::process::id()));
