@@ -184,8 +184,8 @@ fn read_layer(
     if md.len() != with_trailer || manifest.layer.mem_file_size != file_size {
         return Err(SnapshotError::MemorySize {
             path: mem_name,
-            expected: with_trailer,
-            actual: md.len(),
+            expected: file_size,
+            actual: md.len().saturating_sub(trailer::TRAILER_LEN),
         });
     }
     let t = trailer::read(&file).map_err(|e| SnapshotError::MemoryTrailer {

@@ -60,7 +60,7 @@ pub enum SnapshotError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the memory file {path} has {actual} bytes but the snapshot's guest has {expected} (truncated, or from another snapshot)")]
+    #[error("the memory file {path} has {actual} bytes but the snapshot's guest has {expected} (truncated, or from another snapshot; sizes of guest memory, without the file's {}-byte trailer)", trailer::TRAILER_LEN)]
     MemorySize {
         path: String,
         expected: u64,

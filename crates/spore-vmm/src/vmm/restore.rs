@@ -90,7 +90,13 @@ impl Vmm {
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
                 let loaded = snapshot::load_chain(state_path, Path::new(path), &lo.parents)?;
                 head = Some(loaded.head());
-                if matches!(memory, LoadMemory::File { mode: RestoreMode::Eager, .. }) {
+                if matches!(
+                    memory,
+                    LoadMemory::File {
+                        mode: RestoreMode::Eager,
+                        ..
+                    }
+                ) {
                     // An eager restore reads everything anyway: check what
                     // was recorded of the memory's contents first.
                     snapshot::integrity::verify_memory(&loaded.chain, loaded.layers.files())?;

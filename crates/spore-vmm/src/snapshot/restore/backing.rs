@@ -106,7 +106,10 @@ mod tests {
         let b2 = Backing::record(&[File::open(&p).unwrap()]).unwrap();
         f2.set_len(0).unwrap();
         let e = b2.check().unwrap_err();
-        assert!(e.contains("from 4096 to 0 bytes") && e.contains("mem"), "{e}");
+        assert!(
+            e.contains("from 4096 to 0 bytes") && e.contains("mem"),
+            "{e}"
+        );
         // Rewritten in place (same size).
         f2.set_len(4096).unwrap();
         let b3 = Backing::record(&[File::open(&p).unwrap()]).unwrap();
