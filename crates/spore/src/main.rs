@@ -29,6 +29,35 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Sign every snapshot state file this process writes with an
+    /// HMAC-SHA256 under the key in FILE (32 bytes or more), and refuse
+    /// state files without that MAC. Inherited by the VMM processes it
+    /// starts (clones, `spore serve`'s instances) through
+    /// SPORE_SNAPSHOT_KEY_FILE, which is also read when the flag is absent.
+    #[arg(long, global = true, value_name = "FILE")]
+    snapshot_key_file: Option<std::path::PathBuf>,
+}
+
+/// The environment variable a process's snapshot key file is passed in.
+const KEY_ENV: &str = "SPORE_SNAPSHOT_KEY_FILE";
+
+/// Loads the snapshot key named by the flag or the environment, and passes
+/// it on to child processes. Called before any thread starts.
+fn set_snapshot_key(flag: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let path = match flag {
+        Some(p) => {
+            let p = std::path::absolute(&p).unwrap_or(p);
+            std::env::set_var(KEY_ENV, &p);
+            p
+        }
+        None => match std::env::var_os(KEY_ENV) {
+            Some(p) if !p.is_empty() => p.into(),
+            _ => return Ok(()),
+        },
+    };
+    let key = spore_vmm::snapshot::integrity::SnapshotKey::from_file(&path)?;
+    spore_vmm::snapshot::integrity::set_key(key)?;
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -68,6 +97,10 @@ enum Command {
 fn main() -> ExitCode {
     host::init_logging();
     let cli = Cli::parse();
+    if let Err(e) = set_snapshot_key(cli.snapshot_key_file) {
+        eprintln!("spore: error: {}", one_line(&e));
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Vmm(a) => vmm_cmd::run(a),

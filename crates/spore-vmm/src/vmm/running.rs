@@ -78,6 +78,7 @@ impl Vmm {
             p.layer_kind(),
             std::path::Path::new(&p.snapshot_path),
             std::path::Path::new(&p.mem_file_path),
+            p.hash_memory,
             &mut built.chain,
         )?)
     }
