@@ -546,11 +546,7 @@ pub struct VmConfig {
         skip_serializing
     )]
     pub network_interfaces: Vec<NotSupported>,
-    #[serde(
-        default,
-        deserialize_with = "null_is_default",
-        skip_serializing
-    )]
+    #[serde(default, deserialize_with = "null_is_default", skip_serializing)]
     pub pmem: Vec<NotSupported>,
     #[serde(rename = "mmds-config", default, skip_serializing)]
     pub mmds_config: Option<NotSupported>,

@@ -90,9 +90,12 @@ pub fn layer<S>() -> impl Layer<S>
 where
     S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    use tracing_subscriber::filter::filter_fn;
     use tracing_subscriber::Layer as _;
-    SinkLayer.with_filter(filter_fn(wanted))
+    // Dynamic: the level changes at run time, so no callsite's interest
+    // may be cached as "never".
+    SinkLayer.with_filter(tracing_subscriber::filter::dynamic_filter_fn(
+        |meta, _cx| wanted(meta),
+    ))
 }
 
 struct SinkLayer;
@@ -121,12 +124,7 @@ impl<S: Subscriber> Layer<S> for SinkLayer {
 fn format_line(sink: &Sink, meta: &Metadata<'_>, event: &Event<'_>) -> String {
     let mut line = utc_timestamp();
     let thread = std::thread::current();
-    let _ = write!(
-        line,
-        " [{}:{}",
-        sink.id,
-        thread.name().unwrap_or("unnamed")
-    );
+    let _ = write!(line, " [{}:{}", sink.id, thread.name().unwrap_or("unnamed"));
     if sink.show_level {
         let _ = write!(line, ":{}", meta.level());
     }

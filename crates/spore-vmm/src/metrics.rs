@@ -187,7 +187,9 @@ static WRITER: Mutex<Option<Writer>> = Mutex::new(None);
 pub fn configure(c: &MetricsConfig, id: &str) -> Result<(), String> {
     let mut w = lock(&WRITER);
     if w.is_some() {
-        return Err("metrics are already configured: reinitialization of metrics is not allowed".into());
+        return Err(
+            "metrics are already configured: reinitialization of metrics is not allowed".into(),
+        );
     }
     if c.metrics_path.is_empty() {
         return Err("metrics_path must not be empty".into());

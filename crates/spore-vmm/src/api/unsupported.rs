@@ -24,7 +24,11 @@ const ENDPOINTS: &[(&str, &[&str], &str)] = &[
         "the guest's serial output goes to the VMM's stdout",
     ),
     ("/cpu-config", &["PUT"], "spore sets a fixed CPUID and MSRs"),
-    ("/mmds", &["GET", "PUT", "PATCH"], "there is no MMDS in spore"),
+    (
+        "/mmds",
+        &["GET", "PUT", "PATCH"],
+        "there is no MMDS in spore",
+    ),
     ("/mmds/config", &["PUT"], "there is no MMDS in spore"),
     (
         "/balloon/hinting/start",
@@ -55,13 +59,18 @@ pub fn firecracker_only(method: &str, path: &str) -> Option<ApiError> {
         Some(p) if p.len() > 1 => p,
         _ => path,
     };
-    let (name, methods, instead) = ENDPOINTS.iter().find(|(p, _, _)| match p.strip_suffix('/') {
-        Some(prefix) => trimmed
-            .strip_prefix(p)
-            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
-            || trimmed == prefix,
-        None => trimmed == *p,
-    })?;
+    let (name, methods, instead) =
+        ENDPOINTS
+            .iter()
+            .find(|(p, _, _)| match p.strip_suffix('/') {
+                Some(prefix) => {
+                    trimmed
+                        .strip_prefix(p)
+                        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+                        || trimmed == prefix
+                }
+                None => trimmed == *p,
+            })?;
     let with_id = name.ends_with('/') && trimmed.len() > name.len();
     if methods.contains(&method) && with_id == name.ends_with('/') {
         return Some(ApiError::BadRequest(format!(

@@ -157,8 +157,7 @@ mod tests {
         }
         assert!("loud".parse::<LogLevel>().is_err());
         let c: LoggerConfig =
-            serde_json::from_str(r#"{"log_path":"/l","level":"debug","show_level":true}"#)
-                .unwrap();
+            serde_json::from_str(r#"{"log_path":"/l","level":"debug","show_level":true}"#).unwrap();
         assert_eq!(c.level, Some(LogLevel::Debug));
         assert_eq!(
             serde_json::to_value(&c).unwrap()["level"],

@@ -49,9 +49,9 @@ impl Vmm {
 
     /// `GET /snapshot/last`: the manifest of the last snapshot this VMM wrote.
     pub fn last_snapshot(&self) -> Result<Manifest, ApiError> {
-        self.lock().last_snapshot.clone().ok_or_else(|| {
-            ApiError::NotFound("this VMM has not written a snapshot yet".into())
-        })
+        self.lock()
+            .last_snapshot
+            .clone()
+            .ok_or_else(|| ApiError::NotFound("this VMM has not written a snapshot yet".into()))
     }
-
 }
