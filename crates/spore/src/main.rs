@@ -4,6 +4,7 @@
 mod api_client;
 mod bench;
 mod clone_cmd;
+mod fc_cmd;
 mod fn_cmd;
 mod host;
 mod lambda_client;
@@ -92,10 +93,22 @@ enum Command {
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Firecracker's command line (`spore firecracker --api-sock ...`), as
+    /// spore answers when called through a symlink named `firecracker`.
+    #[command(disable_help_flag = true)]
+    Firecracker {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
     host::init_logging();
+    // Called as `firecracker` (a symlink to spore): Firecracker's command line.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker")) {
+        return ExitCode::from(fc_cmd::main(std::env::args_os().collect()));
+    }
     let cli = Cli::parse();
     if let Err(e) = set_snapshot_key(cli.snapshot_key_file) {
         eprintln!("spore: error: {}", one_line(&e));
@@ -112,6 +125,10 @@ fn main() -> ExitCode {
         Command::Clone(a) => clone_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
         Command::Fn(a) => fn_cmd::run(a),
+        Command::Firecracker { args } => {
+            let argv = std::iter::once("firecracker".into()).chain(args).collect();
+            return ExitCode::from(fc_cmd::main(argv));
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -125,7 +142,7 @@ fn main() -> ExitCode {
 /// The error and its causes on one line. Many of spore's error messages
 /// already quote their source, so a cause whose text is already there is
 /// not repeated.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();

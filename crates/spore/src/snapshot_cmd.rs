@@ -253,7 +253,10 @@ fn create(a: CreateArgs) -> anyhow::Result<u8> {
     .to_string();
     let t0 = std::time::Instant::now();
     call(&a.socket, "PATCH", "/vm", r#"{"state":"Paused"}"#)?;
-    let created = call(&a.socket, "PUT", "/snapshot/create", &body);
+    // 204, as Firecracker answers; the manifest is read back before the
+    // VMM is resumed or stopped.
+    let created = call(&a.socket, "PUT", "/snapshot/create", &body)
+        .and_then(|_| call(&a.socket, "GET", "/snapshot/last", ""));
     if a.stop {
         stop_vmm(&a.socket)?;
     } else {
