@@ -9,8 +9,10 @@
 use serde::{Deserialize, Serialize};
 
 mod guest_snapshot;
+mod observe;
 
 pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
+pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
 
 /// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
 /// below the device, so that configuration never depends on devices.
@@ -116,9 +118,9 @@ pub struct MachineConfig {
     // u64 so that out-of-range values reach `validate` and get a clear message.
     pub vcpu_count: u64,
     pub mem_size_mib: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub smt: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub track_dirty_pages: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_template: Option<String>,
@@ -210,9 +212,9 @@ pub fn host_memory_mib() -> u64 {
 pub struct DriveConfig {
     pub drive_id: String,
     pub path_on_host: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub is_root_device: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub is_read_only: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partuuid: Option<String>,
@@ -225,6 +227,12 @@ pub struct DriveConfig {
     /// copy-on-write overlay (every guest write goes to the overlay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_overlay: Option<CowOverlayConfig>,
+    /// Firecracker's rate limiter: accepted only as `null` (spore has none yet).
+    #[serde(default, skip_serializing)]
+    pub rate_limiter: Option<NotSupported>,
+    /// Firecracker's vhost-user socket: accepted only as `null`.
+    #[serde(default, skip_serializing)]
+    pub socket: Option<NotSupported>,
 }
 
 /// A drive's copy-on-write overlay: `{"path": "/x.cow"}` (a sparse file,
@@ -367,14 +375,18 @@ pub struct BalloonConfig {
     pub deflate_on_oom: bool,
     /// 0 disables statistics (no stats queue); it cannot be switched on or
     /// off later, only changed between non-zero values.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub stats_polling_interval_s: u16,
     /// Offer VIRTIO_BALLOON_F_REPORTING: the guest reports free ranges and
     /// spore releases them on the host.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub free_page_reporting: bool,
     /// Firecracker's free page hinting; spore does not offer it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        deserialize_with = "null_is_default",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub free_page_hinting: bool,
 }
 
@@ -405,7 +417,11 @@ impl BalloonConfig {
 /// spore extension (`PUT /entropy` in Firecracker): a virtio-rng device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EntropyConfig {}
+pub struct EntropyConfig {
+    /// Firecracker's rate limiter: accepted only as `null`.
+    #[serde(default, skip_serializing)]
+    pub rate_limiter: Option<NotSupported>,
+}
 
 /// `PUT /hotplug/memory`: a virtio-mem region (Firecracker's shape).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -480,9 +496,13 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub boot_source: Option<BootSourceConfig>,
-    #[serde(rename = "machine-config", default)]
+    #[serde(
+        rename = "machine-config",
+        default,
+        deserialize_with = "null_is_default"
+    )]
     pub machine: MachineConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub drives: Vec<DriveConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
@@ -491,7 +511,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyConfig>,
     /// spore extension: the tmem pool (defaults apply when absent).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub tmem: TmemConfig,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<BalloonConfig>,
@@ -511,6 +531,27 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub guest_snapshots: Option<GuestSnapshotConfig>,
+    /// Firecracker's logger section (as `PUT /logger`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logger: Option<LoggerConfig>,
+    /// Firecracker's metrics section (as `PUT /metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsConfig>,
+    /// Firecracker's sections for what spore does not have yet: accepted
+    /// when `null` or empty, refused otherwise (naming the key).
+    #[serde(
+        rename = "network-interfaces",
+        default,
+        deserialize_with = "null_is_default",
+        skip_serializing
+    )]
+    pub network_interfaces: Vec<NotSupported>,
+    #[serde(default, deserialize_with = "null_is_default", skip_serializing)]
+    pub pmem: Vec<NotSupported>,
+    #[serde(rename = "mmds-config", default, skip_serializing)]
+    pub mmds_config: Option<NotSupported>,
+    #[serde(rename = "cpu-config", default, skip_serializing)]
+    pub cpu_config: Option<NotSupported>,
 }
 
 impl VmConfig {
@@ -560,181 +601,4 @@ impl VmConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn machine_config_bounds() {
-        let mut m = MachineConfig::default();
-        m.validate().unwrap();
-        m.vcpu_count = 0;
-        assert!(matches!(m.validate(), Err(ConfigError::VcpuCount { .. })));
-        m.vcpu_count = 2;
-        m.mem_size_mib = 0;
-        assert_eq!(m.validate(), Err(ConfigError::MemZero));
-        m.mem_size_mib = MAX_MEM_MIB + 1;
-        assert!(m.validate().is_err());
-        m.mem_size_mib = 256;
-        m.smt = true;
-        assert!(m.validate().is_err());
-    }
-
-    #[test]
-    fn unknown_fields_refused() {
-        let e = serde_json::from_str::<MachineConfig>(
-            r#"{"vcpu_count":1,"mem_size_mib":128,"bogus":1}"#,
-        );
-        assert!(e.is_err());
-        let c: VmConfig = serde_json::from_str(
-            r#"{"boot-source":{"kernel_image_path":"/k"},"machine-config":{"vcpu_count":2,"mem_size_mib":256},
-                "drives":[{"drive_id":"rootfs","path_on_host":"/d","is_root_device":true,"is_read_only":false}]}"#,
-        )
-        .unwrap();
-        c.validate().unwrap();
-        assert!(serde_json::from_str::<VmConfig>(r#"{"logger":{}}"#).is_err());
-    }
-
-    #[test]
-    fn hotplug_memory_rules() {
-        let c = |total, block, slot| MemoryHotplugConfig {
-            total_size_mib: total,
-            block_size_mib: block,
-            slot_size_mib: slot,
-        };
-        c(2048, 2, 128).validate().unwrap();
-        c(1024, 128, 128).validate().unwrap();
-        for bad in [
-            c(2048, 3, 128), // not a power of two
-            c(2048, 1, 128), // below 2 MiB
-            c(2048, 0, 128),
-            c(2048, 2, 0),
-            c(2048, 64, 96), // slot not a multiple of the block
-            c(2000, 2, 128), // total not a multiple of the slot
-            c(0, 2, 128),
-            c(MAX_HOTPLUG_MIB * 2, 1024, 1024),
-            c(64 * 1024, 2, 2), // too many slots
-        ] {
-            assert!(
-                matches!(bad.validate(), Err(ConfigError::Hotplug(_))),
-                "{bad:?}"
-            );
-        }
-        let d: MemoryHotplugConfig = serde_json::from_str(r#"{"total_size_mib":1024}"#).unwrap();
-        assert_eq!((d.block_size_mib, d.slot_size_mib), (2, 128));
-        assert!(serde_json::from_str::<MemoryHotplugConfig>(r#"{"total_size_mib":-1}"#).is_err());
-    }
-
-    #[test]
-    fn drives_and_vsock() {
-        let mut c = VmConfig {
-            boot_source: Some(BootSourceConfig {
-                kernel_image_path: "/k".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let d = |id: &str, root| DriveConfig {
-            drive_id: id.into(),
-            path_on_host: "/x".into(),
-            is_root_device: root,
-            is_read_only: false,
-            partuuid: None,
-            cache_type: None,
-            io_engine: None,
-            cow_overlay: None,
-        };
-        c.upsert_drive(d("a", true));
-        c.upsert_drive(d("a", true));
-        assert_eq!(c.drives.len(), 1);
-        c.upsert_drive(d("b", true));
-        assert!(matches!(c.validate(), Err(ConfigError::TwoRootDevices(..))));
-        let v = VsockConfig {
-            guest_cid: 2,
-            uds_path: "/s".into(),
-            vsock_id: None,
-        };
-        assert_eq!(v.validate(), Err(ConfigError::GuestCid(2)));
-    }
-
-    #[test]
-    fn tmem_defaults_and_file_section() {
-        let c: VmConfig =
-            serde_json::from_str(r#"{"boot-source":{"kernel_image_path":"/k"}}"#).unwrap();
-        assert_eq!(c.tmem, TmemConfig::default());
-        assert!(c.tmem.enabled);
-        let c: VmConfig = serde_json::from_str(
-            r#"{"boot-source":{"kernel_image_path":"/k"},"tmem":{"quota_bytes":1024,"compression":"lz4"}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            (c.tmem.quota_bytes, c.tmem.compression),
-            (1024, Compression::Lz4)
-        );
-        assert!(serde_json::from_str::<TmemConfig>(r#"{"compression":"zip"}"#).is_err());
-        assert!(serde_json::from_str::<TmemConfig>(r#"{"quota":1}"#).is_err());
-    }
-
-    #[test]
-    fn balloon_section() {
-        let c: VmConfig = serde_json::from_str(
-            r#"{"boot-source":{"kernel_image_path":"/k"},"machine-config":{"vcpu_count":1,"mem_size_mib":256},
-                "balloon":{"amount_mib":64,"deflate_on_oom":true,"stats_polling_interval_s":1}}"#,
-        )
-        .unwrap();
-        c.validate().unwrap();
-        let b = c.balloon.clone().unwrap();
-        assert!(!b.free_page_reporting);
-        let mut big = c.clone();
-        big.balloon.as_mut().unwrap().amount_mib = 257;
-        assert!(matches!(
-            big.validate(),
-            Err(ConfigError::BalloonTooLarge { .. })
-        ));
-        let mut hint = b;
-        hint.free_page_hinting = true;
-        assert!(hint.validate().is_err());
-        assert!(serde_json::from_str::<BalloonConfig>(r#"{"amount_mib":1}"#).is_err());
-        assert!(serde_json::from_str::<BalloonConfig>(
-            r#"{"amount_mib":-1,"deflate_on_oom":false}"#
-        )
-        .is_err());
-    }
-
-    #[test]
-    fn tmem_timing_is_opt_in() {
-        assert!(!TmemConfig::default().timing);
-        let json = serde_json::to_string(&TmemConfig::default()).unwrap();
-        assert!(!json.contains("timing"), "{json}");
-        let t: TmemConfig = serde_json::from_str(r#"{"timing":true}"#).unwrap();
-        assert!(t.timing && t.enabled);
-    }
-
-    #[test]
-    fn cow_overlay_shapes() {
-        let drive = |overlay: &str, ro: bool| -> Result<DriveConfig, String> {
-            let d: DriveConfig = serde_json::from_str(&format!(
-                r#"{{"drive_id":"d","path_on_host":"/d","is_read_only":{ro},"cow_overlay":{overlay}}}"#
-            ))
-            .map_err(|e| e.to_string())?;
-            d.validate().map(|()| d).map_err(|e| e.to_string())
-        };
-        let d = drive(r#"{"path":"/x.cow"}"#, false).unwrap();
-        assert_eq!(d.cow_overlay.unwrap().path.as_deref(), Some("/x.cow"));
-        assert!(
-            drive(r#"{"in_memory":true}"#, false)
-                .unwrap()
-                .cow_overlay
-                .unwrap()
-                .in_memory
-        );
-        assert!(drive(r#"{"path":"/x.cow","in_memory":true}"#, false).is_ok());
-        for (bad, ro) in [
-            (r#"{}"#, false),
-            (r#"{"path":""}"#, false),
-            (r#"{"path":"/x.cow"}"#, true),
-            (r#"{"path":"/x.cow","size":1}"#, false),
-        ] {
-            assert!(drive(bad, ro).is_err(), "{bad} ro={ro} accepted");
-        }
-    }
-}
+mod tests;

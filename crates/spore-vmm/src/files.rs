@@ -148,6 +148,29 @@ pub fn create_private(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Opens a log or metrics target as Firecracker does: a FIFO (opened
+/// read-write so that the open does not wait for a reader), a regular
+/// file (created 0600, appended to) or a character device (`/dev/stderr`),
+/// never blocking on a write (a full FIFO refuses the write instead).
+/// Anything else is refused, naming it.
+pub fn open_log_target(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(PRIVATE_MODE)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)?;
+    let t = file.metadata()?.file_type();
+    if !(t.is_file() || t.is_fifo() || t.is_char_device()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {}, not a regular file or a FIFO", kind_of(&t)),
+        ));
+    }
+    Ok(file)
+}
+
 /// Creates a new private file; `path` must not exist (a symlink is not followed).
 pub fn create_new_private(path: &Path) -> io::Result<File> {
     OpenOptions::new()

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod arch;
+pub mod boot_timer;
 pub mod builder;
 pub mod clone;
 pub mod config;
@@ -13,7 +14,9 @@ pub mod device_manager;
 pub mod devices;
 pub mod files;
 pub mod host;
+pub mod logger;
 pub mod memory;
+pub mod metrics;
 pub mod persist;
 pub mod seccomp;
 pub mod snapshot;

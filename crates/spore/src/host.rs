@@ -43,13 +43,19 @@ pub fn configure_seccomp(setting: SeccompSetting) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs go to stderr; `SPORE_LOG` sets the filter (default `warn`).
+/// Logs go to stderr; `SPORE_LOG` sets the filter (default `warn`). Beside
+/// it, Firecracker's logger (`PUT /logger`, `firecracker --log-path`) writes
+/// to its own path at its own level once configured.
 pub fn init_logging() {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPORE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(spore_vmm::logger::layer())
         .init();
 }
 

@@ -4,6 +4,7 @@
 mod api_client;
 mod bench;
 mod clone_cmd;
+mod fc_cmd;
 mod fn_cmd;
 mod host;
 mod lambda_client;
@@ -29,6 +30,35 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Sign every snapshot state file this process writes with an
+    /// HMAC-SHA256 under the key in FILE (32 bytes or more), and refuse
+    /// state files without that MAC. Inherited by the VMM processes it
+    /// starts (clones, `spore serve`'s instances) through
+    /// SPORE_SNAPSHOT_KEY_FILE, which is also read when the flag is absent.
+    #[arg(long, global = true, value_name = "FILE")]
+    snapshot_key_file: Option<std::path::PathBuf>,
+}
+
+/// The environment variable a process's snapshot key file is passed in.
+const KEY_ENV: &str = "SPORE_SNAPSHOT_KEY_FILE";
+
+/// Loads the snapshot key named by the flag or the environment, and passes
+/// it on to child processes. Called before any thread starts.
+fn set_snapshot_key(flag: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let path = match flag {
+        Some(p) => {
+            let p = std::path::absolute(&p).unwrap_or(p);
+            std::env::set_var(KEY_ENV, &p);
+            p
+        }
+        None => match std::env::var_os(KEY_ENV) {
+            Some(p) if !p.is_empty() => p.into(),
+            _ => return Ok(()),
+        },
+    };
+    let key = spore_vmm::snapshot::integrity::SnapshotKey::from_file(&path)?;
+    spore_vmm::snapshot::integrity::set_key(key)?;
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -63,11 +93,27 @@ enum Command {
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Firecracker's command line (`spore firecracker --api-sock ...`), as
+    /// spore answers when called through a symlink named `firecracker`.
+    #[command(disable_help_flag = true)]
+    Firecracker {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
     host::init_logging();
+    // Called as `firecracker` (a symlink to spore): Firecracker's command line.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker")) {
+        return ExitCode::from(fc_cmd::main(std::env::args_os().collect()));
+    }
     let cli = Cli::parse();
+    if let Err(e) = set_snapshot_key(cli.snapshot_key_file) {
+        eprintln!("spore: error: {}", one_line(&e));
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Vmm(a) => vmm_cmd::run(a),
@@ -79,6 +125,10 @@ fn main() -> ExitCode {
         Command::Clone(a) => clone_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
         Command::Fn(a) => fn_cmd::run(a),
+        Command::Firecracker { args } => {
+            let argv = std::iter::once("firecracker".into()).chain(args).collect();
+            return ExitCode::from(fc_cmd::main(argv));
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -92,7 +142,7 @@ fn main() -> ExitCode {
 /// The error and its causes on one line. Many of spore's error messages
 /// already quote their source, so a cause whose text is already there is
 /// not repeated.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();

@@ -146,6 +146,8 @@ impl RunArgs {
                 cache_type: None,
                 io_engine: None,
                 cow_overlay,
+                rate_limiter: None,
+                socket: None,
             });
         }
         let vsock = match &self.vsock {
@@ -197,6 +199,12 @@ impl RunArgs {
             },
             balloon: None,
             memory_hotplug: None,
+            logger: None,
+            metrics: None,
+            network_interfaces: Vec::new(),
+            pmem: Vec::new(),
+            mmds_config: None,
+            cpu_config: None,
             guest_snapshots: match &self.guest_snapshot_dir {
                 Some(dir) => {
                     let g = GuestSnapshotConfig {

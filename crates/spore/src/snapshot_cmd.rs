@@ -65,6 +65,10 @@ pub struct InspectArgs {
     /// Its memory file: check the whole chain and list its layers.
     #[arg(long)]
     pub mem: Option<PathBuf>,
+    /// Also check every layer's memory file against the SHA-256 its
+    /// manifest recorded (`hash_memory`); needs --mem. Exit 1 on a mismatch.
+    #[arg(long, requires = "mem")]
+    pub verify: bool,
     #[command(flatten)]
     pub parents: ParentArgs,
 }
@@ -128,6 +132,10 @@ pub struct CreateArgs {
     /// snapshot; needs track_dirty_pages) instead of a Full one.
     #[arg(long)]
     pub diff: bool,
+    /// Record the memory file's SHA-256 in the manifest (checked by eager
+    /// restores and `inspect --verify`).
+    #[arg(long)]
+    pub hash_memory: bool,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +191,10 @@ fn inspect(a: InspectArgs) -> anyhow::Result<u8> {
         };
         let chain = describe(&newest, &a.parents.paths())?;
         out["chain"] = serde_json::to_value(&chain)?;
+        if a.verify {
+            let v = spore_vmm::snapshot::merge::verify(&newest, &a.parents.paths())?;
+            out["verified"] = serde_json::to_value(&v)?;
+        }
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(0)
@@ -238,11 +250,15 @@ fn create(a: CreateArgs) -> anyhow::Result<u8> {
         "snapshot_type": if a.diff { "Diff" } else { "Full" },
         "snapshot_path": abs(&a.state)?,
         "mem_file_path": abs(&a.mem)?,
+        "hash_memory": a.hash_memory,
     })
     .to_string();
     let t0 = std::time::Instant::now();
     call(&a.socket, "PATCH", "/vm", r#"{"state":"Paused"}"#)?;
-    let created = call(&a.socket, "PUT", "/snapshot/create", &body);
+    // 204, as Firecracker answers; the manifest is read back before the
+    // VMM is resumed or stopped.
+    let created = call(&a.socket, "PUT", "/snapshot/create", &body)
+        .and_then(|_| call(&a.socket, "GET", "/snapshot/last", ""));
     if a.stop {
         stop_vmm(&a.socket)?;
     } else {
@@ -343,7 +359,10 @@ fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {
     use spore_vmm::snapshot::restore::uffd::{receive_from_vmm, serve_loop, PageSource, ServeLog};
     let file =
         std::fs::File::open(&a.mem).with_context(|| format!("opening {}", a.mem.display()))?;
-    let size = file.metadata()?.len();
+    // The guest-memory part ends where the file's trailer begins.
+    let size = spore_vmm::snapshot::trailer::read(&file)
+        .with_context(|| format!("the memory file {}", a.mem.display()))?
+        .mem_bytes;
     let _ = std::fs::remove_file(&a.sock);
     let listener = std::os::unix::net::UnixListener::bind(&a.sock)
         .with_context(|| format!("listening on {}", a.sock.display()))?;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use spore_vmm::api::server::MAX_BODY_BYTES;
 use spore_vmm::api::ApiServer;
 use spore_vmm::clone::args::ClonedProcessArgs;
 use spore_vmm::config::VmConfig;
@@ -38,6 +39,10 @@ pub struct VmmArgs {
     pub clone_prepare: Option<String>,
     #[command(flatten)]
     pub seccomp: host::SeccompArgs,
+    /// The API's request body limit (set by `firecracker
+    /// --http-api-max-payload-size`; `spore vmm` keeps the default).
+    #[arg(skip)]
+    pub api_max_body: Option<usize>,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
@@ -72,9 +77,12 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
     if let Some(path) = &args.api_sock {
         vmm.set_api_socket(path);
     }
+    // A config file's logger and metrics sections, as Firecracker applies them.
+    vmm.configure_outputs().map_err(anyhow::Error::msg)?;
+    let max_body = args.api_max_body.unwrap_or(MAX_BODY_BYTES);
     let _server = match &args.api_sock {
         Some(path) => Some(
-            ApiServer::start(path, vmm.clone())
+            ApiServer::start_with_limit(path, vmm.clone(), max_body)
                 .with_context(|| format!("serving the API on {}", path.display()))?,
         ),
         None => None,

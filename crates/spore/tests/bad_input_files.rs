@@ -301,7 +301,11 @@ fn kvm_snapshot_files_are_private_and_stale_temp_files_are_removed() {
         &create_body(&state, &mem),
         Duration::from_secs(30),
     );
-    assert_eq!(code, 200, "{body}");
+    assert_eq!(code, 204, "{body}");
+    // The manifest of what was written is at GET /snapshot/last.
+    let (code, manifest) = http_within(&sock, "GET", "/snapshot/last", "", QUICK);
+    assert_eq!(code, 200, "{manifest}");
+    assert!(manifest.contains("\"format_version\""), "{manifest}");
     for f in [&state, &mem] {
         let mode = std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{} has mode {mode:o}", f.display());

@@ -425,3 +425,58 @@ fn kvm_clone_standby_clones_restored_ahead_see_the_template_and_keep_their_own_p
     });
     assert!(oks(&s.0).1.is_empty(), "{:?}", oks(&s.0).1);
 }
+
+#[test]
+fn kvm_clone_runs_the_sources_own_binary_after_it_was_replaced() {
+    require_kvm();
+    let s = Scratch::new("clone-upgrade");
+    // A copy of spore the test may delete, as an upgrade replaces the file.
+    let bin_dir = s.path("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let exe = bin_dir.join("spore");
+    std::fs::copy(env!("CARGO_BIN_EXE_spore"), &exe).unwrap();
+    let sock = s.path("src.sock");
+    let log = std::fs::File::create(s.path("src.log")).unwrap();
+    let child = std::process::Command::new(&exe)
+        .args(["vmm", "--api-sock"])
+        .arg(&sock)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut reaper = Reaper {
+        source: Some(child),
+        pids: Vec::new(),
+        dir: s.0.clone(),
+    };
+    wait_for_path(&sock, Duration::from_secs(10));
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}"}}"#,
+        uk_image("idle").display()
+    );
+    assert_eq!(http(&sock, "PUT", "/boot-source", Some(&boot)).0, 204);
+    let mc = r#"{"vcpu_count": 1, "mem_size_mib": 64}"#;
+    assert_eq!(http(&sock, "PUT", "/machine-config", Some(mc)).0, 204);
+    let start = r#"{"action_type": "InstanceStart"}"#;
+    assert_eq!(http(&sock, "PUT", "/actions", Some(start)).0, 204);
+
+    std::fs::remove_file(&exe).unwrap();
+    let (code, report) = put_clone(&sock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    let pid = report["clones"][0]["pid"].as_i64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv0 = cmdline.split(|&b| b == 0).next().unwrap();
+    assert_eq!(
+        std::str::from_utf8(argv0).unwrap(),
+        exe.to_str().unwrap(),
+        "the clone runs under the source's executable name"
+    );
+    let target = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert!(
+        target.to_string_lossy().contains("(deleted)"),
+        "the clone runs the replaced file's contents: {}",
+        target.display()
+    );
+    assert!(alive(pid as i32));
+}

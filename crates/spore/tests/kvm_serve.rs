@@ -667,10 +667,12 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     require_kvm();
     let dir = Scratch::new("serve-budget");
     // Clones of fn-touch32 share its 32 MiB with the zygote: each idle one
-    // holds 5-11 MiB of PSS here (more as fewer share it); 20 MiB keeps one or two.
+    // holds 5-11 MiB of PSS here (more as fewer share it: ending one raises
+    // the others'), and a lone clone 17-21 MiB; 24 MiB keeps one or two
+    // (20 MiB was on the edge: a lone clone could be over it on its own).
     let d = Arc::new(Daemon::start(
         &dir.path("state"),
-        &["--memory-budget", "20M", "--keep-alive-ms", "600000"],
+        &["--memory-budget", "24M", "--keep-alive-ms", "600000"],
     ));
     assert_eq!(
         d.create("t", "fn-touch32", serde_json::json!({"MemorySize": 128}))
@@ -689,12 +691,12 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     let idle = |d: &Daemon| d.metric("spore_instances{function=\"t\",state=\"idle\"}");
     let held = |d: &Daemon| d.metric("spore_memory_bytes{held_by=\"instances\"}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while held(&d) > 20.0 * 1048576.0 && Instant::now() < deadline {
+    while held(&d) > 24.0 * 1048576.0 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(100));
     }
     eprintln!("idle instances {} holding {} B", idle(&d), held(&d));
     assert!(
-        held(&d) <= 20.0 * 1048576.0,
+        held(&d) <= 24.0 * 1048576.0,
         "over the budget: {} B",
         held(&d)
     );

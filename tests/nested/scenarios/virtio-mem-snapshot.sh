@@ -80,7 +80,8 @@ wait $vmm
 "$SPORE" snapshot inspect "$tmp/vm.state" >"$SPORE_OUT/virtio-mem-snapshot-manifest.json" 2>&1
 off=$(tr -d ' \n' <"$SPORE_OUT/virtio-mem-snapshot-manifest.json" | field file_offset)
 pl=$(tr -d ' \n' <"$SPORE_OUT/virtio-mem-snapshot-manifest.json" | field plugged_bytes)
-if [ "$off" = $((512 << 20)) ] && [ "$pl" = $((512 << 20)) ] && [ "$(stat -c %s "$tmp/vm.mem")" = $(((512 + 2048) << 20)) ]; then
+# The memory file: boot RAM, the hotplug region, then the 4 KiB trailer naming the snapshot.
+if [ "$off" = $((512 << 20)) ] && [ "$pl" = $((512 << 20)) ] && [ "$(stat -c %s "$tmp/vm.mem")" = $((((512 + 2048) << 20) + 4096)) ]; then
     t manifest-shows-region PASS "file_offset $off, plugged_bytes $pl"
 else
     t manifest-shows-region FAIL "file_offset $off, plugged_bytes $pl, file $(stat -c %s "$tmp/vm.mem")"

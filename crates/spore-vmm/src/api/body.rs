@@ -141,6 +141,34 @@ impl InstanceInfo {
     }
 }
 
+/// The Firecracker version whose API and command line spore answers as:
+/// the API spec spore is checked against
+/// (`shared/reference/firecracker-api.yaml`, and the reference binary its
+/// status codes are compared with). Clients (Firecracker's SDKs, tools that
+/// parse `firecracker --version`) gate features on this number, so spore
+/// claims the version whose behaviour it matches, and reports its own
+/// version beside it.
+pub const FIRECRACKER_VERSION: &str = "1.17.0-dev";
+
+/// `GET /version`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionInfo {
+    /// The Firecracker API version spore answers as ([`FIRECRACKER_VERSION`]).
+    pub firecracker_version: String,
+    /// spore extension: spore's own version.
+    pub spore_version: String,
+}
+
+impl VersionInfo {
+    pub fn current() -> Self {
+        Self {
+            firecracker_version: FIRECRACKER_VERSION.into(),
+            spore_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +187,18 @@ mod tests {
             serde_json::to_value(InstanceState::Paused).unwrap(),
             json!("Paused")
         );
+    }
+
+    #[test]
+    fn version_has_firecrackers_field_and_spores() {
+        let v = serde_json::to_value(VersionInfo::current()).unwrap();
+        let fc = v["firecracker_version"].as_str().unwrap();
+        // Firecracker's SDKs parse it as semver: MAJOR.MINOR.PATCH[-pre].
+        let core = fc.split('-').next().unwrap();
+        assert_eq!(core.split('.').count(), 3, "{fc}");
+        assert!(core.split('.').all(|n| n.parse::<u32>().is_ok()), "{fc}");
+        assert!(fc.starts_with("1."), "{fc}");
+        assert_eq!(v["spore_version"], env!("CARGO_PKG_VERSION"));
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! (or 500) with `{"fault_message": "..."}`.
 //!
 //! Unknown paths get **404** (Firecracker answers 400 there); a known path with
-//! the wrong method gets **405** with an `Allow` header.
+//! the wrong method gets **405** with an `Allow` header. Firecracker's
+//! endpoints that spore does not serve yet ([`unsupported`]) get **400**: a
+//! method Firecracker serves there with "spore does not support ... yet",
+//! any other with Firecracker's own "Invalid request method and/or path".
 
 pub mod body;
 pub mod request;
@@ -25,13 +28,14 @@ pub mod response;
 pub mod server;
 pub mod snapshot_body;
 mod socket;
+mod unsupported;
 
 #[cfg(test)]
 mod clone_route_tests;
 
 pub use body::{
     ActionType, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
-    InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VmState,
+    InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VersionInfo, VmState,
 };
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
@@ -99,6 +103,15 @@ pub enum ApiRequest {
     PutGuestSnapshots(crate::config::GuestSnapshotConfig),
     /// `GET /snapshot/guest-triggered`.
     GetGuestSnapshots,
+    /// `GET /version`: answer with [`VersionInfo`].
+    GetVersion,
+    /// `GET /snapshot/last` (spore): the manifest of the last snapshot this
+    /// VMM wrote (`PUT /snapshot/create` answers 204, as Firecracker does).
+    GetLastSnapshot,
+    /// `PUT /logger`.
+    PutLogger(crate::config::LoggerConfig),
+    /// `PUT /metrics`.
+    PutMetrics(crate::config::MetricsConfig),
 }
 
 /// What a successful request answers.

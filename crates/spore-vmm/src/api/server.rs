@@ -97,6 +97,16 @@ impl ApiServer {
         socket_path: &Path,
         handler: Arc<dyn ApiHandler>,
     ) -> Result<ApiServer, ApiServerError> {
+        Self::start_with_limit(socket_path, handler, MAX_BODY_BYTES)
+    }
+
+    /// [`ApiServer::start`] with another request body limit (Firecracker's
+    /// `--http-api-max-payload-size`).
+    pub fn start_with_limit(
+        socket_path: &Path,
+        handler: Arc<dyn ApiHandler>,
+        max_body: usize,
+    ) -> Result<ApiServer, ApiServerError> {
         let (listener, socket) = bind_private(socket_path)?;
         listener
             .set_nonblocking(true)
@@ -115,7 +125,7 @@ impl ApiServer {
             crate::seccomp::ThreadKind::Api,
             "spore-api".into(),
             move || {
-                runtime.block_on(serve(listener, handler, stopped));
+                runtime.block_on(serve(listener, handler, stopped, max_body));
                 // Dropping the runtime here cancels every connection task.
             },
         )
@@ -164,6 +174,7 @@ async fn serve(
     listener: UnixListener,
     handler: Arc<dyn ApiHandler>,
     mut stopped: oneshot::Receiver<()>,
+    max_body: usize,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -173,7 +184,7 @@ async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => match slots.clone().try_acquire_owned() {
                     Ok(permit) => {
-                        tokio::spawn(serve_connection(stream, handler.clone(), permit));
+                        tokio::spawn(serve_connection(stream, handler.clone(), permit, max_body));
                     }
                     Err(_) => {
                         tracing::warn!("API: {MAX_CONNECTIONS} connections open, closing a new one");
@@ -194,10 +205,11 @@ async fn serve_connection(
     stream: UnixStream,
     handler: Arc<dyn ApiHandler>,
     _permit: OwnedSemaphorePermit,
+    max_body: usize,
 ) {
     let service = service_fn(move |req| {
         let handler = handler.clone();
-        async move { Ok::<_, Infallible>(respond(req, handler.as_ref()).await) }
+        async move { Ok::<_, Infallible>(respond(req, handler.as_ref(), max_body).await) }
     });
     let result = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -212,11 +224,15 @@ async fn serve_connection(
 }
 
 /// Reads, parses and handles one request.
-async fn respond(req: Request<Incoming>, handler: &dyn ApiHandler) -> Response<ResponseBody> {
+async fn respond(
+    req: Request<Incoming>,
+    handler: &dyn ApiHandler,
+    max_body: usize,
+) -> Response<ResponseBody> {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
-    let result = match read_body(&parts.headers, body).await {
+    let result = match read_body(&parts.headers, body, max_body).await {
         Ok(bytes) => parse_request(&parts.method, path, &bytes).and_then(|r| call(handler, r)),
         Err(e) => Err(e),
     };
@@ -238,6 +254,11 @@ async fn respond(req: Request<Incoming>, handler: &dyn ApiHandler) -> Response<R
             hyper::header::HeaderValue::from_static("close"),
         );
     }
+    crate::metrics::count_api(
+        parts.method.as_str(),
+        path,
+        response.status().as_u16() >= 400,
+    );
     tracing::debug!(
         method = %parts.method,
         path,
@@ -248,22 +269,23 @@ async fn respond(req: Request<Incoming>, handler: &dyn ApiHandler) -> Response<R
     response
 }
 
-/// The whole body, at most [`MAX_BODY_BYTES`].
-async fn read_body(headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::PayloadTooLarge(format!(
-            "the request body is larger than {MAX_BODY_BYTES} bytes"
-        ))
-    };
+/// The whole body, at most `max_body` bytes ([`MAX_BODY_BYTES`] by default).
+async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    max_body: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large =
+        || ApiError::PayloadTooLarge(format!("the request body is larger than {max_body} bytes"));
     // Refuse early when the client announces the size, without reading it.
     let announced = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if announced.is_some_and(|n| n > max_body as u64) {
         return Err(too_large());
     }
-    let collect = Limited::new(body, MAX_BODY_BYTES).collect();
+    let collect = Limited::new(body, max_body).collect();
     match tokio::time::timeout(BODY_TIMEOUT, collect).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),

@@ -162,6 +162,8 @@ mod tests {
             cache_type: None,
             io_engine: None,
             cow_overlay: None,
+            rate_limiter: None,
+            socket: None,
         });
         let s = linux_cmdline(&c, &[(0xd000_0000, 5, 2), (0xd000_1000, 6, 4)]);
         assert_eq!(

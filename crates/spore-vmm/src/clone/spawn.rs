@@ -35,16 +35,31 @@ pub struct CloneProcess {
     pub prepared_for: Option<(u64, u8)>,
 }
 
-/// The program clones run: this executable (a `spore` binary), unless
-/// `SPORE_CLONE_EXE` names another.
-pub fn clone_exe() -> Result<PathBuf, CloneError> {
+/// The program clones run and the name they run under (their `argv[0]`):
+/// this very executable, through `/proc/self/exe`, so that a clone runs the
+/// source's own version of spore even after the file was replaced on disk
+/// (an upgrade): the handoff between them is not a stable format. The name
+/// stays the executable's path (what `ps` and `spore serve`'s recovery
+/// look for). `SPORE_CLONE_EXE` names another program instead.
+pub fn clone_exe() -> Result<(PathBuf, PathBuf), CloneError> {
     if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
-        return Ok(PathBuf::from(p));
+        return Ok((PathBuf::from(&p), PathBuf::from(p)));
     }
-    std::env::current_exe().map_err(|source| CloneError::Io {
+    let path = std::env::current_exe().map_err(|source| CloneError::Io {
         what: "find the spore executable",
         source,
-    })
+    })?;
+    // A replaced executable reads as "PATH (deleted)": the name is PATH.
+    let name = path
+        .to_str()
+        .and_then(|p| p.strip_suffix(" (deleted)"))
+        .map_or_else(|| path.clone(), PathBuf::from);
+    let program = Path::new("/proc/self/exe");
+    if program.exists() {
+        Ok((program.to_path_buf(), name))
+    } else {
+        Ok((path, name))
+    }
 }
 
 fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
@@ -65,7 +80,7 @@ pub fn spawn(
     marks: bool,
     prepare: Option<(u64, u8)>,
 ) -> Result<CloneProcess, CloneError> {
-    let exe = clone_exe()?;
+    let (exe, exe_name) = clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create a handoff socket"))?;
     let socket = dir.join(format!("{name}.sock"));
@@ -81,7 +96,8 @@ pub fn spawn(
         seccomp: crate::seccomp::setting(),
     };
     let mut cmd = Command::new(&exe);
-    cmd.args(args.to_args())
+    cmd.arg0(&exe_name)
+        .args(args.to_args())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -92,7 +108,7 @@ pub fn spawn(
     set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
     let child = cmd.spawn();
     drop(theirs);
-    let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe.display())))?;
+    let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe_name.display())))?;
     Ok(CloneProcess {
         name: name.to_string(),
         socket,

@@ -9,7 +9,7 @@
 //! parents' files explicitly, nearest parent first, for layers moved apart.
 //! Every link must hold: parent files present, parent id and state hash as
 //! named, the same guest memory size and vCPU count, each memory file of the
-//! right size and tagged with its layer's id, and each diff's data exactly
+//! right size and ending with a trailer naming its layer's id, and each diff's data exactly
 //! the bytes its manifest says it wrote (a copy that filled or dropped holes
 //! would change what the diff means).
 
@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, LayerKind, Manifest, ParentRef};
-use super::memory;
+use super::trailer;
 use super::SnapshotError;
 use crate::memory::layers::MemoryLayers;
 
@@ -160,7 +160,7 @@ fn resolve(child_state: &Path, named: Option<&String>) -> Option<PathBuf> {
 /// Reads the layer at `paths` and checks it on its own: the state file's
 /// format and checksum, then (after `check`, which sees the manifest and
 /// state hash first, so that a wrong parent is reported as such rather
-/// than as a memory file mismatch) the memory file's size and tag, and a
+/// than as a memory file mismatch) the memory file's size and trailer, and a
 /// diff's data.
 fn read_layer(
     paths: &LayerPaths,
@@ -178,21 +178,26 @@ fn read_layer(
     let expected = manifest.mem_size_bytes;
     // A virtio-mem region's memory follows boot RAM in the file.
     let file_size = expected + manifest.hotplug.as_ref().map_or(0, |h| h.region_size_bytes);
-    if md.len() != file_size || manifest.layer.mem_file_size != file_size {
+    // Sizes are checked before anything is mapped: the guest-memory part,
+    // then the trailer naming the snapshot (see `trailer`).
+    let with_trailer = file_size + trailer::TRAILER_LEN;
+    if md.len() != with_trailer || manifest.layer.mem_file_size != file_size {
         return Err(SnapshotError::MemorySize {
             path: mem_name,
             expected: file_size,
-            actual: md.len(),
+            actual: md.len().saturating_sub(trailer::TRAILER_LEN),
         });
     }
-    if let Some(mem_id) = memory::read_tag(&file) {
-        if mem_id != manifest.layer.id {
-            return Err(SnapshotError::MemoryMismatch {
-                path: mem_name,
-                mem_id,
-                state_id: manifest.layer.id,
-            });
-        }
+    let t = trailer::read(&file).map_err(|e| SnapshotError::MemoryTrailer {
+        path: mem_name.clone(),
+        detail: e.to_string(),
+    })?;
+    if t.id != manifest.layer.id {
+        return Err(SnapshotError::MemoryMismatch {
+            path: mem_name,
+            mem_id: t.id,
+            state_id: manifest.layer.id,
+        });
     }
     if manifest.layer.kind == LayerKind::Diff {
         // The file's data plus the recorded zero pages (a copy may have
@@ -384,7 +389,7 @@ mod tests {
             f.write_all_at(&[0x11u8; 4096], p * 4096).unwrap();
         }
         let id = format!("id-{name}");
-        memory::tag(&f, &id);
+        trailer::write(&f, &id, mem_size).unwrap();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             spore_version: "test".into(),
@@ -403,6 +408,7 @@ mod tests {
                 parent: parent.map(|h| h.parent_ref(&paths.state)),
                 mem_file_size: mem_size,
                 mem_data_bytes: pages.len() as u64 * 4096,
+                mem_sha256: None,
                 zero_runs: None,
             },
             state_bytes: 3,

@@ -1,19 +1,24 @@
 //! The snapshot state file: a small JSON manifest a human can read, the
-//! binary VM state (bincode), and a CRC32 over both.
+//! binary VM state (bincode), an optional HMAC and a CRC32 over all.
 //!
 //! ```text
 //! "SPORESNP"                  8 bytes magic
-//! format version              u32 LE
+//! format version              u32 LE (3)
 //! manifest length M           u32 LE
 //! manifest                    M bytes of JSON (Manifest)
 //! state length S              u64 LE
 //! state                       S bytes of bincode (MicrovmState)
+//! MAC length A                u32 LE: 0, or 32 with a snapshot key
+//! MAC                         A bytes: HMAC-SHA256 over every byte before
+//!                             the MAC length (see `integrity`)
 //! crc32                       u32 LE over every byte before it
 //! ```
 //!
 //! Readers refuse another magic or version, a checksum mismatch and a
-//! truncated or over-long file, each with its own message. Files are written
-//! atomically ([`write_atomic`]): a crash leaves the previous file in place.
+//! truncated or over-long file, each with its own message; with a key, a
+//! missing or wrong MAC, and without one, a file that carries a MAC. Files
+//! are written atomically ([`PendingFile`]): a crash leaves the previous
+//! file in place.
 
 use std::fs::File;
 use std::io::Write;
@@ -21,10 +26,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::integrity::{SnapshotKey, MAC_LEN};
+
 pub const MAGIC: &[u8; 8] = b"SPORESNP";
-/// The state layout this spore writes and reads. 2: device states keyed by
-/// device id (version 1 matched virtio states to devices by attach order).
-pub const FORMAT_VERSION: u32 = 2;
+/// The state layout this spore writes and reads. 3: the memory file ends
+/// with a trailer naming its snapshot (no xattr), the state file has a MAC
+/// field. 2: device states keyed by device id (version 1 matched virtio
+/// states to devices by attach order).
+pub const FORMAT_VERSION: u32 = 3;
 /// Manifests beyond this are not ours (keeps a hostile file from allocating).
 const MAX_MANIFEST: u32 = 1 << 20;
 /// Likewise for the binary state (xsave areas of many vCPUs fit easily).
@@ -46,6 +55,12 @@ pub enum FormatError {
     Truncated(String),
     #[error("{0}: checksum mismatch: the file is corrupt")]
     Checksum(String),
+    #[error("{0}: the state file has no MAC, but a snapshot key is configured: it was not written with the key (refused)")]
+    MacMissing(String),
+    #[error("{0}: MAC mismatch: the state file was altered, or written with another snapshot key (refused)")]
+    MacMismatch(String),
+    #[error("{0}: the state file carries a MAC (it was written with a snapshot key), but no key is configured: give it with --snapshot-key-file")]
+    MacUnexpected(String),
     #[error("{path}: {detail}")]
     Invalid { path: String, detail: String },
 }
@@ -100,6 +115,11 @@ pub struct Layer {
     pub mem_file_size: u64,
     /// Bytes of the memory file that hold data (the rest are holes).
     pub mem_data_bytes: u64,
+    /// The SHA-256 of the memory file's contents
+    /// ([`super::integrity::memory_hash`]), when asked for at creation
+    /// (`hash_memory`): checked by an eager restore and `inspect --verify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_sha256: Option<String>,
     /// A diff's dirty pages that were all zero, as `[offset, len]` runs:
     /// part of the layer although a copy may have turned them into holes
     /// (GNU cp does). Absent when not recorded (too many runs): then only
@@ -147,8 +167,18 @@ pub struct Manifest {
     pub hotplug: Option<HotplugRegionInfo>,
 }
 
-/// Serializes manifest + state into the on-disk layout.
+/// Serializes manifest + state into the on-disk layout, with a MAC under
+/// this process's snapshot key if one is set.
 pub fn encode(manifest: &Manifest, state: &[u8]) -> Result<Vec<u8>, serde_json::Error> {
+    encode_with(manifest, state, super::integrity::key())
+}
+
+/// [`encode`] with an explicit key (or none).
+pub fn encode_with(
+    manifest: &Manifest,
+    state: &[u8],
+    key: Option<&SnapshotKey>,
+) -> Result<Vec<u8>, serde_json::Error> {
     let json = serde_json::to_vec_pretty(manifest)?;
     let mut out = Vec::with_capacity(json.len() + state.len() + 32);
     out.extend_from_slice(MAGIC);
@@ -157,13 +187,31 @@ pub fn encode(manifest: &Manifest, state: &[u8]) -> Result<Vec<u8>, serde_json::
     out.extend_from_slice(&json);
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out.extend_from_slice(state);
+    match key {
+        Some(k) => {
+            let mac = k.mac(&out);
+            out.extend_from_slice(&(MAC_LEN as u32).to_le_bytes());
+            out.extend_from_slice(&mac);
+        }
+        None => out.extend_from_slice(&0u32.to_le_bytes()),
+    }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     Ok(out)
 }
 
-/// Checks and splits a state file; `path` only names it in errors.
+/// Checks and splits a state file under this process's snapshot key;
+/// `path` only names it in errors.
 pub fn decode<'a>(path: &str, bytes: &'a [u8]) -> Result<(Manifest, &'a [u8]), FormatError> {
+    decode_with(path, bytes, super::integrity::key())
+}
+
+/// [`decode`] with an explicit key (or none).
+pub fn decode_with<'a>(
+    path: &str,
+    bytes: &'a [u8],
+    key: Option<&SnapshotKey>,
+) -> Result<(Manifest, &'a [u8]), FormatError> {
     let truncated = || FormatError::Truncated(path.to_string());
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(FormatError::Magic(path.to_string()));
@@ -194,6 +242,12 @@ pub fn decode<'a>(path: &str, bytes: &'a [u8]) -> Result<(Manifest, &'a [u8]), F
         return Err(FormatError::Checksum(path.to_string()));
     }
     let state = r.take(slen as usize).ok_or_else(truncated)?;
+    let signed_end = r.pos;
+    let alen = r.u32().ok_or_else(truncated)?;
+    if alen != 0 && alen as usize != MAC_LEN {
+        return Err(FormatError::Checksum(path.to_string()));
+    }
+    let mac = r.take(alen as usize).ok_or_else(truncated)?;
     let body_end = r.pos;
     let crc = r.u32().ok_or_else(truncated)?;
     if r.pos != bytes.len() {
@@ -204,6 +258,16 @@ pub fn decode<'a>(path: &str, bytes: &'a [u8]) -> Result<(Manifest, &'a [u8]), F
     }
     if crc32fast::hash(&bytes[..body_end]) != crc {
         return Err(FormatError::Checksum(path.to_string()));
+    }
+    // The MAC before anything is parsed: a keyed reader trusts no byte of
+    // an unsigned or wrongly signed file.
+    match (key, mac.is_empty()) {
+        (Some(_), true) => return Err(FormatError::MacMissing(path.to_string())),
+        (Some(k), false) if !k.verify(&bytes[..signed_end], mac) => {
+            return Err(FormatError::MacMismatch(path.to_string()))
+        }
+        (None, false) => return Err(FormatError::MacUnexpected(path.to_string())),
+        _ => {}
     }
     let manifest: Manifest =
         serde_json::from_slice(manifest_bytes).map_err(|e| FormatError::Invalid {
@@ -304,7 +368,15 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
                 .and_then(|s| s.try_into().ok())
                 .map_or(0, u64::from_le_bytes);
             if slen <= MAX_STATE {
-                let total = slen_end + slen + 4;
+                // The MAC length follows the state.
+                let alen_end = slen_end + slen + 4;
+                if alen_end > len {
+                    return Err(FormatError::Truncated(path.to_string()));
+                }
+                fill(&mut bytes, alen_end)?;
+                let at = (alen_end - 4) as usize;
+                let alen = le32(&bytes, at).map_or(0, u32::from_le_bytes);
+                let total = alen_end + u64::from(alen) + 4;
                 if total > len {
                     return Err(FormatError::Truncated(path.to_string()));
                 }
@@ -420,6 +492,7 @@ mod tests {
                 parent: None,
                 mem_file_size: 128 << 20,
                 mem_data_bytes: 4096,
+                mem_sha256: None,
                 zero_runs: None,
             },
             state_bytes,
@@ -485,6 +558,54 @@ mod tests {
             "{message}"
         );
         const { assert!(FORMAT_VERSION > 1) };
+    }
+
+    /// `bytes` with its trailing CRC recomputed (what an attacker editing
+    /// the file can always do).
+    fn recrc(mut bytes: Vec<u8>) -> Vec<u8> {
+        let n = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_key_signs_and_every_edit_is_refused() {
+        let key = SnapshotKey::new(&[0x5a; 32]).unwrap();
+        let other = SnapshotKey::new(&[0xa5; 40]).unwrap();
+        let k = Some(&key);
+        let state = vec![7u8; 100];
+        let signed = encode_with(&manifest(100), &state, k).unwrap();
+        let (m, s) = decode_with("f", &signed, k).unwrap();
+        assert_eq!((m, s), (manifest(100), &state[..]));
+        // Every flipped byte, even with the CRC fixed up, is refused.
+        for i in 0..signed.len() - 4 {
+            let mut b = signed.clone();
+            b[i] ^= 0x01;
+            assert!(decode_with("f", &recrc(b), k).is_err(), "flip at {i}");
+        }
+        // An edited manifest with a recomputed CRC: the MAC does not match.
+        let text = String::from_utf8_lossy(&signed).into_owned();
+        let at = text.find("\"vcpu_count\": 1").unwrap() + "\"vcpu_count\": ".len();
+        let mut edited = signed.clone();
+        edited[at] = b'2';
+        let e = decode_with("f", &recrc(edited), k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMismatch(_)), "{e}");
+        // Another key; no key; an unsigned file under a key.
+        let e = decode_with("f", &signed, Some(&other)).unwrap_err();
+        assert!(matches!(e, FormatError::MacMismatch(_)), "{e}");
+        let e = decode_with("f", &signed, None).unwrap_err();
+        assert!(matches!(e, FormatError::MacUnexpected(_)), "{e}");
+        assert!(e.to_string().contains("--snapshot-key-file"), "{e}");
+        let unsigned = encode_with(&manifest(100), &state, None).unwrap();
+        let e = decode_with("f", &unsigned, k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMissing(_)), "{e}");
+        // A signed file with its MAC stripped (and the CRC fixed up).
+        let mut stripped = signed[..signed.len() - 4 - 4 - MAC_LEN].to_vec();
+        stripped.extend_from_slice(&0u32.to_le_bytes());
+        stripped.extend_from_slice(&[0; 4]);
+        let e = decode_with("f", &recrc(stripped), k).unwrap_err();
+        assert!(matches!(e, FormatError::MacMissing(_)), "{e}");
     }
 
     #[test]

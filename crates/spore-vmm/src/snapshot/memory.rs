@@ -12,7 +12,6 @@
 //! nobody touched are never read, which would fault them in.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -115,50 +114,6 @@ pub const MAX_ZERO_RUNS: usize = 16384;
 /// Bytes of `file` (of `size` bytes) that hold data, per SEEK_DATA.
 pub fn data_bytes(file: &File, size: u64) -> std::io::Result<u64> {
     Ok(data_ranges(file, size)?.iter().map(|r| r.1).sum())
-}
-
-/// Extended attribute naming the snapshot a memory file belongs to.
-const TAG_XATTR: &std::ffi::CStr = c"user.spore.snapshot_id";
-
-/// Tags a memory file with its snapshot's id, so that a state file is never
-/// paired with another snapshot's memory (a crash between the two renames of
-/// a snapshot write, a mix-up of files). Returns false where the file system
-/// has no user xattrs; the check is then skipped.
-pub fn tag(file: &File, id: &str) -> bool {
-    // SAFETY: valid fd, NUL-terminated name, a buffer of id.len() bytes.
-    let r = unsafe {
-        libc::fsetxattr(
-            file.as_raw_fd(),
-            TAG_XATTR.as_ptr(),
-            id.as_ptr() as *const libc::c_void,
-            id.len(),
-            0,
-        )
-    };
-    if r != 0 {
-        tracing::debug!(
-            "cannot tag the memory file: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    r == 0
-}
-
-/// The snapshot id a memory file was tagged with, if any (copies made
-/// without preserving xattrs have none).
-pub fn read_tag(file: &File) -> Option<String> {
-    let mut buf = [0u8; 64];
-    // SAFETY: valid fd, NUL-terminated name, buffer of buf.len() bytes.
-    let n = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            TAG_XATTR.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    let n = usize::try_from(n).ok()?;
-    String::from_utf8(buf.get(..n)?.to_vec()).ok()
 }
 
 #[cfg(test)]

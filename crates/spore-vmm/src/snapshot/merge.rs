@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
-use super::{memory, SnapshotError, SnapshotInfo};
+use super::{integrity, trailer, SnapshotError, SnapshotInfo};
 use crate::host::random_id;
 
 /// Bytes copied per read while merging.
@@ -63,7 +63,12 @@ pub fn merge(
         }
     }
     let id = random_id();
-    memory::tag(&mem_pending.file, &id);
+    let mem_sha256 = match chain.layers[0].manifest.layer.mem_sha256 {
+        // The newest layer was hashed: so is the merged memory.
+        Some(_) => Some(integrity::memory_hash(&mem_pending.file, size).map_err(mem_err)?),
+        None => None,
+    };
+    trailer::write(&mem_pending.file, &id, size).map_err(mem_err)?;
     mem_pending.sync()?;
     manifest.created_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -75,6 +80,7 @@ pub fn merge(
     manifest.layer.parent = None;
     manifest.layer.mem_data_bytes = data_bytes;
     manifest.layer.zero_runs = None;
+    manifest.layer.mem_sha256 = mem_sha256;
     let bytes =
         format::encode(&manifest, &chain.newest_state).map_err(|e| SnapshotError::Capture {
             what: "the manifest",
@@ -124,4 +130,25 @@ pub fn describe(
             parent: l.manifest.layer.parent,
         })
         .collect())
+}
+
+/// What `spore snapshot inspect --verify` checked.
+#[derive(Debug, Serialize)]
+pub struct Verified {
+    /// Layers whose memory file matched its recorded `mem_sha256`.
+    pub memory_hashed_layers: usize,
+    /// Layers without a recorded hash (their memory was only checked for
+    /// size, trailer and, for a diff, data extent).
+    pub memory_unhashed_layers: usize,
+}
+
+/// Checks the chain ending at `newest` as a load does, and every recorded
+/// memory hash (which a lazy load does not read).
+pub fn verify(newest: &LayerPaths, parents: &[LayerPaths]) -> Result<Verified, SnapshotError> {
+    let chain = chain::walk(newest, parents)?;
+    let n = integrity::verify_memory(&chain.layers, &chain.files)?;
+    Ok(Verified {
+        memory_hashed_layers: n,
+        memory_unhashed_layers: chain.layers.len() - n,
+    })
 }

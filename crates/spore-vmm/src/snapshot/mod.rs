@@ -13,10 +13,12 @@ pub mod chain;
 pub mod describe;
 pub mod dirty;
 pub mod format;
+pub mod integrity;
 pub mod memory;
 pub mod merge;
 pub mod params;
 pub mod restore;
+pub mod trailer;
 
 pub use chain::{ChainHead, LayerInfo, LayerPaths};
 pub use dirty::DirtyPages;
@@ -58,7 +60,7 @@ pub enum SnapshotError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the memory file {path} has {actual} bytes but the snapshot's guest has {expected} (truncated, or from another snapshot)")]
+    #[error("the memory file {path} has {actual} bytes but the snapshot's guest has {expected} (truncated, or from another snapshot; sizes of guest memory, without the file's {}-byte trailer)", trailer::TRAILER_LEN)]
     MemorySize {
         path: String,
         expected: u64,
@@ -69,6 +71,14 @@ pub enum SnapshotError {
         path: String,
         mem_id: String,
         state_id: String,
+    },
+    #[error("the memory file {path}: {detail}")]
+    MemoryTrailer { path: String, detail: String },
+    #[error("the memory file {path} does not hold what its snapshot recorded: its SHA-256 is {actual}, the manifest says {expected} (the file was altered or corrupted)")]
+    MemoryHash {
+        path: String,
+        expected: String,
+        actual: String,
     },
     #[error("{path}: the snapshot state does not decode: {detail}")]
     Decode { path: String, detail: String },
@@ -178,12 +188,15 @@ impl ChainState {
 /// tracking on, every snapshot (full or diff) resets the tracking, so the
 /// next diff is relative to it; on success `chain.head` becomes this
 /// snapshot. A failed write keeps the collected pages in `chain.pending`.
+/// With `hash_memory`, the manifest records the memory file's SHA-256
+/// ([`integrity::memory_hash`]).
 pub fn create(
     vm: &Vm,
     config: &VmConfig,
     kind: LayerKind,
     state_path: &Path,
     mem_path: &Path,
+    hash_memory: bool,
     chain: &mut ChainState,
 ) -> Result<SnapshotInfo, SnapshotError> {
     match vm.state() {
@@ -229,7 +242,14 @@ pub fn create(
         },
         _ => MemoryContent::Full,
     };
-    let out = write_snapshot(vm, config, &paused, state_path, mem_path, mem);
+    let out = write_snapshot(
+        vm,
+        config,
+        &paused,
+        (state_path, mem_path),
+        mem,
+        hash_memory,
+    );
     drop(paused);
     let (info, head) = out?;
     chain.pending.clear();
@@ -286,9 +306,9 @@ fn write_snapshot(
     vm: &Vm,
     config: &VmConfig,
     devices: &PausedDevices<'_>,
-    state_path: &Path,
-    mem_path: &Path,
+    (state_path, mem_path): (&Path, &Path),
     content: MemoryContent<'_>,
+    hash_memory: bool,
 ) -> Result<(SnapshotInfo, ChainHead), SnapshotError> {
     let state = capture_state(vm, config, devices)?;
     let state_bytes =
@@ -334,7 +354,15 @@ fn write_snapshot(
         _ => None,
     };
     let id = random_id();
-    memory::tag(&mem_pending.file, &id);
+    let mem_sha256 = match hash_memory {
+        true => Some(
+            integrity::memory_hash(&mem_pending.file, state.mem_file_size()).map_err(mem_err)?,
+        ),
+        false => None,
+    };
+    // The trailer names this snapshot: the state file is paired with this
+    // memory file by its content (see `trailer`).
+    trailer::write(&mem_pending.file, &id, state.mem_file_size()).map_err(mem_err)?;
     mem_pending.sync()?;
 
     let manifest = Manifest {
@@ -354,6 +382,7 @@ fn write_snapshot(
             parent,
             mem_file_size: state.mem_file_size(),
             mem_data_bytes: data_bytes,
+            mem_sha256,
             zero_runs,
         },
         state_bytes: state_bytes.len() as u64,
@@ -508,8 +537,9 @@ mod tests {
     }
 
     /// Writes a state file for a 1-vCPU, `mib` MiB guest; `vcpus_in_manifest`
-    /// lets a test make the manifest disagree with the state.
-    fn write_state(path: &Path, mib: u64, vcpus_in_manifest: u32) {
+    /// lets a test make the manifest disagree with the state. Returns the
+    /// snapshot id.
+    fn write_state(path: &Path, mib: u64, vcpus_in_manifest: u32) -> String {
         let config = VmConfig {
             machine: MachineConfig {
                 vcpu_count: 1,
@@ -547,12 +577,21 @@ mod tests {
                 parent: None,
                 mem_file_size: mib << 20,
                 mem_data_bytes: 0,
+                mem_sha256: None,
                 zero_runs: None,
             },
             state_bytes: bytes.len() as u64,
             hotplug: None,
         };
         std::fs::write(path, encode(&manifest, &bytes).unwrap()).unwrap();
+        manifest.layer.id
+    }
+
+    /// A memory file of `size` bytes of guest memory, its trailer naming `id`.
+    fn mem_file(path: &Path, size: u64, id: &str) {
+        let f = File::create(path).unwrap();
+        f.set_len(size).unwrap();
+        trailer::write(&f, id, size).unwrap();
     }
 
     #[test]
@@ -560,14 +599,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("spore-snap-load-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (state, mem) = (dir.join("s"), dir.join("m"));
-        write_state(&state, 4, 1);
-        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        let id = write_state(&state, 4, 1);
+        mem_file(&mem, 4 << 20, &id);
         let loaded = load(&state, &mem).unwrap();
         assert_eq!(loaded.config.machine.mem_size_mib, 4);
         assert_eq!(loaded.state.vcpus.len(), 1);
 
         // A memory file of another size (truncated, or another VM's).
-        for len in [(4 << 20) - 4096, 8 << 20, 0] {
+        for len in [(4 << 20) - 4096, 4 << 20, 8 << 20, 0] {
             File::create(&mem).unwrap().set_len(len).unwrap();
             let e = load(&state, &mem).err().unwrap();
             assert!(matches!(e, SnapshotError::MemorySize { .. }), "{e}");
@@ -578,27 +617,29 @@ mod tests {
             SnapshotError::MemoryOpen { .. }
         ));
 
-        // A memory file tagged by another snapshot (e.g. a write interrupted
-        // between the two renames).
-        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
-        let f = File::options().write(true).open(&mem).unwrap();
-        if memory::tag(&f, "0123456789abcdef") {
-            let e = load(&state, &mem).err().unwrap();
-            assert!(matches!(e, SnapshotError::MemoryMismatch { .. }), "{e}");
-        }
-        drop(f);
-        // (Truncation keeps the tag: make a new file.)
-        std::fs::remove_file(&mem).unwrap();
-        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        // The right size without a trailer (an old or foreign file).
+        File::create(&mem)
+            .unwrap()
+            .set_len((4 << 20) + trailer::TRAILER_LEN)
+            .unwrap();
+        let e = load(&state, &mem).err().unwrap();
+        assert!(matches!(e, SnapshotError::MemoryTrailer { .. }), "{e}");
+
+        // A memory file of another snapshot (e.g. a write interrupted
+        // between the two renames), with no xattr involved.
+        mem_file(&mem, 4 << 20, "0123456789abcdef");
+        let e = load(&state, &mem).err().unwrap();
+        assert!(matches!(e, SnapshotError::MemoryMismatch { .. }), "{e}");
 
         // A manifest that disagrees with the state it carries.
-        write_state(&state, 4, 2);
-        File::create(&mem).unwrap().set_len(4 << 20).unwrap();
+        let id = write_state(&state, 4, 2);
+        mem_file(&mem, 4 << 20, &id);
         let e = load(&state, &mem).err().unwrap();
         assert!(e.to_string().contains("vCPU count"), "{e}");
 
         // A flipped byte anywhere.
-        write_state(&state, 4, 1);
+        let id = write_state(&state, 4, 1);
+        mem_file(&mem, 4 << 20, &id);
         let mut bytes = std::fs::read(&state).unwrap();
         let n = bytes.len();
         bytes[n - 10] ^= 0x80;

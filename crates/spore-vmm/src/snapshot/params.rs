@@ -20,6 +20,11 @@ pub struct SnapshotCreateParams {
     pub snapshot_type: SnapshotType,
     pub snapshot_path: String,
     pub mem_file_path: String,
+    /// spore extension: record the memory file's SHA-256 in the manifest
+    /// (`layer.mem_sha256`), checked by eager restores and
+    /// `spore snapshot inspect --verify`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hash_memory: bool,
     /// Firecracker's deprecated field; accepted and ignored.
     #[serde(default)]
     pub version: Option<String>,

@@ -216,6 +216,15 @@ impl Vcpu {
                 ))))
             }
         };
+        let m = &crate::metrics::METRICS;
+        match &exit {
+            VcpuExit::IoIn(..) => m.exit_io_in.inc(),
+            VcpuExit::IoOut(..) => m.exit_io_out.inc(),
+            VcpuExit::MmioRead(..) => m.exit_mmio_read.inc(),
+            VcpuExit::MmioWrite(..) => m.exit_mmio_write.inc(),
+            VcpuExit::FailEntry(..) | VcpuExit::InternalError => m.vcpu_failures.inc(),
+            _ => {}
+        }
         Ok(match exit {
             VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => {
                 let mut result = self.signal_result.load(Ordering::SeqCst);

@@ -60,6 +60,7 @@ impl Vmm {
             phase,
             source,
             child,
+            ..
         } = &mut *inner;
         let api_socket = source.api_socket.take();
         *source = restored.source;
@@ -84,6 +85,7 @@ impl Vmm {
             phase,
             child,
             source,
+            ..
         } = &mut *inner;
         let awaiting = child
             .awaiting_go

@@ -6,7 +6,7 @@
 //! [`CloneError`] a client caused is a 400, a host failure a 500).
 
 use super::{bad, Vmm};
-use crate::api::{ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse};
+use crate::api::{ActionType, ApiError, ApiHandler, ApiRequest, ApiResponse, VersionInfo};
 use crate::clone::CloneError;
 
 /// 204 once the call succeeded.
@@ -43,7 +43,7 @@ impl ApiHandler for Vmm {
             R::PutVsock(v) => done(self.set_vsock(v)),
             R::Action(ActionType::InstanceStart) => done(self.start().map_err(bad)),
             R::Action(ActionType::SendCtrlAltDel) => done(self.send_ctrl_alt_del()),
-            R::Action(ActionType::FlushMetrics) => Ok(ApiResponse::NoContent),
+            R::Action(ActionType::FlushMetrics) => done(self.flush_metrics()),
             R::PatchVm(state) => done(self.set_vm_state(state)),
             R::GetTmem => ApiResponse::json(&self.tmem_info()),
             R::PutTmem(update) => done(self.update_tmem(&update)),
@@ -55,7 +55,12 @@ impl ApiHandler for Vmm {
             R::PutHotplugMemory(h) => done(self.set_hotplug_memory(h)),
             R::PatchHotplugMemory(u) => done(self.patch_hotplug_memory(&u)),
             R::GetHotplugMemory => json(self.hotplug_memory_status()),
-            R::CreateSnapshot(p) => json(self.create_snapshot(&p).map(|i| i.manifest).map_err(bad)),
+            // 204 as Firecracker answers; the manifest is GET /snapshot/last.
+            R::CreateSnapshot(p) => done(self.create_snapshot(&p).map(|_| ()).map_err(bad)),
+            R::GetLastSnapshot => json(self.last_snapshot()),
+            R::GetVersion => ApiResponse::json(&VersionInfo::current()),
+            R::PutLogger(c) => done(self.set_logger(c)),
+            R::PutMetrics(c) => done(self.set_metrics(c)),
             R::LoadSnapshot(p) => done(self.load_snapshot_request(&p)),
             R::PutClone(r) => json(self.clone_vm(&r)),
             R::PutCloneConfig(c) => done(self.set_clone_config(c)),

@@ -26,6 +26,7 @@ pub mod clone_process;
 mod clone_source;
 mod dispatch;
 mod guest_snapshot;
+mod outputs;
 mod preboot;
 mod restore;
 mod running;
@@ -73,6 +74,8 @@ struct Inner {
     phase: Phase,
     source: SourceState,
     child: ChildState,
+    /// The manifest of the last snapshot this VMM wrote (`GET /snapshot/last`).
+    last_snapshot: Option<snapshot::format::Manifest>,
 }
 
 /// Whether a VM exists. Requests that need one go through [`Inner::built`].
@@ -175,6 +178,7 @@ impl Vmm {
                 phase: Phase::PreBoot { serial_out },
                 source: SourceState::default(),
                 child: ChildState::default(),
+                last_snapshot: None,
             }),
             fork_tx: Mutex::new(None),
             guest_fork: Arc::new(AtomicBool::new(false)),

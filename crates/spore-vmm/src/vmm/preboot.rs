@@ -23,6 +23,7 @@ impl Vmm {
     pub fn start(&self) -> Result<(), StartError> {
         let mut inner = self.lock();
         let serial_out = inner.take_serial_out(&self.control)?;
+        crate::boot_timer::instance_start();
         let opts = BuildOptions {
             serial_out,
             control: self.control.clone(),

@@ -16,7 +16,7 @@ use crate::builder::{build_from_state, BuildOptions};
 use crate::clone::identity::{self, CloneIdentity};
 use crate::devices::virtio::blk::overlay::clone_drive;
 use crate::snapshot;
-use crate::snapshot::params::{CloneDisks, LoadMemory};
+use crate::snapshot::params::{CloneDisks, LoadMemory, RestoreMode};
 use crate::snapshot::restore::{self as restore_path, Backend, RestorePlan};
 
 /// How [`Vmm::load_snapshot_with`] builds the VM, beyond the files.
@@ -90,6 +90,17 @@ impl Vmm {
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
                 let loaded = snapshot::load_chain(state_path, Path::new(path), &lo.parents)?;
                 head = Some(loaded.head());
+                if matches!(
+                    memory,
+                    LoadMemory::File {
+                        mode: RestoreMode::Eager,
+                        ..
+                    }
+                ) {
+                    // An eager restore reads everything anyway: check what
+                    // was recorded of the memory's contents first.
+                    snapshot::integrity::verify_memory(&loaded.chain, loaded.layers.files())?;
+                }
                 let backend = match memory {
                     LoadMemory::File { mode, .. } => Backend::File(*mode),
                     _ => Backend::UffdBuiltin,

@@ -72,14 +72,17 @@ impl Vmm {
             r.before_snapshot(built.vm.ram())
                 .map_err(SnapshotApiError::Restore)?;
         }
-        Ok(snapshot::create(
+        let info = snapshot::create(
             &built.vm,
             config,
             p.layer_kind(),
             std::path::Path::new(&p.snapshot_path),
             std::path::Path::new(&p.mem_file_path),
+            p.hash_memory,
             &mut built.chain,
-        )?)
+        )?;
+        guard.last_snapshot = Some(info.manifest.clone());
+        Ok(info)
     }
 
     /// `PATCH /balloon`: a new target for the running balloon, or for the
@@ -88,7 +91,12 @@ impl Vmm {
         let mut inner = self.lock();
         if let Some(vm) = inner.vm() {
             let h = vm.balloon().ok_or_else(no_balloon)?;
-            return h.set_target_mib(u.amount_mib).map_err(bad);
+            h.set_target_mib(u.amount_mib).map_err(bad)?;
+            // GET /vm/config shows the current target, as Firecracker's does.
+            if let Some(b) = inner.config.balloon.as_mut() {
+                b.amount_mib = u.amount_mib;
+            }
+            return Ok(());
         }
         let machine = inner.config.machine.clone();
         let b = inner.config.balloon.as_mut().ok_or_else(no_balloon)?;
@@ -121,9 +129,13 @@ impl Vmm {
     pub fn patch_balloon_statistics(&self, u: &BalloonStatsUpdate) -> Result<(), ApiError> {
         let mut inner = self.lock();
         if let Some(vm) = inner.vm() {
-            return balloon_of(vm)?
+            balloon_of(vm)?
                 .set_stats_interval(u.stats_polling_interval_s)
-                .map_err(bad);
+                .map_err(bad)?;
+            if let Some(b) = inner.config.balloon.as_mut() {
+                b.stats_polling_interval_s = u.stats_polling_interval_s;
+            }
+            return Ok(());
         }
         let b = inner.config.balloon.as_mut().ok_or_else(no_balloon)?;
         b.stats_polling_interval_s = u.stats_polling_interval_s;

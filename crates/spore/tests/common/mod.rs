@@ -163,10 +163,19 @@ pub fn spawn_vmm(sock: &Path) -> VmmChild {
 /// Starts `spore vmm --api-sock SOCK` with its stdout on a line channel
 /// (stderr goes to the test's), once the API socket exists.
 pub fn spawn_vmm_lines(sock: &Path) -> (VmmChild, Receiver<String>) {
+    spawn_vmm_lines_args(sock, &[])
+}
+
+/// [`spawn_vmm_lines`] with extra `spore vmm` arguments.
+pub fn spawn_vmm_lines_args(
+    sock: &Path,
+    args: &[&std::ffi::OsStr],
+) -> (VmmChild, Receiver<String>) {
     let mut child = VmmChild(Some(
         spore()
             .args(["vmm", "--api-sock"])
             .arg(sock)
+            .args(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
@@ -242,7 +251,19 @@ pub fn boot_snaptest(
     cmdline: &str,
     extra: &[(&str, &str)],
 ) -> (VmmChild, Receiver<String>) {
-    let (child, rx) = spawn_vmm_lines(sock);
+    boot_snaptest_args(sock, &[], mem_mib, track_dirty_pages, cmdline, extra)
+}
+
+/// [`boot_snaptest`] with extra `spore vmm` arguments.
+pub fn boot_snaptest_args(
+    sock: &Path,
+    vmm_args: &[&std::ffi::OsStr],
+    mem_mib: u32,
+    track_dirty_pages: bool,
+    cmdline: &str,
+    extra: &[(&str, &str)],
+) -> (VmmChild, Receiver<String>) {
+    let (child, rx) = spawn_vmm_lines_args(sock, vmm_args);
     let body = format!(
         r#"{{"kernel_image_path": "{}", "boot_args": "{cmdline}"}}"#,
         uk_image("snaptest").display()

@@ -153,6 +153,8 @@ impl SignalPort {
                         monotonic_ns: monotonic_ns(),
                     });
                 }
+                drop(marks);
+                crate::boot_timer::guest_mark();
                 tracing::debug!(mark = arg, vcpu, "guest mark");
             }
             SignalOp::Wait => {

@@ -14,6 +14,7 @@
 //! A [`RestoreSession`] lives as long as the VM: it owns the handler thread
 //! and the working-set recorder, and is finished once the vCPUs stopped.
 
+pub mod backing;
 pub mod eager;
 pub mod uffd;
 pub mod working_set;
@@ -102,6 +103,8 @@ pub struct RestoreSession {
     external: Option<(Uffd, std::os::unix::net::UnixStream)>,
     recorder: Option<working_set::Recorder>,
     report: RestoreReport,
+    /// The memory files RAM still reads from, checked before a snapshot.
+    backing: backing::Backing,
 }
 
 /// Guest RAM prepared by a restore path, and its session.
@@ -131,6 +134,7 @@ fn map_lazy(layers: &MemoryLayers) -> Result<GuestRam, RestoreError> {
 /// session must outlive the VM.
 pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, RestoreError> {
     let t0 = Instant::now();
+    let backing = backing::Backing::record(layers.files()).map_err(RestoreError::Read)?;
     let mut report = RestoreReport::default();
     let prepared = match &plan.backend {
         Backend::File(RestoreMode::Lazy) => {
@@ -200,6 +204,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     external: None,
                     recorder,
                     report: RestoreReport::default(),
+                    backing: Default::default(),
                 },
             }
         }
@@ -219,6 +224,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     external: None,
                     recorder: None,
                     report: RestoreReport::default(),
+                    backing: Default::default(),
                 },
             }
         }
@@ -227,6 +233,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
     report.prefill_us = t0.elapsed().as_micros() as u64;
     let mut prepared = prepared;
     prepared.session.report = report;
+    prepared.session.backing = backing;
     Ok(prepared)
 }
 
@@ -249,6 +256,7 @@ pub fn prepare_external(size: u64, sock: &Path) -> Result<PreparedRam, RestoreEr
                 prefill_us: t0.elapsed().as_micros() as u64,
                 ..Default::default()
             },
+            backing: Default::default(),
         },
     })
 }
@@ -260,6 +268,7 @@ impl RestoreSession {
             external: None,
             recorder: None,
             report: RestoreReport::default(),
+            backing: Default::default(),
         }
     }
 
@@ -277,8 +286,11 @@ impl RestoreSession {
     /// Before a snapshot of this VM: RAM a uffd handler has not served yet
     /// holds nothing in the memfd, so a snapshot would lose it. The
     /// built-in handler's pages are faulted in first; a VM served by an
-    /// external handler cannot be snapshotted.
+    /// external handler cannot be snapshotted. A memory file changed since
+    /// the restore (truncated, rewritten) fails the snapshot
+    /// ([`backing::Backing::check`]).
     pub fn before_snapshot(&mut self, ram: &GuestRam) -> Result<(), String> {
+        self.backing.check()?;
         if self.external.is_some() {
             return Err(
                 "this microVM's memory is served by an external userfaultfd handler; \

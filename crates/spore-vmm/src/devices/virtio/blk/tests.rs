@@ -417,6 +417,8 @@ fn cow_drive(base: &std::path::Path, overlay: Option<crate::config::CowOverlayCo
         cache_type: None,
         io_engine: None,
         cow_overlay: overlay,
+        rate_limiter: None,
+        socket: None,
     })
     .unwrap()
 }

@@ -51,6 +51,8 @@ fn drive(base: &Path, overlay: Option<CowOverlayConfig>) -> DriveConfig {
         cache_type: None,
         io_engine: None,
         cow_overlay: overlay,
+        rate_limiter: None,
+        socket: None,
     }
 }
 

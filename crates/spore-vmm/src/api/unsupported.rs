@@ -1,0 +1,138 @@
+//! Firecracker endpoints spore does not serve yet, answered as clearly as
+//! Firecracker answers what it does not serve.
+//!
+//! A method Firecracker serves on such a path gets 400 with a
+//! `fault_message` saying spore does not support it yet (not 404: the
+//! client asked for something real, and should learn it is missing here);
+//! any other method gets Firecracker's own answer for an invalid request,
+//! 400 `Invalid request method and/or path: GET entropy.`
+
+use super::request::printable;
+use super::ApiError;
+
+/// `(path, methods Firecracker serves, what spore offers instead)`; a path
+/// ending in `/` takes one more segment (an id).
+const ENDPOINTS: &[(&str, &[&str], &str)] = &[
+    (
+        "/entropy",
+        &["PUT"],
+        "every spore VM already has a virtio-rng device",
+    ),
+    (
+        "/serial",
+        &["PUT"],
+        "the guest's serial output goes to the VMM's stdout",
+    ),
+    ("/cpu-config", &["PUT"], "spore sets a fixed CPUID and MSRs"),
+    (
+        "/mmds",
+        &["GET", "PUT", "PATCH"],
+        "there is no MMDS in spore",
+    ),
+    ("/mmds/config", &["PUT"], "there is no MMDS in spore"),
+    (
+        "/balloon/hinting/start",
+        &["PATCH"],
+        "the balloon offers free page reporting instead of hinting",
+    ),
+    (
+        "/balloon/hinting/status",
+        &["GET"],
+        "the balloon offers free page reporting instead of hinting",
+    ),
+    (
+        "/balloon/hinting/stop",
+        &["PATCH"],
+        "the balloon offers free page reporting instead of hinting",
+    ),
+    (
+        "/network-interfaces/",
+        &["PUT", "PATCH"],
+        "spore has no network device yet; use vsock",
+    ),
+    ("/pmem/", &["PUT", "PATCH"], "spore has no pmem device yet"),
+];
+
+/// The answer to `method path` if the path is one of [`ENDPOINTS`].
+pub fn firecracker_only(method: &str, path: &str) -> Option<ApiError> {
+    let trimmed = match path.strip_suffix('/') {
+        Some(p) if p.len() > 1 => p,
+        _ => path,
+    };
+    let (name, methods, instead) =
+        ENDPOINTS
+            .iter()
+            .find(|(p, _, _)| match p.strip_suffix('/') {
+                Some(prefix) => {
+                    trimmed
+                        .strip_prefix(p)
+                        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+                        || trimmed == prefix
+                }
+                None => trimmed == *p,
+            })?;
+    let with_id = name.ends_with('/') && trimmed.len() > name.len();
+    if methods.contains(&method) && with_id == name.ends_with('/') {
+        return Some(ApiError::BadRequest(format!(
+            "spore does not support {method} {} yet: {instead}",
+            printable(trimmed)
+        )));
+    }
+    // Firecracker names the path without its leading `/` here.
+    Some(ApiError::BadRequest(format!(
+        "Invalid request method and/or path: {} {}.",
+        printable(method),
+        printable(trimmed.trim_start_matches('/'))
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(method: &str, path: &str) -> String {
+        match firecracker_only(method, path) {
+            Some(ApiError::BadRequest(m)) => m,
+            other => panic!("{method} {path}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn served_methods_say_spore_does_not_support_them() {
+        for (method, path) in [
+            ("PUT", "/entropy"),
+            ("PUT", "/serial"),
+            ("PUT", "/cpu-config"),
+            ("GET", "/mmds"),
+            ("PATCH", "/mmds"),
+            ("PUT", "/mmds/config"),
+            ("PATCH", "/balloon/hinting/start"),
+            ("GET", "/balloon/hinting/status"),
+            ("PATCH", "/balloon/hinting/stop"),
+            ("PUT", "/network-interfaces/eth0"),
+            ("PATCH", "/pmem/p0"),
+            ("PUT", "/entropy/"),
+        ] {
+            let m = message(method, path);
+            assert!(m.starts_with("spore does not support"), "{m}");
+            assert!(m.contains(path.trim_end_matches('/')), "{m}");
+        }
+    }
+
+    #[test]
+    fn other_methods_get_firecrackers_invalid_request() {
+        assert_eq!(
+            message("GET", "/entropy"),
+            "Invalid request method and/or path: GET entropy."
+        );
+        assert_eq!(
+            message("DELETE", "/mmds"),
+            "Invalid request method and/or path: DELETE mmds."
+        );
+        // Without the id, as Firecracker answers too.
+        assert!(message("PUT", "/network-interfaces").starts_with("Invalid request"));
+        assert!(firecracker_only("GET", "/balloon").is_none());
+        assert!(firecracker_only("PUT", "/network-interfaces/a/b").is_none());
+        assert!(firecracker_only("GET", "/version").is_none());
+    }
+}
