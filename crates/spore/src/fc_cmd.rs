@@ -98,8 +98,9 @@ pub struct FcArgs {
     /// Parent process CPU time (wall clock, microseconds).
     #[arg(long)]
     parent_cpu_time_us: Option<u64>,
-    /// Path to a custom seccomp filter.
-    #[arg(long)]
+    /// Path to a custom seccomp filter (with --no-seccomp: refused, as
+    /// Firecracker refuses it).
+    #[arg(long, conflicts_with = "no_seccomp")]
     seccomp_filter: Option<PathBuf>,
     /// Whether or not to output the level in the logs.
     #[arg(long)]
