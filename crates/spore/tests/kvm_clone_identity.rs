@@ -303,8 +303,13 @@ fn kvm_clone_options_are_checked() {
 fn log_line(path: &Path, prefix: &str) -> String {
     for _ in 0..300 {
         if let Ok(text) = std::fs::read_to_string(path) {
-            if let Some(l) = text.lines().find(|l| l.starts_with(prefix)) {
-                return l.to_string();
+            // Whole lines only: the console is written a byte at a time, so
+            // the last line may still be on its way.
+            if let Some(l) = text
+                .split_inclusive('\n')
+                .find(|l| l.ends_with('\n') && l.starts_with(prefix))
+            {
+                return l.trim_end().to_string();
             }
         }
         std::thread::sleep(Duration::from_millis(100));
