@@ -233,6 +233,9 @@ impl RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let config = args.to_config()?;
     host::configure_seccomp(args.seccomp.setting()?)?;
+    // The main thread's filter first: every thread started from here on
+    // inherits it instead of installing its own.
+    spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
     let vmm = Arc::new(Vmm::new("run".into(), config, Box::new(std::io::stdout())));
     host::stop_on_host_signals(vmm.clone())?;
     vmm.enable_guest_fork();

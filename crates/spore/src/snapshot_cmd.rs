@@ -312,6 +312,9 @@ fn stop_vmm(sock: &Path) -> anyhow::Result<()> {
 
 fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
     host::configure_seccomp(a.seccomp.setting()?)?;
+    // The main thread's filter first: every thread started from here on
+    // inherits it instead of installing its own.
+    spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
     let vmm = Arc::new(Vmm::new(
         "restore".into(),
         VmConfig::default(),

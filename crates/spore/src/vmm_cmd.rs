@@ -53,6 +53,9 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         bail!("give --api-sock PATH, --config-file FILE, or both");
     }
     host::configure_seccomp(args.seccomp.setting()?)?;
+    // The main thread's filter first: every thread started from here on
+    // inherits it instead of installing its own.
+    spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
     let config = match &args.config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -87,8 +90,8 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    // Every thread started so far installed its own filter; the main
-    // thread's goes on before any guest code runs.
+    // The spawner thread (for workers that vCPU threads start); the main
+    // thread's filter is on already, before any guest code runs.
     spore_vmm::seccomp::apply_main()?;
     if args.config_file.is_some() {
         vmm.start()?;

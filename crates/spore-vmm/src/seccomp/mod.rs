@@ -195,6 +195,15 @@ impl Filters {
         }
     }
 
+    /// Whether a thread running `current`'s filter already runs exactly
+    /// `kind`'s (the built-in API and VMM lists are the same set: a thread
+    /// that inherited one needs no second install, each of which costs
+    /// the kernel a filter preparation — about 0.4 ms here for ~740
+    /// instructions).
+    fn same(&self, current: ThreadKind, kind: ThreadKind) -> bool {
+        current == kind || self.get(current) == self.get(kind)
+    }
+
     /// Installs `kind`'s filter on the calling thread.
     pub fn install(&self, kind: ThreadKind) -> Result<(), SeccompError> {
         seccompiler::apply_filter(self.get(kind)).map_err(|source| SeccompError::Install {
@@ -272,7 +281,7 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     };
     let current = APPLIED.with(Cell::get);
     let covered = match current {
-        Some(Applied::Kind(k)) => k == kind,
+        Some(Applied::Kind(k)) => filters.same(k, kind),
         Some(Applied::Inherited) => kind != ThreadKind::Vcpu,
         None => false,
     };
