@@ -96,17 +96,11 @@ fn kvm_clone_of_a_clone_in_continue_mode() {
 fn kvm_clone_fork_cap_refuses_with_a_clear_error() {
     require_kvm();
     let s = Scratch::new("clone-cap");
-    let (sock, mut reaper) = start_source(
+    let (sock, mut reaper) = start_template_source(
         &s.0,
-        64,
-        "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#),
+        r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#,
+        None,
     );
-    wait_until(&s.0, 20, "the guest to make its template", || {
-        http(&sock, "GET", "/clone", None)
-            .1
-            .contains("\"zygote\":true")
-    });
     let (code, r) = put_clone(&sock, r#"{"count": 2}"#);
     assert_eq!(code, 200, "{r}");
     reaper.add_from(&r);
@@ -252,17 +246,11 @@ fn kvm_clone_bad_input_is_refused_and_the_source_keeps_running() {
     idle.kill().unwrap();
     idle.wait().unwrap();
 
-    let (sock, mut reaper) = start_source(
+    let (sock, mut reaper) = start_template_source(
         &s.0,
-        64,
-        "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
+        r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#,
+        None,
     );
-    wait_until(&s.0, 20, "the guest's template", || {
-        http(&sock, "GET", "/clone", None)
-            .1
-            .contains("\"template\":\"")
-    });
     for (body, needle) in [
         (r#"{"count": 0}"#, "at least 1"),
         (r#"{"count": 100000}"#, "more than"),
@@ -354,18 +342,11 @@ fn kvm_clone_a_read_write_drive_gets_overlays_and_a_deleted_image_is_refused() {
         r#"{{"drive_id": "data", "path_on_host": "{}", "is_root_device": false, "is_read_only": false}}"#,
         disk.display()
     );
-    let (sock, _reaper) = start_source_with(
+    let (sock, _reaper) = start_template_source(
         &s.0,
-        64,
-        "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#),
+        r#"{"fork_count": 0, "mode": "continue", "guest_fork": true}"#,
         Some(&drive),
     );
-    wait_until(&s.0, 20, "the guest's template", || {
-        http(&sock, "GET", "/clone", None)
-            .1
-            .contains("\"template\":\"")
-    });
     // The source's image becomes the shared base: the source and the clone
     // each write their own overlay beside the sockets.
     let (code, r) = put_clone(&sock, r#"{"count": 1, "mode": "continue"}"#);

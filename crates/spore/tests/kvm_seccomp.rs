@@ -79,17 +79,11 @@ fn kvm_every_thread_of_a_running_and_a_restored_vm_is_filtered() {
 fn kvm_every_thread_of_a_clone_is_filtered() {
     require_kvm();
     let s = Scratch::new("seccomp-clone");
-    let (sock, mut reaper) = start_source(
+    let (sock, mut reaper) = start_template_source(
         &s.0,
-        64,
-        "mode=bench after=stay",
-        Some(r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#),
+        r#"{"fork_count": 0, "max_clones": 3, "guest_fork": true}"#,
+        None,
     );
-    wait_until(&s.0, 20, "the guest to make its template", || {
-        http(&sock, "GET", "/clone", None)
-            .1
-            .contains("\"zygote\":true")
-    });
     let (code, report) = put_clone(&sock, r#"{"count": 1}"#);
     assert_eq!(code, 200, "{report}");
     reaper.add_from(&report);

@@ -192,6 +192,25 @@ pub fn alive(pid: i32) -> bool {
     exists && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
 }
 
+/// A 64 MiB `clonetest` source that turns itself into a template at once
+/// (a guest `FORK` of count 0, `mode=bench after=stay`) under
+/// `clone_config` (which must turn `guest_fork` on and set `fork_count` 0);
+/// returns once `GET /clone` shows the template.
+pub fn start_template_source(
+    dir: &Path,
+    clone_config: &str,
+    drive: Option<&str>,
+) -> (PathBuf, Reaper) {
+    let (sock, reaper) =
+        start_source_with(dir, 64, "mode=bench after=stay", Some(clone_config), drive);
+    wait_until(dir, 20, "the guest to make its template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
+    });
+    (sock, reaper)
+}
+
 pub fn put_clone(sock: &Path, body: &str) -> (u16, serde_json::Value) {
     let (code, reply) = http(sock, "PUT", "/clone", Some(body));
     (
