@@ -304,7 +304,6 @@ mod tests {
             "--module",
             "api",
             "--no-api",
-            "--no-seccomp",
             "--parent-cpu-time-us",
             "1",
             "--seccomp-filter",
@@ -323,6 +322,9 @@ mod tests {
         for flag in ["--version", "--snapshot-version"] {
             parse(&[flag]).unwrap();
         }
+        // As in Firecracker: either flag, not both.
+        parse(&["--no-seccomp"]).unwrap();
+        assert!(parse(&["--no-seccomp", "--seccomp-filter", "/f"]).is_err());
         parse(&["--describe-snapshot", "/x"]).unwrap();
         let d = parse(&[]).unwrap();
         assert_eq!(d.api_sock, PathBuf::from("/run/firecracker.socket"));
