@@ -47,6 +47,12 @@ const SYSCALLS: &[i64] = &[
     SYS_gettid,
     // A device activated by the guest makes its stop eventfd here.
     SYS_eventfd2,
+    // ... and the balloon its worker's epoll and statistics timer (the
+    // activation runs on the vCPU thread that wrote DRIVER_OK; only a Linux
+    // guest's balloon driver gets here, so the nested tier found it).
+    SYS_epoll_create1,
+    SYS_timerfd_create,
+    SYS_timerfd_settime,
     // The vsock device, activated by the guest's MMIO write, registers its
     // sockets with its muxer's epoll (seen in the host tests).
     SYS_epoll_ctl,
