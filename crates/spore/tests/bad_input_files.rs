@@ -35,17 +35,7 @@ fn http_within(
     if s.read_to_end(&mut resp).is_err() && resp.is_empty() {
         return (0, String::new());
     }
-    let resp = String::from_utf8_lossy(&resp).into_owned();
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    common::status_and_body(&String::from_utf8_lossy(&resp))
 }
 
 const QUICK: Duration = Duration::from_secs(5);

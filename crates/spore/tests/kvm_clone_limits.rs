@@ -13,22 +13,6 @@ use std::time::Duration;
 use common::clone::*;
 use common::*;
 
-/// Live processes whose command line names `dir` (the source and every
-/// clone of a test: their API sockets are there), from `/proc`.
-fn vmms_in(dir: &Path) -> Vec<i32> {
-    let needle = dir.display().to_string();
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).contains(&needle)
-        })
-        .collect()
-}
-
 /// Every log of `dir` concatenated.
 fn all_logs(dir: &Path) -> String {
     let mut out = String::new();
@@ -97,7 +81,7 @@ fn kvm_clone_a_fork_bomb_stops_at_its_tree_budget() {
         let (most, stop, dir) = (most.clone(), stop.clone(), s.0.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                most.fetch_max(vmms_in(&dir).len(), Ordering::Relaxed);
+                most.fetch_max(common::serve::vmm_pids_under(&dir).len(), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5));
             }
         })
@@ -112,7 +96,11 @@ fn kvm_clone_a_fork_bomb_stops_at_its_tree_budget() {
     let logs = all_logs(&s.0);
     assert_eq!(logs.matches("forked id").count(), 8, "{logs}");
     assert_eq!(clone_logs(&s.0), 8);
-    assert_eq!(vmms_in(&s.0).len(), 9, "the source and its 8 clones run");
+    assert_eq!(
+        common::serve::vmm_pids_under(&s.0).len(),
+        9,
+        "the source and its 8 clones run"
+    );
     let most = most.load(Ordering::Relaxed);
     assert!(most <= 9, "{most} VMM processes at once (max_clones 8)");
     let status: serde_json::Value =
@@ -162,7 +150,7 @@ fn kvm_clone_clones_and_their_clones_end_with_their_source() {
     wait_until(&s.0, 30, "a clone and its clone", || {
         oks(&s.0).0.contains(&101)
     });
-    let tree = vmms_in(&s.0);
+    let tree = common::serve::vmm_pids_under(&s.0);
     assert_eq!(tree.len(), 3, "source, clone, clone of the clone");
     reaper.pids.extend(&tree);
     let mut src = reaper.source.take().unwrap();

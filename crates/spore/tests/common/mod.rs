@@ -89,6 +89,11 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, 
     s.write_all(req.as_bytes()).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
+    status_and_body(&resp)
+}
+
+/// The status code (0 if none) and body of a whole HTTP/1.1 response.
+pub fn status_and_body(resp: &str) -> (u16, String) {
     let status = resp
         .split_whitespace()
         .nth(1)
