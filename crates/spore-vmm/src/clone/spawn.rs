@@ -40,15 +40,26 @@ pub struct CloneProcess {
 /// source's own version of spore even after the file was replaced on disk
 /// (an upgrade): the handoff between them is not a stable format. The name
 /// stays the executable's path (what `ps` and `spore serve`'s recovery
-/// look for). `SPORE_CLONE_EXE` names another program instead.
+/// look for). `SPORE_CLONE_EXE` names another program instead. Without
+/// /proc (in a jail) it is `argv[0]`, the absolute path the jailer ran.
 pub fn clone_exe() -> Result<(PathBuf, PathBuf), CloneError> {
     if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
         return Ok((PathBuf::from(&p), PathBuf::from(p)));
     }
-    let path = std::env::current_exe().map_err(|source| CloneError::Io {
-        what: "find the spore executable",
-        source,
-    })?;
+    let path = match std::env::current_exe() {
+        Ok(p) => p,
+        // No /proc (a jail: spore's or Firecracker's jailer mounts none):
+        // the jailer ran the binary by its absolute path inside the jail.
+        Err(source) => match std::env::args_os().next().map(PathBuf::from) {
+            Some(p) if p.is_absolute() && p.is_file() => p,
+            _ => {
+                return Err(CloneError::Io {
+                    what: "find the spore executable",
+                    source,
+                })
+            }
+        },
+    };
     // A replaced executable reads as "PATH (deleted)": the name is PATH.
     let name = path
         .to_str()
