@@ -109,7 +109,8 @@ pub fn spawn(
     let mut cmd = Command::new(&exe);
     cmd.arg0(&exe_name)
         .args(args.to_args())
-        .stdin(Stdio::null())
+        // A pipe closed at once reads like /dev/null, which a jail lacks.
+        .stdin(Stdio::piped())
         .stdout(out)
         .stderr(err)
         .process_group(0);
@@ -117,7 +118,10 @@ pub fn spawn(
     // pre_exec hook, which would force fork()) is safe: this VMM spawns
     // processes only here, one request at a time.
     set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
-    let child = cmd.spawn();
+    let child = cmd.spawn().map(|mut c| {
+        drop(c.stdin.take());
+        c
+    });
     drop(theirs);
     let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe_name.display())))?;
     Ok(CloneProcess {
