@@ -478,3 +478,120 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
     assert!(o.status.success());
     assert!(stdout_of(&o).contains("--chroot-base-dir"), "{}", stdout_of(&o));
 }
+
+/// A network namespace handle: `/proc/PID/ns/net` of a process that
+/// unshared one (killed on drop).
+struct NetNs(Child);
+impl NetNs {
+    fn new() -> NetNs {
+        let c = Command::new("unshare")
+            .args(["--net", "sleep", "120"])
+            .spawn()
+            .expect("run unshare --net");
+        let me = std::fs::read_link("/proc/self/ns/net").unwrap();
+        let path = format!("/proc/{}/ns/net", c.id());
+        let t = Instant::now();
+        while std::fs::read_link(&path).map_or(true, |l| l == me) {
+            assert!(t.elapsed() < Duration::from_secs(10), "unshare made no namespace");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        NetNs(c)
+    }
+    fn path(&self) -> String {
+        format!("/proc/{}/ns/net", self.0.id())
+    }
+}
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
+    require_root();
+    let mount = cgroup2_mount();
+    let cg = cgroup_value(&mount);
+    let s = Scratch::new("jailer-daemon");
+    let parent_cg = format!("spore-jailer-test-d{}", std::process::id());
+    let _parent = ParentCgroup(mount.join(&parent_cg));
+    let base = s.path("jail");
+    std::fs::create_dir_all(&base).unwrap();
+    let ns = NetNs::new();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_spore"));
+    let root = base.join("spore/vm-d/root");
+    std::fs::create_dir_all(&root).unwrap();
+    put_libraries(&root, &bin);
+    // A descriptor without close-on-exec: the jailer inherits it and must
+    // not pass it on.
+    let leak_path = s.path("inherited");
+    let leak = std::fs::File::create(&leak_path).unwrap();
+    // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns.
+    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leak), libc::F_SETFD, 0) }, 0);
+    let mut jailer = spore()
+        .args(["jailer", "--id", "vm-d", "--exec-file"])
+        .arg(&bin)
+        .args(["--uid", "1000", "--gid", "1000", "--chroot-base-dir"])
+        .arg(&base)
+        .args(["--cgroup-version", "2", "--parent-cgroup", &parent_cg])
+        .arg("--cgroup")
+        .arg(format!("{}={}", cg.0, cg.1))
+        .args(["--netns", &ns.path(), "--daemonize"])
+        .args(["--", "--api-sock", "/run/api.sock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The jailer returns at once; the VMM goes on detached.
+    let st = jailer.wait().unwrap();
+    assert!(st.success(), "{st}");
+    let sock = root.join("run/api.sock");
+    wait_for_path(&sock, Duration::from_secs(20));
+    let jail = Jail {
+        base: base.clone(),
+        leaf: mount.join(&parent_cg).join("vm-d"),
+        cgroup_rel: format!("/{parent_cg}/vm-d"),
+        pid: std::fs::read_to_string(root.join("spore.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap(),
+        root,
+        jailer,
+        extra_pids: Vec::new(),
+        out: std::sync::mpsc::channel().1,
+    };
+    assert_eq!(peer_pid(&sock), Some(jail.pid), "the pid file names the VMM");
+    jail.assert_jailed(jail.pid, "the daemonized VMM");
+    let (code, body) = http(&sock, "GET", "/", None);
+    assert_eq!(code, 200, "{body}");
+    let proc = PathBuf::from(format!("/proc/{}", jail.pid));
+    assert_eq!(
+        std::fs::read_link(proc.join("ns/net")).unwrap(),
+        std::fs::read_link(ns.path()).unwrap(),
+        "the VMM is not in the --netns namespace"
+    );
+    for fd in 0..3 {
+        assert_eq!(
+            std::fs::read_link(proc.join(format!("fd/{fd}"))).unwrap(),
+            PathBuf::from("/dev/null"),
+            "fd {fd}"
+        );
+    }
+    // Its own session (setsid), not the test's.
+    let sid = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        rest.split_whitespace().nth(3).unwrap().to_string()
+    };
+    assert_ne!(sid(&jail.pid.to_string()), sid("self"));
+    // The descriptor the jailer inherited was closed: not in the VMM.
+    for e in std::fs::read_dir(proc.join("fd")).unwrap().flatten() {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        assert_ne!(target, leak_path, "fd {:?} leaked into the jail", e.file_name());
+    }
+    drop(leak);
+    drop(jail);
+    assert!(!base.join("spore/vm-d").exists());
+}
