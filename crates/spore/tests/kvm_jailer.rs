@@ -126,7 +126,10 @@ impl Jail {
             if let Ok(Some(st)) = jailer.try_wait() {
                 assert!(pid_ns && st.success(), "the jailer exited: {st}");
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "no API socket in the jail");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no API socket in the jail"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         let pid: i32 = std::fs::read_to_string(root.join("spore.pid"))
@@ -167,9 +170,19 @@ impl Jail {
         // reads as is that of its own mount namespace).
         let r = std::fs::metadata(proc.join("root/.")).unwrap();
         let c = std::fs::metadata(&self.root).unwrap();
-        assert_eq!((r.dev(), r.ino()), (c.dev(), c.ino()), "{what}: root is not the jail");
-        assert!(proc.join("root/spore").is_file(), "{what}: no /spore in its root");
-        assert!(!proc.join("root/etc").exists(), "{what}: sees the host's /etc");
+        assert_eq!(
+            (r.dev(), r.ino()),
+            (c.dev(), c.ino()),
+            "{what}: root is not the jail"
+        );
+        assert!(
+            proc.join("root/spore").is_file(),
+            "{what}: no /spore in its root"
+        );
+        assert!(
+            !proc.join("root/etc").exists(),
+            "{what}: sees the host's /etc"
+        );
         assert_ne!(
             std::fs::read_link(proc.join("ns/mnt")).unwrap(),
             std::fs::read_link("/proc/self/ns/mnt").unwrap(),
@@ -187,8 +200,16 @@ impl Jail {
         assert_eq!(field("Uid:"), vec!["1000"; 4], "{what}: {status}");
         assert_eq!(field("Gid:"), vec!["1000"; 4], "{what}: {status}");
         assert!(field("Groups:").is_empty(), "{what}: supplementary groups");
-        assert_eq!(field("Seccomp:"), vec!["2"], "{what}: seccomp is not filtering");
-        assert_eq!(field("CapEff:"), vec!["0000000000000000"], "{what}: capabilities");
+        assert_eq!(
+            field("Seccomp:"),
+            vec!["2"],
+            "{what}: seccomp is not filtering"
+        );
+        assert_eq!(
+            field("CapEff:"),
+            vec!["0000000000000000"],
+            "{what}: capabilities"
+        );
         let cg = std::fs::read_to_string(proc.join("cgroup")).unwrap();
         assert!(
             cg.lines().any(|l| l == format!("0::{}", self.cgroup_rel)),
@@ -293,13 +314,20 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
 
     // Boot: the kernel is put into the jail, then named by its jailed path.
     let a = Jail::start(&base, "vm-a", &parent_cg, &cg, false);
-    assert_eq!(a.pid as u32, a.jailer.id(), "without --new-pid-ns the jailer execs itself");
+    assert_eq!(
+        a.pid as u32,
+        a.jailer.id(),
+        "without --new-pid-ns the jailer execs itself"
+    );
     place(&uk_image("snaptest"), &a.root, "snaptest");
     a.put(
         "/boot-source",
         r#"{"kernel_image_path": "/snaptest", "boot_args": "mib=4 rounds=100000000 sleep_ms=20"}"#,
     );
-    a.put("/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 64}"#);
+    a.put(
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
     // Its clone may be cloned once more (a clone's budget comes from its source).
     a.put("/clone/config", r#"{"clone_budget": 1}"#);
     a.put("/actions", r#"{"action_type": "InstanceStart"}"#);
@@ -311,7 +339,10 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
         "the --cgroup value in the leaf"
     );
     let dev = std::fs::metadata(a.root.join("dev/kvm")).unwrap();
-    assert_eq!((dev.uid(), dev.gid(), dev.mode() & 0o777), (UID, UID, 0o600));
+    assert_eq!(
+        (dev.uid(), dev.gid(), dev.mode() & 0o777),
+        (UID, UID, 0o600)
+    );
 
     // Snapshot inside the jail (paths relative to its root).
     let (code, reply) = http(&a.sock(), "PATCH", "/vm", Some(r#"{"state": "Paused"}"#));
@@ -320,9 +351,14 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
         &a.sock(),
         "PUT",
         "/snapshot/create",
-        Some(r#"{"snapshot_type": "Full", "snapshot_path": "/snap.state", "mem_file_path": "/snap.mem"}"#),
+        Some(
+            r#"{"snapshot_type": "Full", "snapshot_path": "/snap.state", "mem_file_path": "/snap.mem"}"#,
+        ),
     );
-    assert!(code == 204 || code == 200, "snapshot create: {code} {reply}");
+    assert!(
+        code == 204 || code == 200,
+        "snapshot create: {code} {reply}"
+    );
     for f in ["snap.state", "snap.mem"] {
         let m = std::fs::metadata(a.root.join(f)).unwrap();
         assert_eq!((m.uid(), m.mode() & 0o777), (UID, 0o600), "{f}");
@@ -341,18 +377,28 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
         r#"{"snapshot_path": "/snap.state", "mem_backend": {"backend_type": "File", "backend_path": "/snap.mem"}, "resume_vm": true}"#,
     );
     let restored = count_over(&b.out, 0);
-    assert!(restored > before, "the restored guest counts on: {restored} after {before}");
+    assert!(
+        restored > before,
+        "the restored guest counts on: {restored} after {before}"
+    );
     b.assert_jailed(b.pid, "the restored VMM");
     let status = std::fs::read_to_string(format!("/proc/{}/status", b.pid)).unwrap();
     let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
-    assert!(nspid.trim_end().ends_with("\t1"), "not pid 1 of its namespace: {nspid}");
+    assert!(
+        nspid.trim_end().ends_with("\t1"),
+        "not pid 1 of its namespace: {nspid}"
+    );
 
     // Clone the first VM: the clone process is spawned from /spore inside
     // the jail and stays there.
     let (code, reply) = http(&a.sock(), "PUT", "/clone", Some(r#"{"count": 1}"#));
     assert_eq!(code, 200, "PUT /clone: {reply}");
     let pids = a.clone_pids();
-    assert_eq!(pids.len(), 1, "one clone socket in the jail's /run: {reply}");
+    assert_eq!(
+        pids.len(),
+        1,
+        "one clone socket in the jail's /run: {reply}"
+    );
     a.assert_jailed(pids[0], "the clone");
     let log = std::fs::read_dir(a.root.join("run"))
         .unwrap()
@@ -362,7 +408,10 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
         .expect("the clone's log in the jail");
     let t = Instant::now();
     while counts_in(&log) < 2 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the clone's guest does not run");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the clone's guest does not run"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -393,7 +442,11 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
     for log in &logs {
         // The clone of the clone counts on from where its source was.
         while counts_in(log) < 2 {
-            assert!(t.elapsed() < Duration::from_secs(30), "{} shows no run", log.display());
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{} shows no run",
+                log.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -419,8 +472,16 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
     let b: &'static str = Box::leak(base.to_str().unwrap().to_string().into_boxed_str());
     let common = |id: &'static str| {
         vec![
-            "--id", id, "--exec-file", spore_bin, "--uid", "1000", "--gid", "1000",
-            "--chroot-base-dir", b,
+            "--id",
+            id,
+            "--exec-file",
+            spore_bin,
+            "--uid",
+            "1000",
+            "--gid",
+            "1000",
+            "--chroot-base-dir",
+            b,
         ]
     };
     let with = |mut v: Vec<&'static str>, extra: &[&'static str]| {
@@ -431,32 +492,103 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
         (common("bad id"), "invalid id"),
         (common("a/b"), "invalid id"),
         (
-            vec!["--id", "x", "--exec-file", "/no/such", "--uid", "1", "--gid", "1", "--chroot-base-dir", b],
+            vec![
+                "--id",
+                "x",
+                "--exec-file",
+                "/no/such",
+                "--uid",
+                "1",
+                "--gid",
+                "1",
+                "--chroot-base-dir",
+                b,
+            ],
             "exec file /no/such",
         ),
         (
-            vec!["--id", "x", "--exec-file", "/tmp", "--uid", "1", "--gid", "1", "--chroot-base-dir", b],
+            vec![
+                "--id",
+                "x",
+                "--exec-file",
+                "/tmp",
+                "--uid",
+                "1",
+                "--gid",
+                "1",
+                "--chroot-base-dir",
+                b,
+            ],
             "not a regular file",
         ),
         (
-            vec!["--id", "x", "--exec-file", spore_bin, "--uid", "me", "--gid", "1", "--chroot-base-dir", b],
+            vec![
+                "--id",
+                "x",
+                "--exec-file",
+                spore_bin,
+                "--uid",
+                "me",
+                "--gid",
+                "1",
+                "--chroot-base-dir",
+                b,
+            ],
             "invalid --uid",
         ),
         (
-            vec!["--id", "x", "--exec-file", spore_bin, "--uid", "1", "--gid", "1", "--chroot-base-dir", "/no/base"],
+            vec![
+                "--id",
+                "x",
+                "--exec-file",
+                spore_bin,
+                "--uid",
+                "1",
+                "--gid",
+                "1",
+                "--chroot-base-dir",
+                "/no/base",
+            ],
             "chroot base dir",
         ),
-        (with(common("x"), &["--cgroup-version", "2", "--cgroup", "pids.max"]), "<file>=<value>"),
-        (with(common("x"), &["--cgroup", "pids.max=1"]), "cgroup-version 2"),
-        (with(common("x"), &["--parent-cgroup", "../x"]), "parent-cgroup"),
-        (with(common("x"), &["--resource-limit", "stack=1"]), "fsize and no-file"),
-        // These fail after the jail directory was made: it is removed.
-        (with(common("late-1"), &["--netns", "/dev/null"]), "network namespace"),
         (
-            with(common("late-2"), &["--cgroup-version", "2", "--cgroup", "nosuchctl.max=1"]),
+            with(
+                common("x"),
+                &["--cgroup-version", "2", "--cgroup", "pids.max"],
+            ),
+            "<file>=<value>",
+        ),
+        (
+            with(common("x"), &["--cgroup", "pids.max=1"]),
+            "cgroup-version 2",
+        ),
+        (
+            with(common("x"), &["--parent-cgroup", "../x"]),
+            "parent-cgroup",
+        ),
+        (
+            with(common("x"), &["--resource-limit", "stack=1"]),
+            "fsize and no-file",
+        ),
+        // These fail after the jail directory was made: it is removed.
+        (
+            with(common("late-1"), &["--netns", "/dev/null"]),
+            "network namespace",
+        ),
+        (
+            with(
+                common("late-2"),
+                &["--cgroup-version", "2", "--cgroup", "nosuchctl.max=1"],
+            ),
             "not available",
         ),
-        (with(common("late-3"), &["--resource-limit", "no-file=99999999999"]), "open file limit"),
+        (
+            with(
+                common("late-3"),
+                &["--resource-limit", "no-file=99999999999"],
+            ),
+            "open file limit",
+        ),
     ];
     for (args, want) in cases {
         let (code, err) = jailer(&args);
@@ -464,7 +596,11 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("jailer: "), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
-        let left: Vec<_> = std::fs::read_dir(&base).unwrap().flatten().map(|e| e.path()).collect();
+        let left: Vec<_> = std::fs::read_dir(&base)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
 
@@ -476,7 +612,11 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
     assert!(stderr_of(&o).contains("invalid id"), "{}", stderr_of(&o));
     let o = Command::new(&link).arg("--help").output().unwrap();
     assert!(o.status.success());
-    assert!(stdout_of(&o).contains("--chroot-base-dir"), "{}", stdout_of(&o));
+    assert!(
+        stdout_of(&o).contains("--chroot-base-dir"),
+        "{}",
+        stdout_of(&o)
+    );
 }
 
 /// A network namespace handle: `/proc/PID/ns/net` of a process that
@@ -492,7 +632,10 @@ impl NetNs {
         let path = format!("/proc/{}/ns/net", c.id());
         let t = Instant::now();
         while std::fs::read_link(&path).map_or(true, |l| l == me) {
-            assert!(t.elapsed() < Duration::from_secs(10), "unshare made no namespace");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "unshare made no namespace"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         NetNs(c)
@@ -528,7 +671,10 @@ fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
     let leak_path = s.path("inherited");
     let leak = std::fs::File::create(&leak_path).unwrap();
     // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns.
-    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leak), libc::F_SETFD, 0) }, 0);
+    assert_eq!(
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leak), libc::F_SETFD, 0) },
+        0
+    );
     let mut jailer = spore()
         .args(["jailer", "--id", "vm-d", "--exec-file"])
         .arg(&bin)
@@ -562,7 +708,11 @@ fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
         extra_pids: Vec::new(),
         out: std::sync::mpsc::channel().1,
     };
-    assert_eq!(peer_pid(&sock), Some(jail.pid), "the pid file names the VMM");
+    assert_eq!(
+        peer_pid(&sock),
+        Some(jail.pid),
+        "the pid file names the VMM"
+    );
     jail.assert_jailed(jail.pid, "the daemonized VMM");
     let (code, body) = http(&sock, "GET", "/", None);
     assert_eq!(code, 200, "{body}");
@@ -589,7 +739,12 @@ fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
     // The descriptor the jailer inherited was closed: not in the VMM.
     for e in std::fs::read_dir(proc.join("fd")).unwrap().flatten() {
         let target = std::fs::read_link(e.path()).unwrap_or_default();
-        assert_ne!(target, leak_path, "fd {:?} leaked into the jail", e.file_name());
+        assert_ne!(
+            target,
+            leak_path,
+            "fd {:?} leaked into the jail",
+            e.file_name()
+        );
     }
     drop(leak);
     drop(jail);

@@ -95,7 +95,10 @@ pub fn check_id(id: &str) -> anyhow::Result<()> {
     if id.is_empty() || id.len() > 64 {
         bail!("invalid id {id:?}: {} characters (1 to 64)", id.len());
     }
-    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-')) {
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-'))
+    {
         bail!("invalid id {id:?}: {c:?} (only letters, digits and '-')");
     }
     Ok(())
@@ -124,12 +127,12 @@ fn parse_cgroup(arg: &str) -> anyhow::Result<(String, String)> {
 }
 
 fn parse_limit(arg: &str) -> anyhow::Result<Limit> {
-    let (name, value) = arg
-        .split_once('=')
-        .with_context(|| format!("invalid --resource-limit {arg:?}: expected <resource>=<value>"))?;
-    let n: u64 = value
-        .parse()
-        .map_err(|_| anyhow::anyhow!("invalid --resource-limit {arg:?}: {value:?} is not a number"))?;
+    let (name, value) = arg.split_once('=').with_context(|| {
+        format!("invalid --resource-limit {arg:?}: expected <resource>=<value>")
+    })?;
+    let n: u64 = value.parse().map_err(|_| {
+        anyhow::anyhow!("invalid --resource-limit {arg:?}: {value:?} is not a number")
+    })?;
     match name {
         "fsize" => Ok(Limit::FileSize(n)),
         "no-file" => Ok(Limit::OpenFiles(n)),
@@ -169,7 +172,10 @@ impl JailerArgs {
         if let Some(ns) = &self.netns {
             let m = std::fs::metadata(ns).with_context(|| format!("netns {}", ns.display()))?;
             if m.is_dir() {
-                bail!("netns {} is a directory, not a namespace handle", ns.display());
+                bail!(
+                    "netns {} is a directory, not a namespace handle",
+                    ns.display()
+                );
             }
         }
         let cgroup_version = match self.cgroup_version.as_str() {
@@ -268,9 +274,18 @@ mod tests {
     #[test]
     fn jailer_args_bad_values_are_refused() {
         for (extra, want) in [
-            (&["--cgroup-version", "2", "--cgroup", "cpu.max"][..], "<file>=<value>"),
-            (&["--cgroup-version", "2", "--cgroup", "../x.y=1"], "<controller>"),
-            (&["--cgroup-version", "2", "--cgroup", "nodot=1"], "<controller>"),
+            (
+                &["--cgroup-version", "2", "--cgroup", "cpu.max"][..],
+                "<file>=<value>",
+            ),
+            (
+                &["--cgroup-version", "2", "--cgroup", "../x.y=1"],
+                "<controller>",
+            ),
+            (
+                &["--cgroup-version", "2", "--cgroup", "nodot=1"],
+                "<controller>",
+            ),
             (&["--cgroup", "cpu.max=1"], "cgroup-version 2"),
             (&["--cgroup-version", "3"], "1 or 2"),
             (&["--parent-cgroup", "../up"], "parent-cgroup"),

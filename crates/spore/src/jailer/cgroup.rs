@@ -74,7 +74,10 @@ pub fn setup(
     if values.is_empty() {
         if parent_dir.is_dir() {
             joined.previous = current(&mount);
-            write(&parent_dir.join("cgroup.procs"), &std::process::id().to_string())?;
+            write(
+                &parent_dir.join("cgroup.procs"),
+                &std::process::id().to_string(),
+            )?;
         }
         return Ok(());
     }

@@ -107,9 +107,11 @@ pub fn prepare(plan: &Plan, made: &mut Made) -> anyhow::Result<()> {
 /// exec file into the jail, through a temp file renamed into place.
 fn copy_exec(plan: &Plan) -> anyhow::Result<()> {
     let dst = plan.chroot_dir.join(&plan.exec_name);
-    let tmp = plan
-        .chroot_dir
-        .join(format!(".{}.jailer-tmp-{}", plan.exec_name, std::process::id()));
+    let tmp = plan.chroot_dir.join(format!(
+        ".{}.jailer-tmp-{}",
+        plan.exec_name,
+        std::process::id()
+    ));
     let mut src = File::open(&plan.exec_file)
         .with_context(|| format!("open {}", plan.exec_file.display()))?;
     let mode = src.metadata()?.mode() & 0o7777 & !0o6000; // no set-id bits
@@ -215,7 +217,10 @@ pub fn enter(dir: &Path) -> anyhow::Result<()> {
 /// the host sees it, for callers of a daemonized or pid-namespaced jail.
 pub fn write_pid_file(exec_name: &str, pid: i32) -> anyhow::Result<()> {
     let path = PathBuf::from("/").join(format!("{exec_name}.pid"));
-    let tmp = PathBuf::from("/").join(format!(".{exec_name}.pid.jailer-tmp-{}", std::process::id()));
+    let tmp = PathBuf::from("/").join(format!(
+        ".{exec_name}.pid.jailer-tmp-{}",
+        std::process::id()
+    ));
     let result = (|| -> anyhow::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
