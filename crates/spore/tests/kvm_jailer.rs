@@ -53,9 +53,9 @@ fn cgroup_value(mount: &Path) -> (String, String) {
 
 fn require_root() {
     // SAFETY: geteuid takes nothing.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "the jailer tests run as root (mknod, mount namespaces, cgroups, setuid)"
     );
 }
@@ -670,11 +670,10 @@ fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
     // not pass it on.
     let leak_path = s.path("inherited");
     let leak = std::fs::File::create(&leak_path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&leak);
     // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns.
-    assert_eq!(
-        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leak), libc::F_SETFD, 0) },
-        0
-    );
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    assert_eq!(r, 0);
     let mut jailer = spore()
         .args(["jailer", "--id", "vm-d", "--exec-file"])
         .arg(&bin)
