@@ -116,7 +116,13 @@ fn main() -> ExitCode {
     host::init_logging();
     // Called as `firecracker` (a symlink to spore): Firecracker's command line.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker")) {
+    // Firecracker's command line has no positional arguments: `vmm` first is
+    // a clone process that a VMM running as `firecracker` (a jailed copy
+    // of spore named so) started from its own binary.
+    let own_subcommand = std::env::args_os().nth(1).is_some_and(|a| a == "vmm");
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker"))
+        && !own_subcommand
+    {
         return ExitCode::from(fc_cmd::main(std::env::args_os().collect()));
     }
     // Called as `jailer` (a symlink to spore): Firecracker's jailer.

@@ -86,6 +86,8 @@ fn place(src: &Path, root: &Path, name: &str) {
 /// drop (chroot directory and cgroup leaf included).
 struct Jail {
     base: PathBuf,
+    /// The exec file's name: the jail's directory and the binary in it.
+    exec: String,
     root: PathBuf,
     leaf: PathBuf,
     cgroup_rel: String,
@@ -96,16 +98,24 @@ struct Jail {
 }
 
 impl Jail {
-    fn start(base: &Path, id: &str, parent_cg: &str, cg: &(String, String), pid_ns: bool) -> Jail {
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_spore"));
-        let root = base.join("spore").join(id).join("root");
+    /// Jails `bin` (spore, under any name) with `--id id`.
+    fn start(
+        base: &Path,
+        bin: &Path,
+        id: &str,
+        parent_cg: &str,
+        cg: &(String, String),
+        pid_ns: bool,
+    ) -> Jail {
+        let exec = bin.file_name().unwrap().to_str().unwrap().to_string();
+        let root = base.join(&exec).join(id).join("root");
         // The libraries go in first: the jailer leaves an existing jail
         // directory's other contents alone.
         std::fs::create_dir_all(&root).unwrap();
-        put_libraries(&root, &bin);
+        put_libraries(&root, bin);
         let mut cmd = spore();
         cmd.args(["jailer", "--id", id, "--exec-file"])
-            .arg(&bin)
+            .arg(bin)
             .args(["--uid", "1000", "--gid", "1000", "--chroot-base-dir"])
             .arg(base)
             .args(["--cgroup-version", "2", "--parent-cgroup", parent_cg])
@@ -132,7 +142,7 @@ impl Jail {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let pid: i32 = std::fs::read_to_string(root.join("spore.pid"))
+        let pid: i32 = std::fs::read_to_string(root.join(format!("{exec}.pid")))
             .unwrap()
             .trim()
             .parse()
@@ -140,6 +150,7 @@ impl Jail {
         let mount = cgroup2_mount();
         Jail {
             base: base.to_path_buf(),
+            exec,
             leaf: mount.join(parent_cg).join(id),
             cgroup_rel: format!("/{parent_cg}/{id}"),
             root,
@@ -176,7 +187,7 @@ impl Jail {
             "{what}: root is not the jail"
         );
         assert!(
-            proc.join("root/spore").is_file(),
+            proc.join("root").join(&self.exec).is_file(),
             "{what}: no /spore in its root"
         );
         assert!(
@@ -264,7 +275,7 @@ impl Drop for Jail {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::fs::remove_dir_all(self.base.join("spore").join(self.id()));
+        let _ = std::fs::remove_dir_all(self.base.join(&self.exec).join(self.id()));
     }
 }
 
@@ -313,7 +324,11 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
     std::fs::create_dir_all(&base).unwrap();
 
     // Boot: the kernel is put into the jail, then named by its jailed path.
-    let a = Jail::start(&base, "vm-a", &parent_cg, &cg, false);
+    // The first jail runs spore as a Firecracker user does: a binary named
+    // `firecracker` (a copy of spore), jailed; its clones must still start.
+    let fc = s.path("firecracker");
+    std::fs::copy(env!("CARGO_BIN_EXE_spore"), &fc).unwrap();
+    let a = Jail::start(&base, &fc, "vm-a", &parent_cg, &cg, false);
     assert_eq!(
         a.pid as u32,
         a.jailer.id(),
@@ -367,7 +382,8 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
     assert_eq!(code, 204, "{reply}");
 
     // Restore in a second jail, its VMM pid 1 of a new PID namespace.
-    let mut b = Jail::start(&base, "vm-b", &parent_cg, &cg, true);
+    let spore_bin = PathBuf::from(env!("CARGO_BIN_EXE_spore"));
+    let mut b = Jail::start(&base, &spore_bin, "vm-b", &parent_cg, &cg, true);
     let st = b.jailer.wait().unwrap();
     assert!(st.success(), "the --new-pid-ns jailer's own exit: {st}");
     place(&a.root.join("snap.state"), &b.root, "snap.state");
@@ -452,7 +468,7 @@ fn kvm_jailer_boot_snapshot_restore_and_clone_stay_jailed() {
     }
     drop(b);
     drop(a);
-    assert!(!base.join("spore/vm-a").exists() && !base.join("spore/vm-b").exists());
+    assert!(!base.join("firecracker/vm-a").exists() && !base.join("spore/vm-b").exists());
 }
 
 /// Runs `spore jailer ARGS`; returns (exit code, stderr).
@@ -695,6 +711,7 @@ fn jailer_daemonize_and_netns_detach_the_vmm_into_the_namespace() {
     wait_for_path(&sock, Duration::from_secs(20));
     let jail = Jail {
         base: base.clone(),
+        exec: "spore".into(),
         leaf: mount.join(&parent_cg).join("vm-d"),
         cgroup_rel: format!("/{parent_cg}/vm-d"),
         pid: std::fs::read_to_string(root.join("spore.pid"))
