@@ -620,6 +620,33 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
 
+    // A base on a nodev mount is refused (its device nodes would not open).
+    let nodev = s.path("nodev");
+    std::fs::create_dir_all(&nodev).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "nodev", "tmpfs"])
+        .arg(&nodev)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a nodev tmpfs");
+    let (code, err) = jailer(&[
+        "--id",
+        "x",
+        "--exec-file",
+        spore_bin,
+        "--uid",
+        "1",
+        "--gid",
+        "1",
+        "--chroot-base-dir",
+        nodev.to_str().unwrap(),
+    ]);
+    let left = std::fs::read_dir(&nodev).unwrap().count();
+    let _ = Command::new("umount").arg(&nodev).status();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("nodev mount"), "{err}");
+    assert_eq!(left, 0, "the nodev base kept what the jailer made");
+
     // Called as `jailer` (a symlink): the same command line.
     let link = s.path("jailer");
     std::os::unix::fs::symlink(spore_bin, &link).unwrap();

@@ -96,9 +96,28 @@ pub fn prepare(plan: &Plan, made: &mut Made) -> anyhow::Result<()> {
             .with_context(|| format!("chmod {}", p.display()))?;
         chown(&p, plan.uid, plan.gid)?;
     }
+    refuse_nodev(&plan.chroot_dir)?;
     copy_exec(plan)?;
     for node in &NODES {
         make_node(plan, node)?;
+    }
+    Ok(())
+}
+
+/// Device nodes on a `nodev` mount cannot be opened: say so now rather
+/// than let the VMM fail on /dev/kvm later.
+fn refuse_nodev(dir: &Path) -> anyhow::Result<()> {
+    let c = cstr(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs fills the zeroed struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out pointer.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })
+        .with_context(|| format!("statvfs {}", dir.display()))?;
+    if st.f_flag & libc::ST_NODEV != 0 {
+        bail!(
+            "{} is on a nodev mount: device nodes there cannot be used (choose another --chroot-base-dir)",
+            dir.display()
+        );
     }
     Ok(())
 }
