@@ -142,7 +142,10 @@ impl Jail {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let pid: i32 = std::fs::read_to_string(root.join(format!("{exec}.pid")))
+        // With --new-pid-ns the jailer's parent writes it after its fork.
+        let pid_file = root.join(format!("{exec}.pid"));
+        wait_for_path(&pid_file, Duration::from_secs(10));
+        let pid: i32 = std::fs::read_to_string(&pid_file)
             .unwrap()
             .trim()
             .parse()
