@@ -508,6 +508,11 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
         v
     };
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![], "required arguments were not provided: --id"),
+        (
+            with(common("x"), &["--bogus"]),
+            "unexpected argument '--bogus'",
+        ),
         (common("bad id"), "invalid id"),
         (common("a/b"), "invalid id"),
         (

@@ -46,10 +46,15 @@ pub fn main(argv: Vec<OsString>) -> u8 {
             return 0;
         }
         Err(e) => {
-            // clap's first line says what is wrong; the usage lines follow.
+            // clap's first paragraph says what is wrong (a missing flag's
+            // name on the lines under it); the usage follows: one line.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("bad command line");
-            eprintln!("jailer: {first}");
+            let what: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            eprintln!("jailer: {}", what.join(" "));
             return EXIT_FAILURE;
         }
     };
