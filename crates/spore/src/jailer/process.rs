@@ -40,7 +40,13 @@ pub fn close_inherited_fds() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn setrlimit(resource: libc::__rlimit_resource_t, n: u64, what: &str) -> anyhow::Result<()> {
+/// setrlimit's resource type: glibc's enum, musl's int.
+#[cfg(target_env = "gnu")]
+type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+type Resource = libc::c_int;
+
+fn setrlimit(resource: Resource, n: u64, what: &str) -> anyhow::Result<()> {
     let lim = libc::rlimit {
         rlim_cur: n,
         rlim_max: n,
