@@ -45,7 +45,8 @@ pub fn configure_seccomp(setting: SeccompSetting) -> anyhow::Result<()> {
 
 /// Logs go to stderr; `SPORE_LOG` sets the filter (default `warn`). Beside
 /// it, Firecracker's logger (`PUT /logger`, `firecracker --log-path`) writes
-/// to its own path at its own level once configured.
+/// to its own path at its own level once configured. Both outputs share one
+/// per-call-site rate limit ([`spore_vmm::log_limit`]).
 pub fn init_logging() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPORE_LOG")
@@ -56,6 +57,7 @@ pub fn init_logging() {
     tracing_subscriber::registry()
         .with(stderr)
         .with(spore_vmm::logger::layer())
+        .with(spore_vmm::log_limit::layer())
         .init();
 }
 
