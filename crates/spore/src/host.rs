@@ -17,8 +17,9 @@ pub struct SeccompArgs {
     /// outside a thread's allow list kills the VMM process).
     #[arg(long, conflicts_with = "seccomp_filter")]
     pub no_seccomp: bool,
-    /// Replace the built-in seccomp filters with this seccompiler JSON file
-    /// (one filter per thread kind: keys "vmm", "api", "vcpu").
+    /// Replace the built-in seccomp filters with this file's: seccompiler
+    /// JSON or Firecracker's compiled form (`seccompiler-bin`), one filter
+    /// per thread kind (keys "vmm", "api", "vcpu").
     #[arg(long, value_name = "FILE")]
     pub seccomp_filter: Option<PathBuf>,
 }
