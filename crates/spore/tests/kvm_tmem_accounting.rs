@@ -1,0 +1,133 @@
+//! Host-KVM tier: what a VM's tmem pool costs the host, with the
+//! `tmem-fill` unikernel (every kind of value, small and large, random and
+//! compressible, until the quota refuses each kind).
+//!
+//! - The VMM's RSS (without guest RAM) grows by at most the quota plus the
+//!   documented overhead (README, "tmem accounting") while the pool is full.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::mpsc::Receiver;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+/// The documented bound on what a full pool may cost beyond its quota (see
+/// `spore_vmm::devices::tmem::accounting`): a fixed part, plus what each
+/// vCPU may hold in flight (a value being put or got, and its lz4 copy).
+const FIXED_OVERHEAD: u64 = 8 * MIB;
+
+/// Resident KiB of a process outside guest RAM (the `spore-guest-ram`
+/// memfd mappings), from `/proc/PID/smaps`.
+fn rss_without_guest_kib(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut total, mut guest) = (0u64, false);
+    for line in smaps.lines() {
+        if let Some(rest) = line.strip_prefix("Rss:") {
+            if !guest {
+                total += rest
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|r| r.contains('-') && r.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        {
+            guest = line.contains("spore-guest-ram");
+        }
+    }
+    total
+}
+
+/// The `key=value` numbers of a `tmem-fill: full ...` line.
+fn field(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|p| p.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+}
+
+fn wait_line(rx: &Receiver<String>, prefix: &str) -> String {
+    read_until(rx, prefix).pop().unwrap()
+}
+
+/// Boots tmem-fill (mixed values) under `quota`; returns (baseline KiB,
+/// full KiB, the `full` line).
+fn fill_and_measure(quota_mib: u64, compression: &str, extra: &[&str]) -> (u64, u64, String) {
+    let mut child = VmmChildRun::spawn(&[
+        &["run", "--mem", "128M", "--vcpus", "1"],
+        &["--tmem-quota", &format!("{quota_mib}M")],
+        &["--tmem-compression", compression],
+        extra,
+        &["--kernel", uk_image("tmem-fill").to_str().unwrap()],
+        &["--cmdline", "ready_ms=400 hold_ms=600"],
+    ]);
+    let rx = lines_of(&mut child.0);
+    wait_line(&rx, "tmem-fill: ready");
+    let base = rss_without_guest_kib(child.0.id());
+    let full = wait_line(&rx, "tmem-fill: full");
+    let at_full = rss_without_guest_kib(child.0.id());
+    let lines = read_until(&rx, "tmem-fill: ");
+    let status = child.0.wait().unwrap();
+    assert!(
+        lines.iter().any(|l| l.starts_with("tmem-fill: verified")),
+        "{lines:?}"
+    );
+    assert!(status.success(), "{status}");
+    (base, at_full, full)
+}
+
+/// A `spore` child killed on drop.
+struct VmmChildRun(std::process::Child);
+
+impl VmmChildRun {
+    fn spawn(args: &[&[&str]]) -> Self {
+        let child = spore()
+            .args(args.iter().flat_map(|a| a.iter()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+}
+
+impl Drop for VmmChildRun {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn kvm_tmem_full_pool_rss_stays_within_quota_and_overhead() {
+    require_kvm();
+    let quota_mib = 64;
+    for compression in ["lz4", "none"] {
+        let (base, full, line) = fill_and_measure(quota_mib, compression, &[]);
+        let growth = (full.saturating_sub(base)) * 1024;
+        let bound = quota_mib * MIB + FIXED_OVERHEAD;
+        eprintln!(
+            "tmem {compression}: {line}; VMM RSS without guest RAM {base} KiB -> {full} KiB, \
+             growth {:.1} MiB for a {quota_mib} MiB quota ({:.2}x), bound {:.1} MiB",
+            growth as f64 / MIB as f64,
+            growth as f64 / (quota_mib * MIB) as f64,
+            bound as f64 / MIB as f64
+        );
+        // Filled: every kind was refused, so the pool is at its quota.
+        assert!(field(&line, "bytes_stored") > (quota_mib - 2) * MIB, "{line}");
+        assert!(field(&line, "bytes_stored") <= quota_mib * MIB, "{line}");
+        assert!(
+            growth <= bound,
+            "{compression}: RSS grew by {growth} bytes, more than the quota \
+             ({quota_mib} MiB) + {FIXED_OVERHEAD} bytes: {line}"
+        );
+    }
+}
+
