@@ -8,6 +8,7 @@
 //!
 //! - [`request`]: the block's wire format → a validated [`request::Request`];
 //!   the only code that interprets guest addresses and lengths.
+//! - [`accounting`]: what an object costs the host, charged to the quota.
 //! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
 //!   compression, counters, and its snapshot state. It never sees guest memory.
 //! - [`timing`]: optional per-operation handling time (for `spore bench tmem`).
@@ -17,6 +18,7 @@
 //! This module must never trust a guest address or length that did not come
 //! out of [`request`], and never panic on anything a guest writes.
 
+pub mod accounting;
 pub mod device;
 pub mod pool;
 pub mod request;

@@ -4,8 +4,9 @@
 //! The pool never sees guest memory: the device hands it owned keys and
 //! values (already bounded by the ABI's limits) and reads stored values back
 //! through [`Pool::get_with`]. What counts against the quota is what the
-//! VMM actually holds: each key, each stored (possibly compressed) value,
-//! and [`OBJECT_OVERHEAD`] bytes of bookkeeping per object, so that a guest
+//! VMM actually spends ([`super::accounting`]): each key and each stored
+//! (possibly compressed) value as the allocator's chunk for it, and the
+//! object's share of the hash table at its worst load, so that a guest
 //! storing millions of empty values is bounded too.
 
 use std::collections::HashMap;
@@ -13,23 +14,23 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
-/// Bytes charged per object for the map entry and allocation headers.
-pub const OBJECT_OVERHEAD: u64 = 64;
+use super::accounting::object_charge;
 
 pub use crate::config::Compression;
 
-/// A stored value.
-struct Object {
-    /// The value's length as the guest gave it.
-    len: usize,
+/// A stored value. Boxed slices rather than vectors: exactly as long as
+/// their contents (no spare capacity to go uncharged), and a smaller slot.
+pub(super) struct Object {
     /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
-    data: Vec<u8>,
+    data: Box<[u8]>,
+    /// The value's length as the guest gave it (at most `MAX_VALUE_LEN`).
+    len: u32,
     compressed: bool,
 }
 
 impl Object {
     fn charge(key: &[u8], data: &[u8]) -> u64 {
-        key.len() as u64 + data.len() as u64 + OBJECT_OVERHEAD
+        object_charge(key.len() as u64, data.len() as u64)
     }
 }
 
@@ -86,7 +87,7 @@ impl PoolStats {
 }
 
 pub struct Pool {
-    objects: HashMap<Vec<u8>, Object>,
+    objects: HashMap<Box<[u8]>, Object>,
     bytes_used: u64,
     bytes_stored: u64,
     quota_bytes: u64,
@@ -166,9 +167,9 @@ impl Pool {
             .objects
             .iter()
             .map(|(key, o)| ObjectState {
-                key: key.clone(),
-                len: o.len as u64,
-                data: o.data.clone(),
+                key: key.to_vec(),
+                len: u64::from(o.len),
+                data: o.data.to_vec(),
                 compressed: o.compressed,
             })
             .collect();
@@ -201,16 +202,17 @@ impl Pool {
                     o.len
                 )));
             }
-            if pool.objects.contains_key(&o.key) {
+            if pool.objects.contains_key(o.key.as_slice()) {
                 return Err(bad("duplicate key".into()));
             }
             pool.bytes_stored += Object::charge(&o.key, &o.data);
             pool.bytes_used += o.key.len() as u64 + o.len;
             pool.objects.insert(
-                o.key,
+                o.key.into_boxed_slice(),
                 Object {
-                    len: o.len as usize,
-                    data: o.data,
+                    // At most MAX_VALUE_LEN, checked above.
+                    len: o.len as u32,
+                    data: o.data.into_boxed_slice(),
                     compressed: o.compressed,
                 },
             );
@@ -240,22 +242,24 @@ impl Pool {
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), QuotaExceeded> {
         self.counters.puts += 1;
         let len = value.len();
+        // Boxed without reallocating: the device reads values into vectors
+        // of exactly their length (and lz4_flex shrinks its output).
         let (data, compressed) = match self.compression {
             Compression::Lz4 if !value.is_empty() => {
                 let c = lz4_flex::block::compress(&value);
                 if c.len() < value.len() {
-                    (c, true)
+                    (c.into_boxed_slice(), true)
                 } else {
-                    (value, false)
+                    (value.into_boxed_slice(), false)
                 }
             }
-            _ => (value, false),
+            _ => (value.into_boxed_slice(), false),
         };
         let new_charge = Object::charge(&key, &data);
-        let (old_charge, old_used) = match self.objects.get(&key) {
+        let (old_charge, old_used) = match self.objects.get(key.as_slice()) {
             Some(o) => (
                 Object::charge(&key, &o.data),
-                key.len() as u64 + o.len as u64,
+                key.len() as u64 + u64::from(o.len),
             ),
             None => (0, 0),
         };
@@ -267,9 +271,10 @@ impl Pool {
         self.bytes_stored = stored_after;
         self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
         self.objects.insert(
-            key,
+            key.into_boxed_slice(),
             Object {
-                len,
+                // The device refuses values over MAX_VALUE_LEN (16 MiB).
+                len: len as u32,
                 data,
                 compressed,
             },
@@ -285,7 +290,7 @@ impl Pool {
         let v = if o.compressed {
             Value::Lz4 {
                 block: &o.data,
-                len: o.len,
+                len: o.len as usize,
             }
         } else {
             Value::Raw(&o.data)
@@ -299,7 +304,7 @@ impl Pool {
         match self.objects.remove(key) {
             Some(o) => {
                 self.bytes_stored -= Object::charge(key, &o.data);
-                self.bytes_used -= key.len() as u64 + o.len as u64;
+                self.bytes_used -= key.len() as u64 + u64::from(o.len);
                 true
             }
             None => false,
@@ -342,7 +347,7 @@ mod tests {
         let mut p = Pool::new(1 << 20, Compression::None);
         p.put(b"k".to_vec(), vec![1; 100]).unwrap();
         assert_eq!(p.stats().bytes_used, 101);
-        assert_eq!(p.stats().bytes_stored, 101 + OBJECT_OVERHEAD);
+        assert_eq!(p.stats().bytes_stored, object_charge(1, 100));
         p.put(b"k".to_vec(), vec![2; 10]).unwrap();
         assert_eq!(p.stats().objects, 1);
         assert_eq!(p.stats().bytes_used, 11);
