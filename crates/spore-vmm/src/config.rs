@@ -343,6 +343,11 @@ pub struct TmemConfig {
     /// `GET /tmem` as `timing`); for benchmarks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timing: bool,
+    /// A cap on the tmem memory of every VMM on the host together (shared
+    /// through a file, see `devices::tmem::host_cap`); with
+    /// `SPORE_TMEM_HOST_CAP` set too, the lower one applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cap_bytes: Option<u64>,
 }
 
 fn default_true() -> bool {
@@ -360,6 +365,7 @@ impl Default for TmemConfig {
             quota_bytes: DEFAULT_TMEM_QUOTA_BYTES,
             compression: Compression::None,
             timing: false,
+            host_cap_bytes: None,
         }
     }
 }

@@ -33,11 +33,9 @@ fn rss_without_guest_kib(pid: u32) -> u64 {
                     .parse::<u64>()
                     .unwrap();
             }
-        } else if line
-            .split_whitespace()
-            .next()
-            .is_some_and(|r| r.contains('-') && r.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
-        {
+        } else if line.split_whitespace().next().is_some_and(|r| {
+            r.contains('-') && r.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        }) {
             guest = line.contains("spore-guest-ram");
         }
     }
@@ -121,7 +119,10 @@ fn kvm_tmem_full_pool_rss_stays_within_quota_and_overhead() {
             bound as f64 / MIB as f64
         );
         // Filled: every kind was refused, so the pool is at its quota.
-        assert!(field(&line, "bytes_stored") > (quota_mib - 2) * MIB, "{line}");
+        assert!(
+            field(&line, "bytes_stored") > (quota_mib - 2) * MIB,
+            "{line}"
+        );
         assert!(field(&line, "bytes_stored") <= quota_mib * MIB, "{line}");
         assert!(
             growth <= bound,
@@ -131,3 +132,65 @@ fn kvm_tmem_full_pool_rss_stays_within_quota_and_overhead() {
     }
 }
 
+/// Boots tmem-fill (`mode=big`: 1 MiB random values) under a 64 MiB quota
+/// and the host cap `cap_mib` shared through `dir`; returns the VMM and the
+/// `full` line's bytes_stored and refused.
+fn fill_under_host_cap(
+    dir: &std::path::Path,
+    cap_mib: u64,
+) -> (VmmChildRun, Receiver<String>, u64) {
+    let mut child = VmmChildRun(
+        spore()
+            .env("SPORE_TMEM_HOST_DIR", dir)
+            .args(["run", "--mem", "128M", "--tmem-quota", "64M"])
+            .args(["--tmem-host-cap", &format!("{cap_mib}M"), "--kernel"])
+            .arg(uk_image("tmem-fill"))
+            .args(["--cmdline", "mode=big mib=80 hold_ms=60000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let rx = lines_of(&mut child.0);
+    let line = wait_line(&rx, "tmem-fill: full");
+    assert!(field(&line, "refused") > 0, "the cap never refused: {line}");
+    (child, rx, field(&line, "bytes_stored"))
+}
+
+#[test]
+fn kvm_tmem_host_cap_bounds_two_vmms_and_a_killed_one_gives_back() {
+    require_kvm();
+    let s = Scratch::new("tmem-host-cap");
+    let cap = 40 * MIB;
+    // A fills up to the host's cap (below its own 64 MiB quota).
+    let (mut a, _rxa, a_stored) = fill_under_host_cap(&s.0, 40);
+    assert!(
+        a_stored <= cap && a_stored > cap - 6 * MIB,
+        "A holds {a_stored}"
+    );
+    // B, another VMM, gets only what A left.
+    let (_b, _rxb, b_stored) = fill_under_host_cap(&s.0, 40);
+    eprintln!("host cap 40 MiB: A holds {a_stored} bytes, B {b_stored}");
+    assert!(
+        a_stored + b_stored <= cap,
+        "A {a_stored} + B {b_stored} > {cap}"
+    );
+    // A dies without a word: its share comes back to the next VMM.
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    let (_c, _rxc, c_stored) = fill_under_host_cap(&s.0, 40);
+    eprintln!("after kill -9 of A: C holds {c_stored} bytes");
+    assert!(
+        c_stored + b_stored <= cap,
+        "C {c_stored} + B {b_stored} > {cap}"
+    );
+    assert!(
+        c_stored > cap - b_stored - 6 * MIB,
+        "A's share did not come back: C holds {c_stored}"
+    );
+    let file = s.path("tmem-host-cap");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}

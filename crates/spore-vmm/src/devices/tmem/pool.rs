@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 use super::accounting::object_charge;
+use super::host_cap::{HostCap, HostCapError};
 
 pub use crate::config::Compression;
 
@@ -65,6 +66,19 @@ pub struct PoolStats {
     pub compression: Compression,
     #[serde(flatten)]
     pub counters: Counters,
+    /// The host-wide cap this pool draws on, when one is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_cap: Option<HostCapStats>,
+}
+
+/// This VMM's part of the host-wide cap (`GET /tmem` as `host_cap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostCapStats {
+    pub cap_bytes: u64,
+    /// What this VMM has reserved of it (whole granules above its use).
+    pub reserved_bytes: u64,
+    /// Puts refused because the host's cap was reached (also in `refused`).
+    pub refused: u64,
 }
 
 impl PoolStats {
@@ -93,6 +107,7 @@ pub struct Pool {
     quota_bytes: u64,
     compression: Compression,
     pub counters: Counters,
+    host: Option<HostCap>,
 }
 
 /// A looked-up value, to be copied out by the caller.
@@ -228,6 +243,21 @@ impl Pool {
             quota_bytes,
             compression,
             counters: Counters::default(),
+            host: None,
+        }
+    }
+
+    /// Draws this pool (and what it already holds) on the host-wide cap.
+    pub fn attach_host_cap(&mut self, mut cap: HostCap) -> Result<(), HostCapError> {
+        cap.ensure(self.bytes_stored)?;
+        self.host = Some(cap);
+        Ok(())
+    }
+
+    /// Gives the host's cap back what the pool no longer uses.
+    fn host_shrink(&mut self) {
+        if let Some(h) = &mut self.host {
+            h.shrink(self.bytes_stored);
         }
     }
 
@@ -268,6 +298,20 @@ impl Pool {
             self.counters.refused += 1;
             return Err(QuotaExceeded);
         }
+        if let Some(h) = self
+            .host
+            .as_mut()
+            .filter(|_| stored_after > self.bytes_stored)
+        {
+            if let Err(e) = h.ensure(stored_after) {
+                if !matches!(e, HostCapError::NoRoom { .. }) {
+                    tracing::warn!("tmem: {e}; put refused");
+                }
+                h.refused += 1;
+                self.counters.refused += 1;
+                return Err(QuotaExceeded);
+            }
+        }
         self.bytes_stored = stored_after;
         self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
         self.objects.insert(
@@ -279,6 +323,7 @@ impl Pool {
                 compressed,
             },
         );
+        self.host_shrink();
         Ok(())
     }
 
@@ -305,6 +350,7 @@ impl Pool {
             Some(o) => {
                 self.bytes_stored -= Object::charge(key, &o.data);
                 self.bytes_used -= key.len() as u64 + u64::from(o.len);
+                self.host_shrink();
                 true
             }
             None => false,
@@ -316,6 +362,7 @@ impl Pool {
         self.objects = HashMap::new();
         self.bytes_used = 0;
         self.bytes_stored = 0;
+        self.host_shrink();
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -326,6 +373,11 @@ impl Pool {
             quota_bytes: self.quota_bytes,
             compression: self.compression,
             counters: self.counters,
+            host_cap: self.host.as_ref().map(|h| HostCapStats {
+                cap_bytes: h.cap(),
+                reserved_bytes: h.reserved(),
+                refused: h.refused,
+            }),
         }
     }
 }
