@@ -150,9 +150,13 @@ impl Value<'_> {
 /// One stored object in a snapshot: as the pool holds it (still compressed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectState {
+    /// Bytes, not sequences of u8: the same bincode layout, copied whole
+    /// rather than byte by byte (a pool can hold gigabytes).
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     /// The value's length as the guest gave it.
     pub len: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     pub compressed: bool,
 }
