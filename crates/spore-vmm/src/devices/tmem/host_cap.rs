@@ -275,9 +275,9 @@ impl HostCap {
         Ok(())
     }
 
-    /// Gives back whole granules once more than two are unused by `used`.
+    /// Gives back whole granules once two or more are unused by `used`.
     pub fn shrink(&mut self, used: u64) {
-        if self.reserved <= used.saturating_add(2 * GRANULE) {
+        if self.reserved < used.saturating_add(2 * GRANULE) {
             return;
         }
         let target = used.div_ceil(GRANULE) * GRANULE;

@@ -461,6 +461,43 @@ mod tests {
     }
 
     #[test]
+    fn the_host_cap_refuses_like_the_quota_and_bounds_a_restore() {
+        let dir = std::env::temp_dir().join(format!("spore-pool-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cap = 8 << 20;
+        let mut p = Pool::new(1 << 30, Compression::None);
+        p.attach_host_cap(HostCap::open(&dir, cap).unwrap())
+            .unwrap();
+        let mut n = 0u32;
+        while p.put(n.to_le_bytes().to_vec(), vec![1; 1 << 20]).is_ok() {
+            n += 1;
+        }
+        let s = p.stats();
+        assert!(
+            s.bytes_stored <= cap && s.bytes_stored > cap - (2 << 20),
+            "{s:?}"
+        );
+        assert_eq!(s.counters.refused, 1);
+        assert_eq!(s.host_cap.map(|h| (h.cap_bytes, h.refused)), Some((cap, 1)));
+        // Shrinking puts still work; a flush gives the reservation back.
+        p.put(0u32.to_le_bytes().to_vec(), vec![]).unwrap();
+        p.flush();
+        assert_eq!(p.stats().host_cap.map(|h| h.reserved_bytes), Some(0));
+        // A saved pool larger than what the cap leaves is refused whole.
+        let mut big = Pool::new(1 << 30, Compression::None);
+        for i in 0..9u32 {
+            big.put(i.to_le_bytes().to_vec(), vec![2; 1 << 20]).unwrap();
+        }
+        let mut back = Pool::restore(big.save()).unwrap();
+        let e = back
+            .attach_host_cap(HostCap::open(&dir, cap).unwrap())
+            .unwrap_err();
+        assert!(matches!(e, HostCapError::NoRoom { .. }), "{e}");
+        drop(p);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn lz4_round_trip_and_savings() {
         let mut p = Pool::new(1 << 30, Compression::Lz4);
         let text: Vec<u8> = (0..1 << 20).map(|i| (i % 7) as u8).collect();
