@@ -273,3 +273,45 @@ fn kvm_tmem_pool_over_256_mib_survives_a_snapshot() {
         "tmem state of {state_len} bytes: snapshot create {took_create:?}, restore until the guest verified every value {took_restore:?}"
     );
 }
+
+/// A bad cap, or a cap directory that cannot be used, is one clear error
+/// line and a non-zero exit, before the guest runs.
+#[test]
+fn kvm_tmem_host_cap_bad_settings_are_clear_errors() {
+    require_kvm();
+    let s = Scratch::new("tmem-host-cap-bad");
+    let not_dir = s.path("file");
+    std::fs::write(&not_dir, b"x").unwrap();
+    for (env, arg, want) in [
+        (
+            Some(("SPORE_TMEM_HOST_CAP", "lots")),
+            None,
+            "SPORE_TMEM_HOST_CAP=\"lots\" is not a size",
+        ),
+        (None, Some("1X"), "--tmem-host-cap 1X"),
+        (
+            Some(("SPORE_TMEM_HOST_DIR", not_dir.to_str().unwrap())),
+            Some("1G"),
+            "tmem host cap file",
+        ),
+    ] {
+        let mut cmd = spore();
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        cmd.args(["run", "--mem", "64M", "--kernel"])
+            .arg(uk_image("tmem-check"));
+        if let Some(a) = arg {
+            cmd.args(["--tmem-host-cap", a]);
+        }
+        let out = cmd.output().unwrap();
+        let err = stderr_of(&out);
+        assert_ne!(out.status.code(), Some(0), "{want}: {err}");
+        assert!(out.status.code().is_some(), "{want}: killed by a signal");
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(
+            !stdout_of(&out).contains("tmem-check: passed"),
+            "{want}: the guest ran"
+        );
+    }
+}
