@@ -332,8 +332,9 @@ pub const DEFAULT_TMEM_QUOTA_BYTES: u64 = 256 << 20;
 pub struct TmemConfig {
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Bytes of VMM memory the pool may hold (keys, stored values and 64
-    /// bytes of bookkeeping per object).
+    /// Bytes of VMM memory the pool may hold: keys and stored values as
+    /// allocator chunks, and each object's hash-table slot at worst load
+    /// (see `devices::tmem::accounting`).
     #[serde(default = "default_tmem_quota")]
     pub quota_bytes: u64,
     /// `"none"` or `"lz4"`.

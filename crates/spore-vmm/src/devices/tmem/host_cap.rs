@@ -26,7 +26,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The environment variable with the host's cap (bytes, or with a K/M/G
@@ -170,7 +170,11 @@ impl HostCap {
             path: name.clone(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
