@@ -461,3 +461,51 @@ fn kvm_clone_runs_the_sources_own_binary_after_it_was_replaced() {
     );
     assert!(alive(pid as i32));
 }
+
+/// A VM restored from a snapshot (its RAM a private mapping of the memory
+/// file) is cloned: the file is the template's base, the pages the restored
+/// VM wrote since are the layer on top, and the clone's guest counts on.
+#[test]
+fn kvm_clone_of_a_vm_restored_from_a_snapshot() {
+    require_kvm();
+    let s = Scratch::new("clone-restored");
+    let sock = s.path("api.sock");
+    let (vmm, rx) = boot_snaptest(&sock, 64, false, "mib=1 rounds=100000 sleep_ms=20", &[]);
+    read_until(&rx, "count 2");
+    let (state, mem) = (s.path("vm.state"), s.path("vm.mem"));
+    snapshot_create(&sock, &state, &mem, false, true);
+    drop(vmm);
+
+    let rdir = s.path("restored");
+    std::fs::create_dir_all(&rdir).unwrap();
+    let rsock = rdir.join("api.sock");
+    let (_restored, rx2) = spawn_vmm_lines(&rsock);
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
+        state.display(),
+        mem.display()
+    );
+    let (code, reply) = http(&rsock, "PUT", "/snapshot/load", Some(&body));
+    assert_eq!(code, 204, "{reply}");
+    read_until(&rx2, "count");
+
+    let (code, report) = put_clone(&rsock, r#"{"count": 1}"#);
+    assert_eq!(code, 200, "PUT /clone on a restored VM: {report}");
+    let mut reaper = Reaper {
+        source: None,
+        pids: Vec::new(),
+        dir: rdir.clone(),
+    };
+    reaper.add_from(&report);
+    let log = std::fs::read_dir(&rdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap_or_else(|| panic!("no clone log beside {}: {report}", rsock.display()));
+    wait_until(&s.0, 30, "the clone's guest to count on", || {
+        read(&log).matches("count ").count() >= 2
+    });
+    // (The source stays a template: `PUT /clone`'s default mode, zygote.)
+    drop(rx2);
+}

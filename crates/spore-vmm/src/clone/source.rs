@@ -171,7 +171,13 @@ fn make_template(
         let ram = vm.ram();
         let mut layers: Vec<MemoryLayer> = Vec::new();
         if ram.is_private() {
-            layers.extend(st.ram_layers.iter().cloned());
+            if st.ram_layers.is_empty() {
+                // A VM restored from snapshot files (never cloned yet): the
+                // files it was mapped from are the template's first layers.
+                layers.extend(ram.mapped_from().iter().cloned());
+            } else {
+                layers.extend(st.ram_layers.iter().cloned());
+            }
             if let Some(overlay) = ram.private_layer()? {
                 // The pages were just copied: map the copy instead of
                 // keeping them twice.

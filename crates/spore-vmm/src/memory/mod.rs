@@ -21,6 +21,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion,
 
 use crate::arch::x86_64::layout;
 use layers::MemoryLayers;
+use template::MemoryLayer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -72,6 +73,10 @@ pub struct GuestRam {
     /// (the base layer): data a later snapshot must read through the
     /// mapping although `memfd` has holes there.
     overlays: Vec<(u64, u64)>,
+    /// The files a private mapping was made from, as template layers (the
+    /// base, then each diff layer's mapped runs): what a clone of this VM
+    /// maps before the pages this VM wrote or read in itself.
+    mapped_from: Vec<MemoryLayer>,
 }
 
 impl GuestRam {
@@ -109,12 +114,21 @@ impl GuestRam {
             file_offset += len;
         }
         let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| MemoryError::Region(0))?;
+        let mapped_from = if private {
+            vec![MemoryLayer {
+                file: std::sync::Arc::new(memfd.try_clone().map_err(MemoryError::Memfd)?),
+                runs: None,
+            }]
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             memfd,
             mem,
             size,
             private: AtomicBool::new(private),
             overlays: Vec::new(),
+            mapped_from,
         })
     }
 
@@ -161,6 +175,9 @@ impl GuestRam {
                 })
                 .collect()
         };
+        // Per diff layer, the runs mapped from its file (read-in ranges
+        // become the mapping's own pages instead).
+        let mut mapped_runs: Vec<Vec<(u64, u64)>> = vec![Vec::new(); layers.files().len()];
         for e in &overlays {
             let file = &layers.files()[e.layer];
             // An mmap costs a syscall and a VMA: worth it (and lazy) for
@@ -170,10 +187,24 @@ impl GuestRam {
             for &(span_off, host, span_len) in &spans {
                 let lo = e.offset.max(span_off);
                 let hi = (e.offset + e.len).min(span_off + span_len);
-                if lo < hi {
-                    overlay(file, lo, host + (lo - span_off), hi - lo, map)
-                        .map_err(MemoryError::Layers)?;
+                if lo < hi
+                    && overlay(file, lo, host + (lo - span_off), hi - lo, map)
+                        .map_err(MemoryError::Layers)?
+                {
+                    mapped_runs[e.layer].push((lo, hi - lo));
                 }
+            }
+        }
+        for (layer, runs) in mapped_runs.into_iter().enumerate() {
+            if !runs.is_empty() {
+                ram.mapped_from.push(MemoryLayer {
+                    file: std::sync::Arc::new(
+                        layers.files()[layer]
+                            .try_clone()
+                            .map_err(MemoryError::Layers)?,
+                    ),
+                    runs: Some(runs),
+                });
             }
         }
         ram.overlays = overlays.iter().map(|e| (e.offset, e.len)).collect();
@@ -183,6 +214,12 @@ impl GuestRam {
     /// Memory-file ranges mapped from diff layers (see `from_layers`).
     pub fn overlays(&self) -> &[(u64, u64)] {
         &self.overlays
+    }
+
+    /// The layers a private mapping was made from (empty for shared RAM);
+    /// see [`GuestRam::private_layer`] for the pages on top of them.
+    pub fn mapped_from(&self) -> &[MemoryLayer] {
+        &self.mapped_from
     }
 
     /// Whether the guest's memory is a private (copy-on-write) mapping, so
@@ -239,7 +276,9 @@ const MIN_OVERLAY_MAP: u64 = 64 << 10;
 /// Puts `len` bytes of `file` at `file_off` at host address `host` (inside a
 /// private guest RAM mapping): mapped there when `map` and everything is
 /// page-aligned, else read in.
-fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::io::Result<()> {
+/// Puts a file range at `host`: mapped privately (returns true) when asked
+/// and aligned, else read in (false).
+fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::io::Result<bool> {
     const PAGE: u64 = 4096;
     if map && file_off.is_multiple_of(PAGE) && host.is_multiple_of(PAGE) && len.is_multiple_of(PAGE)
     {
@@ -260,12 +299,12 @@ fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::i
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        return Ok(());
+        return Ok(true);
     }
     // SAFETY: as above, [host, host + len) is guest RAM we own, and nothing
     // runs in the guest yet.
     let buf = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len as usize) };
-    file.read_exact_at(buf, file_off)
+    file.read_exact_at(buf, file_off).map(|()| false)
 }
 
 pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {

@@ -107,10 +107,11 @@ impl GuestRam {
             return Err(TemplateError::NoBase);
         }
         let file = base.file.try_clone().map_err(MemoryError::Memfd)?;
-        let ram = GuestRam::from_snapshot_file(file, size)?;
+        let mut ram = GuestRam::from_snapshot_file(file, size)?;
         for layer in overlays {
             ram.map_runs(layer)?;
         }
+        ram.mapped_from = layers.to_vec();
         Ok(ram)
     }
 
@@ -287,6 +288,7 @@ impl GuestRam {
             self.map_runs(layer)?;
         }
         self.memfd = base.file.try_clone().map_err(MemoryError::Memfd)?;
+        self.mapped_from = layers.to_vec();
         self.private
             .store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -338,6 +340,55 @@ impl GuestRam {
 mod tests {
     use super::*;
     use vm_memory::{Bytes, GuestAddress};
+
+    /// A VM restored from a snapshot chain (a base file and a diff whose
+    /// runs are partly mapped, partly read in) becomes a template: its
+    /// clones see exactly what it sees, the files untouched.
+    #[test]
+    fn a_vm_restored_from_snapshot_files_is_a_template() {
+        use crate::memory::layers::MemoryLayers;
+        let size: u64 = 8 << 20;
+        let dir =
+            std::env::temp_dir().join(format!("spore-template-restored-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mk = |name: &str, pages: &[(u64, u8)]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(size).unwrap();
+            for &(p, v) in pages {
+                f.write_all_at(&[v; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        let base = mk("base", &[(0, 1), (1, 1), (2, 1)]);
+        // Page 1 alone (read in), pages 32..48 (a 64 KiB run: mapped).
+        let mut diff_pages = vec![(1, 2)];
+        diff_pages.extend((32..48).map(|p| (p, 3)));
+        let diff = mk("diff", &diff_pages);
+        let ram = GuestRam::from_layers(&MemoryLayers::new(vec![base, diff], size)).unwrap();
+        assert!(ram.is_private());
+        assert_eq!(ram.mapped_from().len(), 2, "base and the diff's mapped run");
+        ram.memory().write_obj(9u8, GuestAddress(2 * 4096)).unwrap();
+
+        let mut layers = ram.mapped_from().to_vec();
+        layers.extend(ram.private_layer().unwrap());
+        let clone = GuestRam::from_template_layers(&layers, size).unwrap();
+        let page =
+            |r: &GuestRam, p: u64| r.memory().read_obj::<u8>(GuestAddress(p * 4096)).unwrap();
+        for p in [0, 1, 2, 3, 32, 47, 48] {
+            assert_eq!(page(&clone, p), page(&ram, p), "page {p}");
+        }
+        assert_eq!(
+            [0, 1, 2, 3, 32, 47].map(|p| page(&clone, p)),
+            [1, 2, 9, 0, 3, 3]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn layers_stack_and_private_pages_become_an_overlay() {
