@@ -72,7 +72,13 @@ impl Vmm {
     /// `PUT /machine-config`.
     pub fn set_machine_config(&self, m: MachineConfig) -> Result<(), ApiError> {
         m.validate().map_err(bad)?;
-        self.configure(|c| c.machine = m)
+        self.configure(|c| {
+            // A static template replaces a custom one (PUT /cpu-config).
+            if m.cpu_template.as_deref().is_some_and(|t| t != "None") {
+                c.cpu_config = None;
+            }
+            c.machine = m
+        })
     }
 
     /// `PATCH /machine-config`: the fields given, over the current ones.
@@ -114,7 +120,7 @@ impl Vmm {
 }
 
 /// Changes the configuration while no VM is built.
-fn configure(inner: &mut Inner, f: impl FnOnce(&mut VmConfig)) -> Result<(), ApiError> {
+pub(super) fn configure(inner: &mut Inner, f: impl FnOnce(&mut VmConfig)) -> Result<(), ApiError> {
     if !matches!(inner.phase, Phase::PreBoot { .. }) {
         return Err(bad(ONLY_BEFORE_START));
     }
