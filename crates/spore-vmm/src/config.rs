@@ -15,11 +15,11 @@ mod observe;
 mod rate_limiter;
 mod serial;
 
-pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 pub use cpu_template::{
     Bitmap, CpuConfig, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier, KvmCapability,
     MsrModifier, StaticCpuTemplate,
 };
+pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 pub use mmds::{MmdsConfig, MmdsConfigError, MmdsVersion};
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
@@ -620,11 +620,10 @@ impl VmConfig {
             g.validate().map_err(ConfigError::GuestSnapshots)?;
         }
         if let Some(m) = &self.mmds_config {
-            m.validate(&[])
-                .map_err(|e| ConfigError::Unsupported {
-                    field: "mmds-config",
-                    detail: e.to_string(),
-                })?;
+            m.validate(&[]).map_err(|e| ConfigError::Unsupported {
+                field: "mmds-config",
+                detail: e.to_string(),
+            })?;
         }
         Ok(())
     }

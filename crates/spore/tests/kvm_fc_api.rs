@@ -34,14 +34,20 @@ fn boot_source(sock: &Path, app: &str, cmdline: &str) {
 /// The ECX of the first `cpuid 0x1/0x0:` line, and its round number.
 fn leaf1_ecx(line: &str) -> Option<(u32, u32)> {
     let rest = line.strip_prefix("cpuid 0x1/0x0: ")?;
-    let ecx = rest.split_whitespace().find_map(|w| w.strip_prefix("ecx=0x"))?;
+    let ecx = rest
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ecx=0x"))?;
     let round = rest.rsplit(' ').next()?.parse().ok()?;
     Some((u32::from_str_radix(ecx, 16).ok()?, round))
 }
 
 /// Boots the `cpuid` app with `extra` PUTs before start; returns the VMM
 /// and its stdout lines.
-fn boot_cpuid(sock: &Path, rounds: u32, extra: &[(&str, &str)]) -> (VmmChild, std::sync::mpsc::Receiver<String>) {
+fn boot_cpuid(
+    sock: &Path,
+    rounds: u32,
+    extra: &[(&str, &str)],
+) -> (VmmChild, std::sync::mpsc::Receiver<String>) {
     let (child, rx) = spawn_vmm_lines(sock);
     boot_source(sock, "cpuid", &format!("leaf=1 rounds={rounds}"));
     for (path, body) in extra {
@@ -63,7 +69,11 @@ fn kvm_serial_out_path_receives_the_console() {
     let out = dir.path("serial.out");
     let child = spawn_vmm(&sock);
     boot_source(&sock, "hello", "exit=7");
-    put_ok(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 128}"#);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 128}"#,
+    );
     // Firecracker's shape: unknown fields refused, a missing directory only
     // found when the file is opened at start (and the start can be retried).
     let (code, body) = http(&sock, "PUT", "/serial", Some(r#"{"path": "/x"}"#));
@@ -129,7 +139,13 @@ fn snapshot_cpuid_vm(dir: &Scratch, name: &str, extra: &[(&str, &str)]) -> std::
     let (mut child, rx) = boot_cpuid(&sock, 100, extra);
     read_until(&rx, "cpuid 0x1/0x0:");
     let state = dir.path(&format!("{name}.state"));
-    snapshot_create(&sock, &state, &dir.path(&format!("{name}.mem")), false, true);
+    snapshot_create(
+        &sock,
+        &state,
+        &dir.path(&format!("{name}.mem")),
+        false,
+        true,
+    );
     child.wait().unwrap();
     state
 }
@@ -148,7 +164,9 @@ fn kvm_cpu_config_boots_and_survives_restore() {
     let state = snapshot_cpuid_vm(&dir, "tmpl", &[("/cpu-config", CLEAR_SSE3)]);
     let (_, s, config) = spore_vmm::snapshot::load_state(&state).unwrap();
     assert!(s.vcpus[0].cpuid.iter().any(|e| e.function == 1));
-    let t = config.cpu_config.expect("the snapshot's config has the template");
+    let t = config
+        .cpu_config
+        .expect("the snapshot's config has the template");
     assert_eq!(t.cpuid_modifiers[0].leaf, 1);
     assert_eq!(t.cpuid_modifiers[0].modifiers[0].bitmap.filter, 1);
 
@@ -166,7 +184,10 @@ fn kvm_cpu_config_boots_and_survives_restore() {
     let (code, body) = http(&sock, "GET", "/vm/config", None);
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["cpu-config"]["cpuid_modifiers"][0]["leaf"], "0x1", "{body}");
+    assert_eq!(
+        v["cpu-config"]["cpuid_modifiers"][0]["leaf"], "0x1",
+        "{body}"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -192,7 +213,10 @@ fn kvm_cpu_config_refusals_match_firecracker() {
     put_ok(&sock, "/cpu-config", bad);
     let (code, body) = http(&sock, "PUT", "/actions", Some(START));
     assert_eq!(code, 400, "{body}");
-    assert!(body.contains("MSR entry not supported by KVM: Register Address: 0x12345"), "{body}");
+    assert!(
+        body.contains("MSR entry not supported by KVM: Register Address: 0x12345"),
+        "{body}"
+    );
     // Refused at parse time as on Firecracker x86: aarch64's fields, bad
     // registers, numbers without a prefix, bad bitmaps.
     for bad in [
@@ -207,7 +231,11 @@ fn kvm_cpu_config_refusals_match_firecracker() {
     }
     // A static template for the other vendor: Firecracker's refusal.
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
-    let other = if cpuinfo.contains("AuthenticAMD") { "T2" } else { "T2A" };
+    let other = if cpuinfo.contains("AuthenticAMD") {
+        "T2"
+    } else {
+        "T2A"
+    };
     put_ok(
         &sock,
         "/machine-config",
@@ -235,7 +263,10 @@ fn kvm_cpu_config_refusals_match_firecracker() {
         Some(r#"{"vcpu_count": 3, "mem_size_mib": 128, "smt": true}"#),
     );
     assert_eq!(code, 400, "{body}");
-    assert!(body.contains("must be 1 or an even number if SMT is enabled"), "{body}");
+    assert!(
+        body.contains("must be 1 or an even number if SMT is enabled"),
+        "{body}"
+    );
     put_ok(
         &sock,
         "/machine-config",
@@ -252,8 +283,15 @@ fn kvm_mmds_data_store_and_limits() {
     assert_eq!(http(&sock, "GET", "/mmds", None), (200, "{}".into()));
     let (code, body) = http(&sock, "PATCH", "/mmds", Some(r#"{"a": 1}"#));
     assert_eq!(code, 400);
-    assert!(body.contains("MMDS data store is not initialized"), "{body}");
-    put_ok(&sock, "/mmds", r#"{"latest": {"meta-data": {"ami-id": "ami-1", "tags": ["a"]}}, "x": 1}"#);
+    assert!(
+        body.contains("MMDS data store is not initialized"),
+        "{body}"
+    );
+    put_ok(
+        &sock,
+        "/mmds",
+        r#"{"latest": {"meta-data": {"ami-id": "ami-1", "tags": ["a"]}}, "x": 1}"#,
+    );
     let (code, body) = http(
         &sock,
         "PATCH",
@@ -274,16 +312,34 @@ fn kvm_mmds_data_store_and_limits() {
     let big = format!(r#"{{"blob": "{}"}}"#, "x".repeat(52_000));
     let (code, body) = http(&sock, "PUT", "/mmds", Some(&big));
     assert_eq!(code, 413, "{body}");
-    assert!(body.contains("The MMDS patch request doesn't fit."), "{body}");
+    assert!(
+        body.contains("The MMDS patch request doesn't fit."),
+        "{body}"
+    );
     let (code, body) = http(&sock, "PATCH", "/mmds", Some(&big));
     assert_eq!(code, 413, "{body}");
-    assert_eq!(http(&sock, "GET", "/mmds", None).1, serde_json::to_string(&v).unwrap());
+    assert_eq!(
+        http(&sock, "GET", "/mmds", None).1,
+        serde_json::to_string(&v).unwrap()
+    );
     // MMDS config: Firecracker's checks, in its order; no interface exists.
     for (body, want) in [
-        (r#"{"network_interfaces": ["eth0"]}"#, "does not correspond to any existing network interface"),
-        (r#"{"network_interfaces": []}"#, "list of network interface IDs that allow forwarding MMDS requests is empty"),
-        (r#"{"network_interfaces": ["eth0"], "ipv4_address": "1.2.3.4"}"#, "not link local"),
-        (r#"{"version": "V3", "network_interfaces": ["eth0"]}"#, "unknown variant `V3`"),
+        (
+            r#"{"network_interfaces": ["eth0"]}"#,
+            "does not correspond to any existing network interface",
+        ),
+        (
+            r#"{"network_interfaces": []}"#,
+            "list of network interface IDs that allow forwarding MMDS requests is empty",
+        ),
+        (
+            r#"{"network_interfaces": ["eth0"], "ipv4_address": "1.2.3.4"}"#,
+            "not link local",
+        ),
+        (
+            r#"{"version": "V3", "network_interfaces": ["eth0"]}"#,
+            "unknown variant `V3`",
+        ),
         (r#"{"version": "V2"}"#, "missing field `network_interfaces`"),
     ] {
         let (code, reply) = http(&sock, "PUT", "/mmds/config", Some(body));
@@ -311,12 +367,25 @@ fn kvm_firecracker_mmds_size_limit_and_metadata() {
         .spawn()
         .unwrap();
     wait_for_path(&sock, Duration::from_secs(10));
-    assert_eq!(http(&sock, "GET", "/mmds", None), (200, r#"{"k":"v"}"#.into()));
+    assert_eq!(
+        http(&sock, "GET", "/mmds", None),
+        (200, r#"{"k":"v"}"#.into())
+    );
     // --metadata initialized the store: PATCH works at once.
     put_ok(&sock, "/mmds", &format!(r#"{{"a": "{}"}}"#, "x".repeat(80)));
-    let (code, body) = http(&sock, "PATCH", "/mmds", Some(&format!(r#"{{"b": "{}"}}"#, "y".repeat(30))));
+    let (code, body) = http(
+        &sock,
+        "PATCH",
+        "/mmds",
+        Some(&format!(r#"{{"b": "{}"}}"#, "y".repeat(30))),
+    );
     assert_eq!(code, 413, "{body}");
-    let (code, body) = http(&sock, "PUT", "/mmds", Some(&format!(r#"{{"a": "{}"}}"#, "x".repeat(120))));
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/mmds",
+        Some(&format!(r#"{{"a": "{}"}}"#, "x".repeat(120))),
+    );
     assert_eq!(code, 413, "{body}");
     let _ = child.kill();
     let _ = child.wait();
@@ -342,8 +411,16 @@ fn kvm_vm_config_shows_the_current_state() {
     let out = dir.path("serial.out");
     let child = spawn_vmm(&sock);
     boot_source(&sock, "idle", "secs=3");
-    put_ok(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 64}"#);
-    put_ok(&sock, "/balloon", r#"{"amount_mib": 8, "deflate_on_oom": true}"#);
+    put_ok(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
+    put_ok(
+        &sock,
+        "/balloon",
+        r#"{"amount_mib": 8, "deflate_on_oom": true}"#,
+    );
     put_ok(
         &sock,
         "/entropy",
@@ -378,8 +455,85 @@ fn kvm_vm_config_shows_the_current_state() {
         v["entropy"]["rate_limiter"]["bandwidth"]["refill_time"], 100,
         "{body}"
     );
-    assert_eq!(v["serial"]["serial_out_path"], out.display().to_string(), "{body}");
+    assert_eq!(
+        v["serial"]["serial_out_path"],
+        out.display().to_string(),
+        "{body}"
+    );
     assert_eq!(v["cpu-config"]["kvm_capabilities"][0], "!56", "{body}");
     assert_eq!(v["machine-config"]["mem_size_mib"], 64, "{body}");
     drop(child);
+}
+
+/// The host's clocksource: KVM gives kvmclock a wall-clock reading
+/// (`KVM_CLOCK_REALTIME`) only when it is the TSC.
+fn host_clocksource() -> String {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn kvm_snapshot_load_overrides() {
+    require_kvm();
+    let dir = Scratch::new("fc-load-overrides");
+    let state = snapshot_cpuid_vm(&dir, "src", &[]);
+    let mem = dir.path("src.mem");
+    let load = |extra: &str| {
+        format!(
+            r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true{extra}}}"#,
+            state.display(),
+            mem.display()
+        )
+    };
+    // network_overrides: the snapshot has no network interface, so any
+    // entry names an unknown one (Firecracker's "Unknown Network Device").
+    let sock = dir.path("net.sock");
+    let _vmm = spawn_vmm(&sock);
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        Some(&load(
+            r#", "network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap1"}]"#,
+        )),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("Unknown Network Device"), "{body}");
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        Some(&load(r#", "network_overrides": [{"iface_id": "eth0"}]"#)),
+    );
+    assert_eq!(code, 400, "{body}");
+    // An empty list changes nothing: the load goes through.
+    put_ok(
+        &sock,
+        "/snapshot/load",
+        &load(r#", "network_overrides": []"#),
+    );
+
+    // clock_realtime: with a TSC clocksource the snapshot holds the wall
+    // clock and KVM advances kvmclock by the time since; otherwise
+    // Firecracker's refusal.
+    let sock = dir.path("clock.sock");
+    let (_vmm, rx) = spawn_vmm_lines(&sock);
+    let (code, body) = http(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        Some(&load(r#", "clock_realtime": true"#)),
+    );
+    if host_clocksource() == "tsc" {
+        assert_eq!(code, 204, "{body}");
+        read_until(&rx, "cpuid 0x1/0x0:");
+    } else {
+        assert_eq!(code, 400, "{body}");
+        assert!(
+            body.contains("clock_realtime requested but not present in the snapshot state"),
+            "{body}"
+        );
+    }
 }

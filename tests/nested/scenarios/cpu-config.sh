@@ -58,5 +58,6 @@ run_vm smt '{"vcpu_count":2,"mem_size_mib":256,"smt":true}'
 if [ $rc -eq 3 ] && topo_of "$tmp/smt.txt" | grep -q 'cpus=2 cpu0_siblings=0-1$'; then
     t smt-two-threads-per-core PASS
 else
+    tr -d '\r' <"$tmp/smt.txt" | grep -v '^$' | tail -n 30
     t smt-two-threads-per-core FAIL "exit $rc: $(topo_of "$tmp/smt.txt") $(tail -n 2 "$tmp/smt.err")"
 fi

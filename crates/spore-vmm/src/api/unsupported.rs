@@ -103,7 +103,13 @@ mod tests {
             "Invalid request method and/or path: GET balloon/hinting/stop."
         );
         // Served now: not answered here.
-        for p in ["/entropy", "/serial", "/cpu-config", "/mmds", "/mmds/config"] {
+        for p in [
+            "/entropy",
+            "/serial",
+            "/cpu-config",
+            "/mmds",
+            "/mmds/config",
+        ] {
             assert!(firecracker_only("PUT", p).is_none(), "{p}");
         }
         // Without the id, as Firecracker answers too.

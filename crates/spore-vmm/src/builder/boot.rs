@@ -8,9 +8,9 @@ use std::fs::File;
 use kvm_ioctls::{Kvm, VcpuFd};
 
 use super::{BuildError, DEFAULT_LINUX_CMDLINE};
+use crate::arch::x86_64::cpu_template::{self, apply_msrs, CpuSetup};
 use crate::arch::x86_64::layout;
 use crate::arch::x86_64::linux::load_linux;
-use crate::arch::x86_64::cpu_template::{self, apply_msrs, CpuSetup};
 use crate::arch::x86_64::linux_vcpu::configure_linux_vcpu;
 use crate::arch::x86_64::msr;
 use crate::arch::x86_64::unikernel::{

@@ -286,7 +286,10 @@ mod tests {
             [KvmCapability::Remove(56), KvmCapability::Add(171)]
         );
         assert_eq!(c.cpuid_modifiers[0].leaf, 1);
-        assert_eq!(c.cpuid_modifiers[0].modifiers[0].register, CpuidRegister::Ecx);
+        assert_eq!(
+            c.cpuid_modifiers[0].modifiers[0].register,
+            CpuidRegister::Ecx
+        );
         assert_eq!(c.msr_modifiers[0].addr, 0x10a);
         // Round trip through its own serialization (GET /vm/config).
         let again: CpuConfig = serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();

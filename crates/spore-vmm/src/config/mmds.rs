@@ -110,9 +110,9 @@ mod tests {
         assert_eq!(c.version, MmdsVersion::V2);
         assert!(c.imds_compat);
         assert!(serde_json::from_str::<MmdsConfig>(r#"{"version":"V2"}"#).is_err());
-        assert!(serde_json::from_str::<MmdsConfig>(
-            r#"{"version":"V3","network_interfaces":[]}"#
-        )
-        .is_err());
+        assert!(
+            serde_json::from_str::<MmdsConfig>(r#"{"version":"V3","network_interfaces":[]}"#)
+                .is_err()
+        );
     }
 }

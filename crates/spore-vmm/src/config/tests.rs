@@ -229,7 +229,10 @@ fn firecracker_config_files_with_null_keys_load() {
     let mut c = nulls.clone();
     c.mmds_config = serde_json::from_str(r#"{"network_interfaces": ["eth0"]}"#).unwrap();
     let e = c.validate().unwrap_err().to_string();
-    assert!(e.contains("does not correspond to any existing network interface"), "{e}");
+    assert!(
+        e.contains("does not correspond to any existing network interface"),
+        "{e}"
+    );
     let c: VmConfig = serde_json::from_str(r#"{"boot-source": {"kernel_image_path": "/k"}, "cpu-config": {}, "serial": {"serial_out_path": "/tmp/x"}}"#).unwrap();
     c.validate().unwrap();
     assert_eq!(c.cpu_config, Some(CpuConfig::default()));

@@ -58,9 +58,7 @@ impl MmdsStore {
 
     pub fn patch(&mut self, patch: &Value) -> Result<(), ApiError> {
         if !self.initialized {
-            return Err(bad(
-                "MMDS error: The MMDS data store is not initialized.",
-            ));
+            return Err(bad("MMDS error: The MMDS data store is not initialized."));
         }
         let mut merged = self.data.clone();
         merge_patch(&mut merged, patch);
@@ -140,7 +138,8 @@ mod tests {
         let e = s.patch(&json!({"a": 1})).unwrap_err();
         assert!(e.to_string().contains("not initialized"), "{e}");
         s.put(json!({"a": {"b": 1, "c": [1]}, "d": "x"})).unwrap();
-        s.patch(&json!({"a": {"b": null, "e": true}, "d": null})).unwrap();
+        s.patch(&json!({"a": {"b": null, "e": true}, "d": null}))
+            .unwrap();
         assert_eq!(s.get(), json!({"a": {"c": [1], "e": true}}));
         // A non-object patch replaces the whole store (RFC 7396).
         s.patch(&json!([2])).unwrap();

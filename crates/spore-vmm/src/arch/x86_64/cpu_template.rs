@@ -13,7 +13,9 @@ use crate::config::{CpuConfig, CpuidRegister, KvmCapability, MachineConfig, Stat
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CpuTemplateError {
     /// Firecracker's words for a static template on the wrong CPU.
-    #[error("Failed to get CPU template: CPU vendor mismatched between actual CPU and CPU template.")]
+    #[error(
+        "Failed to get CPU template: CPU vendor mismatched between actual CPU and CPU template."
+    )]
     VendorMismatched,
     #[error("Failed to get CPU template: The current CPU model is not permitted to apply the CPU template.")]
     InvalidCpuModel,
@@ -71,7 +73,9 @@ fn supported_on(t: StaticCpuTemplate) -> (&'static [u8; 12], &'static [CpuModel]
     const INTEL: &[u8; 12] = b"GenuineIntel";
     const AMD: &[u8; 12] = b"AuthenticAMD";
     match t {
-        StaticCpuTemplate::C3 | StaticCpuTemplate::T2 => (INTEL, &[SKYLAKE, CASCADE_LAKE, ICE_LAKE]),
+        StaticCpuTemplate::C3 | StaticCpuTemplate::T2 => {
+            (INTEL, &[SKYLAKE, CASCADE_LAKE, ICE_LAKE])
+        }
         StaticCpuTemplate::T2S => (INTEL, &[SKYLAKE, CASCADE_LAKE]),
         StaticCpuTemplate::T2CL => (INTEL, &[CASCADE_LAKE, ICE_LAKE]),
         StaticCpuTemplate::T2A => (AMD, &[MILAN]),
