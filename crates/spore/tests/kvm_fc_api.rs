@@ -508,12 +508,31 @@ fn kvm_snapshot_load_overrides() {
         Some(&load(r#", "network_overrides": [{"iface_id": "eth0"}]"#)),
     );
     assert_eq!(code, 400, "{body}");
-    // An empty list changes nothing: the load goes through.
+    // An empty list changes nothing: the load goes through, and the
+    // restored console goes to PUT /serial's file, as Firecracker's does.
+    let console = dir.path("restored-serial.out");
+    put_ok(
+        &sock,
+        "/serial",
+        &format!(r#"{{"serial_out_path": "{}"}}"#, console.display()),
+    );
     put_ok(
         &sock,
         "/snapshot/load",
         &load(r#", "network_overrides": []"#),
     );
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&console)
+        .unwrap_or_default()
+        .contains("cpuid 0x1/0x0:")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no console in {}",
+            console.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // clock_realtime: with a TSC clocksource the snapshot holds the wall
     // clock and KVM advances kvmclock by the time since; otherwise
