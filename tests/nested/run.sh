@@ -181,10 +181,13 @@ start=$EPOCHREALTIME
 # no_timer_check: on a loaded host, TCG is too slow for L1's check that the
 # timer interrupt works, and L1 panicked ("IO-APIC + timer doesn't work").
 # shellcheck disable=SC2054 # the commas are QEMU option syntax
+# The monitor on a socket of its own: on a stall, qemu-state.py asks it where
+# L1's CPUs are (nokaslr: a kernel RIP is the same address in every run).
+monitor="$work/qemu-monitor.sock"
 qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp "$smp"
-    -nographic -no-reboot -net none
+    -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
     -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio"
-    -append "console=ttyS0 quiet panic=-1 no_timer_check spore.stall_report_s=$((stall_s * 2 / 3)) $append")
+    -append "console=ttyS0 quiet panic=-1 no_timer_check nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
 : >"$log_file"
 # QEMU runs in the background so the timeout can kill exactly it.
 "${qemu[@]}" </dev/null >"$log_file" 2>&1 &
@@ -215,6 +218,12 @@ while kill -0 "$qemu_pid" 2>/dev/null; do
     fi
     if ((SECONDS >= deadline)); then
         ((stalled || lockup)) || timed_out=1
+        # Where every L1 CPU is, twice a second apart (a CPU that is stuck
+        # stays put); added to the log once QEMU, which writes it, is gone.
+        for _ in 1 2; do
+            "$here/qemu-state.py" "$monitor" >>"$work/qemu-state.txt" 2>&1 || true
+            sleep 1
+        done
         kill "$qemu_pid" 2>/dev/null || true
         sleep 2
         kill -KILL "$qemu_pid" 2>/dev/null || true
@@ -225,6 +234,7 @@ done
 qemu_rc=0
 wait "$qemu_pid" || qemu_rc=$?
 qemu_pid=""
+[[ -f $work/qemu-state.txt ]] && cat "$work/qemu-state.txt" >>"$log_file"
 wait 2>/dev/null || true # the log follower
 fi
 elapsed=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')

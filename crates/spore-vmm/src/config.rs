@@ -349,8 +349,9 @@ pub const DEFAULT_TMEM_QUOTA_BYTES: u64 = 256 << 20;
 pub struct TmemConfig {
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Bytes of VMM memory the pool may hold (keys, stored values and 64
-    /// bytes of bookkeeping per object).
+    /// Bytes of VMM memory the pool may hold: keys and stored values as
+    /// allocator chunks, and each object's hash-table slot at worst load
+    /// (see `devices::tmem::accounting`).
     #[serde(default = "default_tmem_quota")]
     pub quota_bytes: u64,
     /// `"none"` or `"lz4"`.
@@ -360,6 +361,11 @@ pub struct TmemConfig {
     /// `GET /tmem` as `timing`); for benchmarks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timing: bool,
+    /// A cap on the tmem memory of every VMM on the host together (shared
+    /// through a file, see `devices::tmem::host_cap`); with
+    /// `SPORE_TMEM_HOST_CAP` set too, the lower one applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cap_bytes: Option<u64>,
 }
 
 fn default_true() -> bool {
@@ -377,6 +383,7 @@ impl Default for TmemConfig {
             quota_bytes: DEFAULT_TMEM_QUOTA_BYTES,
             compression: Compression::None,
             timing: false,
+            host_cap_bytes: None,
         }
     }
 }

@@ -217,7 +217,9 @@ pub fn temp_pid(name: &OsStr) -> Option<u32> {
 }
 
 fn alive(pid: u32) -> bool {
-    Path::new("/proc").join(pid.to_string()).exists()
+    // Without /proc (in a jail) no process can be seen: every one counts
+    // as alive, so no temp file of a running process is ever removed.
+    !Path::new("/proc/self").exists() || Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Removes the spore temporary files in `dir` whose creating process is

@@ -14,6 +14,7 @@ pub mod device_manager;
 pub mod devices;
 pub mod files;
 pub mod host;
+pub mod log_limit;
 pub mod logger;
 pub mod memory;
 pub mod metrics;

@@ -17,8 +17,9 @@ pub struct SeccompArgs {
     /// outside a thread's allow list kills the VMM process).
     #[arg(long, conflicts_with = "seccomp_filter")]
     pub no_seccomp: bool,
-    /// Replace the built-in seccomp filters with this seccompiler JSON file
-    /// (one filter per thread kind: keys "vmm", "api", "vcpu").
+    /// Replace the built-in seccomp filters with this file's: seccompiler
+    /// JSON or Firecracker's compiled form (`seccompiler-bin`), one filter
+    /// per thread kind (keys "vmm", "api", "vcpu").
     #[arg(long, value_name = "FILE")]
     pub seccomp_filter: Option<PathBuf>,
 }
@@ -45,7 +46,8 @@ pub fn configure_seccomp(setting: SeccompSetting) -> anyhow::Result<()> {
 
 /// Logs go to stderr; `SPORE_LOG` sets the filter (default `warn`). Beside
 /// it, Firecracker's logger (`PUT /logger`, `firecracker --log-path`) writes
-/// to its own path at its own level once configured.
+/// to its own path at its own level once configured. Both outputs share one
+/// per-call-site rate limit ([`spore_vmm::log_limit`]).
 pub fn init_logging() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPORE_LOG")
@@ -56,6 +58,7 @@ pub fn init_logging() {
     tracing_subscriber::registry()
         .with(stderr)
         .with(spore_vmm::logger::layer())
+        .with(spore_vmm::log_limit::layer())
         .init();
 }
 

@@ -7,6 +7,7 @@ mod clone_cmd;
 mod fc_cmd;
 mod fn_cmd;
 mod host;
+mod jailer;
 mod lambda_client;
 mod mem_cmd;
 mod run;
@@ -100,14 +101,45 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Firecracker's jailer (`spore jailer --id ID --exec-file BIN --uid N
+    /// --gid N ...`), as spore answers when called through a symlink named
+    /// `jailer`: runs BIN chrooted, in its own mount namespace and cgroup,
+    /// as an unprivileged user.
+    #[command(disable_help_flag = true)]
+    Jailer {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
     host::init_logging();
     // Called as `firecracker` (a symlink to spore): Firecracker's command line.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker")) {
+    // Firecracker's command line has no positional arguments: `vmm` first is
+    // a clone process that a VMM running as `firecracker` (a jailed copy
+    // of spore named so) started from its own binary.
+    let own_subcommand = std::env::args_os().nth(1).is_some_and(|a| a == "vmm");
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("firecracker"))
+        && !own_subcommand
+    {
         return ExitCode::from(fc_cmd::main(std::env::args_os().collect()));
+    }
+    // Called as `jailer` (a symlink to spore): Firecracker's jailer.
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("jailer")) {
+        return ExitCode::from(jailer::main(std::env::args_os().collect()));
+    }
+    // Exec'd by a jailer (Firecracker's or spore's), spore gets `--id` as
+    // its first argument, where its own command line has a subcommand:
+    // Firecracker's command line.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "--id" || a.to_string_lossy().starts_with("--id="))
+    {
+        let argv = std::iter::once("firecracker".into())
+            .chain(std::env::args_os().skip(1))
+            .collect();
+        return ExitCode::from(fc_cmd::main(argv));
     }
     let cli = Cli::parse();
     if let Err(e) = set_snapshot_key(cli.snapshot_key_file) {
@@ -128,6 +160,10 @@ fn main() -> ExitCode {
         Command::Firecracker { args } => {
             let argv = std::iter::once("firecracker".into()).chain(args).collect();
             return ExitCode::from(fc_cmd::main(argv));
+        }
+        Command::Jailer { args } => {
+            let argv = std::iter::once("jailer".into()).chain(args).collect();
+            return ExitCode::from(jailer::main(argv));
         }
     };
     match result {

@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// in `GET /tmem` and `--tmem-stats-file` as `timing`).
     #[arg(long)]
     pub tmem_timing: bool,
+    /// Cap the tmem memory of all VMMs on this host together (e.g. 2G),
+    /// shared through $SPORE_TMEM_HOST_DIR (default /run/spore).
+    #[arg(long)]
+    pub tmem_host_cap: Option<String>,
     /// Write the tmem pool's final `GET /tmem` JSON here when the VM stops.
     #[arg(long)]
     pub tmem_stats_file: Option<PathBuf>,
@@ -196,6 +200,10 @@ impl RunArgs {
                     CompressionArg::Lz4 => Compression::Lz4,
                 },
                 timing: self.tmem_timing,
+                host_cap_bytes: match &self.tmem_host_cap {
+                    Some(s) => Some(parse_size(s).with_context(|| format!("--tmem-host-cap {s}"))?),
+                    None => None,
+                },
             },
             balloon: None,
             memory_hotplug: None,

@@ -117,6 +117,49 @@ fn kvm_guest_garbage_on_signal_port_does_not_stop_the_vmm() {
 }
 
 #[test]
+fn kvm_a_guest_log_flood_stays_under_the_rate_limit() {
+    require_kvm();
+    // 20,000 warnings from one call site as fast as the guest can, then one
+    // more after the limiter's period: that one comes after a line counting
+    // what was dropped.
+    let started = std::time::Instant::now();
+    let out = spore()
+        .args([
+            "run",
+            "--mem",
+            "64M",
+            "--cmdline",
+            "flood=20000 pause_ms=5200",
+        ])
+        .arg("--kernel")
+        .arg(uk_image("signal-garbage"))
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed().as_secs();
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(stdout_of(&out).contains("flooded 20000"));
+    let warnings = stderr.matches("signal port: ignored").count();
+    // One burst per started period of the run (however slow the host).
+    let periods = elapsed / spore_vmm::log_limit::PERIOD.as_secs() + 2;
+    let allowed = spore_vmm::log_limit::BURST as usize * periods as usize;
+    assert!(
+        (2..=allowed).contains(&warnings),
+        "{warnings} warnings reached the log in {elapsed} s (at most {allowed})"
+    );
+    let dropped: u64 = stderr
+        .lines()
+        .filter_map(|l| l.split_once(" log lines from "))
+        .filter_map(|(head, _)| head.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        dropped + warnings as u64 >= 20_000,
+        "the dropped lines are not all counted ({dropped} dropped, {warnings} kept): {stderr}"
+    );
+    assert!(stderr.len() < 32 * 1024, "{} bytes of log", stderr.len());
+}
+
+#[test]
 fn kvm_api_configure_start_pause_resume() {
     require_kvm();
     let dir = Scratch::new("api");

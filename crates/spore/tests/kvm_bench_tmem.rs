@@ -74,6 +74,17 @@ fn kvm_bench_tmem_quick_reports_every_field() {
         positive(&j, &format!("guest.one_mib.seed_i5_8250u_us.{op}.total"));
     }
     assert_eq!(at(&j, "guest.one_mib.runs"), 5);
+    // Seccomp's cost: the same calls with the filters on and off.
+    for side in ["on", "off"] {
+        for op in ["put", "get"] {
+            stats_positive(&j, &format!("guest.seccomp_1m.{side}.{op}_guest_total_us"));
+            positive(&j, &format!("guest.seccomp_1m.{side}.{op}_vmm_handling_us"));
+        }
+    }
+    for op in ["put", "get"] {
+        let pct = j["guest"]["seccomp_1m"][format!("{op}_cost_pct")].as_f64();
+        assert!(pct.is_some_and(f64::is_finite), "{op}_cost_pct: {pct:?}");
+    }
 
     let b = &j["guest"]["batching_4k"];
     assert_eq!(b["objects"], 256);

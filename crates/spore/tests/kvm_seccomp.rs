@@ -134,6 +134,47 @@ fn kvm_no_seccomp_leaves_every_thread_unfiltered() {
     drop(s);
 }
 
+/// A filter file in Firecracker's compiled form (bitcode of category →
+/// BPF instructions as little-endian u64), as its `seccompiler-bin` writes.
+fn write_compiled(path: &Path, vcpu: Vec<u64>) {
+    let map = std::collections::HashMap::from([
+        ("vmm".to_string(), Vec::<u64>::new()),
+        ("api".to_string(), Vec::new()),
+        ("vcpu".to_string(), vcpu),
+    ]);
+    std::fs::write(path, bitcode::serialize(&map).unwrap()).unwrap();
+}
+
+#[test]
+fn kvm_a_compiled_firecracker_filter_is_installed() {
+    require_kvm();
+    let s = Scratch::new("seccomp-compiled");
+    let run = |filter: &Path| {
+        spore()
+            .args(["run", "--seccomp-filter"])
+            .arg(filter)
+            .arg("--kernel")
+            .arg(uk_image("hello"))
+            .args(["--mem", "128M", "--cmdline", "exit=0"])
+            .output()
+            .unwrap()
+    };
+    // Empty programs: no filter on any thread, the guest runs to its end.
+    let empty = s.path("empty.bpf");
+    write_compiled(&empty, Vec::new());
+    let o = run(&empty);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    // A vCPU program of one instruction, `ret KILL_PROCESS`: the vCPU
+    // thread's first syscall kills the VMM with SIGSYS.
+    let kill = s.path("kill.bpf");
+    const BPF_RET_K: u64 = 0x06;
+    const SECCOMP_RET_KILL_PROCESS: u64 = 0x8000_0000;
+    write_compiled(&kill, vec![BPF_RET_K | SECCOMP_RET_KILL_PROCESS << 32]);
+    let o = run(&kill);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGSYS), "{:?}", o.status);
+}
+
 #[test]
 fn a_bad_seccomp_filter_file_is_one_error_line() {
     let s = Scratch::new("seccomp-bad");

@@ -1,6 +1,11 @@
 //! signal-garbage: a misbehaving guest. It writes malformed values of every
 //! width and opcode to the signal port, reads it at odd widths, then says it
 //! survived and exits 0. The VMM must ignore the junk and keep running.
+//!
+//! With `flood=N` it then writes junk N more times, busy-waits `pause_ms`
+//! (default 0), and writes one last junk value: a guest trying to fill the
+//! host's disk through the VMM's warnings, which the log's rate limit must
+//! stop (and later report what it dropped).
 #![no_std]
 #![no_main]
 
@@ -38,6 +43,24 @@ fn main(_info: &BootInfo) -> i32 {
     // not garbage, so not sent here.
     // Ports next to the signal port hit no device.
     spore_uk::port::outl(SIGNAL_PORT + 1, 0xffff_ffff);
+    let flood: u64 = spore_uk::cmdline::arg("flood")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if flood > 0 {
+        for _ in 0..flood {
+            spore_uk::port::outl(SIGNAL_PORT, 0x7f00_0000);
+        }
+        let pause_us = spore_uk::cmdline::arg("pause_ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1000;
+        let start = spore_uk::clock::Instant::now();
+        while start.elapsed_us().is_some_and(|us| us < pause_us) {
+            core::hint::spin_loop();
+        }
+        spore_uk::port::outl(SIGNAL_PORT, 0x7f00_0000);
+        println!("flooded {flood} (tsc {:?} kHz)", spore_uk::clock::tsc_khz());
+    }
     println!("survived");
     0
 }

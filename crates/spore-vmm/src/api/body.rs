@@ -247,6 +247,7 @@ impl TmemUpdate {
             quota_bytes: self.quota_bytes.unwrap_or(base.quota_bytes),
             compression: self.compression.unwrap_or(base.compression),
             timing: base.timing,
+            host_cap_bytes: base.host_cap_bytes,
         }
     }
 }

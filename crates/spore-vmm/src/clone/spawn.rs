@@ -40,15 +40,26 @@ pub struct CloneProcess {
 /// source's own version of spore even after the file was replaced on disk
 /// (an upgrade): the handoff between them is not a stable format. The name
 /// stays the executable's path (what `ps` and `spore serve`'s recovery
-/// look for). `SPORE_CLONE_EXE` names another program instead.
+/// look for). `SPORE_CLONE_EXE` names another program instead. Without
+/// /proc (in a jail) it is `argv[0]`, the absolute path the jailer ran.
 pub fn clone_exe() -> Result<(PathBuf, PathBuf), CloneError> {
     if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
         return Ok((PathBuf::from(&p), PathBuf::from(p)));
     }
-    let path = std::env::current_exe().map_err(|source| CloneError::Io {
-        what: "find the spore executable",
-        source,
-    })?;
+    let path = match std::env::current_exe() {
+        Ok(p) => p,
+        // No /proc (a jail: spore's or Firecracker's jailer mounts none):
+        // the jailer ran the binary by its absolute path inside the jail.
+        Err(source) => match std::env::args_os().next().map(PathBuf::from) {
+            Some(p) if p.is_absolute() && p.is_file() => p,
+            _ => {
+                return Err(CloneError::Io {
+                    what: "find the spore executable",
+                    source,
+                })
+            }
+        },
+    };
     // A replaced executable reads as "PATH (deleted)": the name is PATH.
     let name = path
         .to_str()
@@ -98,7 +109,8 @@ pub fn spawn(
     let mut cmd = Command::new(&exe);
     cmd.arg0(&exe_name)
         .args(args.to_args())
-        .stdin(Stdio::null())
+        // A pipe closed at once reads like /dev/null, which a jail lacks.
+        .stdin(Stdio::piped())
         .stdout(out)
         .stderr(err)
         .process_group(0);
@@ -106,7 +118,10 @@ pub fn spawn(
     // pre_exec hook, which would force fork()) is safe: this VMM spawns
     // processes only here, one request at a time.
     set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
-    let child = cmd.spawn();
+    let child = cmd.spawn().map(|mut c| {
+        drop(c.stdin.take());
+        c
+    });
     drop(theirs);
     let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe_name.display())))?;
     Ok(CloneProcess {

@@ -159,6 +159,17 @@ fn tmem_timing_is_opt_in() {
 }
 
 #[test]
+fn tmem_host_cap_is_optional() {
+    assert_eq!(TmemConfig::default().host_cap_bytes, None);
+    let json = serde_json::to_string(&TmemConfig::default()).unwrap();
+    assert!(!json.contains("host_cap"), "{json}");
+    let t: TmemConfig = serde_json::from_str(r#"{"host_cap_bytes":1073741824}"#).unwrap();
+    assert_eq!(t.host_cap_bytes, Some(1 << 30));
+    assert!(serde_json::from_str::<TmemConfig>(r#"{"host_cap_bytes":-1}"#).is_err());
+    assert!(serde_json::from_str::<TmemConfig>(r#"{"host_cap_bytes":"1G"}"#).is_err());
+}
+
+#[test]
 fn cow_overlay_shapes() {
     let drive = |overlay: &str, ro: bool| -> Result<DriveConfig, String> {
         let d: DriveConfig = serde_json::from_str(&format!(

@@ -12,6 +12,7 @@ use crate::config::TmemConfig;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
+use crate::devices::tmem::host_cap::{self, HostCap};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::wake::GuestWake;
 use kvm_ioctls::VmFd;
@@ -84,6 +85,21 @@ impl LegacySetup<'_> {
                 TmemDevice::new(self.tmem.quota_bytes, self.tmem.compression)
             }
             None => TmemDevice::disabled(),
+        };
+        let tmem = match host_cap::effective_cap(self.tmem.host_cap_bytes) {
+            Ok(Some(cap)) if tmem.is_enabled() => HostCap::open(&host_cap::host_dir(), cap)
+                .and_then(|c| tmem.with_host_cap(c))
+                .map_err(|e| DeviceError::Restore {
+                    id: DeviceId::tmem(),
+                    detail: e.to_string(),
+                })?,
+            Ok(_) => tmem,
+            Err(e) => {
+                return Err(DeviceError::Restore {
+                    id: DeviceId::tmem(),
+                    detail: e.to_string(),
+                })
+            }
         };
         let tmem = if self.tmem.timing {
             tmem.with_timing()

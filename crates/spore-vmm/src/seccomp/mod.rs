@@ -23,19 +23,21 @@
 //! a clone's main thread adds none ([`configure`]).
 //!
 //! `spore vmm --no-seccomp` turns the filters off; `--seccomp-filter FILE`
-//! replaces them with a seccompiler JSON file (keys `vmm`, `api`, `vcpu`), as
-//! in Firecracker. `SPORE_SECCOMP_LOG=1` makes a syscall outside the built-in
+//! replaces them with a seccompiler JSON file (keys `vmm`, `api`, `vcpu`) or
+//! a filter compiled by Firecracker's `seccompiler-bin` ([`file`]), as in
+//! Firecracker. `SPORE_SECCOMP_LOG=1` makes a syscall outside the built-in
 //! lists logged by the kernel (audit, in `dmesg`) instead of fatal: a
 //! debugging aid for finding a missing syscall.
 
 mod api;
+mod file;
 mod vcpu;
 mod vmm;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -74,7 +76,7 @@ pub enum SeccompSetting {
     Default,
     /// No filters.
     Off,
-    /// A seccompiler JSON file's filters.
+    /// The filters of a file (seccompiler JSON or Firecracker's compiled form).
     File(PathBuf),
 }
 
@@ -103,6 +105,8 @@ pub enum SeccompError {
         #[source]
         source: seccompiler::Error,
     },
+    #[error("--seccomp-filter {path}: {why}")]
+    Format { path: String, why: String },
     #[error(
         "--seccomp-filter {path}: no {key:?} filter (the file needs \"vmm\", \"api\" and \"vcpu\")"
     )]
@@ -130,7 +134,7 @@ impl Filters {
         match setting {
             SeccompSetting::Off => Ok(None),
             SeccompSetting::Default => Filters::builtin().map(Some),
-            SeccompSetting::File(p) => Filters::from_json_file(p).map(Some),
+            SeccompSetting::File(p) => file::read(p).map(Some),
         }
     }
 
@@ -162,31 +166,6 @@ impl Filters {
         })
     }
 
-    /// A seccompiler JSON file's filters (keys `vmm`, `api`, `vcpu`).
-    pub fn from_json_file(path: &Path) -> Result<Filters, SeccompError> {
-        let shown = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|source| SeccompError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        let mut map = seccompiler::compile_from_json(io::BufReader::new(file), TargetArch::x86_64)
-            .map_err(|source| SeccompError::Compile {
-                path: shown.clone(),
-                source,
-            })?;
-        let mut take = |kind: ThreadKind| {
-            map.remove(kind.key()).ok_or(SeccompError::Missing {
-                path: shown.clone(),
-                key: kind.key(),
-            })
-        };
-        Ok(Filters {
-            vmm: take(ThreadKind::Vmm)?,
-            api: take(ThreadKind::Api)?,
-            vcpu: take(ThreadKind::Vcpu)?,
-        })
-    }
-
     fn get(&self, kind: ThreadKind) -> &BpfProgram {
         match kind {
             ThreadKind::Vmm => &self.vmm,
@@ -204,8 +183,12 @@ impl Filters {
         current == kind || self.get(current) == self.get(kind)
     }
 
-    /// Installs `kind`'s filter on the calling thread.
+    /// Installs `kind`'s filter on the calling thread (none if the user's
+    /// file gave it an empty program, as Firecracker reads such a file).
     pub fn install(&self, kind: ThreadKind) -> Result<(), SeccompError> {
+        if self.get(kind).is_empty() {
+            return Ok(());
+        }
         seccompiler::apply_filter(self.get(kind)).map_err(|source| SeccompError::Install {
             kind: kind.key(),
             source,

@@ -39,16 +39,70 @@ fn json_files_are_read_or_refused() {
         "good.json",
         &format!(r#"{{"vmm":{one},"api":{one},"vcpu":{one}}}"#),
     );
-    assert!(Filters::from_json_file(&good).is_ok());
+    assert!(file::read(&good).is_ok());
     let missing = write_tmp("missing.json", &format!(r#"{{"vmm":{one},"api":{one}}}"#));
-    let e = Filters::from_json_file(&missing).err().unwrap().to_string();
+    let e = file::read(&missing).err().unwrap().to_string();
     assert!(e.contains("\"vcpu\""), "{e}");
     let bad = write_tmp("bad.json", "{ not json");
-    assert!(Filters::from_json_file(&bad).is_err());
+    assert!(file::read(&bad).is_err());
     let gone = std::env::temp_dir().join("spore-seccomp-no-such-file.json");
-    let e = Filters::from_json_file(&gone).err().unwrap().to_string();
+    let e = file::read(&gone).err().unwrap().to_string();
     assert!(e.starts_with("--seccomp-filter"), "{e}");
     for p in [good, missing, bad] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// A file in Firecracker's compiled form (what its `seccompiler-bin` writes:
+/// bitcode of category → instructions as u64).
+fn write_compiled(name: &str, map: &std::collections::HashMap<String, Vec<u64>>) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("spore-seccomp-{}-{name}", std::process::id()));
+    std::fs::write(&p, bitcode::serialize(map).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn compiled_firecracker_files_are_read_or_refused() {
+    let builtin = Filters::builtin().unwrap();
+    let as_u64 = |p: &BpfProgram| p.iter().map(file::encode).collect::<Vec<u64>>();
+    // Category names in any case, as Firecracker lowercases them.
+    let map = std::collections::HashMap::from([
+        ("VMM".to_string(), as_u64(&builtin.vmm)),
+        ("api".to_string(), as_u64(&builtin.api)),
+        ("vcpu".to_string(), as_u64(&builtin.vcpu)),
+    ]);
+    let good = write_compiled("good.bpf", &map);
+    let f = file::read(&good).unwrap();
+    assert!(f.vmm == builtin.vmm && f.api == builtin.api && f.vcpu == builtin.vcpu);
+
+    // An empty program: no filter for that kind (installing it is a no-op).
+    let mut empty = map.clone();
+    empty.insert("vcpu".into(), Vec::new());
+    let empty = write_compiled("empty.bpf", &empty);
+    let f = file::read(&empty).unwrap();
+    assert!(f.vcpu.is_empty());
+    f.install(ThreadKind::Vcpu).unwrap();
+
+    let mut missing = map.clone();
+    missing.remove("api");
+    let missing = write_compiled("missing.bpf", &missing);
+    let e = file::read(&missing).err().unwrap().to_string();
+    assert!(e.contains("\"api\""), "{e}");
+
+    let mut long = map.clone();
+    long.insert("vcpu".into(), vec![0; 4097]);
+    let long = write_compiled("long.bpf", &long);
+    let e = file::read(&long).err().unwrap().to_string();
+    assert!(e.contains("4097 instructions"), "{e}");
+
+    let junk = write_tmp("junk.bpf", "\u{1}\u{2}junk");
+    let e = file::read(&junk).err().unwrap().to_string();
+    assert!(e.contains("neither seccompiler JSON nor"), "{e}");
+
+    let big = write_tmp("big.bpf", &"x".repeat(file::COMPILED_LIMIT + 1));
+    let e = file::read(&big).err().unwrap().to_string();
+    assert!(e.contains("over 100000 bytes"), "{e}");
+    for p in [good, empty, missing, long, junk, big] {
         let _ = std::fs::remove_file(p);
     }
 }

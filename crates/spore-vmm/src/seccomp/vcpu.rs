@@ -58,6 +58,10 @@ const SYSCALLS: &[i64] = &[
     SYS_epoll_ctl,
     SYS_fcntl,
     SYS_close,
+    // The tmem host-wide cap: its shared file's slots and OFD locks
+    // (`devices::tmem::host_cap`; `fcntl` is above).
+    SYS_pread64,
+    SYS_pwrite64,
     // The thread's end (and a panic's abort).
     SYS_exit,
     SYS_exit_group,

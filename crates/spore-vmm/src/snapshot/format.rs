@@ -36,8 +36,12 @@ pub const MAGIC: &[u8; 8] = b"SPORESNP";
 pub const FORMAT_VERSION: u32 = 3;
 /// Manifests beyond this are not ours (keeps a hostile file from allocating).
 const MAX_MANIFEST: u32 = 1 << 20;
-/// Likewise for the binary state (xsave areas of many vCPUs fit easily).
-const MAX_STATE: u64 = 256 << 20;
+// The binary state has no fixed limit: it holds the tmem pool, as large as
+// the VM's quota, and a snapshot that could be taken must load. What bounds
+// it is the file itself: every length the header announces is checked
+// against the file's size before anything is read or allocated, and a file
+// without the magic is refused after 8 bytes (a memory file given as a
+// state file is never read through).
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -238,10 +242,10 @@ pub fn decode_with<'a>(
     }
     let manifest_bytes = r.take(mlen as usize).ok_or_else(truncated)?;
     let slen = r.u64().ok_or_else(truncated)?;
-    if slen > MAX_STATE {
-        return Err(FormatError::Checksum(path.to_string()));
-    }
-    let state = r.take(slen as usize).ok_or_else(truncated)?;
+    // Longer than the bytes there are: `take` refuses it.
+    let state = r
+        .take(usize::try_from(slen).map_err(|_| truncated())?)
+        .ok_or_else(truncated)?;
     let signed_end = r.pos;
     let alen = r.u32().ok_or_else(truncated)?;
     if alen != 0 && alen as usize != MAC_LEN {
@@ -319,16 +323,16 @@ pub fn read_state_file_hashed(path: &Path) -> Result<(Manifest, Vec<u8>, String)
     // regular file, read up to the length it had when opened.
     let file = crate::files::open_regular(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
-    // Refuse before reading a huge file (a memory file passed by mistake).
-    if len > u64::from(MAX_MANIFEST) + MAX_STATE + 64 {
-        return Err(FormatError::Invalid {
-            path: name,
-            detail: format!("{len} bytes is too large for a state file (is it a memory file?)"),
-        });
-    }
-    let bytes = read_bounded(&name, file, len)?;
+    let mut bytes = read_bounded(&name, file, len)?;
+    let digest = state_digest(&bytes);
     let (m, state) = decode(&name, &bytes)?;
-    Ok((m, state.to_vec(), state_digest(&bytes)))
+    // The state is most of the file (a large tmem pool): cut the file's
+    // buffer down to it rather than copy it.
+    let start = state.as_ptr() as usize - bytes.as_ptr() as usize;
+    let end = start + state.len();
+    bytes.truncate(end);
+    bytes.drain(..start);
+    Ok((m, bytes, digest))
 }
 
 /// Reads a state file of `len` bytes (its size when opened), checking the
@@ -351,45 +355,46 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
     // Magic, version, manifest length; then the manifest and state length.
     let head = MAGIC.len() as u64 + 8;
     fill(&mut bytes, head)?;
+    if bytes.get(..MAGIC.len()) != Some(&MAGIC[..]) {
+        return Err(FormatError::Magic(path.to_string()));
+    }
     let le32 = |b: &[u8], at: usize| b.get(at..at + 4).and_then(|s| s.try_into().ok());
-    if let (Some(true), Some(m)) = (
-        bytes.get(..MAGIC.len()).map(|m| m == MAGIC),
-        le32(&bytes, MAGIC.len() + 4).map(u32::from_le_bytes),
-    ) {
-        if m <= MAX_MANIFEST {
-            let slen_end = head + u64::from(m) + 8;
-            if slen_end > len {
-                return Err(FormatError::Truncated(path.to_string()));
-            }
-            fill(&mut bytes, slen_end)?;
-            let at = (slen_end - 8) as usize;
-            let slen = bytes
-                .get(at..at + 8)
-                .and_then(|s| s.try_into().ok())
-                .map_or(0, u64::from_le_bytes);
-            if slen <= MAX_STATE {
-                // The MAC length follows the state.
-                let alen_end = slen_end + slen + 4;
-                if alen_end > len {
-                    return Err(FormatError::Truncated(path.to_string()));
-                }
-                fill(&mut bytes, alen_end)?;
-                let at = (alen_end - 4) as usize;
-                let alen = le32(&bytes, at).map_or(0, u32::from_le_bytes);
-                let total = alen_end + u64::from(alen) + 4;
-                if total > len {
-                    return Err(FormatError::Truncated(path.to_string()));
-                }
-                if total < len {
-                    return Err(FormatError::Invalid {
-                        path: path.to_string(),
-                        detail: format!("{} bytes of trailing garbage", len - total),
-                    });
-                }
-            }
+    if let Some(m) = le32(&bytes, MAGIC.len() + 4).map(u32::from_le_bytes) {
+        if m > MAX_MANIFEST {
+            return Err(FormatError::Checksum(path.to_string()));
+        }
+        let slen_end = head + u64::from(m) + 8;
+        if slen_end > len {
+            return Err(FormatError::Truncated(path.to_string()));
+        }
+        fill(&mut bytes, slen_end)?;
+        let at = (slen_end - 8) as usize;
+        let slen = bytes
+            .get(at..at + 8)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        // The MAC length follows the state.
+        let alen_end = slen_end.saturating_add(slen).saturating_add(4);
+        if alen_end > len {
+            return Err(FormatError::Truncated(path.to_string()));
+        }
+        fill(&mut bytes, alen_end)?;
+        let at = (alen_end - 4) as usize;
+        let alen = le32(&bytes, at).map_or(0, u32::from_le_bytes);
+        let total = alen_end + u64::from(alen) + 4;
+        if total > len {
+            return Err(FormatError::Truncated(path.to_string()));
+        }
+        if total < len {
+            return Err(FormatError::Invalid {
+                path: path.to_string(),
+                detail: format!("{} bytes of trailing garbage", len - total),
+            });
         }
     }
-    // Anything else (a bad magic, an oversized length) decode refuses.
+    // Every length checked against the file: read the rest (a file too
+    // short for its header is decode's to refuse), into one allocation.
+    bytes.reserve_exact((len as usize).saturating_sub(bytes.len()));
     fill(&mut bytes, len)?;
     Ok(bytes)
 }

@@ -327,6 +327,7 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
         Ok(json!({
             "bench": "clone",
             "runs": a.runs,
+            "seccomp": !a.no_seccomp,
             "host": host_info(),
             "hyperfork": "9.27 ms at 1 GiB (thesis, m5.metal), linear in memory; the estimate per size scales it",
             "sizes": sizes,

@@ -154,6 +154,7 @@ fn boot(a: BootArgs) -> anyhow::Result<u8> {
             "runs": a.runs,
             "mem": a.mem,
             "vcpus": a.vcpus,
+            "seccomp": !a.no_seccomp,
             "machine": machine(),
             "start_to_first_mark_ms": stats(&boots),
             "vmm_rss_excluding_guest_kib": if rss.is_empty() { Value::Null } else { stats(&rss) },

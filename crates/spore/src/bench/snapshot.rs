@@ -70,6 +70,10 @@ pub struct SnapshotBenchArgs {
     /// from it, not tmpfs).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Run every VMM (boot and restores) without seccomp filters, to
+    /// measure what the filters cost.
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 /// The snapshot kinds written per size. A diff snapshot is one more entry
@@ -120,6 +124,7 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
             "touch_pct": a.touch_pct,
             "workload": if a.write { "read+write one word per touched page" } else { "read one word per touched page" },
             "runs": a.runs,
+            "seccomp": !a.no_seccomp,
             // Timings on a busy host are inflated: say how busy it was.
             "host_loadavg_1min": {"before": load_before, "after": loadavg()},
             "sizes": sizes,
@@ -145,11 +150,12 @@ struct Vmm {
 }
 
 impl Vmm {
-    fn spawn(spore: &Path, sock: &Path, marks: &Path) -> anyhow::Result<Self> {
+    fn spawn(spore: &Path, sock: &Path, marks: &Path, no_seccomp: bool) -> anyhow::Result<Self> {
         let _ = std::fs::remove_file(sock);
         let mut child = Command::new(spore)
             .args(["vmm", "--api-sock"])
             .arg(sock)
+            .args(no_seccomp.then_some("--no-seccomp"))
             .arg("--marks-file")
             .arg(marks)
             .stdin(Stdio::null())
@@ -243,7 +249,7 @@ fn bench_size(
     let sock = dir.join("api.sock");
 
     // Boot and fill.
-    let vmm = Vmm::spawn(spore, &sock, &marks)?;
+    let vmm = Vmm::spawn(spore, &sock, &marks, a.no_seccomp)?;
     vmm.call(
         "PUT",
         "/boot-source",
@@ -296,7 +302,7 @@ fn bench_size(
         let _ = std::fs::remove_file(&ws);
         let mut record = None;
         if mode == "working_set" {
-            record = Some(restore_once(spore, dir, mode, a.warm)?);
+            record = Some(restore_once(spore, dir, mode, a)?);
             if !ws.exists() {
                 bail!("the recording run wrote no working set");
             }
@@ -304,8 +310,7 @@ fn bench_size(
         let mut samples = Vec::new();
         for i in 0..a.runs {
             samples.push(
-                restore_once(spore, dir, mode, a.warm)
-                    .with_context(|| format!("{mode} run {i}"))?,
+                restore_once(spore, dir, mode, a).with_context(|| format!("{mode} run {i}"))?,
             );
         }
         let col = |f: fn(&Sample) -> f64| stats(&samples.iter().map(f).collect::<Vec<_>>());
@@ -366,11 +371,17 @@ fn drop_cache(path: &Path) {
     }
 }
 
-fn restore_once(spore: &Path, dir: &Path, mode: &str, warm: bool) -> anyhow::Result<Sample> {
+fn restore_once(
+    spore: &Path,
+    dir: &Path,
+    mode: &str,
+    a: &SnapshotBenchArgs,
+) -> anyhow::Result<Sample> {
+    let warm = a.warm;
     let (state, mem) = (dir.join("vm.state"), dir.join("vm.mem"));
     let marks = dir.join("marks.json");
     let _ = std::fs::remove_file(&marks);
-    let vmm = Vmm::spawn(spore, &dir.join("restore.sock"), &marks)?;
+    let vmm = Vmm::spawn(spore, &dir.join("restore.sock"), &marks, a.no_seccomp)?;
     if !warm {
         for f in [&mem, &state, &dir.join("vm.state.ws")] {
             drop_cache(f);

@@ -266,10 +266,14 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
         let (bench_uk, kv_uk) = (a.uk_image("tmem-bench")?, a.uk_image("kvserver")?);
         let scratch = std::env::temp_dir().join(format!("spore-bench-tmem-{}", std::process::id()));
         std::fs::create_dir_all(&scratch)?;
-        let guest = (|| -> anyhow::Result<(Value, Value, Value)> {
+        let guest = (|| -> anyhow::Result<(Value, Value, Value, Value)> {
             let lat =
                 crate::bench::tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
                     .context("guest 1 MiB latency")?;
+            let sec = crate::bench::tmem_guest::seccomp_cost(
+                &spore, &bench_uk, a.runs, a.vm_runs, &scratch,
+            )
+            .context("seccomp on/off")?;
             let bat = crate::bench::tmem_guest::batching(
                 &spore, &bench_uk, a.objects, a.batch, a.rounds, a.vm_runs, &scratch,
             )
@@ -283,15 +287,16 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
                 &scratch,
             )
             .context("kvserver SET vs TMEMPUT")?;
-            Ok((lat, bat, kv))
+            Ok((lat, bat, kv, sec))
         })();
         let _ = std::fs::remove_dir_all(&scratch);
-        let (lat, bat, kv) = guest?;
+        let (lat, bat, kv, sec) = guest?;
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         summary = format!(
             "guest 1 MiB put {:.0} µs ({:.0} VMM + {:.0} exit/guest), get {:.0} µs ({:.0} + {:.0}) [seed: 178, 124]; \
              4 KiB puts {:.0}/s single vs {:.0}/s batched ({:.1}x, {} vs {} exits); \
-             kvserver SET/TMEMPUT cmds/s {}; {summary}",
+             kvserver SET/TMEMPUT cmds/s {}; \
+             seccomp on/off 1 MiB put {:.0}/{:.0} µs ({:+.1}%), get {:.0}/{:.0} µs ({:+.1}%); {summary}",
             f(&lat["put"]["guest_total_us"]["median"]),
             f(&lat["put"]["vmm_handling_us"]),
             f(&lat["put"]["exit_and_guest_us"]),
@@ -316,8 +321,14 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
                     .collect::<Vec<_>>()
                     .join(", "))
                 .unwrap_or_default(),
+            f(&sec["on"]["put_guest_total_us"]["median"]),
+            f(&sec["off"]["put_guest_total_us"]["median"]),
+            f(&sec["put_cost_pct"]),
+            f(&sec["on"]["get_guest_total_us"]["median"]),
+            f(&sec["off"]["get_guest_total_us"]["median"]),
+            f(&sec["get_cost_pct"]),
         );
-        out["guest"] = json!({ "one_mib": lat, "batching_4k": bat });
+        out["guest"] = json!({ "one_mib": lat, "batching_4k": bat, "seccomp_1m": sec });
         out["kvserver"] = kv;
     }
     eprintln!("tmem: {summary}");

@@ -22,11 +22,23 @@ struct VmRun {
 }
 
 fn run_vm(spore: &Path, image: &Path, cmdline: &str, scratch: &Path) -> anyhow::Result<VmRun> {
+    run_vm_with(spore, image, cmdline, scratch, false)
+}
+
+/// [`run_vm`], optionally without seccomp filters (`--no-seccomp`).
+fn run_vm_with(
+    spore: &Path,
+    image: &Path,
+    cmdline: &str,
+    scratch: &Path,
+    no_seccomp: bool,
+) -> anyhow::Result<VmRun> {
     let stats_file = scratch.join("tmem-stats.json");
     let _ = std::fs::remove_file(&stats_file);
     let out = Command::new(spore)
         .args(["run", "--mem", "128M", "--tmem-timing", "--tmem-stats-file"])
         .arg(&stats_file)
+        .args(no_seccomp.then_some("--no-seccomp"))
         .arg("--kernel")
         .arg(image)
         .args(["--cmdline", cmdline])
@@ -122,6 +134,63 @@ pub fn latency(
             "put": { "total": 178, "hypercall": 117, "driver": 61 },
             "get": { "total": 124, "hypercall": 78, "driver": 46 },
         },
+    }))
+}
+
+/// Seccomp's cost on tmem calls: 1 MiB put and get latency (guest total and
+/// VMM handling) with the filters on and off, VMs alternating between the
+/// two so that drift on the machine hits both alike.
+pub fn seccomp_cost(
+    spore: &Path,
+    image: &Path,
+    runs: usize,
+    vm_runs: usize,
+    scratch: &Path,
+) -> anyhow::Result<Value> {
+    // [on, off] x [guest put, guest get, vmm put, vmm get]
+    let mut s: [[Vec<f64>; 4]; 2] = Default::default();
+    for _ in 0..vm_runs {
+        for (i, no_seccomp) in [false, true].into_iter().enumerate() {
+            let r = run_vm_with(
+                spore,
+                image,
+                &format!("mode=latency runs={runs}"),
+                scratch,
+                no_seccomp,
+            )?;
+            for l in &r.lines {
+                if let (Some(p), Some(g)) = (l.get("put_1m_ns"), l.get("get_1m_ns")) {
+                    s[i][0].push(*p as f64 / 1e3);
+                    s[i][1].push(*g as f64 / 1e3);
+                }
+            }
+            s[i][2].push(timing(&r.tmem, "put", "median_ns")? as f64 / 1e3);
+            s[i][3].push(timing(&r.tmem, "get", "median_ns")? as f64 / 1e3);
+        }
+    }
+    ensure!(
+        s[0][0].len() == runs * vm_runs && s[1][0].len() == runs * vm_runs,
+        "tmem-bench printed {} and {} results, expected {} each",
+        s[0][0].len(),
+        s[1][0].len(),
+        runs * vm_runs
+    );
+    let side = |v: &[Vec<f64>; 4]| {
+        json!({
+            "put_guest_total_us": stats(&v[0]),
+            "get_guest_total_us": stats(&v[1]),
+            "put_vmm_handling_us": median(&v[2]),
+            "get_vmm_handling_us": median(&v[3]),
+        })
+    };
+    let pct = |on: &[f64], off: &[f64]| (median(on) / median(off) - 1.0) * 100.0;
+    Ok(json!({
+        "runs": runs,
+        "vm_runs": vm_runs,
+        "on": side(&s[0]),
+        "off": side(&s[1]),
+        "put_cost_pct": pct(&s[0][0], &s[1][0]),
+        "get_cost_pct": pct(&s[0][1], &s[1][1]),
     }))
 }
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 use spore_abi::tmem::{Status, TmemStats, TMEM_ADDR_SHIFT};
 use vm_memory::{Bytes, GuestAddress};
 
+use super::host_cap::{HostCap, HostCapError};
 use super::pool::{Compression, Pool, PoolState, PoolStateError, PoolStats, Value};
 use super::request::{
     parse, GuestRange, RawBlock, Request, BLOCK_SIZE, STATUS_OFFSET, VALUE_LEN_OFFSET,
@@ -78,6 +79,15 @@ impl TmemDevice {
             bad_blocks: AtomicU64::new(state.bad_blocks),
             timer: None,
         })
+    }
+
+    /// Draws the pool on the host-wide cap (see [`super::host_cap`]); a
+    /// disabled device has nothing to draw.
+    pub fn with_host_cap(self, cap: HostCap) -> Result<Self, HostCapError> {
+        if let Some(p) = &self.pool {
+            lock(p).attach_host_cap(cap)?;
+        }
+        Ok(self)
     }
 
     /// Times every call per operation (see [`super::timing`]).

@@ -8,6 +8,8 @@
 //!
 //! - [`request`]: the block's wire format → a validated [`request::Request`];
 //!   the only code that interprets guest addresses and lengths.
+//! - [`accounting`]: what an object costs the host, charged to the quota.
+//! - [`host_cap`]: one budget for the pools of every VMM on the host.
 //! - [`pool`]: the VM's object store (keys → values in VMM memory), quota,
 //!   compression, counters, and its snapshot state. It never sees guest memory.
 //! - [`timing`]: optional per-operation handling time (for `spore bench tmem`).
@@ -17,7 +19,9 @@
 //! This module must never trust a guest address or length that did not come
 //! out of [`request`], and never panic on anything a guest writes.
 
+pub mod accounting;
 pub mod device;
+pub mod host_cap;
 pub mod pool;
 pub mod request;
 #[cfg(test)]
@@ -25,5 +29,5 @@ mod tests;
 pub mod timing;
 
 pub use device::{TmemDevice, TmemState};
-pub use pool::{Compression, Counters, PoolState, PoolStats};
+pub use pool::{Compression, Counters, HostCapStats, PoolState, PoolStats};
 pub use timing::{CallTiming, OpTiming};

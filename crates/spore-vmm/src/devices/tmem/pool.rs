@@ -4,8 +4,9 @@
 //! The pool never sees guest memory: the device hands it owned keys and
 //! values (already bounded by the ABI's limits) and reads stored values back
 //! through [`Pool::get_with`]. What counts against the quota is what the
-//! VMM actually holds: each key, each stored (possibly compressed) value,
-//! and [`OBJECT_OVERHEAD`] bytes of bookkeeping per object, so that a guest
+//! VMM actually spends ([`super::accounting`]): each key and each stored
+//! (possibly compressed) value as the allocator's chunk for it, and the
+//! object's share of the hash table at its worst load, so that a guest
 //! storing millions of empty values is bounded too.
 
 use std::collections::HashMap;
@@ -13,23 +14,24 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
-/// Bytes charged per object for the map entry and allocation headers.
-pub const OBJECT_OVERHEAD: u64 = 64;
+use super::accounting::object_charge;
+use super::host_cap::{HostCap, HostCapError};
 
 pub use crate::config::Compression;
 
-/// A stored value.
-struct Object {
-    /// The value's length as the guest gave it.
-    len: usize,
+/// A stored value. Boxed slices rather than vectors: exactly as long as
+/// their contents (no spare capacity to go uncharged), and a smaller slot.
+pub(super) struct Object {
     /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
-    data: Vec<u8>,
+    data: Box<[u8]>,
+    /// The value's length as the guest gave it (at most `MAX_VALUE_LEN`).
+    len: u32,
     compressed: bool,
 }
 
 impl Object {
     fn charge(key: &[u8], data: &[u8]) -> u64 {
-        key.len() as u64 + data.len() as u64 + OBJECT_OVERHEAD
+        object_charge(key.len() as u64, data.len() as u64)
     }
 }
 
@@ -64,6 +66,19 @@ pub struct PoolStats {
     pub compression: Compression,
     #[serde(flatten)]
     pub counters: Counters,
+    /// The host-wide cap this pool draws on, when one is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_cap: Option<HostCapStats>,
+}
+
+/// This VMM's part of the host-wide cap (`GET /tmem` as `host_cap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostCapStats {
+    pub cap_bytes: u64,
+    /// What this VMM has reserved of it (whole granules above its use).
+    pub reserved_bytes: u64,
+    /// Puts refused because the host's cap was reached (also in `refused`).
+    pub refused: u64,
 }
 
 impl PoolStats {
@@ -86,12 +101,13 @@ impl PoolStats {
 }
 
 pub struct Pool {
-    objects: HashMap<Vec<u8>, Object>,
+    objects: HashMap<Box<[u8]>, Object>,
     bytes_used: u64,
     bytes_stored: u64,
     quota_bytes: u64,
     compression: Compression,
     pub counters: Counters,
+    host: Option<HostCap>,
 }
 
 /// A looked-up value, to be copied out by the caller.
@@ -134,9 +150,13 @@ impl Value<'_> {
 /// One stored object in a snapshot: as the pool holds it (still compressed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectState {
+    /// Bytes, not sequences of u8: the same bincode layout, copied whole
+    /// rather than byte by byte (a pool can hold gigabytes).
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     /// The value's length as the guest gave it.
     pub len: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     pub compressed: bool,
 }
@@ -166,9 +186,9 @@ impl Pool {
             .objects
             .iter()
             .map(|(key, o)| ObjectState {
-                key: key.clone(),
-                len: o.len as u64,
-                data: o.data.clone(),
+                key: key.to_vec(),
+                len: u64::from(o.len),
+                data: o.data.to_vec(),
                 compressed: o.compressed,
             })
             .collect();
@@ -201,16 +221,17 @@ impl Pool {
                     o.len
                 )));
             }
-            if pool.objects.contains_key(&o.key) {
+            if pool.objects.contains_key(o.key.as_slice()) {
                 return Err(bad("duplicate key".into()));
             }
             pool.bytes_stored += Object::charge(&o.key, &o.data);
             pool.bytes_used += o.key.len() as u64 + o.len;
             pool.objects.insert(
-                o.key,
+                o.key.into_boxed_slice(),
                 Object {
-                    len: o.len as usize,
-                    data: o.data,
+                    // At most MAX_VALUE_LEN, checked above.
+                    len: o.len as u32,
+                    data: o.data.into_boxed_slice(),
                     compressed: o.compressed,
                 },
             );
@@ -226,6 +247,21 @@ impl Pool {
             quota_bytes,
             compression,
             counters: Counters::default(),
+            host: None,
+        }
+    }
+
+    /// Draws this pool (and what it already holds) on the host-wide cap.
+    pub fn attach_host_cap(&mut self, mut cap: HostCap) -> Result<(), HostCapError> {
+        cap.ensure(self.bytes_stored)?;
+        self.host = Some(cap);
+        Ok(())
+    }
+
+    /// Gives the host's cap back what the pool no longer uses.
+    fn host_shrink(&mut self) {
+        if let Some(h) = &mut self.host {
+            h.shrink(self.bytes_stored);
         }
     }
 
@@ -240,22 +276,24 @@ impl Pool {
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), QuotaExceeded> {
         self.counters.puts += 1;
         let len = value.len();
+        // Boxed without reallocating: the device reads values into vectors
+        // of exactly their length (and lz4_flex shrinks its output).
         let (data, compressed) = match self.compression {
             Compression::Lz4 if !value.is_empty() => {
                 let c = lz4_flex::block::compress(&value);
                 if c.len() < value.len() {
-                    (c, true)
+                    (c.into_boxed_slice(), true)
                 } else {
-                    (value, false)
+                    (value.into_boxed_slice(), false)
                 }
             }
-            _ => (value, false),
+            _ => (value.into_boxed_slice(), false),
         };
         let new_charge = Object::charge(&key, &data);
-        let (old_charge, old_used) = match self.objects.get(&key) {
+        let (old_charge, old_used) = match self.objects.get(key.as_slice()) {
             Some(o) => (
                 Object::charge(&key, &o.data),
-                key.len() as u64 + o.len as u64,
+                key.len() as u64 + u64::from(o.len),
             ),
             None => (0, 0),
         };
@@ -264,16 +302,32 @@ impl Pool {
             self.counters.refused += 1;
             return Err(QuotaExceeded);
         }
+        if let Some(h) = self
+            .host
+            .as_mut()
+            .filter(|_| stored_after > self.bytes_stored)
+        {
+            if let Err(e) = h.ensure(stored_after) {
+                if !matches!(e, HostCapError::NoRoom { .. }) {
+                    tracing::warn!("tmem: {e}; put refused");
+                }
+                h.refused += 1;
+                self.counters.refused += 1;
+                return Err(QuotaExceeded);
+            }
+        }
         self.bytes_stored = stored_after;
         self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
         self.objects.insert(
-            key,
+            key.into_boxed_slice(),
             Object {
-                len,
+                // The device refuses values over MAX_VALUE_LEN (16 MiB).
+                len: len as u32,
                 data,
                 compressed,
             },
         );
+        self.host_shrink();
         Ok(())
     }
 
@@ -285,7 +339,7 @@ impl Pool {
         let v = if o.compressed {
             Value::Lz4 {
                 block: &o.data,
-                len: o.len,
+                len: o.len as usize,
             }
         } else {
             Value::Raw(&o.data)
@@ -299,7 +353,8 @@ impl Pool {
         match self.objects.remove(key) {
             Some(o) => {
                 self.bytes_stored -= Object::charge(key, &o.data);
-                self.bytes_used -= key.len() as u64 + o.len as u64;
+                self.bytes_used -= key.len() as u64 + u64::from(o.len);
+                self.host_shrink();
                 true
             }
             None => false,
@@ -311,6 +366,7 @@ impl Pool {
         self.objects = HashMap::new();
         self.bytes_used = 0;
         self.bytes_stored = 0;
+        self.host_shrink();
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -321,6 +377,11 @@ impl Pool {
             quota_bytes: self.quota_bytes,
             compression: self.compression,
             counters: self.counters,
+            host_cap: self.host.as_ref().map(|h| HostCapStats {
+                cap_bytes: h.cap(),
+                reserved_bytes: h.reserved(),
+                refused: h.refused,
+            }),
         }
     }
 }
@@ -342,7 +403,7 @@ mod tests {
         let mut p = Pool::new(1 << 20, Compression::None);
         p.put(b"k".to_vec(), vec![1; 100]).unwrap();
         assert_eq!(p.stats().bytes_used, 101);
-        assert_eq!(p.stats().bytes_stored, 101 + OBJECT_OVERHEAD);
+        assert_eq!(p.stats().bytes_stored, object_charge(1, 100));
         p.put(b"k".to_vec(), vec![2; 10]).unwrap();
         assert_eq!(p.stats().objects, 1);
         assert_eq!(p.stats().bytes_used, 11);
@@ -397,6 +458,43 @@ mod tests {
         let mut bad = state;
         bad.objects[0].len = MAX_VALUE_LEN + 1;
         assert!(Pool::restore(bad).is_err(), "oversized value");
+    }
+
+    #[test]
+    fn the_host_cap_refuses_like_the_quota_and_bounds_a_restore() {
+        let dir = std::env::temp_dir().join(format!("spore-pool-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cap = 8 << 20;
+        let mut p = Pool::new(1 << 30, Compression::None);
+        p.attach_host_cap(HostCap::open(&dir, cap).unwrap())
+            .unwrap();
+        let mut n = 0u32;
+        while p.put(n.to_le_bytes().to_vec(), vec![1; 1 << 20]).is_ok() {
+            n += 1;
+        }
+        let s = p.stats();
+        assert!(
+            s.bytes_stored <= cap && s.bytes_stored > cap - (2 << 20),
+            "{s:?}"
+        );
+        assert_eq!(s.counters.refused, 1);
+        assert_eq!(s.host_cap.map(|h| (h.cap_bytes, h.refused)), Some((cap, 1)));
+        // Shrinking puts still work; a flush gives the reservation back.
+        p.put(0u32.to_le_bytes().to_vec(), vec![]).unwrap();
+        p.flush();
+        assert_eq!(p.stats().host_cap.map(|h| h.reserved_bytes), Some(0));
+        // A saved pool larger than what the cap leaves is refused whole.
+        let mut big = Pool::new(1 << 30, Compression::None);
+        for i in 0..9u32 {
+            big.put(i.to_le_bytes().to_vec(), vec![2; 1 << 20]).unwrap();
+        }
+        let mut back = Pool::restore(big.save()).unwrap();
+        let e = back
+            .attach_host_cap(HostCap::open(&dir, cap).unwrap())
+            .unwrap_err();
+        assert!(matches!(e, HostCapError::NoRoom { .. }), "{e}");
+        drop(p);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use spore_abi::tmem::{op, Status, MAX_BATCH, MAX_KEY_LEN};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::pool::OBJECT_OVERHEAD;
+use super::accounting::object_charge;
 use super::request::{BLOCK_SIZE, STATS_SIZE};
 use super::{Compression, TmemDevice};
 use crate::devices::virtio::GuestMemoryMmap;
@@ -533,7 +533,7 @@ fn stats_flush_and_disabled() {
     assert_eq!(g.call(Req::new(op::STATS, 0, OUT, STATS_SIZE)), Status::Ok);
     let field = |i: u64| g.u64_at(OUT + 8 * i);
     assert_eq!((field(0), field(1)), (1, 12));
-    assert_eq!(field(2), 12 + OBJECT_OVERHEAD);
+    assert_eq!(field(2), object_charge(2, 10));
     assert_eq!((field(3), field(4)), (1 << 20, 1));
     assert_eq!(g.call(Req::new(op::FLUSH, 0, 0, 0)), Status::Ok);
     assert_eq!(g.objects_and_bytes(), (0, 0, 0));
