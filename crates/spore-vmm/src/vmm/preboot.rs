@@ -86,7 +86,13 @@ impl Vmm {
         let mut inner = self.lock();
         let m = p.apply(&inner.config.machine);
         m.validate().map_err(bad)?;
-        configure(&mut inner, |c| c.machine = m)
+        let static_template = p.cpu_template.as_deref().is_some_and(|t| t != "None");
+        configure(&mut inner, |c| {
+            if static_template {
+                c.cpu_config = None;
+            }
+            c.machine = m
+        })
     }
 
     /// `PUT /drives/{id}`: adds the drive or replaces the one with its id.
