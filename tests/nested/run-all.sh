@@ -85,6 +85,8 @@ run_one foundation --scenario "$here/scenarios/foundation.sh" \
     --out-dir "$work/out-foundation"
 run_one demo --scenario "$here/scenarios/demo.sh" \
     --guest-scenario "$here/scenarios/guest/demo.sh"
+run_one cpu-config --scenario "$here/scenarios/cpu-config.sh" \
+    --guest-scenario "$here/scenarios/guest/cpu.sh"
 run_one balloon --scenario "$here/scenarios/balloon.sh" \
     --guest-scenario "$here/scenarios/guest/balloon.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-balloon}"
 # Its guest grows to 1.5 GiB and fills 900 MiB: give L1 room (3 GiB was tight).

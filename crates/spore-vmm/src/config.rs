@@ -8,11 +8,22 @@
 
 use serde::{Deserialize, Serialize};
 
+mod cpu_template;
 mod guest_snapshot;
+mod mmds;
 mod observe;
+mod rate_limiter;
+mod serial;
 
+pub use cpu_template::{
+    Bitmap, CpuConfig, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier, KvmCapability,
+    MsrModifier, StaticCpuTemplate,
+};
 pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
+pub use mmds::{MmdsConfig, MmdsConfigError, MmdsVersion};
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
+pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+pub use serial::SerialConfig;
 
 /// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
 /// below the device, so that configuration never depends on devices.
@@ -57,6 +68,11 @@ pub enum ConfigError {
     Hotplug(String),
     #[error("{0}")]
     GuestSnapshots(String),
+    /// Firecracker's message (its API prefixes "Machine config error: ").
+    #[error("The number of vCPUs must be greater than 0, less than 32 and must be 1 or an even number if SMT is enabled.")]
+    SmtVcpuCount,
+    #[error("cpu_template: {0}")]
+    CpuTemplate(String),
 }
 
 /// Largest vCPU count spore configures (MP table and IOAPIC limits).
@@ -165,18 +181,11 @@ impl MachineConfig {
                 host,
             });
         }
-        if self.smt {
-            return Err(ConfigError::Unsupported {
-                field: "smt",
-                detail: "spore exposes one thread per core".into(),
-            });
+        // Two threads per core: an odd count above 1 leaves a core half made.
+        if self.smt && self.vcpu_count > 1 && self.vcpu_count % 2 == 1 {
+            return Err(ConfigError::SmtVcpuCount);
         }
-        if let Some(t) = self.cpu_template.as_deref().filter(|t| *t != "None") {
-            return Err(ConfigError::Unsupported {
-                field: "cpu_template",
-                detail: format!("{t:?} (only \"None\")"),
-            });
-        }
+        self.static_cpu_template()?;
         if let Some(h) = self.huge_pages.as_deref().filter(|h| *h != "None") {
             return Err(ConfigError::Unsupported {
                 field: "huge_pages",
@@ -188,6 +197,14 @@ impl MachineConfig {
 
     pub fn mem_bytes(&self) -> u64 {
         self.mem_size_mib << 20
+    }
+
+    /// The static template asked for (`None` when absent).
+    pub fn static_cpu_template(&self) -> Result<StaticCpuTemplate, ConfigError> {
+        match self.cpu_template.as_deref() {
+            None => Ok(StaticCpuTemplate::None),
+            Some(t) => StaticCpuTemplate::parse(t).map_err(ConfigError::CpuTemplate),
+        }
     }
 }
 
@@ -421,13 +438,15 @@ impl BalloonConfig {
     }
 }
 
-/// spore extension (`PUT /entropy` in Firecracker): a virtio-rng device.
+/// `PUT /entropy`: the virtio-rng device (every spore VM has one; this
+/// sets its rate limiter).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntropyConfig {
-    /// Firecracker's rate limiter: accepted only as `null`.
-    #[serde(default, skip_serializing)]
-    pub rate_limiter: Option<NotSupported>,
+    /// Firecracker's rate limiter: validated and kept (shown by
+    /// `GET /vm/config`); spore's rng device does not throttle yet.
+    #[serde(default)]
+    pub rate_limiter: Option<RateLimiterConfig>,
 }
 
 /// `PUT /hotplug/memory`: a virtio-mem region (Firecracker's shape).
@@ -544,6 +563,26 @@ pub struct VmConfig {
     /// Firecracker's metrics section (as `PUT /metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// `PUT /serial` (Firecracker keeps it out of its config file; spore
+    /// takes and shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<SerialConfig>,
+    /// `PUT /cpu-config`: a custom CPU template (replaces a static
+    /// `machine-config.cpu_template`, and is replaced by one).
+    #[serde(
+        rename = "cpu-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cpu_config: Option<CpuConfig>,
+    /// `PUT /mmds/config` (needs a network interface: refused until spore
+    /// has one, as Firecracker refuses an unknown interface).
+    #[serde(
+        rename = "mmds-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mmds_config: Option<MmdsConfig>,
     /// Firecracker's sections for what spore does not have yet: accepted
     /// when `null` or empty, refused otherwise (naming the key).
     #[serde(
@@ -555,10 +594,6 @@ pub struct VmConfig {
     pub network_interfaces: Vec<NotSupported>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing)]
     pub pmem: Vec<NotSupported>,
-    #[serde(rename = "mmds-config", default, skip_serializing)]
-    pub mmds_config: Option<NotSupported>,
-    #[serde(rename = "cpu-config", default, skip_serializing)]
-    pub cpu_config: Option<NotSupported>,
 }
 
 impl VmConfig {
@@ -590,6 +625,12 @@ impl VmConfig {
         }
         if let Some(g) = &self.guest_snapshots {
             g.validate().map_err(ConfigError::GuestSnapshots)?;
+        }
+        if let Some(m) = &self.mmds_config {
+            m.validate(&[]).map_err(|e| ConfigError::Unsupported {
+                field: "mmds-config",
+                detail: e.to_string(),
+            })?;
         }
         Ok(())
     }

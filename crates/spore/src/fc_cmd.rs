@@ -17,8 +17,10 @@
 //! - `--boot-timer`: logs the guest's boot time at its first signal-port mark.
 //! - `--version`, `--snapshot-version`, `--describe-snapshot`: printed in
 //!   Firecracker's format, for spore's versions.
+//! - `--mmds-size-limit` (default: the API payload limit) and `--metadata`
+//!   (the MMDS's initial contents).
 //! - Accepted, validated and ignored (spore has no such thing yet):
-//!   `--mmds-size-limit`, `--metadata`, `--enable-pci`.
+//!   `--enable-pci`.
 //!
 //! Exit codes follow Firecracker's: 153 for a command line that does not
 //! parse (Firecracker aborts with 134 on a bad number; spore says which flag
@@ -77,7 +79,7 @@ pub struct FcArgs {
     #[arg(long)]
     log_path: Option<PathBuf>,
     /// Path to a file that contains metadata in JSON format to add to the
-    /// mmds (accepted and checked; spore has no MMDS yet).
+    /// mmds.
     #[arg(long)]
     metadata: Option<PathBuf>,
     /// Path to a fifo or a file used for configuring the metrics on startup.
@@ -196,15 +198,20 @@ fn run(fc: FcArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
-    if let Some(path) = &fc.metadata {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--metadata: reading {}", path.display()))?;
-        serde_json::from_str::<serde_json::Value>(&text)
-            .with_context(|| format!("--metadata: {} is not JSON", path.display()))?;
-        eprintln!("spore: warning: --metadata ignored: spore has no MMDS yet");
-    }
+    // Read now, so a bad file fails before anything starts; put into the
+    // MMDS by `spore vmm` once the VMM exists.
+    let metadata = match &fc.metadata {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--metadata: reading {}", path.display()))?;
+            Some(
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .with_context(|| format!("--metadata: {} is not JSON", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let _ = fc.enable_pci;
-    let _ = fc.mmds_size_limit;
     if fc.log_path.is_some() || level.is_some() {
         let path = fc
             .log_path
@@ -254,6 +261,9 @@ fn run(fc: FcArgs) -> anyhow::Result<u8> {
         .context("translating Firecracker's flags for spore vmm")?
         .args;
     vmm.api_max_body = Some(fc.http_api_max_payload_size);
+    // Firecracker's default MMDS limit is the API payload limit.
+    vmm.mmds_size_limit = Some(fc.mmds_size_limit.unwrap_or(fc.http_api_max_payload_size));
+    vmm.metadata = metadata;
     spore_vmm::metrics::record_startup(
         fc.start_time_us,
         fc.start_time_cpu_us,

@@ -213,6 +213,7 @@ impl RunArgs {
             pmem: Vec::new(),
             mmds_config: None,
             cpu_config: None,
+            serial: None,
             guest_snapshots: match &self.guest_snapshot_dir {
                 Some(dir) => {
                     let g = GuestSnapshotConfig {

@@ -43,9 +43,15 @@ pub struct VmmArgs {
     /// --http-api-max-payload-size`; `spore vmm` keeps the default).
     #[arg(skip)]
     pub api_max_body: Option<usize>,
+    /// The MMDS data store's size limit (`firecracker --mmds-size-limit`).
+    #[arg(skip)]
+    pub mmds_size_limit: Option<usize>,
+    /// The MMDS's initial contents (`firecracker --metadata`).
+    #[arg(skip)]
+    pub metadata: Option<serde_json::Value>,
 }
 
-pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
+pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     if let Some(fd) = args.clone_handoff {
         return run_clone(args, fd);
     }
@@ -75,6 +81,13 @@ pub fn run(args: VmmArgs) -> anyhow::Result<u8> {
         Box::new(std::io::stdout()),
     ));
     host::stop_on_host_signals(vmm.clone())?;
+    if let Some(limit) = args.mmds_size_limit {
+        vmm.set_mmds_size_limit(limit);
+    }
+    if let Some(data) = args.metadata.take() {
+        vmm.put_mmds(data)
+            .map_err(|e| anyhow::anyhow!("--metadata: {e}"))?;
+    }
     vmm.enable_guest_fork();
     vmm.enable_background_standby();
     if let Some(path) = &args.api_sock {

@@ -174,12 +174,6 @@ fn every_firecracker_flag_is_accepted_and_the_api_answers() {
     // Firecracker endpoints spore lacks: 400 naming it, or Firecracker's
     // invalid-request answer for a method Firecracker does not serve either.
     for (method, path, body) in [
-        ("PUT", "/entropy", "{}"),
-        ("PUT", "/serial", r#"{"serial_out_path": "/tmp/x"}"#),
-        ("PUT", "/cpu-config", "{}"),
-        ("PUT", "/mmds", "{}"),
-        ("GET", "/mmds", ""),
-        ("PUT", "/mmds/config", r#"{"network_interfaces": ["eth0"]}"#),
         ("GET", "/balloon/hinting/status", ""),
         ("PATCH", "/balloon/hinting/start", "{}"),
         ("PATCH", "/balloon/hinting/stop", ""),
@@ -189,12 +183,28 @@ fn every_firecracker_flag_is_accepted_and_the_api_answers() {
         assert_eq!(code, 400, "{method} {path}: {reply}");
         assert!(reply.contains("spore does not support"), "{reply}");
     }
-    let (code, reply) = http(&sock, "GET", "/entropy", None);
+    let (code, reply) = http(&sock, "GET", "/balloon/hinting/stop", None);
     assert_eq!(code, 400);
     assert!(
-        reply.contains("Invalid request method and/or path: GET entropy."),
+        reply.contains("Invalid request method and/or path: GET balloon/hinting/stop."),
         "{reply}"
     );
+    // --metadata filled the MMDS (PATCH needs an initialized store).
+    let (code, reply) = http(&sock, "GET", "/mmds", None);
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(http(&sock, "PATCH", "/mmds", Some(r#"{"p": 1}"#)).0, 204);
+    // Served now, pre-boot: 204 as Firecracker answers.
+    for (path, body) in [
+        ("/entropy", "{}"),
+        ("/serial", r#"{"serial_out_path": "/tmp/x"}"#),
+        ("/cpu-config", "{}"),
+        ("/mmds", "{}"),
+    ] {
+        let (code, reply) = http(&sock, "PUT", path, Some(body));
+        assert_eq!(code, 204, "PUT {path}: {reply}");
+    }
+    // spore's answer for a served path and another method: 405.
+    assert_eq!(http(&sock, "GET", "/entropy", None).0, 405);
     // Before a VM exists: no snapshot, and no FlushMetrics (as Firecracker).
     assert_eq!(http(&sock, "GET", "/snapshot/last", None).0, 404);
     let flush = r#"{"action_type": "FlushMetrics"}"#;

@@ -112,6 +112,13 @@ pub enum ApiRequest {
     PutLogger(crate::config::LoggerConfig),
     /// `PUT /metrics`.
     PutMetrics(crate::config::MetricsConfig),
+    PutEntropy(crate::config::EntropyConfig),
+    PutSerial(crate::config::SerialConfig),
+    PutCpuConfig(crate::config::CpuConfig),
+    GetMmds,
+    PutMmds(serde_json::Value),
+    PatchMmds(serde_json::Value),
+    PutMmdsConfig(crate::config::MmdsConfig),
 }
 
 /// What a successful request answers.

@@ -44,6 +44,11 @@ enum Resource<'a> {
     SnapshotLast,
     Logger,
     Metrics,
+    Entropy,
+    Serial,
+    CpuConfig,
+    Mmds,
+    MmdsConfig,
 }
 
 impl Resource<'_> {
@@ -53,7 +58,13 @@ impl Resource<'_> {
             Resource::Root | Resource::VmConfig | Resource::Version | Resource::SnapshotLast => {
                 &["GET"]
             }
-            Resource::Logger | Resource::Metrics => &["PUT"],
+            Resource::Logger
+            | Resource::Metrics
+            | Resource::Entropy
+            | Resource::Serial
+            | Resource::CpuConfig
+            | Resource::MmdsConfig => &["PUT"],
+            Resource::Mmds => &["GET", "PUT", "PATCH"],
             Resource::MachineConfig | Resource::HotplugMemory => &["GET", "PUT", "PATCH"],
             Resource::BootSource | Resource::Drive(_) | Resource::Vsock | Resource::Actions => {
                 &["PUT"]
@@ -98,6 +109,11 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/snapshot/last" => Resource::SnapshotLast,
         "/logger" => Resource::Logger,
         "/metrics" => Resource::Metrics,
+        "/entropy" => Resource::Entropy,
+        "/serial" => Resource::Serial,
+        "/cpu-config" => Resource::CpuConfig,
+        "/mmds" => Resource::Mmds,
+        "/mmds/config" => Resource::MmdsConfig,
         "/drives" => Resource::Drive(""),
         p => {
             let id = p.strip_prefix("/drives/")?;
@@ -208,6 +224,13 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::SnapshotLast, "GET") => ApiRequest::GetLastSnapshot,
         (Resource::Logger, "PUT") => ApiRequest::PutLogger(decode(m, path, body)?),
         (Resource::Metrics, "PUT") => ApiRequest::PutMetrics(decode(m, path, body)?),
+        (Resource::Entropy, "PUT") => ApiRequest::PutEntropy(decode(m, path, body)?),
+        (Resource::Serial, "PUT") => ApiRequest::PutSerial(decode(m, path, body)?),
+        (Resource::CpuConfig, "PUT") => ApiRequest::PutCpuConfig(decode(m, path, body)?),
+        (Resource::Mmds, "GET") => ApiRequest::GetMmds,
+        (Resource::Mmds, "PUT") => ApiRequest::PutMmds(decode(m, path, body)?),
+        (Resource::Mmds, "PATCH") => ApiRequest::PatchMmds(decode(m, path, body)?),
+        (Resource::MmdsConfig, "PUT") => ApiRequest::PutMmdsConfig(decode(m, path, body)?),
         (Resource::GuestSnapshots, "PUT") => {
             let c = decode::<GuestSnapshotConfig>(m, path, body)?;
             c.validate_here().map_err(ApiError::BadRequest)?;

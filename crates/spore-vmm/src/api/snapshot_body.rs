@@ -68,6 +68,22 @@ pub struct SnapshotLoadParams {
     /// the path the snapshot was taken with (which another VM may hold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock_override: Option<VsockOverride>,
+    /// Firecracker's: new host devices for the snapshot's network
+    /// interfaces (spore has none yet: any entry names an unknown one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_overrides: Vec<NetworkOverride>,
+    /// Firecracker's (x86): restore kvmclock with `KVM_CLOCK_REALTIME`,
+    /// advancing it by the wall-clock time since the snapshot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clock_realtime: bool,
+}
+
+/// One entry of `network_overrides`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    pub iface_id: String,
+    pub host_dev_name: String,
 }
 
 /// `vsock_override` in `PUT /snapshot/load`.

@@ -8,9 +8,11 @@ use std::fs::File;
 use kvm_ioctls::{Kvm, VcpuFd};
 
 use super::{BuildError, DEFAULT_LINUX_CMDLINE};
+use crate::arch::x86_64::cpu_template::{self, apply_msrs, CpuSetup};
 use crate::arch::x86_64::layout;
 use crate::arch::x86_64::linux::load_linux;
 use crate::arch::x86_64::linux_vcpu::configure_linux_vcpu;
+use crate::arch::x86_64::msr;
 use crate::arch::x86_64::unikernel::{
     configure_vcpu as configure_unikernel_vcpu, is_spore_unikernel, load_unikernel_mapping,
     set_supported_cpuid,
@@ -78,12 +80,13 @@ pub(super) fn load_kernel(k: KernelLoad<'_>) -> Result<(), BuildError> {
         hotplug_end,
     } = k;
     let num_vcpus = vcpus.len() as u8;
+    let cpu = cpu_setup(kvm, config)?;
     match kind {
         GuestKind::Linux => {
             let cmdline = linux_cmdline(config, placed);
             let entry = load_linux(mem, &mut kernel, initrd.as_mut(), &cmdline, num_vcpus)?;
             for (id, fd) in vcpus.iter().enumerate() {
-                configure_linux_vcpu(kvm, fd, mem, id as u8, num_vcpus, &entry)?;
+                configure_linux_vcpu(kvm, fd, mem, id as u8, num_vcpus, &entry, &cpu)?;
             }
         }
         GuestKind::Unikernel => {
@@ -107,11 +110,29 @@ pub(super) fn load_kernel(k: KernelLoad<'_>) -> Result<(), BuildError> {
                 .unwrap_or("");
             let entry =
                 load_unikernel_mapping(mem, &mut kernel, cmdline, &devices, tsc_khz, hotplug_end)?;
-            set_supported_cpuid(kvm, bsp)?;
+            set_supported_cpuid(kvm, bsp, cpu.template.as_ref())?;
+            if let Some(t) = &cpu.template {
+                let mut msrs = Vec::new();
+                apply_msrs(bsp, &mut msrs, t)?;
+                msr::set_all(bsp, &msrs)?;
+            }
             configure_unikernel_vcpu(bsp, &entry)?;
         }
     }
     Ok(())
+}
+
+/// The CPU template and topology every vCPU gets; a static template on a
+/// CPU it was not made for, or a capability KVM lacks, refuses the build.
+fn cpu_setup(kvm: &Kvm, config: &VmConfig) -> Result<CpuSetup, BuildError> {
+    let template = cpu_template::resolve(&config.machine, config.cpu_config.as_ref())?;
+    if let Some(t) = &template {
+        cpu_template::check_capabilities(kvm, t)?;
+    }
+    Ok(CpuSetup {
+        smt: config.machine.smt,
+        template,
+    })
 }
 
 /// The guest command line: the user's (or the default), the root device, and

@@ -73,6 +73,10 @@ pub enum BuildError {
     Linux(#[from] LinuxBootError),
     #[error("Linux vCPU setup: {0}")]
     LinuxVcpu(#[from] LinuxVcpuError),
+    #[error(transparent)]
+    CpuTemplate(#[from] crate::arch::x86_64::cpu_template::CpuTemplateError),
+    #[error("CPU template MSRs: {0}")]
+    Msrs(#[from] crate::arch::x86_64::msr::MsrError),
     #[error("unikernel boot: {0}")]
     Unikernel(#[from] UnikernelError),
     #[error("the spore unikernel runs on one vCPU; vcpu_count is {0}")]

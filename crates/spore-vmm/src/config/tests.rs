@@ -12,8 +12,17 @@ fn machine_config_bounds() {
     m.mem_size_mib = MAX_MEM_MIB + 1;
     assert!(m.validate().is_err());
     m.mem_size_mib = 256;
+    // SMT: 1 or an even number of vCPUs, as Firecracker requires.
     m.smt = true;
-    assert!(m.validate().is_err());
+    m.validate().unwrap();
+    m.vcpu_count = 3;
+    assert_eq!(m.validate(), Err(ConfigError::SmtVcpuCount));
+    m.vcpu_count = 1;
+    m.validate().unwrap();
+    m.cpu_template = Some("T2A".into());
+    m.validate().unwrap();
+    m.cpu_template = Some("V1N1".into());
+    assert!(matches!(m.validate(), Err(ConfigError::CpuTemplate(_))));
 }
 
 #[test]
@@ -219,8 +228,6 @@ fn firecracker_config_files_with_null_keys_load() {
     // What spore does not have is refused when it is really asked for.
     for bad in [
         r#"{"network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"}]}"#,
-        r#"{"mmds-config": {"network_interfaces": ["eth0"]}}"#,
-        r#"{"cpu-config": {}}"#,
         r#"{"drives": [{"drive_id": "a", "path_on_host": "/d", "rate_limiter": {}}]}"#,
     ] {
         let e = serde_json::from_str::<VmConfig>(bad)
@@ -228,4 +235,16 @@ fn firecracker_config_files_with_null_keys_load() {
             .to_string();
         assert!(e.contains("not supported by spore"), "{bad}: {e}");
     }
+    // An MMDS config names an interface spore cannot have yet: refused
+    // with Firecracker's message; a custom CPU template loads.
+    let mut c = nulls.clone();
+    c.mmds_config = serde_json::from_str(r#"{"network_interfaces": ["eth0"]}"#).unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("does not correspond to any existing network interface"),
+        "{e}"
+    );
+    let c: VmConfig = serde_json::from_str(r#"{"boot-source": {"kernel_image_path": "/k"}, "cpu-config": {}, "serial": {"serial_out_path": "/tmp/x"}}"#).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.cpu_config, Some(CpuConfig::default()));
 }

@@ -556,6 +556,7 @@ mod tests {
                 irqchips: Vec::new(),
                 pit: None,
                 clock: Default::default(),
+                advance_to_realtime: false,
             },
             vcpus: vec![vcpu()],
             devices: Default::default(),

@@ -2,8 +2,8 @@
 //! and the kvmclock. Per-vCPU state is in [`crate::arch::x86_64::vcpu_state`].
 
 use kvm_bindings::{
-    kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
-    KVM_IRQCHIP_PIC_SLAVE,
+    kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_CLOCK_REALTIME, KVM_IRQCHIP_IOAPIC,
+    KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
@@ -32,8 +32,14 @@ pub struct VmState {
     pub irqchips: Vec<kvm_irqchip>,
     /// Only Linux guests get a PIT.
     pub pit: Option<kvm_pit_state2>,
-    /// kvmclock: the guest's view of time at the snapshot.
+    /// kvmclock: the guest's view of time at the snapshot, and (flag
+    /// `KVM_CLOCK_REALTIME`) the host's wall clock at that moment.
     pub clock: kvm_clock_data,
+    /// Restore with `KVM_CLOCK_REALTIME` (`clock_realtime` on load): KVM
+    /// advances kvmclock by the wall-clock time since the snapshot. Not
+    /// saved: a choice of each restore.
+    #[serde(skip)]
+    pub advance_to_realtime: bool,
 }
 
 impl VmState {
@@ -55,14 +61,27 @@ impl VmState {
             None
         };
         let mut clock = vm.get_clock().map_err(kvm("read the kvmclock"))?;
-        // Only KVM_CLOCK_REALTIME-style flags are accepted back, and the
-        // stable/host-TSC flags describe the source host: keep the value only.
-        clock.flags = 0;
+        // The stable/host-TSC flags describe the source host and are not
+        // accepted back: keep only whether `realtime` is valid (KVM gives
+        // it when the host clocksource is the TSC).
+        clock.flags &= KVM_CLOCK_REALTIME;
         Ok(Self {
             irqchips,
             pit,
             clock,
+            advance_to_realtime: false,
         })
+    }
+
+    /// Asks [`VmState::restore`] to advance kvmclock to the host's wall
+    /// clock; refused (Firecracker's words) for a snapshot taken without a
+    /// wall-clock reading.
+    pub fn set_clock_realtime(&mut self) -> Result<(), &'static str> {
+        if self.clock.flags & KVM_CLOCK_REALTIME == 0 {
+            return Err("clock_realtime requested but not present in the snapshot state");
+        }
+        self.advance_to_realtime = true;
+        Ok(())
     }
 
     /// Applies the state to a VM whose irqchip and PIT were created as at
@@ -72,7 +91,13 @@ impl VmState {
         if let Some(pit) = &self.pit {
             vm.set_pit2(pit).map_err(kvm("set the PIT"))?;
         }
-        vm.set_clock(&self.clock).map_err(kvm("set the kvmclock"))?;
+        let mut clock = self.clock;
+        clock.flags = if self.advance_to_realtime {
+            KVM_CLOCK_REALTIME
+        } else {
+            0
+        };
+        vm.set_clock(&clock).map_err(kvm("set the kvmclock"))?;
         for chip in &self.irqchips {
             vm.set_irqchip(chip).map_err(kvm("set the irqchip"))?;
         }

@@ -25,7 +25,9 @@ mod clone_child;
 pub mod clone_process;
 mod clone_source;
 mod dispatch;
+mod fc_config;
 mod guest_snapshot;
+pub mod mmds;
 mod outputs;
 mod preboot;
 mod restore;
@@ -76,6 +78,8 @@ struct Inner {
     child: ChildState,
     /// The manifest of the last snapshot this VMM wrote (`GET /snapshot/last`).
     last_snapshot: Option<snapshot::format::Manifest>,
+    /// The MMDS data store (`/mmds`).
+    mmds: mmds::MmdsStore,
 }
 
 /// Whether a VM exists. Requests that need one go through [`Inner::built`].
@@ -142,15 +146,24 @@ impl Inner {
     /// Hands the serial sink to a VM about to be built: only before any VM
     /// was built and before a stop was asked for. On a failed build, give it
     /// back with [`Inner::build_failed`].
-    fn take_serial_out(&mut self, control: &RunControl) -> Result<SerialOut, AlreadyStarted> {
+    fn take_serial_out(&mut self, control: &RunControl) -> Result<SerialOut, StartError> {
         if control.stop_reason().is_some() {
-            return Err(AlreadyStarted);
+            return Err(StartError::AlreadyStarted);
         }
         match std::mem::replace(&mut self.phase, Phase::Ended) {
-            Phase::PreBoot { serial_out } => Ok(serial_out),
+            // `PUT /serial`'s file, opened now (a bad path leaves the VMM
+            // as it was, to be fixed and retried).
+            Phase::PreBoot { serial_out } => match fc_config::serial_sink(&self.config, serial_out)
+            {
+                Ok(out) => Ok(out),
+                Err((serial_out, e)) => {
+                    self.phase = Phase::PreBoot { serial_out };
+                    Err(StartError::Build(e))
+                }
+            },
             other => {
                 self.phase = other;
-                Err(AlreadyStarted)
+                Err(StartError::AlreadyStarted)
             }
         }
     }
@@ -164,10 +177,6 @@ impl Inner {
     }
 }
 
-/// A VM was already built (or a stop asked for) in this VMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct AlreadyStarted;
-
 impl Vmm {
     pub fn new(id: String, config: VmConfig, serial_out: SerialOut) -> Self {
         Self {
@@ -179,6 +188,7 @@ impl Vmm {
                 source: SourceState::default(),
                 child: ChildState::default(),
                 last_snapshot: None,
+                mmds: Default::default(),
             }),
             fork_tx: Mutex::new(None),
             guest_fork: Arc::new(AtomicBool::new(false)),
@@ -260,12 +270,6 @@ pub enum StartError {
     Start(String),
 }
 
-impl From<AlreadyStarted> for StartError {
-    fn from(_: AlreadyStarted) -> Self {
-        StartError::AlreadyStarted
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotApiError {
     #[error(transparent)]
@@ -292,9 +296,13 @@ pub enum SnapshotApiError {
     Path(String),
 }
 
-impl From<AlreadyStarted> for SnapshotApiError {
-    fn from(_: AlreadyStarted) -> Self {
-        SnapshotApiError::AlreadyStarted
+impl From<StartError> for SnapshotApiError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::AlreadyStarted => SnapshotApiError::AlreadyStarted,
+            StartError::Build(b) => SnapshotApiError::Build(b),
+            StartError::Start(s) => SnapshotApiError::Start(s),
+        }
     }
 }
 

@@ -72,7 +72,13 @@ impl Vmm {
     /// `PUT /machine-config`.
     pub fn set_machine_config(&self, m: MachineConfig) -> Result<(), ApiError> {
         m.validate().map_err(bad)?;
-        self.configure(|c| c.machine = m)
+        self.configure(|c| {
+            // A static template replaces a custom one (PUT /cpu-config).
+            if m.cpu_template.as_deref().is_some_and(|t| t != "None") {
+                c.cpu_config = None;
+            }
+            c.machine = m
+        })
     }
 
     /// `PATCH /machine-config`: the fields given, over the current ones.
@@ -80,7 +86,13 @@ impl Vmm {
         let mut inner = self.lock();
         let m = p.apply(&inner.config.machine);
         m.validate().map_err(bad)?;
-        configure(&mut inner, |c| c.machine = m)
+        let static_template = p.cpu_template.as_deref().is_some_and(|t| t != "None");
+        configure(&mut inner, |c| {
+            if static_template {
+                c.cpu_config = None;
+            }
+            c.machine = m
+        })
     }
 
     /// `PUT /drives/{id}`: adds the drive or replaces the one with its id.
@@ -114,7 +126,7 @@ impl Vmm {
 }
 
 /// Changes the configuration while no VM is built.
-fn configure(inner: &mut Inner, f: impl FnOnce(&mut VmConfig)) -> Result<(), ApiError> {
+pub(super) fn configure(inner: &mut Inner, f: impl FnOnce(&mut VmConfig)) -> Result<(), ApiError> {
     if !matches!(inner.phase, Phase::PreBoot { .. }) {
         return Err(bad(ONLY_BEFORE_START));
     }

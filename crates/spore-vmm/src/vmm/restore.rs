@@ -38,11 +38,21 @@ pub struct LoadOptions {
     pub parents: Vec<snapshot::LayerPaths>,
     /// The vsock device's new Unix socket path (Firecracker's `vsock_override`).
     pub vsock_uds: Option<String>,
+    /// Advance kvmclock to the host's wall clock (Firecracker's `clock_realtime`).
+    pub clock_realtime: bool,
 }
 
 impl LoadOptions {
     /// The options a `PUT /snapshot/load` body asks for.
     fn from_body(p: &SnapshotLoadParams) -> Result<Self, String> {
+        // Firecracker looks each interface up in the snapshot; a spore
+        // snapshot has no network device, so any entry is unknown.
+        if let Some(o) = p.network_overrides.first() {
+            return Err(format!(
+                "Unknown Network Device: {:?} (network_overrides: the snapshot has no network interface)",
+                o.iface_id
+            ));
+        }
         Ok(LoadOptions {
             resume: p.resume_vm,
             record_for: p.working_set_record_ms.map(Duration::from_millis),
@@ -51,6 +61,7 @@ impl LoadOptions {
             track_dirty_pages: p.track_dirty(),
             parents: p.parent_paths(),
             vsock_uds: p.vsock_override.as_ref().map(|v| v.uds_path.clone()),
+            clock_realtime: p.clock_realtime,
         })
     }
 }
@@ -81,7 +92,7 @@ impl Vmm {
         }
         let t0 = Instant::now();
         let mut head = None;
-        let (manifest, state, mut config, prepared) = match memory {
+        let (manifest, mut state, mut config, prepared) = match memory {
             LoadMemory::UffdExternal { socket } => {
                 let (manifest, state, config) = snapshot::load_state(state_path)?;
                 let prepared = restore_path::prepare_external(state.mem_size, Path::new(socket))?;
@@ -124,6 +135,12 @@ impl Vmm {
         // over the snapshot's own.
         if inner.config.guest_snapshots.is_some() {
             config.guest_snapshots = inner.config.guest_snapshots.clone();
+        }
+        if lo.clock_realtime {
+            if let Err(e) = state.vm.set_clock_realtime() {
+                session.cancel();
+                return Err(SnapshotApiError::Path(e.into()));
+            }
         }
         if let Some(uds) = &lo.vsock_uds {
             match config.vsock.as_mut() {

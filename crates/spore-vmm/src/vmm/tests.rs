@@ -349,3 +349,49 @@ fn a_stop_before_start_refuses_start_and_load() {
     assert!(matches!(v.start(), Err(super::StartError::AlreadyStarted)));
     assert!(v.shutdown().is_empty());
 }
+
+#[test]
+fn custom_and_static_cpu_templates_replace_each_other() {
+    let v = vmm();
+    put(&v, "/cpu-config", r#"{"kvm_capabilities": ["!56"]}"#);
+    assert_eq!(
+        get(&v, "/vm/config")["cpu-config"]["kvm_capabilities"][0],
+        "!56"
+    );
+    // A static template (PUT or PATCH) replaces the custom one...
+    let patch = r#"{"cpu_template": "T2"}"#;
+    assert_eq!(
+        call(&v, Method::PATCH, "/machine-config", patch),
+        Ok(ApiResponse::NoContent)
+    );
+    let c = get(&v, "/vm/config");
+    assert!(c.get("cpu-config").is_none(), "{c}");
+    assert_eq!(c["machine-config"]["cpu_template"], "T2");
+    // ...and a custom one the static one.
+    put(&v, "/cpu-config", "{}");
+    let c = get(&v, "/vm/config");
+    assert!(c["machine-config"].get("cpu_template").is_none(), "{c}");
+    put(
+        &v,
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 128, "cpu_template": "C3"}"#,
+    );
+    assert!(get(&v, "/vm/config").get("cpu-config").is_none());
+    // The other pre-boot settings land in the configuration.
+    put(&v, "/serial", r#"{"serial_out_path": "/tmp/s"}"#);
+    put(
+        &v,
+        "/entropy",
+        r#"{"rate_limiter": {"ops": {"size": 1, "refill_time": 1}}}"#,
+    );
+    let c = get(&v, "/vm/config");
+    assert_eq!(c["serial"]["serial_out_path"], "/tmp/s");
+    assert_eq!(c["entropy"]["rate_limiter"]["ops"]["size"], 1);
+    let e = refused(call(
+        &v,
+        Method::PUT,
+        "/mmds/config",
+        r#"{"network_interfaces": ["eth0"]}"#,
+    ));
+    assert!(e.contains("existing network interface"), "{e}");
+}

@@ -2,15 +2,16 @@
 //!
 //! Starts from what KVM supports (`KVM_GET_SUPPORTED_CPUID`) and rewrites the
 //! leaves that describe identity and topology, so that every vCPU reports its
-//! own APIC id and all agree on one package of `num_vcpus` single-threaded
-//! cores:
+//! own APIC id and all agree on one package of `num_vcpus` logical
+//! processors: single-threaded cores, or (SMT, `machine-config.smt`) cores
+//! of two threads, the APIC id's low bit numbering the thread:
 //!
 //! - leaf 0x1: initial APIC id, logical processor count, HTT, hypervisor bit;
 //! - leaf 0x4 (Intel): cores per package and threads sharing each cache;
 //! - leaf 0x6: no power management features (only ARAT, the APIC timer that
 //!   keeps running, which KVM emulates);
-//! - leaves 0xB and 0x1F: x2APIC topology (SMT level of 1 thread, core level
-//!   of `num_vcpus` cores, EDX = x2APIC id);
+//! - leaves 0xB and 0x1F: x2APIC topology (SMT level of 1 or 2 threads, core
+//!   level of `num_vcpus` logical processors, EDX = x2APIC id);
 //! - leaves 0x8000_0008, 0x8000_001D and 0x8000_001E (AMD, when present):
 //!   core count, cache sharing and extended APIC id.
 //!
@@ -75,19 +76,24 @@ fn cache_level(eax: u32) -> u32 {
 }
 
 /// Sets EAX[25:14] of a cache descriptor, logical processors sharing the
-/// cache - 1: L1 and L2 are private to a core (one thread per core), L3 is
-/// shared by the whole package.
-fn set_cache_sharing(eax: u32, num_vcpus: u8) -> u32 {
+/// cache - 1: L1 and L2 are private to a core (shared by its threads), L3
+/// is shared by the whole package.
+fn set_cache_sharing(eax: u32, num_vcpus: u8, threads: u8) -> u32 {
     let sharing = match cache_level(eax) {
         0 => return eax,
-        1 | 2 => 0,
+        1 | 2 => u32::from(threads) - 1,
         _ => u32::from(num_vcpus) - 1,
     };
     (eax & !(0xfff << 14)) | (sharing.min(0xfff) << 14)
 }
 
 /// Subleaves of leaf 0xB or 0x1F: thread level, core level, terminator.
-fn topology_subleaves(function: u32, vcpu_id: u8, num_vcpus: u8) -> [kvm_cpuid_entry2; 3] {
+fn topology_subleaves(
+    function: u32,
+    vcpu_id: u8,
+    num_vcpus: u8,
+    threads: u8,
+) -> [kvm_cpuid_entry2; 3] {
     let x2apic_id = u32::from(vcpu_id);
     let entry = |index: u32, eax: u32, ebx: u32, level_type: u32| kvm_cpuid_entry2 {
         function,
@@ -103,16 +109,23 @@ fn topology_subleaves(function: u32, vcpu_id: u8, num_vcpus: u8) -> [kvm_cpuid_e
         ..Default::default()
     };
     [
-        entry(0, 0, 1, LEVEL_TYPE_SMT),
+        entry(0, id_bits(threads), u32::from(threads), LEVEL_TYPE_SMT),
         entry(1, id_bits(num_vcpus), u32::from(num_vcpus), LEVEL_TYPE_CORE),
         entry(2, 0, 0, LEVEL_TYPE_INVALID),
     ]
 }
 
 /// The CPUID table for vCPU `vcpu_id` of a VM with `num_vcpus` vCPUs, derived
-/// from KVM's supported CPUID.
-pub fn vcpu_cpuid(supported: &CpuId, vcpu_id: u8, num_vcpus: u8) -> Result<CpuId, CpuidError> {
+/// from KVM's supported CPUID; `smt`: two threads per core (with more than
+/// one vCPU; the count is even, as the configuration requires).
+pub fn vcpu_cpuid(
+    supported: &CpuId,
+    vcpu_id: u8,
+    num_vcpus: u8,
+    smt: bool,
+) -> Result<CpuId, CpuidError> {
     let num_vcpus = num_vcpus.max(1);
+    let threads: u8 = if smt && num_vcpus > 1 { 2 } else { 1 };
     let source = supported.as_slice();
     let vendor = vendor(source);
     let mut out: Vec<kvm_cpuid_entry2> = Vec::with_capacity(source.len() + 4);
@@ -136,12 +149,13 @@ pub fn vcpu_cpuid(supported: &CpuId, vcpu_id: u8, num_vcpus: u8) -> Result<CpuId
             }
             // EAX[31:26]: cores per package - 1.
             0x4 if vendor == Vendor::Intel && cache_level(e.eax) != 0 => {
-                let cores = (u32::from(num_vcpus) - 1).min(0x3f);
-                e.eax = (set_cache_sharing(e.eax, num_vcpus) & 0x03ff_ffff) | (cores << 26);
+                let cores = (u32::from(num_vcpus / threads) - 1).min(0x3f);
+                e.eax =
+                    (set_cache_sharing(e.eax, num_vcpus, threads) & 0x03ff_ffff) | (cores << 26);
             }
             0x8000_001d if vendor == Vendor::Amd => {
                 // AMD's cache topology leaf has the same EAX[25:14] field.
-                e.eax = set_cache_sharing(e.eax, num_vcpus);
+                e.eax = set_cache_sharing(e.eax, num_vcpus, threads);
             }
             0x6 => {
                 e.eax &= LEAF6_EAX_ARAT;
@@ -152,7 +166,7 @@ pub fn vcpu_cpuid(supported: &CpuId, vcpu_id: u8, num_vcpus: u8) -> Result<CpuId
             0xb | 0x1f => {
                 if !topology_leaves.contains(&e.function) {
                     topology_leaves.push(e.function);
-                    out.extend(topology_subleaves(e.function, vcpu_id, num_vcpus));
+                    out.extend(topology_subleaves(e.function, vcpu_id, num_vcpus, threads));
                 }
                 continue;
             }
@@ -161,10 +175,10 @@ pub fn vcpu_cpuid(supported: &CpuId, vcpu_id: u8, num_vcpus: u8) -> Result<CpuId
                 e.ecx = (e.ecx & !0xf0ff) | (id_bits(num_vcpus) << 12) | (u32::from(num_vcpus) - 1);
             }
             0x8000_001e if vendor == Vendor::Amd => {
-                // Extended APIC id; compute unit (core) id with one thread per
-                // unit; one node.
+                // Extended APIC id; EBX[15:8] threads per compute unit (core)
+                // - 1, EBX[7:0] the unit's id; one node.
                 e.eax = u32::from(vcpu_id);
-                e.ebx = u32::from(vcpu_id);
+                e.ebx = (u32::from(threads - 1) << 8) | u32::from(vcpu_id / threads);
                 e.ecx = 0;
                 e.edx = 0;
             }
@@ -250,7 +264,7 @@ mod tests {
     fn leaf1_identity_per_vcpu() {
         let sup = intel_supported();
         for id in 0..4u8 {
-            let c = vcpu_cpuid(&sup, id, 4).unwrap();
+            let c = vcpu_cpuid(&sup, id, 4, false).unwrap();
             let l1 = find(&c, 1, 0);
             assert_eq!(l1.ebx >> 24, u32::from(id));
             assert_eq!((l1.ebx >> 16) & 0xff, 4);
@@ -259,7 +273,7 @@ mod tests {
             assert_ne!(l1.edx & LEAF1_EDX_HTT, 0);
             assert_eq!(l1.eax, 0x906ea, "signature untouched");
         }
-        let single = find(&vcpu_cpuid(&sup, 0, 1).unwrap(), 1, 0);
+        let single = find(&vcpu_cpuid(&sup, 0, 1, false).unwrap(), 1, 0);
         assert_eq!(single.edx & LEAF1_EDX_HTT, 0);
         assert_eq!((single.ebx >> 16) & 0xff, 1);
     }
@@ -269,7 +283,7 @@ mod tests {
         let sup = intel_supported();
         for function in [0xb, 0x1f] {
             for (id, n, shift) in [(0u8, 1u8, 0u32), (1, 2, 1), (2, 3, 2), (4, 5, 3), (7, 8, 3)] {
-                let c = vcpu_cpuid(&sup, id, n).unwrap();
+                let c = vcpu_cpuid(&sup, id, n, false).unwrap();
                 let smt = find(&c, function, 0);
                 assert_eq!(
                     (smt.eax, smt.ebx, smt.ecx, smt.edx),
@@ -300,7 +314,7 @@ mod tests {
 
     #[test]
     fn intel_cache_leaf_and_power_leaf() {
-        let c = vcpu_cpuid(&intel_supported(), 1, 4).unwrap();
+        let c = vcpu_cpuid(&intel_supported(), 1, 4, false).unwrap();
         for index in 0..3 {
             let l4 = find(&c, 4, index);
             assert_eq!(l4.eax >> 26, 3, "cores per package - 1");
@@ -317,7 +331,7 @@ mod tests {
     #[test]
     fn kvm_leaves_kept() {
         let sup = intel_supported();
-        let c = vcpu_cpuid(&sup, 0, 2).unwrap();
+        let c = vcpu_cpuid(&sup, 0, 2, false).unwrap();
         assert_eq!(find(&c, 0x4000_0000, 0), find(&sup, 0x4000_0000, 0));
         assert_eq!(find(&c, 0x4000_0001, 0), find(&sup, 0x4000_0001, 0));
         // Only the two topology leaves grow (1 subleaf -> 3 each).
@@ -327,7 +341,7 @@ mod tests {
     #[test]
     fn amd_core_count_and_extended_apic_id() {
         let sup = amd_supported();
-        let c = vcpu_cpuid(&sup, 2, 3).unwrap();
+        let c = vcpu_cpuid(&sup, 2, 3, false).unwrap();
         let l8 = find(&c, 0x8000_0008, 0);
         assert_eq!(l8.ecx & 0xff, 2);
         assert_eq!((l8.ecx >> 12) & 0xf, 2);
@@ -351,5 +365,29 @@ mod tests {
             .map(|n| id_bits(*n))
             .collect();
         assert_eq!(got, vec![0, 1, 2, 2, 3, 3, 4, 5, 8]);
+    }
+
+    #[test]
+    fn smt_makes_cores_of_two_threads() {
+        let sup = intel_supported();
+        for id in 0..4u8 {
+            let c = vcpu_cpuid(&sup, id, 4, true).unwrap();
+            let thread = find(&c, 0xb, 0);
+            assert_eq!((thread.eax, thread.ebx, thread.edx), (1, 2, u32::from(id)));
+            let core = find(&c, 0xb, 1);
+            assert_eq!((core.eax, core.ebx), (2, 4));
+            // Two cores of two threads; L1 shared by a core's threads.
+            let l1 = find(&c, 4, 0);
+            assert_eq!(l1.eax >> 26, 1);
+            assert_eq!((l1.eax >> 14) & 0xfff, 1);
+        }
+        let amd = amd_supported();
+        let c = vcpu_cpuid(&amd, 3, 4, true).unwrap();
+        let ext = find(&c, 0x8000_001e, 0);
+        assert_eq!((ext.ebx >> 8) & 0xff, 1, "threads per compute unit - 1");
+        assert_eq!(ext.ebx & 0xff, 1, "vCPU 3 is core 1's second thread");
+        // One vCPU with smt stays one thread.
+        let one = vcpu_cpuid(&sup, 0, 1, true).unwrap();
+        assert_eq!(find(&one, 0xb, 0).ebx, 1);
     }
 }

@@ -5,6 +5,7 @@
 
 use kvm_ioctls::{Kvm, VcpuFd};
 
+use super::cpu_template::{apply_cpuid, CpuSetup, CpuTemplateError};
 use super::cpuid::{vcpu_cpuid, CpuidError};
 use super::linux::LinuxEntry;
 use super::msr::{setup_msrs, MsrError};
@@ -23,6 +24,8 @@ pub enum LinuxVcpuError {
     #[error(transparent)]
     Msrs(#[from] MsrError),
     #[error(transparent)]
+    Template(#[from] CpuTemplateError),
+    #[error(transparent)]
     Regs(#[from] RegsError),
 }
 
@@ -37,13 +40,17 @@ pub fn configure_linux_vcpu(
     vcpu_id: u8,
     num_vcpus: u8,
     entry: &LinuxEntry,
+    cpu: &CpuSetup,
 ) -> Result<(), LinuxVcpuError> {
     let supported = kvm
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(LinuxVcpuError::SupportedCpuid)?;
-    let cpuid = vcpu_cpuid(&supported, vcpu_id, num_vcpus)?;
+    let mut cpuid = vcpu_cpuid(&supported, vcpu_id, num_vcpus, cpu.smt)?;
+    if let Some(t) = &cpu.template {
+        apply_cpuid(&mut cpuid, t)?;
+    }
     vcpu.set_cpuid2(&cpuid).map_err(LinuxVcpuError::SetCpuid)?;
-    setup_msrs(vcpu)?;
+    setup_msrs(vcpu, cpu.template.as_ref())?;
     setup_fpu(vcpu)?;
     if vcpu_id == 0 {
         setup_linux_regs(vcpu, entry)?;
@@ -108,7 +115,7 @@ mod tests {
         let vcpus: Vec<_> = (0..2u8)
             .map(|id| {
                 let vcpu = vm.create_vcpu(u64::from(id)).unwrap();
-                configure_linux_vcpu(&kvm, &vcpu, &m, id, 2, &entry).unwrap();
+                configure_linux_vcpu(&kvm, &vcpu, &m, id, 2, &entry, &CpuSetup::default()).unwrap();
                 vcpu
             })
             .collect();

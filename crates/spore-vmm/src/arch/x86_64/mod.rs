@@ -1,5 +1,6 @@
 //! x86_64: boot protocols, CPU setup and firmware tables.
 
+pub mod cpu_template;
 pub mod cpuid;
 pub mod layout;
 pub mod linux;

@@ -8,6 +8,9 @@
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuFd;
 
+use super::cpu_template::{apply_msrs, CpuTemplateError};
+use crate::config::CpuConfig;
+
 pub const MSR_IA32_TSC: u32 = 0x10;
 pub const MSR_IA32_SYSENTER_CS: u32 = 0x174;
 pub const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
@@ -29,6 +32,8 @@ pub const MTRR_MEM_TYPE_WB: u64 = 0x6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MsrError {
+    #[error(transparent)]
+    Template(#[from] CpuTemplateError),
     #[error("cannot build the MSR list for KVM: {0:?}")]
     Build(vmm_sys_util::fam::Error),
     #[error("KVM_SET_MSRS failed: {0}")]
@@ -68,10 +73,19 @@ pub fn boot_msrs() -> Vec<kvm_msr_entry> {
     ]
 }
 
-/// Writes [`boot_msrs`] to `vcpu`; every one of them must be accepted.
-pub fn setup_msrs(vcpu: &VcpuFd) -> Result<(), MsrError> {
-    let entries = boot_msrs();
-    let msrs = Msrs::from_entries(&entries).map_err(MsrError::Build)?;
+/// Writes [`boot_msrs`] (with the CPU template's changes) to `vcpu`; every
+/// one of them must be accepted.
+pub fn setup_msrs(vcpu: &VcpuFd, template: Option<&CpuConfig>) -> Result<(), MsrError> {
+    let mut entries = boot_msrs();
+    if let Some(t) = template {
+        apply_msrs(vcpu, &mut entries, t)?;
+    }
+    set_all(vcpu, &entries)
+}
+
+/// Sets `entries` on `vcpu`, all or an error naming the first refused.
+pub fn set_all(vcpu: &VcpuFd, entries: &[kvm_msr_entry]) -> Result<(), MsrError> {
+    let msrs = Msrs::from_entries(entries).map_err(MsrError::Build)?;
     let written = vcpu.set_msrs(&msrs).map_err(MsrError::SetMsrs)?;
     // KVM_SET_MSRS stops at the first MSR it rejects and returns how many it set.
     if written != entries.len() {

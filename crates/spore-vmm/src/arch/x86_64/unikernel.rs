@@ -31,6 +31,8 @@ const PAGE: u64 = 0x1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UnikernelError {
+    #[error("{0}")]
+    CpuTemplate(String),
     #[error("reading the unikernel image failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("the image is not an ELF file; a spore unikernel is a static x86_64 ELF built with spore-uk")]

@@ -3,4 +3,5 @@
 
 pub mod i8042;
 pub mod serial;
+pub mod serial_limit;
 pub mod signal;

@@ -7,6 +7,8 @@ use spore_abi::boot::{GDT_ADDR, PML4_ADDR};
 
 use super::tables::{GDT_LIMIT, TSS_ADDR, TSS_LIMIT, TSS_SEL, USER_CODE_SEL, USER_DATA_SEL};
 use super::{UnikernelEntry, UnikernelError};
+use crate::arch::x86_64::cpu_template::apply_cpuid;
+use crate::config::CpuConfig;
 
 const CR0_PE: u64 = 1 << 0;
 const CR0_MP: u64 = 1 << 1;
@@ -115,15 +117,23 @@ pub fn configure_vcpu(vcpu: &VcpuFd, entry: &UnikernelEntry) -> Result<(), Unike
     vcpu.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))
 }
 
-/// Gives `vcpu` the CPUID KVM supports on this host, unfiltered. Enough for a
-/// unikernel (rdtsc, SSE); the Linux boot path filters CPUID further.
-pub fn set_supported_cpuid(kvm: &Kvm, vcpu: &VcpuFd) -> Result<(), UnikernelError> {
-    let cpuid = kvm
+/// Gives `vcpu` the CPUID KVM supports on this host, unfiltered but for a
+/// CPU template's modifiers. Enough for a unikernel (rdtsc, SSE); the Linux
+/// boot path filters CPUID further.
+pub fn set_supported_cpuid(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    template: Option<&CpuConfig>,
+) -> Result<(), UnikernelError> {
+    let mut cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|source| UnikernelError::Kvm {
             what: "KVM_GET_SUPPORTED_CPUID",
             source,
         })?;
+    if let Some(t) = template {
+        apply_cpuid(&mut cpuid, t).map_err(|e| UnikernelError::CpuTemplate(e.to_string()))?;
+    }
     vcpu.set_cpuid2(&cpuid)
         .map_err(|source| UnikernelError::Kvm {
             what: "KVM_SET_CPUID2",
