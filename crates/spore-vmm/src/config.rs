@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 
 mod guest_snapshot;
 mod observe;
+mod rate_limiter;
 
 pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
+pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 
 /// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
 /// below the device, so that configuration never depends on devices.
@@ -227,9 +229,9 @@ pub struct DriveConfig {
     /// copy-on-write overlay (every guest write goes to the overlay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_overlay: Option<CowOverlayConfig>,
-    /// Firecracker's rate limiter: accepted only as `null` (spore has none yet).
-    #[serde(default, skip_serializing)]
-    pub rate_limiter: Option<NotSupported>,
+    /// Firecracker's rate limiter (bytes and operations per refill time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<RateLimiterConfig>,
     /// Firecracker's vhost-user socket: accepted only as `null`.
     #[serde(default, skip_serializing)]
     pub socket: Option<NotSupported>,
