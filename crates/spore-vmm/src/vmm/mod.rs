@@ -25,6 +25,7 @@ mod clone_child;
 pub mod clone_process;
 mod clone_source;
 mod dispatch;
+mod drives;
 mod guest_snapshot;
 mod outputs;
 mod preboot;

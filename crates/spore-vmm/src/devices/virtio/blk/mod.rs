@@ -23,7 +23,7 @@ pub mod request;
 use std::path::PathBuf;
 
 pub use device::Block;
-pub use disk::{BlockHandle, FreezeError};
+pub use disk::{BlockHandle, FreezeError, UpdateError};
 pub use persist::{BlockState, BlockStateError};
 
 /// Bytes per virtio-blk sector, whatever the image's real block size.
@@ -59,6 +59,8 @@ pub enum BlockError {
     NotSectorMultiple { path: PathBuf, size: u64 },
     #[error(transparent)]
     Overlay(#[from] overlay::OverlayError),
+    #[error("cannot create the drive's rate limiter timer: {0}")]
+    Timer(#[source] std::io::Error),
 }
 
 #[cfg(test)]
