@@ -179,13 +179,29 @@ impl MachineConfig {
                 detail: format!("{t:?} (only \"None\")"),
             });
         }
-        if let Some(h) = self.huge_pages.as_deref().filter(|h| *h != "None") {
-            return Err(ConfigError::Unsupported {
-                field: "huge_pages",
-                detail: format!("{h:?} (only \"None\")"),
-            });
+        match self.huge_pages.as_deref() {
+            None | Some("None") => {}
+            // Firecracker's rule and words.
+            Some("2M") if self.mem_size_mib % 2 != 0 => {
+                return Err(ConfigError::Unsupported {
+                    field: "huge_pages",
+                    detail: "The memory size (MiB) is either 0, or not a multiple of the configured page size.".into(),
+                })
+            }
+            Some("2M") => {}
+            Some(h) => {
+                return Err(ConfigError::Unsupported {
+                    field: "huge_pages",
+                    detail: format!("{h:?} (\"None\" or \"2M\"; spore has no \"Transparent\")"),
+                })
+            }
         }
         Ok(())
+    }
+
+    /// Guest RAM on explicit 2 MiB hugetlbfs pages.
+    pub fn huge_pages_2m(&self) -> bool {
+        self.huge_pages.as_deref() == Some("2M")
     }
 
     pub fn mem_bytes(&self) -> u64 {

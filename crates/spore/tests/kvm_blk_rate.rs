@@ -93,8 +93,16 @@ fn bandwidth_and_ops_buckets_cap_reads_and_patch_changes_them() {
     // Firecracker's pre-boot answer: PATCH is for a running VM.
     let (code, reply) = call(&sock, "PATCH", "/drives/disk0", r#"{"drive_id": "disk0"}"#);
     assert_eq!(code, 400, "{reply}");
-    assert!(reply.contains("not supported before starting the microVM"), "{reply}");
-    ok(&sock, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    assert!(
+        reply.contains("not supported before starting the microVM"),
+        "{reply}"
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    );
 
     // 4 MiB at 1 MiB/s with a full 1 MiB bucket to start: at least 3 s
     // (rounds after the first start with an almost empty bucket: ~4 s).
@@ -102,7 +110,10 @@ fn bandwidth_and_ops_buckets_cap_reads_and_patch_changes_them() {
     assert_eq!(s0, "image-a");
     eprintln!("bandwidth 1 MiB/s: 4 MiB in {us} us (host {host:.2} s)");
     assert!(us >= 2_700_000, "4 MiB at 1 MiB/s took only {us} us");
-    assert!(host >= 2.7, "4 MiB at 1 MiB/s took only {host:.2} s on the host");
+    assert!(
+        host >= 2.7,
+        "4 MiB at 1 MiB/s took only {host:.2} s on the host"
+    );
     assert!(us < 12_000_000, "throttled far below the limit: {us} us");
     let limited = us;
 
@@ -152,7 +163,12 @@ fn patch_path_on_host_swaps_the_image_under_a_running_guest() {
     image(&a, "image-a");
     image(&b, "image-b");
     let (_vmm, rx) = boot(&sock, &a, "null");
-    ok(&sock, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    );
     assert_eq!(next_round(&rx).0, "image-a");
 
     // Refusals change nothing: a missing image, another drive id, an id
@@ -160,13 +176,32 @@ fn patch_path_on_host_swaps_the_image_under_a_running_guest() {
     for (path, body, says) in [
         (
             "/drives/disk0",
-            format!(r#"{{"drive_id": "disk0", "path_on_host": "{}"}}"#, dir.path("none.img").display()),
+            format!(
+                r#"{{"drive_id": "disk0", "path_on_host": "{}"}}"#,
+                dir.path("none.img").display()
+            ),
             "does not exist",
         ),
-        ("/drives/disk9", r#"{"drive_id": "disk9"}"#.to_string(), "no drive"),
-        ("/drives/disk0", r#"{"drive_id": "disk1"}"#.to_string(), "differs"),
-        ("/drives/disk0", r#"{"drive_id": "disk0", "path_on_host": ""}"#.to_string(), "empty"),
-        ("/drives/disk0", r#"{"drive_id": "disk0", "bogus": 1}"#.to_string(), "bogus"),
+        (
+            "/drives/disk9",
+            r#"{"drive_id": "disk9"}"#.to_string(),
+            "no drive",
+        ),
+        (
+            "/drives/disk0",
+            r#"{"drive_id": "disk1"}"#.to_string(),
+            "differs",
+        ),
+        (
+            "/drives/disk0",
+            r#"{"drive_id": "disk0", "path_on_host": ""}"#.to_string(),
+            "empty",
+        ),
+        (
+            "/drives/disk0",
+            r#"{"drive_id": "disk0", "bogus": 1}"#.to_string(),
+            "bogus",
+        ),
     ] {
         let (code, reply) = call(&sock, "PATCH", path, &body);
         assert_eq!(code, 400, "PATCH {path} {body}: {reply}");
@@ -179,7 +214,10 @@ fn patch_path_on_host_swaps_the_image_under_a_running_guest() {
         &sock,
         "PATCH",
         "/drives/disk0",
-        &format!(r#"{{"drive_id": "disk0", "path_on_host": "{}"}}"#, b.display()),
+        &format!(
+            r#"{{"drive_id": "disk0", "path_on_host": "{}"}}"#,
+            b.display()
+        ),
     );
     next_round(&rx);
     assert_eq!(next_round(&rx).0, "image-b");

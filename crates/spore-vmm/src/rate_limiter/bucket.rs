@@ -81,7 +81,10 @@ impl TokenBucket {
         let tokens = scaled / refill_ns;
         self.carry = scaled % refill_ns;
         let tokens = i128::try_from(tokens).unwrap_or(i128::MAX);
-        self.budget = self.budget.saturating_add(tokens).min(i128::from(self.size));
+        self.budget = self
+            .budget
+            .saturating_add(tokens)
+            .min(i128::from(self.size));
         if self.budget == i128::from(self.size) {
             self.carry = 0;
         }
@@ -118,14 +121,17 @@ impl TokenBucket {
     /// else takes any.
     pub fn wait_ns(&mut self, tokens: u64, now_ns: u64) -> u64 {
         self.refill(now_ns);
-        let need = i128::from(tokens.saturating_sub(self.one_time_burst)).min(i128::from(self.size));
+        let need =
+            i128::from(tokens.saturating_sub(self.one_time_burst)).min(i128::from(self.size));
         let missing = need - self.budget;
         if missing <= 0 {
             return 0;
         }
         let refill_ns = u128::from(self.refill_time_ms) * NS_PER_MS;
         let missing = missing.unsigned_abs();
-        let ns = (missing * refill_ns).saturating_sub(self.carry).div_ceil(u128::from(self.size));
+        let ns = (missing * refill_ns)
+            .saturating_sub(self.carry)
+            .div_ceil(u128::from(self.size));
         u64::try_from(ns).unwrap_or(u64::MAX)
     }
 

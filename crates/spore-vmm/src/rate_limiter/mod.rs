@@ -162,7 +162,10 @@ impl RateLimiter {
                 .bandwidth
                 .as_ref()
                 .and_then(|b| TokenBucket::restore(b, now)),
-            ops: state.ops.as_ref().and_then(|o| TokenBucket::restore(o, now)),
+            ops: state
+                .ops
+                .as_ref()
+                .and_then(|o| TokenBucket::restore(o, now)),
             timer: TimerFd::new()?,
             blocked: false,
         })

@@ -190,6 +190,9 @@ fn config_parses_firecrackers_shape_and_refuses_the_rest() {
         r#"{"bw":{"size":1,"refill_time":1}}"#,
         r#"{"ops":{"size":1,"refill_time":1,"x":2}}"#,
     ] {
-        assert!(serde_json::from_str::<RateLimiterConfig>(bad).is_err(), "{bad}");
+        assert!(
+            serde_json::from_str::<RateLimiterConfig>(bad).is_err(),
+            "{bad}"
+        );
     }
 }

@@ -289,6 +289,10 @@ pub enum SnapshotApiError {
     Freeze(String),
     #[error("vsock_override: the snapshot has no vsock device")]
     NoVsock,
+    #[error("the snapshot's microVM has huge_pages \"2M\" (hugetlbfs-backed memory): Firecracker restores such snapshots only with a UFFD memory backend serving 2 MiB pages, which spore does not have yet")]
+    HugePages,
+    #[error("Diff snapshots are not supported for a microVM with huge_pages \"2M\" (as in Firecracker): take a Full snapshot")]
+    DiffWithHugePages,
     #[error("{0}")]
     Path(String),
 }

@@ -38,8 +38,7 @@ pub enum Served {
 /// Serves the chains of one queue.
 pub trait ChainHandler: Send + 'static {
     /// Serves one chain (see [`Served`]).
-    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>)
-        -> Served;
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served;
 
     /// An fd the server also waits on (a rate limiter's timer); when it is
     /// readable, [`Self::on_wake`] runs and the queue is served again.
@@ -199,7 +198,9 @@ impl<H: ChainHandler> QueueServer<H> {
             tag,
             interrupt,
         } = self;
-        let used_any = drain_queue(queue, queue_evt, mem, tag, |chain| handler.serve(mem, chain));
+        let used_any = drain_queue(queue, queue_evt, mem, tag, |chain| {
+            handler.serve(mem, chain)
+        });
         if used_any && queue.needs_notification(mem).unwrap_or(true) {
             interrupt.signal_used_queue();
         }

@@ -107,11 +107,7 @@ impl VirtioDevice for Rng {
 struct EntropySource;
 
 impl ChainHandler for EntropySource {
-    fn serve(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-    ) -> Served {
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
         Served::Used(fill_chain(chain, mem))
     }
 }

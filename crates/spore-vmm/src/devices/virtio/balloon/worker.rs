@@ -390,9 +390,11 @@ fn drain(
     mem: &GuestMemoryMmap,
     mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
-    drain_queue(queue, evt, mem, "virtio-balloon", |chain| match serve(chain) {
-        Some(len) => Served::Used(len),
-        None => Served::Kept,
+    drain_queue(queue, evt, mem, "virtio-balloon", |chain| {
+        match serve(chain) {
+            Some(len) => Served::Used(len),
+            None => Served::Kept,
+        }
     })
 }
 

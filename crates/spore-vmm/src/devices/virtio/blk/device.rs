@@ -254,11 +254,7 @@ struct BlockRequests {
 }
 
 impl ChainHandler for BlockRequests {
-    fn serve(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-    ) -> Served {
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
         let limits = {
             let disk = lock(&self.disk);
             DiskLimits {

@@ -373,11 +373,7 @@ struct RequestHandler {
 }
 
 impl ChainHandler for RequestHandler {
-    fn serve(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-    ) -> Served {
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
         Served::Used(self.respond(mem, chain))
     }
 
