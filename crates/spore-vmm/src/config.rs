@@ -182,7 +182,7 @@ impl MachineConfig {
         match self.huge_pages.as_deref() {
             None | Some("None") => {}
             // Firecracker's rule and words.
-            Some("2M") if self.mem_size_mib % 2 != 0 => {
+            Some("2M") if !self.mem_size_mib.is_multiple_of(2) => {
                 return Err(ConfigError::Unsupported {
                     field: "huge_pages",
                     detail: "The memory size (MiB) is either 0, or not a multiple of the configured page size.".into(),

@@ -15,7 +15,7 @@ pub const HUGE_PAGE: u64 = 2 << 20;
 
 /// A 2 MiB hugetlbfs memfd of `size` bytes (a multiple of 2 MiB).
 pub fn create(size: u64) -> Result<File, MemoryError> {
-    if size % HUGE_PAGE != 0 {
+    if !size.is_multiple_of(HUGE_PAGE) {
         return Err(MemoryError::HugePages(format!(
             "guest memory of {size} bytes is not a whole number of 2 MiB pages"
         )));
