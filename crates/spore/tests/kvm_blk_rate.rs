@@ -225,3 +225,54 @@ fn patch_path_on_host_swaps_the_image_under_a_running_guest() {
     assert_eq!(code, 200);
     assert!(cfg.contains(&format!("{}", b.display())), "{cfg}");
 }
+
+#[test]
+fn limits_survive_a_snapshot_taken_with_a_request_held_back() {
+    require_kvm();
+    let dir = Scratch::new("blkrate-snap");
+    let sock = dir.path("api.sock");
+    let a = dir.path("a.img");
+    image(&a, "image-a");
+    let (vmm, _rx) = boot(
+        &sock,
+        &a,
+        r#"{"bandwidth": {"size": 1048576, "refill_time": 1000}}"#,
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    );
+    // Mid-round: the bucket is empty and a request waits on the timer.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (state, mem) = (dir.path("vm.state"), dir.path("vm.mem"));
+    snapshot_create(&sock, &state, &mem, false, true);
+    drop(vmm);
+
+    let sock = dir.path("load.sock");
+    let (_vmm, rx) = spawn_vmm_lines(&sock);
+    ok(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        &format!(
+            r#"{{"snapshot_path": "{}", "mem_file_path": "{}", "resume_vm": true}}"#,
+            state.display(),
+            mem.display()
+        ),
+    );
+    // The held request is served after the restore (the round ends), and
+    // the restored limiter still caps a whole round at 1 MiB/s.
+    read_until(&rx, "blk round=0 read_mib=");
+    let (s0, _, host) = next_round(&rx);
+    assert_eq!(s0, "image-a");
+    eprintln!("restored: 4 MiB in {host:.2} s (host)");
+    assert!(host >= 2.7, "the restored drive read 4 MiB in {host:.2} s");
+    let (code, cfg) = http(&sock, "GET", "/vm/config", None);
+    assert_eq!(code, 200);
+    assert!(
+        cfg.contains(r#""bandwidth":{"refill_time":1000,"size":1048576}"#),
+        "{cfg}"
+    );
+}

@@ -33,7 +33,9 @@ fn main(info: &BootInfo) -> i32 {
     let rounds = arg("rounds", 1);
     let mib = arg("mib", 4);
     let chunk = (arg("chunk_kib", 128).clamp(1, 1024) as usize) << 10;
-    let sleep_us = arg("sleep_ms", 100).saturating_mul(1000).min(u32::MAX as u64) as u32;
+    let sleep_us = arg("sleep_ms", 100)
+        .saturating_mul(1000)
+        .min(u32::MAX as u64) as u32;
     let Ok(mut disk) = VirtioBlk::new(info, 0) else {
         println!("blkrate: no virtio-blk disk");
         return 3;
