@@ -284,11 +284,29 @@ impl DriveConfig {
                 detail: format!("{c:?} (\"Unsafe\" or \"Writeback\")"),
             });
         }
-        if let Some(e) = self.io_engine.as_deref().filter(|e| *e != "Sync") {
-            return Err(ConfigError::Unsupported {
-                field: "io_engine",
-                detail: format!("{e:?} (only \"Sync\")"),
-            });
+        match self.io_engine.as_deref() {
+            None | Some("Sync") => {}
+            Some("Async") => {
+                // Firecracker's rule: io_uring as it needs is in 5.10 on.
+                crate::host::kernel_at_least(crate::host::ASYNC_IO_MIN_KERNEL).map_err(|e| {
+                    ConfigError::Unsupported {
+                        field: "io_engine",
+                        detail: format!("\"Async\" (io_uring): {e}"),
+                    }
+                })?;
+                if self.cow_overlay.is_some() {
+                    return Err(ConfigError::Unsupported {
+                        field: "io_engine",
+                        detail: "\"Async\" with a cow_overlay (copy-on-write disks are served by the Sync engine)".into(),
+                    });
+                }
+            }
+            Some(e) => {
+                return Err(ConfigError::Unsupported {
+                    field: "io_engine",
+                    detail: format!("{e:?} (\"Sync\" or \"Async\")"),
+                })
+            }
         }
         if let Some(o) = &self.cow_overlay {
             let detail = match (o.path.as_deref(), o.in_memory) {

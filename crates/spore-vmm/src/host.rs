@@ -48,3 +48,31 @@ mod tests {
         assert_eq!(*lock(&m), 2);
     }
 }
+
+/// Oldest kernel Firecracker accepts `io_engine: "Async"` (io_uring) on.
+pub const ASYNC_IO_MIN_KERNEL: (u32, u32) = (5, 10);
+
+/// Whether the running kernel is at least `min` (major, minor); `Err`
+/// names the kernel it is.
+pub fn kernel_at_least(min: (u32, u32)) -> Result<(), String> {
+    // SAFETY: an all-zero utsname is valid; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid utsname to fill.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return Err("the host kernel's version cannot be read".into());
+    }
+    // SAFETY: uname NUL-terminates release.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) >= min => Ok(()),
+        _ => Err(format!(
+            "the host kernel is {release}, {}.{} or newer is needed",
+            min.0, min.1
+        )),
+    }
+}

@@ -30,8 +30,8 @@ pub enum Served {
     /// Kept by the device, returned later by other means.
     Kept,
     /// Not served now (a rate limiter said wait): put it back at the head
-    /// of the avail ring and end the round; the handler's
-    /// [`ChainHandler::wake_fd`] brings the server back.
+    /// of the avail ring and end the round; one of the handler's
+    /// [`ChainHandler::wake_fds`] brings the server back.
     Deferred,
 }
 
@@ -40,13 +40,25 @@ pub trait ChainHandler: Send + 'static {
     /// Serves one chain (see [`Served`]).
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served;
 
-    /// An fd the server also waits on (a rate limiter's timer); when it is
-    /// readable, [`Self::on_wake`] runs and the queue is served again.
-    fn wake_fd(&self) -> Option<RawFd> {
-        None
+    /// Fds the server also waits on (a rate limiter's timer, an io_uring's
+    /// completion eventfd); when the `i`th is readable, `on_wake(i)` runs,
+    /// the chains it returns go on the used ring, and the queue is served
+    /// again.
+    fn wake_fds(&self) -> Vec<RawFd> {
+        Vec::new()
     }
 
-    fn on_wake(&mut self) {}
+    /// Returns chains [`Served::Kept`] earlier that are now done, as
+    /// `(head index, used length)`.
+    fn on_wake(&mut self, _which: usize, _mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        Vec::new()
+    }
+
+    /// Called when the server stops (snapshot, reset): finish every kept
+    /// chain, waiting if need be, so the queue is handed back consistent.
+    fn finish(&mut self, _mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        Vec::new()
+    }
 
     /// Called after a round of chains went back to the driver (and the
     /// driver was interrupted): work that need not delay the driver.
@@ -63,6 +75,7 @@ pub trait ChainHandler: Send + 'static {
 
 const TOKEN_QUEUE: u64 = 0;
 const TOKEN_STOP: u64 = 1;
+/// Tokens from here on: the handler's wake fds, in order.
 const TOKEN_WAKE: u64 = 2;
 
 /// One queue, its notification eventfd and the handler for its chains.
@@ -132,7 +145,7 @@ impl<H: ChainHandler> QueueServer<H> {
         };
         // Chains made available before activation need no new notification.
         self.serve_available();
-        let mut events = [EpollEvent::default(); 3];
+        let mut events = [EpollEvent::default(); 8];
         loop {
             let timeout = self
                 .handler
@@ -152,17 +165,21 @@ impl<H: ChainHandler> QueueServer<H> {
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    TOKEN_STOP => return (self.queue, self.handler),
+                    TOKEN_STOP => {
+                        let done = self.handler.finish(&self.mem);
+                        self.serve_with(done, false);
+                        return (self.queue, self.handler);
+                    }
                     TOKEN_QUEUE => {
                         // EAGAIN only means the counter was already consumed.
                         let _ = self.queue_evt.read();
                         self.serve_available();
                     }
-                    TOKEN_WAKE => {
-                        self.handler.on_wake();
-                        self.serve_available();
+                    token => {
+                        let which = usize::try_from(token - TOKEN_WAKE).unwrap_or(usize::MAX);
+                        let done = self.handler.on_wake(which, &self.mem);
+                        self.serve_with(done, true);
                     }
-                    _ => {}
                 }
             }
         }
@@ -170,7 +187,7 @@ impl<H: ChainHandler> QueueServer<H> {
 
     fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
         let epoll = Epoll::new()?;
-        let wake = self.handler.wake_fd().map(|fd| (fd, TOKEN_WAKE));
+        let wake = self.handler.wake_fds().into_iter().zip(TOKEN_WAKE..);
         for (fd, token) in [
             (self.queue_evt.as_raw_fd(), TOKEN_QUEUE),
             (stop.as_raw_fd(), TOKEN_STOP),
@@ -190,6 +207,12 @@ impl<H: ChainHandler> QueueServer<H> {
     /// Serves every available chain (up to a batch limit), then interrupts
     /// the driver if it asked for it.
     fn serve_available(&mut self) {
+        self.serve_with(Vec::new(), true);
+    }
+
+    /// Returns the chains `done` on the used ring, then (if `more`) serves
+    /// the available ones, and interrupts the driver if it wants it.
+    fn serve_with(&mut self, done: Vec<(u16, u32)>, more: bool) {
         let Self {
             queue,
             mem,
@@ -198,9 +221,17 @@ impl<H: ChainHandler> QueueServer<H> {
             tag,
             interrupt,
         } = self;
-        let used_any = drain_queue(queue, queue_evt, mem, tag, |chain| {
-            handler.serve(mem, chain)
-        });
+        let mut used_any = false;
+        for (head, len) in done {
+            match queue.add_used(mem, head, len) {
+                Ok(()) => used_any = true,
+                Err(e) => tracing::warn!("{tag}: cannot return chain {head}: {e}"),
+            }
+        }
+        if more {
+            used_any |=
+                drain_queue(queue, queue_evt, mem, tag, |chain| handler.serve(mem, chain));
+        }
         if used_any && queue.needs_notification(mem).unwrap_or(true) {
             interrupt.signal_used_queue();
         }

@@ -17,6 +17,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::Bytes;
 
+use super::async_io::AsyncEngine;
 use super::backend::{DiskImage, DiskIoError};
 use super::disk::{BlockHandle, Disk, LiveDevice};
 use super::overlay::CowDisk;
@@ -45,6 +46,9 @@ pub struct Block {
     limiter: Arc<Mutex<RateLimiter>>,
     /// The activated device's interrupt and queue kick, for the handle.
     live: Arc<Mutex<Option<LiveDevice>>>,
+    /// `io_engine: "Async"`: the io_uring, lent to the worker while active.
+    engine: Option<AsyncEngine>,
+    async_io: bool,
     worker: Option<Worker<(Queue, BlockRequests)>>,
 }
 
@@ -74,7 +78,13 @@ impl Block {
             )?),
             Some(o) => Disk::cow(CowDisk::open(Path::new(&d.path_on_host), o, durable)?),
         };
-        Self::with_disk(d.drive_id.clone(), disk, durable, d.rate_limiter.as_ref())
+        let mut block =
+            Self::with_disk(d.drive_id.clone(), disk, durable, d.rate_limiter.as_ref())?;
+        if d.io_engine.as_deref() == Some("Async") {
+            block.engine = Some(AsyncEngine::new().map_err(BlockError::Async)?);
+            block.async_io = true;
+        }
+        Ok(block)
     }
 
     fn with_disk(
@@ -110,6 +120,8 @@ impl Block {
             config,
             limiter: Arc::new(Mutex::new(limiter)),
             live: Arc::new(Mutex::new(None)),
+            engine: None,
+            async_io: false,
             worker: None,
         })
     }
@@ -156,8 +168,10 @@ impl Block {
     fn stop_worker(&mut self) {
         *lock(&self.live) = None;
         if let Some(worker) = self.worker.take() {
-            if worker.stop().is_none() {
-                tracing::error!("virtio-blk {}: worker thread panicked", self.id);
+            match worker.stop() {
+                // The worker drained its io_uring before it stopped.
+                Some((_, handler)) => self.engine = handler.engine,
+                None => tracing::error!("virtio-blk {}: worker thread panicked", self.id),
             }
         }
     }
@@ -188,7 +202,15 @@ impl VirtioDevice for Block {
         let mut id_bytes = [0u8; ID_BYTES];
         let n = self.id.len().min(ID_BYTES);
         id_bytes[..n].copy_from_slice(&self.id.as_bytes()[..n]);
+        let engine = self.engine.take();
+        if self.async_io && engine.is_none() {
+            return Err(ActivateError::Device(format!(
+                "virtio-blk {}: its io_uring was lost with a worker that panicked",
+                self.id
+            )));
+        }
         let handler = BlockRequests {
+            engine,
             disk: self.disk.clone(),
             limiter: self.limiter.clone(),
             timer_fd: lock(&self.limiter).timer_fd(),
@@ -220,12 +242,14 @@ impl VirtioDevice for Block {
         let worker = self.worker.take().ok_or_else(|| {
             ActivateError::Device(format!("virtio-blk {} is not active", self.id))
         })?;
-        // The worker finishes the request it is on; every completed write
-        // has reached the backing file (not necessarily the disk: the guest
-        // flushes when it needs durability).
-        let (queue, _) = worker.stop().ok_or_else(|| {
+        // The worker finishes the request it is on, and waits for every
+        // request its io_uring holds (Async): every completed write has
+        // reached the backing file (not necessarily the disk: the guest
+        // flushes when it needs durability), every chain is on the used ring.
+        let (queue, handler) = worker.stop().ok_or_else(|| {
             ActivateError::Device(format!("virtio-blk {}: worker panicked", self.id))
         })?;
+        self.engine = handler.engine;
         Ok(vec![queue])
     }
 }
@@ -244,6 +268,7 @@ pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 
 /// Serves block requests on the worker thread.
 struct BlockRequests {
+    engine: Option<AsyncEngine>,
     disk: Arc<Mutex<Disk>>,
     limiter: Arc<Mutex<RateLimiter>>,
     /// The limiter's timer (fixed for the limiter's life).
@@ -255,6 +280,7 @@ struct BlockRequests {
 
 impl ChainHandler for BlockRequests {
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
+        let head = chain.head_index();
         let limits = {
             let disk = lock(&self.disk);
             DiskLimits {
@@ -273,8 +299,17 @@ impl ChainHandler for BlockRequests {
                 if !lock(&self.limiter).consume(bytes) {
                     return Served::Deferred;
                 }
-                let (status, written) = self.execute(mem, &req);
-                (req.status_addr, status, written)
+                match self.submit(mem, head, &req) {
+                    Some(Ok(())) => return Served::Kept,
+                    Some(Err(e)) => {
+                        tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
+                        (req.status_addr, VIRTIO_BLK_S_IOERR as u8, 0)
+                    }
+                    None => {
+                        let (status, written) = self.execute(mem, &req);
+                        (req.status_addr, status, written)
+                    }
+                }
             }
             Err(rejected) => {
                 tracing::debug!("{}: bad request: {}", self.tag, rejected.error);
@@ -294,16 +329,53 @@ impl ChainHandler for BlockRequests {
         })
     }
 
-    fn wake_fd(&self) -> Option<RawFd> {
-        Some(self.timer_fd)
+    fn wake_fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![self.timer_fd];
+        fds.extend(self.engine.as_ref().map(AsyncEngine::event_fd));
+        fds
     }
 
-    fn on_wake(&mut self) {
-        lock(&self.limiter).on_timer();
+    fn on_wake(&mut self, which: usize, mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        match (which, self.engine.as_mut()) {
+            (0, _) => {
+                lock(&self.limiter).on_timer();
+                Vec::new()
+            }
+            (_, Some(engine)) => engine.reap(mem, &self.tag),
+            (_, None) => Vec::new(),
+        }
+    }
+
+    fn finish(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        match self.engine.as_mut() {
+            Some(engine) => engine.drain(mem, &self.tag),
+            None => Vec::new(),
+        }
     }
 }
 
 impl BlockRequests {
+    /// With the Async engine, submits a read, a write or a durable flush to
+    /// the io_uring (`Some(Ok)`: the chain is returned on completion);
+    /// `None`: serve it synchronously (GET_ID, a flush that need not sync).
+    fn submit(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        head: u16,
+        req: &Request,
+    ) -> Option<Result<(), DiskIoError>> {
+        let engine = self.engine.as_mut()?;
+        // Under the disk's lock: a PATCH swapping the image waits until the
+        // kernel holds its own reference to this one.
+        let disk = lock(&self.disk);
+        let (fd, durable) = disk.async_target()?;
+        match req.kind {
+            RequestKind::In | RequestKind::Out => {}
+            RequestKind::Flush if durable => {}
+            RequestKind::Flush | RequestKind::GetId => return None,
+        }
+        Some(engine.submit(mem, fd, head, req))
+    }
     /// Runs a validated request; returns its status and the data bytes written
     /// to guest memory.
     fn execute(&self, mem: &GuestMemoryMmap, req: &Request) -> (u8, u32) {

@@ -64,6 +64,15 @@ impl Disk {
         }
     }
 
+    /// The raw image's fd and whether a flush must sync it (the Async
+    /// engine's target); `None` for a copy-on-write disk.
+    pub fn async_target(&self) -> Option<(std::os::fd::RawFd, bool)> {
+        match self {
+            Disk::Raw(d) => Some((d.raw_fd(), d.durable_flush())),
+            Disk::Cow { .. } => None,
+        }
+    }
+
     pub fn overlay(&self) -> Option<&CowDisk> {
         match self {
             Disk::Raw(_) => None,

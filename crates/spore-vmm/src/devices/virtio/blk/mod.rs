@@ -13,6 +13,7 @@
 //! Guest data never passes through a host buffer sized by the guest: it moves
 //! between the image file and guest memory directly.
 
+pub mod async_io;
 pub mod backend;
 pub mod device;
 pub mod disk;
@@ -61,6 +62,8 @@ pub enum BlockError {
     Overlay(#[from] overlay::OverlayError),
     #[error("cannot create the drive's rate limiter timer: {0}")]
     Timer(#[source] std::io::Error),
+    #[error("io_engine \"Async\": cannot set up an io_uring: {0}")]
+    Async(#[source] std::io::Error),
 }
 
 #[cfg(test)]
