@@ -229,8 +229,9 @@ impl<H: ChainHandler> QueueServer<H> {
             }
         }
         if more {
-            used_any |=
-                drain_queue(queue, queue_evt, mem, tag, |chain| handler.serve(mem, chain));
+            used_any |= drain_queue(queue, queue_evt, mem, tag, |chain| {
+                handler.serve(mem, chain)
+            });
         }
         if used_any && queue.needs_notification(mem).unwrap_or(true) {
             interrupt.signal_used_queue();

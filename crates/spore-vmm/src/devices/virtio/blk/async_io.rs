@@ -130,7 +130,10 @@ impl AsyncEngine {
             .map_err(|_| DiskIoError::Async(std::io::Error::other("submission queue full")))?;
         self.ring.submit().map_err(DiskIoError::Async)?;
         let (expect, used_ok) = match req.kind {
-            RequestKind::In => (req.data_len, u32::try_from(req.data_len).unwrap_or(u32::MAX)),
+            RequestKind::In => (
+                req.data_len,
+                u32::try_from(req.data_len).unwrap_or(u32::MAX),
+            ),
             RequestKind::Out => (req.data_len, 0),
             _ => (0, 0),
         };
