@@ -32,23 +32,6 @@ pub fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_and_clock() {
-        let (a, b) = (random_id(), random_id());
-        assert_eq!(a.len(), 16);
-        assert_ne!(a, b);
-        let t = monotonic_ns();
-        assert!(monotonic_ns() >= t);
-        let m = Mutex::new(1);
-        *lock(&m) += 1;
-        assert_eq!(*lock(&m), 2);
-    }
-}
-
 /// Oldest kernel Firecracker accepts `io_engine: "Async"` (io_uring) on.
 pub const ASYNC_IO_MIN_KERNEL: (u32, u32) = (5, 10);
 
@@ -74,5 +57,30 @@ pub fn kernel_at_least(min: (u32, u32)) -> Result<(), String> {
             "the host kernel is {release}, {}.{} or newer is needed",
             min.0, min.1
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_clock() {
+        let (a, b) = (random_id(), random_id());
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, b);
+        let t = monotonic_ns();
+        assert!(monotonic_ns() >= t);
+        let m = Mutex::new(1);
+        *lock(&m) += 1;
+        assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn kernel_version_check() {
+        // This host runs a kernel newer than 2.6 and older than 999.0.
+        assert!(kernel_at_least((2, 6)).is_ok());
+        let e = kernel_at_least((999, 0)).unwrap_err();
+        assert!(e.contains("999.0 or newer"), "{e}");
     }
 }
