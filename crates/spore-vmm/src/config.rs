@@ -294,12 +294,8 @@ impl DriveConfig {
                         detail: format!("\"Async\" (io_uring): {e}"),
                     }
                 })?;
-                if self.cow_overlay.is_some() {
-                    return Err(ConfigError::Unsupported {
-                        field: "io_engine",
-                        detail: "\"Async\" with a cow_overlay (copy-on-write disks are served by the Sync engine)".into(),
-                    });
-                }
+                // A copy-on-write disk (a cow_overlay, a clone's disk) is
+                // served synchronously whatever the engine: see blk::Block::open.
             }
             Some(e) => {
                 return Err(ConfigError::Unsupported {

@@ -80,7 +80,10 @@ impl Block {
         };
         let mut block =
             Self::with_disk(d.drive_id.clone(), disk, durable, d.rate_limiter.as_ref())?;
-        if d.io_engine.as_deref() == Some("Async") {
+        // A copy-on-write disk moves data through its own bounce buffer,
+        // block by block: it stays on the Sync path (so does a raw drive
+        // frozen to copy-on-write for cloning, from then on).
+        if d.io_engine.as_deref() == Some("Async") && d.cow_overlay.is_none() {
             block.engine = Some(AsyncEngine::new().map_err(BlockError::Async)?);
             block.async_io = true;
         }
