@@ -186,13 +186,29 @@ impl MachineConfig {
             return Err(ConfigError::SmtVcpuCount);
         }
         self.static_cpu_template()?;
-        if let Some(h) = self.huge_pages.as_deref().filter(|h| *h != "None") {
-            return Err(ConfigError::Unsupported {
-                field: "huge_pages",
-                detail: format!("{h:?} (only \"None\")"),
-            });
+        match self.huge_pages.as_deref() {
+            None | Some("None") => {}
+            // Firecracker's rule and words.
+            Some("2M") if !self.mem_size_mib.is_multiple_of(2) => {
+                return Err(ConfigError::Unsupported {
+                    field: "huge_pages",
+                    detail: "The memory size (MiB) is either 0, or not a multiple of the configured page size.".into(),
+                })
+            }
+            Some("2M") => {}
+            Some(h) => {
+                return Err(ConfigError::Unsupported {
+                    field: "huge_pages",
+                    detail: format!("{h:?} (\"None\" or \"2M\"; spore has no \"Transparent\")"),
+                })
+            }
         }
         Ok(())
+    }
+
+    /// Guest RAM on explicit 2 MiB hugetlbfs pages.
+    pub fn huge_pages_2m(&self) -> bool {
+        self.huge_pages.as_deref() == Some("2M")
     }
 
     pub fn mem_bytes(&self) -> u64 {
@@ -244,9 +260,9 @@ pub struct DriveConfig {
     /// copy-on-write overlay (every guest write goes to the overlay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_overlay: Option<CowOverlayConfig>,
-    /// Firecracker's rate limiter: accepted only as `null` (spore has none yet).
-    #[serde(default, skip_serializing)]
-    pub rate_limiter: Option<NotSupported>,
+    /// Firecracker's rate limiter (bytes and operations per refill time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<RateLimiterConfig>,
     /// Firecracker's vhost-user socket: accepted only as `null`.
     #[serde(default, skip_serializing)]
     pub socket: Option<NotSupported>,
@@ -283,11 +299,25 @@ impl DriveConfig {
                 detail: format!("{c:?} (\"Unsafe\" or \"Writeback\")"),
             });
         }
-        if let Some(e) = self.io_engine.as_deref().filter(|e| *e != "Sync") {
-            return Err(ConfigError::Unsupported {
-                field: "io_engine",
-                detail: format!("{e:?} (only \"Sync\")"),
-            });
+        match self.io_engine.as_deref() {
+            None | Some("Sync") => {}
+            Some("Async") => {
+                // Firecracker's rule: io_uring as it needs is in 5.10 on.
+                crate::host::kernel_at_least(crate::host::ASYNC_IO_MIN_KERNEL).map_err(|e| {
+                    ConfigError::Unsupported {
+                        field: "io_engine",
+                        detail: format!("\"Async\" (io_uring): {e}"),
+                    }
+                })?;
+                // A copy-on-write disk (a cow_overlay, a clone's disk) is
+                // served synchronously whatever the engine: see blk::Block::open.
+            }
+            Some(e) => {
+                return Err(ConfigError::Unsupported {
+                    field: "io_engine",
+                    detail: format!("{e:?} (\"Sync\" or \"Async\")"),
+                })
+            }
         }
         if let Some(o) = &self.cow_overlay {
             let detail = match (o.path.as_deref(), o.in_memory) {

@@ -32,6 +32,34 @@ pub fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Oldest kernel Firecracker accepts `io_engine: "Async"` (io_uring) on.
+pub const ASYNC_IO_MIN_KERNEL: (u32, u32) = (5, 10);
+
+/// Whether the running kernel is at least `min` (major, minor); `Err`
+/// names the kernel it is.
+pub fn kernel_at_least(min: (u32, u32)) -> Result<(), String> {
+    // SAFETY: an all-zero utsname is valid; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid utsname to fill.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return Err("the host kernel's version cannot be read".into());
+    }
+    // SAFETY: uname NUL-terminates release.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) >= min => Ok(()),
+        _ => Err(format!(
+            "the host kernel is {release}, {}.{} or newer is needed",
+            min.0, min.1
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +74,13 @@ mod tests {
         let m = Mutex::new(1);
         *lock(&m) += 1;
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn kernel_version_check() {
+        // This host runs a kernel newer than 2.6 and older than 999.0.
+        assert!(kernel_at_least((2, 6)).is_ok());
+        let e = kernel_at_least((999, 0)).unwrap_err();
+        assert!(e.contains("999.0 or newer"), "{e}");
     }
 }

@@ -19,6 +19,7 @@ pub mod logger;
 pub mod memory;
 pub mod metrics;
 pub mod persist;
+pub mod rate_limiter;
 pub mod seccomp;
 pub mod snapshot;
 pub mod vm;

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Compression, MachineConfig, TmemConfig};
+use crate::config::{Compression, MachineConfig, RateLimiterConfig, TmemConfig};
 use crate::devices::tmem::{CallTiming, PoolStats};
 
 /// `PATCH /machine-config`: the fields to change; absent ones keep their value.
@@ -49,6 +49,18 @@ impl MachineConfigPatch {
             huge_pages: self.huge_pages.clone().or_else(|| base.huge_pages.clone()),
         }
     }
+}
+
+/// `PATCH /drives/{id}` (Firecracker's `PartialDrive`): a new image and/or
+/// new rate limits for a running VM's drive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialDrive {
+    pub drive_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_on_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<RateLimiterConfig>,
 }
 
 /// `PATCH /balloon`: the new target.

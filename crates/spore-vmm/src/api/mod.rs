@@ -35,7 +35,7 @@ mod clone_route_tests;
 
 pub use body::{
     ActionType, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
-    InstanceState, MachineConfigPatch, TmemInfo, TmemUpdate, VersionInfo, VmState,
+    InstanceState, MachineConfigPatch, PartialDrive, TmemInfo, TmemUpdate, VersionInfo, VmState,
 };
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};
@@ -63,6 +63,8 @@ pub enum ApiRequest {
     PatchMachineConfig(MachineConfigPatch),
     /// `PUT /drives/{id}`; the path id equals `drive_id` (checked).
     PutDrive(DriveConfig),
+    /// `PATCH /drives/{id}`; the path id equals `drive_id` (checked).
+    PatchDrive(PartialDrive),
     /// `PUT /vsock`.
     PutVsock(VsockConfig),
     /// `PUT /actions`.

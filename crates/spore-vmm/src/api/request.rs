@@ -12,7 +12,7 @@ use super::body::{
     BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
     VmStateBody,
 };
-use super::{ApiError, ApiRequest, MachineConfigPatch};
+use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
 use crate::config::GuestSnapshotConfig;
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
@@ -66,9 +66,8 @@ impl Resource<'_> {
             | Resource::MmdsConfig => &["PUT"],
             Resource::Mmds => &["GET", "PUT", "PATCH"],
             Resource::MachineConfig | Resource::HotplugMemory => &["GET", "PUT", "PATCH"],
-            Resource::BootSource | Resource::Drive(_) | Resource::Vsock | Resource::Actions => {
-                &["PUT"]
-            }
+            Resource::Drive(_) => &["PUT", "PATCH"],
+            Resource::BootSource | Resource::Vsock | Resource::Actions => &["PUT"],
             Resource::Vm => &["PATCH"],
             Resource::Tmem => &["GET", "PUT"],
             Resource::Balloon => &["GET", "PUT", "PATCH"],
@@ -175,6 +174,17 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
                 .into());
             }
             ApiRequest::PutDrive(drive)
+        }
+        (Resource::Drive(id), "PATCH") => {
+            let drive = decode::<PartialDrive>(m, path, body)?;
+            if drive.drive_id != id {
+                return Err(ConfigError::DriveIdMismatch {
+                    path: printable(id),
+                    body: drive.drive_id,
+                }
+                .into());
+            }
+            ApiRequest::PatchDrive(drive)
         }
         (Resource::Vsock, "PUT") => ApiRequest::PutVsock(decode::<VsockConfig>(m, path, body)?),
         (Resource::Actions, "PUT") => {

@@ -171,7 +171,7 @@ fn wrong_methods_are_405() {
         (Method::GET, "/boot-source"),
         (Method::PATCH, "/boot-source"),
         (Method::GET, "/drives/rootfs"),
-        (Method::PATCH, "/drives/rootfs"),
+        (Method::DELETE, "/drives/rootfs"),
         (Method::GET, "/vsock"),
         (Method::GET, "/actions"),
         (Method::POST, "/actions"),
@@ -190,7 +190,7 @@ fn wrong_methods_are_405() {
         allowed_methods("/machine-config"),
         Some(&["GET", "PUT", "PATCH"][..])
     );
-    assert_eq!(allowed_methods("/drives/x"), Some(&["PUT"][..]));
+    assert_eq!(allowed_methods("/drives/x"), Some(&["PUT", "PATCH"][..]));
     assert_eq!(allowed_methods("/nope"), None);
 }
 
@@ -361,9 +361,9 @@ fn messages_name_the_field() {
     let m = bad_request(
         Method::PUT,
         "/drives/a",
-        r#"{"drive_id":"a","path_on_host":"/d","rate_limiter":{}}"#,
+        r#"{"drive_id":"a","path_on_host":"/d","rate_limiter":{"ops":{"size":1}}}"#,
     );
-    assert!(m.contains("rate_limiter"), "{m}");
+    assert!(m.contains("refill_time"), "{m}");
     let m = bad_request(Method::PUT, "/vsock", r#"{"guest_cid":3,"uds_path":7}"#);
     assert!(m.contains("uds_path"), "{m}");
 }
@@ -460,4 +460,38 @@ fn printable_bounds_and_escapes() {
     assert_eq!(printable("a\nb"), "a\\nb");
     let long = "x".repeat(1000);
     assert_eq!(printable(&long).chars().count(), 129);
+}
+
+#[test]
+fn patch_drive_parses_firecrackers_partial_drive() {
+    let req = parse(
+        Method::PATCH,
+        "/drives/rootfs",
+        r#"{"drive_id":"rootfs","path_on_host":"/new.img","rate_limiter":{"bandwidth":{"size":1048576,"one_time_burst":0,"refill_time":1000}}}"#,
+    )
+    .unwrap();
+    let ApiRequest::PatchDrive(p) = req else {
+        panic!("{req:?}");
+    };
+    assert_eq!(p.path_on_host.as_deref(), Some("/new.img"));
+    assert_eq!(p.rate_limiter.unwrap().bandwidth.unwrap().refill_time, 1000);
+    // Only the id: accepted (Firecracker too), it changes nothing.
+    assert!(matches!(
+        parse(Method::PATCH, "/drives/a", r#"{"drive_id":"a"}"#),
+        Ok(ApiRequest::PatchDrive(_))
+    ));
+    let m = bad_request(Method::PATCH, "/drives/a", r#"{"drive_id":"b"}"#);
+    assert!(m.contains("differs"), "{m}");
+    let m = bad_request(
+        Method::PATCH,
+        "/drives/a",
+        r#"{"drive_id":"a","is_read_only":true}"#,
+    );
+    assert!(m.contains("is_read_only"), "{m}");
+    let m = bad_request(
+        Method::PATCH,
+        "/drives/a",
+        r#"{"drive_id":"a","rate_limiter":{"ops":{"size":-1,"refill_time":1}}}"#,
+    );
+    assert!(m.contains("-1"), "{m}");
 }

@@ -131,7 +131,11 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     };
 
     let (kvm, vm_fd) = kvm::create_vm()?;
-    let ram = GuestRam::new(machine.mem_bytes())?;
+    let ram = if machine.huge_pages_2m() {
+        GuestRam::new_hugetlb(machine.mem_bytes())?
+    } else {
+        GuestRam::new(machine.mem_bytes())?
+    };
     ram.register(&vm_fd, machine.track_dirty_pages)?;
     let mem_device = match &config.memory_hotplug {
         Some(h) => Some(make_mem_device(&kvm, &vm_fd, machine.mem_bytes(), h, None)?),

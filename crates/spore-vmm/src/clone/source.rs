@@ -46,6 +46,14 @@ fn check(
         RunState::NotStarted => return Err(crate::vm::NotStarted.into()),
         RunState::Stopped => return Err(CloneError::NotRunning("stopped")),
     }
+    // A template is the source's memory mapped privately in every clone;
+    // hugetlbfs pages would be copied per clone out of the host's small
+    // huge page pool, and restoring them is not supported either.
+    if config.machine.huge_pages_2m() {
+        return Err(CloneError::BadRequest(
+            "a microVM with huge_pages \"2M\" cannot be cloned (its snapshots cannot be restored either)".into(),
+        ));
+    }
     // A guest FORK with count 0 (and fork_count 0) only makes the template.
     if order.count == 0 && order.fork_vcpu.is_none() {
         return Err(CloneError::BadRequest(

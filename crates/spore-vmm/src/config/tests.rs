@@ -228,7 +228,7 @@ fn firecracker_config_files_with_null_keys_load() {
     // What spore does not have is refused when it is really asked for.
     for bad in [
         r#"{"network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"}]}"#,
-        r#"{"drives": [{"drive_id": "a", "path_on_host": "/d", "rate_limiter": {}}]}"#,
+        r#"{"drives": [{"drive_id": "a", "path_on_host": "/d", "socket": "/s"}]}"#,
     ] {
         let e = serde_json::from_str::<VmConfig>(bad)
             .unwrap_err()
@@ -247,4 +247,25 @@ fn firecracker_config_files_with_null_keys_load() {
     let c: VmConfig = serde_json::from_str(r#"{"boot-source": {"kernel_image_path": "/k"}, "cpu-config": {}, "serial": {"serial_out_path": "/tmp/x"}}"#).unwrap();
     c.validate().unwrap();
     assert_eq!(c.cpu_config, Some(CpuConfig::default()));
+}
+
+#[test]
+fn huge_pages_2m_needs_an_even_size_and_other_kinds_are_refused() {
+    let m = |mib, h: &str| MachineConfig {
+        mem_size_mib: mib,
+        huge_pages: Some(h.into()),
+        ..MachineConfig::default()
+    };
+    assert!(m(64, "2M").validate().is_ok());
+    assert!(m(64, "2M").huge_pages_2m());
+    assert!(m(64, "None").validate().is_ok() && !m(64, "None").huge_pages_2m());
+    let e = m(65, "2M").validate().unwrap_err().to_string();
+    assert!(
+        e.contains("not a multiple of the configured page size"),
+        "{e}"
+    );
+    for bad in ["Transparent", "1G", ""] {
+        let e = m(64, bad).validate().unwrap_err().to_string();
+        assert!(e.contains("huge_pages"), "{bad}: {e}");
+    }
 }

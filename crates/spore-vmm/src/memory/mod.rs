@@ -6,6 +6,7 @@
 //! once the guest (or a loader) touches them.
 
 pub mod hotplug;
+pub mod hugetlb;
 pub mod layers;
 pub mod pages;
 pub mod template;
@@ -43,6 +44,8 @@ pub enum MemoryError {
     Region(u64),
     #[error("cannot overlay the snapshot layers onto guest memory: {0}")]
     Layers(#[source] std::io::Error),
+    #[error("huge pages: {0}")]
+    HugePages(String),
     #[error("cannot register guest memory slot {slot} with KVM: {source}")]
     Slot {
         slot: u32,
@@ -77,6 +80,8 @@ pub struct GuestRam {
     /// base, then each diff layer's mapped runs): what a clone of this VM
     /// maps before the pages this VM wrote or read in itself.
     mapped_from: Vec<MemoryLayer>,
+    /// Backed by 2 MiB hugetlbfs pages.
+    hugetlb: bool,
 }
 
 impl GuestRam {
@@ -86,17 +91,41 @@ impl GuestRam {
         memfd
             .set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
-        Self::map(memfd, size, libc::MAP_SHARED, false)
+        Self::map(memfd, size, libc::MAP_SHARED, false, false)
+    }
+
+    /// [`GuestRam::new`] on 2 MiB hugetlbfs pages, all reserved now
+    /// ([`hugetlb`]): fails cleanly when the host has too few free.
+    pub fn new_hugetlb(size: u64) -> Result<Self, MemoryError> {
+        let memfd = hugetlb::create(size)?;
+        Self::map(memfd, size, libc::MAP_SHARED, false, true).map_err(|e| match e {
+            MemoryError::Mmap { source, .. } => hugetlb::shortage(size, &source),
+            other => other,
+        })
+    }
+
+    /// Whether RAM is on hugetlbfs pages (a snapshot's memory cannot be
+    /// mapped back that way, see `snapshot::restore`).
+    pub fn is_hugetlb(&self) -> bool {
+        self.hugetlb
     }
 
     /// Maps a snapshot's memory file privately (copy-on-write): pages fault
     /// in lazily from the page cache, are shared with every other VM mapping
     /// the same file, and the file itself is never written.
     pub fn from_snapshot_file(file: File, size: u64) -> Result<Self, MemoryError> {
-        Self::map(file, size, libc::MAP_PRIVATE, true)
+        Self::map(file, size, libc::MAP_PRIVATE, true, false)
     }
 
-    fn map(memfd: File, size: u64, share: i32, private: bool) -> Result<Self, MemoryError> {
+    fn map(
+        memfd: File,
+        size: u64,
+        share: i32,
+        private: bool,
+        hugetlb: bool,
+    ) -> Result<Self, MemoryError> {
+        // hugetlbfs RAM is reserved up front (no MAP_NORESERVE): see [`hugetlb`].
+        let noreserve = if hugetlb { 0 } else { libc::MAP_NORESERVE };
         let mut regions = Vec::new();
         let mut file_offset = 0u64;
         for (gpa, len) in layout::ram_regions(size) {
@@ -105,7 +134,7 @@ impl GuestRam {
                 Some(FileOffset::new(fd, file_offset)),
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
-                share | libc::MAP_NORESERVE,
+                share | noreserve,
             )
             .map_err(|source| MemoryError::Mmap { size: len, source })?;
             let region =
@@ -129,6 +158,7 @@ impl GuestRam {
             private: AtomicBool::new(private),
             overlays: Vec::new(),
             mapped_from,
+            hugetlb,
         })
     }
 

@@ -104,6 +104,11 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_timerfd_create,
     SYS_timerfd_settime,
     SYS_timerfd_gettime,
+    // io_engine "Async": the drive's io_uring is set up (and its eventfd
+    // registered) where the drive is opened, entered by the blk worker.
+    SYS_io_uring_setup,
+    SYS_io_uring_enter,
+    SYS_io_uring_register,
     SYS_futex,
     SYS_nanosleep,
     SYS_clock_nanosleep,

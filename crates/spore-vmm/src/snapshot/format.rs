@@ -29,11 +29,12 @@ use serde::{Deserialize, Serialize};
 use super::integrity::{SnapshotKey, MAC_LEN};
 
 pub const MAGIC: &[u8; 8] = b"SPORESNP";
-/// The state layout this spore writes and reads. 3: the memory file ends
+/// The state layout this spore writes and reads. 4: a drive's state holds
+/// its rate limiter's buckets. 3: the memory file ends
 /// with a trailer naming its snapshot (no xattr), the state file has a MAC
 /// field. 2: device states keyed by device id (version 1 matched virtio
 /// states to devices by attach order).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Manifests beyond this are not ours (keeps a hostile file from allocating).
 const MAX_MANIFEST: u32 = 1 << 20;
 // The binary state has no fixed limit: it holds the tmem pool, as large as

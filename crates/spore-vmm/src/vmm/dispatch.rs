@@ -40,6 +40,7 @@ impl ApiHandler for Vmm {
             R::PutMachineConfig(m) => done(self.set_machine_config(m)),
             R::PatchMachineConfig(p) => done(self.patch_machine_config(&p)),
             R::PutDrive(d) => done(self.put_drive(d)),
+            R::PatchDrive(d) => done(self.patch_drive(&d)),
             R::PutVsock(v) => done(self.set_vsock(v)),
             R::Action(ActionType::InstanceStart) => done(self.start().map_err(bad)),
             R::Action(ActionType::SendCtrlAltDel) => done(self.send_ctrl_alt_del()),

@@ -25,6 +25,7 @@ mod clone_child;
 pub mod clone_process;
 mod clone_source;
 mod dispatch;
+mod drives;
 mod fc_config;
 mod guest_snapshot;
 pub mod mmds;
@@ -292,6 +293,10 @@ pub enum SnapshotApiError {
     Freeze(String),
     #[error("vsock_override: the snapshot has no vsock device")]
     NoVsock,
+    #[error("the snapshot's microVM has huge_pages \"2M\" (hugetlbfs-backed memory): Firecracker restores such snapshots only with a UFFD memory backend serving 2 MiB pages, which spore does not have yet")]
+    HugePages,
+    #[error("Diff snapshots are not supported for a microVM with huge_pages \"2M\" (as in Firecracker): take a Full snapshot")]
+    DiffWithHugePages,
     #[error("{0}")]
     Path(String),
 }

@@ -95,11 +95,13 @@ impl Vmm {
         let (manifest, mut state, mut config, prepared) = match memory {
             LoadMemory::UffdExternal { socket } => {
                 let (manifest, state, config) = snapshot::load_state(state_path)?;
+                refuse_huge_pages(&config)?;
                 let prepared = restore_path::prepare_external(state.mem_size, Path::new(socket))?;
                 (manifest, state, config, prepared)
             }
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
                 let loaded = snapshot::load_chain(state_path, Path::new(path), &lo.parents)?;
+                refuse_huge_pages(&loaded.config)?;
                 head = Some(loaded.head());
                 if matches!(
                     memory,
@@ -223,4 +225,14 @@ impl Vmm {
         }));
         Ok(())
     }
+}
+
+/// A snapshot of a VM on 2 MiB hugetlbfs pages: Firecracker restores it
+/// only through a UFFD backend serving 2 MiB pages; spore's restore paths
+/// map or fill 4 KiB pages, so it refuses before touching anything.
+fn refuse_huge_pages(config: &crate::config::VmConfig) -> Result<(), SnapshotApiError> {
+    if config.machine.huge_pages_2m() {
+        return Err(SnapshotApiError::HugePages);
+    }
+    Ok(())
 }

@@ -68,6 +68,11 @@ impl Vmm {
         let mut guard = self.lock();
         let Inner { config, phase, .. } = &mut *guard;
         let built = phase.built_mut()?;
+        if config.machine.huge_pages_2m()
+            && p.layer_kind() == crate::snapshot::format::LayerKind::Diff
+        {
+            return Err(SnapshotApiError::DiffWithHugePages);
+        }
         if let Some(r) = built.restore.as_mut() {
             r.before_snapshot(built.vm.ram())
                 .map_err(SnapshotApiError::Restore)?;

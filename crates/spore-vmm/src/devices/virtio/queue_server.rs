@@ -11,21 +11,54 @@
 //! a corrupt avail index ends a round, and a driver that keeps the queue full
 //! is served in bounded batches so a stop request is always seen.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::worker::Worker;
 use super::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
 
+/// What became of a chain a handler was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Done: return it on the used ring with this used length (bytes
+    /// written into its device-writable buffers).
+    Used(u32),
+    /// Kept by the device, returned later by other means.
+    Kept,
+    /// Not served now (a rate limiter said wait): put it back at the head
+    /// of the avail ring and end the round; one of the handler's
+    /// [`ChainHandler::wake_fds`] brings the server back.
+    Deferred,
+}
+
 /// Serves the chains of one queue.
 pub trait ChainHandler: Send + 'static {
-    /// Serves one chain; returns how many bytes it wrote into the chain's
-    /// device-writable buffers (the used length).
-    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32;
+    /// Serves one chain (see [`Served`]).
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served;
+
+    /// Fds the server also waits on (a rate limiter's timer, an io_uring's
+    /// completion eventfd); when the `i`th is readable, `on_wake(i)` runs,
+    /// the chains it returns go on the used ring, and the queue is served
+    /// again.
+    fn wake_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
+
+    /// Returns chains [`Served::Kept`] earlier that are now done, as
+    /// `(head index, used length)`.
+    fn on_wake(&mut self, _which: usize, _mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        Vec::new()
+    }
+
+    /// Called when the server stops (snapshot, reset): finish every kept
+    /// chain, waiting if need be, so the queue is handed back consistent.
+    fn finish(&mut self, _mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        Vec::new()
+    }
 
     /// Called after a round of chains went back to the driver (and the
     /// driver was interrupted): work that need not delay the driver.
@@ -42,6 +75,8 @@ pub trait ChainHandler: Send + 'static {
 
 const TOKEN_QUEUE: u64 = 0;
 const TOKEN_STOP: u64 = 1;
+/// Tokens from here on: the handler's wake fds, in order.
+const TOKEN_WAKE: u64 = 2;
 
 /// One queue, its notification eventfd and the handler for its chains.
 pub struct QueueServer<H: ChainHandler> {
@@ -110,7 +145,7 @@ impl<H: ChainHandler> QueueServer<H> {
         };
         // Chains made available before activation need no new notification.
         self.serve_available();
-        let mut events = [EpollEvent::default(); 2];
+        let mut events = [EpollEvent::default(); 8];
         loop {
             let timeout = self
                 .handler
@@ -130,13 +165,21 @@ impl<H: ChainHandler> QueueServer<H> {
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    TOKEN_STOP => return (self.queue, self.handler),
+                    TOKEN_STOP => {
+                        let done = self.handler.finish(&self.mem);
+                        self.serve_with(done, false);
+                        return (self.queue, self.handler);
+                    }
                     TOKEN_QUEUE => {
                         // EAGAIN only means the counter was already consumed.
                         let _ = self.queue_evt.read();
                         self.serve_available();
                     }
-                    _ => {}
+                    token => {
+                        let which = usize::try_from(token - TOKEN_WAKE).unwrap_or(usize::MAX);
+                        let done = self.handler.on_wake(which, &self.mem);
+                        self.serve_with(done, true);
+                    }
                 }
             }
         }
@@ -144,10 +187,14 @@ impl<H: ChainHandler> QueueServer<H> {
 
     fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
         let epoll = Epoll::new()?;
+        let wake = self.handler.wake_fds().into_iter().zip(TOKEN_WAKE..);
         for (fd, token) in [
             (self.queue_evt.as_raw_fd(), TOKEN_QUEUE),
             (stop.as_raw_fd(), TOKEN_STOP),
-        ] {
+        ]
+        .into_iter()
+        .chain(wake)
+        {
             epoll.ctl(
                 ControlOperation::Add,
                 fd,
@@ -160,6 +207,12 @@ impl<H: ChainHandler> QueueServer<H> {
     /// Serves every available chain (up to a batch limit), then interrupts
     /// the driver if it asked for it.
     fn serve_available(&mut self) {
+        self.serve_with(Vec::new(), true);
+    }
+
+    /// Returns the chains `done` on the used ring, then (if `more`) serves
+    /// the available ones, and interrupts the driver if it wants it.
+    fn serve_with(&mut self, done: Vec<(u16, u32)>, more: bool) {
         let Self {
             queue,
             mem,
@@ -168,9 +221,18 @@ impl<H: ChainHandler> QueueServer<H> {
             tag,
             interrupt,
         } = self;
-        let used_any = drain_queue(queue, queue_evt, mem, tag, |chain| {
-            Some(handler.serve(mem, chain))
-        });
+        let mut used_any = false;
+        for (head, len) in done {
+            match queue.add_used(mem, head, len) {
+                Ok(()) => used_any = true,
+                Err(e) => tracing::warn!("{tag}: cannot return chain {head}: {e}"),
+            }
+        }
+        if more {
+            used_any |= drain_queue(queue, queue_evt, mem, tag, |chain| {
+                handler.serve(mem, chain)
+            });
+        }
         if used_any && queue.needs_notification(mem).unwrap_or(true) {
             interrupt.signal_used_queue();
         }
@@ -184,8 +246,8 @@ impl<H: ChainHandler> QueueServer<H> {
 /// are available before the loop gives up (see [`drain_queue`]).
 const MAX_IDLE_ROUNDS: u32 = 2;
 
-/// Serves the available chains of `queue` with `serve` (which returns the
-/// used length, or `None` to keep a chain without returning it yet), at most four rings'
+/// Serves the available chains of `queue` with `serve` (see [`Served`]),
+/// at most four rings'
 /// worth per call; past that it writes `evt` so the caller's epoll brings it
 /// back, after seeing any stop request. Returns whether any chain was used.
 ///
@@ -200,7 +262,7 @@ pub fn drain_queue(
     evt: &EventFd,
     mem: &GuestMemoryMmap,
     tag: &str,
-    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Served,
 ) -> bool {
     let batch = 4 * usize::from(queue.size());
     let mut served = 0;
@@ -218,10 +280,16 @@ pub fn drain_queue(
             };
             served += 1;
             let head = chain.head_index();
-            if let Some(len) = serve(chain) {
-                match queue.add_used(mem, head, len) {
+            match serve(chain) {
+                Served::Used(len) => match queue.add_used(mem, head, len) {
                     Ok(()) => used_any = true,
                     Err(e) => tracing::warn!("{tag}: cannot return chain {head}: {e}"),
+                },
+                Served::Kept => {}
+                Served::Deferred => {
+                    // Popped again once the handler's wake fd fires.
+                    queue.go_to_previous_position();
+                    return used_any;
                 }
             }
         }

@@ -12,7 +12,7 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::{Address, Bytes};
 
-use super::queue_server::{ChainHandler, QueueServer};
+use super::queue_server::{ChainHandler, QueueServer, Served};
 use super::worker::Worker;
 use super::{device_type, ActivateContext, ActivateError, GuestMemoryMmap, VirtioDevice};
 
@@ -107,8 +107,8 @@ impl VirtioDevice for Rng {
 struct EntropySource;
 
 impl ChainHandler for EntropySource {
-    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
-        fill_chain(chain, mem)
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
+        Served::Used(fill_chain(chain, mem))
     }
 }
 

@@ -18,7 +18,7 @@ use super::request::{
     parse_pfns, parse_report, parse_stats, read_readable, GuestRange, MAX_PFN_BYTES,
     MAX_STATS_BYTES,
 };
-use crate::devices::virtio::queue_server::drain_queue;
+use crate::devices::virtio::queue_server::{drain_queue, Served};
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
 use crate::host::lock;
 
@@ -388,9 +388,14 @@ fn drain(
     queue: &mut Queue,
     evt: &EventFd,
     mem: &GuestMemoryMmap,
-    serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
+    mut serve: impl FnMut(DescriptorChain<&GuestMemoryMmap>) -> Option<u32>,
 ) -> bool {
-    drain_queue(queue, evt, mem, "virtio-balloon", serve)
+    drain_queue(queue, evt, mem, "virtio-balloon", |chain| {
+        match serve(chain) {
+            Some(len) => Served::Used(len),
+            None => Served::Kept,
+        }
+    })
 }
 
 /// [`release`], counted in the device's host counters.

@@ -31,6 +31,8 @@ pub enum DiskIoError {
     Flush(#[source] std::io::Error),
     #[error("copy-on-write disk: {0}")]
     Cow(#[source] super::overlay::CowIoError),
+    #[error("io_uring: {0}")]
+    Async(#[source] std::io::Error),
 }
 
 #[derive(Debug)]
@@ -117,6 +119,16 @@ impl DiskImage {
 
     pub fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The open image, for the Async engine's submissions.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    }
+
+    /// Whether a guest FLUSH must reach stable storage.
+    pub fn durable_flush(&self) -> bool {
+        self.durable_flush && !self.read_only
     }
 
     /// Another handle on the open image (the same file even if its path

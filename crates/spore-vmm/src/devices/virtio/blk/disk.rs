@@ -11,13 +11,16 @@ use std::sync::{Arc, Mutex};
 
 use vm_memory::{Address, Bytes, GuestAddress};
 
+use vmm_sys_util::eventfd::EventFd;
+
 use super::backend::{DiskImage, DiskIoError};
 use super::overlay::{sanitize, CowDisk, CowIoError, OverlayError};
 use super::request::Segment;
 use super::SECTOR_SIZE;
-use crate::config::CowOverlayConfig;
-use crate::devices::virtio::GuestMemoryMmap;
+use crate::config::{CowOverlayConfig, RateLimiterConfig};
+use crate::devices::virtio::{GuestMemoryMmap, VirtioInterrupt};
 use crate::host::lock;
+use crate::rate_limiter::RateLimiter;
 
 /// Bytes moved between guest memory and a copy-on-write disk per step (the
 /// overlay cannot hand guest memory to the kernel in one read: a request may
@@ -58,6 +61,15 @@ impl Disk {
         match self {
             Disk::Raw(d) => d.path(),
             Disk::Cow { disk, .. } => disk.base_path(),
+        }
+    }
+
+    /// The raw image's fd and whether a flush must sync it (the Async
+    /// engine's target); `None` for a copy-on-write disk.
+    pub fn async_target(&self) -> Option<(std::os::fd::RawFd, bool)> {
+        match self {
+            Disk::Raw(d) => Some((d.raw_fd(), d.durable_flush())),
+            Disk::Cow { .. } => None,
         }
     }
 
@@ -164,22 +176,90 @@ pub enum FreezeError {
     },
 }
 
+/// What an activated device lends its handle: the interrupt (a config
+/// change after a new image) and its queue's kick (the worker re-checks a
+/// rate limiter that was changed).
+pub struct LiveDevice {
+    pub interrupt: Arc<VirtioInterrupt>,
+    pub kick: Option<EventFd>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    #[error("drive {drive} has a copy-on-write overlay over {base}; its image cannot be replaced while it runs")]
+    Overlay { drive: String, base: PathBuf },
+    #[error(transparent)]
+    Open(#[from] super::BlockError),
+}
+
 /// A drive's disk as the VM sees it from outside the device: for switching
-/// to copy-on-write and reading what backs it.
+/// to copy-on-write, reading what backs it, and `PATCH /drives/{id}`.
 #[derive(Clone)]
 pub struct BlockHandle {
     id: String,
     disk: Arc<Mutex<Disk>>,
     durable_flush: bool,
+    limiter: Arc<Mutex<RateLimiter>>,
+    live: Arc<Mutex<Option<LiveDevice>>>,
 }
 
 impl BlockHandle {
-    pub(super) fn new(id: String, disk: Arc<Mutex<Disk>>, durable_flush: bool) -> Self {
+    pub(super) fn new(
+        id: String,
+        disk: Arc<Mutex<Disk>>,
+        durable_flush: bool,
+        limiter: Arc<Mutex<RateLimiter>>,
+        live: Arc<Mutex<Option<LiveDevice>>>,
+    ) -> Self {
         Self {
             id,
             disk,
             durable_flush,
+            limiter,
+            live,
         }
+    }
+
+    /// Serves `path` from now on (Firecracker's `PATCH /drives/{id}`
+    /// `path_on_host`): the new image is opened first (a bad path changes
+    /// nothing), swapped in between two requests, and the guest is told
+    /// through a configuration change interrupt (its capacity may differ).
+    /// The read-only setting stays what the guest negotiated. Returns the
+    /// new capacity in sectors.
+    pub fn replace_image(&self, path: &Path) -> Result<u64, UpdateError> {
+        let read_only = {
+            let disk = lock(&self.disk);
+            if let Some(cow) = disk.overlay() {
+                return Err(UpdateError::Overlay {
+                    drive: self.id.clone(),
+                    base: cow.base_path().to_path_buf(),
+                });
+            }
+            disk.read_only()
+        };
+        let image = DiskImage::open(path, read_only, self.durable_flush)?;
+        let capacity = image.capacity_sectors();
+        *lock(&self.disk) = Disk::Raw(image);
+        if let Some(live) = lock(&self.live).as_ref() {
+            live.interrupt.signal_config_change();
+        }
+        Ok(capacity)
+    }
+
+    /// Applies a `PATCH` to the drive's rate limiter and wakes its worker
+    /// so that requests held back under the old limits are looked at again.
+    pub fn update_rate_limiter(&self, cfg: &RateLimiterConfig) {
+        lock(&self.limiter).update(cfg);
+        if let Some(kick) = lock(&self.live).as_ref().and_then(|l| l.kick.as_ref()) {
+            if let Err(e) = kick.write(1) {
+                tracing::warn!("drive {}: cannot wake the worker: {e}", self.id);
+            }
+        }
+    }
+
+    /// The drive's current limits (`None`: unlimited).
+    pub fn rate_limiter(&self) -> Option<RateLimiterConfig> {
+        lock(&self.limiter).config()
     }
 
     pub fn id(&self) -> &str {

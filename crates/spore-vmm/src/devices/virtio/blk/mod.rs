@@ -13,6 +13,7 @@
 //! Guest data never passes through a host buffer sized by the guest: it moves
 //! between the image file and guest memory directly.
 
+pub mod async_io;
 pub mod backend;
 pub mod device;
 pub mod disk;
@@ -23,7 +24,7 @@ pub mod request;
 use std::path::PathBuf;
 
 pub use device::Block;
-pub use disk::{BlockHandle, FreezeError};
+pub use disk::{BlockHandle, FreezeError, UpdateError};
 pub use persist::{BlockState, BlockStateError};
 
 /// Bytes per virtio-blk sector, whatever the image's real block size.
@@ -59,6 +60,10 @@ pub enum BlockError {
     NotSectorMultiple { path: PathBuf, size: u64 },
     #[error(transparent)]
     Overlay(#[from] overlay::OverlayError),
+    #[error("cannot create the drive's rate limiter timer: {0}")]
+    Timer(#[source] std::io::Error),
+    #[error("io_engine \"Async\": cannot set up an io_uring: {0}")]
+    Async(#[source] std::io::Error),
 }
 
 #[cfg(test)]

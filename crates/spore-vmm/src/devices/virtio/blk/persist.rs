@@ -7,13 +7,17 @@ use serde::{Deserialize, Serialize};
 
 use super::{Block, BlockError};
 use crate::config::DriveConfig;
+use crate::host::lock;
 use crate::persist::Persist;
+use crate::rate_limiter::{RateLimiter, RateLimiterState};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockState {
     pub drive_id: String,
     pub capacity_sectors: u64,
     pub read_only: bool,
+    /// The drive's token buckets as they were (Firecracker keeps them too).
+    pub rate_limiter: RateLimiterState,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +44,13 @@ impl Persist for Block {
             drive_id: self.id().to_string(),
             capacity_sectors: self.capacity_sectors(),
             read_only: self.read_only(),
+            rate_limiter: lock(self.limiter()).save(),
         }
     }
 
     fn restore(drive: DriveConfig, state: &BlockState) -> Result<Self, BlockStateError> {
-        let block = Block::open(&drive)?;
+        let mut block = Block::open(&drive)?;
+        block.set_limiter(RateLimiter::restore(&state.rate_limiter).map_err(BlockError::Timer)?);
         let saved = Persist::save(&block);
         for (field, was, is) in [
             ("drive id", state.drive_id.clone(), saved.drive_id.clone()),

@@ -19,7 +19,7 @@ use super::request::{
     STATE_PLUGGED, STATE_UNPLUGGED,
 };
 use super::{CONFIG_SPACE_SIZE, QUEUE_SIZE, VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE};
-use crate::devices::virtio::queue_server::{ChainHandler, QueueServer};
+use crate::devices::virtio::queue_server::{ChainHandler, QueueServer, Served};
 use crate::devices::virtio::worker::Worker;
 use crate::devices::virtio::{
     device_type, ActivateContext, ActivateError, GuestMemoryMmap, VirtioDevice, VirtioInterrupt,
@@ -373,7 +373,22 @@ struct RequestHandler {
 }
 
 impl ChainHandler for RequestHandler {
-    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
+    fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
+        Served::Used(self.respond(mem, chain))
+    }
+
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        (!self.shared.lock().retiring.is_empty()).then_some(RETIRE_AFTER_IDLE)
+    }
+
+    fn on_idle(&mut self) {
+        self.shared.lock().retire_slots();
+    }
+}
+
+impl RequestHandler {
+    /// Answers one request; returns the used length.
+    fn respond(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> u32 {
         let parsed = parse_chain(chain, mem);
         let response = match parsed.request {
             Ok(req) => {
@@ -408,14 +423,6 @@ impl ChainHandler for RequestHandler {
             },
             None => 0,
         }
-    }
-
-    fn idle_timeout(&self) -> Option<std::time::Duration> {
-        (!self.shared.lock().retiring.is_empty()).then_some(RETIRE_AFTER_IDLE)
-    }
-
-    fn on_idle(&mut self) {
-        self.shared.lock().retire_slots();
     }
 }
 
