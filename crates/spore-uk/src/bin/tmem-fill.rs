@@ -143,7 +143,11 @@ impl Filler {
             self.next += k as u32;
             let keys: Vec<[u8; 12]> = (0..k as u32).map(|i| key(self.kind, first + i)).collect();
             for i in 0..k {
-                value(self.kind, first + i as u32, &mut buf[i * len..(i + 1) * len]);
+                value(
+                    self.kind,
+                    first + i as u32,
+                    &mut buf[i * len..(i + 1) * len],
+                );
             }
             let mut b = Batch::with_capacity(k).map_err(|e| format!("batch: {e}"))?;
             for (i, kk) in keys.iter().enumerate() {
@@ -169,7 +173,10 @@ impl Filler {
             value(self.kind, n, &mut want[..len]);
             let r = tmem::get(&key(self.kind, n), &mut got[..len.max(1)]);
             if r != Ok(len) || got[..len] != want[..len] {
-                return Err(format!("kind {} object {n}: get {r:?} or other bytes", self.kind));
+                return Err(format!(
+                    "kind {} object {n}: get {r:?} or other bytes",
+                    self.kind
+                ));
             }
         }
         Ok(self.stored.len())
