@@ -473,8 +473,8 @@ impl BalloonConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntropyConfig {
-    /// Firecracker's rate limiter: validated and kept (shown by
-    /// `GET /vm/config`); spore's rng device does not throttle yet.
+    /// Firecracker's rate limiter: a chain costs one op and the bytes it
+    /// asks for (`devices::virtio::rng`).
     #[serde(default)]
     pub rate_limiter: Option<RateLimiterConfig>,
 }

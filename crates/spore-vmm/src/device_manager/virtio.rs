@@ -109,7 +109,16 @@ pub(super) fn attach_virtio(
 
     let id = DeviceId::rng();
     let state = take(&mut saved, &id)?;
-    let rng = make_virtio::<Rng>(&id, state, (), |()| Ok(Rng::new()))?;
+    let limits = config
+        .entropy
+        .as_ref()
+        .and_then(|e| e.rate_limiter.as_ref());
+    let rng = make_virtio::<Rng>(&id, state, (), |()| {
+        Rng::new(limits).map_err(|e| DeviceError::Restore {
+            id: id.clone(),
+            detail: format!("cannot make the entropy rate limiter: {e}"),
+        })
+    })?;
     slots.attach(id, Box::new(rng), state)?;
 
     if let Some(v) = &config.vsock {

@@ -298,7 +298,7 @@ mod tests {
             EventFd::new(EFD_NONBLOCK).unwrap(),
             wake,
         ));
-        MmioTransport::new(Box::new(Rng::new()), mem.clone(), irq).unwrap()
+        MmioTransport::new(Box::new(Rng::new(None).unwrap()), mem.clone(), irq).unwrap()
     }
 
     fn w(t: &mut MmioTransport, off: u64, v: u32) {
@@ -337,7 +337,9 @@ mod tests {
             EventFd::new(EFD_NONBLOCK).unwrap(),
             wake,
         ));
-        let mut r = MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq, &back).unwrap();
+        let mut r =
+            MmioTransport::restore(Box::new(Rng::new(None).unwrap()), mem.clone(), irq, &back)
+                .unwrap();
         // Activation waits for the second half, once the irqchip is restored.
         assert!(!r.is_activated());
         r.finish_restore().unwrap();
@@ -356,11 +358,15 @@ mod tests {
             EventFd::new(EFD_NONBLOCK).unwrap(),
             wake,
         ));
-        assert!(
-            MmioTransport::restore(Box::new(Rng::new()), mem.clone(), irq.clone(), &s).is_err()
-        );
+        assert!(MmioTransport::restore(
+            Box::new(Rng::new(None).unwrap()),
+            mem.clone(),
+            irq.clone(),
+            &s
+        )
+        .is_err());
         let mut s = t.save();
         s.queues.push(s.queues[0]);
-        assert!(MmioTransport::restore(Box::new(Rng::new()), mem, irq, &s).is_err());
+        assert!(MmioTransport::restore(Box::new(Rng::new(None).unwrap()), mem, irq, &s).is_err());
     }
 }

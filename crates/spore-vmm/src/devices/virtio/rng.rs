@@ -4,7 +4,12 @@
 //! them with bytes from the host's CSPRNG (`getrandom`). At most
 //! [`MAX_BYTES_PER_CHAIN`] bytes are produced per chain and they pass through
 //! a fixed-size stack buffer, so a guest offering huge buffers costs the host
-//! bounded time and no allocation.
+//! bounded time and no allocation. Firecracker's `rate_limiter` (`PUT
+//! /entropy`) applies: a chain costs one op and the bytes it asks for, and
+//! waits at the head of the queue while the buckets are empty.
+
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -15,6 +20,9 @@ use vm_memory::{Address, Bytes};
 use super::queue_server::{ChainHandler, QueueServer, Served};
 use super::worker::Worker;
 use super::{device_type, ActivateContext, ActivateError, GuestMemoryMmap, VirtioDevice};
+use crate::config::RateLimiterConfig;
+use crate::host::lock;
+use crate::rate_limiter::{RateLimiter, RateLimiterState};
 
 /// Entries in the device's only queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -23,34 +31,52 @@ pub const MAX_BYTES_PER_CHAIN: u32 = 64 * 1024;
 /// Bytes generated per getrandom call and guest-memory write.
 const CHUNK: usize = 4096;
 
-/// The rng's snapshot state: it has none beyond its transport (the
-/// entropy source is the host's).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RngState {}
+/// The rng's snapshot state beyond its transport: its rate limiter's
+/// buckets (the entropy source is the host's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RngState {
+    pub limiter: RateLimiterState,
+}
 
 impl crate::persist::Persist for Rng {
     type State = RngState;
     type Args = ();
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn save(&self) -> RngState {
-        RngState {}
+        RngState {
+            limiter: lock(&self.limiter).save(),
+        }
     }
 
-    fn restore((): (), _state: &RngState) -> Result<Self, Self::Error> {
-        Ok(Rng::new())
+    fn restore((): (), state: &RngState) -> Result<Self, Self::Error> {
+        Ok(Rng::with_limiter(RateLimiter::restore(&state.limiter)?))
     }
 }
 
 /// A virtio entropy device.
-#[derive(Default)]
 pub struct Rng {
     worker: Option<Worker<(Queue, EntropySource)>>,
+    limiter: Arc<Mutex<RateLimiter>>,
 }
 
 impl Rng {
-    pub fn new() -> Self {
-        Self::default()
+    /// An rng limited by `limits` (none: unlimited). Fails only when the
+    /// limiter's timer cannot be made.
+    pub fn new(limits: Option<&RateLimiterConfig>) -> std::io::Result<Self> {
+        Ok(Self::with_limiter(RateLimiter::new(limits)?))
+    }
+
+    fn with_limiter(limiter: RateLimiter) -> Self {
+        Self {
+            worker: None,
+            limiter: Arc::new(Mutex::new(limiter)),
+        }
+    }
+
+    /// The limits in force (for `GET /vm/config`).
+    pub fn rate_limiter(&self) -> Option<RateLimiterConfig> {
+        lock(&self.limiter).config()
     }
 
     fn stop_worker(&mut self) {
@@ -82,7 +108,11 @@ impl VirtioDevice for Rng {
 
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
         self.stop_worker();
-        let server = QueueServer::from_single_queue(ctx, EntropySource, "virtio-rng".into())?;
+        let source = EntropySource {
+            timer_fd: lock(&self.limiter).timer_fd(),
+            limiter: self.limiter.clone(),
+        };
+        let server = QueueServer::from_single_queue(ctx, source, "virtio-rng".into())?;
         self.worker = Some(server.spawn("virtio", "rng")?);
         Ok(())
     }
@@ -104,11 +134,34 @@ impl VirtioDevice for Rng {
 }
 
 /// Fills chains with host randomness on the worker thread.
-struct EntropySource;
+struct EntropySource {
+    limiter: Arc<Mutex<RateLimiter>>,
+    /// The limiter's timer (fixed for the limiter's life).
+    timer_fd: RawFd,
+}
 
 impl ChainHandler for EntropySource {
     fn serve(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>) -> Served {
+        // What the chain asks for, as the bytes the limiter charges (at most
+        // what one chain gets).
+        let asked = chain
+            .clone()
+            .filter(Descriptor::is_write_only)
+            .fold(0u64, |n, d| n.saturating_add(u64::from(d.len())))
+            .min(u64::from(MAX_BYTES_PER_CHAIN));
+        if !lock(&self.limiter).consume(asked) {
+            return Served::Deferred;
+        }
         Served::Used(fill_chain(chain, mem))
+    }
+
+    fn wake_fds(&self) -> Vec<RawFd> {
+        vec![self.timer_fd]
+    }
+
+    fn on_wake(&mut self, _which: usize, _mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+        lock(&self.limiter).on_timer();
+        Vec::new()
     }
 }
 
