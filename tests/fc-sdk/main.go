@@ -242,13 +242,18 @@ func main() {
 
 	t0 = time.Now()
 	err = m1.CreateSnapshot(ctx, memPath, statePath)
+	detail := ms(t0)
 	if err == nil {
+		// spore's memory file holds the guest's RAM plus its own layout
+		// (a page more than Firecracker's); at least the RAM must be there.
 		var st os.FileInfo
-		if st, err = os.Stat(memPath); err == nil && st.Size() != memMiB<<20 {
-			err = fmt.Errorf("memory file is %d bytes, not %d", st.Size(), memMiB<<20)
+		if st, err = os.Stat(memPath); err == nil && st.Size() < memMiB<<20 {
+			err = fmt.Errorf("memory file is %d bytes, less than the guest's %d", st.Size(), memMiB<<20)
+		} else if err == nil {
+			detail += fmt.Sprintf(", memory file %d bytes", st.Size())
 		}
 	}
-	must("snapshot-create", err, ms(t0))
+	must("snapshot-create", err, detail)
 
 	t0 = time.Now()
 	must("stop", stop(m1), ms(t0))
