@@ -32,7 +32,35 @@ use serde_json::{json, Value};
 /// Variants: "valid", "malformed", "unknown-field", "missing-required",
 /// "wrong-type"; phase prefix "post:" for the post-boot replay.
 const EXPECTED_MISMATCHES: &[(&str, &str, &str, &str)] = &[
-    // Filled from the first runs below; each line says whose work closes it.
+    // Deliberate: spore is stricter than the reference here.
+    ("PUT", "/metrics", "unknown-field",
+     "Firecracker accepts unknown fields in a metrics body (and configures metrics with it); spore refuses them as in every other body"),
+    ("PUT", "/metrics", "valid",
+     "follows from the line above: the reference's metrics were already configured by the body with the unknown field"),
+    // Other issue-13 work in progress (remove each line as it lands).
+    ("PUT", "/cpu-config", "valid", "PUT /cpu-config is being added (cpu-config helper)"),
+    ("PATCH", "/drives/{drive_id}", "malformed", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PATCH", "/drives/{drive_id}", "unknown-field", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PATCH", "/drives/{drive_id}", "missing-required", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PATCH", "/drives/{drive_id}", "wrong-type", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PATCH", "/drives/{drive_id}", "valid", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PATCH", "/drives/{drive_id}", "post:valid", "PATCH /drives is being added (spore answers 405 today)"),
+    ("PUT", "/entropy", "valid", "PUT /entropy is being added (entropy helper)"),
+    ("PUT", "/serial", "valid", "PUT /serial is being added (serial helper)"),
+    ("PUT", "/mmds/config", "valid", "the MMDS data store is being added (MMDS helper)"),
+    ("PUT", "/mmds", "valid", "the MMDS data store is being added (MMDS helper)"),
+    ("PATCH", "/mmds", "valid", "the MMDS data store is being added (MMDS helper)"),
+    ("GET", "/mmds", "valid", "the MMDS data store is being added (MMDS helper)"),
+    // Not part of issue 13.
+    ("PUT", "/network-interfaces/{iface_id}", "valid", "spore has no network device yet (the network issue)"),
+    ("PUT", "/pmem/{id}", "valid", "spore has no pmem device"),
+    ("PATCH", "/pmem/{id}", "post:valid",
+     "spore has no pmem device (Firecracker answers 204 to a PATCH of a pmem id it does not have)"),
+    // The unikernel has no balloon driver: Firecracker refuses a new target
+    // until the guest activated the device; spore keeps it for the driver
+    // (with a Linux guest both answer 204; the nested fc-sdk scenario).
+    ("PATCH", "/balloon", "post:valid",
+     "Firecracker refuses a balloon target before the guest's driver activates the device; spore keeps it for the driver"),
 ];
 
 fn repo_root() -> PathBuf {
@@ -201,12 +229,7 @@ fn req(method: &'static str, template: &'static str, body: Option<Value>) -> Req
     }
 }
 
-fn req_at(
-    method: &'static str,
-    template: &'static str,
-    path: &'static str,
-    body: Value,
-) -> Req {
+fn req_at(method: &'static str, template: &'static str, path: &'static str, body: Value) -> Req {
     Req {
         method,
         template,
@@ -224,16 +247,32 @@ fn pre_boot_requests(d: &Path, kernel: &Path, tap: &str) -> Vec<Req> {
         req(
             "PUT",
             "/logger",
-            Some(json!({"log_path": p("fc.log"), "level": "Info", "show_level": true, "show_log_origin": false})),
+            Some(
+                json!({"log_path": p("fc.log"), "level": "Info", "show_level": true, "show_log_origin": false}),
+            ),
         ),
-        req("PUT", "/metrics", Some(json!({"metrics_path": p("metrics.json")}))),
+        req(
+            "PUT",
+            "/metrics",
+            Some(json!({"metrics_path": p("metrics.json")})),
+        ),
         req(
             "PUT",
             "/boot-source",
-            Some(json!({"kernel_image_path": kernel.display().to_string(), "boot_args": "hold_ms=60000"})),
+            Some(
+                json!({"kernel_image_path": kernel.display().to_string(), "boot_args": "hold_ms=60000"}),
+            ),
         ),
-        req("PUT", "/machine-config", Some(json!({"vcpu_count": 1, "mem_size_mib": 64}))),
-        req("PATCH", "/machine-config", Some(json!({"vcpu_count": 1, "mem_size_mib": 64}))),
+        req(
+            "PUT",
+            "/machine-config",
+            Some(json!({"vcpu_count": 1, "mem_size_mib": 64})),
+        ),
+        req(
+            "PATCH",
+            "/machine-config",
+            Some(json!({"vcpu_count": 1, "mem_size_mib": 64})),
+        ),
         req("GET", "/machine-config", None),
         req("PUT", "/cpu-config", Some(json!({}))),
         req_at(
@@ -267,9 +306,17 @@ fn pre_boot_requests(d: &Path, kernel: &Path, tap: &str) -> Vec<Req> {
             "/network-interfaces/eth0",
             json!({"iface_id": "eth0"}),
         ),
-        req("PUT", "/vsock", Some(json!({"guest_cid": 3, "uds_path": p("v.sock")}))),
+        req(
+            "PUT",
+            "/vsock",
+            Some(json!({"guest_cid": 3, "uds_path": p("v.sock")})),
+        ),
         req("PUT", "/entropy", Some(json!({}))),
-        req("PUT", "/serial", Some(json!({"serial_out_path": p("serial.out")}))),
+        req(
+            "PUT",
+            "/serial",
+            Some(json!({"serial_out_path": p("serial.out")})),
+        ),
         req(
             "PUT",
             "/balloon",
@@ -278,16 +325,40 @@ fn pre_boot_requests(d: &Path, kernel: &Path, tap: &str) -> Vec<Req> {
         req("GET", "/balloon", None),
         req("PATCH", "/balloon", Some(json!({"amount_mib": 8}))),
         req("GET", "/balloon/statistics", None),
-        req("PATCH", "/balloon/statistics", Some(json!({"stats_polling_interval_s": 2}))),
+        req(
+            "PATCH",
+            "/balloon/statistics",
+            Some(json!({"stats_polling_interval_s": 2})),
+        ),
         req("PATCH", "/balloon/hinting/start", Some(json!({}))),
         req("GET", "/balloon/hinting/status", None),
         req("PATCH", "/balloon/hinting/stop", None),
-        req("PUT", "/mmds/config", Some(json!({"network_interfaces": ["eth0"]}))),
-        req("PUT", "/mmds", Some(json!({"latest": {"meta-data": {"id": "a"}}}))),
-        req("PATCH", "/mmds", Some(json!({"latest": {"meta-data": {"id": "b"}}}))),
+        req(
+            "PUT",
+            "/mmds/config",
+            Some(json!({"network_interfaces": ["eth0"]})),
+        ),
+        req(
+            "PUT",
+            "/mmds",
+            Some(json!({"latest": {"meta-data": {"id": "a"}}})),
+        ),
+        req(
+            "PATCH",
+            "/mmds",
+            Some(json!({"latest": {"meta-data": {"id": "b"}}})),
+        ),
         req("GET", "/mmds", None),
-        req("PUT", "/hotplug/memory", Some(json!({"total_size_mib": 1024}))),
-        req("PATCH", "/hotplug/memory", Some(json!({"requested_size_mib": 0}))),
+        req(
+            "PUT",
+            "/hotplug/memory",
+            Some(json!({"total_size_mib": 1024})),
+        ),
+        req(
+            "PATCH",
+            "/hotplug/memory",
+            Some(json!({"requested_size_mib": 0})),
+        ),
         req("GET", "/hotplug/memory", None),
         req("GET", "/vm/config", None),
         req("PATCH", "/vm", Some(json!({"state": "Paused"}))),
@@ -299,9 +370,15 @@ fn pre_boot_requests(d: &Path, kernel: &Path, tap: &str) -> Vec<Req> {
         req(
             "PUT",
             "/snapshot/load",
-            Some(json!({"snapshot_path": p("none.state"), "mem_backend": {"backend_type": "File", "backend_path": p("none.mem")}})),
+            Some(
+                json!({"snapshot_path": p("none.state"), "mem_backend": {"backend_type": "File", "backend_path": p("none.mem")}}),
+            ),
         ),
-        req("PUT", "/actions", Some(json!({"action_type": "FlushMetrics"}))),
+        req(
+            "PUT",
+            "/actions",
+            Some(json!({"action_type": "FlushMetrics"})),
+        ),
     ]
 }
 
@@ -367,9 +444,11 @@ impl Tap {
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        if !ok {
-            println!("note: no tap device could be created; PUT /network-interfaces is compared as a refusal");
-        }
+        assert!(
+            ok,
+            "`ip tuntap add dev {name} mode tap` failed: the replay's PUT /network-interfaces \
+             needs a tap device (root, /dev/net/tun)"
+        );
         Tap(ok.then_some(name))
     }
     fn name(&self) -> String {
@@ -410,7 +489,15 @@ struct Report {
 }
 
 impl Report {
-    fn check(&mut self, ok: bool, phase: &str, method: &str, path: &str, variant: &str, what: String) {
+    fn check(
+        &mut self,
+        ok: bool,
+        phase: &str,
+        method: &str,
+        path: &str,
+        variant: &str,
+        what: String,
+    ) {
         let expected = mismatch_reason(phase, method, path, variant);
         let line = format!("{method} {path} [{phase}{variant}] {what}");
         match (ok, expected) {
@@ -474,13 +561,19 @@ fn kvm_swagger_pre_boot_matches_firecracker() {
         Vec::<&(String, String)>::new(),
         "operations of the swagger file without a request in the replay"
     );
-    assert!(covered.is_subset(&in_yaml), "requests for operations not in the yaml");
+    assert!(
+        covered.is_subset(&in_yaml),
+        "requests for operations not in the yaml"
+    );
 
     let spore_link = spore_fc(&s);
     let sp = launch(&spore_link, &dir_spore);
     let fc = launch(&fc_bin, &dir_fc);
     let (code, v) = http(&fc.sock, "GET", "/version", None);
-    assert_eq!(code, 200, "the reference Firecracker answers on this machine: {v}");
+    assert_eq!(
+        code, 200,
+        "the reference Firecracker answers on this machine: {v}"
+    );
 
     let mut report = Report {
         lines: vec![format!("reference: {v}")],
@@ -493,16 +586,30 @@ fn kvm_swagger_pre_boot_matches_firecracker() {
         if let (Some(schema), Some(body)) = (&op.body, &rs.body) {
             check_against_schema(op, body);
             let variants_f = invalid_variants(&api, schema, rf.body.as_ref().unwrap());
-            for ((variant, bad_s), (_, bad_f)) in
-                invalid_variants(&api, schema, body).into_iter().zip(variants_f)
+            for ((variant, bad_s), (_, bad_f)) in invalid_variants(&api, schema, body)
+                .into_iter()
+                .zip(variants_f)
             {
                 let (cs, bs) = http(&sp.sock, rs.method, rs.path, Some(&bad_s));
                 let (cf, bf) = http(&fc.sock, rf.method, rf.path, Some(&bad_f));
                 // The yaml documents 400 for bad input; a missing required
                 // field may be fine where Firecracker fills a default (PATCH).
                 let must_400 = variant != "missing-required";
-                let ok = cs == cf && (!must_400 || cs == 400) && (cs < 400 || bs.contains("fault_message"));
-                report.check(ok, "", rs.method, rs.template, variant, format!("spore {cs} firecracker {cf} | spore: {} | fc: {}", short(&bs), short(&bf)));
+                let ok = cs == cf
+                    && (!must_400 || cs == 400)
+                    && (cs < 400 || bs.contains("fault_message"));
+                report.check(
+                    ok,
+                    "",
+                    rs.method,
+                    rs.template,
+                    variant,
+                    format!(
+                        "spore {cs} firecracker {cf} | spore: {} | fc: {}",
+                        short(&bs),
+                        short(&bf)
+                    ),
+                );
                 *counts.entry(variant).or_insert(0) += 1;
             }
         }
@@ -512,75 +619,194 @@ fn kvm_swagger_pre_boot_matches_firecracker() {
         let (cf, bf) = http(&fc.sock, rf.method, rf.path, body_f.as_deref());
         let documented = op.codes.contains(&cs) || (cs >= 400 && cs != 404 && cs != 405);
         let ok = cs == cf && documented;
-        report.check(ok, "", rs.method, rs.template, "valid", format!("spore {cs} firecracker {cf} | spore: {} | fc: {}", short(&bs), short(&bf)));
+        report.check(
+            ok,
+            "",
+            rs.method,
+            rs.template,
+            "valid",
+            format!(
+                "spore {cs} firecracker {cf} | spore: {} | fc: {}",
+                short(&bs),
+                short(&bf)
+            ),
+        );
         *counts.entry("valid").or_insert(0) += 1;
     }
     println!("requests per variant (each to both VMMs): {counts:?}");
     report.finish("pre-boot replay");
 }
 
-/// Post-boot: what the yaml says of each operation once the guest runs.
-#[test]
-fn kvm_swagger_post_boot() {
-    require_kvm();
-    let api = load_api();
-    let ops = operations(&api);
-    let s = Scratch::new("fc-swagger-post");
-    let d = s.path("vm");
-    std::fs::create_dir_all(&d).unwrap();
-    let kernel = uk_image("boot-mark");
-    let spore_link = spore_fc(&s);
-    let sp = launch(&spore_link, &d);
+/// Configures a unikernel guest (it holds for a minute) with a drive, vsock,
+/// a balloon with statistics and metrics, and starts it.
+fn boot(vmm: &Vmm, d: &Path, kernel: &Path) {
     let p = |n: &str| d.join(n).display().to_string();
     for (path, body) in [
-        ("/boot-source", json!({"kernel_image_path": kernel.display().to_string(), "boot_args": "hold_ms=60000"})),
-        ("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": 64})),
-        ("/drives/data", json!({"drive_id": "data", "path_on_host": p("disk.img"), "is_root_device": false, "is_read_only": false})),
+        (
+            "/boot-source",
+            json!({"kernel_image_path": kernel.display().to_string(), "boot_args": "hold_ms=60000"}),
+        ),
+        (
+            "/machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 64}),
+        ),
+        (
+            "/drives/data",
+            json!({"drive_id": "data", "path_on_host": p("disk.img"), "is_root_device": false, "is_read_only": false}),
+        ),
         ("/vsock", json!({"guest_cid": 3, "uds_path": p("v.sock")})),
-        ("/balloon", json!({"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1})),
+        (
+            "/balloon",
+            json!({"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}),
+        ),
         ("/metrics", json!({"metrics_path": p("metrics.json")})),
         ("/actions", json!({"action_type": "InstanceStart"})),
     ] {
-        let (code, reply) = http(&sp.sock, "PUT", path, Some(&body.to_string()));
+        let (code, reply) = http(&vmm.sock, "PUT", path, Some(&body.to_string()));
         assert_eq!(code, 204, "PUT {path} before the post-boot replay: {reply}");
     }
+}
+
+/// Post-boot: the same requests to spore and to the reference Firecracker,
+/// both running the same unikernel (the reference boots it on this KVM too);
+/// each answer must also be what the yaml says of the operation once the
+/// guest runs.
+#[test]
+fn kvm_swagger_post_boot_matches_firecracker() {
+    require_kvm();
+    let api = load_api();
+    let ops = operations(&api);
+    let fc_bin = reference_dir().join("firecracker/firecracker");
+    let s = Scratch::new("fc-swagger-post");
+    let kernel = uk_image("boot-mark");
+    let (dir_spore, dir_fc) = (s.path("spore"), s.path("fc"));
+    std::fs::create_dir_all(&dir_spore).unwrap();
+    std::fs::create_dir_all(&dir_fc).unwrap();
+    let spore_link = spore_fc(&s);
+    let sp = launch(&spore_link, &dir_spore);
+    let fc = launch(&fc_bin, &dir_fc);
+    boot(&sp, &dir_spore, &kernel);
+    boot(&fc, &dir_fc, &kernel);
 
     // Operations whose post-boot answer depends on more than the yaml's
     // "Pre-boot only"/"Post-boot only" marks, with the reason.
     let post_boot_400: &[(&str, &str, &str)] = &[
-        ("PUT", "/balloon", "the balloon is created before boot (Firecracker: pre-boot only)"),
-        ("PUT", "/logger", "the logger is configured once, before boot"),
-        ("PUT", "/metrics", "metrics are configured once, already done"),
+        ("PUT", "/balloon", "the balloon is created before boot"),
+        ("PUT", "/logger", "the logger is configured before boot"),
+        (
+            "PUT",
+            "/metrics",
+            "metrics are configured once, already done",
+        ),
         ("PUT", "/serial", "devices are added before boot"),
         ("PUT", "/entropy", "devices are added before boot"),
-        ("PUT", "/hotplug/memory", "the memory device is added before boot"),
-        ("PATCH", "/balloon/hinting/start", "hinting was not enabled pre-boot"),
-        ("GET", "/balloon/hinting/status", "hinting was not enabled pre-boot"),
-        ("PATCH", "/balloon/hinting/stop", "hinting was not enabled pre-boot"),
-        ("PATCH", "/pmem/{id}", "no pmem device was configured"),
-        ("PATCH", "/network-interfaces/{iface_id}", "no network interface was configured"),
-        ("GET", "/hotplug/memory", "no memory hotplug device was configured"),
-        ("PATCH", "/hotplug/memory", "no memory hotplug device was configured"),
-        ("PUT", "/snapshot/load", "a snapshot loads only into a fresh VMM"),
+        (
+            "PUT",
+            "/hotplug/memory",
+            "the memory device is added before boot",
+        ),
+        (
+            "PATCH",
+            "/balloon/hinting/start",
+            "hinting was not enabled pre-boot",
+        ),
+        (
+            "GET",
+            "/balloon/hinting/status",
+            "hinting was not enabled pre-boot",
+        ),
+        (
+            "PATCH",
+            "/balloon/hinting/stop",
+            "hinting was not enabled pre-boot",
+        ),
+        (
+            "PATCH",
+            "/network-interfaces/{iface_id}",
+            "no network interface was configured",
+        ),
+        (
+            "GET",
+            "/hotplug/memory",
+            "no memory hotplug device was configured",
+        ),
+        (
+            "PATCH",
+            "/hotplug/memory",
+            "no memory hotplug device was configured",
+        ),
+        (
+            "PUT",
+            "/snapshot/load",
+            "a snapshot loads only into a fresh VMM",
+        ),
+        (
+            "PUT",
+            "/mmds",
+            "the MMDS data store exists only with an MMDS config set before boot",
+        ),
+        (
+            "PATCH",
+            "/mmds",
+            "the MMDS data store exists only with an MMDS config set before boot",
+        ),
+        (
+            "GET",
+            "/mmds",
+            "the MMDS data store exists only with an MMDS config set before boot",
+        ),
     ];
-    let mut report = Report { lines: vec![], errors: vec![] };
+    let mut report = Report {
+        lines: vec![],
+        errors: vec![],
+    };
     // The pre-boot list again: PATCH /vm pauses the guest right before
     // PUT /snapshot/create; it is resumed at the end.
-    let mut reqs = pre_boot_requests(&d, &kernel, "spsw-absent");
-    reqs.push(req("PATCH", "/vm", Some(json!({"state": "Resumed"}))));
-    reqs.push(req("GET", "/", None));
-    for r in &reqs {
-        let op = op_of(&ops, r.method, r.template);
-        let body = r.body.as_ref().map(Value::to_string);
-        let (code, reply) = http(&sp.sock, r.method, r.path, body.as_deref());
+    let tail = || {
+        vec![
+            req("PATCH", "/vm", Some(json!({"state": "Resumed"}))),
+            req("GET", "/", None),
+        ]
+    };
+    let mut reqs_s = pre_boot_requests(&dir_spore, &kernel, "spsw-absent");
+    reqs_s.extend(tail());
+    let mut reqs_f = pre_boot_requests(&dir_fc, &kernel, "spsw-absent");
+    reqs_f.extend(tail());
+    for (rs, rf) in reqs_s.iter().zip(&reqs_f) {
+        let op = op_of(&ops, rs.method, rs.template);
+        let (body_s, body_f) = (
+            rs.body.as_ref().map(Value::to_string),
+            rf.body.as_ref().map(Value::to_string),
+        );
+        let (cs, bs) = http(&sp.sock, rs.method, rs.path, body_s.as_deref());
+        let (cf, bf) = http(&fc.sock, rf.method, rf.path, body_f.as_deref());
         let pre_only = op.summary.contains("Pre-boot only");
         let listed = post_boot_400
             .iter()
-            .find(|(m, p, _)| *m == r.method && *p == r.template);
-        let want = if pre_only || listed.is_some() { 400 } else { op.success() };
-        let why = listed.map(|l| l.2).unwrap_or(if pre_only { "yaml: Pre-boot only" } else { "yaml: success" });
-        let ok = code == want && (code < 400 || reply.contains("fault_message"));
-        report.check(ok, "post:", r.method, r.template, "valid", format!("spore {code} want {want} ({why}) | {}", short(&reply)));
+            .find(|(m, p, _)| *m == rs.method && *p == rs.template);
+        let want = if pre_only || listed.is_some() {
+            400
+        } else {
+            op.success()
+        };
+        let why = listed.map(|l| l.2).unwrap_or(if pre_only {
+            "yaml: Pre-boot only"
+        } else {
+            "yaml: success"
+        });
+        let ok = cs == cf && cs == want && (cs < 400 || bs.contains("fault_message"));
+        report.check(
+            ok,
+            "post:",
+            rs.method,
+            rs.template,
+            "valid",
+            format!(
+                "spore {cs} firecracker {cf} want {want} ({why}) | spore: {} | fc: {}",
+                short(&bs),
+                short(&bf)
+            ),
+        );
     }
     report.finish("post-boot replay");
 }
