@@ -9,7 +9,7 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench lint fmt clean
+        bench lint fmt clean fc-sdk
 
 all: build uk
 
@@ -65,7 +65,11 @@ test-host: deps uk
 	fi
 
 # Tier 3: Linux guests inside QEMU (TCG + emulated SVM) with a real KVM inside.
-test-nested: deps-nested static
+# The firecracker-go-sdk program of the fc-sdk scenario (needs Go; cached by content).
+fc-sdk:
+	tests/fc-sdk/build.sh >/dev/null
+
+test-nested: deps-nested static fc-sdk
 	tests/nested/run-all.sh --spore $(STATIC_SPORE)
 
 test: test-unit test-host test-nested

@@ -10,7 +10,8 @@
 # three times in new processes), clone (a Linux guest restored twice as clones:
 # reseed from /dev/hwrng, new vsock CID, urandom differs, private disks),
 # virtio-mem-snapshot (512 MiB plugged, snapshot, restore in a new process, contents
-# intact, unplug, RSS drops).
+# intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
+# launcher: start, pause, snapshot, stop, load with WithSnapshot, resume, balloon).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -29,7 +30,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -96,6 +97,14 @@ run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
     --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
 run_one clone --scenario "$here/scenarios/clone.sh" \
     --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-clone"
+if [[ -z $only || $only == fc-sdk ]]; then
+    # The firecracker-go-sdk program (Go, static; cached by its sources' hash).
+    fc_sdk_bin="$("$repo/tests/fc-sdk/build.sh" | tail -n1)"
+    [[ -x $fc_sdk_bin ]] || die "the fc-sdk program was not built"
+    run_one fc-sdk --scenario "$here/scenarios/fc-sdk.sh" \
+        --guest-scenario "$here/scenarios/guest/fc-sdk.sh" --file "$fc_sdk_bin:/bin/fc-sdk" \
+        --out-dir "$work/out-fc-sdk"
+fi
 if [[ $only == snapshot-diff ]]; then
     # Opt-in: in 1 of about 18 runs the L1 kernel soft-locked in the VMM process
     # right after the diff snapshot (the VMM stopping; see the README), an open bug.

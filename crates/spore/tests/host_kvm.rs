@@ -370,10 +370,14 @@ fn kvm_hotplug_memory_api() {
         .0,
         204
     );
+    // Before boot the status is refused, as Firecracker does; the configured
+    // region shows in GET /vm/config.
     let (code, body) = hp("GET", None);
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = http(&sock, "GET", "/vm/config", None);
     assert_eq!(code, 200);
     assert!(
-        body.contains("\"total_size_mib\":1024") && body.contains("\"plugged_size_mib\":0"),
+        body.contains("\"memory-hotplug\":{") && body.contains("\"total_size_mib\":1024"),
         "{body}"
     );
 

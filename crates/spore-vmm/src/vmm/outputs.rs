@@ -8,9 +8,18 @@ use crate::api::ApiError;
 use crate::config::{LoggerConfig, MetricsConfig};
 use crate::snapshot::format::Manifest;
 
+/// Firecracker's answer to a pre-boot-only request once the microVM runs.
+const NOT_AFTER_START: &str =
+    "The requested operation is not supported after starting the microVM.";
+
 impl Vmm {
     /// `PUT /logger`: spore's log lines go to the path from now on.
     pub fn set_logger(&self, c: LoggerConfig) -> Result<(), ApiError> {
+        // As Firecracker: the logger is set before start, not after (its
+        // answer to the same request once the microVM runs is a 400).
+        if self.lock().vm().is_some() {
+            return Err(ApiError::BadRequest(NOT_AFTER_START.into()));
+        }
         crate::logger::configure(&c, &self.id).map_err(ApiError::BadRequest)?;
         self.lock().config.logger = Some(c);
         Ok(())

@@ -10,7 +10,6 @@ use crate::api::{
     ApiError, ApiResponse, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, TmemInfo,
     TmemUpdate, VmState,
 };
-use crate::config::BalloonConfig;
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::mem::MemStatus;
@@ -90,27 +89,17 @@ impl Vmm {
         Ok(info)
     }
 
-    /// `PATCH /balloon`: a new target for the running balloon, or for the
-    /// configured one before start.
+    /// `PATCH /balloon`: a new target for the running balloon. Before
+    /// start Firecracker refuses it (PUT /balloon sets the target then), and
+    /// so does spore.
     pub fn patch_balloon(&self, u: &BalloonUpdate) -> Result<(), ApiError> {
         let mut inner = self.lock();
-        if let Some(vm) = inner.vm() {
-            let h = vm.balloon().ok_or_else(no_balloon)?;
-            h.set_target_mib(u.amount_mib).map_err(bad)?;
-            // GET /vm/config shows the current target, as Firecracker's does.
-            if let Some(b) = inner.config.balloon.as_mut() {
-                b.amount_mib = u.amount_mib;
-            }
-            return Ok(());
+        let h = inner.built()?.vm.balloon().ok_or_else(no_balloon)?;
+        h.set_target_mib(u.amount_mib).map_err(bad)?;
+        // GET /vm/config shows the current target, as Firecracker's does.
+        if let Some(b) = inner.config.balloon.as_mut() {
+            b.amount_mib = u.amount_mib;
         }
-        let machine = inner.config.machine.clone();
-        let b = inner.config.balloon.as_mut().ok_or_else(no_balloon)?;
-        let new = BalloonConfig {
-            amount_mib: u.amount_mib,
-            ..b.clone()
-        };
-        new.validate_for(&machine).map_err(bad)?;
-        *b = new;
         Ok(())
     }
 
@@ -130,20 +119,16 @@ impl Vmm {
         ApiResponse::json(&stats)
     }
 
-    /// `PATCH /balloon/statistics`: a new polling interval.
+    /// `PATCH /balloon/statistics`: a new polling interval for the running
+    /// balloon (before start Firecracker refuses it; PUT /balloon sets it).
     pub fn patch_balloon_statistics(&self, u: &BalloonStatsUpdate) -> Result<(), ApiError> {
         let mut inner = self.lock();
-        if let Some(vm) = inner.vm() {
-            balloon_of(vm)?
-                .set_stats_interval(u.stats_polling_interval_s)
-                .map_err(bad)?;
-            if let Some(b) = inner.config.balloon.as_mut() {
-                b.stats_polling_interval_s = u.stats_polling_interval_s;
-            }
-            return Ok(());
+        balloon_of(&inner.built()?.vm)?
+            .set_stats_interval(u.stats_polling_interval_s)
+            .map_err(bad)?;
+        if let Some(b) = inner.config.balloon.as_mut() {
+            b.stats_polling_interval_s = u.stats_polling_interval_s;
         }
-        let b = inner.config.balloon.as_mut().ok_or_else(no_balloon)?;
-        b.stats_polling_interval_s = u.stats_polling_interval_s;
         Ok(())
     }
 
@@ -156,23 +141,15 @@ impl Vmm {
         mem.set_requested_mib(u.requested_size_mib).map_err(bad)
     }
 
-    /// `GET /hotplug/memory`: the device's status, or the configured region
-    /// (nothing plugged) before start.
+    /// `GET /hotplug/memory`: the running device's status. Before start
+    /// Firecracker answers 400, and so does spore (GET /vm/config shows the
+    /// configured region).
     pub fn hotplug_memory_status(&self) -> Result<MemStatus, ApiError> {
         let inner = self.lock();
-        if let Some(mem) = inner.vm().and_then(|vm| vm.mem_hotplug()) {
-            return Ok(mem.status());
-        }
-        let h = inner.config.memory_hotplug.as_ref().ok_or_else(|| {
+        let mem = inner.built()?.vm.mem_hotplug().ok_or_else(|| {
             bad("no hotplug memory is configured (PUT /hotplug/memory before boot)")
         })?;
-        Ok(MemStatus {
-            total_size_mib: h.total_size_mib,
-            slot_size_mib: h.slot_size_mib,
-            block_size_mib: h.block_size_mib,
-            plugged_size_mib: 0,
-            requested_size_mib: 0,
-        })
+        Ok(mem.status())
     }
 
     /// `GET /tmem`: the running pool, or the configured one before start.
