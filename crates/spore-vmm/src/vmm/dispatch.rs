@@ -71,7 +71,7 @@ impl ApiHandler for Vmm {
             R::PutEntropy(e) => done(self.set_entropy(e)),
             R::PutSerial(s) => done(self.set_serial(s)),
             R::PutCpuConfig(c) => done(self.set_cpu_config(c)),
-            R::GetMmds => ApiResponse::json(&self.mmds()),
+            R::GetMmds => json(self.mmds()),
             R::PutMmds(v) => done(self.put_mmds(v)),
             R::PatchMmds(v) => done(self.patch_mmds(&v)),
             R::PutMmdsConfig(c) => done(self.set_mmds_config(c)),

@@ -95,6 +95,16 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// As Firecracker: a data store that nobody made before the microVM
+/// started (no `PUT /mmds`, no MMDS config) does not exist afterwards, and
+/// every `/mmds` request says so.
+fn started_without_store(inner: &super::Inner) -> Result<(), ApiError> {
+    if inner.vm().is_some() && !inner.mmds.initialized && inner.config.mmds_config.is_none() {
+        return Err(bad("MMDS error: The MMDS data store is not initialized."));
+    }
+    Ok(())
+}
+
 impl Vmm {
     /// `--mmds-size-limit`: the largest serialized data store, in bytes.
     pub fn set_mmds_size_limit(&self, limit: usize) {
@@ -103,7 +113,9 @@ impl Vmm {
 
     /// `PUT /mmds` (and `--metadata`).
     pub fn put_mmds(&self, data: Value) -> Result<(), ApiError> {
-        self.lock().mmds.put(data)
+        let mut inner = self.lock();
+        started_without_store(&inner)?;
+        inner.mmds.put(data)
     }
 
     /// `PATCH /mmds`.
@@ -112,8 +124,10 @@ impl Vmm {
     }
 
     /// `GET /mmds`.
-    pub fn mmds(&self) -> Value {
-        self.lock().mmds.get()
+    pub fn mmds(&self) -> Result<Value, ApiError> {
+        let inner = self.lock();
+        started_without_store(&inner)?;
+        Ok(inner.mmds.get())
     }
 
     /// `PUT /mmds/config`: checked against the VM's network interfaces
