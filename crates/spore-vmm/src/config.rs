@@ -435,7 +435,8 @@ pub struct BalloonConfig {
     /// spore releases them on the host.
     #[serde(default, deserialize_with = "null_is_default")]
     pub free_page_reporting: bool,
-    /// Firecracker's free page hinting; spore does not offer it.
+    /// Offer VIRTIO_BALLOON_F_FREE_PAGE_HINT: on `PATCH /balloon/hinting/start`
+    /// the guest hints its free pages and spore releases them on the host.
     #[serde(
         default,
         deserialize_with = "null_is_default",
@@ -445,19 +446,8 @@ pub struct BalloonConfig {
 }
 
 impl BalloonConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.free_page_hinting {
-            return Err(ConfigError::Unsupported {
-                field: "free_page_hinting",
-                detail: "use free_page_reporting".into(),
-            });
-        }
-        Ok(())
-    }
-
     /// Checks the target against the guest's memory.
     pub fn validate_for(&self, machine: &MachineConfig) -> Result<(), ConfigError> {
-        self.validate()?;
         if u64::from(self.amount_mib) > machine.mem_size_mib {
             return Err(ConfigError::BalloonTooLarge {
                 amount: self.amount_mib.into(),

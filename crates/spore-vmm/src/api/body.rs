@@ -77,6 +77,28 @@ pub struct BalloonStatsUpdate {
     pub stats_polling_interval_s: u16,
 }
 
+/// `PATCH /balloon/hinting/start` (the body is optional).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonHintingStart {
+    /// Answer DONE as soon as the guest reports the run finished, so it can
+    /// reuse the hinted pages without a `stop` (Firecracker's default: true).
+    #[serde(default = "yes")]
+    pub acknowledge_on_stop: bool,
+}
+
+impl Default for BalloonHintingStart {
+    fn default() -> Self {
+        Self {
+            acknowledge_on_stop: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// `PUT /actions` `action_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ActionType {

@@ -34,7 +34,7 @@ mod unsupported;
 mod clone_route_tests;
 
 pub use body::{
-    ActionType, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
+    ActionType, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
     InstanceState, MachineConfigPatch, PartialDrive, TmemInfo, TmemUpdate, VersionInfo, VmState,
 };
 pub use request::parse_request;
@@ -85,6 +85,12 @@ pub enum ApiRequest {
     GetBalloonStatistics,
     /// `PATCH /balloon/statistics`: a new polling interval.
     PatchBalloonStatistics(BalloonStatsUpdate),
+    /// `PATCH /balloon/hinting/start`: a free page hinting run.
+    StartBalloonHinting(BalloonHintingStart),
+    /// `GET /balloon/hinting/status`.
+    GetBalloonHintingStatus,
+    /// `PATCH /balloon/hinting/stop`.
+    StopBalloonHinting,
     /// `PUT /hotplug/memory`: configure the virtio-mem region (before boot).
     PutHotplugMemory(MemoryHotplugConfig),
     /// `PATCH /hotplug/memory`: set the target plugged size (running VM).

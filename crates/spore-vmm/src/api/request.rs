@@ -9,7 +9,7 @@ use hyper::Method;
 use serde::de::DeserializeOwned;
 
 use super::body::{
-    BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
+    BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
     VmStateBody,
 };
 use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
@@ -34,6 +34,9 @@ enum Resource<'a> {
     Tmem,
     Balloon,
     BalloonStatistics,
+    BalloonHintingStart,
+    BalloonHintingStatus,
+    BalloonHintingStop,
     HotplugMemory,
     SnapshotCreate,
     SnapshotLoad,
@@ -72,6 +75,8 @@ impl Resource<'_> {
             Resource::Tmem => &["GET", "PUT"],
             Resource::Balloon => &["GET", "PUT", "PATCH"],
             Resource::BalloonStatistics => &["GET", "PATCH"],
+            Resource::BalloonHintingStart | Resource::BalloonHintingStop => &["PATCH"],
+            Resource::BalloonHintingStatus => &["GET"],
             Resource::SnapshotCreate | Resource::SnapshotLoad => &["PUT"],
             Resource::Clone => &["GET", "PUT"],
             Resource::CloneConfig => &["PUT"],
@@ -98,6 +103,9 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/tmem" => Resource::Tmem,
         "/balloon" => Resource::Balloon,
         "/balloon/statistics" => Resource::BalloonStatistics,
+        "/balloon/hinting/start" => Resource::BalloonHintingStart,
+        "/balloon/hinting/status" => Resource::BalloonHintingStatus,
+        "/balloon/hinting/stop" => Resource::BalloonHintingStop,
         "/hotplug/memory" => Resource::HotplugMemory,
         "/snapshot/create" => Resource::SnapshotCreate,
         "/snapshot/load" => Resource::SnapshotLoad,
@@ -203,9 +211,7 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::Vm, "PATCH") => ApiRequest::PatchVm(decode::<VmStateBody>(m, path, body)?.state),
         (Resource::Balloon, "GET") => ApiRequest::GetBalloon,
         (Resource::Balloon, "PUT") => {
-            let b = decode::<BalloonConfig>(m, path, body)?;
-            b.validate()?;
-            ApiRequest::PutBalloon(b)
+            ApiRequest::PutBalloon(decode::<BalloonConfig>(m, path, body)?)
         }
         (Resource::Balloon, "PATCH") => {
             ApiRequest::PatchBalloon(decode::<BalloonUpdate>(m, path, body)?)
@@ -214,6 +220,17 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
         (Resource::BalloonStatistics, "PATCH") => {
             ApiRequest::PatchBalloonStatistics(decode::<BalloonStatsUpdate>(m, path, body)?)
         }
+        // The body is optional, as in Firecracker.
+        (Resource::BalloonHintingStart, "PATCH") => {
+            ApiRequest::StartBalloonHinting(if body.iter().all(u8::is_ascii_whitespace) {
+                BalloonHintingStart::default()
+            } else {
+                decode(m, path, body)?
+            })
+        }
+        (Resource::BalloonHintingStatus, "GET") => ApiRequest::GetBalloonHintingStatus,
+        // Firecracker ignores a stop's body; so does spore.
+        (Resource::BalloonHintingStop, "PATCH") => ApiRequest::StopBalloonHinting,
 
         (Resource::HotplugMemory, "GET") => ApiRequest::GetHotplugMemory,
         (Resource::HotplugMemory, "PUT") => {

@@ -428,17 +428,51 @@ fn balloon_routes() {
             stats_polling_interval_s: 5
         }))
     );
+    assert!(matches!(
+        parse(
+            Method::PUT,
+            "/balloon",
+            r#"{"amount_mib":1,"deflate_on_oom":false,"free_page_hinting":true}"#
+        ),
+        Ok(ApiRequest::PutBalloon(BalloonConfig {
+            free_page_hinting: true,
+            ..
+        }))
+    ));
+    // Free page hinting: start's body is optional (acknowledge_on_stop
+    // defaults to true); stop ignores its body, as Firecracker does.
+    for (body, ack) in [
+        ("", true),
+        ("{}", true),
+        (r#"{"acknowledge_on_stop":false}"#, false),
+    ] {
+        assert_eq!(
+            parse(Method::PATCH, "/balloon/hinting/start", body),
+            Ok(ApiRequest::StartBalloonHinting(BalloonHintingStart {
+                acknowledge_on_stop: ack
+            })),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        parse(Method::GET, "/balloon/hinting/status", ""),
+        Ok(ApiRequest::GetBalloonHintingStatus)
+    );
+    for body in ["", "{}"] {
+        assert_eq!(
+            parse(Method::PATCH, "/balloon/hinting/stop", body),
+            Ok(ApiRequest::StopBalloonHinting)
+        );
+    }
     for (method, path, body) in [
+        (Method::PATCH, "/balloon/hinting/start", r#"{"acknowledge_on_stop":3}"#),
+        (Method::PATCH, "/balloon/hinting/start", r#"{"other":true}"#),
+        (Method::PATCH, "/balloon/hinting/start", "{"),
         (Method::PATCH, "/balloon", r#"{"amount_mib":-1}"#),
         (Method::PATCH, "/balloon", r#"{"amount_mib":4294967296}"#),
         (Method::PATCH, "/balloon", r#"{"amount_mib":"1"}"#),
         (Method::PATCH, "/balloon", r#"{"deflate_on_oom":true}"#),
         (Method::PUT, "/balloon", r#"{"amount_mib":1}"#),
-        (
-            Method::PUT,
-            "/balloon",
-            r#"{"amount_mib":1,"deflate_on_oom":false,"free_page_hinting":true}"#,
-        ),
         (
             Method::PATCH,
             "/balloon/statistics",

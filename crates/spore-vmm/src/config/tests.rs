@@ -139,9 +139,9 @@ fn balloon_section() {
         big.validate(),
         Err(ConfigError::BalloonTooLarge { .. })
     ));
-    let mut hint = b;
-    hint.free_page_hinting = true;
-    assert!(hint.validate().is_err());
+    let mut hint = c.clone();
+    hint.balloon.as_mut().unwrap().free_page_hinting = true;
+    hint.validate().unwrap();
     assert!(serde_json::from_str::<BalloonConfig>(r#"{"amount_mib":1}"#).is_err());
     assert!(
         serde_json::from_str::<BalloonConfig>(r#"{"amount_mib":-1,"deflate_on_oom":false}"#)

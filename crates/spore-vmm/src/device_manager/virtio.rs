@@ -139,6 +139,7 @@ pub(super) fn attach_virtio(
             deflate_on_oom: b.deflate_on_oom,
             stats_polling_interval_s: b.stats_polling_interval_s,
             free_page_reporting: b.free_page_reporting,
+            free_page_hinting: b.free_page_hinting,
             mem_mib: config.machine.mem_size_mib,
         };
         let balloon = make_virtio::<Balloon>(&id, state, settings, |s| {

@@ -7,7 +7,7 @@
 
 use super::{bad, Inner, SnapshotApiError, Vmm};
 use crate::api::{
-    ApiError, ApiResponse, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, TmemInfo,
+    ApiError, ApiResponse, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, TmemInfo,
     TmemUpdate, VmState,
 };
 use crate::devices::tmem::PoolStats;
@@ -130,6 +130,30 @@ impl Vmm {
             b.stats_polling_interval_s = u.stats_polling_interval_s;
         }
         Ok(())
+    }
+
+    /// `PATCH /balloon/hinting/start`: a free page hinting run (running VM
+    /// only, as in Firecracker; the guest's driver must have set the device up).
+    pub fn start_balloon_hinting(&self, c: &BalloonHintingStart) -> Result<(), ApiError> {
+        let inner = self.lock();
+        balloon_of(&inner.built()?.vm)?
+            .start_hinting(c.acknowledge_on_stop)
+            .map_err(bad)
+    }
+
+    /// `GET /balloon/hinting/status`: the host's and the guest's last command.
+    pub fn balloon_hinting_status(&self) -> Result<ApiResponse, ApiError> {
+        let inner = self.lock();
+        let status = balloon_of(&inner.built()?.vm)?
+            .hinting_status()
+            .map_err(bad)?;
+        ApiResponse::json(&status)
+    }
+
+    /// `PATCH /balloon/hinting/stop`: ends the run; the guest reuses its pages.
+    pub fn stop_balloon_hinting(&self) -> Result<(), ApiError> {
+        let inner = self.lock();
+        balloon_of(&inner.built()?.vm)?.stop_hinting().map_err(bad)
     }
 
     /// `PATCH /hotplug/memory`: the plugged size the guest should reach.

@@ -27,6 +27,7 @@ use crate::host::lock;
 pub const F_MUST_TELL_HOST: u64 = 1 << 0;
 pub const F_STATS_VQ: u64 = 1 << 1;
 pub const F_DEFLATE_ON_OOM: u64 = 1 << 2;
+pub const F_FREE_PAGE_HINT: u64 = 1 << 3;
 pub const F_REPORTING: u64 = 1 << 5;
 
 /// Entries per queue.
@@ -34,6 +35,16 @@ pub const QUEUE_SIZE: u16 = 256;
 /// Size of the config space: num_pages, actual, free_page_hint_cmd_id, poison_val.
 const CONFIG_SIZE: usize = 16;
 const CONFIG_ACTUAL: u64 = 4;
+
+/// Free page hinting command ids (virtio 1.2, §5.5.6.6; Linux's
+/// `VIRTIO_BALLOON_CMD_ID_*`). In `free_page_hint_cmd_id`, STOP asks the
+/// driver to stop hinting and DONE lets it reuse the pages it hinted; any
+/// other value (spore starts at 2) asks for a new run. On the hinting queue
+/// the driver sends the run's id when it starts and STOP when it finished.
+pub const CMD_ID_STOP: u32 = 0;
+pub const CMD_ID_DONE: u32 = 1;
+/// The first id a hinting run gets (0 and 1 are the commands above).
+const CMD_ID_FIRST_RUN: u32 = 2;
 /// Pages per MiB, at the balloon's 4 KiB page size.
 const PAGES_PER_MIB_SHIFT: u32 = 20 - PAGE_SHIFT;
 
@@ -50,6 +61,13 @@ pub enum BalloonError {
         "balloon statistics are disabled: configure the balloon with stats_polling_interval_s > 0"
     )]
     StatsDisabled,
+    #[error(
+        "balloon free page hinting is not enabled: configure the balloon with \
+         free_page_hinting: true before InstanceStart"
+    )]
+    HintingNotEnabled,
+    #[error("the balloon device is not activated yet (the guest's driver has not set it up)")]
+    NotActivated,
 }
 
 /// What the device is configured with.
@@ -59,6 +77,7 @@ pub struct BalloonSettings {
     pub deflate_on_oom: bool,
     pub stats_polling_interval_s: u16,
     pub free_page_reporting: bool,
+    pub free_page_hinting: bool,
     /// Guest RAM, bounding the target.
     pub mem_mib: u64,
 }
@@ -72,11 +91,37 @@ pub struct ReleaseCounters {
     pub deflated_pages: u64,
     /// Bytes of free page reports released on the host.
     pub reported_bytes: u64,
+    /// Bytes the guest hinted during a hinting run, released on the host.
+    pub hinted_bytes: u64,
+    /// Hinted ranges ignored because no run was active or they belonged to
+    /// an earlier run (not an error: the driver races the host's commands).
+    pub hints_ignored: u64,
     /// PFNs and report ranges refused (outside guest RAM, misaligned).
     pub refused: u64,
     /// Ranges released (one syscall each) and the time spent releasing them.
     pub release_calls: u64,
     pub release_us: u64,
+}
+
+/// Where free page hinting stands (Firecracker's `HintingState`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct HintState {
+    /// What the host last asked: the `free_page_hint_cmd_id` config field
+    /// (STOP until the first run).
+    pub host_cmd: u32,
+    /// The id the last run got; the next one gets the one after.
+    pub last_run_id: u32,
+    /// The last command id the driver sent on the hinting queue.
+    pub guest_cmd: Option<u32>,
+    /// When the driver says the run is over (STOP), answer DONE at once.
+    pub ack_on_stop: bool,
+}
+
+/// `GET /balloon/hinting/status`, Firecracker's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HintingStatus {
+    pub host_cmd: u32,
+    pub guest_cmd: Option<u32>,
 }
 
 pub(super) struct State {
@@ -94,12 +139,14 @@ pub(super) struct State {
     /// The statistics buffer a quiesced worker was holding, for the
     /// snapshot and for the worker a restore starts.
     pub(super) restored_held_stats: Option<u16>,
+    pub(super) hint: HintState,
 }
 
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) deflate_on_oom: bool,
     pub(super) free_page_reporting: bool,
+    pub(super) free_page_hinting: bool,
     pub(super) mem_mib: u64,
     /// Tells a running worker the polling interval changed.
     pub(super) settings_evt: EventFd,
@@ -116,6 +163,7 @@ pub struct BalloonStatus {
     pub deflate_on_oom: bool,
     pub stats_polling_interval_s: u16,
     pub free_page_reporting: bool,
+    pub free_page_hinting: bool,
     pub target_pages: u32,
     pub actual_pages: u32,
     pub target_mib: u32,
@@ -190,6 +238,7 @@ impl BalloonHandle {
             deflate_on_oom: self.0.deflate_on_oom,
             stats_polling_interval_s: st.stats_interval_s,
             free_page_reporting: self.0.free_page_reporting,
+            free_page_hinting: self.0.free_page_hinting,
             target_pages: st.target_pages,
             actual_pages: st.actual_pages,
             target_mib: st.target_pages >> PAGES_PER_MIB_SHIFT,
@@ -214,6 +263,62 @@ impl BalloonHandle {
             last_update_ms: when.and_then(unix_ms),
             host: st.counters,
         })
+    }
+
+    /// `PATCH /balloon/hinting/start`: asks the driver for a new hinting
+    /// run (a new command id in the config space). With `ack_on_stop`, the
+    /// device answers DONE as soon as the driver reports the run finished,
+    /// so the guest gets its hinted pages back without a `stop`.
+    pub fn start_hinting(&self, ack_on_stop: bool) -> Result<(), BalloonError> {
+        if !self.0.free_page_hinting {
+            return Err(BalloonError::HintingNotEnabled);
+        }
+        self.set_host_cmd(|hint| {
+            let mut id = hint.last_run_id.wrapping_add(1);
+            if id < CMD_ID_FIRST_RUN {
+                id = CMD_ID_FIRST_RUN;
+            }
+            hint.last_run_id = id;
+            hint.ack_on_stop = ack_on_stop;
+            id
+        })
+    }
+
+    /// `PATCH /balloon/hinting/stop`: ends the run and lets the guest reuse
+    /// the pages it hinted (DONE, as Firecracker answers a stop). Hints that
+    /// arrive afterwards are not released.
+    pub fn stop_hinting(&self) -> Result<(), BalloonError> {
+        if !self.0.free_page_hinting {
+            return Err(BalloonError::HintingNotEnabled);
+        }
+        self.set_host_cmd(|_| CMD_ID_DONE)
+    }
+
+    /// `GET /balloon/hinting/status`: the host's and the driver's last command.
+    pub fn hinting_status(&self) -> Result<HintingStatus, BalloonError> {
+        if !self.0.free_page_hinting {
+            return Err(BalloonError::HintingNotEnabled);
+        }
+        let hint = lock(&self.0.state).hint;
+        Ok(HintingStatus {
+            host_cmd: hint.host_cmd,
+            guest_cmd: hint.guest_cmd,
+        })
+    }
+
+    /// Sets the command the config space shows and tells the driver. The
+    /// driver must be there (as in Firecracker): a command nobody reads would
+    /// only go stale.
+    fn set_host_cmd(&self, next: impl FnOnce(&mut HintState) -> u32) -> Result<(), BalloonError> {
+        let interrupt = {
+            let mut st = lock(&self.0.state);
+            let interrupt = st.interrupt.clone().ok_or(BalloonError::NotActivated)?;
+            let cmd = next(&mut st.hint);
+            st.hint.host_cmd = cmd;
+            interrupt
+        };
+        interrupt.signal_config_change();
+        Ok(())
     }
 
     pub(super) fn shared_block(&self) -> &Arc<Shared> {
@@ -265,6 +370,10 @@ impl Balloon {
         if settings.deflate_on_oom {
             features |= F_DEFLATE_ON_OOM;
         }
+        if settings.free_page_hinting {
+            features |= F_FREE_PAGE_HINT;
+            queues += 1;
+        }
         if settings.free_page_reporting {
             features |= F_REPORTING;
             queues += 1;
@@ -280,9 +389,11 @@ impl Balloon {
                 counters: ReleaseCounters::default(),
                 interrupt: None,
                 restored_held_stats: None,
+                hint: HintState::default(),
             }),
             deflate_on_oom: settings.deflate_on_oom,
             free_page_reporting: settings.free_page_reporting,
+            free_page_hinting: settings.free_page_hinting,
             mem_mib: settings.mem_mib,
             settings_evt: EventFd::new(EFD_NONBLOCK)?,
         });
@@ -312,6 +423,7 @@ impl Balloon {
         let mut c = [0u8; CONFIG_SIZE];
         c[..4].copy_from_slice(&st.target_pages.to_le_bytes());
         c[4..8].copy_from_slice(&st.actual_pages.to_le_bytes());
+        c[8..12].copy_from_slice(&st.hint.host_cmd.to_le_bytes());
         c
     }
 }
@@ -387,7 +499,11 @@ impl VirtioDevice for Balloon {
 
     fn reset(&mut self) {
         self.stop_worker();
-        lock(&self.shared.state).restored_held_stats = None;
+        let mut st = lock(&self.shared.state);
+        st.restored_held_stats = None;
+        // The driver is gone, and its hinted pages with it: no run is on.
+        st.hint.host_cmd = CMD_ID_STOP;
+        st.hint.guest_cmd = None;
     }
 
     /// Stops the worker for a snapshot, keeping the statistics buffer it

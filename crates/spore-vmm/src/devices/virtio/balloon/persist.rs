@@ -3,6 +3,11 @@
 //! statistics buffer the device holds (without it, the driver would never
 //! send statistics again after a restore: it keeps one buffer in flight).
 //!
+//! Free page hinting keeps its commands (the host's, the driver's, the
+//! last run id and whether to acknowledge the end of a run), so a restored
+//! guest in the middle of a run sees the same config space and its hints
+//! are still matched against the right run.
+//!
 //! Inflated pages need no state of their own: they are holes in the
 //! snapshot's memory file (released pages read as zeros and zero pages are
 //! not written), and the driver's own list of them lives in guest memory.
@@ -11,7 +16,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::device::{Balloon, BalloonHandle, BalloonSettings, ReleaseCounters};
+use super::device::{Balloon, BalloonHandle, BalloonSettings, HintState, ReleaseCounters};
 use super::request::GuestStats;
 use crate::host::lock;
 use crate::persist::Persist;
@@ -23,6 +28,8 @@ pub struct BalloonState {
     pub stats_polling_interval_s: u16,
     pub deflate_on_oom: bool,
     pub free_page_reporting: bool,
+    pub free_page_hinting: bool,
+    pub hint: HintState,
     /// The guest's last statistics, as JSON: their serde shape skips unset
     /// fields, which a binary format cannot carry.
     pub stats_json: Option<String>,
@@ -54,6 +61,8 @@ impl BalloonHandle {
             stats_polling_interval_s: st.stats_interval_s,
             deflate_on_oom: shared.deflate_on_oom,
             free_page_reporting: shared.free_page_reporting,
+            free_page_hinting: shared.free_page_hinting,
+            hint: st.hint,
             stats_json: st
                 .stats
                 .as_ref()
@@ -92,6 +101,13 @@ impl Balloon {
                 settings.free_page_reporting.to_string(),
             );
         }
+        if state.free_page_hinting != settings.free_page_hinting {
+            return mismatch(
+                "free_page_hinting",
+                state.free_page_hinting.to_string(),
+                settings.free_page_hinting.to_string(),
+            );
+        }
         // Statistics on or off decides whether the stats queue exists.
         if (state.stats_polling_interval_s == 0) != (settings.stats_polling_interval_s == 0) {
             return mismatch(
@@ -123,6 +139,7 @@ impl Balloon {
                 .map(|s| (s, SystemTime::now()));
             st.counters = state.counters;
             st.restored_held_stats = state.held_stats;
+            st.hint = state.hint;
         }
         Ok(balloon)
     }

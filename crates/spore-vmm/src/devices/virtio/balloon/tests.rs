@@ -39,6 +39,7 @@ fn settings(mem_mib: u64) -> BalloonSettings {
         deflate_on_oom: true,
         stats_polling_interval_s: 1,
         free_page_reporting: true,
+        free_page_hinting: false,
         mem_mib,
     }
 }

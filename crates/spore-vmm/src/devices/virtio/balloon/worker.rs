@@ -1,5 +1,5 @@
-//! The balloon's worker thread: serves inflate, deflate, statistics and
-//! free page reporting queues, woken by the queues' ioeventfds, the stats
+//! The balloon's worker thread: serves inflate, deflate, statistics, free
+//! page hinting and free page reporting queues, woken by the queues' ioeventfds, the stats
 //! timer and the "settings changed" eventfd, and releases guest memory on
 //! the host ([`release`]).
 
@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::device::{Shared, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
+use super::device::{
+    Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
+};
 use super::request::{
     parse_pfns, parse_report, parse_stats, read_readable, GuestRange, MAX_PFN_BYTES,
     MAX_STATS_BYTES,
@@ -35,6 +37,7 @@ const Q_INFLATE: u64 = 0;
 const Q_DEFLATE: u64 = 1;
 const Q_STATS: u64 = 2;
 const Q_REPORT: u64 = 3;
+const Q_HINT: u64 = 4;
 
 /// What a stopped worker hands back.
 pub(super) struct Stopped {
@@ -51,6 +54,7 @@ pub(super) struct BalloonWorker {
     inflate: QueueSlot,
     deflate: QueueSlot,
     stats: Option<QueueSlot>,
+    hint: Option<QueueSlot>,
     report: Option<QueueSlot>,
     /// The stats buffer the device holds until the next poll.
     held_stats: Option<u16>,
@@ -60,9 +64,10 @@ pub(super) struct BalloonWorker {
 }
 
 impl BalloonWorker {
-    /// Maps the driver's queues: inflate, deflate, then stats and reporting
-    /// if negotiated. Linux numbers only the queues it uses, so the index of
-    /// the reporting queue depends on whether stats were negotiated.
+    /// Maps the driver's queues: inflate, deflate, then stats, hinting and
+    /// reporting if negotiated. Linux (and Firecracker) number only the
+    /// queues in use, so the index of the later ones depends on which of
+    /// the earlier ones were negotiated.
     pub(super) fn new(ctx: ActivateContext, shared: Arc<Shared>) -> Result<Self, ActivateError> {
         let ActivateContext {
             mem,
@@ -93,6 +98,9 @@ impl BalloonWorker {
         let stats = (acked_features & F_STATS_VQ != 0)
             .then(|| take("statistics"))
             .transpose()?;
+        let hint = (acked_features & F_FREE_PAGE_HINT != 0)
+            .then(|| take("free page hinting"))
+            .transpose()?;
         let report = (acked_features & F_REPORTING != 0)
             .then(|| take("free page reporting"))
             .transpose()?;
@@ -106,6 +114,7 @@ impl BalloonWorker {
             inflate,
             deflate,
             stats,
+            hint,
             report,
             held_stats,
             timer,
@@ -129,6 +138,9 @@ impl BalloonWorker {
         ];
         if let Some(s) = &self.stats {
             fds.push((s.evt.as_raw_fd(), Q_STATS));
+        }
+        if let Some(h) = &self.hint {
+            fds.push((h.evt.as_raw_fd(), Q_HINT));
         }
         if let Some(r) = &self.report {
             fds.push((r.evt.as_raw_fd(), Q_REPORT));
@@ -200,6 +212,12 @@ impl BalloonWorker {
                         }
                         self.serve_report();
                     }
+                    Q_HINT => {
+                        if let Some(h) = &self.hint {
+                            let _ = h.evt.read();
+                        }
+                        self.serve_hint();
+                    }
                     _ => {}
                 }
             }
@@ -209,6 +227,7 @@ impl BalloonWorker {
     fn stopped(self) -> Stopped {
         let mut queues = vec![self.inflate.queue, self.deflate.queue];
         queues.extend(self.stats.map(|s| s.queue));
+        queues.extend(self.hint.map(|h| h.queue));
         queues.extend(self.report.map(|r| r.queue));
         Stopped {
             queues,
@@ -220,6 +239,7 @@ impl BalloonWorker {
         self.serve_inflate();
         self.serve_deflate();
         self.serve_stats();
+        self.serve_hint();
         self.serve_report();
     }
 
@@ -366,6 +386,84 @@ impl BalloonWorker {
     }
 }
 
+impl BalloonWorker {
+    /// Serves the hinting queue. A device-readable 4-byte buffer carries a
+    /// command id (the run's id when the driver starts, STOP when it is
+    /// done); a device-writable buffer is a free range the driver hinted
+    /// (Linux sends 4 MiB blocks it has taken from its allocator and keeps
+    /// until the host says DONE). A range is released only while the host's
+    /// command is the run the driver is answering; the state lock is held
+    /// across the release, so a `stop` (DONE, after which the guest reuses
+    /// its pages) cannot slip between the check and the release.
+    pub(super) fn serve_hint(&mut self) {
+        let Some(slot) = &mut self.hint else {
+            return;
+        };
+        let (mem, shared) = (&self.mem, &self.shared);
+        // The run the driver last said it finished, if that is its last word.
+        let mut finished: Option<u32> = None;
+        let used = drain(&mut slot.queue, &slot.evt, mem, |chain| {
+            let mut st = lock(&shared.state);
+            for d in chain {
+                if !d.is_write_only() {
+                    let mut id = [0u8; 4];
+                    if d.len() != 4 || mem.read_slice(&mut id, d.addr()).is_err() {
+                        st.counters.refused += 1;
+                        tracing::warn!(
+                            "virtio-balloon: hinting command of {} bytes at {:#x} refused",
+                            d.len(),
+                            d.addr().raw_value()
+                        );
+                        continue;
+                    }
+                    let cmd = u32::from_le_bytes(id);
+                    let previous = st.hint.guest_cmd.replace(cmd);
+                    // DONE is not the driver's to send; take it as STOP.
+                    finished = if cmd == CMD_ID_STOP || cmd == CMD_ID_DONE {
+                        previous.filter(|&p| p > CMD_ID_DONE).or(finished)
+                    } else {
+                        None
+                    };
+                    continue;
+                }
+                let host = st.hint.host_cmd;
+                let active = host != CMD_ID_STOP && host != CMD_ID_DONE;
+                if !active || st.hint.guest_cmd != Some(host) {
+                    st.counters.hints_ignored += 1;
+                    continue;
+                }
+                let range = match parse_report(mem, &d) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        st.counters.refused += 1;
+                        tracing::warn!("virtio-balloon: free page hint refused: {e}");
+                        continue;
+                    }
+                };
+                let start = Instant::now();
+                if let Err(e) = release(mem, &[range]) {
+                    tracing::error!("virtio-balloon: cannot release hinted pages: {e}");
+                }
+                st.counters.hinted_bytes += range.len;
+                st.counters.release_calls += 1;
+                st.counters.release_us += start.elapsed().as_micros() as u64;
+            }
+            Some(0)
+        });
+        notify(&self.interrupt, mem, &mut slot.queue, used);
+        // Acknowledge the end of the run the host asked for; not of an older
+        // one (a newer run, started meanwhile, must not be cancelled).
+        if let Some(run) = finished {
+            let mut st = lock(&shared.state);
+            if st.hint.ack_on_stop && st.hint.host_cmd == run {
+                st.hint.host_cmd = CMD_ID_DONE;
+                drop(st);
+                self.interrupt.signal_config_change();
+            }
+        }
+    }
+}
+
 /// Interrupts the driver after buffers were used, if it wants to know.
 fn notify(interrupt: &VirtioInterrupt, mem: &GuestMemoryMmap, queue: &mut Queue, used: bool) {
     if used && queue.needs_notification(mem).unwrap_or(true) {
@@ -473,6 +571,7 @@ impl BalloonWorker {
             Q_INFLATE => &self.inflate.queue,
             Q_DEFLATE => &self.deflate.queue,
             Q_STATS => &self.stats.as_ref().expect("stats queue").queue,
+            Q_HINT => &self.hint.as_ref().expect("hinting queue").queue,
             _ => &self.report.as_ref().expect("report queue").queue,
         }
     }
