@@ -13,7 +13,7 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
+use super::device::{F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
 use super::worker::BalloonWorker;
 use super::*;
 use crate::arch::x86_64::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
@@ -54,7 +54,7 @@ struct Rig<'a> {
 
 impl<'a> Rig<'a> {
     fn new(mem: &'a GuestMemoryMmap) -> Self {
-        let queues = (0..4)
+        let queues = (0..5)
             .map(|i| MockSplitQueue::create(mem, GuestAddress(i * 0x1000), QLEN))
             .collect();
         let interrupt = Arc::new(VirtioInterrupt::new(
@@ -64,7 +64,7 @@ impl<'a> Rig<'a> {
         Self {
             mem,
             queues,
-            next: vec![0; 4],
+            next: vec![0; 5],
             interrupt,
         }
     }
@@ -78,7 +78,7 @@ impl<'a> Rig<'a> {
                 .iter()
                 .map(|q| q.create_queue().unwrap())
                 .collect(),
-            queue_events: (0..4)
+            queue_events: (0..5)
                 .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
                 .collect(),
             acked_features: acked,
@@ -655,4 +655,254 @@ fn snapshot_round_trip_keeps_the_held_stats_buffer() {
     other.stats_polling_interval_s = 0;
     assert!(Balloon::restore(other, &bstate).is_err());
     assert!(Balloon::restore(settings(1), &bstate).is_err());
+}
+
+/// Free page hinting: what a Linux driver does, by hand.
+mod hinting {
+    use super::*;
+
+    fn hint_settings() -> BalloonSettings {
+        BalloonSettings {
+            stats_polling_interval_s: 0,
+            free_page_hinting: true,
+            ..settings(16)
+        }
+    }
+
+    fn cmd_id(b: &Balloon) -> u32 {
+        let mut c = [0u8; 4];
+        b.read_config(8, &mut c);
+        u32::from_le_bytes(c)
+    }
+
+    /// The driver sends a command id: a 4-byte device-readable buffer.
+    fn send_cmd(rig: &mut Rig, q: usize, at: u64, cmd: u32) {
+        rig.mem
+            .write_slice(&cmd.to_le_bytes(), GuestAddress(at))
+            .unwrap();
+        rig.chain(q, &[(at, 4, R)]);
+    }
+
+    fn status(h: &BalloonHandle) -> (u32, Option<u32>) {
+        let s = h.hinting_status().unwrap();
+        (s.host_cmd, s.guest_cmd)
+    }
+
+    #[test]
+    fn feature_and_queue_layout() {
+        let b = Balloon::new(hint_settings()).unwrap();
+        assert_ne!(b.avail_features() & F_FREE_PAGE_HINT, 0);
+        assert_eq!(b.queue_max_sizes().len(), 4, "inflate, deflate, hint, report");
+        let all = Balloon::new(BalloonSettings {
+            stats_polling_interval_s: 1,
+            ..hint_settings()
+        })
+        .unwrap();
+        assert_eq!(all.queue_max_sizes().len(), 5);
+        let none = Balloon::new(settings(16)).unwrap();
+        assert_eq!(none.avail_features() & F_FREE_PAGE_HINT, 0);
+        assert_eq!(none.queue_max_sizes().len(), 4);
+        assert_eq!(cmd_id(&b), CMD_ID_STOP, "no run before the first start");
+
+        // Stats, hint, report negotiated: the hint queue is index 3, the
+        // report queue 4; without stats, 2 and 3.
+        let ram = GuestRam::new(16 << 20).unwrap();
+        let rig = Rig::new(ram.memory());
+        let h = all.handle();
+        let w = BalloonWorker::for_test(
+            rig.context(F_STATS_VQ | F_FREE_PAGE_HINT | F_REPORTING),
+            &h,
+        );
+        assert_eq!(
+            w.queue(4).desc_table(),
+            rig.queues[3].create_queue::<virtio_queue::Queue>().unwrap().desc_table(),
+            "the hint queue is the driver's fourth"
+        );
+        assert_eq!(
+            w.queue(3).desc_table(),
+            rig.queues[4].create_queue::<virtio_queue::Queue>().unwrap().desc_table(),
+            "the report queue is the driver's fifth"
+        );
+        let rig2 = Rig::new(ram.memory());
+        let h2 = b.handle();
+        let w2 = BalloonWorker::for_test(rig2.context(F_FREE_PAGE_HINT | F_REPORTING), &h2);
+        assert_eq!(
+            w2.queue(4).desc_table(),
+            rig2.queues[2].create_queue::<virtio_queue::Queue>().unwrap().desc_table()
+        );
+    }
+
+    #[test]
+    fn not_enabled_or_not_activated_is_refused() {
+        let plain = Balloon::new(settings(16)).unwrap().handle();
+        assert_eq!(plain.start_hinting(true), Err(BalloonError::HintingNotEnabled));
+        assert_eq!(plain.stop_hinting(), Err(BalloonError::HintingNotEnabled));
+        assert_eq!(plain.hinting_status(), Err(BalloonError::HintingNotEnabled));
+        // Enabled, but no driver yet: status answers, commands are refused.
+        let b = Balloon::new(hint_settings()).unwrap();
+        let h = b.handle();
+        assert_eq!(status(&h), (CMD_ID_STOP, None));
+        assert_eq!(h.start_hinting(true), Err(BalloonError::NotActivated));
+        assert_eq!(h.stop_hinting(), Err(BalloonError::NotActivated));
+        assert_eq!(cmd_id(&b), CMD_ID_STOP);
+        let json = serde_json::to_value(h.hinting_status().unwrap()).unwrap();
+        assert_eq!(json, serde_json::json!({"host_cmd": 0, "guest_cmd": null}));
+        assert_eq!(
+            serde_json::to_value(h.status()).unwrap()["free_page_hinting"],
+            true
+        );
+    }
+
+    #[test]
+    fn a_run_releases_hinted_pages_then_done() {
+        let ram = GuestRam::new(16 << 20).unwrap();
+        let mut rig = Rig::new(ram.memory());
+        let b = Balloon::new(hint_settings()).unwrap();
+        let h = b.handle();
+        // No stats: the hint queue is index 2.
+        let mut w = BalloonWorker::for_test(rig.context(F_FREE_PAGE_HINT | F_REPORTING), &h);
+        const Q: usize = 2;
+        let block = 0x20_0000u64; // what a guest hints at once (Linux: 4 MiB)
+        fill(&ram, DATA, 3 * block, 0x42);
+        fill(&ram, (16 << 20) - PAGE, PAGE, 0x55);
+
+        h.start_hinting(true).unwrap();
+        assert_eq!(cmd_id(&b), 2, "the first run's id is 2");
+        assert_ne!(rig.interrupt.status() & INT_CONFIG, 0);
+        assert_eq!(status(&h), (2, None));
+        rig.interrupt.ack(u32::MAX);
+
+        // A hint before the driver named its run is not released.
+        rig.chain(Q, &[(DATA, block as u32, W)]);
+        w.serve_hint();
+        assert_eq!(read(&ram, DATA, 8), vec![0x42; 8]);
+        assert_eq!(h.counters().hints_ignored, 1);
+
+        // The run: its id, then free blocks (one good, three out of bounds).
+        send_cmd(&mut rig, Q, BUF, 2);
+        let before = blocks(&ram);
+        rig.chain(
+            Q,
+            &[
+                (DATA, block as u32, W),
+                (DATA + block + 1, PAGE as u32, W),      // misaligned
+                ((16 << 20) - PAGE, 2 * PAGE as u32, W), // past the end of RAM
+                (1 << 40, block as u32, W),              // far outside
+            ],
+        );
+        w.serve_hint();
+        assert_eq!(rig.used_idx(Q), 3, "every chain is returned");
+        assert_ne!(rig.interrupt.status() & INT_VRING, 0);
+        assert_eq!(status(&h), (2, Some(2)));
+        let after = blocks(&ram);
+        assert!(before >= after + block / 512, "memfd blocks {before} -> {after}");
+        assert_eq!(read(&ram, DATA, block), vec![0; block as usize]);
+        assert_eq!(read(&ram, DATA + block, 8), vec![0x42; 8], "neighbour kept");
+        assert_eq!(read(&ram, (16 << 20) - PAGE, 8), vec![0x55; 8], "not half-released");
+        let c = h.counters();
+        assert_eq!((c.hinted_bytes, c.refused), (block, 3));
+
+        // The driver is done (STOP): acknowledge_on_stop answers DONE.
+        rig.interrupt.ack(u32::MAX);
+        send_cmd(&mut rig, Q, BUF + 0x10, CMD_ID_STOP);
+        w.serve_hint();
+        assert_eq!(status(&h), (CMD_ID_DONE, Some(CMD_ID_STOP)));
+        assert_eq!(cmd_id(&b), CMD_ID_DONE);
+        assert_ne!(rig.interrupt.status() & INT_CONFIG, 0);
+
+        // After DONE the guest reuses its pages: a late hint is not released.
+        rig.chain(Q, &[(DATA + block, block as u32, W)]);
+        w.serve_hint();
+        assert_eq!(read(&ram, DATA + block, 8), vec![0x42; 8]);
+        assert_eq!(h.counters().hinted_bytes, block);
+
+        // A command buffer of the wrong size is refused, nothing else.
+        rig.chain(Q, &[(BUF, 8, R)]);
+        w.serve_hint();
+        assert_eq!(h.counters().refused, 4);
+        assert_eq!(status(&h), (CMD_ID_DONE, Some(CMD_ID_STOP)));
+    }
+
+    #[test]
+    fn without_ack_the_run_ends_on_stop_and_stale_hints_are_ignored() {
+        let ram = GuestRam::new(16 << 20).unwrap();
+        let mut rig = Rig::new(ram.memory());
+        let b = Balloon::new(hint_settings()).unwrap();
+        let h = b.handle();
+        let mut w = BalloonWorker::for_test(rig.context(F_FREE_PAGE_HINT), &h);
+        const Q: usize = 2;
+        fill(&ram, DATA, 4 * PAGE, 0x33);
+        h.start_hinting(false).unwrap();
+        h.start_hinting(false).unwrap();
+        assert_eq!(cmd_id(&b), 3, "each start is a new run");
+
+        // The driver still answers run 2: its hints are stale.
+        send_cmd(&mut rig, Q, BUF, 2);
+        rig.chain(Q, &[(DATA, PAGE as u32, W)]);
+        w.serve_hint();
+        assert_eq!(read(&ram, DATA, 8), vec![0x33; 8]);
+        // Run 3: released.
+        send_cmd(&mut rig, Q, BUF + 0x10, 3);
+        rig.chain(Q, &[(DATA + PAGE, PAGE as u32, W)]);
+        send_cmd(&mut rig, Q, BUF + 0x20, CMD_ID_STOP);
+        w.serve_hint();
+        assert_eq!(read(&ram, DATA + PAGE, 8), vec![0; 8]);
+        assert_eq!(h.counters().hinted_bytes, PAGE);
+        assert_eq!(h.counters().hints_ignored, 1);
+        // No acknowledgement: the guest keeps the pages until stop.
+        assert_eq!(status(&h), (3, Some(CMD_ID_STOP)));
+        h.stop_hinting().unwrap();
+        assert_eq!((cmd_id(&b), status(&h).0), (CMD_ID_DONE, CMD_ID_DONE));
+    }
+
+    #[test]
+    fn the_end_of_an_old_run_does_not_cancel_a_new_one() {
+        let ram = GuestRam::new(16 << 20).unwrap();
+        let mut rig = Rig::new(ram.memory());
+        let b = Balloon::new(hint_settings()).unwrap();
+        let h = b.handle();
+        let mut w = BalloonWorker::for_test(rig.context(F_FREE_PAGE_HINT), &h);
+        h.start_hinting(true).unwrap();
+        send_cmd(&mut rig, 2, BUF, 2);
+        w.serve_hint();
+        h.start_hinting(true).unwrap();
+        send_cmd(&mut rig, 2, BUF + 0x10, CMD_ID_STOP);
+        w.serve_hint();
+        assert_eq!(status(&h), (3, Some(CMD_ID_STOP)), "run 3 still asked for");
+    }
+
+    #[test]
+    fn snapshot_keeps_the_hinting_state() {
+        let ram = GuestRam::new(16 << 20).unwrap();
+        let mut rig = Rig::new(ram.memory());
+        let b = Balloon::new(hint_settings()).unwrap();
+        let h = b.handle();
+        let mut w = BalloonWorker::for_test(rig.context(F_FREE_PAGE_HINT), &h);
+        h.start_hinting(false).unwrap();
+        send_cmd(&mut rig, 2, BUF, 2);
+        w.serve_hint();
+        let state = h.save();
+        assert!(state.free_page_hinting);
+        // bincode, as the snapshot file stores it.
+        let bytes = bincode::serialize(&state).unwrap();
+        let state: BalloonState = bincode::deserialize(&bytes).unwrap();
+
+        let restored = Balloon::restore(hint_settings(), &state).unwrap();
+        assert_eq!(cmd_id(&restored), 2);
+        let rh = restored.handle();
+        assert_eq!(status(&rh), (2, Some(2)));
+        // The next run continues the ids.
+        let mut rig2 = Rig::new(ram.memory());
+        let mut w2 = BalloonWorker::for_test(rig2.context(F_FREE_PAGE_HINT), &rh);
+        rh.start_hinting(true).unwrap();
+        assert_eq!(cmd_id(&restored), 3);
+        send_cmd(&mut rig2, 2, BUF, 3);
+        send_cmd(&mut rig2, 2, BUF + 0x10, CMD_ID_STOP);
+        w2.serve_hint();
+        assert_eq!(status(&rh), (CMD_ID_DONE, Some(CMD_ID_STOP)));
+
+        // The hinting queue must exist on both sides.
+        let err = Balloon::restore(settings(16), &state).err().unwrap();
+        assert!(err.to_string().contains("free_page_hinting"), "{err}");
+    }
 }
