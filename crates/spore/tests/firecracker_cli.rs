@@ -174,21 +174,30 @@ fn every_firecracker_flag_is_accepted_and_the_api_answers() {
     // Firecracker endpoints spore lacks: 400 naming it, or Firecracker's
     // invalid-request answer for a method Firecracker does not serve either.
     for (method, path, body) in [
-        ("GET", "/balloon/hinting/status", ""),
-        ("PATCH", "/balloon/hinting/start", "{}"),
-        ("PATCH", "/balloon/hinting/stop", ""),
         ("PUT", "/network-interfaces/eth0", r#"{"iface_id": "eth0"}"#),
+        ("PATCH", "/pmem/p0", "{}"),
     ] {
         let (code, reply) = http(&sock, method, path, Some(body));
         assert_eq!(code, 400, "{method} {path}: {reply}");
         assert!(reply.contains("spore does not support"), "{reply}");
     }
-    let (code, reply) = http(&sock, "GET", "/balloon/hinting/stop", None);
+    let (code, reply) = http(&sock, "GET", "/pmem/p0", None);
     assert_eq!(code, 400);
     assert!(
-        reply.contains("Invalid request method and/or path: GET balloon/hinting/stop."),
+        reply.contains("Invalid request method and/or path: GET pmem/p0."),
         "{reply}"
     );
+    // Balloon free page hinting is served: before boot it needs a running
+    // microVM, as in Firecracker.
+    for (method, path, body) in [
+        ("GET", "/balloon/hinting/status", ""),
+        ("PATCH", "/balloon/hinting/start", "{}"),
+        ("PATCH", "/balloon/hinting/stop", ""),
+    ] {
+        let (code, reply) = http(&sock, method, path, Some(body));
+        assert_eq!(code, 400, "{method} {path}: {reply}");
+        assert!(reply.contains("not started"), "{reply}");
+    }
     // --metadata filled the MMDS (PATCH needs an initialized store).
     let (code, reply) = http(&sock, "GET", "/mmds", None);
     assert_eq!(code, 200, "{reply}");
