@@ -13,6 +13,10 @@
 #   5. a third VM with deflate_on_oom: inflate 384 MiB, the guest writes
 #      96 MiB more than it has left; the driver deflates instead of the OOM
 #      killer killing the writer, and the VMM sees `actual` fall.
+#   6. a fourth VM with free_page_hinting: after the guest freed memory,
+#      PATCH /balloon/hinting/start; the driver hints its free pages and
+#      reports the run finished (guest_cmd STOP), the device answers DONE
+#      (acknowledge_on_stop), and the VMM's RSS has dropped.
 # Inflate/deflate times (target set -> the driver's last update of actual,
 # timed by the VMM) land in
 # $SPORE_OUT/bench-balloon.json.
@@ -209,5 +213,56 @@ else
     t balloon-deflate-on-oom FAIL "no BAL-OOM-READY: $(tail -n 2 "$console" | tr '\n' ' ')"
 fi
 cp "$console" "$SPORE_OUT/balloon-oom-console.txt"
+stop_vm
+
+# --- 4. free page hinting: a run on demand releases the guest's free memory.
+# Statistics on too: the hinting queue then follows the stats queue (index
+# 3), and /balloon/statistics shows the bytes the device released.
+hinted() { A GET /balloon/statistics | field hinted_bytes; }
+if start_vm hint '{"amount_mib":0,"deflate_on_oom":false,"stats_polling_interval_s":1,"free_page_hinting":true}' spore_balloon_noidle &&
+    wait_for "$console" '^BAL-READY' 180; then
+    filled=$(sed -n 's/^BAL-FILLED \([0-9]*\)MiB/\1/p' "$console")
+    before=$(A GET /balloon/hinting/status)
+    sleep 1
+    rss0=$(rss_kb "$vmm")
+    started=$(A PATCH /balloon/hinting/start '{}' 2>&1) || echo "balloon: hinting start refused: $started"
+    running=$(A GET /balloon/hinting/status)
+    # Done: the driver sent STOP (guest_cmd 0) and the device answered DONE.
+    i=0 st=$running
+    while ! { echo "$st" | grep -q '"guest_cmd":0' && echo "$st" | grep -q '"host_cmd":1'; } && [ $i -lt 300 ]; do
+        sleep 0.2
+        st=$(A GET /balloon/hinting/status) i=$((i + 1))
+    done
+    rss1=$(rss_kb "$vmm")
+    echo "balloon hinting: status before ${before}, after start ${running}, at the end ${st}; VmRSS ${rss0} -> ${rss1} kB (filled ${filled} MiB)"
+    if echo "$before" | grep -q '"host_cmd":0' && echo "$running" | grep -q '"host_cmd":2' &&
+        echo "$st" | grep -q '"guest_cmd":0' && echo "$st" | grep -q '"host_cmd":1' &&
+        [ $((rss0 - rss1)) -ge $(((filled - 200) * 1024)) ]; then
+        t balloon-free-page-hinting PASS "run 2 done in about $((i / 5)) s, $(($(hinted) >> 20)) MiB hinted, VmRSS ${rss0} -> ${rss1} kB (filled ${filled} MiB)"
+    else
+        t balloon-free-page-hinting FAIL "before ${before}; started ${running}; end ${st}; VmRSS ${rss0} -> ${rss1} kB, filled ${filled} MiB; $(tail -n 2 "$tmp/hint-vmm.err" | tr '\n' ' ')"
+    fi
+    # The guest keeps running on the pages it got back (DONE): a new run
+    # gets the next id and hints again; without acknowledge_on_stop the
+    # device waits for stop.
+    h0=$(hinted)
+    A PATCH /balloon/hinting/start '{"acknowledge_on_stop":false}' >/dev/null 2>&1
+    i=0 st=$(A GET /balloon/hinting/status) h1=$h0
+    while ! { echo "$st" | grep -q '"guest_cmd":0' && [ "${h1:-0}" -gt "${h0:-0}" ]; } && [ $i -lt 300 ]; do
+        sleep 0.2
+        st=$(A GET /balloon/hinting/status) h1=$(hinted) i=$((i + 1))
+    done
+    A PATCH /balloon/hinting/stop >/dev/null 2>&1
+    end=$(A GET /balloon/hinting/status)
+    if echo "$st" | grep -q '"host_cmd":3' && echo "$st" | grep -q '"guest_cmd":0' &&
+        [ "${h1:-0}" -gt "${h0:-0}" ] && echo "$end" | grep -q '"host_cmd":1' && kill -0 "$vmm" 2>/dev/null; then
+        t balloon-free-page-hinting-stop PASS "second run hinted $(((h1 - h0) >> 20)) MiB: ${st}, after stop ${end}"
+    else
+        t balloon-free-page-hinting-stop FAIL "second run: ${st}, hinted ${h0} -> ${h1}, after stop ${end}"
+    fi
+else
+    t balloon-free-page-hinting FAIL "no BAL-READY: $(tail -n 2 "$console" | tr "\n" " ") $(tail -n 2 "$tmp/hint-vmm.err" | tr "\n" " ")"
+fi
+cp "$console" "$SPORE_OUT/balloon-hint-console.txt"
 stop_vm
 exit 0
