@@ -107,7 +107,8 @@ fn kvm_balloon_hinting_api_matches_firecracker() {
     }
 
     let kernel = uk_image("boot-mark").display().to_string();
-    let boot_source = format!(r#"{{"kernel_image_path": "{kernel}", "boot_args": "hold_ms=60000"}}"#);
+    let boot_source =
+        format!(r#"{{"kernel_image_path": "{kernel}", "boot_args": "hold_ms=60000"}}"#);
     let boot: [Step; 5] = [
         ("PUT", "/boot-source", Some(&boot_source)),
         (
@@ -121,7 +122,11 @@ fn kvm_balloon_hinting_api_matches_firecracker() {
             Some(r#"{"amount_mib": 0, "deflate_on_oom": false, "free_page_hinting": true}"#),
         ),
         ("GET", "/balloon", None),
-        ("PUT", "/actions", Some(r#"{"action_type": "InstanceStart"}"#)),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type": "InstanceStart"}"#),
+        ),
     ];
     let answers = both(&sp, &fc, &boot);
     for ((code, body), (_, fc_body)) in &answers {

@@ -34,8 +34,9 @@ mod unsupported;
 mod clone_route_tests;
 
 pub use body::{
-    ActionType, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceInfo,
-    InstanceState, MachineConfigPatch, PartialDrive, TmemInfo, TmemUpdate, VersionInfo, VmState,
+    ActionType, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate,
+    InstanceInfo, InstanceState, MachineConfigPatch, PartialDrive, TmemInfo, TmemUpdate,
+    VersionInfo, VmState,
 };
 pub use request::parse_request;
 pub use server::{ApiServer, ApiServerError};

@@ -9,8 +9,8 @@ use hyper::Method;
 use serde::de::DeserializeOwned;
 
 use super::body::{
-    BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, InstanceActionInfo, TmemUpdate,
-    VmStateBody,
+    BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate,
+    InstanceActionInfo, TmemUpdate, VmStateBody,
 };
 use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
 use crate::config::GuestSnapshotConfig;

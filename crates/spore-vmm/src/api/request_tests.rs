@@ -465,7 +465,11 @@ fn balloon_routes() {
         );
     }
     for (method, path, body) in [
-        (Method::PATCH, "/balloon/hinting/start", r#"{"acknowledge_on_stop":3}"#),
+        (
+            Method::PATCH,
+            "/balloon/hinting/start",
+            r#"{"acknowledge_on_stop":3}"#,
+        ),
         (Method::PATCH, "/balloon/hinting/start", r#"{"other":true}"#),
         (Method::PATCH, "/balloon/hinting/start", "{"),
         (Method::PATCH, "/balloon", r#"{"amount_mib":-1}"#),

@@ -7,8 +7,8 @@
 
 use super::{bad, Inner, SnapshotApiError, Vmm};
 use crate::api::{
-    ApiError, ApiResponse, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate, TmemInfo,
-    TmemUpdate, VmState,
+    ApiError, ApiResponse, BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate,
+    HotplugMemoryUpdate, TmemInfo, TmemUpdate, VmState,
 };
 use crate::devices::tmem::PoolStats;
 use crate::devices::virtio::balloon::BalloonHandle;

@@ -692,7 +692,11 @@ mod hinting {
     fn feature_and_queue_layout() {
         let b = Balloon::new(hint_settings()).unwrap();
         assert_ne!(b.avail_features() & F_FREE_PAGE_HINT, 0);
-        assert_eq!(b.queue_max_sizes().len(), 4, "inflate, deflate, hint, report");
+        assert_eq!(
+            b.queue_max_sizes().len(),
+            4,
+            "inflate, deflate, hint, report"
+        );
         let all = Balloon::new(BalloonSettings {
             stats_polling_interval_s: 1,
             ..hint_settings()
@@ -709,18 +713,22 @@ mod hinting {
         let ram = GuestRam::new(16 << 20).unwrap();
         let rig = Rig::new(ram.memory());
         let h = all.handle();
-        let w = BalloonWorker::for_test(
-            rig.context(F_STATS_VQ | F_FREE_PAGE_HINT | F_REPORTING),
-            &h,
-        );
+        let w =
+            BalloonWorker::for_test(rig.context(F_STATS_VQ | F_FREE_PAGE_HINT | F_REPORTING), &h);
         assert_eq!(
             w.queue(4).desc_table(),
-            rig.queues[3].create_queue::<virtio_queue::Queue>().unwrap().desc_table(),
+            rig.queues[3]
+                .create_queue::<virtio_queue::Queue>()
+                .unwrap()
+                .desc_table(),
             "the hint queue is the driver's fourth"
         );
         assert_eq!(
             w.queue(3).desc_table(),
-            rig.queues[4].create_queue::<virtio_queue::Queue>().unwrap().desc_table(),
+            rig.queues[4]
+                .create_queue::<virtio_queue::Queue>()
+                .unwrap()
+                .desc_table(),
             "the report queue is the driver's fifth"
         );
         let rig2 = Rig::new(ram.memory());
@@ -728,14 +736,20 @@ mod hinting {
         let w2 = BalloonWorker::for_test(rig2.context(F_FREE_PAGE_HINT | F_REPORTING), &h2);
         assert_eq!(
             w2.queue(4).desc_table(),
-            rig2.queues[2].create_queue::<virtio_queue::Queue>().unwrap().desc_table()
+            rig2.queues[2]
+                .create_queue::<virtio_queue::Queue>()
+                .unwrap()
+                .desc_table()
         );
     }
 
     #[test]
     fn not_enabled_or_not_activated_is_refused() {
         let plain = Balloon::new(settings(16)).unwrap().handle();
-        assert_eq!(plain.start_hinting(true), Err(BalloonError::HintingNotEnabled));
+        assert_eq!(
+            plain.start_hinting(true),
+            Err(BalloonError::HintingNotEnabled)
+        );
         assert_eq!(plain.stop_hinting(), Err(BalloonError::HintingNotEnabled));
         assert_eq!(plain.hinting_status(), Err(BalloonError::HintingNotEnabled));
         // Enabled, but no driver yet: status answers, commands are refused.
@@ -785,9 +799,9 @@ mod hinting {
             Q,
             &[
                 (DATA, block as u32, W),
-                (DATA + block + 1, PAGE as u32, W),      // misaligned
+                (DATA + block + 1, PAGE as u32, W), // misaligned
                 ((16 << 20) - PAGE, 2 * PAGE as u32, W), // past the end of RAM
-                (1 << 40, block as u32, W),              // far outside
+                (1 << 40, block as u32, W),         // far outside
             ],
         );
         w.serve_hint();
@@ -795,10 +809,17 @@ mod hinting {
         assert_ne!(rig.interrupt.status() & INT_VRING, 0);
         assert_eq!(status(&h), (2, Some(2)));
         let after = blocks(&ram);
-        assert!(before >= after + block / 512, "memfd blocks {before} -> {after}");
+        assert!(
+            before >= after + block / 512,
+            "memfd blocks {before} -> {after}"
+        );
         assert_eq!(read(&ram, DATA, block), vec![0; block as usize]);
         assert_eq!(read(&ram, DATA + block, 8), vec![0x42; 8], "neighbour kept");
-        assert_eq!(read(&ram, (16 << 20) - PAGE, 8), vec![0x55; 8], "not half-released");
+        assert_eq!(
+            read(&ram, (16 << 20) - PAGE, 8),
+            vec![0x55; 8],
+            "not half-released"
+        );
         let c = h.counters();
         assert_eq!((c.hinted_bytes, c.refused), (block, 3));
 
