@@ -116,10 +116,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
                 free_page_reporting: knobs & 4 != 0,
                 mem_mib: 16,
             };
-            Some((
-                Box::new(Balloon::new(settings).ok()?),
-                DeviceFiles(vec![]),
-            ))
+            Some((Box::new(Balloon::new(settings).ok()?), DeviceFiles(vec![])))
         }
         DeviceKind::Vsock => {
             let path = scratch("v.sock");
@@ -420,7 +417,10 @@ pub fn api_request(data: &[u8]) {
 
 /// Every target by name, as the `fuzz/` crate and the regression replay
 /// call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A target: its name (a `[[bin]]` of fuzz/Cargo.toml) and its function.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[
     ("virtio_blk", |d| virtio_queue(DeviceKind::Blk, d)),
     ("virtio_rng", |d| virtio_queue(DeviceKind::Rng, d)),
     ("virtio_balloon", |d| virtio_queue(DeviceKind::Balloon, d)),

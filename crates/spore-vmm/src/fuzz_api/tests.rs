@@ -143,7 +143,14 @@ mod seeds {
             if kind == 4 {
                 m.desc(0, usize::from(i) + 1, (hdr_at + 0x10) as u64, 1, WRITE, 0);
             } else {
-                m.desc(0, usize::from(i) + 1, 0x2000 + n as u64 * 0x200, data_len, data_flags | NEXT, i + 2);
+                m.desc(
+                    0,
+                    usize::from(i) + 1,
+                    0x2000 + n as u64 * 0x200,
+                    data_len,
+                    data_flags | NEXT,
+                    i + 2,
+                );
                 m.desc(0, usize::from(i) + 2, (hdr_at + 0x10) as u64, 1, WRITE, 0);
             }
         }
@@ -414,17 +421,45 @@ mod seeds {
 
     pub const REQUESTS: &[(&str, &str, &str)] = &[
         ("GET", "/", ""),
-        ("PUT", "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 64}"#),
+        (
+            "PUT",
+            "/machine-config",
+            r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+        ),
         ("PATCH", "/machine-config", r#"{"mem_size_mib": 32}"#),
-        ("PUT", "/boot-source", r#"{"kernel_image_path": "/k", "boot_args": "a=b"}"#),
-        ("PUT", "/drives/root", r#"{"drive_id": "root", "path_on_host": "/d", "is_root_device": true, "is_read_only": false}"#),
-        ("PUT", "/vsock", r#"{"guest_cid": 3, "uds_path": "/tmp/v.sock"}"#),
-        ("PUT", "/balloon", r#"{"amount_mib": 8, "deflate_on_oom": false, "stats_polling_interval_s": 1}"#),
+        (
+            "PUT",
+            "/boot-source",
+            r#"{"kernel_image_path": "/k", "boot_args": "a=b"}"#,
+        ),
+        (
+            "PUT",
+            "/drives/root",
+            r#"{"drive_id": "root", "path_on_host": "/d", "is_root_device": true, "is_read_only": false}"#,
+        ),
+        (
+            "PUT",
+            "/vsock",
+            r#"{"guest_cid": 3, "uds_path": "/tmp/v.sock"}"#,
+        ),
+        (
+            "PUT",
+            "/balloon",
+            r#"{"amount_mib": 8, "deflate_on_oom": false, "stats_polling_interval_s": 1}"#,
+        ),
         ("PATCH", "/balloon", r#"{"amount_mib": 4}"#),
-        ("PUT", "/hotplug/memory", r#"{"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128}"#),
+        (
+            "PUT",
+            "/hotplug/memory",
+            r#"{"total_size_mib": 1024, "block_size_mib": 2, "slot_size_mib": 128}"#,
+        ),
         ("PUT", "/tmem", r#"{"quota_bytes": 16777216}"#),
         ("PUT", "/clone/config", r#"{"mode": "zygote"}"#),
-        ("PUT", "/snapshot/create", r#"{"snapshot_path": "s", "mem_file_path": "m"}"#),
+        (
+            "PUT",
+            "/snapshot/create",
+            r#"{"snapshot_path": "s", "mem_file_path": "m"}"#,
+        ),
         ("PATCH", "/vm", r#"{"state": "Paused"}"#),
         ("PUT", "/actions", r#"{"action_type": "SendCtrlAltDel"}"#),
         ("GET", "/vm/config", ""),
@@ -439,8 +474,11 @@ mod seeds {
         v.extend(REQUESTS.iter().map(|(m, p, b)| http(m, p, b).into_bytes()));
         // A body over the limit, announced.
         v.push(
-            format!("PUT /machine-config HTTP/1.1\r\nContent-Length: {}\r\n\r\n{{}}", MAX_BODY_BYTES + 1)
-                .into_bytes(),
+            format!(
+                "PUT /machine-config HTTP/1.1\r\nContent-Length: {}\r\n\r\n{{}}",
+                MAX_BODY_BYTES + 1
+            )
+            .into_bytes(),
         );
         v
     }
@@ -469,7 +507,10 @@ fn write_fuzz_seeds() {
         ("tmem", vec![seeds::tmem()]),
         (
             "snapshot_state",
-            vec![seeds::snapshot_state(None), seeds::snapshot_state(Some(&key))],
+            vec![
+                seeds::snapshot_state(None),
+                seeds::snapshot_state(Some(&key)),
+            ],
         ),
         ("config_file", vec![seeds::CONFIG.as_bytes().to_vec()]),
         ("api_http", seeds::api_http()),
