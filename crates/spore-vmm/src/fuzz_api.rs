@@ -157,24 +157,23 @@ fn ring_addrs(i: u64) -> [u64; 3] {
 /// which serves every chain already available; the device is then reset
 /// (which stops and joins the worker).
 pub fn virtio_queue(kind: DeviceKind, data: &[u8]) {
+    let _ = virtio_queue_used(kind, data);
+}
+
+/// [`virtio_queue`], returning each queue's used index afterwards (the
+/// chains the device handed back), so tests can see the seeds reach the
+/// device.
+pub fn virtio_queue_used(kind: DeviceKind, data: &[u8]) -> Option<Vec<u16>> {
     if data.len() < 10 {
-        return;
+        return None;
     }
     let features = u64::from_le_bytes(data[..8].try_into().unwrap_or([0; 8]));
     let size = 1u32 << (data[8] % 9);
     let knobs = data[9];
-    let Some(mem) = guest_memory(&data[10..]) else {
-        return;
-    };
-    let Some((device, _files)) = make_device(kind, knobs) else {
-        return;
-    };
-    let Some(irq) = interrupt() else {
-        return;
-    };
-    let Ok(mut t) = MmioTransport::new(device, mem, irq) else {
-        return;
-    };
+    let mem = guest_memory(&data[10..])?;
+    let (device, _files) = make_device(kind, knobs)?;
+    let irq = interrupt()?;
+    let mut t = MmioTransport::new(device, mem.clone(), irq).ok()?;
     // Status ACKNOWLEDGE | DRIVER, then the features the device offers.
     wr(&mut t, 0x70, 1);
     wr(&mut t, 0x70, 3);
@@ -204,6 +203,13 @@ pub fn virtio_queue(kind: DeviceKind, data: &[u8]) {
     wr(&mut t, 0x70, 0xf);
     // Reset: stops the worker after its first round over the rings.
     wr(&mut t, 0x70, 0);
+    let used = (0..queues)
+        .map(|q| {
+            mem.read_obj::<u16>(GuestAddress(ring_addrs(q)[2] + 2))
+                .unwrap_or(0)
+        })
+        .collect();
+    Some(used)
 }
 
 /// The virtio-mmio transport's register file, driven by a sequence of
