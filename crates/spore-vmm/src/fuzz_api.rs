@@ -317,13 +317,38 @@ pub const FUZZ_KEY: &[u8] = b"spore-fuzz-key-0123456789abcdef!";
 /// A snapshot state file's bytes → the decoder (magic, version, manifest,
 /// CRC, MAC under no key and under a key) → the state's own decoding and
 /// its checks against the manifest; and the memory file's trailer page.
+///
+/// A fuzzer cannot forge a CRC or a MAC, so an input that does not start
+/// with the state file's magic is read as a 4-byte manifest length, the
+/// manifest's JSON and the state's bytes: these are encoded into a state
+/// file (with a correct CRC and MAC) that then takes the same path, so the
+/// state decoding behind the checksums is fuzzed too.
 pub fn snapshot_state(data: &[u8]) {
-    use crate::snapshot::format::decode_with;
+    use crate::snapshot::format::{decode_with, encode_with, Manifest};
     use crate::snapshot::integrity::SnapshotKey;
     let key = SnapshotKey::new(FUZZ_KEY);
-    for k in [None, key.as_ref()] {
-        if let Ok((manifest, state)) = decode_with("fuzz.state", data, k) {
-            let _ = crate::snapshot::decode_state("fuzz.state", &manifest, state);
+    let decode = |file: &[u8]| {
+        for k in [None, key.as_ref()] {
+            if let Ok((manifest, state)) = decode_with("fuzz.state", file, k) {
+                let _ = crate::snapshot::decode_state("fuzz.state", &manifest, state);
+            }
+        }
+    };
+    if data.starts_with(crate::snapshot::format::MAGIC) || data.len() < 4 {
+        decode(data);
+    } else {
+        let len = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        let rest = &data[4..];
+        let Some(json) = rest.get(..len) else {
+            return;
+        };
+        let Ok(manifest) = serde_json::from_slice::<Manifest>(json) else {
+            return;
+        };
+        for k in [None, key.as_ref()] {
+            if let Ok(file) = encode_with(&manifest, &rest[len..], k) {
+                decode(&file);
+            }
         }
     }
     let _ = crate::snapshot::trailer::decode(data);

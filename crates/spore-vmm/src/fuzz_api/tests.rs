@@ -338,6 +338,21 @@ mod seeds {
     }
 
     pub fn snapshot_state(key: Option<&SnapshotKey>) -> Vec<u8> {
+        let (manifest, bytes) = snapshot_parts();
+        encode_with(&manifest, &bytes, key).unwrap()
+    }
+
+    /// The same state in the target's other form: manifest length, JSON, state.
+    pub fn snapshot_structured() -> Vec<u8> {
+        let (manifest, bytes) = snapshot_parts();
+        let json = serde_json::to_vec(&manifest).unwrap();
+        let mut v = (json.len() as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(&json);
+        v.extend_from_slice(&bytes);
+        v
+    }
+
+    fn snapshot_parts() -> (Manifest, Vec<u8>) {
         use crate::arch::GuestKind;
         use crate::config::{MachineConfig, VmConfig};
         use crate::vm::vm_state::VmState;
@@ -398,7 +413,7 @@ mod seeds {
             state_bytes: bytes.len() as u64,
             hotplug: None,
         };
-        encode_with(&manifest, &bytes, key).unwrap()
+        (manifest, bytes)
     }
 
     pub const CONFIG: &str = r#"{
@@ -510,6 +525,7 @@ fn write_fuzz_seeds() {
             vec![
                 seeds::snapshot_state(None),
                 seeds::snapshot_state(Some(&key)),
+                seeds::snapshot_structured(),
             ],
         ),
         ("config_file", vec![seeds::CONFIG.as_bytes().to_vec()]),
