@@ -12,9 +12,17 @@ CARGO_FUZZ_VERSION=0.13.2
 seconds=${1:-60}
 shift || true
 
+toolchain=nightly
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     echo "fuzz: rustup toolchain install nightly --profile minimal" >&2
-    rustup toolchain install nightly --profile minimal >&2
+    if ! rustup toolchain install nightly --profile minimal >&2; then
+        # A machine that cannot download toolchains still fuzzes: the stable
+        # compiler takes cargo-fuzz's -Z flags when told it may
+        # (RUSTC_BOOTSTRAP), and its std ships the sanitizer runtimes.
+        echo "fuzz: no nightly toolchain to be had; using stable with RUSTC_BOOTSTRAP=1" >&2
+        toolchain=stable
+        export RUSTC_BOOTSTRAP=1
+    fi
 fi
 if ! cargo fuzz --version 2>/dev/null | grep -qF "$CARGO_FUZZ_VERSION"; then
     echo "fuzz: cargo install cargo-fuzz --locked --version $CARGO_FUZZ_VERSION" >&2
@@ -23,12 +31,12 @@ fi
 
 cd fuzz
 if (($# == 0)); then
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(cargo +$toolchain fuzz list)
 else
     targets=("$@")
 fi
 # One build for all targets (cached in fuzz/target between runs).
-cargo +nightly fuzz build -O >&2
+cargo +$toolchain fuzz build -O >&2
 
 failed=()
 for t in "${targets[@]}"; do
@@ -37,7 +45,7 @@ for t in "${targets[@]}"; do
     mkdir -p "corpus-run/$t" "artifacts/$t"
     echo "fuzz: $t for ${seconds}s" >&2
     # -timeout: an input taking 10 s is a hang; -rss_limit_mb: an OOM.
-    if ! cargo +nightly fuzz run -O "$t" "corpus-run/$t" "corpus/$t" -- \
+    if ! cargo +$toolchain fuzz run -O "$t" "corpus-run/$t" "corpus/$t" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 >"artifacts/$t/log" 2>&1; then
         failed+=("$t")

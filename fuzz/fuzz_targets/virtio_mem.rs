@@ -1,5 +1,5 @@
 #![no_main]
-use spore_vmm::fuzz_api::{DeviceKind, virtio_queue};
+use spore_vmm::fuzz_api::{virtio_queue, DeviceKind};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     virtio_queue(DeviceKind::Mem, data);
