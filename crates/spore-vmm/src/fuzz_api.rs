@@ -91,6 +91,10 @@ impl Drop for DeviceFiles {
     fn drop(&mut self) {
         for p in &self.0 {
             let _ = std::fs::remove_file(p);
+            // The scratch directory goes too once empty (the last input).
+            if let Some(dir) = p.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 }
