@@ -29,6 +29,10 @@ if ! cargo fuzz --version 2>/dev/null | grep -qF "$CARGO_FUZZ_VERSION"; then
     cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" >&2
 fi
 
+# The build outlives a fresh clone (CI): deps are built once per machine.
+target_dir=${FUZZ_TARGET_DIR:-$HOME/.cache/spore/fuzz-target}
+mkdir -p "$target_dir"
+
 cd fuzz
 if (($# == 0)); then
     mapfile -t targets < <(cargo +$toolchain fuzz list)
@@ -36,7 +40,7 @@ else
     targets=("$@")
 fi
 # One build for all targets (cached in fuzz/target between runs).
-cargo +$toolchain fuzz build -O >&2
+cargo +$toolchain fuzz build -O --target-dir "$target_dir" >&2
 
 failed=()
 for t in "${targets[@]}"; do
@@ -45,7 +49,7 @@ for t in "${targets[@]}"; do
     mkdir -p "corpus-run/$t" "artifacts/$t"
     echo "fuzz: $t for ${seconds}s" >&2
     # -timeout: an input taking 10 s is a hang; -rss_limit_mb: an OOM.
-    if ! cargo +$toolchain fuzz run -O "$t" "corpus-run/$t" "corpus/$t" -- \
+    if ! cargo +$toolchain fuzz run -O --target-dir "$target_dir" "$t" "corpus-run/$t" "corpus/$t" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 >"artifacts/$t/log" 2>&1; then
         failed+=("$t")
