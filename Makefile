@@ -9,7 +9,7 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench lint fmt clean fc-sdk
+        bench lint fmt clean fc-sdk fuzz
 
 all: build uk
 
@@ -73,6 +73,14 @@ test-nested: deps-nested static fc-sdk
 	tests/nested/run-all.sh --spore $(STATIC_SPORE)
 
 test: test-unit test-host test-nested
+
+# cargo-fuzz targets (fuzz/, nightly; scripts/fuzz.sh installs nightly and a
+# pinned cargo-fuzz where missing): each target runs FUZZ_SECONDS; a crash,
+# hang or OOM fails. `cargo test -p spore-vmm` replays fuzz/corpus and
+# fuzz/regressions without nightly.
+FUZZ_SECONDS ?= 60
+fuzz:
+	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 demo: build uk
 	@echo "== spore unikernel on host KVM"

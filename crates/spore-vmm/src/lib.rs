@@ -13,6 +13,8 @@ pub mod config;
 pub mod device_manager;
 pub mod devices;
 pub mod files;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz_api;
 pub mod host;
 pub mod log_limit;
 pub mod logger;

@@ -29,7 +29,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{HeaderMap, Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::request::{allowed_methods, parse_request};
@@ -201,12 +201,16 @@ async fn serve(
     tracing::debug!("API server stopped");
 }
 
-async fn serve_connection(
-    stream: UnixStream,
+/// Serves one connection; generic over the stream so the fuzz targets can
+/// feed raw bytes through the same code path as the API socket.
+pub(crate) async fn serve_connection<S>(
+    stream: S,
     handler: Arc<dyn ApiHandler>,
     _permit: OwnedSemaphorePermit,
     max_body: usize,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| {
         let handler = handler.clone();
         async move { Ok::<_, Infallible>(respond(req, handler.as_ref(), max_body).await) }

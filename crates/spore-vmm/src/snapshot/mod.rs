@@ -469,7 +469,7 @@ pub fn load_state(state_path: &Path) -> Result<(Manifest, MicrovmState, VmConfig
 }
 
 /// Decodes a state and checks it against its manifest and configuration.
-fn decode_state(
+pub(crate) fn decode_state(
     name: &str,
     manifest: &Manifest,
     bytes: &[u8],
