@@ -131,6 +131,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
                 deflate_on_oom: knobs & 1 != 0,
                 stats_polling_interval_s: u16::from(knobs & 2 != 0),
                 free_page_reporting: knobs & 4 != 0,
+                free_page_hinting: knobs & 8 != 0,
                 mem_mib: 16,
             };
             Some((Box::new(Balloon::new(settings).ok()?), DeviceFiles(vec![])))
