@@ -88,7 +88,9 @@ pub enum RestoreError {
     Uffd(#[from] UffdError),
     #[error("cannot read the snapshot memory: {0}")]
     Read(#[source] std::io::Error),
-    #[error("Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd.")]
+    #[error(
+        "Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd."
+    )]
     HugePagesFile,
 }
 
