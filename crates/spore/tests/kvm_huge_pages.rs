@@ -380,7 +380,7 @@ fn restores(pool: &Pool, dir: &Scratch) {
     let (code, reply) = load(&sock, &body);
     assert_eq!(code, 204, "{reply}");
     assert_eq!(ram_mapping(vmm.id()).1, 2048);
-    continued(&rx, last2, "external handler");
+    let lines = continued(&rx, last2, "external handler");
     let status = vmm.into_child().wait().unwrap();
     assert!(status.success(), "{status:?}");
     let out = handler.wait_with_output().unwrap();
@@ -392,6 +392,10 @@ fn restores(pool: &Pool, dir: &Scratch) {
         .nth(1)
         .and_then(|t| t.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{err}"));
+    eprintln!(
+        "external handler served {served} faults; guest: {}",
+        lines.last().map_or("", |l| l.as_str())
+    );
     // 24 MiB of pattern is at least 12 huge pages; 64 MiB at most 32.
     assert!((12..=32).contains(&served), "{served} faults: {err}");
     all_free(40);

@@ -842,6 +842,40 @@ mod tests {
     }
 
     #[test]
+    fn a_layout_from_a_vmm_is_checked_and_huge_pages_read_whole() {
+        let size = 4u64 << 20;
+        let base = layer_file("huge", size, &[(1, 7), (600, 8)]);
+        let layers = MemoryLayers::single(base, size);
+        // Page sizes other than 4 KiB and 2 MiB, and unaligned regions.
+        for bad in [
+            RegionMapping::new(0x4000_0000, size, 0, 8192),
+            RegionMapping::new(0x4000_1000, size, 0, HUGE_PAGE),
+            RegionMapping::new(0x4000_0000, size, PAGE, HUGE_PAGE),
+        ] {
+            let layers = MemoryLayers::single(layers.files()[0].try_clone().unwrap(), size);
+            assert!(PageSource::new(layers, vec![bad]).is_err(), "{bad:?}");
+        }
+        let good = RegionMapping::new(0x4000_0000, size, 0, HUGE_PAGE);
+        assert_eq!(good.page_size_kib, 2048);
+        let source = PageSource::new(layers, vec![good]).unwrap();
+        assert_eq!(source.max_page(), HUGE_PAGE);
+        assert_eq!(
+            source.page_of(0x4000_0000 + HUGE_PAGE + 5),
+            Some((0x4000_0000 + HUGE_PAGE, HUGE_PAGE, HUGE_PAGE))
+        );
+        // A huge page spanning data and holes reads as one buffer.
+        let mut buf = vec![0xffu8; HUGE_PAGE as usize];
+        source.read_range(0, &mut buf).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0));
+        assert!(buf[4096..8192].iter().all(|&b| b == 7));
+        assert!(buf[8192..].iter().all(|&b| b == 0));
+        source.read_range(HUGE_PAGE, &mut buf).unwrap();
+        let at = (600 * PAGE - HUGE_PAGE) as usize;
+        assert!(buf[at..at + 4096].iter().all(|&b| b == 8));
+        assert_eq!(buf.iter().filter(|&&b| b != 0).count(), 4096);
+    }
+
+    #[test]
     fn outside_recording_a_fault_fills_its_whole_block() {
         let size = 4u64 << 20;
         let pages: Vec<(u64, u8)> = (0..40).map(|p| (p, p as u8 + 1)).collect();
