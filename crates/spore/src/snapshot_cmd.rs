@@ -371,13 +371,24 @@ fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("listening on {}", a.sock.display()))?;
     let (stream, _) = listener.accept().context("waiting for the VMM")?;
     let (uffd, regions) = receive_from_vmm(&stream).context("receiving the userfaultfd")?;
-    let end = regions.iter().map(|r| r.offset + r.size).max().unwrap_or(0);
+    let end = regions
+        .iter()
+        .map(|r| r.offset.saturating_add(r.size))
+        .max()
+        .unwrap_or(0);
     if end > size {
         bail!(
             "the VMM's memory layout ends at {end} bytes, the memory file {} has {size}",
             a.mem.display()
         );
     }
+    // Each region says its page size: 2 MiB for hugetlbfs RAM, filled
+    // one whole huge page per fault.
+    let pages: std::collections::BTreeSet<u64> = regions.iter().map(|r| r.page_size).collect();
+    eprintln!(
+        "spore: uffd handler: {} regions, page size {pages:?}",
+        regions.len()
+    );
     let source = PageSource::new(MemoryLayers::single(file, size), regions)?;
     // Serve until the VMM closes the connection (it exited).
     let log = ServeLog::default();

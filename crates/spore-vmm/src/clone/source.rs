@@ -48,10 +48,15 @@ fn check(
     }
     // A template is the source's memory mapped privately in every clone;
     // hugetlbfs pages would be copied per clone out of the host's small
-    // huge page pool, and restoring them is not supported either.
+    // huge page pool (nothing shared), and a huge-page snapshot restores
+    // only through userfaultfd, never by mapping the template.
     if config.machine.huge_pages_2m() {
         return Err(CloneError::BadRequest(
-            "a microVM with huge_pages \"2M\" cannot be cloned (its snapshots cannot be restored either)".into(),
+            "a microVM with huge_pages \"2M\" cannot be cloned: clones share the source's \
+             memory copy-on-write from a mapped template, but hugetlbfs memory cannot be \
+             restored by mapping a file, and each clone would take all of its memory as new \
+             reserved 2 MiB pages from the host's huge page pool"
+                .into(),
         ));
     }
     // A guest FORK with count 0 (and fork_count 0) only makes the template.

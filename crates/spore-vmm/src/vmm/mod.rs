@@ -293,8 +293,10 @@ pub enum SnapshotApiError {
     Freeze(String),
     #[error("vsock_override: the snapshot has no vsock device")]
     NoVsock,
-    #[error("the snapshot's microVM has huge_pages \"2M\" (hugetlbfs-backed memory): Firecracker restores such snapshots only with a UFFD memory backend serving 2 MiB pages, which spore does not have yet")]
-    HugePages,
+    #[error("Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd. (the snapshot's microVM has huge_pages \"2M\": give mem_backend {{\"backend_type\": \"Uffd\", \"backend_path\": <the memory file, or a page-fault handler's socket>}})")]
+    HugePagesFile,
+    #[error("the snapshot's microVM has huge_pages \"2M\" and cannot be restored as a clone: every clone would need all of its memory as new reserved 2 MiB pages from the host's small huge page pool, none shared with the snapshot (restore it without clone_generation/clone_disks)")]
+    HugePagesClone,
     #[error("Diff snapshots are not supported for a microVM with huge_pages \"2M\" (as in Firecracker): take a Full snapshot")]
     DiffWithHugePages,
     #[error("{0}")]

@@ -95,13 +95,17 @@ impl Vmm {
         let (manifest, mut state, mut config, prepared) = match memory {
             LoadMemory::UffdExternal { socket } => {
                 let (manifest, state, config) = snapshot::load_state(state_path)?;
-                refuse_huge_pages(&config)?;
-                let prepared = restore_path::prepare_external(state.mem_size, Path::new(socket))?;
+                refuse_huge_pages(&config, memory, lo)?;
+                let prepared = restore_path::prepare_external(
+                    state.mem_size,
+                    Path::new(socket),
+                    config.machine.huge_pages_2m(),
+                )?;
                 (manifest, state, config, prepared)
             }
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
                 let loaded = snapshot::load_chain(state_path, Path::new(path), &lo.parents)?;
-                refuse_huge_pages(&loaded.config)?;
+                refuse_huge_pages(&loaded.config, memory, lo)?;
                 head = Some(loaded.head());
                 if matches!(
                     memory,
@@ -123,6 +127,7 @@ impl Vmm {
                     working_set_path: Some(restore_path::working_set_path(state_path)),
                     snapshot_id: loaded.manifest.layer.id.clone(),
                     record_for: lo.record_for,
+                    huge_pages: loaded.config.machine.huge_pages_2m(),
                 };
                 let prepared = restore_path::prepare(loaded.layers, &plan)?;
                 (loaded.manifest, loaded.state, loaded.config, prepared)
@@ -227,12 +232,23 @@ impl Vmm {
     }
 }
 
-/// A snapshot of a VM on 2 MiB hugetlbfs pages: Firecracker restores it
-/// only through a UFFD backend serving 2 MiB pages; spore's restore paths
-/// map or fill 4 KiB pages, so it refuses before touching anything.
-fn refuse_huge_pages(config: &crate::config::VmConfig) -> Result<(), SnapshotApiError> {
-    if config.machine.huge_pages_2m() {
-        return Err(SnapshotApiError::HugePages);
+/// A snapshot of a VM on 2 MiB hugetlbfs pages restores only where
+/// Firecracker restores it: through a `Uffd` backend, which fills the new
+/// hugetlbfs RAM one huge page at a time. Mapping the memory file (File)
+/// and clones are refused before anything is read or reserved.
+fn refuse_huge_pages(
+    config: &crate::config::VmConfig,
+    memory: &LoadMemory,
+    lo: &LoadOptions,
+) -> Result<(), SnapshotApiError> {
+    if !config.machine.huge_pages_2m() {
+        return Ok(());
+    }
+    if matches!(memory, LoadMemory::File { .. }) {
+        return Err(SnapshotApiError::HugePagesFile);
+    }
+    if lo.identity.is_some() || lo.disks.is_some() {
+        return Err(SnapshotApiError::HugePagesClone);
     }
     Ok(())
 }

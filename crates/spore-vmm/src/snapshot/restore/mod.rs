@@ -11,6 +11,11 @@
 //! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
 //! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
 //!
+//! A snapshot of a `huge_pages: "2M"` VM restores only through the two
+//! `Uffd` rows (as in Firecracker): RAM is again a reserved 2 MiB hugetlbfs
+//! memfd, and faults are filled one whole huge page at a time. Mapping the
+//! memory file (File) would put the guest on 4 KiB page-cache pages.
+//!
 //! A [`RestoreSession`] lives as long as the VM: it owns the handler thread
 //! and the working-set recorder, and is finished once the vCPUs stopped.
 
@@ -63,6 +68,9 @@ pub struct RestorePlan {
     pub snapshot_id: String,
     /// Recording a working set ends after this long, or when the VM stops.
     pub record_for: Option<Duration>,
+    /// The snapshot's VM had `huge_pages: "2M"`: RAM on hugetlbfs again
+    /// (Uffd backends only).
+    pub huge_pages: bool,
 }
 
 /// Where a snapshot's working-set file lives: beside its state file.
@@ -80,6 +88,10 @@ pub enum RestoreError {
     Uffd(#[from] UffdError),
     #[error("cannot read the snapshot memory: {0}")]
     Read(#[source] std::io::Error),
+    #[error(
+        "Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd."
+    )]
+    HugePagesFile,
 }
 
 /// What a restore did, for `GET /snapshot/restore` callers and the bench.
@@ -130,10 +142,24 @@ fn map_lazy(layers: &MemoryLayers) -> Result<GuestRam, RestoreError> {
     Ok(GuestRam::from_layers(layers)?)
 }
 
+/// Empty RAM for a uffd restore: on reserved 2 MiB hugetlbfs pages for a
+/// huge-page snapshot (failing cleanly if the host has too few free, as
+/// at boot), else the ordinary memfd.
+fn empty_ram(size: u64, huge_pages: bool) -> Result<GuestRam, RestoreError> {
+    Ok(if huge_pages {
+        GuestRam::new_hugetlb(size)?
+    } else {
+        GuestRam::new(size)?
+    })
+}
+
 /// Builds guest RAM for a restore. Nothing guest-visible runs yet; the
 /// session must outlive the VM.
 pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, RestoreError> {
     let t0 = Instant::now();
+    if plan.huge_pages && matches!(plan.backend, Backend::File(_)) {
+        return Err(RestoreError::HugePagesFile);
+    }
     let backing = backing::Backing::record(layers.files()).map_err(RestoreError::Read)?;
     let mut report = RestoreReport::default();
     let prepared = match &plan.backend {
@@ -211,7 +237,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
         Backend::UffdBuiltin => {
             report.backend = "Uffd".into();
             report.mode = "builtin_handler".into();
-            let ram = GuestRam::new(layers.size())?;
+            let ram = empty_ram(layers.size(), plan.huge_pages)?;
             let uffd = uffd::register_ram(&ram)?;
             let source = Arc::new(
                 PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?,
@@ -228,7 +254,9 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                 },
             }
         }
-        Backend::UffdExternal(sock) => return prepare_external(layers.size(), sock),
+        Backend::UffdExternal(sock) => {
+            return prepare_external(layers.size(), sock, plan.huge_pages)
+        }
     };
     report.prefill_us = t0.elapsed().as_micros() as u64;
     let mut prepared = prepared;
@@ -239,9 +267,13 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
 
 /// Builds guest RAM for an external-handler restore, where the VMM never
 /// sees the memory file (Firecracker's `Uffd` backend).
-pub fn prepare_external(size: u64, sock: &Path) -> Result<PreparedRam, RestoreError> {
+pub fn prepare_external(
+    size: u64,
+    sock: &Path,
+    huge_pages: bool,
+) -> Result<PreparedRam, RestoreError> {
     let t0 = Instant::now();
-    let ram = GuestRam::new(size)?;
+    let ram = empty_ram(size, huge_pages)?;
     let uffd = uffd::register_ram(&ram)?;
     let conn = uffd::send_to_handler(sock, &uffd, &uffd::regions_of(&ram))?;
     Ok(PreparedRam {

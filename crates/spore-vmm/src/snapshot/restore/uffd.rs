@@ -1,11 +1,17 @@
 //! userfaultfd: guest RAM whose missing pages are served by a handler.
 //!
 //! Guest RAM for these paths is the ordinary shared memfd (`GuestRam::new`),
-//! empty, registered in `MISSING` mode: the first access to a page, by a
+//! or the 2 MiB hugetlbfs memfd of a `huge_pages: "2M"` VM
+//! (`GuestRam::new_hugetlb`), empty, registered in `MISSING` mode: the first access to a page, by a
 //! vCPU (KVM's get_user_pages faults on our behalf, so guest accesses are
 //! delivered like the VMM's own) or by the VMM, blocks until a handler
 //! fills it with `UFFDIO_COPY` (data) or `UFFDIO_ZEROPAGE` (holes). Pages
 //! filled before registration (a working-set prefetch) never fault.
+//!
+//! On hugetlbfs the kernel fills only whole huge pages: every `UFFDIO_COPY`
+//! is one 2 MiB-aligned, 2 MiB-long page, and there is no `UFFDIO_ZEROPAGE`
+//! (holes are copied from a zeroed buffer). Each region says its page size
+//! ([`RegionMapping::page_size`]), so an external handler knows it too.
 //!
 //! Two handlers: [`UffdServer`], a thread in this process serving from the
 //! snapshot's [`MemoryLayers`] (newest layer wins, holes are zero pages),
@@ -34,6 +40,8 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use crate::memory::layers::{Extent, MemoryLayers};
 
 const PAGE: u64 = 4096;
+/// The page of hugetlbfs guest RAM (`huge_pages: "2M"`).
+const HUGE_PAGE: u64 = crate::memory::hugetlb::HUGE_PAGE;
 /// Pages the built-in handler copies per fault when it can (64 KiB, the
 /// kernel's own fault-around for file mappings).
 const AROUND: u64 = 16;
@@ -74,6 +82,7 @@ pub enum UffdError {
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+const UFFD_FEATURE_MISSING_HUGETLBFS: u64 = 1 << 4;
 const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
 const UFFDIO_COPY_BIT: u64 = 1 << 0x03;
 const UFFDIO_ZEROPAGE_BIT: u64 = 1 << 0x04;
@@ -143,6 +152,8 @@ vmm_sys_util::ioctl_ior_nr!(UFFDIO_WAKE, 0xAA, 0x02, UffdioRange);
 /// A userfaultfd.
 pub struct Uffd {
     fd: File,
+    /// What the API handshake offered (0 for a uffd received from a VMM).
+    features: u64,
 }
 
 /// How a fill ended.
@@ -202,11 +213,20 @@ impl Uffd {
         if api.features & UFFD_FEATURE_MISSING_SHMEM == 0 {
             return Err(UffdError::Missing("serve shared memory (MISSING_SHMEM)"));
         }
-        Ok(Self { fd })
+        Ok(Self {
+            fd,
+            features: api.features,
+        })
     }
 
-    /// Registers `[addr, addr + len)` for missing-page faults.
-    pub fn register(&self, addr: u64, len: u64) -> Result<(), UffdError> {
+    /// Registers `[addr, addr + len)` for missing-page faults; `huge` for
+    /// a hugetlbfs mapping (which has no `UFFDIO_ZEROPAGE`).
+    pub fn register(&self, addr: u64, len: u64, huge: bool) -> Result<(), UffdError> {
+        if huge && self.features & UFFD_FEATURE_MISSING_HUGETLBFS == 0 {
+            return Err(UffdError::Missing(
+                "serve hugetlbfs memory (MISSING_HUGETLBFS)",
+            ));
+        }
         let mut reg = UffdioRegister {
             range: UffdioRange { start: addr, len },
             mode: UFFDIO_REGISTER_MODE_MISSING,
@@ -223,9 +243,12 @@ impl Uffd {
                 source: std::io::Error::last_os_error(),
             });
         }
-        if reg.ioctls & (UFFDIO_COPY_BIT | UFFDIO_ZEROPAGE_BIT)
-            != UFFDIO_COPY_BIT | UFFDIO_ZEROPAGE_BIT
-        {
+        let needed = if huge {
+            UFFDIO_COPY_BIT
+        } else {
+            UFFDIO_COPY_BIT | UFFDIO_ZEROPAGE_BIT
+        };
+        if reg.ioctls & needed != needed {
             return Err(UffdError::Missing("copy or zero pages into guest memory"));
         }
         Ok(())
@@ -330,32 +353,53 @@ impl Uffd {
 
     /// Takes a uffd received from a VMM.
     pub fn from_file(fd: File) -> Self {
-        Self { fd }
+        Self { fd, features: 0 }
     }
 }
 
 /// One guest RAM region as a handler sees it, in Firecracker's message
 /// shape (`GuestRegionUffdMapping`): host address in the VMM, size, and
-/// offset in the memory file.
+/// offset in the memory file, and the page size the handler must fill in
+/// (4 KiB, or 2 MiB for hugetlbfs RAM).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionMapping {
     pub base_host_virt_addr: u64,
     pub size: u64,
     pub offset: u64,
+    /// Bytes per page: every fill is one whole, aligned page of this size.
     pub page_size: u64,
     /// Firecracker's older name for `page_size`, in KiB.
     pub page_size_kib: u64,
 }
 
 impl RegionMapping {
-    pub fn new(base_host_virt_addr: u64, size: u64, offset: u64) -> Self {
+    pub fn new(base_host_virt_addr: u64, size: u64, offset: u64, page_size: u64) -> Self {
         Self {
             base_host_virt_addr,
             size,
             offset,
-            page_size: PAGE,
-            page_size_kib: PAGE / 1024,
+            page_size,
+            page_size_kib: page_size / 1024,
         }
+    }
+
+    /// A layout from a VMM is outside input: only 4 KiB and 2 MiB pages,
+    /// with the region's address, size and file offset on page boundaries.
+    fn check(&self) -> std::io::Result<()> {
+        let p = self.page_size;
+        if p != PAGE && p != HUGE_PAGE {
+            return Err(std::io::Error::other(format!(
+                "region at {:#x}: page_size {p} is neither 4096 nor 2 MiB",
+                self.base_host_virt_addr
+            )));
+        }
+        if (self.base_host_virt_addr | self.size | self.offset) & (p - 1) != 0 {
+            return Err(std::io::Error::other(format!(
+                "region at {:#x} (size {}, offset {}) is not aligned to its {p}-byte pages",
+                self.base_host_virt_addr, self.size, self.offset
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -407,6 +451,9 @@ pub struct PageSource {
 
 impl PageSource {
     pub fn new(layers: MemoryLayers, regions: Vec<RegionMapping>) -> std::io::Result<Self> {
+        for r in &regions {
+            r.check()?;
+        }
         let extents = layers.extents()?;
         Ok(Self {
             layers,
@@ -415,17 +462,44 @@ impl PageSource {
         })
     }
 
-    /// The memory-file offset of a host address in guest RAM.
-    fn offset_of(&self, addr: u64) -> Option<(u64, u64)> {
+    /// The page holding a host address in guest RAM: its host address,
+    /// memory-file offset and size.
+    fn page_of(&self, addr: u64) -> Option<(u64, u64, u64)> {
         self.regions.iter().find_map(|r| {
             let d = addr.checked_sub(r.base_host_virt_addr)?;
+            let p = r.page_size;
             (d < r.size).then(|| {
                 (
-                    r.base_host_virt_addr + (d & !(PAGE - 1)),
-                    r.offset + (d & !(PAGE - 1)),
+                    r.base_host_virt_addr + (d & !(p - 1)),
+                    r.offset + (d & !(p - 1)),
+                    p,
                 )
             })
         })
+    }
+
+    /// The largest page any region has: the handler's buffer holds one.
+    pub fn max_page(&self) -> u64 {
+        self.regions
+            .iter()
+            .map(|r| r.page_size)
+            .max()
+            .unwrap_or(PAGE)
+    }
+
+    /// Reads `buf.len()` bytes of the chain at `offset`: each extent from
+    /// its layer, holes as zeroes (a huge page may span several).
+    fn read_range(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let end = offset + buf.len() as u64;
+        buf.fill(0);
+        let first = self.extents.partition_point(|e| e.offset + e.len <= offset);
+        for e in self.extents[first..].iter().take_while(|e| e.offset < end) {
+            let lo = e.offset.max(offset);
+            let hi = (e.offset + e.len).min(end);
+            let part = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            self.layers.files()[e.layer].read_exact_at(part, lo)?;
+        }
+        Ok(())
     }
 
     /// Which layer holds the page at `offset`, None for a hole.
@@ -454,7 +528,7 @@ impl PageSource {
     /// Fills the page holding `addr`, first logging it if recording (so
     /// the log is complete by the time the faulting thread wakes).
     fn serve(&self, uffd: &Uffd, addr: u64, buf: &mut [u8], log: &ServeLog) -> std::io::Result<()> {
-        let (page_addr, offset) = self.offset_of(addr).ok_or_else(|| {
+        let (page_addr, offset, page_size) = self.page_of(addr).ok_or_else(|| {
             std::io::Error::other(format!("fault at {addr:#x} outside guest RAM"))
         })?;
         log.faults.fetch_add(1, Ordering::Relaxed);
@@ -462,6 +536,16 @@ impl PageSource {
             if let Some(order) = log.order.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                 order.push(offset / PAGE);
             }
+        }
+        if page_size != PAGE {
+            // hugetlbfs: one whole huge page per fault, holes included
+            // (there is no zero-page ioctl for it).
+            let page = &mut buf[..page_size as usize];
+            self.read_range(offset, page)?;
+            if uffd.copy(page_addr, page.as_ptr(), page_size)? == Fill::Exists {
+                uffd.wake(page_addr, page_size)?;
+            }
+            return Ok(());
         }
         // While recording, one page per fault, so that every page the
         // guest touches shows up in the log.
@@ -563,6 +647,8 @@ impl UffdServer {
     /// other). Returns the pages faulted in.
     pub fn fault_in_all(&self, ram: &crate::memory::GuestRam) -> std::io::Result<u64> {
         let spans = super::spans(ram);
+        // One touch per page of the mapping (a huge page fills whole).
+        let step = page_size_of(ram) as usize;
         let mut n = 0u64;
         for e in &self.source.extents {
             for &(span_off, ptr, span_len) in &spans {
@@ -571,26 +657,29 @@ impl UffdServer {
                 if lo >= hi {
                     continue;
                 }
-                let start = ((lo - span_off) & !(PAGE - 1)) as usize;
+                let start = ((lo - span_off) as usize) & !(step - 1);
                 let end = (hi - span_off) as usize;
-                let pages = (end - start).div_ceil(PAGE as usize);
-                let mut resident = vec![0u8; pages];
-                // SAFETY: mincore over part of one live guest-RAM mapping.
+                let pages = (end - start).div_ceil(step);
+                // mincore reports per 4 KiB page, huge mappings included.
+                let per = step / PAGE as usize;
+                let mut resident = vec![0u8; pages * per];
+                // SAFETY: mincore over part of one live guest-RAM mapping
+                // (whole pages of it: spans are page multiples).
                 let r = unsafe {
                     libc::mincore(
                         ptr.add(start) as *mut libc::c_void,
-                        pages * PAGE as usize,
+                        pages * step,
                         resident.as_mut_ptr(),
                     )
                 };
                 if r != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                for (i, v) in resident.iter().enumerate() {
-                    if v & 1 == 0 {
+                for i in 0..pages {
+                    if resident[i * per] & 1 == 0 {
                         // SAFETY: a byte inside the mapping; the volatile
                         // read faults the page in through the handler.
-                        unsafe { ptr.add(start + i * PAGE as usize).read_volatile() };
+                        unsafe { ptr.add(start + i * step).read_volatile() };
                         n += 1;
                     }
                 }
@@ -626,7 +715,7 @@ pub fn serve_loop(
     stop: RawFd,
     log: &ServeLog,
 ) -> Result<(), String> {
-    let mut buf = vec![0u8; (AROUND * PAGE) as usize];
+    let mut buf = vec![0u8; (AROUND * PAGE).max(source.max_page()) as usize];
     let mut fds = [
         libc::pollfd {
             fd: uffd.as_raw_fd(),
@@ -671,17 +760,27 @@ pub fn serve_loop(
 /// The layout of guest RAM for a handler: each region's host address,
 /// size and memory-file offset (regions back to back in the file).
 pub fn regions_of(ram: &crate::memory::GuestRam) -> Vec<RegionMapping> {
+    let page = page_size_of(ram);
     super::spans(ram)
         .into_iter()
-        .map(|(off, ptr, len)| RegionMapping::new(ptr as u64, len as u64, off))
+        .map(|(off, ptr, len)| RegionMapping::new(ptr as u64, len as u64, off, page))
         .collect()
+}
+
+/// The page size faults in `ram` are filled with.
+pub fn page_size_of(ram: &crate::memory::GuestRam) -> u64 {
+    if ram.is_hugetlb() {
+        HUGE_PAGE
+    } else {
+        PAGE
+    }
 }
 
 /// Registers every region of `ram` with a new uffd.
 pub fn register_ram(ram: &crate::memory::GuestRam) -> Result<Uffd, UffdError> {
     let uffd = Uffd::new()?;
     for (_, ptr, len) in super::spans(ram) {
-        uffd.register(ptr as u64, len as u64)?;
+        uffd.register(ptr as u64, len as u64, ram.is_hugetlb())?;
     }
     Ok(uffd)
 }
@@ -740,6 +839,40 @@ mod tests {
         assert_eq!(order, vec![300, 1, 0, 100, 200]);
         assert_eq!(server.log().faults.load(Ordering::Relaxed), 5);
         assert!(server.stop().is_none());
+    }
+
+    #[test]
+    fn a_layout_from_a_vmm_is_checked_and_huge_pages_read_whole() {
+        let size = 4u64 << 20;
+        let base = layer_file("huge", size, &[(1, 7), (600, 8)]);
+        let layers = MemoryLayers::single(base, size);
+        // Page sizes other than 4 KiB and 2 MiB, and unaligned regions.
+        for bad in [
+            RegionMapping::new(0x4000_0000, size, 0, 8192),
+            RegionMapping::new(0x4000_1000, size, 0, HUGE_PAGE),
+            RegionMapping::new(0x4000_0000, size, PAGE, HUGE_PAGE),
+        ] {
+            let layers = MemoryLayers::single(layers.files()[0].try_clone().unwrap(), size);
+            assert!(PageSource::new(layers, vec![bad]).is_err(), "{bad:?}");
+        }
+        let good = RegionMapping::new(0x4000_0000, size, 0, HUGE_PAGE);
+        assert_eq!(good.page_size_kib, 2048);
+        let source = PageSource::new(layers, vec![good]).unwrap();
+        assert_eq!(source.max_page(), HUGE_PAGE);
+        assert_eq!(
+            source.page_of(0x4000_0000 + HUGE_PAGE + 5),
+            Some((0x4000_0000 + HUGE_PAGE, HUGE_PAGE, HUGE_PAGE))
+        );
+        // A huge page spanning data and holes reads as one buffer.
+        let mut buf = vec![0xffu8; HUGE_PAGE as usize];
+        source.read_range(0, &mut buf).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0));
+        assert!(buf[4096..8192].iter().all(|&b| b == 7));
+        assert!(buf[8192..].iter().all(|&b| b == 0));
+        source.read_range(HUGE_PAGE, &mut buf).unwrap();
+        let at = (600 * PAGE - HUGE_PAGE) as usize;
+        assert!(buf[at..at + 4096].iter().all(|&b| b == 8));
+        assert_eq!(buf.iter().filter(|&&b| b != 0).count(), 4096);
     }
 
     #[test]
