@@ -266,7 +266,7 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
         let (bench_uk, kv_uk) = (a.uk_image("tmem-bench")?, a.uk_image("kvserver")?);
         let scratch = std::env::temp_dir().join(format!("spore-bench-tmem-{}", std::process::id()));
         std::fs::create_dir_all(&scratch)?;
-        let guest = (|| -> anyhow::Result<(Value, Value, Value, Value)> {
+        let guest = (|| -> anyhow::Result<(Value, Value, Value, Value, Value)> {
             let lat =
                 crate::bench::tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
                     .context("guest 1 MiB latency")?;
@@ -287,16 +287,25 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
                 &scratch,
             )
             .context("kvserver SET vs TMEMPUT")?;
-            Ok((lat, bat, kv, sec))
+            let vsock = crate::bench::tmem_kv::seccomp_round_trips(
+                &spore,
+                &kv_uk,
+                if a.quick { 200 } else { 1000 },
+                a.vm_runs,
+                &scratch,
+            )
+            .context("vsock round trips, seccomp on/off")?;
+            Ok((lat, bat, kv, sec, vsock))
         })();
         let _ = std::fs::remove_dir_all(&scratch);
-        let (lat, bat, kv, sec) = guest?;
+        let (lat, bat, kv, sec, vsock) = guest?;
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         summary = format!(
             "guest 1 MiB put {:.0} µs ({:.0} VMM + {:.0} exit/guest), get {:.0} µs ({:.0} + {:.0}) [seed: 178, 124]; \
              4 KiB puts {:.0}/s single vs {:.0}/s batched ({:.1}x, {} vs {} exits); \
              kvserver SET/TMEMPUT cmds/s {}; \
-             seccomp on/off 1 MiB put {:.0}/{:.0} µs ({:+.1}%), get {:.0}/{:.0} µs ({:+.1}%); {summary}",
+             seccomp on/off 1 MiB put {:.0}/{:.0} µs ({:+.1}%), get {:.0}/{:.0} µs ({:+.1}%), \
+             vsock round trip {:.0}/{:.0} µs; {summary}",
             f(&lat["put"]["guest_total_us"]["median"]),
             f(&lat["put"]["vmm_handling_us"]),
             f(&lat["put"]["exit_and_guest_us"]),
@@ -327,8 +336,11 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
             f(&sec["on"]["get_guest_total_us"]["median"]),
             f(&sec["off"]["get_guest_total_us"]["median"]),
             f(&sec["get_cost_pct"]),
+            f(&vsock["seccomp_on_us"]["median"]),
+            f(&vsock["seccomp_off_us"]["median"]),
         );
         out["guest"] = json!({ "one_mib": lat, "batching_4k": bat, "seccomp_1m": sec });
+        out["vsock_seccomp"] = vsock;
         out["kvserver"] = kv;
     }
     eprintln!("tmem: {summary}");

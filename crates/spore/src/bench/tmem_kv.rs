@@ -113,20 +113,28 @@ impl Client {
     }
 }
 
-/// Boots kvserver, forwards its port, and measures every size.
-pub fn run(
+/// A kvserver VM with its port forwarded to loopback TCP, and a client.
+struct KvServer {
+    vm: Reaped,
+    _fwd: Reaped,
+    client: Client,
+}
+
+/// Boots kvserver (with or without seccomp filters) and forwards its port.
+fn start(
     spore: &Path,
     image: &Path,
-    values: usize,
-    runs: usize,
     pipeline: usize,
     scratch: &Path,
-) -> anyhow::Result<Value> {
+    no_seccomp: bool,
+) -> anyhow::Result<KvServer> {
     let uds = scratch.join("kv.sock");
+    let _ = std::fs::remove_file(&uds);
     let mut vm = Reaped(
         Command::new(spore)
             .args(["run", "--mem", "256M", "--tmem-quota", "1G", "--vsock"])
             .arg(format!("3:{}", uds.display()))
+            .args(no_seccomp.then_some("--no-seccomp"))
             .arg("--kernel")
             .arg(image)
             .stdin(Stdio::null())
@@ -155,11 +163,66 @@ pub fn run(
     let s = TcpStream::connect(("127.0.0.1", port)).context("connecting to the forwarder")?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut c = Client {
-        r: BufReader::new(s.try_clone()?),
-        w: s,
-        pipeline,
-    };
+    Ok(KvServer {
+        vm,
+        _fwd: fwd,
+        client: Client {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+            pipeline,
+        },
+    })
+}
+
+/// Seccomp's cost on a vsock round trip: one 64-byte SET at a time (host
+/// TCP → forwarder → the VMM's vsock device → kvserver and back), `n` per
+/// VM, VMs with filters on and off alternating `vms` times each. Medians of
+/// the per-VM medians, in µs per round trip.
+pub fn seccomp_round_trips(
+    spore: &Path,
+    image: &Path,
+    n: usize,
+    vms: usize,
+    scratch: &Path,
+) -> anyhow::Result<Value> {
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    let value = [b'v'; 64];
+    for _ in 0..vms.max(1) {
+        for no_seccomp in [false, true] {
+            let mut kv = start(spore, image, 1, scratch, no_seccomp)?;
+            let mut each = Vec::with_capacity(n);
+            for i in 0..n {
+                let key = format!("rt:{i}").into_bytes();
+                let t = kv
+                    .client
+                    .run(1, |_| command(&[b"SET", &key, &value]), "+OK")?;
+                each.push(t.as_secs_f64() * 1e6);
+            }
+            if no_seccomp { &mut off } else { &mut on }.push(median(&each));
+        }
+    }
+    let (m_on, m_off) = (median(&on), median(&off));
+    Ok(json!({
+        "what": "one 64-byte SET per round trip, host TCP -> spore vsock forward -> VMM vsock -> kvserver",
+        "round_trips_per_vm": n,
+        "vms_each": vms.max(1),
+        "seccomp_on_us": stats(&on),
+        "seccomp_off_us": stats(&off),
+        "on_over_off": m_on / m_off,
+    }))
+}
+
+/// Boots kvserver, forwards its port, and measures every size.
+pub fn run(
+    spore: &Path,
+    image: &Path,
+    values: usize,
+    runs: usize,
+    pipeline: usize,
+    scratch: &Path,
+) -> anyhow::Result<Value> {
+    let mut kv = start(spore, image, pipeline, scratch, false)?;
+    let c = &mut kv.client;
     let keys: Vec<Vec<u8>> = (0..values)
         .map(|i| format!("bench:{i:08}").into_bytes())
         .collect();
@@ -185,7 +248,7 @@ pub fn run(
         }));
     }
     ensure!(
-        vm.0.try_wait()?.is_none(),
+        kv.vm.0.try_wait()?.is_none(),
         "the kvserver VM exited during the bench"
     );
     Ok(json!({
