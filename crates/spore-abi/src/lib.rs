@@ -9,12 +9,14 @@
 //! - [`tmem`]: transcendent memory calls (key/value objects in a VMM pool).
 //! - [`vsock`]: the virtio-vsock packet header, spoken by the VMM's device
 //!   and the unikernel's driver.
+//! - [`net`]: a clone's new network identity (MAC, IPv4) for the unikernel.
 //! - [`function`]: the invoke protocol between `spore serve` and a function
 //!   instance, over vsock.
 #![no_std]
 
 pub mod boot;
 pub mod function;
+pub mod net;
 pub mod signal;
 pub mod tmem;
 pub mod vsock;

@@ -46,6 +46,10 @@
 //!   transport (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: Linux re-reads the guest
 //!   CID, which a clone may have changed), and once the guest has handled that
 //!   event it connects to this port and sends `generation N\n`, then closes.
+//!   A clone given a new network identity (`crate::net`) gets more lines
+//!   after it, one per changed interface, in the order of the VM's
+//!   `network-interfaces`: `mac IFACE_ID XX:XX:XX:XX:XX:XX\n` and, with an
+//!   address, `ipv4 IFACE_ID A.B.C.D/P GATEWAY\n` (`-` for no gateway).
 //!   The program may also read the generation through this port (it needs
 //!   I/O-port access, `ioperm`); its low 32 bits are what `GENERATION` gives.
 //!
