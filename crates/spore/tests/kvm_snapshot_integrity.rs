@@ -341,3 +341,61 @@ fn kvm_a_memory_file_truncated_under_a_restored_vm_fails_the_next_snapshot() {
         );
     }
 }
+
+/// The key reaches the VMM processes a keyed VMM starts: a clone of a VM
+/// started with `--snapshot-key-file` signs its own snapshots (the clone
+/// process inherits SPORE_SNAPSHOT_KEY_FILE), so they need the key to be
+/// read, and with it they restore.
+#[test]
+fn kvm_a_clone_of_a_keyed_vmm_signs_its_snapshots_with_the_same_key() {
+    require_kvm();
+    let s = Scratch::new("integrity-key-clone");
+    let key = s.path("key");
+    std::fs::write(&key, [0x5au8; 32]).unwrap();
+    let kf = [OsStr::new("--snapshot-key-file"), key.as_os_str()];
+    let sock = s.path("src.sock");
+    let (_src, rx) = boot_snaptest_args(&sock, &kf, 64, false, "mib=1 rounds=150 sleep_ms=20", &[]);
+    read_until(&rx, "count 1");
+    let (code, reply) = http(
+        &sock,
+        "PUT",
+        "/clone",
+        Some(r#"{"count": 1, "mode": "continue"}"#),
+    );
+    assert_eq!(code, 200, "PUT /clone: {reply}");
+    let report: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let clone_sock = PathBuf::from(report["clones"][0]["socket"].as_str().unwrap());
+    let clone_pid = report["clones"][0]["pid"].as_i64().unwrap() as i32;
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of the clone's pid from its report.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _clone = KillOnDrop(clone_pid);
+    wait_for_path(&clone_sock, std::time::Duration::from_secs(10));
+
+    let (state, mem) = (s.path("clone.state"), s.path("clone.mem"));
+    let o = spore()
+        .args(["snapshot", "create"])
+        .arg(&clone_sock)
+        .arg("--state")
+        .arg(&state)
+        .arg("--mem")
+        .arg(&mem)
+        .arg("--stop")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "snapshot create: {}", stderr_of(&o));
+    let o = spore()
+        .args(["snapshot", "inspect"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    refused(&o, "carries a MAC");
+    restored_ok(
+        &restore(&kf, &state, &mem, &[]),
+        "the clone's snapshot, with the source's key",
+    );
+}
