@@ -9,7 +9,10 @@ pub enum Parse<'a> {
     /// The head is not complete yet: read more.
     Incomplete,
     /// A request whose head took the first `head_len` bytes.
-    Request { request: Request<'a>, head_len: usize },
+    Request {
+        request: Request<'a>,
+        head_len: usize,
+    },
     /// Answer with this status and close the connection.
     Error(u16),
 }
@@ -208,7 +211,12 @@ mod tests {
 
     #[test]
     fn incomplete_until_the_empty_line() {
-        for part in [&b""[..], b"GET", b"GET / HTTP/1.1\r\n", b"GET / HTTP/1.1\r\nA: b\r\n\r"] {
+        for part in [
+            &b""[..],
+            b"GET",
+            b"GET / HTTP/1.1\r\n",
+            b"GET / HTTP/1.1\r\nA: b\r\n\r",
+        ] {
             assert_eq!(parse_head(part, 8192), Parse::Incomplete, "{part:?}");
         }
         let (_, n) = request(b"\r\n\r\nGET / HTTP/1.1\n\n");
@@ -217,7 +225,8 @@ mod tests {
 
     #[test]
     fn body_length_and_connection() {
-        let (r, _) = request(b"POST /sink HTTP/1.1\r\ncontent-length:  12 \r\nConnection: close\r\n\r\n");
+        let (r, _) =
+            request(b"POST /sink HTTP/1.1\r\ncontent-length:  12 \r\nConnection: close\r\n\r\n");
         assert_eq!(r.content_length, 12);
         assert!(r.has_content_length);
         assert!(!r.keep_alive);
@@ -249,9 +258,15 @@ mod tests {
         ] {
             assert_eq!(parse_head(bad, 8192), Parse::Error(400), "{bad:?}");
         }
-        assert_eq!(parse_head(b"GET / HTTP/2.0\r\n\r\n", 8192), Parse::Error(505));
         assert_eq!(
-            parse_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 8192),
+            parse_head(b"GET / HTTP/2.0\r\n\r\n", 8192),
+            Parse::Error(505)
+        );
+        assert_eq!(
+            parse_head(
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                8192
+            ),
             Parse::Error(501)
         );
     }
@@ -260,9 +275,17 @@ mod tests {
     fn oversized_heads_are_431() {
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.resize(9000, b'a');
-        assert_eq!(parse_head(&big, 8192), Parse::Error(431), "incomplete and too long");
+        assert_eq!(
+            parse_head(&big, 8192),
+            Parse::Error(431),
+            "incomplete and too long"
+        );
         big.extend_from_slice(b"\r\n\r\n");
-        assert_eq!(parse_head(&big, 8192), Parse::Error(431), "complete and too long");
+        assert_eq!(
+            parse_head(&big, 8192),
+            Parse::Error(431),
+            "complete and too long"
+        );
         assert!(matches!(parse_head(&big, 10_000), Parse::Request { .. }));
     }
 
@@ -279,6 +302,9 @@ mod tests {
             }
         }
         assert_eq!(parse_decimal("18446744073709551615"), None, "20 digits");
-        assert_eq!(parse_decimal("9999999999999999999"), Some(9_999_999_999_999_999_999));
+        assert_eq!(
+            parse_decimal("9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
     }
 }

@@ -75,7 +75,10 @@ fn build_interface(device: &mut VirtioNet, ipv4: Option<Ipv4Config>) -> Interfac
         let [a, b, c, d] = ip.addr;
         iface.update_ip_addrs(|addrs| {
             // One address fits the interface's fixed list.
-            let _ = addrs.push(IpCidr::new(Ipv4Address::new(a, b, c, d).into(), ip.prefix_len));
+            let _ = addrs.push(IpCidr::new(
+                Ipv4Address::new(a, b, c, d).into(),
+                ip.prefix_len,
+            ));
         });
         if let Some([a, b, c, d]) = ip.gateway {
             let _ = iface

@@ -60,10 +60,7 @@ pub fn rx_buffer_count(written: &[u8], mergeable: bool, queue_size: u16) -> Opti
         // Without MRG_RXBUF the field has no meaning: one buffer per frame.
         return Some(1);
     }
-    let n = u16::from_le_bytes([
-        written[NUM_BUFFERS_OFFSET],
-        written[NUM_BUFFERS_OFFSET + 1],
-    ]);
+    let n = u16::from_le_bytes([written[NUM_BUFFERS_OFFSET], written[NUM_BUFFERS_OFFSET + 1]]);
     (1..=queue_size).contains(&n).then_some(n)
 }
 
