@@ -186,6 +186,8 @@ impl Session {
             // Closed, or TIME-WAIT after this side closed: listen again at
             // once so that every slot keeps accepting.
             self.reset();
+            // A peer that stops acknowledging must not hold a slot forever.
+            sock.set_timeout(Some(smoltcp::time::Duration::from_secs(60)));
             return sock.listen(port).is_ok();
         }
         if !sock.is_active() {
@@ -249,13 +251,11 @@ impl Session {
                         self.consume_input(n);
                         (n, add)
                     } else {
-                        match sock.recv(|buf| {
+                        sock.recv(|buf| {
                             let n = (buf.len() as u64).min(remaining) as usize;
                             (n, (n, byte_sum(&buf[..n])))
-                        }) {
-                            Ok(got) => got,
-                            Err(_) => (0, 0),
-                        }
+                        })
+                        .unwrap_or_default()
                     };
                     if n == 0 {
                         if !sock.may_recv() {
