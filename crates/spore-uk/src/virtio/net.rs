@@ -179,9 +179,17 @@ fn zeroed(n: usize) -> Result<Vec<u8>, VirtioError> {
 
 /// A random unicast, locally administered MAC, for a device without `MAC`.
 fn random_mac() -> [u8; 6] {
-    let r = crate::random::try_random_u64().unwrap_or_else(|_| crate::clock::rdtsc());
+    random_mac_from(crate::random::try_random_u64().unwrap_or_else(|_| crate::clock::rdtsc()))
+}
+
+fn random_mac_from(r: u64) -> [u8; 6] {
     let b = r.to_le_bytes();
     [(b[0] & 0xfe) | 0x02, b[1], b[2], b[3], b[4], b[5]]
+}
+
+/// `mac` if a station can use it: not multicast (nor broadcast), not zero.
+pub fn usable_mac(mac: [u8; 6]) -> Option<[u8; 6]> {
+    (mac[0] & 1 == 0 && mac != [0; 6]).then_some(mac)
 }
 
 impl VirtioNet {
@@ -249,14 +257,15 @@ impl VirtioNet {
             return random_mac();
         }
         // The config generation brackets the six byte reads (§4.2.2.2).
+        let mut mac: [u8; 6] = core::array::from_fn(|i| self.transport.config_u8(i));
         for _ in 0..16 {
             let before = self.transport.config_generation();
-            let mac: [u8; 6] = core::array::from_fn(|i| self.transport.config_u8(i));
+            mac = core::array::from_fn(|i| self.transport.config_u8(i));
             if self.transport.config_generation() == before {
-                return mac;
+                break;
             }
         }
-        core::array::from_fn(|i| self.transport.config_u8(i))
+        usable_mac(mac).unwrap_or_else(random_mac)
     }
 
     pub fn stats(&self) -> NetStats {
@@ -474,6 +483,19 @@ mod tests {
         assert_eq!(rx_buffer_count(&header(0), true, 256), None);
         assert_eq!(rx_buffer_count(&header(257), true, 256), None);
         assert_eq!(rx_buffer_count(&header(u16::MAX), true, 8), None);
+    }
+
+    #[test]
+    fn only_unicast_macs_are_used() {
+        assert_eq!(
+            usable_mac([0x52, 0x54, 0, 1, 2, 3]),
+            Some([0x52, 0x54, 0, 1, 2, 3])
+        );
+        assert_eq!(usable_mac([0; 6]), None);
+        assert_eq!(usable_mac([0xff; 6]), None);
+        assert_eq!(usable_mac([0x01, 0, 0x5e, 0, 0, 1]), None);
+        let r = random_mac_from(0x0123_4567_89ab_cdef);
+        assert_eq!(r[0] & 3, 2, "locally administered unicast");
     }
 
     #[test]
