@@ -379,6 +379,12 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         .map(|_| Session::new(net.add_tcp_socket(SOCKET_RX, SOCKET_TX)))
         .collect();
     let pattern = Pattern::new();
+    // Listen before saying so: a SYN right behind the line must find a socket.
+    let g = generation();
+    for s in sessions.iter_mut() {
+        let sock = net.sockets.get_mut::<tcp::Socket>(s.handle);
+        s.serve(sock, port, &pattern, g);
+    }
     println!(
         "httpd: listening on {}:{port} mac {}",
         DisplayIpv4(ip.addr),
