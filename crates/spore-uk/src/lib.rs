@@ -10,7 +10,8 @@
 //! command line and a TSC clock; polled virtio-mmio drivers ([`virtio`],
 //! with vsock and virtio-mem), the whole-block allocator over hotplugged
 //! memory ([`blockalloc`]), the function SDK for `spore serve` ([`function`]),
-//! the tmem client ([`tmem`]), random numbers that
+//! the tmem client ([`tmem`]), TCP/IP over virtio-net with smoltcp
+//! ([`net`]) and an HTTP/1.1 request parser ([`http`]), random numbers that
 //! are reseeded from virtio-rng in every clone ([`random`]), and pieces for
 //! apps that must survive a full heap ([`kvmap`], [`resp`]).
 //!
@@ -41,7 +42,9 @@ pub mod cmdline;
 mod entry;
 pub mod function;
 pub mod heap;
+pub mod http;
 pub mod kvmap;
+pub mod net;
 pub mod port;
 pub mod random;
 pub mod resp;

@@ -33,6 +33,7 @@ const REG_QUEUE_DRIVER_LOW: usize = 0x090;
 const REG_QUEUE_DRIVER_HIGH: usize = 0x094;
 const REG_QUEUE_DEVICE_LOW: usize = 0x0a0;
 const REG_QUEUE_DEVICE_HIGH: usize = 0x0a4;
+const REG_CONFIG_GENERATION: usize = 0x0fc;
 /// Device-specific configuration space.
 const CONFIG: usize = 0x100;
 
@@ -176,6 +177,25 @@ impl Transport {
     /// A 32-bit word of the device configuration space.
     pub fn config_u32(&self, offset: usize) -> u32 {
         self.read(CONFIG + offset)
+    }
+
+    /// A byte of the device configuration space. The spec wants 8-bit
+    /// fields (a MAC address) read with 8-bit accesses.
+    pub fn config_u8(&self, offset: usize) -> u8 {
+        // SAFETY: as for `read`; the config space is byte-addressable.
+        unsafe { core::ptr::read_volatile((self.base + CONFIG + offset) as *const u8) }
+    }
+
+    /// A 16-bit field of the configuration space (`offset` 2-aligned).
+    pub fn config_u16(&self, offset: usize) -> u16 {
+        // SAFETY: as for `config_u8`, with an aligned 16-bit access.
+        unsafe { core::ptr::read_volatile((self.base + CONFIG + (offset & !1)) as *const u16) }
+    }
+
+    /// Changes whenever the device changes its configuration space: a read
+    /// of several fields is consistent if this is the same before and after.
+    pub fn config_generation(&self) -> u32 {
+        self.read(REG_CONFIG_GENERATION)
     }
 
     fn read(&self, reg: usize) -> u32 {

@@ -12,6 +12,8 @@
 //! - [`mem`]: the virtio-mem driver (plug/unplug blocks of the hotplug region).
 //! - [`rng`]: the virtio-rng driver (host entropy for [`crate::random`]).
 //! - [`blk`]: a minimal virtio-blk driver (read, write, flush of sectors).
+//! - [`net`]: the virtio-net driver (Ethernet frames for [`crate::net`]'s
+//!   TCP/IP stack).
 //!
 //! A new driver (balloon, mem) finds its device with [`find_device`], calls
 //! [`mmio::Transport::init`] with the features it understands, sets up its
@@ -24,6 +26,7 @@
 pub mod blk;
 pub mod mem;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 pub mod rng;
 pub mod vsock;
@@ -35,6 +38,7 @@ use spore_abi::boot::MmioDevice;
 
 /// Virtio device ids (virtio 1.2 §5).
 pub mod device_id {
+    pub const NET: u32 = 1;
     pub const BLOCK: u32 = 2;
     pub const RNG: u32 = 4;
     pub const BALLOON: u32 = 5;

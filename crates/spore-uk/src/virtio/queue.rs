@@ -17,6 +17,7 @@ use super::VirtioError;
 
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
+const USED_F_NO_NOTIFY: u16 = 1;
 /// `chained` entry of a descriptor that heads no two-descriptor chain.
 const NO_NEXT: u16 = u16::MAX;
 const PAGE: usize = 4096;
@@ -233,6 +234,21 @@ impl VirtQueue {
         fence(Ordering::SeqCst);
         // SAFETY: avail[1] is the ring's idx field.
         unsafe { core::ptr::write_volatile(self.avail.add(1), self.next_avail) };
+    }
+
+    /// False when the device set VIRTQ_USED_F_NO_NOTIFY: it polls the
+    /// queue itself, so a notification (a VM exit) would be wasted.
+    pub fn device_wants_notify(&self) -> bool {
+        // SAFETY: offset 0 of the used ring is its flags field.
+        let flags = unsafe { core::ptr::read_volatile(self.used as *const u16) };
+        flags & USED_F_NO_NOTIFY == 0
+    }
+
+    /// Used elements the device has published that are not popped yet.
+    pub fn used_pending(&self) -> u16 {
+        // SAFETY: offset 2 of the used ring is its idx field.
+        let idx = unsafe { core::ptr::read_volatile(self.used.add(2) as *const u16) };
+        idx.wrapping_sub(self.last_used)
     }
 
     /// The next buffer the device has used, if any.
