@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod clone;
+pub mod net;
 pub mod serve;
 
 use std::io::{BufRead, BufReader, Read, Write};
