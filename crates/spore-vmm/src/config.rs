@@ -539,6 +539,24 @@ impl MemoryHotplugConfig {
     }
 }
 
+/// An MMDS configuration checked as Firecracker checks it against the
+/// interfaces, then refused: spore's network device does not route MMDS
+/// requests (169.254.169.254) yet.
+pub fn check_mmds_config(
+    m: &MmdsConfig,
+    ifaces: &[NetworkInterfaceConfig],
+) -> Result<(), ConfigError> {
+    let ids: Vec<&str> = ifaces.iter().map(|i| i.iface_id.as_str()).collect();
+    let unsupported = |detail: String| ConfigError::Unsupported {
+        field: "mmds-config",
+        detail,
+    };
+    m.validate(&ids).map_err(|e| unsupported(e.to_string()))?;
+    Err(unsupported(
+        "the network device does not route MMDS requests yet".into(),
+    ))
+}
+
 /// The whole VM as a `--config-file` describes it (Firecracker's layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -656,10 +674,7 @@ impl VmConfig {
             g.validate().map_err(ConfigError::GuestSnapshots)?;
         }
         if let Some(m) = &self.mmds_config {
-            m.validate(&[]).map_err(|e| ConfigError::Unsupported {
-                field: "mmds-config",
-                detail: e.to_string(),
-            })?;
+            check_mmds_config(m, &self.network_interfaces)?;
         }
         Ok(())
     }
