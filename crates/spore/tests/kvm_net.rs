@@ -100,6 +100,8 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
             &format!("@{}", file.display()),
             "-H",
             "Content-Type: application/octet-stream",
+            "-H",
+            "Expect:",
             &format!("{base}/sink"),
         ],
     )
@@ -183,7 +185,9 @@ fn kvm_net_a_rate_limited_interface_holds_10_mib_per_s() {
     // Guest → host (the guest's tx): 50 MiB, about 5 s.
     let n = 50 << 20;
     rate("guest to host", &|| {
-        curl(None, 30, &[&format!("{base}/bytes/{n}")]).unwrap().len()
+        curl(None, 30, &[&format!("{base}/bytes/{n}")])
+            .unwrap()
+            .len()
     });
     // Host → guest (the guest's rx).
     let file = s.path("up.bin");
@@ -193,6 +197,10 @@ fn kvm_net_a_rate_limited_interface_holds_10_mib_per_s() {
             None,
             30,
             &[
+                // No `Expect: 100-continue` (curl would wait a second for
+                // an answer httpd does not send).
+                "-H",
+                "Expect:",
                 "--data-binary",
                 &format!("@{}", file.display()),
                 &format!("{base}/sink"),
@@ -254,7 +262,11 @@ fn kvm_net_four_clones_keep_the_address_each_in_its_own_namespace() {
         assert_ne!(g, 0, "the clone in {} answered as the source", ns.0);
         generations.insert(g);
     }
-    assert_eq!(generations.len(), 4, "clones share a generation: {generations:?}");
+    assert_eq!(
+        generations.len(),
+        4,
+        "clones share a generation: {generations:?}"
+    );
     // The source, in the host's namespace, goes on answering as itself.
     assert_eq!(
         curl(None, 5, &[&url]).map(|b| String::from_utf8_lossy(&b).into_owned()),

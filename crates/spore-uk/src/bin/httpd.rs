@@ -193,6 +193,11 @@ impl Session {
         if !sock.is_active() {
             return false; // listening
         }
+        if sock.state() == tcp::State::SynReceived {
+            // Not established yet: nothing can be read, and `may_recv` is
+            // false, which below means "the peer is done".
+            return false;
+        }
         let mut progress = false;
         loop {
             if self.out_pos < self.out.len() {
