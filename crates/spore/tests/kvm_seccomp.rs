@@ -214,3 +214,32 @@ fn a_bad_seccomp_filter_file_is_one_error_line() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// A VMM stopped and continued (job control, a debugger attaching, a
+/// cgroup freezer) goes on: a vCPU thread sleeping in the signal port's
+/// WAIT resumes its poll through `restart_syscall`, which its filter must
+/// allow (it once killed the VMM with SIGSYS).
+#[test]
+fn kvm_a_stopped_and_continued_vmm_goes_on_under_its_filters() {
+    require_kvm();
+    let s = Scratch::new("seccomp-stop");
+    let sock = s.path("api.sock");
+    let (mut vmm, rx) = boot_snaptest(&sock, 64, false, "mib=1 rounds=100000 sleep_ms=200", &[]);
+    read_until(&rx, "count 1");
+    let pid = vmm.id() as i32;
+    for _ in 0..3 {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    read_until(&rx, "count 4");
+    assert!(
+        vmm.try_wait().unwrap().is_none(),
+        "the VMM ended after SIGSTOP/SIGCONT"
+    );
+    let (code, _) = http(&sock, "GET", "/", None);
+    assert_eq!(code, 200);
+}

@@ -38,6 +38,9 @@ const SYSCALLS: &[i64] = &[
     SYS_clock_nanosleep,
     SYS_clock_gettime,
     SYS_sched_yield,
+    // A WAIT's poll interrupted by SIGSTOP/SIGCONT (job control, ptrace, a
+    // cgroup freezer) resumes through restart_syscall.
+    SYS_restart_syscall,
     // The kick signal's handler returning; stopping the VM kicks the others.
     SYS_rt_sigreturn,
     SYS_rt_sigprocmask,
