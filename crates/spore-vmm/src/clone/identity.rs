@@ -174,7 +174,12 @@ pub fn record(config: &mut VmConfig, id: &CloneIdentity) {
     if let (Some(v), Some(cid)) = (config.vsock.as_mut(), id.vsock_cid) {
         v.guest_cid = cid;
     }
-    for c in &id.net {
+    record_net(config, &id.net);
+}
+
+/// Keeps new MACs in the configuration (`GET /vm/config`, a snapshot's).
+pub fn record_net(config: &mut VmConfig, changes: &[NetIdentityChange]) {
+    for c in changes {
         let iface = config
             .network_interfaces
             .iter_mut()
@@ -245,7 +250,7 @@ pub fn clone_vsock_cid(config: &VmConfig, index: u64) -> Option<u32> {
 /// from which its own clones' CIDs are derived.)
 pub fn apply_to_clone(
     vm: &Vm,
-    config: &VmConfig,
+    config: &mut VmConfig,
     index: u64,
     generation: u64,
     net: Vec<NetIdentityChange>,
@@ -255,6 +260,8 @@ pub fn apply_to_clone(
         vsock_cid: clone_vsock_cid(config, index),
         net,
     };
+    // (The clone's configuration keeps the source's CID, see above.)
+    record_net(config, &id.net);
     apply(vm, &id)
         .map_err(|e| CloneError::Capture(format!("cannot give the clone its identity: {e}")))
 }
