@@ -375,9 +375,17 @@ fn kvm_clones_reopen_their_tap_in_their_own_namespace() {
         assert_eq!(code, 200, "{cfg}");
         let want = format!(r#""guest_mac":"06:00:ac:10:00:{n:02x}""#);
         assert!(cfg.contains(&want), "clone {n}: {cfg}");
+        // It runs in namespace n (the file's inode is the namespace's).
+        let ns = [&ns1, &ns2][n as usize - 1].path();
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        assert_eq!(
+            ino(Path::new(&format!("/proc/{pid}/ns/net"))),
+            ino(&ns),
+            "clone {n} is not in {}",
+            ns.display()
+        );
     }
     // The source still holds its own tap, in the host's namespace.
     assert!(holds_tap(vmm.id(), &tap.0));
-    let _ = (ns1.path(), ns2.path());
     drop(rx);
 }
