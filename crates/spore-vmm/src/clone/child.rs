@@ -112,7 +112,7 @@ pub fn restore(
 /// `FORK` returns, and its identity. Called right before it starts.
 pub fn activate(
     vm: &Vm,
-    config: &VmConfig,
+    config: &mut VmConfig,
     awaiting: &super::AwaitingGo,
     index: u64,
 ) -> Result<(), CloneError> {
