@@ -38,6 +38,11 @@ pub const BOOT_INFO_ADDR: u64 = 0x4000;
 /// 8 bytes of the boot-info page: the VMM rewrites it when it clones the VM
 /// (see `signal` for the contract).
 pub const GENERATION_ADDR: u64 = BOOT_INFO_ADDR + 0x1000 - 8;
+/// The VM's clone number (little-endian u64): 0 for a booted VM, the
+/// number its source gave it (1, 2, ... per source, what a guest `FORK`
+/// returns to it) in a clone. Below the network identity block (`net`);
+/// the VMM writes it with the generation, before the clone first runs.
+pub const CLONE_INDEX_ADDR: u64 = GENERATION_ADDR - 40;
 pub const CMDLINE_ADDR: u64 = 0x5000;
 pub const CMDLINE_MAX: usize = 0x1000;
 /// Page directories for up to 64 GiB of identity map (64 pages).
@@ -139,7 +144,8 @@ impl BootInfo {
     }
 }
 
-// The last 40 bytes of the page: the network identity block (`net`) and the generation.
-const _: () =
-    assert!(BOOT_INFO_ADDR + core::mem::size_of::<BootInfo>() as u64 <= GENERATION_ADDR - 32);
+// The last 48 bytes of the page: the clone number, the network identity
+// block (`net`) and the generation.
+const _: () = assert!(BOOT_INFO_ADDR + core::mem::size_of::<BootInfo>() as u64 <= CLONE_INDEX_ADDR);
+const _: () = assert!(CLONE_INDEX_ADDR + 8 == GENERATION_ADDR - 32);
 const _: () = assert!(PD_ADDR + MAX_IDENTITY_GIB * 0x1000 <= STACK_TOP - STACK_SIZE);

@@ -55,7 +55,7 @@ pub mod virtio;
 
 pub use boot::BootInfo;
 pub use cmdline::{arg, cmdline};
-pub use random::{generation, random_u64};
+pub use random::{clone_index, generation, random_u64};
 pub use signal::{done, exit, fork, mark, snapshot_point, wait, SnapshotPoint};
 
 /// Exit code of a panic.

@@ -9,7 +9,7 @@
 //! virtio-rng when it changed. The key is never derived from the TSC, RDRAND
 //! or anything else a clone shares with its source.
 
-use spore_abi::boot::GENERATION_ADDR;
+use spore_abi::boot::{CLONE_INDEX_ADDR, GENERATION_ADDR};
 
 use crate::virtio::rng::{RngError, VirtioRng};
 use crate::virtio::VirtioError;
@@ -46,6 +46,14 @@ pub fn generation() -> u64 {
     // this word of the boot-info page for the generation; it may change
     // while the guest is paused, hence the volatile read.
     unsafe { core::ptr::read_volatile(GENERATION_ADDR as *const u64) }
+}
+
+/// This VM's clone number: 0 for a booted VM, the number its source gave
+/// it in a clone (valid once [`generation`] shows the change).
+pub fn clone_index() -> u64 {
+    // SAFETY: as for `generation`: a reserved, identity-mapped word of the
+    // boot-info page that the VMM writes while the guest is paused.
+    unsafe { core::ptr::read_volatile(CLONE_INDEX_ADDR as *const u64) }
 }
 
 /// How often the generator was (re)seeded from virtio-rng, and the

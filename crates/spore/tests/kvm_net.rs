@@ -67,7 +67,7 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
     let (_vmm, _rx) = boot_httpd(&sock, &tap.name, k, "");
     let base = format!("http://{}", guest_ip(k));
     let hello = curl_until_up(None, &format!("{base}/"), Duration::from_secs(10));
-    assert_eq!(hello, "hello from spore-httpd generation=0\n");
+    assert_eq!(hello, "hello from spore-httpd generation=0 clone=0\n");
 
     // 1,000 requests on keep-alive connections (curl's URL globbing), each
     // body checked in order.
@@ -76,7 +76,7 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1000, "{} answers", lines.len());
     for (i, l) in lines.iter().enumerate() {
-        assert_eq!(*l, format!("req {i} generation=0"), "answer {i}");
+        assert_eq!(*l, format!("req {i} generation=0 clone=0"), "answer {i}");
     }
 
     // A bigger body, checked byte by byte against the guest's pattern.
@@ -148,7 +148,7 @@ fn kvm_net_a_snapshot_restored_in_a_new_process_answers_again() {
     // reopened by its name and the guest's stack goes on.
     let t = Instant::now();
     let reply = curl_until_up(None, &format!("{base}/req/7"), Duration::from_secs(10));
-    assert_eq!(reply, "req 7 generation=0\n");
+    assert_eq!(reply, "req 7 generation=0 clone=0\n");
     eprintln!("restored VM answered after {:?}", t.elapsed());
 }
 
@@ -251,27 +251,69 @@ fn kvm_net_four_clones_keep_the_address_each_in_its_own_namespace() {
         dir: s.0.clone(),
     };
     reaper.add_from(&report);
-    let mut generations = std::collections::BTreeSet::new();
-    for ns in &namespaces {
+    // Namespace n holds clone number n: each answers with its own number,
+    // from the same address.
+    for (n, ns) in (1..).zip(&namespaces) {
         let hello = curl_until_up(Some(&ns.0), &url, Duration::from_secs(10));
-        let g: u64 = hello
-            .trim()
-            .strip_prefix("hello from spore-httpd generation=")
-            .and_then(|g| g.parse().ok())
-            .unwrap_or_else(|| panic!("in {}: {hello:?}", ns.0));
-        assert_ne!(g, 0, "the clone in {} answered as the source", ns.0);
-        generations.insert(g);
+        assert_eq!(
+            hello,
+            format!("hello from spore-httpd generation=1 clone={n}\n"),
+            "in {}",
+            ns.0
+        );
     }
-    assert_eq!(
-        generations.len(),
-        4,
-        "clones share a generation: {generations:?}"
-    );
     // The source, in the host's namespace, goes on answering as itself.
     assert_eq!(
         curl(None, 5, &[&url]).map(|b| String::from_utf8_lossy(&b).into_owned()),
-        Ok("hello from spore-httpd generation=0\n".to_string())
+        Ok("hello from spore-httpd generation=0 clone=0\n".to_string())
     );
     drop(reaper);
     drop(taps);
+}
+
+#[test]
+fn kvm_net_a_clone_given_a_new_mac_and_address_readdresses_itself() {
+    require_kvm();
+    require_tap();
+    let k = 15;
+    let s = Scratch::new("net-readdress");
+    let name = tap_name(k);
+    let tap = Tap::new(None, &name, &format!("10.77.{k}.1/24"));
+    // The clone's namespace is on another /24: it only answers there if it
+    // took the address it was given.
+    let ns = Netns::new(&format!("spn{k}-{}-1", std::process::id()));
+    let _ns_tap = Tap::new(Some(&ns.0), &name, "10.78.15.1/24");
+    let sock = s.path("src.sock");
+    let (_vmm, _rx) = boot_httpd(&sock, &tap.name, k, "");
+    curl_until_up(
+        None,
+        &format!("http://{}/", guest_ip(k)),
+        Duration::from_secs(10),
+    );
+
+    let ns_template = format!("/run/netns/spn{k}-{}-{{n}}", std::process::id());
+    let body = format!(
+        r#"{{"count": 1, "mode": "continue", "network": {{"netns_template": "{ns_template}",
+            "interfaces": [{{"iface_id": "eth0", "guest_mac_template": "06:00:0a:4e:{{n}}",
+                             "ipv4": "10.78.15.{{n}}0/24", "gateway": "10.78.15.1"}}]}}}}"#
+    );
+    let (code, report) = clone::put_clone(&sock, &body);
+    assert_eq!(code, 200, "PUT /clone: {report}");
+    let mut reaper = clone::Reaper {
+        source: None,
+        pids: Vec::new(),
+        dir: s.0.clone(),
+    };
+    reaper.add_from(&report);
+    let hello = curl_until_up(Some(&ns.0), "http://10.78.15.10/", Duration::from_secs(10));
+    assert_eq!(hello, "hello from spore-httpd generation=1 clone=1\n");
+    let log = report["clones"][0]["log"].as_str().unwrap().to_string();
+    let console = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        console.contains("httpd: readdressed generation=1 ip 10.78.15.10/24 mac 06:00:0a:4e:00:01"),
+        "{console}"
+    );
+    // The old address is not the clone's any more.
+    assert!(curl(Some(&ns.0), 1, &[&format!("http://{}/", guest_ip(k))]).is_err());
+    drop(reaper);
 }

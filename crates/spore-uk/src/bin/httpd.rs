@@ -1,7 +1,7 @@
 //! httpd: an HTTP/1.1 server over virtio-net (smoltcp TCP/IP).
 //!
-//! Routes: `GET /` (`hello from spore-httpd generation=G`), `GET /req/N`
-//! (`req N generation=G`), `GET /bytes/N` (N bytes of the pattern
+//! Routes: `GET /` (`hello from spore-httpd generation=G clone=N`, N the clone number), `GET /req/N`
+//! (`req N generation=G clone=C`), `GET /bytes/N` (N bytes of the pattern
 //! `i % 251`, streamed), `POST /sink` (reads a Content-Length body,
 //! answers `received LEN sum SUM`, the byte sum mod 2^32); anything else
 //! 404. Keep-alive and pipelining; malformed heads 400, heads over 8 KiB
@@ -27,7 +27,7 @@ use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use spore_uk::http::{self, Parse};
 use spore_uk::net::{DisplayIpv4, DisplayMac, NetError, NetStack};
-use spore_uk::{arg, generation, println};
+use spore_uk::{arg, clone_index, generation, println};
 
 spore_uk::entry!(main);
 
@@ -327,10 +327,17 @@ impl Session {
             }
             // A body nobody reads would be taken for the next request.
             _ if body > 0 => self.fail(404),
-            Route::Hello => {
-                self.respond(200, format_args!("hello from spore-httpd generation={g}\n"))
-            }
-            Route::Req(n) => self.respond(200, format_args!("req {n} generation={g}\n")),
+            Route::Hello => self.respond(
+                200,
+                format_args!(
+                    "hello from spore-httpd generation={g} clone={}\n",
+                    clone_index()
+                ),
+            ),
+            Route::Req(n) => self.respond(
+                200,
+                format_args!("req {n} generation={g} clone={}\n", clone_index()),
+            ),
             Route::Bytes(n) => {
                 self.head(200, n);
                 self.phase = Phase::Stream { sent: 0, total: n };

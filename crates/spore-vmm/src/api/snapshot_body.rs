@@ -113,6 +113,7 @@ impl SnapshotLoadParams {
                 }
                 Ok(Some(CloneIdentity {
                     net: Vec::new(),
+                    index: 0,
                     generation,
                     vsock_cid,
                 }))

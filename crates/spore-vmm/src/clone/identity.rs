@@ -27,7 +27,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use spore_abi::boot::GENERATION_ADDR;
+use spore_abi::boot::{CLONE_INDEX_ADDR, GENERATION_ADDR};
 use spore_abi::net::{NetIdentity, NET_IDENTITY_ADDR, NET_IDENTITY_MAGIC};
 use spore_abi::signal::GENERATION_VSOCK_PORT;
 use vm_memory::{Bytes, GuestAddress};
@@ -48,6 +48,11 @@ pub struct CloneIdentity {
     pub generation: u64,
     /// A new vsock CID; `None` keeps the source's.
     pub vsock_cid: Option<u32>,
+    /// The clone's number from its source (0: not a clone of a running
+    /// source, e.g. a restore with `clone_generation`); a unikernel reads
+    /// it at `spore_abi::boot::CLONE_INDEX_ADDR`.
+    #[serde(default)]
+    pub index: u64,
     /// New network addresses, per interface (the others keep theirs).
     #[serde(default)]
     pub net: Vec<NetIdentityChange>,
@@ -90,9 +95,11 @@ pub fn apply(vm: &Vm, id: &CloneIdentity) -> Result<(), IdentityError> {
     // identity when it sees the generation change.
     let net_lines = apply_net(vm, &id.net)?;
     if vm.kind() == GuestKind::Unikernel {
-        vm.ram()
-            .memory()
-            .write_obj(id.generation, GuestAddress(GENERATION_ADDR))
+        let mem = vm.ram().memory();
+        // The number first: a guest that sees the generation change reads
+        // the rest of its identity.
+        mem.write_obj(id.index, GuestAddress(CLONE_INDEX_ADDR))
+            .and_then(|()| mem.write_obj(id.generation, GuestAddress(GENERATION_ADDR)))
             .map_err(|e| IdentityError::Memory(e.to_string()))?;
     }
     match (vm.vsock(), id.vsock_cid) {
@@ -270,6 +277,7 @@ pub fn apply_to_clone(
     let id = CloneIdentity {
         generation,
         vsock_cid: clone_vsock_cid(config, index),
+        index,
         net,
     };
     // (The clone's configuration keeps the source's CID, see above.)
@@ -335,6 +343,7 @@ mod tests {
         let id = CloneIdentity {
             generation: 2,
             vsock_cid: Some(9),
+            index: 1,
             net: Vec::new(),
         };
         record(&mut config, &id);
