@@ -49,7 +49,7 @@ if [ -z "$bad" ]; then t api-bad-config-refused PASS; else t api-bad-config-refu
 if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" &&
     A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":512}' &&
     A PUT /hotplug/memory '{"total_size_mib":2048,"block_size_mib":2,"slot_size_mib":128}' &&
-    A GET /hotplug/memory | grep -q '"total_size_mib":2048' &&
+    A GET /vm/config | grep -q '"total_size_mib":2048' &&
     A PUT /actions '{"action_type":"InstanceStart"}'; then
     t api-configure-and-start PASS
 else
