@@ -78,7 +78,13 @@ pub fn run(a: NetBenchArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn bench(spore: &Path, uk: &Path, a: &NetBenchArgs, tap: &Tap, scratch: &Path) -> anyhow::Result<Value> {
+fn bench(
+    spore: &Path,
+    uk: &Path,
+    a: &NetBenchArgs,
+    tap: &Tap,
+    scratch: &Path,
+) -> anyhow::Result<Value> {
     let guest = tap.guest_ip();
     let vm = VmmProcess::spawn(spore, scratch.join("net.sock"))?;
     vm.api(

@@ -97,7 +97,10 @@ pub fn guest_to_host(addr: SocketAddr, window: Duration) -> anyhow::Result<f64> 
     let (mut line, mut status) = (String::new(), None);
     loop {
         line.clear();
-        ensure!(r.read_line(&mut line)? > 0, "the connection closed in a head");
+        ensure!(
+            r.read_line(&mut line)? > 0,
+            "the connection closed in a head"
+        );
         if status.is_none() {
             status = line.split_whitespace().nth(1).map(str::to_string);
             ensure!(status.as_deref() == Some("200"), "GET /bytes: {line:?}");
@@ -176,7 +179,12 @@ pub fn ping_pong(addr: SocketAddr, warmup: usize, pings: usize) -> anyhow::Resul
         s.write_all(&byte)?;
         s.read_exact(&mut reply).context("reading an echo")?;
         let rtt = t.elapsed();
-        ensure!(reply == byte, "the echo of {} came back as {}", byte[0], reply[0]);
+        ensure!(
+            reply == byte,
+            "the echo of {} came back as {}",
+            byte[0],
+            reply[0]
+        );
         if i >= warmup {
             rtts.push(rtt.as_nanos() as f64 / 1e3);
         }
