@@ -56,6 +56,7 @@ pub fn run(a: NetBenchArgs) -> anyhow::Result<u8> {
         Some(p) => p.clone(),
         None => super::uk_dir(&None).join("httpd"),
     };
+    let uk = std::fs::canonicalize(&uk).unwrap_or(uk);
     if !uk.is_file() {
         bail!(
             "{} is missing: build the unikernel apps (make uk) or give --uk PATH",
