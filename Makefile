@@ -99,6 +99,7 @@ bench: build uk
 	$(SPORE) bench clone --uk-dir $(UK_OUT) > $(BENCH_OUT)/clone.json
 	$(SPORE) bench reclaim --uk $(UK_OUT)/memtest > $(BENCH_OUT)/reclaim.json
 	$(SPORE) bench serve --uk-dir $(UK_OUT) > $(BENCH_OUT)/serve.json
+	$(SPORE) bench net --uk $(UK_OUT)/httpd > $(BENCH_OUT)/net.json
 	$(SPORE) bench report $(BENCH_OUT)
 
 clean:

@@ -11,8 +11,12 @@
 //! when its connection ends. A clone re-addresses itself (new MAC and, with
 //! an identity block, a new address) and drops the source's connections.
 //!
+//! With `echo=PORT`, [`ECHO_CONNS`] more sockets on that port echo every
+//! byte back as soon as it arrives (a TCP ping-pong for latency
+//! measurements, `spore bench net`); they share the HTTP sessions' loop.
+//!
 //! Command line: `ip=A.B.C.D/P` (required), `gw=A.B.C.D`, `port=N` (80),
-//! `conns=N` (8). Lines: `httpd: listening on IP:PORT mac MAC`, and after
+//! `conns=N` (8), `echo=PORT` (off; not the HTTP port). Lines: `httpd: listening on IP:PORT mac MAC`, and after
 //! a clone `httpd: readdressed generation=G ip IP/P mac MAC`.
 //! Exit: 1 = no usable virtio-net device, 2 = bad or missing settings.
 #![no_std]
@@ -40,6 +44,10 @@ const SOCKET_TX: usize = 128 * 1024;
 const IDLE_WAIT_US: u32 = 1_000_000;
 /// `/bytes/N` pattern: byte i is `i % PATTERN_PERIOD`.
 const PATTERN_PERIOD: usize = 251;
+/// Echo connections served at once (a ping-pong client needs one).
+const ECHO_CONNS: usize = 2;
+/// An echo socket's buffers: it never holds more than one round's bytes.
+const ECHO_BUF: usize = 4 * 1024;
 
 enum Phase {
     /// Reading a request head.
@@ -364,6 +372,46 @@ fn byte_sum(bytes: &[u8]) -> u32 {
         .fold(0u32, |s, &b| s.wrapping_add(u32::from(b)))
 }
 
+/// One echo connection: every received byte is sent straight back.
+struct EchoSession {
+    handle: SocketHandle,
+}
+
+impl EchoSession {
+    /// Moves what the socket allows; true if anything moved.
+    fn serve(&self, sock: &mut tcp::Socket, port: u16) -> bool {
+        if !sock.is_open() {
+            sock.set_timeout(Some(smoltcp::time::Duration::from_secs(60)));
+            // Replies go out at once: a ping-pong peer waits for each one.
+            sock.set_nagle_enabled(false);
+            return sock.listen(port).is_ok();
+        }
+        if !sock.is_active() || sock.state() == tcp::State::SynReceived {
+            return false;
+        }
+        let mut progress = false;
+        let mut buf = [0u8; ECHO_BUF];
+        loop {
+            // Take no more than the send buffer can hold now, so that
+            // nothing read is ever dropped.
+            let room = sock.send_capacity() - sock.send_queue();
+            let n = sock.recv_slice(&mut buf[..room.min(ECHO_BUF)]).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            // Fits whole: `room` was measured just before.
+            let _ = sock.send_slice(&buf[..n]);
+            progress = true;
+        }
+        if !sock.may_recv() && sock.recv_queue() == 0 && sock.may_send() {
+            // The peer is done: close after the echoed bytes.
+            sock.close();
+            progress = true;
+        }
+        progress
+    }
+}
+
 fn main(info: &spore_uk::BootInfo) -> i32 {
     let port = arg("port")
         .and_then(|v| v.parse::<u16>().ok())
@@ -373,6 +421,14 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(DEFAULT_CONNS)
         .clamp(1, 64);
+    let echo_port = match arg("echo").map(|v| v.parse::<u16>()) {
+        None => None,
+        Some(Ok(p)) if p != 0 && p != port => Some(p),
+        Some(_) => {
+            println!("httpd: echo= needs a port number other than 0 and the HTTP port {port}");
+            return 2;
+        }
+    };
     let mut net = match NetStack::new(info) {
         Ok(n) => n,
         Err(e) => {
@@ -390,12 +446,27 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
     let mut sessions: Vec<Session> = (0..conns)
         .map(|_| Session::new(net.add_tcp_socket(SOCKET_RX, SOCKET_TX)))
         .collect();
+    let echoes: Vec<EchoSession> = match echo_port {
+        Some(_) => (0..ECHO_CONNS)
+            .map(|_| EchoSession {
+                handle: net.add_tcp_socket(ECHO_BUF, ECHO_BUF),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let echo_port = echo_port.unwrap_or(0);
     let pattern = Pattern::new();
     // Listen before saying so: a SYN right behind the line must find a socket.
     let g = generation();
     for s in sessions.iter_mut() {
         let sock = net.sockets.get_mut::<tcp::Socket>(s.handle);
         s.serve(sock, port, &pattern, g);
+    }
+    for e in echoes.iter() {
+        e.serve(net.sockets.get_mut::<tcp::Socket>(e.handle), echo_port);
+    }
+    if !echoes.is_empty() {
+        println!("httpd: echo on {}:{echo_port}", DisplayIpv4(ip.addr));
     }
     println!(
         "httpd: listening on {}:{port} mac {}",
@@ -428,6 +499,9 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         for s in sessions.iter_mut() {
             let sock = net.sockets.get_mut::<tcp::Socket>(s.handle);
             progress |= s.serve(sock, port, &pattern, g);
+        }
+        for e in echoes.iter() {
+            progress |= e.serve(net.sockets.get_mut::<tcp::Socket>(e.handle), echo_port);
         }
         if !progress {
             net.wait(IDLE_WAIT_US);

@@ -12,6 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod clone;
+mod net;
+mod net_client;
 mod reclaim;
 mod reclaim_linux;
 mod report;
@@ -47,6 +49,10 @@ pub enum BenchCommand {
     /// `spore serve`: invoke latency per start path (warm, clone, cold),
     /// invocations/s with clones against cold boots, idle instances held.
     Serve(crate::bench::serve::ServeBenchArgs),
+    /// virtio-net on a tap against the `httpd` unikernel: TCP throughput
+    /// both ways, 1-byte ping-pong latency, HTTP keep-alive requests/s
+    /// (root: it makes its own tap).
+    Net(crate::bench::net::NetBenchArgs),
     /// One HTML page with plots from the bench JSON saved in a directory.
     Report(crate::bench::report::ReportArgs),
 }
@@ -81,6 +87,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Clone(a) => crate::bench::clone::run(a),
         BenchCommand::Reclaim(a) => crate::bench::reclaim::run(a),
         BenchCommand::Serve(a) => crate::bench::serve::run(a),
+        BenchCommand::Net(a) => crate::bench::net::run(a),
         BenchCommand::Report(a) => crate::bench::report::run(a),
     }
 }

@@ -136,7 +136,7 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
 }
 
 /// The host's 1-minute load average.
-fn loadavg() -> Value {
+pub(crate) fn loadavg() -> Value {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
