@@ -6,6 +6,11 @@
 //! with RNDADDENTROPY and rekeys the CRNG at once (RNDRESEEDCRNG), logging
 //! `spore-reseed: generation N: added 64 bytes (512 bits) from /dev/hwrng,
 //! CRNG reseeded` and writing N to /run/spore-generation.
+//! A clone given a new network identity also gets `mac IFACE_ID MAC` and
+//! `ipv4 IFACE_ID A.B.C.D/P GATEWAY` lines after the generation: they are
+//! applied with busybox `ip` (`spore_guest_tools::netid`), each logged as
+//! `spore-reseed: eth0 (eth0): mac 02:.. ipv4 10.0.0.3/24 via 10.0.0.1 applied`
+//! (or the error), and the notice is kept in /run/spore-net.
 //! `spore-reseed now` reseeds once and exits. Run as root.
 
 use std::io::Read;
@@ -13,12 +18,15 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use spore_guest_tools::reseed::{parse_notice, reseed, GENERATION_VSOCK_PORT, RESEED_BYTES};
+use spore_guest_tools::netid;
+use spore_guest_tools::reseed::{reseed, GENERATION_VSOCK_PORT, RESEED_BYTES};
 use spore_guest_tools::vsock::VsockListener;
 
 const HWRNG: &str = "/dev/hwrng";
 const POOL: &str = "/dev/urandom";
 const USAGE: &str = "usage: spore-reseed [now]";
+/// A notice is a generation line and two lines per interface.
+const MAX_NOTICE: u64 = 16 * 1024;
 
 fn reseed_once(generation: Option<u64>) -> Result<(), String> {
     let r = reseed(Path::new(HWRNG), Path::new(POOL), RESEED_BYTES).map_err(|e| e.to_string())?;
@@ -49,14 +57,33 @@ fn serve() -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("accept: {e}")),
         };
-        // The VMM sends one short line and closes. A connection reset by a
+        // The VMM sends a few short lines and closes. A connection reset by a
         // racing transport reset still means "cloned": reseed anyway.
         let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
         let mut msg = Vec::new();
-        let _ = (&mut conn).take(64).read_to_end(&mut msg);
+        let _ = (&mut conn).take(MAX_NOTICE).read_to_end(&mut msg);
         drop(conn);
-        if let Err(e) = reseed_once(parse_notice(&msg)) {
+        let notice = netid::parse(&msg).unwrap_or_else(|e| {
+            eprintln!(
+                "spore-reseed: notice {:?}: {e}; reseeding only",
+                String::from_utf8_lossy(&msg)
+            );
+            netid::Notice::default()
+        });
+        if let Err(e) = reseed_once(notice.generation) {
             eprintln!("spore-reseed: {e}");
+        }
+        for line in &notice.unknown {
+            eprintln!("spore-reseed: ignored notice line '{line}'");
+        }
+        if !notice.interfaces.is_empty() {
+            let _ = std::fs::write("/run/spore-net", &msg);
+            for r in netid::apply(&notice) {
+                match r {
+                    Ok(s) => println!("spore-reseed: {s}"),
+                    Err(e) => eprintln!("spore-reseed: {e}"),
+                }
+            }
         }
     }
 }
