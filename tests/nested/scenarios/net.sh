@@ -244,11 +244,12 @@ if clone_put 2 '{"iface_id":"eth0","ipv4":"10.0.0.2/24","gateway":"10.0.0.1"}' >
     clones_detail="" clones_ok=1 macs=""
     for n in 1 2; do
         pids="$pids $(clone_pid $n)"
+        applied=$(guest 'i=0; while [ ! -f /run/spore-net ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i+1)); done; cat /run/spore-net' "$(clone_vsock $n)" 90)
         out=$(guest "ip -4 addr show dev eth0 | grep -o 'inet [0-9./]*'; cat /sys/class/net/eth0/address; wget -q -T 10 -O - http://10.0.0.1:8080/id" "$(clone_vsock $n)" 90)
         ping_ns=$(nsenter --net=/run/netns/spore-$n ping -c 1 -W 5 10.0.0.2 >/dev/null 2>&1 && echo ok || echo no)
         mac=$(echo "$out" | sed -n 2p)
         macs="$macs $mac"
-        clones_detail="$clones_detail clone $n: $(echo "$out" | tr '\n' ' ')ping from netns $ping_ns;"
+        clones_detail="$clones_detail clone $n: $(echo "$out" | tr '\n' ' ')ping from netns $ping_ns, notice '$(echo "$applied" | tr '\n' ' ')';"
         echo "$out" | grep -q 'inet 10.0.0.2/24' && [ "$(echo "$out" | sed -n 3p)" = "netns-$n" ] && [ $ping_ns = ok ] || clones_ok=0
     done
     if [ $clones_ok = 1 ]; then r net-clones PASS "$clones_detail"; else r net-clones FAIL "$clones_detail $(tail -n 3 "$tmp"/clones/*.log 2>/dev/null | tr '\n' ' ')"; fi
@@ -260,7 +261,8 @@ fi
 if clone_put 1 '{"iface_id":"eth0","ipv4":"10.0.0.3/24","gateway":"10.0.0.1"}' >"$tmp/clone-b.json" 2>"$tmp/clone-b.err"; then
     n=$(sed -n 's/.*"index": *\([0-9]*\).*/\1/p' "$tmp/clone-b.json" | head -n 1)
     pids="$pids $(clone_pid "$n")"
-    out=$(guest "cat /sys/class/net/eth0/address; ip -4 addr show dev eth0 | grep -o 'inet [0-9./]*'; ip route | grep default; cat /run/spore-net" "$(clone_vsock "$n")" 90)
+    # /run/spore-net appears once spore-reseed applied the notice.
+    out=$(guest "i=0; while [ ! -f /run/spore-net ] && [ \$i -lt 100 ]; do sleep 0.2; i=\$((i+1)); done; cat /sys/class/net/eth0/address; ip -4 addr show dev eth0 | grep -o 'inet [0-9./]*'; ip route | grep default; cat /run/spore-net" "$(clone_vsock "$n")" 90)
     mac=$(echo "$out" | sed -n 1p)
     nsf=/run/netns/spore-$n
     ping_ns=$(nsenter --net="$nsf" ping -c 1 -W 5 10.0.0.3 >/dev/null 2>&1 && echo ok || echo no)

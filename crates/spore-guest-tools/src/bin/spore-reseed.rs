@@ -10,8 +10,10 @@
 //! `ipv4 IFACE_ID A.B.C.D/P GATEWAY` lines after the generation: they are
 //! applied with busybox `ip` (`spore_guest_tools::netid`), each logged as
 //! `spore-reseed: eth0 (eth0): mac 02:.. ipv4 10.0.0.3/24 via 10.0.0.1 applied`
-//! (or the error), and the notice is kept in /run/spore-net.
-//! `spore-reseed now` reseeds once and exits. Run as root.
+//! (or the error); then the notice is written to /run/spore-net.
+//! `spore-reseed now` reseeds once and exits; `spore-reseed apply FILE` applies
+//! the `mac`/`ipv4` lines of a notice in FILE (`-`: stdin) without reseeding
+//! (a test of the network half without a VMM). Run as root.
 
 use std::io::Read;
 use std::path::Path;
@@ -24,7 +26,7 @@ use spore_guest_tools::vsock::VsockListener;
 
 const HWRNG: &str = "/dev/hwrng";
 const POOL: &str = "/dev/urandom";
-const USAGE: &str = "usage: spore-reseed [now]";
+const USAGE: &str = "usage: spore-reseed [now | apply FILE]";
 /// A notice is a generation line and two lines per interface.
 const MAX_NOTICE: u64 = 16 * 1024;
 
@@ -77,15 +79,44 @@ fn serve() -> Result<(), String> {
             eprintln!("spore-reseed: ignored notice line '{line}'");
         }
         if !notice.interfaces.is_empty() {
-            let _ = std::fs::write("/run/spore-net", &msg);
-            for r in netid::apply(&notice) {
-                match r {
-                    Ok(s) => println!("spore-reseed: {s}"),
-                    Err(e) => eprintln!("spore-reseed: {e}"),
-                }
+            let _ = apply_net(&msg, &notice);
+        }
+    }
+}
+
+/// Applies a notice's interface lines; logs each; fails if any failed.
+fn apply_net(msg: &[u8], notice: &netid::Notice) -> Result<(), String> {
+    let mut failed = 0;
+    for r in netid::apply(notice) {
+        match r {
+            Ok(s) => println!("spore-reseed: {s}"),
+            Err(e) => {
+                eprintln!("spore-reseed: {e}");
+                failed += 1;
             }
         }
     }
+    // Written after the changes: its presence says they were applied.
+    let _ = std::fs::create_dir_all("/run");
+    let _ = std::fs::write("/run/spore-net", msg);
+    if failed > 0 {
+        return Err(format!("{failed} interface(s) not configured"));
+    }
+    Ok(())
+}
+
+fn apply_file(path: &str) -> Result<(), String> {
+    let msg = if path == "-" {
+        let mut v = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut v)
+            .map_err(|e| e.to_string())?;
+        v
+    } else {
+        std::fs::read(path).map_err(|e| format!("{path}: {e}"))?
+    };
+    let notice = netid::parse(&msg)?;
+    apply_net(&msg, &notice)
 }
 
 fn main() -> ExitCode {
@@ -93,6 +124,7 @@ fn main() -> ExitCode {
     let result = match args.as_slice() {
         [] => serve(),
         [cmd] if cmd == "now" => reseed_once(None),
+        [cmd, file] if cmd == "apply" => apply_file(file),
         _ => Err(USAGE.into()),
     };
     match result {
