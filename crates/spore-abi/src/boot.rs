@@ -140,5 +140,6 @@ impl BootInfo {
 }
 
 // The last 40 bytes of the page: the network identity block (`net`) and the generation.
-const _: () = assert!(BOOT_INFO_ADDR + core::mem::size_of::<BootInfo>() as u64 <= GENERATION_ADDR - 32);
+const _: () =
+    assert!(BOOT_INFO_ADDR + core::mem::size_of::<BootInfo>() as u64 <= GENERATION_ADDR - 32);
 const _: () = assert!(PD_ADDR + MAX_IDENTITY_GIB * 0x1000 <= STACK_TOP - STACK_SIZE);

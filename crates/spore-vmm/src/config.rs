@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 mod cpu_template;
 mod guest_snapshot;
 mod mmds;
+mod net;
 mod observe;
 mod rate_limiter;
 mod serial;
@@ -21,6 +22,10 @@ pub use cpu_template::{
 };
 pub use guest_snapshot::{AfterSnapshot, GuestSnapshotConfig, SnapshotType};
 pub use mmds::{MmdsConfig, MmdsConfigError, MmdsVersion};
+pub use net::{
+    upsert_interface, validate_iface_id, validate_tap_name, MacAddr, MacAddrError, NetConfigError,
+    NetworkInterfaceConfig, PartialNetworkInterface, MAX_TAP_NAME_LEN,
+};
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 pub use serial::SerialConfig;
@@ -73,6 +78,8 @@ pub enum ConfigError {
     SmtVcpuCount,
     #[error("cpu_template: {0}")]
     CpuTemplate(String),
+    #[error(transparent)]
+    Net(#[from] NetConfigError),
 }
 
 /// Largest vCPU count spore configures (MP table and IOAPIC limits).
@@ -532,6 +539,24 @@ impl MemoryHotplugConfig {
     }
 }
 
+/// An MMDS configuration checked as Firecracker checks it against the
+/// interfaces, then refused: spore's network device does not route MMDS
+/// requests (169.254.169.254) yet.
+pub fn check_mmds_config(
+    m: &MmdsConfig,
+    ifaces: &[NetworkInterfaceConfig],
+) -> Result<(), ConfigError> {
+    let ids: Vec<&str> = ifaces.iter().map(|i| i.iface_id.as_str()).collect();
+    let unsupported = |detail: String| ConfigError::Unsupported {
+        field: "mmds-config",
+        detail,
+    };
+    m.validate(&ids).map_err(|e| unsupported(e.to_string()))?;
+    Err(unsupported(
+        "the network device does not route MMDS requests yet".into(),
+    ))
+}
+
 /// The whole VM as a `--config-file` describes it (Firecracker's layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -603,15 +628,16 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub mmds_config: Option<MmdsConfig>,
-    /// Firecracker's sections for what spore does not have yet: accepted
-    /// when `null` or empty, refused otherwise (naming the key).
+    /// Guest network interfaces, each a virtio-net device on a host tap
+    /// (`PUT /network-interfaces/{iface_id}`).
     #[serde(
         rename = "network-interfaces",
         default,
-        deserialize_with = "null_is_default",
-        skip_serializing
+        deserialize_with = "null_is_default"
     )]
-    pub network_interfaces: Vec<NotSupported>,
+    pub network_interfaces: Vec<NetworkInterfaceConfig>,
+    /// Firecracker's section for what spore does not have yet: accepted
+    /// when `null` or empty, refused otherwise (naming the key).
     #[serde(default, deserialize_with = "null_is_default", skip_serializing)]
     pub pmem: Vec<NotSupported>,
 }
@@ -637,6 +663,7 @@ impl VmConfig {
         if let Some(v) = &self.vsock {
             v.validate()?;
         }
+        net::validate_interfaces(&self.network_interfaces)?;
         if let Some(b) = &self.balloon {
             b.validate_for(&self.machine)?;
         }
@@ -647,10 +674,7 @@ impl VmConfig {
             g.validate().map_err(ConfigError::GuestSnapshots)?;
         }
         if let Some(m) = &self.mmds_config {
-            m.validate(&[]).map_err(|e| ConfigError::Unsupported {
-                field: "mmds-config",
-                detail: e.to_string(),
-            })?;
+            check_mmds_config(m, &self.network_interfaces)?;
         }
         Ok(())
     }

@@ -66,6 +66,10 @@ pub enum ApiRequest {
     PutDrive(DriveConfig),
     /// `PATCH /drives/{id}`; the path id equals `drive_id` (checked).
     PatchDrive(PartialDrive),
+    /// `PUT /network-interfaces/{iface_id}` (before boot).
+    PutNetworkInterface(crate::config::NetworkInterfaceConfig),
+    /// `PATCH /network-interfaces/{iface_id}`: new rate limits (after boot).
+    PatchNetworkInterface(crate::config::PartialNetworkInterface),
     /// `PUT /vsock`.
     PutVsock(VsockConfig),
     /// `PUT /actions`.

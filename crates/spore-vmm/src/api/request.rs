@@ -16,7 +16,7 @@ use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
 use crate::config::GuestSnapshotConfig;
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
-    VsockConfig,
+    NetConfigError, NetworkInterfaceConfig, PartialNetworkInterface, VsockConfig,
 };
 
 /// A resource the API serves, named by its path.
@@ -28,6 +28,8 @@ enum Resource<'a> {
     BootSource,
     /// `/drives/{id}`; the id is empty for a bare `/drives`.
     Drive(&'a str),
+    /// `/network-interfaces/{id}`; the id is empty for a bare `/network-interfaces`.
+    NetworkInterface(&'a str),
     Vsock,
     Actions,
     Vm,
@@ -69,7 +71,7 @@ impl Resource<'_> {
             | Resource::MmdsConfig => &["PUT"],
             Resource::Mmds => &["GET", "PUT", "PATCH"],
             Resource::MachineConfig | Resource::HotplugMemory => &["GET", "PUT", "PATCH"],
-            Resource::Drive(_) => &["PUT", "PATCH"],
+            Resource::Drive(_) | Resource::NetworkInterface(_) => &["PUT", "PATCH"],
             Resource::BootSource | Resource::Vsock | Resource::Actions => &["PUT"],
             Resource::Vm => &["PATCH"],
             Resource::Tmem => &["GET", "PUT"],
@@ -122,12 +124,19 @@ fn resource(path: &str) -> Option<Resource<'_>> {
         "/mmds" => Resource::Mmds,
         "/mmds/config" => Resource::MmdsConfig,
         "/drives" => Resource::Drive(""),
+        "/network-interfaces" => Resource::NetworkInterface(""),
         p => {
-            let id = p.strip_prefix("/drives/")?;
+            let res = match p.strip_prefix("/drives/") {
+                Some(id) => Resource::Drive(id),
+                None => Resource::NetworkInterface(p.strip_prefix("/network-interfaces/")?),
+            };
+            let (Resource::Drive(id) | Resource::NetworkInterface(id)) = res else {
+                return None;
+            };
             if id.contains('/') {
                 return None;
             }
-            Resource::Drive(id)
+            res
         }
     })
 }
@@ -193,6 +202,34 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
                 .into());
             }
             ApiRequest::PatchDrive(drive)
+        }
+        (Resource::NetworkInterface(""), _) => {
+            // Firecracker's answer without the id.
+            return Err(ApiError::BadRequest(format!(
+                "Invalid request method and/or path: {m} network-interfaces."
+            )));
+        }
+        (Resource::NetworkInterface(id), "PUT") => {
+            let iface = decode::<NetworkInterfaceConfig>(m, path, body)?;
+            if iface.iface_id != id {
+                return Err(ConfigError::from(NetConfigError::IdMismatch {
+                    path: printable(id),
+                    body: iface.iface_id,
+                })
+                .into());
+            }
+            ApiRequest::PutNetworkInterface(iface)
+        }
+        (Resource::NetworkInterface(id), "PATCH") => {
+            let patch = decode::<PartialNetworkInterface>(m, path, body)?;
+            if patch.iface_id != id {
+                return Err(ConfigError::from(NetConfigError::IdMismatch {
+                    path: printable(id),
+                    body: patch.iface_id,
+                })
+                .into());
+            }
+            ApiRequest::PatchNetworkInterface(patch)
         }
         (Resource::Vsock, "PUT") => ApiRequest::PutVsock(decode::<VsockConfig>(m, path, body)?),
         (Resource::Actions, "PUT") => {

@@ -68,8 +68,8 @@ pub struct SnapshotLoadParams {
     /// the path the snapshot was taken with (which another VM may hold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock_override: Option<VsockOverride>,
-    /// Firecracker's: new host devices for the snapshot's network
-    /// interfaces (spore has none yet: any entry names an unknown one).
+    /// Firecracker's: new host tap devices for the snapshot's network
+    /// interfaces (an iface_id the snapshot lacks is refused).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network_overrides: Vec<NetworkOverride>,
     /// Firecracker's (x86): restore kvmclock with `KVM_CLOCK_REALTIME`,

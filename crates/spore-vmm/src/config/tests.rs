@@ -225,11 +225,29 @@ fn firecracker_config_files_with_null_keys_load() {
     .unwrap();
     assert_eq!(nulls.machine, MachineConfig::default());
     assert!(nulls.drives.is_empty() && nulls.tmem.enabled);
+    // Network interfaces load (null limiters too) and are checked.
+    let with_net: VmConfig = serde_json::from_str(
+        r#"{"boot-source": {"kernel_image_path": "/k"}, "network-interfaces": [
+            {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": null,
+             "rx_rate_limiter": null, "tx_rate_limiter": null}]}"#,
+    )
+    .unwrap();
+    with_net.validate().unwrap();
+    assert_eq!(with_net.network_interfaces[0].host_dev_name, "tap0");
+    let mut two_taps = with_net.clone();
+    let mut eth1 = two_taps.network_interfaces[0].clone();
+    eth1.iface_id = "eth1".into();
+    two_taps.network_interfaces.push(eth1);
+    assert!(two_taps.validate().is_err());
+    // An MMDS config naming an existing interface passes Firecracker's
+    // checks, then is refused: MMDS is not routed yet.
+    let mut mmds = with_net.clone();
+    mmds.mmds_config = serde_json::from_str(r#"{"network_interfaces": ["eth0"]}"#).unwrap();
+    let e = mmds.validate().unwrap_err().to_string();
+    assert!(e.contains("does not route MMDS"), "{e}");
     // What spore does not have is refused when it is really asked for.
-    for bad in [
-        r#"{"network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"}]}"#,
-        r#"{"drives": [{"drive_id": "a", "path_on_host": "/d", "socket": "/s"}]}"#,
-    ] {
+    {
+        let bad = r#"{"drives": [{"drive_id": "a", "path_on_host": "/d", "socket": "/s"}]}"#;
         let e = serde_json::from_str::<VmConfig>(bad)
             .unwrap_err()
             .to_string();

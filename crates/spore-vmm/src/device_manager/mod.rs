@@ -33,6 +33,7 @@ use crate::devices::virtio::balloon::BalloonHandle;
 use crate::devices::virtio::blk::{BlockError, BlockHandle};
 use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::{NetError, NetHandle};
 use crate::devices::virtio::vsock::{VsockError, VsockHandle};
 use crate::devices::wake::GuestWake;
 use crate::host::lock;
@@ -63,6 +64,8 @@ pub enum DeviceError {
         #[source]
         source: BlockError,
     },
+    #[error(transparent)]
+    Net(#[from] NetError),
     #[error("vsock: {0}")]
     Vsock(#[from] VsockError),
     #[error(transparent)]
@@ -90,6 +93,8 @@ pub struct VirtioHandles {
     pub mem: Option<MemHandle>,
     /// Every drive's disk, in attach order (freezing to copy-on-write).
     pub drives: Vec<BlockHandle>,
+    /// Every network interface, in attach order (PATCH limits, a clone's MAC).
+    pub nets: Vec<NetHandle>,
     pub vsock: Option<VsockHandle>,
 }
 

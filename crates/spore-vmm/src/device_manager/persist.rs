@@ -21,13 +21,14 @@ use crate::devices::virtio::device_type;
 use crate::devices::virtio::mem::{VirtioMem, VirtioMemState};
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::{Net, NetState};
 use crate::devices::virtio::rng::{Rng, RngState};
 use crate::devices::virtio::vsock::{Vsock, VsockState};
 use crate::devices::virtio::VirtioDevice;
 use crate::persist::Persist;
 
 /// A device's stable name in a snapshot: `serial`, `i8042`, `tmem`,
-/// `drive:<drive_id>`, `rng`, `vsock`, `balloon`, `mem`.
+/// `drive:<drive_id>`, `net:<iface_id>`, `rng`, `vsock`, `balloon`, `mem`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct DeviceId(String);
 
@@ -43,6 +44,9 @@ impl DeviceId {
     }
     pub fn drive(drive_id: &str) -> Self {
         Self(format!("drive:{drive_id}"))
+    }
+    pub fn net(iface_id: &str) -> Self {
+        Self(format!("net:{iface_id}"))
     }
     pub fn rng() -> Self {
         Self("rng".into())
@@ -101,6 +105,8 @@ pub struct VirtioState {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum VirtioDeviceState {
     Block(BlockState),
+    /// Boxed: its two rate limiters make it the largest state by far.
+    Net(Box<NetState>),
     Rng(RngState),
     Vsock(VsockState),
     Balloon(BalloonState),
@@ -238,6 +244,18 @@ macro_rules! virtio_persist {
 }
 
 virtio_persist!(Block, Block);
+
+impl VirtioPersist for Net {
+    fn wrap(state: NetState) -> VirtioDeviceState {
+        VirtioDeviceState::Net(Box::new(state))
+    }
+    fn unwrap(state: &VirtioDeviceState) -> Option<&NetState> {
+        match state {
+            VirtioDeviceState::Net(s) => Some(s),
+            _ => None,
+        }
+    }
+}
 virtio_persist!(Rng, Rng);
 virtio_persist!(Vsock, Vsock);
 virtio_persist!(Balloon, Balloon);
@@ -247,6 +265,7 @@ impl VirtioDeviceState {
     fn kind(&self) -> &'static str {
         match self {
             Self::Block(_) => "virtio-blk",
+            Self::Net(_) => "virtio-net",
             Self::Rng(_) => "virtio-rng",
             Self::Vsock(_) => "virtio-vsock",
             Self::Balloon(_) => "virtio-balloon",
@@ -270,6 +289,7 @@ pub(super) fn save_virtio(
     let device = transport.device();
     let state = match transport.device_type() {
         device_type::BLOCK => saved::<Block>(device),
+        device_type::NET => saved::<Net>(device),
         device_type::RNG => saved::<Rng>(device),
         device_type::VSOCK => saved::<Vsock>(device),
         device_type::BALLOON => saved::<Balloon>(device),

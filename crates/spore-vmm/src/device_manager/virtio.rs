@@ -1,6 +1,6 @@
 //! The virtio devices a configuration asks for, in guest order (the root
-//! drive first, so that it is /dev/vda; then the other drives, rng, vsock,
-//! balloon, virtio-mem), each made fresh or rebuilt from its saved state.
+//! drive first, so that it is /dev/vda; then the other drives, the network
+//! interfaces, rng, vsock, balloon, virtio-mem), each made fresh or rebuilt from its saved state.
 //!
 //! virtio-mem is made before the others, before the irqchip: a restore
 //! re-registers its plugged chunks' KVM memory slots, and slot changes are
@@ -18,6 +18,7 @@ use crate::config::{MemoryHotplugConfig, VmConfig};
 use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::mem::{map_snapshot_region, VirtioMem};
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::memory::hotplug::HotplugMemory;
@@ -105,6 +106,16 @@ pub(super) fn attach_virtio(
         })?;
         handles.drives.push(block.handle());
         slots.attach(id, Box::new(block), state)?;
+    }
+
+    // Each reopens its tap by the configured name (a restore's
+    // configuration carries the snapshot's names or their overrides).
+    for n in &config.network_interfaces {
+        let id = DeviceId::net(&n.iface_id);
+        let state = take(&mut saved, &id)?;
+        let net = make_virtio::<Net>(&id, state, n.clone(), |n| Ok(Net::open(&n)?))?;
+        handles.nets.push(net.handle());
+        slots.attach(id, Box::new(net), state)?;
     }
 
     let id = DeviceId::rng();

@@ -75,7 +75,10 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_dup3,
     SYS_pipe2,
     SYS_umask,
-    // KVM (VM, vCPU and device fds), TUN, block device sizes, terminals.
+    // KVM (VM, vCPU and device fds), TUN (TUNSETIFF/TUNSETVNETHDRSZ where a
+    // tap is opened, TUNSETOFFLOAD in the virtio-net worker), block device
+    // sizes, terminals. The net worker otherwise needs read/writev on the
+    // tap, epoll, eventfds and timerfds, all listed here.
     SYS_ioctl,
     // Guest memory: memfds (sealed for templates), mappings, page state.
     SYS_memfd_create,

@@ -52,6 +52,15 @@ fn virtio_detail(config: &VmConfig, device: &VirtioDeviceState) -> (&'static str
                 })
                 .unwrap_or_default(),
         ),
+        VirtioDeviceState::Net(n) => (
+            "virtio-net",
+            format!(
+                "{} on tap {} ({})",
+                n.iface_id,
+                n.tap_name,
+                crate::config::MacAddr(n.mac)
+            ),
+        ),
         VirtioDeviceState::Rng(_) => ("virtio-rng", String::new()),
         VirtioDeviceState::Balloon(b) => (
             "virtio-balloon",

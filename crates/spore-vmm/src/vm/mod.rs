@@ -211,6 +211,11 @@ impl Vm {
         &self.devices.handles().drives
     }
 
+    /// Every network interface, in attach order (PATCH limits, a clone's MAC).
+    pub fn nets(&self) -> &[crate::devices::virtio::net::NetHandle] {
+        &self.devices.handles().nets
+    }
+
     /// The vsock device's handle, if the VM has one (a clone's new CID).
     pub fn vsock(&self) -> Option<&crate::devices::virtio::vsock::VsockHandle> {
         self.devices.handles().vsock.as_ref()

@@ -41,6 +41,8 @@ impl ApiHandler for Vmm {
             R::PatchMachineConfig(p) => done(self.patch_machine_config(&p)),
             R::PutDrive(d) => done(self.put_drive(d)),
             R::PatchDrive(d) => done(self.patch_drive(&d)),
+            R::PutNetworkInterface(n) => done(self.put_network_interface(n)),
+            R::PatchNetworkInterface(p) => done(self.patch_network_interface(&p)),
             R::PutVsock(v) => done(self.set_vsock(v)),
             R::Action(ActionType::InstanceStart) => done(self.start().map_err(bad)),
             R::Action(ActionType::SendCtrlAltDel) => done(self.send_ctrl_alt_del()),

@@ -130,11 +130,12 @@ impl Vmm {
         Ok(inner.mmds.get())
     }
 
-    /// `PUT /mmds/config`: checked against the VM's network interfaces
-    /// (none yet), so only Firecracker's refusals can come back today.
+    /// `PUT /mmds/config`: checked against the VM's network interfaces as
+    /// Firecracker checks it; a valid one is still refused, because the
+    /// network device does not route MMDS requests yet.
     pub fn set_mmds_config(&self, c: MmdsConfig) -> Result<(), ApiError> {
-        c.validate(&[]).map_err(bad)?;
         let mut inner = self.lock();
+        crate::config::check_mmds_config(&c, &inner.config.network_interfaces).map_err(bad)?;
         super::preboot::configure(&mut inner, |cfg| cfg.mmds_config = Some(c))
     }
 }

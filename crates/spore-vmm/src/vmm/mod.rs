@@ -14,6 +14,7 @@
 //! - [`preboot`]: the configuration, set before `InstanceStart`; `start`.
 //! - [`running`]: a built VM's controls: pause/resume, balloon, hotplug
 //!   memory, tmem, snapshot create.
+//! - [`net`]: network interfaces: PUT before boot, PATCH (limits) after.
 //! - [`restore`]: building the VM from a snapshot instead.
 //! - [`clone_source`]: this VM as a clone source (`PUT /clone`, guest `FORK`).
 //! - [`clone_child`]: this process becoming a clone (`spore vmm --clone-handoff`).
@@ -29,6 +30,7 @@ mod drives;
 mod fc_config;
 mod guest_snapshot;
 pub mod mmds;
+mod net;
 mod outputs;
 mod preboot;
 mod restore;
@@ -293,6 +295,9 @@ pub enum SnapshotApiError {
     Freeze(String),
     #[error("vsock_override: the snapshot has no vsock device")]
     NoVsock,
+    /// Firecracker refuses an override for an interface the snapshot lacks.
+    #[error("Unknown Network Device: {0:?} (network_overrides: the snapshot has no network interface with this iface_id)")]
+    UnknownNetworkInterface(String),
     #[error("Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd. (the snapshot's microVM has huge_pages \"2M\": give mem_backend {{\"backend_type\": \"Uffd\", \"backend_path\": <the memory file, or a page-fault handler's socket>}})")]
     HugePagesFile,
     #[error("the snapshot's microVM has huge_pages \"2M\" and cannot be restored as a clone: every clone would need all of its memory as new reserved 2 MiB pages from the host's small huge page pool, none shared with the snapshot (restore it without clone_generation/clone_disks)")]

@@ -40,18 +40,18 @@ pub struct LoadOptions {
     pub vsock_uds: Option<String>,
     /// Advance kvmclock to the host's wall clock (Firecracker's `clock_realtime`).
     pub clock_realtime: bool,
+    /// (iface_id, tap name): the tap each interface reopens instead of the
+    /// snapshot's (Firecracker's `network_overrides`).
+    pub network_overrides: Vec<(String, String)>,
 }
 
 impl LoadOptions {
     /// The options a `PUT /snapshot/load` body asks for.
     fn from_body(p: &SnapshotLoadParams) -> Result<Self, String> {
-        // Firecracker looks each interface up in the snapshot; a spore
-        // snapshot has no network device, so any entry is unknown.
-        if let Some(o) = p.network_overrides.first() {
-            return Err(format!(
-                "Unknown Network Device: {:?} (network_overrides: the snapshot has no network interface)",
-                o.iface_id
-            ));
+        // Each entry is looked up in the snapshot once it is read.
+        for o in &p.network_overrides {
+            crate::config::validate_tap_name(&o.host_dev_name)
+                .map_err(|e| format!("network_overrides ({}): {e}", o.iface_id))?;
         }
         Ok(LoadOptions {
             resume: p.resume_vm,
@@ -62,6 +62,11 @@ impl LoadOptions {
             parents: p.parent_paths(),
             vsock_uds: p.vsock_override.as_ref().map(|v| v.uds_path.clone()),
             clock_realtime: p.clock_realtime,
+            network_overrides: p
+                .network_overrides
+                .iter()
+                .map(|o| (o.iface_id.clone(), o.host_dev_name.clone()))
+                .collect(),
         })
     }
 }
@@ -158,6 +163,10 @@ impl Vmm {
                 }
             }
         }
+        if let Err(e) = apply_network_overrides(&mut config, &lo.network_overrides) {
+            session.cancel();
+            return Err(e);
+        }
         if let Some(c) = &lo.disks {
             for d in &mut config.drives {
                 match clone_drive(d, Path::new(&c.dir), &c.name) {
@@ -230,6 +239,23 @@ impl Vmm {
         }));
         Ok(())
     }
+}
+
+/// Points each overridden interface at its new tap (the device reopens
+/// the tap by this name when it is rebuilt).
+pub(super) fn apply_network_overrides(
+    config: &mut crate::config::VmConfig,
+    overrides: &[(String, String)],
+) -> Result<(), SnapshotApiError> {
+    for (iface_id, tap) in overrides {
+        let iface = config
+            .network_interfaces
+            .iter_mut()
+            .find(|i| i.iface_id == *iface_id)
+            .ok_or_else(|| SnapshotApiError::UnknownNetworkInterface(iface_id.clone()))?;
+        iface.host_dev_name.clone_from(tap);
+    }
+    Ok(())
 }
 
 /// A snapshot of a VM on 2 MiB hugetlbfs pages restores only where

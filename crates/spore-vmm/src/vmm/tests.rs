@@ -386,3 +386,85 @@ fn custom_and_static_cpu_templates_replace_each_other() {
     ));
     assert!(e.contains("existing network interface"), "{e}");
 }
+
+#[test]
+fn network_interfaces_are_configured_with_firecrackers_refusals() {
+    let v = vmm();
+    let eth0 = r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"06:00:AC:10:00:02",
+                   "rx_rate_limiter":{"ops":{"size":10,"refill_time":100}}}"#;
+    put(&v, "/network-interfaces/eth0", eth0);
+    let ifaces = &get(&v, "/vm/config")["network-interfaces"];
+    assert_eq!(ifaces[0]["host_dev_name"], "tap0");
+    assert_eq!(ifaces[0]["guest_mac"], "06:00:ac:10:00:02");
+    assert_eq!(ifaces[0]["rx_rate_limiter"]["ops"]["size"], 10);
+    // Another interface on the same tap, or with the same MAC.
+    let m = refused(call(
+        &v,
+        Method::PUT,
+        "/network-interfaces/eth1",
+        r#"{"iface_id":"eth1","host_dev_name":"tap0"}"#,
+    ));
+    assert!(m.contains("tap0"), "{m}");
+    let m = refused(call(
+        &v,
+        Method::PUT,
+        "/network-interfaces/eth1",
+        r#"{"iface_id":"eth1","host_dev_name":"tap1","guest_mac":"06:00:ac:10:00:02"}"#,
+    ));
+    assert!(m.contains("MAC address is already in use"), "{m}");
+    // The same id replaces.
+    put(
+        &v,
+        "/network-interfaces/eth0",
+        r#"{"iface_id":"eth0","host_dev_name":"tap9"}"#,
+    );
+    let ifaces = &get(&v, "/vm/config")["network-interfaces"];
+    assert_eq!(ifaces.as_array().unwrap().len(), 1);
+    assert_eq!(ifaces[0]["host_dev_name"], "tap9");
+    // Bad bodies.
+    for (path, body, says) in [
+        (
+            "/network-interfaces/eth0",
+            r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"06:00:AC:10:00"}"#,
+            "invalid MAC address",
+        ),
+        (
+            "/network-interfaces/eth0",
+            r#"{"iface_id":"eth0","host_dev_name":"a-very-long-tap-name"}"#,
+            "at most 15",
+        ),
+        (
+            "/network-interfaces/eth0",
+            r#"{"iface_id":"eth0","host_dev_name":""}"#,
+            "host_dev_name must not be empty",
+        ),
+        (
+            "/network-interfaces/eth0",
+            r#"{"iface_id":"eth1","host_dev_name":"tap0"}"#,
+            "differs from iface_id",
+        ),
+        (
+            "/network-interfaces/e%th",
+            r#"{"iface_id":"e%th","host_dev_name":"tap0"}"#,
+            "iface_id must be",
+        ),
+    ] {
+        let m = refused(call(&v, Method::PUT, path, body));
+        assert!(m.contains(says), "{body}: {m}");
+    }
+    // PATCH is for a running VM.
+    let m = refused(call(
+        &v,
+        Method::PATCH,
+        "/network-interfaces/eth0",
+        r#"{"iface_id":"eth0","tx_rate_limiter":null}"#,
+    ));
+    assert!(m.contains("not supported before starting"), "{m}");
+    let m = refused(call(
+        &v,
+        Method::PUT,
+        "/network-interfaces",
+        r#"{"iface_id":"eth0","host_dev_name":"tap0"}"#,
+    ));
+    assert!(m.starts_with("Invalid request method and/or path"), "{m}");
+}

@@ -12,6 +12,7 @@ pub mod blk;
 pub mod interrupt;
 pub mod mem;
 pub mod mmio;
+pub mod net;
 pub mod queue_server;
 pub mod rng;
 pub mod vsock;
@@ -28,6 +29,7 @@ pub use crate::memory::{DirtyBitmap, GuestMemoryMmap, GuestRegionMmap};
 
 /// Virtio device ids (virtio 1.2, §5).
 pub mod device_type {
+    pub const NET: u32 = 1;
     pub const BLOCK: u32 = 2;
     pub const RNG: u32 = 4;
     pub const BALLOON: u32 = 5;

@@ -1,0 +1,437 @@
+//! The virtio-net worker thread: frames between the two queues and the tap.
+//!
+//! One epoll set: the stop event, the rx and tx queue notifications, the tap
+//! (edge-triggered: the loop reads until the tap is empty, or until it must
+//! stop reading) and the two rate limiters' timers.
+//!
+//! - tx: each chain (header + frame, checked by [`header::parse_tx`]) is
+//!   copied into a fixed host buffer and written to the tap as one packet.
+//!   A throttled chain goes back to the head of the avail ring and waits
+//!   for the tx limiter's timer.
+//! - rx: a frame is read into a fixed host buffer only when the rx queue
+//!   has buffers and the rx limiter is not blocked; otherwise frames stay in
+//!   the tap's kernel queue (which drops what overflows, as a wire would)
+//!   until the next rx notification or timer. With VIRTIO_NET_F_MRG_RXBUF a
+//!   frame may span several chains (`num_buffers`); without, a frame that
+//!   does not fit its chain is dropped.
+//!
+//! Rounds are bounded (a guest that keeps its rings full is served in
+//! batches, the stop event is always seen); the driver is interrupted once
+//! per round per used queue, when it asks to be.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::header::{self, Segment, MAX_FRAME_WITH_HEADER, MAX_SEGMENTS, VNET_HDR_LEN};
+use super::tap::{tun_offload_flags, NetBackend};
+use super::{RX_QUEUE, TX_QUEUE};
+use crate::devices::virtio::{GuestMemoryMmap, VirtioInterrupt};
+use crate::host::lock;
+use crate::rate_limiter::RateLimiter;
+
+/// What the device counts (dropped frames are the guest's or the host's
+/// fault, never silently).
+#[derive(Debug, Default)]
+pub struct NetCounters {
+    pub rx_frames: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_frames: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    /// Frames from the tap the guest's buffers could not take.
+    pub rx_dropped: AtomicU64,
+    /// Guest frames the tap did not take.
+    pub tx_dropped: AtomicU64,
+    /// Malformed chains (either queue), returned unused.
+    pub bad_chains: AtomicU64,
+}
+
+impl NetCounters {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Chains or frames handled per queue per round before the loop looks at
+/// its other events again.
+const ROUND: usize = 4 * super::QUEUE_SIZE as usize;
+
+const TOKEN_STOP: u64 = 0;
+const TOKEN_RX_QUEUE: u64 = 1;
+const TOKEN_TX_QUEUE: u64 = 2;
+const TOKEN_TAP: u64 = 3;
+const TOKEN_RX_TIMER: u64 = 4;
+const TOKEN_TX_TIMER: u64 = 5;
+
+/// What a stopped worker hands back to the device.
+pub struct WorkerState {
+    /// rx, tx, with their ring positions.
+    pub queues: Vec<Queue>,
+    pub backend: Box<dyn NetBackend>,
+}
+
+/// Everything the loop owns while it runs.
+pub struct NetWorker {
+    pub mem: GuestMemoryMmap,
+    pub interrupt: Arc<VirtioInterrupt>,
+    pub queues: Vec<Queue>,
+    pub queue_events: Vec<EventFd>,
+    pub backend: Box<dyn NetBackend>,
+    pub rx_limiter: Arc<Mutex<RateLimiter>>,
+    pub tx_limiter: Arc<Mutex<RateLimiter>>,
+    pub counters: Arc<NetCounters>,
+    pub acked_features: u64,
+    /// Names the interface in log messages.
+    pub tag: String,
+}
+
+/// The loop's own state beside what it owns.
+struct Buffers {
+    rx: Box<[u8]>,
+    tx: Box<[u8]>,
+    segments: Vec<Segment>,
+    /// (head, used length) of the chains one rx frame fills.
+    rx_chains: Vec<(u16, u32)>,
+    /// The buffers of the first of them (where the header goes).
+    first_segments: Vec<Segment>,
+    /// A frame read from the tap that is still in `rx`: its length and
+    /// whether the rx limiter was charged for it.
+    rx_pending: Option<(usize, bool)>,
+    /// The tap may hold frames (no EAGAIN seen since its last edge).
+    tap_readable: bool,
+}
+
+/// Whether a frame reached the guest.
+enum Delivery {
+    Delivered,
+    /// Not enough buffers: the frame waits for the next rx notification.
+    NoBuffers,
+    Dropped,
+}
+
+impl NetWorker {
+    /// Runs until `stop` is readable (or epoll fails).
+    pub fn run(mut self, stop: EventFd) -> WorkerState {
+        let epoll = match self.epoll(&stop) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!("{}: cannot set up epoll: {e}", self.tag);
+                return self.finish();
+            }
+        };
+        let offload = tun_offload_flags(self.acked_features);
+        if let Err(e) = self.backend.set_offload(offload) {
+            tracing::warn!(
+                "{}: the tap refused offloads {offload:#x} ({e}); the guest may get frames it cannot take",
+                self.tag
+            );
+        }
+        let mut bufs = Buffers {
+            rx: vec![0u8; MAX_FRAME_WITH_HEADER].into_boxed_slice(),
+            tx: vec![0u8; MAX_FRAME_WITH_HEADER].into_boxed_slice(),
+            segments: Vec::with_capacity(MAX_SEGMENTS),
+            rx_chains: Vec::with_capacity(usize::from(super::QUEUE_SIZE)),
+            first_segments: Vec::with_capacity(MAX_SEGMENTS),
+            rx_pending: None,
+            tap_readable: true,
+        };
+        // Chains queued and frames arrived before the worker started.
+        self.round(&mut bufs);
+        let mut events = [EpollEvent::default(); 8];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("{}: epoll failed, the interface stops: {e}", self.tag);
+                    return self.finish();
+                }
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    TOKEN_STOP => return self.finish(),
+                    // EAGAIN only means the counter was already consumed.
+                    TOKEN_RX_QUEUE => drop(self.queue_events[RX_QUEUE].read()),
+                    TOKEN_TX_QUEUE => drop(self.queue_events[TX_QUEUE].read()),
+                    TOKEN_TAP => bufs.tap_readable = true,
+                    TOKEN_RX_TIMER => lock(&self.rx_limiter).on_timer(),
+                    TOKEN_TX_TIMER => lock(&self.tx_limiter).on_timer(),
+                    _ => {}
+                }
+            }
+            self.round(&mut bufs);
+        }
+    }
+
+    fn epoll(&self, stop: &EventFd) -> io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        let rx_timer = lock(&self.rx_limiter).timer_fd();
+        let tx_timer = lock(&self.tx_limiter).timer_fd();
+        for (fd, token, set) in [
+            (stop.as_raw_fd(), TOKEN_STOP, EventSet::IN),
+            (
+                self.queue_events[RX_QUEUE].as_raw_fd(),
+                TOKEN_RX_QUEUE,
+                EventSet::IN,
+            ),
+            (
+                self.queue_events[TX_QUEUE].as_raw_fd(),
+                TOKEN_TX_QUEUE,
+                EventSet::IN,
+            ),
+            (
+                self.backend.fd(),
+                TOKEN_TAP,
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+            ),
+            (rx_timer, TOKEN_RX_TIMER, EventSet::IN),
+            (tx_timer, TOKEN_TX_TIMER, EventSet::IN),
+        ] {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(set, token))?;
+        }
+        Ok(epoll)
+    }
+
+    /// Serves tx, then rx, then interrupts the driver for what was used.
+    fn round(&mut self, bufs: &mut Buffers) {
+        let tx_used = self.process_tx(bufs);
+        let rx_used = self.process_rx(bufs);
+        let mut notify = false;
+        for (q, used) in [(RX_QUEUE, rx_used), (TX_QUEUE, tx_used)] {
+            if used {
+                notify |= self.queues[q].needs_notification(&self.mem).unwrap_or(true);
+            }
+        }
+        if notify {
+            self.interrupt.signal_used_queue();
+        }
+    }
+
+    /// Sends the tx queue's frames to the tap; whether any chain was used.
+    fn process_tx(&mut self, bufs: &mut Buffers) -> bool {
+        let Self {
+            mem,
+            queues,
+            queue_events,
+            backend,
+            tx_limiter,
+            counters,
+            tag,
+            ..
+        } = self;
+        let queue = &mut queues[TX_QUEUE];
+        let mut used = false;
+        for _ in 0..ROUND {
+            let Some(chain) = queue.pop_descriptor_chain(&*mem) else {
+                return used;
+            };
+            let head = chain.head_index();
+            match header::parse_tx(chain, mem, &mut bufs.segments) {
+                Err(e) => {
+                    tracing::debug!("{tag}: tx chain dropped: {e}");
+                    NetCounters::add(&counters.bad_chains, 1);
+                }
+                Ok(total) => {
+                    // Firecracker's accounting: one op and the frame's bytes.
+                    let bytes = (total - VNET_HDR_LEN) as u64;
+                    if !lock(tx_limiter).consume(bytes) {
+                        // Sent once the limiter's timer fires.
+                        queue.go_to_previous_position();
+                        return used;
+                    }
+                    send_frame(mem, backend.as_mut(), bufs, total, counters, tag);
+                }
+            }
+            if let Err(e) = queue.add_used(&*mem, head, 0) {
+                tracing::warn!("{tag}: cannot return tx chain {head}: {e}");
+            }
+            used = true;
+        }
+        // More than a round's worth: come back after the other events.
+        let _ = queue_events[TX_QUEUE].write(1);
+        used
+    }
+
+    /// Moves frames from the tap into the rx queue; whether any chain was used.
+    fn process_rx(&mut self, bufs: &mut Buffers) -> bool {
+        let mut used = false;
+        for _ in 0..ROUND {
+            let (len, charged) = match bufs.rx_pending {
+                Some(p) => p,
+                None => {
+                    if !bufs.tap_readable || lock(&self.rx_limiter).is_blocked() {
+                        return used;
+                    }
+                    // Frames stay in the tap while the guest has no buffers.
+                    if !self.rx_has_buffers() {
+                        return used;
+                    }
+                    match self.backend.read_frame(&mut bufs.rx) {
+                        Ok(n) if n < VNET_HDR_LEN => {
+                            NetCounters::add(&self.counters.rx_dropped, 1);
+                            continue;
+                        }
+                        Ok(n) => (n, false),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            bufs.tap_readable = false;
+                            return used;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            tracing::warn!("{}: cannot read from the tap: {e}", self.tag);
+                            bufs.tap_readable = false;
+                            return used;
+                        }
+                    }
+                }
+            };
+            bufs.rx_pending = Some((len, charged));
+            if !charged {
+                if !lock(&self.rx_limiter).consume((len - VNET_HDR_LEN) as u64) {
+                    // Delivered once the limiter's timer fires.
+                    return used;
+                }
+                bufs.rx_pending = Some((len, true));
+            }
+            match self.deliver(bufs, len) {
+                Delivery::Delivered => {
+                    used = true;
+                    NetCounters::add(&self.counters.rx_frames, 1);
+                    NetCounters::add(&self.counters.rx_bytes, (len - VNET_HDR_LEN) as u64);
+                }
+                Delivery::Dropped => {
+                    used = true;
+                    NetCounters::add(&self.counters.rx_dropped, 1);
+                }
+                Delivery::NoBuffers => return used,
+            }
+            bufs.rx_pending = None;
+        }
+        // More than a round's worth: come back after the other events.
+        let _ = self.queue_events[RX_QUEUE].write(1);
+        used
+    }
+
+    /// Whether the driver has made rx buffers available that we have not used.
+    fn rx_has_buffers(&self) -> bool {
+        let q = &self.queues[RX_QUEUE];
+        match q.avail_idx(&self.mem, Ordering::Acquire) {
+            Ok(idx) => idx.0 != q.next_avail(),
+            Err(_) => false,
+        }
+    }
+
+    /// Copies the frame in `bufs.rx[..len]` into rx chains: several with
+    /// mergeable rx buffers, else one that must hold it all.
+    fn deliver(&mut self, bufs: &mut Buffers, len: usize) -> Delivery {
+        let mergeable = self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0;
+        let Self {
+            mem,
+            queues,
+            counters,
+            tag,
+            ..
+        } = self;
+        let queue = &mut queues[RX_QUEUE];
+        bufs.rx_chains.clear();
+        let mut placed = 0usize;
+        header::set_num_buffers(&mut bufs.rx[..len], 1);
+        while placed < len && (mergeable || bufs.rx_chains.is_empty()) {
+            let Some(chain) = queue.pop_descriptor_chain(&*mem) else {
+                // Written buffers go back unused: the driver never saw them.
+                for _ in 0..bufs.rx_chains.len() {
+                    queue.go_to_previous_position();
+                }
+                return Delivery::NoBuffers;
+            };
+            let head = chain.head_index();
+            let written = header::parse_rx(chain, mem, &mut bufs.segments)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    header::scatter(mem, &bufs.segments, &bufs.rx[placed..len])
+                        .map_err(|e| e.to_string())
+                });
+            match written {
+                Ok(n) => {
+                    if bufs.rx_chains.is_empty() {
+                        // Where the header went: num_buffers is known last.
+                        bufs.first_segments.clone_from(&bufs.segments);
+                    }
+                    bufs.rx_chains.push((head, n as u32));
+                    placed += n;
+                }
+                Err(e) => {
+                    tracing::debug!("{tag}: rx chain dropped: {e}");
+                    NetCounters::add(&counters.bad_chains, 1);
+                    bufs.rx_chains.push((head, 0));
+                    break;
+                }
+            }
+        }
+        let delivery = if placed >= len {
+            let count = u16::try_from(bufs.rx_chains.len()).unwrap_or(u16::MAX);
+            header::set_num_buffers(&mut bufs.rx[..len], count);
+            match header::scatter(mem, &bufs.first_segments, &bufs.rx[..VNET_HDR_LEN]) {
+                Ok(_) => Delivery::Delivered,
+                Err(_) => Delivery::Dropped,
+            }
+        } else {
+            Delivery::Dropped
+        };
+        for &(head, n) in &bufs.rx_chains {
+            // A dropped frame's chains go back empty.
+            let n = if matches!(delivery, Delivery::Delivered) {
+                n
+            } else {
+                0
+            };
+            if let Err(e) = queue.add_used(&*mem, head, n) {
+                tracing::warn!("{tag}: cannot return rx chain {head}: {e}");
+            }
+        }
+        delivery
+    }
+
+    fn finish(self) -> WorkerState {
+        WorkerState {
+            queues: self.queues,
+            backend: self.backend,
+        }
+    }
+}
+
+/// Copies a checked tx chain into the host buffer and writes it to the tap.
+fn send_frame(
+    mem: &GuestMemoryMmap,
+    backend: &mut dyn NetBackend,
+    bufs: &mut Buffers,
+    total: usize,
+    counters: &NetCounters,
+    tag: &str,
+) {
+    let frame = match header::gather(mem, &bufs.segments, &mut bufs.tx) {
+        Ok(n) if n == total => &bufs.tx[..n],
+        Ok(_) | Err(_) => {
+            NetCounters::add(&counters.bad_chains, 1);
+            return;
+        }
+    };
+    match backend.write_frame(frame) {
+        Ok(_) => {
+            NetCounters::add(&counters.tx_frames, 1);
+            NetCounters::add(&counters.tx_bytes, (total - VNET_HDR_LEN) as u64);
+        }
+        Err(e) => {
+            // A full tap queue, or a frame the kernel refused (a bad
+            // header): dropped, as a congested wire would.
+            tracing::debug!("{tag}: frame not sent: {e}");
+            NetCounters::add(&counters.tx_dropped, 1);
+        }
+    }
+}
