@@ -6,11 +6,13 @@
 #   net-transfer    64 MiB L1 -> guest (guest wget from L1's httpd) and 64 MiB
 #                   guest -> L1 (L1 wget from the guest's httpd), sha256 equal
 #                   on both sides; MiB/s of each direction
-#   net-rate-limit  PATCH rx/tx limiters to 10 MiB/s (size 10485760,
-#                   refill_time 1000): a 60 MiB transfer each way takes
+#   net-rate-limit-tx, -rx  PATCH a 10 MiB/s limiter (size 10485760,
+#                   refill_time 1000) on one direction: a 60 MiB transfer takes
 #                   (60 - 10) / 10 = 5 s (a bucket starts full: its 10 MiB
 #                   pass at once, as in Firecracker); the rate past that burst
-#                   must be within 10 % of 10 MiB/s
+#                   must be within 10 % of 10 MiB/s. SKIP where the unlimited
+#                   rate is not above 11 MiB/s (rx here); then
+#   net-rate-limit-rx-5  the rx limiter at 5 MiB/s, 30 MiB
 #   net-snapshot    full snapshot, VMM stopped, restore in a new process (the
 #                   tap reopened by name): new TCP connections L1 -> guest and
 #                   guest -> L1 work right away
@@ -30,7 +32,7 @@ MIB=1048576
 SIZE_MIB=${NET_SIZE_MIB:-64}
 LIMIT_MIB=${NET_LIMIT_TRANSFER_MIB:-60}
 GUEST_MAC=06:00:0a:00:00:02
-checks="net-address net-transfer net-rate-limit net-snapshot net-clones net-clone-mac"
+checks="net-address net-transfer net-rate-limit-tx net-rate-limit-rx net-rate-limit-rx-5 net-snapshot net-clones net-clone-mac"
 
 now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 # mibps BYTES MS: MiB/s with one decimal.
@@ -79,7 +81,8 @@ fi
 mkdir -p "$tmp/www"
 start=$(now_ms)
 head -c $((SIZE_MIB * MIB)) /dev/urandom >"$tmp/www/blob"
-head -c $((LIMIT_MIB * MIB)) /dev/urandom >"$tmp/www/limit"
+head -c $((LIMIT_MIB * MIB)) /dev/urandom >"$tmp/www/limit-$LIMIT_MIB"
+head -c $((30 * MIB)) "$tmp/www/limit-$LIMIT_MIB" >"$tmp/www/limit-30"
 blob_sha=$(sha256sum "$tmp/www/blob" | cut -d' ' -f1)
 echo "payloads made in $(($(now_ms) - start)) ms" >"$tmp/timings.txt"
 echo "l1-http-ok" >"$tmp/www/hello"
@@ -145,34 +148,69 @@ else
     r net-transfer FAIL "down: '$(echo "$down" | tr '\n' ' ')' want sha $blob_sha; up: rc $up_rc $(cat "$tmp/wget-up.err") sha '$up_sha' want '$up_sha_guest'"
 fi
 
-# --- net-rate-limit
-lim='{"bandwidth":{"size":10485760,"refill_time":1000}}'
-if [ -z "$down_rate" ] || awk -v d="$down_rate" -v u="$up_rate" 'BEGIN{exit !(d < 11 || u < 11)}'; then
-    r net-rate-limit SKIP "unlimited rates (${down_rate:-?} and $up_rate MiB/s) are not above 11 MiB/s: a 10 MiB/s limit cannot be told apart here"
-elif ! A PATCH /network-interfaces/eth0 "{\"iface_id\":\"eth0\",\"rx_rate_limiter\":$lim,\"tx_rate_limiter\":$lim}" >"$tmp/patch.txt" 2>&1; then
-    r net-rate-limit FAIL "PATCH /network-interfaces/eth0 refused: $(cat "$tmp/patch.txt")"
-else
-    sleep 1.2 # the buckets start full (10 MiB); let nothing else drain them
-    rx=$(guest "a=\$(cut -d' ' -f1 /proc/uptime); wget -q -O /dev/null http://10.0.0.1:8080/limit; rc=\$?; b=\$(cut -d' ' -f1 /proc/uptime);
-        echo rc=\$rc ms=\$(awk -v a=\$a -v b=\$b 'BEGIN{printf \"%d\", (b-a)*1000}')" "" 120)
-    rx_ms=$(echo "$rx" | sed -n 's/.*rc=0 ms=\([0-9]*\).*/\1/p')
-    guest "head -c $((LIMIT_MIB * MIB)) /dev/urandom >/tmp/www/limit" "" 300 >/dev/null
+# --- net-rate-limit-{rx,tx}: rx is what the guest receives (L1 -> guest),
+# tx what it sends. A bucket starts full (Firecracker's semantics): its first
+# `size` bytes pass at once, the rest at size per refill_time. So the rate
+# past that burst, (bytes - size) / time, must be within 10 % of the limit.
+# limit_rx MIB_PER_S TRANSFER_MIB / limit_tx ...: PATCH that limit on one
+# direction, let the bucket fill, transfer, print "RATE MS" (RATE past the
+# burst) or nothing on an error.
+patch_limits() { # patch_limits RX_JSON TX_JSON
+    A PATCH /network-interfaces/eth0 "{\"iface_id\":\"eth0\",\"rx_rate_limiter\":$1,\"tx_rate_limiter\":$2}" >"$tmp/patch.txt" 2>&1
+}
+lim() { echo "{\"bandwidth\":{\"size\":$(($1 * MIB)),\"refill_time\":1000}}"; }
+off='{"bandwidth":{"size":0,"refill_time":0}}'
+# rx_ms MIB: the guest's time (ms) to fetch MIB MiB from L1 into /dev/null.
+rx_ms() {
+    guest "a=\$(cut -d' ' -f1 /proc/uptime); wget -q -O /dev/null http://10.0.0.1:8080/limit-$1; rc=\$?; b=\$(cut -d' ' -f1 /proc/uptime);
+        echo rc=\$rc ms=\$(awk -v a=\$a -v b=\$b 'BEGIN{printf \"%d\", (b-a)*1000}')" "" 120 | sed -n 's/.*rc=0 ms=\([0-9]*\).*/\1/p'
+}
+limit_rx() {
+    patch_limits "$(lim "$1")" "$off" || return 1
     sleep 1.2
-    start=$(now_ms)
-    wget -q -O /dev/null http://10.0.0.2:8080/limit 2>"$tmp/wget-limit.err" && tx_ms=$(($(now_ms) - start)) || tx_ms=""
+    _ms=$(rx_ms "$2")
+    [ -n "$_ms" ] && echo "$(mibps $((($2 - $1) * MIB)) "$_ms") $_ms"
+}
+limit_tx() {
+    guest "head -c $(($2 * MIB)) /dev/urandom >/tmp/www/limit" "" 300 >/dev/null
+    patch_limits "$off" "$(lim "$1")" || return 1
+    sleep 1.2
+    _s=$(now_ms)
+    wget -q -O /dev/null http://10.0.0.2:8080/limit 2>>"$tmp/wget-limit.err" || return 1
+    _ms=$(($(now_ms) - _s))
     guest 'rm -f /tmp/www/limit' >/dev/null
-    # Past the first 10 MiB (the full bucket) the rest must flow at 10 MiB/s.
-    burst=10485760 bytes=$((LIMIT_MIB * MIB))
-    rx_rate=$( [ -n "$rx_ms" ] && mibps $((bytes - burst)) "$rx_ms")
-    tx_rate=$( [ -n "$tx_ms" ] && mibps $((bytes - burst)) "$tx_ms")
-    detail="guest rx ${rx_rate:-?} MiB/s (${LIMIT_MIB} MiB in ${rx_ms:-?} ms, $( [ -n "$rx_ms" ] && mibps $bytes "$rx_ms") MiB/s with the burst), guest tx ${tx_rate:-?} MiB/s (${tx_ms:-?} ms, $( [ -n "$tx_ms" ] && mibps $bytes "$tx_ms") MiB/s with the burst); limit 10 MiB/s after a 10 MiB bucket"
-    if [ -n "$rx_rate" ] && [ -n "$tx_rate" ] &&
-        awk -v a="$rx_rate" -v b="$tx_rate" 'BEGIN{exit !(a >= 9 && a <= 11 && b >= 9 && b <= 11)}'; then
-        r net-rate-limit PASS "$detail"
-    else
-        r net-rate-limit FAIL "$detail; rx said '$(echo "$rx" | tr '\n' ' ')' $(cat "$tmp/wget-limit.err")"
+    echo "$(mibps $((($2 - $1) * MIB)) "$_ms") $_ms"
+}
+# judge NAME LIMIT TRANSFER_MIB "RATE MS": PASS within 10 % of LIMIT.
+judge() {
+    set -- "$1" "$2" "$3" $4
+    if [ -z "$4" ]; then
+        r "$1" FAIL "no timed transfer: $(cat "$tmp/patch.txt" "$tmp/wget-limit.err" 2>/dev/null | tail -n 2 | tr '\n' ' ')"
+        return
     fi
+    detail="$4 MiB/s past the ${2} MiB burst ($3 MiB in $5 ms; $(mibps $(($3 * MIB)) "$5") MiB/s with it); limit $2 MiB/s"
+    if awk -v x="$4" -v l="$2" 'BEGIN{exit !(x >= 0.9 * l && x <= 1.1 * l)}'; then
+        r "$1" PASS "$detail"
+    else
+        r "$1" FAIL "$detail"
+    fi
+}
+if awk -v u="$up_rate" 'BEGIN{exit !(u < 11)}'; then
+    r net-rate-limit-tx SKIP "the unlimited guest->L1 rate ($up_rate MiB/s) is not above 11 MiB/s: a 10 MiB/s limit cannot be told apart"
+else
+    judge net-rate-limit-tx 10 "$LIMIT_MIB" "$(limit_tx 10 "$LIMIT_MIB")"
 fi
+# Unlimited rx into /dev/null (the 64 MiB above went to the guest's tmpfs).
+free_ms=$(rx_ms 30)
+[ -n "$free_ms" ] && down_rate=$(mibps $((30 * MIB)) "$free_ms")
+if [ -n "$down_rate" ] && awk -v d="$down_rate" 'BEGIN{exit !(d >= 11)}'; then
+    judge net-rate-limit-rx 10 "$LIMIT_MIB" "$(limit_rx 10 "$LIMIT_MIB")"
+else
+    r net-rate-limit-rx SKIP "the unlimited L1->guest rate (${down_rate:-?} MiB/s) is not above 11 MiB/s: a 10 MiB/s limit cannot be told apart (net-rate-limit-rx-5 checks the rx limiter at 5 MiB/s)"
+fi
+# The rx limiter at a rate this setup can exceed: 5 MiB/s, 30 MiB (5 s).
+judge net-rate-limit-rx-5 5 30 "$(limit_rx 5 30)"
+patch_limits "$off" "$off" || r net-rate-limit-off FAIL "$(cat "$tmp/patch.txt")"
 
 # --- net-snapshot: the guest's view of the tap must survive a new VMM process.
 if ! "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >"$tmp/snapshot.json" 2>"$tmp/snapshot.err"; then
@@ -186,7 +224,7 @@ while kill -0 $vmm 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); do
 kill -9 $vmm 2>/dev/null
 wait $vmm 2>/dev/null
 api="$tmp/api-r.sock"
-"$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" --api-sock "$api" \
+SPORE_LOG=${SPORE_LOG:-debug} "$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" --api-sock "$api" \
     >"$tmp/console-restored.txt" 2>"$tmp/restore.err" &
 restored=$!
 pids="$pids $restored"
@@ -203,7 +241,8 @@ guest_to_l1=$(guest 'wget -q -T 10 -O - http://10.0.0.1:8080/hello' "" 60)
 if [ "$l1_to_guest" = guest-http-ok ] && [ "$guest_to_l1" = l1-http-ok ]; then
     r net-snapshot PASS "restored in a new process; first L1->guest HTTP reply ${first_ms} ms after the restore (attempt $((i + 1))), guest->L1 HTTP ok"
 else
-    r net-snapshot FAIL "L1->guest '$l1_to_guest' (${first_ms} ms, $(tail -n 1 "$tmp/restore-wget.err")), guest->L1 '$guest_to_l1'; $(tail -n 3 "$tmp/restore.err")"
+    diag=$(guest 'ip addr show dev eth0; ip route; cat /proc/net/dev | grep eth0; dmesg | tail -n 8' "" 20 | tr '\n' ' ')
+    r net-snapshot FAIL "L1->guest '$l1_to_guest' (${first_ms} ms, $(tail -n 1 "$tmp/restore-wget.err")), guest->L1 '$guest_to_l1'; L1: $(ip -s link show tap0 | tr '\n' ' ') $(ip neigh | tr '\n' ' '); guest: $diag; VMM: $(grep -i -E 'net|tap|error|warn' "$tmp/restore.err" | tail -n 5 | tr '\n' ' ')"
 fi
 
 # --- net-clones / net-clone-mac: namespaces spore-1..3, each with tap0
