@@ -54,8 +54,9 @@ A() { "$SPORE" api "$api" "$@"; }
 guest() {
     _deadline=$(($(now_ms) + ${3:-90} * 1000))
     while [ "$(now_ms)" -lt $_deadline ]; do
-        _out=$(printf '%s\nexit\n' "$1" | timeout 120 "$SPORE" vsock connect --uds "${2:-$vs}" --port 5000 2>>"$tmp/attempts") &&
-            [ -n "$_out" ] && { echo "$_out"; return 0; }
+        # The end marker tells an answer (even an empty one) from a failed attempt.
+        _out=$(printf '%s\necho __spore_end\nexit\n' "$1" | timeout 120 "$SPORE" vsock connect --uds "${2:-$vs}" --port 5000 2>>"$tmp/attempts") &&
+            echo "$_out" | grep -q '^__spore_end$' && { echo "$_out" | grep -v '^__spore_end$'; return 0; }
         sleep 0.2
     done
     return 1
@@ -131,7 +132,7 @@ made=$(guest "head -c $((SIZE_MIB * MIB)) /dev/urandom >/tmp/www/up && sha256sum
 echo "guest made its 64 MiB payload in $(($(now_ms) - start)) ms" >>"$tmp/timings.txt"
 up_sha_guest=$(echo "$made" | tail -n 1)
 start=$(now_ms)
-wget -q -O "$tmp/up.bin" http://10.0.0.2:8080/up 2>"$tmp/wget-up.err"
+timeout 150 wget -q -O "$tmp/up.bin" http://10.0.0.2:8080/up 2>"$tmp/wget-up.err"
 up_rc=$?
 up_ms=$(($(now_ms) - start))
 up_sha=$(sha256sum "$tmp/up.bin" 2>/dev/null | cut -d' ' -f1)
@@ -162,7 +163,7 @@ lim() { echo "{\"bandwidth\":{\"size\":$(($1 * MIB)),\"refill_time\":1000}}"; }
 off='{"bandwidth":{"size":0,"refill_time":0}}'
 # rx_ms MIB: the guest's time (ms) to fetch MIB MiB from L1 into /dev/null.
 rx_ms() {
-    guest "a=\$(cut -d' ' -f1 /proc/uptime); wget -q -O /dev/null http://10.0.0.1:8080/limit-$1; rc=\$?; b=\$(cut -d' ' -f1 /proc/uptime);
+    guest "a=\$(cut -d' ' -f1 /proc/uptime); timeout 60 wget -q -O /dev/null http://10.0.0.1:8080/limit-$1; rc=\$?; b=\$(cut -d' ' -f1 /proc/uptime);
         echo rc=\$rc ms=\$(awk -v a=\$a -v b=\$b 'BEGIN{printf \"%d\", (b-a)*1000}')" "" 120 | sed -n 's/.*rc=0 ms=\([0-9]*\).*/\1/p'
 }
 limit_rx() {
@@ -176,7 +177,7 @@ limit_tx() {
     patch_limits "$off" "$(lim "$1")" || return 1
     sleep 1.2
     _s=$(now_ms)
-    wget -q -O /dev/null http://10.0.0.2:8080/limit 2>>"$tmp/wget-limit.err" || return 1
+    timeout 60 wget -q -O /dev/null http://10.0.0.2:8080/limit 2>>"$tmp/wget-limit.err" || { echo "L1 wget rc $? after $(($(now_ms) - _s)) ms" >>"$tmp/wget-limit.err"; return 1; }
     _ms=$(($(now_ms) - _s))
     guest 'rm -f /tmp/www/limit' >/dev/null
     echo "$(mibps $((($2 - $1) * MIB)) "$_ms") $_ms"
