@@ -1,7 +1,8 @@
 //! What a user asks for, in Firecracker's JSON shapes, validated.
 //!
 //! Every type here deserializes from the body of the matching API request
-//! (`PUT /boot-source`, `/machine-config`, `/drives/{id}`, `/vsock`, `/tmem`) and from
+//! (`PUT /boot-source`, `/machine-config`, `/drives/{id}`, `/network-interfaces/{id}`,
+//! `/vsock`, `/tmem`) and from
 //! the sections of a `--config-file`. Unknown fields are refused, as
 //! Firecracker does. `validate` methods check what can be checked without
 //! touching KVM; file existence is checked when the VM is built.
@@ -620,8 +621,8 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub cpu_config: Option<CpuConfig>,
-    /// `PUT /mmds/config` (needs a network interface: refused until spore
-    /// has one, as Firecracker refuses an unknown interface).
+    /// `PUT /mmds/config` (checked against the network interfaces, then
+    /// refused: the network device does not route MMDS requests yet).
     #[serde(
         rename = "mmds-config",
         default,

@@ -25,6 +25,8 @@ use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::Block;
 use crate::devices::virtio::mem::VirtioMem;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::tap::SocketBackend;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
@@ -72,24 +74,37 @@ pub enum DeviceKind {
     Balloon,
     Vsock,
     Mem,
+    Net,
 }
 
 impl DeviceKind {
-    pub const ALL: [DeviceKind; 5] = [
+    pub const ALL: [DeviceKind; 6] = [
         DeviceKind::Blk,
         DeviceKind::Rng,
         DeviceKind::Balloon,
         DeviceKind::Vsock,
         DeviceKind::Mem,
+        DeviceKind::Net,
     ];
 }
 
 /// Keeps what a device needs alive (and removes its files) for one input.
-struct DeviceFiles(Vec<PathBuf>);
+struct DeviceFiles {
+    paths: Vec<PathBuf>,
+    /// The host's end of a net device's socketpair (closing it would drop
+    /// the frames queued for the guest).
+    _peer: Option<std::os::unix::net::UnixDatagram>,
+}
+
+impl DeviceFiles {
+    fn paths(paths: Vec<PathBuf>) -> Self {
+        DeviceFiles { paths, _peer: None }
+    }
+}
 
 impl Drop for DeviceFiles {
     fn drop(&mut self) {
-        for p in &self.0 {
+        for p in &self.paths {
             let _ = std::fs::remove_file(p);
             // The scratch directory goes too once empty (the last input).
             if let Some(dir) = p.parent() {
@@ -109,7 +124,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
             std::fs::write(&path, content).ok()?;
             let read_only = knobs & 1 != 0;
             let dev = Block::new("fuzz".into(), &path, read_only, false).ok()?;
-            Some((Box::new(dev), DeviceFiles(vec![path])))
+            Some((Box::new(dev), DeviceFiles::paths(vec![path])))
         }
         DeviceKind::Rng => {
             // With the knob, a rate limiter (roomy: chains go through its
@@ -123,7 +138,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
                 ops: None,
             };
             let limits = (knobs & 0x80 != 0).then_some(&limits);
-            Some((Box::new(Rng::new(limits).ok()?), DeviceFiles(vec![])))
+            Some((Box::new(Rng::new(limits).ok()?), DeviceFiles::paths(vec![])))
         }
         DeviceKind::Balloon => {
             let settings = BalloonSettings {
@@ -134,12 +149,15 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
                 free_page_hinting: knobs & 8 != 0,
                 mem_mib: 16,
             };
-            Some((Box::new(Balloon::new(settings).ok()?), DeviceFiles(vec![])))
+            Some((
+                Box::new(Balloon::new(settings).ok()?),
+                DeviceFiles::paths(vec![]),
+            ))
         }
         DeviceKind::Vsock => {
             let path = scratch("v.sock");
             let dev = Vsock::new(3, path.clone()).ok()?;
-            Some((Box::new(dev), DeviceFiles(vec![path])))
+            Some((Box::new(dev), DeviceFiles::paths(vec![path])))
         }
         DeviceKind::Mem => {
             // 8 blocks of 2 MiB at 4 GiB, 4 blocks a KVM slot (no VM here:
@@ -149,7 +167,33 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
             let (dev, handle) = VirtioMem::new(backing, BS, 4 * BS);
             // A target lets the guest plug; 0 makes it unplug.
             let _ = handle.set_requested_mib(u64::from(knobs % 9) * 2);
-            Some((Box::new(dev), DeviceFiles(vec![])))
+            Some((Box::new(dev), DeviceFiles::paths(vec![])))
+        }
+        DeviceKind::Net => {
+            // A socketpair for the tap, holding two frames for rx (a short
+            // one and one that spans buffers); tx frames queue on the
+            // host's end.
+            let (backend, host) = SocketBackend::pair().ok()?;
+            for len in [60usize, 3000] {
+                let frame: Vec<u8> = (0..12 + len)
+                    .map(|i| if i < 12 { 0 } else { i as u8 })
+                    .collect();
+                host.send(&frame).ok()?;
+            }
+            let cfg = crate::config::NetworkInterfaceConfig {
+                iface_id: "fuzz".into(),
+                host_dev_name: "fuzz".into(),
+                guest_mac: (knobs & 1 != 0).then_some(crate::config::MacAddr([6, 0, 0, 0, 0, 1])),
+                mtu: None,
+                rx_rate_limiter: None,
+                tx_rate_limiter: None,
+            };
+            let dev = Net::with_backend(&cfg, Box::new(backend)).ok()?;
+            let files = DeviceFiles {
+                paths: Vec::new(),
+                _peer: Some(host),
+            };
+            Some((Box::new(dev), files))
         }
     }
 }
@@ -475,6 +519,7 @@ pub const TARGETS: &[Target] = &[
     ("virtio_balloon", |d| virtio_queue(DeviceKind::Balloon, d)),
     ("virtio_vsock", |d| virtio_queue(DeviceKind::Vsock, d)),
     ("virtio_mem", |d| virtio_queue(DeviceKind::Mem, d)),
+    ("virtio_net", |d| virtio_queue(DeviceKind::Net, d)),
     ("virtio_mmio", mmio_registers),
     ("vsock_packet", vsock_tx),
     ("tmem", tmem_calls),

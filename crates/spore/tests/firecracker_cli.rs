@@ -173,9 +173,9 @@ fn every_firecracker_flag_is_accepted_and_the_api_answers() {
 
     // Firecracker endpoints spore lacks: 400 naming it, or Firecracker's
     // invalid-request answer for a method Firecracker does not serve either.
-    for (method, path, body) in [("PATCH", "/pmem/p0", "{}")] {
-        let (code, reply) = http(&sock, method, path, Some(body));
-        assert_eq!(code, 400, "{method} {path}: {reply}");
+    {
+        let (code, reply) = http(&sock, "PATCH", "/pmem/p0", Some("{}"));
+        assert_eq!(code, 400, "PATCH /pmem/p0: {reply}");
         assert!(reply.contains("spore does not support"), "{reply}");
     }
     let (code, reply) = http(&sock, "GET", "/pmem/p0", None);

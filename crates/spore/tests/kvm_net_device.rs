@@ -4,15 +4,20 @@
 //! opened fails InstanceStart clearly, and a snapshot restore reopens the
 //! tap by name (or by `network_overrides`), so the restored VMM holds it.
 //!
+//! Clones of a VM with an interface each enter their own network namespace
+//! (`PUT /clone`'s `network.netns_template`) and reopen the same tap name
+//! there, with a new MAC per clone.
+//!
 //! Taps are made with `ip tuntap` (needs root/CAP_NET_ADMIN: the tests say
 //! so and skip without it) under unique names, and removed by a drop guard.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::clone::{put_clone, Reaper};
 use common::*;
 
 const START: &str = r#"{"action_type": "InstanceStart"}"#;
@@ -262,4 +267,125 @@ fn kvm_restore_reopens_the_tap_by_name_or_override() {
         .output();
     read_until(&rx3, "count");
     drop(r3);
+}
+
+/// A network namespace (`ip netns add`) holding a tap named `tap`; deleted
+/// (with the tap) when dropped.
+struct NetnsGuard(String);
+
+impl NetnsGuard {
+    fn new(name: &str, tap: &str) -> Option<NetnsGuard> {
+        let run = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let _ = run(&["netns", "del", name]);
+        if !run(&["netns", "add", name]) {
+            eprintln!("skipping: `ip netns add {name}` failed");
+            return None;
+        }
+        let ns = NetnsGuard(name.into());
+        assert!(run(&[
+            "netns", "exec", name, "ip", "tuntap", "add", "dev", tap, "mode", "tap"
+        ]));
+        Some(ns)
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.0))
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+#[test]
+fn kvm_clones_reopen_their_tap_in_their_own_namespace() {
+    require_kvm();
+    let Some(tap) = TapGuard::new("c") else {
+        return;
+    };
+    let stem = format!("spn{}", std::process::id() % 100_000);
+    let (Some(ns1), Some(ns2)) = (
+        NetnsGuard::new(&format!("{stem}-1"), &tap.0),
+        NetnsGuard::new(&format!("{stem}-2"), &tap.0),
+    ) else {
+        return;
+    };
+    let s = Scratch::new("net-clone");
+    let sock = s.path("api.sock");
+    let net = iface("eth0", &tap.0, "06:00:AC:10:00:02");
+    let (vmm, rx) = boot_snaptest(
+        &sock,
+        64,
+        false,
+        "mib=1 rounds=100000 sleep_ms=20",
+        &[("/network-interfaces/eth0", &net)],
+    );
+    let mut reaper = Reaper {
+        source: None,
+        pids: vec![vmm.id() as i32],
+        dir: s.0.clone(),
+    };
+    read_until(&rx, "count 2");
+    // Without namespaces every clone would fight its source for the tap.
+    let (code, report) = put_clone(&sock, r#"{"count": 1, "mode": "continue"}"#);
+    assert_eq!(code, 400, "{report}");
+    let (code, reply) = http(
+        &sock,
+        "PUT",
+        "/clone",
+        Some(r#"{"count": 1, "mode": "continue"}"#),
+    );
+    assert!(code == 400 && reply.contains("netns_template"), "{reply}");
+    // A namespace that does not exist: the clone fails, saying which.
+    let missing = format!(
+        r#"{{"count": 1, "mode": "continue", "network": {{"netns_template": "/run/netns/{stem}-missing-{{n}}"}}}}"#
+    );
+    let (code, reply) = http(&sock, "PUT", "/clone", Some(&missing));
+    assert_ne!(code, 200, "{reply}");
+    assert!(reply.contains("network namespace"), "{reply}");
+
+    let body = format!(
+        r#"{{"count": 2, "mode": "continue", "network": {{"netns_template": "/run/netns/{stem}-{{n}}",
+             "interfaces": [{{"iface_id": "eth0", "guest_mac_template": "06:00:ac:10:{{n}}",
+                              "ipv4": "10.0.0.{{n}}/24", "gateway": "10.0.0.254"}}]}}}}"#
+    );
+    let (code, report) = put_clone(&sock, &body);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    let clones = report["clones"].as_array().unwrap();
+    // Clone numbers continue after the failed attempt's: find the
+    // namespaces by what each clone process holds.
+    for c in clones {
+        let pid = c["pid"].as_u64().unwrap() as u32;
+        let n = c["index"].as_u64().unwrap();
+        assert!(
+            holds_tap(pid, &tap.0),
+            "clone {n} (pid {pid}) holds no tap {}",
+            tap.0
+        );
+        let csock = PathBuf::from(c["socket"].as_str().unwrap());
+        let (code, cfg) = http(&csock, "GET", "/vm/config", None);
+        assert_eq!(code, 200, "{cfg}");
+        let want = format!(r#""guest_mac":"06:00:ac:10:00:{n:02x}""#);
+        assert!(cfg.contains(&want), "clone {n}: {cfg}");
+        // It runs in namespace n (the file's inode is the namespace's).
+        let ns = [&ns1, &ns2][n as usize - 1].path();
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        assert_eq!(
+            ino(Path::new(&format!("/proc/{pid}/ns/net"))),
+            ino(&ns),
+            "clone {n} is not in {}",
+            ns.display()
+        );
+    }
+    // The source still holds its own tap, in the host's namespace.
+    assert!(holds_tap(vmm.id(), &tap.0));
+    drop(rx);
 }

@@ -19,7 +19,24 @@ fn clone_routes_parse_and_refuse_bad_bodies() {
             count: 3,
             mode: Some(CloneMode::Continue),
             socket_dir: None,
+            network: None,
         }))
+    );
+    // The network object: namespaces per clone, optional new addresses.
+    let Ok(ApiRequest::PutClone(r)) = parse_request(
+        &Method::PUT,
+        "/clone",
+        br#"{"count": 2, "network": {"netns_template": "/run/netns/spore-{n}",
+             "interfaces": [{"iface_id": "eth0", "guest_mac_template": "06:00:ac:10:{n}",
+                             "ipv4": "10.0.0.{n}/24", "gateway": "10.0.0.1"}]}}"#,
+    ) else {
+        panic!("PUT /clone with network refused");
+    };
+    let n = r.network.unwrap();
+    assert_eq!(n.netns_path(2).to_str(), Some("/run/netns/spore-2"));
+    assert_eq!(
+        n.identities(2).unwrap()[0].ipv4.unwrap().0.octets(),
+        [10, 0, 0, 2]
     );
     assert_eq!(
         parse_request(&Method::GET, "/clone", b""),
@@ -38,6 +55,8 @@ fn clone_routes_parse_and_refuse_bad_bodies() {
         ("/clone", br#"{"count": 1, "mode": "sideways"}"#),
         ("/clone", br#"{"mode": "zygote"}"#),
         ("/clone", br#"{"count": 1, "extra": 1}"#),
+        ("/clone", br#"{"count": 1, "network": {"interfaces": []}}"#),
+        ("/clone", br#"{"count": 1, "network": {"netns_template": "/n/{n}", "interfaces": [{"iface_id": "eth0", "gateway": "x"}]}}"#),
         ("/clone/config", br#"{"max_clones": "many"}"#),
     ] {
         assert!(

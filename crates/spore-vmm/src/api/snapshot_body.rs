@@ -112,6 +112,7 @@ impl SnapshotLoadParams {
                     return Err("vsock_cid must be in 3..=4294967294".into());
                 }
                 Ok(Some(CloneIdentity {
+                    net: Vec::new(),
                     generation,
                     vsock_cid,
                 }))

@@ -112,18 +112,23 @@ pub fn restore(
 /// `FORK` returns, and its identity. Called right before it starts.
 pub fn activate(
     vm: &Vm,
-    config: &VmConfig,
-    fork_vcpu: Option<u8>,
+    config: &mut VmConfig,
+    awaiting: &super::AwaitingGo,
     index: u64,
-    generation: u64,
 ) -> Result<(), CloneError> {
-    if let Some(v) = fork_vcpu {
+    if let Some(v) = awaiting.fork_vcpu {
         // What its FORK returns: the clone number (fits: the cap is u64, but
         // a template serving 4 billion clones is not a use case).
         vm.signal()
             .set_pending_result(v, index.min(u64::from(u32::MAX - 1)) as u32);
     }
-    identity::apply_to_clone(vm, config, index, generation)
+    let net = match &awaiting.network {
+        Some(n) => n
+            .identities(index)
+            .map_err(|e| CloneError::Capture(e.to_string()))?,
+        None => Vec::new(),
+    };
+    identity::apply_to_clone(vm, config, index, awaiting.generation, net)
 }
 
 /// Tells the source how the clone went.

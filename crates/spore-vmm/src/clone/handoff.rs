@@ -59,6 +59,9 @@ pub struct Handoff {
     pub request_ns: u64,
     /// Restore now, start on a [`Go`] (a zygote's standby process).
     pub prestart: bool,
+    /// The clone's network namespace and addresses (`PUT /clone`'s
+    /// `network`); never for a clone restored ahead.
+    pub network: Option<super::network::CloneNetwork>,
 }
 
 /// Starts a clone restored ahead (`prestart`).
@@ -258,6 +261,7 @@ mod tests {
             budget: 3,
             request_ns: 5,
             prestart: false,
+            network: None,
         };
         send_handoff(&a, &h, &layers).unwrap();
         let Message::Handoff(got, got_layers) = recv_message(&b).unwrap() else {

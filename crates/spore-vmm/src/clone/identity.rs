@@ -1,5 +1,6 @@
 //! What makes a clone a different machine from its source: its clone
-//! generation, its vsock CID and its own disks. The one place the clone
+//! generation, its vsock CID, its own disks and, optionally, new network
+//! addresses (MAC, IPv4; the namespace it runs in is `super::network`'s). The one place the clone
 //! paths (and a load with `clone_generation`) give or record an identity.
 //!
 //! - [`apply`] runs on a restored VM that is still paused: it sets the
@@ -7,8 +8,12 @@
 //!   unikernel the word at `spore_abi::boot::GENERATION_ADDR`), changes the
 //!   vsock CID (config space + transport reset, on which Linux re-reads it),
 //!   tells a Linux guest through a vsock connection to
-//!   `spore_abi::signal::GENERATION_VSOCK_PORT`, and wakes a `WAIT`. The
-//!   contract is documented in `spore_abi::signal`. [`record`] keeps the new
+//!   `spore_abi::signal::GENERATION_VSOCK_PORT`, and wakes a `WAIT`. A new
+//!   MAC goes into the net device's config space (with a config-change
+//!   interrupt); a new IPv4 into the unikernel's
+//!   `spore_abi::net::NET_IDENTITY_ADDR` block, and for Linux both into the
+//!   notice's `mac`/`ipv4` lines. The contract is documented in
+//!   `spore_abi::signal` and `spore_abi::net`. [`record`] keeps the new
 //!   CID in the configuration, so that a snapshot of the clone keeps it.
 //! - [`freeze_disks`] runs on the source before its state is captured: every
 //!   writable drive stops writing its image, which becomes the read-only
@@ -23,9 +28,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use spore_abi::boot::GENERATION_ADDR;
+use spore_abi::net::{NetIdentity, NET_IDENTITY_ADDR, NET_IDENTITY_MAGIC};
 use spore_abi::signal::GENERATION_VSOCK_PORT;
 use vm_memory::{Bytes, GuestAddress};
 
+use super::network::NetIdentityChange;
 use super::CloneError;
 use crate::arch::GuestKind;
 use crate::config::{CowOverlayConfig, DriveConfig, VmConfig};
@@ -34,13 +41,16 @@ use crate::devices::virtio::vsock::{Notice, VsockError};
 use crate::vm::{RunState, Vm};
 
 /// The identity a clone gets before it first runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloneIdentity {
     /// Must differ from the source's (and from every sibling's) for the guest
     /// to notice; 0 is the generation of a booted VM.
     pub generation: u64,
     /// A new vsock CID; `None` keeps the source's.
     pub vsock_cid: Option<u32>,
+    /// New network addresses, per interface (the others keep theirs).
+    #[serde(default)]
+    pub net: Vec<NetIdentityChange>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +65,10 @@ pub enum IdentityError {
     Vsock(#[from] VsockError),
     #[error("cannot write the generation into guest memory: {0}")]
     Memory(String),
+    #[error("a new identity for network interface {0:?}, which the VM does not have")]
+    NoInterface(String),
+    #[error("a unikernel guest takes a new IPv4 address for one interface (its one identity block), not {0}")]
+    ManyIpv4(usize),
 }
 
 /// A drive that [`freeze_disks`] switched to copy-on-write.
@@ -72,6 +86,9 @@ pub fn apply(vm: &Vm, id: &CloneIdentity) -> Result<(), IdentityError> {
         RunState::NotStarted | RunState::Paused => {}
         s => return Err(IdentityError::NotPaused(s)),
     }
+    // Before the generation word: a unikernel re-reads its network
+    // identity when it sees the generation change.
+    let net_lines = apply_net(vm, &id.net)?;
     if vm.kind() == GuestKind::Unikernel {
         vm.ram()
             .memory()
@@ -87,7 +104,7 @@ pub fn apply(vm: &Vm, id: &CloneIdentity) -> Result<(), IdentityError> {
             // the notice (the unikernel reads the generation word).
             let notice = (vm.kind() == GuestKind::Linux).then(|| Notice {
                 port: GENERATION_VSOCK_PORT,
-                message: format!("generation {}\n", id.generation).into_bytes(),
+                message: format!("generation {}\n{net_lines}", id.generation).into_bytes(),
             });
             let cid = cid.map_or_else(|| vsock.guest_cid(), u64::from);
             vsock.set_guest_cid(cid, notice)?;
@@ -102,11 +119,74 @@ pub fn apply(vm: &Vm, id: &CloneIdentity) -> Result<(), IdentityError> {
     Ok(())
 }
 
+/// Puts new MACs in the net devices' config spaces and, for a unikernel,
+/// a new IPv4 in its identity block; returns the Linux notice's lines for
+/// them (in the order of the VM's interfaces).
+fn apply_net(vm: &Vm, changes: &[NetIdentityChange]) -> Result<String, IdentityError> {
+    let nets = vm.nets();
+    for c in changes {
+        if !nets.iter().any(|h| h.iface_id() == c.iface_id) {
+            return Err(IdentityError::NoInterface(c.iface_id.clone()));
+        }
+    }
+    let with_ipv4 = changes.iter().filter(|c| c.ipv4.is_some()).count();
+    if vm.kind() == GuestKind::Unikernel && with_ipv4 > 1 {
+        return Err(IdentityError::ManyIpv4(with_ipv4));
+    }
+    let mut lines = String::new();
+    // Virtio-net devices are listed to the guest in attach order, which is
+    // the order of `nets()`: the unikernel's `iface` index.
+    for (index, handle) in nets.iter().enumerate() {
+        let Some(c) = changes.iter().find(|c| c.iface_id == handle.iface_id()) else {
+            continue;
+        };
+        if let Some(mac) = c.mac {
+            handle.set_mac(mac);
+            lines.push_str(&format!("mac {} {mac}\n", c.iface_id));
+        }
+        let Some((addr, prefix)) = c.ipv4 else {
+            continue;
+        };
+        let gateway = c.gateway.map_or("-".to_string(), |g| g.to_string());
+        lines.push_str(&format!("ipv4 {} {addr}/{prefix} {gateway}\n", c.iface_id));
+        if vm.kind() == GuestKind::Unikernel {
+            let block = NetIdentity {
+                magic: NET_IDENTITY_MAGIC,
+                iface: index as u32,
+                ipv4: addr.octets(),
+                prefix_len: prefix,
+                gateway: c.gateway.map_or([0; 4], |g| g.octets()),
+                mac: handle.mac().map_or([0; 6], |m| m.0),
+                ..NetIdentity::default()
+            };
+            vm.ram()
+                .memory()
+                .write_slice(block.as_bytes(), GuestAddress(NET_IDENTITY_ADDR))
+                .map_err(|e| IdentityError::Memory(e.to_string()))?;
+        }
+    }
+    Ok(lines)
+}
+
 /// Keeps an applied identity's CID in the configuration (a snapshot or a
 /// clone of this VM then carries it).
 pub fn record(config: &mut VmConfig, id: &CloneIdentity) {
     if let (Some(v), Some(cid)) = (config.vsock.as_mut(), id.vsock_cid) {
         v.guest_cid = cid;
+    }
+    record_net(config, &id.net);
+}
+
+/// Keeps new MACs in the configuration (`GET /vm/config`, a snapshot's).
+pub fn record_net(config: &mut VmConfig, changes: &[NetIdentityChange]) {
+    for c in changes {
+        let iface = config
+            .network_interfaces
+            .iter_mut()
+            .find(|i| i.iface_id == c.iface_id);
+        if let (Some(i), Some(mac)) = (iface, c.mac) {
+            i.guest_mac = Some(mac);
+        }
     }
 }
 
@@ -170,14 +250,18 @@ pub fn clone_vsock_cid(config: &VmConfig, index: u64) -> Option<u32> {
 /// from which its own clones' CIDs are derived.)
 pub fn apply_to_clone(
     vm: &Vm,
-    config: &VmConfig,
+    config: &mut VmConfig,
     index: u64,
     generation: u64,
+    net: Vec<NetIdentityChange>,
 ) -> Result<(), CloneError> {
     let id = CloneIdentity {
         generation,
         vsock_cid: clone_vsock_cid(config, index),
+        net,
     };
+    // (The clone's configuration keeps the source's CID, see above.)
+    record_net(config, &id.net);
     apply(vm, &id)
         .map_err(|e| CloneError::Capture(format!("cannot give the clone its identity: {e}")))
 }
@@ -210,6 +294,7 @@ mod tests {
         let id = CloneIdentity {
             generation: 2,
             vsock_cid: Some(9),
+            net: Vec::new(),
         };
         record(&mut config, &id);
         assert!(config.vsock.is_none());

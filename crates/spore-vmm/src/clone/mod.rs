@@ -47,6 +47,7 @@ pub mod child;
 pub mod handoff;
 pub mod identity;
 pub mod limits;
+pub mod network;
 pub mod source;
 pub mod spawn;
 
@@ -171,6 +172,10 @@ pub struct CloneRequest {
     pub mode: Option<CloneMode>,
     #[serde(default)]
     pub socket_dir: Option<String>,
+    /// Each clone's network namespace and new addresses (see [`network`]);
+    /// required when the VM has network interfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<network::CloneNetwork>,
 }
 
 /// One started clone, as the response lists it.
@@ -340,11 +345,13 @@ pub struct ChildState {
 }
 
 /// What a clone restored ahead still needs when its number comes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwaitingGo {
     /// The vCPU that signalled the template's `FORK`, if a guest made it.
     pub fork_vcpu: Option<u8>,
     pub generation: u64,
+    /// The clone's network settings (a new MAC/IPv4 given at the go).
+    pub network: Option<network::CloneNetwork>,
 }
 
 #[cfg(test)]

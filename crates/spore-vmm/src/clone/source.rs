@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::handoff::{send_go, send_handoff, Go, Handoff, MAX_LAYERS};
+use super::network::CloneNetwork;
 use super::spawn::{spawn, CloneProcess};
 use super::{
     identity, limits, CloneError, CloneInfo, CloneMode, CloneReport, SourceState, Template,
@@ -32,6 +33,8 @@ pub struct CloneOrder {
     /// The vCPU that signalled `FORK` (a guest-triggered clone).
     pub fork_vcpu: Option<u8>,
     pub request_ns: u64,
+    /// Each clone's network namespace and addresses (`PUT /clone`'s `network`).
+    pub network: Option<CloneNetwork>,
 }
 
 /// Refuses what cannot be cloned, before anything is touched.
@@ -96,6 +99,16 @@ fn check(
         return Err(CloneError::Unsupported(format!(
             "holds {n} objects in its tmem pool"
         )));
+    }
+    // A tap is held by one process: clones of a VM with network
+    // interfaces each reopen theirs in their own namespace.
+    let network_refused =
+        |e: super::network::CloneNetworkError| CloneError::BadRequest(e.to_string());
+    super::network::require_namespace(config, order.network.as_ref()).map_err(network_refused)?;
+    if let Some(n) = &order.network {
+        let first = st.served + 1;
+        n.check(config, first..first + u64::from(order.count))
+            .map_err(network_refused)?;
     }
     check_host_limit(st, order.count)?;
     if st.zygote {
@@ -378,7 +391,8 @@ fn start_clones(
                 send_go(&p.sock, &go)
             } else {
                 let at = (index, budget, order.request_ns);
-                let handoff = clone_handoff(config, st, template, p, at, false)?;
+                let mut handoff = clone_handoff(config, st, template, p, at, false)?;
+                handoff.network.clone_from(&order.network);
                 send_handoff(&p.sock, &handoff, &template.layers)
             };
             sent.map_err(|e| CloneError::Child {
@@ -469,6 +483,7 @@ fn clone_handoff(
         budget,
         request_ns,
         prestart,
+        network: None,
     })
 }
 
@@ -503,7 +518,10 @@ pub fn fill_standby(st: &mut SourceState, config: &VmConfig) -> Result<(), Clone
     // A zygote's template never changes: standby processes restore a clone
     // of it ahead, paused, so that a clone request only gives it its number
     // and starts it.
-    if let (true, Some(t)) = (st.zygote, st.template.clone()) {
+    // Not with network interfaces: a clone's taps are opened in the
+    // namespace of its number, known only with the go.
+    let restore_ahead = config.network_interfaces.is_empty();
+    if let (true, true, Some(t)) = (restore_ahead, st.zygote, st.template.clone()) {
         let mut standby = std::mem::take(&mut st.standby);
         for p in standby.iter_mut() {
             if p.prestarted.as_deref() == Some(t.id.as_str()) {

@@ -1,6 +1,6 @@
 //! Firecracker's `RateLimiter` and `TokenBucket` shapes, as a request body
-//! gives them: drives, the entropy device and the serial console take them
-//! today (the network device will too). The limiter itself is
+//! gives them: drives, the entropy device, the serial console and network
+//! interfaces (rx and tx) take them. The limiter itself is
 //! `crate::rate_limiter`.
 //!
 //! Firecracker refuses no values here: a bucket of `size` 0 or `refill_time`

@@ -168,6 +168,23 @@ mod seeds {
         m.input(VERSION_1, 0)
     }
 
+    /// rx: two 2 KiB buffers (the 3000-byte frame spans both with
+    /// mergeable buffers) and one of 1 KiB; tx: a header and 64 bytes.
+    pub fn net() -> Vec<u8> {
+        const MRG_RXBUF: u64 = 1 << 15;
+        let mut m = Image::new(0x2000);
+        m.desc(0, 0, 0x4000, 0x800, WRITE, 0);
+        m.desc(0, 1, 0x4800, 0x800, WRITE, 0);
+        m.desc(0, 2, 0x5000, 0x400, WRITE, 0);
+        m.avail(0, &[0, 1, 2]);
+        m.put(0x6000, &[0; 12]);
+        m.put(0x6100, &[0x5a; 64]);
+        m.desc(1, 0, 0x6000, 12, NEXT, 1);
+        m.desc(1, 1, 0x6100, 64, 0, 0);
+        m.avail(1, &[0]);
+        m.input(VERSION_1 | MRG_RXBUF, 1)
+    }
+
     pub fn balloon() -> Vec<u8> {
         let mut m = Image::new(0x4000);
         // Inflate: 4 PFNs in the second region; deflate: 2 of them.
@@ -518,6 +535,7 @@ fn write_fuzz_seeds() {
         ("virtio_balloon", vec![seeds::balloon()]),
         ("virtio_vsock", vec![seeds::vsock()]),
         ("virtio_mem", vec![seeds::mem()]),
+        ("virtio_net", vec![seeds::net()]),
         ("virtio_mmio", vec![seeds::mmio()]),
         ("vsock_packet", vec![seeds::vsock_packet()]),
         ("tmem", vec![seeds::tmem()]),
@@ -552,6 +570,9 @@ fn fuzz_seeds_are_valid_inputs() {
         (DeviceKind::Blk, seeds::blk(), vec![4]),
         (DeviceKind::Rng, seeds::rng(), vec![2]),
         (DeviceKind::Mem, seeds::mem(), vec![4]),
+        // The 60-byte frame in one buffer, the 3000-byte one in two; the
+        // tx frame is sent.
+        (DeviceKind::Net, seeds::net(), vec![3, 1]),
         // Both tx packets are answered with an RST (no host listener).
         (DeviceKind::Vsock, seeds::vsock(), vec![2, 2, 0]),
         (DeviceKind::Balloon, seeds::balloon(), vec![1, 1, 0, 1]),

@@ -8,8 +8,8 @@
 //! (the device's worker watches [`RateLimiter::timer_fd`] in its epoll).
 //! Nothing ticks: buckets refill from elapsed time when looked at.
 //!
-//! virtio-blk uses it today; the entropy and network devices take the same
-//! type. A limiter's buckets are part of its device's snapshot state.
+//! virtio-blk, the entropy device and virtio-net (one limiter each way)
+//! use it. A limiter's buckets are part of its device's snapshot state.
 
 mod bucket;
 #[cfg(test)]

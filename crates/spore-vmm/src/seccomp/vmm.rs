@@ -183,6 +183,9 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_getegid,
     SYS_getpgid,
     SYS_getpgrp,
+    // A clone process enters its network namespace before opening its taps
+    // (`clone::network`), under the filter it inherited.
+    SYS_setns,
 ];
 
 /// The VMM kind's rules: every syscall in [`SYSCALLS`] and the API server's

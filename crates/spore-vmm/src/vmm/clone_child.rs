@@ -32,6 +32,12 @@ impl Vmm {
         handoff: &Handoff,
         layers: Vec<MemoryLayer>,
     ) -> Result<u64, CloneError> {
+        if let Some(n) = &handoff.network {
+            // Before the restore opens the taps: they are this
+            // namespace's (the main thread's, which opens them).
+            n.enter_netns(handoff.index)
+                .map_err(|e| CloneError::Capture(e.to_string()))?;
+        }
         self.restore_clone(handoff, layers)?;
         self.go_clone(handoff.index, handoff.budget)
     }
@@ -69,6 +75,7 @@ impl Vmm {
         child.awaiting_go = Some(AwaitingGo {
             fork_vcpu: handoff.fork_vcpu,
             generation: handoff.generation,
+            network: handoff.network.clone(),
         });
         *config = restored.config;
         *phase = Phase::Built(BuiltVm::new(restored.vm));
@@ -95,7 +102,7 @@ impl Vmm {
             .built_mut()
             .map_err(|_| CloneError::BadRequest(NOTHING_AWAITS_GO.into()))?
             .vm;
-        child::activate(vm, config, awaiting.fork_vcpu, index, awaiting.generation)?;
+        child::activate(vm, config, &awaiting, index)?;
         source.tree_budget = Some(budget);
         let start_ns = crate::host::monotonic_ns();
         vm.start()

@@ -49,6 +49,7 @@ impl Vmm {
             socket_dir: r.socket_dir.clone(),
             fork_vcpu: None,
             request_ns,
+            network: r.network.clone(),
         })
     }
 
@@ -170,6 +171,9 @@ impl Vmm {
             socket_dir: None,
             fork_vcpu: Some(vcpu),
             request_ns,
+            // A guest FORK of a VM with network interfaces is refused (no
+            // namespaces to put its clones in).
+            network: None,
         };
         // A failure was said (by `clone::source`) before the guest ran on;
         // or the VM is gone and the FORK has nobody left to answer.

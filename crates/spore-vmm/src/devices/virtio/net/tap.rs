@@ -159,6 +159,34 @@ impl NetBackend for Tap {
     }
 }
 
+/// One end of a datagram socketpair standing in for a tap (tests and the
+/// fuzz targets): one datagram per frame, header included.
+#[cfg(any(test, feature = "fuzzing"))]
+pub struct SocketBackend(pub std::os::unix::net::UnixDatagram);
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl SocketBackend {
+    /// The backend (non-blocking) and the host's end of the pair.
+    pub fn pair() -> io::Result<(SocketBackend, std::os::unix::net::UnixDatagram)> {
+        let (ours, host) = std::os::unix::net::UnixDatagram::pair()?;
+        ours.set_nonblocking(true)?;
+        Ok((SocketBackend(ours), host))
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl NetBackend for SocketBackend {
+    fn read_frame(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.recv(buf)
+    }
+    fn write_frame(&mut self, frame: &[u8]) -> io::Result<usize> {
+        self.0.send(frame)
+    }
+    fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// The tap offloads matching the guest's acked rx features: the tap may
 /// then hand us frames with partial checksums or GSO, which the guest
 /// accepts as they are.

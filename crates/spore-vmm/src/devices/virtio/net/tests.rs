@@ -2,8 +2,6 @@
 //! the mmio transport, the real worker thread, and a datagram socketpair
 //! standing in for the tap (one datagram per frame, header included).
 
-use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::header::{NetHeader, VNET_HDR_LEN};
-use super::tap::NetBackend;
+use super::tap::SocketBackend;
 use super::*;
 use crate::config::{NetworkInterfaceConfig, RateLimiterConfig, TokenBucketConfig};
 use crate::devices::bus::BusDevice;
@@ -32,21 +30,6 @@ const MEM_SIZE: usize = 0x80_0000;
 const RX_RING: u64 = 0;
 const TX_RING: u64 = 0x1_0000;
 const WAIT: Duration = Duration::from_secs(5);
-
-/// One end of a datagram socketpair as the device's tap.
-struct PairBackend(UnixDatagram);
-
-impl NetBackend for PairBackend {
-    fn read_frame(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.recv(buf)
-    }
-    fn write_frame(&mut self, frame: &[u8]) -> io::Result<usize> {
-        self.0.send(frame)
-    }
-    fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
 
 fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
@@ -65,13 +48,9 @@ fn iface() -> NetworkInterfaceConfig {
 
 /// A device over a socketpair; the other end is the host's side of the wire.
 fn device(cfg: &NetworkInterfaceConfig) -> (Net, UnixDatagram) {
-    let (ours, host) = UnixDatagram::pair().unwrap();
-    ours.set_nonblocking(true).unwrap();
+    let (ours, host) = SocketBackend::pair().unwrap();
     host.set_read_timeout(Some(WAIT)).unwrap();
-    (
-        Net::with_backend(cfg, Box::new(PairBackend(ours))).unwrap(),
-        host,
-    )
+    (Net::with_backend(cfg, Box::new(ours)).unwrap(), host)
 }
 
 fn wr(t: &mut MmioTransport, offset: u64, v: u32) {

@@ -273,6 +273,12 @@ impl NetWorker {
                         return used;
                     }
                     match self.backend.read_frame(&mut bufs.rx) {
+                        // End of file (a socket backend's peer gone): no
+                        // more frames until the next edge.
+                        Ok(0) => {
+                            bufs.tap_readable = false;
+                            return used;
+                        }
                         Ok(n) if n < VNET_HDR_LEN => {
                             NetCounters::add(&self.counters.rx_dropped, 1);
                             continue;
