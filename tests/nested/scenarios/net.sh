@@ -280,7 +280,9 @@ clone_vsock() {
 clone_pid() { clone_entry "$1" | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' | head -n 1; }
 
 # Two clones keep 10.0.0.2 (each in its own namespace, so no conflict).
-if clone_put 2 '{"iface_id":"eth0","ipv4":"10.0.0.2/24","gateway":"10.0.0.1"}' >"$tmp/clone-a.json" 2>"$tmp/clone-a.err"; then
+# Each clone gets a new MAC, 06:00:0a:01:HH:LL for clone number HHLL.
+mac_tmpl='"guest_mac_template":"06:00:0a:01:{n}"'
+if clone_put 2 "{\"iface_id\":\"eth0\",$mac_tmpl,\"ipv4\":\"10.0.0.2/24\",\"gateway\":\"10.0.0.1\"}" >"$tmp/clone-a.json" 2>"$tmp/clone-a.err"; then
     clones_detail="" clones_ok=1 macs=""
     for n in 1 2; do
         pids="$pids $(clone_pid $n)"
@@ -298,7 +300,7 @@ else
 fi
 
 # A third clone with a new address: the notice's mac and ipv4 lines applied.
-if clone_put 1 '{"iface_id":"eth0","ipv4":"10.0.0.3/24","gateway":"10.0.0.1"}' >"$tmp/clone-b.json" 2>"$tmp/clone-b.err"; then
+if clone_put 1 "{\"iface_id\":\"eth0\",$mac_tmpl,\"ipv4\":\"10.0.0.3/24\",\"gateway\":\"10.0.0.1\"}" >"$tmp/clone-b.json" 2>"$tmp/clone-b.err"; then
     n=$(sed -n 's/.*"index": *\([0-9]*\).*/\1/p' "$tmp/clone-b.json" | head -n 1)
     pids="$pids $(clone_pid "$n")"
     # /run/spore-net appears once spore-reseed applied the notice.
@@ -309,7 +311,9 @@ if clone_put 1 '{"iface_id":"eth0","ipv4":"10.0.0.3/24","gateway":"10.0.0.1"}' >
     neigh=$(nsenter --net="$nsf" ip neigh show 10.0.0.3 2>&1)
     notice_mac=$(echo "$out" | sed -n 's/^mac [^ ]* \(.*\)$/\1/p' | tr 'A-F' 'a-f')
     detail="clone $n (netns spore-$n): mac $mac (source $GUEST_MAC, notice '$notice_mac', L1 neigh '$neigh'), $(echo "$out" | sed -n '2,3p' | tr '\n' ' ')ping $ping_ns;$(grep -h "spore-reseed: eth0" "$tmp"/clones/*.log 2>/dev/null | tail -n 1)"
-    if [ -n "$mac" ] && [ "$mac" != "$GUEST_MAC" ] && [ "$mac" = "$notice_mac" ] &&
+    want_mac=$(printf '06:00:0a:01:%02x:%02x' $((n / 256)) $((n % 256)))
+    detail="$detail; expected mac $want_mac"
+    if [ -n "$mac" ] && [ "$mac" != "$GUEST_MAC" ] && [ "$mac" = "$notice_mac" ] && [ "$mac" = "$want_mac" ] &&
         echo "$out" | grep -q 'inet 10.0.0.3/24' && echo "$out" | grep -q 'default via 10.0.0.1' &&
         [ $ping_ns = ok ] && echo "$neigh" | grep -qi "$mac"; then
         case " $macs " in
