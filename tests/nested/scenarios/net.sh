@@ -242,8 +242,13 @@ guest_to_l1=$(guest 'wget -q -T 10 -O - http://10.0.0.1:8080/hello' "" 60)
 if [ "$l1_to_guest" = guest-http-ok ] && [ "$guest_to_l1" = l1-http-ok ]; then
     r net-snapshot PASS "restored in a new process; first L1->guest HTTP reply ${first_ms} ms after the restore (attempt $((i + 1))), guest->L1 HTTP ok"
 else
-    diag=$(guest 'ip addr show dev eth0; ip route; cat /proc/net/dev | grep eth0; dmesg | tail -n 8' "" 20 | tr '\n' ' ')
-    r net-snapshot FAIL "L1->guest '$l1_to_guest' (${first_ms} ms, $(tail -n 1 "$tmp/restore-wget.err")), guest->L1 '$guest_to_l1'; L1: $(ip -s link show tap0 | tr '\n' ' ') $(ip neigh | tr '\n' ' '); guest: $diag; VMM: $(grep -i -E 'net|tap|error|warn' "$tmp/restore.err" | tail -n 5 | tr '\n' ' ')"
+    # Where frames stop: counters on both ends around one ping from L1.
+    tapstat() { for f in carrier operstate statistics/rx_packets statistics/tx_packets statistics/tx_dropped; do printf '%s=%s ' "${f#statistics/}" "$(cat /sys/class/net/tap0/$f 2>/dev/null)"; done; }
+    g1=$(guest 'grep eth0 /proc/net/dev' "" 20)
+    t1=$(tapstat)
+    ping -c 2 -W 2 10.0.0.2 >/dev/null 2>&1 && pinged=yes || pinged=no
+    g2=$(guest 'grep eth0 /proc/net/dev; dmesg | grep -v clocksource | tail -n 4' "" 20 | tr '\n' ' ')
+    r net-snapshot FAIL "L1->guest '$l1_to_guest' (${first_ms} ms, $(tail -n 1 "$tmp/restore-wget.err")), guest->L1 '$guest_to_l1'; ping after: $pinged; L1 tap0 before: $t1, after: $(tapstat), neigh: $(ip neigh show dev tap0 | tr '\n' ' '); guest /proc/net/dev before: $g1, after: $g2; VMM: $(grep -i -E 'net|tap|error|warn' "$tmp/restore.err" | tail -n 5 | tr '\n' ' ')"
 fi
 
 # --- net-clones / net-clone-mac: namespaces spore-1..3, each with tap0
