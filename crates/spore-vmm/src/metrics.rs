@@ -10,8 +10,10 @@
 //! Only groups spore fills honestly are written: `api_server` (process
 //! start-up times, from `--start-time-us`/`--start-time-cpu-us`/
 //! `--parent-cpu-time-us`), the API request counts per resource and method
-//! (`*_count`, and `*_fails` for answers ≥ 400), `vcpu` exits by kind, and
-//! `logger` (lines and metric lines that could not be written). Counters are,
+//! (`*_count`, and `*_fails` for answers ≥ 400), `vcpu` exits by kind,
+//! `net` (every network interface together: frames and bytes each way,
+//! frames dropped, malformed chains), and `logger` (lines and metric lines
+//! that could not be written). Counters are,
 //! as in Firecracker, the increase since the previous line; the start-up
 //! times are absolute. Counting is one relaxed atomic add, so it runs always,
 //! whether or not metrics are configured.
@@ -47,7 +49,11 @@ impl Counter {
     }
 
     pub fn inc(&self) {
-        self.total.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The increase since the last call.
@@ -67,13 +73,25 @@ pub struct Metrics {
     pub exit_mmio_read: Counter,
     pub exit_mmio_write: Counter,
     pub vcpu_failures: Counter,
+    pub net: NetMetrics,
     startup_us: AtomicU64,
     startup_cpu_us: AtomicU64,
     api: [[Counter; 2]; API_KEYS.len()],
 }
 
+/// Firecracker's `net` group (its fields spore counts), all interfaces.
+pub struct NetMetrics {
+    pub rx_bytes: Counter,
+    pub rx_packets: Counter,
+    pub rx_fails: Counter,
+    pub tx_bytes: Counter,
+    pub tx_packets: Counter,
+    pub tx_fails: Counter,
+    pub tx_malformed_frames: Counter,
+}
+
 /// `(group, name)` of each API counter pair (`name_count`, `name_fails`).
-const API_KEYS: [(&str, &str); 17] = [
+const API_KEYS: [(&str, &str); 19] = [
     ("get_api_requests", "instance_info"),
     ("get_api_requests", "machine_cfg"),
     ("get_api_requests", "vmm_version"),
@@ -86,11 +104,13 @@ const API_KEYS: [(&str, &str); 17] = [
     ("put_api_requests", "machine_cfg"),
     ("put_api_requests", "metrics"),
     ("put_api_requests", "vsock"),
+    ("put_api_requests", "network"),
     ("put_api_requests", "balloon"),
     ("put_api_requests", "snapshot_create"),
     ("put_api_requests", "snapshot_load"),
     ("patch_api_requests", "machine_cfg"),
     ("patch_api_requests", "vm"),
+    ("patch_api_requests", "network"),
 ];
 
 pub static METRICS: Metrics = Metrics {
@@ -101,6 +121,15 @@ pub static METRICS: Metrics = Metrics {
     exit_mmio_read: Counter::new(),
     exit_mmio_write: Counter::new(),
     vcpu_failures: Counter::new(),
+    net: NetMetrics {
+        rx_bytes: Counter::new(),
+        rx_packets: Counter::new(),
+        rx_fails: Counter::new(),
+        tx_bytes: Counter::new(),
+        tx_packets: Counter::new(),
+        tx_fails: Counter::new(),
+        tx_malformed_frames: Counter::new(),
+    },
     startup_us: AtomicU64::new(0),
     startup_cpu_us: AtomicU64::new(0),
     api: [const { [Counter::new(), Counter::new()] }; API_KEYS.len()],
@@ -119,6 +148,7 @@ pub fn count_api(method: &str, path: &str, failed: bool) {
         (_, "/actions") => "actions",
         (_, "/boot-source") => "boot_source",
         (_, p) if p.starts_with("/drives") => "drive",
+        (_, p) if p.starts_with("/network-interfaces") => "network",
         (_, "/logger") => "logger",
         (_, "/metrics") => "metrics",
         (_, "/vsock") => "vsock",
@@ -266,6 +296,19 @@ fn snapshot(id: Option<&str>) -> Value {
             "failures": m.vcpu_failures.delta(),
         }),
     );
+    let n = &m.net;
+    root.insert(
+        "net".into(),
+        json!({
+            "rx_bytes_count": n.rx_bytes.delta(),
+            "rx_packets_count": n.rx_packets.delta(),
+            "rx_fails": n.rx_fails.delta(),
+            "tx_bytes_count": n.tx_bytes.delta(),
+            "tx_packets_count": n.tx_packets.delta(),
+            "tx_fails": n.tx_fails.delta(),
+            "tx_malformed_frames": n.tx_malformed_frames.delta(),
+        }),
+    );
     root.insert(
         "logger".into(),
         json!({
@@ -294,6 +337,8 @@ mod tests {
         assert!(v["put_api_requests"]["boot_source_fails"].as_u64().unwrap() >= 1);
         assert!(v["get_api_requests"]["vmm_version_count"].as_u64().unwrap() >= 1);
         assert!(v["vcpu"]["exit_io_out"].is_u64());
+        assert!(v["net"]["tx_malformed_frames"].is_u64());
+        assert!(v["put_api_requests"]["network_count"].is_u64());
         assert!(v["api_server"]["process_startup_time_us"].is_u64());
         // Increases: a second line starts from zero again.
         let c = Counter::new();

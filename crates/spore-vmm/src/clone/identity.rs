@@ -142,13 +142,11 @@ fn apply_net(vm: &Vm, changes: &[NetIdentityChange]) -> Result<String, IdentityE
         };
         if let Some(mac) = c.mac {
             handle.set_mac(mac);
-            lines.push_str(&format!("mac {} {mac}\n", c.iface_id));
         }
+        lines.push_str(&notice_lines(c));
         let Some((addr, prefix)) = c.ipv4 else {
             continue;
         };
-        let gateway = c.gateway.map_or("-".to_string(), |g| g.to_string());
-        lines.push_str(&format!("ipv4 {} {addr}/{prefix} {gateway}\n", c.iface_id));
         if vm.kind() == GuestKind::Unikernel {
             let block = NetIdentity {
                 magic: NET_IDENTITY_MAGIC,
@@ -166,6 +164,20 @@ fn apply_net(vm: &Vm, changes: &[NetIdentityChange]) -> Result<String, IdentityE
         }
     }
     Ok(lines)
+}
+
+/// The Linux generation notice's lines for one interface's new identity
+/// (`spore_abi::signal::GENERATION_VSOCK_PORT`).
+fn notice_lines(c: &NetIdentityChange) -> String {
+    let mut lines = String::new();
+    if let Some(mac) = c.mac {
+        lines.push_str(&format!("mac {} {mac}\n", c.iface_id));
+    }
+    if let Some((addr, prefix)) = c.ipv4 {
+        let gateway = c.gateway.map_or("-".to_string(), |g| g.to_string());
+        lines.push_str(&format!("ipv4 {} {addr}/{prefix} {gateway}\n", c.iface_id));
+    }
+    lines
 }
 
 /// Keeps an applied identity's CID in the configuration (a snapshot or a
@@ -286,6 +298,35 @@ mod tests {
             v.guest_cid = u32::MAX - 1;
         }
         assert_eq!(clone_vsock_cid(&config, 1), Some(3));
+    }
+
+    #[test]
+    fn net_identities_become_notice_lines_and_recorded_macs() {
+        let mut c = NetIdentityChange {
+            iface_id: "eth0".into(),
+            mac: Some("06:00:AC:10:00:02".parse().unwrap()),
+            ipv4: Some(("10.0.0.2".parse().unwrap(), 24)),
+            gateway: None,
+        };
+        assert_eq!(
+            notice_lines(&c),
+            "mac eth0 06:00:ac:10:00:02\nipv4 eth0 10.0.0.2/24 -\n"
+        );
+        c.gateway = Some("10.0.0.1".parse().unwrap());
+        c.mac = None;
+        assert_eq!(notice_lines(&c), "ipv4 eth0 10.0.0.2/24 10.0.0.1\n");
+        let mut config = VmConfig::default();
+        config.network_interfaces.push(
+            serde_json::from_str(r#"{"iface_id": "eth0", "host_dev_name": "tap0"}"#).unwrap(),
+        );
+        c.mac = Some("06:00:00:00:00:07".parse().unwrap());
+        record_net(&mut config, &[c]);
+        assert_eq!(
+            config.network_interfaces[0]
+                .guest_mac
+                .map(|m| m.to_string()),
+            Some("06:00:00:00:00:07".into())
+        );
     }
 
     #[test]

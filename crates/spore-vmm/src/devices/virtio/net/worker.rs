@@ -52,9 +52,53 @@ pub struct NetCounters {
     pub bad_chains: AtomicU64,
 }
 
+/// What happened, counted per device and in Firecracker's `net` metrics.
+#[derive(Clone, Copy)]
+enum Event {
+    RxFrame(u64),
+    TxFrame(u64),
+    RxDropped,
+    TxDropped,
+    BadRxChain,
+    BadTxChain,
+}
+
 impl NetCounters {
-    fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
+    fn count(&self, e: Event) {
+        let m = &crate::metrics::METRICS.net;
+        let bump = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        match e {
+            Event::RxFrame(bytes) => {
+                bump(&self.rx_frames);
+                self.rx_bytes.fetch_add(bytes, Ordering::Relaxed);
+                m.rx_packets.inc();
+                m.rx_bytes.add(bytes);
+            }
+            Event::TxFrame(bytes) => {
+                bump(&self.tx_frames);
+                self.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+                m.tx_packets.inc();
+                m.tx_bytes.add(bytes);
+            }
+            Event::RxDropped => {
+                bump(&self.rx_dropped);
+                m.rx_fails.inc();
+            }
+            Event::TxDropped => {
+                bump(&self.tx_dropped);
+                m.tx_fails.inc();
+            }
+            Event::BadRxChain => {
+                bump(&self.bad_chains);
+                m.rx_fails.inc();
+            }
+            Event::BadTxChain => {
+                bump(&self.bad_chains);
+                m.tx_malformed_frames.inc();
+            }
+        }
     }
 }
 
@@ -235,7 +279,7 @@ impl NetWorker {
             match header::parse_tx(chain, mem, &mut bufs.segments) {
                 Err(e) => {
                     tracing::debug!("{tag}: tx chain dropped: {e}");
-                    NetCounters::add(&counters.bad_chains, 1);
+                    counters.count(Event::BadTxChain);
                 }
                 Ok(total) => {
                     // Firecracker's accounting: one op and the frame's bytes.
@@ -280,7 +324,7 @@ impl NetWorker {
                             return used;
                         }
                         Ok(n) if n < VNET_HDR_LEN => {
-                            NetCounters::add(&self.counters.rx_dropped, 1);
+                            self.counters.count(Event::RxDropped);
                             continue;
                         }
                         Ok(n) => (n, false),
@@ -308,12 +352,12 @@ impl NetWorker {
             match self.deliver(bufs, len) {
                 Delivery::Delivered => {
                     used = true;
-                    NetCounters::add(&self.counters.rx_frames, 1);
-                    NetCounters::add(&self.counters.rx_bytes, (len - VNET_HDR_LEN) as u64);
+                    self.counters
+                        .count(Event::RxFrame((len - VNET_HDR_LEN) as u64));
                 }
                 Delivery::Dropped => {
                     used = true;
-                    NetCounters::add(&self.counters.rx_dropped, 1);
+                    self.counters.count(Event::RxDropped);
                 }
                 Delivery::NoBuffers => return used,
             }
@@ -374,7 +418,7 @@ impl NetWorker {
                 }
                 Err(e) => {
                     tracing::debug!("{tag}: rx chain dropped: {e}");
-                    NetCounters::add(&counters.bad_chains, 1);
+                    counters.count(Event::BadRxChain);
                     bufs.rx_chains.push((head, 0));
                     break;
                 }
@@ -424,20 +468,17 @@ fn send_frame(
     let frame = match header::gather(mem, &bufs.segments, &mut bufs.tx) {
         Ok(n) if n == total => &bufs.tx[..n],
         Ok(_) | Err(_) => {
-            NetCounters::add(&counters.bad_chains, 1);
+            counters.count(Event::BadTxChain);
             return;
         }
     };
     match backend.write_frame(frame) {
-        Ok(_) => {
-            NetCounters::add(&counters.tx_frames, 1);
-            NetCounters::add(&counters.tx_bytes, (total - VNET_HDR_LEN) as u64);
-        }
+        Ok(_) => counters.count(Event::TxFrame((total - VNET_HDR_LEN) as u64)),
         Err(e) => {
             // A full tap queue, or a frame the kernel refused (a bad
             // header): dropped, as a congested wire would.
             tracing::debug!("{tag}: frame not sent: {e}");
-            NetCounters::add(&counters.tx_dropped, 1);
+            counters.count(Event::TxDropped);
         }
     }
 }
