@@ -24,6 +24,23 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 hostname spore-guest
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
+# A first IPv4 address from the command line (CONFIG_IP_PNP is off):
+# spore.ip=A.B.C.D/P [spore.gw=A.B.C.D] [spore.if=NAME, default eth0]. A clone
+# given a new address gets it from spore-reseed (the generation notice).
+net_if=eth0 net_ip="" net_gw=""
+for w in $(cat /proc/cmdline); do
+    case $w in
+    spore.ip=*) net_ip=${w#spore.ip=} ;;
+    spore.gw=*) net_gw=${w#spore.gw=} ;;
+    spore.if=*) net_if=${w#spore.if=} ;;
+    esac
+done
+if [ -n "$net_ip" ]; then
+    { ip link set dev "$net_if" up && ip addr add "$net_ip" dev "$net_if" &&
+        { [ -z "$net_gw" ] || ip route add default via "$net_gw" dev "$net_if"; }; } ||
+        echo "SPORE-INIT net: configuring $net_if $net_ip${net_gw:+ via $net_gw} failed"
+fi
+
 # busybox `poweroff`, `halt` and `reboot` ask pid 1 with USR2, USR1 and TERM.
 # There is no ACPI, so the kernel cannot power the machine off itself (a
 # forced `poweroff -f` only halts the CPUs): end the VM through the signal

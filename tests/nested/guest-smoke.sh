@@ -40,7 +40,7 @@ rc=0
 # -no-reboot: the guest's final `reboot -f` ends QEMU.
 timeout -k 5 "$timeout_s" qemu-system-x86_64 -M microvm,accel=tcg,acpi=off -cpu max \
     -m 512 -smp 2 -nographic -nodefaults -no-reboot -serial stdio \
-    -kernel "$vmlinux" -initrd "$initrd" -append "console=ttyS0 quiet panic=-1" \
+    -kernel "$vmlinux" -initrd "$initrd" -append "console=ttyS0 quiet panic=-1 spore.ip=10.0.2.15/24 spore.gw=10.0.2.2" \
     -drive id=d0,file="$work/disk.img",format=raw,if=none -device virtio-blk-device,drive=d0 \
     -device virtio-rng-device -device virtio-balloon-device \
     -netdev user,id=n0 -device virtio-net-device,netdev=n0 \

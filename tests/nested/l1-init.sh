@@ -17,6 +17,13 @@ echo "SPORE-L1 up ${up}s"
 while read -r m; do
     insmod "/lib/modules/$m" || echo "SPORE-L1 insmod $m failed"
 done </lib/modules/load-order
+# tun (tap devices for virtio-net): devtmpfs makes /dev/net/tun when the
+# module registers it; make it by hand where that did not happen (or tun is
+# built in and devtmpfs was mounted late).
+if [ ! -c /dev/net/tun ] && grep -qw tun /proc/misc 2>/dev/null; then
+    mkdir -p /dev/net && mknod -m 0666 /dev/net/tun c 10 200
+fi
+[ -c /dev/net/tun ] || echo "SPORE-L1 no /dev/net/tun (tun module missing?)"
 
 # An open bug (guest/README.md): now and then a run stalls before its first
 # result. If no SPORE-TEST line came after $1 seconds, print what every spore

@@ -3,9 +3,12 @@
 # installing it: `apt-get download` of the versioned linux-image-*-cloud-amd64
 # package that linux-image-cloud-amd64 points at, `dpkg-deb -x`, then keeps
 # vmlinuz and the modules kvm-amd needs (irqbypass, kvm, kvm-amd and whatever
-# else `modinfo` names), decompressed so busybox insmod can load them.
-# Result, cached per package version:
-#   ${SPORE_CACHE:-/var/cache/spore}/l1-kernel-<package>_<version>/
+# else `modinfo` names), plus the network modules the `net` scenario uses (tun
+# for tap devices, veth), each with its dependencies, decompressed so busybox
+# insmod can load them. A module the package builds into the kernel
+# (modules.builtin) is skipped.
+# Result, cached per package version and module set:
+#   ${SPORE_CACHE:-/var/cache/spore}/l1-kernel-<package>_<version>-<modset>/
 #       vmlinuz  modules/*.ko  load-order (module file names, load order)
 # Usage: tests/nested/l1-kernel.sh     (prints the directory as the last line)
 set -euo pipefail
@@ -15,6 +18,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../../guest/lib.sh"
 
 meta=linux-image-cloud-amd64
+# The modules L1 loads (with their dependencies). Part of the cache key: a
+# cache entry made for another list is not reused.
+wanted=(kvm_amd tun veth)
+modset="$(printf '%s\n' "${wanted[@]}" | sha256sum | cut -c1-8)"
 ensure_packages apt dpkg kmod xz-utils zstd
 
 # The versioned package the metapackage depends on, e.g.
@@ -29,7 +36,7 @@ if [[ -z $pkg ]]; then
 fi
 if [[ -z $pkg ]]; then
     # Offline: fall back to the newest kernel already in the cache.
-    dest="$(find "$SPORE_CACHE" -maxdepth 1 -name 'l1-kernel-*' -type d 2>/dev/null | LC_ALL=C sort | tail -n1)"
+    dest="$(find "$SPORE_CACHE" -maxdepth 1 -name "l1-kernel-*-$modset" -type d 2>/dev/null | LC_ALL=C sort | tail -n1)"
     [[ -n $dest && -f $dest/load-order ]] || die "cannot resolve $meta with apt and nothing is cached"
     log "apt cannot resolve $meta; using cached $dest"
     echo "$dest"
@@ -37,7 +44,7 @@ if [[ -z $pkg ]]; then
 fi
 ver="$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')"
 [[ -n $ver && $ver != "(none)" ]] || die "no candidate version for $pkg"
-dest="$SPORE_CACHE/l1-kernel-${pkg}_${ver}"
+dest="$SPORE_CACHE/l1-kernel-${pkg}_${ver}-$modset"
 
 if [[ -f $dest/load-order ]]; then
     log "cached: $dest"
@@ -91,17 +98,27 @@ fetch_module() {
 # modules that need them, which is the order insmod must follow.
 declare -A seen=()
 order=()
+# Built into this kernel (modules.builtin lists kernel/.../NAME.ko).
+builtin() {
+    local pattern
+    pattern="$(printf '%s' "$1" | sed 's/[-_]/[-_]/g')"
+    grep -qE "(^|/)${pattern}\.ko$" "$moddir/modules.builtin" 2>/dev/null
+}
 visit() {
     local name="${1//-/_}" dep
     [[ -n ${seen[$name]:-} ]] && return 0
     seen[$name]=1
+    if builtin "$name"; then
+        log "$name is built into $pkg"
+        return 0
+    fi
     fetch_module "$name"
     for dep in $(modinfo -F depends "$work/out/modules/$name.ko" | tr ',' ' '); do
         visit "$dep"
     done
     order+=("$name.ko")
 }
-visit kvm_amd
+for m in "${wanted[@]}"; do visit "$m"; done
 for m in irqbypass kvm kvm_amd; do
     [[ -n ${seen[$m]:-} ]] || die "expected $m among kvm_amd's dependencies"
 done

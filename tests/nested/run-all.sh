@@ -11,7 +11,10 @@
 # reseed from /dev/hwrng, new vsock CID, urandom differs, private disks),
 # virtio-mem-snapshot (512 MiB plugged, snapshot, restore in a new process, contents
 # intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
-# launcher: start, pause, snapshot, stop, load with WithSnapshot, resume, balloon).
+# launcher: start, pause, snapshot, stop, load with WithSnapshot, resume, balloon),
+# net (virtio-net on a tap in L1: address and ping, 64 MiB each way with sha256,
+# 10 MiB/s rate limiters, a new TCP connection after a snapshot restore, clones in
+# their own network namespaces, a clone's new MAC and address applied by the guest).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -30,7 +33,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -97,6 +100,9 @@ run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
     --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-snapshot"
 run_one clone --scenario "$here/scenarios/clone.sh" \
     --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-clone"
+# L1 holds the payloads (about 190 MiB), the 512 MiB snapshot and the clones.
+run_one net --memory 4096 --scenario "$here/scenarios/net.sh" \
+    --guest-scenario "$here/scenarios/guest/net.sh" --out-dir "$work/out-net"
 if [[ -z $only || $only == fc-sdk ]]; then
     # The firecracker-go-sdk program (Go, static; cached by its sources' hash).
     fc_sdk_bin="$("$repo/tests/fc-sdk/build.sh" | tail -n1)"

@@ -6,8 +6,10 @@
 //!   the guest end of `spore vsock` on the host;
 //! - `spore-tmem`: put/get/invalidate objects in the VMM's tmem pool;
 //! - `spore-reseed`: reseeds the kernel random pool from /dev/hwrng when the
-//!   VMM says the VM is a clone ([`reseed`]).
+//!   VMM says the VM is a clone ([`reseed`]), and applies the new MAC and
+//!   IPv4 address the notice may carry ([`netid`]).
 
+pub mod netid;
 pub mod port;
 pub mod reseed;
 pub mod signal_cli;

@@ -34,3 +34,19 @@ t guest-virtio-net has_virtio 0x0001
 t guest-virtio-balloon has_virtio 0x0005
 t guest-memory-hotplug test -d /sys/devices/system/memory
 t guest-hotplug-online-movable grep -qx online_movable /sys/devices/system/memory/auto_online_blocks
+# The first address from the command line (spore.ip=, spore.gw=; init.sh), then
+# a clone's new identity as spore-reseed applies the notice's mac/ipv4 lines.
+# shellcheck disable=SC2016 # expanded by the inner sh
+t guest-net-cmdline-address sh -c 'ip -4 addr show dev eth0 | grep -q "inet 10.0.2.15/24" && ip route | grep -q "default via 10.0.2.2 dev eth0"'
+printf 'generation 1\nmac eth0 06:00:0a:00:02:10\nipv4 eth0 10.0.2.16/24 10.0.2.2\n' >/tmp/notice
+# shellcheck disable=SC2016 # expanded by the inner sh
+t guest-net-identity-notice sh -c 'spore-reseed apply /tmp/notice && grep -qx 06:00:0a:00:02:10 /sys/class/net/eth0/address &&
+    ip -4 addr show dev eth0 | grep -q "inet 10.0.2.16/24" && ! ip -4 addr show dev eth0 | grep -q 10.0.2.15 &&
+    ip route | grep -q "default via 10.0.2.2 dev eth0"'
+# A MAC alone: the default route survives the link bounce.
+printf 'generation 2\nmac eth0 06:00:0a:00:02:11\n' >/tmp/notice
+# shellcheck disable=SC2016 # expanded by the inner sh
+t guest-net-mac-keeps-route sh -c 'spore-reseed apply /tmp/notice && grep -qx 06:00:0a:00:02:11 /sys/class/net/eth0/address &&
+    ip route | grep -q "default via 10.0.2.2 dev eth0"'
+printf 'generation 3\nmac eth0 06:00:0a:00:02\n' >/tmp/notice
+t guest-net-bad-notice-refused sh -c '! spore-reseed apply /tmp/notice'
