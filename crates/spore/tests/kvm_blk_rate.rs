@@ -47,8 +47,11 @@ fn next_round(rx: &Receiver<String>) -> (String, u64, f64) {
     (sector0, us, t.elapsed().as_secs_f64())
 }
 
+/// The guest's arguments unless a test gives its own.
+const ROUNDS: &str = "rounds=1000 mib=4 chunk_kib=128 sleep_ms=20";
+
 fn boot(sock: &Path, disk: &Path, rate_limiter: &str) -> (VmmChild, Receiver<String>) {
-    boot_with(sock, disk, rate_limiter, "Sync")
+    boot_with(sock, disk, rate_limiter, "Sync", ROUNDS)
 }
 
 fn boot_with(
@@ -56,6 +59,7 @@ fn boot_with(
     disk: &Path,
     rate_limiter: &str,
     io_engine: &str,
+    boot_args: &str,
 ) -> (VmmChild, Receiver<String>) {
     let (vmm, rx) = spawn_vmm_lines(sock);
     ok(
@@ -63,7 +67,7 @@ fn boot_with(
         "PUT",
         "/boot-source",
         &format!(
-            r#"{{"kernel_image_path": "{}", "boot_args": "rounds=1000 mib=4 chunk_kib=128 sleep_ms=20"}}"#,
+            r#"{{"kernel_image_path": "{}", "boot_args": "{boot_args}"}}"#,
             uk_image("blkrate").display()
         ),
     );
@@ -309,31 +313,13 @@ fn a_10_mib_per_s_limit_holds_within_10_percent_over_5_s() {
     let f = std::fs::File::create(&disk).unwrap();
     f.set_len(64 * MIB).unwrap();
     std::os::unix::fs::FileExt::write_at(&f, b"image-big", 0).unwrap();
-    let (_vmm, rx) = spawn_vmm_lines(&sock);
-    ok(
-        &sock,
-        "PUT",
-        "/boot-source",
-        &format!(
-            r#"{{"kernel_image_path": "{}", "boot_args": "rounds=3 mib=50 chunk_kib=128 sleep_ms=20"}}"#,
-            uk_image("blkrate").display()
-        ),
-    );
-    ok(
-        &sock,
-        "PUT",
-        "/machine-config",
-        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
-    );
     // 10 MiB/s as a 1 MiB bucket refilled every 100 ms.
-    ok(
+    let (_vmm, rx) = boot_with(
         &sock,
-        "PUT",
-        "/drives/disk0",
-        &format!(
-            r#"{{"drive_id": "disk0", "path_on_host": "{}", "is_root_device": false, "is_read_only": true, "rate_limiter": {{"bandwidth": {{"size": 1048576, "refill_time": 100}}}}}}"#,
-            disk.display()
-        ),
+        &disk,
+        r#"{"bandwidth": {"size": 1048576, "refill_time": 100}}"#,
+        "Sync",
+        "rounds=3 mib=50 chunk_kib=128 sleep_ms=20",
     );
     ok(
         &sock,

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,37 @@ fn boot_httpd(sock: &Path, tap: &str, k: u32, extra_args: &str) -> (VmmChild, Re
     (vmm, rx)
 }
 
+/// A booted `httpd` on its own tap (test `k`), answering at `base`.
+struct Httpd {
+    s: Scratch,
+    _tap: Tap,
+    sock: PathBuf,
+    vmm: VmmChild,
+    _rx: Receiver<String>,
+    base: String,
+}
+
+impl Httpd {
+    fn start(k: u32, tag: &str) -> Httpd {
+        require_kvm();
+        require_tap();
+        let s = Scratch::new(tag);
+        let tap = Tap::new(None, &tap_name(k), &format!("10.77.{k}.1/24"));
+        let sock = s.path("api.sock");
+        let (vmm, rx) = boot_httpd(&sock, &tap.name, k, "");
+        let base = format!("http://{}", guest_ip(k));
+        curl_until_up(None, &format!("{base}/"), Duration::from_secs(10));
+        Httpd {
+            s,
+            _tap: tap,
+            sock,
+            vmm,
+            _rx: rx,
+            base,
+        }
+    }
+}
+
 fn put(sock: &Path, path: &str, body: &str) {
     let (code, reply) = http(sock, "PUT", path, Some(body));
     assert_eq!(code, 204, "PUT {path} {body}: {reply}");
@@ -58,16 +89,10 @@ fn put(sock: &Path, path: &str, body: &str) {
 
 #[test]
 fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
-    require_kvm();
-    require_tap();
-    let k = 11;
-    let s = Scratch::new("net-httpd");
-    let tap = Tap::new(None, &tap_name(k), &format!("10.77.{k}.1/24"));
-    let sock = s.path("api.sock");
-    let (_vmm, _rx) = boot_httpd(&sock, &tap.name, k, "");
-    let base = format!("http://{}", guest_ip(k));
-    let hello = curl_until_up(None, &format!("{base}/"), Duration::from_secs(10));
-    assert_eq!(hello, "hello from spore-httpd generation=0 clone=0\n");
+    let vm = Httpd::start(11, "net-httpd");
+    let (s, base) = (&vm.s, &vm.base);
+    let hello = curl(None, 5, &[&format!("{base}/")]).unwrap();
+    assert_eq!(hello, b"hello from spore-httpd generation=0 clone=0\n");
 
     // 1,000 requests on keep-alive connections (curl's URL globbing), each
     // body checked in order.
@@ -112,7 +137,7 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
     );
     // The guest answers ARP and ping too.
     let ping = std::process::Command::new("ping")
-        .args(["-c", "1", "-W", "2", &guest_ip(k)])
+        .args(["-c", "1", "-W", "2", &guest_ip(11)])
         .output();
     if let Ok(o) = ping {
         assert!(o.status.success(), "ping: {}", stdout_of(&o));
@@ -121,18 +146,11 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
 
 #[test]
 fn kvm_net_a_snapshot_restored_in_a_new_process_answers_again() {
-    require_kvm();
-    require_tap();
-    let k = 12;
-    let s = Scratch::new("net-snap");
-    let tap = Tap::new(None, &tap_name(k), &format!("10.77.{k}.1/24"));
-    let sock = s.path("api.sock");
-    let (mut vmm, _rx) = boot_httpd(&sock, &tap.name, k, "");
-    let base = format!("http://{}", guest_ip(k));
-    curl_until_up(None, &format!("{base}/"), Duration::from_secs(10));
+    let mut vm = Httpd::start(12, "net-snap");
+    let (s, sock, base) = (&vm.s, &vm.sock, vm.base.clone());
     let (state, mem) = (s.path("vm.state"), s.path("vm.mem"));
-    snapshot_create(&sock, &state, &mem, false, true);
-    let _ = vmm.wait();
+    snapshot_create(sock, &state, &mem, false, true);
+    let _ = vm.vmm.wait();
     // Nobody answers while the VM is gone.
     assert!(curl(None, 1, &[&format!("{base}/")]).is_err());
 
@@ -154,22 +172,15 @@ fn kvm_net_a_snapshot_restored_in_a_new_process_answers_again() {
 
 #[test]
 fn kvm_net_a_rate_limited_interface_holds_10_mib_per_s() {
-    require_kvm();
-    require_tap();
-    let k = 13;
-    let s = Scratch::new("net-rate");
-    let tap = Tap::new(None, &tap_name(k), &format!("10.77.{k}.1/24"));
-    let sock = s.path("api.sock");
-    let (_vmm, _rx) = boot_httpd(&sock, &tap.name, k, "");
-    let base = format!("http://{}", guest_ip(k));
-    curl_until_up(None, &format!("{base}/"), Duration::from_secs(10));
+    let vm = Httpd::start(13, "net-rate");
+    let (s, sock, base) = (&vm.s, &vm.sock, &vm.base);
     // 10 MiB/s as a 1 MiB bucket refilled every 100 ms (a small bucket, so
     // that its first burst does not skew a 5 s measurement).
     let limiter = r#"{"bandwidth": {"size": 1048576, "refill_time": 100}}"#;
     let patch = format!(
         r#"{{"iface_id": "eth0", "rx_rate_limiter": {limiter}, "tx_rate_limiter": {limiter}}}"#
     );
-    let (code, reply) = http(&sock, "PATCH", "/network-interfaces/eth0", Some(&patch));
+    let (code, reply) = http(sock, "PATCH", "/network-interfaces/eth0", Some(&patch));
     assert_eq!(code, 204, "{reply}");
     let rate = |what: &str, f: &dyn Fn() -> usize| {
         let t = Instant::now();
