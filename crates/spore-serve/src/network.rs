@@ -232,9 +232,8 @@ impl Network {
              link set {NS_VETH} up\n\
              route add default via {host}\n"
         );
-        run("ip", &["-n", &net.name, "-batch", "-"], Some(&inside))?;
-        // Forwarding and the namespace's NAT: a sysctl of the namespace's
-        // own, and nft has no `-n`: done from a thread that entered it.
+        // The namespace's own settings, and nft has no `-n`: done from a
+        // thread that entered it (the commands it starts run there too).
         let rules = format!(
             "table ip spore {{\n\
                chain postrouting {{\n\
@@ -244,12 +243,14 @@ impl Network {
              }}\n"
         );
         in_namespace(&net.name, move || {
-            std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").map_err(|e| {
-                NetError::Namespace {
-                    name: String::new(),
-                    detail: format!("turning on IPv4 forwarding: {e}"),
-                }
-            })?;
+            set_sysctl("net/ipv4/ip_forward", true)?;
+            // No IPv6 in the namespace, before tap0 comes up: the kernel
+            // would otherwise send the tap router solicitations, MLD
+            // reports and neighbour probes unasked, and a zygote's VMM must
+            // not take frames into its guest once it is a clone template.
+            set_sysctl("net/ipv6/conf/all/disable_ipv6", false)?;
+            set_sysctl("net/ipv6/conf/default/disable_ipv6", false)?;
+            run("ip", &["-batch", "-"], Some(&inside))?;
             run("nft", &["-f", "-"], Some(&rules))
         })
     }
@@ -446,6 +447,21 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), NetError
         status: out.status.to_string(),
         stderr,
     })
+}
+
+/// Writes 1 to `/proc/sys/<key>` (of the calling thread's network
+/// namespace); a missing key (no IPv6 in this kernel) is an error only if
+/// `required`.
+fn set_sysctl(key: &str, required: bool) -> Result<(), NetError> {
+    let path = Path::new("/proc/sys").join(key);
+    match std::fs::write(&path, b"1") {
+        Ok(()) => Ok(()),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NetError::Namespace {
+            name: String::new(),
+            detail: format!("writing 1 to {}: {e}", path.display()),
+        }),
+    }
 }
 
 /// Runs `f` on a new thread that entered namespace `name` first (setns

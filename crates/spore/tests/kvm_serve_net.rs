@@ -193,7 +193,10 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     assert_eq!(served.load(Ordering::SeqCst), 3);
 
     // A function without network gets no namespace.
-    assert_eq!(d.create(&plain, "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(
+        d.create(&plain, "fn-echo", serde_json::json!({})).status,
+        201
+    );
     let r = d.invoke(&plain, b"{\"a\":1}");
     assert_eq!(r.json()["echo"]["a"], 1);
     assert_eq!(
@@ -207,7 +210,10 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     // start, and restores the snapshot in a fresh namespace.
     wait_for_snapshot(&state, &f);
     d.kill9();
-    assert!(!namespaces_of(&f).is_empty(), "a killed daemon cannot clean up");
+    assert!(
+        !namespaces_of(&f).is_empty(),
+        "a killed daemon cannot clean up"
+    );
     let d = Daemon::start(&state, &args);
     assert!(
         namespaces_of(&f).is_empty(),
