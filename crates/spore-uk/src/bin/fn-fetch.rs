@@ -176,8 +176,9 @@ impl Reply {
 
 impl Fetcher {
     fn handle(&mut self, event: &[u8], ctx: &Context) -> Response {
-        let url = string_field(event, "url")
-            .ok_or_else(|| FunctionError::new("BadRequest", "want {\"url\":\"http://A.B.C.D:PORT/path\"}"))?;
+        let url = string_field(event, "url").ok_or_else(|| {
+            FunctionError::new("BadRequest", "want {\"url\":\"http://A.B.C.D:PORT/path\"}")
+        })?;
         let target = parse_url(&url).map_err(|e| FunctionError::new("BadRequest", e))?;
         let timeout_ms = number_field(event, "timeout_ms")
             .unwrap_or(DEFAULT_TIMEOUT_MS)
@@ -185,7 +186,10 @@ impl Fetcher {
         // A clone or restore: new identity, and the source's connections
         // are not ours.
         if let Some(r) = self.net.check_generation() {
-            flog!("fn-fetch: network re-addressed (generation {})", r.generation);
+            flog!(
+                "fn-fetch: network re-addressed (generation {})",
+                r.generation
+            );
         }
         flog!("fn-fetch: request {} GET {url}", ctx.request_id);
         // A fresh socket per fetch: the last one may still be closing.
@@ -266,7 +270,11 @@ impl Fetcher {
                     "no complete answer from {}:{} within {timeout_ms} ms ({})",
                     DisplayAddr(t.addr),
                     t.port,
-                    if sent == 0 { "connecting" } else { "waiting for the response" }
+                    if sent == 0 {
+                        "connecting"
+                    } else {
+                        "waiting for the response"
+                    }
                 ));
             }
             self.net
