@@ -191,6 +191,17 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     assert_eq!(fetch(&d, &f, &url, &body), "clone");
     assert_eq!(fetch(&d, &f, &url, &body), "clone");
     assert_eq!(served.load(Ordering::SeqCst), 3);
+    // Nothing listens there: an error result, not a hung instance.
+    let closed = TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let bad = serde_json::json!({ "url": format!("http://{}:{closed}/", host_address()) });
+    let r = d.invoke(&f, bad.to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-function-error"), Some("Unhandled"));
+    assert_eq!(r.json()["errorType"], "FetchError", "{}", r.text());
 
     // A function without network gets no namespace.
     assert_eq!(

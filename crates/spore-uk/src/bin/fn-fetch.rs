@@ -5,9 +5,10 @@
 //! the status line, and the body (its first 64 KiB, as text, JSON-escaped).
 //!
 //! Hosts are IPv4 literals only (no DNS); the path is printable ASCII. An
-//! optional `"timeout_ms":M` (default 10000, at most 60000) bounds the whole
-//! exchange: a host that does not answer, or answers too slowly, gives a
-//! `FetchError` result instead of a hung instance. Connection problems are
+//! optional `"timeout_ms":M` (default 2500, under Lambda's default function
+//! timeout of 3 s; at most 60000, keep it under the function's `Timeout`)
+//! bounds the whole exchange: a host that does not answer, or answers too
+//! slowly, gives a `FetchError` result instead of a hung instance. Connection problems are
 //! `FetchError` too; a bad payload is `BadRequest`.
 //!
 //! Command line: `ip=A.B.C.D/P gw=G` (`spore serve` gives them to a
@@ -39,7 +40,7 @@ spore_uk::entry!(main);
 const MAX_BODY: usize = 64 * 1024;
 /// The longest response head accepted.
 const MAX_HEAD: usize = 8 * 1024;
-const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+const DEFAULT_TIMEOUT_MS: u64 = 2_500;
 const MAX_TIMEOUT_MS: u64 = 60_000;
 const MAX_URL: usize = 2048;
 const SOCKET_RX: usize = 64 * 1024;
