@@ -246,8 +246,10 @@ impl Network {
             set_sysctl("net/ipv4/ip_forward", true)?;
             // No IPv6 in the namespace, before tap0 comes up: the kernel
             // would otherwise send the tap router solicitations, MLD
-            // reports and neighbour probes unasked, and a zygote's VMM must
-            // not take frames into its guest once it is a clone template.
+            // reports and neighbour probes nobody asked for, into the rx
+            // ring of every instance (and, before the VMM kept a zygote's
+            // devices stopped across a snapshot, into the template its
+            // clones map from).
             set_sysctl("net/ipv6/conf/all/disable_ipv6", false)?;
             set_sysctl("net/ipv6/conf/default/disable_ipv6", false)?;
             run("ip", &["-batch", "-"], Some(&inside))?;
