@@ -19,6 +19,12 @@ use crate::runtime;
 use crate::snapshots::FunctionSnapshot;
 use crate::vmm::VmmProcess;
 
+/// Whether making an instance's network failed (the pool is exhausted,
+/// `ip` or `nft` failed).
+fn is_network_error(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<crate::network::NetError>().is_some()
+}
+
 fn start_err(e: anyhow::Error) -> AcquireError {
     AcquireError::Start(format!("{e:#}"))
 }
@@ -67,6 +73,9 @@ impl Manager {
         if let Some(z) = zygote.as_mut() {
             match self.clone_of(f, z).await {
                 Ok(inst) => return Ok((inst, StartPath::Clone)),
+                // The clone's network could not be made: not the zygote's
+                // fault, and every other start path needs one too.
+                Err(e) if is_network_error(&e) => return Err(start_err(e)),
                 Err(e) => {
                     // A zygote that cannot clone (its cap reached, its VMM
                     // gone) is replaced by a restore or a cold start.
@@ -115,6 +124,7 @@ impl Manager {
         if let Some(z) = zygote.as_mut() {
             match self.clone_of(f, z).await {
                 Ok(inst) => return Ok(inst),
+                Err(e) if is_network_error(&e) => return Err(start_err(e)),
                 Err(e) => {
                     tracing::warn!(function = %f.name, "zygote retired: {e:#}");
                     if let Some(z) = zygote.take() {
