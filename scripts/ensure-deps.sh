@@ -7,8 +7,10 @@ set -euo pipefail
 tier=${1:-host}
 
 need_targets=(x86_64-unknown-none)
-# redis-cli drives the kvserver unikernel in the host-KVM tests.
-need_pkgs=(redis-tools)
+# redis-cli drives the kvserver unikernel in the host-KVM tests. iproute2 and
+# nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
+# serve's networked functions, which run `ip` and `nft`).
+need_pkgs=(redis-tools iproute2 nftables)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.

@@ -31,6 +31,9 @@ pub struct Function {
     /// RFC 3339 time of the last change.
     pub last_modified: String,
     pub reserved_concurrency: Option<u32>,
+    /// `SporeNetwork.Enabled`: each instance gets a tap in a network
+    /// namespace of its own with outbound NAT (`crate::network`).
+    pub network: bool,
 }
 
 /// A VMM process the daemon started.
@@ -63,7 +66,8 @@ CREATE TABLE IF NOT EXISTS functions (
     version INTEGER NOT NULL,
     revision_id TEXT NOT NULL,
     last_modified TEXT NOT NULL,
-    reserved_concurrency INTEGER
+    reserved_concurrency INTEGER,
+    network INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     function TEXT NOT NULL,
@@ -93,6 +97,7 @@ impl Catalog {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         db.execute_batch(SCHEMA)?;
+        migrate(&db)?;
         Ok(Catalog { db: Mutex::new(db) })
     }
 
@@ -106,8 +111,8 @@ impl Catalog {
         let n = db.execute(
             "INSERT OR IGNORE INTO functions (name, runtime, handler, memory_mib, timeout_s,
                 env_json, description, role, code_sha256, code_size, version, revision_id,
-                last_modified, reserved_concurrency)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                last_modified, reserved_concurrency, network)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             row_params(f, &env_json(&f.env)),
         )?;
         Ok(n == 1)
@@ -118,7 +123,8 @@ impl Catalog {
         self.db().execute(
             "UPDATE functions SET runtime = ?2, handler = ?3, memory_mib = ?4, timeout_s = ?5,
                 env_json = ?6, description = ?7, role = ?8, code_sha256 = ?9, code_size = ?10,
-                version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14
+                version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14,
+                network = ?15
              WHERE name = ?1",
             row_params(f, &env_json(&f.env)),
         )?;
@@ -309,11 +315,30 @@ fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
     })
 }
 
-/// A function's columns in table order (`?1`..`?14` of insert and update).
+/// Columns added after the first schema: (name, definition). A catalogue
+/// made by an older daemon gets them, with their defaults, when opened.
+const ADDED_COLUMNS: &[(&str, &str)] = &[("network", "INTEGER NOT NULL DEFAULT 0")];
+
+fn migrate(db: &Connection) -> Result<(), CatalogError> {
+    let mut st = db.prepare("SELECT name FROM pragma_table_info('functions')")?;
+    let have = st
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    for (name, definition) in ADDED_COLUMNS {
+        if !have.iter().any(|h| h == name) {
+            db.execute_batch(&format!(
+                "ALTER TABLE functions ADD COLUMN {name} {definition}"
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// A function's columns in table order (`?1`..`?15` of insert and update).
 fn row_params<'a>(
     f: &'a Function,
     env_json: &'a dyn rusqlite::ToSql,
-) -> [&'a dyn rusqlite::ToSql; 14] {
+) -> [&'a dyn rusqlite::ToSql; 15] {
     [
         &f.name,
         &f.runtime,
@@ -330,6 +355,7 @@ fn row_params<'a>(
         &f.revision_id,
         &f.last_modified,
         &f.reserved_concurrency,
+        &f.network,
     ]
 }
 
@@ -354,6 +380,7 @@ fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
         revision_id: r.get("revision_id")?,
         last_modified: r.get("last_modified")?,
         reserved_concurrency: r.get("reserved_concurrency")?,
+        network: r.get("network")?,
     })
 }
 
@@ -377,7 +404,37 @@ mod tests {
             revision_id: "rev".into(),
             last_modified: "2026-01-01T00:00:00.000+0000".into(),
             reserved_concurrency: None,
+            network: false,
         }
+    }
+
+    #[test]
+    fn an_older_catalogue_gets_the_network_column() {
+        let dir = std::env::temp_dir().join(format!("spore-catalog-mig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("catalog.db");
+        {
+            // The schema before `network`, with one function in it.
+            let db = Connection::open(&path).unwrap();
+            db.execute_batch(&SCHEMA.replace(
+                "reserved_concurrency INTEGER,\n    network INTEGER NOT NULL DEFAULT 0",
+                "reserved_concurrency INTEGER",
+            ))
+            .unwrap();
+            db.execute(
+                "INSERT INTO functions VALUES ('old', 'spore-uk', 'h', 128, 3, '{}', '', 'r',
+                    '00', 1, 1, 'rev', 't', NULL)",
+                [],
+            )
+            .unwrap();
+        }
+        let c = Catalog::open(&path).unwrap();
+        assert!(!c.get("old").unwrap().unwrap().network);
+        let mut f = sample("net");
+        f.network = true;
+        assert!(c.insert(&f).unwrap());
+        assert!(c.get("net").unwrap().unwrap().network);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! instance, and the daemon can be killed and restarted without losing a
 //! deployed function. Modules: [`api`] (the Lambda HTTP API), [`catalog`]
 //! (SQLite), [`code`] (zips), [`instances`] (pools and start paths),
+//! [`network`] (networked functions' namespaces, veths and NAT),
 //! [`invoke`] (the invoke protocol over vsock), [`runtime`], [`vmm`] (VMM
 //! processes), [`metrics`], [`logs`].
 
@@ -20,6 +21,7 @@ pub mod instances;
 pub mod invoke;
 pub mod logs;
 pub mod metrics;
+pub mod network;
 pub mod recovery;
 pub mod runtime;
 pub mod snapshots;
@@ -76,6 +78,12 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         );
     }
     let manager = instances::Manager::new(config.manager, catalog.clone());
+    let net_removed = manager.remove_network_leftovers().await;
+    if net_removed > 0 {
+        tracing::info!(
+            "recovered from a previous daemon: {net_removed} network namespaces, veths or NAT tables removed"
+        );
+    }
     let stale = manager.recover_snapshots();
     if stale > 0 {
         tracing::info!("{stale} stale or half-written snapshots removed");

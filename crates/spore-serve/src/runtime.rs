@@ -52,7 +52,7 @@ impl Runtime for SporeUk {
         });
         let machine = serde_json::json!({ "vcpu_count": 1, "mem_size_mib": f.memory_mib });
         let vsock = serde_json::json!({ "guest_cid": 3, "uds_path": vsock_uds });
-        vec![
+        let mut calls = vec![
             ApiCall {
                 method: "PUT",
                 path: "/boot-source",
@@ -68,7 +68,20 @@ impl Runtime for SporeUk {
                 path: "/vsock",
                 body: vsock.to_string(),
             },
-        ]
+        ];
+        if f.network {
+            // `tap0` of the instance's own namespace (the VMM runs in it).
+            let iface = serde_json::json!({
+                "iface_id": "eth0",
+                "host_dev_name": crate::network::TAP_NAME,
+            });
+            calls.push(ApiCall {
+                method: "PUT",
+                path: "/network-interfaces/eth0",
+                body: iface.to_string(),
+            });
+        }
+        calls
     }
 }
 
@@ -82,6 +95,9 @@ pub fn command_line(f: &Function) -> String {
     ];
     for (k, v) in &f.env {
         words.push(format!("env.{k}={}", percent_encode(v)));
+    }
+    if f.network {
+        words.push(crate::network::guest_cmdline());
     }
     words.join(" ")
 }

@@ -13,6 +13,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
+use crate::network::InstanceNet;
+
 /// How long a VMM asked to stop cleanly may take before it is killed.
 const CLEAN_STOP_LIMIT: Duration = Duration::from_secs(2);
 
@@ -30,18 +32,31 @@ pub struct VmmProcess {
     /// Ended with SIGTERM first (a VMM recording a working set writes it
     /// when it stops cleanly).
     pub stop_cleanly: bool,
+    /// The network namespace it runs in (a networked function's), removed
+    /// when it ends.
+    pub net: Option<InstanceNet>,
 }
 
 impl VmmProcess {
     /// Starts `spore vmm --api-sock <run_dir>/api.sock`, its console and
-    /// messages going to `<run_dir>/vmm.log`, in a process group of its own.
-    pub async fn spawn(spore_bin: &Path, run_dir: &Path) -> anyhow::Result<Self> {
+    /// messages going to `<run_dir>/vmm.log`, in a process group of its own;
+    /// with `net`, inside that network namespace (`--netns`), which the
+    /// process then owns.
+    pub async fn spawn(
+        spore_bin: &Path,
+        run_dir: &Path,
+        net: Option<InstanceNet>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("creating {}", run_dir.display()))?;
         let api_sock = run_dir.join("api.sock");
         let log = std::fs::File::create(run_dir.join("vmm.log"))?;
-        let child = tokio::process::Command::new(spore_bin)
-            .arg("vmm")
+        let mut command = tokio::process::Command::new(spore_bin);
+        command.arg("vmm");
+        if let Some(n) = &net {
+            command.arg("--netns").arg(n.path());
+        }
+        let child = command
             .arg("--api-sock")
             .arg(&api_sock)
             .stdin(Stdio::null())
@@ -62,6 +77,7 @@ impl VmmProcess {
             child: Some(child),
             ended: false,
             stop_cleanly: false,
+            net,
         };
         vmm.wait_for_socket(Duration::from_secs(10)).await?;
         Ok(vmm)
@@ -77,6 +93,7 @@ impl VmmProcess {
             child: None,
             ended: false,
             stop_cleanly: false,
+            net: None,
         }
     }
 
@@ -160,6 +177,10 @@ impl VmmProcess {
                 let _ = std::fs::remove_file(&self.api_sock);
                 let _ = std::fs::remove_file(&self.vsock_uds);
             }
+        }
+        if let Some(net) = self.net.take() {
+            // Removing runs `ip` commands: off the async threads.
+            let _ = tokio::task::spawn_blocking(move || drop(net)).await;
         }
     }
 

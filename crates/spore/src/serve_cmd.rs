@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// wrongly signed requests get 403. Default: accept any request.
     #[arg(long, value_name = "KEYS_TOML")]
     auth: Option<PathBuf>,
+    /// Addresses for networked functions' instances (SporeNetwork): each
+    /// instance's veth pair to the host takes one /30 of this pool, the
+    /// host's end .1 (P from 14 to 30).
+    #[arg(long, value_name = "A.B.C.D/P", default_value = spore_serve::network::DEFAULT_POOL)]
+    net_pool: String,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -81,6 +86,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             no_snapshots: a.no_snapshots,
             restore_mode: spore_serve::snapshots::RestoreMode::parse(&a.restore_mode)
                 .context("--restore-mode")?,
+            net_pool: spore_serve::network::NetPool::parse(&a.net_pool)?,
         },
     })?;
     Ok(0)

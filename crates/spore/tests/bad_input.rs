@@ -26,6 +26,24 @@ fn missing_kernel_file() {
 }
 
 #[test]
+fn vmm_netns_that_does_not_exist() {
+    let dir = Scratch::new("netns-missing");
+    let out = spore()
+        .args(["vmm", "--netns", "/nonexistent/netns/x", "--api-sock"])
+        .arg(dir.path("api.sock"))
+        .output()
+        .unwrap();
+    assert_clean_failure(
+        &out,
+        "--netns /nonexistent/netns/x: cannot open the network namespace file",
+    );
+    assert!(
+        !dir.path("api.sock").exists(),
+        "no API before the namespace"
+    );
+}
+
+#[test]
 fn zero_and_huge_memory_and_zero_vcpus() {
     let out = spore()
         .args(["run", "--kernel", "/k", "--mem", "0"])

@@ -38,6 +38,19 @@ struct EnvironmentBody {
     variables: BTreeMap<String, String>,
 }
 
+/// `SporeNetwork`: spore's own field of CreateFunction and
+/// UpdateFunctionConfiguration (and of the configuration it answers).
+/// Not Lambda's `VpcConfig`: that attaches a function to subnets and
+/// security groups of a VPC, and a Lambda function without it already has
+/// outbound internet access; here a function has no network at all unless
+/// it asks, so reusing it would invert its meaning. A Lambda client that
+/// does not know the field never sends it and ignores it in answers.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct SporeNetworkBody {
+    enabled: bool,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct CreateBody {
@@ -53,6 +66,7 @@ struct CreateBody {
     timeout: Option<u32>,
     environment: Option<EnvironmentBody>,
     package_type: Option<String>,
+    spore_network: Option<SporeNetworkBody>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +87,7 @@ struct UpdateConfigBody {
     memory_size: Option<u32>,
     timeout: Option<u32>,
     environment: Option<EnvironmentBody>,
+    spore_network: Option<SporeNetworkBody>,
 }
 
 #[derive(Deserialize)]
@@ -112,6 +127,7 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         "PackageType": "Zip",
         "Architectures": ["x86_64"],
         "EphemeralStorage": { "Size": 512 },
+        "SporeNetwork": { "Enabled": f.network },
     })
 }
 
@@ -260,6 +276,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         revision_id: super::random_uuid(),
         last_modified: now(),
         reserved_concurrency: None,
+        network: b.spore_network.unwrap_or_default().enabled,
     };
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
@@ -389,6 +406,9 @@ pub async fn update_configuration(
     }
     if let Some(d) = b.description {
         f.description = d;
+    }
+    if let Some(n) = b.spore_network {
+        f.network = n.enabled;
     }
     if let Some(r) = b.role {
         f.role = r;

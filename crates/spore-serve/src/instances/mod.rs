@@ -29,6 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::catalog::{Catalog, Function, ProcessRecord};
 use crate::invoke::{InstanceConn, InvokeError, InvokeResult};
 use crate::metrics::{Metrics, StartPath};
+use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
@@ -58,6 +59,8 @@ pub struct ManagerConfig {
     pub no_snapshots: bool,
     /// How instances are restored from snapshots.
     pub restore_mode: RestoreMode,
+    /// The /30s of networked instances' veth pairs (`--net-pool`).
+    pub net_pool: NetPool,
 }
 
 /// Why an invocation got no instance.
@@ -126,6 +129,8 @@ pub struct Manager {
     provisioned: Mutex<HashMap<String, u32>>,
     host_slots: Arc<Semaphore>,
     next_id: AtomicU64,
+    /// Networked functions' namespaces (made on their first instance).
+    network: Arc<Network>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -137,13 +142,14 @@ impl Manager {
         Arc::new(Manager {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             snapshots: SnapshotStore::new(&cfg.state_dir, catalog.clone(), cfg.restore_mode),
-            cfg,
             catalog,
             metrics: Metrics::default(),
             pools: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
             provisioned: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
+            cfg,
         })
     }
 
@@ -151,6 +157,32 @@ impl Manager {
     /// versions or of deleted functions; returns how many.
     pub fn recover_snapshots(&self) -> usize {
         self.snapshots.recover()
+    }
+
+    /// After a restart: removes the network namespaces, veths and NAT
+    /// table a killed daemon of this state directory left; returns how
+    /// many.
+    pub async fn remove_network_leftovers(&self) -> usize {
+        let network = self.network.clone();
+        tokio::task::spawn_blocking(move || network.remove_leftovers())
+            .await
+            .unwrap_or(0)
+    }
+
+    /// The network of a new instance `instance` of `f` (None if `f` asks
+    /// for none).
+    async fn instance_net(
+        &self,
+        f: &Function,
+        instance: &str,
+    ) -> anyhow::Result<Option<InstanceNet>> {
+        if !f.network {
+            return Ok(None);
+        }
+        let (network, name, instance) =
+            (self.network.clone(), f.name.clone(), instance.to_string());
+        let net = tokio::task::spawn_blocking(move || network.make(&name, &instance)).await??;
+        Ok(Some(net))
     }
 
     pub fn max_concurrency(&self) -> usize {
@@ -359,6 +391,13 @@ impl Manager {
         for p in pools {
             self.retire(p).await;
         }
+        let network = self.network.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            network.teardown();
+            // Clones a zygote started that the daemon never adopted.
+            network.remove_leftovers()
+        })
+        .await;
     }
 }
 

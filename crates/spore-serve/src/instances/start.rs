@@ -14,9 +14,16 @@ use crate::catalog::Function;
 use crate::code;
 use crate::invoke::InstanceConn;
 use crate::metrics::StartPath;
+use crate::network::InstanceNet;
 use crate::runtime;
 use crate::snapshots::FunctionSnapshot;
 use crate::vmm::VmmProcess;
+
+/// Whether making an instance's network failed (the pool is exhausted,
+/// `ip` or `nft` failed).
+fn is_network_error(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<crate::network::NetError>().is_some()
+}
 
 fn start_err(e: anyhow::Error) -> AcquireError {
     AcquireError::Start(format!("{e:#}"))
@@ -66,6 +73,9 @@ impl Manager {
         if let Some(z) = zygote.as_mut() {
             match self.clone_of(f, z).await {
                 Ok(inst) => return Ok((inst, StartPath::Clone)),
+                // The clone's network could not be made: not the zygote's
+                // fault, and every other start path needs one too.
+                Err(e) if is_network_error(&e) => return Err(start_err(e)),
                 Err(e) => {
                     // A zygote that cannot clone (its cap reached, its VMM
                     // gone) is replaced by a restore or a cold start.
@@ -114,6 +124,7 @@ impl Manager {
         if let Some(z) = zygote.as_mut() {
             match self.clone_of(f, z).await {
                 Ok(inst) => return Ok(inst),
+                Err(e) if is_network_error(&e) => return Err(start_err(e)),
                 Err(e) => {
                     tracing::warn!(function = %f.name, "zygote retired: {e:#}");
                     if let Some(z) = zygote.take() {
@@ -281,7 +292,7 @@ impl Manager {
     async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
         let rt = runtime::find(&f.runtime)
             .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
-        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir()).await?;
+        let vmm = self.spawn_vmm(f).await?;
         self.record(&vmm);
         let image = code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler);
         let setup = async {
@@ -306,7 +317,9 @@ impl Manager {
         f: &Function,
         snap: &FunctionSnapshot,
     ) -> anyhow::Result<(VmmProcess, InstanceConn)> {
-        let mut vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir()).await?;
+        // A networked function's snapshot reopens `tap0` by name: in the
+        // fresh namespace the VMM runs in.
+        let mut vmm = self.spawn_vmm(f).await?;
         self.record(&vmm);
         let setup = async {
             self.snapshots.restore(snap, &mut vmm).await?;
@@ -318,6 +331,57 @@ impl Manager {
             tracing::debug!(function = %f.name, "restore of {}: {e:#}", snap.dir.display());
         }
         started
+    }
+
+    /// A fresh VMM process for an instance of `f`, in a network namespace
+    /// of its own if `f` asks for network.
+    async fn spawn_vmm(&self, f: &Function) -> anyhow::Result<VmmProcess> {
+        let run_dir = self.run_dir();
+        let instance = run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let net = self.instance_net(f, &instance).await?;
+        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net).await
+    }
+
+    /// For a networked zygote: the namespace of its next clone, whose
+    /// number is the zygote's `served + 1` (asked under the pool's zygote
+    /// lock, which every clone request holds, so numbers do not race), and
+    /// `PUT /clone`'s `network` naming it by template.
+    async fn clone_net(
+        &self,
+        f: &Function,
+        z: &Zygote,
+    ) -> anyhow::Result<Option<(InstanceNet, serde_json::Value)>> {
+        if !f.network {
+            return Ok(None);
+        }
+        let status: serde_json::Value =
+            serde_json::from_str(&z.vmm.api("GET", "/clone", None).await?)?;
+        let served = status
+            .get("served")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| anyhow::anyhow!("GET /clone answered no served count: {status}"))?;
+        let zygote = z
+            .vmm
+            .run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let net = self
+            .instance_net(f, &format!("{zygote}c{}", served + 1))
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no network made"))?;
+        let template = crate::network::Network::namespace_path(
+            &self
+                .network
+                .namespace_name(&f.name, &format!("{zygote}c{{n}}")),
+        );
+        Ok(Some((
+            net,
+            serde_json::json!({ "netns_template": template }),
+        )))
     }
 
     /// The started VMM and its connection, or the VMM ended and the error
@@ -339,8 +403,16 @@ impl Manager {
 
     /// One clone of the zygote, connected and ready.
     async fn clone_of(&self, f: &Function, z: &mut Zygote) -> anyhow::Result<Instance> {
-        let body = serde_json::json!({ "count": 1, "socket_dir": z.clone_dir });
+        let mut body = serde_json::json!({ "count": 1, "socket_dir": z.clone_dir });
+        let net = match self.clone_net(f, z).await? {
+            Some((net, network)) => {
+                body["network"] = network;
+                Some(net)
+            }
+            None => None,
+        };
         let asked = Instant::now();
+        // On failure `net` drops here, removing the namespace.
         let resp = z.vmm.api("PUT", "/clone", Some(body.to_string())).await?;
         let cloned_us = asked.elapsed().as_micros();
         let report: serde_json::Value = serde_json::from_str(&resp)?;
@@ -362,7 +434,8 @@ impl Manager {
             anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
         };
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
-        let vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
+        let mut vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
+        vmm.net = net;
         self.record(&vmm);
         match InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await {
             Ok(conn) => {

@@ -28,8 +28,14 @@ pub struct DeviceMemoryWritten {
 /// this is dropped (unless [`Self::keep_stopped`]).
 pub struct PausedDevices<'a> {
     devices: &'a VmDevices,
-    /// In slot order, as `devices.virtio`.
-    transports: Vec<MutexGuard<'a, MmioTransport>>,
+    /// In slot order, as `devices.virtio`, each with whether its worker
+    /// ran before: only those are started again. A zygote's devices stay
+    /// stopped for good ([`Self::keep_stopped`]); a later capture of it (a
+    /// snapshot written from the zygote) must not restart them, or their
+    /// workers would write guest memory the zygote's clones map from (a
+    /// virtio-net worker taking frames into its rx ring broke every later
+    /// clone's rx).
+    transports: Vec<(MutexGuard<'a, MmioTransport>, bool)>,
 }
 
 impl<'a> PausedDevices<'a> {
@@ -42,9 +48,10 @@ impl<'a> PausedDevices<'a> {
         };
         for v in &devices.virtio {
             let mut t = lock(&v.transport);
+            let was_running = t.is_activated();
             let quiesced = t.quiesce();
             // Held even on failure: the drop resumes it with the others.
-            paused.transports.push(t);
+            paused.transports.push((t, was_running));
             quiesced.map_err(|e| DeviceError::Quiesce {
                 id: v.id.clone(),
                 detail: e.to_string(),
@@ -71,7 +78,7 @@ impl<'a> PausedDevices<'a> {
             DeviceId::tmem(),
             DeviceState::Tmem(Persist::save(d.tmem.as_ref())),
         );
-        for (v, t) in d.virtio.iter().zip(&self.transports) {
+        for (v, (t, _)) in d.virtio.iter().zip(&self.transports) {
             states.push(
                 v.id.clone(),
                 DeviceState::Virtio(save_virtio(&v.id, v.slot, t)?),
@@ -105,8 +112,8 @@ impl<'a> PausedDevices<'a> {
 
 impl Drop for PausedDevices<'_> {
     fn drop(&mut self) {
-        for (v, t) in self.devices.virtio.iter().zip(self.transports.iter_mut()) {
-            if !t.resume() {
+        for (v, (t, was_running)) in self.devices.virtio.iter().zip(self.transports.iter_mut()) {
+            if *was_running && !t.resume() {
                 tracing::error!(device = %v.id, "the device could not be restarted after the capture");
             }
         }

@@ -1,0 +1,550 @@
+//! The network of a function that asks for it (`SporeNetwork.Enabled`):
+//! every VMM process of such a function (a cold boot, a restore, each clone
+//! of the zygote) runs in a network namespace of its own, where
+//!
+//! - a tap `tap0` holds the guest's gateway address [`GATEWAY`]`/30`; the
+//!   guest is [`GUEST_ADDR`] in every namespace (the same address
+//!   everywhere, which is what lets a clone keep its source's address and a
+//!   snapshot reopen `tap0` by name);
+//! - a veth pair joins it to the host: one /30 of the pool
+//!   (`--net-pool`, default [`DEFAULT_POOL`]) per instance, the host's end
+//!   `.1`, the namespace's end (`veth0`) `.2` and its default route;
+//! - forwarding is on and the guest's traffic is masqueraded to `veth0`'s
+//!   address (nftables, table `ip spore`, inside the namespace);
+//! - on the host, the pool is masqueraded out to the world (nftables table
+//!   `ip spore_<hash>`, one per daemon) and IPv4 forwarding is turned on.
+//!
+//! Names: a namespace is `sp<hash>.<function>.<instance>` (`/run/netns/…`,
+//! as `ip netns` makes them), a host-side veth `sp<hash>v<slot>` (at most
+//! 15 bytes), where `<hash>` is 6 hex digits of the state directory's
+//! SHA-256: two daemons on one host never touch each other's, and a
+//! restarted daemon finds its predecessor's leftovers by prefix
+//! ([`Network::remove_leftovers`]).
+//!
+//! Everything here is done with iproute2 (`ip`) and nftables (`nft`)
+//! commands, each checked and its stderr reported: a netlink crate
+//! (rtnetlink) covers links and addresses but not named namespaces (the
+//! bind mount under `/run/netns` that `ip netns` and the VMM's
+//! `--netns`/`netns_template` rely on) nor nftables (no maintained Rust
+//! crate without libnftnl), so the commands are the one dependency that
+//! covers all of it (`scripts/ensure-deps.sh` installs `iproute2` and
+//! `nftables`). Everything is blocking: async callers go through
+//! `spawn_blocking`. Never run as anything but root.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use sha2::Digest as _;
+
+/// The guest's address, the same in every instance's namespace.
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
+/// The address of `tap0`, the guest's gateway.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
+/// The tap every instance's VMM opens, in its own namespace.
+pub const TAP_NAME: &str = "tap0";
+/// The namespace's end of its veth pair.
+const NS_VETH: &str = "veth0";
+/// Where `ip netns` keeps named namespaces.
+const NETNS_DIR: &str = "/run/netns";
+/// The default `--net-pool`.
+pub const DEFAULT_POOL: &str = "10.200.0.0/16";
+
+/// The guest's command-line words for its network (spore-uk's `ip=`/`gw=`).
+pub fn guest_cmdline() -> String {
+    format!("ip={GUEST_ADDR}/30 gw={GATEWAY}")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("--net-pool {0:?}: want A.B.C.D/P with P from 14 to 30 (a host veth's name holds at most 5 digits of slot) and no bits set past P")]
+    BadPool(String),
+    #[error("the network pool {pool} has no free /30 left ({slots} instances have one)")]
+    PoolExhausted { pool: String, slots: u32 },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error(
+        "cannot run `{command}`: {detail} (install iproute2 and nftables: scripts/ensure-deps.sh)"
+    )]
+    Spawn { command: String, detail: String },
+    #[error("network namespace {name}: {detail}")]
+    Namespace { name: String, detail: String },
+}
+
+/// The host's pool of /30s for instances' veth pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetPool {
+    base: u32,
+    prefix: u8,
+}
+
+impl NetPool {
+    pub fn parse(s: &str) -> Result<Self, NetError> {
+        let bad = || NetError::BadPool(s.to_string());
+        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        if !(14..=30).contains(&prefix) {
+            return Err(bad());
+        }
+        let base = u32::from(addr);
+        let mask = if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - prefix)
+        };
+        if base & !mask != 0 {
+            return Err(bad());
+        }
+        Ok(NetPool { base, prefix })
+    }
+
+    /// How many /30s the pool holds.
+    pub fn slots(&self) -> u32 {
+        1u32 << (30 - self.prefix)
+    }
+
+    /// The host's and the namespace's addresses of slot `i`.
+    pub fn addresses(&self, slot: u32) -> (Ipv4Addr, Ipv4Addr) {
+        let net = self.base + slot * 4;
+        (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2))
+    }
+}
+
+impl std::fmt::Display for NetPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", Ipv4Addr::from(self.base), self.prefix)
+    }
+}
+
+/// The daemon's instance networks: names, the pool, the host's NAT.
+pub struct Network {
+    /// `sp` + 6 hex digits of the state directory's hash.
+    prefix: String,
+    pool: NetPool,
+    used: Mutex<BTreeSet<u32>>,
+    /// The host's table and forwarding are set up (on first use).
+    host_ready: Mutex<bool>,
+}
+
+impl Network {
+    pub fn new(state_dir: &Path, pool: NetPool) -> Self {
+        let hash = sha2::Sha256::digest(state_dir.as_os_str().as_encoded_bytes());
+        Network {
+            prefix: format!("sp{:02x}{:02x}{:02x}", hash[0], hash[1], hash[2]),
+            pool,
+            used: Mutex::new(BTreeSet::new()),
+            host_ready: Mutex::new(false),
+        }
+    }
+
+    /// The prefix of every namespace and host link this daemon makes.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn pool(&self) -> NetPool {
+        self.pool
+    }
+
+    /// The name of the host's nftables table (`ip` family).
+    fn host_table(&self) -> String {
+        format!("spore_{}", &self.prefix[2..])
+    }
+
+    /// The namespace name of `instance` of `function` (function names are
+    /// `[A-Za-z0-9_-]`, so the dots delimit them).
+    pub fn namespace_name(&self, function: &str, instance: &str) -> String {
+        format!("{}.{function}.{instance}", self.prefix)
+    }
+
+    /// The file a process enters namespace `name` by.
+    pub fn namespace_path(name: &str) -> PathBuf {
+        Path::new(NETNS_DIR).join(name)
+    }
+
+    fn take_slot(&self) -> Result<u32, NetError> {
+        let mut used = lock(&self.used);
+        let slot = (0..self.pool.slots())
+            .find(|s| !used.contains(s))
+            .ok_or_else(|| NetError::PoolExhausted {
+                pool: self.pool.to_string(),
+                slots: self.pool.slots(),
+            })?;
+        used.insert(slot);
+        Ok(slot)
+    }
+
+    /// Makes the network of `instance` of `function`: its namespace (tap,
+    /// veth, forwarding, NAT) and the host's end. On failure nothing made
+    /// is left.
+    pub fn make(self: &Arc<Self>, function: &str, instance: &str) -> Result<InstanceNet, NetError> {
+        self.ensure_host()?;
+        let slot = self.take_slot()?;
+        let name = self.namespace_name(function, instance);
+        let mut net = InstanceNet {
+            network: self.clone(),
+            name: name.clone(),
+            veth: format!("{}v{slot}", self.prefix),
+            slot,
+            removed: false,
+        };
+        // A namespace of that name left by a daemon that died (or an
+        // earlier instance whose removal failed) goes first.
+        if Network::namespace_path(&name).exists() {
+            let _ = run("ip", &["netns", "del", &name], None);
+        }
+        run("ip", &["netns", "add", &name], None)?;
+        let made = self.configure(&net);
+        match made {
+            Ok(()) => Ok(net),
+            Err(e) => {
+                net.remove();
+                Err(e)
+            }
+        }
+    }
+
+    fn configure(&self, net: &InstanceNet) -> Result<(), NetError> {
+        let (host, inner) = self.pool.addresses(net.slot);
+        let _ = run("ip", &["link", "del", &net.veth], None);
+        let host_side = format!(
+            "link add {veth} type veth peer name {NS_VETH} netns {ns}\n\
+             addr add {host}/30 dev {veth}\n\
+             link set {veth} up\n",
+            veth = net.veth,
+            ns = net.name,
+        );
+        run("ip", &["-batch", "-"], Some(&host_side))?;
+        let inside = format!(
+            "link set lo up\n\
+             tuntap add dev {TAP_NAME} mode tap\n\
+             addr add {GATEWAY}/30 dev {TAP_NAME}\n\
+             link set {TAP_NAME} up\n\
+             addr add {inner}/30 dev {NS_VETH}\n\
+             link set {NS_VETH} up\n\
+             route add default via {host}\n"
+        );
+        // The namespace's own settings, and nft has no `-n`: done from a
+        // thread that entered it (the commands it starts run there too).
+        let rules = format!(
+            "table ip spore {{\n\
+               chain postrouting {{\n\
+                 type nat hook postrouting priority srcnat; policy accept;\n\
+                 oifname \"{NS_VETH}\" masquerade\n\
+               }}\n\
+             }}\n"
+        );
+        in_namespace(&net.name, move || {
+            set_sysctl("net/ipv4/ip_forward", true)?;
+            // No IPv6 in the namespace, before tap0 comes up: the kernel
+            // would otherwise send the tap router solicitations, MLD
+            // reports and neighbour probes nobody asked for, into the rx
+            // ring of every instance (and, before the VMM kept a zygote's
+            // devices stopped across a snapshot, into the template its
+            // clones map from).
+            set_sysctl("net/ipv6/conf/all/disable_ipv6", false)?;
+            set_sysctl("net/ipv6/conf/default/disable_ipv6", false)?;
+            run("ip", &["-batch", "-"], Some(&inside))?;
+            run("nft", &["-f", "-"], Some(&rules))
+        })
+    }
+
+    /// The host's side, once per daemon: IPv4 forwarding on, and the pool
+    /// masqueraded out (to anything but the pool itself; traffic to the
+    /// host's own addresses is not forwarded and keeps its source).
+    fn ensure_host(&self) -> Result<(), NetError> {
+        let mut ready = lock(&self.host_ready);
+        if *ready {
+            return Ok(());
+        }
+        let forwarding = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .map(|s| s.trim() == "1")
+            .unwrap_or(false);
+        if !forwarding {
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").map_err(|e| {
+                NetError::Namespace {
+                    name: "(host)".into(),
+                    detail: format!("turning on IPv4 forwarding: {e}"),
+                }
+            })?;
+            tracing::info!("network: IPv4 forwarding turned on (net.ipv4.ip_forward=1) for instances' outbound NAT");
+        }
+        let table = self.host_table();
+        let pool = self.pool;
+        let _ = run("nft", &["delete", "table", "ip", &table], None);
+        let rules = format!(
+            "table ip {table} {{\n\
+               chain postrouting {{\n\
+                 type nat hook postrouting priority srcnat; policy accept;\n\
+                 ip saddr {pool} ip daddr != {pool} masquerade\n\
+               }}\n\
+               chain forward {{\n\
+                 type filter hook forward priority filter; policy accept;\n\
+                 ip saddr {pool} accept\n\
+                 ip daddr {pool} ct state established,related accept\n\
+               }}\n\
+             }}\n"
+        );
+        run("nft", &["-f", "-"], Some(&rules))?;
+        *ready = true;
+        Ok(())
+    }
+
+    /// Removes the host's table (daemon shutdown; instances are gone).
+    pub fn teardown(&self) {
+        let mut ready = lock(&self.host_ready);
+        if *ready {
+            let _ = run("nft", &["delete", "table", "ip", &self.host_table()], None);
+            *ready = false;
+        }
+    }
+
+    /// Namespaces whose name starts with `prefix` (e.g. this daemon's, or
+    /// one function's: `<prefix>.<function>.`).
+    pub fn namespaces_with(prefix: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
+    /// Host links whose name starts with `prefix`.
+    pub fn links_with(prefix: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
+    /// Removes what a previous daemon of this state directory left (killed
+    /// before it could): its namespaces, its host veths, its nftables
+    /// table. Returns how many things were removed.
+    pub fn remove_leftovers(&self) -> usize {
+        let mut removed = 0;
+        for ns in Network::namespaces_with(&format!("{}.", self.prefix)) {
+            let _ = run("ip", &["-n", &ns, "link", "del", NS_VETH], None);
+            if run("ip", &["netns", "del", &ns], None).is_ok() {
+                removed += 1;
+            }
+        }
+        for link in Network::links_with(&format!("{}v", self.prefix)) {
+            if run("ip", &["link", "del", &link], None).is_ok() {
+                removed += 1;
+            }
+        }
+        if Command::new("nft")
+            .args(["list", "table", "ip", &self.host_table()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+            && run("nft", &["delete", "table", "ip", &self.host_table()], None).is_ok()
+        {
+            removed += 1;
+        }
+        removed
+    }
+}
+
+/// One instance's network namespace and veth pair; removed (and its /30
+/// given back) when dropped.
+pub struct InstanceNet {
+    network: Arc<Network>,
+    pub name: String,
+    veth: String,
+    slot: u32,
+    removed: bool,
+}
+
+impl InstanceNet {
+    /// The file the instance's VMM enters (`spore vmm --netns`).
+    pub fn path(&self) -> PathBuf {
+        Network::namespace_path(&self.name)
+    }
+
+    /// The host's address on this instance's veth.
+    pub fn host_addr(&self) -> Ipv4Addr {
+        self.network.pool.addresses(self.slot).0
+    }
+
+    /// Deletes the veth pair (both ends go with the host's) and the
+    /// namespace's name; the namespace itself goes with its last process.
+    pub fn remove(&mut self) {
+        if self.removed {
+            return;
+        }
+        self.removed = true;
+        if let Err(e) = run("ip", &["link", "del", &self.veth], None) {
+            if Path::new("/sys/class/net").join(&self.veth).exists() {
+                tracing::warn!("network: {e}");
+            }
+        }
+        if Network::namespace_path(&self.name).exists() {
+            if let Err(e) = run("ip", &["netns", "del", &self.name], None) {
+                tracing::warn!("network: {e}");
+            }
+        }
+        lock(&self.network.used).remove(&self.slot);
+    }
+}
+
+impl Drop for InstanceNet {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `program args…` (with `stdin` piped in if given) and waits; a
+/// non-zero exit is an error carrying the command and its stderr.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), NetError> {
+    let command = format!("{program} {}", args.join(" "));
+    let spawn_err = |e: std::io::Error| NetError::Spawn {
+        command: command.clone(),
+        detail: e.to_string(),
+    };
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).map_err(spawn_err)?;
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if let Some(text) = stdin {
+        stderr.push_str(&format!(" (input: {:?})", text.trim()));
+    }
+    Err(NetError::Command {
+        command,
+        status: out.status.to_string(),
+        stderr,
+    })
+}
+
+/// Writes 1 to `/proc/sys/<key>` (of the calling thread's network
+/// namespace); a missing key (no IPv6 in this kernel) is an error only if
+/// `required`.
+fn set_sysctl(key: &str, required: bool) -> Result<(), NetError> {
+    let path = Path::new("/proc/sys").join(key);
+    match std::fs::write(&path, b"1") {
+        Ok(()) => Ok(()),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NetError::Namespace {
+            name: String::new(),
+            detail: format!("writing 1 to {}: {e}", path.display()),
+        }),
+    }
+}
+
+/// Runs `f` on a new thread that entered namespace `name` first (setns
+/// changes only the calling thread, and the thread ends with `f`, so no
+/// other thread of the daemon ever runs in the namespace); commands `f`
+/// starts run there too.
+fn in_namespace<F>(name: &str, f: F) -> Result<(), NetError>
+where
+    F: FnOnce() -> Result<(), NetError> + Send + 'static,
+{
+    use std::os::fd::AsRawFd;
+    let path = Network::namespace_path(name);
+    let owned = name.to_string();
+    let failed = move |detail: String| NetError::Namespace {
+        name: owned.clone(),
+        detail,
+    };
+    let file = std::fs::File::open(&path).map_err(|e| failed(format!("opening: {e}")))?;
+    let joined = std::thread::Builder::new()
+        .name("netns-setup".into())
+        .spawn(move || {
+            // SAFETY: setns on a file descriptor we own, on this thread only.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("entering: {}", std::io::Error::last_os_error()));
+            }
+            f().map_err(|e| e.to_string())
+        })
+        .map_err(|e| failed(format!("starting a thread: {e}")))?
+        .join();
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(detail)) => Err(failed(detail)),
+        Err(_) => Err(failed("the setup thread panicked".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_are_checked_and_cut_into_slash_30s() {
+        let p = NetPool::parse(DEFAULT_POOL).unwrap();
+        assert_eq!(p.slots(), 16384);
+        assert_eq!(
+            p.addresses(0),
+            (Ipv4Addr::new(10, 200, 0, 1), Ipv4Addr::new(10, 200, 0, 2))
+        );
+        assert_eq!(
+            p.addresses(70),
+            (Ipv4Addr::new(10, 200, 1, 25), Ipv4Addr::new(10, 200, 1, 26))
+        );
+        assert_eq!(NetPool::parse("10.9.8.0/30").unwrap().slots(), 1);
+        for bad in [
+            "10.200.0.0",
+            "10.200.0.1/16",
+            "10.0.0.0/31",
+            "10.0.0.0/8",
+            "x/8",
+            "10.0.0.0/33",
+        ] {
+            assert!(NetPool::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_fit_and_carry_the_daemons_prefix() {
+        let n = Network::new(
+            Path::new("/var/lib/spore"),
+            NetPool::parse(DEFAULT_POOL).unwrap(),
+        );
+        assert_eq!(n.prefix().len(), 8);
+        assert!(n.prefix().starts_with("sp"));
+        let other = Network::new(Path::new("/var/lib/spore2"), n.pool());
+        assert_ne!(n.prefix(), other.prefix());
+        // The longest host veth name: slot 16383 of a /16.
+        assert!(format!("{}v16383", n.prefix()).len() <= 15);
+        assert_eq!(
+            n.namespace_name("f-1", "r3c2"),
+            format!("{}.f-1.r3c2", n.prefix())
+        );
+        assert_eq!(guest_cmdline(), "ip=172.16.0.2/30 gw=172.16.0.1");
+    }
+}
