@@ -7,10 +7,11 @@ set -euo pipefail
 tier=${1:-host}
 
 need_targets=(x86_64-unknown-none)
-# redis-cli drives the kvserver unikernel in the host-KVM tests. iproute2 and
+# redis-cli drives the kvserver unikernel in the host-KVM tests; curl and ping
+# talk to the httpd unikernel (kvm_net). iproute2 and
 # nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
 # serve's networked functions, which run `ip` and `nft`).
-need_pkgs=(redis-tools iproute2 nftables)
+need_pkgs=(redis-tools curl iputils-ping iproute2 nftables)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.

@@ -138,10 +138,9 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
     // The guest answers ARP and ping too.
     let ping = std::process::Command::new("ping")
         .args(["-c", "1", "-W", "2", &guest_ip(11)])
-        .output();
-    if let Ok(o) = ping {
-        assert!(o.status.success(), "ping: {}", stdout_of(&o));
-    }
+        .output()
+        .expect("run ping (iputils-ping, installed by scripts/ensure-deps.sh)");
+    assert!(ping.status.success(), "ping: {}", stdout_of(&ping));
 }
 
 #[test]
