@@ -7,7 +7,8 @@
 //! |---|---|---|---|
 //! | `lazy` (File) | the layers mapped privately | nothing | pages fault in from the page cache, shared by every VM of the same file |
 //! | `eager` (File) | the same mapping | every data extent populated ([`eager`]) | no file faults |
-//! | `working_set` (File) | a memfd + the built-in uffd handler | the recorded working set, one sequential read ([`working_set`]) | the rest through the handler; the first run records the set |
+//! | `working_set` (File), set recorded | the layers mapped privately, as lazy | nothing: a thread prefetches the set in sorted runs beside the guest ([`prefetch`]) | as lazy |
+//! | `working_set` (File), first run | a memfd + the built-in uffd handler | nothing | every page through the handler, which records the set ([`working_set`]) |
 //! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
 //! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
 //!
@@ -21,6 +22,7 @@
 
 pub mod backing;
 pub mod eager;
+pub mod prefetch;
 pub mod uffd;
 pub mod working_set;
 
@@ -114,6 +116,8 @@ pub struct RestoreSession {
     /// rather than silently reading zero pages.
     external: Option<(Uffd, std::os::unix::net::UnixStream)>,
     recorder: Option<working_set::Recorder>,
+    /// A working-set replay's background prefetch.
+    prefetch: Option<prefetch::Prefetch>,
     report: RestoreReport,
     /// The memory files RAM still reads from, checked before a snapshot.
     backing: backing::Backing,
@@ -184,54 +188,42 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
         Backend::File(RestoreMode::WorkingSet) => {
             report.backend = "File".into();
             report.mode = "working_set".into();
-            let ram = GuestRam::new(layers.size())?;
             let ws_path = plan
                 .working_set_path
                 .clone()
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
-            let loaded = working_set::load(&ws_path, &plan.snapshot_id, &ram);
-            let record = match loaded {
-                Ok(n) => {
-                    report.prefilled_pages = n;
+            match working_set::load(&ws_path, &plan.snapshot_id, layers.size()) {
+                Ok(ws) => {
+                    // Replay: the lazy mapping, the set prefetched in runs
+                    // beside the guest.
+                    let ram = map_lazy(&layers)?;
+                    let (prefetch, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
+                    report.prefilled_pages = ws.pages();
                     report.working_set = Some("loaded".into());
-                    false
-                }
-                Err(working_set::WsLoad::Absent) => {
-                    report.working_set = Some("recording".into());
-                    true
-                }
-                Err(working_set::WsLoad::Ignored(why)) => {
-                    tracing::warn!(
-                        "ignoring the working set {}: {why}; recording a new one",
-                        ws_path.display()
+                    tracing::debug!(
+                        "working set v{}: {} pages in {} runs, {requests} requests",
+                        ws.version,
+                        ws.pages(),
+                        ws.runs.len()
                     );
-                    report.working_set = Some(format!("ignored ({why}); recording"));
-                    true
+                    let mut session = RestoreSession::plain();
+                    session.prefetch = Some(prefetch);
+                    PreparedRam { ram, session }
                 }
-            };
-            let uffd = uffd::register_ram(&ram)?;
-            let source = Arc::new(
-                PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?,
-            );
-            let server = UffdServer::start(uffd, source.clone(), record)?;
-            let recorder = record.then(|| {
-                working_set::Recorder::new(
-                    ws_path,
-                    plan.snapshot_id.clone(),
-                    server.log().clone(),
-                    source,
-                    plan.record_for,
-                )
-            });
-            PreparedRam {
-                ram,
-                session: RestoreSession {
-                    server: Some(server),
-                    external: None,
-                    recorder,
-                    report: RestoreReport::default(),
-                    backing: Default::default(),
-                },
+                Err(why) => {
+                    let why = match why {
+                        working_set::WsLoad::Absent => "recording".to_string(),
+                        working_set::WsLoad::Ignored(why) => {
+                            tracing::warn!(
+                                "ignoring the working set {}: {why}; recording a new one",
+                                ws_path.display()
+                            );
+                            format!("ignored ({why}); recording")
+                        }
+                    };
+                    report.working_set = Some(why);
+                    record_working_set(layers, plan, ws_path)?
+                }
             }
         }
         Backend::UffdBuiltin => {
@@ -249,6 +241,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     server: Some(server),
                     external: None,
                     recorder: None,
+                    prefetch: None,
                     report: RestoreReport::default(),
                     backing: Default::default(),
                 },
@@ -263,6 +256,31 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
     prepared.session.report = report;
     prepared.session.backing = backing;
     Ok(prepared)
+}
+
+/// A recording run: every page through the built-in handler, which logs
+/// the first-touch order for the [`working_set::Recorder`].
+fn record_working_set(
+    layers: MemoryLayers,
+    plan: &RestorePlan,
+    ws_path: PathBuf,
+) -> Result<PreparedRam, RestoreError> {
+    let ram = GuestRam::new(layers.size())?;
+    let uffd = uffd::register_ram(&ram)?;
+    let source =
+        Arc::new(PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?);
+    let server = UffdServer::start(uffd, source.clone(), true)?;
+    let recorder = working_set::Recorder::new(
+        ws_path,
+        plan.snapshot_id.clone(),
+        server.log().clone(),
+        source,
+        plan.record_for,
+    );
+    let mut session = RestoreSession::plain();
+    session.server = Some(server);
+    session.recorder = Some(recorder);
+    Ok(PreparedRam { ram, session })
 }
 
 /// Builds guest RAM for an external-handler restore, where the VMM never
@@ -282,6 +300,7 @@ pub fn prepare_external(
             server: None,
             external: Some((uffd, conn)),
             recorder: None,
+            prefetch: None,
             report: RestoreReport {
                 backend: "Uffd".into(),
                 mode: "external_handler".into(),
@@ -299,6 +318,7 @@ impl RestoreSession {
             server: None,
             external: None,
             recorder: None,
+            prefetch: None,
             report: RestoreReport::default(),
             backing: Default::default(),
         }
@@ -352,6 +372,9 @@ impl RestoreSession {
     /// Once the VM's vCPUs stopped: ends recording (writing the working
     /// set) and stops the handler.
     pub fn finish(&mut self) {
+        if let Some(mut p) = self.prefetch.take() {
+            p.stop();
+        }
         if let Some(r) = self.recorder.take() {
             if let Some(server) = &self.server {
                 server.log().recording.store(false, Ordering::Relaxed);
