@@ -192,22 +192,26 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                 .working_set_path
                 .clone()
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
-            match working_set::load(&ws_path, &plan.snapshot_id, layers.size()) {
-                Ok(ws) => {
-                    // Replay: the lazy mapping, the set prefetched in runs
-                    // beside the guest.
-                    let ram = map_lazy(&layers)?;
-                    let (prefetch, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
-                    report.prefilled_pages = ws.pages();
+            let replayed = working_set::load(&ws_path, &plan.snapshot_id, layers.size())
+                .and_then(|ws| replay_working_set(&layers, ws));
+            match replayed {
+                Ok((Replay::Mapped(ram, prefetch), pages)) => {
+                    report.prefilled_pages = pages;
                     report.working_set = Some("loaded".into());
-                    tracing::debug!(
-                        "working set v{}: {} pages in {} runs, {requests} requests",
-                        ws.version,
-                        ws.pages(),
-                        ws.runs.len()
-                    );
                     let mut session = RestoreSession::plain();
                     session.prefetch = Some(prefetch);
+                    PreparedRam { ram, session }
+                }
+                Ok((Replay::Read(ram), pages)) => {
+                    report.prefilled_pages = pages;
+                    report.working_set = Some("loaded".into());
+                    let uffd = uffd::register_ram(&ram)?;
+                    let source = Arc::new(
+                        PageSource::new(layers, uffd::regions_of(&ram))
+                            .map_err(RestoreError::Read)?,
+                    );
+                    let mut session = RestoreSession::plain();
+                    session.server = Some(UffdServer::start(uffd, source, false)?);
                     PreparedRam { ram, session }
                 }
                 Err(why) => {
@@ -256,6 +260,54 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
     prepared.session.report = report;
     prepared.session.backing = backing;
     Ok(prepared)
+}
+
+/// How a working set was replayed.
+enum Replay {
+    /// The layers mapped lazily, the set prefetched beside the guest.
+    Mapped(GuestRam, prefetch::Prefetch),
+    /// A memfd holding the set's packed data; the rest through a handler.
+    Read(GuestRam),
+}
+
+/// The share of the set's pages that must be in the page cache for the
+/// mapped replay (see [`working_set`]), of this many sampled pages.
+const CACHED_SHARE: f64 = 0.9;
+const CACHE_SAMPLES: u64 = 64;
+
+/// Replays a loaded working set: mapped if the page cache holds the
+/// memory file's pages of it (or the file has no data), else read in.
+/// Returns the RAM and the set's pages.
+fn replay_working_set(
+    layers: &MemoryLayers,
+    ws: working_set::WorkingSet,
+) -> Result<(Replay, u64), working_set::WsLoad> {
+    let io = |e: RestoreError| working_set::WsLoad::Ignored(e.to_string());
+    let pages = ws.pages();
+    let ram = map_lazy(layers).map_err(io)?;
+    let cached = prefetch::resident_share(ram.memory(), &ws.runs, CACHE_SAMPLES);
+    if !ws.has_data() || cached >= CACHED_SHARE {
+        let (p, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
+        tracing::debug!(
+            "working set v{}: {pages} pages in {} runs, {:.0} % cached: mapped, \
+             {requests} prefetch requests",
+            ws.version,
+            ws.runs.len(),
+            cached * 100.0
+        );
+        return Ok((Replay::Mapped(ram, p), pages));
+    }
+    drop(ram);
+    let ram = GuestRam::new(layers.size())
+        .map_err(|e| io(e.into()))?;
+    ws.read_into(&ram)?;
+    tracing::debug!(
+        "working set v{}: {pages} pages in {} runs, {:.0} % cached: read in",
+        ws.version,
+        ws.runs.len(),
+        cached * 100.0
+    );
+    Ok((Replay::Read(ram), pages))
 }
 
 /// A recording run: every page through the built-in handler, which logs

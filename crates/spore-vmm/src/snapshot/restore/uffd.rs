@@ -976,7 +976,7 @@ mod tests {
     }
 
     #[test]
-    fn outside_recording_a_fault_fills_its_whole_block() {
+    fn outside_recording_a_fault_fills_its_run() {
         let size = 4u64 << 20;
         let pages: Vec<(u64, u8)> = (0..40).map(|p| (p, p as u8 + 1)).collect();
         let base = layer_file("block", size, &pages);
@@ -987,17 +987,24 @@ mod tests {
         let m = ram.memory();
         let faults = || server.log().faults.load(Ordering::Relaxed);
         let read = |p: u64| -> u8 { m.read_obj(GuestAddress(p * PAGE)).unwrap() };
+        // The data extent 0..40 in one copy.
         assert_eq!(read(3), 4);
         assert_eq!(faults(), 1);
-        assert_eq!(read(10), 11, "served with page 3's block");
+        for p in [0u64, 10, 20, 39] {
+            assert_eq!(read(p), p as u8 + 1, "served with page 3's run");
+        }
         assert_eq!(faults(), 1);
-        assert_eq!(read(20), 21);
-        assert_eq!(faults(), 2);
-        // Block 32..48 is only partly data: single pages.
-        assert_eq!(read(33), 34);
-        assert_eq!(read(34), 35);
+        // The hole 40..256 (the rest of the aligned block) in one zero fill.
         assert_eq!(read(45), 0);
-        assert_eq!(faults(), 5);
+        assert_eq!(read(255), 0);
+        assert_eq!(faults(), 2);
+        // The next block: one fill for all of it.
+        assert_eq!(read(700), 0);
+        assert_eq!(faults(), 3);
+        for p in [512u64, 600, 767] {
+            assert_eq!(read(p), 0);
+        }
+        assert_eq!(faults(), 3);
         assert!(server.stop().is_none());
     }
 }

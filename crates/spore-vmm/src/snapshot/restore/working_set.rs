@@ -10,12 +10,19 @@
 //! then the file is written under a temporary name, synced, and renamed
 //! into place.
 //!
-//! Loading: the file is only a list of page runs; the data is read from
-//! the snapshot's own memory file (lazy mapping, [`super::prefetch`]), so
-//! the pages are the page cache's, shared with every VM of the same file,
-//! and mapped in huge pages where the page cache holds them so. A bad list
-//! can therefore cost time but never change the guest's memory. Still, a
-//! file that is corrupt, truncated, for another memory size, names pages
+//! Loading (the set's runs are bounds-checked against the memory size
+//! first) takes one of two ways, by where the data is now:
+//! - the memory file's pages of the set are in the page cache (another VM
+//!   of the snapshot ran, or a restore just did): RAM is the snapshot's
+//!   layers mapped privately, as for a lazy restore, and a thread
+//!   prefetches the runs into the mapping beside the guest
+//!   ([`super::prefetch`]); the pages stay shared in the page cache, in
+//!   huge pages where it holds them so, and the packed data is not read;
+//! - otherwise (REAP): RAM is a fresh memfd, the packed data is read in
+//!   one sequential pass, one iovec per run, straight into it, its CRC is
+//!   verified, and the built-in userfaultfd handler serves the rest.
+//!
+//! A file that is corrupt, truncated, for another memory size, names pages
 //! outside guest memory or was recorded for another snapshot id (the
 //! snapshot was re-created) is ignored with a warning and recorded anew.
 //!
@@ -26,20 +33,23 @@
 //! 8   u32 version (2)         12  u32 page size (4096)
 //! 16  u64 memory size         24  u64 run count N
 //! 32  32 bytes snapshot id (ASCII, zero padded)
-//! 64  u32 CRC-32 of the header (this field zero) and the runs
-//! 68  u32 zero
+//! 64  u32 CRC-32 of the header (both CRC fields zero) and the runs
+//! 68  u32 CRC-32 of the data
 //! 72  N × (u64 first page, u64 page count), sorted, disjoint
+//! ..  zero padding to a 4096-byte boundary
+//! ..  4096 bytes per page of the runs, in order (a hole's page as zeroes)
 //! ```
 //!
 //! Version 1 (spore before this layout) listed every page in first-touch
 //! order (`N × u64`, bit 63 for an all-zero page) followed by each data
-//! page's 4 KiB, and its CRC covered the data too. A version-1 file is
-//! still loaded: its page list is bounds-checked and its length checked
-//! against the header, but its data (and so its CRC) is not read; the
-//! pages come from the memory file as for version 2.
+//! page's 4 KiB, with one CRC over everything. A version-1 file still
+//! loads: its page list is bounds-checked and its length checked against
+//! the header, and it is always replayed the first way (its data, and so
+//! its CRC, is not read).
 
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -49,6 +59,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::uffd::{PageSource, ServeLog};
+use crate::memory::GuestRam;
 
 const MAGIC: &[u8; 8] = b"SPOREWS1";
 const VERSION: u32 = 2;
@@ -69,11 +80,13 @@ pub enum WsLoad {
 
 /// A loaded working set: sorted, disjoint runs of memory-file pages
 /// (first page, page count), each inside guest memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct WorkingSet {
     pub runs: Vec<(u64, u64)>,
     /// The file's format version (1 or 2).
     pub version: u32,
+    /// Version 2: the file, where its packed data starts, and its CRC.
+    data: Option<(File, u64, u32)>,
 }
 
 impl WorkingSet {
@@ -115,9 +128,14 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(x)
 }
 
+/// Where the packed page data starts after a list of `bytes`.
+fn data_offset(bytes: u64) -> u64 {
+    (HEADER as u64 + bytes).div_ceil(PAGE) * PAGE
+}
+
 /// Version 1: where the packed page data started.
 fn v1_data_offset(count: u64) -> u64 {
-    (HEADER as u64 + count * 8).div_ceil(PAGE) * PAGE
+    data_offset(count * 8)
 }
 
 /// Sorts pages and merges them into disjoint runs (first page, count).
@@ -134,8 +152,8 @@ pub fn runs_of(mut pages: Vec<u64>) -> Vec<(u64, u64)> {
     runs
 }
 
-/// Writes a working set for `order` (page numbers, first-touch order).
-/// Returns (pages, runs).
+/// Writes a working set for `order` (page numbers, first-touch order),
+/// with the snapshot's data for each page. Returns (pages, runs).
 pub fn write(
     path: &Path,
     id: &str,
@@ -170,9 +188,28 @@ pub fn write(
     crate::files::remove_stale_temps(crate::files::dir_of(path));
     let _ = std::fs::remove_file(&tmp);
     let result = (|| -> std::io::Result<()> {
-        let mut f = crate::files::create_new_private(&tmp)?;
-        f.write_all(&encode_header(&header, hasher.finalize()))?;
+        let file = crate::files::create_new_private(&tmp)?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
+        // Header placeholder, rewritten with the CRCs at the end.
+        f.write_all(&[0u8; HEADER])?;
         f.write_all(&list)?;
+        let pad = data_offset(list.len() as u64) as usize - HEADER - list.len();
+        f.write_all(&vec![0u8; pad])?;
+        let mut data_crc = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; PAGE as usize];
+        for &(first, n) in &runs {
+            for p in first..first + n {
+                if !source.read_page(p * PAGE, &mut buf)? {
+                    buf.fill(0);
+                }
+                data_crc.update(&buf);
+                f.write_all(&buf)?;
+            }
+        }
+        let f = f.into_inner().map_err(|e| e.into_error())?;
+        let mut h = encode_header(&header, hasher.finalize());
+        h[68..72].copy_from_slice(&data_crc.finalize().to_le_bytes());
+        f.write_all_at(&h, 0)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
@@ -235,7 +272,7 @@ pub fn load(path: &Path, id: &str, mem_size: u64) -> Result<WorkingSet, WsLoad> 
     f.read_exact_at(&mut list, HEADER as u64)
         .map_err(|_| bad("truncated page list".into()))?;
     let outside = |p: u64| bad(format!("page {p} lies outside guest memory"));
-    let runs = if version == 1 {
+    let (runs, data) = if version == 1 {
         let mut pages = Vec::with_capacity(count as usize);
         let mut data = 0u64;
         for c in list.chunks_exact(8) {
@@ -253,10 +290,10 @@ pub fn load(path: &Path, id: &str, mem_size: u64) -> Result<WorkingSet, WsLoad> 
                 "it has {len} bytes, its header says {expected} (truncated?)"
             )));
         }
-        runs_of(pages)
+        (runs_of(pages), None)
     } else {
-        let expected = HEADER as u64 + count * entry;
-        if len != expected {
+        let expected = data_offset(count * entry);
+        if len < expected {
             return Err(bad(format!(
                 "it has {len} bytes, its header says {expected} (truncated?)"
             )));
@@ -287,9 +324,123 @@ pub fn load(path: &Path, id: &str, mem_size: u64) -> Result<WorkingSet, WsLoad> 
             }
             runs.push((s, n));
         }
-        runs
+        let pages: u64 = runs.iter().map(|r| r.1).sum();
+        if pages > mem_pages || len != expected + pages * PAGE {
+            return Err(bad(format!(
+                "it has {len} bytes, its runs say {} (truncated?)",
+                expected + pages.min(mem_pages) * PAGE
+            )));
+        }
+        (runs, Some((f, expected, u32_at(&hb, 68))))
     };
-    Ok(WorkingSet { runs, version })
+    Ok(WorkingSet {
+        runs,
+        version,
+        data,
+    })
+}
+
+impl WorkingSet {
+    /// Whether the file holds the set's data (version 2).
+    pub fn has_data(&self) -> bool {
+        self.data.is_some()
+    }
+
+    /// Reads the packed data into `ram` (a fresh memfd RAM, before
+    /// userfaultfd registration) in one sequential pass, one iovec per
+    /// run, and verifies its CRC; on failure the pages are freed again.
+    pub fn read_into(&self, ram: &GuestRam) -> Result<(), WsLoad> {
+        let Some((f, start, crc)) = &self.data else {
+            return Err(WsLoad::Ignored("it holds no data (version 1)".into()));
+        };
+        let spans = super::spans(ram);
+        // Host ranges in file order (a run crossing regions is split).
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(self.runs.len());
+        for &(s, n) in &self.runs {
+            let (lo, hi) = (s * PAGE, (s + n) * PAGE);
+            for &(so, ptr, len) in &spans {
+                let (a, b) = (lo.max(so), hi.min(so + len as u64));
+                if a < b {
+                    iov.push(libc::iovec {
+                        // SAFETY: a - so < len: inside the span's mapping.
+                        iov_base: unsafe { ptr.add((a - so) as usize) } as *mut libc::c_void,
+                        iov_len: (b - a) as usize,
+                    });
+                }
+            }
+        }
+        let undo = |why: String| {
+            self.punch(ram);
+            WsLoad::Ignored(why)
+        };
+        let mut off = *start;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut i = 0;
+        let mut part = 0usize;
+        while i < iov.len() {
+            let mut batch: Vec<libc::iovec> = iov[i..(i + 1024).min(iov.len())].to_vec();
+            // Resume a short read inside the first iovec.
+            // SAFETY: part < iov_len: still inside that iovec's range.
+            batch[0].iov_base = unsafe { (batch[0].iov_base as *mut u8).add(part) } as *mut _;
+            batch[0].iov_len -= part;
+            // SAFETY: every iovec is guest RAM owned by `ram` (nothing runs
+            // in the guest yet, nothing else maps it); preadv writes only there.
+            let n = unsafe {
+                libc::preadv(
+                    f.as_raw_fd(),
+                    batch.as_ptr(),
+                    batch.len() as libc::c_int,
+                    off as libc::off_t,
+                )
+            };
+            if n <= 0 {
+                return Err(undo(format!(
+                    "reading its data failed: {}",
+                    if n == 0 {
+                        "unexpected end of file".to_string()
+                    } else {
+                        std::io::Error::last_os_error().to_string()
+                    }
+                )));
+            }
+            off += n as u64;
+            let mut left = n as usize;
+            while left > 0 {
+                let v = iov[i];
+                let take = (v.iov_len - part).min(left);
+                // SAFETY: bytes preadv just wrote.
+                hasher.update(unsafe {
+                    std::slice::from_raw_parts((v.iov_base as *const u8).add(part), take)
+                });
+                left -= take;
+                part += take;
+                if part == v.iov_len {
+                    part = 0;
+                    i += 1;
+                }
+            }
+        }
+        if hasher.finalize() != *crc {
+            return Err(undo("checksum mismatch (corrupt file)".into()));
+        }
+        Ok(())
+    }
+
+    /// Frees the set's pages of `ram` after a failed load, so the handler
+    /// serves them again.
+    fn punch(&self, ram: &GuestRam) {
+        for &(s, n) in &self.runs {
+            // SAFETY: punching a hole in our memfd within its size.
+            unsafe {
+                libc::fallocate(
+                    ram.memfd().as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (s * PAGE) as i64,
+                    (n * PAGE) as i64,
+                )
+            };
+        }
+    }
 }
 
 /// Records a working set while the built-in handler serves faults.
@@ -400,6 +551,7 @@ mod tests {
     use crate::memory::layers::MemoryLayers;
     use crate::memory::GuestRam;
     use crate::snapshot::restore::uffd::regions_of;
+    use vm_memory::{Bytes, GuestAddress};
 
     /// A version-1 file as spore wrote it before version 2: entries in
     /// first-touch order, then the data pages.
@@ -426,6 +578,9 @@ mod tests {
         let mem = dir.join("mem");
         let f = File::create(&mem).unwrap();
         f.set_len(size).unwrap();
+        for p in [3u64, 4, 100, 1500] {
+            f.write_all_at(&[p as u8; 4096], p * PAGE).unwrap();
+        }
         let ram0 = GuestRam::new(size).unwrap();
         let source = PageSource::new(
             MemoryLayers::single(File::open(&mem).unwrap(), size),
@@ -440,14 +595,35 @@ mod tests {
         let set = load(&ws, "abc", size).unwrap();
         assert_eq!(set.runs, vec![(3, 2), (7, 1), (100, 2), (1500, 1)]);
         assert_eq!((set.pages(), set.version), (6, 2));
-        // The file is the list, not the data.
-        assert_eq!(std::fs::metadata(&ws).unwrap().len(), HEADER as u64 + 4 * 16);
+        // The runs, then each page's data from the snapshot.
+        assert_eq!(std::fs::metadata(&ws).unwrap().len(), PAGE + 6 * PAGE);
+        let ram = GuestRam::new(size).unwrap();
+        set.read_into(&ram).unwrap();
+        for p in [3u64, 4, 7, 100, 101, 1500] {
+            let v: u8 = ram.memory().read_obj(GuestAddress(p * PAGE)).unwrap();
+            assert_eq!(v, if p == 7 || p == 101 { 0 } else { p as u8 }, "page {p}");
+        }
+        let resident = crate::memory::pages::data_ranges(ram.memfd(), size).unwrap();
+        assert_eq!(resident.iter().map(|r| r.1 / PAGE).sum::<u64>(), 6);
+        // Corrupt data: refused at read time, and nothing is left behind.
+        let mut b = std::fs::read(&ws).unwrap();
+        let n = b.len();
+        b[n - 10] ^= 1;
+        let flipped = dir.join("flipped");
+        std::fs::write(&flipped, &b).unwrap();
+        let set2 = load(&flipped, "abc", size).unwrap();
+        let ram = GuestRam::new(size).unwrap();
+        assert!(matches!(set2.read_into(&ram), Err(WsLoad::Ignored(w)) if w.contains("checksum")));
+        assert!(crate::memory::pages::data_ranges(ram.memfd(), size)
+            .unwrap()
+            .is_empty());
 
         // A version-1 file still loads (its page list; data not read).
         let old = dir.join("old");
         std::fs::write(&old, v1_file(size, "abc", &[100, 3, 7 | V1_ZERO_BIT, 4])).unwrap();
         let set = load(&old, "abc", size).unwrap();
-        assert_eq!((set.runs, set.version), (vec![(3, 2), (7, 1), (100, 1)], 1));
+        assert_eq!((&set.runs[..], set.version), (&[(3, 2), (7, 1), (100, 1)][..], 1));
+        assert!(!set.has_data());
         let mut cut = v1_file(size, "abc", &[100, 3]);
         cut.truncate(cut.len() - 100);
         std::fs::write(&old, &cut).unwrap();
@@ -465,12 +641,11 @@ mod tests {
         assert!(
             matches!(load(&ws, "abc", size * 2), Err(WsLoad::Ignored(w)) if w.contains("bytes of memory"))
         );
-        assert_eq!(load(&dir.join("none"), "abc", size), Err(WsLoad::Absent));
+        assert!(matches!(load(&dir.join("none"), "abc", size), Err(WsLoad::Absent)));
         let bytes = std::fs::read(&ws).unwrap();
         let bad = dir.join("bad");
         let mut flipped = bytes.clone();
-        let last = flipped.len() - 10;
-        flipped[last] ^= 1;
+        flipped[HEADER + 3] ^= 1;
         std::fs::write(&bad, &flipped).unwrap();
         assert!(
             matches!(load(&bad, "abc", size), Err(WsLoad::Ignored(w)) if w.contains("checksum"))
@@ -503,6 +678,7 @@ mod tests {
             c.update(&list);
             let mut b = encode_header(&h, c.finalize()).to_vec();
             b.extend_from_slice(&list);
+            b.resize(data_offset(list.len() as u64) as usize, 0);
             b
         };
         for runs in [
