@@ -192,8 +192,13 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                 .working_set_path
                 .clone()
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
+            let t = Instant::now();
             let replayed = working_set::load(&ws_path, &plan.snapshot_id, layers.size())
-                .and_then(|ws| replay_working_set(&layers, ws));
+                .and_then(|ws| {
+                    tracing::debug!("working set: read in {:?}", t.elapsed());
+                    replay_working_set(&layers, ws)
+                });
+            tracing::debug!("working set: replay ready in {:?}", t.elapsed());
             match replayed {
                 Ok((Replay::Mapped(ram, prefetch), pages)) => {
                     report.prefilled_pages = pages;
@@ -284,8 +289,11 @@ fn replay_working_set(
 ) -> Result<(Replay, u64), working_set::WsLoad> {
     let io = |e: RestoreError| working_set::WsLoad::Ignored(e.to_string());
     let pages = ws.pages();
+    let t = Instant::now();
     let ram = map_lazy(layers).map_err(io)?;
+    let t_map = t.elapsed();
     let cached = prefetch::resident_share(ram.memory(), &ws.runs, CACHE_SAMPLES);
+    tracing::debug!("working set: mapped in {t_map:?}, cache sampled at {:?}", t.elapsed());
     if !ws.has_data() || cached >= CACHED_SHARE {
         let (p, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
         tracing::debug!(

@@ -19,8 +19,13 @@
 //! - `sync`: as `populate`, but before the guest runs (no thread);
 //! - `none`: nothing (the restore is then a plain lazy one).
 //!
-//! `SPORE_WS_GAP=N` (pages, default 0) merges runs closer than N pages:
-//! fewer, larger requests for a few pages read that were not recorded.
+//! Runs are widened to aligned blocks of `SPORE_WS_ALIGN` pages (a power
+//! of two, default 512: 2 MiB) and merged: where the page cache holds the
+//! file in 2 MiB folios, one request maps a whole huge page (the guest
+//! then takes one fault per 2 MiB, not per 4 KiB page), and there are far
+//! fewer requests than pages when the set is scattered. This path runs
+//! only when the set's pages are already cached (or for a version-1 set),
+//! so the widening costs page-table entries, not reads.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -52,22 +57,27 @@ impl PrefetchMethod {
     }
 }
 
-fn gap_from_env() -> u64 {
-    std::env::var("SPORE_WS_GAP")
+/// Pages per prefetch block (see the module doc).
+const ALIGN: u64 = 512;
+
+fn align_from_env() -> u64 {
+    std::env::var("SPORE_WS_ALIGN")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(ALIGN)
 }
 
-/// Merges runs separated by fewer than `gap` pages.
-pub fn merge_gaps(runs: &[(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
+/// Widens sorted runs to whole aligned blocks of `align` pages (a power
+/// of two) and merges the ones that touch or overlap.
+pub fn align_runs(runs: &[(u64, u64)], align: u64) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
     for &(s, n) in runs {
+        let lo = s & !(align - 1);
+        let hi = (s + n).div_ceil(align) * align;
         match out.last_mut() {
-            Some((ps, pn)) if s.saturating_sub(*ps + *pn) < gap.max(1) => {
-                *pn = (s + n).max(*ps + *pn) - *ps;
-            }
-            _ => out.push((s, n)),
+            Some((ps, pn)) if lo <= *ps + *pn => *pn = hi.max(*ps + *pn) - *ps,
+            _ => out.push((lo, hi - lo)),
         }
     }
     out
@@ -168,7 +178,8 @@ impl Prefetch {
     /// `sync`. Returns the requests it makes (runs after merging).
     pub fn start(mem: &GuestMemoryMmap, runs: &[(u64, u64)]) -> (Self, u64) {
         let method = PrefetchMethod::from_env();
-        let ranges = host_ranges(mem, &merge_gaps(runs, gap_from_env()));
+        // host_ranges cuts the widened runs to guest memory.
+        let ranges = host_ranges(mem, &align_runs(runs, align_from_env()));
         let n = ranges.len() as u64;
         let stop = Arc::new(AtomicBool::new(false));
         let mut me = Self {
@@ -226,11 +237,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gaps_merge_only_below_the_limit() {
-        let runs = [(0, 2), (2, 1), (10, 1), (13, 2)];
-        assert_eq!(merge_gaps(&runs, 0), vec![(0, 3), (10, 1), (13, 2)]);
-        assert_eq!(merge_gaps(&runs, 3), vec![(0, 3), (10, 5)]);
-        assert_eq!(merge_gaps(&runs, 7), vec![(0, 3), (10, 5)]);
-        assert_eq!(merge_gaps(&runs, 8), vec![(0, 15)]);
+    fn runs_widen_to_blocks_and_merge() {
+        let runs = [(0, 2), (2, 1), (10, 1), (13, 2), (40, 1)];
+        assert_eq!(align_runs(&runs, 1), vec![(0, 3), (10, 1), (13, 2), (40, 1)]);
+        assert_eq!(align_runs(&runs, 4), vec![(0, 4), (8, 8), (40, 4)]);
+        assert_eq!(align_runs(&runs, 16), vec![(0, 16), (32, 16)]);
+        assert_eq!(align_runs(&runs, 64), vec![(0, 64)]);
     }
 }
