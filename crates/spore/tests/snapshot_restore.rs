@@ -90,7 +90,10 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     // up to 256 pages (1 MiB) per fault.
     let served_uffd = faults_served(&restore(&s, "vm", &["--mode", "uffd"])).unwrap();
     assert!(served_uffd >= pages / 256, "{served_uffd} faults");
-    assert!(served_uffd < pages / 16, "{served_uffd} faults for {pages} pages");
+    assert!(
+        served_uffd < pages / 16,
+        "{served_uffd} faults for {pages} pages"
+    );
 
     // Working set: the first run records it, the second loads it.
     let ws = s.path("vm.state.ws");
@@ -139,7 +142,10 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
         .nth(1)
         .and_then(|t| t.split(' ').next()?.parse().ok())
         .unwrap();
-    assert!(served >= pages / 256, "the external handler served {served}");
+    assert!(
+        served >= pages / 256,
+        "the external handler served {served}"
+    );
 }
 
 #[test]

@@ -193,8 +193,8 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                 .clone()
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
             let t = Instant::now();
-            let replayed = working_set::load(&ws_path, &plan.snapshot_id, layers.size())
-                .and_then(|ws| {
+            let replayed =
+                working_set::load(&ws_path, &plan.snapshot_id, layers.size()).and_then(|ws| {
                     tracing::debug!("working set: read in {:?}", t.elapsed());
                     replay_working_set(&layers, ws)
                 });
@@ -293,7 +293,10 @@ fn replay_working_set(
     let ram = map_lazy(layers).map_err(io)?;
     let t_map = t.elapsed();
     let cached = prefetch::resident_share(ram.memory(), &ws.runs, CACHE_SAMPLES);
-    tracing::debug!("working set: mapped in {t_map:?}, cache sampled at {:?}", t.elapsed());
+    tracing::debug!(
+        "working set: mapped in {t_map:?}, cache sampled at {:?}",
+        t.elapsed()
+    );
     if !ws.has_data() || cached >= CACHED_SHARE {
         let (p, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
         tracing::debug!(
@@ -306,8 +309,7 @@ fn replay_working_set(
         return Ok((Replay::Mapped(ram, p), pages));
     }
     drop(ram);
-    let ram = GuestRam::new(layers.size())
-        .map_err(|e| io(e.into()))?;
+    let ram = GuestRam::new(layers.size()).map_err(|e| io(e.into()))?;
     ws.read_into(&ram)?;
     tracing::debug!(
         "working set v{}: {pages} pages in {} runs, {:.0} % cached: read in",

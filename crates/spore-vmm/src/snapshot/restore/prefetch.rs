@@ -239,7 +239,10 @@ mod tests {
     #[test]
     fn runs_widen_to_blocks_and_merge() {
         let runs = [(0, 2), (2, 1), (10, 1), (13, 2), (40, 1)];
-        assert_eq!(align_runs(&runs, 1), vec![(0, 3), (10, 1), (13, 2), (40, 1)]);
+        assert_eq!(
+            align_runs(&runs, 1),
+            vec![(0, 3), (10, 1), (13, 2), (40, 1)]
+        );
         assert_eq!(align_runs(&runs, 4), vec![(0, 4), (8, 8), (40, 4)]);
         assert_eq!(align_runs(&runs, 16), vec![(0, 16), (32, 16)]);
         assert_eq!(align_runs(&runs, 64), vec![(0, 64)]);

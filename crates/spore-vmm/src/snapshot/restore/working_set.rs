@@ -161,13 +161,7 @@ pub fn write(
     source: &PageSource,
 ) -> std::io::Result<(u64, u64)> {
     let size = source.layers().size();
-    let runs = runs_of(
-        order
-            .iter()
-            .copied()
-            .filter(|&p| p < size / PAGE)
-            .collect(),
-    );
+    let runs = runs_of(order.iter().copied().filter(|&p| p < size / PAGE).collect());
     let pages = runs.iter().map(|r| r.1).sum();
     let header = Header {
         version: VERSION,
@@ -622,12 +616,17 @@ mod tests {
         let old = dir.join("old");
         std::fs::write(&old, v1_file(size, "abc", &[100, 3, 7 | V1_ZERO_BIT, 4])).unwrap();
         let set = load(&old, "abc", size).unwrap();
-        assert_eq!((&set.runs[..], set.version), (&[(3, 2), (7, 1), (100, 1)][..], 1));
+        assert_eq!(
+            (&set.runs[..], set.version),
+            (&[(3, 2), (7, 1), (100, 1)][..], 1)
+        );
         assert!(!set.has_data());
         let mut cut = v1_file(size, "abc", &[100, 3]);
         cut.truncate(cut.len() - 100);
         std::fs::write(&old, &cut).unwrap();
-        assert!(matches!(load(&old, "abc", size), Err(WsLoad::Ignored(w)) if w.contains("truncated")));
+        assert!(
+            matches!(load(&old, "abc", size), Err(WsLoad::Ignored(w)) if w.contains("truncated"))
+        );
         std::fs::write(&old, v1_file(size, "abc", &[3, 2048 | V1_ZERO_BIT])).unwrap();
         assert!(
             matches!(load(&old, "abc", size), Err(WsLoad::Ignored(w)) if w.contains("outside guest memory"))
@@ -641,7 +640,10 @@ mod tests {
         assert!(
             matches!(load(&ws, "abc", size * 2), Err(WsLoad::Ignored(w)) if w.contains("bytes of memory"))
         );
-        assert!(matches!(load(&dir.join("none"), "abc", size), Err(WsLoad::Absent)));
+        assert!(matches!(
+            load(&dir.join("none"), "abc", size),
+            Err(WsLoad::Absent)
+        ));
         let bytes = std::fs::read(&ws).unwrap();
         let bad = dir.join("bad");
         let mut flipped = bytes.clone();
