@@ -107,13 +107,15 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     let recorded = std::fs::read(&ws).unwrap();
     assert_eq!(&recorded[..8], b"SPOREWS1");
     // Version 2: sorted page runs (16 bytes each) covering at least the
-    // pattern's pages; the data stays in the memory file.
+    // pattern's pages, then each listed page's data.
     assert_eq!(recorded[8], 2);
-    let runs = (recorded.len() - 72) / 16;
+    let runs = u64::from_le_bytes(recorded[24..32].try_into().unwrap()) as usize;
     let listed: u64 = (0..runs)
         .map(|i| u64::from_le_bytes(recorded[72 + i * 16 + 8..][..8].try_into().unwrap()))
         .sum();
     assert!(listed >= pages, "{listed} pages in the set");
+    let list_end = (72 + runs as u64 * 16).div_ceil(4096) * 4096;
+    assert_eq!(recorded.len() as u64, list_end + listed * 4096);
     let o = restore(&s, "vm", &["--mode", "working-set"]);
     assert_continued(&o, last, pages, "working-set replay");
     assert!(stderr_of(&o).contains("\"loaded\""), "{}", stderr_of(&o));

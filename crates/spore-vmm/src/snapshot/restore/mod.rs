@@ -7,7 +7,8 @@
 //! |---|---|---|---|
 //! | `lazy` (File) | the layers mapped privately | nothing | pages fault in from the page cache, shared by every VM of the same file |
 //! | `eager` (File) | the same mapping | every data extent populated ([`eager`]) | no file faults |
-//! | `working_set` (File), set recorded | the layers mapped privately, as lazy | nothing: a thread prefetches the set in sorted runs beside the guest ([`prefetch`]) | as lazy |
+//! | `working_set` (File), set cached | the layers mapped privately, as lazy | nothing: a thread populates the set's 2 MiB blocks beside the guest ([`prefetch`]) | as lazy |
+//! | `working_set` (File), set not cached | a memfd + the built-in uffd handler | the set's packed data, one sequential read ([`working_set`]) | the rest through the handler |
 //! | `working_set` (File), first run | a memfd + the built-in uffd handler | nothing | every page through the handler, which records the set ([`working_set`]) |
 //! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
 //! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
