@@ -7,7 +7,9 @@
 //! |---|---|---|---|
 //! | `lazy` (File) | the layers mapped privately | nothing | pages fault in from the page cache, shared by every VM of the same file |
 //! | `eager` (File) | the same mapping | every data extent populated ([`eager`]) | no file faults |
-//! | `working_set` (File) | a memfd + the built-in uffd handler | the recorded working set, one sequential read ([`working_set`]) | the rest through the handler; the first run records the set |
+//! | `working_set` (File), set cached | the layers mapped privately, as lazy | nothing: a thread populates the set's 2 MiB blocks beside the guest ([`prefetch`]) | as lazy |
+//! | `working_set` (File), set not cached | a memfd + the built-in uffd handler | the set's packed data, one sequential read ([`working_set`]) | the rest through the handler |
+//! | `working_set` (File), first run | a memfd + the built-in uffd handler | nothing | every page through the handler, which records the set ([`working_set`]) |
 //! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
 //! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
 //!
@@ -21,6 +23,7 @@
 
 pub mod backing;
 pub mod eager;
+pub mod prefetch;
 pub mod uffd;
 pub mod working_set;
 
@@ -114,6 +117,8 @@ pub struct RestoreSession {
     /// rather than silently reading zero pages.
     external: Option<(Uffd, std::os::unix::net::UnixStream)>,
     recorder: Option<working_set::Recorder>,
+    /// A working-set replay's background prefetch.
+    prefetch: Option<prefetch::Prefetch>,
     report: RestoreReport,
     /// The memory files RAM still reads from, checked before a snapshot.
     backing: backing::Backing,
@@ -184,54 +189,51 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
         Backend::File(RestoreMode::WorkingSet) => {
             report.backend = "File".into();
             report.mode = "working_set".into();
-            let ram = GuestRam::new(layers.size())?;
             let ws_path = plan
                 .working_set_path
                 .clone()
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
-            let loaded = working_set::load(&ws_path, &plan.snapshot_id, &ram);
-            let record = match loaded {
-                Ok(n) => {
-                    report.prefilled_pages = n;
+            let t = Instant::now();
+            let replayed =
+                working_set::load(&ws_path, &plan.snapshot_id, layers.size()).and_then(|ws| {
+                    tracing::debug!("working set: read in {:?}", t.elapsed());
+                    replay_working_set(&layers, ws)
+                });
+            tracing::debug!("working set: replay ready in {:?}", t.elapsed());
+            match replayed {
+                Ok((Replay::Mapped(ram, prefetch), pages)) => {
+                    report.prefilled_pages = pages;
                     report.working_set = Some("loaded".into());
-                    false
+                    let mut session = RestoreSession::plain();
+                    session.prefetch = Some(prefetch);
+                    PreparedRam { ram, session }
                 }
-                Err(working_set::WsLoad::Absent) => {
-                    report.working_set = Some("recording".into());
-                    true
-                }
-                Err(working_set::WsLoad::Ignored(why)) => {
-                    tracing::warn!(
-                        "ignoring the working set {}: {why}; recording a new one",
-                        ws_path.display()
+                Ok((Replay::Read(ram), pages)) => {
+                    report.prefilled_pages = pages;
+                    report.working_set = Some("loaded".into());
+                    let uffd = uffd::register_ram(&ram)?;
+                    let source = Arc::new(
+                        PageSource::new(layers, uffd::regions_of(&ram))
+                            .map_err(RestoreError::Read)?,
                     );
-                    report.working_set = Some(format!("ignored ({why}); recording"));
-                    true
+                    let mut session = RestoreSession::plain();
+                    session.server = Some(UffdServer::start(uffd, source, false)?);
+                    PreparedRam { ram, session }
                 }
-            };
-            let uffd = uffd::register_ram(&ram)?;
-            let source = Arc::new(
-                PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?,
-            );
-            let server = UffdServer::start(uffd, source.clone(), record)?;
-            let recorder = record.then(|| {
-                working_set::Recorder::new(
-                    ws_path,
-                    plan.snapshot_id.clone(),
-                    server.log().clone(),
-                    source,
-                    plan.record_for,
-                )
-            });
-            PreparedRam {
-                ram,
-                session: RestoreSession {
-                    server: Some(server),
-                    external: None,
-                    recorder,
-                    report: RestoreReport::default(),
-                    backing: Default::default(),
-                },
+                Err(why) => {
+                    let why = match why {
+                        working_set::WsLoad::Absent => "recording".to_string(),
+                        working_set::WsLoad::Ignored(why) => {
+                            tracing::warn!(
+                                "ignoring the working set {}: {why}; recording a new one",
+                                ws_path.display()
+                            );
+                            format!("ignored ({why}); recording")
+                        }
+                    };
+                    report.working_set = Some(why);
+                    record_working_set(layers, plan, ws_path)?
+                }
             }
         }
         Backend::UffdBuiltin => {
@@ -249,6 +251,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     server: Some(server),
                     external: None,
                     recorder: None,
+                    prefetch: None,
                     report: RestoreReport::default(),
                     backing: Default::default(),
                 },
@@ -263,6 +266,84 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
     prepared.session.report = report;
     prepared.session.backing = backing;
     Ok(prepared)
+}
+
+/// How a working set was replayed.
+enum Replay {
+    /// The layers mapped lazily, the set prefetched beside the guest.
+    Mapped(GuestRam, prefetch::Prefetch),
+    /// A memfd holding the set's packed data; the rest through a handler.
+    Read(GuestRam),
+}
+
+/// The share of the set's pages that must be in the page cache for the
+/// mapped replay (see [`working_set`]), of this many sampled pages.
+const CACHED_SHARE: f64 = 0.9;
+const CACHE_SAMPLES: u64 = 64;
+
+/// Replays a loaded working set: mapped if the page cache holds the
+/// memory file's pages of it (or the file has no data), else read in.
+/// Returns the RAM and the set's pages.
+fn replay_working_set(
+    layers: &MemoryLayers,
+    ws: working_set::WorkingSet,
+) -> Result<(Replay, u64), working_set::WsLoad> {
+    let io = |e: RestoreError| working_set::WsLoad::Ignored(e.to_string());
+    let pages = ws.pages();
+    let t = Instant::now();
+    let ram = map_lazy(layers).map_err(io)?;
+    let t_map = t.elapsed();
+    let cached = prefetch::resident_share(ram.memory(), &ws.runs, CACHE_SAMPLES);
+    tracing::debug!(
+        "working set: mapped in {t_map:?}, cache sampled at {:?}",
+        t.elapsed()
+    );
+    if !ws.has_data() || cached >= CACHED_SHARE {
+        let (p, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
+        tracing::debug!(
+            "working set v{}: {pages} pages in {} runs, {:.0} % cached: mapped, \
+             {requests} prefetch requests",
+            ws.version,
+            ws.runs.len(),
+            cached * 100.0
+        );
+        return Ok((Replay::Mapped(ram, p), pages));
+    }
+    drop(ram);
+    let ram = GuestRam::new(layers.size()).map_err(|e| io(e.into()))?;
+    ws.read_into(&ram)?;
+    tracing::debug!(
+        "working set v{}: {pages} pages in {} runs, {:.0} % cached: read in",
+        ws.version,
+        ws.runs.len(),
+        cached * 100.0
+    );
+    Ok((Replay::Read(ram), pages))
+}
+
+/// A recording run: every page through the built-in handler, which logs
+/// the first-touch order for the [`working_set::Recorder`].
+fn record_working_set(
+    layers: MemoryLayers,
+    plan: &RestorePlan,
+    ws_path: PathBuf,
+) -> Result<PreparedRam, RestoreError> {
+    let ram = GuestRam::new(layers.size())?;
+    let uffd = uffd::register_ram(&ram)?;
+    let source =
+        Arc::new(PageSource::new(layers, uffd::regions_of(&ram)).map_err(RestoreError::Read)?);
+    let server = UffdServer::start(uffd, source.clone(), true)?;
+    let recorder = working_set::Recorder::new(
+        ws_path,
+        plan.snapshot_id.clone(),
+        server.log().clone(),
+        source,
+        plan.record_for,
+    );
+    let mut session = RestoreSession::plain();
+    session.server = Some(server);
+    session.recorder = Some(recorder);
+    Ok(PreparedRam { ram, session })
 }
 
 /// Builds guest RAM for an external-handler restore, where the VMM never
@@ -282,6 +363,7 @@ pub fn prepare_external(
             server: None,
             external: Some((uffd, conn)),
             recorder: None,
+            prefetch: None,
             report: RestoreReport {
                 backend: "Uffd".into(),
                 mode: "external_handler".into(),
@@ -299,6 +381,7 @@ impl RestoreSession {
             server: None,
             external: None,
             recorder: None,
+            prefetch: None,
             report: RestoreReport::default(),
             backing: Default::default(),
         }
@@ -352,6 +435,9 @@ impl RestoreSession {
     /// Once the VM's vCPUs stopped: ends recording (writing the working
     /// set) and stops the handler.
     pub fn finish(&mut self) {
+        if let Some(mut p) = self.prefetch.take() {
+            p.stop();
+        }
         if let Some(r) = self.recorder.take() {
             if let Some(server) = &self.server {
                 server.log().recording.store(false, Ordering::Relaxed);
