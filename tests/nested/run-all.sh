@@ -59,7 +59,7 @@ run_one() {
     [[ $name == demo ]] && quiet=() # the demo's point is its console
     out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
     local attempt=1
-    while ((rc != 0 && attempt < 3)) && grep -qE "no SPORE-TEST results|L1 soft lockup" <<<"$out"; do
+    while ((rc != 0 && attempt < 3)) && grep -qE "no SPORE-TEST results|L1 soft lockup|L1 hang" <<<"$out"; do
         # An open bug: now and then (1 of 4 snapshot runs on a loaded host) the
         # nested stack stalls right after L1's KVM comes up, before the
         # scenario reports anything (the same shape as the rare `bench boot`
@@ -68,7 +68,9 @@ run_one() {
         # twice), and each retry is logged, not hidden. The same bug also
         # shows as L1's watchdog reporting a soft lockup in the VMM's KVM_RUN
         # after some results: run.sh stops that run at once, and it is run
-        # again from the start too (every check must pass in one run).
+        # again from the start too (every check must pass in one run). So is
+        # a run whose results stopped coming (L1 hang: both L1 CPUs spinning
+        # with interrupts off, see run.sh).
         attempt=$((attempt + 1))
         cp "$(sed -n 's/^.*; log \(.*\))$/\1/p' <<<"$out" | tail -n1)" "/tmp/spore-nested/$name.stalled-$attempt.log" 2>/dev/null || true
         log "RETRY $name (attempt $attempt): the run stalled (open bug, see guest/README.md; log of the stalled run: /tmp/spore-nested/$name.stalled-$attempt.log)"
