@@ -19,6 +19,7 @@ run_vm() {
     name=$1 machine=$2
     shift 2
     api="$tmp/$name.sock"
+    rm -f "$api"
     "$SPORE" vmm --api-sock "$api" >"$tmp/$name.txt" 2>"$tmp/$name.err" &
     pid=$!
     wait_for_socket "$api" || { rc=99; return; }
@@ -32,31 +33,49 @@ run_vm() {
     wait $pid
     rc=$?
 }
+# An open bug (guest/README.md): now and then a guest that ran its scenario
+# (exit 3) left nothing at all on its console, not even init's first line:
+# its tty's output never reached the UART (a lost transmit interrupt is the
+# lead). What this scenario checks is the CPUID the guest saw, so such a VM
+# is booted once more, and the detail of its result says so.
+# run_vm_console NAME CONSOLE_FILE ARGS...: run_vm, again if CONSOLE_FILE
+# is empty; $empty_note says whether it was.
+run_vm_console() {
+    name=$1 console=$2
+    shift 2
+    empty_note=""
+    run_vm "$name" "$@"
+    if [ $rc -eq 3 ] && ! grep -q SPORE-INIT "$console" 2>/dev/null; then
+        empty_note=" (first boot: exit 3 with an empty console, booted again)"
+        echo "cpu-config: $name: exit 3 with an empty console; booting it again"
+        run_vm "$name" "$@"
+    fi
+}
 flags_of() { tr -d '\r' <"$1" | sed -n 's/^CPU-FLAGS //p'; }
 topo_of() { tr -d '\r' <"$1" | sed -n 's/^CPU-TOPO //p'; }
 has_flag() { flags_of "$1" | tr ' ' '\n' | grep -qx "$2"; }
 
-run_vm plain '{"vcpu_count":2,"mem_size_mib":256}'
+run_vm_console plain "$tmp/plain.txt" '{"vcpu_count":2,"mem_size_mib":256}'
 if [ $rc -eq 3 ] && has_flag "$tmp/plain.txt" pni &&
     topo_of "$tmp/plain.txt" | grep -q 'cpus=2 cpu0_siblings=0$'; then
-    t cpu-plain-has-sse3-one-thread-per-core PASS
+    t cpu-plain-has-sse3-one-thread-per-core PASS "$empty_note"
 else
     t cpu-plain-has-sse3-one-thread-per-core FAIL "exit $rc: $(topo_of "$tmp/plain.txt") $(tail -n 2 "$tmp/plain.err")"
 fi
 
 template='{"cpuid_modifiers":[{"leaf":"0x1","subleaf":"0x0","flags":0,"modifiers":[{"register":"ecx","bitmap":"0bxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx0"}]}]}'
-run_vm tmpl '{"vcpu_count":2,"mem_size_mib":256}' /cpu-config "$template" \
+run_vm_console tmpl "$tmp/tmpl-serial.txt" '{"vcpu_count":2,"mem_size_mib":256}' /cpu-config "$template" \
     /serial "{\"serial_out_path\":\"$tmp/tmpl-serial.txt\"}"
 if [ $rc -eq 3 ] && [ -n "$(flags_of "$tmp/tmpl-serial.txt")" ] &&
     ! has_flag "$tmp/tmpl-serial.txt" pni && ! grep -q CPU-FLAGS "$tmp/tmpl.txt"; then
-    t cpu-config-clears-sse3 PASS
+    t cpu-config-clears-sse3 PASS "$empty_note"
 else
     t cpu-config-clears-sse3 FAIL "exit $rc: $(flags_of "$tmp/tmpl-serial.txt" | head -c 200) $(tail -n 2 "$tmp/tmpl.err")"
 fi
 
-run_vm smt '{"vcpu_count":2,"mem_size_mib":256,"smt":true}'
+run_vm_console smt "$tmp/smt.txt" '{"vcpu_count":2,"mem_size_mib":256,"smt":true}'
 if [ $rc -eq 3 ] && topo_of "$tmp/smt.txt" | grep -q 'cpus=2 cpu0_siblings=0-1$'; then
-    t smt-two-threads-per-core PASS
+    t smt-two-threads-per-core PASS "$empty_note"
 else
     tr -d '\r' <"$tmp/smt.txt" | grep -v '^$' | tail -n 30
     t smt-two-threads-per-core FAIL "exit $rc: $(topo_of "$tmp/smt.txt") $(tail -n 2 "$tmp/smt.err")"
