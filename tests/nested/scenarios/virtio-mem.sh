@@ -80,7 +80,8 @@ fi
 # kill or a seccomp kill shows there); seen once, not reproduced.
 vmm_gone() {
     kill -0 $vmm 2>/dev/null && return 1
-    echo "the VMM is gone: $(tail -n 3 "$tmp/vmm.err" | tr '\n' ' ') guest: $(tr -d '\r' <"$con" | grep -v '^$' | tail -n 8 | tr '\n' ' ') L1: $(dmesg | tail -n 5 | tr '\n' ' ')"
+    wait $vmm
+    echo "the VMM is gone (status $?: 128+N is signal N): $(tail -n 3 "$tmp/vmm.err" | tr '\n' ' ') guest: $(tr -d '\r' <"$con" | grep -v '^$' | tail -n 8 | tr '\n' ' ') L1: $(dmesg | tail -n 5 | tr '\n' ' ')"
 }
 wait_console GUEST-TOUCHED 600 || t guest-touch FAIL "no GUEST-TOUCHED $(vmm_gone)"
 rss_full=$(rss_kb)
