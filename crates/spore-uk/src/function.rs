@@ -138,7 +138,8 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn push_json_string(out: &mut String, s: &str) {
+/// Appends `s` as a JSON string (quoted, escaped): for functions' results.
+pub fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -154,6 +155,27 @@ fn push_json_string(out: &mut String, s: &str) {
         }
     }
     out.push('"');
+}
+
+/// The text after `"key":` in a flat JSON event (a function's payload),
+/// with spaces skipped: what the example functions read their knobs with.
+pub fn json_field<'a>(event: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    let pat = alloc::format!("\"{key}\"");
+    let at = event.windows(pat.len()).position(|w| w == pat.as_bytes())?;
+    let rest = &event[at + pat.len()..];
+    let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
+    let rest = rest.strip_prefix(b":")?;
+    Some(&rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..])
+}
+
+/// A whole number at `"key":` in a flat JSON event.
+pub fn json_number_field(event: &[u8], key: &str) -> Option<u64> {
+    let v = json_field(event, key)?;
+    let end = v
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(v.len());
+    core::str::from_utf8(&v[..end]).ok()?.parse().ok()
 }
 
 /// The connection an invocation is being served on, for the panic handler:

@@ -12,7 +12,7 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 use spore_uk::clock::Instant;
-use spore_uk::function::{self, Context, FunctionError, Response};
+use spore_uk::function::{self, json_field, json_number_field, Context, FunctionError, Response};
 use spore_uk::{flog, BootInfo};
 
 spore_uk::entry!(main);
@@ -27,7 +27,7 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
         ctx.request_id,
         event.len()
     );
-    if let Some(ms) = number_field(event, "sleep_ms") {
+    if let Some(ms) = json_number_field(event, "sleep_ms") {
         sleep_ms(ms);
     }
     if let Some(msg) = string_field(event, "fail") {
@@ -36,7 +36,7 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
     if let Some(msg) = string_field(event, "panic") {
         panic!("{msg}");
     }
-    if let Some(code) = number_field(event, "exit") {
+    if let Some(code) = json_number_field(event, "exit") {
         spore_uk::exit(code as u32);
     }
     if let Some(key) = string_field(event, "env") {
@@ -71,27 +71,8 @@ fn sleep_ms(ms: u64) {
     }
 }
 
-/// The text after `"key":` in a flat JSON object, with spaces skipped.
-fn field<'a>(event: &'a [u8], key: &str) -> Option<&'a [u8]> {
-    let pat = alloc::format!("\"{key}\"");
-    let at = event.windows(pat.len()).position(|w| w == pat.as_bytes())?;
-    let rest = &event[at + pat.len()..];
-    let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
-    let rest = rest.strip_prefix(b":")?;
-    Some(&rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..])
-}
-
-fn number_field(event: &[u8], key: &str) -> Option<u64> {
-    let v = field(event, key)?;
-    let end = v
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(v.len());
-    core::str::from_utf8(&v[..end]).ok()?.parse().ok()
-}
-
 fn string_field(event: &[u8], key: &str) -> Option<String> {
-    let v = field(event, key)?.strip_prefix(b"\"")?;
+    let v = json_field(event, key)?.strip_prefix(b"\"")?;
     let end = v.iter().position(|&b| b == b'"')?;
     Some(String::from_utf8_lossy(&v[..end]).into_owned())
 }

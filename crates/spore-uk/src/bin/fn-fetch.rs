@@ -29,7 +29,9 @@ use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
 use spore_uk::clock;
-use spore_uk::function::{self, Context, FunctionError, Response};
+use spore_uk::function::{
+    self, json_field, json_number_field, push_json_string, Context, FunctionError, Response,
+};
 use spore_uk::net::config::parse_ipv4;
 use spore_uk::net::NetStack;
 use spore_uk::{flog, BootInfo};
@@ -181,7 +183,7 @@ impl Fetcher {
             FunctionError::new("BadRequest", "want {\"url\":\"http://A.B.C.D:PORT/path\"}")
         })?;
         let target = parse_url(&url).map_err(|e| FunctionError::new("BadRequest", e))?;
-        let timeout_ms = number_field(event, "timeout_ms")
+        let timeout_ms = json_number_field(event, "timeout_ms")
             .unwrap_or(DEFAULT_TIMEOUT_MS)
             .clamp(1, MAX_TIMEOUT_MS);
         // A clone or restore: new identity, and the source's connections
@@ -293,44 +295,9 @@ impl core::fmt::Display for DisplayAddr {
     }
 }
 
-fn push_json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// The text after `"key":` in a flat JSON object, with spaces skipped.
-fn field<'a>(event: &'a [u8], key: &str) -> Option<&'a [u8]> {
-    let pat = format!("\"{key}\"");
-    let at = event.windows(pat.len()).position(|w| w == pat.as_bytes())?;
-    let rest = &event[at + pat.len()..];
-    let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
-    let rest = rest.strip_prefix(b":")?;
-    Some(&rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..])
-}
-
-fn number_field(event: &[u8], key: &str) -> Option<u64> {
-    let v = field(event, key)?;
-    let end = v
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(v.len());
-    core::str::from_utf8(&v[..end]).ok()?.parse().ok()
-}
-
 /// A string value without escapes (a URL needs none).
 fn string_field(event: &[u8], key: &str) -> Option<String> {
-    let v = field(event, key)?.strip_prefix(b"\"")?;
+    let v = json_field(event, key)?.strip_prefix(b"\"")?;
     let end = v.iter().position(|&b| b == b'"')?;
     let s = core::str::from_utf8(&v[..end]).ok()?;
     (!s.contains('\\')).then(|| s.into())
