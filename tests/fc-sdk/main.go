@@ -269,7 +269,7 @@ func main() {
 	cfg2 := firecracker.Config{
 		SocketPath: filepath.Join(*dir, "fc2.sock"),
 		LogPath:    filepath.Join(*dir, "fc2.log"),
-		LogLevel:   "Info",
+		LogLevel:   "Debug",
 		MachineCfg: models.MachineConfiguration{
 			VcpuCount:  firecracker.Int64(1),
 			MemSizeMib: firecracker.Int64(memMiB),
@@ -315,6 +315,9 @@ func main() {
 		stats, err = waitBalloon(ctx, m2, balloonMiB, 60*time.Second)
 	}
 	result("balloon-inflate", err, fmt.Sprintf("%d MiB in %s", balloonMiB, ms(t0)))
+	if err != nil {
+		dumpVMM(m2)
+	}
 
 	total1, err1 := memTotalKiB(vsockPath)
 	if err0 == nil && err1 == nil && total0-total1 != balloonMiB*1024 {
@@ -357,6 +360,44 @@ func main() {
 	result("stop-restored", stop(m2), ms(t0))
 	if failed {
 		os.Exit(1)
+	}
+}
+
+// dumpVMM prints, after a failed step, what every thread of the VMM is doing
+// (state, wait channel, kernel stack) and the end of L1's kernel log, so that
+// a guest or VMM that stopped making progress can be told apart.
+func dumpVMM(m *firecracker.Machine) {
+	pid, err := m.PID()
+	if err != nil {
+		fmt.Printf("vmm-dump: no pid: %v\n", err)
+		return
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, t := range tasks {
+		read := func(f string) string {
+			b, _ := os.ReadFile(filepath.Join(t, f))
+			return strings.TrimSpace(string(b))
+		}
+		stat := read("stat")
+		if i := strings.LastIndex(stat, ") "); i >= 0 && len(stat) > i+2 {
+			stat = stat[i+2 : i+3]
+		}
+		fmt.Printf("vmm-dump: task %s comm=%s state=%s wchan=%s syscall=%s\n",
+			filepath.Base(t), read("comm"), stat, read("wchan"), read("syscall"))
+		for _, l := range strings.Split(read("stack"), "\n") {
+			if l != "" {
+				fmt.Printf("vmm-dump:   %s\n", l)
+			}
+		}
+	}
+	if out, err := exec.Command("dmesg").Output(); err == nil {
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) > 30 {
+			lines = lines[len(lines)-30:]
+		}
+		for _, l := range lines {
+			fmt.Printf("vmm-dump: dmesg %s\n", l)
+		}
 	}
 }
 
