@@ -35,6 +35,13 @@ def fails(event, context):
     print("about to fail")
     raise ValueError("boom " + str(event.get("n")))
 
+def exits(event, context):
+    import threading
+    if event.get("now"):
+        os._exit(4)
+    threading.Timer(0.05, lambda: os._exit(5)).start()
+    return "bye"
+
 def slow(event, context):
     import time
     time.sleep(event.get("sleep", 0))
@@ -192,4 +199,39 @@ fn timeout_kills_and_the_next_connection_restarts_the_runtime() {
     let r = host.invoke("t-2", r#"{"sleep": 0}"#);
     assert_eq!(r.kind, Kind::ResultOk, "{}", r.a_str());
     assert_eq!(r.a_str(), r#""slept""#);
+}
+
+#[test]
+fn a_runtime_that_dies_is_an_exit_error_and_restarts() {
+    let (agent, mut host, _) = started("app.exits");
+    // Dies in the middle of an invocation.
+    let r = host.invoke("x-1", r#"{"now": true}"#);
+    assert_eq!(r.kind, Kind::ResultError);
+    let v = r.a_json();
+    assert_eq!(v["errorType"], "Runtime.ExitError");
+    assert!(
+        v["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("exit status 4"),
+        "{v}"
+    );
+    host.expect_closed();
+    // Restarted on the next connection; this time it dies after answering.
+    let mut host = agent.connect();
+    host.expect(Kind::Ready);
+    assert_eq!(host.invoke("x-2", "{}").a_str(), r#""bye""#);
+    // Let it die idle: the next invocation finds no runtime.
+    std::thread::sleep(Duration::from_millis(500));
+    let r = host.invoke("x-3", "{}");
+    assert_eq!(
+        r.a_json()["errorType"],
+        "Runtime.ExitError",
+        "{}",
+        r.a_str()
+    );
+    host.expect_closed();
+    let mut host = agent.connect();
+    host.expect(Kind::Ready);
+    assert_eq!(host.invoke("x-4", "{}").a_str(), r#""bye""#);
 }

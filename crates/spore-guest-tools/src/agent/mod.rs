@@ -42,6 +42,7 @@ pub fn main() -> ExitCode {
     if as_pid1 {
         // Before any thread exists, so that every thread inherits the mask.
         pid1::block_stop_signals();
+        pid1::halt_on_panic();
         pid1::mount_basics();
     }
     let cmdline = if as_pid1 {

@@ -133,8 +133,7 @@ pub fn start_stop_handler(agent: Arc<Agent>) {
     });
 }
 
-/// Stops the runtime, syncs and ends the VM: through the signal port (EXIT
-/// 0; the guest has no ACPI to power off with), else reboot(2).
+/// Stops the runtime, then ends the VM ([`halt`] 0).
 pub fn power_off(agent: &Agent) -> ! {
     if let Some(pid) = agent.runtime_pid() {
         // SAFETY: kill(2) on the runtime's process group.
@@ -147,38 +146,65 @@ pub fn power_off(agent: &Agent) -> ! {
             runtime::kill_group(pid);
         }
     }
+    halt(0)
+}
+
+/// Reaps every child (orphans are re-parented to PID 1) and tells the agent
+/// about each, so that it notices its runtime's exit. It waits for a child
+/// to end without reaping it (`WNOWAIT`), then reaps it outside a spawn
+/// ([`runtime::SPAWNING`]).
+pub fn start_reaper(agent: Arc<Agent>) {
+    std::thread::spawn(move || loop {
+        // SAFETY: siginfo_t is plain data; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with a valid siginfo pointer; WNOWAIT leaves the child waitable.
+        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                // No children yet (between runtimes): look again shortly.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            continue;
+        }
+        // SAFETY: waitid succeeded for an exited child, so si_pid is set.
+        let pid = unsafe { info.si_pid() };
+        let mut status = 0;
+        let reaped = {
+            let _spawning = runtime::lock(&runtime::SPAWNING);
+            // SAFETY: waitpid on one child with a valid status pointer.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) }
+        };
+        if reaped == pid {
+            agent.on_child_exit(pid, status);
+        }
+    });
+}
+
+/// Ends the VM with `code` (signal-port EXIT; the guest has no ACPI), else
+/// reboot(2); never returns, since PID 1 must not exit (the kernel would panic).
+pub fn halt(code: u8) -> ! {
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
     if let Ok(port) = SignalPort::open() {
-        port.write(encode(SignalOp::Exit, 0));
+        port.write(encode(SignalOp::Exit, u32::from(code)));
     }
     // SAFETY: reboot(2) as PID 1 after syncing; it does not return on success.
     unsafe {
         libc::reboot(libc::RB_POWER_OFF);
         libc::reboot(libc::RB_AUTOBOOT);
     }
-    // PID 1 must never exit (the kernel would panic).
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
 }
 
-/// Reaps every child (orphans are re-parented to PID 1) and tells the agent
-/// about each, so that it notices its runtime's exit.
-pub fn start_reaper(agent: Arc<Agent>) {
-    std::thread::spawn(move || loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid status pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid > 0 {
-            agent.on_child_exit(pid, status);
-            continue;
-        }
-        if io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
-            // No children yet (between runtimes): look again shortly.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
+/// As PID 1 a panic (release builds abort) must stop the VM, not the kernel.
+pub fn halt_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        halt(1);
+    }));
 }
 
 /// Reseeds the RNG (and applies a new network identity) on each generation

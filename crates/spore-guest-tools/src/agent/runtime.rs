@@ -134,6 +134,11 @@ pub fn random_hex(n: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Held while a runtime is being spawned. std's `spawn` reaps a child whose
+/// exec failed itself (and panics if it cannot): PID 1's reaper takes this
+/// lock before reaping, so it never takes that child away from std.
+pub static SPAWNING: Mutex<()> = Mutex::new(());
+
 /// Starts the runtime: spore's Python bootstrap, or the function's
 /// `bootstrap` (only with a function). It gets its own process group, so
 /// that a timeout can kill it with whatever it started.
@@ -193,7 +198,10 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| {
+    let spawning = lock(&SPAWNING);
+    let spawned = cmd.spawn();
+    drop(spawning);
+    let mut child = spawned.map_err(|e| {
         invalid(format!(
             "cannot start {}: {e}",
             cmd.get_program().to_string_lossy()

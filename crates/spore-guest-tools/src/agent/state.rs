@@ -86,6 +86,8 @@ struct State {
     outcome: Option<(String, Outcome)>,
     /// Bumped for each new host connection.
     link_gen: u64,
+    /// How the last runtime ended.
+    last_exit: Option<String>,
 }
 
 pub struct Agent {
@@ -187,6 +189,7 @@ impl Agent {
         let how = runtime::describe_status(status);
         eprintln!("spore-agent: runtime (pid {pid}) ended: {how}");
         g.runtime_pid = None;
+        g.last_exit = Some(how.clone());
         g.epoch += 1;
         g.next_waiters = 0;
         g.preinit_waiting = false;
@@ -328,6 +331,11 @@ impl Agent {
                 self.start_runtime(&mut g);
                 continue;
             }
+            if g.init_us.is_none() && g.next_waiters > 0 && g.config.is_some() {
+                // Its first /next came before the function was known (a
+                // provided bootstrap that skips spore/function).
+                g.init_us = Some(g.init_started.map_or(0, |t| t.elapsed().as_micros() as u64));
+            }
             if let Some(us) = g.init_us {
                 if g.next_waiters > 0 && g.current.is_none() && g.pending.is_none() {
                     return Wait::Done(us);
@@ -366,6 +374,22 @@ impl Agent {
                         return o;
                     }
                 }
+            }
+            if g.runtime_pid.is_none() && g.current.is_none() {
+                // It died before taking this invocation (idle, or just now).
+                g.pending = None;
+                let how = g.last_exit.clone().unwrap_or_default();
+                drop(g);
+                return Outcome {
+                    ok: false,
+                    body: error_json(
+                        "Runtime.ExitError",
+                        &format!("RequestId: {id} Error: Runtime exited with error: {how}"),
+                    ),
+                    log: self.output.take_log(),
+                    handler_ns: 0,
+                    runtime_gone: true,
+                };
             }
             let now = Instant::now();
             if now >= deadline {
