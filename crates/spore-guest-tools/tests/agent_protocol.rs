@@ -146,6 +146,24 @@ fn runtime_api_refusals_and_keep_alive() {
     );
     assert_eq!(status, 400);
     assert!(body.contains("InvalidRequestID"), "{body}");
+    // Expect: 100-continue gets its go-ahead before the body is sent.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(
+        b"POST /2018-06-01/runtime/invocation/nope/response HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 100 Continue\r\n\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    s.write_all(b"{}").unwrap();
+    let mut rest = String::new();
+    let _ = s.read_to_string(&mut rest);
+    assert!(rest.contains("400"), "{rest}");
     // Keep-alive: three requests on one connection, three answers.
     let mut s = TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

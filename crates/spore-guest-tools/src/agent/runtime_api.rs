@@ -54,6 +54,9 @@ struct Head {
     keep_alive: bool,
     content_length: Option<usize>,
     chunked: bool,
+    /// `Expect: 100-continue` (curl sends it with large bodies, and waits
+    /// a second for the go-ahead before sending anyway).
+    expect_continue: bool,
     error_type: Option<String>,
 }
 
@@ -223,11 +226,14 @@ impl Conn {
     fn read_body(&mut self, head: &Head) -> Result<Vec<u8>, BodyError> {
         let limit = MAX_PAYLOAD as usize;
         if head.chunked {
-            return self.read_chunked(limit);
+            return self.read_chunked(limit, head.expect_continue);
         }
         let len = head.content_length.unwrap_or(0);
         if len > limit {
             return Err(BodyError::TooLarge);
+        }
+        if head.expect_continue && self.buf.len() < len {
+            self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
         }
         while self.buf.len() < len {
             self.fill()?;
@@ -236,7 +242,10 @@ impl Conn {
     }
 
     /// A chunked body (hyper sends one for a streamed response).
-    fn read_chunked(&mut self, limit: usize) -> Result<Vec<u8>, BodyError> {
+    fn read_chunked(&mut self, limit: usize, expect_continue: bool) -> Result<Vec<u8>, BodyError> {
+        if expect_continue && self.buf.is_empty() {
+            self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+        }
         let mut body = Vec::new();
         loop {
             let (start, size) = loop {
@@ -307,6 +316,7 @@ fn head_of(req: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
     let mut content_length = None;
     let mut chunked = false;
     let mut error_type = None;
+    let mut expect_continue = false;
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).map_err(|_| "header not UTF-8")?;
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -324,6 +334,8 @@ fn head_of(req: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
             } else if v.contains("keep-alive") {
                 keep_alive = true;
             }
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = value.trim().eq_ignore_ascii_case("100-continue");
         } else if h
             .name
             .eq_ignore_ascii_case("lambda-runtime-function-error-type")
@@ -341,6 +353,7 @@ fn head_of(req: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
         keep_alive,
         content_length,
         chunked,
+        expect_continue,
         error_type,
     })
 }
