@@ -15,6 +15,10 @@
 //! 4. steps 2–3 repeat on the same connection (a warm instance). If the
 //!    connection drops (host closed it, or a clone's transport reset), the guest
 //!    goes back to accepting and sends `Ready` again on the next connection.
+//!    A guest whose function process died or timed out during an invocation
+//!    answers it with `ResultError` (`Runtime.ExitError`, `Sandbox.Timedout`)
+//!    and closes the connection; it restarts the function before its next
+//!    `Ready`.
 //!
 //! ## Standby and Configure (Linux guests: `spore-agent`)
 //!
@@ -46,7 +50,11 @@
 //!   `len_b` = log length, `arg` = init time in ns; then the body, then the
 //!   log): the function's init failed (`errorType` e.g.
 //!   `Runtime.ImportModuleError`, `Runtime.ExitError`). The guest closes the
-//!   connection after it and sends it again on every later connection.
+//!   connection after it and sends it again on every later connection. A
+//!   `Configure` the guest cannot use at all (bad JSON, a code device that
+//!   does not mount) is also answered with `InitError` (`errorType`
+//!   `Spore.InvalidConfigure`, `Spore.CodeDeviceError`), but the guest stays
+//!   unconfigured: the next connection gets `Standby` again.
 //!
 //! So a fresh guest's connection goes `Standby` → `Configure` → `Ready` (or
 //! `InitError`) → `Invoke`/result..., and a configured guest's (a clone, or a

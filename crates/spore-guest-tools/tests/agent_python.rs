@@ -169,7 +169,12 @@ fn reconnect_gets_ready_again_and_reconfigure_is_acknowledged() {
     json["function_version"] = "7".into();
     host.configure(&json.to_string());
     host.expect(Kind::Ready);
-    assert_eq!(host.invoke("c", r#"{"n": 3}"#).a_json()["calls"], 3);
+    let v = host.invoke("c", r#"{"n": 3}"#).a_json();
+    assert_eq!(v["calls"], 3);
+    assert_eq!(
+        v["arn"], "arn:aws:lambda:eu-west-1:000000000000:function:test-fn:7",
+        "the new version is in the invoked ARN"
+    );
     // Another function is refused: the connection closes, the agent goes on.
     json["handler"] = "app.fails".into();
     host.configure(&json.to_string());

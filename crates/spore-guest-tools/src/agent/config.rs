@@ -237,6 +237,16 @@ impl FunctionConfig {
         )
     }
 
+    /// The ARN the runtime is told it was invoked by: qualified with the
+    /// version unless `$LATEST`, as Lambda does for a qualified invoke.
+    pub fn invoked_arn(&self) -> String {
+        if self.function_version == "$LATEST" {
+            self.arn()
+        } else {
+            format!("{}:{}", self.arn(), self.function_version)
+        }
+    }
+
     pub fn log_group(&self) -> String {
         format!("/aws/lambda/{}", self.function_name)
     }

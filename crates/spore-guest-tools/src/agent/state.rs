@@ -459,7 +459,7 @@ impl Agent {
             }
             if g.pending.is_some() {
                 if let (Some(inv), Some(c)) = (g.pending.take(), g.config.as_ref()) {
-                    let arn = c.arn();
+                    let arn = c.invoked_arn();
                     g.next_waiters = g.next_waiters.saturating_sub(1);
                     g.current = Some((inv.clone(), Instant::now()));
                     // Output from before this invocation is not part of its log.
