@@ -198,6 +198,21 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if !opts.pid1 {
+        // Host mode: the runtime dies with the agent (tests kill the agent).
+        // PDEATHSIG follows the thread that forked; every runtime is started
+        // from the agent's main thread (start, Configure, restarts in the
+        // host link's session), which lives as long as the agent.
+        // SAFETY: prctl is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let spawning = lock(&SPAWNING);
     let spawned = cmd.spawn();
     drop(spawning);
