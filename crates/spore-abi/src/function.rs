@@ -15,6 +15,53 @@
 //! 4. steps 2–3 repeat on the same connection (a warm instance). If the
 //!    connection drops (host closed it, or a clone's transport reset), the guest
 //!    goes back to accepting and sends `Ready` again on the next connection.
+//!    A guest whose function process died or timed out during an invocation
+//!    answers it with `ResultError` (`Runtime.ExitError`, `Sandbox.Timedout`)
+//!    and closes the connection; it restarts the function before its next
+//!    `Ready`.
+//!
+//! ## Standby and Configure (Linux guests: `spore-agent`)
+//!
+//! A Linux function guest boots a generic language runtime first and learns
+//! which function it runs later, so that the host can snapshot one
+//! initialised runtime (its *base snapshot*) and start every function of that
+//! runtime from it. Its agent adds three kinds before step 1:
+//!
+//! - guest → host [`Kind::Standby`] (no body, `arg` = µs since the agent
+//!   started): the runtime is initialised and no function is attached; the
+//!   host may take the base snapshot now. Sent on each connection while the
+//!   agent is not configured.
+//! - host → guest [`Kind::Configure`] (`len_a` = JSON length, at most
+//!   [`MAX_CONFIG`]; `len_b` = 0): which function to run, as JSON:
+//!
+//!   ```json
+//!   {"function_name": "hello", "function_version": "$LATEST",
+//!    "handler": "app.handler", "memory_mib": 128, "timeout_s": 3,
+//!    "region": "us-east-1", "env": {"KEY": "value"},
+//!    "code_device": "/dev/vdb", "code_dir": "/var/task"}
+//!   ```
+//!
+//!   `code_device` (or `null`) is an ext4 image the guest mounts read-only at
+//!   `code_dir`; `function_version`, `env`, `code_device` and `code_dir` may be
+//!   left out (`$LATEST`, `{}`, `null`, `/var/task`). The guest then
+//!   initialises the function and answers `Ready` (step 1), or
+//!   [`Kind::InitError`].
+//! - guest → host [`Kind::InitError`] (`len_a` = Lambda's error JSON length,
+//!   `len_b` = log length, `arg` = init time in ns; then the body, then the
+//!   log): the function's init failed (`errorType` e.g.
+//!   `Runtime.ImportModuleError`, `Runtime.ExitError`). The guest closes the
+//!   connection after it and sends it again on every later connection. A
+//!   `Configure` the guest cannot use at all (bad JSON, a code device that
+//!   does not mount) is also answered with `InitError` (`errorType`
+//!   `Spore.InvalidConfigure`, `Spore.CodeDeviceError`), but the guest stays
+//!   unconfigured: the next connection gets `Standby` again.
+//!
+//! So a fresh guest's connection goes `Standby` → `Configure` → `Ready` (or
+//! `InitError`) → `Invoke`/result..., and a configured guest's (a clone, or a
+//! guest restored from a snapshot taken after Configure) goes straight to
+//! `Ready`. A `Configure` sent to a configured guest updates its metadata
+//! (version, environment) and is answered by `Ready`. A host that expects
+//! `Ready` and gets anything else treats it as a protocol error.
 //!
 //! Every frame starts with the fixed [`FrameHeader`] ([`HEADER_SIZE`] bytes,
 //! little-endian). Both sides treat the other as untrusted: lengths are checked
@@ -34,6 +81,8 @@ pub const MAX_PAYLOAD: u32 = 6 * 1024 * 1024;
 pub const MAX_LOG: u32 = 64 * 1024;
 /// Longest request id.
 pub const MAX_REQUEST_ID: u32 = 64;
+/// Largest [`Kind::Configure`] JSON.
+pub const MAX_CONFIG: u32 = 64 * 1024;
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +96,12 @@ pub enum Kind {
     ResultOk = 3,
     /// Guest → host: the handler failed; the body is Lambda's error JSON.
     ResultError = 4,
+    /// Guest → host: runtime initialised, no function attached (base-snapshot point).
+    Standby = 5,
+    /// Host → guest: the function to run (JSON).
+    Configure = 6,
+    /// Guest → host: the function's init failed; the body is Lambda's error JSON.
+    InitError = 7,
 }
 
 impl Kind {
@@ -57,6 +112,9 @@ impl Kind {
             2 => Kind::Invoke,
             3 => Kind::ResultOk,
             4 => Kind::ResultError,
+            5 => Kind::Standby,
+            6 => Kind::Configure,
+            7 => Kind::InitError,
             _ => return None,
         })
     }
@@ -80,11 +138,14 @@ pub enum FrameError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     pub kind: Kind,
-    /// Invoke: request-id length; results: body length; Ready: 0.
+    /// Invoke: request-id length; results and InitError: body length;
+    /// Configure: JSON length; Ready and Standby: 0.
     pub len_a: u32,
-    /// Invoke: payload length; results: log length; Ready: 0.
+    /// Invoke: payload length; results and InitError: log length; others: 0.
     pub len_b: u32,
-    /// Ready: init time (µs); Invoke: deadline (Unix ms); results: handler time (ns).
+    /// Ready: init time (µs); Standby: time since the agent started (µs);
+    /// Invoke: deadline (Unix ms); results: handler time (ns); InitError: init
+    /// time (ns); Configure: 0 (ignored).
     pub arg: u64,
 }
 
@@ -121,9 +182,10 @@ impl FrameHeader {
             arg: u64::from_le_bytes(arg_bytes),
         };
         let (max_a, max_b) = match kind {
-            Kind::Ready => (0, 0),
+            Kind::Ready | Kind::Standby => (0, 0),
             Kind::Invoke => (MAX_REQUEST_ID, MAX_PAYLOAD),
-            Kind::ResultOk | Kind::ResultError => (MAX_PAYLOAD, MAX_LOG),
+            Kind::ResultOk | Kind::ResultError | Kind::InitError => (MAX_PAYLOAD, MAX_LOG),
+            Kind::Configure => (MAX_CONFIG, 0),
         };
         if header.len_a > max_a || header.len_b > max_b {
             return Err(FrameError::BadLength {
@@ -194,5 +256,70 @@ mod tests {
             FrameHeader::decode(&ready.encode()),
             Err(FrameError::BadLength { .. })
         ));
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for raw in 1..=7u8 {
+            let kind = Kind::from_raw(raw).unwrap();
+            assert_eq!(kind as u8, raw);
+            let h = FrameHeader {
+                kind,
+                len_a: 0,
+                len_b: 0,
+                arg: u64::MAX - u64::from(raw),
+            };
+            assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+        }
+        assert_eq!(Kind::from_raw(8), None);
+    }
+
+    #[test]
+    fn standby_configure_and_init_error_limits() {
+        let check = |kind, len_a, len_b| {
+            FrameHeader::decode(
+                &FrameHeader {
+                    kind,
+                    len_a,
+                    len_b,
+                    arg: 0,
+                }
+                .encode(),
+            )
+        };
+        // Standby carries nothing.
+        assert!(check(Kind::Standby, 0, 0).is_ok());
+        assert!(check(Kind::Standby, 0, 1).is_err());
+        assert!(check(Kind::Standby, 1, 0).is_err());
+        // Configure: JSON up to MAX_CONFIG, nothing in len_b.
+        assert!(check(Kind::Configure, MAX_CONFIG, 0).is_ok());
+        assert_eq!(
+            check(Kind::Configure, MAX_CONFIG + 1, 0),
+            Err(FrameError::BadLength {
+                kind: Kind::Configure,
+                len_a: MAX_CONFIG + 1,
+                len_b: 0
+            })
+        );
+        assert!(check(Kind::Configure, 10, 1).is_err());
+        // InitError: like a result.
+        assert!(check(Kind::InitError, MAX_PAYLOAD, MAX_LOG).is_ok());
+        assert!(check(Kind::InitError, MAX_PAYLOAD + 1, 0).is_err());
+        assert!(check(Kind::InitError, 0, MAX_LOG + 1).is_err());
+        // A length that would overflow usize arithmetic on 32 bits is refused first.
+        assert!(check(Kind::Configure, u32::MAX, u32::MAX).is_err());
+    }
+
+    #[test]
+    fn kinds_keep_their_wire_numbers() {
+        // Deployed unikernels speak 1..=4: the new kinds must not renumber them.
+        assert_eq!(Kind::Ready as u8, 1);
+        assert_eq!(Kind::Invoke as u8, 2);
+        assert_eq!(Kind::ResultOk as u8, 3);
+        assert_eq!(Kind::ResultError as u8, 4);
+        assert_eq!(Kind::Standby as u8, 5);
+        assert_eq!(Kind::Configure as u8, 6);
+        assert_eq!(Kind::InitError as u8, 7);
+        assert_eq!(VERSION, 1);
     }
 }

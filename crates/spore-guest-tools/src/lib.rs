@@ -7,8 +7,11 @@
 //! - `spore-tmem`: put/get/invalidate objects in the VMM's tmem pool;
 //! - `spore-reseed`: reseeds the kernel random pool from /dev/hwrng when the
 //!   VMM says the VM is a clone ([`reseed`]), and applies the new MAC and
-//!   IPv4 address the notice may carry ([`netid`]).
+//!   IPv4 address the notice may carry ([`netid`]);
+//! - `spore-agent`: PID 1 of Linux function guests, relaying invocations
+//!   from the host to a runtime speaking the Lambda Runtime API ([`agent`]).
 
+pub mod agent;
 pub mod netid;
 pub mod port;
 pub mod reseed;

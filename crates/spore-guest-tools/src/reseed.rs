@@ -15,11 +15,21 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::Duration;
 
 pub use spore_abi::signal::GENERATION_VSOCK_PORT;
 
+use crate::netid;
+use crate::vsock::VsockListener;
+
 /// Bytes added per reseed: 512 bits, the size of ChaCha's state in the kernel's CRNG.
 pub const RESEED_BYTES: usize = 64;
+
+/// The hardware RNG a notice reseeds from, and the pool it feeds.
+pub const HWRNG: &str = "/dev/hwrng";
+pub const POOL: &str = "/dev/urandom";
+/// A notice is a generation line and two lines per interface.
+pub const MAX_NOTICE: u64 = 16 * 1024;
 
 /// `RNDADDENTROPY` = `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
@@ -142,6 +152,92 @@ pub fn reseed(source: &Path, pool: &Path, n: usize) -> Result<Reseeded, ReseedEr
         bytes: got,
         crng_reseeded,
     })
+}
+
+/// Accepts generation notices on [`GENERATION_VSOCK_PORT`] forever and
+/// hands each one's bytes to `on_notice` (`spore-reseed`, and `spore-agent`
+/// as PID 1 of a function guest). Returns only if the port cannot be used.
+pub fn watch_notices(mut on_notice: impl FnMut(&[u8])) -> Result<(), String> {
+    let listener = VsockListener::bind(GENERATION_VSOCK_PORT)
+        .map_err(|e| format!("vsock port {GENERATION_VSOCK_PORT}: {e}"))?;
+    loop {
+        let mut conn = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("accept: {e}")),
+        };
+        // The VMM sends a few short lines and closes. A connection reset by a
+        // racing transport reset still means "cloned": reseed anyway.
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut msg = Vec::new();
+        let _ = (&mut conn).take(MAX_NOTICE).read_to_end(&mut msg);
+        drop(conn);
+        on_notice(&msg);
+    }
+}
+
+/// Reseeds once from [`HWRNG`], logging what it did; with a generation,
+/// records it in `/run/spore-generation`.
+pub fn reseed_once(generation: Option<u64>) -> Result<(), String> {
+    let r = reseed(Path::new(HWRNG), Path::new(POOL), RESEED_BYTES).map_err(|e| e.to_string())?;
+    let which = generation.map_or_else(|| "now".to_string(), |g| format!("generation {g}"));
+    println!(
+        "spore-reseed: {which}: added {} bytes ({} bits) from {HWRNG}, {}",
+        r.bytes,
+        r.bytes * 8,
+        if r.crng_reseeded {
+            "CRNG reseeded"
+        } else {
+            "CRNG NOT reseeded (RNDRESEEDCRNG failed; it rekeys within a minute)"
+        }
+    );
+    if let Some(g) = generation {
+        let _ = std::fs::create_dir_all("/run");
+        let _ = std::fs::write("/run/spore-generation", format!("{g}\n"));
+    }
+    Ok(())
+}
+
+/// What a notice asks, done: reseed, then the new network identity, each
+/// logged on the console.
+pub fn handle_notice(msg: &[u8]) {
+    let notice = netid::parse(msg).unwrap_or_else(|e| {
+        eprintln!(
+            "spore-reseed: notice {:?}: {e}; reseeding only",
+            String::from_utf8_lossy(msg)
+        );
+        netid::Notice::default()
+    });
+    if let Err(e) = reseed_once(notice.generation) {
+        eprintln!("spore-reseed: {e}");
+    }
+    for line in &notice.unknown {
+        eprintln!("spore-reseed: ignored notice line '{line}'");
+    }
+    if !notice.interfaces.is_empty() {
+        let _ = apply_net(msg, &notice);
+    }
+}
+
+/// Applies a notice's interface lines; logs each; fails if any failed.
+pub fn apply_net(msg: &[u8], notice: &netid::Notice) -> Result<(), String> {
+    let mut failed = 0;
+    for r in netid::apply(notice) {
+        match r {
+            Ok(s) => println!("spore-reseed: {s}"),
+            Err(e) => {
+                eprintln!("spore-reseed: {e}");
+                failed += 1;
+            }
+        }
+    }
+    // Written after the changes: its presence says they were applied.
+    let _ = std::fs::create_dir_all("/run");
+    let _ = std::fs::write("/run/spore-net", msg);
+    if failed > 0 {
+        return Err(format!("{failed} interface(s) not configured"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -82,6 +82,12 @@ impl VsockStream {
         Ok(Self(self.0.try_clone()?))
     }
 
+    /// Shuts both directions down: a thread blocked reading it wakes with EOF.
+    pub fn shutdown(&self) -> io::Result<()> {
+        // SAFETY: shutdown on our own fd.
+        cvt(unsafe { libc::shutdown(self.0.as_raw_fd(), libc::SHUT_RDWR) }).map(|_| ())
+    }
+
     pub fn shutdown_write(&self) -> io::Result<()> {
         // SAFETY: shutdown on our own fd.
         cvt(unsafe { libc::shutdown(self.0.as_raw_fd(), libc::SHUT_WR) }).map(|_| ())
