@@ -53,6 +53,9 @@ test-unit: deps
 	    $(CARGO) test --workspace --lib --bins -- --skip kvm_; \
 	fi
 	cd crates/spore-uk && $(CARGO) test --target x86_64-unknown-linux-gnu --lib
+	# spore-agent in host mode (a Unix socket for vsock): the Runtime API,
+	# spore's Python bootstrap and shell bootstraps, no VM needed.
+	$(CARGO) test -p spore-guest-tools --test 'agent_*'
 
 # Tier 2: the unikernel on /dev/kvm through the real binary. Without /dev/kvm the
 # KVM scenarios are reported as skipped, not passed.

@@ -10,8 +10,9 @@ need_targets=(x86_64-unknown-none)
 # redis-cli drives the kvserver unikernel in the host-KVM tests; curl and ping
 # talk to the httpd unikernel (kvm_net). iproute2 and
 # nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
-# serve's networked functions, which run `ip` and `nft`).
-need_pkgs=(redis-tools curl iputils-ping iproute2 nftables)
+# serve's networked functions, which run `ip` and `nft`). python3: spore-agent's
+# tests run spore's Python bootstrap on the host.
+need_pkgs=(redis-tools curl iputils-ping iproute2 nftables python3)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.
