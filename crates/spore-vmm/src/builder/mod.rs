@@ -134,7 +134,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     let ram = if machine.huge_pages_2m() {
         GuestRam::new_hugetlb(machine.mem_bytes())?
     } else {
-        GuestRam::new(machine.mem_bytes())?
+        GuestRam::anonymous(machine.mem_bytes())?
     };
     ram.register(&vm_fd, machine.track_dirty_pages)?;
     let mem_device = match &config.memory_hotplug {

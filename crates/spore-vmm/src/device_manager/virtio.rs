@@ -57,7 +57,7 @@ pub fn make_mem_device<'s>(
         hotplug.block_size_mib << 20,
     );
     let (mut backing, saved) = match restore {
-        None => (HotplugMemory::new(addr, size, slot_size)?, None),
+        None => (HotplugMemory::anonymous(addr, size, slot_size)?, None),
         Some((ram, states)) => {
             let saved = states.virtio(&id)?;
             let backing = map_snapshot_region(ram, addr, size, slot_size).map_err(|e| {

@@ -1,6 +1,12 @@
 //! Backing memory of the virtio-mem hotplug region.
 //!
-//! The region has its own memfd, mapped shared into the VMM once for its
+//! A booted VM's region is anonymous private memory ([`HotplugMemory::anonymous`]),
+//! for the same reason as boot RAM (`memory` module docs): plugged memory
+//! the guest touches first is faulted in with transparent huge pages where
+//! the host allows them. It is mapped once for the VM's whole life; its
+//! unplugged blocks are given back like a restored region's (below).
+//!
+//! [`HotplugMemory::new`] gives the region its own memfd instead, mapped shared into the VMM once for its
 //! whole life (so devices can reach guest buffers that live in plugged
 //! memory, and no host pointer ever goes stale). What the guest can reach is
 //! decided by KVM memory slots, one per `slot_size` chunk, which exist only
@@ -85,6 +91,24 @@ impl HotplugMemory {
         Self::map(memfd, 0, false, addr, size, slot_size)
     }
 
+    /// `size` bytes of anonymous private memory at guest address `addr`
+    /// (see the module docs), with an empty memfd as the file a snapshot's
+    /// offsets refer to: its contents are read through the mapping.
+    pub fn anonymous(addr: u64, size: u64, slot_size: u64) -> Result<Self, MemoryError> {
+        let memfd = create_memfd("spore-hotplug-mem")?;
+        memfd
+            .set_len(size)
+            .map_err(|source| MemoryError::Truncate { size, source })?;
+        let mapping = MmapRegion::build(
+            None,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        )
+        .map_err(|source| MemoryError::Mmap { size, source })?;
+        Self::with_mapping(memfd, 0, true, mapping, addr, size, slot_size)
+    }
+
     /// Maps the region privately from a snapshot's memory file, where it
     /// starts at `file_offset` (the file must be at least that plus `size`
     /// bytes long; the snapshot loader checks). Nothing is read or copied:
@@ -120,6 +144,18 @@ impl HotplugMemory {
             share | libc::MAP_NORESERVE,
         )
         .map_err(|source| MemoryError::Mmap { size, source })?;
+        Self::with_mapping(memfd, file_offset, private, mapping, addr, size, slot_size)
+    }
+
+    fn with_mapping(
+        memfd: File,
+        file_offset: u64,
+        private: bool,
+        mapping: MmapRegion<super::DirtyBitmap>,
+        addr: u64,
+        size: u64,
+        slot_size: u64,
+    ) -> Result<Self, MemoryError> {
         let region =
             GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::Region(addr))?;
         let chunks = size.div_ceil(slot_size.max(1));

@@ -1,9 +1,22 @@
-//! Guest RAM: one memfd, mapped shared into the VMM and registered with KVM.
+//! Guest RAM: the host memory behind the guest's physical memory, and the
+//! file it is (or could be) read from, registered with KVM.
 //!
-//! Backing RAM with a memfd (rather than anonymous memory) is what lets a
-//! snapshot write memory out without a copy and a clone map a frozen template
-//! privately. The memfd is sized, not filled: pages cost host memory only
-//! once the guest (or a loader) touches them.
+//! A booted VM's RAM is anonymous private memory ([`GuestRam::anonymous`]):
+//! the kernel backs it with transparent huge pages where the host's policy
+//! allows (`/sys/kernel/mm/transparent_hugepage/enabled`), so a guest touching
+//! fresh memory takes one fault per 2 MiB instead of one per 4 KiB page and
+//! KVM maps it with large pages. Measured in the nested harness (L1 with THP
+//! `always`), this is what made a Linux guest reach `init` as fast as under
+//! Firecracker, which maps anonymous memory too; the shared memfd spore used
+//! before (shmem gets huge pages only with `shmem_enabled`, `never` by
+//! default) faulted 4 KiB at a time. Such RAM is handled as a private
+//! mapping of an empty memfd: a snapshot reads it through the mapping, and a
+//! clone template copies the pages the VM touched into a memfd layer once,
+//! when the VM is first cloned ([`template`]).
+//!
+//! Restores that fill RAM themselves (eager, working set, userfaultfd) use a
+//! shared memfd ([`GuestRam::new`]), written through the file; lazy restores
+//! and clones map memory files privately.
 
 pub mod hotplug;
 pub mod hugetlb;
@@ -92,6 +105,42 @@ impl GuestRam {
             .set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
         Self::map(memfd, size, libc::MAP_SHARED, false, false)
+    }
+
+    /// `size` bytes of anonymous private RAM for a VM that boots (see the
+    /// module docs): a private mapping over an empty memfd base, so that
+    /// every path that reads or clones private RAM applies unchanged.
+    pub fn anonymous(size: u64) -> Result<Self, MemoryError> {
+        let base = create_memfd("spore-guest-ram")?;
+        base.set_len(size)
+            .map_err(|source| MemoryError::Truncate { size, source })?;
+        let mut regions = Vec::new();
+        for (gpa, len) in layout::ram_regions(size) {
+            let mapping = MmapRegion::build(
+                None,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            )
+            .map_err(|source| MemoryError::Mmap { size: len, source })?;
+            let region =
+                GuestRegionMmap::new(mapping, GuestAddress(gpa)).ok_or(MemoryError::Region(gpa))?;
+            regions.push(region);
+        }
+        let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| MemoryError::Region(0))?;
+        let mapped_from = vec![MemoryLayer {
+            file: std::sync::Arc::new(base.try_clone().map_err(MemoryError::Memfd)?),
+            runs: None,
+        }];
+        Ok(Self {
+            memfd: base,
+            mem,
+            size,
+            private: AtomicBool::new(true),
+            overlays: Vec::new(),
+            mapped_from,
+            hugetlb: false,
+        })
     }
 
     /// [`GuestRam::new`] on 2 MiB hugetlbfs pages, all reserved now
@@ -353,6 +402,28 @@ pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
 mod tests {
     use super::*;
     use vm_memory::Bytes;
+
+    /// Anonymous RAM reads as zeros, holds what is written, and is a private
+    /// mapping over an empty base: a snapshot finds the written page
+    /// through the mapping, the base file stays empty.
+    #[test]
+    fn anonymous_ram_is_private_over_an_empty_base() {
+        let size = 64 << 20;
+        let ram = GuestRam::anonymous(size).unwrap();
+        assert!(ram.is_private());
+        assert_eq!(ram.mapped_from().len(), 1);
+        let v: u32 = ram.memory().read_obj(GuestAddress(0x20_0000)).unwrap();
+        assert_eq!(v, 0);
+        ram.memory()
+            .write_obj(0xdead_beefu32, GuestAddress(0x1000))
+            .unwrap();
+        let v: u32 = ram.memory().read_obj(GuestAddress(0x1000)).unwrap();
+        assert_eq!(v, 0xdead_beef);
+        assert_eq!(ram.memfd().metadata().unwrap().len(), size);
+        assert_eq!(pages::data_ranges(ram.memfd(), size).unwrap(), vec![]);
+        let runs = ram.private_runs().unwrap();
+        assert!(runs.iter().any(|&(o, l)| o <= 0x1000 && 0x1000 < o + l));
+    }
 
     #[test]
     fn ram_is_backed_by_one_memfd() {
