@@ -45,7 +45,10 @@
 //!   [`GENERATION_VSOCK_PORT`]. After a clone the VMM resets the vsock
 //!   transport (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: Linux re-reads the guest
 //!   CID, which a clone may have changed), and once the guest has handled that
-//!   event it connects to this port and sends `generation N\n`, then closes.
+//!   event it connects to this port and sends `generation N\n` and
+//!   `time SECONDS.NANOSECONDS\n` (the host's wall clock, nine digits after
+//!   the point: the guest's clock is the snapshot's, so it steps to this),
+//!   then closes.
 //!   A clone given a new network identity (`crate::net`) gets more lines
 //!   after it, one per changed interface, in the order of the VM's
 //!   `network-interfaces`: `mac IFACE_ID XX:XX:XX:XX:XX:XX\n` and, with an

@@ -27,6 +27,10 @@ use std::net::Ipv4Addr;
 pub struct Notice {
     /// `generation N` (the first line).
     pub generation: Option<u64>,
+    /// `time SECONDS.NANOSECONDS`: the host's wall clock (`CLOCK_REALTIME`)
+    /// when the notice was made; a restored or cloned guest's clock is the
+    /// snapshot's, so the guest steps its own to it.
+    pub time: Option<(i64, u32)>,
     /// The `mac`/`ipv4` lines, merged per interface, in first-seen order.
     pub interfaces: Vec<IfaceChange>,
     /// Lines that were neither (logged, never applied).
@@ -126,6 +130,7 @@ pub fn parse(msg: &[u8]) -> Result<Notice, String> {
             ["generation", g] if i == 0 => {
                 n.generation = Some(g.parse().map_err(|_| format!("bad generation '{g}'"))?);
             }
+            ["time", t] => n.time = Some(parse_time(t)?),
             ["mac", id, mac] => n.entry(id).mac = Some(mac.parse()?),
             ["ipv4", id, cidr, gw] => n.entry(id).ipv4 = Some(parse_ipv4(cidr, gw)?),
             ["mac", ..] | ["ipv4", ..] => return Err(format!("malformed line '{line}'")),
@@ -133,6 +138,21 @@ pub fn parse(msg: &[u8]) -> Result<Notice, String> {
         }
     }
     Ok(n)
+}
+
+/// `SECONDS.NANOSECONDS` (nine digits after the point) of a `time` line.
+fn parse_time(t: &str) -> Result<(i64, u32), String> {
+    let bad = || format!("bad time '{t}'");
+    let (secs, nanos) = t.split_once('.').ok_or_else(bad)?;
+    if nanos.len() != 9 {
+        return Err(bad());
+    }
+    let secs: i64 = secs.parse().map_err(|_| bad())?;
+    let nanos: u32 = nanos.parse().map_err(|_| bad())?;
+    if secs < 0 {
+        return Err(bad());
+    }
+    Ok((secs, nanos))
 }
 
 impl Notice {
@@ -302,6 +322,24 @@ mod tests {
         let n = parse(b"generation 3\n").unwrap();
         assert_eq!(n.generation, Some(3));
         assert!(n.interfaces.is_empty() && n.unknown.is_empty());
+    }
+
+    #[test]
+    fn time_line() {
+        let n = parse(b"generation 2\ntime 1795000000.000000042\n").unwrap();
+        assert_eq!(n.time, Some((1_795_000_000, 42)));
+        assert!(n.unknown.is_empty());
+        for bad in [
+            "time 1795000000",
+            "time 1795000000.42",
+            "time -1.000000000",
+            "time x.000000000",
+        ] {
+            assert!(
+                parse(format!("generation 2\n{bad}\n").as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

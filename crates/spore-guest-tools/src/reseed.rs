@@ -211,12 +211,42 @@ pub fn handle_notice(msg: &[u8]) {
     if let Err(e) = reseed_once(notice.generation) {
         eprintln!("spore-reseed: {e}");
     }
+    if let Some(t) = notice.time {
+        match step_clock(t) {
+            Ok(delta) => println!("spore-reseed: clock stepped to the host's ({delta:+.3} s)"),
+            Err(e) => eprintln!("spore-reseed: cannot step the clock: {e}"),
+        }
+    }
     for line in &notice.unknown {
         eprintln!("spore-reseed: ignored notice line '{line}'");
     }
     if !notice.interfaces.is_empty() {
         let _ = apply_net(msg, &notice);
     }
+}
+
+/// Sets `CLOCK_REALTIME` to `(secs, nanos)` (the host's time in a notice):
+/// a guest restored or cloned from a snapshot wakes with the snapshot's wall
+/// clock. Returns how far the clock moved, in seconds.
+pub fn step_clock((secs, nanos): (i64, u32)) -> Result<f64, String> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    let target = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: nanos as libc::c_long,
+    };
+    // SAFETY: clock_settime reads one valid timespec.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &target) } != 0 {
+        return Err(format!(
+            "{} (needs root: CAP_SYS_TIME)",
+            io::Error::last_os_error()
+        ));
+    }
+    Ok((secs - now.tv_sec) as f64 + (nanos as f64 - now.tv_nsec as f64) / 1e9)
 }
 
 /// Applies a notice's interface lines; logs each; fails if any failed.

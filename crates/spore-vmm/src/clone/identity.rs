@@ -111,7 +111,8 @@ pub fn apply(vm: &Vm, id: &CloneIdentity) -> Result<(), IdentityError> {
             // the notice (the unikernel reads the generation word).
             let notice = (vm.kind() == GuestKind::Linux).then(|| Notice {
                 port: GENERATION_VSOCK_PORT,
-                message: format!("generation {}\n{net_lines}", id.generation).into_bytes(),
+                message: format!("generation {}\n{}{net_lines}", id.generation, time_line())
+                    .into_bytes(),
             });
             let cid = cid.map_or_else(|| vsock.guest_cid(), u64::from);
             vsock.set_guest_cid(cid, notice)?;
@@ -175,6 +176,15 @@ fn apply_net(vm: &Vm, changes: &[NetIdentityChange]) -> Result<String, IdentityE
 
 /// The Linux generation notice's lines for one interface's new identity
 /// (`spore_abi::signal::GENERATION_VSOCK_PORT`).
+/// The notice's `time` line: the host's wall clock now, which the guest
+/// steps its own to (its clock is the snapshot's).
+fn time_line() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("time {}.{:09}\n", now.as_secs(), now.subsec_nanos())
+}
+
 fn notice_lines(c: &NetIdentityChange) -> String {
     let mut lines = String::new();
     if let Some(mac) = c.mac {
