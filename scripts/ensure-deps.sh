@@ -12,6 +12,10 @@ need_targets=(x86_64-unknown-none)
 # nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
 # serve's networked functions, which run `ip` and `nft`).
 need_pkgs=(redis-tools curl iputils-ping iproute2 nftables)
+# Runtime images and code disks of Linux functions (guest/build-rootfs.sh,
+# `spore image`): mmdebstrap builds the tree, e2fsprogs' mkfs.ext4 -d makes
+# the image without a loop device, debugfs reads it back in the tests.
+need_pkgs+=(mmdebstrap e2fsprogs)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.

@@ -113,7 +113,9 @@ fn symlink_target_ok(link: &Path, target: &str) -> Result<(), &'static str> {
     let mut seen_name = false;
     for c in Path::new(target).components() {
         match c {
-            Component::ParentDir if seen_name => return Err("symlink target with '..' after a name"),
+            Component::ParentDir if seen_name => {
+                return Err("symlink target with '..' after a name")
+            }
             Component::ParentDir => ups += 1,
             Component::CurDir => {}
             Component::Normal(_) => seen_name = true,
@@ -147,8 +149,8 @@ fn unpack_limited(zip: &[u8], dest: &Path, limits: Limits) -> Result<Unpacked, C
     if zip.len() > MAX_ZIP_BYTES {
         return Err(CodeDiskError::TooLarge);
     }
-    let mut archive =
-        zip::ZipArchive::new(Cursor::new(zip)).map_err(|e| CodeDiskError::NotAZip(e.to_string()))?;
+    let mut archive = zip::ZipArchive::new(Cursor::new(zip))
+        .map_err(|e| CodeDiskError::NotAZip(e.to_string()))?;
     if archive.len() > limits.entries {
         return Err(CodeDiskError::TooManyEntries);
     }
@@ -337,8 +339,8 @@ pub fn mkfs_ext4() -> Option<PathBuf> {
 /// zip's SHA-256 so that the same zip gives the same file system id), sized
 /// to the content plus a small margin, written atomically with mode 0600.
 pub fn build(zip: &[u8], out: &Path) -> Result<CodeDisk, CodeDiskError> {
-    let mkfs = mkfs_ext4()
-        .ok_or_else(|| CodeDiskError::Mkfs("not found (install e2fsprogs)".into()))?;
+    let mkfs =
+        mkfs_ext4().ok_or_else(|| CodeDiskError::Mkfs("not found (install e2fsprogs)".into()))?;
     let out_dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -375,7 +377,18 @@ pub fn build(zip: &[u8], out: &Path) -> Result<CodeDisk, CodeDiskError> {
     tmp.set_len(size_blocks * BLOCK)?;
     drop(tmp);
     let output = std::process::Command::new(&mkfs)
-        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-O", "^has_journal"])
+        .args([
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-b",
+            "4096",
+            "-m",
+            "0",
+            "-O",
+            "^has_journal",
+        ])
         .args(["-N", &inodes.to_string(), "-L", "spore-code", "-U", &uuid])
         .arg("-E")
         .arg(format!("hash_seed={uuid},root_owner=0:0"))
@@ -387,7 +400,11 @@ pub fn build(zip: &[u8], out: &Path) -> Result<CodeDisk, CodeDiskError> {
     if !output.status.success() {
         let text = String::from_utf8_lossy(&output.stderr);
         let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-        return Err(CodeDiskError::Mkfs(format!("{} ({})", last.trim(), output.status)));
+        return Err(CodeDiskError::Mkfs(format!(
+            "{} ({})",
+            last.trim(),
+            output.status
+        )));
     }
     let f = std::fs::OpenOptions::new().write(true).open(&tmp_path)?;
     f.sync_all()?;
@@ -426,7 +443,9 @@ mod tests {
                     w.start_file(*name, o).unwrap();
                     w.write_all(data).unwrap();
                 }
-                E::Dir(name) => w.add_directory(*name, SimpleFileOptions::default()).unwrap(),
+                E::Dir(name) => w
+                    .add_directory(*name, SimpleFileOptions::default())
+                    .unwrap(),
                 E::Link(name, target) => w
                     .add_symlink(*name, *target, SimpleFileOptions::default())
                     .unwrap(),
@@ -456,9 +475,17 @@ mod tests {
             "a/../../spore-code-test-escaped",
             "./../x",
         ] {
-            assert!(refused(&zip_of(&[E::File(name, b"x", 0o644)])).contains(".."), "{name}");
+            assert!(
+                refused(&zip_of(&[E::File(name, b"x", 0o644)])).contains(".."),
+                "{name}"
+            );
         }
-        assert!(refused(&zip_of(&[E::File("/tmp/spore-code-test-escaped", b"x", 0o644)])).contains("absolute"));
+        assert!(refused(&zip_of(&[E::File(
+            "/tmp/spore-code-test-escaped",
+            b"x",
+            0o644
+        )]))
+        .contains("absolute"));
         assert!(refused(&zip_of(&[E::File("a\\..\\x", b"x", 0o644)])).contains("backslash"));
         assert!(!outside.exists());
     }
@@ -492,17 +519,30 @@ mod tests {
         .unwrap();
         assert_eq!(got.symlinks, 2);
         assert_eq!(std::fs::read(dir.0.join("bin/up")).unwrap(), b"hi");
-        assert_eq!(std::fs::read_link(dir.0.join("lib/alias")).unwrap(), Path::new("data.txt"));
+        assert_eq!(
+            std::fs::read_link(dir.0.join("lib/alias")).unwrap(),
+            Path::new("data.txt")
+        );
     }
 
     #[test]
     fn bounds_what_it_inflates() {
         let zeros = vec![0u8; 3 << 20];
         let bomb = zip_of(&[E::File("zeros", &zeros, 0o644)]);
-        assert!(bomb.len() < 64 << 10, "deflated zeros are small: {}", bomb.len());
-        let small = Limits { bytes: 1 << 20, entries: 10 };
+        assert!(
+            bomb.len() < 64 << 10,
+            "deflated zeros are small: {}",
+            bomb.len()
+        );
+        let small = Limits {
+            bytes: 1 << 20,
+            entries: 10,
+        };
         let dir = scratch();
-        assert!(matches!(unpack_limited(&bomb, &dir.0, small), Err(CodeDiskError::TooBig)));
+        assert!(matches!(
+            unpack_limited(&bomb, &dir.0, small),
+            Err(CodeDiskError::TooBig)
+        ));
         // Many entries, each under the limit, adding up past it.
         let part = vec![0u8; 300 << 10];
         let many = zip_of(&[
@@ -512,11 +552,23 @@ mod tests {
             E::File("d", &part, 0o644),
         ]);
         let dir = scratch();
-        assert!(matches!(unpack_limited(&many, &dir.0, small), Err(CodeDiskError::TooBig)));
-        let entries = Limits { bytes: 1 << 20, entries: 3 };
+        assert!(matches!(
+            unpack_limited(&many, &dir.0, small),
+            Err(CodeDiskError::TooBig)
+        ));
+        let entries = Limits {
+            bytes: 1 << 20,
+            entries: 3,
+        };
         let dir = scratch();
-        assert!(matches!(unpack_limited(&many, &dir.0, entries), Err(CodeDiskError::TooManyEntries)));
-        assert!(matches!(unpack(b"not a zip", &dir.0), Err(CodeDiskError::NotAZip(_))));
+        assert!(matches!(
+            unpack_limited(&many, &dir.0, entries),
+            Err(CodeDiskError::TooManyEntries)
+        ));
+        assert!(matches!(
+            unpack(b"not a zip", &dir.0),
+            Err(CodeDiskError::NotAZip(_))
+        ));
     }
 
     #[test]
@@ -532,8 +584,17 @@ mod tests {
             &dir.0,
         )
         .unwrap();
-        assert_eq!((got.files, got.dirs, got.symlinks, got.bytes), (3, 1, 0, 13));
-        let mode = |p: &str| std::fs::metadata(dir.0.join(p)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            (got.files, got.dirs, got.symlinks, got.bytes),
+            (3, 1, 0, 13)
+        );
+        let mode = |p: &str| {
+            std::fs::metadata(dir.0.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
         assert_eq!(mode("bootstrap"), 0o755);
         assert_eq!(mode("data.json"), 0o644);
         assert_eq!(mode("suid"), 0o755);
@@ -556,21 +617,35 @@ mod tests {
 
     #[test]
     fn code_disk_holds_the_zip() {
-        assert!(mkfs_ext4().is_some(), "mkfs.ext4 missing: install e2fsprogs (scripts/ensure-deps.sh)");
+        assert!(
+            mkfs_ext4().is_some(),
+            "mkfs.ext4 missing: install e2fsprogs (scripts/ensure-deps.sh)"
+        );
         let dir = scratch();
         let out = dir.0.join("code.ext4");
         let zip = zip_of(&[
             E::File("bootstrap", b"#!/bin/sh\necho hi\n", 0o755),
-            E::File("lib/handler.py", b"def handler(e, c):\n    return e\n", 0o644),
+            E::File(
+                "lib/handler.py",
+                b"def handler(e, c):\n    return e\n",
+                0o644,
+            ),
             E::Link("handler.py", "lib/handler.py"),
         ]);
         let disk = build(&zip, &out).unwrap();
         let meta = std::fs::metadata(&out).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(meta.len(), disk.size);
-        assert!(disk.size <= 2 << 20, "a tiny zip makes a small disk: {}", disk.size);
+        assert!(
+            disk.size <= 2 << 20,
+            "a tiny zip makes a small disk: {}",
+            disk.size
+        );
         // Nothing left beside the image.
-        let names: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("code.ext4")]);
 
         // `ls -l` lines: inode, mode (octal, with the file type), ..., name.
@@ -586,7 +661,10 @@ mod tests {
         assert_eq!(mode_of(&root, "bootstrap"), "100755");
         assert_eq!(mode_of(&root, "lib"), "40755");
         assert_eq!(mode_of(&root, "handler.py"), "120777");
-        assert_eq!(mode_of(&debugfs(&out, "ls -l /lib"), "handler.py"), "100644");
+        assert_eq!(
+            mode_of(&debugfs(&out, "ls -l /lib"), "handler.py"),
+            "100644"
+        );
         assert_eq!(debugfs(&out, "cat /bootstrap"), "#!/bin/sh\necho hi\n");
         assert!(debugfs(&out, "stat /handler.py").contains("Fast link dest: \"lib/handler.py\""));
 

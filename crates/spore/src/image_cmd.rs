@@ -150,8 +150,12 @@ fn check_runtime(runtime: &str) -> anyhow::Result<()> {
 }
 
 fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("SPORE_CACHE").filter(|v| !v.is_empty()).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
+    flag.or_else(|| {
+        std::env::var_os("SPORE_CACHE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
 }
 
 /// The repository's `guest/` directory: `SPORE_GUEST_DIR`, else the first
