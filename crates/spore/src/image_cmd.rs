@@ -189,8 +189,10 @@ fn guest_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs `build-rootfs.sh`; its progress goes to our stderr, its last stdout
-/// line is the image.
+/// line is the image. The script's own `error:` line is held back and becomes
+/// spore's one error line.
 fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<PathBuf> {
+    use std::io::BufRead;
     let script = guest_dir()?.join("build-rootfs.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg(runtime);
@@ -200,20 +202,38 @@ fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<Pa
         }
         cmd.arg("--agent").arg(agent);
     }
-    let out = cmd
+    let mut child = cmd
         .env("SPORE_CACHE", cache)
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} {runtime} failed ({}); its error is above",
-            script.display(),
-            out.status
-        );
+    let stderr = child.stderr.take().context("the script's stderr")?;
+    let relay = std::thread::spawn(move || {
+        let mut error = None;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            match line.split_once("] error: ") {
+                Some((_, e)) if line.starts_with('[') => error = Some(e.to_string()),
+                _ => eprintln!("{line}"),
+            }
+        }
+        error
+    });
+    let mut stdout = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut out, &mut stdout)
+            .with_context(|| format!("reading {}'s output", script.display()))?;
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let status = child.wait()?;
+    let error = relay.join().ok().flatten();
+    if !status.success() {
+        match error {
+            Some(e) => bail!("{e}"),
+            None => bail!("{} {runtime} failed ({status})", script.display()),
+        }
+    }
     let last = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
     let path = PathBuf::from(last.trim());
     if !path.is_file() {
