@@ -17,6 +17,7 @@ pub mod api;
 pub mod auth;
 pub mod catalog;
 pub mod code;
+pub mod code_disk;
 pub mod instances;
 pub mod invoke;
 pub mod logs;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod network;
 pub mod recovery;
 pub mod runtime;
+pub mod runtime_image;
 pub mod snapshots;
 pub mod vmm;
 
