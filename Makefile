@@ -9,7 +9,7 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench lint fmt clean fc-sdk fuzz
+        bench lint fmt clean fc-sdk fuzz images images-test
 
 all: build uk
 
@@ -76,6 +76,20 @@ test-nested: deps-nested static fc-sdk
 	tests/nested/run-all.sh --spore $(STATIC_SPORE)
 
 test: test-unit test-host test-nested
+
+# Runtime images of Linux functions (read-only ext4 root file systems from
+# Debian packages; guest/README.md), cached by content in $$SPORE_CACHE: a
+# rerun with the same inputs is a cache hit. Not part of `make test` yet.
+# AGENT=path installs a guest agent as /sbin/spore-agent.
+AGENT ?=
+images: deps
+	guest/build-rootfs.sh provided $(if $(AGENT),--agent $(AGENT))
+	guest/build-rootfs.sh python3 $(if $(AGENT),--agent $(AGENT))
+
+# The host test that builds the provided image into a temporary cache and
+# reads it back (no VM).
+images-test: deps
+	$(CARGO) test -p spore --test image_build -- --nocapture
 
 # cargo-fuzz targets (fuzz/, nightly; scripts/fuzz.sh installs nightly and a
 # pinned cargo-fuzz where missing): each target runs FUZZ_SECONDS; a crash,

@@ -13,6 +13,10 @@ need_targets=(x86_64-unknown-none)
 # serve's networked functions, which run `ip` and `nft`). python3: spore-agent's
 # tests run spore's Python bootstrap on the host.
 need_pkgs=(redis-tools curl iputils-ping iproute2 nftables python3)
+# Runtime images and code disks of Linux functions (guest/build-rootfs.sh,
+# `spore image`): mmdebstrap builds the tree, e2fsprogs' mkfs.ext4 -d makes
+# the image without a loop device, debugfs reads it back in the tests.
+need_pkgs+=(mmdebstrap e2fsprogs)
 if [[ $tier == nested ]]; then
     need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.

@@ -17,6 +17,7 @@ pub mod api;
 pub mod auth;
 pub mod catalog;
 pub mod code;
+pub mod code_disk;
 pub mod instances;
 pub mod invoke;
 pub mod logs;

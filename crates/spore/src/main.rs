@@ -7,6 +7,7 @@ mod clone_cmd;
 mod fc_cmd;
 mod fn_cmd;
 mod host;
+mod image_cmd;
 mod jailer;
 mod lambda_client;
 mod mem_cmd;
@@ -91,6 +92,10 @@ enum Command {
     /// Deploy, invoke, list and remove spore serve functions, read their
     /// logs and statistics (the same Lambda API the AWS CLI uses).
     Fn(fn_cmd::FnArgs),
+    /// Runtime images for Linux functions (read-only ext4 root file systems
+    /// from Debian packages, cached by content hash) and function code disks.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -157,6 +162,7 @@ fn main() -> ExitCode {
         Command::Clone(a) => clone_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
         Command::Fn(a) => fn_cmd::run(a),
+        Command::Image(c) => image_cmd::run(c),
         Command::Firecracker { args } => {
             let argv = std::iter::once("firecracker".into()).chain(args).collect();
             return ExitCode::from(fc_cmd::main(argv));

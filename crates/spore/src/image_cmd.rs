@@ -1,0 +1,354 @@
+//! `spore image`: runtime images (read-only ext4 root file systems for Linux
+//! function guests, built from Debian packages) and function code disks.
+//!
+//! `build` runs the repository's `guest/build-rootfs.sh` rather than a copy
+//! embedded in the binary: the script sources `lib.sh` and reads the
+//! runtime's recipe and `bootstrap.py`, and its own bytes are part of the
+//! cache key, so running the checkout's files means `make images` and
+//! `spore image build` share cache entries and never build from stale
+//! embedded copies. A binary outside the repository is pointed at it with
+//! `SPORE_GUEST_DIR`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _};
+use clap::Subcommand;
+use serde_json::Value;
+
+/// The runtimes with a recipe under `guest/runtimes/` (a test keeps the two
+/// lists equal).
+pub const RUNTIMES: &[&str] = &["provided", "python3"];
+
+/// Where built images are cached unless `--cache` or `SPORE_CACHE` says.
+const DEFAULT_CACHE: &str = "/var/cache/spore";
+
+#[derive(Subcommand)]
+pub enum ImageCommand {
+    /// Build (or find cached) the runtime image of RUNTIME; prints its path.
+    Build {
+        /// provided or python3.
+        runtime: String,
+        /// The guest agent to install as /sbin/spore-agent.
+        #[arg(long, value_name = "PATH")]
+        agent: Option<PathBuf>,
+        /// The cache directory (default: $SPORE_CACHE, else /var/cache/spore).
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+    },
+    /// List the cached runtime images with their manifests.
+    List {
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+        /// Print the manifests as a JSON array (each with its image's path).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the path of the newest cached image of RUNTIME.
+    Path {
+        runtime: String,
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+    },
+    /// Make the code disk of a function: ZIP unpacked into a small read-only
+    /// ext4 image at OUT (mode 0600, written atomically).
+    Code { zip: PathBuf, out: PathBuf },
+}
+
+pub fn run(cmd: ImageCommand) -> anyhow::Result<u8> {
+    match cmd {
+        ImageCommand::Build {
+            runtime,
+            agent,
+            cache,
+        } => {
+            check_runtime(&runtime)?;
+            let path = build(&runtime, agent.as_deref(), &cache_dir(cache))?;
+            println!("{}", path.display());
+        }
+        ImageCommand::List { cache, json } => {
+            let cache = cache_dir(cache);
+            let images = cached_images(&cache)?;
+            if json {
+                let all: Vec<Value> = images
+                    .into_iter()
+                    .map(|i| {
+                        let mut m = i.manifest;
+                        if let Some(o) = m.as_object_mut() {
+                            o.insert("path".into(), i.image.display().to_string().into());
+                        }
+                        m
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else if images.is_empty() {
+                eprintln!("no runtime images in {}", cache.display());
+            } else {
+                println!(
+                    "{:<10} {:>8} {:>5} {:<6} {:<20} PATH",
+                    "RUNTIME", "SIZE", "PKGS", "AGENT", "BUILT"
+                );
+                for i in images {
+                    let m = &i.manifest;
+                    println!(
+                        "{:<10} {:>5}MiB {:>5} {:<6} {:<20} {}",
+                        i.runtime,
+                        m["size_bytes"].as_u64().unwrap_or(0).div_ceil(1 << 20),
+                        m["packages"].as_array().map_or(0, |p| p.len()),
+                        if m["agent"]["present"].as_bool() == Some(true) {
+                            "yes"
+                        } else {
+                            "no"
+                        },
+                        m["built_at"].as_str().unwrap_or("?"),
+                        i.image.display()
+                    );
+                }
+            }
+        }
+        ImageCommand::Path { runtime, cache } => {
+            check_runtime(&runtime)?;
+            let cache = cache_dir(cache);
+            let path = newest(&cache, &runtime)?;
+            println!("{}", path.display());
+        }
+        ImageCommand::Code { zip, out } => {
+            let meta = std::fs::metadata(&zip).with_context(|| format!("{}", zip.display()))?;
+            if meta.len() > spore_serve::code::MAX_ZIP_BYTES as u64 {
+                bail!(
+                    "{}: larger than {} bytes",
+                    zip.display(),
+                    spore_serve::code::MAX_ZIP_BYTES
+                );
+            }
+            let data = std::fs::read(&zip).with_context(|| format!("{}", zip.display()))?;
+            let disk = spore_serve::code_disk::build(&data, &out)
+                .with_context(|| format!("{}", zip.display()))?;
+            eprintln!(
+                "{}: {} files, {} directories, {} symlinks, {} bytes of content; image {} KiB",
+                out.display(),
+                disk.contents.files,
+                disk.contents.dirs,
+                disk.contents.symlinks,
+                disk.contents.bytes,
+                disk.size / 1024
+            );
+            println!("{}", disk.path.display());
+        }
+    }
+    Ok(0)
+}
+
+fn check_runtime(runtime: &str) -> anyhow::Result<()> {
+    if !RUNTIMES.contains(&runtime) {
+        bail!(
+            "unknown runtime '{runtime}' (known: {})",
+            RUNTIMES.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| {
+        std::env::var_os("SPORE_CACHE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
+}
+
+/// The repository's `guest/` directory: `SPORE_GUEST_DIR`, else the first
+/// ancestor of the binary (`target/release/spore`,
+/// `target/<triple>/release/spore`) or of the working directory that holds
+/// `guest/build-rootfs.sh`.
+fn guest_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SPORE_GUEST_DIR").filter(|v| !v.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.join("build-rootfs.sh").is_file() {
+            return Ok(dir);
+        }
+        bail!("SPORE_GUEST_DIR={} holds no build-rootfs.sh", dir.display());
+    }
+    let mut starts = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        starts.push(exe);
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        starts.push(cwd);
+    }
+    for start in &starts {
+        for dir in start.ancestors().take(6) {
+            let guest = dir.join("guest");
+            if guest.join("build-rootfs.sh").is_file() {
+                return Ok(guest);
+            }
+        }
+    }
+    bail!("cannot find guest/build-rootfs.sh near the spore binary or the working directory (set SPORE_GUEST_DIR to the repository's guest/ directory)")
+}
+
+/// Runs `build-rootfs.sh`; its progress goes to our stderr, its last stdout
+/// line is the image.
+fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<PathBuf> {
+    let script = guest_dir()?.join("build-rootfs.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script).arg(runtime);
+    if let Some(agent) = agent {
+        if !agent.is_file() {
+            bail!("agent binary not found: {}", agent.display());
+        }
+        cmd.arg("--agent").arg(agent);
+    }
+    let out = cmd
+        .env("SPORE_CACHE", cache)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {runtime} failed ({}); its error is above",
+            script.display(),
+            out.status
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    let path = PathBuf::from(last.trim());
+    if !path.is_file() {
+        bail!("{} printed no image path (got '{last}')", script.display());
+    }
+    Ok(path)
+}
+
+/// A cached image and its manifest.
+struct Cached {
+    runtime: String,
+    image: PathBuf,
+    manifest: Value,
+}
+
+/// Every complete image in the cache (`rootfs-<runtime>-<sha256>/` with
+/// `rootfs.ext4` and a readable `manifest.json`), oldest first.
+fn cached_images(cache: &Path) -> anyhow::Result<Vec<Cached>> {
+    let entries = match std::fs::read_dir(cache) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("{}", cache.display())),
+    };
+    let mut images = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("{}", cache.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("rootfs-") else {
+            continue;
+        };
+        // `<runtime>-<64 hex digits>`: the runtime is what precedes the hash.
+        let Some((runtime, key)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let dir = entry.path();
+        let image = dir.join("rootfs.ext4");
+        let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
+            continue;
+        };
+        let Ok(manifest) = serde_json::from_str::<Value>(&text) else {
+            continue;
+        };
+        if !image.is_file() {
+            continue;
+        }
+        images.push(Cached {
+            runtime: runtime.to_string(),
+            image,
+            manifest,
+        });
+    }
+    // RFC 3339 UTC times sort as strings; the path breaks ties.
+    images.sort_by(|a, b| {
+        let t = |c: &Cached| c.manifest["built_at"].as_str().unwrap_or("").to_string();
+        t(a).cmp(&t(b)).then_with(|| a.image.cmp(&b.image))
+    });
+    Ok(images)
+}
+
+fn newest(cache: &Path, runtime: &str) -> anyhow::Result<PathBuf> {
+    cached_images(cache)?
+        .into_iter()
+        .rev()
+        .find(|i| i.runtime == runtime)
+        .map(|i| i.image)
+        .with_context(|| {
+            format!(
+                "no {runtime} image in {}; run spore image build {runtime}",
+                cache.display()
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtimes_match_the_recipes() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/runtimes");
+        let mut found: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("recipe").is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        found.sort();
+        assert_eq!(found, RUNTIMES);
+    }
+
+    fn fake_image(cache: &Path, runtime: &str, key_digit: char, built_at: &str) -> PathBuf {
+        let dir = cache.join(format!(
+            "rootfs-{runtime}-{}",
+            key_digit.to_string().repeat(64)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rootfs.ext4"), b"").unwrap();
+        std::fs::write(
+            dir.join("manifest.json"),
+            format!(r#"{{"runtime":"{runtime}","built_at":"{built_at}","packages":[]}}"#),
+        )
+        .unwrap();
+        dir.join("rootfs.ext4")
+    }
+
+    #[test]
+    fn path_finds_the_newest_complete_image() {
+        let cache = std::env::temp_dir().join(format!("spore-image-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&cache);
+        let err = newest(&cache, "python3").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "no python3 image in {}; run spore image build python3",
+                cache.display()
+            )
+        );
+        fake_image(&cache, "python3", 'a', "2026-01-01T00:00:00Z");
+        let new = fake_image(&cache, "python3", 'b', "2026-02-01T00:00:00Z");
+        let prov = fake_image(&cache, "provided", 'c', "2026-03-01T00:00:00Z");
+        // Half-built (no manifest) and foreign entries are ignored.
+        std::fs::create_dir_all(cache.join(format!("rootfs-python3-{}", "d".repeat(64)))).unwrap();
+        std::fs::create_dir_all(cache.join(".rootfs-build.x")).unwrap();
+        assert_eq!(newest(&cache, "python3").unwrap(), new);
+        assert_eq!(newest(&cache, "provided").unwrap(), prov);
+        assert_eq!(cached_images(&cache).unwrap().len(), 3);
+        std::fs::remove_dir_all(&cache).unwrap();
+    }
+
+    #[test]
+    fn unknown_runtimes_are_named() {
+        let err = check_runtime("nodejs").unwrap_err().to_string();
+        assert_eq!(err, "unknown runtime 'nodejs' (known: provided, python3)");
+    }
+}
