@@ -20,9 +20,6 @@ use serde_json::Value;
 /// lists equal).
 pub const RUNTIMES: &[&str] = &["provided", "python3"];
 
-/// Where built images are cached unless `--cache` or `SPORE_CACHE` says.
-const DEFAULT_CACHE: &str = "/var/cache/spore";
-
 #[derive(Subcommand)]
 pub enum ImageCommand {
     /// Build (or find cached) the runtime image of RUNTIME; prints its path.
@@ -149,15 +146,6 @@ fn check_runtime(runtime: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| {
-        std::env::var_os("SPORE_CACHE")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    })
-    .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
-}
-
 /// The repository's `guest/` directory: `SPORE_GUEST_DIR`, else the first
 /// ancestor of the binary (`target/release/spore`,
 /// `target/<triple>/release/spore`) or of the working directory that holds
@@ -222,72 +210,16 @@ fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<Pa
     Ok(path)
 }
 
-/// A cached image and its manifest.
-struct Cached {
-    runtime: String,
-    image: PathBuf,
-    manifest: Value,
+fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
+    spore_serve::images::cache_dir(flag)
 }
 
-/// Every complete image in the cache (`rootfs-<runtime>-<sha256>/` with
-/// `rootfs.ext4` and a readable `manifest.json`), oldest first.
-fn cached_images(cache: &Path) -> anyhow::Result<Vec<Cached>> {
-    let entries = match std::fs::read_dir(cache) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("{}", cache.display())),
-    };
-    let mut images = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("{}", cache.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("rootfs-") else {
-            continue;
-        };
-        // `<runtime>-<64 hex digits>`: the runtime is what precedes the hash.
-        let Some((runtime, key)) = rest.rsplit_once('-') else {
-            continue;
-        };
-        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            continue;
-        }
-        let dir = entry.path();
-        let image = dir.join("rootfs.ext4");
-        let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
-            continue;
-        };
-        let Ok(manifest) = serde_json::from_str::<Value>(&text) else {
-            continue;
-        };
-        if !image.is_file() {
-            continue;
-        }
-        images.push(Cached {
-            runtime: runtime.to_string(),
-            image,
-            manifest,
-        });
-    }
-    // RFC 3339 UTC times sort as strings; the path breaks ties.
-    images.sort_by(|a, b| {
-        let t = |c: &Cached| c.manifest["built_at"].as_str().unwrap_or("").to_string();
-        t(a).cmp(&t(b)).then_with(|| a.image.cmp(&b.image))
-    });
-    Ok(images)
+fn cached_images(cache: &Path) -> anyhow::Result<Vec<spore_serve::images::Cached>> {
+    spore_serve::images::cached_images(cache).with_context(|| format!("{}", cache.display()))
 }
 
 fn newest(cache: &Path, runtime: &str) -> anyhow::Result<PathBuf> {
-    cached_images(cache)?
-        .into_iter()
-        .rev()
-        .find(|i| i.runtime == runtime)
-        .map(|i| i.image)
-        .with_context(|| {
-            format!(
-                "no {runtime} image in {}; run spore image build {runtime}",
-                cache.display()
-            )
-        })
+    Ok(spore_serve::images::newest(cache, runtime)?)
 }
 
 #[cfg(test)]
@@ -330,7 +262,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "no python3 image in {}; run spore image build python3",
+                "runtime image python3 is not built; run spore image build python3 (cache {})",
                 cache.display()
             )
         );
