@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// cached (default: $SPORE_CACHE, else /var/cache/spore).
     #[arg(long, value_name = "DIR")]
     image_cache: Option<PathBuf>,
+    /// How long an instance may take from its start to Ready (s): a Linux
+    /// guest's boot and its function's init included (nested or loaded
+    /// hosts need more).
+    #[arg(long, default_value_t = 30)]
+    ready_timeout_s: u64,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -103,6 +108,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             net_pool: spore_serve::network::NetPool::parse(&a.net_pool)?,
             linux_kernel,
             image_cache,
+            ready_limit: Duration::from_secs(a.ready_timeout_s.max(1)),
         },
     })?;
     Ok(0)

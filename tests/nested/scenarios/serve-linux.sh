@@ -15,7 +15,7 @@ cd "$tmp" || exit 1
 ep=127.0.0.1:9000
 F() { "$SPORE" fn --endpoint "$ep" "$@"; }
 
-"$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache \
+"$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache --ready-timeout-s 240 \
     --linux-kernel "$GUEST_KERNEL" --keep-alive-ms 600000 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve=$!
 i=0

@@ -33,9 +33,6 @@ use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
-/// How long a guest may take from `InstanceStart` (or a clone's start) to
-/// `Ready`.
-const READY_LIMIT: Duration = Duration::from_secs(30);
 /// Clone processes each zygote's VMM keeps started ahead.
 const STANDBY_CLONES: u32 = 2;
 
@@ -66,6 +63,9 @@ pub struct ManagerConfig {
     pub linux_kernel: Option<PathBuf>,
     /// Where the runtime images of Linux functions are cached.
     pub image_cache: PathBuf,
+    /// How long a guest may take from `InstanceStart` (or a clone's start,
+    /// or a restore) to `Ready`, a Linux function's init included.
+    pub ready_limit: Duration,
 }
 
 /// Why an invocation got no instance.

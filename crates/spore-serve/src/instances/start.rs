@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{AcquireError, Instance, Manager, Pool, Zygote, READY_LIMIT, STANDBY_CLONES};
+use super::{AcquireError, Instance, Manager, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
 use crate::code;
 use crate::invoke::{InstanceConn, InvokeError};
@@ -34,14 +34,19 @@ fn start_err(e: anyhow::Error) -> AcquireError {
     AcquireError::Start(format!("{e:#}"))
 }
 
-/// Connects to an instance of `f` and waits for `Ready`, configuring a
-/// Linux guest that is still in `Standby` (a fresh boot).
-async fn connect(f: &Function, uds: &std::path::Path) -> Result<InstanceConn, InvokeError> {
-    let config = runtime::find(&f.runtime).and_then(|rt| rt.configure_message(f));
-    InstanceConn::connect(uds, READY_LIMIT, config.as_deref()).await
-}
-
 impl Manager {
+    /// Connects to an instance of `f` and waits for `Ready` (at most
+    /// `ready_limit`), configuring a Linux guest that is still in `Standby`
+    /// (a fresh boot).
+    async fn connect(
+        &self,
+        f: &Function,
+        uds: &std::path::Path,
+    ) -> Result<InstanceConn, InvokeError> {
+        let config = runtime::find(&f.runtime).and_then(|rt| rt.configure_message(f));
+        InstanceConn::connect(uds, self.cfg.ready_limit, config.as_deref()).await
+    }
+
     pub(super) async fn acquire(
         self: &Arc<Self>,
         pool: &Arc<Pool>,
@@ -237,7 +242,8 @@ impl Manager {
             .api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
             .await;
         let conn = match resumed {
-            Ok(_) => connect(f, &vmm.vsock_uds)
+            Ok(_) => self
+                .connect(f, &vmm.vsock_uds)
                 .await
                 .map_err(anyhow::Error::from),
             Err(e) => Err(e),
@@ -292,7 +298,8 @@ impl Manager {
             }
             Err(e) => {
                 tracing::warn!(function = %f.name, "no zygote ({e:#}); serving from the VM itself");
-                let conn = connect(f, &z.vmm.vsock_uds)
+                let conn = self
+                    .connect(f, &z.vmm.vsock_uds)
                     .await
                     .map_err(|e| start_err(e.into()))?;
                 Ok(instance(z.vmm, conn))
@@ -342,7 +349,7 @@ impl Manager {
                 Some(r#"{"action_type":"InstanceStart"}"#.into()),
             )
             .await?;
-            anyhow::Ok(connect(f, &vmm.vsock_uds).await?)
+            anyhow::Ok(self.connect(f, &vmm.vsock_uds).await?)
         }
         .await;
         self.started_or_ended(vmm, setup).await
@@ -360,7 +367,7 @@ impl Manager {
         self.record(&vmm);
         let setup = async {
             self.snapshots.restore(snap, &mut vmm).await?;
-            anyhow::Ok(connect(f, &vmm.vsock_uds).await?)
+            anyhow::Ok(self.connect(f, &vmm.vsock_uds).await?)
         }
         .await;
         let started = self.started_or_ended(vmm, setup).await;
@@ -474,7 +481,7 @@ impl Manager {
         let mut vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
-        match connect(f, &vmm.vsock_uds).await {
+        match self.connect(f, &vmm.vsock_uds).await {
             Ok(conn) => {
                 tracing::debug!(
                     function = %f.name,
