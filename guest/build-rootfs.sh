@@ -51,10 +51,6 @@ fi
 bootstrap="$here/runtimes/$runtime/bootstrap.py"
 [[ -f $bootstrap ]] || bootstrap=""
 
-[[ $(id -u) -eq 0 ]] || die "building a runtime image needs root (mmdebstrap --mode=root, chroot for the check)"
-# python3: mmdebstrap depends on it, and it does the dependency closure below.
-ensure_packages mmdebstrap e2fsprogs python3
-
 # recipe_values KEY — the words of every `KEY:` line of the recipe.
 recipe_values() {
     sed -e 's/#.*//' "$recipe" | sed -n "s/^[[:space:]]*$1:[[:space:]]*//p" | tr -s ' \t' '\n\n' | sed '/^$/d'
@@ -131,6 +127,10 @@ if [[ -f $dest/rootfs.ext4 ]]; then
     echo "$dest/rootfs.ext4"
     exit 0
 fi
+# Only building needs root (a cached image is found without).
+[[ $(id -u) -eq 0 ]] || die "building a runtime image needs root (mmdebstrap --mode=root, chroot for the check)"
+# python3: mmdebstrap depends on it, and it does the dependency closure below.
+ensure_packages mmdebstrap e2fsprogs python3
 with_cache_lock "$dest"
 if [[ -f $dest/rootfs.ext4 ]]; then # built by a concurrent run while we waited
     echo "$dest/rootfs.ext4"

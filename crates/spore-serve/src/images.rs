@@ -2,80 +2,20 @@
 //! runtime images (`rootfs-<runtime>-<sha256>/rootfs.ext4` with its
 //! `manifest.json`, made by `guest/build-rootfs.sh` through `spore image
 //! build`) and guest kernels (`kernel-<sha256>/vmlinux`, made by
-//! `guest/build-kernel.sh`). `spore image` and `spore serve` both find images
-//! here, so the daemon boots exactly what `spore image path` prints.
+//! `guest/build-kernel.sh`). Images are found by [`crate::runtime_image`],
+//! as `spore image path` finds them, so the daemon boots what it prints;
+//! this module adds the daemon's error for a missing image and the kernel.
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
-/// Where built images are cached unless `--cache` or `SPORE_CACHE` says.
-pub const DEFAULT_CACHE: &str = "/var/cache/spore";
-
-/// `flag`, else `$SPORE_CACHE`, else [`DEFAULT_CACHE`].
+/// `flag`, else `$SPORE_CACHE`, else the default cache (`spore image`'s).
 pub fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
     flag.or_else(|| {
         std::env::var_os("SPORE_CACHE")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     })
-    .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
-}
-
-/// A cached runtime image and its manifest.
-pub struct Cached {
-    pub runtime: String,
-    pub image: PathBuf,
-    pub manifest: Value,
-}
-
-/// Every complete image in the cache (`rootfs-<runtime>-<sha256>/` with
-/// `rootfs.ext4` and a readable `manifest.json`), oldest first. A missing
-/// cache holds none.
-pub fn cached_images(cache: &Path) -> std::io::Result<Vec<Cached>> {
-    let entries = match std::fs::read_dir(cache) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut images = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("rootfs-") else {
-            continue;
-        };
-        // `<runtime>-<64 hex digits>`: the runtime is what precedes the hash.
-        let Some((runtime, key)) = rest.rsplit_once('-') else {
-            continue;
-        };
-        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            continue;
-        }
-        let dir = entry.path();
-        let image = dir.join("rootfs.ext4");
-        // The manifest is written last: without it the build did not finish.
-        let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
-            continue;
-        };
-        let Ok(manifest) = serde_json::from_str::<Value>(&text) else {
-            continue;
-        };
-        if !image.is_file() {
-            continue;
-        }
-        images.push(Cached {
-            runtime: runtime.to_string(),
-            image,
-            manifest,
-        });
-    }
-    // RFC 3339 UTC times sort as strings; the path breaks ties.
-    images.sort_by(|a, b| {
-        let t = |c: &Cached| c.manifest["built_at"].as_str().unwrap_or("").to_string();
-        t(a).cmp(&t(b)).then_with(|| a.image.cmp(&b.image))
-    });
-    Ok(images)
+    .unwrap_or_else(|| PathBuf::from(crate::runtime_image::DEFAULT_CACHE))
 }
 
 /// No image of a runtime in the cache.
@@ -92,7 +32,7 @@ pub fn newest(cache: &Path, runtime: &str) -> Result<PathBuf, NotBuilt> {
         runtime: runtime.to_string(),
         cache: cache.to_path_buf(),
     };
-    cached_images(cache)
+    crate::runtime_image::cached_images(cache)
         .map_err(|_| not_built())?
         .into_iter()
         .rev()

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod network;
 pub mod recovery;
 pub mod runtime;
+pub mod runtime_image;
 pub mod snapshots;
 pub mod vmm;
 

@@ -16,9 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::Subcommand;
 use serde_json::Value;
 
-/// The runtimes with a recipe under `guest/runtimes/` (a test keeps the two
-/// lists equal).
-pub const RUNTIMES: &[&str] = &["provided", "python3"];
+use spore_serve::runtime_image::{cached_images, newest, DEFAULT_CACHE, RUNTIMES};
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
@@ -146,6 +144,15 @@ fn check_runtime(runtime: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| {
+        std::env::var_os("SPORE_CACHE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
+}
+
 /// The repository's `guest/` directory: `SPORE_GUEST_DIR`, else the first
 /// ancestor of the binary (`target/release/spore`,
 /// `target/<triple>/release/spore`) or of the working directory that holds
@@ -177,8 +184,10 @@ fn guest_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs `build-rootfs.sh`; its progress goes to our stderr, its last stdout
-/// line is the image.
+/// line is the image. The script's own `error:` line is held back and becomes
+/// spore's one error line.
 fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<PathBuf> {
+    use std::io::BufRead;
     let script = guest_dir()?.join("build-rootfs.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg(runtime);
@@ -188,20 +197,38 @@ fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<Pa
         }
         cmd.arg("--agent").arg(agent);
     }
-    let out = cmd
+    let mut child = cmd
         .env("SPORE_CACHE", cache)
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} {runtime} failed ({}); its error is above",
-            script.display(),
-            out.status
-        );
+    let stderr = child.stderr.take().context("the script's stderr")?;
+    let relay = std::thread::spawn(move || {
+        let mut error = None;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            match line.split_once("] error: ") {
+                Some((_, e)) if line.starts_with('[') => error = Some(e.to_string()),
+                _ => eprintln!("{line}"),
+            }
+        }
+        error
+    });
+    let mut stdout = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut out, &mut stdout)
+            .with_context(|| format!("reading {}'s output", script.display()))?;
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let status = child.wait()?;
+    let error = relay.join().ok().flatten();
+    if !status.success() {
+        match error {
+            Some(e) => bail!("{e}"),
+            None => bail!("{} {runtime} failed ({status})", script.display()),
+        }
+    }
     let last = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
     let path = PathBuf::from(last.trim());
     if !path.is_file() {
@@ -210,73 +237,9 @@ fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<Pa
     Ok(path)
 }
 
-fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
-    spore_serve::images::cache_dir(flag)
-}
-
-fn cached_images(cache: &Path) -> anyhow::Result<Vec<spore_serve::images::Cached>> {
-    spore_serve::images::cached_images(cache).with_context(|| format!("{}", cache.display()))
-}
-
-fn newest(cache: &Path, runtime: &str) -> anyhow::Result<PathBuf> {
-    Ok(spore_serve::images::newest(cache, runtime)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runtimes_match_the_recipes() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/runtimes");
-        let mut found: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("recipe").is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        found.sort();
-        assert_eq!(found, RUNTIMES);
-    }
-
-    fn fake_image(cache: &Path, runtime: &str, key_digit: char, built_at: &str) -> PathBuf {
-        let dir = cache.join(format!(
-            "rootfs-{runtime}-{}",
-            key_digit.to_string().repeat(64)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("rootfs.ext4"), b"").unwrap();
-        std::fs::write(
-            dir.join("manifest.json"),
-            format!(r#"{{"runtime":"{runtime}","built_at":"{built_at}","packages":[]}}"#),
-        )
-        .unwrap();
-        dir.join("rootfs.ext4")
-    }
-
-    #[test]
-    fn path_finds_the_newest_complete_image() {
-        let cache = std::env::temp_dir().join(format!("spore-image-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&cache);
-        let err = newest(&cache, "python3").unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "runtime image python3 is not built; run spore image build python3 (cache {})",
-                cache.display()
-            )
-        );
-        fake_image(&cache, "python3", 'a', "2026-01-01T00:00:00Z");
-        let new = fake_image(&cache, "python3", 'b', "2026-02-01T00:00:00Z");
-        let prov = fake_image(&cache, "provided", 'c', "2026-03-01T00:00:00Z");
-        // Half-built (no manifest) and foreign entries are ignored.
-        std::fs::create_dir_all(cache.join(format!("rootfs-python3-{}", "d".repeat(64)))).unwrap();
-        std::fs::create_dir_all(cache.join(".rootfs-build.x")).unwrap();
-        assert_eq!(newest(&cache, "python3").unwrap(), new);
-        assert_eq!(newest(&cache, "provided").unwrap(), prov);
-        assert_eq!(cached_images(&cache).unwrap().len(), 3);
-        std::fs::remove_dir_all(&cache).unwrap();
-    }
 
     #[test]
     fn unknown_runtimes_are_named() {

@@ -1,0 +1,142 @@
+//! Runtime images of Linux functions in the build cache: read-only ext4
+//! root file systems that `guest/build-rootfs.sh` (`spore image build`)
+//! leaves in `<cache>/rootfs-<runtime>-<sha256>/` as `rootfs.ext4` beside
+//! `manifest.json`. Found here so that the daemon's deploy path and the CLI
+//! agree on what "the newest image of a runtime" is.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+/// The runtimes with a recipe under `guest/runtimes/` (a test keeps the two
+/// lists equal).
+pub const RUNTIMES: &[&str] = &["provided", "python3"];
+
+/// Where images are cached unless a flag or `SPORE_CACHE` says otherwise.
+pub const DEFAULT_CACHE: &str = "/var/cache/spore";
+
+/// A cached image and its manifest.
+pub struct CachedImage {
+    pub runtime: String,
+    pub image: PathBuf,
+    pub manifest: Value,
+}
+
+/// Every complete image in the cache (`rootfs-<runtime>-<sha256>/` with
+/// `rootfs.ext4` and a readable `manifest.json`), oldest first.
+pub fn cached_images(cache: &Path) -> anyhow::Result<Vec<CachedImage>> {
+    let entries = match std::fs::read_dir(cache) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("{}", cache.display())),
+    };
+    let mut images = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("{}", cache.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("rootfs-") else {
+            continue;
+        };
+        // `<runtime>-<64 hex digits>`: the runtime is what precedes the hash.
+        let Some((runtime, key)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let dir = entry.path();
+        let image = dir.join("rootfs.ext4");
+        let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
+            continue;
+        };
+        let Ok(manifest) = serde_json::from_str::<Value>(&text) else {
+            continue;
+        };
+        if !image.is_file() {
+            continue;
+        }
+        images.push(CachedImage {
+            runtime: runtime.to_string(),
+            image,
+            manifest,
+        });
+    }
+    // RFC 3339 UTC times sort as strings; the path breaks ties.
+    images.sort_by(|a, b| {
+        let t = |c: &CachedImage| c.manifest["built_at"].as_str().unwrap_or("").to_string();
+        t(a).cmp(&t(b)).then_with(|| a.image.cmp(&b.image))
+    });
+    Ok(images)
+}
+
+pub fn newest(cache: &Path, runtime: &str) -> anyhow::Result<PathBuf> {
+    cached_images(cache)?
+        .into_iter()
+        .rev()
+        .find(|i| i.runtime == runtime)
+        .map(|i| i.image)
+        .with_context(|| {
+            format!(
+                "no {runtime} image in {}; run spore image build {runtime}",
+                cache.display()
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtimes_match_the_recipes() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/runtimes");
+        let mut found: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("recipe").is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        found.sort();
+        assert_eq!(found, RUNTIMES);
+    }
+
+    fn fake_image(cache: &Path, runtime: &str, key_digit: char, built_at: &str) -> PathBuf {
+        let dir = cache.join(format!(
+            "rootfs-{runtime}-{}",
+            key_digit.to_string().repeat(64)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rootfs.ext4"), b"").unwrap();
+        std::fs::write(
+            dir.join("manifest.json"),
+            format!(r#"{{"runtime":"{runtime}","built_at":"{built_at}","packages":[]}}"#),
+        )
+        .unwrap();
+        dir.join("rootfs.ext4")
+    }
+
+    #[test]
+    fn path_finds_the_newest_complete_image() {
+        let cache = std::env::temp_dir().join(format!("spore-image-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&cache);
+        let err = newest(&cache, "python3").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "no python3 image in {}; run spore image build python3",
+                cache.display()
+            )
+        );
+        fake_image(&cache, "python3", 'a', "2026-01-01T00:00:00Z");
+        let new = fake_image(&cache, "python3", 'b', "2026-02-01T00:00:00Z");
+        let prov = fake_image(&cache, "provided", 'c', "2026-03-01T00:00:00Z");
+        // Half-built (no manifest) and foreign entries are ignored.
+        std::fs::create_dir_all(cache.join(format!("rootfs-python3-{}", "d".repeat(64)))).unwrap();
+        std::fs::create_dir_all(cache.join(".rootfs-build.x")).unwrap();
+        assert_eq!(newest(&cache, "python3").unwrap(), new);
+        assert_eq!(newest(&cache, "provided").unwrap(), prov);
+        assert_eq!(cached_images(&cache).unwrap().len(), 3);
+        std::fs::remove_dir_all(&cache).unwrap();
+    }
+}
