@@ -15,7 +15,10 @@
 # net (virtio-net on a tap in L1: address and ping, 64 MiB each way with sha256,
 # 10 MiB/s rate limiters, a new TCP connection after a snapshot restore, clones in
 # their own network namespaces, a clone's new MAC and address applied by the guest).
-# Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
+# Opt-in (only with --only NAME, not in `make test`): serve-linux (`spore serve`
+# runs python3 and provided functions: the runtime images of `spore image build`
+# and the guest kernel; deploy, three invocations each, an init error),
+# snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
 # 128 MiB-1 GiB) and bench (the Linux boot
@@ -33,7 +36,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -127,6 +130,48 @@ if [[ $only == bench-reclaim ]]; then
     run_one bench-reclaim --memory 4096 --timeout 3600 --stall-timeout 3600 --scenario "$here/scenarios/bench-reclaim.sh" \
         --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
         --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
+fi
+if [[ $only == serve-linux ]]; then
+    # The runtime images come from the host's cache (build them first:
+    # `spore image build python3|provided --agent <static spore-agent>`), laid
+    # out as a cache of their own in L1. The daemon builds code disks at
+    # deploy time with mkfs.ext4, which L1 (busybox) lacks: the host's
+    # mke2fs goes in with its libraries.
+    sl_files=()
+    for rt in python3 provided; do
+        img="$("$spore" image path "$rt")" || die "no $rt runtime image: run spore image build $rt --agent target/x86_64-unknown-linux-musl/release/spore-agent"
+        d="$(dirname "$img")"
+        sl_files+=(--file "$img:/cache/$(basename "$d")/rootfs.ext4"
+            --file "$d/manifest.json:/cache/$(basename "$d")/manifest.json")
+        log "serve-linux: $rt image $(du -m "$img" | cut -f1) MiB ($img)"
+    done
+    mke2fs_bin="$(command -v mke2fs || echo /usr/sbin/mke2fs)"
+    sl_files+=(--file "$mke2fs_bin:/sbin/mkfs.ext4" --file /etc/mke2fs.conf:/etc/mke2fs.conf)
+    while read -r lib; do
+        sl_files+=(--file "$lib:$lib")
+    done < <(ldd "$mke2fs_bin" | grep -o '/[^ ]*' | sort -u)
+    fns="$repo/tests/nested/fns"
+    python3 - "$fns" "$work" <<'PY'
+import sys, zipfile
+src, out = sys.argv[1], sys.argv[2]
+def make(name, files):
+    with zipfile.ZipFile(f"{out}/{name}.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, path, mode in files:
+            info = zipfile.ZipInfo(arc, date_time=(2024, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(path, "rb") as f:
+                z.writestr(info, f.read())
+make("hello", [("hello.py", f"{src}/hello.py", 0o644)])
+make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
+make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
+PY
+    # L1 holds both images, the instances (256 MiB each: zygotes, clones)
+    # and their snapshots.
+    run_one serve-linux --memory 4096 --scenario "$here/scenarios/serve-linux.sh" \
+        "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
+        --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" \
+        --out-dir "$work/out-serve-linux"
 fi
 if [[ $only == bench ]]; then
     run_one bench --stall-timeout 900 --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"

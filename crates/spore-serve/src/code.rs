@@ -1,10 +1,14 @@
 //! Function code: the zip a user uploads, checked and stored by content hash.
 //!
-//! The zip is untrusted input. It is read with the `zip` crate, only the
-//! entry the handler names is extracted, and its size is bounded before it is
-//! read; for the `spore-uk` runtime that entry must be an x86_64 ELF with the
-//! spore unikernel note. Stored code lives in `<state>/code/<sha256>/`,
-//! written through a temporary directory and renamed into place.
+//! The zip is untrusted input. It is read with the `zip` crate. For the
+//! `spore-uk` runtime only the entry the handler names is extracted, its size
+//! bounded before it is read, and it must be an x86_64 ELF with the spore
+//! unikernel note. For the Linux runtimes the zip must hold what the handler
+//! needs (`python3`: the handler's module; `provided`: a `bootstrap`), and
+//! the whole zip becomes the function's code disk ([`crate::code_disk`]).
+//! Stored code lives in `<state>/code/<sha256>/`: the zip through a
+//! temporary directory renamed into place, each handler's unikernel image
+//! and the code disk (`code.ext4`) each written atomically, all mode 0600.
 
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
@@ -28,6 +32,12 @@ pub enum CodeError {
     NoHandler(String),
     #[error("The handler '{handler}' is not a spore unikernel: {why}")]
     NotUnikernel { handler: String, why: &'static str },
+    /// A Linux runtime's handler that the zip cannot serve.
+    #[error("{0}")]
+    BadHandler(String),
+    /// The zip cannot be made a code disk (unsafe names, too big).
+    #[error("The zip cannot be unpacked: {0}")]
+    Unpack(String),
     #[error("storing the code: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -45,18 +55,54 @@ pub struct CheckedCode {
     /// Base64 of the SHA-256, Lambda's `CodeSha256`.
     pub sha256_b64: String,
     pub size: u64,
-    /// The handler's file.
-    pub image: Vec<u8>,
+    /// `spore-uk`: the handler's file (the unikernel); `None` for Linux
+    /// runtimes, whose code disk is made from the whole zip.
+    pub image: Option<Vec<u8>>,
 }
 
-/// Checks `zip` for `runtime` and `handler`: a readable zip holding the
-/// handler's file, which for `spore-uk` is a spore unikernel.
-pub fn check(zip: &[u8], handler: &str) -> Result<CheckedCode, CodeError> {
+impl CheckedCode {
+    fn of(zip: &[u8], image: Option<Vec<u8>>) -> Self {
+        let digest = Sha256::digest(zip);
+        use base64::Engine;
+        CheckedCode {
+            sha256_hex: digest.iter().map(|b| format!("{b:02x}")).collect(),
+            sha256_b64: base64::engine::general_purpose::STANDARD.encode(digest),
+            size: zip.len() as u64,
+            image,
+        }
+    }
+}
+
+/// Whether `runtime` runs from a code disk (a Linux runtime).
+fn is_linux(runtime: &str) -> bool {
+    crate::runtime::find(runtime).is_some_and(|r| r.linux())
+}
+
+/// Checks `zip` for `runtime` and `handler`: a readable zip holding what
+/// the handler names (see the module's documentation).
+pub fn check(zip: &[u8], runtime: &str, handler: &str) -> Result<CheckedCode, CodeError> {
     if zip.len() > MAX_ZIP_BYTES {
         return Err(CodeError::TooLarge);
     }
     let mut archive =
         zip::ZipArchive::new(Cursor::new(zip)).map_err(|e| CodeError::NotAZip(e.to_string()))?;
+    match runtime {
+        "python3" => {
+            check_python_handler(&archive, handler)?;
+            return Ok(CheckedCode::of(zip, None));
+        }
+        // Lambda runs `bootstrap` whatever the handler says; its executable
+        // bit is checked when the function initialises (an init error).
+        "provided" => {
+            if !has_file(&archive, "bootstrap") {
+                return Err(CodeError::BadHandler(
+                    "The provided runtime needs an executable file named 'bootstrap' at the root of the zip".into(),
+                ));
+            }
+            return Ok(CheckedCode::of(zip, None));
+        }
+        _ => {}
+    }
     let mut entry = match archive.by_name(handler) {
         Ok(e) if e.is_file() => e,
         _ => return Err(CodeError::NoHandler(handler.into())),
@@ -76,14 +122,50 @@ pub fn check(zip: &[u8], handler: &str) -> Result<CheckedCode, CodeError> {
         handler: handler.into(),
         why,
     })?;
-    let digest = Sha256::digest(zip);
-    use base64::Engine;
-    Ok(CheckedCode {
-        sha256_hex: digest.iter().map(|b| format!("{b:02x}")).collect(),
-        sha256_b64: base64::engine::general_purpose::STANDARD.encode(digest),
-        size: zip.len() as u64,
-        image,
-    })
+    drop(entry);
+    Ok(CheckedCode::of(zip, Some(image)))
+}
+
+/// Whether the zip has an entry `name` (a directory's entry ends with `/`,
+/// so it never matches a file name).
+fn has_file(archive: &zip::ZipArchive<Cursor<&[u8]>>, name: &str) -> bool {
+    archive.index_for_name(name).is_some()
+}
+
+/// A Python handler `module.function` (the module may be `dir/module` or
+/// `package.module`, as Lambda's bootstrap imports it) whose module is
+/// `module.py` or a package `module/__init__.py` in the zip.
+fn check_python_handler(
+    archive: &zip::ZipArchive<Cursor<&[u8]>>,
+    handler: &str,
+) -> Result<(), CodeError> {
+    let bad = |why: String| CodeError::BadHandler(why);
+    let Some((module, function)) = handler.rsplit_once('.') else {
+        return Err(bad(format!(
+            "The handler '{handler}' must be module.function (e.g. lambda_function.lambda_handler)"
+        )));
+    };
+    let parts: Vec<&str> = module.split(['.', '/']).collect();
+    let identifier = |s: &str| {
+        let mut c = s.chars();
+        c.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+            && c.all(|c| c.is_alphanumeric() || c == '_')
+    };
+    if !identifier(function) || !parts.iter().all(|p| identifier(p)) {
+        return Err(bad(format!(
+            "The handler '{handler}' must be module.function, each a Python identifier"
+        )));
+    }
+    let path = parts.join("/");
+    let file = format!("{path}.py");
+    let package = format!("{path}/__init__.py");
+    if has_file(archive, &file) || has_file(archive, &package) {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "The handler '{handler}' names the module '{}', but the zip holds neither {file} nor {package}",
+        parts.join(".")
+    )))
 }
 
 /// An x86_64 ELF64 with a `PT_NOTE` segment holding the spore note.
@@ -176,8 +258,14 @@ pub fn image_path(state: &Path, sha256_hex: &str, handler: &str) -> PathBuf {
     dir(state, sha256_hex).join(format!("image-{tag}"))
 }
 
-/// Stores checked code (the zip, and the handler's image; files 0600) unless
-/// already stored, through a temporary directory renamed into place.
+/// The code disk of stored code (Linux runtimes).
+pub fn disk_path(state: &Path, sha256_hex: &str) -> PathBuf {
+    dir(state, sha256_hex).join("code.ext4")
+}
+
+/// Stores checked code (the zip, and the handler's image or the code disk;
+/// files 0600) unless already stored, through a temporary directory renamed
+/// into place.
 pub fn store(state: &Path, zip: &[u8], code: &CheckedCode, handler: &str) -> Result<(), CodeError> {
     let final_dir = dir(state, &code.sha256_hex);
     if !final_dir.join("code.zip").exists() {
@@ -197,7 +285,24 @@ pub fn store(state: &Path, zip: &[u8], code: &CheckedCode, handler: &str) -> Res
             }
         }
     }
-    store_image(state, &code.sha256_hex, handler, &code.image)
+    match &code.image {
+        Some(image) => store_image(state, &code.sha256_hex, handler, image),
+        None => store_disk(state, &code.sha256_hex, zip),
+    }
+}
+
+/// Builds the code disk of stored code (atomically, 0600), if missing.
+fn store_disk(state: &Path, sha256_hex: &str, zip: &[u8]) -> Result<(), CodeError> {
+    let path = disk_path(state, sha256_hex);
+    if path.exists() {
+        return Ok(());
+    }
+    crate::code_disk::build(zip, &path).map_err(|e| match e {
+        crate::code_disk::CodeDiskError::Io(e) => CodeError::Io(e),
+        e if e.is_user_error() => CodeError::Unpack(e.to_string()),
+        e => CodeError::Io(std::io::Error::other(e.to_string())),
+    })?;
+    Ok(())
 }
 
 /// Writes a handler's image into stored code (atomically), if missing.
@@ -218,12 +323,21 @@ pub fn store_image(
     Ok(())
 }
 
-/// Checks stored code again for another handler (a configuration update)
-/// and stores that handler's image.
-pub fn rehandle(state: &Path, sha256_hex: &str, handler: &str) -> Result<(), CodeError> {
+/// Checks stored code again for another runtime or handler (a
+/// configuration update) and stores that handler's image or the code disk.
+pub fn rehandle(
+    state: &Path,
+    sha256_hex: &str,
+    runtime: &str,
+    handler: &str,
+) -> Result<(), CodeError> {
     let zip = std::fs::read(dir(state, sha256_hex).join("code.zip"))?;
-    let code = check(&zip, handler)?;
-    store_image(state, sha256_hex, handler, &code.image)
+    let code = check(&zip, runtime, handler)?;
+    match &code.image {
+        Some(image) => store_image(state, sha256_hex, handler, image),
+        None if is_linux(runtime) => store_disk(state, sha256_hex, &zip),
+        None => Ok(()),
+    }
 }
 
 fn sync_dir(path: &Path) -> std::io::Result<()> {
@@ -288,32 +402,71 @@ mod tests {
     #[test]
     fn accepts_a_unikernel_and_refuses_the_rest() {
         let good = elf_with_note(b"spore", spore_abi::boot::NOTE_TYPE);
-        let code = check(&zip_of(&[("fn", &good)]), "fn").unwrap();
-        assert_eq!(code.image, good);
+        let code = check(&zip_of(&[("fn", &good)]), "spore-uk", "fn").unwrap();
+        assert_eq!(code.image, Some(good.clone()));
         assert_eq!(code.sha256_hex.len(), 64);
 
         assert!(matches!(
-            check(b"not a zip", "fn"),
+            check(b"not a zip", "spore-uk", "fn"),
             Err(CodeError::NotAZip(_))
         ));
         assert!(matches!(
-            check(&zip_of(&[("other", &good)]), "fn"),
+            check(&zip_of(&[("other", &good)]), "spore-uk", "fn"),
             Err(CodeError::NoHandler(_))
         ));
         assert!(matches!(
-            check(&zip_of(&[("fn", b"#!/bin/sh\n")]), "fn"),
+            check(&zip_of(&[("fn", b"#!/bin/sh\n")]), "spore-uk", "fn"),
             Err(CodeError::NotUnikernel { .. })
         ));
         let other_note = elf_with_note(b"GNU", 3);
         assert!(matches!(
-            check(&zip_of(&[("fn", &other_note)]), "fn"),
+            check(&zip_of(&[("fn", &other_note)]), "spore-uk", "fn"),
             Err(CodeError::NotUnikernel { .. })
         ));
         let mut truncated = good.clone();
         truncated.truncate(100);
         assert!(matches!(
-            check(&zip_of(&[("fn", &truncated)]), "fn"),
+            check(&zip_of(&[("fn", &truncated)]), "spore-uk", "fn"),
             Err(CodeError::NotUnikernel { .. })
+        ));
+    }
+
+    #[test]
+    fn python_handlers_need_their_module() {
+        let zip = zip_of(&[
+            ("app.py", b"def handler(e, c): return e\n"),
+            ("pkg/__init__.py", b""),
+            ("pkg/mod.py", b""),
+            ("lib/__init__.py", b""),
+        ]);
+        for ok in ["app.handler", "pkg.mod.handler", "pkg/mod.handler", "lib.f"] {
+            let code = check(&zip, "python3", ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert!(code.image.is_none());
+        }
+        let refused = |h: &str| match check(&zip, "python3", h) {
+            Err(CodeError::BadHandler(m)) => m,
+            other => panic!("{h}: expected a refusal, got {:?}", other.map(|_| ())),
+        };
+        assert!(refused("handler").contains("must be module.function"));
+        assert!(refused("app.").contains("Python identifier"));
+        assert!(refused("../x.h").contains("Python identifier"));
+        assert_eq!(
+            refused("missing.handler"),
+            "The handler 'missing.handler' names the module 'missing', but the zip holds neither missing.py nor missing/__init__.py"
+        );
+        assert!(refused("pkg.other.h").contains("pkg/other.py"));
+    }
+
+    #[test]
+    fn provided_needs_a_bootstrap() {
+        assert!(check(&zip_of(&[("bootstrap", b"#!/bin/sh\n")]), "provided", "x").is_ok());
+        assert!(matches!(
+            check(&zip_of(&[("bin/bootstrap", b"")]), "provided", "x"),
+            Err(CodeError::BadHandler(_))
+        ));
+        assert!(matches!(
+            check(b"not a zip", "provided", "x"),
+            Err(CodeError::NotAZip(_))
         ));
     }
 }

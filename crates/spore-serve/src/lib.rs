@@ -18,6 +18,7 @@ pub mod auth;
 pub mod catalog;
 pub mod code;
 pub mod code_disk;
+pub mod images;
 pub mod instances;
 pub mod invoke;
 pub mod logs;

@@ -54,6 +54,19 @@ pub struct ServeArgs {
     /// host's end .1 (P from 14 to 30).
     #[arg(long, value_name = "A.B.C.D/P", default_value = spore_serve::network::DEFAULT_POOL)]
     net_pool: String,
+    /// The guest kernel of Linux functions (python3, provided). Default: the
+    /// newest guest/build-kernel.sh kernel in the image cache.
+    #[arg(long, value_name = "VMLINUX")]
+    linux_kernel: Option<PathBuf>,
+    /// Where the runtime images (`spore image build`) and guest kernels are
+    /// cached (default: $SPORE_CACHE, else /var/cache/spore).
+    #[arg(long, value_name = "DIR")]
+    image_cache: Option<PathBuf>,
+    /// How long an instance may take from its start to Ready (s): a Linux
+    /// guest's boot and its function's init included (nested or loaded
+    /// hosts need more).
+    #[arg(long, default_value_t = 30)]
+    ready_timeout_s: u64,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -72,6 +85,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     } else {
         std::env::current_dir()?.join(a.state_dir)
     };
+    let image_cache = spore_serve::images::cache_dir(a.image_cache);
+    let linux_kernel = match a.linux_kernel {
+        Some(k) if !k.is_file() => anyhow::bail!("--linux-kernel: no file at {}", k.display()),
+        Some(k) => Some(k),
+        None => spore_serve::images::newest_kernel(&image_cache),
+    };
     spore_serve::run(spore_serve::ServeConfig {
         listen: a.listen,
         auth_keys: a.auth,
@@ -87,6 +106,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             restore_mode: spore_serve::snapshots::RestoreMode::parse(&a.restore_mode)
                 .context("--restore-mode")?,
             net_pool: spore_serve::network::NetPool::parse(&a.net_pool)?,
+            linux_kernel,
+            image_cache,
+            ready_limit: Duration::from_secs(a.ready_timeout_s.max(1)),
         },
     })?;
     Ok(0)

@@ -186,12 +186,39 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), LambdaError> {
     Ok(())
 }
 
-/// Decodes and checks an uploaded zip for `handler`, and stores it.
+/// A Linux runtime needs its image built (checked when a function is
+/// created or changed to it, and again at every cold start), and has no
+/// networking yet.
+fn check_linux(daemon: &Daemon, runtime: &str, network: bool) -> Result<(), LambdaError> {
+    let Some(rt) = runtime::find(runtime).filter(|r| r.linux()) else {
+        return Ok(());
+    };
+    if network {
+        return Err(LambdaError::invalid(format!(
+            "SporeNetwork is not supported for the {runtime} runtime yet"
+        )));
+    }
+    crate::images::newest(&daemon.manager.image_cache(), rt.name())
+        .map_err(|e| LambdaError::invalid(e.to_string()))?;
+    Ok(())
+}
+
+fn code_err(e: code::CodeError) -> LambdaError {
+    if e.is_user_error() {
+        LambdaError::invalid(e.to_string())
+    } else {
+        LambdaError::service(e.to_string())
+    }
+}
+
+/// Decodes and checks an uploaded zip for `runtime` and `handler`, and
+/// stores it (for a Linux runtime with its code disk).
 fn accept_code(
     daemon: &Daemon,
     zip_b64: Option<&str>,
     s3: bool,
     image: bool,
+    runtime: &str,
     handler: &str,
 ) -> Result<code::CheckedCode, LambdaError> {
     if s3 || image {
@@ -203,14 +230,11 @@ fn accept_code(
     let zip = base64::engine::general_purpose::STANDARD
         .decode(zip_b64.trim())
         .map_err(|e| LambdaError::invalid(format!("Code.ZipFile is not valid base64: {e}")))?;
-    let checked = code::check(&zip, handler).map_err(|e| LambdaError::invalid(e.to_string()))?;
-    code::store(&daemon.state_dir, &zip, &checked, handler).map_err(|e| {
-        if e.is_user_error() {
-            LambdaError::invalid(e.to_string())
-        } else {
-            LambdaError::service(e.to_string())
-        }
-    })?;
+    let checked = code::check(&zip, runtime, handler).map_err(code_err)?;
+    // Building a code disk runs mkfs.ext4 (tens of ms to seconds): off the
+    // async workers.
+    tokio::task::block_in_place(|| code::store(&daemon.state_dir, &zip, &checked, handler))
+        .map_err(code_err)?;
     Ok(checked)
 }
 
@@ -242,6 +266,8 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     let timeout = check_timeout(b.timeout.unwrap_or(3))?;
     let env = b.environment.unwrap_or_default().variables;
     check_env(&env)?;
+    let network = b.spore_network.unwrap_or_default().enabled;
+    check_linux(daemon, &runtime, network)?;
     let _admin = daemon.admin.lock().await;
     if daemon
         .catalog
@@ -259,6 +285,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         b.code.zip_file.as_deref(),
         b.code.s3_bucket.is_some(),
         b.code.image_uri.is_some(),
+        &runtime,
         &handler,
     )?;
     let f = Function {
@@ -276,7 +303,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         revision_id: super::random_uuid(),
         last_modified: now(),
         reserved_concurrency: None,
-        network: b.spore_network.unwrap_or_default().enabled,
+        network,
     };
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
@@ -372,6 +399,7 @@ pub async fn update_code(
         b.zip_file.as_deref(),
         b.s3_bucket.is_some(),
         b.image_uri.is_some(),
+        &old.runtime,
         &old.handler,
     )?;
     let mut f = old.clone();
@@ -414,16 +442,12 @@ pub async fn update_configuration(
         f.role = r;
     }
     if let Some(h) = b.handler {
-        if h != f.handler {
-            code::rehandle(&daemon.state_dir, &f.code_sha256, &h).map_err(|e| {
-                if e.is_user_error() {
-                    LambdaError::invalid(e.to_string())
-                } else {
-                    LambdaError::service(e.to_string())
-                }
-            })?;
-        }
         f.handler = h;
+    }
+    check_linux(daemon, &f.runtime, f.network)?;
+    if f.handler != old.handler || f.runtime != old.runtime {
+        let (state, sha, rt, h) = (&daemon.state_dir, &f.code_sha256, &f.runtime, &f.handler);
+        tokio::task::block_in_place(|| code::rehandle(state, sha, rt, h)).map_err(code_err)?;
     }
     replace(daemon, &old, f).await
 }

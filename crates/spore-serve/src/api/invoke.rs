@@ -171,7 +171,9 @@ async fn run(
                 "ConcurrentInvocationLimitExceeded"
             }))
         }
-        Err(e @ AcquireError::Start(_)) => return Err(LambdaError::service(e.to_string())),
+        Err(e @ (AcquireError::Start(_) | AcquireError::Init(_))) => {
+            return Err(LambdaError::service(e.to_string()))
+        }
     };
     let (body, function_error, outcome, function_log) = match inv.outcome {
         Outcome::Done(r) => {

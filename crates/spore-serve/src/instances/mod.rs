@@ -33,9 +33,6 @@ use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
-/// How long a guest may take from `InstanceStart` (or a clone's start) to
-/// `Ready`.
-const READY_LIMIT: Duration = Duration::from_secs(30);
 /// Clone processes each zygote's VMM keeps started ahead.
 const STANDBY_CLONES: u32 = 2;
 
@@ -61,6 +58,14 @@ pub struct ManagerConfig {
     pub restore_mode: RestoreMode,
     /// The /30s of networked instances' veth pairs (`--net-pool`).
     pub net_pool: NetPool,
+    /// The guest kernel of Linux functions (`--linux-kernel`, else the
+    /// newest cached one); `None`: Linux functions cannot start.
+    pub linux_kernel: Option<PathBuf>,
+    /// Where the runtime images of Linux functions are cached.
+    pub image_cache: PathBuf,
+    /// How long a guest may take from `InstanceStart` (or a clone's start,
+    /// or a restore) to `Ready`, a Linux function's init included.
+    pub ready_limit: Duration,
 }
 
 /// Why an invocation got no instance.
@@ -70,6 +75,10 @@ pub enum AcquireError {
     Throttled { reserved: bool },
     #[error("the function's instance could not start: {0}")]
     Start(String),
+    /// The function's init failed in a fresh instance (Lambda answers the
+    /// invocation with the init error).
+    #[error("the function's init failed")]
+    Init(InvokeResult),
 }
 
 /// How an invocation ended.
@@ -185,6 +194,11 @@ impl Manager {
         Ok(Some(net))
     }
 
+    /// Where Linux runtimes' images are looked up.
+    pub fn image_cache(&self) -> PathBuf {
+        self.cfg.image_cache.clone()
+    }
+
     pub fn max_concurrency(&self) -> usize {
         self.cfg.max_concurrency
     }
@@ -208,7 +222,18 @@ impl Manager {
         let _permits = self.admit(f).await?;
         let pool = self.pool_for(f).await;
         pool.last_used_ms.store(unix_ms(), Ordering::Relaxed);
-        let (mut inst, path) = self.acquire(&pool).await?;
+        let (mut inst, path) = match self.acquire(&pool).await {
+            Ok(started) => started,
+            // Its instance is already ended; the next invocation initialises
+            // the function again, as Lambda does.
+            Err(AcquireError::Init(r)) => {
+                return Ok(Invocation {
+                    outcome: Outcome::Done(r),
+                    path: StartPath::Cold,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         pool.busy.fetch_add(1, Ordering::Relaxed);
         let timeout = Duration::from_secs(f.timeout_s.max(1) as u64);
         let deadline_ms = unix_ms() + timeout.as_millis() as u64;

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{AcquireError, Instance, Manager, Pool, Zygote, READY_LIMIT, STANDBY_CLONES};
+use super::{AcquireError, Instance, Manager, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
 use crate::code;
-use crate::invoke::InstanceConn;
+use crate::invoke::{InstanceConn, InvokeError};
 use crate::metrics::StartPath;
 use crate::network::InstanceNet;
 use crate::runtime;
@@ -26,10 +26,27 @@ fn is_network_error(e: &anyhow::Error) -> bool {
 }
 
 fn start_err(e: anyhow::Error) -> AcquireError {
+    // The function's init failed: the invocation's answer, not a failure of
+    // the platform.
+    if let Some(InvokeError::Init(r)) = e.downcast_ref::<InvokeError>() {
+        return AcquireError::Init(r.clone());
+    }
     AcquireError::Start(format!("{e:#}"))
 }
 
 impl Manager {
+    /// Connects to an instance of `f` and waits for `Ready` (at most
+    /// `ready_limit`), configuring a Linux guest that is still in `Standby`
+    /// (a fresh boot).
+    async fn connect(
+        &self,
+        f: &Function,
+        uds: &std::path::Path,
+    ) -> Result<InstanceConn, InvokeError> {
+        let config = runtime::find(&f.runtime).and_then(|rt| rt.configure_message(f));
+        InstanceConn::connect(uds, self.cfg.ready_limit, config.as_deref()).await
+    }
+
     pub(super) async fn acquire(
         self: &Arc<Self>,
         pool: &Arc<Pool>,
@@ -225,7 +242,8 @@ impl Manager {
             .api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
             .await;
         let conn = match resumed {
-            Ok(_) => InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT)
+            Ok(_) => self
+                .connect(f, &vmm.vsock_uds)
                 .await
                 .map_err(anyhow::Error::from),
             Err(e) => Err(e),
@@ -280,9 +298,10 @@ impl Manager {
             }
             Err(e) => {
                 tracing::warn!(function = %f.name, "no zygote ({e:#}); serving from the VM itself");
-                let conn = InstanceConn::connect(&z.vmm.vsock_uds, READY_LIMIT)
+                let conn = self
+                    .connect(f, &z.vmm.vsock_uds)
                     .await
-                    .map_err(|e| AcquireError::Start(e.to_string()))?;
+                    .map_err(|e| start_err(e.into()))?;
                 Ok(instance(z.vmm, conn))
             }
         }
@@ -292,11 +311,36 @@ impl Manager {
     async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
         let rt = runtime::find(&f.runtime)
             .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
+        // Linux: the guest kernel and the runtime's image are looked up on
+        // every boot, so a rebuilt image serves the next cold start; a
+        // missing one fails before any VMM is started.
+        let linux = if rt.linux() {
+            let kernel = self.cfg.linux_kernel.clone().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no Linux guest kernel: build one with guest/build-kernel.sh or give spore serve --linux-kernel"
+                )
+            })?;
+            let root = crate::images::newest(&self.cfg.image_cache, rt.name())?;
+            Some((kernel, root))
+        } else {
+            None
+        };
+        let code = if rt.linux() {
+            code::disk_path(&self.cfg.state_dir, &f.code_sha256)
+        } else {
+            code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
+        };
         let vmm = self.spawn_vmm(f).await?;
         self.record(&vmm);
-        let image = code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler);
+        let files = runtime::BootFiles {
+            code: &code,
+            vsock_uds: &vmm.vsock_uds,
+            linux: linux
+                .as_ref()
+                .map(|(kernel, root_image)| runtime::LinuxFiles { kernel, root_image }),
+        };
         let setup = async {
-            for call in rt.configure(f, &image, &vmm.vsock_uds) {
+            for call in rt.configure(f, &files)? {
                 vmm.api(call.method, call.path, Some(call.body)).await?;
             }
             vmm.api(
@@ -305,7 +349,7 @@ impl Manager {
                 Some(r#"{"action_type":"InstanceStart"}"#.into()),
             )
             .await?;
-            anyhow::Ok(InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await?)
+            anyhow::Ok(self.connect(f, &vmm.vsock_uds).await?)
         }
         .await;
         self.started_or_ended(vmm, setup).await
@@ -323,7 +367,7 @@ impl Manager {
         self.record(&vmm);
         let setup = async {
             self.snapshots.restore(snap, &mut vmm).await?;
-            anyhow::Ok(InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await?)
+            anyhow::Ok(self.connect(f, &vmm.vsock_uds).await?)
         }
         .await;
         let started = self.started_or_ended(vmm, setup).await;
@@ -437,7 +481,7 @@ impl Manager {
         let mut vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
-        match InstanceConn::connect(&vmm.vsock_uds, READY_LIMIT).await {
+        match self.connect(f, &vmm.vsock_uds).await {
             Ok(conn) => {
                 tracing::debug!(
                     function = %f.name,

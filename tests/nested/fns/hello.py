@@ -1,0 +1,17 @@
+# A pure-stdlib Python function for the serve-linux nested scenario.
+import hashlib
+import json
+import os
+
+
+def handler(event, context):
+    n = event.get("n", 0)
+    return {
+        "hello": "python3",
+        "n": n,
+        "sha": hashlib.sha256(str(n).encode()).hexdigest()[:12],
+        "greeting": os.environ.get("GREETING", ""),
+        "function": context.function_name,
+        "task_root": os.environ.get("LAMBDA_TASK_ROOT", ""),
+        "twice": json.loads(json.dumps([n, n])),
+    }
