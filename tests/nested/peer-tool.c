@@ -22,7 +22,7 @@
  *       Firecracker's hybrid vsock: connects to UDS, "CONNECT PORT\n", sends
  *       COMMAND, an `echo` of an end marker and `exit` to the guest's command
  *       server (a shell) and prints its reply up to the marker; retries
- *       (every 5 ms) until a complete reply or TIMEOUT_S. The marker, not the
+ *       (every 10 ms) until a complete reply or TIMEOUT_S. The marker, not the
  *       end of the stream, ends a reply: under Firecracker the end of the
  *       stream did not come (20 s) after a complete reply.
  *
@@ -301,7 +301,8 @@ static int vsock_once(const char *uds, const char *port, const char *cmd, struct
     static const char tail[] = "\necho @@PEER-END-OF-REPLY@@\nexit\n";
     if (write_all(fd, cmd, strlen(cmd)) < 0 || write_all(fd, tail, sizeof tail - 1) < 0)
         goto fail;
-    shutdown(fd, SHUT_WR);
+    /* No shutdown(SHUT_WR) here: Firecracker then ended the connection
+     * before the guest's reply (EOF, 0 bytes). */
     for (;;) {
         char *end = out->n >= sizeof eor - 1 ? out->p + out->n - (sizeof eor - 1) : NULL;
         if (end && strcmp(end, eor) == 0) {
@@ -345,7 +346,7 @@ static int cmd_vsock(int argc, char **argv)
                     argv[2], argv[4], attempts);
             return 1;
         }
-        sleep_ms(5);
+        sleep_ms(10);
     }
 }
 
