@@ -82,10 +82,12 @@ musl-gcc -static -O2 -Wall -Wextra -o "$work/peer-tool" "$here/peer-tool.c"
 printf 'ROUNDS=%s\nINITCALL=%s\n' "$rounds" "$initcall" >"$work/peers.conf"
 
 log "spore ($spore_version) and $fc_version, $rounds rounds (timeout ${timeout_s}s)"
-# The run again from the start (at most twice more) when it broke the way
-# the emulated stack does now and then (an open bug, guest/README.md: an L1
-# soft lockup or hang, or a stall before the first result): that run
-# measured nothing usable. Each retry is logged.
+# The run again from the start (at most twice more) when it broke before the
+# scenario wrote its samples, the way the emulated stack does now and then
+# (open bugs, guest/README.md: an L1 soft lockup or hang, a stall before the
+# first result; seen here once too: L1 panicked, "corrupted stack end
+# detected inside scheduler", as a spore vCPU thread exited): that run
+# measured nothing usable. Each retry is logged, its serial log kept.
 attempt=1
 while :; do
     rm -rf "$raw"
@@ -96,9 +98,10 @@ while :; do
         --log "$work/serial.log" >"$work/run.out" 2>&1 || rc=$?
     cat "$work/run.out" >&2
     cp "$work/serial.log" "${out%.json}.log" 2>/dev/null || true
-    ((rc != 0 && attempt < 3)) && grep -qE "no SPORE-TEST results|L1 soft lockup|L1 hang" "$work/run.out" || break
+    [[ ! -f $raw/peers-raw.json && $attempt -lt 3 ]] || break
+    cp "$work/serial.log" "${out%.json}.broken-$attempt.log" 2>/dev/null || true
     attempt=$((attempt + 1))
-    log "RETRY (attempt $attempt): the nested run broke (open bug of the emulated stack, guest/README.md)"
+    log "RETRY (attempt $attempt): the nested run broke before the scenario wrote its samples ($(grep -m1 -oE 'problem: .*' "$work/run.out" || echo "status $rc"); serial log ${out%.json}.broken-$((attempt - 1)).log)"
 done
 [[ -f $raw/peers-raw.json ]] || die "the scenario left no peers-raw.json (run.sh status $rc; log ${out%.json}.log)"
 grep -oE 'SPORE-TEST [^ ]+ FAIL.*' "$work/run.out" | sed 's/^SPORE-TEST //' >"$work/failed" || true

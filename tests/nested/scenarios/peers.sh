@@ -76,11 +76,16 @@ start_vmm() {
     shift 2
     api="$tmp/$name.api" con="$tmp/$name.console" err="$tmp/$name.err" vsock="$tmp/$name.vsock" why="$tmp/$name.why"
     rm -f "$api" "$vsock" "$tmp/$name.fifo" "$why"
+    # The VMMs' own log lines to a file of their own, not into the console
+    # (Firecracker logs to stdout once its API is used; its logger opens
+    # the file without creating it).
+    log="$tmp/$name.log"
+    : >"$log"
     mkfifo "$tmp/$name.fifo"
     "$T" stamp <"$tmp/$name.fifo" >"$con" &
     stamper=$!
     t_start=$("$T" now)
-    "$tmp/bin-$kind/firecracker" --api-sock "$api" "$@" >"$tmp/$name.fifo" 2>"$err" &
+    "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
     pid=$!
 }
 stop_vmm() {
@@ -126,11 +131,11 @@ wait_mem() {
 # the VMM that ran as NAME go to $SPORE_OUT.
 keep() {
     cp "$con" "$SPORE_OUT/console-$1.txt"
-    cp "$err" "$SPORE_OUT/vmm-$1.err" 2>/dev/null
+    cat "$log" "$err" >"$SPORE_OUT/vmm-$1.log" 2>/dev/null
     [ -s "$why" ] && cp "$why" "$SPORE_OUT/vsock-$1.why"
     true
 }
-gone() { kill -0 "$pid" 2>/dev/null && return 1; echo "the VMM is gone: $(tail -n 3 "$err" | tr '\n' ' ') console: $(tail -n 3 "$con" | cut -d' ' -f2- | tr '\n' ' ')"; }
+gone() { kill -0 "$pid" 2>/dev/null && return 1; echo "the VMM is gone: $(tail -n 3 "$log" "$err" | tr '\n' ' ') console: $(tail -n 3 "$con" | cut -d' ' -f2- | tr '\n' ' ')"; }
 # wait_line TEXT SECS [AFTER_NS]: the stamp of the first console line that
 # contains TEXT (and came after AFTER_NS); empty on timeout.
 wait_line() {
@@ -146,21 +151,46 @@ wait_line() {
 }
 
 # --- KVM exit counts: kvm_stats FILE reads every counter of the VM's
-# debugfs directory; kvm_delta VMM ROUND GROUP BEFORE AFTER records the change.
+# debugfs directory (/sys/kernel/debug/kvm/<tid>-<fd>, <tid> the thread
+# that made the VM: the VM's counters, summed over its vCPUs) into FILE, its
+# first line "@dir <name> <comm>/<parent pid>". The VM is the one made by a
+# thread of the VMM process or by a child of it, the newest (highest fd) if
+# there are several.
+# kvm_delta VMM ROUND GROUP BEFORE AFTER records what changed; a BEFORE
+# of another VM (or none) counts as zeros.
 kvm_stats() {
-    : >"$1"
-    for d in /sys/kernel/debug/kvm/"$pid"-*; do
+    echo "@dir none" >"$1"
+    best="" bestfd=-1 other=""
+    for d in /sys/kernel/debug/kvm/[0-9]*-[0-9]*; do
         [ -d "$d" ] || continue
-        for f in "$d"/*; do
-            [ -f "$f" ] && read -r v <"$f" 2>/dev/null && echo "${f##*/} $v" >>"$1"
-        done
-        break
+        n=${d##*/}
+        p=${n%-*} fd=${n#*-}
+        # KVM names the directory after the thread that made the VM.
+        if [ "$p" != "$pid" ] && [ ! -d "/proc/$pid/task/$p" ]; then
+            pp=""
+            [ -r "/proc/$p/stat" ] && pp=$(sed -n 's/^[0-9]* (.*) [A-Za-z] \([0-9]*\) .*/\1/p' "/proc/$p/stat")
+            # Not the VMM's nor its child's: taken only if it is the one VM
+            # there is (one VMM runs at a time here).
+            [ "$pp" = "$pid" ] || { [ -z "$best" ] && other=$d; continue; }
+        fi
+        [ "$fd" -gt "$bestfd" ] && best=$d bestfd=$fd
+    done
+    [ -z "$best" ] && [ -n "$other" ] && [ "$(ls -d /sys/kernel/debug/kvm/[0-9]*-[0-9]* | wc -l)" = 1 ] && best=$other
+    [ -n "$best" ] || return 0
+    p=${best##*/}
+    p=${p%-*}
+    echo "@dir ${best##*/} $(cat "/proc/$p/comm" 2>/dev/null)/$(sed -n 's/^[0-9]* (.*) [A-Za-z] \([0-9]*\) .*/\1/p' "/proc/$p/stat" 2>/dev/null | head -n 1)" >"$1"
+    for f in "$best"/*; do
+        [ -f "$f" ] && read -r v <"$f" 2>/dev/null && echo "${f##*/} $v" >>"$1"
     done
     return 0
 }
 kvm_delta() {
-    o=$(awk 'FILENAME == ARGV[1] { a[$1] = $2; next } ($2 - a[$1]) != 0 { printf "%s\"%s\":%.0f", (n++ ? "," : ""), $1, $2 - a[$1] }' "$4" "$5")
-    echo "{\"vmm\":\"$1\",\"round\":$2,\"group\":\"$3\",\"exits\":{$o}}" >>"$exits"
+    o=$(awk 'FILENAME == ARGV[1] { if ($1 == "@dir") d = $2; else a[$1] = $2; next }
+        $1 == "@dir" { if ($2 != d) delete a; next }
+        ($2 - a[$1]) != 0 { printf "%s\"%s\":%.0f", (n++ ? "," : ""), $1, $2 - a[$1] }' "$4" "$5")
+    vm=$(sed -n '1s/^@dir //p' "$5") # <pid>-<fd> <comm>/<parent pid>
+    echo "{\"vmm\":\"$1\",\"round\":$2,\"group\":\"$3\",\"vm\":\"$vm\",\"exits\":{$o}}" >>"$exits"
 }
 : >"$tmp/zero.stats"
 
@@ -220,7 +250,7 @@ snapshot_round() {
     rm -f "$snap"/*
     start_vmm "$kind" "api-$kind"
     if ! api_config 1024; then
-        t "peers-api-boot-$kind-r$r" FAIL "configuring: $(tail -n 2 "$err" | tr '\n' ' ') $(gone)"
+        t "peers-api-boot-$kind-r$r" FAIL "configuring: $(cat "$log" "$err" 2>/dev/null | tail -n 3 | tr '\n' ' ') $(gone)"
         stop_vmm
         return
     fi
@@ -298,7 +328,7 @@ vmem_round() {
     start_vmm "$kind" "vmem-$kind"
     if ! { api_config 512 peers.memwatch && A PUT /hotplug/memory '{"total_size_mib":1024}' &&
         A PUT /actions '{"action_type":"InstanceStart"}' && wait_line "SPORE-INIT up " 300 >/dev/null && G true 300 >/dev/null; }; then
-        t "peers-vmem-$kind-r$r" FAIL "booting: $(why_summary) $(tail -n 2 "$err" | tr '\n' ' ') $(gone)"
+        t "peers-vmem-$kind-r$r" FAIL "booting: $(why_summary) $(cat "$log" "$err" 2>/dev/null | tail -n 3 | tr '\n' ' ') $(gone)"
         stop_vmm
         keep "vmem-$kind-r$r"
         return
@@ -354,7 +384,7 @@ balloon_round() {
     start_vmm "$kind" "balloon-$kind"
     if ! { api_config 512 && A PUT /balloon '{"amount_mib":0,"deflate_on_oom":false,"stats_polling_interval_s":1}' &&
         A PUT /actions '{"action_type":"InstanceStart"}' && wait_line "SPORE-INIT up " 300 >/dev/null && G true 300 >/dev/null; }; then
-        t "peers-balloon-$kind-r$r" FAIL "booting: $(why_summary) $(tail -n 2 "$err" | tr '\n' ' ') $(gone)"
+        t "peers-balloon-$kind-r$r" FAIL "booting: $(why_summary) $(cat "$log" "$err" 2>/dev/null | tail -n 3 | tr '\n' ' ') $(gone)"
         stop_vmm
         keep "balloon-$kind-r$r"
         return
