@@ -62,7 +62,12 @@ exits="$tmp/exits.jsonl"
 : >"$samples"
 : >"$exits"
 # sample VMM ROUND FIGURE VALUE
-sample() { echo "{\"vmm\":\"$1\",\"round\":$2,\"figure\":\"$3\",\"value\":$4}" >>"$samples"; }
+sample() {
+    case $4 in
+    '' | *[!0-9.]*) echo "peers: $1 round $2: no number for $3 ('$4')" ;;
+    *) echo "{\"vmm\":\"$1\",\"round\":$2,\"figure\":\"$3\",\"value\":$4}" >>"$samples" ;;
+    esac
+}
 # ms A_NS B_NS: B - A in milliseconds, one decimal.
 ms() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 1e6 }'; }
 # last_t FILE FIELD: a field of peer-tool's last PEER_T line (1 start, 2 end, 3 n).
@@ -208,7 +213,7 @@ CFG
         kvm_stats "$tmp/boot.after"
         kvm_delta "$kind" "$r" boot "$tmp/zero.stats" "$tmp/boot.after"
         b=$(ms "$t_start" "$s")
-        up=$(grep -m1 "SPORE-INIT up " "$con" | sed -n 's/.*SPORE-INIT up \([0-9.]*\)s.*/\1/p')
+        up=$(awk -v s="$s" '$1 == s { for (i = 2; i < NF; i++) if ($i == "up") { sub(/s$/, "", $(i + 1)); print $(i + 1); exit } }' "$con")
         sample "$kind" "$r" boot_to_init_ms "$b"
         sample "$kind" "$r" init_uptime_s "$up"
         t "peers-boot-$kind-r$r" PASS "process start -> init marker ${b} ms, guest uptime at init ${up} s"
