@@ -9,7 +9,7 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench lint fmt clean fc-sdk fuzz images images-test
+        bench bench-peers lint fmt clean fc-sdk fuzz images images-test
 
 all: build uk
 
@@ -105,6 +105,14 @@ demo: build uk
 	@$(MAKE) --no-print-directory static
 	@echo "== Linux guest in the nested harness (QEMU TCG + SVM; about a minute)"
 	tests/nested/run-all.sh --spore $(STATIC_SPORE) --only demo
+
+# spore and Firecracker side by side in the nested harness (issue 16): the same
+# guest files, alternating per round; a benchmark, not in `make test` (tens of
+# minutes). Report: $(BENCH_OUT)/peers.json and .md; e.g.
+#   make bench-peers PEERS_ARGS="--rounds 3 --peer-firecracker /path/to/firecracker"
+PEERS_ARGS ?=
+bench-peers: static
+	tests/nested/peers.sh --spore $(STATIC_SPORE) --out $(BENCH_OUT)/peers.json $(PEERS_ARGS)
 
 # Every bench's JSON goes to $(BENCH_OUT), then one HTML page with plots.
 BENCH_OUT ?= $(CURDIR)/target/bench
