@@ -15,10 +15,10 @@
 # net (virtio-net on a tap in L1: address and ping, 64 MiB each way with sha256,
 # 10 MiB/s rate limiters, a new TCP connection after a snapshot restore, clones in
 # their own network namespaces, a clone's new MAC and address applied by the guest).
-# Opt-in (only with --only NAME, not in `make test`): serve-linux (`spore serve`
-# runs python3 and provided functions: the runtime images of `spore image build`
-# and the guest kernel; deploy, three invocations each, an init error),
-# snapshot-diff (a diff chain over
+# serve-linux (`spore serve` runs python3 and provided functions: the runtime
+# images of guest/build-rootfs.sh with this tree's spore-agent, and the guest
+# kernel; deploy, three invocations each, an init error).
+# Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
 # 128 MiB-1 GiB) and bench (the Linux boot
@@ -131,15 +131,20 @@ if [[ $only == bench-reclaim ]]; then
         --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
         --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
 fi
-if [[ $only == serve-linux ]]; then
-    # The runtime images come from the host's cache (build them first:
-    # `spore image build python3|provided --agent <static spore-agent>`), laid
-    # out as a cache of their own in L1. The daemon builds code disks at
-    # deploy time with mkfs.ext4, which L1 (busybox) lacks: the host's
-    # mke2fs goes in with its libraries.
+if [[ -z $only || $only == serve-linux ]]; then
+    # The runtime images are built here (cached by content: the recipe, the
+    # agent and the bootstrap are in the key) with this tree's static
+    # spore-agent, and laid out as a cache of their own in L1. The daemon
+    # builds code disks at deploy time with mkfs.ext4, which L1 (busybox)
+    # lacks: the host's mke2fs goes in with its libraries.
+    agent_bin="$(cd "$repo" && cargo build --release -q -p spore-guest-tools --bin spore-agent \
+        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
+        sed -n 's/.*"executable":"\([^"]*spore-agent\)".*/\1/p' | tail -n1)"
+    [[ -x $agent_bin ]] || die "spore-agent was not built"
     sl_files=()
     for rt in python3 provided; do
-        img="$("$spore" image path "$rt")" || die "no $rt runtime image: run spore image build $rt --agent target/x86_64-unknown-linux-musl/release/spore-agent"
+        img="$("$repo/guest/build-rootfs.sh" "$rt" --agent "$agent_bin" | tail -n1)"
+        [[ -f $img ]] || die "the $rt runtime image was not built"
         d="$(dirname "$img")"
         sl_files+=(--file "$img:/cache/$(basename "$d")/rootfs.ext4"
             --file "$d/manifest.json:/cache/$(basename "$d")/manifest.json")

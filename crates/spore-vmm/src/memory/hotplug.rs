@@ -35,7 +35,7 @@ use vm_memory::{FileOffset, GuestAddress, MmapRegion};
 
 use super::GuestRegionMmap;
 
-use super::{create_memfd, MemoryError};
+use super::{create_memfd, AlignedAnonymous, MemoryError};
 
 /// First KVM slot id of the hotplug region; boot RAM uses slots 0 and 1.
 pub const FIRST_SLOT: u32 = 16;
@@ -78,6 +78,12 @@ pub struct HotplugMemory {
     /// VM, where slot changes are only recorded.
     vm: Option<VmFd>,
     registered: Vec<bool>,
+    /// The 2 MiB-aligned anonymous mapping `region` lives in
+    /// ([`HotplugMemory::anonymous`]), unmapped when this is dropped. The
+    /// region's other holders (the VM's memory view, device workers) are
+    /// the VM's, which stops its vCPUs and devices before its devices, this
+    /// one included, are dropped.
+    _anonymous: Option<AlignedAnonymous>,
 }
 
 impl HotplugMemory {
@@ -99,14 +105,10 @@ impl HotplugMemory {
         memfd
             .set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
-        let mapping = MmapRegion::build(
-            None,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-        )
-        .map_err(|source| MemoryError::Mmap { size, source })?;
-        Self::with_mapping(memfd, 0, true, mapping, addr, size, slot_size)
+        let map = AlignedAnonymous::new(size)?;
+        let mut hp = Self::with_mapping(memfd, 0, true, map.region()?, addr, size, slot_size)?;
+        hp._anonymous = Some(map);
+        Ok(hp)
     }
 
     /// Maps the region privately from a snapshot's memory file, where it
@@ -169,6 +171,7 @@ impl HotplugMemory {
             slot_size: slot_size.max(1),
             vm: None,
             registered: vec![false; chunks as usize],
+            _anonymous: None,
         })
     }
 

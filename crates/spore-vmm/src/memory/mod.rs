@@ -95,6 +95,9 @@ pub struct GuestRam {
     mapped_from: Vec<MemoryLayer>,
     /// Backed by 2 MiB hugetlbfs pages.
     hugetlb: bool,
+    /// The anonymous mappings `mem`'s regions live in ([`GuestRam::anonymous`]),
+    /// unmapped when this is dropped: declared after `mem`, so after it.
+    _anonymous: Vec<AlignedAnonymous>,
 }
 
 impl GuestRam {
@@ -115,17 +118,13 @@ impl GuestRam {
         base.set_len(size)
             .map_err(|source| MemoryError::Truncate { size, source })?;
         let mut regions = Vec::new();
+        let mut maps = Vec::new();
         for (gpa, len) in layout::ram_regions(size) {
-            let mapping = MmapRegion::build(
-                None,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            )
-            .map_err(|source| MemoryError::Mmap { size: len, source })?;
-            let region =
-                GuestRegionMmap::new(mapping, GuestAddress(gpa)).ok_or(MemoryError::Region(gpa))?;
+            let map = AlignedAnonymous::new(len)?;
+            let region = GuestRegionMmap::new(map.region()?, GuestAddress(gpa))
+                .ok_or(MemoryError::Region(gpa))?;
             regions.push(region);
+            maps.push(map);
         }
         let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| MemoryError::Region(0))?;
         let mapped_from = vec![MemoryLayer {
@@ -140,6 +139,7 @@ impl GuestRam {
             overlays: Vec::new(),
             mapped_from,
             hugetlb: false,
+            _anonymous: maps,
         })
     }
 
@@ -208,6 +208,7 @@ impl GuestRam {
             overlays: Vec::new(),
             mapped_from,
             hugetlb,
+            _anonymous: Vec::new(),
         })
     }
 
@@ -386,6 +387,92 @@ fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::i
     file.read_exact_at(buf, file_off).map(|()| false)
 }
 
+/// Huge page size of transparent huge pages on x86_64.
+const THP_SIZE: usize = 2 << 20;
+
+/// An anonymous private mapping whose start is 2 MiB-aligned, unmapped on
+/// drop. KVM maps guest memory with large pages only where the host address
+/// and the guest-physical address agree modulo 2 MiB; `mmap` places a
+/// mapping on any page (kernels before 6.7 do not align large anonymous
+/// mappings), which left every guest access a 4 KiB fault in the nested
+/// harness although the host had huge pages behind it. So the mapping is
+/// made 2 MiB larger and trimmed to an aligned start. vm-memory maps only
+/// at an address of the kernel's choosing, so its region borrows this one
+/// ([`Self::region`]) and the owner of both keeps this alive as long.
+pub(crate) struct AlignedAnonymous {
+    addr: usize,
+    len: usize,
+}
+
+impl AlignedAnonymous {
+    pub(crate) fn new(len: u64) -> Result<Self, MemoryError> {
+        let len = len as usize;
+        let fail = |source: std::io::Error| MemoryError::Mmap {
+            size: len as u64,
+            source: vm_memory::mmap::MmapRegionError::Mmap(source),
+        };
+        let reserve = len
+            .checked_add(THP_SIZE)
+            .ok_or_else(|| fail(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        // SAFETY: a new anonymous mapping at an address the kernel picks;
+        // it touches no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        let start = p as usize;
+        let aligned = start.next_multiple_of(THP_SIZE);
+        let head = aligned - start;
+        let tail = reserve - head - len;
+        // SAFETY: both ranges lie in the mapping just made and outside the
+        // part kept; unmapping them frees address space only.
+        unsafe {
+            if head > 0 {
+                libc::munmap(start as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Self { addr: aligned, len })
+    }
+
+    /// A vm-memory region over this mapping (it does not own it).
+    pub(crate) fn region(&self) -> Result<MmapRegion<DirtyBitmap>, MemoryError> {
+        let bitmap = <DirtyBitmap as vm_memory::bitmap::NewBitmap>::with_len(self.len);
+        // SAFETY: [addr, addr + len) is a live mapping this value owns, and
+        // its owner keeps it alive as long as the region (see the type docs).
+        unsafe {
+            vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(self.len, bitmap)
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
+                .with_raw_mmap_pointer(self.addr as *mut u8)
+        }
+        .build()
+        .map_err(|source| MemoryError::Mmap {
+            size: self.len as u64,
+            source,
+        })
+    }
+}
+
+impl Drop for AlignedAnonymous {
+    fn drop(&mut self) {
+        // SAFETY: the mapping this value made; its regions are gone (the
+        // owner declares this after them).
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
 pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
     let cname = std::ffi::CString::new(name)
         .map_err(|_| MemoryError::Memfd(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
@@ -423,6 +510,9 @@ mod tests {
         assert_eq!(pages::data_ranges(ram.memfd(), size).unwrap(), vec![]);
         let runs = ram.private_runs().unwrap();
         assert!(runs.iter().any(|&(o, l)| o <= 0x1000 && 0x1000 < o + l));
+        for region in ram.memory().iter() {
+            assert_eq!(region.as_ptr() as usize % THP_SIZE, 0, "not 2 MiB-aligned");
+        }
     }
 
     #[test]
