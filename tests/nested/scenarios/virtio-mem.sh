@@ -141,7 +141,7 @@ plug_ms=$(median 512M) unplug_ms=$(median 0)
 if [ $ok = 1 ] && [ -n "$plug_ms" ] && [ -n "$unplug_ms" ]; then
     t plug-unplug-512m-timed PASS "1 vCPU idle guest, median plug ${plug_ms} ms, unplug ${unplug_ms} ms (Firecracker 93/109 ms)"
 else
-    t plug-unplug-512m-timed FAIL "$(cat "$tmp/timing.txt")"
+    t plug-unplug-512m-timed FAIL "timings: $(tr '\n' ' ' <"$tmp/timing.txt") last error: $(cat "$tmp/t.err") $(vmm_gone || echo "VMM running; its log: $(tail -n 3 "$tmp/vmm.err" | tr '\n' ' ') guest: $(tr -d '\r' <"$con" | grep -v '^$' | tail -n 5 | tr '\n' ' ')")"
 fi
 kill $vmm 2>/dev/null
 wait $vmm 2>/dev/null
