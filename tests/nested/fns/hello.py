@@ -14,4 +14,6 @@ def handler(event, context):
         "function": context.function_name,
         "task_root": os.environ.get("LAMBDA_TASK_ROOT", ""),
         "twice": json.loads(json.dumps([n, n])),
+        # Instances cloned or restored from one snapshot must still differ.
+        "rand": os.urandom(8).hex(),
     }

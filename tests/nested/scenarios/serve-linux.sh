@@ -9,6 +9,17 @@
 # a Python function whose import fails answers with Runtime.ImportModuleError
 # (a function error, `spore fn invoke` exits 1); a zip without the handler's
 # module is refused at deploy time. The zips come from the host (/fns).
+#
+# SnapFaaS layering (issue 17, item 3): the first Python function's first
+# start boots the python3 runtime once with a placeholder code disk and
+# writes its base snapshot at Standby (<state>/bases/python3-256), then
+# restores it with the function's code disk swapped in and writes the
+# function's snapshot as a diff on it. A second Python function reuses that
+# base (the same snapshot id in /metrics and on disk) and its diff is smaller
+# than the base. After a daemon restart (--no-clones, no keep-alive) every
+# start restores the chain base + diff: answers are right, two restored
+# instances draw different os.urandom bytes (the generation notice reseeds
+# them), and a third function reuses the base recorded by the first daemon.
 . "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
@@ -75,8 +86,90 @@ else
     t deploy-refuses-missing-module FAIL "$(cat "$tmp/nomod.out")"
 fi
 
+# path_of: the start path and time `spore fn invoke` reported in $tmp/inv.err.
+path_of() { sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err"; }
+# metric NAME-AND-LABELS-PREFIX FILE: the value of the first matching line.
+metric() { grep -F "$1" "$2" | head -n 1 | awk '{print $NF}'; }
+rand_of() { echo "$1" | sed -n 's/.*"rand": "\([0-9a-f]*\)".*/\1/p'; }
+
+deploy hello2 python3 hello.handler /fns/hello.zip
+body=$(F invoke hello2 '{"n": 5}' 2>"$tmp/inv.err")
+case "$body" in
+*'"n": 5'*'"function": "hello2"'*) t invoke-hello2-from-base PASS "$(path_of)" ;;
+*) t invoke-hello2-from-base FAIL "body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+
 F stats >"$SPORE_OUT/stats.txt" 2>&1 || true
+st="$SPORE_OUT/stats.txt"
+base_id=$(sed -n 's/^spore_base_snapshot_bytes{base="python3-256",id="\([^"]*\)"}.*/\1/p' "$st")
+base_bytes=$(metric 'spore_base_snapshot_bytes{base="python3-256"' "$st")
+built=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="built"}' "$st")
+reused=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="reused"}' "$st")
+d1=$(metric 'spore_function_diff_bytes{function="hello",base="python3-256",base_id="'"$base_id"'"}' "$st")
+d2=$(metric 'spore_function_diff_bytes{function="hello2",base="python3-256",base_id="'"$base_id"'"}' "$st")
+if [ -n "$base_id" ] && [ "$built" = 1 ] && [ "${reused:-0}" -ge 1 ] &&
+    grep -q "\"id\": \"$base_id\"" "$tmp/s/bases/python3-256/base.json" 2>/dev/null; then
+    t base-shared PASS "python3-256 id $base_id, $base_bytes bytes, built once, reused $reused times"
+else
+    t base-shared FAIL "id '$base_id' built '$built' reused '$reused': $(grep spore_base "$st" | tr '\n' ' ')"
+fi
+if [ -n "$d1" ] && [ -n "$d2" ] && [ "$d2" -lt "$base_bytes" ] && [ "$d1" -lt "$base_bytes" ] &&
+    grep -q "\"base_id\": \"$base_id\"" "$tmp/s/snapshots/hello2-v1/layer.json" 2>/dev/null; then
+    t diffs-on-base PASS "hello $d1 bytes, hello2 $d2 bytes, base $base_bytes bytes"
+else
+    t diffs-on-base FAIL "hello '$d1' hello2 '$d2' base '$base_bytes': $(grep spore_function_diff "$st" | tr '\n' ' ')"
+fi
+if grep -q 'spore_base_snapshot_bytes{base="provided-256"' "$st"; then
+    t provided-base PASS "$(grep 'spore_function_diff_bytes{function="shell"' "$st")"
+else
+    t provided-base FAIL "$(grep spore_ "$st" | tr '\n' ' ')"
+fi
+ls -ls "$tmp/s/bases" "$tmp/s/bases/"* "$tmp/s/snapshots/"* >"$SPORE_OUT/layers.txt" 2>&1 || true
 cp "$tmp/serve.err" "$SPORE_OUT/serve.err" 2>/dev/null || true
+kill "$serve" 2>/dev/null
+wait "$serve" 2>/dev/null
+
+# The restarted daemon: no zygotes, no warm instances: every start restores
+# the chain base + diff.
+"$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache --ready-timeout-s 240 \
+    --linux-kernel "$GUEST_KERNEL" --no-clones --keep-alive-ms 0 >"$tmp/serve2.out" 2>"$tmp/serve2.err" &
+serve=$!
+i=0
+until grep -q listen "$tmp/serve2.out" 2>/dev/null || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+if grep -q listen "$tmp/serve2.out"; then t serve-restarted PASS; else t serve-restarted FAIL "$(tail -n 5 "$tmp/serve2.err")"; fi
+rands=""
+for k in 1 2; do
+    body=$(F invoke hello "{\"n\": 4$k}" 2>"$tmp/inv.err")
+    path=$(path_of)
+    case "$path:$body" in
+    restore*'"n": 4'$k*'"function": "hello"'*)
+        t "chain-restore-$k" PASS "$path"
+        rands="$rands $(rand_of "$body")"
+        ;;
+    *) t "chain-restore-$k" FAIL "$path: body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve2.err"))" ;;
+    esac
+done
+set -- $rands
+if [ $# = 2 ] && [ -n "$1" ] && [ "$1" != "$2" ]; then
+    t restored-instances-reseeded PASS "$1 $2"
+else
+    t restored-instances-reseeded FAIL "os.urandom of two restores: '$rands'"
+fi
+deploy hello3 python3 hello.handler /fns/hello.zip
+body=$(F invoke hello3 '{"n": 6}' 2>"$tmp/inv.err")
+F stats >"$SPORE_OUT/stats2.txt" 2>&1 || true
+reused2=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="reused"}' "$SPORE_OUT/stats2.txt")
+case "$body" in
+*'"n": 6'*'"function": "hello3"'*)
+    if [ "${reused2:-0}" -ge 1 ] && ! grep -q 'how="built"} 1' "$SPORE_OUT/stats2.txt"; then
+        t base-reused-after-restart PASS "$(path_of); $(metric 'spore_function_diff_bytes{function="hello3"' "$SPORE_OUT/stats2.txt") bytes of diff"
+    else
+        t base-reused-after-restart FAIL "$(grep spore_base "$SPORE_OUT/stats2.txt" | tr '\n' ' ')"
+    fi
+    ;;
+*) t base-reused-after-restart FAIL "body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve2.err"))" ;;
+esac
+cp "$tmp/serve2.err" "$SPORE_OUT/serve2.err" 2>/dev/null || true
 kill "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 exit 0
