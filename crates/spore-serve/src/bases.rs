@@ -200,7 +200,7 @@ impl BaseStore {
 }
 
 /// A base directory's record, if the directory is complete.
-fn read_base(dir: &Path) -> Option<Base> {
+pub fn read_base(dir: &Path) -> Option<Base> {
     let text = std::fs::read(dir.join(RECORD)).ok()?;
     let record: BaseRecord = serde_json::from_slice(&text).ok()?;
     let base = Base {

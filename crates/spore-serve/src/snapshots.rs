@@ -96,9 +96,11 @@ impl FunctionSnapshot {
     }
 
     fn is_complete(&self) -> bool {
+        // A base made again (new kernel or image) under the same directory
+        // has a new id: a diff of the old one no longer applies.
         let parent_there = self.layer.as_ref().is_none_or(|l| {
-            let base = Path::new(&l.base_dir);
-            base.join("vm.state").is_file() && base.join("vm.mem").is_file()
+            crate::bases::read_base(Path::new(&l.base_dir))
+                .is_some_and(|b| b.record.id == l.base_id)
         });
         self.state_path().is_file() && self.mem_path().is_file() && parent_there
     }
@@ -408,6 +410,26 @@ mod tests {
         .unwrap();
         let diff = FunctionSnapshot::open(dir.clone()).unwrap();
         assert_eq!(diff.layer.as_ref(), Some(&layer));
+        assert!(!diff.is_complete(), "the base has no record");
+        let record = |id: &str| crate::bases::BaseRecord {
+            id: id.into(),
+            runtime: "python3".into(),
+            memory_mib: 256,
+            kernel: "/k".into(),
+            root_image: "/r".into(),
+            mem_disk_bytes: 1,
+            created_unix_ms: 1,
+        };
+        let write_record = |id: &str| {
+            crate::bases::write_private(
+                &base.join("base.json"),
+                &serde_json::to_vec(&record(id)).unwrap(),
+            )
+            .unwrap()
+        };
+        write_record("other");
+        assert!(!diff.is_complete(), "the base was made again");
+        write_record("abc");
         assert!(diff.is_complete());
         std::fs::remove_file(base.join("vm.mem")).unwrap();
         assert!(!diff.is_complete(), "the base's memory file is gone");
