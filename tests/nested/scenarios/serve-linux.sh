@@ -99,6 +99,32 @@ case "$body" in
 *) t invoke-hello2-from-base FAIL "body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
 esac
 
+# Two at once: the idle instance and a new clone of hello2's zygote (the VM
+# restored from the base that wrote the diff): different random bytes.
+F invoke hello2 '{"n": 8}' >"$tmp/c1.out" 2>"$tmp/c1.err" &
+c1=$!
+F invoke hello2 '{"n": 9}' >"$tmp/c2.out" 2>"$tmp/c2.err"
+wait $c1
+paths=$(cat "$tmp/c1.err" "$tmp/c2.err" | sed -n 's/^spore fn: \([a-z-]*\) start.*/\1/p' | tr '\n' ' ')
+r1=$(rand_of "$(cat "$tmp/c1.out")")
+r2=$(rand_of "$(cat "$tmp/c2.out")")
+case "$paths" in
+*clone*)
+    if [ -n "$r1" ] && [ -n "$r2" ] && [ "$r1" != "$r2" ]; then
+        t clone-of-layered-zygote PASS "$paths: $r1 $r2"
+    else
+        t clone-of-layered-zygote FAIL "$paths: '$r1' '$r2'"
+    fi
+    ;;
+*) t clone-of-layered-zygote FAIL "paths '$paths' ($(cat "$tmp/c1.err" "$tmp/c2.err"))" ;;
+esac
+no_zygote=$(grep -a "no zygote\|no diff snapshot\|no start from the runtime base" "$tmp/serve.err" | head -n 2)
+if [ -z "$no_zygote" ] && grep -aq "zygote ready" "$tmp/serve.err"; then
+    t layered-zygotes PASS "$(grep -ac 'zygote ready' "$tmp/serve.err") zygotes, each a VM started from a base"
+else
+    t layered-zygotes FAIL "$no_zygote"
+fi
+
 F stats >"$SPORE_OUT/stats.txt" 2>&1 || true
 st="$SPORE_OUT/stats.txt"
 base_id=$(sed -n 's/^spore_base_snapshot_bytes{base="python3-256",id="\([^"]*\)"}.*/\1/p' "$st")
@@ -143,7 +169,9 @@ for k in 1 2; do
     path=$(path_of)
     case "$path:$body" in
     restore*'"n": 4'$k*'"function": "hello"'*)
-        t "chain-restore-$k" PASS "$path"
+        ws=no
+        [ -f "$tmp/s/snapshots/hello-v1/vm.state.ws" ] && ws=yes
+        t "chain-restore-$k" PASS "$path, working set recorded before: $ws"
         rands="$rands $(rand_of "$body")"
         ;;
     *) t "chain-restore-$k" FAIL "$path: body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve2.err"))" ;;
