@@ -2,10 +2,13 @@
 import hashlib
 import json
 import os
+import time
 
 
 def handler(event, context):
     n = event.get("n", 0)
+    # Keeps an instance busy, so that concurrent invocations need another.
+    time.sleep(min(float(event.get("sleep", 0)), 5))
     return {
         "hello": "python3",
         "n": n,

@@ -26,6 +26,8 @@ cd "$tmp" || exit 1
 ep=127.0.0.1:9000
 F() { "$SPORE" fn --endpoint "$ep" "$@"; }
 
+# Info lines of the daemon: the base made or reused, diff sizes, zygotes.
+export SPORE_LOG=spore_serve=info,warn
 "$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache --ready-timeout-s 240 \
     --linux-kernel "$GUEST_KERNEL" --keep-alive-ms 600000 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve=$!
@@ -101,9 +103,10 @@ esac
 
 # Two at once: the idle instance and a new clone of hello2's zygote (the VM
 # restored from the base that wrote the diff): different random bytes.
-F invoke hello2 '{"n": 8}' >"$tmp/c1.out" 2>"$tmp/c1.err" &
+F invoke hello2 '{"n": 8, "sleep": 3}' >"$tmp/c1.out" 2>"$tmp/c1.err" &
 c1=$!
-F invoke hello2 '{"n": 9}' >"$tmp/c2.out" 2>"$tmp/c2.err"
+sleep 1
+F invoke hello2 '{"n": 9, "sleep": 1}' >"$tmp/c2.out" 2>"$tmp/c2.err"
 wait $c1
 paths=$(cat "$tmp/c1.err" "$tmp/c2.err" | sed -n 's/^spore fn: \([a-z-]*\) start.*/\1/p' | tr '\n' ' ')
 r1=$(rand_of "$(cat "$tmp/c1.out")")
@@ -138,6 +141,12 @@ if [ -n "$base_id" ] && [ "$built" = 1 ] && [ "${reused:-0}" -ge 1 ] &&
     t base-shared PASS "python3-256 id $base_id, $base_bytes bytes, built once, reused $reused times"
 else
     t base-shared FAIL "id '$base_id' built '$built' reused '$reused': $(grep spore_base "$st" | tr '\n' ' ')"
+fi
+if grep -aq "reusing base snapshot python3-256 (id $base_id" "$tmp/serve.err" &&
+    grep -aq "on base python3-256 (id $base_id" "$tmp/serve.err"; then
+    t base-reuse-logged PASS "$(grep -a "diff of" "$tmp/serve.err" | sed 's/\x1b\[[0-9;]*m//g; s/^.*snapshot /snapshot /' | tr '\n' ';')"
+else
+    t base-reuse-logged FAIL "$(grep -a 'base' "$tmp/serve.err" | tail -n 4)"
 fi
 if [ -n "$d1" ] && [ -n "$d2" ] && [ "$d2" -lt "$base_bytes" ] && [ "$d1" -lt "$base_bytes" ] &&
     grep -q "\"base_id\": \"$base_id\"" "$tmp/s/snapshots/hello2-v1/layer.json" 2>/dev/null; then
