@@ -17,7 +17,9 @@
 # their own network namespaces, a clone's new MAC and address applied by the guest).
 # serve-linux (`spore serve` runs python3 and provided functions: the runtime
 # images of guest/build-rootfs.sh with this tree's spore-agent, and the guest
-# kernel; deploy, three invocations each, an init error).
+# kernel; deploy, three invocations each, an init error; the runtime base
+# snapshot shared by two Python functions, each with its own diff, restored as
+# a chain after a daemon restart, instances drawing different random bytes).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -172,8 +174,9 @@ make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
 make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
 PY
     # L1 holds both images, the instances (256 MiB each: zygotes, clones)
-    # and their snapshots.
-    run_one serve-linux --memory 4096 --scenario "$here/scenarios/serve-linux.sh" \
+    # and their snapshots (runtime bases and function diffs); the scenario
+    # restarts the daemon once, so it has more boots than the default allows.
+    run_one serve-linux --memory 4096 --timeout 2400 --scenario "$here/scenarios/serve-linux.sh" \
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
         --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" \
         --out-dir "$work/out-serve-linux"

@@ -79,22 +79,42 @@ impl InstanceConn {
         }
     }
 
-    async fn try_connect(uds: &Path, configure: Option<&[u8]>) -> Result<Self, InvokeError> {
-        let stream = UnixStream::connect(uds).await?;
-        let mut stream = BufReader::new(stream);
-        stream
-            .get_mut()
-            .write_all(format!("CONNECT {INVOKE_VSOCK_PORT}\n").as_bytes())
-            .await?;
-        let mut line = String::new();
-        // `OK <port>\n` is short; a peer that sends more is not our VMM.
-        let n = (&mut stream).take(64).read_line(&mut line).await?;
-        if n == 0 || !line.starts_with("OK ") {
-            return Err(InvokeError::Connect(format!(
-                "vsock handshake: {:?}",
-                line.trim()
-            )));
+    /// Connects to a freshly booted Linux guest and waits (at most `limit`)
+    /// for its `Standby`: the runtime initialised, no function attached. The
+    /// connection is returned open, so the guest stays waiting for
+    /// `Configure` while the host snapshots it (a base snapshot).
+    pub async fn standby(uds: &Path, limit: Duration) -> Result<StandbyConn, InvokeError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = tokio::time::timeout(left, async {
+                let mut stream = handshake(uds).await?;
+                let header = read_header(&mut stream).await?;
+                match header.kind {
+                    Kind::Standby => Ok(StandbyConn {
+                        _stream: stream,
+                        since_start_us: header.arg,
+                    }),
+                    k => Err(InvokeError::Protocol(format!(
+                        "expected Standby, got {k:?}"
+                    ))),
+                }
+            })
+            .await;
+            match attempt {
+                Ok(Ok(c)) => return Ok(c),
+                Ok(Err(e @ InvokeError::Protocol(_))) => return Err(e),
+                Ok(Err(e)) if Instant::now() >= deadline => {
+                    return Err(InvokeError::Connect(format!("{e} (after {limit:?})")))
+                }
+                Err(_) => return Err(InvokeError::Connect(format!("no Standby within {limit:?}"))),
+                Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
         }
+    }
+
+    async fn try_connect(uds: &Path, configure: Option<&[u8]>) -> Result<Self, InvokeError> {
+        let mut stream = handshake(uds).await?;
         let mut header = read_header(&mut stream).await?;
         if header.kind == Kind::Standby {
             let Some(config) = configure else {
@@ -164,6 +184,34 @@ impl InstanceConn {
             handler_ns: header.arg,
         })
     }
+}
+
+/// A connection held open to a guest in `Standby`.
+pub struct StandbyConn {
+    _stream: BufReader<UnixStream>,
+    /// The guest's `Standby` `arg`: µs since its agent started.
+    pub since_start_us: u64,
+}
+
+/// Opens the hybrid-vsock socket and asks for the invoke port
+/// (`CONNECT <port>` → `OK <port>`).
+async fn handshake(uds: &Path) -> Result<BufReader<UnixStream>, InvokeError> {
+    let stream = UnixStream::connect(uds).await?;
+    let mut stream = BufReader::new(stream);
+    stream
+        .get_mut()
+        .write_all(format!("CONNECT {INVOKE_VSOCK_PORT}\n").as_bytes())
+        .await?;
+    let mut line = String::new();
+    // `OK <port>\n` is short; a peer that sends more is not our VMM.
+    let n = (&mut stream).take(64).read_line(&mut line).await?;
+    if n == 0 || !line.starts_with("OK ") {
+        return Err(InvokeError::Connect(format!(
+            "vsock handshake: {:?}",
+            line.trim()
+        )));
+    }
+    Ok(stream)
 }
 
 /// A `Configure` frame, checked like any frame (its JSON is bounded by

@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bases;
 pub mod catalog;
 pub mod code;
 pub mod code_disk;

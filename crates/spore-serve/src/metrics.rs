@@ -56,6 +56,28 @@ struct Inner {
     throttles: BTreeMap<String, u64>,
     /// start path → latency (request received → response ready).
     latency: BTreeMap<&'static str, Histogram>,
+    /// base name (`<runtime>-<mib>`) → its runtime base snapshot.
+    bases: BTreeMap<String, BaseStat>,
+    /// function → its snapshot's layer over a base.
+    diffs: BTreeMap<String, DiffStat>,
+}
+
+/// A runtime base snapshot: its id and size, and how often it was built and
+/// reused (a function snapshot made on top of it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BaseStat {
+    pub id: String,
+    pub disk_bytes: u64,
+    pub builds: u64,
+    pub reuses: u64,
+}
+
+/// A function snapshot that is a Diff on a base.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiffStat {
+    pub base: String,
+    pub base_id: String,
+    pub disk_bytes: u64,
 }
 
 /// Gauges read when `/metrics` is scraped.
@@ -100,6 +122,30 @@ impl Metrics {
             .throttles
             .entry(function.to_string())
             .or_default() += 1;
+    }
+
+    /// A base snapshot was built (`built`) or found and reused.
+    pub fn base_used(&self, name: &str, id: &str, disk_bytes: u64, built: bool) {
+        let mut m = self.inner();
+        let b = m.bases.entry(name.to_string()).or_default();
+        b.id = id.to_string();
+        b.disk_bytes = disk_bytes;
+        if built {
+            b.builds += 1;
+        } else {
+            b.reuses += 1;
+        }
+    }
+
+    /// A function's snapshot was written as a Diff on a base.
+    pub fn diff_written(&self, function: &str, diff: DiffStat) {
+        self.inner().diffs.insert(function.to_string(), diff);
+    }
+
+    /// Bases and function diffs so far (for tests).
+    pub fn layers(&self) -> (BTreeMap<String, BaseStat>, BTreeMap<String, DiffStat>) {
+        let m = self.inner();
+        (m.bases.clone(), m.diffs.clone())
     }
 
     /// Invocations so far by start path (for tests and `spore fn stats`).
@@ -173,6 +219,41 @@ impl Metrics {
                 h.count
             );
         }
+        out.push_str("# HELP spore_base_snapshot_bytes Runtime base snapshots: memory file bytes on disk, by base and snapshot id.\n");
+        out.push_str("# TYPE spore_base_snapshot_bytes gauge\n");
+        for (name, b) in &m.bases {
+            let _ = writeln!(
+                out,
+                "spore_base_snapshot_bytes{{base=\"{}\",id=\"{}\"}} {}",
+                escape(name),
+                escape(&b.id),
+                b.disk_bytes
+            );
+        }
+        out.push_str("# HELP spore_base_snapshot_uses_total Function snapshots started from a runtime base: built for it, or reused.\n");
+        out.push_str("# TYPE spore_base_snapshot_uses_total counter\n");
+        for (name, b) in &m.bases {
+            for (how, n) in [("built", b.builds), ("reused", b.reuses)] {
+                let _ = writeln!(
+                    out,
+                    "spore_base_snapshot_uses_total{{base=\"{}\",id=\"{}\",how=\"{how}\"}} {n}",
+                    escape(name),
+                    escape(&b.id)
+                );
+            }
+        }
+        out.push_str("# HELP spore_function_diff_bytes Function snapshots that are a diff on a base: memory file bytes on disk.\n");
+        out.push_str("# TYPE spore_function_diff_bytes gauge\n");
+        for (f, d) in &m.diffs {
+            let _ = writeln!(
+                out,
+                "spore_function_diff_bytes{{function=\"{}\",base=\"{}\",base_id=\"{}\"}} {}",
+                escape(f),
+                escape(&d.base),
+                escape(&d.base_id),
+                d.disk_bytes
+            );
+        }
         out.push_str("# HELP spore_instances Function instances by state.\n");
         out.push_str("# TYPE spore_instances gauge\n");
         for ((f, state), n) in &gauges.instances {
@@ -231,5 +312,39 @@ mod tests {
             .contains("spore_invoke_duration_seconds_bucket{start_path=\"cold\",le=\"0.002\"} 0"));
         assert!(text.contains("spore_instances{function=\"f\",state=\"idle\"} 2"));
         assert_eq!(m.by_path().get("warm"), Some(&2));
+    }
+
+    #[test]
+    fn renders_bases_and_diffs() {
+        let m = Metrics::default();
+        m.base_used("python3-256", "abc", 40 << 20, true);
+        m.base_used("python3-256", "abc", 40 << 20, false);
+        m.diff_written(
+            "hello",
+            DiffStat {
+                base: "python3-256".into(),
+                base_id: "abc".into(),
+                disk_bytes: 3 << 20,
+            },
+        );
+        let text = m.render(&Gauges {
+            instances: BTreeMap::new(),
+            instance_bytes: 0,
+            template_bytes: 0,
+        });
+        assert!(text.contains(&format!(
+            "spore_base_snapshot_bytes{{base=\"python3-256\",id=\"abc\"}} {}",
+            40 << 20
+        )));
+        assert!(text.contains(
+            "spore_base_snapshot_uses_total{base=\"python3-256\",id=\"abc\",how=\"built\"} 1"
+        ));
+        assert!(text.contains(
+            "spore_base_snapshot_uses_total{base=\"python3-256\",id=\"abc\",how=\"reused\"} 1"
+        ));
+        assert!(text.contains(&format!(
+            "spore_function_diff_bytes{{function=\"hello\",base=\"python3-256\",base_id=\"abc\"}} {}",
+            3 << 20
+        )));
     }
 }

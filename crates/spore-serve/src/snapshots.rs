@@ -9,8 +9,10 @@
 //! by the VMM), later restores read it in one sequential read.
 //!
 //! For a `spore-uk` function the snapshot is one layer: the unikernel is the
-//! function, there is no runtime to share below it. Linux runtimes put a
-//! runtime base below a function diff (the Linux-runtime issue).
+//! function, there is no runtime to share below it. A Linux function's
+//! snapshot is a Diff on top of its runtime's base ([`crate::bases`]): its
+//! directory also holds `layer.json` naming the base (id and directory) and
+//! the diff's size on disk, and a restore loads the chain base + diff.
 //!
 //! A snapshot belongs to one version and is deleted with it; the catalogue
 //! records finished snapshots only (written under a temporary name, then
@@ -61,7 +63,23 @@ const WORKING_SET_RECORD_MS: u64 = 1000;
 #[derive(Clone, Debug)]
 pub struct FunctionSnapshot {
     pub dir: PathBuf,
+    /// A Diff's base (`None`: a Full snapshot).
+    pub layer: Option<LayerRecord>,
 }
+
+/// `layer.json` of a function snapshot that is a Diff on a runtime base.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayerRecord {
+    /// `<runtime>-<mib>` and the base's snapshot id (the diff's parent).
+    pub base: String,
+    pub base_id: String,
+    /// The base's directory (its `vm.state` and `vm.mem`).
+    pub base_dir: String,
+    /// Bytes the diff's memory file takes on disk.
+    pub diff_disk_bytes: u64,
+}
+
+const LAYER_RECORD: &str = "layer.json";
 
 impl FunctionSnapshot {
     pub fn state_path(&self) -> PathBuf {
@@ -78,7 +96,23 @@ impl FunctionSnapshot {
     }
 
     fn is_complete(&self) -> bool {
-        self.state_path().is_file() && self.mem_path().is_file()
+        // A base made again (new kernel or image) under the same directory
+        // has a new id: a diff of the old one no longer applies.
+        let parent_there = self.layer.as_ref().is_none_or(|l| {
+            crate::bases::read_base(Path::new(&l.base_dir))
+                .is_some_and(|b| b.record.id == l.base_id)
+        });
+        self.state_path().is_file() && self.mem_path().is_file() && parent_there
+    }
+
+    /// The snapshot in `dir`, with its `layer.json` if it has one (a
+    /// `layer.json` that does not parse makes the snapshot unusable).
+    fn open(dir: PathBuf) -> Option<Self> {
+        let layer = match std::fs::read(dir.join(LAYER_RECORD)) {
+            Ok(bytes) => Some(serde_json::from_slice(&bytes).ok()?),
+            Err(_) => None,
+        };
+        Some(FunctionSnapshot { dir, layer })
     }
 }
 
@@ -124,21 +158,46 @@ impl SnapshotStore {
                 return None;
             }
         };
-        let snap = FunctionSnapshot {
-            dir: PathBuf::from(&rec.dir),
-        };
-        if snap.is_complete() {
-            Some(snap)
-        } else {
-            tracing::warn!(function = %f.name, "snapshot {} is incomplete; dropped", rec.dir);
-            self.drop_snapshot(&f.name, f.version);
-            None
+        match FunctionSnapshot::open(PathBuf::from(&rec.dir)) {
+            Some(snap) if snap.is_complete() => Some(snap),
+            _ => {
+                tracing::warn!(function = %f.name, "snapshot {} is incomplete; dropped", rec.dir);
+                self.drop_snapshot(&f.name, f.version);
+                None
+            }
         }
+    }
+
+    /// A new clone generation, for a restore the daemon drives itself.
+    pub fn next_generation(&self) -> u64 {
+        self.next_generation.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Pauses `vmm` (a zygote, or a booted instance whose guest has said
     /// `Ready`), writes its snapshot and records it. The VM is left paused.
     pub async fn create(&self, f: &Function, vmm: &VmmProcess) -> anyhow::Result<FunctionSnapshot> {
+        self.write(f, vmm, None).await
+    }
+
+    /// Like [`Self::create`], but a Diff on top of `base`, which `vmm` was
+    /// restored from (with dirty-page tracking): only the pages written
+    /// since. Its `layer.json` names the base; checked against the diff's
+    /// manifest (`GET /snapshot/last`: its parent's id).
+    pub async fn create_diff(
+        &self,
+        f: &Function,
+        vmm: &VmmProcess,
+        base: &crate::bases::Base,
+    ) -> anyhow::Result<FunctionSnapshot> {
+        self.write(f, vmm, Some(base)).await
+    }
+
+    async fn write(
+        &self,
+        f: &Function,
+        vmm: &VmmProcess,
+        base: Option<&crate::bases::Base>,
+    ) -> anyhow::Result<FunctionSnapshot> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self
             .root
@@ -150,12 +209,38 @@ impl SnapshotStore {
             vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
                 .await?;
             let body = serde_json::json!({
-                "snapshot_type": "Full",
+                "snapshot_type": if base.is_some() { "Diff" } else { "Full" },
                 "snapshot_path": tmp.join("vm.state"),
                 "mem_file_path": tmp.join("vm.mem"),
             });
             vmm.api("PUT", "/snapshot/create", Some(body.to_string()))
                 .await?;
+            let layer = match base {
+                Some(base) => {
+                    let manifest: serde_json::Value =
+                        serde_json::from_str(&vmm.api("GET", "/snapshot/last", None).await?)?;
+                    let parent = manifest["layer"]["parent"]["id"].as_str().unwrap_or("");
+                    if parent != base.record.id {
+                        anyhow::bail!(
+                            "the diff's parent is {parent:?}, not the base {} ({})",
+                            base.record.id,
+                            base.dir.display()
+                        );
+                    }
+                    let layer = LayerRecord {
+                        base: base.name(),
+                        base_id: base.record.id.clone(),
+                        base_dir: base.dir.display().to_string(),
+                        diff_disk_bytes: crate::bases::disk_bytes(&tmp.join("vm.mem")),
+                    };
+                    crate::bases::write_private(
+                        &tmp.join(LAYER_RECORD),
+                        &serde_json::to_vec_pretty(&layer)?,
+                    )?;
+                    Some(layer)
+                }
+                None => None,
+            };
             let dir = self.dir_of(&f.name, f.version);
             // A snapshot of this version made by an earlier daemon that died
             // before recording it: replaced.
@@ -163,11 +248,11 @@ impl SnapshotStore {
             std::fs::rename(&tmp, &dir)
                 .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
             sync_dir(&self.root);
-            anyhow::Ok(dir)
+            anyhow::Ok((dir, layer))
         }
         .await;
-        let dir = match written {
-            Ok(dir) => dir,
+        let (dir, layer) = match written {
+            Ok(w) => w,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
                 return Err(e);
@@ -180,7 +265,7 @@ impl SnapshotStore {
         };
         self.catalog
             .put_snapshot(&rec, crate::instances::unix_ms())?;
-        Ok(FunctionSnapshot { dir })
+        Ok(FunctionSnapshot { dir, layer })
     }
 
     /// Restores `snap` into the fresh VMM `vmm` (nothing loaded yet) and
@@ -193,7 +278,7 @@ impl SnapshotStore {
         snap: &FunctionSnapshot,
         vmm: &mut VmmProcess,
     ) -> anyhow::Result<()> {
-        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let generation = self.next_generation();
         let mut body = serde_json::json!({
             "snapshot_path": snap.state_path(),
             "mem_backend": { "backend_type": "File", "backend_path": snap.mem_path() },
@@ -202,6 +287,15 @@ impl SnapshotStore {
             "vsock_override": { "uds_path": vmm.vsock_uds },
             "clone_generation": generation,
         });
+        if let Some(layer) = &snap.layer {
+            // The diff's manifest names the base too; given here so the
+            // chain never depends on a path recorded inside the diff.
+            let base = Path::new(&layer.base_dir);
+            body["parents"] = serde_json::json!([{
+                "snapshot_path": base.join("vm.state"),
+                "mem_file_path": base.join("vm.mem"),
+            }]);
+        }
         if self.mode == RestoreMode::WorkingSet && !snap.working_set_path().is_file() {
             body["working_set_record_ms"] = WORKING_SET_RECORD_MS.into();
             vmm.stop_cleanly = true;
@@ -250,10 +344,8 @@ impl SnapshotStore {
                 .ok()
                 .flatten()
                 .is_some_and(|f| f.version == r.version);
-            let snap = FunctionSnapshot {
-                dir: PathBuf::from(&r.dir),
-            };
-            if current && snap.is_complete() {
+            let snap = FunctionSnapshot::open(PathBuf::from(&r.dir));
+            if let Some(snap) = snap.filter(|s| current && s.is_complete()) {
                 kept.insert(snap.dir);
             } else {
                 self.drop_snapshot(&r.function, r.version);
@@ -272,7 +364,7 @@ impl SnapshotStore {
     }
 }
 
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -282,8 +374,68 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Makes a rename in `dir` durable.
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diff_is_complete_only_with_its_base() {
+        let root = std::env::temp_dir().join(format!("spore-snap-layer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (dir, base) = (root.join("f-v1"), root.join("python3-256"));
+        for d in [&dir, &base] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("vm.state"), b"s").unwrap();
+            std::fs::write(d.join("vm.mem"), b"m").unwrap();
+        }
+        // Without layer.json: a Full snapshot.
+        let full = FunctionSnapshot::open(dir.clone()).unwrap();
+        assert!(full.layer.is_none() && full.is_complete());
+        let layer = LayerRecord {
+            base: "python3-256".into(),
+            base_id: "abc".into(),
+            base_dir: base.display().to_string(),
+            diff_disk_bytes: 4096,
+        };
+        crate::bases::write_private(
+            &dir.join(LAYER_RECORD),
+            &serde_json::to_vec(&layer).unwrap(),
+        )
+        .unwrap();
+        let diff = FunctionSnapshot::open(dir.clone()).unwrap();
+        assert_eq!(diff.layer.as_ref(), Some(&layer));
+        assert!(!diff.is_complete(), "the base has no record");
+        let record = |id: &str| crate::bases::BaseRecord {
+            id: id.into(),
+            runtime: "python3".into(),
+            memory_mib: 256,
+            kernel: "/k".into(),
+            root_image: "/r".into(),
+            mem_disk_bytes: 1,
+            created_unix_ms: 1,
+        };
+        let write_record = |id: &str| {
+            crate::bases::write_private(
+                &base.join("base.json"),
+                &serde_json::to_vec(&record(id)).unwrap(),
+            )
+            .unwrap()
+        };
+        write_record("other");
+        assert!(!diff.is_complete(), "the base was made again");
+        write_record("abc");
+        assert!(diff.is_complete());
+        std::fs::remove_file(base.join("vm.mem")).unwrap();
+        assert!(!diff.is_complete(), "the base's memory file is gone");
+        // A layer.json that does not parse: not usable.
+        std::fs::write(dir.join(LAYER_RECORD), b"{").unwrap();
+        assert!(FunctionSnapshot::open(dir).is_none());
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

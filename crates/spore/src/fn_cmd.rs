@@ -241,6 +241,8 @@ pub fn run(a: FnArgs) -> anyhow::Result<u8> {
                     || line.starts_with("spore_instances")
                     || line.starts_with("spore_memory_bytes")
                     || line.starts_with("spore_invoke_duration_seconds_count")
+                    || line.starts_with("spore_base_snapshot")
+                    || line.starts_with("spore_function_diff_bytes")
                 {
                     println!("{line}");
                 }

@@ -2,10 +2,13 @@
 import hashlib
 import json
 import os
+import time
 
 
 def handler(event, context):
     n = event.get("n", 0)
+    # Keeps an instance busy, so that concurrent invocations need another.
+    time.sleep(min(float(event.get("sleep", 0)), 5))
     return {
         "hello": "python3",
         "n": n,
@@ -14,4 +17,6 @@ def handler(event, context):
         "function": context.function_name,
         "task_root": os.environ.get("LAMBDA_TASK_ROOT", ""),
         "twice": json.loads(json.dumps([n, n])),
+        # Instances cloned or restored from one snapshot must still differ.
+        "rand": os.urandom(8).hex(),
     }

@@ -9,12 +9,25 @@
 # a Python function whose import fails answers with Runtime.ImportModuleError
 # (a function error, `spore fn invoke` exits 1); a zip without the handler's
 # module is refused at deploy time. The zips come from the host (/fns).
+#
+# SnapFaaS layering (issue 17, item 3): the first Python function's first
+# start boots the python3 runtime once with a placeholder code disk and
+# writes its base snapshot at Standby (<state>/bases/python3-256), then
+# restores it with the function's code disk swapped in and writes the
+# function's snapshot as a diff on it. A second Python function reuses that
+# base (the same snapshot id in /metrics and on disk) and its diff is smaller
+# than the base. After a daemon restart (--no-clones, no keep-alive) every
+# start restores the chain base + diff: answers are right, two restored
+# instances draw different os.urandom bytes (the generation notice reseeds
+# them), and a third function reuses the base recorded by the first daemon.
 . "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 ep=127.0.0.1:9000
 F() { "$SPORE" fn --endpoint "$ep" "$@"; }
 
+# Info lines of the daemon: the base made or reused, diff sizes, zygotes.
+export SPORE_LOG=spore_serve=info,warn
 "$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache --ready-timeout-s 240 \
     --linux-kernel "$GUEST_KERNEL" --keep-alive-ms 600000 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve=$!
@@ -75,8 +88,125 @@ else
     t deploy-refuses-missing-module FAIL "$(cat "$tmp/nomod.out")"
 fi
 
+# path_of: the start path and time `spore fn invoke` reported in $tmp/inv.err.
+path_of() { sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err"; }
+# metric NAME-AND-LABELS-PREFIX FILE: the value of the first matching line.
+metric() { grep -F "$1" "$2" | head -n 1 | awk '{print $NF}'; }
+rand_of() { echo "$1" | sed -n 's/.*"rand": "\([0-9a-f]*\)".*/\1/p'; }
+
+deploy hello2 python3 hello.handler /fns/hello.zip
+body=$(F invoke hello2 '{"n": 5}' 2>"$tmp/inv.err")
+case "$body" in
+*'"n": 5'*'"function": "hello2"'*) t invoke-hello2-from-base PASS "$(path_of)" ;;
+*) t invoke-hello2-from-base FAIL "body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+
+# Two at once: the idle instance and a new clone of hello2's zygote (the VM
+# restored from the base that wrote the diff): different random bytes.
+F invoke hello2 '{"n": 8, "sleep": 3}' >"$tmp/c1.out" 2>"$tmp/c1.err" &
+c1=$!
+sleep 1
+F invoke hello2 '{"n": 9, "sleep": 1}' >"$tmp/c2.out" 2>"$tmp/c2.err"
+wait $c1
+paths=$(cat "$tmp/c1.err" "$tmp/c2.err" | sed -n 's/^spore fn: \([a-z-]*\) start.*/\1/p' | tr '\n' ' ')
+r1=$(rand_of "$(cat "$tmp/c1.out")")
+r2=$(rand_of "$(cat "$tmp/c2.out")")
+case "$paths" in
+*clone*)
+    if [ -n "$r1" ] && [ -n "$r2" ] && [ "$r1" != "$r2" ]; then
+        t clone-of-layered-zygote PASS "$paths: $r1 $r2"
+    else
+        t clone-of-layered-zygote FAIL "$paths: '$r1' '$r2'"
+    fi
+    ;;
+*) t clone-of-layered-zygote FAIL "paths '$paths' ($(cat "$tmp/c1.err" "$tmp/c2.err"))" ;;
+esac
+no_zygote=$(grep -a "no zygote\|no diff snapshot\|no start from the runtime base" "$tmp/serve.err" | head -n 2)
+if [ -z "$no_zygote" ] && grep -aq "zygote ready" "$tmp/serve.err"; then
+    t layered-zygotes PASS "$(grep -ac 'zygote ready' "$tmp/serve.err") zygotes, each a VM started from a base"
+else
+    t layered-zygotes FAIL "$no_zygote"
+fi
+
 F stats >"$SPORE_OUT/stats.txt" 2>&1 || true
+st="$SPORE_OUT/stats.txt"
+base_id=$(sed -n 's/^spore_base_snapshot_bytes{base="python3-256",id="\([^"]*\)"}.*/\1/p' "$st")
+base_bytes=$(metric 'spore_base_snapshot_bytes{base="python3-256"' "$st")
+built=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="built"}' "$st")
+reused=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="reused"}' "$st")
+d1=$(metric 'spore_function_diff_bytes{function="hello",base="python3-256",base_id="'"$base_id"'"}' "$st")
+d2=$(metric 'spore_function_diff_bytes{function="hello2",base="python3-256",base_id="'"$base_id"'"}' "$st")
+if [ -n "$base_id" ] && [ "$built" = 1 ] && [ "${reused:-0}" -ge 1 ] &&
+    grep -q "\"id\": \"$base_id\"" "$tmp/s/bases/python3-256/base.json" 2>/dev/null; then
+    t base-shared PASS "python3-256 id $base_id, $base_bytes bytes, built once, reused $reused times"
+else
+    t base-shared FAIL "id '$base_id' built '$built' reused '$reused': $(grep spore_base "$st" | tr '\n' ' ')"
+fi
+if grep -aq "reusing base snapshot python3-256 (id $base_id" "$tmp/serve.err" &&
+    grep -aq "on base python3-256 (id $base_id" "$tmp/serve.err"; then
+    t base-reuse-logged PASS "$(grep -a "diff of" "$tmp/serve.err" | sed 's/\x1b\[[0-9;]*m//g; s/^.*snapshot /snapshot /' | tr '\n' ';')"
+else
+    t base-reuse-logged FAIL "$(grep -a 'base' "$tmp/serve.err" | tail -n 4)"
+fi
+if [ -n "$d1" ] && [ -n "$d2" ] && [ "$d2" -lt "$base_bytes" ] && [ "$d1" -lt "$base_bytes" ] &&
+    grep -q "\"base_id\": \"$base_id\"" "$tmp/s/snapshots/hello2-v1/layer.json" 2>/dev/null; then
+    t diffs-on-base PASS "hello $d1 bytes, hello2 $d2 bytes, base $base_bytes bytes"
+else
+    t diffs-on-base FAIL "hello '$d1' hello2 '$d2' base '$base_bytes': $(grep spore_function_diff "$st" | tr '\n' ' ')"
+fi
+if grep -q 'spore_base_snapshot_bytes{base="provided-256"' "$st"; then
+    t provided-base PASS "$(grep 'spore_function_diff_bytes{function="shell"' "$st")"
+else
+    t provided-base FAIL "$(grep spore_ "$st" | tr '\n' ' ')"
+fi
+ls -ls "$tmp/s/bases" "$tmp/s/bases/"* "$tmp/s/snapshots/"* >"$SPORE_OUT/layers.txt" 2>&1 || true
 cp "$tmp/serve.err" "$SPORE_OUT/serve.err" 2>/dev/null || true
+kill "$serve" 2>/dev/null
+wait "$serve" 2>/dev/null
+
+# The restarted daemon: no zygotes, no warm instances: every start restores
+# the chain base + diff.
+"$SPORE" serve --listen "$ep" --state-dir "$tmp/s" --image-cache /cache --ready-timeout-s 240 \
+    --linux-kernel "$GUEST_KERNEL" --no-clones --keep-alive-ms 0 >"$tmp/serve2.out" 2>"$tmp/serve2.err" &
+serve=$!
+i=0
+until grep -q listen "$tmp/serve2.out" 2>/dev/null || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+if grep -q listen "$tmp/serve2.out"; then t serve-restarted PASS; else t serve-restarted FAIL "$(tail -n 5 "$tmp/serve2.err")"; fi
+rands=""
+for k in 1 2; do
+    body=$(F invoke hello "{\"n\": 4$k}" 2>"$tmp/inv.err")
+    path=$(path_of)
+    case "$path:$body" in
+    restore*'"n": 4'$k*'"function": "hello"'*)
+        ws=no
+        [ -f "$tmp/s/snapshots/hello-v1/vm.state.ws" ] && ws=yes
+        t "chain-restore-$k" PASS "$path, working set recorded before: $ws"
+        rands="$rands $(rand_of "$body")"
+        ;;
+    *) t "chain-restore-$k" FAIL "$path: body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve2.err"))" ;;
+    esac
+done
+set -- $rands
+if [ $# = 2 ] && [ -n "$1" ] && [ "$1" != "$2" ]; then
+    t restored-instances-reseeded PASS "$1 $2"
+else
+    t restored-instances-reseeded FAIL "os.urandom of two restores: '$rands'"
+fi
+deploy hello3 python3 hello.handler /fns/hello.zip
+body=$(F invoke hello3 '{"n": 6}' 2>"$tmp/inv.err")
+F stats >"$SPORE_OUT/stats2.txt" 2>&1 || true
+reused2=$(metric 'spore_base_snapshot_uses_total{base="python3-256",id="'"$base_id"'",how="reused"}' "$SPORE_OUT/stats2.txt")
+case "$body" in
+*'"n": 6'*'"function": "hello3"'*)
+    if [ "${reused2:-0}" -ge 1 ] && ! grep -q 'how="built"} 1' "$SPORE_OUT/stats2.txt"; then
+        t base-reused-after-restart PASS "$(path_of); $(metric 'spore_function_diff_bytes{function="hello3"' "$SPORE_OUT/stats2.txt") bytes of diff"
+    else
+        t base-reused-after-restart FAIL "$(grep spore_base "$SPORE_OUT/stats2.txt" | tr '\n' ' ')"
+    fi
+    ;;
+*) t base-reused-after-restart FAIL "body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve2.err"))" ;;
+esac
+cp "$tmp/serve2.err" "$SPORE_OUT/serve2.err" 2>/dev/null || true
 kill "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 exit 0

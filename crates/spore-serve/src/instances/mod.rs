@@ -14,6 +14,7 @@
 //! never reused; a function's new version retires every instance and the
 //! zygote of the old one.
 
+mod layered;
 mod memory;
 mod provisioned;
 mod start;
@@ -130,6 +131,8 @@ pub struct Manager {
     cfg: ManagerConfig,
     catalog: Arc<Catalog>,
     snapshots: SnapshotStore,
+    /// Linux runtimes' base snapshots (shared by all their functions).
+    bases: Arc<crate::bases::BaseStore>,
     pub metrics: Metrics,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
@@ -151,6 +154,7 @@ impl Manager {
         Arc::new(Manager {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             snapshots: SnapshotStore::new(&cfg.state_dir, catalog.clone(), cfg.restore_mode),
+            bases: Arc::new(crate::bases::BaseStore::new(&cfg.state_dir)),
             catalog,
             metrics: Metrics::default(),
             pools: Mutex::new(HashMap::new()),
@@ -165,7 +169,8 @@ impl Manager {
     /// After a restart: removes snapshots that are half-written, of old
     /// versions or of deleted functions; returns how many.
     pub fn recover_snapshots(&self) -> usize {
-        self.snapshots.recover()
+        // Bases first: a function diff whose base is gone is then dropped.
+        self.bases.recover() + self.snapshots.recover()
     }
 
     /// After a restart: removes the network namespaces, veths and NAT

@@ -38,7 +38,7 @@ impl Manager {
     /// Connects to an instance of `f` and waits for `Ready` (at most
     /// `ready_limit`), configuring a Linux guest that is still in `Standby`
     /// (a fresh boot).
-    async fn connect(
+    pub(super) async fn connect(
         &self,
         f: &Function,
         uds: &std::path::Path,
@@ -307,7 +307,10 @@ impl Manager {
         }
     }
 
-    /// A fresh VMM booted with the function, connected and ready.
+    /// A fresh VMM booted with the function, connected and ready. A Linux
+    /// function (snapshots on) starts from its runtime's base instead, which
+    /// also writes its version's snapshot as a diff on the base; if that
+    /// fails for a reason other than the function's init, it is booted.
     async fn boot(&self, f: &Function) -> anyhow::Result<(VmmProcess, InstanceConn)> {
         let rt = runtime::find(&f.runtime)
             .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
@@ -330,6 +333,26 @@ impl Manager {
         } else {
             code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
         };
+        if let (Some((kernel, root_image)), false) = (&linux, self.cfg.no_snapshots) {
+            let files = super::layered::LinuxBoot {
+                kernel,
+                root_image,
+                code: &code,
+            };
+            match self.boot_layered(f, rt, &files).await {
+                Ok(started) => return Ok(started),
+                // The function's own init failed: a cold boot would fail
+                // the same way.
+                Err(e)
+                    if e.downcast_ref::<InvokeError>()
+                        .is_some_and(|e| matches!(e, InvokeError::Init(_))) =>
+                {
+                    return Err(e)
+                }
+                Err(e) => tracing::warn!(function = %f.name,
+                    "no start from the runtime base ({e:#}); booting the function instead"),
+            }
+        }
         let vmm = self.spawn_vmm(f).await?;
         self.record(&vmm);
         let files = runtime::BootFiles {
@@ -379,7 +402,7 @@ impl Manager {
 
     /// A fresh VMM process for an instance of `f`, in a network namespace
     /// of its own if `f` asks for network.
-    async fn spawn_vmm(&self, f: &Function) -> anyhow::Result<VmmProcess> {
+    pub(super) async fn spawn_vmm(&self, f: &Function) -> anyhow::Result<VmmProcess> {
         let run_dir = self.run_dir();
         let instance = run_dir
             .file_name()
@@ -430,7 +453,7 @@ impl Manager {
 
     /// The started VMM and its connection, or the VMM ended and the error
     /// naming the end of its log.
-    async fn started_or_ended(
+    pub(super) async fn started_or_ended(
         &self,
         vmm: VmmProcess,
         setup: anyhow::Result<InstanceConn>,
