@@ -80,7 +80,14 @@ pub struct BaseStore {
     /// memory size wait for it and reuse it.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_tmp: AtomicU64,
+    /// When the last build of a base failed: starts do not try it again
+    /// before [`BASE_RETRY_AFTER`] (each try costs a boot up to the ready
+    /// timeout before the start falls back to booting the function).
+    failed: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long after a failed build a base is not tried again.
+pub const BASE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl BaseStore {
     pub fn new(state_dir: &Path) -> Self {
@@ -88,7 +95,28 @@ impl BaseStore {
             root: state_dir.join("bases"),
             locks: Mutex::new(HashMap::new()),
             next_tmp: AtomicU64::new(0),
+            failed: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Records the outcome of a build of `runtime`'s base at `memory_mib`.
+    pub fn build_done(&self, runtime: &str, memory_mib: u32, ok: bool) {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let name = base_name(runtime, memory_mib);
+        if ok {
+            failed.remove(&name);
+        } else {
+            failed.insert(name, std::time::Instant::now());
+        }
+    }
+
+    /// How long ago a build of this base failed, if within [`BASE_RETRY_AFTER`].
+    pub fn failed_recently(&self, runtime: &str, memory_mib: u32) -> Option<std::time::Duration> {
+        let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        failed
+            .get(&base_name(runtime, memory_mib))
+            .map(|t| t.elapsed())
+            .filter(|&ago| ago < BASE_RETRY_AFTER)
     }
 
     pub fn root(&self) -> &Path {
@@ -247,6 +275,18 @@ pub fn disk_bytes(path: &Path) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_base_is_not_tried_again_at_once() {
+        let dir = std::env::temp_dir().join(format!("spore-bases-{}", std::process::id()));
+        let store = super::BaseStore::new(&dir);
+        assert!(store.failed_recently("python3", 256).is_none());
+        store.build_done("python3", 256, false);
+        assert!(store.failed_recently("python3", 256).is_some());
+        assert!(store.failed_recently("python3", 512).is_none());
+        store.build_done("python3", 256, true);
+        assert!(store.failed_recently("python3", 256).is_none());
+    }
+
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {

@@ -129,8 +129,18 @@ impl Manager {
                 b.name()
             );
         }
+        if let Some(ago) = self.bases.failed_recently(rt.name(), f.memory_mib) {
+            anyhow::bail!(
+                "building the base snapshot failed {:.0} s ago; tried again after {} s",
+                ago.as_secs_f64(),
+                crate::bases::BASE_RETRY_AFTER.as_secs()
+            );
+        }
         let started = Instant::now();
-        let b = self.build_base(f, rt, files, kernel, root_image).await?;
+        let built = self.build_base(f, rt, files, kernel, root_image).await;
+        self.bases
+            .build_done(rt.name(), f.memory_mib, built.is_ok());
+        let b = built?;
         tracing::info!(function = %f.name,
             "base snapshot {} (id {}, {} bytes on disk) made in {:.1} ms",
             b.name(), b.record.id, b.record.mem_disk_bytes,
