@@ -6,7 +6,9 @@ set -euo pipefail
 
 tier=${1:-host}
 
-need_targets=(x86_64-unknown-none)
+# x86_64-unknown-none: the unikernel; x86_64-unknown-linux-musl: static binaries
+# (spore-agent, the lambda_runtime fixture of the agent's tests, the nested L1 spore).
+need_targets=(x86_64-unknown-none x86_64-unknown-linux-musl)
 # redis-cli drives the kvserver unikernel in the host-KVM tests; curl and ping
 # talk to the httpd unikernel (kvm_net). iproute2 and
 # nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
@@ -18,7 +20,6 @@ need_pkgs=(redis-tools curl iputils-ping iproute2 nftables python3)
 # the image without a loop device, debugfs reads it back in the tests.
 need_pkgs+=(mmdebstrap e2fsprogs)
 if [[ $tier == nested ]]; then
-    need_targets+=(x86_64-unknown-linux-musl)
     # The guest kernel, the guest initramfs and the nested harness.
     # musl-tools: the static spore links SQLite (spore serve's catalogue), built
     # from C with musl-gcc.
