@@ -12,6 +12,7 @@
 //!   from the host to a runtime speaking the Lambda Runtime API ([`agent`]).
 
 pub mod agent;
+pub mod console;
 pub mod netid;
 pub mod port;
 pub mod reseed;

@@ -33,11 +33,11 @@ run_vm() {
     wait $pid
     rc=$?
 }
-# An open bug (guest/README.md): now and then a guest that ran its scenario
-# (exit 3) left nothing at all on its console, not even init's first line:
-# its tty's output never reached the UART (a lost transmit interrupt is the
-# lead). What this scenario checks is the CPUID the guest saw, so such a VM
-# is booted once more, and the detail of its result says so.
+# Now and then a guest that ran its scenario (exit 3) left nothing on its
+# console: init asked the VMM to exit before the tty had drained
+# (guest/README.md; spore-signal now waits for the drain). What this scenario
+# checks is the CPUID the guest saw, so such a VM is booted once more, and
+# the detail of its result says so.
 # run_vm_console NAME CONSOLE_FILE ARGS...: run_vm, again if CONSOLE_FILE
 # is empty; $empty_note says whether it was.
 run_vm_console() {

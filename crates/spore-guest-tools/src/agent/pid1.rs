@@ -185,6 +185,8 @@ pub fn start_reaper(agent: Arc<Agent>) {
 pub fn halt(code: u8) -> ! {
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
+    // The agent's last words (an init error, say) must reach the host first.
+    crate::console::drain(Duration::from_secs(2));
     if let Ok(port) = SignalPort::open() {
         port.write(encode(SignalOp::Exit, u32::from(code)));
     }

@@ -23,8 +23,11 @@
 use std::process::ExitCode;
 
 use spore_abi::signal::{self, SignalOp};
-use spore_guest_tools::port;
 use spore_guest_tools::signal_cli::{self as cli, Command};
+use spore_guest_tools::{console, port};
+
+/// How long `exit` and `done` wait for the console to drain.
+const CONSOLE_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +52,8 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
     let port = port::SignalPort::open()?;
     match command {
         Command::Exit(code) => {
+            // What the guest printed last must reach the host before the VM ends.
+            console::drain(CONSOLE_DRAIN_LIMIT);
             port.write(signal::encode(SignalOp::Exit, u32::from(code)));
             // Under spore the VM is gone before this line runs; reaching it
             // means nothing listens on the port (another VMM, or plain QEMU).
@@ -77,6 +82,7 @@ fn run(command: Command) -> Result<ExitCode, port::PortError> {
             }
         }
         Command::Done => {
+            console::drain(CONSOLE_DRAIN_LIMIT);
             port.write(signal::encode(SignalOp::Done, 0));
             eprintln!("spore-signal: done sent but the VM is still running (not under spore?)");
             Ok(ExitCode::FAILURE)
