@@ -44,6 +44,19 @@ pub struct ServeArgs {
     /// read them up front) or lazy (every page on demand).
     #[arg(long, default_value = "working-set", value_parser = ["working-set", "lazy"])]
     restore_mode: String,
+    /// How long the first working-set restore of a snapshot records the
+    /// pages its guest touches (ms); recording also ends when that instance
+    /// stops. Slow (emulated) hosts need longer for a whole invocation.
+    #[arg(long, default_value_t = spore_serve::snapshots::WORKING_SET_RECORD_MS)]
+    working_set_record_ms: u64,
+    /// How Linux functions' snapshots are kept: layered (SnapFaaS: a diff
+    /// on the runtime's shared base snapshot, restored as the chain) or
+    /// merged (each diff merged with the base into one full snapshot of
+    /// the function, as Firecracker's `rebase-snap` does; a benchmark
+    /// baseline, `spore bench serve --linux`: it costs a whole memory file
+    /// of disk per function).
+    #[arg(long, default_value = "layered", value_parser = ["layered", "merged"])]
+    linux_snapshots: String,
     /// Verify every request's SigV4 signature against the access keys in
     /// this TOML file ([[keys]] access_key_id, secret_access_key); unsigned or
     /// wrongly signed requests get 403. Default: accept any request.
@@ -105,6 +118,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             no_snapshots: a.no_snapshots,
             restore_mode: spore_serve::snapshots::RestoreMode::parse(&a.restore_mode)
                 .context("--restore-mode")?,
+            working_set_record_ms: a.working_set_record_ms,
+            linux_snapshots: spore_serve::snapshots::LinuxSnapshots::parse(&a.linux_snapshots)
+                .context("--linux-snapshots")?,
             net_pool: spore_serve::network::NetPool::parse(&a.net_pool)?,
             linux_kernel,
             image_cache,

@@ -22,6 +22,7 @@ use crate::catalog::Function;
 use crate::invoke::InstanceConn;
 use crate::metrics::DiffStat;
 use crate::runtime::{self, Runtime};
+use crate::snapshots::LinuxSnapshots;
 use crate::vmm::VmmProcess;
 
 /// What a Linux VM boots from.
@@ -93,6 +94,9 @@ impl Manager {
                 }
                 Err(e) => tracing::warn!(function = %f.name, "no diff snapshot: {e:#}"),
             }
+            if self.cfg.linux_snapshots == LinuxSnapshots::Merged {
+                self.merge_diff(f).await;
+            }
             resume(&vmm).await?;
             anyhow::Ok(self.connect(f, &vmm.vsock_uds).await?)
         }
@@ -101,6 +105,28 @@ impl Manager {
         tracing::info!(function = %f.name, "started from base {} in {:.1} ms",
             base.name(), started.elapsed().as_secs_f64() * 1e3);
         Ok(started_vm)
+    }
+
+    /// `--linux-snapshots merged`: the Diff just written for `f` becomes
+    /// one Full snapshot (base and diff merged). If that fails the Diff
+    /// stays, and the function is restored layered (logged).
+    async fn merge_diff(&self, f: &Function) {
+        let Some(diff) = self.snapshots.find(f).filter(|s| s.layer.is_some()) else {
+            return;
+        };
+        let t = Instant::now();
+        match self
+            .snapshots
+            .merge_with_base(f, &diff, &self.cfg.spore_bin)
+            .await
+        {
+            Ok((snap, rec)) => tracing::info!(function = %f.name, version = f.version,
+                "snapshot {}: the diff ({} bytes) merged with base {} (id {}) into one full snapshot of {} bytes on disk in {:.1} ms",
+                snap.dir.display(), rec.diff_disk_bytes, rec.base, rec.base_id,
+                rec.full_disk_bytes, t.elapsed().as_secs_f64() * 1e3),
+            Err(e) => tracing::warn!(function = %f.name,
+                "the diff was not merged with its base (restored layered instead): {e:#}"),
+        }
     }
 
     /// The base of `f`'s runtime and memory size: the one on disk if it was

@@ -31,7 +31,7 @@ use crate::catalog::{Catalog, Function, ProcessRecord};
 use crate::invoke::{InstanceConn, InvokeError, InvokeResult};
 use crate::metrics::{Metrics, StartPath};
 use crate::network::{InstanceNet, NetPool, Network};
-use crate::snapshots::{RestoreMode, SnapshotStore};
+use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
 /// Clone processes each zygote's VMM keeps started ahead.
@@ -57,6 +57,12 @@ pub struct ManagerConfig {
     pub no_snapshots: bool,
     /// How instances are restored from snapshots.
     pub restore_mode: RestoreMode,
+    /// Linux functions' snapshots: a diff on the runtime's base, or (the
+    /// benchmark's baseline) merged with it into one full snapshot.
+    pub linux_snapshots: LinuxSnapshots,
+    /// How long the first working-set restore of a snapshot records the
+    /// pages its guest touches (ms; it also ends when the instance stops).
+    pub working_set_record_ms: u64,
     /// The /30s of networked instances' veth pairs (`--net-pool`).
     pub net_pool: NetPool,
     /// The guest kernel of Linux functions (`--linux-kernel`, else the
@@ -153,7 +159,12 @@ impl Manager {
     pub fn new(cfg: ManagerConfig, catalog: Arc<Catalog>) -> Arc<Self> {
         Arc::new(Manager {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
-            snapshots: SnapshotStore::new(&cfg.state_dir, catalog.clone(), cfg.restore_mode),
+            snapshots: SnapshotStore::new(
+                &cfg.state_dir,
+                catalog.clone(),
+                cfg.restore_mode,
+                cfg.working_set_record_ms,
+            ),
             bases: Arc::new(crate::bases::BaseStore::new(&cfg.state_dir)),
             catalog,
             metrics: Metrics::default(),

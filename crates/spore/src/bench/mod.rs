@@ -18,6 +18,7 @@ mod reclaim;
 mod reclaim_linux;
 mod report;
 mod serve;
+mod serve_linux;
 mod snapshot;
 pub mod stats;
 mod tmem;
@@ -47,7 +48,10 @@ pub enum BenchCommand {
     /// (`--linux-kernel`, nested harness) or virtio-mem on the unikernel (`--uk`).
     Reclaim(crate::bench::reclaim::ReclaimArgs),
     /// `spore serve`: invoke latency per start path (warm, clone, cold),
-    /// invocations/s with clones against cold boots, idle instances held.
+    /// invocations/s with clones against cold boots, idle instances held;
+    /// with --linux, SnapFaaS's experiment on Python functions (cold boot,
+    /// merged full snapshot, layered base + diff, layered + working set,
+    /// clone; cold and lukewarm page cache).
     Serve(crate::bench::serve::ServeBenchArgs),
     /// virtio-net on a tap against the `httpd` unikernel: TCP throughput
     /// both ways, 1-byte ping-pong latency, HTTP keep-alive requests/s

@@ -38,34 +38,73 @@ pub struct ServeBenchArgs {
     /// Idle instances of a 64 MiB function to hold (0 skips that part).
     #[arg(long, default_value_t = 1000)]
     pub idle_instances: usize,
+    /// Linux functions instead (python3, SnapFaaS's experiment): start
+    /// strategies compared cold and lukewarm; see `--linux-*` options.
+    #[command(flatten)]
+    pub linux: super::serve_linux::LinuxBenchArgs,
 }
 
 /// A `spore serve` for the bench, ended on drop.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
-    addr: String,
+    pub(super) addr: String,
     state: PathBuf,
+    /// Leave the state directory when ended (a later daemon reuses it).
+    keep_state: bool,
 }
 
 impl Daemon {
     fn start(state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
+        let log = std::env::var_os("SPORE_BENCH_DAEMON_LOG").map(PathBuf::from);
+        Self::spawn(state, extra, false, log.as_deref(), false)
+    }
+
+    /// A daemon on `state` that leaves it in place when ended; its messages
+    /// are appended to `log`.
+    pub(super) fn start_keeping(
+        state: &Path,
+        extra: &[&str],
+        log: Option<&Path>,
+    ) -> anyhow::Result<Daemon> {
+        Self::spawn(state, extra, true, log, true)
+    }
+
+    fn spawn(
+        state: &Path,
+        extra: &[&str],
+        keep_state: bool,
+        log: Option<&Path>,
+        append: bool,
+    ) -> anyhow::Result<Daemon> {
         let exe = std::env::current_exe()?;
+        let stderr = match log {
+            Some(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(p)
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+            None => Stdio::null(),
+        };
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(match std::env::var_os("SPORE_BENCH_DAEMON_LOG") {
-                Some(p) => std::fs::File::create(p)
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-                None => Stdio::null(),
-            })
+            .stderr(stderr)
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().context("daemon stdout")?).read_line(&mut line)?;
-        let v: Value =
-            serde_json::from_str(&line).with_context(|| format!("daemon said {line:?}"))?;
+        let v: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("spore serve did not start (it said {line:?}: {e}); see its log");
+            }
+        };
         let addr = v["listen"]
             .as_str()
             .context("no listen address")?
@@ -74,6 +113,7 @@ impl Daemon {
             child,
             addr,
             state: state.to_path_buf(),
+            keep_state,
         })
     }
 
@@ -84,9 +124,22 @@ impl Daemon {
             &std::fs::read(image).with_context(|| format!("reading {}", image.display()))?,
         )?;
         let zip = zip.finish()?.into_inner();
+        self.deploy_zip(name, "spore-uk", "fn", &zip, memory_mib, 60)
+    }
+
+    /// Deploys a function from a zip (its bytes).
+    pub(super) fn deploy_zip(
+        &self,
+        name: &str,
+        runtime: &str,
+        handler: &str,
+        zip: &[u8],
+        memory_mib: u32,
+        timeout_s: u32,
+    ) -> anyhow::Result<()> {
         let body = json!({
-            "FunctionName": name, "Runtime": "spore-uk", "Handler": "fn", "Role": "bench",
-            "MemorySize": memory_mib, "Timeout": 60,
+            "FunctionName": name, "Runtime": runtime, "Handler": handler, "Role": "bench",
+            "MemorySize": memory_mib, "Timeout": timeout_s,
             "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
         });
         let mut c = Conn::open(&self.addr)?;
@@ -107,7 +160,9 @@ impl Drop for Daemon {
         // SAFETY: signalling our own child: SIGTERM ends its instances.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.state);
+        if !self.keep_state {
+            let _ = std::fs::remove_dir_all(&self.state);
+        }
     }
 }
 
@@ -141,6 +196,9 @@ fn path_figures(server: &[f64], client: &[f64]) -> Value {
 }
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
+    if a.linux.linux {
+        return super::serve_linux::run(a.linux);
+    }
     let dir = super::uk_dir(&a.uk_dir);
     let (echo, touch) = (dir.join("fn-echo"), dir.join("fn-touch32"));
     for p in [&echo, &touch] {
