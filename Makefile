@@ -9,7 +9,7 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench bench-peers lint fmt clean fc-sdk fuzz images images-test
+        bench bench-peers bench-serve-linux lint fmt clean fc-sdk fuzz images images-test
 
 all: build uk
 
@@ -116,6 +116,25 @@ bench-peers: static
 
 # Every bench's JSON goes to $(BENCH_OUT), then one HTML page with plots.
 BENCH_OUT ?= $(CURDIR)/target/bench
+
+# SnapFaaS's experiment (issue 17) in the nested harness: `spore bench serve
+# --linux` on the Python functions of tests/fixtures/python-bench, five start
+# strategies (cold boot, merged full snapshot, layered base + diff, layered +
+# working set, clone), cold and lukewarm page cache. A benchmark, not in
+# `make test`: under QEMU TCG a cold boot takes about 10 s, so the whole
+# matrix takes hours; cut it down, e.g.
+#   make bench-serve-linux BSL_FUNCTIONS=lorem,thumbnail BSL_SIZES=256 BSL_ROUNDS=3
+# Report: $(BENCH_OUT)/serve-linux/bench-serve-linux.json and .txt (the table).
+BSL_FUNCTIONS ?= lorem,thumbnail,enhance,matrix,compress
+BSL_SIZES ?= 128,256,512
+BSL_ROUNDS ?= 3
+BSL_STRATEGIES ?= cold-boot,merged,layered,layered-ws,clone
+BSL_TEMPERATURES ?= lukewarm,cold
+bench-serve-linux: deps-nested static
+	SPORE_BSL_FUNCTIONS=$(BSL_FUNCTIONS) SPORE_BSL_SIZES=$(BSL_SIZES) SPORE_BSL_ROUNDS=$(BSL_ROUNDS) \
+	SPORE_BSL_STRATEGIES=$(BSL_STRATEGIES) SPORE_BSL_TEMPERATURES=$(BSL_TEMPERATURES) \
+	SPORE_BENCH_OUT=$(BENCH_OUT)/serve-linux \
+	    tests/nested/run-all.sh --spore $(STATIC_SPORE) --only bench-serve-linux
 bench: build uk
 	mkdir -p $(BENCH_OUT)
 	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark > $(BENCH_OUT)/boot.json

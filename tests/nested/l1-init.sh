@@ -25,6 +25,20 @@ if [ ! -c /dev/net/tun ] && grep -qw tun /proc/misc 2>/dev/null; then
 fi
 [ -c /dev/net/tun ] || echo "SPORE-L1 no /dev/net/tun (tun module missing?)"
 
+# run.sh --scratch-disk: an ext4 disk (virtio-blk) mounted at /scratch, for
+# files whose page cache a scenario drops (the initramfs's cannot be).
+if grep -qw spore.scratch=1 /proc/cmdline; then
+    i=0
+    while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    mkdir -p /scratch
+    if mount -t ext4 /dev/vda /scratch; then
+        export SPORE_SCRATCH=/scratch
+        echo "SPORE-L1 scratch disk mounted ($(df -m /scratch | awk 'NR == 2 { print $2 }') MiB)"
+    else
+        echo "SPORE-L1 scratch disk: mounting /dev/vda failed"
+    fi
+fi
+
 # An open bug (guest/README.md): now and then a run stalls before its first
 # result. If no SPORE-TEST line came after $1 seconds, print what every spore
 # process is doing (threads, wait channels, kernel stacks), the scenario's

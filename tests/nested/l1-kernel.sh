@@ -10,7 +10,9 @@
 # Result, cached per package version and module set:
 #   ${SPORE_CACHE:-/var/cache/spore}/l1-kernel-<package>_<version>-<modset>/
 #       vmlinuz  modules/*.ko  load-order (module file names, load order)
-# Usage: tests/nested/l1-kernel.sh     (prints the directory as the last line)
+# Usage: tests/nested/l1-kernel.sh [MODULE...]   (prints the directory as the
+#   last line; MODULEs are loaded too, e.g. virtio_pci virtio_blk for run.sh's
+#   --scratch-disk, and are part of the cache key)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,7 +22,7 @@ source "$here/../../guest/lib.sh"
 meta=linux-image-cloud-amd64
 # The modules L1 loads (with their dependencies). Part of the cache key: a
 # cache entry made for another list is not reused.
-wanted=(kvm_amd tun veth)
+wanted=(kvm_amd tun veth "$@")
 modset="$(printf '%s\n' "${wanted[@]}" | sha256sum | cut -c1-8)"
 ensure_packages apt dpkg kmod xz-utils zstd
 

@@ -23,7 +23,8 @@
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
-# 128 MiB-1 GiB) and bench (the Linux boot
+# 128 MiB-1 GiB), bench-serve-linux (`spore bench serve --linux`: SnapFaaS's
+# start strategies on Python functions; make bench-serve-linux) and bench (the Linux boot
 # benchmark, 10 boots: a benchmark, not a test; late in session 1 it hung in 3
 # of about 30 boots, an open bug; each run now fails after 120 s instead).
 # Prints each scenario's results and a final "N passed, N failed, N skipped".
@@ -38,7 +39,7 @@ while (($#)); do
     case $1 in
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux]" ;;
     esac
 done
 [[ -x $spore ]] || die "--spore: no executable at '$spore'"
@@ -133,30 +134,46 @@ if [[ $only == bench-reclaim ]]; then
         --guest-scenario "$here/scenarios/guest/virtio-mem-snapshot.sh" \
         --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-reclaim}"
 fi
-if [[ -z $only || $only == serve-linux ]]; then
-    # The runtime images are built here (cached by content: the recipe, the
-    # agent and the bootstrap are in the key) with this tree's static
-    # spore-agent, and laid out as a cache of their own in L1. The daemon
-    # builds code disks at deploy time with mkfs.ext4, which L1 (busybox)
-    # lacks: the host's mke2fs goes in with its libraries.
+# The runtime images of `spore serve`'s Linux functions, built (cached by
+# content: the recipe, the agent and the bootstrap are in the key) with this
+# tree's static spore-agent: runtime_images RUNTIME... prints each image's
+# path. And the host's mke2fs with its libraries (the daemon builds code
+# disks at deploy time with mkfs.ext4, which L1's busybox lacks), as --file
+# arguments in mkfs_files.
+runtime_images() {
+    local agent_bin img rt
     agent_bin="$(cd "$repo" && cargo build --release -q -p spore-guest-tools --bin spore-agent \
         --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
         sed -n 's/.*"executable":"\([^"]*spore-agent\)".*/\1/p' | tail -n1)"
     [[ -x $agent_bin ]] || die "spore-agent was not built"
-    sl_files=()
-    for rt in python3 provided; do
+    for rt in "$@"; do
         img="$("$repo/guest/build-rootfs.sh" "$rt" --agent "$agent_bin" | tail -n1)"
         [[ -f $img ]] || die "the $rt runtime image was not built"
+        log "$rt image $(du -m "$img" | cut -f1) MiB ($img)"
+        echo "$img"
+    done
+}
+mkfs_files=()
+add_mkfs_files() {
+    local mke2fs_bin lib
+    mke2fs_bin="$(command -v mke2fs || echo /usr/sbin/mke2fs)"
+    mkfs_files=(--file "$mke2fs_bin:/sbin/mkfs.ext4" --file /etc/mke2fs.conf:/etc/mke2fs.conf)
+    while read -r lib; do
+        mkfs_files+=(--file "$lib:$lib")
+    done < <(ldd "$mke2fs_bin" | grep -o '/[^ ]*' | sort -u)
+}
+
+if [[ -z $only || $only == serve-linux ]]; then
+    # The images are laid out as a cache of their own in L1.
+    sl_files=()
+    while read -r img; do
         d="$(dirname "$img")"
         sl_files+=(--file "$img:/cache/$(basename "$d")/rootfs.ext4"
             --file "$d/manifest.json:/cache/$(basename "$d")/manifest.json")
-        log "serve-linux: $rt image $(du -m "$img" | cut -f1) MiB ($img)"
-    done
-    mke2fs_bin="$(command -v mke2fs || echo /usr/sbin/mke2fs)"
-    sl_files+=(--file "$mke2fs_bin:/sbin/mkfs.ext4" --file /etc/mke2fs.conf:/etc/mke2fs.conf)
-    while read -r lib; do
-        sl_files+=(--file "$lib:$lib")
-    done < <(ldd "$mke2fs_bin" | grep -o '/[^ ]*' | sort -u)
+    done < <(runtime_images python3 provided)
+    ((${#sl_files[@]} == 8)) || die "the runtime images were not built"
+    add_mkfs_files
+    sl_files+=("${mkfs_files[@]}")
     fns="$repo/tests/nested/fns"
     python3 - "$fns" "$work" <<'PY'
 import sys, zipfile
@@ -180,6 +197,37 @@ PY
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
         --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" \
         --out-dir "$work/out-serve-linux"
+fi
+if [[ $only == bench-serve-linux ]]; then
+    # A benchmark, opt-in (make bench-serve-linux): `spore bench serve
+    # --linux`, SnapFaaS's experiment. The python3 image and the guest
+    # kernel go on a scratch disk (with the daemon's state directory), so a
+    # cold start's dropped page cache is read from a disk again; the matrix
+    # comes from SPORE_BSL_* (see the Makefile) through an env file.
+    bsl="$work/bsl-scratch"
+    mkdir -p "$bsl/cache"
+    img="$(runtime_images python3 | tail -n1)"
+    [[ -f $img ]] || die "the python3 runtime image was not built"
+    d="$(dirname "$img")"
+    mkdir -p "$bsl/cache/$(basename "$d")"
+    cp "$img" "$d/manifest.json" "$bsl/cache/$(basename "$d")/"
+    cp "$("$repo/guest/build-kernel.sh" | tail -n1)" "$bsl/vmlinux"
+    add_mkfs_files
+    bsl_files=("${mkfs_files[@]}")
+    for f in "$repo"/tests/fixtures/python-bench/*.py; do
+        bsl_files+=(--file "$f:/fns/python-bench/$(basename "$f")")
+    done
+    : >"$work/bsl.env"
+    for v in FUNCTIONS SIZES ROUNDS STRATEGIES TEMPERATURES; do
+        val="$(printenv "SPORE_BSL_$v" || true)"
+        [[ $val =~ ^[A-Za-z0-9,_-]*$ ]] || die "SPORE_BSL_$v: letters, digits, commas, - and _ only"
+        [[ -z $val ]] || echo "SPORE_BSL_$v=$val" >>"$work/bsl.env"
+    done
+    run_one bench-serve-linux --memory "${SPORE_BSL_L1_MIB:-6144}" --timeout "${SPORE_BSL_TIMEOUT:-5400}" \
+        --stall-timeout "${SPORE_BSL_TIMEOUT:-5400}" --scratch-disk "${SPORE_BSL_DISK_MIB:-16384}:$bsl" \
+        --scenario "$here/scenarios/bench-serve-linux.sh" "${bsl_files[@]}" \
+        --file "$work/bsl.env:/etc/spore-bench-serve-linux.env" \
+        --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-serve-linux}"
 fi
 if [[ $only == bench ]]; then
     run_one bench --stall-timeout 900 --scenario "$here/scenarios/bench.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench}"

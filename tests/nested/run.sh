@@ -40,6 +40,11 @@ usage: tests/nested/run.sh --scenario FILE [options]
   --out-dir DIR            unpack files the scenario left in $SPORE_OUT here
   --log FILE               serial log (default /tmp/spore-nested/<scenario>.log)
   --memory MIB --smp N     L1 size (default 3072, 2)
+  --scratch-disk MIB[:DIR] a disk of MIB MiB (ext4, with DIR's contents when
+                           given) that L1 mounts at /scratch and scenarios
+                           find as $SPORE_SCRATCH: files whose page cache can
+                           be dropped (the initramfs's cannot); QEMU opens it
+                           with cache=none, so reads after a drop go to disk
   --append ARGS            extra L1 kernel command line
   --quiet                  do not stream the serial console to stdout
   --mode auto|qemu|direct  direct: run the scenario on this host, without QEMU
@@ -51,7 +56,7 @@ USAGE
 }
 
 scenario="" spore="" guest_scenario="" out_dir="" log_file="" append=""
-timeout_s=900 stall_s=300 memory=3072 smp=2 quiet=0 mode=auto
+timeout_s=900 stall_s=300 memory=3072 smp=2 quiet=0 mode=auto scratch_mib="" scratch_dir=""
 guest_files=() l1_files=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -66,6 +71,7 @@ while [[ $# -gt 0 ]]; do
     --log) log_file="${2:?}"; shift 2 ;;
     --memory) memory="${2:?}"; shift 2 ;;
     --smp) smp="${2:?}"; shift 2 ;;
+    --scratch-disk) scratch_mib="${2%%:*}"; [[ $2 == *:* ]] && scratch_dir="${2#*:}"; shift 2 ;;
     --append) append="${2:?}"; shift 2 ;;
     --quiet) quiet=1; shift ;;
     --mode) mode="${2:?}"; shift 2 ;;
@@ -77,6 +83,8 @@ done
 [[ -f $scenario ]] || die "scenario not found: $scenario"
 [[ $timeout_s =~ ^[0-9]+$ && $stall_s =~ ^[0-9]+$ && $memory =~ ^[0-9]+$ && $smp =~ ^[0-9]+$ ]] ||
     die "--timeout, --stall-timeout, --memory and --smp take whole numbers"
+[[ -z $scratch_mib || $scratch_mib =~ ^[0-9]+$ ]] || die "--scratch-disk takes MIB[:DIR]"
+[[ -z $scratch_dir || -d $scratch_dir ]] || die "--scratch-disk: no directory $scratch_dir"
 # A KVM that runs Linux guests itself (hardware virtualization) needs no QEMU.
 native_kvm() {
     [[ -c /dev/kvm && ! -d /sys/module/kvm_pvm ]] &&
@@ -126,13 +134,21 @@ scenario_lib="$here/scenarios/lib.sh:/lib/spore/scenario-lib.sh"
 gspecs=("${guest_files[@]}" "$scenario_lib")
 [[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
 guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
-l1="$("$here/l1-kernel.sh" | tail -n1)"
+l1_modules=()
+[[ -n $scratch_mib ]] && l1_modules=(virtio_pci virtio_blk)
+l1="$("$here/l1-kernel.sh" "${l1_modules[@]}" | tail -n1)"
 
 # --- direct: the scenario runs on this host with the same environment an L1
 # gives it (files under $SPORE_ROOT instead of /, scratch in $SPORE_TMP).
 run_direct() {
     local root="$work/root"
     mkdir -p "$root" "$work/out" "$work/tmp"
+    local scratch=""
+    if [[ -n $scratch_mib ]]; then
+        scratch="$work/scratch"
+        mkdir -p "$scratch"
+        [[ -n $scratch_dir ]] && cp -a "$scratch_dir/." "$scratch/"
+    fi
     for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
     log "running $name directly on this host's KVM (timeout ${timeout_s}s, log $log_file)"
     start=$EPOCHREALTIME
@@ -141,7 +157,7 @@ run_direct() {
         (
             cd "$work/tmp" &&
                 SPORE="$spore" GUEST_KERNEL="$vmlinux" GUEST_BZIMAGE="$bzimage" GUEST_INITRD="$guest_initrd" \
-                    SPORE_OUT="$work/out" SPORE_ROOT="$root" SPORE_TMP="$work/tmp" \
+                    SPORE_OUT="$work/out" SPORE_ROOT="$root" SPORE_TMP="$work/tmp" SPORE_SCRATCH="$scratch" \
                     timeout --kill-after=10 "$timeout_s" sh "$scenario"
         )
         local rc=$?
@@ -176,6 +192,23 @@ cp "$guest_initrd" "$root/guest/initramfs.cpio"
 for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
 pack_cpio "$root" "$work/l1.cpio"
 
+# --- the scratch disk (sparse; mke2fs -d copies DIR in, no mount needed).
+# cache=none (O_DIRECT) where the host's file system takes it: a page
+# dropped in L1 is then read from the host's disk again, not from its cache.
+scratch_args=()
+if [[ -n $scratch_mib ]]; then
+    ensure_packages e2fsprogs
+    img="$work/scratch.img"
+    mke2fs -q -t ext4 -L spore-scratch -E lazy_itable_init=0,lazy_journal_init=0 \
+        ${scratch_dir:+-d "$scratch_dir"} "$img" "${scratch_mib}M"
+    cache=none
+    dd if=/dev/zero of="$work/.odirect" bs=4096 count=1 oflag=direct status=none 2>/dev/null || cache=writeback
+    rm -f "$work/.odirect"
+    scratch_args=(-drive "file=$img,if=virtio,format=raw,cache=$cache,aio=threads")
+    append="$append spore.scratch=1"
+    log "scratch disk: $scratch_mib MiB (cache=$cache)${scratch_dir:+ from $scratch_dir}"
+fi
+
 # --- run
 log "booting L1 under QEMU TCG+SVM (timeout ${timeout_s}s, log $log_file)"
 start=$EPOCHREALTIME
@@ -187,7 +220,7 @@ start=$EPOCHREALTIME
 monitor="$work/qemu-monitor.sock"
 qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp "$smp"
     -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
-    -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio"
+    -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
     -append "console=ttyS0 quiet panic=-1 no_timer_check nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
 : >"$log_file"
 # QEMU runs in the background so the timeout can kill exactly it.

@@ -41,7 +41,7 @@ pub struct ServeBenchArgs {
     /// Linux functions instead (python3, SnapFaaS's experiment): start
     /// strategies compared cold and lukewarm; see `--linux-*` options.
     #[command(flatten)]
-    pub linux: super::serve_linux::LinuxBenchArgs,
+    pub linux: Box<super::serve_linux::LinuxBenchArgs>,
 }
 
 /// A `spore serve` for the bench, ended on drop.
@@ -197,7 +197,7 @@ fn path_figures(server: &[f64], client: &[f64]) -> Value {
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
     if a.linux.linux {
-        return super::serve_linux::run(a.linux);
+        return super::serve_linux::run(*a.linux);
     }
     let dir = super::uk_dir(&a.uk_dir);
     let (echo, touch) = (dir.join("fn-echo"), dir.join("fn-touch32"));
