@@ -15,8 +15,11 @@ use tokio::net::UnixStream;
 
 use crate::network::InstanceNet;
 
-/// How long a VMM asked to stop cleanly may take before it is killed.
-const CLEAN_STOP_LIMIT: Duration = Duration::from_secs(2);
+/// How long a VMM asked to stop cleanly may take before it is killed: one
+/// recording a working set writes it then (a Linux guest's can be tens of
+/// MiB, slow on a slow disk). Only such VMMs are stopped cleanly, and their
+/// ending is off any invocation's path.
+const CLEAN_STOP_LIMIT: Duration = Duration::from_secs(20);
 
 /// A VMM process: either started by the daemon (its child), or a clone
 /// started by a zygote's VMM (known by pid).

@@ -13,6 +13,8 @@
 # JSON lands in $SPORE_OUT/bench-serve-linux.json, the table and progress
 # in bench-serve-linux.txt.
 . "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
+# Info lines of the daemons: bases made or reused, diffs, merges, zygotes.
+export SPORE_LOG=spore_serve=info,warn
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
 env_file="${SPORE_ROOT:-}/etc/spore-bench-serve-linux.env"
