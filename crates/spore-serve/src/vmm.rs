@@ -137,8 +137,14 @@ impl VmmProcess {
 
     /// The last lines of the VMM's log, for error messages.
     pub fn log_tail(&self) -> String {
+        self.log_lines(3)
+    }
+
+    /// The last `n` lines of its run directory's `vmm.log`, joined with
+    /// ` | ` (a clone's is its zygote's).
+    pub fn log_lines(&self, n: usize) -> String {
         let text = std::fs::read_to_string(self.run_dir.join("vmm.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        let lines: Vec<&str> = text.lines().rev().take(n).collect();
         lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 

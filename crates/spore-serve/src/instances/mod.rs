@@ -34,6 +34,9 @@ use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
 
+/// Lines of a failed instance's VMM log (its guest console) logged.
+const CRASH_LOG_LINES: usize = 20;
+
 /// Clone processes each zygote's VMM keeps started ahead.
 const STANDBY_CLONES: u32 = 2;
 
@@ -276,10 +279,16 @@ impl Manager {
             }
             Ok(Err(e)) => {
                 let why = crash_reason(&e, &mut inst).await;
+                // The guest's console is in the VMM's log, which goes with
+                // its run directory: what it said last is kept here.
+                tracing::warn!(function = %f.name, start = path.as_str(),
+                    "instance failed ({why}); its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
                 self.end(inst.vmm).await;
                 Outcome::Crashed(why)
             }
             Err(_) => {
+                tracing::warn!(function = %f.name, start = path.as_str(),
+                    "instance timed out; its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
                 self.end(inst.vmm).await;
                 Outcome::TimedOut
             }
