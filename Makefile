@@ -128,7 +128,7 @@ BENCH_OUT ?= $(CURDIR)/target/bench
 BSL_FUNCTIONS ?= lorem,thumbnail,enhance,matrix,compress
 BSL_SIZES ?= 128,256,512
 BSL_ROUNDS ?= 3
-BSL_STRATEGIES ?= cold-boot,merged,layered,layered-ws,clone
+BSL_STRATEGIES ?= cold-boot,merged,layered,layered-ws,clone,warm
 BSL_TEMPERATURES ?= lukewarm,cold
 bench-serve-linux: deps-nested static
 	SPORE_BSL_FUNCTIONS=$(BSL_FUNCTIONS) SPORE_BSL_SIZES=$(BSL_SIZES) SPORE_BSL_ROUNDS=$(BSL_ROUNDS) \

@@ -32,7 +32,7 @@ fi
         --fixtures "${SPORE_ROOT:-}/fns/python-bench" --state-dir "$scratch/s" \
         --functions "${SPORE_BSL_FUNCTIONS:-lorem,thumbnail,enhance,matrix,compress}" \
         --sizes "${SPORE_BSL_SIZES:-128,256,512}" --rounds "${SPORE_BSL_ROUNDS:-3}" \
-        --strategies "${SPORE_BSL_STRATEGIES:-cold-boot,merged,layered,layered-ws,clone}" \
+        --strategies "${SPORE_BSL_STRATEGIES:-cold-boot,merged,layered,layered-ws,clone,warm}" \
         --temperatures "${SPORE_BSL_TEMPERATURES:-lukewarm,cold}" \
         --daemon-log "$tmp/serve.err" 2>&1 >"$tmp/bench.json"
     echo "bench-rc $?"

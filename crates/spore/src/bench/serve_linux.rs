@@ -15,9 +15,12 @@
 //! - `layered_ws`: the chain with the recorded working set read up front
 //!   (`--restore-mode working-set`; the first restore records it);
 //! - `clone`: a clone of the function's zygote (a VM started from the base,
-//!   paused after init).
+//!   paused after init);
+//! - `warm` (a reference, not a start): an idle instance that served
+//!   before, the floor every strategy shares (the function's own run and
+//!   the invoke path).
 //!
-//! Every invocation is a new instance (`--keep-alive-ms 0`); one that took
+//! Every invocation but `warm`'s is a new instance (`--keep-alive-ms 0`); one that took
 //! another start path than its strategy's is reported, not counted. Disk per
 //! function: the base is shared by every function of a runtime and size, so
 //! an extra layered function costs its diff (and working set), a merged one
@@ -65,11 +68,12 @@ pub struct LinuxBenchArgs {
     /// Invocations measured per function, size, strategy and temperature.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Start strategies: cold-boot, merged, layered, layered-ws, clone.
+    /// Start strategies: cold-boot, merged, layered, layered-ws, clone, and
+    /// warm (a reference: an idle instance, no start at all).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cold-boot,merged,layered,layered-ws,clone"
+        default_value = "cold-boot,merged,layered,layered-ws,clone,warm"
     )]
     pub strategies: Vec<String>,
     /// lukewarm (page cache kept) and/or cold (dropped before each
@@ -109,6 +113,7 @@ enum Strategy {
     LayeredWs,
     Merged,
     Clone,
+    Warm,
 }
 
 impl Strategy {
@@ -119,6 +124,7 @@ impl Strategy {
             "layered-ws" | "layered_ws" => Strategy::LayeredWs,
             "merged" | "merged-full" | "merged_full" => Strategy::Merged,
             "clone" => Strategy::Clone,
+            "warm" => Strategy::Warm,
             _ => return None,
         })
     }
@@ -131,6 +137,7 @@ impl Strategy {
             Strategy::LayeredWs => "layered_ws",
             Strategy::Merged => "merged_full",
             Strategy::Clone => "clone",
+            Strategy::Warm => "warm",
         }
     }
 
@@ -145,23 +152,39 @@ impl Strategy {
                 "one full snapshot per function (base and diff merged, Firecracker rebase-snap style), restored lazily"
             }
             Strategy::Clone => "clone of the function's zygote (started from the base)",
+            Strategy::Warm => "reference: an idle instance that served before (no start)",
         }
     }
 
     /// The daemon flags beyond the common ones.
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Strategy::ColdBoot => &["--no-snapshots", "--no-clones"],
-            Strategy::Layered => &["--no-clones", "--restore-mode", "lazy"],
-            Strategy::LayeredWs => &["--no-clones", "--restore-mode", "working-set"],
+            Strategy::ColdBoot => &["--keep-alive-ms", "0", "--no-snapshots", "--no-clones"],
+            Strategy::Layered => &[
+                "--keep-alive-ms",
+                "0",
+                "--no-clones",
+                "--restore-mode",
+                "lazy",
+            ],
+            Strategy::LayeredWs => &[
+                "--keep-alive-ms",
+                "0",
+                "--no-clones",
+                "--restore-mode",
+                "working-set",
+            ],
             Strategy::Merged => &[
+                "--keep-alive-ms",
+                "0",
                 "--no-clones",
                 "--restore-mode",
                 "lazy",
                 "--linux-snapshots",
                 "merged",
             ],
-            Strategy::Clone => &["--restore-mode", "lazy"],
+            Strategy::Clone => &["--keep-alive-ms", "0", "--restore-mode", "lazy"],
+            Strategy::Warm => &["--keep-alive-ms", "3600000", "--restore-mode", "lazy"],
         }
     }
 
@@ -171,6 +194,7 @@ impl Strategy {
             Strategy::ColdBoot => "cold",
             Strategy::Layered | Strategy::LayeredWs | Strategy::Merged => "restore",
             Strategy::Clone => "clone",
+            Strategy::Warm => "warm",
         }
     }
 
@@ -284,8 +308,6 @@ pub fn run(a: LinuxBenchArgs) -> anyhow::Result<u8> {
         a.ready_timeout_s.to_string(),
         "--working-set-record-ms".into(),
         a.working_set_record_ms.to_string(),
-        "--keep-alive-ms".into(),
-        "0".into(),
         "--max-concurrency".into(),
         "4".into(),
     ];
@@ -490,6 +512,7 @@ fn prepare(conn: &mut Conn, state: &Path, name: &str, s: Strategy) -> anyhow::Re
                 return Ok(());
             }
             Strategy::Clone if r.path == "clone" => return Ok(()),
+            Strategy::Warm if r.path == "warm" => return Ok(()),
             // The zygote is remade by a boot in the background.
             Strategy::Clone => std::thread::sleep(Duration::from_secs(2)),
             _ => {}
@@ -773,7 +796,14 @@ fn report(
 /// The human table: median ms per function, size and temperature, one
 /// column per strategy, then the speedups over the merged full snapshot.
 fn table(report: &Value) -> String {
-    let cols = ["cold_boot", "merged_full", "layered", "layered_ws", "clone"];
+    let cols = [
+        "cold_boot",
+        "merged_full",
+        "layered",
+        "layered_ws",
+        "clone",
+        "warm",
+    ];
     let mut rows: BTreeMap<(String, u64, String), BTreeMap<String, String>> = BTreeMap::new();
     for r in report["results"].as_array().into_iter().flatten() {
         let key = (
@@ -791,7 +821,7 @@ fn table(report: &Value) -> String {
             .insert(r["strategy"].as_str().unwrap_or("").to_string(), cell);
     }
     let mut s = String::from(
-        "\nmedian end-to-end ms (X-Spore-Duration-Us)\nfunction   MiB  temp      cold_boot  merged_full  layered  layered_ws  clone  ws:merged  clone:merged\n",
+        "\nmedian end-to-end ms (X-Spore-Duration-Us)\nfunction   MiB  temp      cold_boot  merged_full  layered  layered_ws  clone   warm  ws:merged  clone:merged\n",
     );
     for ((f, mib, t), m) in &rows {
         let get = |c: &str| m.get(c).cloned().unwrap_or_else(|| "-".into());
@@ -807,12 +837,13 @@ fn table(report: &Value) -> String {
                 .map_or("-".to_string(), |v| format!("{v:.2}x"))
         };
         s.push_str(&format!(
-            "{f:<10} {mib:>4}  {t:<8} {:>10} {:>12} {:>8} {:>11} {:>6} {:>10} {:>13}\n",
+            "{f:<10} {mib:>4}  {t:<8} {:>10} {:>12} {:>8} {:>11} {:>6} {:>6} {:>10} {:>13}\n",
             get(cols[0]),
             get(cols[1]),
             get(cols[2]),
             get(cols[3]),
             get(cols[4]),
+            get(cols[5]),
             x("merged_over_layered_ws"),
             x("merged_over_clone"),
         ));
@@ -841,10 +872,12 @@ mod tests {
     fn strategies_parse_and_map_to_daemons() {
         assert_eq!(Strategy::parse("layered-ws"), Some(Strategy::LayeredWs));
         assert_eq!(Strategy::parse("merged"), Some(Strategy::Merged));
-        assert_eq!(Strategy::parse("warm"), None);
+        assert_eq!(Strategy::parse("hot"), None);
         assert!(Strategy::Merged.flags().contains(&"merged"));
         assert!(Strategy::ColdBoot.flags().contains(&"--no-snapshots"));
         assert!(!Strategy::Clone.flags().contains(&"--no-clones"));
+        assert_eq!(Strategy::parse("warm"), Some(Strategy::Warm));
+        assert!(Strategy::Warm.flags().contains(&"3600000"));
         assert_eq!(
             Strategy::Merged.function_name("lorem", 256),
             "lorem-256-merged"
