@@ -158,9 +158,12 @@ if [[ -z $only || $only == serve-linux ]]; then
         sl_files+=(--file "$lib:$lib")
     done < <(ldd "$mke2fs_bin" | grep -o '/[^ ]*' | sort -u)
     fns="$repo/tests/nested/fns"
-    python3 - "$fns" "$work" <<'PY'
+    # AWS's lambda_runtime crate as a static bootstrap (built once, cached).
+    rust_bootstrap="$("$repo/tests/fixtures/lambda-rust/build.sh" | tail -n1)"
+    [[ -x $rust_bootstrap ]] || die "the lambda_runtime fixture was not built"
+    python3 - "$fns" "$work" "$rust_bootstrap" <<'PY'
 import sys, zipfile
-src, out = sys.argv[1], sys.argv[2]
+src, out, rust = sys.argv[1], sys.argv[2], sys.argv[3]
 def make(name, files):
     with zipfile.ZipFile(f"{out}/{name}.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for arc, path, mode in files:
@@ -172,13 +175,14 @@ def make(name, files):
 make("hello", [("hello.py", f"{src}/hello.py", 0o644)])
 make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
 make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
+make("rust", [("bootstrap", rust, 0o755)])
 PY
     # L1 holds both images, the instances (256 MiB each: zygotes, clones)
     # and their snapshots (runtime bases and function diffs); the scenario
     # restarts the daemon once, so it has more boots than the default allows.
     run_one serve-linux --memory 4096 --timeout 2400 --scenario "$here/scenarios/serve-linux.sh" \
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
-        --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" \
+        --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" --file "$work/rust.zip:/fns/rust.zip" \
         --out-dir "$work/out-serve-linux"
 fi
 if [[ $only == bench ]]; then

@@ -6,6 +6,9 @@
 # Through the Lambda API (`spore fn`): a pure-stdlib Python function and a
 # `provided` function (a shell bootstrap on busybox wget) are deployed and
 # invoked three times each (a cold start, then clones or warm instances);
+# the Python handler's print() comes back with `LogType: Tail`; a `provided`
+# function built with AWS's `lambda_runtime` crate answers and reports its
+# handler's error as Lambda does;
 # a Python function whose import fails answers with Runtime.ImportModuleError
 # (a function error, `spore fn invoke` exits 1); a zip without the handler's
 # module is refused at deploy time. The zips come from the host (/fns).
@@ -78,6 +81,32 @@ if [ $rc = 1 ] && echo "$body" | grep -q '"errorType": *"Runtime.ImportModuleErr
     t init-error PASS "$(echo "$body" | head -c 160)"
 else
     t init-error FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))"
+fi
+
+# A handler's print() is in the invocation's log: `LogType: Tail`.
+F invoke hello '{"n": 11}' --log-type Tail >"$tmp/tail.out" 2>"$tmp/tail.err"
+rc=$?
+if [ $rc = 0 ] && grep -q "hello-log n=11" "$tmp/tail.err" && grep -q '"n": 11' "$tmp/tail.out"; then
+    t log-type-tail PASS "$(grep -c . "$tmp/tail.err") lines on stderr"
+else
+    t log-type-tail FAIL "exit $rc: $(tail -n 6 "$tmp/tail.err" | tr '\n' ' ')"
+fi
+
+# A `provided` function built with AWS's `lambda_runtime` crate (Rust, a
+# static bootstrap: tests/fixtures/lambda-rust), unmodified.
+deploy rust provided unused /fns/rust.zip
+body=$(F invoke rust '{"k": "v"}' 2>"$tmp/inv.err")
+rc=$?
+case "$rc:$body" in
+0:*'"client":"lambda_runtime"'*'"function_name":"rust"'*) t lambda-runtime-crate PASS "$(sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err")" ;;
+*) t lambda-runtime-crate FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+body=$(F invoke rust '{"fail": true}' 2>"$tmp/inv.err")
+rc=$?
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorMessage": *"asked to fail in '; then
+    t lambda-runtime-crate-error PASS "$(echo "$body" | head -c 160)"
+else
+    t lambda-runtime-crate-error FAIL "exit $rc, body '$body'"
 fi
 
 if F deploy nomodule --runtime python3 --handler missing.handler --zip /fns/hello.zip >"$tmp/nomod.out" 2>&1; then
