@@ -161,9 +161,17 @@ if [[ -z $only || $only == serve-linux ]]; then
     # AWS's lambda_runtime crate as a static bootstrap (built once, cached).
     rust_bootstrap="$("$repo/tests/fixtures/lambda-rust/build.sh" | tail -n1)"
     [[ -x $rust_bootstrap ]] || die "the lambda_runtime fixture was not built"
-    python3 - "$fns" "$work" "$rust_bootstrap" <<'PY'
-import sys, zipfile
-src, out, rust = sys.argv[1], sys.argv[2], sys.argv[3]
+    # AWS's awslambdaric from PyPI, for the python3 image's CPython.
+    py_manifest="$(dirname "$("$repo/guest/build-rootfs.sh" python3 --agent "$agent_bin" | tail -n1)")/manifest.json"
+    guest_py="$(python3 -c 'import json, sys
+v = [p["version"] for p in json.load(open(sys.argv[1]))["packages"] if p["name"] == "python3"]
+print(".".join(v[0].split(":")[-1].split(".")[:2]) if v else "")' "$py_manifest")"
+    [[ -n $guest_py ]] || die "no python3 package in $py_manifest"
+    ric_dir="$(TARGET_PYTHON="$guest_py" "$repo/tests/fixtures/awslambdaric/install.sh" | tail -n1)"
+    [[ -d $ric_dir ]] || die "awslambdaric was not installed"
+    python3 - "$fns" "$work" "$rust_bootstrap" "$ric_dir" <<'PY'
+import os, sys, zipfile
+src, out, rust, ric = sys.argv[1:5]
 def make(name, files):
     with zipfile.ZipFile(f"{out}/{name}.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for arc, path, mode in files:
@@ -176,6 +184,14 @@ make("hello", [("hello.py", f"{src}/hello.py", 0o644)])
 make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
 make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
 make("rust", [("bootstrap", rust, 0o755)])
+ric_files = [("handler.py", f"{src}/ric/handler.py", 0o644), ("bootstrap", f"{src}/ric/bootstrap", 0o755)]
+for root, dirs, files in os.walk(ric):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+    for f in sorted(files):
+        if f != ".complete":
+            p = os.path.join(root, f)
+            ric_files.append((os.path.relpath(p, ric), p, 0o644))
+make("ric", ric_files)
 PY
     # L1 holds both images, the instances (256 MiB each: zygotes, clones)
     # and their snapshots (runtime bases and function diffs); the scenario
@@ -183,6 +199,7 @@ PY
     run_one serve-linux --memory 4096 --timeout 2400 --scenario "$here/scenarios/serve-linux.sh" \
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
         --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" --file "$work/rust.zip:/fns/rust.zip" \
+        --file "$work/ric.zip:/fns/ric.zip" \
         --out-dir "$work/out-serve-linux"
 fi
 if [[ $only == bench ]]; then

@@ -7,8 +7,9 @@
 # `provided` function (a shell bootstrap on busybox wget) are deployed and
 # invoked three times each (a cold start, then clones or warm instances);
 # the Python handler's print() comes back with `LogType: Tail`; a `provided`
-# function built with AWS's `lambda_runtime` crate answers and reports its
-# handler's error as Lambda does;
+# function built with AWS's `lambda_runtime` crate, and a Python function
+# run by AWS's `awslambdaric` (from PyPI, in its zip), answer and report
+# their handlers' errors as Lambda does;
 # a Python function whose import fails answers with Runtime.ImportModuleError
 # (a function error, `spore fn invoke` exits 1); a zip without the handler's
 # module is refused at deploy time. The zips come from the host (/fns).
@@ -95,18 +96,46 @@ fi
 # A `provided` function built with AWS's `lambda_runtime` crate (Rust, a
 # static bootstrap: tests/fixtures/lambda-rust), unmodified.
 deploy rust provided unused /fns/rust.zip
-body=$(F invoke rust '{"k": "v"}' 2>"$tmp/inv.err")
+F invoke rust '{"k": "v"}' >"$tmp/rust.out" 2>"$tmp/inv.err"
 rc=$?
+body=$(tr -d ' ' <"$tmp/rust.out")
 case "$rc:$body" in
 0:*'"client":"lambda_runtime"'*'"function_name":"rust"'*) t lambda-runtime-crate PASS "$(sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err")" ;;
 *) t lambda-runtime-crate FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
 esac
-body=$(F invoke rust '{"fail": true}' 2>"$tmp/inv.err")
+F invoke rust '{"fail": true}' >"$tmp/rust-fail.out" 2>"$tmp/inv.err"
 rc=$?
+body=$(cat "$tmp/rust-fail.out")
 if [ $rc = 1 ] && echo "$body" | grep -q '"errorMessage": *"asked to fail in '; then
     t lambda-runtime-crate-error PASS "$(echo "$body" | head -c 160)"
 else
     t lambda-runtime-crate-error FAIL "exit $rc, body '$body'"
+fi
+
+# AWS's own Python runtime client (awslambdaric from PyPI, in the zip, run
+# by the zip's bootstrap in place of spore's) on the python3 runtime.
+deploy ric python3 handler.fn /fns/ric.zip
+# (Bodies compared without blanks: each client formats its JSON its own way.)
+F invoke ric '{"k": 1}' --log-type Tail >"$tmp/ric.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(tr -d ' ' <"$tmp/ric.out")
+case "$rc:$body" in
+0:*'"client":"awslambdaric"'*'"function_name":"ric"'*'"remaining_ms_positive":true'*'"greeting":"hi"'*'"ric_loaded":true'*)
+    if grep -q "ric-log" "$tmp/inv.err"; then
+        t awslambdaric PASS "$(sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err")"
+    else
+        t awslambdaric FAIL "no ric-log in the log tail: $(tail -n 5 "$tmp/inv.err" | tr '\n' ' ')"
+    fi
+    ;;
+*) t awslambdaric FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+F invoke ric '{"fail": true}' >"$tmp/ric-fail.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(cat "$tmp/ric-fail.out")
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorType": *"Failure"' && echo "$body" | grep -q "asked to fail in "; then
+    t awslambdaric-error PASS "$(echo "$body" | head -c 160)"
+else
+    t awslambdaric-error FAIL "exit $rc, body '$body'"
 fi
 
 if F deploy nomodule --runtime python3 --handler missing.handler --zip /fns/hello.zip >"$tmp/nomod.out" 2>&1; then
