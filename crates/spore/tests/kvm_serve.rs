@@ -353,6 +353,13 @@ fn kvm_serve_survives_kill_9() {
         .collect();
     thread::sleep(Duration::from_millis(300));
     wait_for_snapshot(&state, "f", 1);
+    // The files are in place before the catalog records them; a kill in
+    // between leaves a snapshot the next daemon rightly removes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.metric("spore_snapshots_written_total{function=\"f\"}") < 1.0 {
+        assert!(Instant::now() < deadline, "f's snapshot was never recorded");
+        thread::sleep(Duration::from_millis(20));
+    }
     d.kill9();
     for h in handles {
         let _ = h.join();
