@@ -184,6 +184,7 @@ make("hello", [("hello.py", f"{src}/hello.py", 0o644)])
 make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
 make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
 make("rust", [("bootstrap", rust, 0o755)])
+make("noexec", [("bootstrap", f"{src}/bootstrap", 0o644)])
 ric_files = [("handler.py", f"{src}/ric/handler.py", 0o644), ("bootstrap", f"{src}/ric/bootstrap", 0o755)]
 for root, dirs, files in os.walk(ric):
     dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -199,7 +200,7 @@ PY
     run_one serve-linux --memory 4096 --timeout 2400 --scenario "$here/scenarios/serve-linux.sh" \
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
         --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" --file "$work/rust.zip:/fns/rust.zip" \
-        --file "$work/ric.zip:/fns/ric.zip" \
+        --file "$work/ric.zip:/fns/ric.zip" --file "$work/noexec.zip:/fns/noexec.zip" \
         --out-dir "$work/out-serve-linux"
 fi
 if [[ $only == bench ]]; then

@@ -138,6 +138,17 @@ else
     t awslambdaric-error FAIL "exit $rc, body '$body'"
 fi
 
+# A `provided` bootstrap that is not executable: Lambda's init error.
+deploy noexec provided unused /fns/noexec.zip
+F invoke noexec '{}' >"$tmp/noexec.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(cat "$tmp/noexec.out")
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorType": *"Runtime.InvalidEntrypoint"'; then
+    t bootstrap-not-executable PASS "$(echo "$body" | head -c 160)"
+else
+    t bootstrap-not-executable FAIL "exit $rc, body '$body' ($(tail -n 3 "$tmp/serve.err"))"
+fi
+
 if F deploy nomodule --runtime python3 --handler missing.handler --zip /fns/hello.zip >"$tmp/nomod.out" 2>&1; then
     t deploy-refuses-missing-module FAIL "deployed"
 elif grep -q "InvalidParameterValueException\|names the module 'missing'" "$tmp/nomod.out"; then
