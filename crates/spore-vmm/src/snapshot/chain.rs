@@ -57,10 +57,21 @@ impl Chain {
     /// the files).
     pub fn memory_layers(&mut self, size: u64) -> MemoryLayers {
         let mut layers = MemoryLayers::new(std::mem::take(&mut self.files), size);
+        // Every layer's region lies where the newest's does (`check_link`).
+        if let Some(h) = self
+            .layers
+            .first()
+            .and_then(|l| l.manifest.hotplug.as_ref())
+        {
+            layers = layers.with_region(h.file_offset, h.region_size_bytes);
+        }
         // `self.layers` is newest first, the files base first.
         for (i, l) in self.layers.iter().rev().enumerate() {
             if let Some(z) = &l.manifest.layer.zero_runs {
                 layers.add_ranges(i, z.iter().map(|r| (r[0], r[1])).collect());
+            }
+            if let Some(h) = &l.manifest.hotplug {
+                layers.add_ranges(i, h.released_runs.iter().map(|r| (r[0], r[1])).collect());
             }
         }
         layers
@@ -175,9 +186,8 @@ fn read_layer(
     };
     let file = crate::files::open_regular(&paths.mem).map_err(open_err)?;
     let md = file.metadata().map_err(open_err)?;
-    let expected = manifest.mem_size_bytes;
     // A virtio-mem region's memory follows boot RAM in the file.
-    let file_size = expected + manifest.hotplug.as_ref().map_or(0, |h| h.region_size_bytes);
+    let file_size = check_runs(&mem_name, &manifest)?;
     // Sizes are checked before anything is mapped: the guest-memory part,
     // then the trailer naming the snapshot (see `trailer`).
     let with_trailer = file_size + trailer::TRAILER_LEN;
@@ -202,7 +212,7 @@ fn read_layer(
     if manifest.layer.kind == LayerKind::Diff {
         // The file's data plus the recorded zero pages (a copy may have
         // made holes of them) must be exactly what the diff wrote.
-        let mut ranges = crate::memory::pages::data_ranges(&file, expected).map_err(open_err)?;
+        let mut ranges = crate::memory::pages::data_ranges(&file, file_size).map_err(open_err)?;
         if let Some(z) = &manifest.layer.zero_runs {
             ranges.extend(z.iter().map(|r| (r[0], r[1])));
         }
@@ -225,6 +235,65 @@ fn read_layer(
         mem_disk_bytes: md.blocks() * 512,
     };
     Ok((info, state, file))
+}
+
+/// Checks what a manifest says of its memory file's layout before anything
+/// is read or mapped by it: the hotplug region right after boot RAM, every
+/// recorded run inside the file (released runs inside the region, and only
+/// in a diff), each page-aligned. Returns the file's size without trailer.
+fn check_runs(path: &str, m: &Manifest) -> Result<u64, SnapshotError> {
+    let bad = |detail: String| SnapshotError::MemoryTrailer {
+        path: path.to_string(),
+        detail: format!("the manifest's memory layout is invalid: {detail}"),
+    };
+    let ram = m.mem_size_bytes;
+    let (region_start, region_end) = match &m.hotplug {
+        None => (ram, ram),
+        Some(h) => {
+            if h.file_offset != ram {
+                return Err(bad(format!(
+                    "the hotplug region is at file offset {:#x}, not right after the {ram:#x} bytes of boot RAM",
+                    h.file_offset
+                )));
+            }
+            let end = ram
+                .checked_add(h.region_size_bytes)
+                .ok_or_else(|| bad("the hotplug region's size overflows".into()))?;
+            (ram, end)
+        }
+    };
+    let aligned = |o: u64, l: u64| o % 4096 == 0 && l % 4096 == 0;
+    let inside = |r: &[u64; 2], lo: u64, hi: u64| {
+        r[0] >= lo && r[0].checked_add(r[1]).is_some_and(|e| e <= hi) && aligned(r[0], r[1])
+    };
+    if let Some(r) = m
+        .layer
+        .zero_runs
+        .iter()
+        .flatten()
+        .find(|r| !inside(r, 0, region_end))
+    {
+        return Err(bad(format!(
+            "zero run {:#x}+{:#x} is not page-aligned inside the {region_end:#x}-byte file",
+            r[0], r[1]
+        )));
+    }
+    if let Some(h) = &m.hotplug {
+        if !h.released_runs.is_empty() && m.layer.kind != LayerKind::Diff {
+            return Err(bad("a full layer lists released runs".into()));
+        }
+        if let Some(r) = h
+            .released_runs
+            .iter()
+            .find(|r| !inside(r, region_start, region_end))
+        {
+            return Err(bad(format!(
+                "released run {:#x}+{:#x} is not page-aligned inside the hotplug region {region_start:#x}..{region_end:#x}",
+                r[0], r[1]
+            )));
+        }
+    }
+    Ok(region_end)
 }
 
 /// Walks the chain ending at `newest`, checking every layer and link.
@@ -329,6 +398,18 @@ fn check_link(
                 "its content hash is {parent_hash}, the diff expects {h} (the file was rewritten or altered)"
             )));
         }
+    }
+    let region = |m: &Manifest| {
+        m.hotplug
+            .as_ref()
+            .map(|h| (h.guest_addr, h.region_size_bytes, h.block_size_bytes))
+    };
+    if region(child) != region(pm) {
+        return Err(mismatch(format!(
+            "the hotplug memory region differs: {:?} in the diff, {:?} in the parent (address, size, block size)",
+            region(child),
+            region(pm)
+        )));
     }
     for (field, c, p) in [
         ("guest memory size", child.mem_size_bytes, pm.mem_size_bytes),

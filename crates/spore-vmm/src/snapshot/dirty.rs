@@ -13,10 +13,16 @@
 //! lose what it collected, or the next diff would silently miss pages: the
 //! caller keeps a [`DirtyPages`] accumulator, merges every collection into
 //! it and clears it only once a snapshot is safely on disk.
+//!
+//! The virtio-mem hotplug region is tracked beside RAM: its pages written
+//! (KVM's log of each of its slots, and the VMM's bitmap) and the ranges
+//! its device released since (unplugged blocks), which the device reads and
+//! clears ([`crate::memory::hotplug::HotplugMemory::take_dirty`]).
 
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::memory::pages;
 use crate::memory::GuestRam;
 use crate::memory::{DirtyBitmap, GuestRegionMmap};
 
@@ -29,6 +35,10 @@ pub const PAGE: u64 = 4096;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DirtyPages {
     regions: Vec<Vec<u64>>,
+    /// The hotplug region's pages written (bit `i` = its page `i`).
+    hotplug: Vec<u64>,
+    /// The hotplug region's ranges released (region offsets, merged).
+    released: Vec<(u64, u64)>,
 }
 
 impl DirtyPages {
@@ -50,24 +60,53 @@ impl DirtyPages {
         }
     }
 
+    /// ORs the hotplug region's written pages and adds its released ranges.
+    pub fn merge_hotplug(&mut self, bits: &[u64], released: &[(u64, u64)]) {
+        if self.hotplug.len() < bits.len() {
+            self.hotplug.resize(bits.len(), 0);
+        }
+        for (m, b) in self.hotplug.iter_mut().zip(bits) {
+            *m |= *b;
+        }
+        if !released.is_empty() {
+            self.released.extend_from_slice(released);
+            self.released = pages::merge(std::mem::take(&mut self.released));
+        }
+    }
+
     /// ORs every region of `other` into `self`.
     pub fn merge(&mut self, other: &DirtyPages) {
         for (i, bits) in other.regions.iter().enumerate() {
             self.merge_region(i, bits);
         }
+        self.merge_hotplug(&other.hotplug, &other.released);
     }
 
     pub fn clear(&mut self) {
         self.regions.clear();
+        self.hotplug.clear();
+        self.released.clear();
     }
 
-    /// Number of dirty pages in all regions.
+    /// Number of dirty pages in all regions (the hotplug region's too).
     pub fn count(&self) -> u64 {
         self.regions
             .iter()
             .flatten()
+            .chain(&self.hotplug)
             .map(|w| u64::from(w.count_ones()))
             .sum()
+    }
+
+    /// The hotplug region's written pages (bit `i` = its page `i`).
+    pub fn hotplug(&self) -> &[u64] {
+        &self.hotplug
+    }
+
+    /// The hotplug region's ranges released since the parent (region
+    /// offsets, sorted, merged).
+    pub fn released(&self) -> &[(u64, u64)] {
+        &self.released
     }
 
     /// Runs of consecutive dirty pages of region `region`, as
@@ -104,6 +143,8 @@ pub enum DirtyError {
         #[source]
         source: kvm_ioctls::Error,
     },
+    #[error("the hotplug memory region: {0}")]
+    Hotplug(#[from] crate::memory::hotplug::HotplugError),
 }
 
 /// Reads and clears KVM's dirty log of every RAM slot and the VMM's own

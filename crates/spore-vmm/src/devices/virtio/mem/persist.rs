@@ -9,6 +9,7 @@
 //! and derives every pointer and KVM slot from that mapping.
 
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use serde::{Deserialize, Serialize};
 
@@ -58,7 +59,8 @@ pub enum MemStateError {
 }
 
 /// Maps a restored VM's hotplug region from the snapshot memory file its
-/// boot RAM (`ram`) was mapped from: the region follows boot RAM there.
+/// boot RAM (`ram`) was mapped from: the region follows boot RAM there;
+/// with a chain of layers, the newer layers' ranges of it on top.
 pub fn map_snapshot_region(
     ram: &GuestRam,
     addr: u64,
@@ -73,13 +75,19 @@ pub fn map_snapshot_region(
     if len < ram.size().saturating_add(size) {
         return Err(MemStateError::NotFromFile);
     }
-    Ok(HotplugMemory::from_snapshot_file(
-        file,
-        ram.size(),
-        addr,
-        size,
-        slot_size,
-    )?)
+    let mut region = HotplugMemory::from_snapshot_file(file, ram.size(), addr, size, slot_size)?;
+    // A chain's newer layers, newest winning, over the base's region.
+    let mut ranges = Vec::with_capacity(ram.region_layers().len());
+    for (file_off, len, file) in ram.region_layers() {
+        let off = file_off
+            .checked_sub(ram.size())
+            .ok_or(MemStateError::NotFromFile)?;
+        ranges.push((off, *len, &**file, *file_off));
+    }
+    if !ranges.is_empty() {
+        region.overlay_layers(&ranges)?;
+    }
+    Ok(region)
 }
 
 impl MemHandle {
@@ -110,6 +118,62 @@ impl MemHandle {
             .map(|r| (r.first * bs, r.count * bs))
             .collect();
         write_plugged(&s.backing, &runs, out, file_offset)
+    }
+
+    /// Reads and clears the region's pages written and ranges released
+    /// since the last call ([`HotplugMemory::take_dirty`]).
+    pub fn take_dirty(&self) -> Result<(Vec<u64>, Vec<(u64, u64)>), HotplugError> {
+        self.shared.lock().backing.take_dirty()
+    }
+
+    /// A diff's share of the region: writes every page set in `dirty` (bit
+    /// `i` = page `i` of the region) that lies in a plugged block into
+    /// `out` at `file_offset` onward, zero or not (in a diff a hole means
+    /// "unchanged"). The file is sized to `file_offset` + region size.
+    /// Pages of unplugged blocks are not written: they read as zero, which
+    /// the diff's `released` ranges (or, for blocks unplugged since before
+    /// the parent, the parent) say. The guest must be paused and the device
+    /// quiesced.
+    pub fn write_diff(
+        &self,
+        out: &File,
+        file_offset: u64,
+        dirty: &[u64],
+    ) -> std::io::Result<RegionDiff> {
+        let s = self.shared.lock();
+        let bs = s.blocks.block_size();
+        let hp = &s.backing;
+        out.set_len(file_offset + hp.size())?;
+        // SAFETY: as in write_plugged: a live, paused mapping owned by `hp`.
+        let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+        let mut diff = RegionDiff::default();
+        for run in s.blocks.plugged_runs() {
+            let (first, end) = (run.first * bs / PAGE, (run.first + run.count) * bs / PAGE);
+            let mut page = first;
+            while page < end {
+                if !bit(dirty, page) {
+                    page += 1;
+                    continue;
+                }
+                let start = page;
+                while page < end && bit(dirty, page) {
+                    page += 1;
+                }
+                let (lo, hi) = ((start * PAGE) as usize, (page * PAGE) as usize);
+                out.write_all_at(&bytes[lo..hi], file_offset + lo as u64)?;
+                diff.data_bytes += (hi - lo) as u64;
+                for (i, p) in bytes[lo..hi].chunks(PAGE as usize).enumerate() {
+                    if p.iter().all(|&b| b == 0) {
+                        let off = file_offset + (lo + i * PAGE as usize) as u64;
+                        match diff.zero_runs.last_mut() {
+                            Some([o, l]) if *o + *l == off => *l += PAGE,
+                            _ => diff.zero_runs.push([off, PAGE]),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(diff)
     }
 
     /// Plugged bytes right now.
@@ -178,6 +242,22 @@ impl VirtioMem {
     }
 }
 
+/// What [`MemHandle::write_diff`] wrote.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RegionDiff {
+    /// Bytes written (every dirty page of a plugged block).
+    pub data_bytes: u64,
+    /// Written pages that were all zero, as `[file offset, len]` runs.
+    pub zero_runs: Vec<[u64; 2]>,
+}
+
+const PAGE: u64 = 4096;
+
+fn bit(bits: &[u64], page: u64) -> bool {
+    bits.get((page / 64) as usize)
+        .is_some_and(|w| w & (1 << (page % 64)) != 0)
+}
+
 /// Writes the data of the `plugged` byte ranges (region offsets, sorted)
 /// of `hp` into `out` at `file_offset` onward; the file is sized to
 /// `file_offset + hp.size()` first. The guest must be paused and the device
@@ -196,6 +276,8 @@ fn write_plugged(
     let mut ranges = data_ranges_in(file, start, start + hp.size())?;
     if hp.is_private() {
         ranges.extend(resident_ranges(hp.host_addr(), hp.size() as usize)?);
+        // Ranges mapped from newer layers are data too, resident or not.
+        ranges.extend_from_slice(hp.overlays());
         ranges = merge(ranges);
     }
     // SAFETY: the region's mapping lives as long as `hp`; the guest is
