@@ -224,6 +224,52 @@ mod tests {
         assert!(resolve(&[vec![], vec![]]).is_empty());
     }
 
+    /// The hotplug region resolves apart from RAM: a declared range there
+    /// (a released block) wins over the base's data, and neither leaks
+    /// into RAM's extents.
+    #[test]
+    fn the_region_resolves_apart_from_ram() {
+        use std::os::unix::fs::FileExt;
+        let dir = std::env::temp_dir().join(format!("spore-layers-rg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ram, region) = (1u64 << 20, 1u64 << 20);
+        let mk = |name: &str, pages: &[u64]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(ram + region).unwrap();
+            for &p in pages {
+                f.write_all_at(&[1; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        // Base: RAM page 0, region pages 0..4 (file pages 256..260).
+        let base = mk("base", &[0, 256, 257, 258, 259]);
+        let diff = mk("diff", &[]);
+        let mut layers = MemoryLayers::new(vec![base, diff], ram).with_region(ram, region);
+        // The diff released region pages 1..3, and a bogus run past the end.
+        layers.add_ranges(1, vec![(ram + 4096, 2 * 4096), (ram + region, 4096)]);
+        let owner = |ext: &[Extent], off: u64| {
+            ext.iter()
+                .find(|e| e.offset <= off && off < e.offset + e.len)
+                .map(|e| e.layer)
+        };
+        let r = layers.extents().unwrap();
+        assert!(r.iter().all(|e| e.offset + e.len <= ram), "{r:?}");
+        assert_eq!(owner(&r, 0), Some(0));
+        let g = layers.region_extents().unwrap();
+        assert!(g
+            .iter()
+            .all(|e| e.offset >= ram && e.offset + e.len <= ram + region));
+        let pages: Vec<_> = (0..5).map(|p| owner(&g, ram + p * 4096)).collect();
+        assert_eq!(pages, [Some(0), Some(1), Some(1), Some(0), None]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn layer_files_resolve_through_seek_data() {
         use std::os::unix::fs::FileExt;

@@ -662,6 +662,85 @@ mod tests {
         assert!(matches!(e, SnapshotError::DiffData { .. }), "{e}");
     }
 
+    /// Every run a manifest records is checked before it is used: inside
+    /// the file, page-aligned, released runs inside the hotplug region and
+    /// only in a diff, the region right after boot RAM.
+    #[test]
+    fn recorded_runs_out_of_bounds_are_refused() {
+        use crate::snapshot::format::{HotplugRegionInfo, Layer};
+        let region = 8 * SIZE;
+        let manifest = |kind, zero: Vec<[u64; 2]>, released: Vec<[u64; 2]>, offset| Manifest {
+            format_version: FORMAT_VERSION,
+            spore_version: "test".into(),
+            created_unix_ms: 0,
+            guest: "unikernel".into(),
+            vcpu_count: 1,
+            mem_size_bytes: SIZE,
+            devices: Vec::new(),
+            layer: Layer {
+                id: "x".into(),
+                kind,
+                parent: None,
+                mem_file_size: SIZE + region,
+                mem_data_bytes: 0,
+                mem_sha256: None,
+                zero_runs: Some(zero),
+            },
+            state_bytes: 0,
+            hotplug: Some(HotplugRegionInfo {
+                guest_addr: 4 << 30,
+                file_offset: offset,
+                region_size_bytes: region,
+                block_size_bytes: 2 << 20,
+                plugged_bytes: 0,
+                requested_bytes: 0,
+                data_bytes: 0,
+                released_runs: released,
+            }),
+        };
+        let ok = manifest(
+            LayerKind::Diff,
+            vec![[0, 4096], [SIZE + region - 4096, 4096]],
+            vec![[SIZE, region]],
+            SIZE,
+        );
+        assert_eq!(check_runs("m", &ok).unwrap(), SIZE + region);
+        for (what, m) in [
+            (
+                "zero run past the file",
+                manifest(LayerKind::Diff, vec![[SIZE + region, 4096]], vec![], SIZE),
+            ),
+            (
+                "zero run overflowing",
+                manifest(LayerKind::Diff, vec![[4096, u64::MAX]], vec![], SIZE),
+            ),
+            (
+                "unaligned zero run",
+                manifest(LayerKind::Diff, vec![[100, 4096]], vec![], SIZE),
+            ),
+            (
+                "released run in RAM",
+                manifest(LayerKind::Diff, vec![], vec![[0, 4096]], SIZE),
+            ),
+            (
+                "released run past the region",
+                manifest(LayerKind::Diff, vec![], vec![[SIZE, region + 4096]], SIZE),
+            ),
+            (
+                "released run in a full layer",
+                manifest(LayerKind::Full, vec![], vec![[SIZE, 4096]], SIZE),
+            ),
+            (
+                "region elsewhere",
+                manifest(LayerKind::Full, vec![], vec![], SIZE + 4096),
+            ),
+        ] {
+            let e = check_runs("m", &m).err();
+            assert!(e.is_some(), "{what} accepted");
+            assert!(e.unwrap().to_string().contains("layout"), "{what}");
+        }
+    }
+
     #[test]
     fn damaged_diff_memory_is_refused() {
         let d = dir("damaged");

@@ -457,6 +457,103 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A full layer, then a diff of the region (the VMM's writes and a
+    /// released block, tracked as with `track_dirty_pages`), mapped back as
+    /// a chain: the diff's pages win, the base shows elsewhere, and the
+    /// released block reads zero although the base holds data there.
+    #[test]
+    fn region_diffs_hold_changed_pages_and_released_blocks() {
+        use crate::memory::layers::MemoryLayers;
+        let boot = 4 * MIB;
+        let dir = std::env::temp_dir().join(format!("spore-memdiff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rw = |name: &str| {
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap()
+        };
+        let mut backing = HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
+        backing.set_dirty_log(true);
+        let (_dev, h) = VirtioMem::new(backing, BS, 8 * BS);
+        h.set_requested_mib(16).unwrap();
+        for (first, n) in [(1, 2), (20, 1)] {
+            let r = h.handle_request(Request::Plug {
+                addr: BASE + first * BS,
+                nb_blocks: n,
+            });
+            assert_eq!(r.resp_type, RESP_ACK);
+        }
+        let region = {
+            let s = h.shared.lock();
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![s.backing.region()])
+                .unwrap()
+        };
+        let page = |b: u64, p: u64| GuestAddress(BASE + b * BS + p * 4096);
+        region.write_slice(&[0xab; 4096], page(1, 2)).unwrap();
+        region.write_slice(&[0xab; 4096], page(2, 0)).unwrap();
+        region.write_obj(0x1234_5678u32, page(20, 0)).unwrap();
+        let base = rw("base");
+        base.set_len(boot).unwrap();
+        h.write_memory(&base, boot).unwrap();
+        // The full layer resets the tracking.
+        h.take_dirty().unwrap();
+
+        region.write_slice(&[0xcd; 4096], page(1, 3)).unwrap();
+        region.write_slice(&[0; 4096], page(2, 0)).unwrap();
+        let r = h.handle_request(Request::Unplug {
+            addr: BASE + 20 * BS,
+            nb_blocks: 1,
+        });
+        assert_eq!(r.resp_type, RESP_ACK);
+        let (dirty, released) = h.take_dirty().unwrap();
+        // The block, then its whole chunk as its slot was retired.
+        assert_eq!(released, vec![(16 * BS, 8 * BS)]);
+        let diff_file = rw("diff");
+        diff_file.set_len(boot).unwrap();
+        let diff = h.write_diff(&diff_file, boot, &dirty).unwrap();
+        // Only the two pages written (one of them zero, written as data).
+        assert_eq!(diff.data_bytes, 2 * 4096);
+        assert_eq!(diff.zero_runs, vec![[boot + 2 * BS, 4096]]);
+        // Read and cleared: nothing left for the next diff.
+        let (again, released) = h.take_dirty().unwrap();
+        assert!(again.iter().all(|&w| w == 0) && released.is_empty());
+
+        let mut layers = MemoryLayers::new(vec![base, diff_file], boot).with_region(boot, 32 * BS);
+        layers.add_ranges(1, vec![(boot + 16 * BS, 8 * BS)]);
+        assert!(layers.extents().unwrap().is_empty(), "RAM has no data");
+        let ranges: Vec<_> = layers
+            .region_extents()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.layer > 0)
+            .map(|e| (e.offset - boot, e.len, &layers.files()[e.layer], e.offset))
+            .collect();
+        let mut back = HotplugMemory::from_snapshot_file(
+            layers.files()[0].try_clone().unwrap(),
+            boot,
+            BASE,
+            32 * BS,
+            8 * BS,
+        )
+        .unwrap();
+        back.overlay_layers(&ranges).unwrap();
+        let mem =
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![back.region()]).unwrap();
+        let byte = |b: u64, p: u64| mem.read_obj::<u8>(page(b, p)).unwrap();
+        assert_eq!(
+            (byte(1, 2), byte(1, 3), byte(2, 0), byte(20, 0)),
+            (0xab, 0xcd, 0, 0)
+        );
+        // A range outside the region is refused, not mapped.
+        let f = &layers.files()[1];
+        assert!(back.overlay_layers(&[(31 * BS, 2 * BS, f, 0)]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn mismatched_state_is_refused() {
         let backing = HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
