@@ -349,6 +349,17 @@ fn kvm_virtio_mem_diff_snapshots_restore_as_a_chain() {
     restore_diff_guest(&d1.0, &d1.1, &[], &[2, 3], "full + diff");
     restore_diff_guest(&d2.0, &d2.1, &[], &[3], "full + diff + diff");
     restore_diff_guest(&d2.0, &d2.1, &["--mode", "eager"], &[3], "eager");
+    // userfaultfd does not serve the region: refused, saying so.
+    let o = spore()
+        .args(["snapshot", "restore", "--state"])
+        .arg(&d2.0)
+        .arg("--mem")
+        .arg(&d2.1)
+        .args(["--mode", "uffd"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "uffd restore: {}", stdout_of(&o));
+    assert!(stderr_of(&o).contains("virtio-mem"), "{}", stderr_of(&o));
 
     // Merged into one full layer: the same guest, released blocks as holes.
     let merged = layer("merged");

@@ -560,6 +560,9 @@ fn write_pages(mem: &VirtioMem, b: u64, pages: u64, g: u64) {
     fill(mem.region_addr() + b * bs, pages * PAGE, b, g);
 }
 
+/// One phase's changes to the region and the model.
+type Phase = fn(&mut VirtioMem, &mut [Want]) -> Result<(), &'static str>;
+
 fn diff(mut mem: VirtioMem) -> i32 {
     const BLOCKS: u64 = 34;
     let bs = mem.block_size();
@@ -580,8 +583,7 @@ fn diff(mut mem: VirtioMem) -> i32 {
         write_pages(&mem, b, per_block, 1);
         model[b as usize] = all(1);
     }
-    let phases: [fn(&mut VirtioMem, &mut [Want]) -> Result<(), &'static str>; 3] =
-        [|_, _| Ok(()), diff_phase2, diff_phase3];
+    let phases: [Phase; 3] = [|_, _| Ok(()), diff_phase2, diff_phase3];
     for (i, change) in phases.iter().enumerate() {
         let phase = i as u64 + 1;
         if let Err(e) = change(&mut mem, &mut model) {

@@ -15,6 +15,7 @@ use super::{DeviceError, VmDevices};
 use crate::devices::virtio::mem::RegionDiff;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::host::lock;
+use crate::memory::hotplug::RegionChanges;
 use crate::persist::Persist;
 
 /// What the virtio-mem device wrote into a snapshot's memory file.
@@ -107,14 +108,12 @@ impl<'a> PausedDevices<'a> {
     /// Reads and clears the virtio-mem region's written pages and released
     /// ranges (see [`crate::memory::hotplug::HotplugMemory::take_dirty`]),
     /// if the VM has the device.
-    #[allow(clippy::type_complexity)]
-    pub fn take_device_dirty(
-        &self,
-    ) -> Result<Option<(Vec<u64>, Vec<(u64, u64)>)>, crate::memory::hotplug::HotplugError> {
-        match &self.devices.handles.mem {
-            Some(mem) => mem.take_dirty().map(Some),
-            None => Ok(None),
-        }
+    pub fn take_device_dirty(&self) -> Option<RegionChanges> {
+        self.devices
+            .handles
+            .mem
+            .as_ref()
+            .map(|mem| mem.take_dirty())
     }
 
     /// A diff's share of the virtio-mem region: the pages of `dirty` in

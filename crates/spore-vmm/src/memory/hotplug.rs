@@ -71,6 +71,16 @@ pub enum HotplugError {
     Chunk(u64),
 }
 
+/// What changed in the region since the last snapshot
+/// ([`HotplugMemory::take_dirty`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegionChanges {
+    /// Pages written: bit `i` is page `i` of the region.
+    pub written: Vec<u64>,
+    /// Ranges released (region offsets, sorted, merged).
+    pub released: Vec<(u64, u64)>,
+}
+
 /// The hotplug region's memfd, its mapping, and its KVM slots.
 pub struct HotplugMemory {
     /// The memfd (shared mapping), or the snapshot memory file the region
@@ -94,6 +104,8 @@ pub struct HotplugMemory {
     /// Region ranges released since the last [`Self::take_dirty`] (only
     /// recorded with `dirty_log`).
     released: Vec<(u64, u64)>,
+    /// Released ranges whose release failed (see `note_released`).
+    unsure: Vec<(u64, u64)>,
     /// Region ranges mapped from newer snapshot layers over the base file:
     /// data a later snapshot must read through the mapping although the
     /// base file has holes there.
@@ -193,6 +205,7 @@ impl HotplugMemory {
             registered: vec![false; chunks as usize],
             dirty_log: false,
             released: Vec::new(),
+            unsure: Vec::new(),
             overlays: Vec::new(),
             _anonymous: None,
         })
@@ -358,10 +371,16 @@ impl HotplugMemory {
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
         }
-        self.note_released(offset, len);
-        if self.private {
-            return self.replace_with_anonymous(offset, len).map_err(err);
-        }
+        let done = if self.private {
+            self.replace_with_anonymous(offset, len)
+        } else {
+            self.punch_hole(offset, len)
+        };
+        self.note_released(offset, len, done.is_err());
+        done.map_err(err)
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> std::io::Result<()> {
         // SAFETY: plain syscall on a file we own; it changes no memory this
         // process relies on (punched pages read back as zeros).
         let rc = unsafe {
@@ -373,7 +392,7 @@ impl HotplugMemory {
             )
         };
         if rc != 0 {
-            return Err(err(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }
@@ -407,17 +426,25 @@ impl HotplugMemory {
         Ok(())
     }
 
-    /// Records a release for the next diff (recorded before the release
-    /// itself: a failed one may still have dropped part of the range).
-    fn note_released(&mut self, offset: u64, len: u64) {
+    /// Records a release for the next diff. One that failed may have
+    /// dropped part of the range or nothing (the block then stays plugged
+    /// with its data): its pages are counted as written too, so the diff
+    /// holds whatever they read now.
+    fn note_released(&mut self, offset: u64, len: u64, failed: bool) {
         if !self.dirty_log || len == 0 {
             return;
         }
         self.released.push((offset, len));
+        if failed {
+            self.unsure.push((offset, len));
+        }
         // A guest plugging and unplugging in a loop must not grow this
         // without bound: merged, it is at most one range per block.
         if self.released.len() > 1024 {
             self.released = super::pages::merge(std::mem::take(&mut self.released));
+        }
+        if self.unsure.len() > 1024 {
+            self.unsure = super::pages::merge(std::mem::take(&mut self.unsure));
         }
     }
 
@@ -425,31 +452,48 @@ impl HotplugMemory {
     /// bitmap of the pages written (KVM's log of every slot, which needs
     /// `dirty_log`, and the VMM's own writes through vm-memory), bit `i` =
     /// page `i` of the region, and the ranges released (merged, region
-    /// offsets). Call with the vCPUs paused and the device quiesced.
-    pub fn take_dirty(&mut self) -> Result<(Vec<u64>, Vec<(u64, u64)>), HotplugError> {
+    /// offsets). Call with the vCPUs paused and the device quiesced. It
+    /// cannot fail: what cannot be read counts as written.
+    pub fn take_dirty(&mut self) -> RegionChanges {
         let pages = self.size.div_ceil(PAGE);
         let mut bits = vec![0u64; pages.div_ceil(64) as usize];
         let mapping: &MmapRegion<super::DirtyBitmap> = &self.region;
         or_bits(&mut bits, 0, &mapping.bitmap().get_and_reset());
+        let mut whole = std::mem::take(&mut self.unsure);
         if let Some(vm) = &self.vm {
             for chunk in 0..self.registered.len() as u64 {
                 if !self.is_registered(chunk) {
                     continue;
                 }
-                let (offset, len) = self.chunk_bounds(chunk)?;
+                let offset = chunk * self.slot_size;
+                let len = self.slot_size.min(self.size - offset);
                 let slot = FIRST_SLOT + chunk as u32;
-                let log =
-                    vm.get_dirty_log(slot, len as usize)
-                        .map_err(|source| HotplugError::Slot {
-                            what: "read the dirty log of",
-                            slot,
-                            source,
-                        })?;
-                or_bits(&mut bits, offset / PAGE, &log);
+                match vm.get_dirty_log(slot, len as usize) {
+                    Ok(log) => or_bits(&mut bits, offset / PAGE, &log),
+                    // Failing the snapshot here would lose what was read
+                    // and cleared already: the whole chunk counts instead.
+                    Err(e) => {
+                        tracing::warn!(
+                            "hotplug memory: cannot read the dirty log of slot {slot} ({e}): \
+                             its whole chunk goes into the next diff"
+                        );
+                        whole.push((offset, len));
+                    }
+                }
+            }
+        }
+        for (offset, len) in whole {
+            for page in offset / PAGE..(offset + len).div_ceil(PAGE) {
+                if let Some(w) = bits.get_mut((page / 64) as usize) {
+                    *w |= 1 << (page % 64);
+                }
             }
         }
         let released = super::pages::merge(std::mem::take(&mut self.released));
-        Ok((bits, released))
+        RegionChanges {
+            written: bits,
+            released,
+        }
     }
 
     /// Bytes of host memory the region holds (for tests and accounting):

@@ -262,7 +262,7 @@ fn check_runs(path: &str, m: &Manifest) -> Result<u64, SnapshotError> {
             (ram, end)
         }
     };
-    let aligned = |o: u64, l: u64| o % 4096 == 0 && l % 4096 == 0;
+    let aligned = |o: u64, l: u64| o.is_multiple_of(4096) && l.is_multiple_of(4096);
     let inside = |r: &[u64; 2], lo: u64, hi: u64| {
         r[0] >= lo && r[0].checked_add(r[1]).is_some_and(|e| e <= hi) && aligned(r[0], r[1])
     };

@@ -143,8 +143,6 @@ pub enum DirtyError {
         #[source]
         source: kvm_ioctls::Error,
     },
-    #[error("the hotplug memory region: {0}")]
-    Hotplug(#[from] crate::memory::hotplug::HotplugError),
 }
 
 /// Reads and clears KVM's dirty log of every RAM slot and the VMM's own

@@ -229,11 +229,8 @@ pub fn create(
         // Devices are quiesced and vCPUs paused: nothing writes now.
         let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
         chain.pending.merge(&dirty);
-        if let Some((bits, released)) = paused
-            .take_device_dirty()
-            .map_err(dirty::DirtyError::from)?
-        {
-            chain.pending.merge_hotplug(&bits, &released);
+        if let Some(c) = paused.take_device_dirty() {
+            chain.pending.merge_hotplug(&c.written, &c.released);
         }
     }
     let mem = match (kind, &chain.head) {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
-use crate::memory::hotplug::{HotplugError, HotplugMemory};
+use crate::memory::hotplug::{HotplugError, HotplugMemory, RegionChanges};
 use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
 use crate::memory::{GuestRam, MemoryError};
 use crate::persist::Persist;
@@ -122,7 +122,7 @@ impl MemHandle {
 
     /// Reads and clears the region's pages written and ranges released
     /// since the last call ([`HotplugMemory::take_dirty`]).
-    pub fn take_dirty(&self) -> Result<(Vec<u64>, Vec<(u64, u64)>), HotplugError> {
+    pub fn take_dirty(&self) -> RegionChanges {
         self.shared.lock().backing.take_dirty()
     }
 
@@ -500,27 +500,29 @@ mod tests {
         base.set_len(boot).unwrap();
         h.write_memory(&base, boot).unwrap();
         // The full layer resets the tracking.
-        h.take_dirty().unwrap();
+        h.take_dirty();
 
         region.write_slice(&[0xcd; 4096], page(1, 3)).unwrap();
         region.write_slice(&[0; 4096], page(2, 0)).unwrap();
+        // 64 KiB: a run the restore maps rather than reads in.
+        region.write_slice(&[0xef; 16 * 4096], page(2, 4)).unwrap();
         let r = h.handle_request(Request::Unplug {
             addr: BASE + 20 * BS,
             nb_blocks: 1,
         });
         assert_eq!(r.resp_type, RESP_ACK);
-        let (dirty, released) = h.take_dirty().unwrap();
+        let changes = h.take_dirty();
         // The block, then its whole chunk as its slot was retired.
-        assert_eq!(released, vec![(16 * BS, 8 * BS)]);
+        assert_eq!(changes.released, vec![(16 * BS, 8 * BS)]);
         let diff_file = rw("diff");
         diff_file.set_len(boot).unwrap();
-        let diff = h.write_diff(&diff_file, boot, &dirty).unwrap();
-        // Only the two pages written (one of them zero, written as data).
-        assert_eq!(diff.data_bytes, 2 * 4096);
+        let diff = h.write_diff(&diff_file, boot, &changes.written).unwrap();
+        // Only the pages written (one of them zero, written as data).
+        assert_eq!(diff.data_bytes, 18 * 4096);
         assert_eq!(diff.zero_runs, vec![[boot + 2 * BS, 4096]]);
         // Read and cleared: nothing left for the next diff.
-        let (again, released) = h.take_dirty().unwrap();
-        assert!(again.iter().all(|&w| w == 0) && released.is_empty());
+        let again = h.take_dirty();
+        assert!(again.written.iter().all(|&w| w == 0) && again.released.is_empty());
 
         let mut layers = MemoryLayers::new(vec![base, diff_file], boot).with_region(boot, 32 * BS);
         layers.add_ranges(1, vec![(boot + 16 * BS, 8 * BS)]);
@@ -551,6 +553,17 @@ mod tests {
         // A range outside the region is refused, not mapped.
         let f = &layers.files()[1];
         assert!(back.overlay_layers(&[(31 * BS, 2 * BS, f, 0)]).is_err());
+        // A full snapshot of the restored region holds the newer layer's
+        // pages, although they were mapped, never touched, and the base
+        // file has none there.
+        let (_dev2, h2) = VirtioMem::restore(back, BS, 8 * BS, &h.save()).unwrap();
+        let full = rw("full");
+        assert_eq!(h2.write_memory(&full, 0).unwrap(), 18 * 4096);
+        let mut b = [0u8; 1];
+        for (blk, p, v) in [(1, 2, 0xab), (1, 3, 0xcd), (2, 0, 0), (2, 10, 0xef)] {
+            full.read_exact_at(&mut b, blk * BS + p * 4096).unwrap();
+            assert_eq!(b[0], v, "block {blk} page {p}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
