@@ -74,6 +74,43 @@ impl DirtyPages {
         }
     }
 
+    /// Keeps the released ranges to at most `max` runs (a diff's manifest
+    /// lists them, and a manifest has a size limit) by joining the runs
+    /// closest together: the pages between two joined runs count as
+    /// written, so the diff holds what they read now and claiming the
+    /// whole span changes nothing the chain resolves to.
+    pub fn bound_released(&mut self, max: usize) {
+        if self.released.len() <= max.max(1) {
+            return;
+        }
+        let mut gaps: Vec<u64> = self
+            .released
+            .windows(2)
+            .map(|w| w[1].0 - (w[0].0 + w[0].1))
+            .collect();
+        gaps.sort_unstable();
+        // Joining every gap up to this one leaves at most `max` runs.
+        let limit = gaps[self.released.len() - max.max(1) - 1];
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(max);
+        for &(o, l) in &self.released {
+            match out.last_mut() {
+                Some((po, pl)) if o - (*po + *pl) <= limit => {
+                    let gap = (*po + *pl, o);
+                    for page in gap.0 / PAGE..gap.1.div_ceil(PAGE) {
+                        let w = (page / 64) as usize;
+                        if self.hotplug.len() <= w {
+                            self.hotplug.resize(w + 1, 0);
+                        }
+                        self.hotplug[w] |= 1 << (page % 64);
+                    }
+                    *pl = o + l - *po;
+                }
+                _ => out.push((o, l)),
+            }
+        }
+        self.released = out;
+    }
+
     /// ORs every region of `other` into `self`.
     pub fn merge(&mut self, other: &DirtyPages) {
         for (i, bits) in other.regions.iter().enumerate() {
@@ -192,6 +229,30 @@ mod tests {
         a.clear();
         assert_eq!(a.count(), 0);
         assert!(a.runs(0, 1000).is_empty());
+    }
+
+    #[test]
+    fn released_runs_are_bounded_by_joining_the_nearest() {
+        let mut d = DirtyPages::new();
+        let p = PAGE;
+        // Runs at pages 0, 2, 10, 11 (touching 10: merged on entry), 30.
+        d.merge_hotplug(
+            &[],
+            &[(0, p), (2 * p, p), (10 * p, p), (11 * p, p), (30 * p, p)],
+        );
+        assert_eq!(d.released().len(), 4);
+        d.bound_released(10);
+        assert_eq!(d.released().len(), 4);
+        // Down to 2: the gaps of 1 and 7 pages are joined, not that of 18.
+        d.bound_released(2);
+        assert_eq!(d.released(), &[(0, 12 * p), (30 * p, p)]);
+        // The joined gaps' pages count as written, and only those.
+        let written: Vec<u64> = (0..64)
+            .filter(|&i| d.hotplug()[0] & (1 << i) != 0)
+            .collect();
+        assert_eq!(written, [1, 3, 4, 5, 6, 7, 8, 9]);
+        d.bound_released(1);
+        assert_eq!(d.released(), &[(0, 31 * p)]);
     }
 
     #[test]

@@ -151,6 +151,10 @@ impl MicrovmState {
     }
 }
 
+/// Most released runs a diff's manifest lists (with [`memory::MAX_ZERO_RUNS`]
+/// zero runs, it stays under the manifest size limit).
+const MAX_RELEASED_RUNS: usize = 2048;
+
 /// What a created snapshot holds, for the caller's report.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotInfo {
@@ -231,6 +235,7 @@ pub fn create(
         chain.pending.merge(&dirty);
         if let Some(c) = paused.take_device_dirty() {
             chain.pending.merge_hotplug(&c.written, &c.released);
+            chain.pending.bound_released(MAX_RELEASED_RUNS);
         }
     }
     let mem = match (kind, &chain.head) {
