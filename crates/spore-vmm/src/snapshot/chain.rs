@@ -664,7 +664,8 @@ mod tests {
 
     /// Every run a manifest records is checked before it is used: inside
     /// the file, page-aligned, released runs inside the hotplug region and
-    /// only in a diff, the region right after boot RAM.
+    /// only in a diff, the region right after boot RAM; and a diff's parent
+    /// has the same region.
     #[test]
     fn recorded_runs_out_of_bounds_are_refused() {
         use crate::snapshot::format::{HotplugRegionInfo, Layer};
@@ -698,6 +699,26 @@ mod tests {
                 released_runs: released,
             }),
         };
+        // A parent with another hotplug region (or none) is another VM's.
+        let parent = manifest(LayerKind::Full, vec![], vec![], SIZE);
+        let want = ParentRef {
+            id: "x".into(),
+            content_hash: None,
+            state_path: None,
+            mem_path: None,
+        };
+        let child = manifest(LayerKind::Diff, vec![], vec![], SIZE);
+        let p = Path::new("p");
+        assert!(check_link("c", &child, &want, p, &parent, "h").is_ok());
+        let mut other = parent.clone();
+        if let Some(h) = other.hotplug.as_mut() {
+            h.region_size_bytes *= 2;
+        }
+        let e = check_link("c", &child, &want, p, &other, "h").err();
+        assert!(e.is_some_and(|e| e.to_string().contains("hotplug")));
+        other.hotplug = None;
+        assert!(check_link("c", &child, &want, p, &other, "h").is_err());
+
         let ok = manifest(
             LayerKind::Diff,
             vec![[0, 4096], [SIZE + region - 4096, 4096]],
