@@ -9,8 +9,8 @@
 # and a rw disk snapshots itself, is snapshotted through the API and restored
 # three times in new processes), clone (a Linux guest restored twice as clones:
 # reseed from /dev/hwrng, new vsock CID, urandom differs, private disks),
-# virtio-mem-snapshot (512 MiB plugged, snapshot, restore in a new process, contents
-# intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
+# virtio-mem-snapshot (512 MiB plugged, snapshot, a diff on top, the chain restored in
+# a new process, contents intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
 # launcher: start, pause, snapshot, stop, load with WithSnapshot, resume, balloon),
 # net (virtio-net on a tap in L1: address and ping, 64 MiB each way with sha256,
 # 10 MiB/s rate limiters, a new TCP connection after a snapshot restore, clones in
