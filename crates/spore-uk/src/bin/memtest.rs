@@ -540,7 +540,11 @@ fn check_model(mem: &mut VirtioMem, model: &[Want], phase: u64) -> i32 {
         }
         let mut off = 0;
         while off < bs {
-            let g = if off / PAGE < w.head { w.g_head } else { w.g_rest };
+            let g = if off / PAGE < w.head {
+                w.g_head
+            } else {
+                w.g_rest
+            };
             // SAFETY: the block is plugged (checked above) and identity-mapped.
             let v = unsafe { core::ptr::read_volatile((addr + off) as *const u64) };
             check!(
