@@ -9,8 +9,8 @@
 # and a rw disk snapshots itself, is snapshotted through the API and restored
 # three times in new processes), clone (a Linux guest restored twice as clones:
 # reseed from /dev/hwrng, new vsock CID, urandom differs, private disks),
-# virtio-mem-snapshot (512 MiB plugged, snapshot, restore in a new process, contents
-# intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
+# virtio-mem-snapshot (512 MiB plugged, snapshot, a diff on top, the chain restored in
+# a new process, contents intact, unplug, RSS drops), fc-sdk (firecracker-go-sdk v1.0.0 with its default
 # launcher: start, pause, snapshot, stop, load with WithSnapshot, resume, balloon),
 # net (virtio-net on a tap in L1: address and ping, 64 MiB each way with sha256,
 # 10 MiB/s rate limiters, a new TCP connection after a snapshot restore, clones in
@@ -175,9 +175,20 @@ if [[ -z $only || $only == serve-linux ]]; then
     add_mkfs_files
     sl_files+=("${mkfs_files[@]}")
     fns="$repo/tests/nested/fns"
-    python3 - "$fns" "$work" <<'PY'
-import sys, zipfile
-src, out = sys.argv[1], sys.argv[2]
+    # AWS's lambda_runtime crate as a static bootstrap (built once, cached).
+    rust_bootstrap="$("$repo/tests/fixtures/lambda-rust/build.sh" | tail -n1)"
+    [[ -x $rust_bootstrap ]] || die "the lambda_runtime fixture was not built"
+    # AWS's awslambdaric from PyPI, for the python3 image's CPython.
+    py_manifest="$(dirname "$("$repo/guest/build-rootfs.sh" python3 --agent "$agent_bin" | tail -n1)")/manifest.json"
+    guest_py="$(python3 -c 'import json, sys
+v = [p["version"] for p in json.load(open(sys.argv[1]))["packages"] if p["name"] == "python3"]
+print(".".join(v[0].split(":")[-1].split(".")[:2]) if v else "")' "$py_manifest")"
+    [[ -n $guest_py ]] || die "no python3 package in $py_manifest"
+    ric_dir="$(TARGET_PYTHON="$guest_py" "$repo/tests/fixtures/awslambdaric/install.sh" | tail -n1)"
+    [[ -d $ric_dir ]] || die "awslambdaric was not installed"
+    python3 - "$fns" "$work" "$rust_bootstrap" "$ric_dir" <<'PY'
+import os, sys, zipfile
+src, out, rust, ric = sys.argv[1:5]
 def make(name, files):
     with zipfile.ZipFile(f"{out}/{name}.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for arc, path, mode in files:
@@ -189,13 +200,24 @@ def make(name, files):
 make("hello", [("hello.py", f"{src}/hello.py", 0o644)])
 make("broken", [("broken.py", f"{src}/broken.py", 0o644)])
 make("provided", [("bootstrap", f"{src}/bootstrap", 0o755)])
+make("rust", [("bootstrap", rust, 0o755)])
+make("noexec", [("bootstrap", f"{src}/bootstrap", 0o644)])
+ric_files = [("handler.py", f"{src}/ric/handler.py", 0o644), ("bootstrap", f"{src}/ric/bootstrap", 0o755)]
+for root, dirs, files in os.walk(ric):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+    for f in sorted(files):
+        if f != ".complete":
+            p = os.path.join(root, f)
+            ric_files.append((os.path.relpath(p, ric), p, 0o644))
+make("ric", ric_files)
 PY
     # L1 holds both images, the instances (256 MiB each: zygotes, clones)
     # and their snapshots (runtime bases and function diffs); the scenario
     # restarts the daemon once, so it has more boots than the default allows.
     run_one serve-linux --memory 4096 --timeout 2400 --scenario "$here/scenarios/serve-linux.sh" \
         "${sl_files[@]}" --file "$work/hello.zip:/fns/hello.zip" \
-        --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" \
+        --file "$work/broken.zip:/fns/broken.zip" --file "$work/provided.zip:/fns/provided.zip" --file "$work/rust.zip:/fns/rust.zip" \
+        --file "$work/ric.zip:/fns/ric.zip" --file "$work/noexec.zip:/fns/noexec.zip" \
         --out-dir "$work/out-serve-linux"
 fi
 if [[ $only == bench-serve-linux ]]; then

@@ -1,5 +1,5 @@
 //! spore-agent with AWS's own Lambda runtime clients, unmodified, as the
-//! `provided` runtime's `bootstrap`: the Rust `lambda_runtime` crate
+//! `provided` runtime's `bootstrap` (and, for Python, as a python3 zip's): the Rust `lambda_runtime` crate
 //! (tests/fixtures/lambda-rust, built by its build.sh) and Python's
 //! `awslambdaric` from PyPI (tests/fixtures/awslambdaric/install.sh). Both
 //! are pinned and cached under `${SPORE_CACHE:-/var/cache/spore}`; a failed
@@ -97,6 +97,7 @@ fn rust_lambda_runtime_crate() {
 
 const PY_HANDLER: &str = r#"
 import os
+import sys
 
 class Failure(Exception):
     pass
@@ -113,14 +114,27 @@ def fn(event, context):
         "remaining_ms_positive": context.get_remaining_time_in_millis() > 0,
         "greeting": os.environ.get("GREETING"),
         "client": "awslambdaric",
+        # What ran the handler: awslambdaric, not spore's bootstrap.
+        "ric_loaded": "awslambdaric.bootstrap" in sys.modules,
     }
 "#;
 
 #[test]
 fn python_awslambdaric_from_pypi() {
+    awslambdaric_as_bootstrap("provided");
+}
+
+/// On the python3 runtime, a zip's executable `bootstrap` replaces spore's
+/// Python bootstrap once the function is configured.
+#[test]
+fn python3_runtime_runs_a_zips_awslambdaric_bootstrap() {
+    awslambdaric_as_bootstrap("python3");
+}
+
+fn awslambdaric_as_bootstrap(runtime: &str) {
     let py = python();
     let ric = run_script("tests/fixtures/awslambdaric/install.sh", &[("PYTHON", &py)]);
-    let agent = Agent::start("provided");
+    let agent = Agent::start(runtime);
     let code = agent.code_dir();
     let st = Command::new("cp")
         .arg("-a")
@@ -159,6 +173,7 @@ fn python_awslambdaric_from_pypi() {
         );
         assert_eq!(v["remaining_ms_positive"], true, "{v}");
         assert_eq!(v["greeting"], "hello", "{v}");
+        assert_eq!(v["ric_loaded"], true, "{v}");
         assert!(
             r.b_str().contains(&format!("handling {id}")),
             "log: {}",

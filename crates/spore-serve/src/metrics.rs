@@ -60,6 +60,8 @@ struct Inner {
     bases: BTreeMap<String, BaseStat>,
     /// function → its snapshot's layer over a base.
     diffs: BTreeMap<String, DiffStat>,
+    /// function → snapshots written (full or diff) and recorded.
+    snapshots_written: BTreeMap<String, u64>,
 }
 
 /// A runtime base snapshot: its id and size, and how often it was built and
@@ -137,9 +139,22 @@ impl Metrics {
         }
     }
 
-    /// A function's snapshot was written as a Diff on a base.
+    /// A function's snapshot was written as a Diff on a base (and counted
+    /// by [`Metrics::snapshot_written`]).
     pub fn diff_written(&self, function: &str, diff: DiffStat) {
-        self.inner().diffs.insert(function.to_string(), diff);
+        let mut m = self.inner();
+        m.diffs.insert(function.to_string(), diff);
+        *m.snapshots_written.entry(function.to_string()).or_default() += 1;
+    }
+
+    /// A function's snapshot (full) was written and recorded: from now on
+    /// it survives a restart of the daemon.
+    pub fn snapshot_written(&self, function: &str) {
+        *self
+            .inner()
+            .snapshots_written
+            .entry(function.to_string())
+            .or_default() += 1;
     }
 
     /// Bases and function diffs so far (for tests).
@@ -252,6 +267,15 @@ impl Metrics {
                 escape(&d.base),
                 escape(&d.base_id),
                 d.disk_bytes
+            );
+        }
+        out.push_str("# HELP spore_snapshots_written_total Function snapshots written and recorded (they survive a daemon restart).\n");
+        out.push_str("# TYPE spore_snapshots_written_total counter\n");
+        for (f, n) in &m.snapshots_written {
+            let _ = writeln!(
+                out,
+                "spore_snapshots_written_total{{function=\"{}\"}} {n}",
+                escape(f)
             );
         }
         out.push_str("# HELP spore_instances Function instances by state.\n");

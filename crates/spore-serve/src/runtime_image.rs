@@ -84,6 +84,51 @@ pub fn newest(cache: &Path, runtime: &str) -> anyhow::Result<PathBuf> {
         })
 }
 
+/// A build's work directory older than this is a leftover of a build that
+/// was killed (a live build is minutes old at most).
+const STALE_BUILD: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// What `spore image gc` would remove: for each runtime, every complete
+/// image but the newest `keep` (at least one is always kept), and build
+/// work directories (`.rootfs-build.*`) left for more than an hour.
+/// Entries it does not recognise are never named.
+pub fn gc_plan(cache: &Path, keep: usize) -> anyhow::Result<Vec<PathBuf>> {
+    let keep = keep.max(1);
+    let mut doomed = Vec::new();
+    let images = cached_images(cache)?;
+    for runtime in RUNTIMES {
+        let of_runtime: Vec<&CachedImage> =
+            images.iter().filter(|i| i.runtime == *runtime).collect();
+        let extra = of_runtime.len().saturating_sub(keep);
+        // Oldest first: the first `extra` go.
+        doomed.extend(
+            of_runtime[..extra]
+                .iter()
+                .filter_map(|i| i.image.parent().map(Path::to_path_buf)),
+        );
+    }
+    if let Ok(entries) = std::fs::read_dir(cache) {
+        for entry in entries.flatten() {
+            let stale = entry
+                .metadata()
+                .ok()
+                .filter(|m| m.is_dir())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_BUILD);
+            if stale
+                && entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".rootfs-build.")
+            {
+                doomed.push(entry.path());
+            }
+        }
+    }
+    Ok(doomed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +182,32 @@ mod tests {
         assert_eq!(newest(&cache, "python3").unwrap(), new);
         assert_eq!(newest(&cache, "provided").unwrap(), prov);
         assert_eq!(cached_images(&cache).unwrap().len(), 3);
+        std::fs::remove_dir_all(&cache).unwrap();
+    }
+
+    #[test]
+    fn gc_keeps_the_newest_of_each_runtime() {
+        let cache = std::env::temp_dir().join(format!("spore-image-gc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&cache);
+        assert!(
+            gc_plan(&cache, 1).unwrap().is_empty(),
+            "no cache, nothing to do"
+        );
+        let old = fake_image(&cache, "python3", 'a', "2026-01-01T00:00:00Z");
+        let mid = fake_image(&cache, "python3", 'b', "2026-02-01T00:00:00Z");
+        let new = fake_image(&cache, "python3", 'e', "2026-03-01T00:00:00Z");
+        fake_image(&cache, "provided", 'c', "2026-01-01T00:00:00Z");
+        // A build under way (fresh) and an entry gc does not know stay.
+        std::fs::create_dir_all(cache.join(".rootfs-build.live")).unwrap();
+        std::fs::create_dir_all(cache.join("kernel-x")).unwrap();
+        let dir = |p: &PathBuf| p.parent().unwrap().to_path_buf();
+        let mut plan = gc_plan(&cache, 1).unwrap();
+        plan.sort();
+        assert_eq!(plan, vec![dir(&old), dir(&mid)]);
+        assert_eq!(gc_plan(&cache, 2).unwrap(), vec![dir(&old)]);
+        // keep 0 still keeps one: a daemon always has an image to boot.
+        assert_eq!(gc_plan(&cache, 0).unwrap().len(), 2);
+        assert!(!gc_plan(&cache, 1).unwrap().contains(&dir(&new)));
         std::fs::remove_dir_all(&cache).unwrap();
     }
 }

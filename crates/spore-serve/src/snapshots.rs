@@ -330,6 +330,9 @@ impl SnapshotStore {
             "resume_vm": true,
             "vsock_override": { "uds_path": vmm.vsock_uds },
             "clone_generation": generation,
+            // An instance never writes a diff: no dirty logging (a base
+            // with tracking on would otherwise pass it on to every restore).
+            "track_dirty_pages": false,
         });
         if let Some(layer) = &snap.layer {
             // The diff's manifest names the base too; given here so the

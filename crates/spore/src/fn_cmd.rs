@@ -52,6 +52,10 @@ enum FnCommand {
         name: String,
         /// The payload; `-` reads stdin; default `{}`.
         payload: Option<String>,
+        /// `Tail`: also print the invocation's log (its last 4 KB) on stderr,
+        /// as `aws lambda invoke --log-type Tail` returns it.
+        #[arg(long, value_parser = ["None", "Tail"], default_value = "None")]
+        log_type: String,
     },
     /// List the functions.
     Ls,
@@ -156,7 +160,11 @@ pub fn run(a: FnArgs) -> anyhow::Result<u8> {
             );
             Ok(0)
         }
-        FnCommand::Invoke { name, payload } => {
+        FnCommand::Invoke {
+            name,
+            payload,
+            log_type,
+        } => {
             let payload = match payload.as_deref() {
                 None => b"{}".to_vec(),
                 Some("-") => {
@@ -166,7 +174,8 @@ pub fn run(a: FnArgs) -> anyhow::Result<u8> {
                 }
                 Some(p) => p.as_bytes().to_vec(),
             };
-            let r = Conn::open(&a.endpoint)?.invoke(&name, &payload)?;
+            let tail = log_type == "Tail";
+            let r = Conn::open(&a.endpoint)?.invoke_with_log(&name, &payload, tail)?;
             std::io::stdout().write_all(&r.body)?;
             println!();
             eprintln!(
@@ -174,6 +183,17 @@ pub fn run(a: FnArgs) -> anyhow::Result<u8> {
                 r.path,
                 r.server_us / 1e3
             );
+            if tail {
+                let log = r
+                    .log_result
+                    .as_deref()
+                    .map(|b64| base64::engine::general_purpose::STANDARD.decode(b64.trim()))
+                    .transpose()
+                    .context("the reply's X-Amz-Log-Result is not base64")?
+                    .unwrap_or_default();
+                eprintln!("spore fn: log tail ({} bytes):", log.len());
+                std::io::stderr().write_all(&log)?;
+            }
             Ok(if r.function_error { 1 } else { 0 })
         }
         FnCommand::Ls => {

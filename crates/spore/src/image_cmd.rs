@@ -45,6 +45,19 @@ pub enum ImageCommand {
         #[arg(long, value_name = "DIR")]
         cache: Option<PathBuf>,
     },
+    /// Remove old runtime images: all but the newest KEEP of each runtime,
+    /// and build directories left by killed builds. Snapshots of functions
+    /// deployed on a removed image are rebuilt on their next start.
+    Gc {
+        /// Images kept per runtime (at least 1).
+        #[arg(long, default_value_t = 1)]
+        keep: usize,
+        /// Only print what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+    },
     /// Make the code disk of a function: ZIP unpacked into a small read-only
     /// ext4 image at OUT (mode 0600, written atomically).
     Code { zip: PathBuf, out: PathBuf },
@@ -107,6 +120,34 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<u8> {
             let path = newest(&cache, &runtime)?;
             println!("{}", path.display());
         }
+        ImageCommand::Gc {
+            keep,
+            dry_run,
+            cache,
+        } => {
+            let cache = cache_dir(cache);
+            let plan = spore_serve::runtime_image::gc_plan(&cache, keep)?;
+            let mut freed = 0u64;
+            for dir in &plan {
+                let bytes = disk_usage(dir);
+                if dry_run {
+                    println!("would remove {} ({} MiB)", dir.display(), bytes >> 20);
+                    continue;
+                }
+                std::fs::remove_dir_all(dir)
+                    .with_context(|| format!("removing {}", dir.display()))?;
+                freed += bytes;
+                println!("removed {} ({} MiB)", dir.display(), bytes >> 20);
+            }
+            if !dry_run {
+                eprintln!(
+                    "spore image gc: {} entries removed, {} MiB freed in {}",
+                    plan.len(),
+                    freed >> 20,
+                    cache.display()
+                );
+            }
+        }
         ImageCommand::Code { zip, out } => {
             let meta = std::fs::metadata(&zip).with_context(|| format!("{}", zip.display()))?;
             if meta.len() > spore_serve::code::MAX_ZIP_BYTES as u64 {
@@ -132,6 +173,29 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Bytes allocated on disk under `dir` (files only; symlinks not followed).
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
 }
 
 fn check_runtime(runtime: &str) -> anyhow::Result<()> {

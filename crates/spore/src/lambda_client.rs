@@ -24,6 +24,8 @@ pub struct Reply {
     pub function_error: bool,
     /// `x-amzn-ErrorType` of an error response.
     pub error_type: String,
+    /// `X-Amz-Log-Result` (base64 of the log's tail), if the reply has one.
+    pub log_result: Option<String>,
 }
 
 /// Bodies larger than this are not read (a daemon never sends them).
@@ -43,8 +45,27 @@ impl Conn {
     }
 
     pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Reply> {
+        self.request_with(method, path, &[], body)
+    }
+
+    /// A request with extra headers (`name`, `value`; neither may hold a
+    /// line break).
+    pub fn request_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> anyhow::Result<Reply> {
+        let mut extra = String::new();
+        for (k, v) in headers {
+            if [k, v].iter().any(|x| x.contains(['\r', '\n'])) {
+                bail!("header {k:?} holds a line break");
+            }
+            extra.push_str(&format!("{k}: {v}\r\n"));
+        }
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{extra}Content-Length: {}\r\n\r\n",
             self.host,
             body.len()
         );
@@ -65,6 +86,7 @@ impl Conn {
             server_us: f64::NAN,
             function_error: false,
             error_type: String::new(),
+            log_result: None,
         };
         let mut len = 0usize;
         loop {
@@ -84,6 +106,7 @@ impl Conn {
                     "x-spore-duration-us" => reply.server_us = v.parse().unwrap_or(f64::NAN),
                     "x-amz-function-error" => reply.function_error = true,
                     "x-amzn-errortype" => reply.error_type = v.to_string(),
+                    "x-amz-log-result" => reply.log_result = Some(v.to_string()),
                     _ => {}
                 }
             }
@@ -98,9 +121,26 @@ impl Conn {
 
     /// Invoke; an HTTP error (not a function error) is an `Err`.
     pub fn invoke(&mut self, name: &str, payload: &[u8]) -> anyhow::Result<Reply> {
-        let r = self.request(
+        self.invoke_with_log(name, payload, false)
+    }
+
+    /// Invoke; with `log_tail`, asks for `LogType: Tail` (the reply's
+    /// `log_result` then holds the base64 of the log's last 4 KB).
+    pub fn invoke_with_log(
+        &mut self,
+        name: &str,
+        payload: &[u8],
+        log_tail: bool,
+    ) -> anyhow::Result<Reply> {
+        let headers: &[(&str, &str)] = if log_tail {
+            &[("X-Amz-Log-Type", "Tail")]
+        } else {
+            &[]
+        };
+        let r = self.request_with(
             "POST",
             &format!("/2015-03-31/functions/{name}/invocations"),
+            headers,
             payload,
         )?;
         if r.status != 200 {

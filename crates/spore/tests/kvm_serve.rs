@@ -353,6 +353,13 @@ fn kvm_serve_survives_kill_9() {
         .collect();
     thread::sleep(Duration::from_millis(300));
     wait_for_snapshot(&state, "f", 1);
+    // The files are in place before the catalog records them; a kill in
+    // between leaves a snapshot the next daemon rightly removes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.metric("spore_snapshots_written_total{function=\"f\"}") < 1.0 {
+        assert!(Instant::now() < deadline, "f's snapshot was never recorded");
+        thread::sleep(Duration::from_millis(20));
+    }
     d.kill9();
     for h in handles {
         let _ = h.join();
@@ -712,4 +719,45 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     let r = d.request("POST", "/2015-03-31/functions/t/invocations", b"{}", &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-spore-start-path"), Some("warm"));
+}
+
+/// A Linux runtime whose image is not in the cache: CreateFunction is
+/// refused with a clear 400 that says how to build it, and nothing is kept.
+#[test]
+fn kvm_serve_refuses_a_linux_runtime_whose_image_is_not_built() {
+    require_kvm();
+    let dir = Scratch::new("serve-no-image");
+    let empty_cache = dir.path("cache");
+    std::fs::create_dir_all(&empty_cache).unwrap();
+    let d = Daemon::start(
+        &dir.path("state"),
+        &["--image-cache", empty_cache.to_str().unwrap()],
+    );
+    let body = serde_json::json!({
+        "FunctionName": "py",
+        "Runtime": "python3",
+        "Handler": "app.handler",
+        "Role": "arn:aws:iam::000000000000:role/test",
+        "Code": { "ZipFile": common::serve::zip_b64(&[("app.py", b"def handler(e, c):\n    return e\n")]) },
+        "MemorySize": 256,
+    });
+    let r = d.request(
+        "POST",
+        "/2015-03-31/functions",
+        body.to_string().as_bytes(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("runtime image python3 is not built; run spore image build python3"),
+        "{}",
+        r.text()
+    );
+    let list = d.request("GET", "/2015-03-31/functions", b"", &[]).json();
+    assert_eq!(
+        list["Functions"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
 }

@@ -325,7 +325,8 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     untracked.kill().unwrap();
     untracked.wait().unwrap();
 
-    // Diff of a VM with hotplug memory (virtio-mem): refused, clearly.
+    // A VM with hotplug memory (virtio-mem) takes diffs like any other
+    // (kvm_mem_snapshot restores them): refused only without a parent.
     let sock3 = s.path("api3.sock");
     let (mut hp, rx3) = boot_snaptest(
         &sock3,
@@ -344,7 +345,16 @@ fn kvm_bad_chains_and_diffs_are_refused() {
     );
     let (code, reply) = http(&sock3, "PUT", "/snapshot/create", Some(&body));
     assert_eq!(code, 400, "{reply}");
-    assert!(reply.contains("hotplug memory"), "{reply}");
+    assert!(reply.contains("previous snapshot"), "{reply}");
+    let full = format!(
+        r#"{{"snapshot_type": "Full", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        s.path("hp.state").display(),
+        s.path("hp.mem").display()
+    );
+    let (code, reply) = http(&sock3, "PUT", "/snapshot/create", Some(&full));
+    assert_eq!(code, 204, "{reply}");
+    let (code, reply) = http(&sock3, "PUT", "/snapshot/create", Some(&body));
+    assert_eq!(code, 204, "{reply}");
     hp.kill().unwrap();
     hp.wait().unwrap();
 
@@ -412,4 +422,70 @@ fn kvm_bad_chains_and_diffs_are_refused() {
         .unwrap();
     f.set_len((64 << 20) - 4096).unwrap();
     refused(&mut restore_cmd(&d1), "truncated");
+}
+
+/// A load with `track_dirty_pages: false` turns dirty logging off for a VM
+/// whose snapshot had it on (a diff is then refused); one that does not
+/// say keeps the snapshot's tracking, so a diff on the loaded snapshot works.
+#[test]
+fn kvm_load_turns_tracking_off_when_asked() {
+    require_kvm();
+    let s = Scratch::new("snap-load-tracking");
+    let sock = s.path("api.sock");
+    let base = Layer::new(&s, "base");
+    let (mut vmm, rx) = boot_snaptest(&sock, 64, true, "mib=1 rounds=1000 sleep_ms=20", &[]);
+    read_until(&rx, "count 1");
+    snapshot_create(&sock, &base.state, &base.mem, false, true);
+    vmm.wait().unwrap();
+
+    let load = |sock: &Path, extra: &str| {
+        let (child, rx) = spawn_vmm_lines(sock);
+        let body = format!(
+            r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true{extra}}}"#,
+            base.state.display(),
+            base.mem.display()
+        );
+        let (code, reply) = http(sock, "PUT", "/snapshot/load", Some(&body));
+        assert_eq!(code, 204, "{reply}");
+        read_until(&rx, "count");
+        assert_eq!(
+            http(sock, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#)).0,
+            204
+        );
+        child
+    };
+    let diff_body = |name: &str| {
+        format!(
+            r#"{{"snapshot_type": "Diff", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+            s.path(&format!("{name}.state")).display(),
+            s.path(&format!("{name}.mem")).display()
+        )
+    };
+
+    let off_sock = s.path("off.sock");
+    let mut off = load(&off_sock, r#", "track_dirty_pages": false"#);
+    let (code, reply) = http(
+        &off_sock,
+        "PUT",
+        "/snapshot/create",
+        Some(&diff_body("off")),
+    );
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("track_dirty_pages"), "{reply}");
+    let (_, config) = http(&off_sock, "GET", "/vm/config", None);
+    assert!(config.contains(r#""track_dirty_pages":false"#), "{config}");
+    let _ = off.kill();
+    let _ = off.wait();
+
+    let kept_sock = s.path("kept.sock");
+    let mut kept = load(&kept_sock, "");
+    let (code, reply) = http(
+        &kept_sock,
+        "PUT",
+        "/snapshot/create",
+        Some(&diff_body("kept")),
+    );
+    assert_eq!(code, 204, "{reply}");
+    let _ = kept.kill();
+    let _ = kept.wait();
 }

@@ -11,6 +11,10 @@ the code directory first on sys.path, imports `module.function` from the
 handler, and loops on the Lambda Runtime API: `/invocation/next` ->
 handler(event, context) -> `/response` or `/error`. Import failures go to
 `/runtime/init/error` with Lambda's error types.
+
+A function whose code directory holds an executable `bootstrap` (a zip that
+brings its own runtime client, such as AWS's `awslambdaric`) has that
+bootstrap run in this process's place once the function is known.
 """
 
 import http.client
@@ -214,6 +218,22 @@ def main():
         os.chdir(code_dir)
     except OSError as e:
         print("bootstrap: cannot enter %s: %s" % (code_dir, e), file=sys.stderr)
+    custom = os.path.join(code_dir, "bootstrap")
+    if os.path.isfile(custom) and os.access(custom, os.X_OK):
+        # A zip that brings its own runtime client (AWS's awslambdaric, say)
+        # runs its bootstrap in this process's place, as a provided runtime
+        # would, with the function's environment.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(custom, [custom])
+        except OSError as e:
+            post_init_error(client, {
+                "errorMessage": "cannot run %s: %s" % (custom, e),
+                "errorType": "Runtime.InvalidEntrypoint",
+                "stackTrace": [],
+            })
+            return 1
     try:
         fn = load_handler(os.environ.get("_HANDLER") or function.get("handler", ""), code_dir)
     except InitError as e:

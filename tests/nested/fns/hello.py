@@ -7,6 +7,8 @@ import time
 
 def handler(event, context):
     n = event.get("n", 0)
+    # Goes to the invocation's log (LogType: Tail).
+    print(f"hello-log n={n}")
     # Keeps an instance busy, so that concurrent invocations need another.
     time.sleep(min(float(event.get("sleep", 0)), 5))
     return {

@@ -6,6 +6,10 @@
 # Through the Lambda API (`spore fn`): a pure-stdlib Python function and a
 # `provided` function (a shell bootstrap on busybox wget) are deployed and
 # invoked three times each (a cold start, then clones or warm instances);
+# the Python handler's print() comes back with `LogType: Tail`; a `provided`
+# function built with AWS's `lambda_runtime` crate, and a Python function
+# run by AWS's `awslambdaric` (from PyPI, in its zip), answer and report
+# their handlers' errors as Lambda does;
 # a Python function whose import fails answers with Runtime.ImportModuleError
 # (a function error, `spore fn invoke` exits 1); a zip without the handler's
 # module is refused at deploy time. The zips come from the host (/fns).
@@ -80,6 +84,71 @@ else
     t init-error FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))"
 fi
 
+# A handler's print() is in the invocation's log: `LogType: Tail`.
+F invoke hello '{"n": 11}' --log-type Tail >"$tmp/tail.out" 2>"$tmp/tail.err"
+rc=$?
+if [ $rc = 0 ] && grep -q "hello-log n=11" "$tmp/tail.err" && grep -q '"n": 11' "$tmp/tail.out"; then
+    t log-type-tail PASS "$(grep -c . "$tmp/tail.err") lines on stderr"
+else
+    t log-type-tail FAIL "exit $rc: $(tail -n 6 "$tmp/tail.err" | tr '\n' ' ')"
+fi
+
+# A `provided` function built with AWS's `lambda_runtime` crate (Rust, a
+# static bootstrap: tests/fixtures/lambda-rust), unmodified.
+deploy rust provided unused /fns/rust.zip
+F invoke rust '{"k": "v"}' >"$tmp/rust.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(tr -d ' ' <"$tmp/rust.out")
+case "$rc:$body" in
+0:*'"client":"lambda_runtime"'*'"function_name":"rust"'*) t lambda-runtime-crate PASS "$(sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err")" ;;
+*) t lambda-runtime-crate FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+F invoke rust '{"fail": true}' >"$tmp/rust-fail.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(cat "$tmp/rust-fail.out")
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorMessage": *"asked to fail in '; then
+    t lambda-runtime-crate-error PASS "$(echo "$body" | head -c 160)"
+else
+    t lambda-runtime-crate-error FAIL "exit $rc, body '$body'"
+fi
+
+# AWS's own Python runtime client (awslambdaric from PyPI, in the zip, run
+# by the zip's bootstrap in place of spore's) on the python3 runtime.
+deploy ric python3 handler.fn /fns/ric.zip
+# (Bodies compared without blanks: each client formats its JSON its own way.)
+F invoke ric '{"k": 1}' --log-type Tail >"$tmp/ric.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(tr -d ' ' <"$tmp/ric.out")
+case "$rc:$body" in
+0:*'"client":"awslambdaric"'*'"function_name":"ric"'*'"remaining_ms_positive":true'*'"greeting":"hi"'*'"ric_loaded":true'*)
+    if grep -q "ric-log" "$tmp/inv.err"; then
+        t awslambdaric PASS "$(sed -n 's/^spore fn: \([a-z-]*\) start, \(.*\) ms.*$/\1 \2 ms/p' "$tmp/inv.err")"
+    else
+        t awslambdaric FAIL "no ric-log in the log tail: $(tail -n 5 "$tmp/inv.err" | tr '\n' ' ')"
+    fi
+    ;;
+*) t awslambdaric FAIL "exit $rc, body '$body' ($(cat "$tmp/inv.err"); $(tail -n 5 "$tmp/serve.err"))" ;;
+esac
+F invoke ric '{"fail": true}' >"$tmp/ric-fail.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(cat "$tmp/ric-fail.out")
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorType": *"Failure"' && echo "$body" | grep -q "asked to fail in "; then
+    t awslambdaric-error PASS "$(echo "$body" | head -c 160)"
+else
+    t awslambdaric-error FAIL "exit $rc, body '$body'"
+fi
+
+# A `provided` bootstrap that is not executable: Lambda's init error.
+deploy noexec provided unused /fns/noexec.zip
+F invoke noexec '{}' >"$tmp/noexec.out" 2>"$tmp/inv.err"
+rc=$?
+body=$(cat "$tmp/noexec.out")
+if [ $rc = 1 ] && echo "$body" | grep -q '"errorType": *"Runtime.InvalidEntrypoint"'; then
+    t bootstrap-not-executable PASS "$(echo "$body" | head -c 160)"
+else
+    t bootstrap-not-executable FAIL "exit $rc, body '$body' ($(tail -n 3 "$tmp/serve.err"))"
+fi
+
 if F deploy nomodule --runtime python3 --handler missing.handler --zip /fns/hello.zip >"$tmp/nomod.out" 2>&1; then
     t deploy-refuses-missing-module FAIL "deployed"
 elif grep -q "InvalidParameterValueException\|names the module 'missing'" "$tmp/nomod.out"; then
@@ -150,7 +219,10 @@ else
 fi
 if [ -n "$d1" ] && [ -n "$d2" ] && [ "$d2" -lt "$base_bytes" ] && [ "$d1" -lt "$base_bytes" ] &&
     grep -q "\"base_id\": \"$base_id\"" "$tmp/s/snapshots/hello2-v1/layer.json" 2>/dev/null; then
-    t diffs-on-base PASS "hello $d1 bytes, hello2 $d2 bytes, base $base_bytes bytes"
+    # What a function's init cost the guest (spore-agent's line at Ready).
+    init_mem=$(find "$tmp/s" -name vmm.log -exec grep -ah "function init memory" {} \; 2>/dev/null |
+        head -n 1 | sed 's/.*function init memory: //' | tr -cd '[:print:]')
+    t diffs-on-base PASS "hello $d1 bytes, hello2 $d2 bytes, base $base_bytes bytes; init: $init_mem"
 else
     t diffs-on-base FAIL "hello '$d1' hello2 '$d2' base '$base_bytes': $(grep spore_function_diff "$st" | tr '\n' ' ')"
 fi

@@ -2,9 +2,12 @@
 # Tier 3, issue 6 (virtio-mem + snapshots): a Linux guest (2 vCPUs, 512 MiB
 # boot RAM, 2 GiB hotplug region) gets 512 MiB plugged and fills a tmpfs
 # file (Linux onlines plugged memory movable and places user pages there
-# first); the VM is snapshotted with `spore snapshot create --stop` and
-# restored in a new VMM process. The restored guest still sees the memory
-# (MemTotal, plugged_size_mib), the file is intact, and after the guest
+# first); the VM (with dirty page tracking) is snapshotted (full), writes a
+# second, 32 MiB file, and is snapshotted again as a diff with
+# `spore snapshot create --diff --stop`: the diff holds about the new data,
+# not the region. The chain is restored in a new VMM process. The restored
+# guest still sees the memory (MemTotal, plugged_size_mib), both files are
+# intact, and after the guest
 # drops the file, setting the target to 0 unplugs everything and the
 # restored VMM's RSS drops. The memory file holds the region after boot RAM
 # with unplugged blocks as holes. Guest side: guest/virtio-mem-snapshot.sh.
@@ -22,7 +25,7 @@ vmm=$!
 wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@"; }
 if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
-    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":512}' >/dev/null &&
+    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":512,"track_dirty_pages":true}' >/dev/null &&
     A PUT /hotplug/memory '{"total_size_mib":2048,"block_size_mib":2,"slot_size_mib":128}' >/dev/null &&
     A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
     A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null; then
@@ -71,12 +74,29 @@ sum0=$(guest 'mkdir -p /mnt/big && mount -t tmpfs -o size=1200m tmpfs /mnt/big &
 if [ ${#sum0} -eq 32 ]; then t guest-fills-320m PASS "md5 $sum0"; else t guest-fills-320m FAIL "$sum0"; fi
 
 start=$(now_ms)
-if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" --stop >"$tmp/manifest.json" 2>"$tmp/create.err"; then
+if "$SPORE" snapshot create "$api" --state "$tmp/vm.state" --mem "$tmp/vm.mem" >"$tmp/manifest.json" 2>"$tmp/create.err"; then
     t snapshot-create PASS "$(($(now_ms) - start)) ms, $(du -k "$tmp/vm.mem" | cut -f1) KiB on disk of $(stat -c %s "$tmp/vm.mem") bytes"
 else
     t snapshot-create FAIL "$(cat "$tmp/create.err")"
 fi
+# 32 MiB more, then a diff on top of the full snapshot.
+sumy0=$(guest 'yes spore-virtio-mem-diff | head -c 33554432 >/mnt/big/y && md5sum /mnt/big/y | cut -d" " -f1')
+start=$(now_ms)
+if "$SPORE" snapshot create "$api" --diff --state "$tmp/d.state" --mem "$tmp/d.mem" --stop >"$tmp/diff.json" 2>"$tmp/diff.err"; then
+    t snapshot-diff PASS "$(($(now_ms) - start)) ms, $(du -k "$tmp/d.mem" | cut -f1) KiB on disk"
+else
+    t snapshot-diff FAIL "$(cat "$tmp/diff.err")"
+fi
 wait $vmm
+"$SPORE" snapshot inspect "$tmp/d.state" >"$SPORE_OUT/virtio-mem-snapshot-diff-manifest.json" 2>&1
+dd=$(tr -d ' \n' <"$SPORE_OUT/virtio-mem-snapshot-diff-manifest.json" | field data_bytes)
+# The region's data in the diff: the new file (and what the guest kernel
+# moved or wrote meanwhile), far from the 320 MiB of the first file.
+if [ -n "$dd" ] && [ "$dd" -ge $((32 << 20)) ] && [ "$dd" -le $((128 << 20)) ]; then
+    t diff-holds-the-changes PASS "$((dd >> 10)) KiB of the region in the diff, $(du -k "$tmp/d.mem" | cut -f1) KiB on disk, full $(du -k "$tmp/vm.mem" | cut -f1) KiB"
+else
+    t diff-holds-the-changes FAIL "${dd:-none} bytes of the region in the diff"
+fi
 "$SPORE" snapshot inspect "$tmp/vm.state" >"$SPORE_OUT/virtio-mem-snapshot-manifest.json" 2>&1
 off=$(tr -d ' \n' <"$SPORE_OUT/virtio-mem-snapshot-manifest.json" | field file_offset)
 pl=$(tr -d ' \n' <"$SPORE_OUT/virtio-mem-snapshot-manifest.json" | field plugged_bytes)
@@ -96,7 +116,7 @@ fi
 
 api2="$tmp/api2.sock"
 start=$(now_ms)
-"$SPORE" snapshot restore --state "$tmp/vm.state" --mem "$tmp/vm.mem" --api-sock "$api2" \
+"$SPORE" snapshot restore --state "$tmp/d.state" --mem "$tmp/d.mem" --api-sock "$api2" \
     >"$tmp/console-restored.txt" 2>"$tmp/restore.err" &
 r=$!
 after=$(guest "$memtotal")
@@ -113,8 +133,10 @@ else
 fi
 sum1=$(guest 'md5sum /mnt/big/x | cut -d" " -f1')
 if [ -n "$sum1" ] && [ "$sum1" = "$sum0" ]; then t contents-intact PASS; else t contents-intact FAIL "md5 $sum1, before $sum0"; fi
+sumy1=$(guest 'md5sum /mnt/big/y | cut -d" " -f1')
+if [ ${#sumy0} -eq 32 ] && [ "$sumy1" = "$sumy0" ]; then t diff-contents-intact PASS; else t diff-contents-intact FAIL "md5 $sumy1, before $sumy0"; fi
 rss1=$(rss_kb $r)
-guest 'rm -f /mnt/big/x; umount /mnt/big; echo dropped' >/dev/null
+guest 'rm -f /mnt/big/x /mnt/big/y; umount /mnt/big; echo dropped' >/dev/null
 start=$(now_ms)
 if "$SPORE" mem "$api2" --set 0 --wait --timeout 300 2>"$tmp/unplug.err"; then
     t unplug-after-restore PASS "$(cat "$tmp/unplug.err")"

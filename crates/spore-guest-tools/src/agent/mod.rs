@@ -8,7 +8,8 @@
 //! - [`state`]: where the host link and the Runtime API meet;
 //! - [`runtime_api`]: the HTTP server the runtime calls;
 //! - [`runtime`]: the runtime process, its environment and its output;
-//! - [`pid1`]: mounts, reaping, code device, reseed, power-off.
+//! - [`pid1`]: mounts, reaping, code device, reseed, power-off;
+//! - [`meminfo`]: what a function's init cost in memory (logged at Ready).
 //!
 //! Per host connection ([`session`]): an agent without a function sends
 //! `Standby` once the runtime's pre-init is done and waits for `Configure`;
@@ -19,6 +20,7 @@
 
 pub mod config;
 pub mod host_link;
+pub mod meminfo;
 pub mod pid1;
 pub mod runtime;
 pub mod runtime_api;
@@ -212,9 +214,16 @@ pub fn session(agent: &Arc<Agent>, link: &mut Link, link_gen: u64) -> Result<(),
             "spore-agent: configured: {} {} ({})",
             config.function_name, config.function_version, config.handler
         );
+        let before = meminfo::MemInfo::read();
         agent.configure(config);
+        send_ready(agent, link, link_gen)?;
+        eprintln!(
+            "spore-agent: function init memory: {}",
+            meminfo::MemInfo::read().delta_since(&before)
+        );
+    } else {
+        send_ready(agent, link, link_gen)?;
     }
-    send_ready(agent, link, link_gen)?;
     loop {
         let frame = match read_frame(link) {
             Ok(f) => f,

@@ -209,9 +209,12 @@ impl Manager {
         let Some(z) = zygote.as_ref() else { return };
         let started = Instant::now();
         match self.snapshots.create(f, &z.vmm).await {
-            Ok(snap) => tracing::info!(function = %f.name, version = f.version,
-                "snapshot {} written from the zygote in {:.1} ms", snap.dir.display(),
-                started.elapsed().as_secs_f64() * 1e3),
+            Ok(snap) => {
+                self.metrics.snapshot_written(&f.name);
+                tracing::info!(function = %f.name, version = f.version,
+                    "snapshot {} written from the zygote in {:.1} ms", snap.dir.display(),
+                    started.elapsed().as_secs_f64() * 1e3)
+            }
             Err(e) => tracing::warn!(function = %f.name, "no snapshot: {e:#}"),
         }
     }
@@ -233,9 +236,12 @@ impl Manager {
         drop(conn);
         let started = Instant::now();
         match self.snapshots.create(f, &vmm).await {
-            Ok(snap) => tracing::info!(function = %f.name, version = f.version,
-                "snapshot {} written in {:.1} ms", snap.dir.display(),
-                started.elapsed().as_secs_f64() * 1e3),
+            Ok(snap) => {
+                self.metrics.snapshot_written(&f.name);
+                tracing::info!(function = %f.name, version = f.version,
+                    "snapshot {} written in {:.1} ms", snap.dir.display(),
+                    started.elapsed().as_secs_f64() * 1e3)
+            }
             Err(e) => tracing::warn!(function = %f.name, "no snapshot: {e:#}"),
         }
         let resumed = vmm

@@ -28,6 +28,22 @@
 //!   tests' guest: a restored VM must keep its plugged memory and give it
 //!   back afterwards.
 //!
+//! - `mode=diff`: the diff snapshot tests' guest (blocks of the region by
+//!   index, 4 per chunk with `slot_size_mib` = 4 × the block size; pattern
+//!   A, B, C = generations 1, 2, 3, one word per page). Phase 1 plugs blocks
+//!   0..32 and writes A everywhere. Phase 2 writes B in all of block 1 and
+//!   in the first 16 pages of block 2, unplugs 3 and 4, unplugs and
+//!   re-plugs 5 writing B in its first page only, and plugs 32 and 33
+//!   writing B. Phase 3 writes C in the first page of block 0, unplugs 32,
+//!   writes B in block 28 and unplugs the whole chunk 28..32 (its KVM slot
+//!   is retired), then re-plugs 3 (writing nothing) and 29 (C in its first
+//!   page). After each phase it prints `memtest: phase N`, holds `hold_ms`
+//!   (a host snapshots the VM here: a full, then diffs), and checks every
+//!   block of the phase's model (unplugged blocks by STATE; released and
+//!   re-plugged ones read zero where not rewritten: nothing older comes
+//!   back), printing `memtest: verified phase N`. Finally it re-plugs 4, 28
+//!   and 32 (zero) and prints `memtest: diff done`.
+//!
 //! Exit codes: 0 ok, 1 a check failed (printed), 2 no virtio-mem device,
 //! 3 the host never set the requested size.
 #![no_std]
@@ -165,6 +181,7 @@ fn main(info: &spore_uk::BootInfo) -> i32 {
         "touch-unplugged" => touch_unplugged(mem),
         "reclaim" => reclaim(mem),
         "persist" => persist(mem),
+        "diff" => diff(mem),
         other => {
             println!("memtest: unknown mode {other}");
             1
@@ -458,4 +475,186 @@ fn persist(mem: VirtioMem) -> i32 {
     );
     hold(hold_ms);
     0
+}
+
+/// What a block of the `diff` mode's model holds: unplugged, or its first
+/// `head` pages of generation `g_head` and the rest of `g_rest` (0: zero).
+#[derive(Clone, Copy)]
+struct Want {
+    plugged: bool,
+    head: u64,
+    g_head: u64,
+    g_rest: u64,
+}
+
+const UNPLUGGED: Want = Want {
+    plugged: false,
+    head: 0,
+    g_head: 0,
+    g_rest: 0,
+};
+
+fn all(g: u64) -> Want {
+    Want {
+        plugged: true,
+        head: 0,
+        g_head: 0,
+        g_rest: g,
+    }
+}
+
+fn head(n: u64, g_head: u64, g_rest: u64) -> Want {
+    Want {
+        plugged: true,
+        head: n,
+        g_head,
+        g_rest,
+    }
+}
+
+/// The word expected at `off` of block `b` holding generation `g` (0: zero).
+fn expected(b: u64, g: u64, off: u64) -> u64 {
+    if g == 0 {
+        0
+    } else {
+        pattern(b, g, off)
+    }
+}
+
+/// Checks every block of `model` against the device and memory.
+fn check_model(mem: &mut VirtioMem, model: &[Want], phase: u64) -> i32 {
+    let bs = mem.block_size();
+    let base = mem.region_addr();
+    for (b, w) in model.iter().enumerate() {
+        let b = b as u64;
+        let addr = base + b * bs;
+        let st = mem.state(addr, 1);
+        let want = if w.plugged {
+            BlockState::Plugged
+        } else {
+            BlockState::Unplugged
+        };
+        check!(st == Ok(want), "phase {phase}: block {b} is {st:?}");
+        if !w.plugged {
+            continue;
+        }
+        let mut off = 0;
+        while off < bs {
+            let g = if off / PAGE < w.head {
+                w.g_head
+            } else {
+                w.g_rest
+            };
+            // SAFETY: the block is plugged (checked above) and identity-mapped.
+            let v = unsafe { core::ptr::read_volatile((addr + off) as *const u64) };
+            check!(
+                v == expected(b, g, off),
+                "phase {phase}: block {b} page {} holds {v:#x}, want generation {g}",
+                off / PAGE
+            );
+            off += PAGE;
+        }
+    }
+    0
+}
+
+/// Writes generation `g` in the first `pages` pages of block `b`.
+fn write_pages(mem: &VirtioMem, b: u64, pages: u64, g: u64) {
+    let bs = mem.block_size();
+    fill(mem.region_addr() + b * bs, pages * PAGE, b, g);
+}
+
+/// One phase's changes to the region and the model.
+type Phase = fn(&mut VirtioMem, &mut [Want]) -> Result<(), &'static str>;
+
+fn diff(mut mem: VirtioMem) -> i32 {
+    const BLOCKS: u64 = 34;
+    let bs = mem.block_size();
+    let base = mem.region_addr();
+    let hold_ms = num("hold_ms", 0);
+    check!(mem.region_size() >= BLOCKS * bs, "region too small");
+    if !wait_for_target(&mem, 32 * bs) {
+        println!("memtest: the host never set the requested size");
+        return 3;
+    }
+    let at = |b: u64| base + b * bs;
+    let per_block = bs / PAGE;
+    let mut model = [UNPLUGGED; BLOCKS as usize];
+
+    // Phase 1: A everywhere in 0..32.
+    check!(mem.plug(at(0), 32).is_ok(), "PLUG of blocks 0..32");
+    for b in 0..32 {
+        write_pages(&mem, b, per_block, 1);
+        model[b as usize] = all(1);
+    }
+    let phases: [Phase; 3] = [|_, _| Ok(()), diff_phase2, diff_phase3];
+    for (i, change) in phases.iter().enumerate() {
+        let phase = i as u64 + 1;
+        if let Err(e) = change(&mut mem, &mut model) {
+            println!("memtest: FAILED: phase {phase}: {e}");
+            return 1;
+        }
+        println!("memtest: phase {phase}");
+        hold(hold_ms);
+        if check_model(&mut mem, &model, phase) != 0 {
+            return 1;
+        }
+        println!("memtest: verified phase {phase}");
+    }
+    // Blocks released in the last diffs (and 28, only in the first) read
+    // zero when plugged again.
+    for b in [4, 28, 32] {
+        check!(mem.plug(at(b), 1).is_ok(), "PLUG of block {b}");
+        model[b as usize] = all(0);
+    }
+    if check_model(&mut mem, &model, 4) != 0 {
+        return 1;
+    }
+    println!("memtest: diff done");
+    0
+}
+
+fn diff_phase2(mem: &mut VirtioMem, model: &mut [Want]) -> Result<(), &'static str> {
+    let (bs, base) = (mem.block_size(), mem.region_addr());
+    let at = |b: u64| base + b * bs;
+    let per_block = bs / PAGE;
+    write_pages(mem, 1, per_block, 2);
+    model[1] = all(2);
+    write_pages(mem, 2, 16, 2);
+    model[2] = head(16, 2, 1);
+    for b in [3, 4] {
+        mem.unplug(at(b), 1).map_err(|_| "UNPLUG")?;
+        model[b as usize] = UNPLUGGED;
+    }
+    mem.unplug(at(5), 1).map_err(|_| "UNPLUG of 5")?;
+    mem.plug(at(5), 1).map_err(|_| "PLUG of 5")?;
+    write_pages(mem, 5, 1, 2);
+    model[5] = head(1, 2, 0);
+    mem.plug(at(32), 2).map_err(|_| "PLUG of 32, 33")?;
+    for b in [32, 33] {
+        write_pages(mem, b, per_block, 2);
+        model[b as usize] = all(2);
+    }
+    Ok(())
+}
+
+fn diff_phase3(mem: &mut VirtioMem, model: &mut [Want]) -> Result<(), &'static str> {
+    let (bs, base) = (mem.block_size(), mem.region_addr());
+    let at = |b: u64| base + b * bs;
+    write_pages(mem, 0, 1, 3);
+    model[0] = head(1, 3, 1);
+    mem.unplug(at(32), 1).map_err(|_| "UNPLUG of 32")?;
+    model[32] = UNPLUGGED;
+    // Written, then the whole chunk 28..32 unplugged: its KVM slot goes
+    // (sync waits for it), and its dirty log with it.
+    write_pages(mem, 28, bs / PAGE, 2);
+    mem.unplug(at(28), 4).map_err(|_| "UNPLUG of chunk 7")?;
+    model[28..32].fill(UNPLUGGED);
+    mem.sync().map_err(|_| "sync")?;
+    mem.plug(at(3), 1).map_err(|_| "PLUG of 3")?;
+    model[3] = all(0);
+    mem.plug(at(29), 1).map_err(|_| "PLUG of 29")?;
+    write_pages(mem, 29, 1, 3);
+    model[29] = head(1, 3, 0);
+    Ok(())
 }

@@ -34,10 +34,11 @@ pub struct SnapshotLoadParams {
     /// Deprecated in Firecracker in favour of `mem_backend`.
     #[serde(default)]
     pub mem_file_path: Option<String>,
+    /// Firecracker's older name for `track_dirty_pages`.
     #[serde(default)]
-    pub enable_diff_snapshots: bool,
+    pub enable_diff_snapshots: Option<bool>,
     #[serde(default)]
-    pub track_dirty_pages: bool,
+    pub track_dirty_pages: Option<bool>,
     #[serde(default)]
     pub resume_vm: bool,
     /// spore: how a File backend fills RAM (default lazy).
@@ -123,9 +124,18 @@ impl SnapshotLoadParams {
 
     /// Dirty page tracking for the restored VM: on when either
     /// `track_dirty_pages` or Firecracker's older `enable_diff_snapshots`
-    /// asks for it, else as the snapshotted VM had it.
+    /// is true, off when one is false and neither true (a VM restored only
+    /// to serve does not pay for dirty logging), else (neither given) as
+    /// the snapshotted VM had it.
     pub fn track_dirty(&self) -> Option<bool> {
-        (self.track_dirty_pages || self.enable_diff_snapshots).then_some(true)
+        let asked = [self.track_dirty_pages, self.enable_diff_snapshots];
+        if asked.contains(&Some(true)) {
+            Some(true)
+        } else if asked.contains(&Some(false)) {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     /// Refuses the body if any path in it has a `..` component (see
@@ -316,6 +326,16 @@ mod tests {
         assert_eq!(parents[1].mem, std::path::Path::new("b.mem"));
         let p: SnapshotLoadParams = serde_json::from_str(r#"{"snapshot_path":"s"}"#).unwrap();
         assert_eq!(p.track_dirty(), None);
+        let off = |body: &str| serde_json::from_str::<SnapshotLoadParams>(body).unwrap();
+        assert_eq!(
+            off(r#"{"snapshot_path":"s","track_dirty_pages":false}"#).track_dirty(),
+            Some(false)
+        );
+        assert_eq!(
+            off(r#"{"snapshot_path":"s","track_dirty_pages":false,"enable_diff_snapshots":true}"#)
+                .track_dirty(),
+            Some(true)
+        );
         assert!(p.parent_paths().is_empty());
         // A typo in a parent entry is refused, not ignored.
         assert!(serde_json::from_str::<SnapshotLoadParams>(

@@ -138,7 +138,14 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     };
     ram.register(&vm_fd, machine.track_dirty_pages)?;
     let mem_device = match &config.memory_hotplug {
-        Some(h) => Some(make_mem_device(&kvm, &vm_fd, machine.mem_bytes(), h, None)?),
+        Some(h) => Some(make_mem_device(
+            &kvm,
+            &vm_fd,
+            machine.mem_bytes(),
+            h,
+            machine.track_dirty_pages,
+            None,
+        )?),
         None => None,
     };
     let irqchip = kvm::create_irqchip(&vm_fd, kind, false)?;
@@ -223,6 +230,7 @@ pub fn build_from_state(
             &vm_fd,
             machine.mem_bytes(),
             h,
+            machine.track_dirty_pages,
             Some((&ram, &mut saved)),
         )?),
         None => None,

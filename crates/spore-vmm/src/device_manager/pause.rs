@@ -12,8 +12,10 @@ use std::sync::MutexGuard;
 
 use super::persist::{save_virtio, DeviceId, DeviceState, DeviceStates};
 use super::{DeviceError, VmDevices};
+use crate::devices::virtio::mem::RegionDiff;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::host::lock;
+use crate::memory::hotplug::RegionChanges;
 use crate::persist::Persist;
 
 /// What the virtio-mem device wrote into a snapshot's memory file.
@@ -101,6 +103,35 @@ impl<'a> PausedDevices<'a> {
             data_bytes: mem.write_memory(out, file_offset)?,
             plugged_bytes: mem.plugged_bytes(),
         }))
+    }
+
+    /// Reads and clears the virtio-mem region's written pages and released
+    /// ranges (see [`crate::memory::hotplug::HotplugMemory::take_dirty`]),
+    /// if the VM has the device.
+    pub fn take_device_dirty(&self) -> Option<RegionChanges> {
+        self.devices
+            .handles
+            .mem
+            .as_ref()
+            .map(|mem| mem.take_dirty())
+    }
+
+    /// A diff's share of the virtio-mem region: the pages of `dirty` in
+    /// plugged blocks, written at `file_offset` (see
+    /// [`crate::devices::virtio::mem::MemHandle::write_diff`]).
+    pub fn write_device_diff(
+        &self,
+        out: &File,
+        file_offset: u64,
+        dirty: &[u64],
+    ) -> std::io::Result<Option<(RegionDiff, u64)>> {
+        let Some(mem) = &self.devices.handles.mem else {
+            return Ok(None);
+        };
+        Ok(Some((
+            mem.write_diff(out, file_offset, dirty)?,
+            mem.plugged_bytes(),
+        )))
     }
 
     /// Leaves the devices stopped (a zygote template never runs again;

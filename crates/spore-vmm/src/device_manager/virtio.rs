@@ -41,12 +41,14 @@ impl MemDevice<'_> {
 
 /// The virtio-mem device `hotplug` describes, over a fresh region placed
 /// above boot RAM, or (with `restore`) over the region mapped from the
-/// snapshot memory file `ram` comes from, with its state applied.
+/// snapshot memory file `ram` comes from, with its state applied. With
+/// `dirty_log` (`track_dirty_pages`), its KVM slots log dirty pages.
 pub fn make_mem_device<'s>(
     kvm: &Kvm,
     vm_fd: &VmFd,
     mem_bytes: u64,
     hotplug: &MemoryHotplugConfig,
+    dirty_log: bool,
     restore: Option<(&GuestRam, &mut StateLookup<'s>)>,
 ) -> Result<MemDevice<'s>, DeviceError> {
     let id = DeviceId::mem();
@@ -69,7 +71,9 @@ pub fn make_mem_device<'s>(
             (backing, Some(saved))
         }
     };
-    // The device adds and removes memory slots from its own thread.
+    // The device adds and removes memory slots from its own thread; a
+    // restore's slots are added below, already with the dirty log.
+    backing.set_dirty_log(dirty_log);
     backing.attach_vm(duplicate_vm_fd(kvm, vm_fd)?);
     let region = backing.region();
     let device = make_virtio::<VirtioMem>(

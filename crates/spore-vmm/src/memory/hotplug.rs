@@ -23,7 +23,18 @@
 //! unplugged blocks are replaced by fresh anonymous memory (`mmap` with
 //! `MAP_FIXED` over the range), which frees the copy-on-write pages and
 //! drops the file's pages from the mapping, and reads as zeros when the
-//! block is plugged again — the same contract as a punched memfd.
+//! block is plugged again — the same contract as a punched memfd. A chain
+//! of snapshot layers maps the base that way and each newer layer's
+//! ranges of the region on top ([`HotplugMemory::overlay_layers`]), as
+//! boot RAM does.
+//!
+//! For diff snapshots (`track_dirty_pages`), every slot is created with
+//! KVM's dirty log on, and the region remembers what it released since
+//! the last snapshot ([`HotplugMemory::take_dirty`]): a slot is deleted
+//! only once its chunk is empty, so the log lost with it covered pages
+//! that were released anyway, and a diff makes every released range its
+//! own (zero unless written since), so nothing of it is read from an older
+//! layer again.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -60,6 +71,16 @@ pub enum HotplugError {
     Chunk(u64),
 }
 
+/// What changed in the region since the last snapshot
+/// ([`HotplugMemory::take_dirty`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegionChanges {
+    /// Pages written: bit `i` is page `i` of the region.
+    pub written: Vec<u64>,
+    /// Ranges released (region offsets, sorted, merged).
+    pub released: Vec<(u64, u64)>,
+}
+
 /// The hotplug region's memfd, its mapping, and its KVM slots.
 pub struct HotplugMemory {
     /// The memfd (shared mapping), or the snapshot memory file the region
@@ -78,6 +99,17 @@ pub struct HotplugMemory {
     /// VM, where slot changes are only recorded.
     vm: Option<VmFd>,
     registered: Vec<bool>,
+    /// Slots are made with KVM's dirty log on (diff snapshots).
+    dirty_log: bool,
+    /// Region ranges released since the last [`Self::take_dirty`] (only
+    /// recorded with `dirty_log`).
+    released: Vec<(u64, u64)>,
+    /// Released ranges whose release failed (see `note_released`).
+    unsure: Vec<(u64, u64)>,
+    /// Region ranges mapped from newer snapshot layers over the base file:
+    /// data a later snapshot must read through the mapping although the
+    /// base file has holes there.
+    overlays: Vec<(u64, u64)>,
     /// The 2 MiB-aligned anonymous mapping `region` lives in
     /// ([`HotplugMemory::anonymous`]), unmapped when this is dropped. The
     /// region's other holders (the VM's memory view, device workers) are
@@ -171,6 +203,10 @@ impl HotplugMemory {
             slot_size: slot_size.max(1),
             vm: None,
             registered: vec![false; chunks as usize],
+            dirty_log: false,
+            released: Vec::new(),
+            unsure: Vec::new(),
+            overlays: Vec::new(),
             _anonymous: None,
         })
     }
@@ -179,6 +215,45 @@ impl HotplugMemory {
     /// VM fd, usable from the device's thread).
     pub fn attach_vm(&mut self, vm: VmFd) {
         self.vm = Some(vm);
+    }
+
+    /// Makes every slot created from now on log dirty pages (set before
+    /// the first slot: existing slots keep their flags).
+    pub fn set_dirty_log(&mut self, on: bool) {
+        self.dirty_log = on;
+    }
+
+    /// Ranges (region offsets) mapped from newer layers, see `overlays`.
+    pub fn overlays(&self) -> &[(u64, u64)] {
+        &self.overlays
+    }
+
+    /// Puts newer snapshot layers' ranges of the region over the base
+    /// mapping (private mappings only): each `(region offset, len, file,
+    /// file offset)` mapped from its file, or read in when short. Call
+    /// before the guest runs.
+    pub fn overlay_layers(&mut self, ranges: &[(u64, u64, &File, u64)]) -> Result<(), MemoryError> {
+        if !self.private {
+            return Err(MemoryError::Layers(std::io::Error::other(
+                "layers overlay only a private mapping",
+            )));
+        }
+        let mut maps = 0;
+        for &(off, len, file, file_off) in ranges {
+            if off.checked_add(len).is_none_or(|end| end > self.size) {
+                return Err(MemoryError::Layers(std::io::Error::other(format!(
+                    "a layer range at {off:#x}+{len:#x} lies outside the {:#x}-byte hotplug region",
+                    self.size
+                ))));
+            }
+            let map = len >= super::MIN_OVERLAY_MAP && maps < super::MAX_OVERLAY_MAPS;
+            maps += usize::from(map);
+            let host = self.region.as_ptr() as u64 + off;
+            super::overlay(file, file_off, host, len, map).map_err(MemoryError::Layers)?;
+            self.overlays.push((off, len));
+        }
+        self.overlays = super::pages::merge(std::mem::take(&mut self.overlays));
+        Ok(())
     }
 
     /// The mapping, to add to the guest memory devices see.
@@ -265,7 +340,11 @@ impl HotplugMemory {
         let slot = FIRST_SLOT + chunk as u32;
         let r = kvm_userspace_memory_region {
             slot,
-            flags: 0,
+            flags: if self.dirty_log {
+                kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
             guest_phys_addr: self.addr + offset,
             memory_size: len,
             userspace_addr: self.region.as_ptr() as u64 + offset,
@@ -283,7 +362,7 @@ impl HotplugMemory {
     }
 
     /// Releases `len` bytes at `offset` in the region to the host.
-    pub fn discard(&self, offset: u64, len: u64) -> Result<(), HotplugError> {
+    pub fn discard(&mut self, offset: u64, len: u64) -> Result<(), HotplugError> {
         let err = |source| HotplugError::Discard {
             offset,
             len,
@@ -292,9 +371,16 @@ impl HotplugMemory {
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
         }
-        if self.private {
-            return self.replace_with_anonymous(offset, len).map_err(err);
-        }
+        let done = if self.private {
+            self.replace_with_anonymous(offset, len)
+        } else {
+            self.punch_hole(offset, len)
+        };
+        self.note_released(offset, len, done.is_err());
+        done.map_err(err)
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> std::io::Result<()> {
         // SAFETY: plain syscall on a file we own; it changes no memory this
         // process relies on (punched pages read back as zeros).
         let rc = unsafe {
@@ -306,7 +392,7 @@ impl HotplugMemory {
             )
         };
         if rc != 0 {
-            return Err(err(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }
@@ -340,6 +426,76 @@ impl HotplugMemory {
         Ok(())
     }
 
+    /// Records a release for the next diff. One that failed may have
+    /// dropped part of the range or nothing (the block then stays plugged
+    /// with its data): its pages are counted as written too, so the diff
+    /// holds whatever they read now.
+    fn note_released(&mut self, offset: u64, len: u64, failed: bool) {
+        if !self.dirty_log || len == 0 {
+            return;
+        }
+        self.released.push((offset, len));
+        if failed {
+            self.unsure.push((offset, len));
+        }
+        // A guest plugging and unplugging in a loop must not grow this
+        // without bound: merged, it is at most one range per block.
+        if self.released.len() > 1024 {
+            self.released = super::pages::merge(std::mem::take(&mut self.released));
+        }
+        if self.unsure.len() > 1024 {
+            self.unsure = super::pages::merge(std::mem::take(&mut self.unsure));
+        }
+    }
+
+    /// Reads and clears what changed in the region since the last call: a
+    /// bitmap of the pages written (KVM's log of every slot, which needs
+    /// `dirty_log`, and the VMM's own writes through vm-memory), bit `i` =
+    /// page `i` of the region, and the ranges released (merged, region
+    /// offsets). Call with the vCPUs paused and the device quiesced. It
+    /// cannot fail: what cannot be read counts as written.
+    pub fn take_dirty(&mut self) -> RegionChanges {
+        let pages = self.size.div_ceil(PAGE);
+        let mut bits = vec![0u64; pages.div_ceil(64) as usize];
+        let mapping: &MmapRegion<super::DirtyBitmap> = &self.region;
+        or_bits(&mut bits, 0, &mapping.bitmap().get_and_reset());
+        let mut whole = std::mem::take(&mut self.unsure);
+        if let Some(vm) = &self.vm {
+            for chunk in 0..self.registered.len() as u64 {
+                if !self.is_registered(chunk) {
+                    continue;
+                }
+                let offset = chunk * self.slot_size;
+                let len = self.slot_size.min(self.size - offset);
+                let slot = FIRST_SLOT + chunk as u32;
+                match vm.get_dirty_log(slot, len as usize) {
+                    Ok(log) => or_bits(&mut bits, offset / PAGE, &log),
+                    // Failing the snapshot here would lose what was read
+                    // and cleared already: the whole chunk counts instead.
+                    Err(e) => {
+                        tracing::warn!(
+                            "hotplug memory: cannot read the dirty log of slot {slot} ({e}): \
+                             its whole chunk goes into the next diff"
+                        );
+                        whole.push((offset, len));
+                    }
+                }
+            }
+        }
+        for (offset, len) in whole {
+            for page in offset / PAGE..(offset + len).div_ceil(PAGE) {
+                if let Some(w) = bits.get_mut((page / 64) as usize) {
+                    *w |= 1 << (page % 64);
+                }
+            }
+        }
+        let released = super::pages::merge(std::mem::take(&mut self.released));
+        RegionChanges {
+            written: bits,
+            released,
+        }
+    }
+
     /// Bytes of host memory the region holds (for tests and accounting):
     /// the memfd's allocated blocks, or for a private mapping its resident
     /// pages (copy-on-write copies and file pages it maps).
@@ -351,6 +507,24 @@ impl HotplugMemory {
                 .unwrap_or(0);
         }
         self.memfd.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+}
+
+const PAGE: u64 = 4096;
+
+/// ORs `src` (bit `j` = page `first + j`) into `dst` (bit `i` = page `i`),
+/// dropping bits past `dst`'s end.
+fn or_bits(dst: &mut [u64], first: u64, src: &[u64]) {
+    for (w, &word) in src.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let b = u64::from(bits.trailing_zeros());
+            bits &= bits - 1;
+            let page = first + w as u64 * 64 + b;
+            if let Some(d) = dst.get_mut((page / 64) as usize) {
+                *d |= 1 << (page % 64);
+            }
+        }
     }
 }
 
@@ -374,7 +548,7 @@ mod tests {
     #[test]
     fn discard_returns_memory() {
         let mib = 1u64 << 20;
-        let hp = HotplugMemory::new(4 << 30, 64 * mib, 16 * mib).unwrap();
+        let mut hp = HotplugMemory::new(4 << 30, 64 * mib, 16 * mib).unwrap();
         let mem = crate::memory::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
         let buf = vec![0x5au8; (8 * mib) as usize];
         mem.write_slice(&buf, GuestAddress((4 << 30) + 16 * mib))

@@ -7,11 +7,16 @@
 //! there, or zero where none does. Every restore path (lazy, layered, eager,
 //! working set, userfaultfd) and `snapshot merge` read memory through this
 //! one resolution, so they cannot disagree about which layer wins.
+//!
+//! A virtio-mem VM's files hold its hotplug region after boot RAM
+//! ([`MemoryLayers::with_region`]); it resolves the same way, apart from
+//! RAM ([`MemoryLayers::region_extents`]): RAM restore paths size guest
+//! RAM from [`MemoryLayers::size`] and must not see the region.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 
-use super::pages::{data_ranges, merge as merge_ranges};
+use super::pages::{data_ranges_in, merge as merge_ranges};
 
 /// A byte range of guest memory and the layer that supplies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,13 +28,17 @@ pub struct Extent {
     pub layer: usize,
 }
 
-/// The layer files of one snapshot chain, base first, all `size` bytes long.
+/// The layer files of one snapshot chain, base first, each holding `size`
+/// bytes of boot RAM (then the hotplug region, if any).
 pub struct MemoryLayers {
     files: Vec<File>,
     size: u64,
     /// Per layer, ranges that belong to it besides its file's data ranges
-    /// (a diff's zero pages a copy turned into holes; they read as zeros).
+    /// (a diff's zero pages a copy turned into holes, and hotplug blocks
+    /// unplugged since its parent; they read as zeros).
     extra: Vec<Vec<(u64, u64)>>,
+    /// The hotplug region's (file offset, length), after boot RAM.
+    region: Option<(u64, u64)>,
 }
 
 impl MemoryLayers {
@@ -40,16 +49,32 @@ impl MemoryLayers {
             files,
             size,
             extra: Vec::new(),
+            region: None,
         }
     }
 
-    /// Declares `ranges` (sorted, non-overlapping) part of layer `layer`
-    /// even where its file has holes.
+    /// Declares the hotplug region: `len` bytes at `offset` (right after
+    /// boot RAM) in every layer file. The caller has checked the files'
+    /// sizes.
+    pub fn with_region(mut self, offset: u64, len: u64) -> Self {
+        self.region = Some((offset, len));
+        self
+    }
+
+    /// The hotplug region's (file offset, length), if the chain has one.
+    pub fn region(&self) -> Option<(u64, u64)> {
+        self.region
+    }
+
+    /// Declares `ranges` part of layer `layer` even where its file has
+    /// holes (added to what was declared before).
     pub fn add_ranges(&mut self, layer: usize, ranges: Vec<(u64, u64)>) {
         if self.extra.len() <= layer {
             self.extra.resize_with(layer + 1, Vec::new);
         }
-        self.extra[layer] = ranges;
+        let mine = &mut self.extra[layer];
+        mine.extend(ranges);
+        *mine = merge_ranges(std::mem::take(mine));
     }
 
     /// A single full snapshot.
@@ -69,15 +94,39 @@ impl MemoryLayers {
         self.size
     }
 
-    /// Every range that holds data in some layer, attributed to the newest
-    /// layer holding it, sorted by offset and non-overlapping. Ranges not
-    /// listed read as zero.
+    /// Every range of boot RAM that holds data in some layer, attributed
+    /// to the newest layer holding it, sorted by offset and non-overlapping.
+    /// Ranges not listed read as zero.
     pub fn extents(&self) -> std::io::Result<Vec<Extent>> {
+        self.extents_in(0, self.size)
+    }
+
+    /// [`Self::extents`] of the hotplug region (file offsets; empty without
+    /// a region).
+    pub fn region_extents(&self) -> std::io::Result<Vec<Extent>> {
+        match self.region {
+            Some((offset, len)) => self.extents_in(offset, offset.saturating_add(len)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Resolved extents within `[lo, hi)` of the layout: declared ranges
+    /// are clipped to it, so a range naming the region never leaks into
+    /// RAM's extents (nor one past the file into either).
+    fn extents_in(&self, lo: u64, hi: u64) -> std::io::Result<Vec<Extent>> {
         let mut per_layer = Vec::with_capacity(self.files.len());
         for (i, f) in self.files.iter().enumerate() {
-            let mut ranges = data_ranges(f, self.size)?;
-            if let Some(extra) = self.extra.get(i).filter(|e| !e.is_empty()) {
-                ranges.extend_from_slice(extra);
+            let mut ranges: Vec<(u64, u64)> = data_ranges_in(f, lo, hi)?
+                .into_iter()
+                .map(|(o, l)| (lo + o, l))
+                .collect();
+            if let Some(extra) = self.extra.get(i) {
+                for &(o, l) in extra {
+                    let (s, e) = (o.max(lo), o.saturating_add(l).min(hi));
+                    if s < e {
+                        ranges.push((s, e - s));
+                    }
+                }
                 ranges = merge_ranges(ranges);
             }
             per_layer.push(ranges);
@@ -173,6 +222,52 @@ mod tests {
         assert_eq!(got, vec![ext(0, 4096, 0), ext(8192, 4096, 0)]);
         assert!(resolve(&[]).is_empty());
         assert!(resolve(&[vec![], vec![]]).is_empty());
+    }
+
+    /// The hotplug region resolves apart from RAM: a declared range there
+    /// (a released block) wins over the base's data, and neither leaks
+    /// into RAM's extents.
+    #[test]
+    fn the_region_resolves_apart_from_ram() {
+        use std::os::unix::fs::FileExt;
+        let dir = std::env::temp_dir().join(format!("spore-layers-rg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ram, region) = (1u64 << 20, 1u64 << 20);
+        let mk = |name: &str, pages: &[u64]| {
+            let f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.set_len(ram + region).unwrap();
+            for &p in pages {
+                f.write_all_at(&[1; 4096], p * 4096).unwrap();
+            }
+            f
+        };
+        // Base: RAM page 0, region pages 0..4 (file pages 256..260).
+        let base = mk("base", &[0, 256, 257, 258, 259]);
+        let diff = mk("diff", &[]);
+        let mut layers = MemoryLayers::new(vec![base, diff], ram).with_region(ram, region);
+        // The diff released region pages 1..3, and a bogus run past the end.
+        layers.add_ranges(1, vec![(ram + 4096, 2 * 4096), (ram + region, 4096)]);
+        let owner = |ext: &[Extent], off: u64| {
+            ext.iter()
+                .find(|e| e.offset <= off && off < e.offset + e.len)
+                .map(|e| e.layer)
+        };
+        let r = layers.extents().unwrap();
+        assert!(r.iter().all(|e| e.offset + e.len <= ram), "{r:?}");
+        assert_eq!(owner(&r, 0), Some(0));
+        let g = layers.region_extents().unwrap();
+        assert!(g
+            .iter()
+            .all(|e| e.offset >= ram && e.offset + e.len <= ram + region));
+        let pages: Vec<_> = (0..5).map(|p| owner(&g, ram + p * 4096)).collect();
+        assert_eq!(pages, [Some(0), Some(1), Some(1), Some(0), None]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

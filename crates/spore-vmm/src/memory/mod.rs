@@ -93,6 +93,10 @@ pub struct GuestRam {
     /// base, then each diff layer's mapped runs): what a clone of this VM
     /// maps before the pages this VM wrote or read in itself.
     mapped_from: Vec<MemoryLayer>,
+    /// The hotplug region's ranges that newer layers of the chain supply,
+    /// as (file offset, len, layer file): the region is mapped later, by
+    /// the virtio-mem device, from the base and these on top.
+    region_layers: Vec<(u64, u64, std::sync::Arc<File>)>,
     /// Backed by 2 MiB hugetlbfs pages.
     hugetlb: bool,
     /// The anonymous mappings `mem`'s regions live in ([`GuestRam::anonymous`]),
@@ -138,6 +142,7 @@ impl GuestRam {
             private: AtomicBool::new(true),
             overlays: Vec::new(),
             mapped_from,
+            region_layers: Vec::new(),
             hugetlb: false,
             _anonymous: maps,
         })
@@ -207,6 +212,7 @@ impl GuestRam {
             private: AtomicBool::new(private),
             overlays: Vec::new(),
             mapped_from,
+            region_layers: Vec::new(),
             hugetlb,
             _anonymous: Vec::new(),
         })
@@ -236,6 +242,15 @@ impl GuestRam {
         let mut ram = Self::from_snapshot_file(base, layers.size())?;
         if layers.files().len() < 2 {
             return Ok(ram);
+        }
+        for e in layers.region_extents().map_err(MemoryError::Layers)? {
+            if e.layer > 0 {
+                let file = layers.files()[e.layer]
+                    .try_clone()
+                    .map_err(MemoryError::Layers)?;
+                ram.region_layers
+                    .push((e.offset, e.len, std::sync::Arc::new(file)));
+            }
         }
         let overlays: Vec<_> = layers
             .extents()
@@ -289,6 +304,11 @@ impl GuestRam {
         }
         ram.overlays = overlays.iter().map(|e| (e.offset, e.len)).collect();
         Ok(ram)
+    }
+
+    /// The hotplug region's ranges newer layers supply (see `region_layers`).
+    pub fn region_layers(&self) -> &[(u64, u64, std::sync::Arc<File>)] {
+        &self.region_layers
     }
 
     /// Memory-file ranges mapped from diff layers (see `from_layers`).

@@ -57,10 +57,21 @@ impl Chain {
     /// the files).
     pub fn memory_layers(&mut self, size: u64) -> MemoryLayers {
         let mut layers = MemoryLayers::new(std::mem::take(&mut self.files), size);
+        // Every layer's region lies where the newest's does (`check_link`).
+        if let Some(h) = self
+            .layers
+            .first()
+            .and_then(|l| l.manifest.hotplug.as_ref())
+        {
+            layers = layers.with_region(h.file_offset, h.region_size_bytes);
+        }
         // `self.layers` is newest first, the files base first.
         for (i, l) in self.layers.iter().rev().enumerate() {
             if let Some(z) = &l.manifest.layer.zero_runs {
                 layers.add_ranges(i, z.iter().map(|r| (r[0], r[1])).collect());
+            }
+            if let Some(h) = &l.manifest.hotplug {
+                layers.add_ranges(i, h.released_runs.iter().map(|r| (r[0], r[1])).collect());
             }
         }
         layers
@@ -175,9 +186,8 @@ fn read_layer(
     };
     let file = crate::files::open_regular(&paths.mem).map_err(open_err)?;
     let md = file.metadata().map_err(open_err)?;
-    let expected = manifest.mem_size_bytes;
     // A virtio-mem region's memory follows boot RAM in the file.
-    let file_size = expected + manifest.hotplug.as_ref().map_or(0, |h| h.region_size_bytes);
+    let file_size = check_runs(&mem_name, &manifest)?;
     // Sizes are checked before anything is mapped: the guest-memory part,
     // then the trailer naming the snapshot (see `trailer`).
     let with_trailer = file_size + trailer::TRAILER_LEN;
@@ -202,7 +212,7 @@ fn read_layer(
     if manifest.layer.kind == LayerKind::Diff {
         // The file's data plus the recorded zero pages (a copy may have
         // made holes of them) must be exactly what the diff wrote.
-        let mut ranges = crate::memory::pages::data_ranges(&file, expected).map_err(open_err)?;
+        let mut ranges = crate::memory::pages::data_ranges(&file, file_size).map_err(open_err)?;
         if let Some(z) = &manifest.layer.zero_runs {
             ranges.extend(z.iter().map(|r| (r[0], r[1])));
         }
@@ -225,6 +235,65 @@ fn read_layer(
         mem_disk_bytes: md.blocks() * 512,
     };
     Ok((info, state, file))
+}
+
+/// Checks what a manifest says of its memory file's layout before anything
+/// is read or mapped by it: the hotplug region right after boot RAM, every
+/// recorded run inside the file (released runs inside the region, and only
+/// in a diff), each page-aligned. Returns the file's size without trailer.
+fn check_runs(path: &str, m: &Manifest) -> Result<u64, SnapshotError> {
+    let bad = |detail: String| SnapshotError::MemoryTrailer {
+        path: path.to_string(),
+        detail: format!("the manifest's memory layout is invalid: {detail}"),
+    };
+    let ram = m.mem_size_bytes;
+    let (region_start, region_end) = match &m.hotplug {
+        None => (ram, ram),
+        Some(h) => {
+            if h.file_offset != ram {
+                return Err(bad(format!(
+                    "the hotplug region is at file offset {:#x}, not right after the {ram:#x} bytes of boot RAM",
+                    h.file_offset
+                )));
+            }
+            let end = ram
+                .checked_add(h.region_size_bytes)
+                .ok_or_else(|| bad("the hotplug region's size overflows".into()))?;
+            (ram, end)
+        }
+    };
+    let aligned = |o: u64, l: u64| o.is_multiple_of(4096) && l.is_multiple_of(4096);
+    let inside = |r: &[u64; 2], lo: u64, hi: u64| {
+        r[0] >= lo && r[0].checked_add(r[1]).is_some_and(|e| e <= hi) && aligned(r[0], r[1])
+    };
+    if let Some(r) = m
+        .layer
+        .zero_runs
+        .iter()
+        .flatten()
+        .find(|r| !inside(r, 0, region_end))
+    {
+        return Err(bad(format!(
+            "zero run {:#x}+{:#x} is not page-aligned inside the {region_end:#x}-byte file",
+            r[0], r[1]
+        )));
+    }
+    if let Some(h) = &m.hotplug {
+        if !h.released_runs.is_empty() && m.layer.kind != LayerKind::Diff {
+            return Err(bad("a full layer lists released runs".into()));
+        }
+        if let Some(r) = h
+            .released_runs
+            .iter()
+            .find(|r| !inside(r, region_start, region_end))
+        {
+            return Err(bad(format!(
+                "released run {:#x}+{:#x} is not page-aligned inside the hotplug region {region_start:#x}..{region_end:#x}",
+                r[0], r[1]
+            )));
+        }
+    }
+    Ok(region_end)
 }
 
 /// Walks the chain ending at `newest`, checking every layer and link.
@@ -329,6 +398,18 @@ fn check_link(
                 "its content hash is {parent_hash}, the diff expects {h} (the file was rewritten or altered)"
             )));
         }
+    }
+    let region = |m: &Manifest| {
+        m.hotplug
+            .as_ref()
+            .map(|h| (h.guest_addr, h.region_size_bytes, h.block_size_bytes))
+    };
+    if region(child) != region(pm) {
+        return Err(mismatch(format!(
+            "the hotplug memory region differs: {:?} in the diff, {:?} in the parent (address, size, block size)",
+            region(child),
+            region(pm)
+        )));
     }
     for (field, c, p) in [
         ("guest memory size", child.mem_size_bytes, pm.mem_size_bytes),
@@ -579,6 +660,106 @@ mod tests {
         assert_eq!(r, 0);
         let e = walk(&p1, &[]).err().unwrap();
         assert!(matches!(e, SnapshotError::DiffData { .. }), "{e}");
+    }
+
+    /// Every run a manifest records is checked before it is used: inside
+    /// the file, page-aligned, released runs inside the hotplug region and
+    /// only in a diff, the region right after boot RAM; and a diff's parent
+    /// has the same region.
+    #[test]
+    fn recorded_runs_out_of_bounds_are_refused() {
+        use crate::snapshot::format::{HotplugRegionInfo, Layer};
+        let region = 8 * SIZE;
+        let manifest = |kind, zero: Vec<[u64; 2]>, released: Vec<[u64; 2]>, offset| Manifest {
+            format_version: FORMAT_VERSION,
+            spore_version: "test".into(),
+            created_unix_ms: 0,
+            guest: "unikernel".into(),
+            vcpu_count: 1,
+            mem_size_bytes: SIZE,
+            devices: Vec::new(),
+            layer: Layer {
+                id: "x".into(),
+                kind,
+                parent: None,
+                mem_file_size: SIZE + region,
+                mem_data_bytes: 0,
+                mem_sha256: None,
+                zero_runs: Some(zero),
+            },
+            state_bytes: 0,
+            hotplug: Some(HotplugRegionInfo {
+                guest_addr: 4 << 30,
+                file_offset: offset,
+                region_size_bytes: region,
+                block_size_bytes: 2 << 20,
+                plugged_bytes: 0,
+                requested_bytes: 0,
+                data_bytes: 0,
+                released_runs: released,
+            }),
+        };
+        // A parent with another hotplug region (or none) is another VM's.
+        let parent = manifest(LayerKind::Full, vec![], vec![], SIZE);
+        let want = ParentRef {
+            id: "x".into(),
+            content_hash: None,
+            state_path: None,
+            mem_path: None,
+        };
+        let child = manifest(LayerKind::Diff, vec![], vec![], SIZE);
+        let p = Path::new("p");
+        assert!(check_link("c", &child, &want, p, &parent, "h").is_ok());
+        let mut other = parent.clone();
+        if let Some(h) = other.hotplug.as_mut() {
+            h.region_size_bytes *= 2;
+        }
+        let e = check_link("c", &child, &want, p, &other, "h").err();
+        assert!(e.is_some_and(|e| e.to_string().contains("hotplug")));
+        other.hotplug = None;
+        assert!(check_link("c", &child, &want, p, &other, "h").is_err());
+
+        let ok = manifest(
+            LayerKind::Diff,
+            vec![[0, 4096], [SIZE + region - 4096, 4096]],
+            vec![[SIZE, region]],
+            SIZE,
+        );
+        assert_eq!(check_runs("m", &ok).unwrap(), SIZE + region);
+        for (what, m) in [
+            (
+                "zero run past the file",
+                manifest(LayerKind::Diff, vec![[SIZE + region, 4096]], vec![], SIZE),
+            ),
+            (
+                "zero run overflowing",
+                manifest(LayerKind::Diff, vec![[4096, u64::MAX]], vec![], SIZE),
+            ),
+            (
+                "unaligned zero run",
+                manifest(LayerKind::Diff, vec![[100, 4096]], vec![], SIZE),
+            ),
+            (
+                "released run in RAM",
+                manifest(LayerKind::Diff, vec![], vec![[0, 4096]], SIZE),
+            ),
+            (
+                "released run past the region",
+                manifest(LayerKind::Diff, vec![], vec![[SIZE, region + 4096]], SIZE),
+            ),
+            (
+                "released run in a full layer",
+                manifest(LayerKind::Full, vec![], vec![[SIZE, 4096]], SIZE),
+            ),
+            (
+                "region elsewhere",
+                manifest(LayerKind::Full, vec![], vec![], SIZE + 4096),
+            ),
+        ] {
+            let e = check_runs("m", &m).err();
+            assert!(e.is_some(), "{what} accepted");
+            assert!(e.unwrap().to_string().contains("layout"), "{what}");
+        }
     }
 
     #[test]

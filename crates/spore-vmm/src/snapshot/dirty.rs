@@ -13,10 +13,16 @@
 //! lose what it collected, or the next diff would silently miss pages: the
 //! caller keeps a [`DirtyPages`] accumulator, merges every collection into
 //! it and clears it only once a snapshot is safely on disk.
+//!
+//! The virtio-mem hotplug region is tracked beside RAM: its pages written
+//! (KVM's log of each of its slots, and the VMM's bitmap) and the ranges
+//! its device released since (unplugged blocks), which the device reads and
+//! clears ([`crate::memory::hotplug::HotplugMemory::take_dirty`]).
 
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::memory::pages;
 use crate::memory::GuestRam;
 use crate::memory::{DirtyBitmap, GuestRegionMmap};
 
@@ -29,6 +35,10 @@ pub const PAGE: u64 = 4096;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DirtyPages {
     regions: Vec<Vec<u64>>,
+    /// The hotplug region's pages written (bit `i` = its page `i`).
+    hotplug: Vec<u64>,
+    /// The hotplug region's ranges released (region offsets, merged).
+    released: Vec<(u64, u64)>,
 }
 
 impl DirtyPages {
@@ -50,24 +60,90 @@ impl DirtyPages {
         }
     }
 
+    /// ORs the hotplug region's written pages and adds its released ranges.
+    pub fn merge_hotplug(&mut self, bits: &[u64], released: &[(u64, u64)]) {
+        if self.hotplug.len() < bits.len() {
+            self.hotplug.resize(bits.len(), 0);
+        }
+        for (m, b) in self.hotplug.iter_mut().zip(bits) {
+            *m |= *b;
+        }
+        if !released.is_empty() {
+            self.released.extend_from_slice(released);
+            self.released = pages::merge(std::mem::take(&mut self.released));
+        }
+    }
+
+    /// Keeps the released ranges to at most `max` runs (a diff's manifest
+    /// lists them, and a manifest has a size limit) by joining the runs
+    /// closest together: the pages between two joined runs count as
+    /// written, so the diff holds what they read now and claiming the
+    /// whole span changes nothing the chain resolves to.
+    pub fn bound_released(&mut self, max: usize) {
+        if self.released.len() <= max.max(1) {
+            return;
+        }
+        let mut gaps: Vec<u64> = self
+            .released
+            .windows(2)
+            .map(|w| w[1].0 - (w[0].0 + w[0].1))
+            .collect();
+        gaps.sort_unstable();
+        // Joining every gap up to this one leaves at most `max` runs.
+        let limit = gaps[self.released.len() - max.max(1) - 1];
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(max);
+        for &(o, l) in &self.released {
+            match out.last_mut() {
+                Some((po, pl)) if o - (*po + *pl) <= limit => {
+                    let gap = (*po + *pl, o);
+                    for page in gap.0 / PAGE..gap.1.div_ceil(PAGE) {
+                        let w = (page / 64) as usize;
+                        if self.hotplug.len() <= w {
+                            self.hotplug.resize(w + 1, 0);
+                        }
+                        self.hotplug[w] |= 1 << (page % 64);
+                    }
+                    *pl = o + l - *po;
+                }
+                _ => out.push((o, l)),
+            }
+        }
+        self.released = out;
+    }
+
     /// ORs every region of `other` into `self`.
     pub fn merge(&mut self, other: &DirtyPages) {
         for (i, bits) in other.regions.iter().enumerate() {
             self.merge_region(i, bits);
         }
+        self.merge_hotplug(&other.hotplug, &other.released);
     }
 
     pub fn clear(&mut self) {
         self.regions.clear();
+        self.hotplug.clear();
+        self.released.clear();
     }
 
-    /// Number of dirty pages in all regions.
+    /// Number of dirty pages in all regions (the hotplug region's too).
     pub fn count(&self) -> u64 {
         self.regions
             .iter()
             .flatten()
+            .chain(&self.hotplug)
             .map(|w| u64::from(w.count_ones()))
             .sum()
+    }
+
+    /// The hotplug region's written pages (bit `i` = its page `i`).
+    pub fn hotplug(&self) -> &[u64] {
+        &self.hotplug
+    }
+
+    /// The hotplug region's ranges released since the parent (region
+    /// offsets, sorted, merged).
+    pub fn released(&self) -> &[(u64, u64)] {
+        &self.released
     }
 
     /// Runs of consecutive dirty pages of region `region`, as
@@ -153,6 +229,30 @@ mod tests {
         a.clear();
         assert_eq!(a.count(), 0);
         assert!(a.runs(0, 1000).is_empty());
+    }
+
+    #[test]
+    fn released_runs_are_bounded_by_joining_the_nearest() {
+        let mut d = DirtyPages::new();
+        let p = PAGE;
+        // Runs at pages 0, 2, 10, 11 (touching 10: merged on entry), 30.
+        d.merge_hotplug(
+            &[],
+            &[(0, p), (2 * p, p), (10 * p, p), (11 * p, p), (30 * p, p)],
+        );
+        assert_eq!(d.released().len(), 4);
+        d.bound_released(10);
+        assert_eq!(d.released().len(), 4);
+        // Down to 2: the gaps of 1 and 7 pages are joined, not that of 18.
+        d.bound_released(2);
+        assert_eq!(d.released(), &[(0, 12 * p), (30 * p, p)]);
+        // The joined gaps' pages count as written, and only those.
+        let written: Vec<u64> = (0..64)
+            .filter(|&i| d.hotplug()[0] & (1 << i) != 0)
+            .collect();
+        assert_eq!(written, [1, 3, 4, 5, 6, 7, 8, 9]);
+        d.bound_released(1);
+        assert_eq!(d.released(), &[(0, 31 * p)]);
     }
 
     #[test]

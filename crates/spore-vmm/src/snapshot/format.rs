@@ -153,6 +153,12 @@ pub struct HotplugRegionInfo {
     pub requested_bytes: u64,
     /// Bytes of the region written to the memory file.
     pub data_bytes: u64,
+    /// A diff's ranges of the region released (blocks unplugged) since its
+    /// parent, as `[file offset, len]`: they belong to the diff, reading as
+    /// zero wherever it wrote nothing, so no older layer's data there comes
+    /// back. Empty in a full layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released_runs: Vec<[u64; 2]>,
 }
 
 /// The human-readable part of a state file (`spore snapshot inspect`).

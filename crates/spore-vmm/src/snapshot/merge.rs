@@ -7,7 +7,8 @@
 //! holes, which a full layer reads as zeros. The state is the newest
 //! layer's, unchanged; the manifest becomes a full layer with a new id (a
 //! diff made against the old chain does not apply to the merged snapshot,
-//! which is a different file). Both files are written under temporary
+//! which is a different file). A virtio-mem VM's hotplug region, after
+//! boot RAM, is merged the same way. Both files are written under temporary
 //! names and renamed into place only when complete and synced.
 
 use std::os::unix::fs::FileExt;
@@ -32,14 +33,8 @@ pub fn merge(
 ) -> Result<SnapshotInfo, SnapshotError> {
     let mut chain = chain::walk(newest, parents)?;
     let mut manifest = chain.layers[0].manifest.clone();
-    if manifest.hotplug.is_some() {
-        // Diffs of such VMs are refused, so its chain is one full layer.
-        return Err(SnapshotError::Capture {
-            what: "the chain",
-            detail: "a snapshot with virtio-mem memory is a single full layer already; there is nothing to merge".into(),
-        });
-    }
     let size = manifest.mem_size_bytes;
+    let file_size = manifest.layer.mem_file_size;
     let layers = chain.memory_layers(size);
     let mem_name = out.mem.display().to_string();
     let mem_err = |source| SnapshotError::MemoryWrite {
@@ -47,28 +42,39 @@ pub fn merge(
         source,
     };
     let mem_pending = format::PendingFile::create(&out.mem)?;
-    mem_pending.file.set_len(size).map_err(mem_err)?;
-    let mut data_bytes = 0;
+    mem_pending.file.set_len(file_size).map_err(mem_err)?;
     let mut buf = vec![0u8; CHUNK as usize];
-    for e in layers.extents().map_err(mem_err)? {
-        let src = &layers.files()[e.layer];
-        let mut off = e.offset;
-        let end = e.offset + e.len;
-        while off < end {
-            let n = (end - off).min(CHUNK) as usize;
-            src.read_exact_at(&mut buf[..n], off).map_err(mem_err)?;
-            data_bytes += crate::memory::pages::write_nonzero(&buf[..n], &mem_pending.file, off)
-                .map_err(mem_err)?;
-            off += n as u64;
+    let mut copy = |extents: Vec<crate::memory::layers::Extent>| -> std::io::Result<u64> {
+        let mut written = 0;
+        for e in extents {
+            let src = &layers.files()[e.layer];
+            let mut off = e.offset;
+            let end = e.offset + e.len;
+            while off < end {
+                let n = (end - off).min(CHUNK) as usize;
+                src.read_exact_at(&mut buf[..n], off)?;
+                written += crate::memory::pages::write_nonzero(&buf[..n], &mem_pending.file, off)?;
+                off += n as u64;
+            }
         }
+        Ok(written)
+    };
+    let ram_bytes = copy(layers.extents().map_err(mem_err)?).map_err(mem_err)?;
+    // The hotplug region resolves like RAM: a block released in a newer
+    // layer reads as zero there, so it becomes a hole here.
+    let region_bytes = copy(layers.region_extents().map_err(mem_err)?).map_err(mem_err)?;
+    if let Some(h) = manifest.hotplug.as_mut() {
+        h.data_bytes = region_bytes;
+        h.released_runs.clear();
     }
+    let data_bytes = ram_bytes + region_bytes;
     let id = random_id();
     let mem_sha256 = match chain.layers[0].manifest.layer.mem_sha256 {
         // The newest layer was hashed: so is the merged memory.
-        Some(_) => Some(integrity::memory_hash(&mem_pending.file, size).map_err(mem_err)?),
+        Some(_) => Some(integrity::memory_hash(&mem_pending.file, file_size).map_err(mem_err)?),
         None => None,
     };
-    trailer::write(&mem_pending.file, &id, size).map_err(mem_err)?;
+    trailer::write(&mem_pending.file, &id, file_size).map_err(mem_err)?;
     mem_pending.sync()?;
     manifest.created_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)

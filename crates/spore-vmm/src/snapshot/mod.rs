@@ -86,8 +86,6 @@ pub enum SnapshotError {
     DiffNeedsTracking,
     #[error("a Diff snapshot needs a previous snapshot of this microVM to apply to: create a Full snapshot first (or restore from one)")]
     DiffNoParent,
-    #[error("Diff snapshots of a microVM with hotplug memory (virtio-mem) are not supported: create a Full snapshot")]
-    DiffHotplug,
     #[error("cannot read the dirty page logs: {0}")]
     Dirty(#[from] dirty::DirtyError),
     #[error("{path}: the diff's memory file holds {actual} bytes of data, its manifest says {expected}: it was altered, or copied by a tool or onto a file system that does not keep holes (in a diff, a hole means \"unchanged\")")]
@@ -152,6 +150,10 @@ impl MicrovmState {
         self.mem_size + self.devices.virtio_mem().map_or(0, |m| m.region_size)
     }
 }
+
+/// Most released runs a diff's manifest lists (with [`memory::MAX_ZERO_RUNS`]
+/// zero runs, it stays under the manifest size limit).
+const MAX_RELEASED_RUNS: usize = 2048;
 
 /// What a created snapshot holds, for the caller's report.
 #[derive(Debug, Clone, Serialize)]
@@ -219,9 +221,6 @@ pub fn create(
         if !tracking {
             return Err(SnapshotError::DiffNeedsTracking);
         }
-        if config.memory_hotplug.is_some() {
-            return Err(SnapshotError::DiffHotplug);
-        }
         match &chain.head {
             None => return Err(SnapshotError::DiffNoParent),
             Some(head) => head.check_diff_target(state_path, mem_path)?,
@@ -234,6 +233,10 @@ pub fn create(
         // Devices are quiesced and vCPUs paused: nothing writes now.
         let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
         chain.pending.merge(&dirty);
+        if let Some(c) = paused.take_device_dirty() {
+            chain.pending.merge_hotplug(&c.written, &c.released);
+            chain.pending.bound_released(MAX_RELEASED_RUNS);
+        }
     }
     let mem = match (kind, &chain.head) {
         (LayerKind::Diff, Some(head)) => MemoryContent::Diff {
@@ -321,7 +324,7 @@ fn write_snapshot(
         path: mem_path.display().to_string(),
         source,
     };
-    let (kind, parent, mut data_bytes, zero_runs) = match content {
+    let (kind, parent, mut data_bytes, mut zero_runs) = match &content {
         MemoryContent::Full => (
             LayerKind::Full,
             None,
@@ -331,24 +334,54 @@ fn write_snapshot(
         MemoryContent::Diff { dirty, parent } => {
             let (n, zeros) =
                 memory::write_dirty(vm.ram(), dirty, &mem_pending.file).map_err(mem_err)?;
-            (LayerKind::Diff, Some(parent), n, zeros)
+            (LayerKind::Diff, Some(parent.clone()), n, zeros)
         }
     };
-    // The virtio-mem region follows boot RAM in the memory file.
-    let written = devices
-        .write_device_memory(&mem_pending.file, state.mem_size)
-        .map_err(mem_err)?;
+    // The virtio-mem region follows boot RAM in the memory file: all its
+    // plugged data in a full layer, its dirty pages and released ranges in
+    // a diff.
+    let (written, released) = match content {
+        MemoryContent::Full => (
+            devices
+                .write_device_memory(&mem_pending.file, state.mem_size)
+                .map_err(mem_err)?
+                .map(|w| (w.data_bytes, w.plugged_bytes)),
+            Vec::new(),
+        ),
+        MemoryContent::Diff { dirty, .. } => {
+            let w = devices
+                .write_device_diff(&mem_pending.file, state.mem_size, dirty.hotplug())
+                .map_err(mem_err)?;
+            let w = w.map(|(diff, plugged)| {
+                zero_runs = match zero_runs.take() {
+                    Some(mut z) if z.len() + diff.zero_runs.len() <= memory::MAX_ZERO_RUNS => {
+                        z.extend(diff.zero_runs);
+                        Some(z)
+                    }
+                    _ => None,
+                };
+                (diff.data_bytes, plugged)
+            });
+            let released = dirty
+                .released()
+                .iter()
+                .map(|&(o, l)| [state.mem_size + o, l])
+                .collect();
+            (w, released)
+        }
+    };
     let hotplug = match (written, state.devices.virtio_mem()) {
-        (Some(w), Some(m)) => {
-            data_bytes += w.data_bytes;
+        (Some((w_data, plugged_bytes)), Some(m)) => {
+            data_bytes += w_data;
             Some(HotplugRegionInfo {
                 guest_addr: m.addr,
                 file_offset: state.mem_size,
                 region_size_bytes: m.region_size,
                 block_size_bytes: m.block_size,
-                plugged_bytes: w.plugged_bytes,
+                plugged_bytes,
                 requested_bytes: m.requested_size,
-                data_bytes: w.data_bytes,
+                data_bytes: w_data,
+                released_runs: released,
             })
         }
         _ => None,

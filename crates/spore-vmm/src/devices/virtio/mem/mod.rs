@@ -24,7 +24,7 @@ pub mod persist;
 pub mod request;
 
 pub use device::{MemError, MemHandle, MemStatus, VirtioMem};
-pub use persist::{map_snapshot_region, MemStateError, VirtioMemState};
+pub use persist::{map_snapshot_region, MemStateError, RegionDiff, VirtioMemState};
 
 /// The device's only feature bit beyond VIRTIO_F_VERSION_1: the driver must
 /// not touch unplugged memory (it is not backed, and usually not mapped).

@@ -9,12 +9,13 @@
 //! and derives every pointer and KVM slot from that mapping.
 
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
-use crate::memory::hotplug::{HotplugError, HotplugMemory};
+use crate::memory::hotplug::{HotplugError, HotplugMemory, RegionChanges};
 use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
 use crate::memory::{GuestRam, MemoryError};
 use crate::persist::Persist;
@@ -58,7 +59,8 @@ pub enum MemStateError {
 }
 
 /// Maps a restored VM's hotplug region from the snapshot memory file its
-/// boot RAM (`ram`) was mapped from: the region follows boot RAM there.
+/// boot RAM (`ram`) was mapped from: the region follows boot RAM there;
+/// with a chain of layers, the newer layers' ranges of it on top.
 pub fn map_snapshot_region(
     ram: &GuestRam,
     addr: u64,
@@ -73,13 +75,19 @@ pub fn map_snapshot_region(
     if len < ram.size().saturating_add(size) {
         return Err(MemStateError::NotFromFile);
     }
-    Ok(HotplugMemory::from_snapshot_file(
-        file,
-        ram.size(),
-        addr,
-        size,
-        slot_size,
-    )?)
+    let mut region = HotplugMemory::from_snapshot_file(file, ram.size(), addr, size, slot_size)?;
+    // A chain's newer layers, newest winning, over the base's region.
+    let mut ranges = Vec::with_capacity(ram.region_layers().len());
+    for (file_off, len, file) in ram.region_layers() {
+        let off = file_off
+            .checked_sub(ram.size())
+            .ok_or(MemStateError::NotFromFile)?;
+        ranges.push((off, *len, &**file, *file_off));
+    }
+    if !ranges.is_empty() {
+        region.overlay_layers(&ranges)?;
+    }
+    Ok(region)
 }
 
 impl MemHandle {
@@ -110,6 +118,62 @@ impl MemHandle {
             .map(|r| (r.first * bs, r.count * bs))
             .collect();
         write_plugged(&s.backing, &runs, out, file_offset)
+    }
+
+    /// Reads and clears the region's pages written and ranges released
+    /// since the last call ([`HotplugMemory::take_dirty`]).
+    pub fn take_dirty(&self) -> RegionChanges {
+        self.shared.lock().backing.take_dirty()
+    }
+
+    /// A diff's share of the region: writes every page set in `dirty` (bit
+    /// `i` = page `i` of the region) that lies in a plugged block into
+    /// `out` at `file_offset` onward, zero or not (in a diff a hole means
+    /// "unchanged"). The file is sized to `file_offset` + region size.
+    /// Pages of unplugged blocks are not written: they read as zero, which
+    /// the diff's `released` ranges (or, for blocks unplugged since before
+    /// the parent, the parent) say. The guest must be paused and the device
+    /// quiesced.
+    pub fn write_diff(
+        &self,
+        out: &File,
+        file_offset: u64,
+        dirty: &[u64],
+    ) -> std::io::Result<RegionDiff> {
+        let s = self.shared.lock();
+        let bs = s.blocks.block_size();
+        let hp = &s.backing;
+        out.set_len(file_offset + hp.size())?;
+        // SAFETY: as in write_plugged: a live, paused mapping owned by `hp`.
+        let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+        let mut diff = RegionDiff::default();
+        for run in s.blocks.plugged_runs() {
+            let (first, end) = (run.first * bs / PAGE, (run.first + run.count) * bs / PAGE);
+            let mut page = first;
+            while page < end {
+                if !bit(dirty, page) {
+                    page += 1;
+                    continue;
+                }
+                let start = page;
+                while page < end && bit(dirty, page) {
+                    page += 1;
+                }
+                let (lo, hi) = ((start * PAGE) as usize, (page * PAGE) as usize);
+                out.write_all_at(&bytes[lo..hi], file_offset + lo as u64)?;
+                diff.data_bytes += (hi - lo) as u64;
+                for (i, p) in bytes[lo..hi].chunks(PAGE as usize).enumerate() {
+                    if p.iter().all(|&b| b == 0) {
+                        let off = file_offset + (lo + i * PAGE as usize) as u64;
+                        match diff.zero_runs.last_mut() {
+                            Some([o, l]) if *o + *l == off => *l += PAGE,
+                            _ => diff.zero_runs.push([off, PAGE]),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(diff)
     }
 
     /// Plugged bytes right now.
@@ -178,6 +242,22 @@ impl VirtioMem {
     }
 }
 
+/// What [`MemHandle::write_diff`] wrote.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RegionDiff {
+    /// Bytes written (every dirty page of a plugged block).
+    pub data_bytes: u64,
+    /// Written pages that were all zero, as `[file offset, len]` runs.
+    pub zero_runs: Vec<[u64; 2]>,
+}
+
+const PAGE: u64 = 4096;
+
+fn bit(bits: &[u64], page: u64) -> bool {
+    bits.get((page / 64) as usize)
+        .is_some_and(|w| w & (1 << (page % 64)) != 0)
+}
+
 /// Writes the data of the `plugged` byte ranges (region offsets, sorted)
 /// of `hp` into `out` at `file_offset` onward; the file is sized to
 /// `file_offset + hp.size()` first. The guest must be paused and the device
@@ -196,6 +276,8 @@ fn write_plugged(
     let mut ranges = data_ranges_in(file, start, start + hp.size())?;
     if hp.is_private() {
         ranges.extend(resident_ranges(hp.host_addr(), hp.size() as usize)?);
+        // Ranges mapped from newer layers are data too, resident or not.
+        ranges.extend_from_slice(hp.overlays());
         ranges = merge(ranges);
     }
     // SAFETY: the region's mapping lives as long as `hp`; the guest is
@@ -372,6 +454,116 @@ mod tests {
         out2.read_exact_at(&mut b, 20 * BS).unwrap();
         assert_eq!(u32::from_le_bytes(b), 0x1234_5678);
         assert!(region.find_region(GuestAddress(BASE)).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A full layer, then a diff of the region (the VMM's writes and a
+    /// released block, tracked as with `track_dirty_pages`), mapped back as
+    /// a chain: the diff's pages win, the base shows elsewhere, and the
+    /// released block reads zero although the base holds data there.
+    #[test]
+    fn region_diffs_hold_changed_pages_and_released_blocks() {
+        use crate::memory::layers::MemoryLayers;
+        let boot = 4 * MIB;
+        let dir = std::env::temp_dir().join(format!("spore-memdiff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rw = |name: &str| {
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap()
+        };
+        let mut backing = HotplugMemory::new(BASE, 32 * BS, 8 * BS).unwrap();
+        backing.set_dirty_log(true);
+        let (_dev, h) = VirtioMem::new(backing, BS, 8 * BS);
+        h.set_requested_mib(16).unwrap();
+        for (first, n) in [(1, 2), (20, 1)] {
+            let r = h.handle_request(Request::Plug {
+                addr: BASE + first * BS,
+                nb_blocks: n,
+            });
+            assert_eq!(r.resp_type, RESP_ACK);
+        }
+        let region = {
+            let s = h.shared.lock();
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![s.backing.region()])
+                .unwrap()
+        };
+        let page = |b: u64, p: u64| GuestAddress(BASE + b * BS + p * 4096);
+        region.write_slice(&[0xab; 4096], page(1, 2)).unwrap();
+        region.write_slice(&[0xab; 4096], page(2, 0)).unwrap();
+        region.write_obj(0x1234_5678u32, page(20, 0)).unwrap();
+        let base = rw("base");
+        base.set_len(boot).unwrap();
+        h.write_memory(&base, boot).unwrap();
+        // The full layer resets the tracking.
+        h.take_dirty();
+
+        region.write_slice(&[0xcd; 4096], page(1, 3)).unwrap();
+        region.write_slice(&[0; 4096], page(2, 0)).unwrap();
+        // 64 KiB: a run the restore maps rather than reads in.
+        region.write_slice(&[0xef; 16 * 4096], page(2, 4)).unwrap();
+        let r = h.handle_request(Request::Unplug {
+            addr: BASE + 20 * BS,
+            nb_blocks: 1,
+        });
+        assert_eq!(r.resp_type, RESP_ACK);
+        let changes = h.take_dirty();
+        // The block, then its whole chunk as its slot was retired.
+        assert_eq!(changes.released, vec![(16 * BS, 8 * BS)]);
+        let diff_file = rw("diff");
+        diff_file.set_len(boot).unwrap();
+        let diff = h.write_diff(&diff_file, boot, &changes.written).unwrap();
+        // Only the pages written (one of them zero, written as data).
+        assert_eq!(diff.data_bytes, 18 * 4096);
+        assert_eq!(diff.zero_runs, vec![[boot + 2 * BS, 4096]]);
+        // Read and cleared: nothing left for the next diff.
+        let again = h.take_dirty();
+        assert!(again.written.iter().all(|&w| w == 0) && again.released.is_empty());
+
+        let mut layers = MemoryLayers::new(vec![base, diff_file], boot).with_region(boot, 32 * BS);
+        layers.add_ranges(1, vec![(boot + 16 * BS, 8 * BS)]);
+        assert!(layers.extents().unwrap().is_empty(), "RAM has no data");
+        let ranges: Vec<_> = layers
+            .region_extents()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.layer > 0)
+            .map(|e| (e.offset - boot, e.len, &layers.files()[e.layer], e.offset))
+            .collect();
+        let mut back = HotplugMemory::from_snapshot_file(
+            layers.files()[0].try_clone().unwrap(),
+            boot,
+            BASE,
+            32 * BS,
+            8 * BS,
+        )
+        .unwrap();
+        back.overlay_layers(&ranges).unwrap();
+        let mem =
+            crate::devices::virtio::GuestMemoryMmap::from_arc_regions(vec![back.region()]).unwrap();
+        let byte = |b: u64, p: u64| mem.read_obj::<u8>(page(b, p)).unwrap();
+        assert_eq!(
+            (byte(1, 2), byte(1, 3), byte(2, 0), byte(20, 0)),
+            (0xab, 0xcd, 0, 0)
+        );
+        // A range outside the region is refused, not mapped.
+        let f = &layers.files()[1];
+        assert!(back.overlay_layers(&[(31 * BS, 2 * BS, f, 0)]).is_err());
+        // A full snapshot of the restored region holds the newer layer's
+        // pages, although they were mapped, never touched, and the base
+        // file has none there.
+        let (_dev2, h2) = VirtioMem::restore(back, BS, 8 * BS, &h.save()).unwrap();
+        let full = rw("full");
+        assert_eq!(h2.write_memory(&full, 0).unwrap(), 18 * 4096);
+        let mut b = [0u8; 1];
+        for (blk, p, v) in [(1, 2, 0xab), (1, 3, 0xcd), (2, 0, 0), (2, 10, 0xef)] {
+            full.read_exact_at(&mut b, blk * BS + p * 4096).unwrap();
+            assert_eq!(b[0], v, "block {blk} page {p}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
