@@ -140,11 +140,14 @@ fi
 # path. And the host's mke2fs with its libraries (the daemon builds code
 # disks at deploy time with mkfs.ext4, which L1's busybox lacks), as --file
 # arguments in mkfs_files.
+agent_binary() {
+    (cd "$repo" && cargo build --release -q -p spore-guest-tools --bin spore-agent \
+        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
+        sed -n 's/.*"executable":"\([^"]*spore-agent\)".*/\1/p' | tail -n1)
+}
 runtime_images() {
     local agent_bin img rt
-    agent_bin="$(cd "$repo" && cargo build --release -q -p spore-guest-tools --bin spore-agent \
-        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
-        sed -n 's/.*"executable":"\([^"]*spore-agent\)".*/\1/p' | tail -n1)"
+    agent_bin="$(agent_binary)"
     [[ -x $agent_bin ]] || die "spore-agent was not built"
     for rt in "$@"; do
         img="$("$repo/guest/build-rootfs.sh" "$rt" --agent "$agent_bin" | tail -n1)"
@@ -179,6 +182,8 @@ if [[ -z $only || $only == serve-linux ]]; then
     rust_bootstrap="$("$repo/tests/fixtures/lambda-rust/build.sh" | tail -n1)"
     [[ -x $rust_bootstrap ]] || die "the lambda_runtime fixture was not built"
     # AWS's awslambdaric from PyPI, for the python3 image's CPython.
+    agent_bin="$(agent_binary)"
+    [[ -x $agent_bin ]] || die "spore-agent was not built"
     py_manifest="$(dirname "$("$repo/guest/build-rootfs.sh" python3 --agent "$agent_bin" | tail -n1)")/manifest.json"
     guest_py="$(python3 -c 'import json, sys
 v = [p["version"] for p in json.load(open(sys.argv[1]))["packages"] if p["name"] == "python3"]
