@@ -120,11 +120,13 @@ BENCH_OUT ?= $(CURDIR)/target/bench
 # SnapFaaS's experiment (issue 17) in the nested harness: `spore bench serve
 # --linux` on the Python functions of tests/fixtures/python-bench, five start
 # strategies (cold boot, merged full snapshot, layered base + diff, layered +
-# working set, clone), cold and lukewarm page cache. A benchmark, not in
+# working set, clone; warm as a reference), cold and lukewarm page cache.
+# A benchmark, not in
 # `make test`: under QEMU TCG a cold boot takes about 10 s, so the whole
 # matrix takes hours; cut it down, e.g.
 #   make bench-serve-linux BSL_FUNCTIONS=lorem,thumbnail BSL_SIZES=256 BSL_ROUNDS=3
 # Report: $(BENCH_OUT)/serve-linux/bench-serve-linux.json and .txt (the table).
+# SPORE_BSL_TIMEOUT (s, default 5400) bounds the QEMU run.
 BSL_FUNCTIONS ?= lorem,thumbnail,enhance,matrix,compress
 BSL_SIZES ?= 128,256,512
 BSL_ROUNDS ?= 3
