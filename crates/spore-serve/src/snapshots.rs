@@ -511,6 +511,22 @@ pub(crate) fn sync_dir(dir: &Path) {
 mod tests {
     use super::*;
 
+    /// Makes `dir` a Diff on `base` (base id "abc") by writing its layer.json.
+    fn write_layer_record(dir: &Path, base: &Path) -> LayerRecord {
+        let layer = LayerRecord {
+            base: "python3-256".into(),
+            base_id: "abc".into(),
+            base_dir: base.display().to_string(),
+            diff_disk_bytes: 4096,
+        };
+        crate::bases::write_private(
+            &dir.join(LAYER_RECORD),
+            &serde_json::to_vec(&layer).unwrap(),
+        )
+        .unwrap();
+        layer
+    }
+
     #[test]
     fn a_diff_is_complete_only_with_its_base() {
         let root = std::env::temp_dir().join(format!("spore-snap-layer-{}", std::process::id()));
@@ -524,17 +540,7 @@ mod tests {
         // Without layer.json: a Full snapshot.
         let full = FunctionSnapshot::open(dir.clone()).unwrap();
         assert!(full.layer.is_none() && full.is_complete());
-        let layer = LayerRecord {
-            base: "python3-256".into(),
-            base_id: "abc".into(),
-            base_dir: base.display().to_string(),
-            diff_disk_bytes: 4096,
-        };
-        crate::bases::write_private(
-            &dir.join(LAYER_RECORD),
-            &serde_json::to_vec(&layer).unwrap(),
-        )
-        .unwrap();
+        let layer = write_layer_record(&dir, &base);
         let diff = FunctionSnapshot::open(dir.clone()).unwrap();
         assert_eq!(diff.layer.as_ref(), Some(&layer));
         assert!(!diff.is_complete(), "the base has no record");
@@ -621,17 +627,7 @@ mod tests {
             std::fs::write(d.join("vm.state"), b"s").unwrap();
             std::fs::write(d.join("vm.mem"), b"m").unwrap();
         }
-        let layer = LayerRecord {
-            base: "python3-256".into(),
-            base_id: "abc".into(),
-            base_dir: base.display().to_string(),
-            diff_disk_bytes: 4096,
-        };
-        crate::bases::write_private(
-            &dir.join(LAYER_RECORD),
-            &serde_json::to_vec(&layer).unwrap(),
-        )
-        .unwrap();
+        write_layer_record(&dir, &base);
         let diff = FunctionSnapshot::open(dir.clone()).unwrap();
         let script = |body: &str| {
             let p = root.join("spore");
