@@ -29,8 +29,42 @@ fn ip_output(ns: Option<&str>, args: &[&str]) -> Output {
 /// A network namespace `ip netns add NAME`, deleted on drop.
 pub struct Netns(pub String);
 
+/// Namespaces `spn<k>-<pid>-…` of test processes that are gone (a killed
+/// run cannot drop its own): deleted.
+fn sweep_dead_namespaces() {
+    let o = ip_output(None, &["netns", "list"]);
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let pid = name
+            .strip_prefix("spn")
+            .and_then(|rest| rest.split('-').nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = ip_output(None, &["netns", "del", name]);
+        }
+    }
+}
+
+/// Test taps (`spn…`) other than `name` that hold `host_cidr`'s address: left
+/// by a killed earlier run (each test owns its /24), they would keep the
+/// route to the guest's subnet, so they are deleted.
+fn remove_stale_holders(ns: Option<&str>, name: &str, host_cidr: &str) {
+    let addr = host_cidr.split('/').next().unwrap_or(host_cidr);
+    let o = ip_output(ns, &["-o", "addr", "show", "to", addr]);
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        // "7: spn13x9833    inet 10.77.13.1/24 …"
+        let holder = line.split_whitespace().nth(1).unwrap_or("");
+        if holder != name && holder.starts_with("spn") {
+            let _ = ip_output(ns, &["link", "del", holder]);
+        }
+    }
+}
+
 impl Netns {
     pub fn new(name: &str) -> Netns {
+        sweep_dead_namespaces();
         // A namespace of a killed earlier run with the same name goes first.
         let _ = ip_output(None, &["netns", "del", name]);
         ip(None, &["netns", "add", name]);
@@ -60,6 +94,7 @@ pub struct Tap {
 impl Tap {
     pub fn new(ns: Option<&str>, name: &str, host_cidr: &str) -> Tap {
         let _ = ip_output(ns, &["link", "del", name]);
+        remove_stale_holders(ns, name, host_cidr);
         ip(ns, &["tuntap", "add", "dev", name, "mode", "tap"]);
         let tap = Tap {
             name: name.to_string(),
