@@ -56,6 +56,20 @@ fn write_exec(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// Invokes `{"n": n, "s": "héllo"}` as request `id`; checks what every
+/// fixture echoes (the event, the request id, the function name) and
+/// returns the frame and its JSON for the client-specific checks.
+fn invoke_echo(host: &mut Host, id: &str, n: i32) -> (agent_support::Frame, serde_json::Value) {
+    let r = host.invoke(id, &format!(r#"{{"n":{n},"s":"héllo"}}"#));
+    assert_eq!(r.kind, Kind::ResultOk, "{}", r.a_str());
+    let v = r.a_json();
+    assert_eq!(v["echo"]["n"], n, "{v}");
+    assert_eq!(v["echo"]["s"], "héllo", "{v}");
+    assert_eq!(v["request_id"], id, "{v}");
+    assert_eq!(v["function_name"], "test-fn", "{v}");
+    (r, v)
+}
+
 /// Configures the function and waits for Ready.
 fn start(agent: &Agent, config: &str) -> Host {
     let mut host = agent.connect();
@@ -73,13 +87,7 @@ fn rust_lambda_runtime_crate() {
     let mut host = start(&agent, &config_json("bootstrap", &agent.code_dir()));
     for n in 0..3 {
         let id = format!("rust-{n}");
-        let r = host.invoke(&id, &format!(r#"{{"n":{n},"s":"héllo"}}"#));
-        assert_eq!(r.kind, Kind::ResultOk, "{}", r.a_str());
-        let v = r.a_json();
-        assert_eq!(v["echo"]["n"], n, "{v}");
-        assert_eq!(v["echo"]["s"], "héllo", "{v}");
-        assert_eq!(v["request_id"], id.as_str(), "{v}");
-        assert_eq!(v["function_name"], "test-fn", "{v}");
+        let (_, v) = invoke_echo(&mut host, &id, n);
         assert_eq!(v["client"], "lambda_runtime", "{v}");
     }
     let r = host.invoke("rust-fail", r#"{"fail":true}"#);
@@ -160,13 +168,7 @@ fn awslambdaric_as_bootstrap(runtime: &str) {
     let mut host = start(&agent, &config.to_string());
     for n in 0..3 {
         let id = format!("py-{n}");
-        let r = host.invoke(&id, &format!(r#"{{"n":{n},"s":"héllo"}}"#));
-        assert_eq!(r.kind, Kind::ResultOk, "{}", r.a_str());
-        let v = r.a_json();
-        assert_eq!(v["echo"]["n"], n, "{v}");
-        assert_eq!(v["echo"]["s"], "héllo", "{v}");
-        assert_eq!(v["request_id"], id.as_str(), "{v}");
-        assert_eq!(v["function_name"], "test-fn", "{v}");
+        let (r, v) = invoke_echo(&mut host, &id, n);
         assert_eq!(
             v["arn"], "arn:aws:lambda:eu-west-1:000000000000:function:test-fn",
             "{v}"
