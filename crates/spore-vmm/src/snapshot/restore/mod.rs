@@ -208,7 +208,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     session.prefetch = Some(prefetch);
                     PreparedRam { ram, session }
                 }
-                Ok((Replay::Read(ram), pages)) => {
+                Ok((Replay::Read(ram, prefilled), pages)) => {
                     report.prefilled_pages = pages;
                     report.working_set = Some("loaded".into());
                     let uffd = uffd::register_ram(&ram)?;
@@ -217,7 +217,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                             .map_err(RestoreError::Read)?,
                     );
                     let mut session = RestoreSession::plain();
-                    session.server = Some(UffdServer::start(uffd, source, false)?);
+                    session.server = Some(UffdServer::start_over(uffd, source, &prefilled)?);
                     PreparedRam { ram, session }
                 }
                 Err(why) => {
@@ -273,7 +273,8 @@ enum Replay {
     /// The layers mapped lazily, the set prefetched beside the guest.
     Mapped(GuestRam, prefetch::Prefetch),
     /// A memfd holding the set's packed data; the rest through a handler.
-    Read(GuestRam),
+    /// The set's runs come along: the handler must not copy over them.
+    Read(GuestRam, Vec<(u64, u64)>),
 }
 
 /// The share of the set's pages that must be in the page cache for the
@@ -318,7 +319,7 @@ fn replay_working_set(
         ws.runs.len(),
         cached * 100.0
     );
-    Ok((Replay::Read(ram), pages))
+    Ok((Replay::Read(ram, ws.runs), pages))
 }
 
 /// A recording run: every page through the built-in handler, which logs

@@ -209,6 +209,9 @@ pub enum Fill {
     Done,
     /// The page was already there (another fault or a prefetch won).
     Exists,
+    /// A fill of several pages stopped at one already there, after this
+    /// many bytes (the kernel filled and woke those, not the rest).
+    Partial(u64),
 }
 
 impl Uffd {
@@ -323,6 +326,11 @@ impl Uffd {
                 e if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Fill::Exists),
                 // The mapping changed under the copy: try again.
                 e if e.raw_os_error() == Some(libc::EAGAIN) && c.copy <= 0 => continue,
+                // A run that met a page already there: EAGAIN with the
+                // bytes done (the kernel's way of saying "partial").
+                e if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    return Ok(Fill::Partial(c.copy as u64))
+                }
                 e => return Err(e),
             }
         }
@@ -345,6 +353,9 @@ impl Uffd {
             match std::io::Error::last_os_error() {
                 e if e.raw_os_error() == Some(libc::EEXIST) => return Ok(Fill::Exists),
                 e if e.raw_os_error() == Some(libc::EAGAIN) && z.zeropage <= 0 => continue,
+                e if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    return Ok(Fill::Partial(z.zeropage as u64))
+                }
                 e => return Err(e),
             }
         }
@@ -596,7 +607,7 @@ impl PageSource {
             // (there is no zero-page ioctl for it).
             let page = &mut buf[..page_size as usize];
             self.read_range(offset, page)?;
-            if uffd.copy(page_addr, page.as_ptr(), page_size)? == Fill::Exists {
+            if uffd.copy(page_addr, page.as_ptr(), page_size)? != Fill::Done {
                 uffd.wake(page_addr, page_size)?;
             }
             return Ok(());
@@ -613,7 +624,7 @@ impl PageSource {
         } else {
             uffd.zero(page_addr, PAGE)?
         };
-        if fill == Fill::Exists {
+        if fill != Fill::Done {
             uffd.wake(page_addr, PAGE)?;
         }
         Ok(())
@@ -683,11 +694,21 @@ impl PageSource {
             }
             None => uffd.zero(addr, len)?,
         };
-        if fill != Fill::Done {
-            return Ok(false);
+        match fill {
+            Fill::Done => {
+                served.set(first, end);
+                Ok(true)
+            }
+            // Stopped at a page already there (one the handler did not
+            // fill: a working set read in before registration, if the
+            // caller did not say so). What was filled is woken; the
+            // faulting page may lie beyond it: serve it on its own.
+            Fill::Partial(bytes) => {
+                served.set(first, first + bytes / PAGE);
+                Ok(false)
+            }
+            Fill::Exists => Ok(false),
         }
-        served.set(first, end);
-        Ok(true)
     }
 }
 
@@ -711,6 +732,30 @@ pub struct UffdServer {
 impl UffdServer {
     /// Starts serving `uffd`; with `record`, logs the first-touch order.
     pub fn start(uffd: Uffd, source: Arc<PageSource>, record: bool) -> Result<Self, UffdError> {
+        Self::spawn(uffd, source, record, &[])
+    }
+
+    /// Starts serving `uffd` over RAM that already holds `prefilled`
+    /// (memory-file page runs, written before registration): runs the
+    /// handler fills stop short of them.
+    pub fn start_over(
+        uffd: Uffd,
+        source: Arc<PageSource>,
+        prefilled: &[(u64, u64)],
+    ) -> Result<Self, UffdError> {
+        Self::spawn(uffd, source, false, prefilled)
+    }
+
+    fn spawn(
+        uffd: Uffd,
+        source: Arc<PageSource>,
+        record: bool,
+        prefilled: &[(u64, u64)],
+    ) -> Result<Self, UffdError> {
+        let mut served = Served::new(&source);
+        for &(first, n) in prefilled {
+            served.set(first, first.saturating_add(n));
+        }
         let stop = EventFd::new(libc::EFD_CLOEXEC).map_err(UffdError::Thread)?;
         let stop2 = stop.try_clone().map_err(UffdError::Thread)?;
         let log = Arc::new(ServeLog::default());
@@ -722,7 +767,17 @@ impl UffdServer {
         let source2 = source.clone();
         let thread =
             crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "uffd".into(), move || {
-                serve_loop(&uffd, &source2, stop2.as_raw_fd(), &log2)
+                let stop = stop2.as_raw_fd();
+                let result = serve_with(&uffd, &source2, stop, &log2, served);
+                if let (Err(e), false) = (&result, readable(stop)) {
+                    // Nothing else can fill guest memory now: every later
+                    // fault would wait for ever, a hung VM that looks alive.
+                    // End the VMM instead, saying why.
+                    tracing::error!("the page-fault handler failed: {e}; the microVM cannot go on");
+                    eprintln!("spore: the page-fault handler failed: {e}; ending the VMM");
+                    std::process::exit(1);
+                }
+                result
             })
             .map_err(UffdError::Thread)?;
         Ok(Self {
@@ -805,6 +860,17 @@ impl Drop for UffdServer {
     }
 }
 
+/// Whether `fd` (the stop eventfd) has been signalled.
+fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one fd we own, without waiting.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
 /// Serves faults until `stop` becomes readable (an eventfd signalled, or a
 /// socket to the VMM closed) or the uffd hangs up. Public for the external
 /// handler command.
@@ -814,7 +880,16 @@ pub fn serve_loop(
     stop: RawFd,
     log: &ServeLog,
 ) -> Result<(), String> {
-    let mut served = Served::new(source);
+    serve_with(uffd, source, stop, log, Served::new(source))
+}
+
+fn serve_with(
+    uffd: &Uffd,
+    source: &PageSource,
+    stop: RawFd,
+    log: &ServeLog,
+    mut served: Served,
+) -> Result<(), String> {
     let mut buf = vec![0u8; (served.run * PAGE).max(source.max_page()) as usize];
     let mut fds = [
         libc::pollfd {
@@ -973,6 +1048,71 @@ mod tests {
         let at = (600 * PAGE - HUGE_PAGE) as usize;
         assert!(buf[at..at + 4096].iter().all(|&b| b == 8));
         assert_eq!(buf.iter().filter(|&&b| b != 0).count(), 4096);
+    }
+
+    /// Runs `f` on a thread and fails the test if it does not end in
+    /// time (a fault nobody serves would hang the test for ever).
+    fn within(secs: u64, f: impl FnOnce() + Send + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(secs))
+            .expect("guest memory accesses hung or failed: a fault was never served right");
+    }
+
+    /// RAM holding pages 5 and 100 (value 0xee) before registration, the
+    /// snapshot's data on every page of 0..40.
+    fn prefilled_ram(name: &str) -> (GuestRam, PageSource, u64) {
+        let size = 4u64 << 20;
+        let pages: Vec<(u64, u8)> = (0..40).map(|p| (p, p as u8 + 1)).collect();
+        let base = layer_file(name, size, &pages);
+        let ram = GuestRam::new(size).unwrap();
+        for p in [5u64, 100] {
+            ram.memory()
+                .write_slice(&[0xee; 4096], GuestAddress(p * PAGE))
+                .unwrap();
+        }
+        let source = PageSource::new(MemoryLayers::single(base, size), regions_of(&ram)).unwrap();
+        (ram, source, size)
+    }
+
+    fn check_prefilled(m: crate::memory::GuestMemoryMmap) {
+        within(20, move || {
+            let read = |p: u64| -> u8 { m.read_obj(GuestAddress(p * PAGE)).unwrap() };
+            assert_eq!(read(3), 4);
+            assert_eq!(read(5), 0xee, "a prefilled page keeps its data");
+            for p in [0u64, 4, 6, 10, 39] {
+                assert_eq!(read(p), p as u8 + 1);
+            }
+            assert_eq!(read(99), 0);
+            assert_eq!(read(100), 0xee);
+            assert_eq!(read(101), 0);
+            assert_eq!(read(300), 0);
+        });
+    }
+
+    #[test]
+    fn runs_stop_at_pages_read_in_before_registration() {
+        // The handler is told what is there (a working set's runs).
+        let (ram, source, _) = prefilled_ram("told");
+        let uffd = register_ram(&ram).unwrap();
+        let mut server =
+            UffdServer::start_over(uffd, Arc::new(source), &[(5, 1), (100, 1)]).unwrap();
+        check_prefilled(ram.memory().clone());
+        assert!(server.stop().is_none());
+    }
+
+    #[test]
+    fn a_run_that_meets_a_page_already_there_still_serves_the_fault() {
+        // Not told: the run's copy stops part way (EAGAIN with the bytes
+        // done), which must neither end the handler nor leave the fault.
+        let (ram, source, _) = prefilled_ram("untold");
+        let uffd = register_ram(&ram).unwrap();
+        let mut server = UffdServer::start(uffd, Arc::new(source), false).unwrap();
+        check_prefilled(ram.memory().clone());
+        assert!(server.stop().is_none());
     }
 
     #[test]
