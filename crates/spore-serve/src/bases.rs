@@ -41,6 +41,10 @@ pub struct BaseRecord {
     /// The guest kernel and root image the base was booted from.
     pub kernel: String,
     pub root_image: String,
+    /// The devices the base VM had besides disks and vsock
+    /// ([`crate::runtime::LINUX_DEVICES`]; empty in bases made before it).
+    #[serde(default)]
+    pub devices: String,
     /// Bytes of the memory file on disk (it is sparse).
     pub mem_disk_bytes: u64,
     pub created_unix_ms: u64,
@@ -303,6 +307,7 @@ mod tests {
             memory_mib: 256,
             kernel: "/k".into(),
             root_image: "/r".into(),
+            devices: crate::runtime::LINUX_DEVICES.into(),
             mem_disk_bytes: 4096,
             created_unix_ms: 1,
         }

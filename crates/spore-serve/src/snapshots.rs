@@ -550,6 +550,7 @@ mod tests {
             memory_mib: 256,
             kernel: "/k".into(),
             root_image: "/r".into(),
+            devices: crate::runtime::LINUX_DEVICES.into(),
             mem_disk_bytes: 1,
             created_unix_ms: 1,
         };

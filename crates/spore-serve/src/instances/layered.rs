@@ -142,7 +142,10 @@ impl Manager {
         let kernel = files.kernel.display().to_string();
         let root_image = files.root_image.display().to_string();
         if let Some(b) = self.bases.find(rt.name(), f.memory_mib) {
-            if b.record.kernel == kernel && b.record.root_image == root_image {
+            if b.record.kernel == kernel
+                && b.record.root_image == root_image
+                && b.record.devices == runtime::LINUX_DEVICES
+            {
                 tracing::info!(function = %f.name,
                     "reusing base snapshot {} (id {}, {} bytes on disk)",
                     b.name(), b.record.id, b.record.mem_disk_bytes);
@@ -151,7 +154,7 @@ impl Manager {
                 return Ok(b);
             }
             tracing::info!(
-                "base snapshot {} was made from another kernel or runtime image; making it again",
+                "base snapshot {} was made from another kernel, runtime image or set of devices; making it again",
                 b.name()
             );
         }
@@ -249,6 +252,7 @@ impl Manager {
                 memory_mib: f.memory_mib,
                 kernel,
                 root_image,
+                devices: runtime::LINUX_DEVICES.to_string(),
                 mem_disk_bytes: crate::bases::disk_bytes(&tmp.join("vm.mem")),
                 created_unix_ms: super::unix_ms(),
             };
