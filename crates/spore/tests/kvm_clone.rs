@@ -509,3 +509,36 @@ fn kvm_clone_of_a_vm_restored_from_a_snapshot() {
     // (The source stays a template: `PUT /clone`'s default mode, zygote.)
     drop(rx2);
 }
+
+#[test]
+fn kvm_clone_of_a_vm_with_a_balloon_has_the_balloon_too() {
+    // spore serve's Linux functions have a balloon (free page reporting)
+    // and are cloned from zygotes: a balloon must not stop a clone.
+    require_kvm();
+    let s = Scratch::new("clone-balloon");
+    let balloon = r#"{"amount_mib": 0, "deflate_on_oom": true, "free_page_reporting": true}"#;
+    let (sock, mut reaper) = start_source_calls(
+        &s.0,
+        64,
+        "mode=bench after=stay",
+        Some(r#"{"fork_count": 0, "guest_fork": true}"#),
+        &[("/balloon", balloon)],
+    );
+    wait_until(&s.0, 20, "the guest to make its template", || {
+        http(&sock, "GET", "/clone", None)
+            .1
+            .contains("\"template\":\"")
+    });
+    let (code, report) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    for c in report["clones"].as_array().unwrap() {
+        let clone_sock = Path::new(c["socket"].as_str().unwrap());
+        let (code, body) = http(clone_sock, "GET", "/balloon", None);
+        assert_eq!(code, 200, "{body}");
+        let b: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(b["free_page_reporting"], true, "{b}");
+        let (_, info) = http(clone_sock, "GET", "/", None);
+        assert!(info.contains("Running"), "{info}");
+    }
+}

@@ -92,9 +92,6 @@ fn check(
             "has virtio-mem hotplug memory".into(),
         ));
     }
-    if config.balloon.is_some() {
-        return Err(CloneError::Unsupported("has a balloon device".into()));
-    }
     if let Some(n) = vm.tmem().stats().map(|s| s.objects).filter(|&n| n > 0) {
         return Err(CloneError::Unsupported(format!(
             "holds {n} objects in its tmem pool"

@@ -50,6 +50,12 @@ pub struct CloneBenchArgs {
     /// spore-uk build directory of this source tree).
     #[arg(long)]
     pub uk_dir: Option<PathBuf>,
+    /// Also ask one template for this many clones in one request (issue
+    /// 16's "1,000 clones of one template"), end to end: request → every
+    /// clone running and serving its API, and → the last clone's first
+    /// guest instruction; PSS and CPU time per clone. 0: not run.
+    #[arg(long, default_value_t = 0)]
+    pub count: u32,
     /// Run the source VMMs (and so their clones) without seccomp filters,
     /// to measure what the filters cost.
     #[arg(long)]
@@ -231,6 +237,88 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
     }))
 }
 
+/// User plus system CPU time of a process so far, in ms (clock ticks of
+/// `/proc/PID/stat`, 100 per second on Linux).
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold blanks: ") S ppid ...".
+    let rest = stat.rsplit_once(") ")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after ") ".
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 * 1e3 / hz)
+}
+
+/// Raises this process's open-file limit to its hard limit: the source
+/// VMM (our child) holds a socket and a log per clone of a request.
+fn raise_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads and writes this process's own limit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// `--count N`: one `PUT /clone` for N clones of one template.
+fn batch(dir: &Path, uk: &Path, mib: u64, count: u32) -> anyhow::Result<Value> {
+    raise_nofile();
+    let config = json!({"fork_count": 0, "guest_fork": true, "marks": true, "max_clones": 100000, "standby": 0});
+    let src = start_source(dir, uk, mib, "stay", &config)?;
+    let t = Instant::now();
+    let r = put_clone(&src.sock, count, None, None)?;
+    let reply_ms = t.elapsed().as_secs_f64() * 1e3;
+    let last_start_ms = r
+        .clones
+        .iter()
+        .map(|c| c.start_ns.saturating_sub(r.request_ns))
+        .max()
+        .unwrap_or(0) as f64
+        / 1e6;
+    let (mut pss, mut cpu) = (Vec::new(), Vec::new());
+    for c in &r.clones {
+        pss.extend(pss_kib(c.pid).map(|k| k as f64));
+        cpu.extend(cpu_ms(c.pid));
+    }
+    for c in &r.clones {
+        // SAFETY: SIGTERM to a clone VMM this request started (a clean
+        // stop that writes its marks).
+        unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
+    }
+    let mut firsts = Vec::new();
+    for c in &r.clones {
+        if !wait_gone(c.pid, Duration::from_secs(30)) {
+            bail!("clone {} did not stop", c.pid);
+        }
+        let marks = dir.join(format!("{}.marks.json", c.name));
+        if let Some(m) = first_mark(&marks) {
+            firsts.push(m.saturating_sub(r.request_ns) as f64 / 1e6);
+        }
+    }
+    drop(src);
+    let last_first_ms = firsts.iter().copied().fold(0.0, f64::max);
+    Ok(json!({
+        "count": count,
+        "clones_reported": r.clones.len(),
+        "first_marks": firsts.len(),
+        "request_to_reply_ms": reply_ms,
+        "last_vcpu_start_ms": last_start_ms,
+        "last_first_instruction_ms": last_first_ms,
+        "clones_per_s": if last_first_ms > 0.0 { count as f64 * 1e3 / last_first_ms } else { 0.0 },
+        "first_instruction_ms": super::stats::summary(&firsts),
+        "clone_pss_kib": super::stats::summary(&pss),
+        "clone_pss_total_mib": pss.iter().sum::<f64>() / 1024.0,
+        "clone_cpu_ms": super::stats::summary(&cpu),
+    }))
+}
+
 /// Clones per second with a pool of `keep` clones that end at once.
 fn throughput(
     dir: &Path,
@@ -315,8 +403,24 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
                 tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
                 fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
             );
+            let many = if a.count > 0 {
+                let b = batch(&scratch.join(format!("{mib}-count")), &uk, mib, a.count)?;
+                eprintln!(
+                    "{mib} MiB: {} clones in one request: all serving in {:.0} ms, the last \
+                     first instruction at {:.0} ms, {:.0} KiB PSS and {:.1} ms CPU per clone (p50)",
+                    a.count,
+                    b["request_to_reply_ms"].as_f64().unwrap_or(f64::NAN),
+                    b["last_first_instruction_ms"].as_f64().unwrap_or(f64::NAN),
+                    b["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+                    b["clone_cpu_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+                );
+                b
+            } else {
+                Value::Null
+            };
             sizes.push(json!({
                 "mem_mib": mib,
+                "batch": many,
                 "fresh_process": fresh,
                 "standby_process": standby,
                 "throughput": tput,

@@ -91,6 +91,18 @@ pub fn start_source_with(
     clone_config: Option<&str>,
     drive: Option<&str>,
 ) -> (PathBuf, Reaper) {
+    let calls: Vec<(&str, &str)> = drive.map(|d| ("/drives/data", d)).into_iter().collect();
+    start_source_calls(dir, mem_mib, args, clone_config, &calls)
+}
+
+/// As [`start_source_with`], with any pre-boot `PUT`s (path, body).
+pub fn start_source_calls(
+    dir: &Path,
+    mem_mib: u32,
+    args: &str,
+    clone_config: Option<&str>,
+    calls: &[(&str, &str)],
+) -> (PathBuf, Reaper) {
     let sock = dir.join("src.sock");
     let log = std::fs::File::create(dir.join("src.log")).unwrap();
     let child = spore()
@@ -115,8 +127,9 @@ pub fn start_source_with(
         uk_image("clonetest").display()
     );
     assert_eq!(http(&sock, "PUT", "/boot-source", Some(&body)).0, 204);
-    if let Some(d) = drive {
-        assert_eq!(http(&sock, "PUT", "/drives/data", Some(d)).0, 204);
+    for (path, body) in calls {
+        let (code, reply) = http(&sock, "PUT", path, Some(body));
+        assert_eq!(code, 204, "PUT {path}: {reply}");
     }
     let mc = format!(r#"{{"vcpu_count": 1, "mem_size_mib": {mem_mib}}}"#);
     assert_eq!(http(&sock, "PUT", "/machine-config", Some(&mc)).0, 204);

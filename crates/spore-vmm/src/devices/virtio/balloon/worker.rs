@@ -536,13 +536,20 @@ pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<
         };
         // SAFETY: the range lies inside this mapping (checked above) and the
         // guest gave these pages up; discarding their content is the point.
-        let rc = unsafe {
+        let discard = |advice| unsafe {
             libc::madvise(
                 region.as_ptr().add(offset as usize).cast(),
                 r.len as usize,
                 advice,
             )
         };
+        let mut rc = discard(advice);
+        if rc != 0 && advice == libc::MADV_REMOVE {
+            // RAM re-mapped privately over a clone template since it was
+            // made (a source that goes on in continue mode): drop the
+            // private copies instead; the template is never written.
+            rc = discard(libc::MADV_DONTNEED);
+        }
         if rc != 0 && first_error.is_none() {
             first_error = Some(std::io::Error::last_os_error());
         }
