@@ -927,3 +927,61 @@ mod hinting {
         assert!(err.to_string().contains("free_page_hinting"), "{err}");
     }
 }
+
+/// Released pages of memfd RAM read as zeros and are marked for the next
+/// diff; released pages of RAM mapped over a snapshot file read the file
+/// again and are not (a diff would fill up with the guest's free memory).
+#[test]
+fn release_marks_pages_dirty_only_where_they_now_read_zero() {
+    use crate::devices::virtio::balloon::request::GuestRange;
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::GuestMemoryBackend;
+    let size = 4u64 << 20;
+    let range = [GuestRange {
+        addr: 1 << 20,
+        len: 1 << 20,
+    }];
+    let dirty = |ram: &GuestRam, page: u64| -> bool {
+        let region = ram.memory().iter().next().unwrap();
+        let mapping: &vm_memory::MmapRegion<crate::memory::DirtyBitmap> = region;
+        mapping.bitmap().dirty_at((page * 4096) as usize)
+    };
+
+    let shared = GuestRam::new(size).unwrap();
+    shared
+        .memory()
+        .write_slice(&[7u8; 4096], GuestAddress(1 << 20))
+        .unwrap();
+    worker::release(shared.memory(), &range).unwrap();
+    let v: u8 = shared.memory().read_obj(GuestAddress(1 << 20)).unwrap();
+    assert_eq!(v, 0);
+    assert!(dirty(&shared, 256) && dirty(&shared, 511));
+    assert!(!dirty(&shared, 512));
+
+    let path = std::env::temp_dir().join(format!("spore-balloon-file-{}", std::process::id()));
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(size).unwrap();
+    file.write_all_at(&[9u8; 4096], 1 << 20).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let restored = GuestRam::from_snapshot_file(file, size).unwrap();
+    restored
+        .memory()
+        .write_slice(&[5u8; 4096], GuestAddress(1 << 20))
+        .unwrap();
+    // The VMM's own write above marked the page; start from a clean log.
+    {
+        let region = restored.memory().iter().next().unwrap();
+        let mapping: &vm_memory::MmapRegion<crate::memory::DirtyBitmap> = region;
+        mapping.bitmap().reset();
+    }
+    worker::release(restored.memory(), &range).unwrap();
+    let v: u8 = restored.memory().read_obj(GuestAddress(1 << 20)).unwrap();
+    assert_eq!(v, 9, "the snapshot's page shows again");
+    assert!(!dirty(&restored, 256));
+}

@@ -553,12 +553,23 @@ pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<
         if rc != 0 && first_error.is_none() {
             first_error = Some(std::io::Error::last_os_error());
         }
-        // The pages now read as zeros: a diff snapshot must say so, or the
-        // parent's old contents would show through on restore.
-        let mapping: &vm_memory::MmapRegion<crate::devices::virtio::DirtyBitmap> = region;
-        mapping
-            .bitmap()
-            .set_addr_range(offset as usize, r.len as usize);
+        // Memfd or anonymous RAM now reads as zeros there: a diff snapshot
+        // must say so (its file holds dirty pages, zero ones included), or
+        // an older layer's contents would show through on restore, and an
+        // eager restore would read them in. RAM mapped privately over
+        // snapshot layers (a restored VM) reads the layers' contents again,
+        // which a diff on them already has: marking those pages would fill
+        // the diff with the guest's free memory (free page reporting hands
+        // over most of it), and a page the guest gave up has no content it
+        // relies on either way.
+        let file_private =
+            advice == libc::MADV_DONTNEED && region.flags() & libc::MAP_ANONYMOUS == 0;
+        if !file_private {
+            let mapping: &vm_memory::MmapRegion<crate::devices::virtio::DirtyBitmap> = region;
+            mapping
+                .bitmap()
+                .set_addr_range(offset as usize, r.len as usize);
+        }
     }
     first_error.map_or(Ok(()), Err)
 }
