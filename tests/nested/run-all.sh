@@ -46,7 +46,17 @@ done
 ensure_packages e2fsprogs
 
 work="$(mktemp -d /tmp/spore-nested-all.XXXXXX)"
-trap 'rm -rf "$work"' EXIT
+# Scenario outputs (daemon logs, JSON) outlive the run, beside the logs.
+keep_outputs() {
+    local o
+    for o in "$work"/out-*; do
+        [[ -d $o ]] || continue
+        rm -rf "/tmp/spore-nested/${o##*/}"
+        cp -r "$o" /tmp/spore-nested/ 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap keep_outputs EXIT
 
 # A read-only ext4 disk holding a random file whose checksum the guest reports.
 mkdir -p "$work/rofs"

@@ -274,7 +274,7 @@ if [ -n "$d1" ] && [ -n "$d2" ] && [ "$d2" -lt "$base_bytes" ] && [ "$d1" -lt "$
     grep -q "\"base_id\": \"$base_id\"" "$tmp/s/snapshots/hello2-v1/layer.json" 2>/dev/null; then
     # What a function's init cost the guest (spore-agent's line at Ready).
     init_mem=$(find "$tmp/s" -name vmm.log -exec grep -ah "function init memory" {} \; 2>/dev/null |
-        head -n 1 | sed 's/.*function init memory: //' | tr -cd '[:print:]')
+        head -n 1 | sed 's/.*function init memory: //' | tr -d '\033' | sed 's/\[[0-9;]*m//g')
     t diffs-on-base PASS "hello $d1 bytes, hello2 $d2 bytes, base $base_bytes bytes; init: $init_mem"
 else
     t diffs-on-base FAIL "hello '$d1' hello2 '$d2' base '$base_bytes': $(grep spore_function_diff "$st" | tr '\n' ' ')"

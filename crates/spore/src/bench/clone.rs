@@ -237,18 +237,19 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
     }))
 }
 
-/// User plus system CPU time of a process so far, in ms (clock ticks of
-/// `/proc/PID/stat`, 100 per second on Linux).
+/// CPU time of a process so far (all its threads), in ms: the first
+/// field of `/proc/PID/schedstat`, in ns (clock ticks of `stat` are 10 ms,
+/// more than a clone costs).
 fn cpu_ms(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may hold blanks: ") S ppid ...".
-    let rest = stat.rsplit_once(") ")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after ") ".
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some(ticks as f64 * 1e3 / hz)
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total as f64 / 1e6)
 }
 
 /// Raises this process's open-file limit to its hard limit: the source
