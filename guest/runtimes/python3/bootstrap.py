@@ -17,7 +17,6 @@ brings its own runtime client, such as AWS's `awslambdaric`) has that
 bootstrap run in this process's place once the function is known.
 """
 
-import gc
 import http.client
 import importlib
 import json
@@ -207,13 +206,6 @@ def post_error(client, request_id, err):
 
 def main():
     client = RuntimeClient(os.environ.get("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"))
-    # The runtime base snapshot is taken while this waits. Every object made
-    # so far leaves the cyclic collector's reach (gc.freeze): a collection
-    # during a function's import or invocation would otherwise write to each
-    # of them, dirtying the base's pages in every function's diff, working
-    # set and clone.
-    gc.collect()
-    gc.freeze()
     # Pre-init ends here: this blocks until the host configures the guest.
     status, _, body = client.request("GET", "/spore/function")
     if status != 200:
