@@ -25,6 +25,12 @@ pub enum InvokeError {
     Closed,
     #[error("the instance broke the protocol: {0}")]
     Protocol(String),
+    /// The guest waits in `Standby` for a Configure its runtime has not:
+    /// asking again cannot help.
+    #[error(
+        "the instance broke the protocol: the guest sent Standby, and its runtime has no Configure"
+    )]
+    Unconfigured,
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
     /// The function's init failed (`InitError`): `ok` is false, the body is
@@ -69,7 +75,7 @@ impl InstanceConn {
             let attempt = tokio::time::timeout(left, Self::try_connect(uds, configure)).await;
             match attempt {
                 Ok(Ok(c)) => return Ok(c),
-                Ok(Err(e @ InvokeError::Init(_))) => return Err(e),
+                Ok(Err(e @ (InvokeError::Init(_) | InvokeError::Unconfigured))) => return Err(e),
                 Ok(Err(e)) if Instant::now() >= deadline => {
                     return Err(InvokeError::Connect(format!("{e} (after {limit:?})")))
                 }
@@ -118,9 +124,7 @@ impl InstanceConn {
         let mut header = read_header(&mut stream).await?;
         if header.kind == Kind::Standby {
             let Some(config) = configure else {
-                return Err(InvokeError::Protocol(
-                    "the guest sent Standby, and its runtime has no Configure".into(),
-                ));
+                return Err(InvokeError::Unconfigured);
             };
             send_configure(stream.get_mut(), config).await?;
             header = read_header(&mut stream).await?;
@@ -429,11 +433,19 @@ mod tests {
                 let _ = s.write_all(&frame(Kind::Standby, b"", b"", 1)).await;
             }
         });
-        let err = InstanceConn::connect(&path, Duration::from_millis(200), None)
+        // The limit only bounds waiting for a guest: this one answers at
+        // once (200 ms was too little on a loaded 2-core CI machine).
+        let started = Instant::now();
+        let err = InstanceConn::connect(&path, Duration::from_secs(10), None)
             .await
             .err()
             .unwrap();
         assert!(err.to_string().contains("Standby"), "{err}");
+        assert!(matches!(err, InvokeError::Unconfigured), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not retried to the limit"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
