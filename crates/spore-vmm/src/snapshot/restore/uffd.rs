@@ -774,7 +774,6 @@ impl UffdServer {
                     // fault would wait for ever, a hung VM that looks alive.
                     // End the VMM instead, saying why.
                     tracing::error!("the page-fault handler failed: {e}; the microVM cannot go on");
-                    eprintln!("spore: the page-fault handler failed: {e}; ending the VMM");
                     std::process::exit(1);
                 }
                 result
