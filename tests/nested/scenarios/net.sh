@@ -49,6 +49,18 @@ fail_rest() {
     done
 }
 A() { "$SPORE" api "$api" "$@"; }
+# vm_state: whether the first VMM still runs (or how it ended), and the last
+# lines of its console and stderr: what a failed check needs to be told apart
+# (a stalled device, a guest that panicked and rebooted, a VMM that died).
+vm_state() {
+    if kill -0 "$vmm" 2>/dev/null; then
+        st="VMM running"
+    else
+        wait "$vmm" 2>/dev/null
+        st="VMM ended (status $?)"
+    fi
+    echo "$st; console: $(tail -n 4 "$tmp/console.txt" 2>/dev/null | tr '\n' ' '); vmm.err: $(tail -n 3 "$tmp/vmm.err" 2>/dev/null | tr '\n' ' ')"
+}
 
 # guest CMD [VSOCK_UDS] [DEADLINE_S]: runs shell commands in the guest over
 # vsock; retries until it answers, 90 s at most in all, each attempt at most
@@ -155,7 +167,7 @@ if [ -n "$down_sha" ] && [ "$down_sha" = "$blob_sha" ] && echo "$down" | grep -q
     [ $up_rc = 0 ] && [ -n "$up_sha" ] && [ "$up_sha" = "$up_sha_guest" ]; then
     r net-transfer PASS "${SIZE_MIB} MiB L1->guest ${down_rate} MiB/s (${down_ms} ms), guest->L1 ${up_rate} MiB/s (${up_ms} ms), sha256 equal both ways"
 else
-    r net-transfer FAIL "down: '$(echo "$down" | tr '\n' ' ')' want sha $blob_sha; up: rc $up_rc $(cat "$tmp/wget-up.err") sha '$up_sha' want '$up_sha_guest'"
+    r net-transfer FAIL "down: '$(echo "$down" | tr '\n' ' ')' want sha $blob_sha; up: rc $up_rc $(cat "$tmp/wget-up.err") sha '$up_sha' want '$up_sha_guest'; $(vm_state)"
 fi
 
 # --- net-rate-limit-{rx,tx}: rx is what the guest receives (L1 -> guest),
@@ -195,7 +207,7 @@ limit_tx() {
 judge() {
     set -- "$1" "$2" "$3" $4
     if [ -z "$4" ]; then
-        r "$1" FAIL "no timed transfer: $(cat "$tmp/patch.txt" "$tmp/wget-limit.err" 2>/dev/null | tail -n 2 | tr '\n' ' ')"
+        r "$1" FAIL "no timed transfer: $(cat "$tmp/patch.txt" "$tmp/wget-limit.err" 2>/dev/null | tail -n 2 | tr '\n' ' '); $(vm_state)"
         return
     fi
     detail="$4 MiB/s past the ${2} MiB burst ($3 MiB in $5 ms; $(mibps $(($3 * MIB)) "$5") MiB/s with it); limit $2 MiB/s"
@@ -221,6 +233,13 @@ fi
 # The rx limiter at a rate this setup can exceed: 5 MiB/s, 30 MiB (5 s).
 judge net-rate-limit-rx-5 5 30 "$(limit_rx 5 30)"
 patch_limits "$off" "$off" || r net-rate-limit-off FAIL "$(cat "$tmp/patch.txt")"
+fi
+# A VMM that is gone leaves nothing to snapshot or clone: say how it ended
+# now rather than after every later step's timeout.
+if ! kill -0 "$vmm" 2>/dev/null; then
+    fail_rest "the first VMM is gone: $(vm_state)"
+    cleanup
+    exit 0
 fi
 
 # --- net-snapshot: the guest's view of the tap must survive a new VMM process.
