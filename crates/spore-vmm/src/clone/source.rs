@@ -365,9 +365,12 @@ fn start_clones(
         .retain_mut(|p| matches!(p.child.try_wait(), Ok(None)));
     let mut procs: Vec<(CloneProcess, bool)> = Vec::new();
     let result = (|| {
-        for _ in 0..order.count {
+        // Each process gets its template as soon as it exists, so that it
+        // restores and starts on another CPU while the next is spawned
+        // (a batch of a thousand is not held back until the last spawn).
+        for (i, &budget) in shares.iter().enumerate() {
             let standby = st.standby.iter().position(|p| p.dir == dir);
-            let p = match standby {
+            let (p, from_standby) = match standby {
                 Some(i) => (st.standby.swap_remove(i), true),
                 None => {
                     let name = next_name(st);
@@ -375,10 +378,9 @@ fn start_clones(
                     (spawn(dir, &name, st.config.marks, prep)?, false)
                 }
             };
-            procs.push(p);
-        }
-        for (i, ((p, _), &budget)) in procs.iter().zip(&shares).enumerate() {
             let index = st.served + 1 + i as u64;
+            procs.push((p, from_standby));
+            let p = &procs[procs.len() - 1].0;
             let sent = if p.prestarted.as_deref() == Some(template.id.as_str()) {
                 let go = Go {
                     index,

@@ -256,6 +256,16 @@ pub fn enabled() -> bool {
     CONFIG.get().is_some_and(|c| c.filters.is_some())
 }
 
+/// Starts the spawner thread ahead of [`apply_main`] (it filters itself),
+/// so that a clone process waiting for its template does not create a
+/// thread between the source's request and its guest's first instruction.
+pub fn start_spawner_ahead() -> Result<(), SeccompError> {
+    if enabled() && lock(&SPAWNER).is_none() {
+        start_spawner()?;
+    }
+    Ok(())
+}
+
 /// Installs `kind`'s filter on the calling thread unless it already runs
 /// under it (or filters are off).
 pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {

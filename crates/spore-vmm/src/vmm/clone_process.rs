@@ -61,6 +61,10 @@ pub fn run(
             eprintln!("spore: preparing the clone VM: {e}");
         }
     }
+    // apply_main's thread now, while nothing waits on this process.
+    if let Err(e) = crate::seccomp::start_spawner_ahead() {
+        eprintln!("spore: {e}");
+    }
     let Some(incoming) = wait_for_template(vmm, args.handoff_fd)? else {
         return Ok(None);
     };
