@@ -294,8 +294,16 @@ impl Vcpu {
                 ))),
             },
             VcpuExit::Shutdown => match self.kind {
-                // Linux resets by triple fault with reboot=t: a normal reboot.
-                GuestKind::Linux => Some(StopReason::Reset),
+                // A reboot=t reset, or a guest that crashed past its own
+                // panic handling. Both end the VM like a reboot, so say
+                // which it was: otherwise a crash leaves no trace at all.
+                GuestKind::Linux => {
+                    tracing::warn!(
+                        "vCPU {id}: the guest reset the VM by a triple fault (KVM_EXIT_SHUTDOWN): \
+                         a reboot=t reboot, or a crashed guest"
+                    );
+                    Some(StopReason::Reset)
+                }
                 GuestKind::Unikernel => Some(StopReason::Error(format!(
                     "vCPU {id}: unikernel triple-faulted (KVM_EXIT_SHUTDOWN)"
                 ))),
