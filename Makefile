@@ -9,7 +9,8 @@ SPORE := $(CURDIR)/target/release/spore
 export SPORE_UK_DIR := $(UK_OUT)
 
 .PHONY: all build uk static deps deps-nested demo test test-unit test-host test-nested \
-        bench bench-peers bench-serve-linux lint fmt clean fc-sdk fuzz images images-test
+        bench bench-peers bench-serve-linux lint fmt clean fc-sdk fuzz images images-test \
+        probe-arm64
 
 all: build uk
 
@@ -113,6 +114,12 @@ demo: build uk
 PEERS_ARGS ?=
 bench-peers: static
 	tests/nested/peers.sh --spore $(STATIC_SPORE) --out $(BENCH_OUT)/peers.json $(PEERS_ARGS)
+
+# aarch64 (issue 15), a probe before the tier: an arm64 L1 under QEMU TCG with
+# EL2 brings up KVM and runs an L2 vCPU (tests/nested-arm64/probe.sh); not in
+# `make test`.
+probe-arm64:
+	tests/nested-arm64/probe.sh
 
 # Every bench's JSON goes to $(BENCH_OUT), then one HTML page with plots.
 BENCH_OUT ?= $(CURDIR)/target/bench
