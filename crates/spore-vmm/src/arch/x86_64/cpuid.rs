@@ -6,7 +6,11 @@
 //! processors: single-threaded cores, or (SMT, `machine-config.smt`) cores
 //! of two threads, the APIC id's low bit numbering the thread:
 //!
-//! - leaf 0x1: initial APIC id, logical processor count, HTT, hypervisor bit;
+//! - leaf 0x1: initial APIC id, logical processor count, HTT, hypervisor bit,
+//!   and the TSC-deadline timer where KVM's in-kernel LAPIC emulates it
+//!   (`KVM_GET_SUPPORTED_CPUID` leaves it out; it is the VMM's to set). With it
+//!   a Linux guest neither calibrates its LAPIC timer against the PIT (100 ms
+//!   of ticks) nor checks the PIT's interrupt at boot;
 //! - leaf 0x4 (Intel): cores per package and threads sharing each cache;
 //! - leaf 0x6: no power management features (only ARAT, the APIC timer that
 //!   keeps running, which KVM emulates);
@@ -22,6 +26,8 @@ use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 
 /// Leaf 1 ECX: running under a hypervisor.
 const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
+/// Leaf 1 ECX bit 24: the LAPIC timer has TSC-deadline mode.
+const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
 /// Leaf 1 EDX: the logical processor count in EBX[23:16] is valid.
 const LEAF1_EDX_HTT: u32 = 1 << 28;
 /// Leaf 1 EBX[15:8]: CLFLUSH line size in 8-byte units (64 bytes).
@@ -115,15 +121,27 @@ fn topology_subleaves(
     ]
 }
 
-/// The CPUID table for vCPU `vcpu_id` of a VM with `num_vcpus` vCPUs, derived
-/// from KVM's supported CPUID; `smt`: two threads per core (with more than
-/// one vCPU; the count is even, as the configuration requires).
-pub fn vcpu_cpuid(
-    supported: &CpuId,
-    vcpu_id: u8,
-    num_vcpus: u8,
-    smt: bool,
-) -> Result<CpuId, CpuidError> {
+/// What a vCPU's CPUID is made for, beside KVM's supported table.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuidShape {
+    pub vcpu_id: u8,
+    pub num_vcpus: u8,
+    /// Two threads per core (with more than one vCPU; the count is even, as
+    /// the configuration requires).
+    pub smt: bool,
+    /// KVM emulates the LAPIC's TSC-deadline mode (`KVM_CAP_TSC_DEADLINE_TIMER`).
+    pub tsc_deadline: bool,
+}
+
+/// The CPUID table for vCPU `shape.vcpu_id` of a VM with `shape.num_vcpus`
+/// vCPUs, derived from KVM's supported CPUID.
+pub fn vcpu_cpuid(supported: &CpuId, shape: CpuidShape) -> Result<CpuId, CpuidError> {
+    let CpuidShape {
+        vcpu_id,
+        num_vcpus,
+        smt,
+        tsc_deadline,
+    } = shape;
     let num_vcpus = num_vcpus.max(1);
     let threads: u8 = if smt && num_vcpus > 1 { 2 } else { 1 };
     let source = supported.as_slice();
@@ -141,6 +159,9 @@ pub fn vcpu_cpuid(
                     | (u32::from(num_vcpus) << 16)
                     | (CLFLUSH_LINE_QWORDS << 8);
                 e.ecx |= LEAF1_ECX_HYPERVISOR;
+                if tsc_deadline {
+                    e.ecx |= LEAF1_ECX_TSC_DEADLINE;
+                }
                 if num_vcpus > 1 {
                     e.edx |= LEAF1_EDX_HTT;
                 } else {
@@ -253,6 +274,34 @@ mod tests {
         CpuId::from_entries(&entries).unwrap()
     }
 
+    fn shape(vcpu_id: u8, num_vcpus: u8, smt: bool) -> CpuidShape {
+        CpuidShape {
+            vcpu_id,
+            num_vcpus,
+            smt,
+            tsc_deadline: false,
+        }
+    }
+
+    #[test]
+    fn tsc_deadline_is_offered_only_where_kvm_emulates_it() {
+        // KVM leaves the bit out of its supported table.
+        let mut entries = intel_supported().as_slice().to_vec();
+        for e in entries.iter_mut().filter(|e| e.function == 1) {
+            e.ecx &= !LEAF1_ECX_TSC_DEADLINE;
+        }
+        let sup = CpuId::from_entries(&entries).unwrap();
+        let without = find(&vcpu_cpuid(&sup, shape(0, 1, false)).unwrap(), 1, 0);
+        assert_eq!(without.ecx & LEAF1_ECX_TSC_DEADLINE, 0);
+        let with = CpuidShape {
+            tsc_deadline: true,
+            ..shape(0, 1, false)
+        };
+        let l1 = find(&vcpu_cpuid(&sup, with).unwrap(), 1, 0);
+        assert_ne!(l1.ecx & LEAF1_ECX_TSC_DEADLINE, 0);
+        assert_ne!(l1.ecx & LEAF1_ECX_HYPERVISOR, 0);
+    }
+
     fn find(c: &CpuId, function: u32, index: u32) -> kvm_cpuid_entry2 {
         *c.as_slice()
             .iter()
@@ -264,7 +313,7 @@ mod tests {
     fn leaf1_identity_per_vcpu() {
         let sup = intel_supported();
         for id in 0..4u8 {
-            let c = vcpu_cpuid(&sup, id, 4, false).unwrap();
+            let c = vcpu_cpuid(&sup, shape(id, 4, false)).unwrap();
             let l1 = find(&c, 1, 0);
             assert_eq!(l1.ebx >> 24, u32::from(id));
             assert_eq!((l1.ebx >> 16) & 0xff, 4);
@@ -273,7 +322,7 @@ mod tests {
             assert_ne!(l1.edx & LEAF1_EDX_HTT, 0);
             assert_eq!(l1.eax, 0x906ea, "signature untouched");
         }
-        let single = find(&vcpu_cpuid(&sup, 0, 1, false).unwrap(), 1, 0);
+        let single = find(&vcpu_cpuid(&sup, shape(0, 1, false)).unwrap(), 1, 0);
         assert_eq!(single.edx & LEAF1_EDX_HTT, 0);
         assert_eq!((single.ebx >> 16) & 0xff, 1);
     }
@@ -283,7 +332,7 @@ mod tests {
         let sup = intel_supported();
         for function in [0xb, 0x1f] {
             for (id, n, shift) in [(0u8, 1u8, 0u32), (1, 2, 1), (2, 3, 2), (4, 5, 3), (7, 8, 3)] {
-                let c = vcpu_cpuid(&sup, id, n, false).unwrap();
+                let c = vcpu_cpuid(&sup, shape(id, n, false)).unwrap();
                 let smt = find(&c, function, 0);
                 assert_eq!(
                     (smt.eax, smt.ebx, smt.ecx, smt.edx),
@@ -314,7 +363,7 @@ mod tests {
 
     #[test]
     fn intel_cache_leaf_and_power_leaf() {
-        let c = vcpu_cpuid(&intel_supported(), 1, 4, false).unwrap();
+        let c = vcpu_cpuid(&intel_supported(), shape(1, 4, false)).unwrap();
         for index in 0..3 {
             let l4 = find(&c, 4, index);
             assert_eq!(l4.eax >> 26, 3, "cores per package - 1");
@@ -331,7 +380,7 @@ mod tests {
     #[test]
     fn kvm_leaves_kept() {
         let sup = intel_supported();
-        let c = vcpu_cpuid(&sup, 0, 2, false).unwrap();
+        let c = vcpu_cpuid(&sup, shape(0, 2, false)).unwrap();
         assert_eq!(find(&c, 0x4000_0000, 0), find(&sup, 0x4000_0000, 0));
         assert_eq!(find(&c, 0x4000_0001, 0), find(&sup, 0x4000_0001, 0));
         // Only the two topology leaves grow (1 subleaf -> 3 each).
@@ -341,7 +390,7 @@ mod tests {
     #[test]
     fn amd_core_count_and_extended_apic_id() {
         let sup = amd_supported();
-        let c = vcpu_cpuid(&sup, 2, 3, false).unwrap();
+        let c = vcpu_cpuid(&sup, shape(2, 3, false)).unwrap();
         let l8 = find(&c, 0x8000_0008, 0);
         assert_eq!(l8.ecx & 0xff, 2);
         assert_eq!((l8.ecx >> 12) & 0xf, 2);
@@ -371,7 +420,7 @@ mod tests {
     fn smt_makes_cores_of_two_threads() {
         let sup = intel_supported();
         for id in 0..4u8 {
-            let c = vcpu_cpuid(&sup, id, 4, true).unwrap();
+            let c = vcpu_cpuid(&sup, shape(id, 4, true)).unwrap();
             let thread = find(&c, 0xb, 0);
             assert_eq!((thread.eax, thread.ebx, thread.edx), (1, 2, u32::from(id)));
             let core = find(&c, 0xb, 1);
@@ -382,12 +431,12 @@ mod tests {
             assert_eq!((l1.eax >> 14) & 0xfff, 1);
         }
         let amd = amd_supported();
-        let c = vcpu_cpuid(&amd, 3, 4, true).unwrap();
+        let c = vcpu_cpuid(&amd, shape(3, 4, true)).unwrap();
         let ext = find(&c, 0x8000_001e, 0);
         assert_eq!((ext.ebx >> 8) & 0xff, 1, "threads per compute unit - 1");
         assert_eq!(ext.ebx & 0xff, 1, "vCPU 3 is core 1's second thread");
         // One vCPU with smt stays one thread.
-        let one = vcpu_cpuid(&sup, 0, 1, true).unwrap();
+        let one = vcpu_cpuid(&sup, shape(0, 1, true)).unwrap();
         assert_eq!(find(&one, 0xb, 0).ebx, 1);
     }
 }

@@ -6,7 +6,7 @@
 use kvm_ioctls::{Kvm, VcpuFd};
 
 use super::cpu_template::{apply_cpuid, CpuSetup, CpuTemplateError};
-use super::cpuid::{vcpu_cpuid, CpuidError};
+use super::cpuid::{vcpu_cpuid, CpuidError, CpuidShape};
 use super::linux::LinuxEntry;
 use super::msr::{setup_msrs, MsrError};
 use super::regs::{setup_fpu, setup_lapic, setup_linux_regs, setup_linux_sregs, RegsError};
@@ -45,7 +45,13 @@ pub fn configure_linux_vcpu(
     let supported = kvm
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(LinuxVcpuError::SupportedCpuid)?;
-    let mut cpuid = vcpu_cpuid(&supported, vcpu_id, num_vcpus, cpu.smt)?;
+    let shape = CpuidShape {
+        vcpu_id,
+        num_vcpus,
+        smt: cpu.smt,
+        tsc_deadline: kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer),
+    };
+    let mut cpuid = vcpu_cpuid(&supported, shape)?;
     if let Some(t) = &cpu.template {
         apply_cpuid(&mut cpuid, t)?;
     }
