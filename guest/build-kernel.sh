@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Builds the spore Linux guest kernel (an ELF vmlinux with a PVH entry) from
-# Debian's linux-source-6.12: `make tinyconfig`, then kernel.fragment merged
-# over it. The result is cached under
+# Builds the spore Linux guest kernel from Debian's linux-source-6.12:
+# `make tinyconfig`, then the architecture's fragment merged over it.
+#
+# x86_64 (default): an ELF vmlinux with a PVH entry, and the same kernel as a
+# bzImage (spore boots either format; the bzImage is what distributions ship,
+# so the tests boot both), from kernel.fragment, cached under
 #   ${SPORE_CACHE:-/var/cache/spore}/kernel-<sha256>/{vmlinux,bzImage,config,build.log}
-# (the same kernel twice: spore boots either format; the bzImage is what
-# distributions ship, so the tests boot both).
-# keyed by the fragment, this script and the source package version.
-# Usage: guest/build-kernel.sh        (prints the vmlinux path as the last line)
+# arm64 (--arch arm64): an arm64 `Image`, cross-built with Debian's
+# aarch64-linux-gnu gcc from kernel-arm64.fragment, cached under
+#   ${SPORE_CACHE:-/var/cache/spore}/kernel-arm64-<sha256>/{Image,config,build.log}
+# Both keyed by the fragment, this script, the source package version and
+# the architecture.
+# Usage: guest/build-kernel.sh [--arch x86_64|arm64]
+#        (prints the vmlinux or Image path as the last line)
 # Env:   SPORE_CACHE, SPORE_VERBOSE=1 (stream make output to stderr)
 set -euo pipefail
 
@@ -14,25 +20,74 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=guest/lib.sh
 source "$here/lib.sh"
 
-fragment="$here/kernel.fragment"
+usage="usage: $0 [--arch x86_64|arm64]"
+arch=x86_64
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --arch)
+        [[ $# -ge 2 ]] || die "$usage"
+        arch="$2"
+        shift 2
+        ;;
+    --arch=*)
+        arch="${1#--arch=}"
+        shift
+        ;;
+    -h | --help)
+        echo "$usage"
+        exit 0
+        ;;
+    *) die "$usage" ;;
+    esac
+done
+
 src_pkg=linux-source-6.12
 src_tar=/usr/src/linux-source-6.12.tar.xz
+packages=("$src_pkg" make gcc libc6-dev bc flex bison libelf-dev libssl-dev xz-utils)
 
-ensure_packages "$src_pkg" make gcc libc6-dev bc flex bison libelf-dev libssl-dev xz-utils
+# Per architecture: kernel ARCH, cross compiler prefix, fragment, cache entry
+# prefix, make targets, and what goes into the entry (NAME:PATH in the tree;
+# the first is the result).
+case $arch in
+x86_64 | amd64)
+    karch=x86_64
+    cross=""
+    fragment="$here/kernel.fragment"
+    entry=kernel
+    targets=(vmlinux bzImage)
+    products=(vmlinux:vmlinux bzImage:arch/x86/boot/bzImage)
+    eta=" (about 6 minutes on 2 cores)"
+    ;;
+arm64 | aarch64)
+    karch=arm64
+    cross=aarch64-linux-gnu-
+    fragment="$here/kernel-arm64.fragment"
+    entry=kernel-arm64
+    targets=(Image)
+    products=(Image:arch/arm64/boot/Image)
+    eta=" (about 6 minutes on 2 cores)"
+    packages+=(gcc-aarch64-linux-gnu)
+    ;;
+*) die "unknown architecture '$arch' ($usage)" ;;
+esac
+result="${products[0]%%:*}"
+
+ensure_packages "${packages[@]}"
 [[ -f $src_tar ]] || die "$src_tar missing although $src_pkg is installed"
+src_key="$src_pkg=$(pkg_version "$src_pkg")"
 
-key="$(hash_inputs "$fragment" "$here/build-kernel.sh" "$src_pkg=$(pkg_version "$src_pkg")")"
-dest="$SPORE_CACHE/kernel-$key"
+key="$(hash_inputs "$fragment" "$here/build-kernel.sh" "$src_key" "arch=$karch")"
+dest="$SPORE_CACHE/$entry-$key"
 
-if [[ -f $dest/vmlinux ]]; then
-    log "cached: $dest/vmlinux"
-    echo "$dest/vmlinux"
+if [[ -f $dest/$result ]]; then
+    log "cached: $dest/$result"
+    echo "$dest/$result"
     exit 0
 fi
 
 with_cache_lock "$dest"
-if [[ -f $dest/vmlinux ]]; then # built by a concurrent run while we waited
-    echo "$dest/vmlinux"
+if [[ -f $dest/$result ]]; then # built by a concurrent run while we waited
+    echo "$dest/$result"
     exit 0
 fi
 
@@ -58,11 +113,13 @@ step() {
 
 step "extracting $src_tar" tar -xJf "$src_tar" -C "$work"
 ksrc="$work/linux-source-6.12"
-kmake() { make -C "$ksrc" ARCH=x86_64 "$@"; }
+kenv=(ARCH="$karch")
+[[ -n $cross ]] && kenv+=(CROSS_COMPILE="$cross")
+kmake() { make -C "$ksrc" "${kenv[@]}" "$@"; }
 
 step "make tinyconfig" kmake tinyconfig
 step "merging $(basename "$fragment")" \
-    env -C "$ksrc" ARCH=x86_64 scripts/kconfig/merge_config.sh -m .config "$fragment"
+    env -C "$ksrc" "${kenv[@]}" scripts/kconfig/merge_config.sh -m .config "$fragment"
 step "make olddefconfig" kmake olddefconfig
 
 # tinyconfig + olddefconfig silently drop options whose dependencies are
@@ -77,15 +134,22 @@ while IFS= read -r line; do
 done <"$fragment"
 if [[ ${#missing[@]} -gt 0 ]]; then
     printf '  %s\n' "${missing[@]}" >&2
-    die "${#missing[@]} option(s) from kernel.fragment did not end up in .config (unmet dependencies?)"
+    die "${#missing[@]} option(s) from $(basename "$fragment") did not end up in .config (unmet dependencies?)"
 fi
 
-step "make -j$(nproc) vmlinux bzImage (about 6 minutes on 2 cores)" kmake -j"$(nproc)" vmlinux bzImage
-cp "$ksrc/vmlinux" "$work/out/vmlinux"
-cp "$ksrc/arch/x86/boot/bzImage" "$work/out/bzImage"
+step "make -j$(nproc) ${targets[*]}$eta" kmake -j"$(nproc)" "${targets[@]}"
+for p in "${products[@]}"; do
+    cp "$ksrc/${p#*:}" "$work/out/${p%%:*}"
+done
 cp "$ksrc/.config" "$work/out/config"
+if [[ $karch == arm64 ]]; then
+    # The arm64 Image header (Documentation/arch/arm64/booting.rst): magic
+    # "ARM\x64" at offset 56, what a loader checks before anything else.
+    magic="$(od -An -tx1 -j56 -N4 "$work/out/Image" | tr -d ' \n')"
+    [[ $magic == 41524d64 ]] || die "$ksrc/arch/arm64/boot/Image has no arm64 Image magic at offset 56 (got $magic)"
+fi
 
 # Rename into place: readers only ever see a complete cache entry.
 mv "$work/out" "$dest"
-log "built $dest/vmlinux ($(du -h "$dest/vmlinux" | cut -f1))"
-echo "$dest/vmlinux"
+log "built $dest/$result ($(du -h "$dest/$result" | cut -f1))"
+echo "$dest/$result"

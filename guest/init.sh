@@ -3,20 +3,31 @@
 # Mounts the basics, brings up loopback, then runs /scenario if the image has
 # one, else a shell on the console. Afterwards it asks the VMM to stop the VM
 # with the scenario's exit status (signal-port EXIT); if no spore VMM is
-# listening (e.g. plain QEMU), it reboots, which through the i8042 ends a VMM
-# started with -no-reboot.
+# listening (e.g. plain QEMU), it reboots, which (x86: through the i8042,
+# arm64: PSCI SYSTEM_RESET) ends a VMM started with -no-reboot.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root TERM=linux
 
-# Boot-time mark 1: user space reached /init (harmless outside spore).
-spore-signal mark 1 2>/dev/null
+mount_sys_dev() {
+    mount -t sysfs sysfs /sys
+    mount -t devtmpfs devtmpfs /dev 2>/dev/null
+}
+
+# Boot-time mark 1: user space reached /init (harmless outside spore). On
+# arm64 spore-signal needs /dev/mem and the device tree in /sys, which are not
+# there yet: it fails, and marks again once they are mounted.
+late_mark=""
+spore-signal mark 1 2>/dev/null || late_mark=1
 
 mount -t proc proc /proc
+if [ -n "$late_mark" ]; then
+    mount_sys_dev
+    spore-signal mark 1 2>/dev/null
+fi
 # Boot benchmark (`spore bench boot --linux-kernel`): mark 1 is all it needs.
 case " $(cat /proc/cmdline) " in
 *" spore.bench=1 "*) spore-signal exit 0 ;;
 esac
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev 2>/dev/null
+[ -n "$late_mark" ] || mount_sys_dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
@@ -42,9 +53,9 @@ if [ -n "$net_ip" ]; then
 fi
 
 # busybox `poweroff`, `halt` and `reboot` ask pid 1 with USR2, USR1 and TERM.
-# There is no ACPI, so the kernel cannot power the machine off itself (a
-# forced `poweroff -f` only halts the CPUs): end the VM through the signal
-# port instead, exit status 0, as a power-off should.
+# On x86 there is no ACPI, so the kernel cannot power the machine off itself
+# (a forced `poweroff -f` only halts the CPUs): end the VM through the signal
+# port instead, exit status 0, as a power-off should (the same on arm64).
 stop_vm() {
     sync
     spore-signal exit 0 2>/dev/null

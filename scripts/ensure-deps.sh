@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing spore needs on a Debian host, only where
 # missing: rustup targets and Debian packages. Safe to rerun.
-#   scripts/ensure-deps.sh [host|nested]   (default: host)
+#   scripts/ensure-deps.sh [host|nested|arm64]   (default: host)
 set -euo pipefail
 
 tier=${1:-host}
@@ -25,6 +25,23 @@ if [[ $tier == nested ]]; then
     # from C with musl-gcc.
     need_pkgs+=(musl-tools qemu-system-x86 linux-source-6.12 busybox-static bc flex bison
                 libelf-dev libssl-dev cpio xz-utils zstd e2fsprogs gcc make)
+fi
+if [[ $tier == arm64 ]]; then
+    # aarch64 (issue 15), `make static-arm64`: the static aarch64 spore, linked
+    # (and its SQLite compiled) with Debian's aarch64-linux-gnu gcc; the arm64
+    # nested tier's QEMU (the rest of that tier is the nested tier's list).
+    need_targets+=(aarch64-unknown-linux-musl)
+    need_pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm)
+    # musl's arm64 headers: SQLite's C must be compiled against the C library
+    # it is linked with (glibc's headers call open64, fcntl64, ... which
+    # musl does not have). A package of Debian's arm64 architecture.
+    need_pkgs+=(musl-dev:arm64)
+    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        [[ $(id -u) -eq 0 ]] || { echo "ensure-deps: dpkg needs the arm64 architecture (dpkg --add-architecture arm64, as root)" >&2; exit 1; }
+        echo "ensure-deps: dpkg --add-architecture arm64" >&2
+        dpkg --add-architecture arm64
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    fi
 fi
 
 if command -v rustup >/dev/null 2>&1; then

@@ -1,4 +1,5 @@
-//! Signal port: guest → VMM events through one 32-bit port-I/O register.
+//! Signal port: guest → VMM events through one 32-bit register: port I/O on
+//! x86_64 ([`SIGNAL_PORT`]), MMIO on aarch64 ([`SIGNAL_MMIO_ADDR`]).
 //!
 //! A guest writes one 32-bit value with `out dx, eax` to [`SIGNAL_PORT`]:
 //!
@@ -77,8 +78,17 @@
 //! [`SNAPSHOT_NOT_CONFIGURED`] if no snapshot directory is configured (the
 //! request is ignored).
 
-/// I/O port of the signal register.
+/// I/O port of the signal register (x86_64: `out`/`in` of 32 bits).
 pub const SIGNAL_PORT: u16 = 0x0510;
+
+/// Guest-physical address of the signal register on aarch64, which has no
+/// port I/O: a 32-bit store to this address is the `out`, a 32-bit load the
+/// `in`, with the same values and meanings as on x86_64. The register sits
+/// alone in a 4 KiB page ([`SIGNAL_MMIO_SIZE`]) of the MMIO area below RAM,
+/// so a Linux guest can map exactly that page (`/dev/mem`) and nothing else.
+pub const SIGNAL_MMIO_ADDR: u64 = 0x0902_0000;
+/// Size of the page that holds the aarch64 signal register.
+pub const SIGNAL_MMIO_SIZE: u64 = 0x1000;
 
 /// Opcode of a signal (high byte of the written value).
 #[repr(u8)]

@@ -1,4 +1,4 @@
-//! Static tools for spore's Linux guests (built for x86_64-unknown-linux-musl
+//! Static tools for spore's Linux guests (built for x86_64- and aarch64-unknown-linux-musl
 //! and put in the guest initramfs):
 //!
 //! - `spore-signal`: signal-port events (exit, mark, wait) from user space;
@@ -17,6 +17,5 @@ pub mod netid;
 pub mod port;
 pub mod reseed;
 pub mod signal_cli;
-#[cfg(target_arch = "x86_64")]
 pub mod tmem;
 pub mod vsock;

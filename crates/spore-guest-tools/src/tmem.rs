@@ -32,7 +32,9 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use spore_abi::tmem::{op, Status, MAX_BATCH, MAX_VALUE_LEN, TMEM_ADDR_SHIFT, TMEM_PORT};
+#[cfg(target_arch = "x86_64")]
+use spore_abi::tmem::TMEM_PORT;
+use spore_abi::tmem::{op, Status, MAX_BATCH, MAX_VALUE_LEN, TMEM_ADDR_SHIFT};
 use thiserror::Error;
 
 pub const PAGE: usize = 4096;
@@ -47,10 +49,15 @@ pub const MAX_TOOL_KEY_LEN: usize = PAGE - CHUNK_SUFFIX_LEN;
 
 #[derive(Debug, Error)]
 pub enum TmemError {
+    #[cfg(target_arch = "x86_64")]
     #[error("ioperm({port:#x}) failed: {source} (needs root and CONFIG_X86_IOPL_IOPERM)")]
     Ioperm { port: u16, source: std::io::Error },
+    #[cfg(target_arch = "x86_64")]
     #[error("no hypervisor detected (CPUID.1:ECX bit 31 clear); refusing to write port {0:#x} on bare metal")]
     NotVirtualized(u16),
+    #[cfg(not(target_arch = "x86_64"))]
+    #[error("tmem is not supported on this architecture (the device is reached through an x86 I/O port)")]
+    UnsupportedArch,
     #[error("cannot allocate and lock {pages} page(s): {source}")]
     Alloc {
         pages: usize,
@@ -286,17 +293,7 @@ pub struct Tmem {
 
 impl Tmem {
     pub fn open() -> Result<Self, TmemError> {
-        let leaf1 = core::arch::x86_64::__cpuid(1);
-        if leaf1.ecx & (1 << 31) == 0 {
-            return Err(TmemError::NotVirtualized(TMEM_PORT));
-        }
-        // SAFETY: ioperm only changes this process's I/O permission bitmap.
-        if unsafe { libc::ioperm(libc::c_ulong::from(TMEM_PORT), 4, 1) } != 0 {
-            return Err(TmemError::Ioperm {
-                port: TMEM_PORT,
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        grant_port_access()?;
         let pagemap = Pagemap::open()?;
         let scratch = LockedPages::new(3, &pagemap)?;
         Ok(Self { pagemap, scratch })
@@ -569,8 +566,33 @@ fn new_generation() -> u64 {
     u64::from_le_bytes(g)
 }
 
+/// Makes the tmem port usable by this process (x86_64: `ioperm`, refused on
+/// bare metal).
+#[cfg(target_arch = "x86_64")]
+fn grant_port_access() -> Result<(), TmemError> {
+    let leaf1 = core::arch::x86_64::__cpuid(1);
+    if leaf1.ecx & (1 << 31) == 0 {
+        return Err(TmemError::NotVirtualized(TMEM_PORT));
+    }
+    // SAFETY: ioperm only changes this process's I/O permission bitmap.
+    if unsafe { libc::ioperm(libc::c_ulong::from(TMEM_PORT), 4, 1) } != 0 {
+        return Err(TmemError::Ioperm {
+            port: TMEM_PORT,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// The tmem device is an x86 I/O port; elsewhere there is none to reach.
+#[cfg(not(target_arch = "x86_64"))]
+fn grant_port_access() -> Result<(), TmemError> {
+    Err(TmemError::UnsupportedArch)
+}
+
 /// One tmem call: `out` of the block's address to the port. Not `nomem`:
 /// the VMM reads and writes this process's memory during the instruction.
+#[cfg(target_arch = "x86_64")]
 fn port_call(block_gpa: u64) {
     let value = (block_gpa >> TMEM_ADDR_SHIFT) as u32;
     // SAFETY: `Tmem::open` granted access to this port; the VMM only touches
@@ -579,6 +601,12 @@ fn port_call(block_gpa: u64) {
         core::arch::asm!("out dx, eax", in("dx") TMEM_PORT, in("eax") value,
             options(nostack, preserves_flags));
     }
+}
+
+/// Never reached: `Tmem::open` fails where there is no tmem port.
+#[cfg(not(target_arch = "x86_64"))]
+fn port_call(_block_gpa: u64) {
+    unreachable!("tmem call without a tmem port (Tmem::open refuses on this architecture)");
 }
 
 #[cfg(test)]

@@ -1,14 +1,13 @@
-//! The KVM objects every build makes, in the order that keeps it fast:
-//! the VM, then (the caller registers RAM here) the irqchip and the PIT,
-//! then vCPUs; and [`PreparedKvm`], the same objects made ahead of a
-//! restore whose RAM is not known yet.
+//! The KVM objects every build makes, in the order that keeps it fast and
+//! that every architecture accepts: the VM, then (the caller registers RAM
+//! here) the irqchip and platform timer, then the vCPUs, then the
+//! irqchip's last step; and [`PreparedKvm`], the same objects made ahead of
+//! a restore whose RAM is not known yet.
 
-use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
 use super::{kvm_setup, BuildError};
-use crate::arch::x86_64::layout;
-use crate::arch::GuestKind;
+use crate::arch::{self, GuestKind, Irqchip};
 use crate::config::VmConfig;
 use crate::memory::GuestRam;
 use crate::snapshot::MicrovmState;
@@ -21,7 +20,7 @@ use crate::snapshot::MicrovmState;
 pub struct PreparedKvm {
     pub(super) kvm: Kvm,
     pub(super) vm_fd: VmFd,
-    pub(super) irqchip: bool,
+    pub(super) irqchip: Irqchip,
     pub(super) vcpus: Vec<VcpuFd>,
     pub(super) mem_bytes: u64,
 }
@@ -37,7 +36,7 @@ impl PreparedKvm {
             && self.vcpus.len() as u64 == config.machine.vcpu_count
             && !config.machine.track_dirty_pages
             && config.memory_hotplug.is_none()
-            && (self.irqchip || state.vm.irqchips.is_empty())
+            && (self.irqchip.present() || !state.vm.has_irqchip())
     }
 }
 
@@ -46,8 +45,9 @@ impl PreparedKvm {
 pub fn prepare_kvm(ram: &GuestRam, vcpus: u8) -> Result<PreparedKvm, BuildError> {
     let (kvm, vm_fd) = create_vm()?;
     ram.register(&vm_fd, false)?;
-    let irqchip = vm_fd.create_irq_chip().is_ok();
+    let mut irqchip = arch::create_irqchip(&vm_fd, false, vcpus)?;
     let vcpus = create_vcpus(&vm_fd, vcpus, Vec::new())?;
+    irqchip.finish(&vcpus)?;
     Ok(PreparedKvm {
         kvm,
         vm_fd,
@@ -57,50 +57,32 @@ pub fn prepare_kvm(ram: &GuestRam, vcpus: u8) -> Result<PreparedKvm, BuildError>
     })
 }
 
-/// A new VM with its TSS placed. Register guest RAM next, before the irqchip.
+/// A new VM, with what its architecture sets up first. Register guest RAM
+/// next, before the irqchip.
 pub(super) fn create_vm() -> Result<(Kvm, VmFd), BuildError> {
     let kvm = Kvm::new().map_err(BuildError::Kvm)?;
     let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
-    vm_fd
-        .set_tss_address(layout::KVM_TSS_ADDR as usize)
-        .map_err(kvm_setup("KVM_SET_TSS_ADDR"))?;
+    arch::prepare_vm(&vm_fd)?;
     Ok((kvm, vm_fd))
 }
 
-/// Creates the in-kernel irqchip; returns whether the VM has one. Linux
-/// needs it (and so does a snapshot taken with one); a unikernel polls and
+/// Creates the in-kernel irqchip and the platform timer. Linux needs the
+/// irqchip (and so does a snapshot taken with one); a unikernel polls and
 /// can do without.
 pub(super) fn create_irqchip(
     vm_fd: &VmFd,
     kind: GuestKind,
     snapshot_has_one: bool,
-) -> Result<bool, BuildError> {
-    match (vm_fd.create_irq_chip(), kind) {
-        (Ok(()), _) => Ok(true),
-        (Err(e), _) if snapshot_has_one => {
-            Err(kvm_setup("KVM_CREATE_IRQCHIP (the snapshot has one)")(e))
-        }
-        (Err(e), GuestKind::Linux) => Err(kvm_setup("KVM_CREATE_IRQCHIP")(e)),
-        (Err(e), GuestKind::Unikernel) => {
-            tracing::debug!("no in-kernel irqchip for the unikernel: {e}");
-            Ok(false)
-        }
-    }
+    vcpu_count: u8,
+) -> Result<Irqchip, BuildError> {
+    let required = snapshot_has_one || kind == GuestKind::Linux;
+    let irqchip = arch::create_irqchip(vm_fd, required, vcpu_count)?;
+    arch::create_platform_timer(vm_fd, kind)?;
+    Ok(irqchip)
 }
 
-/// The PIT, for Linux guests (its speaker port stubbed).
-pub(super) fn create_pit(vm_fd: &VmFd, kind: GuestKind) -> Result<(), BuildError> {
-    if kind != GuestKind::Linux {
-        return Ok(());
-    }
-    let pit = kvm_pit_config {
-        flags: KVM_PIT_SPEAKER_DUMMY,
-        ..Default::default()
-    };
-    vm_fd.create_pit2(pit).map_err(kvm_setup("KVM_CREATE_PIT2"))
-}
-
-/// vCPUs 0..count: those made ahead (`premade`, in id order) first, then new ones.
+/// vCPUs 0..count: those made ahead (`premade`, in id order) first, then
+/// new ones, each set up as its architecture wants before anything else.
 pub(super) fn create_vcpus(
     vm_fd: &VmFd,
     count: u8,
@@ -110,9 +92,13 @@ pub(super) fn create_vcpus(
     (0..count)
         .map(|id| match premade.next() {
             Some(fd) => Ok(fd),
-            None => vm_fd
-                .create_vcpu(u64::from(id))
-                .map_err(kvm_setup("KVM_CREATE_VCPU")),
+            None => {
+                let fd = vm_fd
+                    .create_vcpu(u64::from(id))
+                    .map_err(kvm_setup("KVM_CREATE_VCPU"))?;
+                arch::init_vcpu(vm_fd, &fd, id)?;
+                Ok(fd)
+            }
         })
         .collect()
 }
@@ -120,6 +106,7 @@ pub(super) fn create_vcpus(
 /// Applies the snapshot's vCPU and VM-wide KVM state to the new VM.
 pub(super) fn restore_cpus(
     vm_fd: &VmFd,
+    irqchip: &Irqchip,
     fds: &[VcpuFd],
     state: &MicrovmState,
 ) -> Result<(), BuildError> {
@@ -133,14 +120,10 @@ pub(super) fn restore_cpus(
             ),
         });
     }
-    for (fd, vcpu) in fds.iter().zip(&state.vcpus) {
-        vcpu.restore(fd).map_err(|e| BuildError::Device {
-            what: "vCPU state",
+    arch::restore_state(vm_fd, irqchip, fds, &state.vcpus, &state.vm).map_err(|e| {
+        BuildError::Device {
+            what: "CPU state",
             detail: e.to_string(),
-        })?;
-    }
-    state.vm.restore(vm_fd).map_err(|e| BuildError::Device {
-        what: "VM state",
-        detail: e.to_string(),
+        }
     })
 }

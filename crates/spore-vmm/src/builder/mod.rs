@@ -22,10 +22,7 @@ use std::sync::Arc;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestMemoryRegion;
 
-use crate::arch::x86_64::linux::LinuxBootError;
-use crate::arch::x86_64::linux_vcpu::LinuxVcpuError;
-use crate::arch::x86_64::unikernel::UnikernelError;
-use crate::arch::GuestKind;
+use crate::arch::{self, GuestKind, Irqchip, MmioPlacement};
 use crate::config::{ConfigError, VmConfig};
 use crate::device_manager::{
     make_mem_device, AttachContext, Buses, DeviceError, MemDevice, StateLookup, VmDevices,
@@ -41,10 +38,7 @@ use crate::vm::vcpu::{Vcpu, VcpuIo};
 use crate::vm::{Vm, VmParts};
 pub use kvm::{prepare_kvm, PreparedKvm};
 
-/// Command line used when `/boot-source` gives none (Firecracker's, plus the
-/// console): reboot through the keyboard controller, no PCI probing.
-pub const DEFAULT_LINUX_CMDLINE: &str =
-    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
+pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -69,16 +63,12 @@ pub enum BuildError {
     Memory(#[from] MemoryError),
     #[error(transparent)]
     Devices(#[from] DeviceError),
-    #[error("Linux boot: {0}")]
-    Linux(#[from] LinuxBootError),
-    #[error("Linux vCPU setup: {0}")]
-    LinuxVcpu(#[from] LinuxVcpuError),
     #[error(transparent)]
-    CpuTemplate(#[from] crate::arch::x86_64::cpu_template::CpuTemplateError),
-    #[error("CPU template MSRs: {0}")]
-    Msrs(#[from] crate::arch::x86_64::msr::MsrError),
-    #[error("unikernel boot: {0}")]
-    Unikernel(#[from] UnikernelError),
+    Boot(#[from] arch::BootError),
+    #[error(transparent)]
+    Platform(#[from] arch::PlatformError),
+    #[error("the spore unikernel runs on x86_64 only; this spore is built for {0}")]
+    UnikernelArch(&'static str),
     #[error("the spore unikernel runs on one vCPU; vcpu_count is {0}")]
     UnikernelVcpus(u64),
     #[error("a unikernel takes no initrd")]
@@ -148,8 +138,9 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         )?),
         None => None,
     };
-    let irqchip = kvm::create_irqchip(&vm_fd, kind, false)?;
-    kvm::create_pit(&vm_fd, kind)?;
+    let mut irqchip = kvm::create_irqchip(&vm_fd, kind, false, machine.vcpu_count as u8)?;
+    let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, Vec::new())?;
+    irqchip.finish(&vcpus)?;
 
     let wake = new_wake()?;
     let hotplug_end = mem_device.as_ref().map_or(0, |m| {
@@ -158,7 +149,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     });
     let ctx = AttachContext {
         vm_fd: &vm_fd,
-        irqchip,
+        irqchip: irqchip.present(),
         wake: &wake,
         kind,
         serial_out: opts.serial_out,
@@ -167,16 +158,22 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, None)?;
 
-    let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, Vec::new())?;
-    boot::load_kernel(boot::KernelLoad {
+    let cmdline = match kind {
+        GuestKind::Linux => boot::linux_cmdline(config),
+        GuestKind::Unikernel => boot::unikernel_cmdline(config),
+    };
+    let placed: Vec<MmioPlacement> = devices.mmio_placements();
+    arch::load_kernel(arch::KernelLoad {
         kvm: &kvm,
         vcpus: &vcpus,
+        irqchip: &irqchip,
         mem: ram.memory(),
         config,
         kind,
         kernel,
         initrd,
-        placed: &devices.mmio_placements(),
+        cmdline,
+        placed: &placed,
         hotplug_end,
     })?;
     Ok(assemble(VmPieces {
@@ -235,16 +232,34 @@ pub fn build_from_state(
         )?),
         None => None,
     };
-    let irqchip = match prepared_irqchip {
-        Some(made) => made,
-        None => kvm::create_irqchip(&vm_fd, kind, !state.vm.irqchips.is_empty())?,
+    let (irqchip, vcpus) = match prepared_irqchip {
+        Some(made) => {
+            arch::create_platform_timer(&vm_fd, kind)?;
+            (made, premade_vcpus)
+        }
+        None => {
+            let mut irqchip = kvm::create_irqchip(
+                &vm_fd,
+                kind,
+                state.vm.has_irqchip(),
+                machine.vcpu_count as u8,
+            )?;
+            let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, premade_vcpus)?;
+            irqchip.finish(&vcpus)?;
+            (irqchip, vcpus)
+        }
     };
-    kvm::create_pit(&vm_fd, kind)?;
+    if vcpus.len() as u64 != machine.vcpu_count {
+        return Err(BuildError::Device {
+            what: "prepared VM",
+            detail: "it was made for another vCPU count".into(),
+        });
+    }
 
     let wake = new_wake()?;
     let ctx = AttachContext {
         vm_fd: &vm_fd,
-        irqchip,
+        irqchip: irqchip.present(),
         wake: &wake,
         kind,
         serial_out: opts.serial_out,
@@ -254,8 +269,7 @@ pub fn build_from_state(
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, Some(&mut saved))?;
     saved.finish()?;
 
-    let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, premade_vcpus)?;
-    kvm::restore_cpus(&vm_fd, &vcpus, state)?;
+    kvm::restore_cpus(&vm_fd, &irqchip, &vcpus, state)?;
     devices.finish_restore()?;
     let vm = assemble(VmPieces {
         kvm,
@@ -343,7 +357,7 @@ struct VmPieces<'a> {
     buses: Buses,
     vcpus: Vec<VcpuFd>,
     kind: GuestKind,
-    irqchip: bool,
+    irqchip: Irqchip,
     config: &'a VmConfig,
 }
 

@@ -1,26 +1,30 @@
-//! Port-I/O devices: the serial port (COM1), the i8042 keyboard controller
-//! (Linux guests: reboot through it), and tmem (served outside the bus, on
-//! its own port). Each is made fresh or restored from its state.
+//! Legacy devices: the serial console, the i8042 keyboard controller
+//! (Linux guests: reboot through it) and the PL031 RTC where the
+//! architecture's layout places them (port I/O on x86_64, MMIO on aarch64),
+//! and tmem (served outside the buses, on its own port). Each is made fresh
+//! or restored from its state.
 
 use std::sync::{Arc, Mutex};
 
 use super::persist::{restore_device, DeviceId, StateLookup};
 use super::{new_irqfd, DeviceError};
-use crate::arch::x86_64::layout;
-use crate::arch::GuestKind;
+use crate::arch::{layout, BusKind, GuestKind, LegacyPlace};
 use crate::config::TmemConfig;
-use crate::devices::bus::Bus;
+use crate::devices::bus::{Bus, BusDevice};
 use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::rtc::RtcDevice;
 use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::tmem::host_cap::{self, HostCap};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::wake::GuestWake;
 use kvm_ioctls::VmFd;
 
-/// The legacy devices of a VM and the port-I/O bus they sit on.
+/// The legacy devices of a VM and the port-I/O bus (x86) they sit on;
+/// those on MMIO are on the caller's MMIO bus.
 pub(super) struct LegacyDevices {
     pub serial: Arc<Mutex<SerialDevice>>,
     pub i8042: Option<Arc<Mutex<I8042>>>,
+    pub rtc: Option<Arc<Mutex<RtcDevice>>>,
     pub tmem: Arc<TmemDevice>,
     pub pio: Bus,
 }
@@ -36,13 +40,28 @@ pub(super) struct LegacySetup<'a> {
     pub tmem: &'a TmemConfig,
 }
 
+/// Puts `device` at `place` on the bus it names.
+fn place(
+    place: LegacyPlace,
+    device: Arc<Mutex<dyn BusDevice>>,
+    pio: &mut Bus,
+    mmio: &mut Bus,
+) -> Result<(), DeviceError> {
+    let bus = match place.bus {
+        BusKind::Pio => pio,
+        BusKind::Mmio => mmio,
+    };
+    Ok(bus.insert(place.base, place.len, device)?)
+}
+
 impl LegacySetup<'_> {
     pub fn attach(
         self,
         mut saved: Option<&mut StateLookup<'_>>,
+        mmio: &mut Bus,
     ) -> Result<LegacyDevices, DeviceError> {
         let mut pio = Bus::new();
-        let serial_irq = new_irqfd(self.vm_fd, self.irqchip, layout::SERIAL_IRQ)?;
+        let serial_irq = new_irqfd(self.vm_fd, self.irqchip, layout::SERIAL.irq)?;
         let trigger = IrqTrigger::new(serial_irq, self.wake.clone());
         let serial = match saved.as_deref_mut() {
             None => SerialDevice::new(trigger, self.serial_out),
@@ -53,30 +72,39 @@ impl LegacySetup<'_> {
             )?,
         };
         let serial = Arc::new(Mutex::new(serial));
-        pio.insert(
-            layout::SERIAL_PORT_BASE,
-            layout::SERIAL_PORT_LEN,
-            serial.clone(),
-        )?;
-        let i8042 = if self.kind == GuestKind::Linux {
-            let irq = new_irqfd(self.vm_fd, self.irqchip, layout::I8042_IRQ)?;
-            let hook = self.on_reset.clone();
-            let on_reset: Box<dyn Fn() + Send> = Box::new(move || hook());
-            let device = match saved.as_deref_mut() {
-                None => I8042::new(irq, on_reset),
-                Some(states) => {
-                    restore_device::<I8042>(&DeviceId::i8042(), (irq, on_reset), states.i8042()?)?
-                }
-            };
-            let device = Arc::new(Mutex::new(device));
-            pio.insert(
-                layout::I8042_PORT_BASE,
-                layout::I8042_PORT_LEN,
-                device.clone(),
-            )?;
-            Some(device)
-        } else {
-            None
+        place(layout::SERIAL, serial.clone(), &mut pio, mmio)?;
+        let i8042 = match layout::I8042 {
+            Some(at) if self.kind == GuestKind::Linux => {
+                let irq = new_irqfd(self.vm_fd, self.irqchip, at.irq)?;
+                let hook = self.on_reset.clone();
+                let on_reset: Box<dyn Fn() + Send> = Box::new(move || hook());
+                let device = match saved.as_deref_mut() {
+                    None => I8042::new(irq, on_reset),
+                    Some(states) => restore_device::<I8042>(
+                        &DeviceId::i8042(),
+                        (irq, on_reset),
+                        states.i8042()?,
+                    )?,
+                };
+                let device = Arc::new(Mutex::new(device));
+                place(at, device.clone(), &mut pio, mmio)?;
+                Some(device)
+            }
+            _ => None,
+        };
+        let rtc = match layout::RTC {
+            Some(at) => {
+                let device = match saved.as_deref_mut() {
+                    None => RtcDevice::new(),
+                    Some(states) => {
+                        restore_device::<RtcDevice>(&DeviceId::rtc(), (), states.rtc()?)?
+                    }
+                };
+                let device = Arc::new(Mutex::new(device));
+                place(at, device.clone(), &mut pio, mmio)?;
+                Some(device)
+            }
+            None => None,
         };
         let tmem = match saved {
             // The pool's contents and quota come from the snapshot.
@@ -109,6 +137,7 @@ impl LegacySetup<'_> {
         Ok(LegacyDevices {
             serial,
             i8042,
+            rtc,
             tmem: Arc::new(tmem),
             pio,
         })

@@ -10,7 +10,7 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 
 use super::persist::{DeviceId, VirtioState};
 use super::{new_irqfd, DeviceError};
-use crate::arch::x86_64::layout;
+use crate::arch::layout;
 use crate::devices::bus::Bus;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};

@@ -1,7 +1,7 @@
 //! The VM's devices: attaching them, their ids, their interrupts and MMIO
 //! windows, and their snapshot states.
 //!
-//! - [`legacy`]: port-I/O devices (serial, i8042) and tmem.
+//! - [`legacy`]: serial, i8042, RTC (where the architecture has them) and tmem.
 //! - [`mmio`]: virtio-mmio windows, IRQs, irqfds, ioeventfds, the MMIO bus.
 //! - [`virtio`]: which virtio devices a configuration asks for, in guest order.
 //! - [`persist`]: device ids and states; the one generic caller of
@@ -23,10 +23,11 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::arch::GuestKind;
+use crate::arch::{GuestKind, MmioPlacement};
 use crate::config::VmConfig;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::I8042;
+use crate::devices::legacy::rtc::RtcDevice;
 use crate::devices::legacy::serial::{SerialDevice, SerialOut};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::virtio::balloon::BalloonHandle;
@@ -125,6 +126,7 @@ pub struct Buses {
 pub struct VmDevices {
     serial: Arc<Mutex<SerialDevice>>,
     i8042: Option<Arc<Mutex<I8042>>>,
+    rtc: Option<Arc<Mutex<RtcDevice>>>,
     tmem: Arc<TmemDevice>,
     /// In slot order.
     virtio: Vec<AttachedVirtio>,
@@ -144,6 +146,7 @@ impl VmDevices {
         mem_device: Option<MemDevice<'_>>,
         mut saved: Option<&mut StateLookup<'_>>,
     ) -> Result<(Self, Buses), DeviceError> {
+        let mut mmio_bus = Bus::new();
         let legacy = legacy::LegacySetup {
             vm_fd: ctx.vm_fd,
             irqchip: ctx.irqchip,
@@ -153,13 +156,13 @@ impl VmDevices {
             on_reset: ctx.on_reset,
             tmem: &config.tmem,
         }
-        .attach(saved.as_deref_mut())?;
+        .attach(saved.as_deref_mut(), &mut mmio_bus)?;
         let mut slots = MmioSlots {
             vm_fd: ctx.vm_fd,
             irqchip: ctx.irqchip,
             wake: ctx.wake,
             mem: ctx.device_mem,
-            bus: Bus::new(),
+            bus: mmio_bus,
             attached: Vec::new(),
         };
         let handles = virtio::attach_virtio(&mut slots, config, mem_device, saved)?;
@@ -168,6 +171,7 @@ impl VmDevices {
         let devices = VmDevices {
             serial: legacy.serial,
             i8042: legacy.i8042,
+            rtc: legacy.rtc,
             tmem: legacy.tmem,
             transports: attached.iter().map(|a| a.transport.clone()).collect(),
             virtio: attached,
@@ -195,12 +199,16 @@ impl VmDevices {
         Ok(())
     }
 
-    /// (window address, IRQ, virtio device type) of every virtio device, in
-    /// slot order: what the Linux command line and the unikernel boot info list.
-    pub fn mmio_placements(&self) -> Vec<(u64, u32, u32)> {
+    /// Every virtio device's window, IRQ and type, in slot order: what the
+    /// guest is told (command line, device tree, unikernel boot info).
+    pub fn mmio_placements(&self) -> Vec<MmioPlacement> {
         self.virtio
             .iter()
-            .map(|v| (v.addr(), v.irq(), v.device_type))
+            .map(|v| MmioPlacement {
+                addr: v.addr(),
+                irq: v.irq(),
+                device_type: v.device_type,
+            })
             .collect()
     }
 

@@ -76,6 +76,12 @@ impl<'a> PausedDevices<'a> {
                 DeviceState::I8042(Persist::save(&*lock(i8042))),
             );
         }
+        if let Some(rtc) = &d.rtc {
+            states.push(
+                DeviceId::rtc(),
+                DeviceState::Rtc(Persist::save(&*lock(rtc))),
+            );
+        }
         states.push(
             DeviceId::tmem(),
             DeviceState::Tmem(Persist::save(d.tmem.as_ref())),

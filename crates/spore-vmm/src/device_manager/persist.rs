@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::DeviceError;
 use crate::devices::legacy::i8042::I8042State;
+use crate::devices::legacy::rtc::RtcSnapshot;
 use crate::devices::legacy::serial::SerialSnapshot;
 use crate::devices::tmem::TmemState;
 use crate::devices::virtio::balloon::{Balloon, BalloonState};
@@ -27,7 +28,7 @@ use crate::devices::virtio::vsock::{Vsock, VsockState};
 use crate::devices::virtio::VirtioDevice;
 use crate::persist::Persist;
 
-/// A device's stable name in a snapshot: `serial`, `i8042`, `tmem`,
+/// A device's stable name in a snapshot: `serial`, `i8042`, `rtc`, `tmem`,
 /// `drive:<drive_id>`, `net:<iface_id>`, `rng`, `vsock`, `balloon`, `mem`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct DeviceId(String);
@@ -38,6 +39,9 @@ impl DeviceId {
     }
     pub fn i8042() -> Self {
         Self("i8042".into())
+    }
+    pub fn rtc() -> Self {
+        Self("rtc".into())
     }
     pub fn tmem() -> Self {
         Self("tmem".into())
@@ -79,6 +83,9 @@ pub enum DeviceState {
     I8042(I8042State),
     Tmem(TmemState),
     Virtio(VirtioState),
+    /// After the others: bincode numbers the cases (x86 snapshots taken
+    /// before it existed must still decode). aarch64's PL031.
+    Rtc(RtcSnapshot),
 }
 
 impl DeviceState {
@@ -88,6 +95,7 @@ impl DeviceState {
             Self::I8042(_) => "i8042",
             Self::Tmem(_) => "tmem",
             Self::Virtio(_) => "virtio",
+            Self::Rtc(_) => "rtc",
         }
     }
 }
@@ -188,6 +196,14 @@ impl<'a> StateLookup<'a> {
         let id = DeviceId::i8042();
         match self.take(&id)? {
             DeviceState::I8042(s) => Ok(s),
+            other => Err(wrong_kind(id, other)),
+        }
+    }
+
+    pub fn rtc(&mut self) -> Result<&'a RtcSnapshot, DeviceError> {
+        let id = DeviceId::rtc();
+        match self.take(&id)? {
+            DeviceState::Rtc(s) => Ok(s),
             other => Err(wrong_kind(id, other)),
         }
     }

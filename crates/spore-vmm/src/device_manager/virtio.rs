@@ -13,7 +13,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use super::mmio::MmioSlots;
 use super::persist::{make_virtio, DeviceId, StateLookup, VirtioState};
 use super::{DeviceError, VirtioHandles};
-use crate::arch::x86_64::layout;
+use crate::arch::layout;
 use crate::config::{MemoryHotplugConfig, VmConfig};
 use crate::devices::virtio::balloon::{Balloon, BalloonSettings};
 use crate::devices::virtio::blk::Block;

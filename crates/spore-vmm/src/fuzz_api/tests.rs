@@ -370,9 +370,9 @@ mod seeds {
     }
 
     fn snapshot_parts() -> (Manifest, Vec<u8>) {
+        use crate::arch::x86_64::vm_state::VmState;
         use crate::arch::GuestKind;
         use crate::config::{MachineConfig, VmConfig};
-        use crate::vm::vm_state::VmState;
         let config = VmConfig {
             machine: MachineConfig {
                 vcpu_count: 1,
@@ -413,6 +413,7 @@ mod seeds {
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
+            arch: crate::arch::NAME.into(),
             spore_version: "fuzz-seed".into(),
             created_unix_ms: 0,
             guest: "unikernel".into(),

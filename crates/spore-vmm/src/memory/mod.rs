@@ -33,7 +33,7 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
-use crate::arch::x86_64::layout;
+use crate::arch::layout;
 use layers::MemoryLayers;
 use template::MemoryLayer;
 

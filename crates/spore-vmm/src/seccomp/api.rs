@@ -12,11 +12,11 @@ use libc::*;
 use seccompiler::SeccompRule;
 
 /// What serving the API adds: tokio's reactor (epoll, its eventfd waker),
-/// accepting connections and talking on them.
+/// accepting connections and talking on them (`epoll_wait` on x86_64 is in
+/// [`super::vmm::X86_ONLY`]).
 pub(super) const SERVING: &[i64] = &[
     SYS_epoll_create1,
     SYS_epoll_ctl,
-    SYS_epoll_wait,
     SYS_epoll_pwait,
     SYS_eventfd2,
     SYS_accept4,
@@ -41,6 +41,7 @@ pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
     SERVING
         .iter()
         .chain(super::vmm::SYSCALLS)
+        .chain(super::vmm::X86_ONLY)
         .map(|&n| (n, Vec::new()))
         .collect()
 }

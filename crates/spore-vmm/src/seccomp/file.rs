@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use seccompiler::{sock_filter, BpfProgram, TargetArch};
+use seccompiler::{sock_filter, BpfProgram};
 
 use super::{Filters, SeccompError, ThreadKind};
 
@@ -53,7 +53,7 @@ pub fn read(path: &Path) -> Result<Filters, SeccompError> {
 }
 
 fn from_json(bytes: &[u8], shown: &str) -> Result<Filters, SeccompError> {
-    let mut map = seccompiler::compile_from_json(bytes, TargetArch::x86_64).map_err(|source| {
+    let mut map = seccompiler::compile_from_json(bytes, super::TARGET_ARCH).map_err(|source| {
         SeccompError::Compile {
             path: shown.to_string(),
             source,

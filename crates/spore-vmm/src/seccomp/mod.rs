@@ -44,6 +44,13 @@ use std::thread::JoinHandle;
 
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
 
+/// seccompiler's name for the architecture this spore runs on (filters
+/// check it: a syscall number means something else on another one).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const TARGET_ARCH: TargetArch = TargetArch::x86_64;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const TARGET_ARCH: TargetArch = TargetArch::aarch64;
+
 use crate::host::lock;
 
 /// The kinds of threads, each with its own filter.
@@ -148,13 +155,9 @@ impl Filters {
         };
         let build = |rules: Vec<(i64, Vec<SeccompRule>)>| -> Result<BpfProgram, SeccompError> {
             let map: BTreeMap<i64, Vec<SeccompRule>> = rules.into_iter().collect();
-            let filter = SeccompFilter::new(
-                map,
-                mismatch.clone(),
-                SeccompAction::Allow,
-                TargetArch::x86_64,
-            )
-            .map_err(|e| SeccompError::Builtin(e.to_string()))?;
+            let filter =
+                SeccompFilter::new(map, mismatch.clone(), SeccompAction::Allow, TARGET_ARCH)
+                    .map_err(|e| SeccompError::Builtin(e.to_string()))?;
             filter
                 .try_into()
                 .map_err(|e: seccompiler::BackendError| SeccompError::Builtin(e.to_string()))

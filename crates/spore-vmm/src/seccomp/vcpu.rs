@@ -32,7 +32,6 @@ const SYSCALLS: &[i64] = &[
     SYS_getrandom,
     // Locks, the signal port's WAIT, pause/resume parking.
     SYS_futex,
-    SYS_poll,
     SYS_ppoll,
     SYS_nanosleep,
     SYS_clock_nanosleep,
@@ -79,6 +78,10 @@ pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     let mut rules: Vec<(i64, Vec<SeccompRule>)> =
         SYSCALLS.iter().map(|&n| (n, Vec::new())).collect();
     rules.push((SYS_ioctl, vec![ioctl(KVM_RUN)?]));
+    // The WAIT's sleep and the wake eventfd: glibc's poll() is `poll` on
+    // x86_64 (aarch64 has only `ppoll`, listed above).
+    #[cfg(target_arch = "x86_64")]
+    rules.push((SYS_poll, Vec::new()));
     // glibc's malloc reads /proc/sys/vm/overcommit_memory the first time a
     // thread arena's heap shrinks (a free on this thread after a tmem call,
     // seen in `spore bench tmem`): read-only, close-on-exec opens only.

@@ -8,7 +8,8 @@
 //! thread that started it (guest-fork, standby-refill), so this list holds
 //! what a whole VMM process needs outside its vCPU loops, its API server
 //! included ([`super::api::SERVING`]). Both glibc's and musl's names are
-//! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...).
+//! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...); the
+//! older names exist on x86_64 only ([`X86_ONLY`]).
 
 use libc::*;
 use seccompiler::SeccompRule;
@@ -26,13 +27,10 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_pwritev,
     SYS_preadv2,
     SYS_pwritev2,
-    SYS_open,
     SYS_openat,
     SYS_close,
     SYS_close_range,
-    SYS_stat,
     SYS_fstat,
-    SYS_lstat,
     SYS_newfstatat,
     SYS_statx,
     SYS_statfs,
@@ -45,23 +43,15 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_fallocate,
     SYS_copy_file_range,
     SYS_sendfile,
-    SYS_rename,
     SYS_renameat,
     SYS_renameat2,
-    SYS_unlink,
     SYS_unlinkat,
-    SYS_mkdir,
     SYS_mkdirat,
-    SYS_rmdir,
-    SYS_link,
     SYS_linkat,
-    SYS_readlink,
     SYS_readlinkat,
     SYS_getdents64,
-    SYS_access,
     SYS_faccessat,
     SYS_faccessat2,
-    SYS_chmod,
     SYS_fchmod,
     SYS_fchmodat,
     SYS_getcwd,
@@ -71,7 +61,6 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_flock,
     SYS_fcntl,
     SYS_dup,
-    SYS_dup2,
     SYS_dup3,
     SYS_pipe2,
     SYS_umask,
@@ -92,17 +81,12 @@ pub(super) const SYSCALLS: &[i64] = &[
     // Lazy restores through userfaultfd (the syscall; /dev/userfaultfd is an open).
     SYS_userfaultfd,
     // Waiting: worker loops, timers, eventfds.
-    SYS_poll,
     SYS_ppoll,
-    SYS_select,
     SYS_pselect6,
-    SYS_epoll_create,
     SYS_epoll_create1,
     SYS_epoll_ctl,
-    SYS_epoll_wait,
     SYS_epoll_pwait,
     SYS_epoll_pwait2,
-    SYS_eventfd,
     SYS_eventfd2,
     SYS_timerfd_create,
     SYS_timerfd_settime,
@@ -160,15 +144,12 @@ pub(super) const SYSCALLS: &[i64] = &[
     // Clone processes: posix_spawn (or fork and exec) of `spore vmm`, its
     // process group, waiting for it; and the new process's own start
     // (dynamic loader, libc and Rust runtime set-up) under this filter.
-    SYS_vfork,
-    SYS_fork,
     SYS_execve,
     SYS_setpgid,
     SYS_wait4,
     SYS_waitid,
     SYS_pidfd_open,
     SYS_pidfd_send_signal,
-    SYS_arch_prctl,
     SYS_prlimit64,
     SYS_getrlimit,
     SYS_getrandom,
@@ -182,17 +163,48 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_getgid,
     SYS_getegid,
     SYS_getpgid,
-    SYS_getpgrp,
     // A clone process enters its network namespace before opening its taps
     // (`clone::network`), under the filter it inherited.
     SYS_setns,
 ];
 
-/// The VMM kind's rules: every syscall in [`SYSCALLS`] and the API server's
-/// ([`super::api::SERVING`]).
+/// The syscalls x86_64 keeps beside their successors (`open` beside
+/// `openat`, `poll` beside `ppoll`, `fork` beside `clone`, ...), which
+/// glibc and musl still call there; aarch64 never had them.
+#[cfg(target_arch = "x86_64")]
+pub(super) const X86_ONLY: &[i64] = &[
+    SYS_open,
+    SYS_stat,
+    SYS_lstat,
+    SYS_rename,
+    SYS_unlink,
+    SYS_mkdir,
+    SYS_rmdir,
+    SYS_link,
+    SYS_readlink,
+    SYS_access,
+    SYS_chmod,
+    SYS_dup2,
+    SYS_poll,
+    SYS_select,
+    SYS_epoll_create,
+    SYS_epoll_wait,
+    SYS_eventfd,
+    SYS_vfork,
+    SYS_fork,
+    // The runtime's thread-pointer set-up in a new process.
+    SYS_arch_prctl,
+    SYS_getpgrp,
+];
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) const X86_ONLY: &[i64] = &[];
+
+/// The VMM kind's rules: every syscall in [`SYSCALLS`] (and [`X86_ONLY`]
+/// there) and the API server's ([`super::api::SERVING`]).
 pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
     SYSCALLS
         .iter()
+        .chain(X86_ONLY)
         .chain(super::api::SERVING)
         .map(|&n| (n, Vec::new()))
         .collect()

@@ -473,6 +473,7 @@ mod tests {
         trailer::write(&f, &id, mem_size).unwrap();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
+            arch: crate::arch::NAME.into(),
             spore_version: "test".into(),
             created_unix_ms: 0,
             guest: "unikernel".into(),
@@ -672,6 +673,7 @@ mod tests {
         let region = 8 * SIZE;
         let manifest = |kind, zero: Vec<[u64; 2]>, released: Vec<[u64; 2]>, offset| Manifest {
             format_version: FORMAT_VERSION,
+            arch: crate::arch::NAME.into(),
             spore_version: "test".into(),
             created_unix_ms: 0,
             guest: "unikernel".into(),

@@ -12,8 +12,9 @@ pub fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
     let mut out = Vec::new();
     for (_, device) in state.devices.iter() {
         let (kind, detail) = match device {
-            DeviceState::Serial(_) => ("serial", "COM1".to_string()),
+            DeviceState::Serial(_) => ("serial", crate::arch::layout::SERIAL_NAME.to_string()),
             DeviceState::I8042(_) => ("i8042", String::new()),
+            DeviceState::Rtc(_) => ("rtc", "PL031".to_string()),
             // Not a device the guest enumerates: the manifest never listed it.
             DeviceState::Tmem(_) => continue,
             DeviceState::Virtio(v) => {

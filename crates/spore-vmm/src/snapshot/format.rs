@@ -56,6 +56,8 @@ pub enum FormatError {
     Magic(String),
     #[error("{path}: snapshot format version {found} is not supported (this spore reads version {FORMAT_VERSION} only; take the snapshot again with this spore)")]
     Version { path: String, found: u32 },
+    #[error("{path}: the snapshot was taken on {found}; this spore runs on {} and cannot load another architecture's vCPU state", crate::arch::NAME)]
+    Arch { path: String, found: String },
     #[error("{0}: the file is truncated")]
     Truncated(String),
     #[error("{0}: checksum mismatch: the file is corrupt")]
@@ -166,6 +168,11 @@ pub struct HotplugRegionInfo {
 pub struct Manifest {
     pub format_version: u32,
     pub spore_version: String,
+    /// The host architecture the snapshot was taken on (`crate::arch::NAME`);
+    /// its vCPU and interrupt-controller state only loads there. Files
+    /// written before spore ran elsewhere are x86_64's.
+    #[serde(default = "x86_64_arch")]
+    pub arch: String,
     pub created_unix_ms: u64,
     pub guest: String,
     pub vcpu_count: u32,
@@ -291,7 +298,17 @@ pub fn decode_with<'a>(
             detail: "the manifest's state size does not match the file".into(),
         });
     }
+    if manifest.arch != crate::arch::NAME {
+        return Err(FormatError::Arch {
+            path: path.to_string(),
+            found: manifest.arch,
+        });
+    }
     Ok((manifest, state))
+}
+
+fn x86_64_arch() -> String {
+    "x86_64".into()
 }
 
 struct Reader<'a> {
@@ -489,6 +506,7 @@ mod tests {
     fn manifest(state_bytes: u64) -> Manifest {
         Manifest {
             format_version: FORMAT_VERSION,
+            arch: crate::arch::NAME.into(),
             spore_version: "test".into(),
             created_unix_ms: 1,
             guest: "unikernel".into(),
@@ -555,6 +573,29 @@ mod tests {
         g.push(0);
         assert!(decode("f", &g).is_err());
         assert!(matches!(decode("f", b"ELF..."), Err(FormatError::Magic(_))));
+    }
+
+    #[test]
+    fn another_architectures_snapshot_is_refused_naming_both() {
+        let other = if crate::arch::NAME == "x86_64" {
+            "aarch64"
+        } else {
+            "x86_64"
+        };
+        let mut m = manifest(3);
+        m.arch = other.into();
+        let bytes = encode(&m, b"abc").unwrap();
+        let e = decode("arm.state", &bytes).err().unwrap();
+        assert!(matches!(e, FormatError::Arch { .. }), "{e}");
+        let message = e.to_string();
+        assert!(message.contains(other), "{message}");
+        assert!(message.contains(crate::arch::NAME), "{message}");
+        // A manifest written before the field existed is x86_64's.
+        let json = serde_json::to_value(manifest(3)).unwrap();
+        let mut old = json.as_object().unwrap().clone();
+        old.remove("arch");
+        let back: Manifest = serde_json::from_value(old.into()).unwrap();
+        assert_eq!(back.arch, "x86_64");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! sparse memory file, and check them before a restore.
 //!
 //! Each component owns its state type and save/restore (vCPUs in
-//! `arch::x86_64::vcpu_state`, irqchip/PIT/kvmclock in `vm::vm_state`,
+//! the architecture's `VcpuState`, VM-wide irqchip/timer state in its `VmState`,
 //! every device through [`crate::persist::Persist`], gathered by id in
 //! [`crate::device_manager`], which also writes the virtio-mem region);
 //! this module only composes them into [`MicrovmState`], writes the files
@@ -28,13 +28,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::x86_64::vcpu_state::{saveable_msrs, VcpuState};
-use crate::arch::GuestKind;
+use crate::arch::{self, GuestKind, VcpuState, VmState};
 use crate::config::VmConfig;
 use crate::device_manager::{DeviceStates, PausedDevices};
 use crate::host::{lock, random_id};
 use crate::memory::layers::MemoryLayers;
-use crate::vm::vm_state::VmState;
 use crate::vm::{RunState, Vm};
 use format::{
     FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
@@ -268,17 +266,12 @@ pub fn capture_state(
     config: &VmConfig,
     devices: &PausedDevices<'_>,
 ) -> Result<MicrovmState, SnapshotError> {
-    let msr_list = saveable_msrs(vm.kvm()).map_err(|e| capture("the MSR list")(e.to_string()))?;
-    let mut vcpus = Vec::new();
-    for (id, fd) in vm.vcpu_fds().iter().enumerate() {
-        let fd = lock(fd);
-        vcpus.push(
-            VcpuState::save(id as u8, &fd, &msr_list, vm.has_irqchip())
-                .map_err(|e| capture("vCPU state")(e.to_string()))?,
-        );
-    }
-    let vm_state = VmState::save(vm.vm_fd(), vm.has_irqchip(), vm.kind() == GuestKind::Linux)
-        .map_err(|e| capture("VM state")(e.to_string()))?;
+    let guards: Vec<_> = vm.vcpu_fds().iter().map(|fd| lock(fd)).collect();
+    let fds: Vec<&kvm_ioctls::VcpuFd> = guards.iter().map(|g| &**g).collect();
+    let (vcpus, vm_state) = arch::save_state(vm.kvm(), vm.vm_fd(), vm.irqchip(), vm.kind(), &fds)
+        .map_err(|e| capture("CPU state")(e.to_string()))?;
+    drop(fds);
+    drop(guards);
     Ok(MicrovmState {
         config_json: serde_json::to_string(config)
             .map_err(|e| capture("the configuration")(e.to_string()))?,
@@ -400,6 +393,7 @@ fn write_snapshot(
 
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
+        arch: crate::arch::NAME.into(),
         spore_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -599,6 +593,7 @@ mod tests {
         let bytes = bincode::serialize(&state).unwrap();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
+            arch: crate::arch::NAME.into(),
             spore_version: "test".into(),
             created_unix_ms: 0,
             guest: "unikernel".into(),

@@ -3,14 +3,13 @@
 
 pub mod control;
 pub mod vcpu;
-pub mod vm_state;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
-use crate::arch::GuestKind;
+use crate::arch::{self, GuestKind, Irqchip};
 use crate::device_manager::VmDevices;
 use crate::devices::legacy::i8042::I8042;
 use crate::devices::legacy::serial::SerialDevice;
@@ -68,7 +67,7 @@ pub struct Vm {
     /// Every vCPU's signal-port result register, in id order.
     signal_results: Vec<Arc<AtomicU32>>,
     kind: GuestKind,
-    irqchip: bool,
+    irqchip: Irqchip,
     // Held for the VM's lifetime; the VM fd goes before the RAM it maps.
     vm_fd: VmFd,
     kvm: Kvm,
@@ -86,8 +85,8 @@ pub struct VmParts {
     pub devices: VmDevices,
     pub vcpus: Vec<Vcpu>,
     pub kind: GuestKind,
-    /// Whether KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) exists.
-    pub irqchip: bool,
+    /// KVM's in-kernel interrupt controller, if the VM has one.
+    pub irqchip: Irqchip,
 }
 
 impl Vm {
@@ -146,19 +145,12 @@ impl Vm {
             s => return Err(VmError::NotRunning(s)),
         }
         self.control.pause(self.threads.len(), || self.kick_all())?;
-        if self.kind == GuestKind::Linux {
-            // Tell a kvmclock guest its vCPUs were stopped on purpose
-            // (PVCLOCK_GUEST_STOPPED), so its soft-lockup watchdog does not
-            // fire after a long pause, or in a VM restored from a snapshot
-            // taken now. Fails harmlessly where kvmclock is not in use.
-            // Parked vCPUs do not hold their fd; one that does (the VM is
-            // stopping) is skipped rather than waited for.
-            for fd in &self.vcpu_fds {
-                if let Ok(fd) = fd.try_lock() {
-                    if let Err(e) = fd.kvmclock_ctrl() {
-                        tracing::debug!("KVM_KVMCLOCK_CTRL: {e}");
-                    }
-                }
+        // What the architecture tells the guest of a pause (x86: kvmclock's
+        // "stopped on purpose"). Parked vCPUs do not hold their fd; one that
+        // does (the VM is stopping) is skipped rather than waited for.
+        for fd in &self.vcpu_fds {
+            if let Ok(fd) = fd.try_lock() {
+                arch::on_pause(self.kind, &fd);
             }
         }
         Ok(())
@@ -249,7 +241,12 @@ impl Vm {
     }
 
     pub fn has_irqchip(&self) -> bool {
-        self.irqchip
+        self.irqchip.present()
+    }
+
+    /// The in-kernel interrupt controller (its state is part of a snapshot).
+    pub fn irqchip(&self) -> &Irqchip {
+        &self.irqchip
     }
 
     pub fn kvm(&self) -> &Kvm {

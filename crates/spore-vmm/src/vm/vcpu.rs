@@ -226,29 +226,15 @@ impl Vcpu {
             _ => {}
         }
         Ok(match exit {
-            VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => {
-                let mut result = self.signal_result.load(Ordering::SeqCst);
-                let action = self.io.signal.write(id, data, &mut result);
-                self.signal_result.store(result, Ordering::SeqCst);
-                match action {
-                    SignalAction::Continue => None,
-                    SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
-                    SignalAction::Snapshot(tag) => {
-                        self.request_snapshot(tag);
-                        None
-                    }
-                    // Park at this instruction boundary; the fork handler
-                    // pauses the rest of the VM and clones it.
-                    SignalAction::Fork(_) => {
-                        self.control.request_pause();
-                        None
-                    }
-                }
-            }
+            VcpuExit::IoOut(port, data) if port == SIGNAL_PORT => self.signal_write(data),
             VcpuExit::IoIn(port, data) if port == SIGNAL_PORT => {
-                self.io
-                    .signal
-                    .read(id, data, self.signal_result.load(Ordering::SeqCst));
+                self.signal_read(data);
+                None
+            }
+            // aarch64 has no port I/O: the same register is an MMIO word.
+            VcpuExit::MmioWrite(addr, data) if is_signal_mmio(addr) => self.signal_write(data),
+            VcpuExit::MmioRead(addr, data) if is_signal_mmio(addr) => {
+                self.signal_read(data);
                 None
             }
             // tmem calls copy between guest memory and the pool on this
@@ -327,6 +313,34 @@ impl Vcpu {
 }
 
 impl Vcpu {
+    /// A write to the signal register; `Some` when the VM must stop.
+    fn signal_write(&mut self, data: &[u8]) -> Option<StopReason> {
+        let mut result = self.signal_result.load(Ordering::SeqCst);
+        let action = self.io.signal.write(self.id, data, &mut result);
+        self.signal_result.store(result, Ordering::SeqCst);
+        match action {
+            SignalAction::Continue => None,
+            SignalAction::Exit(code) => Some(StopReason::GuestExit(code)),
+            SignalAction::Snapshot(tag) => {
+                self.request_snapshot(tag);
+                None
+            }
+            // Park at this instruction boundary; the fork handler
+            // pauses the rest of the VM and clones it.
+            SignalAction::Fork(_) => {
+                self.control.request_pause();
+                None
+            }
+        }
+    }
+
+    /// A read of the signal register: this vCPU's last result.
+    fn signal_read(&self, data: &mut [u8]) {
+        self.io
+            .signal
+            .read(self.id, data, self.signal_result.load(Ordering::SeqCst));
+    }
+
     /// A guest `SNAPSHOT`: the VM pauses (this vCPU parks as soon as its
     /// `out` is complete, see `run_loop`) and the VMM's main thread takes the
     /// snapshot and sets this vCPU's result; a refused request is answered
@@ -358,6 +372,12 @@ enum Step {
     Continue,
     Interrupted,
     Stop(StopReason),
+}
+
+/// Whether an MMIO address is the signal register (architectures without
+/// port I/O place it in MMIO: `layout::SIGNAL_MMIO`).
+fn is_signal_mmio(addr: u64) -> bool {
+    crate::arch::layout::SIGNAL_MMIO == Some(addr)
 }
 
 /// An MMIO access outside every device and outside RAM.

@@ -3,6 +3,8 @@
 //! RAM starts at 0. A hole below 4 GiB holds MMIO (virtio-mmio devices, the
 //! IOAPIC and LAPIC); RAM that does not fit below the hole continues at 4 GiB.
 
+use crate::arch::{BusKind, LegacyPlace};
+
 /// Start of the MMIO hole below 4 GiB; RAM below it is "low RAM".
 pub const MMIO_HOLE_START: u64 = 0xC000_0000;
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
@@ -16,13 +18,26 @@ pub const VIRTIO_MMIO_MAX: usize = 16;
 /// serial), so devices use 5..=20.
 pub const VIRTIO_IRQ_BASE: u32 = 5;
 
-/// Legacy port-I/O devices.
-pub const SERIAL_PORT_BASE: u64 = 0x3f8;
-pub const SERIAL_PORT_LEN: u64 = 8;
-pub const SERIAL_IRQ: u32 = 4;
-pub const I8042_PORT_BASE: u64 = 0x60;
-pub const I8042_PORT_LEN: u64 = 5;
-pub const I8042_IRQ: u32 = 1;
+/// Legacy port-I/O devices: the console UART (COM1) and, for Linux guests,
+/// the i8042 (reboot through it). No RTC device: Linux reads the time from
+/// kvmclock. The signal register is a port ([`spore_abi::signal::SIGNAL_PORT`]),
+/// not MMIO.
+pub const SERIAL: LegacyPlace = LegacyPlace {
+    bus: BusKind::Pio,
+    base: 0x3f8,
+    len: 8,
+    irq: 4,
+};
+pub const I8042: Option<LegacyPlace> = Some(LegacyPlace {
+    bus: BusKind::Pio,
+    base: 0x60,
+    len: 5,
+    irq: 1,
+});
+/// What `spore snapshot inspect` calls the console.
+pub const SERIAL_NAME: &str = "COM1";
+pub const RTC: Option<LegacyPlace> = None;
+pub const SIGNAL_MMIO: Option<u64> = None;
 
 /// IOAPIC and LAPIC addresses (MP table and KVM defaults).
 pub const IOAPIC_ADDR: u64 = 0xFEC0_0000;

@@ -1,5 +1,5 @@
 //! VM-wide KVM state for snapshots: the in-kernel PICs and IOAPIC, the PIT
-//! and the kvmclock. Per-vCPU state is in [`crate::arch::x86_64::vcpu_state`].
+//! and the kvmclock. Per-vCPU state is in [`super::vcpu_state`].
 
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_CLOCK_REALTIME, KVM_IRQCHIP_IOAPIC,
@@ -71,6 +71,11 @@ impl VmState {
             clock,
             advance_to_realtime: false,
         })
+    }
+
+    /// Whether the VM had an in-kernel irqchip (a restore must make one).
+    pub fn has_irqchip(&self) -> bool {
+        !self.irqchips.is_empty()
     }
 
     /// Asks [`VmState::restore`] to advance kvmclock to the host's wall
