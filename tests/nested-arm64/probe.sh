@@ -9,10 +9,12 @@
 # and the smoke's result; exit 0 only if both runs passed.
 #
 # Needs: qemu-system-arm, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-# Debian's arm64 packages (dpkg --add-architecture arm64 is done here when
-# missing). The kernel and busybox debs are cached per version under
-# ${SPORE_CACHE:-/var/cache/spore}/arm64-l1-<kernel package>_<version>/.
-# Not part of `make test` yet: `make probe-arm64`.
+# Debian's arm64 packages. The kernel and busybox come from the nested
+# harness's tests/nested/l1-kernel.sh --arch arm64 (dpkg --add-architecture
+# arm64 is done there when missing), cached per version under
+# ${SPORE_CACHE:-/var/cache/spore}/l1-kernel-<kernel package>_<version>-busybox_<version>-<modset>/.
+# Not part of `make test`: `make probe-arm64`; the aarch64 nested tier built
+# on it is `make test-nested-arm64`.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,44 +22,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../../guest/lib.sh"
 
 timeout_s="${SPORE_ARM64_TIMEOUT:-600}"
-ensure_packages qemu-system-arm gcc-aarch64-linux-gnu libc6-dev-arm64-cross cpio dpkg apt
+ensure_packages qemu-system-arm gcc-aarch64-linux-gnu libc6-dev-arm64-cross cpio
 
-if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    log "adding Debian's arm64 architecture to dpkg (for the arm64 kernel and busybox packages)"
-    dpkg --add-architecture arm64
-    DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
-fi
-resolve() { apt-cache depends linux-image-cloud-arm64:arm64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[^ ]*-cloud-arm64\)\(:arm64\)\?$/\1/p' | head -n1; }
-pkg="$(resolve)"
-if [[ -z $pkg ]]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
-    pkg="$(resolve)"
-fi
-[[ -n $pkg ]] || die "apt cannot resolve linux-image-cloud-arm64:arm64"
-ver="$(apt-cache policy "$pkg:arm64" | sed -n 's/^ *Candidate: //p')"
-bbver="$(apt-cache policy busybox-static:arm64 | sed -n 's/^ *Candidate: //p')"
-[[ -n $ver && $ver != "(none)" && -n $bbver && $bbver != "(none)" ]] || die "no candidate version for $pkg:arm64 or busybox-static:arm64"
-cache="$SPORE_CACHE/arm64-l1-${pkg}_${ver}-busybox_${bbver//:/_}"
-
-if [[ ! -f $cache/vmlinuz || ! -f $cache/busybox ]]; then
-    with_cache_lock "$cache"
-    if [[ ! -f $cache/vmlinuz || ! -f $cache/busybox ]]; then
-        dl="$(mktemp -d "$SPORE_CACHE/.arm64-l1.XXXXXX")"
-        trap 'rm -rf "$dl"' EXIT
-        chmod 0755 "$dl"
-        chown _apt "$dl" 2>/dev/null || true
-        log "apt-get download $pkg:arm64=$ver busybox-static:arm64=$bbver"
-        (cd "$dl" && apt-get download -q "$pkg:arm64=$ver" "busybox-static:arm64=$bbver" >&2)
-        for d in "$dl"/*.deb; do dpkg-deb -x "$d" "$dl/x"; done
-        mkdir -p "$cache.tmp"
-        cp "$(find "$dl/x/boot" -name 'vmlinuz-*' | head -n1)" "$cache.tmp/vmlinuz"
-        cp "$dl/x/bin/busybox" "$cache.tmp/busybox"
-        rm -rf "$cache"
-        mv "$cache.tmp" "$cache"
-        rm -rf "$dl"
-        trap - EXIT
-    fi
-fi
+cache="$("$here/../nested/l1-kernel.sh" --arch arm64 | tail -n1)"
+[[ -f $cache/vmlinuz && -f $cache/busybox ]] || die "l1-kernel.sh --arch arm64 gave no vmlinuz and busybox ($cache)"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/spore-arm64-probe.XXXXXX")"
 qemu_pid=""

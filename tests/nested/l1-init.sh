@@ -1,6 +1,7 @@
 #!/bin/sh
 # /init of the nested harness's L1 VM (Debian cloud kernel under QEMU TCG
-# with SVM). Loads the KVM modules, checks /dev/kvm, runs /scenario, prints
+# with SVM, or with EL2 for arm64). Loads the KVM modules (load-order: none
+# for KVM on arm64, where it is built in), checks /dev/kvm, runs /scenario, prints
 # what the scenario left in $SPORE_OUT as a base64 tar between SPORE-OUT
 # markers (run.sh unpacks it), then powers off.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root TERM=linux
@@ -69,7 +70,12 @@ if [ -c /dev/kvm ]; then
     echo "NESTED-KVM ok (${up}s)"
     # What a scenario may use.
     export SPORE=/bin/spore
-    export GUEST_KERNEL=/guest/vmlinux GUEST_BZIMAGE=/guest/bzImage GUEST_INITRD=/guest/initramfs.cpio
+    if [ -f /guest/Image ]; then
+        # arm64 (run.sh --arch arm64): an Image, no bzImage.
+        export GUEST_KERNEL=/guest/Image GUEST_INITRD=/guest/initramfs.cpio
+    else
+        export GUEST_KERNEL=/guest/vmlinux GUEST_BZIMAGE=/guest/bzImage GUEST_INITRD=/guest/initramfs.cpio
+    fi
     export SPORE_OUT=/out
     mkdir -p /out
     cd /tmp || exit 1
@@ -88,7 +94,7 @@ if [ -c /dev/kvm ]; then
     fi
 else
     echo "NESTED-KVM fail: no /dev/kvm after loading $(tr '\n' ' ' </lib/modules/load-order)"
-    dmesg | grep -i -E 'kvm|svm' | tail -n 20
+    dmesg | grep -i -E 'kvm|svm|started at EL' | tail -n 20
 fi
 
 read -r up _ </proc/uptime

@@ -12,6 +12,10 @@ L1 boots with `nokaslr`, so a RIP is the same kernel address from run to run
 (Debian's cloud kernel ships no System.map to name it here; its
 linux-image-*-dbg package has one). Prints what it could get and exits 0; a
 monitor that does not answer is said in one line.
+
+An arm64 L1 (run.sh --arch arm64) has no RIP/CPL/HLT: each vCPU is shown
+with its PC and exception level (EL2 with VHE is L1's kernel; EL1 or EL0
+under it is an L2 guest), then the same full register dump.
 """
 import re
 import socket
@@ -57,11 +61,15 @@ def main():
     # A CPU inside VMRUN shows the L2 guest's registers (its ring 0 is L2's
     # kernel then, not L1's).
     print("QEMU-STATE: each vCPU (a CPU running L2 shows L2's registers)")
-    for cpu, (rip, cpl, hlt) in enumerate(
-        re.findall(r"RIP=([0-9a-f]+).*?CPL=(\d).*?HLT=(\d)", regs, re.S)
-    ):
+    x86 = re.findall(r"RIP=([0-9a-f]+).*?CPL=(\d).*?HLT=(\d)", regs, re.S)
+    for cpu, (rip, cpl, hlt) in enumerate(x86):
         state = "halted, waiting for an interrupt" if hlt == "1" else "running"
         print(f"QEMU-STATE: CPU {cpu}: {state}, RIP {int(rip, 16):#x} CPL {cpl}")
+    if not x86:
+        # aarch64: " PC=<hex> X00=..." and "PSTATE=<hex> <flags> EL<n><h|t>".
+        arm = re.findall(r"\bPC=([0-9a-f]+).*?PSTATE=[0-9a-f]+ \S+ EL(\d)([ht])", regs, re.S)
+        for cpu, (pc, el, sp) in enumerate(arm):
+            print(f"QEMU-STATE: CPU {cpu}: PC {int(pc, 16):#x} EL{el}{sp}")
     print("QEMU-STATE: info registers -a")
     print(regs.strip())
     return 0

@@ -8,9 +8,16 @@
 #       L2: spore guest (guest/build-kernel.sh, guest/build-initramfs.sh)
 #           run by the spore binary given with --spore
 #
+# --arch arm64 (issue 15) runs the same stack for aarch64: QEMU TCG
+# `-machine virt,virtualization=on,gic-version=3 -cpu max` (EL2, so L1's KVM
+# runs in VHE mode), Debian's arm64 cloud kernel (KVM built in) with
+# busybox-static:arm64 (both from l1-kernel.sh --arch arm64), the arm64 guest
+# (build-kernel.sh/build-initramfs.sh --arch arm64), and a static aarch64 spore.
+#
 # A scenario is a busybox sh script run as root in L1 with
 #   SPORE=/bin/spore  GUEST_KERNEL=/guest/vmlinux  GUEST_BZIMAGE=/guest/bzImage
 #   GUEST_INITRD=/guest/initramfs.cpio  SPORE_OUT=/out  (cwd /tmp)
+# (arm64: GUEST_KERNEL=/guest/Image, the arm64 Image; no GUEST_BZIMAGE).
 # It reports results as lines `SPORE-TEST <name> PASS|FAIL|SKIP [detail]`
 # (from L1 or relayed from an L2 console). Files it leaves in $SPORE_OUT come
 # back to --out-dir (base64 tar over the serial console).
@@ -49,14 +56,17 @@ usage: tests/nested/run.sh --scenario FILE [options]
   --quiet                  do not stream the serial console to stdout
   --mode auto|qemu|direct  direct: run the scenario on this host, without QEMU
                            (needs a KVM that runs Linux guests: kvm_intel or
-                           kvm_amd, not kvm_pvm); auto (default) picks direct
-                           on such a host and qemu elsewhere
+                           kvm_amd, not kvm_pvm; arm64: an aarch64 host with
+                           /dev/kvm); auto (default) picks direct on such a
+                           host and qemu elsewhere
+  --arch x86_64|arm64      the L1 and L2 architecture (default x86_64); arm64
+                           needs a static aarch64 spore (make static-arm64)
 USAGE
     exit 2
 }
 
 scenario="" spore="" guest_scenario="" out_dir="" log_file="" append=""
-timeout_s=900 stall_s=300 memory=3072 smp=2 quiet=0 mode=auto scratch_mib="" scratch_dir=""
+timeout_s=900 stall_s=300 memory=3072 smp=2 quiet=0 mode=auto scratch_mib="" scratch_dir="" arch=x86_64
 guest_files=() l1_files=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -75,6 +85,7 @@ while [[ $# -gt 0 ]]; do
     --append) append="${2:?}"; shift 2 ;;
     --quiet) quiet=1; shift ;;
     --mode) mode="${2:?}"; shift 2 ;;
+    --arch) arch="${2:?}"; shift 2 ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -85,28 +96,53 @@ done
     die "--timeout, --stall-timeout, --memory and --smp take whole numbers"
 [[ -z $scratch_mib || $scratch_mib =~ ^[0-9]+$ ]] || die "--scratch-disk takes MIB[:DIR]"
 [[ -z $scratch_dir || -d $scratch_dir ]] || die "--scratch-disk: no directory $scratch_dir"
+# arch_args: passed on to the asset scripts (none for x86_64, as before --arch).
+case $arch in
+x86_64 | amd64) arch=x86_64 arch_args=() musl_target=x86_64-unknown-linux-musl ;;
+arm64 | aarch64) arch=arm64 arch_args=(--arch arm64) musl_target=aarch64-unknown-linux-musl ;;
+*) die "--arch takes x86_64 or arm64" ;;
+esac
 # A KVM that runs Linux guests itself (hardware virtualization) needs no QEMU.
 native_kvm() {
+    if [[ $arch == arm64 ]]; then
+        [[ $(uname -m) == aarch64 && -c /dev/kvm ]]
+        return
+    fi
     [[ -c /dev/kvm && ! -d /sys/module/kvm_pvm ]] &&
         { [[ -d /sys/module/kvm_intel ]] || [[ -d /sys/module/kvm_amd ]]; }
 }
 case $mode in
 auto) if native_kvm; then mode=direct; else mode=qemu; fi ;;
 qemu) ;;
-direct) native_kvm || die "--mode direct needs kvm_intel or kvm_amd on this host" ;;
+direct)
+    if [[ $arch == arm64 ]]; then
+        native_kvm || die "--mode direct --arch arm64 needs an aarch64 host with /dev/kvm"
+    else
+        native_kvm || die "--mode direct needs kvm_intel or kvm_amd on this host"
+    fi
+    ;;
 *) die "--mode takes auto, qemu or direct" ;;
 esac
 if [[ -n $spore ]]; then
     [[ -x $spore ]] || die "spore binary not found or not executable: $spore"
     spore="$(realpath "$spore")"
+    # An x86 spore cannot run in an arm64 L1 (or guest-side helpers): refuse
+    # it here rather than as an exec format error in L1.
+    if [[ $arch == arm64 ]]; then
+        machine="$(LC_ALL=C readelf -h "$spore" 2>/dev/null | sed -n 's/^ *Machine: *//p')"
+        [[ $machine == AArch64 ]] ||
+            die "$spore is not an aarch64 binary (readelf -h Machine: ${machine:-not an ELF file}); --arch arm64 needs a static $musl_target spore (make static-arm64)"
+    fi
     # L1 has no C library: a dynamically linked spore cannot start there.
     if [[ $mode == qemu ]] && LC_ALL=C readelf -l "$spore" 2>/dev/null | grep -q 'Requesting program interpreter'; then
-        die "$spore is dynamically linked; build it for x86_64-unknown-linux-musl"
+        die "$spore is dynamically linked; build it for $musl_target"
     fi
 fi
 [[ -z $guest_scenario || -f $guest_scenario ]] || die "guest scenario not found: $guest_scenario"
 
-if [[ $mode == qemu ]]; then
+if [[ $mode == qemu && $arch == arm64 ]]; then
+    ensure_packages qemu-system-arm busybox-static cpio binutils python3
+elif [[ $mode == qemu ]]; then
     ensure_packages qemu-system-x86 busybox-static cpio binutils
 else
     ensure_packages busybox-static cpio
@@ -125,18 +161,22 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# --- assets (each cached by content)
-vmlinux="$("$repo/guest/build-kernel.sh" | tail -n1)"
-bzimage="$(dirname "$vmlinux")/bzImage"
-[[ -f $bzimage ]] || die "no bzImage beside $vmlinux"
+# --- assets (each cached by content). arm64: the kernel is an Image, and
+# there is no bzImage.
+guest_kernel="$("$repo/guest/build-kernel.sh" "${arch_args[@]}" | tail -n1)"
+bzimage=""
+if [[ $arch == x86_64 ]]; then
+    bzimage="$(dirname "$guest_kernel")/bzImage"
+    [[ -f $bzimage ]] || die "no bzImage beside $guest_kernel"
+fi
 # The scenarios' shared helpers, at the same path in L1 and in the L2 guest.
 scenario_lib="$here/scenarios/lib.sh:/lib/spore/scenario-lib.sh"
 gspecs=("${guest_files[@]}" "$scenario_lib")
 [[ -n $guest_scenario ]] && gspecs+=("$guest_scenario:/scenario")
-guest_initrd="$("$repo/guest/build-initramfs.sh" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
+guest_initrd="$("$repo/guest/build-initramfs.sh" "${arch_args[@]}" "$work/guest.cpio" "${gspecs[@]}" | tail -n1)"
 l1_modules=()
 [[ -n $scratch_mib ]] && l1_modules=(virtio_pci virtio_blk)
-l1="$("$here/l1-kernel.sh" "${l1_modules[@]}" | tail -n1)"
+l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 
 # --- direct: the scenario runs on this host with the same environment an L1
 # gives it (files under $SPORE_ROOT instead of /, scratch in $SPORE_TMP).
@@ -155,8 +195,9 @@ run_direct() {
     {
         echo "NESTED-KVM ok (direct, $(uname -r))"
         (
+            if [[ -n $bzimage ]]; then export GUEST_BZIMAGE="$bzimage"; else unset GUEST_BZIMAGE; fi
             cd "$work/tmp" &&
-                SPORE="$spore" GUEST_KERNEL="$vmlinux" GUEST_BZIMAGE="$bzimage" GUEST_INITRD="$guest_initrd" \
+                SPORE="$spore" GUEST_KERNEL="$guest_kernel" GUEST_INITRD="$guest_initrd" \
                     SPORE_OUT="$work/out" SPORE_ROOT="$root" SPORE_TMP="$work/tmp" SPORE_SCRATCH="$scratch" \
                     timeout --kill-after=10 "$timeout_s" sh "$scenario"
         )
@@ -181,12 +222,20 @@ else
 log "building L1 initramfs"
 root="$work/l1root"
 populate_busybox_root "$root"
+# arm64: the applet links are the host's busybox-static's (the same Debian
+# version builds the same applets), the binary is busybox-static:arm64's.
+[[ $arch == arm64 ]] && install -m 0755 "$l1/busybox" "$root/bin/busybox"
 install -m 0755 "$here/l1-init.sh" "$root/init"
 install -m 0755 "$scenario" "$root/scenario"
 mkdir -p "$root/lib/modules" "$root/guest"
-cp "$l1"/modules/*.ko "$l1/load-order" "$root/lib/modules/"
-cp "$vmlinux" "$root/guest/vmlinux"
-cp "$bzimage" "$root/guest/bzImage"
+cp "$l1/load-order" "$root/lib/modules/"
+find "$l1/modules" -name '*.ko' -exec cp -t "$root/lib/modules/" {} +
+if [[ $arch == arm64 ]]; then
+    cp "$guest_kernel" "$root/guest/Image"
+else
+    cp "$guest_kernel" "$root/guest/vmlinux"
+    cp "$bzimage" "$root/guest/bzImage"
+fi
 cp "$guest_initrd" "$root/guest/initramfs.cpio"
 [[ -n $spore ]] && install -m 0755 "$spore" "$root/bin/spore"
 for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
@@ -210,7 +259,11 @@ if [[ -n $scratch_mib ]]; then
 fi
 
 # --- run
-log "booting L1 under QEMU TCG+SVM (timeout ${timeout_s}s, log $log_file)"
+if [[ $arch == arm64 ]]; then
+    log "booting the arm64 L1 under QEMU TCG with EL2 (timeout ${timeout_s}s, log $log_file)"
+else
+    log "booting L1 under QEMU TCG+SVM (timeout ${timeout_s}s, log $log_file)"
+fi
 start=$EPOCHREALTIME
 # no_timer_check: on a loaded host, TCG is too slow for L1's check that the
 # timer interrupt works, and L1 panicked ("IO-APIC + timer doesn't work").
@@ -222,6 +275,15 @@ qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp
     -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
     -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
     -append "console=ttyS0 quiet panic=-1 no_timer_check nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
+# arm64: the machine of tests/nested-arm64/probe.sh (EL2 for L1's KVM,
+# GICv3); its console is the PL011, ttyAMA0.
+if [[ $arch == arm64 ]]; then
+    # shellcheck disable=SC2054 # the commas are QEMU option syntax
+    qemu=(qemu-system-aarch64 -machine virt,accel=tcg,virtualization=on,gic-version=3 -cpu max -m "$memory" -smp "$smp"
+        -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
+        -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
+        -append "console=ttyAMA0 quiet panic=-1 nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
+fi
 : >"$log_file"
 # QEMU runs in the background so the timeout can kill exactly it.
 "${qemu[@]}" </dev/null >"$log_file" 2>&1 &
