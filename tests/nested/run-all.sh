@@ -48,7 +48,7 @@ while (($#)); do
         --only) only="${2:?}"; shift 2 ;;
         --arch) arch="${2:?}"; shift 2 ;;
         *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux]
-       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|l1-kvm]" ;;
+       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|clone|virtio-mem|bad-input|l1-kvm]" ;;
     esac
 done
 # arch_args go to run.sh (none for x86_64, as before --arch); log_prefix
@@ -126,6 +126,37 @@ if [[ $arch == arm64 ]]; then
     a64="$repo/tests/nested-arm64/scenarios"
     run_one boot --scenario "$a64/boot.sh" --guest-scenario "$a64/guest/boot.sh" \
         --out-dir "$work/out-${log_prefix}boot"
+    # The x86 tier's scenarios, unchanged: they drive spore through its API
+    # and CLI and the guest through vsock and the signal register, none of
+    # which differs by architecture.
+    run_one foundation --scenario "$here/scenarios/foundation.sh" \
+        --guest-scenario "$here/scenarios/guest/foundation.sh" \
+        --file "$work/ro.img:/disks/ro.img" --file "$work/data.sha256:/disks/data.sha256" \
+        --out-dir "$work/out-${log_prefix}foundation"
+    run_one snapshot --scenario "$here/scenarios/snapshot.sh" \
+        --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-${log_prefix}snapshot"
+    run_one snapshot-diff --timeout 400 --scenario "$here/scenarios/snapshot-diff.sh" \
+        --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-${log_prefix}snapshot-diff"
+    run_one clone --scenario "$here/scenarios/clone.sh" \
+        --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-${log_prefix}clone"
+    run_one virtio-mem --memory 4096 --scenario "$here/scenarios/virtio-mem.sh" \
+        --guest-scenario "$here/scenarios/guest/virtio-mem.sh" --out-dir "$work/out-${log_prefix}virtio-mem"
+    if [[ -z $only || $only == bad-input ]]; then
+        bad_files=(--file "$(dirname "$("$repo/guest/build-kernel.sh" | tail -n1)")/bzImage:/x86/bzImage")
+        # A snapshot taken on x86_64: the snaptest unikernel's snapshot point,
+        # written by the host's x86 spore on its KVM (make build uk).
+        x86_spore="$repo/target/release/spore" uk="${SPORE_UK_DIR:-$repo/crates/spore-uk/target/x86_64-unknown-none/release}"
+        if [[ $(uname -m) == x86_64 && -c /dev/kvm && -x $x86_spore && -f $uk/snaptest ]]; then
+            mkdir -p "$work/x86snap"
+            "$x86_spore" run --mem 32M --kernel "$uk/snaptest" --cmdline "mib=1 rounds=1 point=1" \
+                --guest-snapshot-dir "$work/x86snap" --guest-snapshot-after exit >/dev/null ||
+                die "the host's spore could not take the x86 snapshot"
+            bad_files+=(--file "$work/x86snap/tag-1.state:/x86/tag-1.state" --file "$work/x86snap/tag-1.mem:/x86/tag-1.mem")
+        else
+            log "bad-input: no x86 snapshot (needs an x86_64 host with /dev/kvm, make build uk)"
+        fi
+        run_one bad-input --scenario "$a64/bad-input.sh" "${bad_files[@]}"
+    fi
     if [[ $only == l1-kvm ]]; then
         # Opt-in: the harness alone (no spore needed to pass).
         run_one l1-kvm --scenario "$a64/l1-kvm.sh"
