@@ -48,7 +48,7 @@ while (($#)); do
         --only) only="${2:?}"; shift 2 ;;
         --arch) arch="${2:?}"; shift 2 ;;
         *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux]
-       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|clone|virtio-mem|bad-input|l1-kvm]" ;;
+       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|chain|clone|virtio-mem|bad-input|l1-kvm]" ;;
     esac
 done
 # arch_args go to run.sh (none for x86_64, as before --arch); log_prefix
@@ -137,6 +137,8 @@ if [[ $arch == arm64 ]]; then
         --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-${log_prefix}snapshot"
     run_one snapshot-diff --timeout 400 --scenario "$here/scenarios/snapshot-diff.sh" \
         --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-${log_prefix}snapshot-diff"
+    run_one chain --scenario "$a64/chain.sh" \
+        --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "$work/out-${log_prefix}chain"
     run_one clone --scenario "$here/scenarios/clone.sh" \
         --guest-scenario "$here/scenarios/guest/clone.sh" --out-dir "$work/out-${log_prefix}clone"
     run_one virtio-mem --memory 4096 --scenario "$here/scenarios/virtio-mem.sh" \
