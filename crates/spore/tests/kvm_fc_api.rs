@@ -6,6 +6,8 @@
 //! the MMDS data store with its size limits (`spore vmm` and `firecracker
 //! --mmds-size-limit --metadata`), `GET /vm/config` after run-time changes,
 //! and the snapshot-load overrides (`network_overrides`, `clock_realtime`).
+//! x86_64 only, as the unikernel it boots and the CPU templates it checks.
+#![cfg(target_arch = "x86_64")]
 
 mod common;
 

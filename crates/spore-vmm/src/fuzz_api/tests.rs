@@ -370,7 +370,6 @@ mod seeds {
     }
 
     fn snapshot_parts() -> (Manifest, Vec<u8>) {
-        use crate::arch::x86_64::vm_state::VmState;
         use crate::arch::GuestKind;
         use crate::config::{MachineConfig, VmConfig};
         let config = VmConfig {
@@ -381,31 +380,13 @@ mod seeds {
             },
             ..Default::default()
         };
-        let vcpu = crate::arch::x86_64::vcpu_state::VcpuState {
-            id: 0,
-            cpuid: Vec::new(),
-            regs: Default::default(),
-            sregs: Default::default(),
-            xsave: Default::default(),
-            xcrs: Default::default(),
-            msrs: Vec::new(),
-            lapic: None,
-            mp_state: Default::default(),
-            events: Default::default(),
-            debug_regs: Default::default(),
-            tsc_khz: None,
-        };
+        let (vcpus, vm) = crate::arch::empty_state(1);
         let state = MicrovmState {
             config_json: serde_json::to_string(&config).unwrap(),
             kind: GuestKind::Unikernel,
             mem_size: 16 << 20,
-            vm: VmState {
-                irqchips: Vec::new(),
-                pit: None,
-                clock: Default::default(),
-                advance_to_realtime: false,
-            },
-            vcpus: vec![vcpu],
+            vm,
+            vcpus,
             devices: Default::default(),
             generation: 0,
             signal_results: vec![0],

@@ -546,23 +546,6 @@ mod tests {
     use format::encode;
     use std::fs::File;
 
-    fn vcpu() -> VcpuState {
-        VcpuState {
-            id: 0,
-            cpuid: Vec::new(),
-            regs: Default::default(),
-            sregs: Default::default(),
-            xsave: Default::default(),
-            xcrs: Default::default(),
-            msrs: Vec::new(),
-            lapic: None,
-            mp_state: Default::default(),
-            events: Default::default(),
-            debug_regs: Default::default(),
-            tsc_khz: None,
-        }
-    }
-
     /// Writes a state file for a 1-vCPU, `mib` MiB guest; `vcpus_in_manifest`
     /// lets a test make the manifest disagree with the state. Returns the
     /// snapshot id.
@@ -575,17 +558,13 @@ mod tests {
             },
             ..Default::default()
         };
+        let (vcpus, vm) = crate::arch::empty_state(1);
         let state = MicrovmState {
             config_json: serde_json::to_string(&config).unwrap(),
             kind: GuestKind::Unikernel,
             mem_size: mib << 20,
-            vm: VmState {
-                irqchips: Vec::new(),
-                pit: None,
-                clock: Default::default(),
-                advance_to_realtime: false,
-            },
-            vcpus: vec![vcpu()],
+            vm,
+            vcpus,
             devices: Default::default(),
             generation: 0,
             signal_results: vec![0],

@@ -150,3 +150,20 @@ pub fn restore_state(
     irqchip.gic.restore(&vm.gic, &mpidrs)?;
     Ok(())
 }
+
+/// The CPU state of a VM that never ran, for tests that write state files.
+#[cfg(test)]
+pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
+    let vcpu = || VcpuState {
+        regs: Vec::new(),
+        mp_state: 0,
+    };
+    let gic = GicState {
+        version: super::fdt::GicVersion::V3,
+        nr_irqs: 32 + super::layout::GIC_NR_SPIS,
+        dist: Vec::new(),
+        spi_levels: Vec::new(),
+        vcpus: Vec::new(),
+    };
+    ((0..vcpus).map(|_| vcpu()).collect(), VmState { gic })
+}

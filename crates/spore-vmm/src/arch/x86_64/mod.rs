@@ -16,6 +16,8 @@ pub mod vcpu_state;
 pub mod vm_state;
 
 pub use boot::{detect_unikernel, load_kernel, BootError, DEFAULT_LINUX_CMDLINE};
+#[cfg(test)]
+pub use platform::empty_state;
 pub use platform::{
     create_irqchip, create_platform_timer, init_vcpu, on_pause, prepare_vm, restore_state,
     save_state, Irqchip, PlatformError, StateError, NAME, UNIKERNEL_SUPPORTED,

@@ -146,3 +146,29 @@ pub fn restore_state(
     vm.restore(vm_fd)?;
     Ok(())
 }
+
+/// The CPU state of a VM that never ran, for tests that write state files.
+#[cfg(test)]
+pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
+    let vcpu = |id| VcpuState {
+        id,
+        cpuid: Vec::new(),
+        regs: Default::default(),
+        sregs: Default::default(),
+        xsave: Default::default(),
+        xcrs: Default::default(),
+        msrs: Vec::new(),
+        lapic: None,
+        mp_state: Default::default(),
+        events: Default::default(),
+        debug_regs: Default::default(),
+        tsc_khz: None,
+    };
+    let vm = VmState {
+        irqchips: Vec::new(),
+        pit: None,
+        clock: Default::default(),
+        advance_to_realtime: false,
+    };
+    ((0..vcpus).map(|id| vcpu(id as u8)).collect(), vm)
+}
