@@ -197,6 +197,17 @@ test-nested-arm64: deps-nested static-arm64 build uk
 # (a cold kernel: 11 CPU-minutes, about 6 minutes on 2 idle cores); prints
 # their paths.
 ARM64_INITRAMFS ?= $(CURDIR)/target/guest-arm64/initramfs.cpio
+# Issue 15's benchmark: boot to init, restore to the first reply, clone to its
+# vCPUs' start and first reply, on both tiers (x86 then arm64), JSON per arch
+# in $(BENCH_OUT)/bench-arch-{x86_64,arm64}/, the table in $(BENCH_OUT)/bench-arch.md.
+# Not in `make test` (about 10 minutes).
+.PHONY: bench-arch
+bench-arch: deps-nested static static-arm64 build uk
+	SPORE_BENCH_OUT=$(BENCH_OUT)/bench-arch-x86_64 tests/nested/run-all.sh --spore $(STATIC_SPORE) --only bench-arch
+	SPORE_BENCH_OUT=$(BENCH_OUT)/bench-arch-arm64 tests/nested/run-all.sh --arch arm64 --spore $(STATIC_SPORE_ARM64) --only bench-arch
+	tests/nested/bench-arch-table.py $(BENCH_OUT)/bench-arch-x86_64/bench-arch.json \
+	    $(BENCH_OUT)/bench-arch-arm64/bench-arch.json | tee $(BENCH_OUT)/bench-arch.md
+
 .PHONY: guest-arm64
 guest-arm64:
 	@kernel="$$(guest/build-kernel.sh --arch arm64 | tail -n1)"; \

@@ -47,8 +47,8 @@ while (($#)); do
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
         --arch) arch="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux]
-       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|chain|clone|virtio-mem|balloon|net|bad-input|l1-kvm]" ;;
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux|bench-arch]
+       $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|chain|clone|virtio-mem|balloon|net|bad-input|bench-arch|l1-kvm]" ;;
     esac
 done
 # arch_args go to run.sh (none for x86_64, as before --arch); log_prefix
@@ -155,6 +155,11 @@ if [[ $arch == arm64 ]]; then
     run_one net --memory 4096 "${net_append[@]}" \
         --scenario "$here/scenarios/net.sh" \
         --guest-scenario "$here/scenarios/guest/net.sh" --out-dir "$work/out-${log_prefix}net"
+    if [[ $only == bench-arch ]]; then
+        # A benchmark, opt-in (make bench-arch): the same figures as the x86 tier's.
+        run_one bench-arch --scenario "$here/scenarios/bench-arch.sh" \
+            --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-${log_prefix}bench-arch}"
+    fi
     if [[ -z $only || $only == bad-input ]]; then
         bad_files=(--file "$(dirname "$("$repo/guest/build-kernel.sh" | tail -n1)")/bzImage:/x86/bzImage")
         # A snapshot taken on x86_64: the snaptest unikernel's snapshot point,
@@ -206,6 +211,11 @@ if [[ -z $only || $only == fc-sdk ]]; then
     run_one fc-sdk --scenario "$here/scenarios/fc-sdk.sh" \
         --guest-scenario "$here/scenarios/guest/fc-sdk.sh" --file "$fc_sdk_bin:/bin/fc-sdk" \
         --out-dir "$work/out-fc-sdk"
+fi
+if [[ $only == bench-arch ]]; then
+    # A benchmark, opt-in (make bench-arch): the same figures as the arm64 tier's.
+    run_one bench-arch --scenario "$here/scenarios/bench-arch.sh" \
+        --guest-scenario "$here/scenarios/guest/snapshot.sh" --out-dir "${SPORE_BENCH_OUT:-$work/out-bench-arch}"
 fi
 if [[ $only == snapshot-diff ]]; then
     # Opt-in: in 1 of about 18 runs the L1 kernel soft-locked in the VMM process

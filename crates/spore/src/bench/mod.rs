@@ -127,9 +127,11 @@ fn boot(a: BootArgs) -> anyhow::Result<u8> {
                     "--kernel".into(),
                     k.display().to_string(),
                     "--cmdline".into(),
-                    "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux \
-                     i8042.dumbkbd spore.bench=1"
-                        .into(),
+                    // The architecture's default console and reboot settings.
+                    format!(
+                        "{} quiet spore.bench=1",
+                        spore_vmm::builder::DEFAULT_LINUX_CMDLINE
+                    ),
                 ];
                 if let Some(i) = &a.linux_initrd {
                     v.push("--initrd".into());
