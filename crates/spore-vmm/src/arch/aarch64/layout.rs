@@ -117,4 +117,14 @@ mod tests {
         assert_eq!(hotplug_region_addr(1 << 30), 3 << 30);
         assert_eq!(ram_regions(1 << 30), vec![(RAM_START, 1 << 30)]);
     }
+
+    /// KVM gives a VM made with type 0 (as spore makes them) a 40-bit IPA
+    /// space: the largest boot RAM and virtio-mem region the configuration
+    /// accepts must end below it, or KVM would refuse the memory slot.
+    #[test]
+    fn largest_configuration_fits_the_default_ipa_space() {
+        use crate::config::{MAX_HOTPLUG_MIB, MAX_MEM_MIB};
+        let end = hotplug_region_addr(MAX_MEM_MIB << 20) + (MAX_HOTPLUG_MIB << 20);
+        assert!(end <= 1 << 40, "{end:#x}");
+    }
 }
