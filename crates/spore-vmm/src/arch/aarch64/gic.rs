@@ -595,34 +595,26 @@ impl Gic {
     }
 
     fn get32(&self, group: u32, attr: u64) -> Result<u32, GicError> {
-        let mut value = 0u32;
-        let mut da = kvm_device_attr {
-            group,
-            attr,
-            addr: &mut value as *mut u32 as u64,
-            flags: 0,
-        };
-        // SAFETY: `addr` points at `value`, a live u32, and the 32-bit
-        // groups (registers, NR_IRQS, line levels) write exactly 4 bytes.
-        unsafe { self.fd.get_device_attr(&mut da) }.map_err(|source| GicError::Attr {
-            op: "read",
-            group: group_name(group),
-            attr,
-            source,
-        })?;
-        Ok(value)
+        self.get(group, attr)
     }
 
     fn get64(&self, group: u32, attr: u64) -> Result<u64, GicError> {
-        let mut value = 0u64;
+        self.get(group, attr)
+    }
+
+    /// One attribute read into a `T`: u32 for the 32-bit groups (registers,
+    /// NR_IRQS, line levels), u64 for the CPU system registers — exactly the
+    /// sizes KVM writes for them.
+    fn get<T: Copy + Default>(&self, group: u32, attr: u64) -> Result<T, GicError> {
+        let mut value = T::default();
         let mut da = kvm_device_attr {
             group,
             attr,
-            addr: &mut value as *mut u64 as u64,
+            addr: &mut value as *mut T as u64,
             flags: 0,
         };
-        // SAFETY: `addr` points at `value`, a live u64, and the 64-bit
-        // groups (CPU system registers) write exactly 8 bytes.
+        // SAFETY: `addr` points at `value`, a live T as large as what KVM
+        // writes for this group (above).
         unsafe { self.fd.get_device_attr(&mut da) }.map_err(|source| GicError::Attr {
             op: "read",
             group: group_name(group),
