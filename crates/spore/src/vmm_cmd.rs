@@ -37,6 +37,15 @@ pub struct VmmArgs {
     /// `MIB,VCPUS` VM while waiting for the template.
     #[arg(long, value_name = "MIB,VCPUS", requires = "clone_handoff")]
     pub clone_prepare: Option<String>,
+    /// Run as a source VMM's clone factory: fork clone processes on orders
+    /// from this inherited socket (started by the source; not for
+    /// interactive use).
+    #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["config_file", "clone_handoff"])]
+    pub clone_factory: Option<i32>,
+    /// With --clone-factory: where the source's clones go (shown on the
+    /// factory's command line, for `ps` and `spore serve`'s recovery).
+    #[arg(long, value_name = "DIR", hide = true, requires = "clone_factory")]
+    pub clone_dir: Option<PathBuf>,
     /// Enter this network namespace (a file such as `/run/netns/NAME`, as
     /// `ip netns add` makes) before anything else: the VM's taps are then
     /// opened, by name, in that namespace. `spore serve` starts the VMMs of
@@ -63,6 +72,9 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     }
     if let Some(fd) = args.clone_handoff {
         return run_clone(args, fd);
+    }
+    if let Some(fd) = args.clone_factory {
+        return run_factory(args, fd);
     }
     if args.api_sock.is_none() && args.config_file.is_none() {
         bail!("give --api-sock PATH, --config-file FILE, or both");
@@ -134,6 +146,29 @@ fn run_clone(args: VmmArgs, fd: i32) -> anyhow::Result<u8> {
         args.seccomp.setting()?,
     )?;
     host::configure_seccomp(clone_args.seccomp.clone())?;
+    run_cloned_process(clone_args)
+}
+
+/// `--clone-factory FD`: forks clone processes for the source VMM that
+/// started it (`spore_vmm::clone::factory`). Its seccomp set-up is done
+/// once here, for every clone it forks.
+fn run_factory(args: VmmArgs, fd: i32) -> anyhow::Result<u8> {
+    host::configure_seccomp(args.seccomp.setting()?)?;
+    Ok(spore_vmm::clone::factory::serve(
+        fd,
+        &|clone_args| match run_cloned_process(clone_args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("spore: error: {}", crate::one_line(&e));
+                1
+            }
+        },
+    ))
+}
+
+/// A clone process from its arguments, spawned or forked, once seccomp is
+/// configured: restores, runs and serves the clone until it stops.
+fn run_cloned_process(clone_args: ClonedProcessArgs) -> anyhow::Result<u8> {
     let vmm = Arc::new(Vmm::new(
         clone_args.id.clone(),
         VmConfig::default(),

@@ -95,12 +95,23 @@ fn kvm_every_thread_of_a_clone_is_filtered() {
         "the clone died: {}",
         read(&s.path("src.log"))
     );
-    assert_all(pid, 2, &["spore-api", "vcpu"]);
-    assert_all(
-        reaper.source_pid() as u32,
-        2,
-        &["spore-api", "clone-reaper"],
-    );
+    assert_all(pid, 2, &["spore-clone", "spore-api", "vcpu"]);
+    assert_all(reaper.source_pid() as u32, 2, &["spore-api"]);
+    // The clone factory that forked it runs filtered too.
+    let factory = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(") ")?
+                .1
+                .split(' ')
+                .nth(1)?
+                .parse::<u32>()
+                .ok()
+        })
+        .expect("the clone's parent");
+    let cmdline = read(Path::new(&format!("/proc/{factory}/cmdline")));
+    assert!(cmdline.contains("--clone-factory"), "{cmdline:?}");
+    assert_all(factory, 2, &[]);
 }
 
 #[test]

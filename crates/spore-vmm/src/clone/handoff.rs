@@ -98,7 +98,7 @@ pub enum HandoffError {
     Closed,
 }
 
-fn send(
+pub(super) fn send(
     sock: &UnixStream,
     magic: &[u8; 8],
     payload: &[u8],
@@ -117,7 +117,10 @@ fn send(
 }
 
 /// Reads one message; returns the payload and the fds that came with it.
-fn recv(sock: &UnixStream, magic: &[u8; 8]) -> Result<(Vec<u8>, Vec<File>), HandoffError> {
+pub(super) fn recv(
+    sock: &UnixStream,
+    magic: &[u8; 8],
+) -> Result<(Vec<u8>, Vec<File>), HandoffError> {
     let (m, payload, files) = recv_any(sock, &[magic])?;
     debug_assert_eq!(&m, magic);
     Ok((payload, files))

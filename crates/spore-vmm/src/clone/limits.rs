@@ -15,11 +15,14 @@
 //! many clones that do not fork spends exactly one per clone.
 //!
 //! **The host's limit** (`host_max_clones`, or `SPORE_MAX_CLONES_HOST` in
-//! the environment, the lower wins) bounds the `spore vmm --clone-handoff`
-//! processes running on the host, counted in `/proc` when a clone is asked
-//! for (only when a limit is set).
+//! the environment, the lower wins) bounds the clone processes running on
+//! the host (spawned `spore vmm --clone-handoff`, or forked by a clone
+//! factory), counted in `/proc` when a clone is asked for (only when a
+//! limit is set).
 
 use std::path::Path;
+
+use super::factory::{CLONE_COMM, FACTORY_FLAG};
 
 /// The environment variable with a host-wide clone process limit.
 pub const HOST_LIMIT_ENV: &str = "SPORE_MAX_CLONES_HOST";
@@ -63,12 +66,20 @@ pub fn host_limit(configured: Option<u64>) -> Option<(u64, &'static str)> {
     }
 }
 
-/// Whether a NUL-separated command line is a spore clone process's
-/// (`<exe> vmm ... --clone-handoff FD ...`).
-fn is_clone_process(cmdline: &[u8]) -> bool {
+/// Whether a process is a spore clone process, from its NUL-separated
+/// command line and its name (`comm`): a spawned one runs `<exe> vmm ...
+/// --clone-handoff FD ...`; a forked one shows its factory's `<exe> vmm
+/// --clone-factory FD ...` and is named [`CLONE_COMM`] (the factory is not).
+fn is_clone_process(cmdline: &[u8], comm: &[u8]) -> bool {
     let mut args = cmdline.split(|&b| b == 0);
     let _exe = args.next();
-    args.next() == Some(b"vmm") && args.any(|a| a == b"--clone-handoff")
+    if args.next() != Some(b"vmm") {
+        return false;
+    }
+    args.any(|a| {
+        a == b"--clone-handoff"
+            || (a == FACTORY_FLAG.as_bytes() && comm.trim_ascii_end() == CLONE_COMM.as_bytes())
+    })
 }
 
 /// Clone processes running on the host (zombies have no command line and
@@ -84,7 +95,12 @@ pub fn count_clone_processes(proc_root: &Path) -> u64 {
                 .bytes()
                 .all(|b| b.is_ascii_digit())
         })
-        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| is_clone_process(&c)))
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                let comm = std::fs::read(e.path().join("comm")).unwrap_or_default();
+                is_clone_process(&c, &comm)
+            })
+        })
         .count() as u64
 }
 
@@ -165,11 +181,16 @@ mod tests {
             ("13", b"grep\0--clone-handoff\0"),
             ("14", b""),
             ("self", b"spore\0vmm\0--clone-handoff\x004\0"),
+            // A factory, and a clone it forked (named spore-clone).
+            ("15", b"spore\0vmm\0--clone-factory\x003\0--clone-dir\0/r\0"),
+            ("16", b"spore\0vmm\0--clone-factory\x003\0--clone-dir\0/r\0"),
         ] {
             std::fs::create_dir_all(root.join(pid)).unwrap();
             std::fs::write(root.join(pid).join("cmdline"), cmdline).unwrap();
         }
-        assert_eq!(count_clone_processes(&root), 2);
+        std::fs::write(root.join("15").join("comm"), "spore\n").unwrap();
+        std::fs::write(root.join("16").join("comm"), "spore-clone\n").unwrap();
+        assert_eq!(count_clone_processes(&root), 3);
         assert_eq!(count_clone_processes(&root.join("missing")), 0);
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -361,8 +361,7 @@ fn start_clones(
     )
     .ok_or_else(|| CloneError::BadRequest("the clone tree's budget is spent".into()))?;
     // Drop standby processes that died (reaped here).
-    st.standby
-        .retain_mut(|p| matches!(p.child.try_wait(), Ok(None)));
+    st.standby.retain_mut(|p| p.child.running());
     let mut procs: Vec<(CloneProcess, bool)> = Vec::new();
     let result = (|| {
         // Each process gets its template as soon as it exists, so that it

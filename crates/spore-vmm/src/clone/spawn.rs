@@ -3,20 +3,25 @@
 //! command line is [`ClonedProcessArgs`]) and waiting there for its
 //! template ([`super::process`] is what it then does).
 //!
-//! Processes are spawned with `posix_spawn` (std's path when no `pre_exec`
-//! is given), never with `fork()`: a fork would copy the source's page
+//! They are forked by this VMM's clone factory ([`super::factory`]), a
+//! process that maps no guest memory, so a clone skips spore's `execve` and
+//! start-up; with `SPORE_CLONE_FACTORY=off` (or `SPORE_CLONE_EXE` set) each
+//! is spawned with `posix_spawn` (std's path when no `pre_exec` is given).
+//! Never with `fork()` of this process: that would copy the source's page
 //! tables and write-protect its private guest pages, exactly the cost a
 //! template avoids. Each clone gets its own process group, so a terminal's
 //! Ctrl-C to the source does not reach it, and its stdout/stderr (the
 //! guest's serial console) go to `<name>.log` beside its socket.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 
 use super::args::ClonedProcessArgs;
+use super::factory::{self, ForkOrder, ForkedProcess};
 use super::handoff::{recv_ready, Ready};
 use super::{CloneError, READY_TIMEOUT};
 
@@ -26,7 +31,7 @@ pub struct CloneProcess {
     pub socket: PathBuf,
     pub log: PathBuf,
     pub dir: PathBuf,
-    pub child: Child,
+    pub child: ProcessHandle,
     /// The source's end of the handoff socket.
     pub sock: UnixStream,
     /// The template it restored a clone of ahead (waiting for a go).
@@ -73,7 +78,7 @@ pub fn clone_exe() -> Result<(PathBuf, PathBuf), CloneError> {
     }
 }
 
-fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
+pub(super) fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
     let flags = if inherit { 0 } else { libc::FD_CLOEXEC };
     // SAFETY: fcntl on an fd we own.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, flags) } < 0 {
@@ -98,12 +103,32 @@ pub fn spawn(
     let log = dir.join(format!("{name}.log"));
     let out = crate::files::create_private(&log).map_err(io("create a clone log"))?;
     let err = out.try_clone().map_err(io("create a clone log"))?;
+    let marks_file = marks.then(|| dir.join(format!("{name}.marks.json")));
+    if factory::enabled() {
+        let order = ForkOrder {
+            api_sock: socket.clone(),
+            id: name.to_string(),
+            prepare,
+            marks_file,
+        };
+        let forked = factory::fork_clone(&order, &theirs, &out, dir)?;
+        return Ok(CloneProcess {
+            name: name.to_string(),
+            socket,
+            log,
+            dir: dir.to_path_buf(),
+            child: ProcessHandle::Forked(forked),
+            sock,
+            prestarted: None,
+            prepared_for: prepare,
+        });
+    }
     let args = ClonedProcessArgs {
         api_sock: socket.clone(),
         id: name.to_string(),
         handoff_fd: theirs.as_raw_fd(),
         prepare,
-        marks_file: marks.then(|| dir.join(format!("{name}.marks.json"))),
+        marks_file,
         seccomp: crate::seccomp::setting(),
     };
     let mut cmd = Command::new(&exe);
@@ -129,7 +154,7 @@ pub fn spawn(
         socket,
         log,
         dir: dir.to_path_buf(),
-        child,
+        child: ProcessHandle::Spawned(child),
         sock,
         prestarted: None,
         prepared_for: prepare,
@@ -159,8 +184,7 @@ impl CloneProcess {
 
     /// Stops a clone that failed or is no longer wanted.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill_and_wait();
         let _ = std::fs::remove_file(&self.socket);
     }
 
@@ -170,11 +194,20 @@ impl CloneProcess {
     /// to end too, unless clones outlive their source).
     pub fn detach(self) -> u32 {
         let CloneProcess {
-            mut child,
-            name,
-            sock,
-            ..
+            child, name, sock, ..
         } = self;
+        let mut child = match child {
+            ProcessHandle::Spawned(c) => c,
+            ProcessHandle::Forked(f) => {
+                let pid = f.pid;
+                watch_detached(Detached {
+                    name,
+                    process: f,
+                    _sock: sock,
+                });
+                return pid;
+            }
+        };
         let pid = child.id();
         let _ = crate::seccomp::spawn(
             crate::seccomp::ThreadKind::Vmm,
@@ -189,4 +222,108 @@ impl CloneProcess {
         );
         pid
     }
+}
+
+/// A clone process: spawned (this process's child) or forked by the
+/// factory (watched through its pidfd; the factory reaps it).
+pub enum ProcessHandle {
+    Spawned(Child),
+    Forked(ForkedProcess),
+}
+
+impl ProcessHandle {
+    pub fn id(&self) -> u32 {
+        match self {
+            ProcessHandle::Spawned(c) => c.id(),
+            ProcessHandle::Forked(f) => f.pid,
+        }
+    }
+
+    /// Whether it still runs (a spawned child that ended is reaped here).
+    pub fn running(&mut self) -> bool {
+        match self {
+            ProcessHandle::Spawned(c) => matches!(c.try_wait(), Ok(None)),
+            ProcessHandle::Forked(f) => !pidfd_exited(f, 0),
+        }
+    }
+
+    /// SIGKILL, then waits (a forked one for at most 5 s) until it is gone.
+    pub fn kill_and_wait(&mut self) {
+        match self {
+            ProcessHandle::Spawned(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            ProcessHandle::Forked(f) => {
+                // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        f.pidfd.as_fd().as_raw_fd(),
+                        libc::SIGKILL,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    )
+                };
+                pidfd_exited(f, 5000);
+            }
+        }
+    }
+}
+
+/// Whether the process behind the pidfd has exited, waiting up to
+/// `timeout_ms` for it.
+fn pidfd_exited(f: &ForkedProcess, timeout_ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: f.pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, timeout_ms) > 0 }
+}
+
+/// A forked clone left running: the source's end of its handoff socket is
+/// held until it exits (its cue to end with the source, as for a spawned
+/// one), without a thread per clone.
+struct Detached {
+    name: String,
+    process: ForkedProcess,
+    _sock: UnixStream,
+}
+
+/// The forked clones left running, and the count left after the last sweep.
+static DETACHED: Mutex<(Vec<Detached>, usize)> = Mutex::new((Vec::new(), 0));
+
+/// Adds a clone to [`DETACHED`]; drops those that exited once the list has
+/// doubled since the last sweep (one `poll` over all of them: amortized
+/// constant work per clone, however many a request starts).
+fn watch_detached(d: Detached) {
+    let mut guard = DETACHED.lock().unwrap_or_else(|e| e.into_inner());
+    let (list, after_sweep) = &mut *guard;
+    list.push(d);
+    if list.len() < (*after_sweep * 2).max(64) {
+        return;
+    }
+    let mut pfds: Vec<libc::pollfd> = list
+        .iter()
+        .map(|d| libc::pollfd {
+            fd: d.process.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of its length.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 0) };
+    if n > 0 {
+        let mut exited = pfds.iter().map(|p| p.revents != 0);
+        list.retain(|d| {
+            let gone = exited.next().unwrap_or(false);
+            if gone {
+                tracing::info!("clone {} (pid {}) exited", d.name, d.process.pid);
+            }
+            !gone
+        });
+    }
+    *after_sweep = list.len();
 }

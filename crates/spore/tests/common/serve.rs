@@ -156,6 +156,12 @@ pub fn vmm_pids_under(state_dir: &Path) -> Vec<i32> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        // A clone factory runs no VM; the clones it forked show its command
+        // line and are named spore-clone.
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if cmd.contains(" --clone-factory ") && comm.trim_end() != "spore-clone" {
+            continue;
+        }
         // Zombies have an empty command line and are not running.
         if cmd.contains(" vmm ") && cmd.contains(&marker) {
             out.push(pid);
