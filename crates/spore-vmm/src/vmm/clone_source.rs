@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::channel;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use super::{Inner, Vmm};
 use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
@@ -113,10 +113,25 @@ impl Vmm {
     /// Lets the guest's signal-port `FORK` clone this VM: a thread serves
     /// the forks (the vCPU that signalled parks meanwhile). Without this,
     /// `FORK` fails at once in the guest.
+    /// The thread starts when `guest_fork` is first turned on (a clone,
+    /// which may not fork unless its source grants it, never starts it).
     pub fn enable_guest_fork(self: &Arc<Self>) {
         let (tx, rx) = channel::<(u8, u32)>();
         *lock(&self.fork_tx) = Some(tx);
-        let me: Weak<Vmm> = Arc::downgrade(self);
+        *lock(&self.fork_thread) = Some((rx, Arc::downgrade(self)));
+        if self.guest_fork.load(Ordering::Acquire) {
+            self.start_guest_fork_thread();
+        }
+        if let Some(vm) = self.lock().vm() {
+            self.install_fork_handler(vm);
+        }
+    }
+
+    /// Starts the guest-fork thread if it is wanted and not started yet.
+    fn start_guest_fork_thread(&self) {
+        let Some((rx, me)) = lock(&self.fork_thread).take() else {
+            return;
+        };
         let _ = crate::seccomp::spawn(
             crate::seccomp::ThreadKind::Vmm,
             "guest-fork".into(),
@@ -127,9 +142,6 @@ impl Vmm {
                 }
             },
         );
-        if let Some(vm) = self.lock().vm() {
-            self.install_fork_handler(vm);
-        }
     }
 
     /// Routes the VM's `FORK`s to the guest-fork thread, if there is one,
@@ -160,6 +172,9 @@ impl Vmm {
     /// Turns the guest's `FORK` on or off (the clone config's `guest_fork`).
     pub(super) fn set_guest_fork(&self, on: bool) {
         self.guest_fork.store(on, Ordering::Release);
+        if on {
+            self.start_guest_fork_thread();
+        }
     }
 
     /// One guest `FORK` of `n` clones (0: the configured `fork_count`).

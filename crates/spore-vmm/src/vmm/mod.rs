@@ -40,8 +40,8 @@ mod standby;
 mod tests;
 
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use clone_source::CloneStatus;
 pub use restore::LoadOptions;
@@ -60,17 +60,22 @@ use crate::vm::control::{ControlEvent, RunControl, StopReason};
 pub use crate::vm::NotStarted;
 use crate::vm::{RunState, Vm};
 
+/// The guest-fork thread's inbox and its owner, until the thread starts.
+type PendingForkThread = (Receiver<(u8, u32)>, Weak<Vmm>);
+
 pub struct Vmm {
     id: String,
     control: Arc<RunControl>,
     inner: Mutex<Inner>,
     /// Where guest `FORK`s go (see [`Vmm::enable_guest_fork`]).
     fork_tx: Mutex<Option<Sender<(u8, u32)>>>,
+    /// The guest-fork thread's inbox and owner until the thread starts.
+    fork_thread: Mutex<Option<PendingForkThread>>,
     /// The clone config's `guest_fork`, read on vCPU threads (which must
     /// not take the state lock: a clone under way holds it while pausing).
     guest_fork: Arc<AtomicBool>,
     /// The standby pool's refill thread (see [`Vmm::enable_background_standby`]).
-    standby_refill: Mutex<Option<Arc<standby::StandbyRefill>>>,
+    standby_refill: Mutex<standby::Refill>,
 }
 
 /// Everything a request may read or change, behind the one lock.
@@ -194,8 +199,9 @@ impl Vmm {
                 mmds: Default::default(),
             }),
             fork_tx: Mutex::new(None),
+            fork_thread: Mutex::new(None),
             guest_fork: Arc::new(AtomicBool::new(false)),
-            standby_refill: Mutex::new(None),
+            standby_refill: Mutex::new(standby::Refill::Inline),
         }
     }
 

@@ -40,42 +40,77 @@ impl StandbyRefill {
     }
 }
 
+/// How this VMM refills its standby pool.
+#[derive(Default)]
+pub(super) enum Refill {
+    /// On the thread that asks (before a clone request answers).
+    #[default]
+    Inline,
+    /// On a `standby-refill` thread, started at the first refill that has
+    /// work to do (a clone, whose pool is empty and stays so unless
+    /// configured, never starts it).
+    Lazy(Weak<Vmm>),
+    Running(Arc<StandbyRefill>),
+}
+
+/// Starts the refill thread for `me`.
+fn start_refill_thread(me: Weak<Vmm>) -> Option<Arc<StandbyRefill>> {
+    let (tx, rx) = channel::<()>();
+    let pending = Arc::new((Mutex::new(false), Condvar::new()));
+    let done = pending.clone();
+    crate::seccomp::spawn(
+        crate::seccomp::ThreadKind::Vmm,
+        "standby-refill".into(),
+        move || {
+            while rx.recv().is_ok() {
+                // Requests that came meanwhile are served by this refill.
+                while rx.try_recv().is_ok() {}
+                let Some(vmm) = me.upgrade() else { break };
+                vmm.refill_standby_now();
+                drop(vmm);
+                let (flag, cv) = &*done;
+                *lock(flag) = false;
+                cv.notify_all();
+            }
+        },
+    )
+    .ok()?;
+    Some(Arc::new(StandbyRefill {
+        tx: Mutex::new(tx),
+        pending,
+    }))
+}
+
 impl Vmm {
     /// Moves standby refills to a `standby-refill` thread (without this,
     /// a clone request refills the pool before it answers).
     pub fn enable_background_standby(self: &Arc<Self>) {
-        let (tx, rx) = channel::<()>();
-        let pending = Arc::new((Mutex::new(false), Condvar::new()));
-        let me: Weak<Vmm> = Arc::downgrade(self);
-        let done = pending.clone();
-        let spawned = crate::seccomp::spawn(
-            crate::seccomp::ThreadKind::Vmm,
-            "standby-refill".into(),
-            move || {
-                while rx.recv().is_ok() {
-                    // Requests that came meanwhile are served by this refill.
-                    while rx.try_recv().is_ok() {}
-                    let Some(vmm) = me.upgrade() else { break };
-                    vmm.refill_standby_now();
-                    drop(vmm);
-                    let (flag, cv) = &*done;
-                    *lock(flag) = false;
-                    cv.notify_all();
-                }
-            },
-        );
-        if spawned.is_ok() {
-            *lock(&self.standby_refill) = Some(Arc::new(StandbyRefill {
-                tx: Mutex::new(tx),
-                pending,
-            }));
-        }
+        *lock(&self.standby_refill) = Refill::Lazy(Arc::downgrade(self));
     }
 
     /// Refills the standby pool: on the refill thread if there is one, else
     /// here (the caller holds no lock).
     pub(super) fn refill_standby(&self) {
-        let refill = lock(&self.standby_refill).clone();
+        let wanted = {
+            let inner = self.lock();
+            inner.source.config.standby > 0 || !inner.source.standby.is_empty()
+        };
+        let refill = {
+            let mut r = lock(&self.standby_refill);
+            if let Refill::Lazy(me) = &*r {
+                if !wanted {
+                    return;
+                }
+                *r = match start_refill_thread(me.clone()) {
+                    Some(t) => Refill::Running(t),
+                    None => Refill::Inline,
+                };
+            }
+            match &*r {
+                Refill::Running(t) => Some(t.clone()),
+                _ => None,
+            }
+        };
         match refill {
             Some(r) => r.request(),
             None => self.refill_standby_now(),
@@ -92,7 +127,10 @@ impl Vmm {
 
     /// Waits for a refill under way, if any (before reporting the pool).
     pub(super) fn settle_standby(&self) {
-        let refill = lock(&self.standby_refill).clone();
+        let refill = match &*lock(&self.standby_refill) {
+            Refill::Running(r) => Some(r.clone()),
+            _ => None,
+        };
         if let Some(r) = refill {
             r.settle();
         }
