@@ -208,6 +208,10 @@ vmm_pids() {
     for p in /proc/[0-9]*; do
         case "$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
         *" vmm "*"--api-sock $tmp/s/run/"*) echo "${p#/proc/}" ;;
+        # A clone forked by its zygote's clone factory shows the factory's
+        # command line and is named spore-clone (the factory runs no VM).
+        *" vmm --clone-factory "*"--clone-dir $tmp/s/run/"*)
+            [ "$(cat "$p/comm" 2>/dev/null)" = spore-clone ] && echo "${p#/proc/}" ;;
         esac
     done
 }

@@ -49,6 +49,16 @@ pub const FACTORY_FLAG: &str = "--clone-factory";
 /// compare, or where forking is not wanted).
 pub const FACTORY_ENV: &str = "SPORE_CLONE_FACTORY";
 
+/// Whether a process is a clone factory (which runs no VM), from its
+/// NUL-separated command line and its name (`comm`): the clones it forked
+/// show the same command line but are named [`CLONE_COMM`].
+pub fn is_factory(cmdline: &[u8], comm: &[u8]) -> bool {
+    cmdline
+        .split(|&b| b == 0)
+        .any(|a| a == FACTORY_FLAG.as_bytes())
+        && comm.trim_ascii_end() != CLONE_COMM.as_bytes()
+}
+
 /// A clone process to fork: [`ClonedProcessArgs`] without what the
 /// factory supplies (the handoff fd, the seccomp setting).
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -371,6 +381,14 @@ fn become_clone(factory: &UnixStream, log: &File) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_factory_is_told_from_its_clones_by_name() {
+        let line = b"spore\0vmm\0--clone-factory\x003\0--clone-dir\0/r\0";
+        assert!(is_factory(line, b"spore\n"));
+        assert!(!is_factory(line, b"spore-clone\n"));
+        assert!(!is_factory(b"spore\0vmm\0--api-sock\0/r/s\0", b"spore\n"));
+    }
 
     #[test]
     fn the_name_constant_matches_the_c_string() {

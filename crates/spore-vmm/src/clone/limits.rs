@@ -76,10 +76,12 @@ fn is_clone_process(cmdline: &[u8], comm: &[u8]) -> bool {
     if args.next() != Some(b"vmm") {
         return false;
     }
-    args.any(|a| {
-        a == b"--clone-handoff"
-            || (a == FACTORY_FLAG.as_bytes() && comm.trim_ascii_end() == CLONE_COMM.as_bytes())
-    })
+    let spawned = args.any(|a| a == b"--clone-handoff");
+    let forked = comm.trim_ascii_end() == CLONE_COMM.as_bytes()
+        && cmdline
+            .split(|&b| b == 0)
+            .any(|a| a == FACTORY_FLAG.as_bytes());
+    spawned || forked
 }
 
 /// Clone processes running on the host (zombies have no command line and

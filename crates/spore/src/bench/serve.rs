@@ -396,9 +396,13 @@ fn vmm_pids_under(state: &Path) -> Vec<i32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
-                    c.contains(" vmm ") && c.contains(&marker)
+                .map(|raw| {
+                    // A clone factory runs no VM (its clones share its command line).
+                    let comm = std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+                    let c = String::from_utf8_lossy(&raw).replace('\0', " ");
+                    c.contains(" vmm ")
+                        && c.contains(&marker)
+                        && !spore_vmm::clone::factory::is_factory(&raw, &comm)
                 })
                 .unwrap_or(false)
         })

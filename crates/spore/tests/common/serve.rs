@@ -155,13 +155,12 @@ pub fn vmm_pids_under(state_dir: &Path) -> Vec<i32> {
         let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        // A clone factory runs no VM; the clones it forked show its command
-        // line and are named spore-clone.
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if cmd.contains(" --clone-factory ") && comm.trim_end() != "spore-clone" {
+        // A clone factory runs no VM (the clones it forked share its command line).
+        let comm = std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if spore_vmm::clone::factory::is_factory(&cmd, &comm) {
             continue;
         }
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         // Zombies have an empty command line and are not running.
         if cmd.contains(" vmm ") && cmd.contains(&marker) {
             out.push(pid);
