@@ -180,6 +180,9 @@ fn start(dir: &Path) -> Result<Factory, CloneError> {
     let (exe, exe_name) = super::spawn::clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create the clone factory socket"))?;
+    // A factory that stops answering is replaced, not waited for forever.
+    sock.set_read_timeout(Some(super::READY_TIMEOUT))
+        .map_err(io("create the clone factory socket"))?;
     let mut cmd = Command::new(&exe);
     cmd.arg0(&exe_name)
         .arg("vmm")
