@@ -267,24 +267,24 @@ fn send_forked(sock: &UnixStream, f: &Forked, pidfd: Option<&OwnedFd>) -> Result
 /// Whether the socket has something to read, waiting up to a second (so
 /// that exited children are reaped while no order comes).
 fn wait_readable(sock: &UnixStream) -> std::io::Result<bool> {
+    match poll_readable(sock.as_raw_fd(), 1000) {
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
+        r => r,
+    }
+}
+
+/// Whether `fd` is readable (a pidfd: its process exited), waiting up to
+/// `timeout_ms`.
+pub(super) fn poll_readable(fd: RawFd, timeout_ms: i32) -> std::io::Result<bool> {
     let mut pfd = libc::pollfd {
-        fd: sock.as_raw_fd(),
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
-    match n {
-        0 => Ok(false),
-        n if n > 0 => Ok(true),
-        _ => {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            }
-        }
+    match unsafe { libc::poll(&mut pfd, 1, timeout_ms) } {
+        n if n < 0 => Err(std::io::Error::last_os_error()),
+        n => Ok(n > 0),
     }
 }
 

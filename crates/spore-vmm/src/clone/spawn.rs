@@ -96,13 +96,11 @@ pub fn spawn(
     marks: bool,
     prepare: Option<(u64, u8)>,
 ) -> Result<CloneProcess, CloneError> {
-    let (exe, exe_name) = clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create a handoff socket"))?;
     let socket = dir.join(format!("{name}.sock"));
     let log = dir.join(format!("{name}.log"));
     let out = crate::files::create_private(&log).map_err(io("create a clone log"))?;
-    let err = out.try_clone().map_err(io("create a clone log"))?;
     let marks_file = marks.then(|| dir.join(format!("{name}.marks.json")));
     if factory::enabled() {
         let order = ForkOrder {
@@ -123,6 +121,8 @@ pub fn spawn(
             prepared_for: prepare,
         });
     }
+    let (exe, exe_name) = clone_exe()?;
+    let err = out.try_clone().map_err(io("create a clone log"))?;
     let args = ClonedProcessArgs {
         api_sock: socket.clone(),
         id: name.to_string(),
@@ -232,13 +232,6 @@ pub enum ProcessHandle {
 }
 
 impl ProcessHandle {
-    pub fn id(&self) -> u32 {
-        match self {
-            ProcessHandle::Spawned(c) => c.id(),
-            ProcessHandle::Forked(f) => f.pid,
-        }
-    }
-
     /// Whether it still runs (a spawned child that ended is reaped here).
     pub fn running(&mut self) -> bool {
         match self {
@@ -274,13 +267,7 @@ impl ProcessHandle {
 /// Whether the process behind the pidfd has exited, waiting up to
 /// `timeout_ms` for it.
 fn pidfd_exited(f: &ForkedProcess, timeout_ms: i32) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: f.pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut pfd, 1, timeout_ms) > 0 }
+    factory::poll_readable(f.pidfd.as_raw_fd(), timeout_ms).unwrap_or(false)
 }
 
 /// A forked clone left running: the source's end of its handoff socket is
