@@ -70,7 +70,7 @@ fn kvm_virtio_mem_snapshot_restore_keeps_plugged_memory_and_unplugs() {
     put(
         "/boot-source",
         &format!(
-            r#"{{"kernel_image_path": "{}", "boot_args": "mode=persist size=256 hold_ms=1500"}}"#,
+            r#"{{"kernel_image_path": "{}", "boot_args": "mode=persist size=256 hold_ms=1500 snap_hold_ms=60000"}}"#,
             uk_image("memtest").display()
         ),
     );
@@ -253,7 +253,7 @@ fn kvm_virtio_mem_diff_snapshots_restore_as_a_chain() {
     put(
         "/boot-source",
         &format!(
-            r#"{{"kernel_image_path": "{}", "boot_args": "mode=diff hold_ms=1500"}}"#,
+            r#"{{"kernel_image_path": "{}", "boot_args": "mode=diff snap_hold_ms=60000"}}"#,
             uk_image("memtest").display()
         ),
     );
@@ -277,9 +277,18 @@ fn kvm_virtio_mem_diff_snapshots_restore_as_a_chain() {
     let mut seen = Vec::new();
     expect_line(&rx, "memtest: phase 1", &mut seen);
     let t_full = snapshot_create(&sock, &base.0, &base.1, false, false);
+    // The guest holds at each phase until the requested size moves (the
+    // host's "taken"): a timed hold raced the snapshot on a loaded machine.
+    let release = |mib: u64| {
+        let body = format!(r#"{{"requested_size_mib": {mib}}}"#);
+        let (code, resp) = http(&sock, "PATCH", "/hotplug/memory", Some(&body));
+        assert_eq!(code, 204, "{resp}");
+    };
+    release(66);
     expect_line(&rx, "memtest: verified phase 1", &mut seen);
     expect_line(&rx, "memtest: phase 2", &mut seen);
     let t_d1 = snapshot_create(&sock, &d1.0, &d1.1, true, false);
+    release(68);
     expect_line(&rx, "memtest: verified phase 2", &mut seen);
     expect_line(&rx, "memtest: phase 3", &mut seen);
     let t_d2 = snapshot_create(&sock, &d2.0, &d2.1, true, true);

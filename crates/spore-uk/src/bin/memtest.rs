@@ -21,8 +21,9 @@
 //!   `other=MIB` first gives a second tenant that much, filled and kept (the
 //!   seed's first memory hog: with whole-block tenants nothing of it moves).
 //! - `mode=persist size=MIB`: gives one tenant `size` MiB, writes a pattern
-//!   word in every page, prints `memtest: filled`, holds `hold_ms` (a host
-//!   snapshots the VM here and restores it elsewhere), checks every page
+//!   word in every page, prints `memtest: filled`, holds (a host snapshots
+//!   the VM here and restores it elsewhere: see "Snapshot holds" below),
+//!   checks every page
 //!   (`memtest: verified pages=…`), holds again, frees the tenant (unplug),
 //!   prints `memtest: reclaimed` and holds a third time. The snapshot
 //!   tests' guest: a restored VM must keep its plugged memory and give it
@@ -37,12 +38,16 @@
 //!   writing B. Phase 3 writes C in the first page of block 0, unplugs 32,
 //!   writes B in block 28 and unplugs the whole chunk 28..32 (its KVM slot
 //!   is retired), then re-plugs 3 (writing nothing) and 29 (C in its first
-//!   page). After each phase it prints `memtest: phase N`, holds `hold_ms`
-//!   (a host snapshots the VM here: a full, then diffs), and checks every
+//!   page). After each phase it prints `memtest: phase N`, holds (a host
+//!   snapshots the VM here: a full, then diffs), and checks every
 //!   block of the phase's model (unplugged blocks by STATE; released and
 //!   re-plugged ones read zero where not rewritten: nothing older comes
 //!   back), printing `memtest: verified phase N`. Finally it re-plugs 4, 28
 //!   and 32 (zero) and prints `memtest: diff done`.
+//!
+//! Snapshot holds (persist and diff modes) last `snap_hold_ms` (default
+//! `hold_ms`) at most, and end early when the host moves the requested size
+//! (its "snapshot taken, go on") or in the VM restored from that snapshot.
 //!
 //! Exit codes: 0 ok, 1 a check failed (printed), 2 no virtio-mem device,
 //! 3 the host never set the requested size.
@@ -52,9 +57,11 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, Ordering};
 use spore_uk::blockalloc::BlockAllocator;
 use spore_uk::clock::Instant;
 use spore_uk::println;
+use spore_uk::signal::WaitStatus;
 use spore_uk::virtio::mem::{BlockState, MemError, VirtioMem};
 
 spore_uk::entry!(main);
@@ -140,6 +147,38 @@ fn wait_for_target(mem: &VirtioMem, need: u64) -> bool {
         polls += 1;
     }
     true
+}
+
+/// Holds where a host snapshots the VM. A fixed hold alone races the host
+/// on a loaded machine (the snapshot lands after the guest moved on), so it
+/// also ends early when the host says it is done, by moving the requested
+/// size (a config interrupt wakes the wait), or when this VM turns out to
+/// be the restored copy (the snapshot was taken here; no host snapshots
+/// the copy, so its later holds end at once). `ms` bounds it.
+fn hold_for_snapshot(mem: &VirtioMem, ms: u64) {
+    static RESTORED: AtomicBool = AtomicBool::new(false);
+    if RESTORED.load(Ordering::Relaxed) {
+        return;
+    }
+    let requested = mem.requested_size();
+    let start = Instant::now();
+    let mut left = ms * 1000;
+    while left > 0 {
+        let status = spore_uk::signal::wait_status(left.min(1_000_000) as u32);
+        mem.ack_interrupt();
+        if status == WaitStatus::Restored {
+            RESTORED.store(true, Ordering::Relaxed);
+            return;
+        }
+        if mem.requested_size() != requested {
+            return;
+        }
+        left = match start.elapsed_us() {
+            Some(us) => (ms * 1000).saturating_sub(us),
+            // No TSC frequency: one wait per second asked for.
+            None => left.saturating_sub(1_000_000),
+        };
+    }
 }
 
 fn hold(ms: u64) {
@@ -412,6 +451,7 @@ fn reclaim(mem: VirtioMem) -> i32 {
 fn persist(mem: VirtioMem) -> i32 {
     let size = num("size", 64) * MIB;
     let hold_ms = num("hold_ms", 0);
+    let snap_hold_ms = num("snap_hold_ms", hold_ms);
     if !wait_for_target(&mem, size) {
         println!("memtest: the host never set the requested size");
         return 3;
@@ -441,7 +481,7 @@ fn persist(mem: VirtioMem) -> i32 {
         blocks.len / MIB,
         blocks.addr
     );
-    hold(hold_ms);
+    hold_for_snapshot(alloc.device(), snap_hold_ms);
     for b in 0..blocks.len / bs {
         if let Some(off) = verify(blocks.addr + b * bs, bs, first + b, 7) {
             println!(
@@ -571,7 +611,7 @@ fn diff(mut mem: VirtioMem) -> i32 {
     const BLOCKS: u64 = 34;
     let bs = mem.block_size();
     let base = mem.region_addr();
-    let hold_ms = num("hold_ms", 0);
+    let snap_hold_ms = num("snap_hold_ms", num("hold_ms", 0));
     check!(mem.region_size() >= BLOCKS * bs, "region too small");
     if !wait_for_target(&mem, 32 * bs) {
         println!("memtest: the host never set the requested size");
@@ -595,7 +635,7 @@ fn diff(mut mem: VirtioMem) -> i32 {
             return 1;
         }
         println!("memtest: phase {phase}");
-        hold(hold_ms);
+        hold_for_snapshot(&mem, snap_hold_ms);
         if check_model(&mut mem, &model, phase) != 0 {
             return 1;
         }
