@@ -17,10 +17,10 @@ def load(path):
         sys.exit(f"bench-arch-table: cannot read {path}: {e}")
 
 
-def cell(s):
+def cell(s, unit="ms"):
     if not s:
         return "n/a"
-    return f"{s['median']:,.0f} ms ({s['min']:,.0f}–{s['max']:,.0f})"
+    return f"{s['median']:,.0f} {unit} ({s['min']:,.0f}–{s['max']:,.0f})"
 
 
 def main():
@@ -32,18 +32,19 @@ def main():
         ("snapshot restore (lazy, new process) → first vsock reply", lambda t: t.get("restore_to_first_reply_ms")),
         ("clone: request → clone's vCPUs start", lambda t: t.get("clone_request_to_vcpus_start_ms")),
         ("clone: request → clone's first vsock reply", lambda t: t.get("clone_request_to_first_reply_ms")),
+        ("idle clone: PSS per clone process", lambda t: (t.get("clone_idle_pss_kib") or {}).get("each"), "KiB"),
     ]
     names = [t.get("arch", "?") for t in tiers]
     print(f"| figure | {' | '.join(names)} | {names[1]} / {names[0]} |")
     print("|---|" + "---|" * (len(names) + 1))
-    for label, get in rows:
+    for label, get, *unit in rows:
         vals = [get(t) for t in tiers]
         ratio = (
             f"{vals[1]['median'] / vals[0]['median']:.2f}"
             if all(vals) and vals[0]["median"]
             else "n/a"
         )
-        print(f"| {label} | {' | '.join(cell(v) for v in vals)} | {ratio} |")
+        print(f"| {label} | {' | '.join(cell(v, *unit) for v in vals)} | {ratio} |")
     for t in tiers:
         boot = ((t.get("boot") or {}).get("start_to_first_mark_ms") or {}).get("median")
         rest = (t.get("restore_to_first_reply_ms") or {}).get("median")

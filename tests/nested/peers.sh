@@ -34,12 +34,15 @@ usage: tests/nested/peers.sh [options]
   --machine TEXT           what ran it, for the report (default: "<N>-core
                            <hostname>, nested QEMU TCG")
   --timeout SECS           for the nested run (default 300 + 240 per round)
+  --groups "LIST"          figure groups to run (default "boot snapshot vmem
+                           balloon"; "api" adds the request floor, idle and
+                           with a guest running)
 USAGE
     exit 2
 }
 
 fc="" spore="$repo/target/x86_64-unknown-linux-musl/release/spore" rounds=5 out="$repo/target/bench/peers.json"
-initcall=0 machine="" timeout_s=""
+initcall=0 machine="" timeout_s="" groups="boot snapshot vmem balloon"
 for cand in "$repo/../shared/reference/firecracker/firecracker" /work/shared/reference/firecracker/firecracker; do
     [[ -z $fc && -x $cand ]] && fc="$(realpath "$cand")"
 done
@@ -52,6 +55,7 @@ while (($#)); do
     --initcall-debug) initcall=1; shift ;;
     --machine) machine="${2:?}"; shift 2 ;;
     --timeout) timeout_s="${2:?}"; shift 2 ;;
+    --groups) groups="${2:?}"; shift 2 ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -61,6 +65,8 @@ done
 [[ -x $spore ]] || die "--spore: no executable at '$spore' (make static)"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a whole number >= 1"
 [[ -z $timeout_s || $timeout_s =~ ^[0-9]+$ ]] || die "--timeout takes a whole number"
+[[ $groups =~ ^(boot|snapshot|vmem|balloon|api)( (boot|snapshot|vmem|balloon|api))*$ ]] ||
+    die "--groups takes names among boot snapshot vmem balloon api, separated by spaces"
 timeout_s=${timeout_s:-$((300 + 240 * rounds))}
 machine=${machine:-"$(nproc)-core $(hostname), nested QEMU TCG"}
 ensure_packages musl-tools
@@ -79,7 +85,7 @@ trap 'rm -rf "$work"' EXIT
 
 # peer-tool: static, it runs in L1 (which has no C library).
 musl-gcc -static -O2 -Wall -Wextra -o "$work/peer-tool" "$here/peer-tool.c"
-printf 'ROUNDS=%s\nINITCALL=%s\n' "$rounds" "$initcall" >"$work/peers.conf"
+printf 'ROUNDS=%s\nINITCALL=%s\nGROUPS="%s"\n' "$rounds" "$initcall" "$groups" >"$work/peers.conf"
 
 log "spore ($spore_version) and $fc_version, $rounds rounds (timeout ${timeout_s}s)"
 # The run again from the start (at most twice more) when it broke before the
@@ -134,6 +140,8 @@ FIGURES = [
     ("vmem_unplug2_guest_ms", "the same, second unplug", "ms"),
     ("pause_1g_ms", "PATCH /vm Paused, 1 GiB", "ms"),
     ("api_get_ms", "GET / request → response (the floor of one request)", "ms"),
+    ("api_get_idle_ms", "GET /, no VM yet (median of 10 per round)", "ms"),
+    ("api_get_running_ms", "GET /, a 256 MiB guest running idle (median of 10 per round)", "ms"),
 ]
 ISSUE_ROWS = 13
 VMMS = ("firecracker", "spore")

@@ -6,7 +6,8 @@
 #   first vsock reply; the snapshot is of a booted guest serving commands;
 # - clone: `PUT /clone` → the clone's vCPUs start (the report's start_ns, the
 #   closest the VMM sees to the clone's first instruction), and → its first
-#   vsock reply.
+#   vsock reply;
+# - idle clones: the PSS of each of PSS_CLONES clones, idle after one reply.
 # ROUNDS each (BENCH_ROUNDS, default 5); medians and ranges in
 # $SPORE_OUT/bench-arch.json. A benchmark, not a test: its checks only say
 # that each figure was measured. Every wait is bounded in time.
@@ -84,6 +85,39 @@ else
     echo null >"$tmp/boot.json"
 fi
 
+# pss_kib PID: the process's proportional set size (shared pages split
+# among their mappers), KiB.
+pss_kib() {
+    awk '/^Pss:/ { print $2; exit }' "/proc/$1/smaps_rollup" 2>/dev/null
+}
+# clone_idle_pss: PSS_CLONES (default 8) clones of the source in one
+# request, each answering once, then idle for 3 s: each clone's PSS
+# (issue 16: <= 5 MiB per idle Linux clone).
+clone_pss="" pss_count=${PSS_CLONES:-8}
+clone_idle_pss() {
+    if ! "$SPORE" clone "$api" -n "$pss_count" --dir "$tmp/clones" >"$tmp/pss.json" 2>"$tmp/pss.err"; then
+        t bench-clone-pss FAIL "$(tail -n 2 "$tmp/pss.err")"
+        return
+    fi
+    _pids=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$tmp/pss.json")
+    _answered=0
+    for _name in $(sed -n 's/.*"name": *"\([^"]*\)".*/\1/p' "$tmp/pss.json"); do
+        guest "echo ok" "$tmp/clones/$_name.vsock" 60 >/dev/null && _answered=$((_answered + 1))
+    done
+    sleep 3
+    for _pid in $_pids; do
+        _k=$(pss_kib "$_pid")
+        [ -n "$_k" ] && clone_pss="$clone_pss $_k"
+    done
+    source_pss=$(pss_kib "$vmm")
+    if [ "$_answered" -eq "$pss_count" ] && [ -n "$clone_pss" ]; then
+        t bench-clone-pss PASS "$pss_count idle clones, PSS KiB:$clone_pss (source ${source_pss:-?})"
+    else
+        t bench-clone-pss FAIL "$_answered of $pss_count clones answered; PSS KiB:$clone_pss"
+    fi
+    for _pid in $_pids; do kill "$_pid" 2>/dev/null; done
+}
+
 # --- clone: zygote clones of one source, one per round, each stopped after
 # its first reply. The clone's vsock socket is `<name>.vsock` beside its API
 # socket (the report's "socket").
@@ -111,6 +145,7 @@ if boot_source; then
         n=$((n + 1))
     done
     [ -n "$clone_start" ] && t bench-clone PASS "vCPUs start:$clone_start ms; first reply:$clone_reply ms"
+    clone_idle_pss
 else
     t bench-clone FAIL "source did not boot: $(tail -n 2 "$tmp/vmm.err")"
 fi
@@ -150,6 +185,7 @@ cat >"$SPORE_OUT/bench-arch.json" <<JSON
  "boot":$(cat "$tmp/boot.json"),
  "clone_request_to_vcpus_start_ms":$(stats "$clone_start"),
  "clone_request_to_first_reply_ms":$(stats "$clone_reply"),
+ "clone_idle_pss_kib":{"clones":$pss_count,"each":$(stats "$clone_pss"),"source":${source_pss:-null}},
  "restore_to_first_reply_ms":$(stats "$restore_reply")}
 JSON
 cat "$SPORE_OUT/bench-arch.json"

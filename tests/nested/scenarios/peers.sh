@@ -312,7 +312,7 @@ snapshot_round() {
         f=$(ms "$(last_t "$tmp/t.load" 1)" "$(last_t "$tmp/t.reply" 2)")
         sample "$kind" "$r" snapshot_load_ms "$l"
         sample "$kind" "$r" snapshot_load_to_reply_ms "$f"
-        t "peers-snapshot-load-$kind-r$r" PASS "load request -> response ${l} ms, -> first vsock reply ${f} ms (guest uptime $(cat "$tmp/up") -> $(cat "$tmp/up2") s)"
+        t "peers-snapshot-load-$kind-r$r" PASS "load request -> response ${l} ms, -> first vsock reply ${f} ms ($(last_t "$tmp/t.reply" 3) vsock attempts; guest uptime $(cat "$tmp/up") -> $(cat "$tmp/up2") s)"
     else
         t "peers-snapshot-load-$kind-r$r" FAIL "$(cat "$tmp/load.out" 2>/dev/null) $(why_summary) $(gone)"
     fi
@@ -378,6 +378,42 @@ vmem_round() {
     fi
     stop_vmm
     keep "vmem-$kind-r$r"
+}
+
+# --- figure group 5 (not in the default GROUPS; `--groups api`): the floor
+# of one request, 10 GET / in a row (0.2 s apart) on a VMM with no VM yet,
+# then 10 on a booted 256 MiB guest sitting idle: what a request costs,
+# and whether a running guest makes it cost more.
+api_round() {
+    kind=$1 r=$2
+    start_vmm "$kind" "api-$kind"
+    if ! wait_for_socket "$api" 100; then
+        t "peers-api-$kind-r$r" FAIL "no API socket: $(gone)"
+        stop_vmm
+        return
+    fi
+    msg=""
+    for phase in idle running; do
+        if [ $phase = running ] &&
+            ! { api_config 256 && A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null &&
+                wait_line "SPORE-INIT up " 300 >/dev/null && G true 300 >/dev/null && sleep 1; }; then
+            msg="$msg booting failed: $(why_summary) $(gone)"
+            break
+        fi
+        : >"$tmp/t.api"
+        i=0
+        while [ $i -lt 10 ]; do
+            At "$tmp/t.api" GET / >/dev/null || break
+            sleep 0.2
+            i=$((i + 1))
+        done
+        v=$(awk '{ printf "%.1f\n", ($2 - $1) / 1e6 }' "$tmp/t.api" | sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+        sample "$kind" "$r" "api_get_${phase}_ms" "$v"
+        msg="$msg $phase: $(awk '{ printf " %.1f", ($2 - $1) / 1e6 }' "$tmp/t.api") ms;"
+    done
+    t "peers-api-$kind-r$r" PASS "GET /:$msg"
+    stop_vmm
+    keep "api-$kind-r$r"
 }
 
 # --- figure group 4: balloon, 512 MiB guest idle: inflate to 256 MiB and
