@@ -140,6 +140,7 @@ FIGURES = [
     ("vmem_unplug2_guest_ms", "the same, second unplug", "ms"),
     ("pause_1g_ms", "PATCH /vm Paused, 1 GiB", "ms"),
     ("api_get_ms", "GET / request → response (the floor of one request)", "ms"),
+    ("pause_256_again_ms", "PATCH /vm Paused, 256 MiB, again after a resume", "ms"),
     ("api_get_idle_ms", "GET /, no VM yet (median of 10 per round)", "ms"),
     ("api_get_running_ms", "GET /, a 256 MiB guest running idle (median of 10 per round)", "ms"),
 ]

@@ -235,7 +235,15 @@ CFG
         p=$(ms "$(last_t "$tmp/t.pause" 1)" "$(last_t "$tmp/t.pause" 2)")
         sample "$kind" "$r" api_get_ms "$g"
         sample "$kind" "$r" pause_256_ms "$p"
-        t "peers-pause-$kind-r$r" PASS "PATCH /vm Paused (256 MiB) ${p} ms; GET / ${g} ms"
+        # The same pause again, its code now run once (warm): what is left
+        # of a difference is the mechanism, not first-run costs.
+        p2=""
+        if A PATCH /vm '{"state":"Resumed"}' >/dev/null && sleep 0.5 &&
+            At "$tmp/t.pause2" PATCH /vm '{"state":"Paused"}' >/dev/null; then
+            p2=$(ms "$(last_t "$tmp/t.pause2" 1)" "$(last_t "$tmp/t.pause2" 2)")
+            sample "$kind" "$r" pause_256_again_ms "$p2"
+        fi
+        t "peers-pause-$kind-r$r" PASS "PATCH /vm Paused (256 MiB) ${p} ms, again after a resume ${p2:-?} ms; GET / ${g} ms"
     else
         t "peers-pause-$kind-r$r" FAIL "$(why_summary) $(gone)"
     fi
