@@ -161,16 +161,28 @@ fn hold_for_snapshot(mem: &VirtioMem, ms: u64) {
         return;
     }
     let requested = mem.requested_size();
+    hold_until(ms, |status| {
+        mem.ack_interrupt();
+        if status == WaitStatus::Restored {
+            RESTORED.store(true, Ordering::Relaxed);
+            return true;
+        }
+        mem.requested_size() != requested
+    });
+}
+
+fn hold(ms: u64) {
+    hold_until(ms, |_| false);
+}
+
+/// Waits (in the VMM) up to `ms` milliseconds, or until `done` says so
+/// after a wake-up.
+fn hold_until(ms: u64, mut done: impl FnMut(WaitStatus) -> bool) {
     let start = Instant::now();
     let mut left = ms * 1000;
     while left > 0 {
         let status = spore_uk::signal::wait_status(left.min(1_000_000) as u32);
-        mem.ack_interrupt();
-        if status == WaitStatus::Restored {
-            RESTORED.store(true, Ordering::Relaxed);
-            return;
-        }
-        if mem.requested_size() != requested {
+        if done(status) {
             return;
         }
         left = match start.elapsed_us() {
@@ -178,23 +190,6 @@ fn hold_for_snapshot(mem: &VirtioMem, ms: u64) {
             // No TSC frequency: one wait per second asked for.
             None => left.saturating_sub(1_000_000),
         };
-    }
-}
-
-fn hold(ms: u64) {
-    if ms == 0 {
-        return;
-    }
-    let start = Instant::now();
-    let mut left = ms * 1000;
-    while left > 0 {
-        spore_uk::wait(left.min(1_000_000) as u32);
-        let Some(us) = start.elapsed_us() else {
-            // No TSC frequency: one wait per second asked for.
-            left = left.saturating_sub(1_000_000);
-            continue;
-        };
-        left = (ms * 1000).saturating_sub(us);
     }
 }
 
