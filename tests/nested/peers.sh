@@ -37,12 +37,17 @@ usage: tests/nested/peers.sh [options]
   --groups "LIST"          figure groups to run (default "boot snapshot vmem
                            balloon"; "api" adds the request floor, idle and
                            with a guest running)
+  --loud-boot              boot the guests without `quiet`, with earlyprintk:
+                           every kernel message reaches the console, stamped
+                           on arrival (slower boots; for tracing, not figures)
+  --spore-env "K=V ..."    environment for spore's processes in L1 (not for
+                           Firecracker's), to compare a setting run against run
 USAGE
     exit 2
 }
 
 fc="" spore="$repo/target/x86_64-unknown-linux-musl/release/spore" rounds=5 out="$repo/target/bench/peers.json"
-initcall=0 machine="" timeout_s="" groups="boot snapshot vmem balloon"
+initcall=0 machine="" timeout_s="" groups="boot snapshot vmem balloon" spore_env="" loud=0
 for cand in "$repo/../shared/reference/firecracker/firecracker" /work/shared/reference/firecracker/firecracker; do
     [[ -z $fc && -x $cand ]] && fc="$(realpath "$cand")"
 done
@@ -56,6 +61,8 @@ while (($#)); do
     --machine) machine="${2:?}"; shift 2 ;;
     --timeout) timeout_s="${2:?}"; shift 2 ;;
     --groups) groups="${2:?}"; shift 2 ;;
+    --spore-env) spore_env="${2:?}"; shift 2 ;;
+    --loud-boot) loud=1; shift ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -67,6 +74,8 @@ done
 [[ -z $timeout_s || $timeout_s =~ ^[0-9]+$ ]] || die "--timeout takes a whole number"
 [[ $groups =~ ^(boot|snapshot|vmem|balloon|api)( (boot|snapshot|vmem|balloon|api))*$ ]] ||
     die "--groups takes names among boot snapshot vmem balloon api, separated by spaces"
+[[ -z $spore_env || $spore_env =~ ^[A-Za-z_][A-Za-z0-9_]*=[^\ \"\'\$\`]*(\ [A-Za-z_][A-Za-z0-9_]*=[^\ \"\'\$\`]*)*$ ]] ||
+    die "--spore-env takes NAME=VALUE words separated by spaces (no quotes, no \$)"
 timeout_s=${timeout_s:-$((300 + 240 * rounds))}
 machine=${machine:-"$(nproc)-core $(hostname), nested QEMU TCG"}
 ensure_packages musl-tools
@@ -85,7 +94,7 @@ trap 'rm -rf "$work"' EXIT
 
 # peer-tool: static, it runs in L1 (which has no C library).
 musl-gcc -static -O2 -Wall -Wextra -o "$work/peer-tool" "$here/peer-tool.c"
-printf 'ROUNDS=%s\nINITCALL=%s\nGROUPS="%s"\n' "$rounds" "$initcall" "$groups" >"$work/peers.conf"
+printf 'ROUNDS=%s\nINITCALL=%s\nGROUPS="%s"\nSPORE_ENV="%s"\nLOUD=%s\n' "$rounds" "$initcall" "$groups" "$spore_env" "$loud" >"$work/peers.conf"
 
 log "spore ($spore_version) and $fc_version, $rounds rounds (timeout ${timeout_s}s)"
 # The run again from the start (at most twice more) when it broke before the

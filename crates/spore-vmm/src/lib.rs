@@ -21,6 +21,7 @@ pub mod logger;
 pub mod memory;
 pub mod metrics;
 pub mod persist;
+pub mod phase;
 pub mod rate_limiter;
 pub mod seccomp;
 pub mod snapshot;

@@ -119,6 +119,7 @@ enum Command {
 
 fn main() -> ExitCode {
     host::init_logging();
+    spore_vmm::phase::mark("main");
     // Called as `firecracker` (a symlink to spore): Firecracker's command line.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     // Firecracker's command line has no positional arguments: `vmm` first is

@@ -83,6 +83,7 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     // The main thread's filter first: every thread started from here on
     // inherits it instead of installing its own.
     spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
+    spore_vmm::phase::mark("vmm: seccomp filter on");
     let config = match &args.config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -124,11 +125,13 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
         ),
         None => None,
     };
+    spore_vmm::phase::mark("vmm: configured, API serving");
     // The spawner thread (for workers that vCPU threads start); the main
     // thread's filter is on already, before any guest code runs.
     spore_vmm::seccomp::apply_main()?;
     if args.config_file.is_some() {
         vmm.start()?;
+        spore_vmm::phase::mark("vmm: VM started from the config file");
     }
     // The server (and its socket file) goes away when `_server` drops.
     crate::run::finish(&vmm, args.marks_file.as_deref())

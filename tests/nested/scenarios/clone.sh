@@ -8,31 +8,12 @@
 . "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
 tmp=${SPORE_TMP:-/tmp}
 cd "$tmp" || exit 1
-api="$tmp/api.sock"
-dd if=/dev/zero of="$tmp/rw.img" bs=1M count=8 2>/dev/null
-
-"$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
-vmm=$!
-wait_for_socket "$api"
+boot_api_guest '{"vcpu_count":2,"mem_size_mib":256}' 8 \
+    "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 A() { "$SPORE" api "$api" "$@"; }
-cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
-A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"initrd_path\":\"$GUEST_INITRD\",\"boot_args\":\"$cmdline\"}" >/dev/null &&
-    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":256}' >/dev/null &&
-    A PUT /drives/rw "{\"drive_id\":\"rw\",\"path_on_host\":\"$tmp/rw.img\",\"is_root_device\":false,\"is_read_only\":false}" >/dev/null &&
-    A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" >/dev/null &&
-    A PUT /actions '{"action_type":"InstanceStart"}' >/dev/null || t boot FAIL "$(cat "$tmp/vmm.err")"
-
-# Runs shell commands in the guest over vsock; retries until it answers.
-guest() {
-    i=0
-    while [ $i -lt ${2:-120} ]; do
-        out=$(printf '%s\nexit\n' "$1" | "$SPORE" vsock connect --uds "${vs:-$tmp/v.sock}" --port 5000 2>/dev/null) &&
-            [ -n "$out" ] && { echo "$out"; return 0; }
-        sleep 0.5
-        i=$((i + 1))
-    done
-    return 1
-}
+# Shell commands in the guest (a clone's when $vs names its vsock) over
+# vsock, retried until it answers.
+guest() { guest_sh "$1" "${2:-120}" "${vs:-$tmp/v.sock}"; }
 # The commands each clone answers: boot_id, 16 bytes of urandom, the
 # generation spore-reseed recorded, sector 2 of the disk before and after
 # writing this clone's name there.

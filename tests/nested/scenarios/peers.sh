@@ -56,6 +56,10 @@ mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>
 
 cmdline="console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 [ "$INITCALL" = 1 ] && cmdline="$cmdline initcall_debug"
+# --loud-boot: the kernel's messages on the console from the first one
+# (earlyprintk), each stamped as it arrives: where the guest's early boot
+# goes, before its own clock starts.
+[ "${LOUD:-0}" = 1 ] && cmdline="$(echo "$cmdline" | sed 's/ quiet / /') earlyprintk=ttyS0"
 
 samples="$tmp/samples.jsonl"
 exits="$tmp/exits.jsonl"
@@ -90,7 +94,12 @@ start_vmm() {
     "$T" stamp <"$tmp/$name.fifo" >"$con" &
     stamper=$!
     t_start=$("$T" now)
-    "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
+    # shellcheck disable=SC2086 # SPORE_ENV is NAME=VALUE words (peers.sh checks them)
+    if [ "$kind" = spore ] && [ -n "${SPORE_ENV:-}" ]; then
+        env $SPORE_ENV "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
+    else
+        "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
+    fi
     pid=$!
 }
 stop_vmm() {
@@ -137,6 +146,9 @@ wait_mem() {
 keep() {
     cp "$con" "$SPORE_OUT/console-$1.txt"
     cat "$log" "$err" >"$SPORE_OUT/vmm-$1.log" 2>/dev/null
+    # When the VMM was started (CLOCK_MONOTONIC ns, as the console's stamps
+    # and spore's debug-level start-up phases).
+    echo "$t_start" >"$SPORE_OUT/start-$1.txt"
     [ -s "$why" ] && cp "$why" "$SPORE_OUT/vsock-$1.why"
     true
 }
@@ -450,6 +462,9 @@ balloon_round() {
             x=$(ms "$(last_t "$tmp/t.req" 1)" "$(last_t "$tmp/t.done" 2)")
             sample "$kind" "$r" "balloon_${name}_ms" "$x"
             msg="$msg $name ${x} ms;"
+            # spore's statistics also say what the host's release cost
+            # (`host`: release_calls, release_us).
+            A GET /balloon/statistics >"$SPORE_OUT/balloon-stats-$kind-r$r-$name.json" 2>/dev/null || true
         else
             ok=0
             msg="$msg $name failed: $(cat "$tmp/until.err");"

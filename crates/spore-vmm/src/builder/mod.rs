@@ -120,13 +120,16 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         None => None,
     };
 
+    crate::phase::mark("build: files opened");
     let (kvm, vm_fd) = kvm::create_vm()?;
+    crate::phase::mark("build: VM created");
     let ram = if machine.huge_pages_2m() {
         GuestRam::new_hugetlb(machine.mem_bytes())?
     } else {
         GuestRam::anonymous(machine.mem_bytes())?
     };
     ram.register(&vm_fd, machine.track_dirty_pages)?;
+    crate::phase::mark("build: RAM mapped and registered");
     let mem_device = match &config.memory_hotplug {
         Some(h) => Some(make_mem_device(
             &kvm,
@@ -141,6 +144,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
     let mut irqchip = kvm::create_irqchip(&vm_fd, kind, false, machine.vcpu_count as u8)?;
     let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, Vec::new())?;
     irqchip.finish(&vcpus)?;
+    crate::phase::mark("build: irqchip and vCPUs created");
 
     let wake = new_wake()?;
     let hotplug_end = mem_device.as_ref().map_or(0, |m| {
@@ -157,6 +161,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         device_mem: device_memory(&ram, mem_device.as_ref())?,
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, None)?;
+    crate::phase::mark("build: devices attached");
 
     let cmdline = match kind {
         GuestKind::Linux => boot::linux_cmdline(config),
@@ -176,6 +181,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         placed: &placed,
         hotplug_end,
     })?;
+    crate::phase::mark("build: kernel loaded, vCPUs set up");
     Ok(assemble(VmPieces {
         kvm,
         vm_fd,

@@ -143,6 +143,7 @@ impl Vcpu {
     }
 
     fn run_loop(mut self) {
+        crate::phase::mark(format_args!("vCPU {} thread running", self.id));
         while self.control.checkpoint() == Directive::Run {
             // A restored clone (or its source) gets its FORK result here.
             if let Some(r) = self.io.signal.take_pending_result(self.id) {
