@@ -152,6 +152,19 @@ keep() {
     [ -s "$why" ] && cp "$why" "$SPORE_OUT/vsock-$1.why"
     true
 }
+# pin_vmm_threads: with --pin (PIN=1), the VMM's vCPU threads on L1's CPU
+# 0 and its other threads (device workers, API, event loop) on CPU 1, the
+# same for both VMMs: where the scheduler puts a device thread decides
+# whether the vCPU's halt polling sees the device's answer.
+pin_vmm_threads() {
+    [ "${PIN:-0}" = 1 ] || return 0
+    for task in /proc/"$pid"/task/*; do
+        case $(cat "$task/comm" 2>/dev/null) in
+        *vcpu*) taskset -p 1 "${task##*/}" >/dev/null 2>&1 ;;
+        *) taskset -p 2 "${task##*/}" >/dev/null 2>&1 ;;
+        esac
+    done
+}
 gone() { kill -0 "$pid" 2>/dev/null && return 1; echo "the VMM is gone: $(tail -n 3 "$log" "$err" | tr '\n' ' ') console: $(tail -n 3 "$con" | cut -d' ' -f2- | tr '\n' ' ')"; }
 # wait_line TEXT SECS [AFTER_NS]: the stamp of the first console line that
 # contains TEXT (and came after AFTER_NS); empty on timeout.
@@ -450,6 +463,7 @@ balloon_round() {
         keep "balloon-$kind-r$r"
         return
     fi
+    pin_vmm_threads
     sleep 2
     msg="" ok=1
     for step in inflate:256 deflate:0; do
