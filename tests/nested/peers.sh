@@ -39,6 +39,8 @@ usage: tests/nested/peers.sh [options]
                            with a guest running)
   --pin                    in the balloon steps, pin each VMM's vCPU thread to
                            L1's CPU 0 and its other threads to CPU 1
+  --trace                  L1's ftrace of each balloon step (scheduler, KVM
+                           exits and interrupts) into the raw files
   --loud-boot              boot the guests without `quiet`, with earlyprintk:
                            every kernel message reaches the console, stamped
                            on arrival (slower boots; for tracing, not figures)
@@ -49,7 +51,7 @@ USAGE
 }
 
 fc="" spore="$repo/target/x86_64-unknown-linux-musl/release/spore" rounds=5 out="$repo/target/bench/peers.json"
-initcall=0 machine="" timeout_s="" groups="boot snapshot vmem balloon" spore_env="" loud=0 pin=0
+initcall=0 machine="" timeout_s="" groups="boot snapshot vmem balloon" spore_env="" loud=0 pin=0 trace=0
 for cand in "$repo/../shared/reference/firecracker/firecracker" /work/shared/reference/firecracker/firecracker; do
     [[ -z $fc && -x $cand ]] && fc="$(realpath "$cand")"
 done
@@ -66,6 +68,7 @@ while (($#)); do
     --spore-env) spore_env="${2:?}"; shift 2 ;;
     --loud-boot) loud=1; shift ;;
     --pin) pin=1; shift ;;
+    --trace) trace=1; shift ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -97,7 +100,7 @@ trap 'rm -rf "$work"' EXIT
 
 # peer-tool: static, it runs in L1 (which has no C library).
 musl-gcc -static -O2 -Wall -Wextra -o "$work/peer-tool" "$here/peer-tool.c"
-printf 'ROUNDS=%s\nINITCALL=%s\nGROUPS="%s"\nSPORE_ENV="%s"\nLOUD=%s\nPIN=%s\n' "$rounds" "$initcall" "$groups" "$spore_env" "$loud" "$pin" >"$work/peers.conf"
+printf 'ROUNDS=%s\nINITCALL=%s\nGROUPS="%s"\nSPORE_ENV="%s"\nLOUD=%s\nPIN=%s\nTRACE=%s\n' "$rounds" "$initcall" "$groups" "$spore_env" "$loud" "$pin" "$trace" >"$work/peers.conf"
 
 log "spore ($spore_version) and $fc_version, $rounds rounds (timeout ${timeout_s}s)"
 # The run again from the start (at most twice more) when it broke before the

@@ -152,6 +152,28 @@ keep() {
     [ -s "$why" ] && cp "$why" "$SPORE_OUT/vsock-$1.why"
     true
 }
+# trace_on / trace_off FILE: with --trace (TRACE=1), L1's ftrace of the
+# step (scheduler wake-ups and switches, KVM exits, entries, interrupts and
+# halt-poll wake-ups) into FILE, for a per-event timeline of both VMMs.
+tracefs=/sys/kernel/tracing
+[ -d $tracefs/events ] || tracefs=/sys/kernel/debug/tracing
+trace_on() {
+    [ "${TRACE:-0}" = 1 ] && [ -d $tracefs/events ] || return 0
+    echo 0 >$tracefs/tracing_on
+    echo 16384 >$tracefs/buffer_size_kb
+    : >$tracefs/trace
+    for e in sched/sched_switch sched/sched_wakeup kvm/kvm_exit kvm/kvm_entry kvm/kvm_userspace_exit \
+        kvm/kvm_vcpu_wakeup kvm/kvm_set_irq kvm/kvm_ioapic_set_irq kvm/kvm_apic_accept_irq kvm/kvm_halt_poll_ns; do
+        [ -f $tracefs/events/$e/enable ] && echo 1 >$tracefs/events/$e/enable
+    done
+    echo 1 >$tracefs/tracing_on
+}
+trace_off() {
+    [ "${TRACE:-0}" = 1 ] && [ -d $tracefs/events ] || return 0
+    echo 0 >$tracefs/tracing_on
+    cat $tracefs/trace >"$1"
+    echo 0 >$tracefs/events/enable
+}
 # pin_vmm_threads: with --pin (PIN=1), the VMM's vCPU threads on L1's CPU
 # 0 and its other threads (device workers, API, event loop) on CPU 1, the
 # same for both VMMs: where the scheduler puts a device thread decides
@@ -469,9 +491,11 @@ balloon_round() {
     for step in inflate:256 deflate:0; do
         name=${step%:*} mib=${step#*:}
         kvm_stats "$tmp/bl.before"
+        trace_on
         if At "$tmp/t.req" PATCH /balloon "{\"amount_mib\":$mib}" >/dev/null &&
             PEER_T="$tmp/t.done" "$T" until "$api" /balloon/statistics "\"actual_mib\":$mib" 300 >/dev/null 2>"$tmp/until.err"; then
             kvm_stats "$tmp/bl.after"
+            trace_off "$SPORE_OUT/trace-balloon-$name-$kind-r$r.txt"
             kvm_delta "$kind" "$r" "balloon_$name" "$tmp/bl.before" "$tmp/bl.after"
             x=$(ms "$(last_t "$tmp/t.req" 1)" "$(last_t "$tmp/t.done" 2)")
             sample "$kind" "$r" "balloon_${name}_ms" "$x"

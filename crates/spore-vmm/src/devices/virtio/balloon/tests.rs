@@ -283,6 +283,45 @@ fn pfn_buffers_in_odd_shapes() {
     assert_eq!(read(&ram, DATA + PAGE, 4), vec![0x77; 4]);
 }
 
+#[test]
+fn pfn_batches_in_any_order_give_the_same_ranges() {
+    use super::request::{parse_pfns, GuestRange};
+    let ram = GuestRam::new(16 << 20).unwrap();
+    let mem = ram.memory();
+    let bytes = |pfns: &[u32]| -> Vec<u8> { pfns.iter().flat_map(|p| p.to_le_bytes()).collect() };
+    let base = pfn(DATA);
+    // Two runs with a gap, a PFN past the end of RAM (16 MiB = PFN 4096).
+    let ascending: Vec<u32> = (base..base + 8)
+        .chain(base + 20..base + 24)
+        .chain([5000])
+        .collect();
+    let want = parse_pfns(mem, &bytes(&ascending));
+    assert_eq!(want.pages, 12);
+    assert_eq!(want.refused, 1);
+    assert_eq!(
+        want.ranges,
+        vec![
+            GuestRange {
+                addr: DATA,
+                len: 8 * PAGE
+            },
+            GuestRange {
+                addr: DATA + 20 * PAGE,
+                len: 4 * PAGE
+            },
+        ]
+    );
+    // As Linux's balloon hands them over (going down), shuffled, and with
+    // duplicates: the same pages, ranges and refusals.
+    let descending: Vec<u32> = ascending.iter().rev().copied().collect();
+    assert_eq!(parse_pfns(mem, &bytes(&descending)), want);
+    let mut shuffled = ascending.clone();
+    shuffled.swap(0, 9);
+    shuffled.swap(3, 12);
+    shuffled.extend([base + 2, base + 21]);
+    assert_eq!(parse_pfns(mem, &bytes(&shuffled)), want);
+}
+
 fn stat(tag: u16, val: u64) -> Vec<u8> {
     let mut v = tag.to_le_bytes().to_vec();
     v.extend_from_slice(&val.to_le_bytes());
