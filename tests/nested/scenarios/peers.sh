@@ -94,12 +94,11 @@ start_vmm() {
     "$T" stamp <"$tmp/$name.fifo" >"$con" &
     stamper=$!
     t_start=$("$T" now)
-    # shellcheck disable=SC2086 # SPORE_ENV is NAME=VALUE words (peers.sh checks them)
-    if [ "$kind" = spore ] && [ -n "${SPORE_ENV:-}" ]; then
-        env $SPORE_ENV "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
-    else
-        "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
-    fi
+    # spore only: `env NAME=VALUE ...` in front (peers.sh checked the words).
+    launch=""
+    [ "$kind" = spore ] && [ -n "${SPORE_ENV:-}" ] && launch="env $SPORE_ENV"
+    # shellcheck disable=SC2086 # $launch is empty or words to split
+    $launch "$tmp/bin-$kind/firecracker" --api-sock "$api" --log-path "$log" "$@" >"$tmp/$name.fifo" 2>"$err" &
     pid=$!
 }
 stop_vmm() {
@@ -178,14 +177,18 @@ trace_off() {
 # 0 and its other threads (device workers, API, event loop) on CPU 1, the
 # same for both VMMs: where the scheduler puts a device thread decides
 # whether the vCPU's halt polling sees the device's answer.
+# A thread taskset cannot pin is reported, so that a run said to be pinned is.
 pin_vmm_threads() {
     [ "${PIN:-0}" = 1 ] || return 0
+    unpinned=""
     for task in /proc/"$pid"/task/*; do
         case $(cat "$task/comm" 2>/dev/null) in
-        *vcpu*) taskset -p 1 "${task##*/}" >/dev/null 2>&1 ;;
-        *) taskset -p 2 "${task##*/}" >/dev/null 2>&1 ;;
+        *vcpu*) mask=1 ;;
+        *) mask=2 ;;
         esac
+        taskset -p $mask "${task##*/}" >/dev/null 2>&1 || unpinned="$unpinned ${task##*/}"
     done
+    [ -z "$unpinned" ] || t "peers-pin-$1" FAIL "taskset could not pin threads$unpinned"
 }
 gone() { kill -0 "$pid" 2>/dev/null && return 1; echo "the VMM is gone: $(tail -n 3 "$log" "$err" | tr '\n' ' ') console: $(tail -n 3 "$con" | cut -d' ' -f2- | tr '\n' ' ')"; }
 # wait_line TEXT SECS [AFTER_NS]: the stamp of the first console line that
@@ -485,7 +488,7 @@ balloon_round() {
         keep "balloon-$kind-r$r"
         return
     fi
-    pin_vmm_threads
+    pin_vmm_threads "$kind-r$r"
     sleep 2
     msg="" ok=1
     for step in inflate:256 deflate:0; do
@@ -504,6 +507,7 @@ balloon_round() {
             # (`host`: release_calls, release_us).
             A GET /balloon/statistics >"$SPORE_OUT/balloon-stats-$kind-r$r-$name.json" 2>/dev/null || true
         else
+            trace_off "$SPORE_OUT/trace-balloon-$name-$kind-r$r.txt"
             ok=0
             msg="$msg $name failed: $(cat "$tmp/until.err");"
             break
