@@ -65,6 +65,15 @@ fn assert_continued(o: &Output, last: u64, pages: u64, what: &str) {
 }
 
 /// "page-fault handler served N faults" from a restore's log.
+/// Drops a file's clean pages from the page cache.
+fn drop_from_page_cache(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: advice on an fd we own.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
 fn faults_served(o: &Output) -> Option<u64> {
     stderr_of(o).lines().find_map(|l| {
         l.split("handler served ")
@@ -106,15 +115,18 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     assert!(served_all >= pages, "{served_all} faults");
     let recorded = std::fs::read(&ws).unwrap();
     assert_eq!(&recorded[..8], b"SPOREWS1");
-    // Version 2: sorted page runs (16 bytes each) covering at least the
-    // pattern's pages, then each listed page's data.
-    assert_eq!(recorded[8], 2);
+    // Version 3: page runs in first-touch order (16 bytes each) covering
+    // at least the pattern's pages, their total in the header, a CRC per
+    // 256 pages, then each listed page's data.
+    assert_eq!(recorded[8], 3);
     let runs = u64::from_le_bytes(recorded[24..32].try_into().unwrap()) as usize;
     let listed: u64 = (0..runs)
         .map(|i| u64::from_le_bytes(recorded[72 + i * 16 + 8..][..8].try_into().unwrap()))
         .sum();
     assert!(listed >= pages, "{listed} pages in the set");
-    let list_end = (72 + runs as u64 * 16).div_ceil(4096) * 4096;
+    let total = u32::from_le_bytes(recorded[68..72].try_into().unwrap());
+    assert_eq!(u64::from(total), listed);
+    let list_end = (72 + runs as u64 * 16 + listed.div_ceil(256) * 4).div_ceil(4096) * 4096;
     assert_eq!(recorded.len() as u64, list_end + listed * 4096);
     let o = restore(&s, "vm", &["--mode", "working-set"]);
     assert_continued(&o, last, pages, "working-set replay");
@@ -123,6 +135,12 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     assert_eq!(faults_served(&o).unwrap_or(0), 0, "{}", stderr_of(&o));
     // Loading it does not rewrite it.
     assert_eq!(std::fs::read(&ws).unwrap(), recorded);
+    // The memory file out of the page cache: the set loads beside the
+    // running guest into handler-served memory, memory intact.
+    drop_from_page_cache(&s.path("vm.mem"));
+    let o = restore(&s, "vm", &["--mode", "working-set"]);
+    assert_continued(&o, last, pages, "working-set load beside the guest");
+    assert!(stderr_of(&o).contains("\"loading\""), "{}", stderr_of(&o));
 
     // An external handler process, Firecracker's protocol.
     let hsock = s.path("handler.sock");

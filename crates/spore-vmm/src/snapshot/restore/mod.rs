@@ -8,7 +8,8 @@
 //! | `lazy` (File) | the layers mapped privately | nothing | pages fault in from the page cache, shared by every VM of the same file |
 //! | `eager` (File) | the same mapping | every data extent populated ([`eager`]) | no file faults |
 //! | `working_set` (File), set cached | the layers mapped privately, as lazy | nothing: a thread populates the set's 2 MiB blocks beside the guest ([`prefetch`]) | as lazy |
-//! | `working_set` (File), set not cached | a memfd + the built-in uffd handler | the set's packed data, one sequential read ([`working_set`]) | the rest through the handler |
+//! | `working_set` (File), set not cached | a memfd + the built-in uffd handler | nothing: a thread reads the set's packed data in first-touch order and copies it in beside the guest ([`working_set::BackgroundLoad`]) | what the guest reaches first, and the rest, through the handler |
+//! | `working_set` (File), set not cached, version-2 file | a memfd + the built-in uffd handler | the set's packed data, one sequential read ([`working_set`]) | the rest through the handler |
 //! | `working_set` (File), first run | a memfd + the built-in uffd handler | nothing | every page through the handler, which records the set ([`working_set`]) |
 //! | `Uffd` + memory file | a memfd + the built-in uffd handler | nothing | every page through the handler |
 //! | `Uffd` + socket | a memfd | the uffd and the layout sent to the external handler | the external handler serves faults |
@@ -104,9 +105,11 @@ pub struct RestoreReport {
     pub mode: String,
     /// Time spent filling RAM before the guest runs.
     pub prefill_us: u64,
-    /// Pages copied in before the guest runs (eager, working set).
+    /// Pages copied in before the guest runs (eager, working set), or
+    /// being loaded beside it ("loading" working set).
     pub prefilled_pages: u64,
-    /// "loaded", "recording", "ignored: <why>" for working-set restores.
+    /// "loaded", "loading" (beside the guest), "recording", "ignored:
+    /// <why>" for working-set restores.
     pub working_set: Option<String>,
 }
 
@@ -119,6 +122,8 @@ pub struct RestoreSession {
     recorder: Option<working_set::Recorder>,
     /// A working-set replay's background prefetch.
     prefetch: Option<prefetch::Prefetch>,
+    /// A working set (version 3) loading into uffd-served RAM.
+    loader: Option<working_set::BackgroundLoad>,
     report: RestoreReport,
     /// The memory files RAM still reads from, checked before a snapshot.
     backing: backing::Backing,
@@ -195,8 +200,8 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                 .ok_or_else(|| RestoreError::Read(std::io::Error::other("no working-set path")))?;
             let t = Instant::now();
             let replayed =
-                working_set::load(&ws_path, &plan.snapshot_id, layers.size()).and_then(|ws| {
-                    tracing::debug!("working set: read in {:?}", t.elapsed());
+                working_set::open(&ws_path, &plan.snapshot_id, layers.size()).and_then(|ws| {
+                    tracing::debug!("working set: opened in {:?}", t.elapsed());
                     replay_working_set(&layers, ws)
                 });
             tracing::debug!("working set: replay ready in {:?}", t.elapsed());
@@ -206,6 +211,25 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     report.working_set = Some("loaded".into());
                     let mut session = RestoreSession::plain();
                     session.prefetch = Some(prefetch);
+                    PreparedRam { ram, session }
+                }
+                Ok((Replay::Background(ram, ws), pages)) => {
+                    report.prefilled_pages = pages;
+                    report.working_set = Some("loading".into());
+                    let uffd = uffd::register_ram(&ram)?;
+                    let loader_uffd = uffd.try_clone().map_err(RestoreError::Read)?;
+                    let source = Arc::new(
+                        PageSource::new(layers, uffd::regions_of(&ram))
+                            .map_err(RestoreError::Read)?,
+                    );
+                    let mut session = RestoreSession::plain();
+                    session.server = Some(UffdServer::start(uffd, source, false)?);
+                    match ws.load_in_background(&ram, loader_uffd) {
+                        Ok(load) => session.loader = Some(load),
+                        Err(e) => tracing::warn!(
+                            "cannot start the working-set load: {e}; pages fault in lazily"
+                        ),
+                    }
                     PreparedRam { ram, session }
                 }
                 Ok((Replay::Read(ram, prefilled), pages)) => {
@@ -252,6 +276,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     external: None,
                     recorder: None,
                     prefetch: None,
+                    loader: None,
                     report: RestoreReport::default(),
                     backing: Default::default(),
                 },
@@ -275,6 +300,9 @@ enum Replay {
     /// A memfd holding the set's packed data; the rest through a handler.
     /// The set's runs come along: the handler must not copy over them.
     Read(GuestRam, Vec<(u64, u64)>),
+    /// An empty memfd: the handler serves it while the set (version 3)
+    /// loads beside the guest.
+    Background(GuestRam, working_set::Pending),
 }
 
 /// The share of the set's pages that must be in the page cache for the
@@ -282,44 +310,56 @@ enum Replay {
 const CACHED_SHARE: f64 = 0.9;
 const CACHE_SAMPLES: u64 = 64;
 
-/// Replays a loaded working set: mapped if the page cache holds the
-/// memory file's pages of it (or the file has no data), else read in.
-/// Returns the RAM and the set's pages.
+/// Replays an opened working set: mapped if the page cache holds the
+/// memory file's pages of it (or the file has no data), else read in
+/// (version 2) or loaded beside the guest (version 3). Returns the RAM
+/// and the set's pages.
 fn replay_working_set(
     layers: &MemoryLayers,
-    ws: working_set::WorkingSet,
+    opened: working_set::Opened,
 ) -> Result<(Replay, u64), working_set::WsLoad> {
+    use working_set::Opened;
     let io = |e: RestoreError| working_set::WsLoad::Ignored(e.to_string());
-    let pages = ws.pages();
     let t = Instant::now();
     let ram = map_lazy(layers).map_err(io)?;
     let t_map = t.elapsed();
-    let cached = prefetch::resident_share(ram.memory(), &ws.runs, CACHE_SAMPLES);
+    let (sample, pages, version) = match &opened {
+        Opened::Ready(ws) => (&ws.runs[..], ws.pages(), ws.version),
+        Opened::Pending(p) => (p.sample(), p.pages(), 3),
+    };
+    let cached = prefetch::resident_share(ram.memory(), sample, CACHE_SAMPLES);
     tracing::debug!(
-        "working set: mapped in {t_map:?}, cache sampled at {:?}",
+        "working set v{version}: {pages} pages, {:.0} % cached (mapped in {t_map:?}, \
+         sampled at {:?})",
+        cached * 100.0,
         t.elapsed()
     );
-    if !ws.has_data() || cached >= CACHED_SHARE {
-        let (p, requests) = prefetch::Prefetch::start(ram.memory(), &ws.runs);
-        tracing::debug!(
-            "working set v{}: {pages} pages in {} runs, {:.0} % cached: mapped, \
-             {requests} prefetch requests",
-            ws.version,
-            ws.runs.len(),
-            cached * 100.0
-        );
-        return Ok((Replay::Mapped(ram, p), pages));
-    }
-    drop(ram);
-    let ram = GuestRam::new(layers.size()).map_err(|e| io(e.into()))?;
-    ws.read_into(&ram)?;
-    tracing::debug!(
-        "working set v{}: {pages} pages in {} runs, {:.0} % cached: read in",
-        ws.version,
-        ws.runs.len(),
-        cached * 100.0
-    );
-    Ok((Replay::Read(ram, ws.runs), pages))
+    let runs = match opened {
+        Opened::Ready(ws) if !ws.has_data() || cached >= CACHED_SHARE => {
+            prefetch::Runs::Now(ws.sorted_runs().to_vec())
+        }
+        Opened::Pending(p) if cached >= CACHED_SHARE => prefetch::Runs::Later(Box::new(|| {
+            p.finish()
+                .map(|ws| ws.sorted_runs().to_vec())
+                .map_err(|e| match e {
+                    working_set::WsLoad::Ignored(why) => why,
+                    working_set::WsLoad::Absent => "it is gone".into(),
+                })
+        })),
+        Opened::Pending(p) => {
+            drop(ram);
+            let ram = GuestRam::new(layers.size()).map_err(|e| io(e.into()))?;
+            return Ok((Replay::Background(ram, p), pages));
+        }
+        Opened::Ready(ws) => {
+            drop(ram);
+            let ram = GuestRam::new(layers.size()).map_err(|e| io(e.into()))?;
+            ws.read_into(&ram)?;
+            return Ok((Replay::Read(ram, ws.runs), pages));
+        }
+    };
+    let p = prefetch::Prefetch::start(ram.memory(), runs);
+    Ok((Replay::Mapped(ram, p), pages))
 }
 
 /// A recording run: every page through the built-in handler, which logs
@@ -365,6 +405,7 @@ pub fn prepare_external(
             external: Some((uffd, conn)),
             recorder: None,
             prefetch: None,
+            loader: None,
             report: RestoreReport {
                 backend: "Uffd".into(),
                 mode: "external_handler".into(),
@@ -383,6 +424,7 @@ impl RestoreSession {
             external: None,
             recorder: None,
             prefetch: None,
+            loader: None,
             report: RestoreReport::default(),
             backing: Default::default(),
         }
@@ -396,6 +438,9 @@ impl RestoreSession {
     pub fn guest_started(&mut self) {
         if let Some(r) = &mut self.recorder {
             r.start_timer();
+        }
+        if let Some(p) = &mut self.prefetch {
+            p.release();
         }
     }
 
@@ -438,6 +483,9 @@ impl RestoreSession {
     pub fn finish(&mut self) {
         if let Some(mut p) = self.prefetch.take() {
             p.stop();
+        }
+        if let Some(mut l) = self.loader.take() {
+            l.stop();
         }
         if let Some(r) = self.recorder.take() {
             if let Some(server) = &self.server {

@@ -1,6 +1,7 @@
 //! Working-set prefetch: brings a recorded working set's pages into a
 //! lazily mapped guest RAM, in sorted runs, on a thread of its own while
-//! the guest already runs (as REAP and FaaSnap do).
+//! the guest already runs (as REAP and FaaSnap do). The thread waits for
+//! the guest to start, so a restore is as quick as a lazy one.
 //!
 //! Safe to run beside the vCPUs: RAM is the snapshot's memory file mapped
 //! privately, and `MADV_POPULATE_READ` / `MADV_WILLNEED` only read it. A
@@ -10,7 +11,7 @@
 //! its own reference to the mappings, so RAM outlives it; it is stopped
 //! (between runs) and joined when the restore session ends.
 //!
-//! Per run, one `madvise` over the run's host range. `SPORE_WS_PREFETCH`
+//! Per run, one `madvise` per 8 MiB of the run's host range. `SPORE_WS_PREFETCH`
 //! picks how (a tuning knob for `spore bench snapshot`; the default is the
 //! fastest measured here):
 //! - `populate` (default): `MADV_POPULATE_READ` per run, in file order;
@@ -28,7 +29,7 @@
 //! so the widening costs page-table entries, not reads.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -159,47 +160,96 @@ fn run(ranges: &[(usize, usize)], method: PrefetchMethod, stop: &AtomicBool) {
         }
     }
     for &(a, l) in ranges {
-        if stop.load(Ordering::Relaxed) {
-            return;
+        // In pieces: a populate holds the process's mmap lock for reading,
+        // and the restore still maps and unmaps (vCPUs, buffers) beside it.
+        let mut done = 0;
+        while done < l {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let n = (l - done).min(PIECE);
+            advise(a + done, n, libc::MADV_POPULATE_READ);
+            done += n;
         }
-        advise(a, l, libc::MADV_POPULATE_READ);
     }
 }
 
-/// A working-set prefetch in progress.
+/// Bytes per populate request at most.
+const PIECE: usize = 8 << 20;
+
+/// Reads a set's runs (sorted), or says why it cannot.
+pub type ReadRuns = Box<dyn FnOnce() -> Result<Vec<(u64, u64)>, String> + Send>;
+
+/// The runs to prefetch: known now, or read by the prefetch thread itself
+/// (a version-3 set's list, read once the guest runs).
+pub enum Runs {
+    Now(Vec<(u64, u64)>),
+    Later(ReadRuns),
+}
+
+impl Runs {
+    fn resolve(self) -> Result<Vec<(u64, u64)>, String> {
+        match self {
+            Runs::Now(r) => Ok(r),
+            Runs::Later(f) => f(),
+        }
+    }
+}
+
+/// A working-set prefetch: a thread that waits for the guest to start
+/// ([`Prefetch::release`]), so that it does not slow the restore down
+/// (it would hold the mmap lock and a CPU), then brings the runs in.
 pub struct Prefetch {
     stop: Arc<AtomicBool>,
+    go: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Prefetch {
-    /// Prefetches `runs` (memory-file pages) into `mem`, a lazy mapping of
-    /// the snapshot's layers: in the background unless the method is
-    /// `sync`. Returns the requests it makes (runs after merging).
-    pub fn start(mem: &GuestMemoryMmap, runs: &[(u64, u64)]) -> (Self, u64) {
+    /// Prefetches `runs` (memory-file pages, sorted) into `mem`, a lazy
+    /// mapping of the snapshot's layers: in the background once released,
+    /// or now if the method is `sync`.
+    pub fn start(mem: &GuestMemoryMmap, runs: Runs) -> Self {
         let method = PrefetchMethod::from_env();
-        // host_ranges cuts the widened runs to guest memory.
-        let ranges = host_ranges(mem, &align_runs(runs, align_from_env()));
-        let n = ranges.len() as u64;
         let stop = Arc::new(AtomicBool::new(false));
         let mut me = Self {
             stop: stop.clone(),
+            go: None,
             thread: None,
         };
+        let align = align_from_env();
         match method {
             PrefetchMethod::None => {}
-            PrefetchMethod::Sync => run(&ranges, method, &stop),
+            PrefetchMethod::Sync => match runs.resolve() {
+                Ok(r) => run(&host_ranges(mem, &align_runs(&r, align)), method, &stop),
+                Err(e) => tracing::warn!("working set not prefetched: {e}"),
+            },
             _ => {
+                let (tx, rx) = mpsc::channel::<()>();
                 // The thread's own reference keeps the mappings alive.
                 let mem = mem.clone();
                 let spawned = crate::seccomp::spawn(
                     crate::seccomp::ThreadKind::Vmm,
                     "ws-prefetch".into(),
                     move || {
+                        // Released, or dropped (the VM went away unstarted).
+                        if rx.recv().is_err() || stop.load(Ordering::Relaxed) {
+                            return;
+                        }
                         let t = Instant::now();
+                        let runs = match runs.resolve() {
+                            Ok(r) => r,
+                            Err(e) => {
+                                tracing::warn!("working set not prefetched: {e}");
+                                return;
+                            }
+                        };
+                        // host_ranges cuts the widened runs to guest memory.
+                        let ranges = host_ranges(&mem, &align_runs(&runs, align));
                         run(&ranges, method, &stop);
                         tracing::debug!(
-                            "working-set prefetch: {} requests in {:?}",
+                            "working-set prefetch: {} runs, {} requests in {:?}",
+                            runs.len(),
                             ranges.len(),
                             t.elapsed()
                         );
@@ -207,19 +257,30 @@ impl Prefetch {
                     },
                 );
                 match spawned {
-                    Ok(h) => me.thread = Some(h),
+                    Ok(h) => {
+                        me.thread = Some(h);
+                        me.go = Some(tx);
+                    }
                     Err(e) => tracing::warn!(
                         "cannot start the working-set prefetch: {e}; pages fault in lazily"
                     ),
                 }
             }
         }
-        (me, n)
+        me
     }
 
-    /// Stops the prefetch between two runs and waits for it.
+    /// Lets the prefetch run (the guest started).
+    pub fn release(&mut self) {
+        if let Some(go) = self.go.take() {
+            let _ = go.send(());
+        }
+    }
+
+    /// Stops the prefetch between two requests and waits for it.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.go.take();
         if let Some(h) = self.thread.take() {
             let _ = h.join();
         }

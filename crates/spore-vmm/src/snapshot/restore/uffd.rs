@@ -409,6 +409,15 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
+    /// Another handle on the same userfaultfd (for a second thread that
+    /// fills pages, such as a working-set load).
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(Self {
+            fd: self.fd.try_clone()?,
+            features: self.features,
+        })
+    }
+
     /// Takes a uffd received from a VMM.
     pub fn from_file(fd: File) -> Self {
         Self { fd, features: 0 }
