@@ -84,6 +84,8 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     // inherits it instead of installing its own.
     spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
     spore_vmm::phase::mark("vmm: seccomp filter on");
+    // KVM_CREATE_VM while the requests that configure the VM arrive.
+    spore_vmm::builder::make_vm_ahead();
     let config = match &args.config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -4,6 +4,9 @@
 //! irqchip's last step; and [`PreparedKvm`], the same objects made ahead of
 //! a restore whose RAM is not known yet.
 
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
 use super::{kvm_setup, BuildError};
@@ -57,9 +60,42 @@ pub fn prepare_kvm(ram: &GuestRam, vcpus: u8) -> Result<PreparedKvm, BuildError>
     })
 }
 
-/// A new VM, with what its architecture sets up first. Register guest RAM
-/// next, before the irqchip.
-pub(super) fn create_vm() -> Result<(Kvm, VmFd), BuildError> {
+type MadeVm = Result<(Kvm, VmFd), BuildError>;
+
+/// This process's first VM, being made ahead ([`make_vm_ahead`]).
+static AHEAD: Mutex<Option<JoinHandle<MadeVm>>> = Mutex::new(None);
+
+/// Starts making this process's first VM on a thread of its own while the
+/// process waits for its requests: `KVM_CREATE_VM` is a cost every build
+/// pays (0.2 ms on a host, tens of ms under nested emulation) and needs
+/// nothing from the configuration. The first build takes it. Only for a
+/// process that builds its own VM: a VM belongs to the process that made
+/// it, so a clone factory, which forks its clones, must not.
+pub fn make_vm_ahead() {
+    match crate::seccomp::spawn(
+        crate::seccomp::ThreadKind::Vmm,
+        "vm-ahead".into(),
+        make_vm,
+    ) {
+        Ok(h) => *AHEAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
+        Err(e) => tracing::debug!("cannot make the VM ahead: {e}"),
+    }
+}
+
+/// A new VM, with what its architecture sets up first (the one made ahead
+/// if there is one). Register guest RAM next, before the irqchip.
+pub(super) fn create_vm() -> MadeVm {
+    let ahead = AHEAD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match ahead.map(JoinHandle::join) {
+        Some(Ok(Ok(made))) => return Ok(made),
+        Some(Ok(Err(e))) => tracing::debug!("the VM made ahead failed ({e}); trying again"),
+        Some(Err(_)) => tracing::debug!("the thread making the VM ahead panicked"),
+        None => {}
+    }
+    make_vm()
+}
+
+fn make_vm() -> MadeVm {
     let kvm = Kvm::new().map_err(BuildError::Kvm)?;
     let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
     arch::prepare_vm(&vm_fd)?;

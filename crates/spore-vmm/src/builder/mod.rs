@@ -36,7 +36,7 @@ use crate::snapshot::MicrovmState;
 use crate::vm::control::RunControl;
 use crate::vm::vcpu::{Vcpu, VcpuIo};
 use crate::vm::{Vm, VmParts};
-pub use kvm::{prepare_kvm, PreparedKvm};
+pub use kvm::{make_vm_ahead, prepare_kvm, PreparedKvm};
 
 pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 
@@ -223,7 +223,9 @@ pub fn build_from_state(
         Some(p) => (p.kvm, p.vm_fd, Some(p.irqchip), p.vcpus),
         None => {
             let (kvm, vm_fd) = kvm::create_vm()?;
+            crate::phase::mark("restore: VM created");
             ram.register(&vm_fd, machine.track_dirty_pages)?;
+            crate::phase::mark("restore: RAM registered");
             (kvm, vm_fd, None, Vec::new())
         }
     };
@@ -252,6 +254,7 @@ pub fn build_from_state(
             )?;
             let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, premade_vcpus)?;
             irqchip.finish(&vcpus)?;
+            crate::phase::mark("restore: irqchip and vCPUs created");
             (irqchip, vcpus)
         }
     };
@@ -274,9 +277,11 @@ pub fn build_from_state(
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, Some(&mut saved))?;
     saved.finish()?;
+    crate::phase::mark("restore: devices attached");
 
     kvm::restore_cpus(&vm_fd, &irqchip, &vcpus, state)?;
     devices.finish_restore()?;
+    crate::phase::mark("restore: vCPU and device state set");
     let vm = assemble(VmPieces {
         kvm,
         vm_fd,

@@ -109,7 +109,9 @@ impl Vmm {
                 (manifest, state, config, prepared)
             }
             LoadMemory::File { path, .. } | LoadMemory::UffdBuiltin { path } => {
+                crate::phase::mark("restore: request");
                 let loaded = snapshot::load_chain(state_path, Path::new(path), &lo.parents)?;
+                crate::phase::mark("restore: state read");
                 refuse_huge_pages(&loaded.config, memory, lo)?;
                 head = Some(loaded.head());
                 if matches!(
@@ -138,6 +140,7 @@ impl Vmm {
                 (loaded.manifest, loaded.state, loaded.config, prepared)
             }
         };
+        crate::phase::mark("restore: memory prepared");
         tracing::info!("restore: {:?}", prepared.session.report());
         let mut session = prepared.session;
         if let Some(track) = lo.track_dirty_pages {
@@ -191,6 +194,7 @@ impl Vmm {
                 return Err(SnapshotApiError::Build(e));
             }
         };
+        crate::phase::mark("restore: VM built");
         self.install_fork_handler(&vm);
         let started = if lo.resume && lo.identity.is_none() {
             vm.start()
