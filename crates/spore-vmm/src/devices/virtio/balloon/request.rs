@@ -59,6 +59,19 @@ pub fn read_readable(
     max: u32,
 ) -> (Vec<u8>, u64) {
     let mut out = Vec::new();
+    let skipped = read_readable_into(mem, descriptors, max, &mut out);
+    (out, skipped)
+}
+
+/// [`read_readable`] into `out` (cleared first; its allocation is reused
+/// from one request to the next). Returns the bytes skipped.
+pub fn read_readable_into(
+    mem: &GuestMemoryMmap,
+    descriptors: impl Iterator<Item = Descriptor>,
+    max: u32,
+    out: &mut Vec<u8>,
+) -> u64 {
+    out.clear();
     let mut skipped = 0u64;
     for d in descriptors.filter(|d| !d.is_write_only()) {
         let room = max as usize - out.len();
@@ -78,7 +91,32 @@ pub fn read_readable(
             break;
         }
     }
-    (out, skipped)
+    skipped
+}
+
+/// Counts an array of little-endian u32 PFNs: (pages wholly in guest RAM,
+/// PFNs refused). For a deflate request, which the host has nothing to do
+/// for (a deflated page is backed again on the guest's next touch), so its
+/// pages are only counted, not sorted or merged: a PFN listed twice counts
+/// twice.
+pub fn count_pfns(mem: &GuestMemoryMmap, bytes: &[u8]) -> (u64, u64) {
+    let (mut pages, mut refused) = (0u64, 0u64);
+    let mut last_region: Option<(usize, u64, u64)> = None;
+    for c in bytes.chunks_exact(4) {
+        let addr = u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])) << PAGE_SHIFT;
+        let page_inside =
+            |&(_, start, end): &(usize, u64, u64)| addr >= start && addr + PAGE_SIZE <= end;
+        let found = last_region
+            .filter(page_inside)
+            .or_else(|| region_of(mem, addr).filter(page_inside));
+        if found.is_some() {
+            last_region = found;
+            pages += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    (pages, refused)
 }
 
 /// The index and bounds `[start, end)` of the RAM region holding `addr`.

@@ -320,6 +320,15 @@ fn pfn_batches_in_any_order_give_the_same_ranges() {
     shuffled.swap(3, 12);
     shuffled.extend([base + 2, base + 21]);
     assert_eq!(parse_pfns(mem, &bytes(&shuffled)), want);
+    // A deflate's PFNs are counted as they come: the same refusals, a
+    // duplicate counted twice, a trailing partial PFN ignored.
+    use super::request::count_pfns;
+    assert_eq!(count_pfns(mem, &bytes(&descending)), (12, 1));
+    assert_eq!(count_pfns(mem, &bytes(&shuffled)), (14, 1));
+    let mut odd = bytes(&ascending);
+    odd.push(7);
+    assert_eq!(count_pfns(mem, &odd), (12, 1));
+    assert_eq!(count_pfns(mem, &[]), (0, 0));
 }
 
 fn stat(tag: u16, val: u64) -> Vec<u8> {

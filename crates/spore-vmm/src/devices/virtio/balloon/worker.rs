@@ -17,8 +17,8 @@ use super::device::{
     Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
 };
 use super::request::{
-    parse_pfns, parse_report, parse_stats, read_readable, GuestRange, MAX_PFN_BYTES,
-    MAX_STATS_BYTES,
+    count_pfns, parse_pfns, parse_report, parse_stats, read_readable, read_readable_into,
+    GuestRange, MAX_PFN_BYTES, MAX_STATS_BYTES,
 };
 use crate::devices::virtio::queue_server::{drain_queue, Served};
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
@@ -61,6 +61,8 @@ pub(super) struct BalloonWorker {
     timer: TimerFd,
     /// The driver promised to deflate before reusing a page.
     must_tell_host: bool,
+    /// The last PFN array read, its allocation reused by the next.
+    pfn_bytes: Vec<u8>,
 }
 
 impl BalloonWorker {
@@ -119,6 +121,7 @@ impl BalloonWorker {
             held_stats,
             timer,
             must_tell_host: acked_features & F_MUST_TELL_HOST != 0,
+            pfn_bytes: Vec::with_capacity(MAX_PFN_BYTES as usize),
         };
         w.arm_timer();
         Ok(w)
@@ -266,10 +269,11 @@ impl BalloonWorker {
     /// the driver may reuse pages at once, so they are released first.
     pub(super) fn serve_inflate(&mut self) {
         let (mem, shared, must_tell) = (&self.mem, &self.shared, self.must_tell_host);
+        let bytes = &mut self.pfn_bytes;
         let mut pending: Vec<GuestRange> = Vec::new();
         let used = drain(&mut self.inflate.queue, &self.inflate.evt, mem, |chain| {
-            let (bytes, skipped) = read_readable(mem, chain, MAX_PFN_BYTES);
-            let batch = parse_pfns(mem, &bytes);
+            let skipped = read_readable_into(mem, chain, MAX_PFN_BYTES, bytes);
+            let batch = parse_pfns(mem, bytes);
             let mut st = lock(&shared.state);
             st.counters.inflated_pages += batch.pages;
             st.counters.refused += batch.refused;
@@ -296,14 +300,16 @@ impl BalloonWorker {
 
     pub(super) fn serve_deflate(&mut self) {
         let (mem, shared) = (&self.mem, &self.shared);
+        let bytes = &mut self.pfn_bytes;
         // Nothing to do on the host: a deflated page is backed again on the
-        // guest's next touch (as a zero page).
+        // guest's next touch (as a zero page). The guest waits for the
+        // answer, so the pages are only counted.
         let used = drain(&mut self.deflate.queue, &self.deflate.evt, mem, |chain| {
-            let (bytes, _) = read_readable(mem, chain, MAX_PFN_BYTES);
-            let batch = parse_pfns(mem, &bytes);
+            read_readable_into(mem, chain, MAX_PFN_BYTES, bytes);
+            let (pages, refused) = count_pfns(mem, bytes);
             let mut st = lock(&shared.state);
-            st.counters.deflated_pages += batch.pages;
-            st.counters.refused += batch.refused;
+            st.counters.deflated_pages += pages;
+            st.counters.refused += refused;
             Some(0)
         });
         notify(&self.interrupt, mem, &mut self.deflate.queue, used);
