@@ -72,11 +72,7 @@ static AHEAD: Mutex<Option<JoinHandle<MadeVm>>> = Mutex::new(None);
 /// process that builds its own VM: a VM belongs to the process that made
 /// it, so a clone factory, which forks its clones, must not.
 pub fn make_vm_ahead() {
-    match crate::seccomp::spawn(
-        crate::seccomp::ThreadKind::Vmm,
-        "vm-ahead".into(),
-        make_vm,
-    ) {
+    match crate::seccomp::spawn(crate::seccomp::ThreadKind::Vmm, "vm-ahead".into(), make_vm) {
         Ok(h) => *AHEAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
         Err(e) => tracing::debug!("cannot make the VM ahead: {e}"),
     }
