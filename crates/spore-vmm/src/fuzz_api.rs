@@ -513,6 +513,65 @@ pub fn api_request(data: &[u8]) {
 /// A target: its name (a `[[bin]]` of fuzz/Cargo.toml) and its function.
 pub type Target = (&'static str, fn(&[u8]));
 
+/// A working-set file (`STATE.ws`) as a restore reads it (versions 1 to 3):
+/// the header, then the run list and what follows. The snapshot id and the
+/// memory size a restore would compare are taken from the input itself
+/// (the size capped at 1 GiB), so that inputs get past those checks. What
+/// loads must list disjoint runs inside memory.
+pub fn working_set(data: &[u8]) {
+    use crate::snapshot::restore::working_set::load;
+    const PAGE: u64 = 4096;
+    let Ok(fd) = memfd::create() else { return };
+    let mut f = std::fs::File::from(fd);
+    if std::io::Write::write_all(&mut f, data).is_err() {
+        return;
+    }
+    let id = data
+        .get(32..64)
+        .map(|b| {
+            String::from_utf8_lossy(b)
+                .trim_end_matches('\0')
+                .to_string()
+        })
+        .unwrap_or_default();
+    let mem = data
+        .get(16..24)
+        .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        .filter(|&m| m > 0 && m <= 1 << 30 && m % PAGE == 0)
+        .unwrap_or(64 << 20);
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&f)
+    ));
+    let Ok(ws) = load(&path, &id, mem) else {
+        return;
+    };
+    let mut end = 0;
+    for &(s, n) in ws.sorted_runs() {
+        assert!(n > 0 && s >= end && s + n <= mem / PAGE, "run {s}+{n}");
+        end = s + n;
+    }
+    assert_eq!(
+        ws.pages(),
+        ws.sorted_runs().iter().map(|r| r.1).sum::<u64>()
+    );
+}
+
+/// Anonymous files for [`working_set`].
+mod memfd {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    pub fn create() -> std::io::Result<OwnedFd> {
+        // SAFETY: a NUL-terminated name and flags; returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"spore-fuzz-ws".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is new and owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
 pub const TARGETS: &[Target] = &[
     ("virtio_blk", |d| virtio_queue(DeviceKind::Blk, d)),
     ("virtio_rng", |d| virtio_queue(DeviceKind::Rng, d)),
@@ -524,6 +583,7 @@ pub const TARGETS: &[Target] = &[
     ("vsock_packet", vsock_tx),
     ("tmem", tmem_calls),
     ("snapshot_state", snapshot_state),
+    ("working_set", working_set),
     ("config_file", config_file),
     ("api_http", api_http),
     ("api_request", api_request),

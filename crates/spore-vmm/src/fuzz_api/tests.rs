@@ -498,6 +498,18 @@ mod seeds {
         v
     }
 
+    /// Working-set files of a 64 MiB VM, one per version.
+    pub fn working_set() -> Vec<Vec<u8>> {
+        use crate::snapshot::restore::working_set::tests::{v1_file, v2_file, v3_file};
+        let mem = 64 << 20;
+        let fill = |p: u64| p as u8;
+        vec![
+            v3_file(mem, "fuzz", &[(300, 2), (10, 3), (17000 - 1000, 1)], fill),
+            v2_file(mem, "fuzz", &[(10, 3), (300, 2)], fill),
+            v1_file(mem, "fuzz", &[300, 10, 11 | (1 << 63)]),
+        ]
+    }
+
     pub fn api_request() -> Vec<Vec<u8>> {
         REQUESTS
             .iter()
@@ -529,6 +541,7 @@ fn write_fuzz_seeds() {
                 seeds::snapshot_structured(),
             ],
         ),
+        ("working_set", seeds::working_set()),
         ("config_file", vec![seeds::CONFIG.as_bytes().to_vec()]),
         ("api_http", seeds::api_http()),
         ("api_request", seeds::api_request()),
@@ -540,6 +553,22 @@ fn write_fuzz_seeds() {
             std::fs::write(dir.join(format!("seed-{i:02}")), data).unwrap();
         }
     }
+}
+
+/// The working-set seeds load, one per file version.
+#[test]
+fn working_set_seeds_load() {
+    use crate::snapshot::restore::working_set::load;
+    let dir = std::env::temp_dir().join(format!("spore-ws-seeds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, seed) in seeds::working_set().iter().enumerate() {
+        let path = dir.join(format!("seed-{i}"));
+        std::fs::write(&path, seed).unwrap();
+        let ws = load(&path, "fuzz", 64 << 20).unwrap();
+        assert_eq!(ws.version, 3 - i as u32);
+        super::working_set(seed);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The seeds reach what they are meant to: a valid request is accepted.

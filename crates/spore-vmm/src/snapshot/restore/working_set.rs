@@ -1066,7 +1066,7 @@ fn end(path: &Path, id: &str, log: &ServeLog, source: &PageSource) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::memory::layers::MemoryLayers;
     use crate::memory::GuestRam;
@@ -1075,7 +1075,7 @@ mod tests {
 
     /// A version-1 file as spore wrote it before version 2: entries in
     /// first-touch order, then the data pages.
-    fn v1_file(mem_size: u64, id: &str, entries: &[u64]) -> Vec<u8> {
+    pub(crate) fn v1_file(mem_size: u64, id: &str, entries: &[u64]) -> Vec<u8> {
         let h = Header {
             version: 1,
             mem_size,
@@ -1092,7 +1092,12 @@ mod tests {
 
     /// A version-2 file as spore wrote it before version 3: sorted runs,
     /// then their pages (`fill(page)` each), one CRC over the data.
-    fn v2_file(mem_size: u64, id: &str, runs: &[(u64, u64)], fill: impl Fn(u64) -> u8) -> Vec<u8> {
+    pub(crate) fn v2_file(
+        mem_size: u64,
+        id: &str,
+        runs: &[(u64, u64)],
+        fill: impl Fn(u64) -> u8,
+    ) -> Vec<u8> {
         let h = Header {
             version: 2,
             mem_size,
@@ -1114,6 +1119,67 @@ mod tests {
         b.resize(data_offset(list.len() as u64) as usize, 0);
         b.extend_from_slice(&data);
         b
+    }
+
+    /// A version-3 file as [`write`] makes it: `runs` in this order, then
+    /// their pages (`fill(page)` each), a CRC per chunk.
+    pub(crate) fn v3_file(
+        mem_size: u64,
+        id: &str,
+        runs: &[(u64, u64)],
+        fill: impl Fn(u64) -> u8,
+    ) -> Vec<u8> {
+        let total: u64 = runs.iter().map(|r| r.1).sum();
+        let h = Header {
+            version: 3,
+            mem_size,
+            count: runs.len() as u64,
+            id: id.into(),
+        };
+        let list = encode_runs(runs);
+        let mut data = Vec::new();
+        for &(s, n) in runs {
+            for p in s..s + n {
+                data.extend_from_slice(&[fill(p); PAGE as usize]);
+            }
+        }
+        let table: Vec<u8> = data
+            .chunks((CHUNK_PAGES * PAGE) as usize)
+            .flat_map(|c| crc32fast::hash(c).to_le_bytes())
+            .collect();
+        let mut c = crc32fast::Hasher::new();
+        c.update(&encode_header(&h, 0, total as u32));
+        c.update(&list);
+        c.update(&table);
+        let mut b = encode_header(&h, c.finalize(), total as u32).to_vec();
+        b.extend_from_slice(&list);
+        b.extend_from_slice(&table);
+        b.resize(v3_data_offset(h.count, total) as usize, 0);
+        b.extend_from_slice(&data);
+        b
+    }
+
+    #[test]
+    fn a_hand_made_version_3_file_matches_what_write_makes() {
+        let dir = std::env::temp_dir().join(format!("spore-ws3h-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = 8u64 << 20;
+        let order: Vec<u64> = (0..300u64).map(|i| (i * 5) % 1500 + 1).collect();
+        let mem = mem_file(&dir, size, &order);
+        let ram0 = GuestRam::new(size).unwrap();
+        let source = PageSource::new(
+            MemoryLayers::single(File::open(&mem).unwrap(), size),
+            regions_of(&ram0),
+        )
+        .unwrap();
+        let ws = dir.join("ws");
+        write(&ws, "abc", &order, &source).unwrap();
+        let runs = touch_runs(&order, size / PAGE);
+        assert_eq!(
+            std::fs::read(&ws).unwrap(),
+            v3_file(size, "abc", &runs, |p| p as u8)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A snapshot memory file of `size` with `pages` holding their number.
