@@ -107,11 +107,10 @@ enum Data {
     None,
     /// Version 2: one CRC over all the data at `start`.
     Whole { file: File, start: u64, crc: u32 },
-    /// Version 3: one CRC per chunk of `chunk` pages.
+    /// Version 3: one CRC per chunk of [`CHUNK_PAGES`] pages.
     Chunked {
         file: File,
         start: u64,
-        chunk: u64,
         crcs: Vec<u32>,
     },
 }
@@ -617,7 +616,6 @@ fn read_rest(
         Data::Chunked {
             file: f,
             start,
-            chunk: CHUNK_PAGES,
             crcs: table.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
         }
     } else {
@@ -650,11 +648,6 @@ impl WorkingSet {
     /// Whether the file holds the set's data (version 2 or 3).
     pub fn has_data(&self) -> bool {
         !matches!(self.data, Data::None)
-    }
-
-    /// Whether its data can be loaded while the guest runs (version 3).
-    pub fn loads_in_background(&self) -> bool {
-        matches!(self.data, Data::Chunked { .. })
     }
 
     /// Version 2: reads the packed data into `ram` (a fresh memfd RAM,
@@ -788,13 +781,7 @@ impl Pending {
                     }
                     Err(WsLoad::Absent) => return,
                 };
-                let Data::Chunked {
-                    file,
-                    start,
-                    chunk,
-                    crcs,
-                } = &ws.data
-                else {
+                let Data::Chunked { file, start, crcs } = &ws.data else {
                     return;
                 };
                 let spans: Vec<(u64, *mut u8, usize)> = spans
@@ -804,7 +791,6 @@ impl Pending {
                 let job = LoadJob {
                     file,
                     start: *start,
-                    chunk: *chunk,
                     crcs,
                     runs: &ws.runs,
                     spans: &spans,
@@ -874,7 +860,6 @@ struct LoadStats {
 struct LoadJob<'a> {
     file: &'a File,
     start: u64,
-    chunk: u64,
     crcs: &'a [u32],
     runs: &'a [(u64, u64)],
     spans: &'a [(u64, *mut u8, usize)],
@@ -885,7 +870,7 @@ struct LoadJob<'a> {
 impl LoadJob<'_> {
     fn run(&self) -> Result<LoadStats, String> {
         let mut stats = LoadStats::default();
-        let mut buf = vec![0u8; (self.chunk * PAGE) as usize];
+        let mut buf = vec![0u8; (CHUNK_PAGES * PAGE) as usize];
         let (mut t_read, mut t_copy) = (Duration::ZERO, Duration::ZERO);
         // Position in the runs: run index and pages of it already done.
         let (mut ri, mut done) = (0usize, 0u64);
@@ -895,7 +880,7 @@ impl LoadJob<'_> {
                 return Ok(stats);
             }
             // Pages in this chunk: a full chunk, or what the runs have left.
-            let mut want = self.chunk;
+            let mut want = CHUNK_PAGES;
             let mut plan: Vec<(u64, u64)> = Vec::new();
             while want > 0 && ri < self.runs.len() {
                 let (s, n) = self.runs[ri];
@@ -910,7 +895,7 @@ impl LoadJob<'_> {
             }
             let pages: u64 = plan.iter().map(|p| p.1).sum();
             let data = &mut buf[..(pages * PAGE) as usize];
-            let at = self.start + k as u64 * self.chunk * PAGE;
+            let at = self.start + k as u64 * CHUNK_PAGES * PAGE;
             let t = Instant::now();
             self.file
                 .read_exact_at(data, at)
@@ -1105,12 +1090,7 @@ pub(crate) mod tests {
             id: id.into(),
         };
         let list = encode_runs(runs);
-        let mut data = Vec::new();
-        for &(s, n) in runs {
-            for p in s..s + n {
-                data.extend_from_slice(&[fill(p); PAGE as usize]);
-            }
-        }
+        let data = packed(runs, fill);
         let mut c = crc32fast::Hasher::new();
         c.update(&encode_header(&h, 0, 0));
         c.update(&list);
@@ -1119,6 +1099,17 @@ pub(crate) mod tests {
         b.resize(data_offset(list.len() as u64) as usize, 0);
         b.extend_from_slice(&data);
         b
+    }
+
+    /// The pages of `runs` in order, `fill(page)` each.
+    fn packed(runs: &[(u64, u64)], fill: impl Fn(u64) -> u8) -> Vec<u8> {
+        let mut data = Vec::new();
+        for &(s, n) in runs {
+            for p in s..s + n {
+                data.extend_from_slice(&[fill(p); PAGE as usize]);
+            }
+        }
+        data
     }
 
     /// A version-3 file as [`write`] makes it: `runs` in this order, then
@@ -1137,12 +1128,7 @@ pub(crate) mod tests {
             id: id.into(),
         };
         let list = encode_runs(runs);
-        let mut data = Vec::new();
-        for &(s, n) in runs {
-            for p in s..s + n {
-                data.extend_from_slice(&[fill(p); PAGE as usize]);
-            }
-        }
+        let data = packed(runs, fill);
         let table: Vec<u8> = data
             .chunks((CHUNK_PAGES * PAGE) as usize)
             .flat_map(|c| crc32fast::hash(c).to_le_bytes())
@@ -1329,7 +1315,7 @@ pub(crate) mod tests {
         std::fs::write(&v2, v2_file(size, "abc", &runs2, fill)).unwrap();
         let set = load(&v2, "abc", size).unwrap();
         assert_eq!((&set.runs[..], set.version), (&runs2[..], 2));
-        assert!(set.has_data() && !set.loads_in_background());
+        assert!(set.has_data());
         let ram = GuestRam::new(size).unwrap();
         set.read_into(&ram).unwrap();
         for p in [3u64, 4, 7, 100, 101, 1500] {
