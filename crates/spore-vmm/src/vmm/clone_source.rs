@@ -67,9 +67,15 @@ impl Vmm {
             source,
             ..
         } = &mut *inner;
-        let vm = &phase.built()?.vm;
+        let built = phase.built_mut()?;
+        // What a snapshot needs first, a template needs too: the pages a
+        // userfaultfd handler has not served yet.
+        if let Some(r) = built.restore.as_mut() {
+            r.before_snapshot(built.vm.ram())
+                .map_err(CloneError::Capture)?;
+        }
         let order = order(source);
-        let report = clone_vm(vm, config, source, order)?;
+        let report = clone_vm(&built.vm, config, source, order)?;
         drop(inner);
         self.refill_standby();
         Ok(report)

@@ -124,6 +124,9 @@ pub struct RestoreSession {
     prefetch: Option<prefetch::Prefetch>,
     /// A working set (version 3) loading into uffd-served RAM.
     loader: Option<working_set::BackgroundLoad>,
+    /// Every data page of the snapshot is in RAM (faulted in for a
+    /// snapshot or a clone); the handler serves only holes from then on.
+    all_served: bool,
     report: RestoreReport,
     /// The memory files RAM still reads from, checked before a snapshot.
     backing: backing::Backing,
@@ -277,6 +280,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
                     recorder: None,
                     prefetch: None,
                     loader: None,
+                    all_served: false,
                     report: RestoreReport::default(),
                     backing: Default::default(),
                 },
@@ -406,6 +410,7 @@ pub fn prepare_external(
             recorder: None,
             prefetch: None,
             loader: None,
+            all_served: false,
             report: RestoreReport {
                 backend: "Uffd".into(),
                 mode: "external_handler".into(),
@@ -425,6 +430,7 @@ impl RestoreSession {
             recorder: None,
             prefetch: None,
             loader: None,
+            all_served: false,
             report: RestoreReport::default(),
             backing: Default::default(),
         }
@@ -444,18 +450,21 @@ impl RestoreSession {
         }
     }
 
-    /// Before a snapshot of this VM: RAM a uffd handler has not served yet
-    /// holds nothing in the memfd, so a snapshot would lose it. The
-    /// built-in handler's pages are faulted in first; a VM served by an
-    /// external handler cannot be snapshotted. A memory file changed since
-    /// the restore (truncated, rewritten) fails the snapshot
+    /// Before a snapshot or a clone of this VM (a clone's template is its
+    /// memory as it is): RAM a uffd handler has not served yet holds
+    /// nothing in the memfd, so a snapshot would lose it and a clone would
+    /// read zeros there. The built-in handler's pages are faulted in first
+    /// (once: the snapshot's data pages then stay in the memfd); a VM served
+    /// by an external handler cannot be snapshotted or cloned. A memory file
+    /// changed since the restore (truncated, rewritten) fails the snapshot
     /// ([`backing::Backing::check`]).
     pub fn before_snapshot(&mut self, ram: &GuestRam) -> Result<(), String> {
         self.backing.check()?;
         if self.external.is_some() {
             return Err(
                 "this microVM's memory is served by an external userfaultfd handler; \
-                        the VMM cannot read the pages it has not served, so it cannot snapshot it"
+                        the VMM cannot read the pages it has not served, so it cannot snapshot \
+                        or clone it"
                     .into(),
             );
         }
@@ -464,9 +473,10 @@ impl RestoreSession {
         if let Some(r) = self.recorder.take() {
             r.finish();
         }
-        if let Some(server) = &self.server {
+        if let (Some(server), false) = (&self.server, self.all_served) {
             let n = server.fault_in_all(ram).map_err(|e| e.to_string())?;
             tracing::debug!("faulted in {n} pages before the snapshot");
+            self.all_served = true;
         }
         Ok(())
     }
