@@ -84,8 +84,6 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     // inherits it instead of installing its own.
     spore_vmm::seccomp::apply(spore_vmm::seccomp::ThreadKind::Vmm)?;
     spore_vmm::phase::mark("vmm: seccomp filter on");
-    // KVM_CREATE_VM while the requests that configure the VM arrive.
-    spore_vmm::builder::make_vm_ahead();
     let config = match &args.config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -105,6 +103,9 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
         Box::new(std::io::stdout()),
     ));
     host::stop_on_host_signals(vmm.clone())?;
+    // KVM_CREATE_VM while the requests that configure the VM arrive (on a
+    // thread started after the host signals are blocked: it inherits that).
+    spore_vmm::builder::make_vm_ahead();
     if let Some(limit) = args.mmds_size_limit {
         vmm.set_mmds_size_limit(limit);
     }
