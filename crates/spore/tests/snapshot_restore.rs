@@ -202,6 +202,48 @@ fn kvm_a_vm_restored_through_uffd_snapshots_every_page() {
 }
 
 #[test]
+fn kvm_a_vm_served_by_an_external_handler_is_not_cloned() {
+    require_kvm();
+    let s = Scratch::new("restore-external-clone");
+    make_snapshot(&s, "a", "mib=1 rounds=100000 sleep_ms=20");
+    let hsock = s.path("handler.sock");
+    let mut handler = spore()
+        .args(["snapshot", "uffd-handler", "--sock"])
+        .arg(&hsock)
+        .arg("--mem")
+        .arg(s.path("a.mem"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_path(&hsock, Duration::from_secs(10));
+    let sock = s.path("b.sock");
+    let mut child = spore()
+        .args(["snapshot", "restore", "--uffd-handler"])
+        .arg(&hsock)
+        .arg("--state")
+        .arg(s.path("a.state"))
+        .arg("--mem")
+        .arg(s.path("a.mem"))
+        .arg("--api-sock")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(&mut child);
+    wait_for_path(&sock, Duration::from_secs(10));
+    read_until(&rx, "count");
+    // Its template would miss every page the handler holds: refused.
+    let (code, reply) = http(&sock, "PUT", "/clone", Some(r#"{"count": 1}"#));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("external userfaultfd handler"), "{reply}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = handler.kill();
+    let _ = handler.wait();
+}
+
+#[test]
 fn kvm_bad_working_set_files_are_ignored_and_recorded_again() {
     require_kvm();
     let s = Scratch::new("restore-bad-ws");

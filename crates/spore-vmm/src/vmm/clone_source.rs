@@ -71,6 +71,11 @@ impl Vmm {
         // What a snapshot needs first, a template needs too: the pages a
         // userfaultfd handler has not served yet.
         if let Some(r) = built.restore.as_mut() {
+            if r.served_externally() {
+                return Err(CloneError::Unsupported(
+                    "is served by an external userfaultfd handler".into(),
+                ));
+            }
             r.before_snapshot(built.vm.ram())
                 .map_err(CloneError::Capture)?;
         }

@@ -481,6 +481,11 @@ impl RestoreSession {
         Ok(())
     }
 
+    /// Whether an external userfaultfd handler serves this VM's memory.
+    pub fn served_externally(&self) -> bool {
+        self.external.is_some()
+    }
+
     /// Drops a session whose VM could not be built: nothing is recorded.
     pub fn cancel(mut self) {
         if let Some(r) = self.recorder.take() {
