@@ -58,10 +58,14 @@ impl Backing {
     /// truncated, extended or modified since it was recorded.
     pub fn check(&self) -> Result<(), String> {
         for (f, then) in &self.files {
-            let name = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "a snapshot memory file".into());
-            let now = Stamp::of(f).map_err(|e| format!("{name}: {e}"))?;
+            // The file's name only for a message (checked before every
+            // snapshot and clone request, which mostly find nothing).
+            let name = || {
+                std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "a snapshot memory file".into())
+            };
+            let now = Stamp::of(f).map_err(|e| format!("{}: {e}", name()))?;
             let what = if now.size != then.size {
                 format!(
                     "its size changed from {} to {} bytes (truncated or extended)",
@@ -73,10 +77,11 @@ impl Backing {
                 continue;
             };
             return Err(format!(
-                "the memory file {name} this microVM was restored from changed under it since \
+                "the memory file {} this microVM was restored from changed under it since \
                  the restore ({what}): memory the guest had not touched yet is lost, so a \
-                 snapshot would not hold the guest's memory; restore the VM again from an \
-                 intact snapshot"
+                 snapshot or a clone of it would not hold the guest's memory; restore the VM \
+                 again from an intact snapshot",
+                name()
             ));
         }
         Ok(())
