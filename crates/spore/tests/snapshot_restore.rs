@@ -65,6 +65,32 @@ fn assert_continued(o: &Output, last: u64, pages: u64, what: &str) {
 }
 
 /// "page-fault handler served N faults" from a restore's log.
+/// `spore snapshot restore` of snapshot `name` with `args`, its API on
+/// `sock` (waited for) and its guest's output as lines.
+fn restore_serving(
+    s: &Scratch,
+    name: &str,
+    args: &[&str],
+    sock: &std::path::Path,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = spore()
+        .args(["snapshot", "restore"])
+        .args(args)
+        .arg("--state")
+        .arg(s.path(&format!("{name}.state")))
+        .arg("--mem")
+        .arg(s.path(&format!("{name}.mem")))
+        .arg("--api-sock")
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(&mut child);
+    wait_for_path(sock, Duration::from_secs(10));
+    (child, rx)
+}
+
 /// Drops a file's clean pages from the page cache.
 fn drop_from_page_cache(path: &std::path::Path) {
     use std::os::fd::AsRawFd;
@@ -176,19 +202,7 @@ fn kvm_a_vm_restored_through_uffd_snapshots_every_page() {
     // Restore through the handler, let it run a little, snapshot it again:
     // pages it never touched are still only in the first snapshot's file.
     let sock = s.path("b.sock");
-    let mut child = spore()
-        .args(["snapshot", "restore", "--mode", "uffd", "--state"])
-        .arg(s.path("a.state"))
-        .arg("--mem")
-        .arg(s.path("a.mem"))
-        .arg("--api-sock")
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut child);
-    wait_for_path(&sock, Duration::from_secs(10));
+    let (mut child, rx) = restore_serving(&s, "a", &["--mode", "uffd"], &sock);
     read_until(&rx, "count 10");
     snapshot_create(&sock, &s.path("b.state"), &s.path("b.mem"), false, true);
     child.wait().unwrap();
@@ -217,21 +231,8 @@ fn kvm_a_vm_served_by_an_external_handler_is_not_cloned() {
         .unwrap();
     wait_for_path(&hsock, Duration::from_secs(10));
     let sock = s.path("b.sock");
-    let mut child = spore()
-        .args(["snapshot", "restore", "--uffd-handler"])
-        .arg(&hsock)
-        .arg("--state")
-        .arg(s.path("a.state"))
-        .arg("--mem")
-        .arg(s.path("a.mem"))
-        .arg("--api-sock")
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let rx = lines_of(&mut child);
-    wait_for_path(&sock, Duration::from_secs(10));
+    let hsock_arg = hsock.to_str().unwrap();
+    let (mut child, rx) = restore_serving(&s, "a", &["--uffd-handler", hsock_arg], &sock);
     read_until(&rx, "count");
     // Its template would miss every page the handler holds: refused.
     let (code, reply) = http(&sock, "PUT", "/clone", Some(r#"{"count": 1}"#));

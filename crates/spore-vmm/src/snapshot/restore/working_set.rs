@@ -1152,12 +1152,7 @@ pub(crate) mod tests {
         let size = 8u64 << 20;
         let order: Vec<u64> = (0..300u64).map(|i| (i * 5) % 1500 + 1).collect();
         let mem = mem_file(&dir, size, &order);
-        let ram0 = GuestRam::new(size).unwrap();
-        let source = PageSource::new(
-            MemoryLayers::single(File::open(&mem).unwrap(), size),
-            regions_of(&ram0),
-        )
-        .unwrap();
+        let source = source_of(&mem, size);
         let ws = dir.join("ws");
         write(&ws, "abc", &order, &source).unwrap();
         let runs = touch_runs(&order, size / PAGE);
@@ -1166,6 +1161,17 @@ pub(crate) mod tests {
             v3_file(size, "abc", &runs, |p| p as u8)
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The pages of memory file `mem` as [`write`] reads them (the layers
+    /// only: the RAM that gave the layout is gone, so not for serving).
+    fn source_of(mem: &Path, size: u64) -> PageSource {
+        let ram = GuestRam::new(size).unwrap();
+        PageSource::new(
+            MemoryLayers::single(File::open(mem).unwrap(), size),
+            regions_of(&ram),
+        )
+        .unwrap()
     }
 
     /// A snapshot memory file of `size` with `pages` holding their number.
@@ -1203,10 +1209,8 @@ pub(crate) mod tests {
         let touched: Vec<u64> = (0..600u64).map(|i| (i * 7) % 1800 + 10).collect();
         let mem = mem_file(&dir, size, &touched);
         let layers = || MemoryLayers::single(File::open(&mem).unwrap(), size);
-        let ram0 = GuestRam::new(size).unwrap();
-        let source = PageSource::new(layers(), regions_of(&ram0)).unwrap();
         let ws = dir.join("ws");
-        write(&ws, "abc", &touched, &source).unwrap();
+        write(&ws, "abc", &touched, &source_of(&mem, size)).unwrap();
 
         for case in ["whole", "bad chunk", "bad list"] {
             let mut b = std::fs::read(&ws).unwrap();
@@ -1287,12 +1291,7 @@ pub(crate) mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let size = 8u64 << 20;
         let mem = mem_file(&dir, size, &[3, 4, 100, 1500]);
-        let ram0 = GuestRam::new(size).unwrap();
-        let source = PageSource::new(
-            MemoryLayers::single(File::open(&mem).unwrap(), size),
-            regions_of(&ram0),
-        )
-        .unwrap();
+        let source = source_of(&mem, size);
         let ws = dir.join("ws");
         // First-touch order in and out; 100 twice is one page, a page past
         // the memory is dropped, 3 then 4 is one run.
