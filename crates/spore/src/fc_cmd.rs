@@ -35,6 +35,7 @@ use spore_vmm::api::body::FIRECRACKER_VERSION;
 use spore_vmm::config::{LogLevel, LoggerConfig, MetricsConfig};
 use spore_vmm::snapshot::format::{read_state_file, FORMAT_VERSION};
 
+use crate::host::SeccompArgs;
 use crate::vmm_cmd::VmmArgs;
 
 /// Firecracker's exit code for a command line that does not parse.
@@ -240,26 +241,7 @@ fn run(fc: FcArgs) -> anyhow::Result<u8> {
         "Running Firecracker v{FIRECRACKER_VERSION} (spore v{})",
         env!("CARGO_PKG_VERSION")
     );
-    let mut argv: Vec<OsString> = vec!["vmm".into(), "--id".into(), fc.id.clone().into()];
-    // Firecracker's seccomp flags are spore vmm's.
-    if fc.no_seccomp {
-        argv.push("--no-seccomp".into());
-    }
-    if let Some(f) = &fc.seccomp_filter {
-        argv.push("--seccomp-filter".into());
-        argv.push(f.clone().into());
-    }
-    if !fc.no_api {
-        argv.push("--api-sock".into());
-        argv.push(fc.api_sock.clone().into());
-    }
-    if let Some(c) = &fc.config_file {
-        argv.push("--config-file".into());
-        argv.push(c.clone().into());
-    }
-    let mut vmm = VmmOnly::try_parse_from(argv)
-        .context("translating Firecracker's flags for spore vmm")?
-        .args;
+    let mut vmm = vmm_args(&fc);
     vmm.api_max_body = Some(fc.http_api_max_payload_size);
     // Firecracker's default MMDS limit is the API payload limit.
     vmm.mmds_size_limit = Some(fc.mmds_size_limit.unwrap_or(fc.http_api_max_payload_size));
@@ -272,12 +254,28 @@ fn run(fc: FcArgs) -> anyhow::Result<u8> {
     crate::vmm_cmd::run(vmm)
 }
 
-/// `spore vmm`'s flags on their own, to build its arguments the way its
-/// command line does.
-#[derive(Parser)]
-struct VmmOnly {
-    #[command(flatten)]
-    args: VmmArgs,
+/// Firecracker's flags as `spore vmm`'s (the seccomp flags are the same;
+/// [`FcArgs`] refused both at once), made directly rather than by parsing a
+/// second command line: start-up time.
+fn vmm_args(fc: &FcArgs) -> VmmArgs {
+    VmmArgs {
+        api_sock: (!fc.no_api).then(|| fc.api_sock.clone()),
+        config_file: fc.config_file.clone(),
+        id: fc.id.clone(),
+        marks_file: None,
+        clone_handoff: None,
+        clone_prepare: None,
+        clone_factory: None,
+        clone_dir: None,
+        netns: None,
+        seccomp: SeccompArgs {
+            no_seccomp: fc.no_seccomp,
+            seccomp_filter: fc.seccomp_filter.clone(),
+        },
+        api_max_body: None,
+        mmds_size_limit: None,
+        metadata: None,
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +338,48 @@ mod tests {
         assert_eq!(d.api_sock, PathBuf::from("/run/firecracker.socket"));
         assert_eq!(d.id, "anonymous-instance");
         assert_eq!(d.http_api_max_payload_size, 51200);
+    }
+
+    /// The translation makes what `spore vmm` parses from the same flags.
+    #[test]
+    fn flags_translate_as_spore_vmm_parses_them() {
+        #[derive(Parser)]
+        struct Vmm {
+            #[command(flatten)]
+            args: VmmArgs,
+        }
+        let cases: [(&[&str], &[&str]); 4] = [
+            (&[], &["--api-sock", "/run/firecracker.socket"]),
+            (
+                &[
+                    "--api-sock",
+                    "/s",
+                    "--config-file",
+                    "/c",
+                    "--id",
+                    "vm-1",
+                    "--no-seccomp",
+                ],
+                &["--api-sock", "/s", "--config-file", "/c", "--no-seccomp"],
+            ),
+            (
+                &["--no-api", "--config-file", "/c", "--seccomp-filter", "/f"],
+                &["--config-file", "/c", "--seccomp-filter", "/f"],
+            ),
+            (&["--api-sock", "/s", "--id", "x"], &["--api-sock", "/s"]),
+        ];
+        for (fc_flags, vmm_flags) in cases {
+            let fc = parse(fc_flags).unwrap();
+            // (the id is always passed on: Firecracker has a default one)
+            let mut argv = vec!["vmm", "--id", fc.id.as_str()];
+            argv.extend_from_slice(vmm_flags);
+            let parsed = Vmm::try_parse_from(argv).unwrap().args;
+            assert_eq!(
+                format!("{:?}", vmm_args(&fc)),
+                format!("{parsed:?}"),
+                "{fc_flags:?}"
+            );
+        }
     }
 
     #[test]

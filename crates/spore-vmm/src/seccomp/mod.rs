@@ -153,8 +153,7 @@ impl Filters {
         } else {
             SeccompAction::KillProcess
         };
-        let build = |rules: Vec<(i64, Vec<SeccompRule>)>| -> Result<BpfProgram, SeccompError> {
-            let map: BTreeMap<i64, Vec<SeccompRule>> = rules.into_iter().collect();
+        let build = |map: BTreeMap<i64, Vec<SeccompRule>>| -> Result<BpfProgram, SeccompError> {
             let filter =
                 SeccompFilter::new(map, mismatch.clone(), SeccompAction::Allow, TARGET_ARCH)
                     .map_err(|e| SeccompError::Builtin(e.to_string()))?;
@@ -162,10 +161,19 @@ impl Filters {
                 .try_into()
                 .map_err(|e: seccompiler::BackendError| SeccompError::Builtin(e.to_string()))
         };
+        let vmm_rules: BTreeMap<_, _> = vmm::rules().into_iter().collect();
+        let api_rules: BTreeMap<_, _> = api::rules().into_iter().collect();
+        let vcpu_rules = vcpu::rules().map_err(|e| SeccompError::Builtin(e.to_string()))?;
+        // The API list is the VMM list today: compiled once (every VMM
+        // process compiles its filters at start-up).
+        let api = (api_rules != vmm_rules)
+            .then(|| build(api_rules))
+            .transpose()?;
+        let vmm = build(vmm_rules)?;
         Ok(Filters {
-            vmm: build(vmm::rules())?,
-            api: build(api::rules())?,
-            vcpu: build(vcpu::rules().map_err(|e| SeccompError::Builtin(e.to_string()))?)?,
+            api: api.unwrap_or_else(|| vmm.clone()),
+            vmm,
+            vcpu: build(vcpu_rules.into_iter().collect())?,
         })
     }
 

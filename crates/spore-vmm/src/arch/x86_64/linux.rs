@@ -216,9 +216,13 @@ struct LoadedKernel {
     end: u64,
 }
 
-fn load_kernel(mem: &GuestMemoryMmap, kernel: &mut File) -> Result<LoadedKernel, LinuxBootError> {
+fn load_kernel(
+    mem: &GuestMemoryMmap,
+    kernel: &mut File,
+    format: KernelFormat,
+) -> Result<LoadedKernel, LinuxBootError> {
     let himem = Some(GuestAddress(HIMEM_START));
-    match detect_format(kernel)? {
+    match format {
         KernelFormat::Elf => {
             let r = Elf::load(mem, None, kernel, himem).map_err(LinuxBootError::LoadElf)?;
             Ok(LoadedKernel {
@@ -322,6 +326,52 @@ fn cmdline_limit(header: Option<&setup_header>) -> usize {
         .min(CMDLINE_MAX_SIZE - 1)
 }
 
+/// An initrd and where it was loaded, if it was already.
+type InitrdPlaced<'a> = (&'a mut File, Option<(u64, u64)>);
+
+/// Loads an ELF `kernel` on this thread and `initrd` at the top of low RAM
+/// on another, at once. The initrd's place does not depend on the kernel's
+/// (checked against the kernel's end afterwards: an overlap fails the boot
+/// as it would loading one after the other). Without a second thread, one
+/// after the other.
+fn load_kernel_and_initrd<'a>(
+    mem: &GuestMemoryMmap,
+    kernel: &mut File,
+    initrd: &'a mut File,
+    low_end: u64,
+) -> Result<(LoadedKernel, Option<InitrdPlaced<'a>>), LinuxBootError> {
+    let placed = std::thread::scope(|s| {
+        let reader = std::thread::Builder::new()
+            .name("initrd-load".into())
+            .spawn_scoped(s, || load_initrd(mem, initrd, HIMEM_START, low_end));
+        let loaded = load_kernel(mem, kernel, KernelFormat::Elf);
+        match reader {
+            Ok(handle) => {
+                let placed = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                loaded.map(|k| (k, Some(placed)))
+            }
+            Err(_) => loaded.map(|k| (k, None)),
+        }
+    });
+    match placed? {
+        (loaded, Some(result)) => {
+            let placed = result.map_err(|e| match e {
+                // Checked against the least kernel end: say the real one.
+                LinuxBootError::InitrdTooBig { size, limit, .. } => LinuxBootError::InitrdTooBig {
+                    size,
+                    kernel_end: loaded.end,
+                    limit,
+                },
+                other => other,
+            })?;
+            Ok((loaded, Some((initrd, Some(placed)))))
+        }
+        (loaded, None) => Ok((loaded, Some((initrd, None)))),
+    }
+}
+
 /// Loads `kernel` (ELF vmlinux or bzImage), `initrd`, `cmdline`, the zero
 /// page and the MP table for `num_vcpus` vCPUs into `mem`.
 ///
@@ -335,7 +385,14 @@ pub fn load_linux(
     num_vcpus: u8,
 ) -> Result<LinuxEntry, LinuxBootError> {
     let low_end = low_ram_end(mem)?;
-    let loaded = load_kernel(mem, kernel)?;
+    let format = detect_format(kernel)?;
+    let (loaded, initrd_placed) = match (format, initrd) {
+        // An ELF kernel has no header that limits the initrd: both files
+        // load at once, the initrd on a second thread (they are most of
+        // the VMM's part of a boot, each a copy into fresh guest memory).
+        (KernelFormat::Elf, Some(initrd)) => load_kernel_and_initrd(mem, kernel, initrd, low_end)?,
+        (_, initrd) => (load_kernel(mem, kernel, format)?, initrd.map(|f| (f, None))),
+    };
     if loaded.end > low_end {
         return Err(LinuxBootError::KernelTooBig {
             end: loaded.end,
@@ -370,7 +427,7 @@ pub fn load_linux(
     // Includes the NUL, as Firecracker and Cloud Hypervisor report it.
     params.hdr.cmdline_size = trimmed.len() as u32 + 1;
 
-    if let Some(initrd) = initrd {
+    if let Some((initrd, placed)) = initrd_placed {
         // A 64-bit kernel that cannot take an initrd anywhere says where it
         // must end; otherwise any low-RAM address works.
         let limit = match loaded.header {
@@ -382,7 +439,17 @@ pub fn load_linux(
             }
             _ => low_end,
         };
-        let (addr, size) = load_initrd(mem, initrd, loaded.end, limit)?;
+        let (addr, size) = match placed {
+            Some((addr, size)) if addr >= loaded.end => (addr, size),
+            Some((_, size)) => {
+                return Err(LinuxBootError::InitrdTooBig {
+                    size,
+                    kernel_end: loaded.end,
+                    limit,
+                })
+            }
+            None => load_initrd(mem, initrd, loaded.end, limit)?,
+        };
         // Both below the 4 GiB MMIO hole, so the 32-bit fields hold them.
         params.hdr.ramdisk_image = addr as u32;
         params.hdr.ramdisk_size = size as u32;
@@ -679,7 +746,12 @@ pub(super) mod tests {
         big.set_len(MEM - (8 << 20)).unwrap();
         let mut big = big;
         let err = load_linux(&m, &mut file_with(&tiny_elf()), Some(&mut big), "", 1).unwrap_err();
-        assert!(matches!(err, LinuxBootError::InitrdTooBig { .. }), "{err}");
+        // Loaded beside the kernel, the initrd is checked against its end
+        // afterwards, and the message names that end.
+        assert!(
+            matches!(err, LinuxBootError::InitrdTooBig { kernel_end, .. } if kernel_end > HIMEM_START),
+            "{err}"
+        );
         let mut huge = TempFile::new().unwrap().into_file();
         huge.set_len(1 << 40).unwrap();
         let err = load_linux(&m, &mut file_with(&tiny_elf()), Some(&mut huge), "", 1).unwrap_err();
