@@ -106,6 +106,12 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     // KVM_CREATE_VM while the requests that configure the VM arrive (on a
     // thread started after the host signals are blocked: it inherits that).
     spore_vmm::builder::make_vm_ahead();
+    // The first vCPU's thread too, its seccomp filter on, waiting for the
+    // VM this process boots or restores: thread creation off the path from
+    // a snapshot load to the guest's first instruction.
+    if let Err(e) = spore_vmm::vm::vcpu::prespawn_threads(1) {
+        tracing::warn!("cannot start a vCPU thread ahead: {e}");
+    }
     if let Some(limit) = args.mmds_size_limit {
         vmm.set_mmds_size_limit(limit);
     }

@@ -47,24 +47,31 @@ pub struct Vcpu {
     tmem_status: u32,
 }
 
-type SpareThread = (JoinHandle<()>, std::sync::mpsc::SyncSender<Vcpu>);
+/// A thread started ahead for the vCPU with this id: its handle and where
+/// it waits for the vCPU.
+type SpareThread = (u8, JoinHandle<()>, std::sync::mpsc::SyncSender<Vcpu>);
 
 /// Threads started ahead of time that each run the first vCPU handed to them.
 static SPARE_THREADS: Mutex<Vec<SpareThread>> = Mutex::new(Vec::new());
 
-/// Starts `n` threads that wait for a vCPU to run: a process that will
-/// restore a VM soon (a standby clone) takes thread creation off the path
-/// from restore to the guest's first instruction.
+/// Starts threads for vCPUs 0 to `n - 1` that wait for their vCPU to run
+/// (named as the vCPU's own thread): a process that will boot or restore a
+/// VM soon takes thread creation and the vCPU filter's installation off the
+/// path to the guest's first instruction.
 pub fn prespawn_threads(n: usize) -> std::io::Result<()> {
-    for _ in 0..n {
+    for id in 0..n.min(usize::from(u8::MAX) + 1) {
+        let id = id as u8;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vcpu>(1);
-        let handle =
-            crate::seccomp::spawn(crate::seccomp::ThreadKind::Vcpu, "vcpu".into(), move || {
+        let handle = crate::seccomp::spawn(
+            crate::seccomp::ThreadKind::Vcpu,
+            format!("vcpu{id}"),
+            move || {
                 if let Ok(vcpu) = rx.recv() {
                     vcpu.run_loop();
                 }
-            })?;
-        lock(&SPARE_THREADS).push((handle, tx));
+            },
+        )?;
+        lock(&SPARE_THREADS).push((id, handle, tx));
     }
     Ok(())
 }
@@ -119,14 +126,18 @@ impl Vcpu {
         self.signal_result.clone()
     }
 
-    /// Starts the run loop on its own thread (a spare one made by
-    /// [`prespawn_threads`] if there is one).
+    /// Starts the run loop on its own thread (the one [`prespawn_threads`]
+    /// made for this vCPU, if there is one).
     pub fn start(self) -> std::io::Result<VcpuThread> {
         install_kick_handler();
         let id = self.id;
-        let spare = lock(&SPARE_THREADS).pop();
+        let spare = {
+            let mut spares = lock(&SPARE_THREADS);
+            let at = spares.iter().position(|(for_id, ..)| *for_id == id);
+            at.map(|i| spares.swap_remove(i))
+        };
         let mut me = self;
-        if let Some((handle, tx)) = spare {
+        if let Some((_, handle, tx)) = spare {
             match tx.send(me) {
                 Ok(()) => return Ok(VcpuThread { id, handle }),
                 // The spare thread is gone: start one the ordinary way.
