@@ -91,6 +91,10 @@ start_vmm() {
     log="$tmp/$name.log"
     : >"$log"
     mkfifo "$tmp/$name.fifo"
+    # Emptied here, not only by the stamper's own redirection (which runs
+    # in the background): a wait_line right after must not find the last
+    # round's marker in it (seen once: a boot "took" -5,020 ms).
+    : >"$con"
     "$T" stamp <"$tmp/$name.fifo" >"$con" &
     stamper=$!
     t_start=$("$T" now)
@@ -259,7 +263,7 @@ boot_round() {
  "vsock":{"guest_cid":3,"uds_path":"$tmp/boot-$kind.vsock"}}
 CFG
     start_vmm "$kind" "boot-$kind" --config-file "$tmp/boot.json"
-    if s=$(wait_line "SPORE-INIT up " 300); then
+    if s=$(wait_line "SPORE-INIT up " 300 "$t_start"); then
         kvm_stats "$tmp/boot.after"
         kvm_delta "$kind" "$r" boot "$tmp/zero.stats" "$tmp/boot.after"
         b=$(ms "$t_start" "$s")
