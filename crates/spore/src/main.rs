@@ -50,10 +50,10 @@ struct GlobalArgs {
     snapshot_key_file: Option<std::path::PathBuf>,
 }
 
-/// `spore vmm ...` parsed on its own: the command line every VMM process
-/// starts with (`spore serve`'s instances, `firecracker` for Firecracker's
-/// tools, users), without the other subcommands. Building the full command
-/// line costs clap 0.7 ms with musl, a third of a VMM's start-up to its API.
+/// `spore vmm ...` parsed on its own: the command line VMM processes start
+/// with (`spore serve`'s instances, clone processes, users), without the
+/// other subcommands. Building the full command line cost clap 0.9 ms with
+/// musl, half of a VMM's start-up to its API.
 #[derive(Parser)]
 #[command(name = "spore", version)]
 struct VmmCli {
