@@ -45,30 +45,51 @@ struct GlobalArgs {
     /// starts (clones, `spore serve`'s instances) through
     /// SPORE_SNAPSHOT_KEY_FILE, which is also read when the flag is absent.
     // Listed after a subcommand's own options, however the command line
-    // that carries it was built (see [`VmmCli`]).
+    // that carries it was built (see [`VmCli`]).
     #[arg(long, global = true, value_name = "FILE", display_order = 1000)]
     snapshot_key_file: Option<std::path::PathBuf>,
 }
 
-/// `spore vmm ...` parsed on its own: the command line VMM processes start
-/// with (`spore serve`'s instances, clone processes, users), without the
-/// other subcommands. Building the full command line cost clap 0.9 ms with
-/// musl, half of a VMM's start-up to its API.
+/// `spore vmm ...` and `spore run ...` parsed without the other
+/// subcommands: the command lines VMM processes start with (`spore serve`'s
+/// instances, clone processes, users, benchmarks). Building the full command
+/// line cost clap 0.9 ms with musl, half of a VMM's start-up to its API.
 #[derive(Parser)]
 #[command(name = "spore", version)]
-struct VmmCli {
+struct VmCli {
     #[command(subcommand)]
-    command: VmmCommand,
+    command: VmCommand,
     #[command(flatten)]
     global: GlobalArgs,
 }
 
+/// The subcommands [`VmCli`] parses, as [`Command`] has them.
 #[derive(Subcommand)]
-enum VmmCommand {
+enum VmCommand {
+    #[command(about = RUN_ABOUT)]
+    Run(run::RunArgs),
     #[command(about = VMM_ABOUT)]
     Vmm(vmm_cmd::VmmArgs),
 }
 
+impl VmCommand {
+    /// Whether `VmCli` parses this subcommand.
+    fn parses(name: &std::ffi::OsStr) -> bool {
+        name == "vmm" || name == "run"
+    }
+}
+
+impl From<VmCommand> for Command {
+    fn from(c: VmCommand) -> Command {
+        match c {
+            VmCommand::Run(a) => Command::Run(a),
+            VmCommand::Vmm(a) => Command::Vmm(a),
+        }
+    }
+}
+
+const RUN_ABOUT: &str = "Run one microVM in the foreground with its serial console on this \
+                         terminal; exit with the guest's exit status";
 const VMM_ABOUT: &str = "Run one microVM process driven through the REST API on a Unix socket \
                          (Firecracker-compatible), or from a --config-file";
 
@@ -96,8 +117,7 @@ fn set_snapshot_key(flag: Option<std::path::PathBuf>) -> anyhow::Result<()> {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one microVM in the foreground with its serial console on this
-    /// terminal; exit with the guest's exit status.
+    #[command(about = RUN_ABOUT)]
     Run(run::RunArgs),
     #[command(about = VMM_ABOUT)]
     Vmm(vmm_cmd::VmmArgs),
@@ -177,10 +197,12 @@ fn main() -> ExitCode {
             .collect();
         return ExitCode::from(fc_cmd::main(argv));
     }
-    let (command, global) = if own_subcommand {
-        let VmmCli { command, global } = VmmCli::parse();
-        let VmmCommand::Vmm(args) = command;
-        (Command::Vmm(args), global)
+    let quick = std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| VmCommand::parses(&a));
+    let (command, global) = if quick {
+        let VmCli { command, global } = VmCli::parse();
+        (command.into(), global)
     } else {
         let Cli { command, global } = Cli::parse();
         (command, global)
@@ -241,12 +263,14 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
 mod tests {
     use super::*;
 
-    /// `spore vmm ...` parsed on its own gives what the full command line
-    /// gives: the same arguments, errors and help.
+    /// `spore vmm ...` and `spore run ...` parsed without the other
+    /// subcommands give what the full command line gives: the same
+    /// arguments, errors and help.
     #[test]
-    fn vmm_alone_parses_as_the_full_command_line() {
+    fn vm_subcommands_parse_as_the_full_command_line() {
         let render = |r: Result<(Command, GlobalArgs), clap::Error>| match r {
-            Ok((Command::Vmm(a), g)) => format!("{a:?} {:?}", g.snapshot_key_file),
+            Ok((Command::Vmm(a), g)) => format!("vmm {a:?} {:?}", g.snapshot_key_file),
+            Ok((Command::Run(a), g)) => format!("run {a:?} {:?}", g.snapshot_key_file),
             Ok(_) => "another subcommand".into(),
             Err(e) => format!("{:?}: {e}", e.kind()),
         };
@@ -281,13 +305,25 @@ mod tests {
             &["spore", "vmm", "--bogus"],
             &["spore", "vmm", "--help"],
             &["spore", "vmm", "--clone-prepare", "128,1"],
+            &["spore", "run", "--kernel", "/k"],
+            &[
+                "spore",
+                "run",
+                "--kernel",
+                "/k",
+                "--mem",
+                "64M",
+                "--snapshot-key-file",
+                "/s",
+            ],
+            &["spore", "run", "--help"],
+            &["spore", "run", "--bogus"],
+            &["spore", "run"],
         ] {
+            assert!(VmCommand::parses(std::ffi::OsStr::new(argv[1])));
             let full = Cli::try_parse_from(argv).map(|c| (c.command, c.global));
-            let alone = VmmCli::try_parse_from(argv).map(|c| {
-                let VmmCommand::Vmm(a) = c.command;
-                (Command::Vmm(a), c.global)
-            });
-            assert_eq!(render(full), render(alone), "{argv:?}");
+            let quick = VmCli::try_parse_from(argv).map(|c| (c.command.into(), c.global));
+            assert_eq!(render(full), render(quick), "{argv:?}");
         }
     }
 }
