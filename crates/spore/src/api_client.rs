@@ -54,12 +54,14 @@ pub fn request(
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("connecting to {}", socket.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    write!(
-        s,
+    // One write: a request written piece by piece (as `write!` on the
+    // socket would) wakes the server for each piece.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )?;
+    );
+    s.write_all(request.as_bytes())?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).context("reading the response")?;
     let resp = String::from_utf8_lossy(&resp);
