@@ -23,7 +23,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::{Bytes, Incoming};
+use hyper::body::{Body, Bytes, Incoming};
 use hyper::header::CONTENT_LENGTH;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -288,6 +288,11 @@ async fn read_body(
         .and_then(|v| v.trim().parse::<u64>().ok());
     if announced.is_some_and(|n| n > max_body as u64) {
         return Err(too_large());
+    }
+    // Most requests (every GET) have no body: nothing to wait for, so no
+    // timer, limit or buffer is set up for them.
+    if body.is_end_stream() {
+        return Ok(Bytes::new());
     }
     let collect = Limited::new(body, max_body).collect();
     match tokio::time::timeout(BODY_TIMEOUT, collect).await {
