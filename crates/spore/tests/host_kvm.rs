@@ -321,6 +321,18 @@ fn kvm_guest_fault_stops_the_vmm_naming_the_exit_reason() {
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(1), "stderr: {err}");
     assert!(err.contains("KVM_EXIT_SHUTDOWN"), "stderr: {err}");
+    // Where the guest stopped: its instruction pointer inside the image
+    // (loaded at 1 MiB and up) and its page tables.
+    let rip = err
+        .split("at rip 0x")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_hexdigit()).next())
+        .and_then(|h| u64::from_str_radix(h, 16).ok());
+    assert!(
+        rip.is_some_and(|r| r >= 0x10_0000),
+        "no instruction pointer in the report: {err}"
+    );
+    assert!(err.contains("cr3 0x"), "stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
 

@@ -3,7 +3,8 @@
 //! register writes and activations; the signal port, whose `WAIT` sleeps;
 //! tmem copies; serial output; logging).
 //!
-//! `ioctl` is allowed only with the KVM request numbers a vCPU thread makes,
+//! `ioctl` is allowed only with the KVM request numbers a vCPU thread makes
+//! (`KVM_RUN`, and reading its registers after a guest crash),
 //! `openat` only read-only.
 //! Threads a vCPU thread needs (a device worker activated by the guest) are
 //! started by the spawner thread (`super::spawn`), so no thread creation here.
@@ -13,6 +14,28 @@ use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule}
 
 /// `_IO(KVMIO, 0x80)`: KVM_RUN.
 const KVM_RUN: u64 = 0xAE80;
+
+/// `_IOC(dir, KVMIO, nr, size)`: a KVM request number.
+const fn kvm_ioc(dir: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | (0xAE << 8) | nr
+}
+
+/// Read-only requests for the report of where a crashed guest stopped
+/// (`arch::crash_report`, on a triple fault's exit).
+#[cfg(target_arch = "x86_64")]
+const CRASH_REPORT: &[u64] = &[
+    kvm_ioc(2, 0x81, std::mem::size_of::<kvm_bindings::kvm_regs>()), // KVM_GET_REGS
+    kvm_ioc(2, 0x83, std::mem::size_of::<kvm_bindings::kvm_sregs>()), // KVM_GET_SREGS
+    kvm_ioc(
+        2,
+        0x9f,
+        std::mem::size_of::<kvm_bindings::kvm_vcpu_events>(),
+    ), // KVM_GET_VCPU_EVENTS
+];
+#[cfg(target_arch = "aarch64")]
+const CRASH_REPORT: &[u64] = &[
+    kvm_ioc(1, 0xab, std::mem::size_of::<kvm_bindings::kvm_one_reg>()), // KVM_GET_ONE_REG
+];
 
 /// Allowed without conditions, grouped by why.
 const SYSCALLS: &[i64] = &[
@@ -69,7 +92,8 @@ const SYSCALLS: &[i64] = &[
     SYS_exit_group,
 ];
 
-/// The vCPU kind's rules: [`SYSCALLS`], and `ioctl` on KVM_RUN only.
+/// The vCPU kind's rules: [`SYSCALLS`], and `ioctl` on KVM_RUN and the
+/// [`CRASH_REPORT`] reads only.
 pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     let ioctl = |req: u64| -> seccompiler::Result<SeccompRule> {
         let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, req)?;
@@ -77,7 +101,11 @@ pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     };
     let mut rules: Vec<(i64, Vec<SeccompRule>)> =
         SYSCALLS.iter().map(|&n| (n, Vec::new())).collect();
-    rules.push((SYS_ioctl, vec![ioctl(KVM_RUN)?]));
+    let mut requests = vec![ioctl(KVM_RUN)?];
+    for &req in CRASH_REPORT {
+        requests.push(ioctl(req)?);
+    }
+    rules.push((SYS_ioctl, requests));
     // The WAIT's sleep and the wake eventfd: glibc's poll() is `poll` on
     // x86_64 (aarch64 has only `ppoll`, listed above).
     #[cfg(target_arch = "x86_64")]

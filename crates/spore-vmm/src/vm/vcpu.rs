@@ -291,21 +291,26 @@ impl Vcpu {
                     "vCPU {id}: unikernel executed HLT; use the signal port's WAIT"
                 ))),
             },
-            VcpuExit::Shutdown => match self.kind {
-                // A reboot=t reset, or a guest that crashed past its own
-                // panic handling. Both end the VM like a reboot, so say
-                // which it was: otherwise a crash leaves no trace at all.
-                GuestKind::Linux => {
-                    tracing::warn!(
-                        "vCPU {id}: the guest reset the VM by a triple fault (KVM_EXIT_SHUTDOWN): \
-                         a reboot=t reboot, or a crashed guest"
-                    );
-                    Some(StopReason::Reset)
+            VcpuExit::Shutdown => {
+                // Where it stopped, so that a crash can be traced to its code.
+                let at = crate::arch::crash_report(fd);
+                match self.kind {
+                    // A reboot=t reset, or a guest that crashed past its own
+                    // panic handling. Both end the VM like a reboot, so say
+                    // which it was: otherwise a crash leaves no trace at all.
+                    GuestKind::Linux => {
+                        tracing::warn!(
+                            "vCPU {id}: the guest reset the VM by a triple fault \
+                             (KVM_EXIT_SHUTDOWN): a reboot=t reboot, or a crashed guest; \
+                             stopped at {at}"
+                        );
+                        Some(StopReason::Reset)
+                    }
+                    GuestKind::Unikernel => Some(StopReason::Error(format!(
+                        "vCPU {id}: unikernel triple-faulted (KVM_EXIT_SHUTDOWN) at {at}"
+                    ))),
                 }
-                GuestKind::Unikernel => Some(StopReason::Error(format!(
-                    "vCPU {id}: unikernel triple-faulted (KVM_EXIT_SHUTDOWN)"
-                ))),
-            },
+            }
             VcpuExit::SystemEvent(kind, _) => {
                 tracing::info!("vCPU {id}: system event {kind}");
                 Some(StopReason::Reset)

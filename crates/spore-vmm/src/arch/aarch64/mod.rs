@@ -14,7 +14,8 @@ pub use boot::{detect_unikernel, load_kernel, BootError, DEFAULT_LINUX_CMDLINE};
 #[cfg(test)]
 pub use platform::empty_state;
 pub use platform::{
-    create_irqchip, create_platform_timer, init_vcpu, on_pause, prepare_vm, restore_state,
-    save_state, Irqchip, PlatformError, StateError, VmState, NAME, UNIKERNEL_SUPPORTED,
+    crash_report, create_irqchip, create_platform_timer, init_vcpu, on_pause, prepare_vm,
+    restore_state, save_state, Irqchip, PlatformError, StateError, VmState, NAME,
+    UNIKERNEL_SUPPORTED,
 };
 pub use vcpu::VcpuState;

@@ -167,3 +167,13 @@ pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
     };
     ((0..vcpus).map(|_| vcpu()).collect(), VmState { gic })
 }
+
+/// Where a vCPU stopped, in one line, for a guest that crashed past its own
+/// handling: its program counter, if KVM gives it.
+pub fn crash_report(fd: &VcpuFd) -> String {
+    let mut pc = [0u8; 8];
+    match fd.get_one_reg(super::regs::core_reg_id(super::regs::PC_OFFSET), &mut pc) {
+        Ok(_) => format!("pc {:#x}", u64::from_ne_bytes(pc)),
+        Err(_) => String::new(),
+    }
+}

@@ -172,3 +172,33 @@ pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
     };
     ((0..vcpus).map(|id| vcpu(id as u8)).collect(), vm)
 }
+
+/// Where a vCPU stopped, in one line, for a guest that crashed past its own
+/// handling (a triple fault): instruction and stack pointers, the paging
+/// state and the exception KVM was delivering. Read after the exit, so a
+/// register KVM cannot give is left out rather than failing the report.
+pub fn crash_report(fd: &VcpuFd) -> String {
+    let mut parts = Vec::new();
+    if let Ok(r) = fd.get_regs() {
+        parts.push(format!(
+            "rip {:#x} rsp {:#x} rflags {:#x}",
+            r.rip, r.rsp, r.rflags
+        ));
+    }
+    if let Ok(s) = fd.get_sregs() {
+        parts.push(format!(
+            "cs {:#x} cr0 {:#x} cr2 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x}",
+            s.cs.selector, s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+        ));
+    }
+    if let Ok(e) = fd.get_vcpu_events() {
+        let ex = e.exception;
+        if ex.injected != 0 || ex.pending != 0 {
+            parts.push(format!(
+                "exception {} (error code {:#x})",
+                ex.nr, ex.error_code
+            ));
+        }
+    }
+    parts.join(", ")
+}
