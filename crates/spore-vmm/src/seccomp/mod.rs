@@ -262,6 +262,13 @@ pub fn setting() -> SeccompSetting {
     CONFIG.get().map(|c| c.setting.clone()).unwrap_or_default()
 }
 
+/// Whether a vCPU thread may read its own registers (after a guest crash):
+/// the built-in vCPU filter allows it; a user's `--seccomp-filter` file may
+/// not, and a request it forbids would end the process.
+pub fn vcpu_may_read_registers() -> bool {
+    !matches!(setting(), SeccompSetting::File(_))
+}
+
 /// Whether filters are on in this process.
 pub fn enabled() -> bool {
     CONFIG.get().is_some_and(|c| c.filters.is_some())

@@ -293,7 +293,11 @@ impl Vcpu {
             },
             VcpuExit::Shutdown => {
                 // Where it stopped, so that a crash can be traced to its code.
-                let at = crate::arch::crash_report(fd);
+                let at = if crate::seccomp::vcpu_may_read_registers() {
+                    crate::arch::crash_report(fd)
+                } else {
+                    "a place not read (the --seccomp-filter file may forbid it)".into()
+                };
                 match self.kind {
                     // A reboot=t reset, or a guest that crashed past its own
                     // panic handling. Both end the VM like a reboot, so say
