@@ -10,31 +10,34 @@
 //! started by the spawner thread (`super::spawn`), so no thread creation here.
 
 use libc::*;
+use std::mem::size_of;
+
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+use vmm_sys_util::ioctl::ioctl_expr;
+#[cfg(target_arch = "x86_64")]
+use vmm_sys_util::ioctl::_IOC_READ;
+#[cfg(target_arch = "aarch64")]
+use vmm_sys_util::ioctl::_IOC_WRITE;
 
 /// `_IO(KVMIO, 0x80)`: KVM_RUN.
 const KVM_RUN: u64 = 0xAE80;
 
-/// `_IOC(dir, KVMIO, nr, size)`: a KVM request number.
-const fn kvm_ioc(dir: u64, nr: u64, size: usize) -> u64 {
-    (dir << 30) | ((size as u64) << 16) | (0xAE << 8) | nr
+/// A KVM request number (`_IOR`/`_IOW(KVMIO, nr, T)`).
+const fn kvm_request(dir: u32, nr: u32, size: usize) -> u64 {
+    ioctl_expr(dir, kvm_bindings::KVMIO, nr, size as u32) as u64
 }
 
 /// Read-only requests for the report of where a crashed guest stopped
 /// (`arch::crash_report`, on a triple fault's exit).
 #[cfg(target_arch = "x86_64")]
 const CRASH_REPORT: &[u64] = &[
-    kvm_ioc(2, 0x81, std::mem::size_of::<kvm_bindings::kvm_regs>()), // KVM_GET_REGS
-    kvm_ioc(2, 0x83, std::mem::size_of::<kvm_bindings::kvm_sregs>()), // KVM_GET_SREGS
-    kvm_ioc(
-        2,
-        0x9f,
-        std::mem::size_of::<kvm_bindings::kvm_vcpu_events>(),
-    ), // KVM_GET_VCPU_EVENTS
+    kvm_request(_IOC_READ, 0x81, size_of::<kvm_bindings::kvm_regs>()), // KVM_GET_REGS
+    kvm_request(_IOC_READ, 0x83, size_of::<kvm_bindings::kvm_sregs>()), // KVM_GET_SREGS
+    kvm_request(_IOC_READ, 0x9f, size_of::<kvm_bindings::kvm_vcpu_events>()), // KVM_GET_VCPU_EVENTS
 ];
 #[cfg(target_arch = "aarch64")]
 const CRASH_REPORT: &[u64] = &[
-    kvm_ioc(1, 0xab, std::mem::size_of::<kvm_bindings::kvm_one_reg>()), // KVM_GET_ONE_REG
+    kvm_request(_IOC_WRITE, 0xab, size_of::<kvm_bindings::kvm_one_reg>()), // KVM_GET_ONE_REG
 ];
 
 /// Allowed without conditions, grouped by why.
