@@ -293,10 +293,15 @@ impl Vcpu {
             },
             VcpuExit::Shutdown => {
                 // Where it stopped, so that a crash can be traced to its code.
-                let at = if crate::seccomp::vcpu_may_read_registers() {
+                let report = if crate::seccomp::vcpu_may_read_registers() {
                     crate::arch::crash_report(fd)
                 } else {
-                    "a place not read (the --seccomp-filter file may forbid it)".into()
+                    String::new()
+                };
+                let at = if report.is_empty() {
+                    "a place not known (registers not read)".to_string()
+                } else {
+                    report
                 };
                 match self.kind {
                     // A reboot=t reset, or a guest that crashed past its own
