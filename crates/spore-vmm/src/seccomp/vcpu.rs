@@ -66,11 +66,15 @@ const SYSCALLS: &[i64] = &[
     // A WAIT's poll interrupted by SIGSTOP/SIGCONT (job control, ptrace, a
     // cgroup freezer) resumes through restart_syscall.
     SYS_restart_syscall,
-    // The kick signal's handler returning; stopping the VM kicks the others.
+    // The kick signal's handler returning.
     SYS_rt_sigreturn,
     SYS_rt_sigprocmask,
     SYS_sigaltstack,
+    // A panic's abort raises SIGABRT at its own thread: glibc with tgkill,
+    // musl (the static builds) with tkill. Without them the abort would be
+    // a seccomp kill (SIGSYS) that hides the panic's signal.
     SYS_tgkill,
+    SYS_tkill,
     SYS_getpid,
     SYS_gettid,
     // A device activated by the guest makes its stop eventfd here.
