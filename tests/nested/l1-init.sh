@@ -86,10 +86,11 @@ if [ -c /dev/kvm ]; then
     reporter=$!
     { /scenario; echo "SPORE-L1 scenario exit $?"; } 2>&1 | tee /tmp/.scenario.out
     kill "$reporter" 2>/dev/null
-    # L1's kernel runs quiet: its warnings (a splat from an ioctl) and its
+    # L1's kernel runs quiet: its warnings (a splat from an ioctl), its
     # seccomp kill records (audit type 1326: which thread, which syscall)
-    # reach the log only here, so a VMM that died says why.
-    dmesg | grep -E -A 24 'cut here|type=1326' | head -n 120 | sed 's/^/SPORE-L1-KERNEL /'
+    # and a fatal signal's registers (print-fatal-signals) reach the log
+    # only here, so a VMM that died says why.
+    dmesg | grep -E -A 30 'cut here|type=1326|fatal signal' | head -n 160 | sed 's/^/SPORE-L1-KERNEL /'
     cd /
     if [ -n "$(ls -A /out)" ]; then
         echo "SPORE-OUT-BEGIN"

@@ -92,7 +92,8 @@ run_one() {
     [[ $arch == x86_64 ]] || set -- "${arch_args[@]}" --log "/tmp/spore-nested/$log_prefix$name.log" "$@"
     out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
     local attempt=1
-    while ((rc != 0 && attempt < 3)) && grep -qE "no SPORE-TEST results|L1 soft lockup|L1 hang|L1 kernel crash|L1 kernel warning" <<<"$out"; do
+    local shapes="no SPORE-TEST results|L1 soft lockup|L1 hang|L1 kernel crash|L1 kernel warning"
+    while ((rc != 0 && attempt < 3)) && grep -qE "$shapes" <<<"$out"; do
         # An open bug: now and then (1 of 4 snapshot runs on a loaded host) the
         # nested stack stalls right after L1's KVM comes up, before the
         # scenario reports anything (the same shape as the rare `bench boot`
@@ -110,7 +111,7 @@ run_one() {
         # seccomp kill, which is spore's).
         attempt=$((attempt + 1))
         cp "$(sed -n 's/^.*; log \(.*\))$/\1/p' <<<"$out" | tail -n1)" "/tmp/spore-nested/$log_prefix$name.stalled-$attempt.log" 2>/dev/null || true
-        log "RETRY $name (attempt $attempt): the run stalled (open bug, see guest/README.md; log of the stalled run: /tmp/spore-nested/$log_prefix$name.stalled-$attempt.log)"
+        log "RETRY $name (attempt $attempt): $(grep -m1 -oE "$shapes" <<<"$out") (open bug of the emulated stack, see guest/README.md; log of that run: /tmp/spore-nested/$log_prefix$name.stalled-$attempt.log)"
         rc=0
         out="$("$here/run.sh" --spore "$spore" "${quiet[@]}" "$@" | tee -a /dev/stderr)" || rc=$?
     done

@@ -274,7 +274,7 @@ monitor="$work/qemu-monitor.sock"
 qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp "$smp"
     -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
     -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
-    -append "console=ttyS0 quiet panic=-1 audit=1 no_timer_check nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
+    -append "console=ttyS0 quiet panic=-1 audit=1 print-fatal-signals=1 no_timer_check nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
 # arm64: the machine of tests/nested-arm64/probe.sh (EL2 for L1's KVM,
 # GICv3); its console is the PL011, ttyAMA0.
 if [[ $arch == arm64 ]]; then
@@ -282,7 +282,7 @@ if [[ $arch == arm64 ]]; then
     qemu=(qemu-system-aarch64 -machine virt,accel=tcg,virtualization=on,gic-version=3 -cpu max -m "$memory" -smp "$smp"
         -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
         -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
-        -append "console=ttyAMA0 quiet panic=-1 audit=1 nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
+        -append "console=ttyAMA0 quiet panic=-1 audit=1 print-fatal-signals=1 nokaslr spore.stall_report_s=$((stall_s * 2 / 3)) $append")
 fi
 : >"$log_file"
 # QEMU runs in the background so the timeout can kill exactly it.
@@ -379,15 +379,19 @@ if grep -aq '^NESTED-KVM ok' "$clean"; then
 fi
 ((pass + fail + skip > 0)) || problems+=("no SPORE-TEST results")
 # What L1's kernel said of the run (l1-init.sh prints it after the scenario):
-# a seccomp kill record (audit type 1326, L1 boots with audit=1) names the
-# VMM thread and the syscall its filter refused; that is spore's bug and is
-# shown, never retried. A kernel warning (a splat from an ioctl, with no
-# seccomp kill) in a run with failed checks is the emulated stack's: seen
-# once as an arm64 guest reset before its first console line, at L1's first
-# VM; run-all.sh runs it again, as it does L1's crashes.
+# a seccomp kill record (audit type 1326 with SIGSYS, 31; L1 boots with
+# audit=1; SPORE_SECCOMP_LOG's records have no signal) names the VMM thread
+# and the syscall its filter refused, and a process killed by a fault
+# (print-fatal-signals=1) has its registers printed; neither is retried
+# (a fault only counts as a problem in a run with failed checks). A kernel warning (a splat from an ioctl) in a run with
+# failed checks and neither of those is the emulated stack's: seen once as
+# an arm64 guest reset before its first console line, at L1's first VM;
+# run-all.sh runs it again, as it does L1's crashes.
 kernel_lines="$(grep -a '^SPORE-L1-KERNEL ' "$clean" | sed 's/^SPORE-L1-KERNEL //' || true)"
-if grep -q 'type=1326' <<<"$kernel_lines"; then
-    problems+=("seccomp kill in L1: $(grep -m1 -o 'comm=.*' <<<"$kernel_lines")")
+if grep -q 'type=1326.* sig=31 ' <<<"$kernel_lines"; then
+    problems+=("seccomp kill in L1: $(grep -m1 'type=1326.* sig=31 ' <<<"$kernel_lines" | grep -o 'comm=.*')")
+elif ((fail > 0)) && grep -q 'fatal signal' <<<"$kernel_lines"; then
+    problems+=("a process in L1 was killed by $(grep -m1 -o 'fatal signal [0-9]*' <<<"$kernel_lines") (its registers are below)")
 elif ((fail > 0)) && grep -q 'cut here' <<<"$kernel_lines"; then
     problems+=("L1 kernel warning: L1's kernel warned during the run (its report is below and in the log)")
 fi
@@ -406,7 +410,7 @@ if [[ -n $results ]]; then
     printf '%s\n' "$results" | sed 's/^SPORE-TEST /  /'
 fi
 for p in "${problems[@]}"; do echo "  problem: $p"; done
-[[ -z $kernel_lines ]] || head -n 40 <<<"$kernel_lines" | sed 's/^/  L1 kernel: /'
+[[ -z $kernel_lines ]] || head -n 60 <<<"$kernel_lines" | sed 's/^/  L1 kernel: /'
 printf '%s: %d passed, %d failed, %d skipped (%ss; log %s)\n' \
     "$name" "$pass" "$fail" "$skip" "$elapsed" "$log_file"
 [[ $fail -eq 0 && ${#problems[@]} -eq 0 ]]

@@ -143,6 +143,34 @@ fn a_syscall_outside_the_vcpu_list_kills_the_process() {
     );
 }
 
+/// A fault on a vCPU thread ends the process by the fault's own signal,
+/// not by a seccomp kill: std's handler may put the default action back.
+#[test]
+fn a_fault_under_the_vcpu_filter_ends_the_process_by_its_own_signal() {
+    let filters = Filters::builtin().unwrap();
+    let prog = filters.get(ThreadKind::Vcpu).clone();
+    // SAFETY: the child only installs the filter (prctl, seccomp) from
+    // memory allocated before the fork, then reads an unmapped address;
+    // std's SIGSEGV handler runs, resets the action and returns.
+    let status = unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0);
+        if pid == 0 {
+            if seccompiler::apply_filter(&prog).is_err() {
+                libc::_exit(3);
+            }
+            let unmapped = std::hint::black_box(8usize) as *const u8;
+            let _ = std::ptr::read_volatile(unmapped);
+            libc::_exit(0);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        status
+    };
+    assert!(libc::WIFSIGNALED(status), "status {status:#x}");
+    assert_eq!(libc::WTERMSIG(status), libc::SIGSEGV);
+}
+
 #[test]
 fn settings_give_their_flags() {
     assert!(SeccompSetting::Default.to_args().is_empty());

@@ -99,8 +99,8 @@ const SYSCALLS: &[i64] = &[
     SYS_exit_group,
 ];
 
-/// The vCPU kind's rules: [`SYSCALLS`], and `ioctl` on KVM_RUN and the
-/// [`CRASH_REPORT`] reads only.
+/// The vCPU kind's rules: [`SYSCALLS`], `ioctl` on KVM_RUN and the
+/// [`CRASH_REPORT`] reads only, and `rt_sigaction` on SIGSEGV and SIGBUS.
 pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     let ioctl = |req: u64| -> seccompiler::Result<SeccompRule> {
         let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, req)?;
@@ -113,6 +113,18 @@ pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
         requests.push(ioctl(req)?);
     }
     rules.push((SYS_ioctl, requests));
+    // A fault on this thread (SIGSEGV, SIGBUS) that is not a stack overflow:
+    // std's handler puts the signal's default action back and returns, so
+    // the fault kills the process by its own signal. Refused, that reset
+    // would be a seccomp kill (SIGSYS) that hides which fault it was.
+    let signal_is = |sig: c_int| -> seccompiler::Result<SeccompRule> {
+        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, sig as u64)?;
+        Ok(SeccompRule::new(vec![cond])?)
+    };
+    rules.push((
+        SYS_rt_sigaction,
+        vec![signal_is(SIGSEGV)?, signal_is(SIGBUS)?],
+    ));
     // The WAIT's sleep and the wake eventfd: glibc's poll() is `poll` on
     // x86_64 (aarch64 has only `ppoll`, listed above).
     #[cfg(target_arch = "x86_64")]
