@@ -107,13 +107,14 @@ fn compiled_firecracker_files_are_read_or_refused() {
     }
 }
 
-/// Forks a child that installs `kind`'s filter and calls `socket(2)`;
-/// returns how it ended (`wait` status).
-fn child_calls_socket(kind: ThreadKind) -> i32 {
+/// Forks a child that installs `kind`'s filter and runs `body`, then exits
+/// 0; returns how it ended (`wait` status). `body` must only make
+/// async-signal-safe calls.
+fn child_under(kind: ThreadKind, body: fn()) -> i32 {
     let filters = Filters::builtin().unwrap();
     let prog = filters.get(kind).clone();
-    // SAFETY: the child only calls async-signal-safe functions (prctl,
-    // seccomp, socket, _exit) on memory allocated before the fork.
+    // SAFETY: the child only installs the filter (prctl, seccomp) from
+    // memory allocated before the fork, runs `body` and calls _exit.
     unsafe {
         let pid = libc::fork();
         assert!(pid >= 0);
@@ -121,13 +122,25 @@ fn child_calls_socket(kind: ThreadKind) -> i32 {
             if seccompiler::apply_filter(&prog).is_err() {
                 libc::_exit(3);
             }
-            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-            libc::_exit(if fd >= 0 { 0 } else { 4 });
+            body();
+            libc::_exit(0);
         }
         let mut status = 0;
         assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
         status
     }
+}
+
+/// Calls `socket(2)` under `kind`'s filter (exit 4 if it fails).
+fn child_calls_socket(kind: ThreadKind) -> i32 {
+    child_under(kind, || {
+        // SAFETY: socket(2) with constant arguments, then _exit in the child.
+        unsafe {
+            if libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0 {
+                libc::_exit(4);
+            }
+        }
+    })
 }
 
 #[test]
@@ -147,26 +160,12 @@ fn a_syscall_outside_the_vcpu_list_kills_the_process() {
 /// not by a seccomp kill: std's handler may put the default action back.
 #[test]
 fn a_fault_under_the_vcpu_filter_ends_the_process_by_its_own_signal() {
-    let filters = Filters::builtin().unwrap();
-    let prog = filters.get(ThreadKind::Vcpu).clone();
-    // SAFETY: the child only installs the filter (prctl, seccomp) from
-    // memory allocated before the fork, then reads an unmapped address;
     // std's SIGSEGV handler runs, resets the action and returns.
-    let status = unsafe {
-        let pid = libc::fork();
-        assert!(pid >= 0);
-        if pid == 0 {
-            if seccompiler::apply_filter(&prog).is_err() {
-                libc::_exit(3);
-            }
-            let unmapped = std::hint::black_box(8usize) as *const u8;
-            let _ = std::ptr::read_volatile(unmapped);
-            libc::_exit(0);
-        }
-        let mut status = 0;
-        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-        status
-    };
+    let status = child_under(ThreadKind::Vcpu, || {
+        let unmapped = std::hint::black_box(8usize) as *const u8;
+        // SAFETY: not safe on purpose: the read faults, which is the test.
+        let _ = unsafe { std::ptr::read_volatile(unmapped) };
+    });
     assert!(libc::WIFSIGNALED(status), "status {status:#x}");
     assert_eq!(libc::WTERMSIG(status), libc::SIGSEGV);
 }

@@ -99,31 +99,30 @@ const SYSCALLS: &[i64] = &[
     SYS_exit_group,
 ];
 
+/// A rule that lets the syscall through when its argument `index` equals
+/// `value` (compared as a 32-bit word: request numbers, signals, flags).
+fn arg_is(index: u8, value: u64) -> seccompiler::Result<SeccompRule> {
+    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)?;
+    Ok(SeccompRule::new(vec![cond])?)
+}
+
 /// The vCPU kind's rules: [`SYSCALLS`], `ioctl` on KVM_RUN and the
 /// [`CRASH_REPORT`] reads only, and `rt_sigaction` on SIGSEGV and SIGBUS.
 pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
-    let ioctl = |req: u64| -> seccompiler::Result<SeccompRule> {
-        let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, req)?;
-        Ok(SeccompRule::new(vec![cond])?)
-    };
     let mut rules: Vec<(i64, Vec<SeccompRule>)> =
         SYSCALLS.iter().map(|&n| (n, Vec::new())).collect();
-    let mut requests = vec![ioctl(KVM_RUN)?];
+    let mut requests = vec![arg_is(1, KVM_RUN)?];
     for &req in CRASH_REPORT {
-        requests.push(ioctl(req)?);
+        requests.push(arg_is(1, req)?);
     }
     rules.push((SYS_ioctl, requests));
     // A fault on this thread (SIGSEGV, SIGBUS) that is not a stack overflow:
     // std's handler puts the signal's default action back and returns, so
     // the fault kills the process by its own signal. Refused, that reset
     // would be a seccomp kill (SIGSYS) that hides which fault it was.
-    let signal_is = |sig: c_int| -> seccompiler::Result<SeccompRule> {
-        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, sig as u64)?;
-        Ok(SeccompRule::new(vec![cond])?)
-    };
     rules.push((
         SYS_rt_sigaction,
-        vec![signal_is(SIGSEGV)?, signal_is(SIGBUS)?],
+        vec![arg_is(0, SIGSEGV as u64)?, arg_is(0, SIGBUS as u64)?],
     ));
     // The WAIT's sleep and the wake eventfd: glibc's poll() is `poll` on
     // x86_64 (aarch64 has only `ppoll`, listed above).
@@ -132,12 +131,7 @@ pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     // glibc's malloc reads /proc/sys/vm/overcommit_memory the first time a
     // thread arena's heap shrinks (a free on this thread after a tmem call,
     // seen in `spore bench tmem`): read-only, close-on-exec opens only.
-    let read_only = SeccompCondition::new(
-        2,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        (O_RDONLY | O_CLOEXEC) as u64,
-    )?;
-    rules.push((SYS_openat, vec![SeccompRule::new(vec![read_only])?]));
+    let read_only = arg_is(2, (O_RDONLY | O_CLOEXEC) as u64)?;
+    rules.push((SYS_openat, vec![read_only]));
     Ok(rules)
 }
