@@ -67,7 +67,7 @@ stall_report() {
 # every large spore process (a VMM whose guest touches memory, a restore
 # loading pages). Files the scenario writes count too (progress_watch).
 activity() {
-    awk 'NR > 2 { s += $2 + $10 } END { printf "net=%d", s }' /proc/net/dev
+    awk 'NR > 2 { s += $2 + $10 } END { printf "net=%.0f", s }' /proc/net/dev
     for pid in $(pidof spore); do
         awk -v p="$pid" '$2 > 4096 { printf " %s:%s", p, $2 }' "/proc/$pid/statm" 2>/dev/null
     done

@@ -121,7 +121,7 @@ count() {
 # hidden), and the scenarios L1 had not started yet.
 run_queue() {
     local shapes="no SPORE-TEST results|L1 soft lockup|L1 hang|L1 kernel crash|L1 kernel warning"
-    local -A attempt
+    local -A attempt counted
     local pending=("${queue[@]}") name
     for name in "${pending[@]}"; do attempt[$name]=1; done
     while ((${#pending[@]})); do
@@ -167,10 +167,11 @@ run_queue() {
                 again+=("$name")
             else
                 count "$name" "$out"
+                counted[$name]=1
                 if [[ $st == failed ]] && grep -q 'nested KVM did not come up' "$out"; then
                     # No L1 here brings KVM up: the rest cannot run either.
-                    for name in "${batch[@]}" "${rest[@]}"; do
-                        [[ -f $report/$name.status && $(cat "$report/$name.status") != not-run ]] && continue
+                    for name in "${queue[@]}"; do
+                        [[ -n ${counted[$name]-} ]] && continue
                         echo "$name: not run (nested KVM did not come up in L1)"
                         status=1 failed=$((failed + 1))
                     done
