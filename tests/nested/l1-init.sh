@@ -64,13 +64,12 @@ stall_report() {
 
 # What the running scenario does, as a line that changes when it makes
 # progress: L1's network byte counters (taps, veths), the resident memory of
-# every large spore process (a VMM whose guest touches memory, a restore
-# loading pages). Files the scenario writes count too (progress_watch).
+# every process over 16 MiB (a VMM whose guest touches memory, spore's or a
+# peer's; a restore loading pages). Files the scenario writes count too
+# (progress_watch).
 activity() {
     awk 'NR > 2 { s += $2 + $10 } END { printf "net=%.0f", s }' /proc/net/dev
-    for pid in $(pidof spore); do
-        awk -v p="$pid" '$2 > 4096 { printf " %s:%s", p, $2 }' "/proc/$pid/statm" 2>/dev/null
-    done
+    cat /proc/[0-9]*/statm 2>/dev/null | awk '$2 > 4096 { printf " %s", $2 }'
 }
 
 # progress_watch DIR REPORT_S: every 10 s, `SPORE-L1 progress` if anything
