@@ -40,6 +40,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
 	$(MAKE) lint-arm64
+	python3 scripts/check-links.py
 
 fmt:
 	$(CARGO) fmt --all
