@@ -1,5 +1,6 @@
 //! The Lambda API (`2015-03-31`) over HTTP/1.1: routing, request bodies and
-//! responses. The control plane is in [`control`], Invoke in [`invoke`].
+//! responses. The control plane is in [`control`] and [`provisioned_config`],
+//! Invoke in [`invoke`].
 //! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
 //! and the tools built on them drive the daemon unmodified.
 

@@ -1,9 +1,10 @@
-//! The instance manager: for each function version, idle warm instances and a
-//! zygote (a booted instance paused after init and made a clone template by
-//! its VMM). Each invocation takes the fastest start path there is — an idle
-//! instance, a clone of the zygote, a restore of the version's snapshot, or a
-//! cold boot that also makes the snapshot and the zygote — and gives its
-//! instance back, or ends it if it failed or timed out.
+//! The daemon's function instances ([`Instances`]): for each function
+//! version, idle warm instances and a zygote (a booted instance paused after
+//! init and made a clone template by its VMM). Each invocation takes the
+//! fastest start path there is — an idle instance, a clone of the zygote, a
+//! restore of the version's snapshot, or a cold boot that also makes the
+//! snapshot and the zygote — and gives its instance back, or ends it if it
+//! failed or timed out.
 //!
 //! Module map: [`start`] (the start paths), [`memory`] (keep-alive, the
 //! memory budget, zygote demotion, gauges), [`provisioned`] (provisioned
@@ -41,6 +42,7 @@ const CRASH_LOG_LINES: usize = 20;
 /// Clone processes each zygote's VMM keeps started ahead.
 const STANDBY_CLONES: u32 = 2;
 
+/// How instances are started, kept and bounded (`spore serve`'s flags).
 pub struct InstancesConfig {
     pub spore_bin: PathBuf,
     pub state_dir: PathBuf,
@@ -137,6 +139,8 @@ struct Pool {
     last_used_ms: AtomicU64,
 }
 
+/// Every function's instances: a [`Pool`] per function version, the
+/// admission semaphores, the snapshot and base stores, the network.
 pub struct Instances {
     cfg: InstancesConfig,
     catalog: Arc<Catalog>,
