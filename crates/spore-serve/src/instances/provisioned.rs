@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{lock, Manager, Pool};
+use super::{lock, Instances, Pool};
 use crate::catalog::Function;
 
 /// How many provisioned instances a function has and wants.
@@ -18,7 +18,7 @@ pub struct ProvisionedStatus {
     pub available: u32,
 }
 
-impl Manager {
+impl Instances {
     /// Sets (or with `None` removes) `f`'s provisioned concurrency and starts
     /// filling (or emptying) its pool of fresh instances.
     pub async fn set_provisioned(self: &Arc<Self>, f: &Function, n: Option<u32>) {

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{AcquireError, Instance, Manager, Pool, Zygote, STANDBY_CLONES};
+use super::{AcquireError, Instance, Instances, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
 use crate::code;
-use crate::invoke::{InstanceConn, InvokeError};
+use crate::instance_conn::{InstanceConn, InvokeError};
 use crate::metrics::StartPath;
 use crate::network::InstanceNet;
 use crate::runtime;
@@ -34,7 +34,7 @@ fn start_err(e: anyhow::Error) -> AcquireError {
     AcquireError::Start(format!("{e:#}"))
 }
 
-impl Manager {
+impl Instances {
     /// Connects to an instance of `f` and waits for `Ready` (at most
     /// `ready_limit`), configuring a Linux guest that is still in `Standby`
     /// (a fresh boot).

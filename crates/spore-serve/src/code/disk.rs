@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::code::{MAX_UNPACKED_BYTES, MAX_ZIP_BYTES};
+use super::{MAX_UNPACKED_BYTES, MAX_ZIP_BYTES};
 
 /// Most entries a function zip may hold (files, directories and links).
 pub const MAX_ENTRIES: usize = 20_000;
@@ -411,7 +411,7 @@ pub fn build(zip: &[u8], out: &Path) -> Result<CodeDisk, CodeDiskError> {
     drop(f);
     std::fs::rename(&tmp_path, out)?;
     guard.0 = None;
-    std::fs::File::open(&out_dir)?.sync_all()?;
+    crate::fs::sync_dir(&out_dir)?;
     Ok(CodeDisk {
         path: out.to_path_buf(),
         size: size_blocks * BLOCK,

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{arn, catalog_err, existing, now};
+use super::control::{catalog_err, existing};
 use super::error::LambdaError;
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::ProvisionedRecord;
+use crate::clock::lambda_now;
+use crate::config::function_arn;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -49,7 +51,7 @@ fn not_configured(name: &str) -> LambdaError {
 }
 
 fn config_json(daemon: &Daemon, p: &ProvisionedRecord) -> serde_json::Value {
-    let status = daemon.manager.provisioned_status(&p.function);
+    let status = daemon.instances.provisioned_status(&p.function);
     let ready = status.available >= p.count;
     serde_json::json!({
         "RequestedProvisionedConcurrentExecutions": p.count,
@@ -64,7 +66,7 @@ pub async fn put(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp, Lam
     let q = qualifier(&req)?;
     let body = super::body_within(&req, 64 * 1024, "PutProvisionedConcurrencyConfig")?;
     let b: ProvisionedBody = parse_json(&body)?;
-    let max = daemon.manager.max_concurrency() as i64;
+    let max = daemon.instances.max_concurrency() as i64;
     if !(1..=max).contains(&b.provisioned_concurrent_executions) {
         return Err(LambdaError::invalid(format!(
             "ProvisionedConcurrentExecutions must be between 1 and this host's limit ({max})"
@@ -76,10 +78,10 @@ pub async fn put(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp, Lam
         function: f.name.clone(),
         qualifier: q,
         count: b.provisioned_concurrent_executions as u32,
-        last_modified: now(),
+        last_modified: lambda_now(),
     };
     daemon.catalog.put_provisioned(&rec).map_err(catalog_err)?;
-    daemon.manager.set_provisioned(&f, Some(rec.count)).await;
+    daemon.instances.set_provisioned(&f, Some(rec.count)).await;
     tracing::info!(function = %f.name, "provisioned concurrency {}", rec.count);
     Ok(json_response(
         StatusCode::ACCEPTED,
@@ -109,7 +111,7 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str, req: &Req) -> Result<Resp,
     {
         return Err(not_configured(name));
     }
-    daemon.manager.set_provisioned(&f, None).await;
+    daemon.instances.set_provisioned(&f, None).await;
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
@@ -123,7 +125,7 @@ pub fn list(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
         .into_iter()
         .map(|p| {
             let mut v = config_json(daemon, &p);
-            v["FunctionArn"] = format!("{}:{}", arn(&f.name), p.qualifier).into();
+            v["FunctionArn"] = format!("{}:{}", function_arn(&f.name), p.qualifier).into();
             v
         })
         .collect();

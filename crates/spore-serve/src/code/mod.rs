@@ -5,15 +5,22 @@
 //! bounded before it is read, and it must be an x86_64 ELF with the spore
 //! unikernel note. For the Linux runtimes the zip must hold what the handler
 //! needs (`python3`: the handler's module; `provided`: a `bootstrap`), and
-//! the whole zip becomes the function's code disk ([`crate::code_disk`]).
+//! the whole zip becomes the function's code disk ([`disk`]).
 //! Stored code lives in `<state>/code/<sha256>/`: the zip through a
 //! temporary directory renamed into place, each handler's unikernel image
 //! and the code disk (`code.ext4`) each written atomically, all mode 0600.
+
+pub mod disk;
 
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+
+use crate::fs::write_private;
+
+// The limits of a code package, enforced both when a zip is checked (`check`)
+// and when it is unpacked into a code disk (`disk::unpack`).
 
 /// Largest zip accepted (Lambda's direct-upload limit).
 pub const MAX_ZIP_BYTES: usize = 50 * 1024 * 1024;
@@ -276,7 +283,6 @@ pub fn store(state: &Path, zip: &[u8], code: &CheckedCode, handler: &str) -> Res
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         write_private(&tmp.join("code.zip"), zip)?;
-        sync_dir(&tmp)?;
         if let Err(e) = std::fs::rename(&tmp, &final_dir) {
             let _ = std::fs::remove_dir_all(&tmp);
             // Another request may have stored the same code first.
@@ -297,8 +303,8 @@ fn store_disk(state: &Path, sha256_hex: &str, zip: &[u8]) -> Result<(), CodeErro
     if path.exists() {
         return Ok(());
     }
-    crate::code_disk::build(zip, &path).map_err(|e| match e {
-        crate::code_disk::CodeDiskError::Io(e) => CodeError::Io(e),
+    disk::build(zip, &path).map_err(|e| match e {
+        disk::CodeDiskError::Io(e) => CodeError::Io(e),
         e if e.is_user_error() => CodeError::Unpack(e.to_string()),
         e => CodeError::Io(std::io::Error::other(e.to_string())),
     })?;
@@ -316,10 +322,7 @@ pub fn store_image(
     if path.exists() {
         return Ok(());
     }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    write_private(&tmp, image)?;
-    std::fs::rename(&tmp, &path)?;
+    write_private(&path, image)?;
     Ok(())
 }
 
@@ -338,22 +341,6 @@ pub fn rehandle(
         None if is_linux(runtime) => store_disk(state, sha256_hex, &zip),
         None => Ok(()),
     }
-}
-
-fn sync_dir(path: &Path) -> std::io::Result<()> {
-    std::fs::File::open(path)?.sync_all()
-}
-
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(data)?;
-    f.sync_all()
 }
 
 #[cfg(test)]
