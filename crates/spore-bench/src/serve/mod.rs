@@ -6,18 +6,20 @@
 //! of a 64 MiB function the host holds, with their memory (PSS) measured from
 //! the VMM processes.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
-use base64::Engine;
+use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
 
 use crate::lambda_client::Conn;
+use crate::procfs::{pss_kib, rss_kib};
+use daemon::Daemon;
+
+mod daemon;
+mod linux;
 
 #[derive(Args, Debug)]
 pub struct ServeBenchArgs {
@@ -41,133 +43,11 @@ pub struct ServeBenchArgs {
     /// Linux functions instead (python3, SnapFaaS's experiment): start
     /// strategies compared cold and lukewarm; see `--linux-*` options.
     #[command(flatten)]
-    pub linux: Box<super::serve_linux::LinuxBenchArgs>,
-}
-
-/// A `spore serve` for the bench, ended on drop.
-pub(super) struct Daemon {
-    child: Child,
-    pub(super) addr: String,
-    state: PathBuf,
-    /// Leave the state directory when ended (a later daemon reuses it).
-    keep_state: bool,
-}
-
-impl Daemon {
-    fn start(state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
-        let log = std::env::var_os("SPORE_BENCH_DAEMON_LOG").map(PathBuf::from);
-        Self::spawn(state, extra, false, log.as_deref(), false)
-    }
-
-    /// A daemon on `state` that leaves it in place when ended; its messages
-    /// are appended to `log`.
-    pub(super) fn start_keeping(
-        state: &Path,
-        extra: &[&str],
-        log: Option<&Path>,
-    ) -> anyhow::Result<Daemon> {
-        Self::spawn(state, extra, true, log, true)
-    }
-
-    fn spawn(
-        state: &Path,
-        extra: &[&str],
-        keep_state: bool,
-        log: Option<&Path>,
-        append: bool,
-    ) -> anyhow::Result<Daemon> {
-        let exe = std::env::current_exe()?;
-        let stderr = match log {
-            Some(p) => std::fs::OpenOptions::new()
-                .create(true)
-                .write(true)
-                .append(append)
-                .truncate(!append)
-                .open(p)
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-            None => Stdio::null(),
-        };
-        let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(state)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("daemon stdout")?).read_line(&mut line)?;
-        let v: Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("spore serve did not start (it said {line:?}: {e}); see its log");
-            }
-        };
-        let addr = v["listen"]
-            .as_str()
-            .context("no listen address")?
-            .to_string();
-        Ok(Daemon {
-            child,
-            addr,
-            state: state.to_path_buf(),
-            keep_state,
-        })
-    }
-
-    fn deploy(&self, name: &str, image: &Path, memory_mib: u32) -> anyhow::Result<()> {
-        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-        zip.start_file("fn", zip::write::SimpleFileOptions::default())?;
-        zip.write_all(
-            &std::fs::read(image).with_context(|| format!("reading {}", image.display()))?,
-        )?;
-        let zip = zip.finish()?.into_inner();
-        self.deploy_zip(name, "spore-uk", "fn", &zip, memory_mib, 60)
-    }
-
-    /// Deploys a function from a zip (its bytes).
-    pub(super) fn deploy_zip(
-        &self,
-        name: &str,
-        runtime: &str,
-        handler: &str,
-        zip: &[u8],
-        memory_mib: u32,
-        timeout_s: u32,
-    ) -> anyhow::Result<()> {
-        let body = json!({
-            "FunctionName": name, "Runtime": runtime, "Handler": handler, "Role": "bench",
-            "MemorySize": memory_mib, "Timeout": timeout_s,
-            "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
-        });
-        let mut c = Conn::open(&self.addr)?;
-        let r = c.request("POST", "/2015-03-31/functions", body.to_string().as_bytes())?;
-        if r.status != 201 {
-            bail!(
-                "deploying {name}: {} {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child: SIGTERM ends its instances.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        if !self.keep_state {
-            let _ = std::fs::remove_dir_all(&self.state);
-        }
-    }
+    pub linux: Box<linux::LinuxBenchArgs>,
 }
 
 fn stats_ms(v: &[f64]) -> Value {
-    let p = |q| super::stats::percentile(v, q) / 1e3;
+    let p = |q| crate::stats::percentile(v, q) / 1e3;
     json!({"p50": p(0.5), "p99": p(0.99), "min": p(0.0), "max": p(1.0), "n": v.len()})
 }
 
@@ -197,9 +77,9 @@ fn path_figures(server: &[f64], client: &[f64]) -> Value {
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
     if a.linux.linux {
-        return super::serve_linux::run(*a.linux);
+        return linux::run(*a.linux);
     }
-    let dir = super::uk_dir(&a.uk_dir);
+    let dir = crate::host::uk_dir(&a.uk_dir);
     let (echo, touch) = (dir.join("fn-echo"), dir.join("fn-touch32"));
     for p in [&echo, &touch] {
         if !p.exists() {
@@ -372,8 +252,8 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
             .count();
         let secs = t.elapsed().as_secs_f64();
         let pids = vmm_pids_under(&d.state);
-        let pss: u64 = pids.iter().map(|p| pss_kib(*p)).sum();
-        let rss: u64 = pids.iter().map(|p| rss_kib(*p)).sum();
+        let pss: u64 = pids.iter().filter_map(|p| pss_kib(*p)).sum();
+        let rss: u64 = pids.iter().filter_map(|p| rss_kib(*p)).sum();
         report["density"] = json!({
             "function_mib": 64, "invocations_ok": ok, "vmm_processes": pids.len(),
             "pss_total_mib": pss as f64 / 1024.0, "pss_per_instance_kib": pss as f64 / pids.len().max(1) as f64,
@@ -407,23 +287,4 @@ fn vmm_pids_under(state: &Path) -> Vec<i32> {
                 .unwrap_or(false)
         })
         .collect()
-}
-
-fn status_kib(pid: i32, file: &str, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn pss_kib(pid: i32) -> u64 {
-    status_kib(pid, "smaps_rollup", "Pss:")
-}
-
-fn rss_kib(pid: i32) -> u64 {
-    status_kib(pid, "status", "VmRSS:")
 }

@@ -35,7 +35,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::serve::Daemon;
+use super::daemon::Daemon;
 use crate::lambda_client::Conn;
 
 #[derive(Args, Debug)]
@@ -710,7 +710,7 @@ fn report(
     for c in cells {
         for &t in temps {
             let (server, client, other) = median_of(c, t);
-            let m = super::stats::median(&server);
+            let m = crate::stats::median(&server);
             if !m.is_nan() {
                 medians
                     .entry((c.function.clone(), c.mib, t.key()))
@@ -724,8 +724,8 @@ fn report(
                 "temperature": t.key(),
                 "start_path": c.strategy.path(),
                 "median_ms": if m.is_nan() { Value::Null } else { json!(m) },
-                "server_ms": super::stats::summary(&server),
-                "client_ms": super::stats::summary(&client),
+                "server_ms": crate::stats::summary(&server),
+                "client_ms": crate::stats::summary(&client),
                 "samples_ms": server,
                 "other_start_paths": other,
                 "error": c.error,
@@ -775,7 +775,7 @@ fn report(
     }
     json!({
         "bench": "serve-linux",
-        "machine": super::machine(),
+        "machine": crate::host::machine(),
         "config": {
             "functions": a.functions, "memory_mib": a.sizes, "rounds": a.rounds,
             "strategies": strategies.iter().map(|s| json!({"name": s.key(), "what": s.describe(), "start_path": s.path()})).collect::<Vec<_>>(),

@@ -27,9 +27,10 @@ use clap::Args;
 use serde_json::{json, Value};
 use spore_vmm::host::monotonic_ns;
 
-use crate::api_client::request;
-use crate::bench::{machine, stats};
+use crate::host::{loadavg, machine};
 use crate::size::parse_size;
+use crate::stats::summary;
+use crate::vmm_api::call_below;
 
 #[derive(Args, Debug)]
 pub struct SnapshotBenchArgs {
@@ -135,14 +136,6 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// The host's 1-minute load average.
-pub(crate) fn loadavg() -> Value {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(Value::Null, |x| json!(x))
-}
-
 struct Vmm {
     child: Child,
     sock: PathBuf,
@@ -188,11 +181,7 @@ impl Vmm {
     }
 
     fn call(&self, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-        let (status, reply) = request(&self.sock, method, path, body)?;
-        if status >= 300 {
-            bail!("{method} {path}: HTTP {status}: {}", reply.trim());
-        }
-        Ok(reply)
+        call_below(&self.sock, 300, method, path, body)
     }
 
     fn wait_line(&self, prefix: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -284,7 +273,7 @@ fn bench_size(
         creation.insert(
             kind.to_lowercase(),
             json!({
-                "ms": stats(&ms),
+                "ms": summary(&ms),
                 "mem_file_bytes": md.len(),
                 "mem_file_on_disk_bytes": md.blocks() * 512,
                 "state_file_bytes": std::fs::metadata(&state)?.len(),
@@ -313,7 +302,7 @@ fn bench_size(
                 restore_once(spore, dir, mode, a).with_context(|| format!("{mode} run {i}"))?,
             );
         }
-        let col = |f: fn(&Sample) -> f64| stats(&samples.iter().map(f).collect::<Vec<_>>());
+        let col = |f: fn(&Sample) -> f64| summary(&samples.iter().map(f).collect::<Vec<_>>());
         let mut v = json!({
             "load_request_ms": col(|s| s.load_ms),
             "to_first_instruction_ms": col(|s| s.first_ms),

@@ -20,25 +20,57 @@
 //!   deflate).
 
 use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::bench::machine;
-use crate::bench::reclaim::{median, summary, ReclaimArgs, VmmProcess};
+use super::{slot_mib, summary, ReclaimArgs};
+use crate::host::machine;
+use crate::stats::median;
+use crate::vmm::BenchVmm;
 
 const CMDLINE: &str =
     "console=ttyS0 quiet reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
 const BOOT_MIB: u64 = 1024;
+
+/// The vsock port of the guest's command server.
+const GUEST_SHELL_PORT: u32 = 5000;
+
+/// Connects to a guest port through the VM's hybrid-vsock socket
+/// (`CONNECT <port>` answered by `OK ...`), waiting up to 5 s for the answer.
+fn connect(uds: &Path, port: u32) -> anyhow::Result<UnixStream> {
+    let mut stream =
+        UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
+    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // Byte by byte, so that no guest data after the answer is consumed.
+    let mut reply = Vec::new();
+    let mut byte = [0u8];
+    while reply.len() < 64 {
+        match stream.read(&mut byte) {
+            Ok(0) => bail!("guest port {port}: connection refused (nobody listening)"),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => reply.push(byte[0]),
+            Err(e) => bail!("guest port {port}: no answer: {e}"),
+        }
+    }
+    let reply = String::from_utf8_lossy(&reply);
+    if !reply.starts_with("OK ") {
+        bail!("guest port {port}: unexpected handshake reply {reply:?}");
+    }
+    stream.set_read_timeout(None)?;
+    Ok(stream)
+}
 
 /// Runs `cmd` in the guest's shell over vsock port 5000; returns its output.
 fn guest(uds: &Path, cmd: &str, timeout: Duration) -> anyhow::Result<String> {
     let deadline = Instant::now() + timeout;
     loop {
         let attempt = (|| -> anyhow::Result<String> {
-            let mut s = crate::vsock_cmd::connect(uds, 5000, 5)?;
+            let mut s = connect(uds, GUEST_SHELL_PORT)?;
             s.write_all(format!("{cmd}\nexit\n").as_bytes())?;
             s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())))?;
             let mut out = String::new();
@@ -57,7 +89,7 @@ fn guest(uds: &Path, cmd: &str, timeout: Duration) -> anyhow::Result<String> {
 
 /// Polls `path` every 10 ms until `done` holds; the elapsed time in ms.
 fn until(
-    vm: &VmmProcess,
+    vm: &BenchVmm,
     path: &str,
     start: Instant,
     timeout: Duration,
@@ -124,9 +156,8 @@ fn one_size(
     mech: &str,
     size: u64,
 ) -> anyhow::Result<Value> {
-    let vm = VmmProcess::spawn(spore, scratch.join("linux.sock"))?;
-    let uds = scratch.join("v.sock");
-    let _ = std::fs::remove_file(&uds);
+    let vm = BenchVmm::spawn(spore, &scratch.join("linux"))?;
+    let uds = vm.vsock_uds().to_path_buf();
     let balloon = mech == "balloon";
     vm.api(
         "PUT",
@@ -150,7 +181,8 @@ fn one_size(
         vm.api(
             "PUT",
             "/hotplug/memory",
-            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": crate::bench::reclaim::slot_mib(size)}).to_string(),
+            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": slot_mib(size)})
+                .to_string(),
         )?;
     }
     vm.api(
@@ -161,7 +193,7 @@ fn one_size(
     vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
     let long = Duration::from_secs(600);
     guest(&uds, "echo up", Duration::from_secs(300)).context("the guest never answered")?;
-    let grow = |vm: &VmmProcess| -> anyhow::Result<()> {
+    let grow = |vm: &BenchVmm| -> anyhow::Result<()> {
         if balloon {
             vm.api("PATCH", "/balloon", r#"{"amount_mib": 0}"#)?;
             until(vm, "/balloon", Instant::now(), long, |v| {
@@ -254,7 +286,7 @@ fn one_size(
         median(&released)
     );
     let extra = if balloon {
-        json!({ "vmm_timed_ms": crate::bench::stats(&vmm_ms) })
+        json!({ "vmm_timed_ms": crate::stats::summary(&vmm_ms) })
     } else {
         json!({})
     };
