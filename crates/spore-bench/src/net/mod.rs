@@ -91,32 +91,7 @@ fn bench(
 ) -> anyhow::Result<Value> {
     let guest = tap.guest_ip();
     let vm = BenchVmm::spawn(spore, &scratch.join("net"))?;
-    vm.api(
-        "PUT",
-        "/boot-source",
-        &json!({
-            "kernel_image_path": uk,
-            "boot_args": format!(
-                "ip={guest}/24 gw={} port={HTTP_PORT} echo={ECHO_PORT} conns=4",
-                tap.host_ip()
-            ),
-        })
-        .to_string(),
-    )?;
-    vm.api(
-        "PUT",
-        "/machine-config",
-        &json!({"vcpu_count": 1, "mem_size_mib": a.mem}).to_string(),
-    )?;
-    vm.api(
-        "PUT",
-        "/network-interfaces/eth0",
-        &json!({"iface_id": "eth0", "host_dev_name": tap.name, "guest_mac": tap.guest_mac()})
-            .to_string(),
-    )?;
-    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
-    vm.expect("httpd: listening on", Duration::from_secs(30))
-        .context("booting httpd")?;
+    boot_httpd(&vm, uk, a.mem, tap)?;
     let http = SocketAddr::from((guest, HTTP_PORT));
     let echo = SocketAddr::from((guest, ECHO_PORT));
     client::wait_until_up(http, Duration::from_secs(10))?;
@@ -182,6 +157,39 @@ fn bench(
         },
         "http_requests_per_s": over_runs(&reqs),
     }))
+}
+
+/// Boots `httpd` on the tap (its HTTP and echo ports) and waits for it
+/// to listen.
+fn boot_httpd(vm: &BenchVmm, uk: &Path, mem_mib: u64, tap: &Tap) -> anyhow::Result<()> {
+    let guest = tap.guest_ip();
+    vm.api(
+        "PUT",
+        "/boot-source",
+        &json!({
+            "kernel_image_path": uk,
+            "boot_args": format!(
+                "ip={guest}/24 gw={} port={HTTP_PORT} echo={ECHO_PORT} conns=4",
+                tap.host_ip()
+            ),
+        })
+        .to_string(),
+    )?;
+    vm.api(
+        "PUT",
+        "/machine-config",
+        &json!({"vcpu_count": 1, "mem_size_mib": mem_mib}).to_string(),
+    )?;
+    vm.api(
+        "PUT",
+        "/network-interfaces/eth0",
+        &json!({"iface_id": "eth0", "host_dev_name": tap.name, "guest_mac": tap.guest_mac()})
+            .to_string(),
+    )?;
+    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
+    vm.expect("httpd: listening on", Duration::from_secs(30))
+        .context("booting httpd")?;
+    Ok(())
 }
 
 /// The summary of per-run figures, with the figures.

@@ -147,6 +147,8 @@ pub fn bench(
     }))
 }
 
+/// One size under one mechanism: boots the guest with the memory plugged
+/// (or the balloon empty), then `--runs` reclaims.
 fn one_size(
     spore: &Path,
     kernel: &Path,
@@ -159,117 +161,29 @@ fn one_size(
     let vm = BenchVmm::spawn(spore, &scratch.join("linux"))?;
     let uds = vm.vsock_uds().to_path_buf();
     let balloon = mech == "balloon";
-    vm.api(
-        "PUT",
-        "/boot-source",
-        &json!({"kernel_image_path": kernel, "initrd_path": initrd, "boot_args": CMDLINE})
-            .to_string(),
-    )?;
-    let mem = if balloon { BOOT_MIB + size } else { BOOT_MIB };
-    vm.api(
-        "PUT",
-        "/machine-config",
-        &json!({"vcpu_count": a.vcpus, "mem_size_mib": mem}).to_string(),
-    )?;
-    if balloon {
-        vm.api(
-            "PUT",
-            "/balloon",
-            r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
-        )?;
-    } else {
-        vm.api(
-            "PUT",
-            "/hotplug/memory",
-            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": slot_mib(size)})
-                .to_string(),
-        )?;
-    }
-    vm.api(
-        "PUT",
-        "/vsock",
-        &json!({"guest_cid": 3, "uds_path": uds}).to_string(),
-    )?;
-    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
-    let long = Duration::from_secs(600);
+    boot(&vm, kernel, initrd, a.vcpus, balloon, size, &uds)?;
     guest(&uds, "echo up", Duration::from_secs(300)).context("the guest never answered")?;
-    let grow = |vm: &BenchVmm| -> anyhow::Result<()> {
-        if balloon {
-            vm.api("PATCH", "/balloon", r#"{"amount_mib": 0}"#)?;
-            until(vm, "/balloon", Instant::now(), long, |v| {
-                num(v, "actual_mib") == 0
-            })?;
-        } else {
-            vm.api(
-                "PATCH",
-                "/hotplug/memory",
-                &json!({ "requested_size_mib": size }).to_string(),
-            )?;
-            until(vm, "/hotplug/memory", Instant::now(), long, |v| {
-                num(v, "plugged_size_mib") == size
-            })?;
-        }
-        Ok(())
-    };
-    grow(&vm)?;
+    give_back(&vm, balloon, size)?;
     // Let the guest online what was plugged before the hogs start.
     std::thread::sleep(Duration::from_secs(2));
     let tmpfs = BOOT_MIB + size + 256;
     guest(
         &uds,
         &format!("mkdir -p /mnt/hog && mount -t tmpfs -o size={tmpfs}m tmpfs /mnt/hog && echo ok"),
-        long,
+        LONG,
     )?;
     let (mut times, mut released, mut vmm_ms) = (vec![], vec![], vec![]);
     for run in 0..a.runs {
         if run > 0 {
-            grow(&vm)?;
+            give_back(&vm, balloon, size)?;
             std::thread::sleep(Duration::from_secs(1));
         }
-        // Both hogs are written afresh every run, after the memory came
-        // back: as in a new VM, the first lands partly in plugged memory
-        // (Linux fills the movable zone first) and unplugging must migrate
-        // it. Kept from an earlier run, it would sit in boot RAM already.
-        guest(
-            &uds,
-            &format!(
-                "rm -f /mnt/hog/first && dd if=/dev/zero of=/mnt/hog/first bs=1M count={} 2>/dev/null && echo ok",
-                a.first_hog_mib
-            ),
-            long,
-        )?;
-        let r = guest(
-            &uds,
-            &format!("dd if=/dev/zero of=/mnt/hog/second bs=1M count={size} 2>&1 | tail -n 1; echo written"),
-            long,
-        )?;
-        if !r.contains("written") || r.contains("No space") {
-            bail!("the second hog failed: {}", r.trim());
-        }
+        write_hogs(&uds, a.first_hog_mib, size)?;
         std::thread::sleep(Duration::from_millis(500));
         let before = vm.rss_kib()?;
-        guest(&uds, "rm /mnt/hog/second && echo removed", long)?;
-        let start = Instant::now();
-        let ms = if balloon {
-            vm.api(
-                "PATCH",
-                "/balloon",
-                &json!({ "amount_mib": size }).to_string(),
-            )?;
-            let ms = until(&vm, "/balloon", start, long, |v| {
-                num(v, "actual_mib") == size
-            })?;
-            let st = vm.get("/balloon")?;
-            vmm_ms.push(
-                num(&st, "actual_updated_ms").saturating_sub(num(&st, "target_updated_ms")) as f64,
-            );
-            ms
-        } else {
-            vm.api("PATCH", "/hotplug/memory", r#"{"requested_size_mib": 0}"#)?;
-            until(&vm, "/hotplug/memory", start, long, |v| {
-                num(v, "plugged_size_mib") == 0
-            })?
-        };
+        guest(&uds, "rm /mnt/hog/second && echo removed", LONG)?;
+        let (ms, vmm) = reclaim(&vm, balloon, size)?;
+        vmm_ms.extend(vmm);
         std::thread::sleep(Duration::from_millis(500));
         let after = vm.rss_kib()?;
         times.push(ms);
@@ -291,4 +205,126 @@ fn one_size(
         json!({})
     };
     Ok(summary(size, &times, &released, extra))
+}
+
+/// How long a guest command or a reclaim may take.
+const LONG: Duration = Duration::from_secs(600);
+
+/// Configures and starts the VM: boot RAM and the hotplug region of `size`
+/// (virtio-mem), or boot RAM plus `size` with an empty balloon; vsock on `uds`.
+fn boot(
+    vm: &BenchVmm,
+    kernel: &Path,
+    initrd: &Path,
+    vcpus: u64,
+    balloon: bool,
+    size: u64,
+    uds: &Path,
+) -> anyhow::Result<()> {
+    vm.api(
+        "PUT",
+        "/boot-source",
+        &json!({"kernel_image_path": kernel, "initrd_path": initrd, "boot_args": CMDLINE})
+            .to_string(),
+    )?;
+    let mem = if balloon { BOOT_MIB + size } else { BOOT_MIB };
+    vm.api(
+        "PUT",
+        "/machine-config",
+        &json!({"vcpu_count": vcpus, "mem_size_mib": mem}).to_string(),
+    )?;
+    if balloon {
+        vm.api(
+            "PUT",
+            "/balloon",
+            r#"{"amount_mib": 0, "deflate_on_oom": false}"#,
+        )?;
+    } else {
+        vm.api(
+            "PUT",
+            "/hotplug/memory",
+            &json!({"total_size_mib": size, "block_size_mib": 2, "slot_size_mib": slot_mib(size)})
+                .to_string(),
+        )?;
+    }
+    vm.api(
+        "PUT",
+        "/vsock",
+        &json!({"guest_cid": 3, "uds_path": uds}).to_string(),
+    )?;
+    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
+    Ok(())
+}
+
+/// Gives the guest its `size` back (plug it again, or deflate) and waits
+/// until the device reports it.
+fn give_back(vm: &BenchVmm, balloon: bool, size: u64) -> anyhow::Result<()> {
+    if balloon {
+        vm.api("PATCH", "/balloon", r#"{"amount_mib": 0}"#)?;
+        until(vm, "/balloon", Instant::now(), LONG, |v| {
+            num(v, "actual_mib") == 0
+        })?;
+    } else {
+        vm.api(
+            "PATCH",
+            "/hotplug/memory",
+            &json!({ "requested_size_mib": size }).to_string(),
+        )?;
+        until(vm, "/hotplug/memory", Instant::now(), LONG, |v| {
+            num(v, "plugged_size_mib") == size
+        })?;
+    }
+    Ok(())
+}
+
+/// Writes both hogs afresh: every run, after the memory came back, as in
+/// a new VM the first lands partly in plugged memory (Linux fills the
+/// movable zone first) and unplugging must migrate it. Kept from an
+/// earlier run, it would sit in boot RAM already.
+fn write_hogs(uds: &Path, first_mib: u64, size: u64) -> anyhow::Result<()> {
+    guest(
+        uds,
+        &format!(
+            "rm -f /mnt/hog/first && dd if=/dev/zero of=/mnt/hog/first bs=1M count={first_mib} 2>/dev/null && echo ok"
+        ),
+        LONG,
+    )?;
+    let r = guest(
+        uds,
+        &format!(
+            "dd if=/dev/zero of=/mnt/hog/second bs=1M count={size} 2>&1 | tail -n 1; echo written"
+        ),
+        LONG,
+    )?;
+    if !r.contains("written") || r.contains("No space") {
+        bail!("the second hog failed: {}", r.trim());
+    }
+    Ok(())
+}
+
+/// Takes `size` from the guest (virtio-mem target to 0, or the balloon to
+/// `size`): ms until the device reported it, and for the balloon the VMM's
+/// own time between the target and the size reached.
+fn reclaim(vm: &BenchVmm, balloon: bool, size: u64) -> anyhow::Result<(f64, Option<f64>)> {
+    let start = Instant::now();
+    if balloon {
+        vm.api(
+            "PATCH",
+            "/balloon",
+            &json!({ "amount_mib": size }).to_string(),
+        )?;
+        let ms = until(vm, "/balloon", start, LONG, |v| {
+            num(v, "actual_mib") == size
+        })?;
+        let st = vm.get("/balloon")?;
+        let vmm_ms =
+            num(&st, "actual_updated_ms").saturating_sub(num(&st, "target_updated_ms")) as f64;
+        Ok((ms, Some(vmm_ms)))
+    } else {
+        vm.api("PATCH", "/hotplug/memory", r#"{"requested_size_mib": 0}"#)?;
+        let ms = until(vm, "/hotplug/memory", start, LONG, |v| {
+            num(v, "plugged_size_mib") == 0
+        })?;
+        Ok((ms, None))
+    }
 }
