@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use super::{slot_mib, summary, ReclaimArgs};
+use super::{size_figures, slot_mib, ReclaimArgs};
 use crate::host::machine;
 use crate::stats::median;
 use crate::vmm::BenchVmm;
@@ -204,7 +204,7 @@ fn one_size(
     } else {
         json!({})
     };
-    Ok(summary(size, &times, &released, extra))
+    Ok(size_figures(size, &times, &released, extra))
 }
 
 /// How long a guest command or a reclaim may take.

@@ -80,7 +80,12 @@ pub(crate) fn slot_mib(size: u64) -> u64 {
 }
 
 /// One size's results: times in ms, memory in MiB.
-pub(crate) fn summary(size: u64, times_ms: &[f64], released_mib: &[f64], extra: Value) -> Value {
+pub(crate) fn size_figures(
+    size: u64,
+    times_ms: &[f64],
+    released_mib: &[f64],
+    extra: Value,
+) -> Value {
     let mut v = json!({
         "size_mib": size,
         "runs": times_ms.len(),
@@ -158,7 +163,7 @@ fn uk_bench(spore: &Path, image: &Path, a: &ReclaimArgs, scratch: &Path) -> anyh
             median(&times),
             median(&released)
         );
-        results.push(summary(
+        results.push(size_figures(
             size,
             &times,
             &released,
