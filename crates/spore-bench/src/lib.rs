@@ -18,7 +18,7 @@ mod procfs;
 mod reclaim;
 mod report;
 mod serve;
-pub mod size;
+mod size;
 mod snapshot;
 pub mod stats;
 mod tmem;

@@ -62,20 +62,11 @@ impl BenchVmm {
         let log = self.process.run_dir.join("vmm.log");
         loop {
             let text = std::fs::read(&log).unwrap_or_default();
-            let start = self.console_read.get().min(text.len());
-            let mut read = start;
-            for line in text[start..].split_inclusive(|&b| b == b'\n') {
-                if !line.ends_with(b"\n") {
-                    break; // not written in full yet
-                }
-                read += line.len();
-                let line = String::from_utf8_lossy(line);
-                if line.contains(want) {
-                    self.console_read.set(read);
-                    return Ok(line.trim_end_matches(['\n', '\r']).to_string());
-                }
-            }
+            let (found, read) = next_line_with(&text, self.console_read.get(), want);
             self.console_read.set(read);
+            if let Some(line) = found {
+                return Ok(line);
+            }
             if Instant::now() >= deadline {
                 bail!("no console line with {want:?} within {timeout:?}");
             }
@@ -107,6 +98,25 @@ impl Drop for BenchVmm {
     fn drop(&mut self) {
         self.runtime.block_on(self.process.kill());
     }
+}
+
+/// The first whole line of `text` after byte `from` that contains `want`
+/// (without its line end), and where reading stops: after that line, or
+/// after the last whole line when none has it (a line still being written
+/// is read again next time).
+fn next_line_with(text: &[u8], from: usize, want: &str) -> (Option<String>, usize) {
+    let mut read = from.min(text.len());
+    for line in text[read..].split_inclusive(|&b| b == b'\n') {
+        if !line.ends_with(b"\n") {
+            break;
+        }
+        read += line.len();
+        let line = String::from_utf8_lossy(line);
+        if line.contains(want) {
+            return (Some(line.trim_end_matches(['\n', '\r']).to_string()), read);
+        }
+    }
+    (None, read)
 }
 
 /// The exit status of our child `pid` once it exited, left unreaped
@@ -144,6 +154,23 @@ fn peek_exit(pid: i32) -> anyhow::Result<Option<ExitStatus>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn console_lines_are_read_whole_and_once() {
+        let log = b"boot\r\nmemtest: filled\nmemtest: recl";
+        let (line, at) = next_line_with(log, 0, "filled");
+        assert_eq!(line.as_deref(), Some("memtest: filled"));
+        assert_eq!(at, 22);
+        // Not again, and not the line still being written.
+        assert_eq!(next_line_with(log, at, "filled"), (None, at));
+        assert_eq!(next_line_with(log, at, "memtest"), (None, at));
+        let log = b"boot\r\nmemtest: filled\nmemtest: reclaimed\n";
+        assert_eq!(
+            next_line_with(log, at, "memtest").0.as_deref(),
+            Some("memtest: reclaimed")
+        );
+        assert_eq!(next_line_with(log, 99, "x"), (None, log.len()));
+    }
 
     #[test]
     fn exit_status_of_an_unreaped_child() {
