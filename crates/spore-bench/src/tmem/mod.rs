@@ -2,9 +2,9 @@
 //! figures beside them.
 //!
 //! - In-process (this module): the VMM side alone, no guest.
-//! - In a guest ([`crate::bench::tmem_guest`]): 1 MiB put/get latency split into
+//! - In a guest ([`guest`]): 1 MiB put/get latency split into
 //!   VMM handling and exit + guest overhead; 4 KiB puts single vs batched.
-//! - Against the kvserver unikernel ([`crate::bench::tmem_kv`]): `SET` vs
+//! - Against the kvserver unikernel ([`kv`]): `SET` vs
 //!   `TMEMPUT` commands/s by value size.
 //!
 //! In-process, a real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
