@@ -330,67 +330,7 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
     let result = (|| -> anyhow::Result<Value> {
         let mut sizes = Vec::new();
         for &mib in &a.sizes {
-            let fresh = latency(&scratch.join(format!("{mib}-fresh")), &uk, mib, a.runs, 0)?;
-            let standby = latency(
-                &scratch.join(format!("{mib}-standby")),
-                &uk,
-                mib,
-                a.runs,
-                a.standby,
-            )?;
-            let tput = throughput(
-                &scratch.join(format!("{mib}-keep")),
-                &uk,
-                mib,
-                a.keep,
-                a.total,
-                0,
-            )?;
-            let tput_standby = throughput(
-                &scratch.join(format!("{mib}-keep-standby")),
-                &uk,
-                mib,
-                a.keep,
-                a.total,
-                a.standby,
-            )?;
-            eprintln!(
-                "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
-                 {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
-                fresh["first_instruction_ms"]["p50"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-                standby["first_instruction_ms"]["p50"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-                tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
-                tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
-                fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
-            );
-            let many = if a.count > 0 {
-                let b = batch(&scratch.join(format!("{mib}-count")), &uk, mib, a.count)?;
-                eprintln!(
-                    "{mib} MiB: {} clones in one request: all serving in {:.0} ms, the last \
-                     first instruction at {:.0} ms, {:.0} KiB PSS and {:.1} ms CPU per clone (p50)",
-                    a.count,
-                    b["request_to_reply_ms"].as_f64().unwrap_or(f64::NAN),
-                    b["last_first_instruction_ms"].as_f64().unwrap_or(f64::NAN),
-                    b["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
-                    b["clone_cpu_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
-                );
-                b
-            } else {
-                Value::Null
-            };
-            sizes.push(json!({
-                "mem_mib": mib,
-                "batch": many,
-                "fresh_process": fresh,
-                "standby_process": standby,
-                "throughput": tput,
-                "throughput_standby": tput_standby,
-                "hyperfork_ms_estimate": HYPERFORK_1GIB_MS * mib as f64 / 1024.0,
-            }));
+            sizes.push(bench_size(&a, &scratch, &uk, mib)?);
         }
         Ok(json!({
             "bench": "clone",
@@ -404,4 +344,70 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
     let _ = std::fs::remove_dir_all(&scratch);
     println!("{}", serde_json::to_string_pretty(&result?)?);
     Ok(0)
+}
+
+/// One guest size: latency fresh and with standby processes, throughput
+/// with and without standby, and with `--count` one request for many clones.
+fn bench_size(a: &CloneBenchArgs, scratch: &Path, uk: &Path, mib: u64) -> anyhow::Result<Value> {
+    let fresh = latency(&scratch.join(format!("{mib}-fresh")), uk, mib, a.runs, 0)?;
+    let standby = latency(
+        &scratch.join(format!("{mib}-standby")),
+        uk,
+        mib,
+        a.runs,
+        a.standby,
+    )?;
+    let tput = throughput(
+        &scratch.join(format!("{mib}-keep")),
+        uk,
+        mib,
+        a.keep,
+        a.total,
+        0,
+    )?;
+    let tput_standby = throughput(
+        &scratch.join(format!("{mib}-keep-standby")),
+        uk,
+        mib,
+        a.keep,
+        a.total,
+        a.standby,
+    )?;
+    eprintln!(
+        "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
+         {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
+        fresh["first_instruction_ms"]["p50"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        standby["first_instruction_ms"]["p50"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+        tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+        fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+    );
+    let many = if a.count > 0 {
+        let b = batch(&scratch.join(format!("{mib}-count")), uk, mib, a.count)?;
+        eprintln!(
+            "{mib} MiB: {} clones in one request: all serving in {:.0} ms, the last \
+             first instruction at {:.0} ms, {:.0} KiB PSS and {:.1} ms CPU per clone (p50)",
+            a.count,
+            b["request_to_reply_ms"].as_f64().unwrap_or(f64::NAN),
+            b["last_first_instruction_ms"].as_f64().unwrap_or(f64::NAN),
+            b["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+            b["clone_cpu_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+        );
+        b
+    } else {
+        Value::Null
+    };
+    Ok(json!({
+        "mem_mib": mib,
+        "batch": many,
+        "fresh_process": fresh,
+        "standby_process": standby,
+        "throughput": tput,
+        "throughput_standby": tput_standby,
+        "hyperfork_ms_estimate": HYPERFORK_1GIB_MS * mib as f64 / 1024.0,
+    }))
 }
