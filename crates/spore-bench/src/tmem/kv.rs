@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 
-use crate::bench::stats;
+use crate::stats::{median, summary};
 
 /// Value sizes (bytes) measured.
 pub const SIZES: [usize; 5] = [512, 1024, 4096, 16384, 65536];
@@ -206,8 +206,8 @@ pub fn seccomp_round_trips(
         "what": "one 64-byte SET per round trip, host TCP -> spore vsock forward -> VMM vsock -> kvserver",
         "round_trips_per_vm": n,
         "vms_each": vms.max(1),
-        "seccomp_on_us": stats(&on),
-        "seccomp_off_us": stats(&off),
+        "seccomp_on_us": summary(&on),
+        "seccomp_off_us": summary(&off),
         "on_over_off": m_on / m_off,
     }))
 }
@@ -241,8 +241,8 @@ pub fn run(
         let (ms, mt) = (median(&set), median(&tput));
         rows.push(json!({
             "value_bytes": size,
-            "set_cmds_per_s": stats(&set),
-            "tmemput_cmds_per_s": stats(&tput),
+            "set_cmds_per_s": summary(&set),
+            "tmemput_cmds_per_s": summary(&tput),
             "tmemput_over_set": mt / ms,
             "seed_i5_8250u": seed(size),
         }));
@@ -258,8 +258,6 @@ pub fn run(
         "sizes": rows,
     }))
 }
-
-use super::stats::median;
 
 #[cfg(test)]
 mod tests {

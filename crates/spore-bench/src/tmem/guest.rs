@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 
-use crate::bench::stats;
+use crate::stats::{median, summary};
 
 /// One VM's result lines (`name=value` pairs) and its final `GET /tmem`.
 struct VmRun {
@@ -84,8 +84,6 @@ fn timing(tmem: &Value, op: &str, field: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("the VMM reported no timing.{op}.{field}"))
 }
 
-use super::stats::median;
-
 /// 1 MiB put and get latency: guest total, VMM handling, the difference.
 pub fn latency(
     spore: &Path,
@@ -119,7 +117,7 @@ pub fn latency(
     let split = |guest: &[f64], vmm: &[f64]| {
         let (g, v) = (median(guest), median(vmm));
         json!({
-            "guest_total_us": stats(guest),
+            "guest_total_us": summary(guest),
             "vmm_handling_us": v,
             "exit_and_guest_us": g - v,
         })
@@ -177,8 +175,8 @@ pub fn seccomp_cost(
     );
     let side = |v: &[Vec<f64>; 4]| {
         json!({
-            "put_guest_total_us": stats(&v[0]),
-            "get_guest_total_us": stats(&v[1]),
+            "put_guest_total_us": summary(&v[0]),
+            "get_guest_total_us": summary(&v[1]),
             "put_vmm_handling_us": median(&v[2]),
             "get_vmm_handling_us": median(&v[3]),
         })
@@ -250,12 +248,12 @@ pub fn batching(
         "batch": batch,
         "rounds": rounds * vm_runs,
         "single": {
-            "objects_per_s": stats(&single),
+            "objects_per_s": summary(&single),
             "exits": single_calls,
             "vmm_handling_us_per_call": median(&vmm_put),
         },
         "batched": {
-            "objects_per_s": stats(&batched),
+            "objects_per_s": summary(&batched),
             "exits": batched_calls,
             "vmm_handling_us_per_call": median(&vmm_batch),
         },

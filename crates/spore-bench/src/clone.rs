@@ -26,8 +26,9 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::api_client::request;
-use crate::clone_cmd::put_clone;
+use crate::procfs::{cpu_ms, pss_kib, wait_gone};
+use crate::stats::summary;
+use crate::vmm_api::{call_below, put_clone};
 
 #[derive(Args, Debug)]
 pub struct CloneBenchArgs {
@@ -70,7 +71,7 @@ static NO_SECCOMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 const HYPERFORK_1GIB_MS: f64 = 9.27;
 
 fn uk_image(a: &CloneBenchArgs) -> anyhow::Result<PathBuf> {
-    let dir = super::uk_dir(&a.uk_dir);
+    let dir = crate::host::uk_dir(&a.uk_dir);
     let p = dir.join("clonetest");
     if !p.exists() {
         bail!(
@@ -92,14 +93,6 @@ impl Drop for Source {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn call(sock: &Path, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-    let (status, reply) = request(sock, method, path, body)?;
-    if status >= 400 {
-        bail!("{method} {path}: HTTP {status}: {}", reply.trim());
-    }
-    Ok(reply)
 }
 
 fn start_source(
@@ -133,23 +126,31 @@ fn start_source(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    call(&src.sock, "PUT", "/clone/config", &clone_config.to_string())?;
+    call_below(
+        &src.sock,
+        400,
+        "PUT",
+        "/clone/config",
+        &clone_config.to_string(),
+    )?;
     let boot = json!({
         "kernel_image_path": uk.display().to_string(),
         "boot_args": format!("mode=bench after={after}"),
     });
-    call(&src.sock, "PUT", "/boot-source", &boot.to_string())?;
+    call_below(&src.sock, 400, "PUT", "/boot-source", &boot.to_string())?;
     let mc = json!({"vcpu_count": 1, "mem_size_mib": mib});
-    call(&src.sock, "PUT", "/machine-config", &mc.to_string())?;
-    call(
+    call_below(&src.sock, 400, "PUT", "/machine-config", &mc.to_string())?;
+    call_below(
         &src.sock,
+        400,
         "PUT",
         "/actions",
         r#"{"action_type": "InstanceStart"}"#,
     )?;
     let t = Instant::now();
     loop {
-        let status: Value = serde_json::from_str(&call(&src.sock, "GET", "/clone", "")?)?;
+        let status: Value =
+            serde_json::from_str(&call_below(&src.sock, 400, "GET", "/clone", "")?)?;
         if status["zygote"] == true {
             break;
         }
@@ -159,29 +160,6 @@ fn start_source(
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(src)
-}
-
-fn pss_kib(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-fn wait_gone(pid: u32, timeout: Duration) -> bool {
-    let t = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-    {
-        if t.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    true
 }
 
 fn first_mark(path: &Path) -> Option<u64> {
@@ -207,12 +185,12 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
             std::thread::sleep(Duration::from_millis(30));
         }
         let t = Instant::now();
-        let r = put_clone(&src.sock, 1, None, None)?;
+        let r = put_clone(&src.sock, 1)?;
         reply_ms.push(t.elapsed().as_secs_f64() * 1e3);
         let c = r.clones.first().context("no clone in the report")?;
         vmm_ms.push(c.start_ns.saturating_sub(r.request_ns) as f64 / 1e6);
         std::thread::sleep(Duration::from_millis(20));
-        if let Some(k) = pss_kib(c.pid) {
+        if let Some(k) = pss_kib(c.pid as i32) {
             pss.push(k as f64);
         }
         // SAFETY: SIGTERM to the clone VMM just started (a clean stop that
@@ -230,26 +208,11 @@ fn latency(dir: &Path, uk: &Path, mib: u64, runs: usize, standby: u32) -> anyhow
     }
     drop(src);
     Ok(json!({
-        "vmm_start_ms": super::stats::summary(&vmm_ms),
-        "first_instruction_ms": super::stats::summary(&guest_ms),
-        "request_to_reply_ms": super::stats::summary(&reply_ms),
-        "clone_pss_kib": super::stats::summary(&pss),
+        "vmm_start_ms": summary(&vmm_ms),
+        "first_instruction_ms": summary(&guest_ms),
+        "request_to_reply_ms": summary(&reply_ms),
+        "clone_pss_kib": summary(&pss),
     }))
-}
-
-/// CPU time of a process so far (all its threads), in ms: the first
-/// field of `/proc/PID/schedstat`, in ns (clock ticks of `stat` are 10 ms,
-/// more than a clone costs).
-fn cpu_ms(pid: u32) -> Option<f64> {
-    let mut total = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
-        let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(total as f64 / 1e6)
 }
 
 /// Raises this process's open-file limit to its hard limit: the source
@@ -274,7 +237,7 @@ fn batch(dir: &Path, uk: &Path, mib: u64, count: u32) -> anyhow::Result<Value> {
     let config = json!({"fork_count": 0, "guest_fork": true, "marks": true, "max_clones": 100000, "standby": 0});
     let src = start_source(dir, uk, mib, "stay", &config)?;
     let t = Instant::now();
-    let r = put_clone(&src.sock, count, None, None)?;
+    let r = put_clone(&src.sock, count)?;
     let reply_ms = t.elapsed().as_secs_f64() * 1e3;
     let last_start_ms = r
         .clones
@@ -285,7 +248,7 @@ fn batch(dir: &Path, uk: &Path, mib: u64, count: u32) -> anyhow::Result<Value> {
         / 1e6;
     let (mut pss, mut cpu) = (Vec::new(), Vec::new());
     for c in &r.clones {
-        pss.extend(pss_kib(c.pid).map(|k| k as f64));
+        pss.extend(pss_kib(c.pid as i32).map(|k| k as f64));
         cpu.extend(cpu_ms(c.pid));
     }
     for c in &r.clones {
@@ -313,10 +276,10 @@ fn batch(dir: &Path, uk: &Path, mib: u64, count: u32) -> anyhow::Result<Value> {
         "last_vcpu_start_ms": last_start_ms,
         "last_first_instruction_ms": last_first_ms,
         "clones_per_s": if last_first_ms > 0.0 { count as f64 * 1e3 / last_first_ms } else { 0.0 },
-        "first_instruction_ms": super::stats::summary(&firsts),
-        "clone_pss_kib": super::stats::summary(&pss),
+        "first_instruction_ms": summary(&firsts),
+        "clone_pss_kib": summary(&pss),
         "clone_pss_total_mib": pss.iter().sum::<f64>() / 1024.0,
-        "clone_cpu_ms": super::stats::summary(&cpu),
+        "clone_cpu_ms": summary(&cpu),
     }))
 }
 
@@ -367,67 +330,7 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
     let result = (|| -> anyhow::Result<Value> {
         let mut sizes = Vec::new();
         for &mib in &a.sizes {
-            let fresh = latency(&scratch.join(format!("{mib}-fresh")), &uk, mib, a.runs, 0)?;
-            let standby = latency(
-                &scratch.join(format!("{mib}-standby")),
-                &uk,
-                mib,
-                a.runs,
-                a.standby,
-            )?;
-            let tput = throughput(
-                &scratch.join(format!("{mib}-keep")),
-                &uk,
-                mib,
-                a.keep,
-                a.total,
-                0,
-            )?;
-            let tput_standby = throughput(
-                &scratch.join(format!("{mib}-keep-standby")),
-                &uk,
-                mib,
-                a.keep,
-                a.total,
-                a.standby,
-            )?;
-            eprintln!(
-                "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
-                 {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
-                fresh["first_instruction_ms"]["p50"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-                standby["first_instruction_ms"]["p50"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-                tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
-                tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
-                fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
-            );
-            let many = if a.count > 0 {
-                let b = batch(&scratch.join(format!("{mib}-count")), &uk, mib, a.count)?;
-                eprintln!(
-                    "{mib} MiB: {} clones in one request: all serving in {:.0} ms, the last \
-                     first instruction at {:.0} ms, {:.0} KiB PSS and {:.1} ms CPU per clone (p50)",
-                    a.count,
-                    b["request_to_reply_ms"].as_f64().unwrap_or(f64::NAN),
-                    b["last_first_instruction_ms"].as_f64().unwrap_or(f64::NAN),
-                    b["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
-                    b["clone_cpu_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
-                );
-                b
-            } else {
-                Value::Null
-            };
-            sizes.push(json!({
-                "mem_mib": mib,
-                "batch": many,
-                "fresh_process": fresh,
-                "standby_process": standby,
-                "throughput": tput,
-                "throughput_standby": tput_standby,
-                "hyperfork_ms_estimate": HYPERFORK_1GIB_MS * mib as f64 / 1024.0,
-            }));
+            sizes.push(bench_size(&a, &scratch, &uk, mib)?);
         }
         Ok(json!({
             "bench": "clone",
@@ -441,4 +344,70 @@ pub fn run(a: CloneBenchArgs) -> anyhow::Result<u8> {
     let _ = std::fs::remove_dir_all(&scratch);
     println!("{}", serde_json::to_string_pretty(&result?)?);
     Ok(0)
+}
+
+/// One guest size: latency fresh and with standby processes, throughput
+/// with and without standby, and with `--count` one request for many clones.
+fn bench_size(a: &CloneBenchArgs, scratch: &Path, uk: &Path, mib: u64) -> anyhow::Result<Value> {
+    let fresh = latency(&scratch.join(format!("{mib}-fresh")), uk, mib, a.runs, 0)?;
+    let standby = latency(
+        &scratch.join(format!("{mib}-standby")),
+        uk,
+        mib,
+        a.runs,
+        a.standby,
+    )?;
+    let tput = throughput(
+        &scratch.join(format!("{mib}-keep")),
+        uk,
+        mib,
+        a.keep,
+        a.total,
+        0,
+    )?;
+    let tput_standby = throughput(
+        &scratch.join(format!("{mib}-keep-standby")),
+        uk,
+        mib,
+        a.keep,
+        a.total,
+        a.standby,
+    )?;
+    eprintln!(
+        "{mib} MiB: clone p50 {:.2} ms (standby {:.2} ms) to the first guest instruction, \
+         {:.0} clones/s (standby {:.0}), {:.0} KiB PSS per clone",
+        fresh["first_instruction_ms"]["p50"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        standby["first_instruction_ms"]["p50"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        tput["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+        tput_standby["clones_per_s"].as_f64().unwrap_or(f64::NAN),
+        fresh["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+    );
+    let many = if a.count > 0 {
+        let b = batch(&scratch.join(format!("{mib}-count")), uk, mib, a.count)?;
+        eprintln!(
+            "{mib} MiB: {} clones in one request: all serving in {:.0} ms, the last \
+             first instruction at {:.0} ms, {:.0} KiB PSS and {:.1} ms CPU per clone (p50)",
+            a.count,
+            b["request_to_reply_ms"].as_f64().unwrap_or(f64::NAN),
+            b["last_first_instruction_ms"].as_f64().unwrap_or(f64::NAN),
+            b["clone_pss_kib"]["p50"].as_f64().unwrap_or(f64::NAN),
+            b["clone_cpu_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+        );
+        b
+    } else {
+        Value::Null
+    };
+    Ok(json!({
+        "mem_mib": mib,
+        "batch": many,
+        "fresh_process": fresh,
+        "standby_process": standby,
+        "throughput": tput,
+        "throughput_standby": tput_standby,
+        "hyperfork_ms_estimate": HYPERFORK_1GIB_MS * mib as f64 / 1024.0,
+    }))
 }

@@ -4,7 +4,7 @@
 //!
 //! The bench makes its own tap (a name and a 10.78.K.0/24 no host interface
 //! uses), boots `httpd` on it through `spore vmm` and the API, runs the
-//! clients of [`crate::bench::net_client`] `--runs` times against the same
+//! clients of [`client`] `--runs` times against the same
 //! VM, and removes the VMM and the tap at the end, also when a step fails.
 //! It needs root (tap devices) and /dev/net/tun; it never touches another
 //! interface.
@@ -18,9 +18,12 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::net_client::{self as client, SINK_POST_BYTES};
-use super::reclaim::VmmProcess;
-use super::stats::median;
+use crate::host::{loadavg, machine, uk_dir};
+use crate::stats::{median, summary};
+use crate::vmm::BenchVmm;
+use client::SINK_POST_BYTES;
+
+mod client;
 
 #[derive(Args, Debug)]
 pub struct NetBenchArgs {
@@ -54,7 +57,7 @@ pub fn run(a: NetBenchArgs) -> anyhow::Result<u8> {
     }
     let uk = match &a.uk {
         Some(p) => p.clone(),
-        None => super::uk_dir(&None).join("httpd"),
+        None => uk_dir(&None).join("httpd"),
     };
     let uk = std::fs::canonicalize(&uk).unwrap_or(uk);
     if !uk.is_file() {
@@ -87,38 +90,13 @@ fn bench(
     scratch: &Path,
 ) -> anyhow::Result<Value> {
     let guest = tap.guest_ip();
-    let vm = VmmProcess::spawn(spore, scratch.join("net.sock"))?;
-    vm.api(
-        "PUT",
-        "/boot-source",
-        &json!({
-            "kernel_image_path": uk,
-            "boot_args": format!(
-                "ip={guest}/24 gw={} port={HTTP_PORT} echo={ECHO_PORT} conns=4",
-                tap.host_ip()
-            ),
-        })
-        .to_string(),
-    )?;
-    vm.api(
-        "PUT",
-        "/machine-config",
-        &json!({"vcpu_count": 1, "mem_size_mib": a.mem}).to_string(),
-    )?;
-    vm.api(
-        "PUT",
-        "/network-interfaces/eth0",
-        &json!({"iface_id": "eth0", "host_dev_name": tap.name, "guest_mac": tap.guest_mac()})
-            .to_string(),
-    )?;
-    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
-    vm.expect("httpd: listening on", Duration::from_secs(30))
-        .context("booting httpd")?;
+    let vm = BenchVmm::spawn(spore, &scratch.join("net"))?;
+    boot_httpd(&vm, uk, a.mem, tap)?;
     let http = SocketAddr::from((guest, HTTP_PORT));
     let echo = SocketAddr::from((guest, ECHO_PORT));
     client::wait_until_up(http, Duration::from_secs(10))?;
 
-    let load_before = super::snapshot::loadavg();
+    let load_before = loadavg();
     let window = Duration::from_secs(a.seconds);
     let warmup = (a.pings / 10).max(100);
     let (mut tx, mut rx, mut posts, mut pings, mut reqs) = (vec![], vec![], vec![], vec![], vec![]);
@@ -131,10 +109,10 @@ fn bench(
         pings.push(client::ping_pong(echo, warmup, a.pings).with_context(ctx)?);
         reqs.push(client::http_requests(http, HTTP_WINDOW).with_context(ctx)?);
     }
-    let load_after = super::snapshot::loadavg();
+    let load_after = loadavg();
     drop(vm);
 
-    let ping_runs: Vec<Value> = pings.iter().map(|v| super::stats(v)).collect();
+    let ping_runs: Vec<Value> = pings.iter().map(|v| summary(v)).collect();
     let ping_median = |key: &str| {
         median(
             &ping_runs
@@ -154,7 +132,7 @@ fn bench(
     Ok(json!({
         "benchmark": "net",
         "guest": "unikernel (httpd: spore-uk virtio-net + smoltcp)",
-        "machine": super::machine(),
+        "machine": machine(),
         "host_loadavg_1min": { "before": load_before, "after": load_after },
         "host_clock_read_ns": client::clock_read_ns(),
         "parameters": {
@@ -181,9 +159,42 @@ fn bench(
     }))
 }
 
+/// Boots `httpd` on the tap (its HTTP and echo ports) and waits for it
+/// to listen.
+fn boot_httpd(vm: &BenchVmm, uk: &Path, mem_mib: u64, tap: &Tap) -> anyhow::Result<()> {
+    let guest = tap.guest_ip();
+    vm.api(
+        "PUT",
+        "/boot-source",
+        &json!({
+            "kernel_image_path": uk,
+            "boot_args": format!(
+                "ip={guest}/24 gw={} port={HTTP_PORT} echo={ECHO_PORT} conns=4",
+                tap.host_ip()
+            ),
+        })
+        .to_string(),
+    )?;
+    vm.api(
+        "PUT",
+        "/machine-config",
+        &json!({"vcpu_count": 1, "mem_size_mib": mem_mib}).to_string(),
+    )?;
+    vm.api(
+        "PUT",
+        "/network-interfaces/eth0",
+        &json!({"iface_id": "eth0", "host_dev_name": tap.name, "guest_mac": tap.guest_mac()})
+            .to_string(),
+    )?;
+    vm.api("PUT", "/actions", r#"{"action_type": "InstanceStart"}"#)?;
+    vm.expect("httpd: listening on", Duration::from_secs(30))
+        .context("booting httpd")?;
+    Ok(())
+}
+
 /// The summary of per-run figures, with the figures.
 fn over_runs(v: &[f64]) -> Value {
-    let mut s = super::stats(v);
+    let mut s = summary(v);
     s["per_run"] = json!(v);
     s
 }

@@ -2,9 +2,9 @@
 //! figures beside them.
 //!
 //! - In-process (this module): the VMM side alone, no guest.
-//! - In a guest ([`crate::bench::tmem_guest`]): 1 MiB put/get latency split into
+//! - In a guest ([`guest`]): 1 MiB put/get latency split into
 //!   VMM handling and exit + guest overhead; 4 KiB puts single vs batched.
-//! - Against the kvserver unikernel ([`crate::bench::tmem_kv`]): `SET` vs
+//! - Against the kvserver unikernel ([`kv`]): `SET` vs
 //!   `TMEMPUT` commands/s by value size.
 //!
 //! In-process, a real `GuestMemoryMmap` and a real `TmemDevice` take calls exactly as the
@@ -23,6 +23,9 @@ use spore_abi::tmem::{op, Status, MAX_BATCH};
 use spore_vmm::devices::tmem::{Compression, TmemDevice};
 use spore_vmm::devices::virtio::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
+
+mod guest;
+mod kv;
 
 #[derive(Args, Debug)]
 pub struct TmemArgs {
@@ -185,8 +188,8 @@ fn one_mib(g: &Guest, runs: usize) -> anyhow::Result<Value> {
     ensure!(a == b, "1 MiB value did not read back identical");
     let st = g.dev.stats().unwrap_or_default();
     Ok(json!({
-        "put_us": super::stats(&puts),
-        "get_us": super::stats(&gets),
+        "put_us": crate::stats::summary(&puts),
+        "get_us": crate::stats::summary(&gets),
         "bytes_used": st.bytes_used,
         "bytes_stored": st.bytes_stored,
     }))
@@ -257,7 +260,7 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
     let (in_process, mut summary) = in_process(&a)?;
     let mut out = json!({
         "benchmark": "tmem",
-        "machine": super::machine(),
+        "machine": crate::host::machine(),
         "quick": a.quick,
         "vmm_in_process": in_process,
     });
@@ -267,27 +270,17 @@ pub fn run(mut a: TmemArgs) -> anyhow::Result<u8> {
         let scratch = std::env::temp_dir().join(format!("spore-bench-tmem-{}", std::process::id()));
         std::fs::create_dir_all(&scratch)?;
         let guest = (|| -> anyhow::Result<(Value, Value, Value, Value, Value)> {
-            let lat =
-                crate::bench::tmem_guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
-                    .context("guest 1 MiB latency")?;
-            let sec = crate::bench::tmem_guest::seccomp_cost(
-                &spore, &bench_uk, a.runs, a.vm_runs, &scratch,
-            )
-            .context("seccomp on/off")?;
-            let bat = crate::bench::tmem_guest::batching(
+            let lat = guest::latency(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
+                .context("guest 1 MiB latency")?;
+            let sec = guest::seccomp_cost(&spore, &bench_uk, a.runs, a.vm_runs, &scratch)
+                .context("seccomp on/off")?;
+            let bat = guest::batching(
                 &spore, &bench_uk, a.objects, a.batch, a.rounds, a.vm_runs, &scratch,
             )
             .context("guest batching")?;
-            let kv = crate::bench::tmem_kv::run(
-                &spore,
-                &kv_uk,
-                a.kv_values,
-                a.kv_runs,
-                a.pipeline,
-                &scratch,
-            )
-            .context("kvserver SET vs TMEMPUT")?;
-            let vsock = crate::bench::tmem_kv::seccomp_round_trips(
+            let kv = kv::run(&spore, &kv_uk, a.kv_values, a.kv_runs, a.pipeline, &scratch)
+                .context("kvserver SET vs TMEMPUT")?;
+            let vsock = kv::seccomp_round_trips(
                 &spore,
                 &kv_uk,
                 if a.quick { 200 } else { 1000 },

@@ -27,9 +27,10 @@ use clap::Args;
 use serde_json::{json, Value};
 use spore_vmm::host::monotonic_ns;
 
-use crate::api_client::request;
-use crate::bench::{machine, stats};
+use crate::host::{loadavg, machine};
 use crate::size::parse_size;
+use crate::stats::summary;
+use crate::vmm_api::call_below;
 
 #[derive(Args, Debug)]
 pub struct SnapshotBenchArgs {
@@ -135,14 +136,6 @@ pub fn run(a: SnapshotBenchArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// The host's 1-minute load average.
-pub(crate) fn loadavg() -> Value {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(Value::Null, |x| json!(x))
-}
-
 struct Vmm {
     child: Child,
     sock: PathBuf,
@@ -188,11 +181,7 @@ impl Vmm {
     }
 
     fn call(&self, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-        let (status, reply) = request(&self.sock, method, path, body)?;
-        if status >= 300 {
-            bail!("{method} {path}: HTTP {status}: {}", reply.trim());
-        }
-        Ok(reply)
+        call_below(&self.sock, 300, method, path, body)
     }
 
     fn wait_line(&self, prefix: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -244,12 +233,52 @@ fn bench_size(
     let mib = bytes >> 20;
     let fill_mib = (mib * a.fill_pct / 100).max(1);
     let touch_pages = bytes / 4096 * a.touch_pct / 100;
-    let (state, mem) = (dir.join("vm.state"), dir.join("vm.mem"));
-    let marks = dir.join("marks.json");
-    let sock = dir.join("api.sock");
+    let creation = create(spore, uk, dir, mib, fill_mib, touch_pages, a)?;
+    eprintln!(
+        "bench snapshot {mib} MiB: created ({fill_mib} MiB filled), restoring ({touch_pages} pages touched)"
+    );
+    let mut restores = serde_json::Map::new();
+    for mode in &a.modes {
+        restores.insert(mode.clone(), restore_mode(spore, dir, mode, a)?);
+    }
+    let median_of = |m: &str| {
+        restores
+            .get(m)
+            .and_then(|v| v["to_workload_end_ms"]["median"].as_f64())
+    };
+    let speedup = match (median_of("lazy"), median_of("working_set")) {
+        (Some(l), Some(w)) if w > 0.0 => json!(l / w),
+        _ => Value::Null,
+    };
+    Ok(json!({
+        "mem_bytes": bytes,
+        "filled_bytes": fill_mib << 20,
+        "touched_pages": touch_pages,
+        "create": creation,
+        "restore": restores,
+        "working_set_speedup_over_lazy": speedup,
+    }))
+}
 
-    // Boot and fill.
-    let vmm = Vmm::spawn(spore, &sock, &marks, a.no_seccomp)?;
+/// Boots snapbench with `mib` of memory, lets it fill `fill_mib`, pauses
+/// it and writes `--create-runs` snapshots of each kind into `dir`: their
+/// creation time and sizes per kind.
+fn create(
+    spore: &Path,
+    uk: &Path,
+    dir: &Path,
+    mib: u64,
+    fill_mib: u64,
+    touch_pages: u64,
+    a: &SnapshotBenchArgs,
+) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let (state, mem) = (dir.join("vm.state"), dir.join("vm.mem"));
+    let vmm = Vmm::spawn(
+        spore,
+        &dir.join("api.sock"),
+        &dir.join("marks.json"),
+        a.no_seccomp,
+    )?;
     vmm.call(
         "PUT",
         "/boot-source",
@@ -284,7 +313,7 @@ fn bench_size(
         creation.insert(
             kind.to_lowercase(),
             json!({
-                "ms": stats(&ms),
+                "ms": summary(&ms),
                 "mem_file_bytes": md.len(),
                 "mem_file_on_disk_bytes": md.blocks() * 512,
                 "state_file_bytes": std::fs::metadata(&state)?.len(),
@@ -292,69 +321,54 @@ fn bench_size(
         );
     }
     vmm.stop();
-    eprintln!(
-        "bench snapshot {mib} MiB: created ({fill_mib} MiB filled), restoring ({touch_pages} pages touched)"
-    );
+    Ok(creation)
+}
 
-    let mut restores = serde_json::Map::new();
-    for mode in &a.modes {
-        let ws = dir.join("vm.state.ws");
-        let _ = std::fs::remove_file(&ws);
-        let mut record = None;
-        if mode == "working_set" {
-            record = Some(restore_once(spore, dir, mode, a)?);
-            if !ws.exists() {
-                bail!("the recording run wrote no working set");
-            }
+/// `--runs` restores of the snapshot in `dir` by one restore path (the
+/// working-set path after one run that records its set).
+fn restore_mode(
+    spore: &Path,
+    dir: &Path,
+    mode: &str,
+    a: &SnapshotBenchArgs,
+) -> anyhow::Result<Value> {
+    let ws = dir.join("vm.state.ws");
+    let _ = std::fs::remove_file(&ws);
+    let mut record = None;
+    if mode == "working_set" {
+        record = Some(restore_once(spore, dir, mode, a)?);
+        if !ws.exists() {
+            bail!("the recording run wrote no working set");
         }
-        let mut samples = Vec::new();
-        for i in 0..a.runs {
-            samples.push(
-                restore_once(spore, dir, mode, a).with_context(|| format!("{mode} run {i}"))?,
-            );
-        }
-        let col = |f: fn(&Sample) -> f64| stats(&samples.iter().map(f).collect::<Vec<_>>());
-        let mut v = json!({
-            "load_request_ms": col(|s| s.load_ms),
-            "to_first_instruction_ms": col(|s| s.first_ms),
-            "to_workload_end_ms": col(|s| s.done_ms),
-            "workload_ms": col(|s| s.done_ms - s.first_ms),
-        });
-        if let Some(r) = record {
-            v["recording_run"] = json!({
-                "to_first_instruction_ms": r.first_ms,
-                "to_workload_end_ms": r.done_ms,
-                "working_set_bytes": std::fs::metadata(&ws)?.len(),
-            });
-        }
-        eprintln!(
-            "  {mode}: first instruction {:.3} ms, workload end {:.3} ms (medians)",
-            v["to_first_instruction_ms"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-            v["to_workload_end_ms"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN)
-        );
-        restores.insert(mode.clone(), v);
     }
-    let median_of = |m: &str| {
-        restores
-            .get(m)
-            .and_then(|v| v["to_workload_end_ms"]["median"].as_f64())
-    };
-    let speedup = match (median_of("lazy"), median_of("working_set")) {
-        (Some(l), Some(w)) if w > 0.0 => json!(l / w),
-        _ => Value::Null,
-    };
-    Ok(json!({
-        "mem_bytes": bytes,
-        "filled_bytes": fill_mib << 20,
-        "touched_pages": touch_pages,
-        "create": creation,
-        "restore": restores,
-        "working_set_speedup_over_lazy": speedup,
-    }))
+    let mut samples = Vec::new();
+    for i in 0..a.runs {
+        samples.push(restore_once(spore, dir, mode, a).with_context(|| format!("{mode} run {i}"))?);
+    }
+    let col = |f: fn(&Sample) -> f64| summary(&samples.iter().map(f).collect::<Vec<_>>());
+    let mut v = json!({
+        "load_request_ms": col(|s| s.load_ms),
+        "to_first_instruction_ms": col(|s| s.first_ms),
+        "to_workload_end_ms": col(|s| s.done_ms),
+        "workload_ms": col(|s| s.done_ms - s.first_ms),
+    });
+    if let Some(r) = record {
+        v["recording_run"] = json!({
+            "to_first_instruction_ms": r.first_ms,
+            "to_workload_end_ms": r.done_ms,
+            "working_set_bytes": std::fs::metadata(&ws)?.len(),
+        });
+    }
+    eprintln!(
+        "  {mode}: first instruction {:.3} ms, workload end {:.3} ms (medians)",
+        v["to_first_instruction_ms"]["median"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        v["to_workload_end_ms"]["median"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    );
+    Ok(v)
 }
 
 struct Sample {

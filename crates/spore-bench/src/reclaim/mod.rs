@@ -5,21 +5,21 @@
 //!
 //! Each VM is a `spore vmm` process driven through its API; the host
 //! memory actually released is the VMM's VmRSS before the reclaim minus
-//! after it. The Linux side is in `bench_reclaim_linux.rs`; this file has
-//! the unikernel run and what both share.
+//! after it. The Linux side is in [`linux`]; this file has the unikernel
+//! run and what both share.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::api_client::request;
-use crate::bench::{machine, stats};
+use crate::host::machine;
+use crate::stats::median;
+use crate::vmm::BenchVmm;
+
+mod linux;
 
 #[derive(Args, Debug)]
 pub struct ReclaimArgs {
@@ -59,7 +59,7 @@ pub fn run(a: ReclaimArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&scratch)?;
     let result = match (&a.uk, &a.linux_kernel) {
         (Some(uk), None) => uk_bench(&spore, uk, &a, &scratch),
-        (None, Some(k)) => crate::bench::reclaim_linux::bench(&spore, k, &a, &scratch),
+        (None, Some(k)) => linux::bench(&spore, k, &a, &scratch),
         _ => Err(anyhow::anyhow!(
             "give exactly one of --uk or --linux-kernel"
         )),
@@ -67,102 +67,6 @@ pub fn run(a: ReclaimArgs) -> anyhow::Result<u8> {
     let _ = std::fs::remove_dir_all(&scratch);
     println!("{}", serde_json::to_string_pretty(&result?)?);
     Ok(0)
-}
-
-/// A `spore vmm` process, its stdout lines, and its API socket.
-pub(crate) struct VmmProcess {
-    child: Child,
-    lines: Receiver<String>,
-    pub sock: PathBuf,
-}
-
-impl VmmProcess {
-    pub fn spawn(spore: &Path, sock: PathBuf) -> anyhow::Result<Self> {
-        let _ = std::fs::remove_file(&sock);
-        let mut child = Command::new(spore)
-            .args(["vmm", "--api-sock"])
-            .arg(&sock)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning spore vmm")?;
-        let out = child.stdout.take().context("no stdout")?;
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let start = Instant::now();
-        while !sock.exists() {
-            if start.elapsed() > Duration::from_secs(10) {
-                bail!("the VMM did not create {}", sock.display());
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(Self { child, lines, sock })
-    }
-
-    /// One API call; fails on an HTTP error.
-    pub fn api(&self, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-        let (code, reply) = request(&self.sock, method, path, body)?;
-        if code >= 400 {
-            bail!("{method} {path} {body}: HTTP {code}: {}", reply.trim());
-        }
-        Ok(reply)
-    }
-
-    pub fn get(&self, path: &str) -> anyhow::Result<Value> {
-        Ok(serde_json::from_str(&self.api("GET", path, "")?)?)
-    }
-
-    /// Waits for a console line containing `want`.
-    pub fn expect(&self, want: &str, timeout: Duration) -> anyhow::Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(want) => return Ok(l),
-                Ok(_) => {}
-                Err(_) => bail!("no console line with {want:?} within {timeout:?}"),
-            }
-        }
-    }
-
-    pub fn rss_kib(&self) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmRSS")
-    }
-
-    pub fn wait(mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait()? {
-                return Ok(s);
-            }
-            if start.elapsed() > timeout {
-                bail!("the VMM did not exit within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for VmmProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.sock);
-    }
 }
 
 /// The largest power-of-two slot size (MiB, at most 128) dividing `size`,
@@ -176,20 +80,23 @@ pub(crate) fn slot_mib(size: u64) -> u64 {
 }
 
 /// One size's results: times in ms, memory in MiB.
-pub(crate) fn summary(size: u64, times_ms: &[f64], released_mib: &[f64], extra: Value) -> Value {
+pub(crate) fn size_figures(
+    size: u64,
+    times_ms: &[f64],
+    released_mib: &[f64],
+    extra: Value,
+) -> Value {
     let mut v = json!({
         "size_mib": size,
         "runs": times_ms.len(),
-        "reclaim_ms": stats(times_ms),
-        "host_released_mib": stats(released_mib),
+        "reclaim_ms": crate::stats::summary(times_ms),
+        "host_released_mib": crate::stats::summary(released_mib),
     });
     if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
         m.extend(e);
     }
     v
 }
-
-pub(crate) use super::stats::median;
 
 fn pair(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
@@ -204,7 +111,7 @@ fn uk_bench(spore: &Path, image: &Path, a: &ReclaimArgs, scratch: &Path) -> anyh
     for &size in &a.sizes {
         let (mut times, mut released, mut requests) = (vec![], vec![], vec![]);
         for run in 0..a.runs {
-            let vm = VmmProcess::spawn(spore, scratch.join("uk.sock"))?;
+            let vm = BenchVmm::spawn(spore, &scratch.join("uk"))?;
             // The region is a whole number of 128 MiB slots.
             let region = (size + a.first_hog_mib).div_ceil(128) * 128;
             vm.api(
@@ -242,7 +149,7 @@ fn uk_bench(spore: &Path, image: &Path, a: &ReclaimArgs, scratch: &Path) -> anyh
             vm.expect("memtest: reclaimed", t)?;
             std::thread::sleep(Duration::from_millis(250));
             let after = vm.rss_kib()?;
-            let status = vm.wait(t)?;
+            let status = vm.wait_exit(t)?;
             if !status.success() {
                 bail!("memtest failed ({status}) at size {size}");
             }
@@ -256,7 +163,7 @@ fn uk_bench(spore: &Path, image: &Path, a: &ReclaimArgs, scratch: &Path) -> anyh
             median(&times),
             median(&released)
         );
-        results.push(summary(
+        results.push(size_figures(
             size,
             &times,
             &released,

@@ -1,6 +1,7 @@
 //! A small Lambda API client over one persistent HTTP/1.1 connection, for
-//! `spore fn` and `spore bench serve`: a few requests of known shapes to a
-//! local daemon, so no HTTP client crate is pulled in for it.
+//! `spore bench serve` and `spore fn`: a few requests of known shapes to a
+//! local daemon, so no HTTP client crate is pulled in for it (and none sits
+//! between a bench's clock and the socket).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
