@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Lambda's timestamp form, e.g. `2026-11-24T22:30:00.123+0000`.

@@ -156,8 +156,10 @@ impl InstanceConn {
     ) -> Result<InvokeResult, InvokeError> {
         let header = FrameHeader {
             kind: Kind::Invoke,
-            len_a: request_id.len() as u32,
-            len_b: payload.len() as u32,
+            len_a: u32::try_from(request_id.len())
+                .map_err(|_| InvokeError::Protocol("request id too large".into()))?,
+            len_b: u32::try_from(payload.len())
+                .map_err(|_| InvokeError::Protocol("payload too large".into()))?,
             arg: deadline_unix_ms,
         };
         // Checked like any frame, so the daemon never sends one the guest
@@ -283,8 +285,8 @@ mod tests {
     fn frame(kind: Kind, a: &[u8], b: &[u8], arg: u64) -> Vec<u8> {
         let h = FrameHeader {
             kind,
-            len_a: a.len() as u32,
-            len_b: b.len() as u32,
+            len_a: u32::try_from(a.len()).expect("a test frame's part fits a u32"),
+            len_b: u32::try_from(b.len()).expect("a test frame's part fits a u32"),
             arg,
         };
         let mut out = h.encode().to_vec();

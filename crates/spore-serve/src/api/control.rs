@@ -446,6 +446,14 @@ pub async fn update_configuration(
     replace(daemon, &old, f).await
 }
 
+/// A concurrency count from a request, when it lies in `min..=max`; `None`
+/// for anything else, including a count no `u32` holds.
+pub(super) fn concurrency_within(value: i64, min: u32, max: usize) -> Option<u32> {
+    let n = u32::try_from(value).ok()?;
+    let within_max = usize::try_from(n).is_ok_and(|n| n <= max);
+    (n >= min && within_max).then_some(n)
+}
+
 pub async fn put_concurrency(
     daemon: &Arc<Daemon>,
     name: &str,
@@ -453,13 +461,12 @@ pub async fn put_concurrency(
 ) -> Result<Resp, LambdaError> {
     let body = super::body_within(&req, 64 * 1024, "PutFunctionConcurrency")?;
     let b: ConcurrencyBody = parse_json(&body)?;
-    let max = daemon.instances.max_concurrency() as i64;
-    if !(0..=max).contains(&b.reserved_concurrent_executions) {
+    let max = daemon.instances.max_concurrency();
+    let Some(n) = concurrency_within(b.reserved_concurrent_executions, 0, max) else {
         return Err(LambdaError::invalid(format!(
             "ReservedConcurrentExecutions must be between 0 and this host's limit ({max})"
         )));
-    }
-    let n = b.reserved_concurrent_executions as u32;
+    };
     let _admin = daemon.admin.lock().await;
     let mut f = existing(daemon, name)?;
     f.reserved_concurrency = Some(n);
@@ -498,4 +505,22 @@ pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
         hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_counts_lie_within_the_host_limit() {
+        assert_eq!(concurrency_within(0, 0, 10), Some(0));
+        assert_eq!(concurrency_within(10, 1, 10), Some(10));
+        assert_eq!(concurrency_within(0, 1, 10), None);
+        assert_eq!(concurrency_within(11, 0, 10), None);
+        assert_eq!(concurrency_within(-1, 0, 10), None);
+        // Counts no u32 holds are refused, not truncated into range.
+        let wraps_to_five = (1_i64 << 32) + 5;
+        assert_eq!(concurrency_within(wraps_to_five, 0, usize::MAX), None);
+        assert_eq!(concurrency_within(i64::MAX, 0, usize::MAX), None);
+    }
 }

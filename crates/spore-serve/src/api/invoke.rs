@@ -207,7 +207,8 @@ async fn run(
             )
         }
     };
-    let seconds = received.elapsed().as_secs_f64();
+    let elapsed = received.elapsed();
+    let seconds = elapsed.as_secs_f64();
     daemon
         .instances
         .metrics
@@ -219,6 +220,7 @@ async fn run(
         function_error,
         log,
         path: inv.path,
-        micros: (seconds * 1e6) as u64,
+        // Saturates only after 584,000 years.
+        micros: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
     })
 }

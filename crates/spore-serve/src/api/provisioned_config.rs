@@ -9,7 +9,7 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{catalog_err, existing};
+use super::control::{catalog_err, concurrency_within, existing};
 use super::error::LambdaError;
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::ProvisionedRecord;
@@ -66,18 +66,18 @@ pub async fn put(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp, Lam
     let q = qualifier(&req)?;
     let body = super::body_within(&req, 64 * 1024, "PutProvisionedConcurrencyConfig")?;
     let b: ProvisionedBody = parse_json(&body)?;
-    let max = daemon.instances.max_concurrency() as i64;
-    if !(1..=max).contains(&b.provisioned_concurrent_executions) {
+    let max = daemon.instances.max_concurrency();
+    let Some(count) = concurrency_within(b.provisioned_concurrent_executions, 1, max) else {
         return Err(LambdaError::invalid(format!(
             "ProvisionedConcurrentExecutions must be between 1 and this host's limit ({max})"
         )));
-    }
+    };
     let _admin = daemon.admin.lock().await;
     let f = existing(daemon, name)?;
     let rec = ProvisionedRecord {
         function: f.name.clone(),
         qualifier: q,
-        count: b.provisioned_concurrent_executions as u32,
+        count,
         last_modified: lambda_now(),
     };
     daemon.catalog.put_provisioned(&rec).map_err(catalog_err)?;

@@ -119,7 +119,8 @@ pub fn check(zip: &[u8], runtime: &str, handler: &str) -> Result<CheckedCode, Co
             "'{handler}' unpacks to more than {MAX_UNPACKED_BYTES} bytes"
         )));
     }
-    let mut image = Vec::with_capacity(entry.size() as usize);
+    // Only a capacity hint: the size is at most MAX_UNPACKED_BYTES here.
+    let mut image = Vec::with_capacity(usize::try_from(entry.size()).unwrap_or(0));
     entry
         .by_ref()
         .take(MAX_UNPACKED_BYTES)
@@ -177,16 +178,17 @@ fn check_python_handler(
 
 /// An x86_64 ELF64 with a `PT_NOTE` segment holding the spore note.
 fn check_unikernel(elf: &[u8]) -> Result<(), &'static str> {
+    // Offsets come from the uploaded file: every sum is checked.
     let u16_at = |at: usize| {
-        elf.get(at..at + 2)
+        elf.get(at..at.checked_add(2)?)
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
     };
     let u32_at = |at: usize| {
-        elf.get(at..at + 4)
+        elf.get(at..at.checked_add(4)?)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
     let u64_at = |at: usize| {
-        elf.get(at..at + 8).map(|b| {
+        elf.get(at..at.checked_add(8)?).map(|b| {
             let mut a = [0u8; 8];
             a.copy_from_slice(b);
             u64::from_le_bytes(a)
@@ -204,8 +206,12 @@ fn check_unikernel(elf: &[u8]) -> Result<(), &'static str> {
     let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else {
         return Err("truncated ELF header");
     };
-    for i in 0..phnum as usize {
-        let Some(ph) = (phoff as usize).checked_add(i * phentsize as usize) else {
+    let phoff = usize::try_from(phoff).map_err(|_| "bad program headers")?;
+    for i in 0..usize::from(phnum) {
+        let ph = i
+            .checked_mul(usize::from(phentsize))
+            .and_then(|at| phoff.checked_add(at));
+        let Some(ph) = ph else {
             return Err("bad program headers");
         };
         if u32_at(ph) != Some(4) {
@@ -214,8 +220,13 @@ fn check_unikernel(elf: &[u8]) -> Result<(), &'static str> {
         let (Some(off), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
             return Err("bad program headers");
         };
-        let Some(notes) = elf.get(off as usize..(off as usize).saturating_add(size as usize))
-        else {
+        // A size no usize holds reaches past the end of any file, as a
+        // saturated one does.
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        let notes = usize::try_from(off)
+            .ok()
+            .and_then(|off| elf.get(off..off.saturating_add(size)));
+        let Some(notes) = notes else {
             return Err("a note segment lies outside the file");
         };
         if has_spore_note(notes) {
@@ -369,7 +380,8 @@ mod tests {
         elf[54..56].copy_from_slice(&56u16.to_le_bytes());
         elf[56..58].copy_from_slice(&1u16.to_le_bytes());
         let mut note = Vec::new();
-        note.extend_from_slice(&(name.len() as u32 + 1).to_le_bytes());
+        let namesz = u32::try_from(name.len() + 1).expect("a test's note name is short");
+        note.extend_from_slice(&namesz.to_le_bytes());
         note.extend_from_slice(&4u32.to_le_bytes());
         note.extend_from_slice(&kind.to_le_bytes());
         note.extend_from_slice(name);
@@ -416,6 +428,18 @@ mod tests {
             check(&zip_of(&[("fn", &truncated)]), "spore-uk", "fn"),
             Err(CodeError::NotUnikernel { .. })
         ));
+        // Offsets at the top of the address space are refused, not overflowed.
+        let mut far_headers = good.clone();
+        far_headers[32..40].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
+        let mut far_note = good.clone();
+        far_note[64 + 8..64 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        far_note[64 + 32..64 + 40].copy_from_slice(&u64::MAX.to_le_bytes());
+        for elf in [far_headers, far_note] {
+            assert!(matches!(
+                check(&zip_of(&[("fn", &elf)]), "spore-uk", "fn"),
+                Err(CodeError::NotUnikernel { .. })
+            ));
+        }
     }
 
     #[test]

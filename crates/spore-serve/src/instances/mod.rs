@@ -259,8 +259,9 @@ impl Instances {
             Err(e) => return Err(e),
         };
         pool.busy.fetch_add(1, Ordering::Relaxed);
-        let timeout = Duration::from_secs(f.timeout_s.max(1) as u64);
-        let deadline_ms = unix_ms() + timeout.as_millis() as u64;
+        let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline_ms = unix_ms().saturating_add(timeout_ms);
         let result =
             tokio::time::timeout(timeout, inst.conn.invoke(request_id, payload, deadline_ms)).await;
         pool.busy.fetch_sub(1, Ordering::Relaxed);

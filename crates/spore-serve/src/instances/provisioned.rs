@@ -46,9 +46,9 @@ impl Instances {
     /// What `f`'s provisioned pool holds now.
     pub fn provisioned_status(&self, name: &str) -> ProvisionedStatus {
         let requested = lock(&self.provisioned).get(name).copied().unwrap_or(0);
-        let available = lock(&self.pools)
-            .get(name)
-            .map_or(0, |p| lock(&p.fresh).len() as u32);
+        let available = lock(&self.pools).get(name).map_or(0, |p| {
+            u32::try_from(lock(&p.fresh).len()).unwrap_or(u32::MAX)
+        });
         ProvisionedStatus {
             requested,
             available,

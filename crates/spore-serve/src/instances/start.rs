@@ -506,8 +506,13 @@ impl Instances {
         ) else {
             anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
         };
+        // The pid is signalled later: one that is not a single process's
+        // (0, negative, beyond pid_t) is refused, never truncated.
+        let Some(pid) = i32::try_from(pid).ok().filter(|&pid| pid > 0) else {
+            anyhow::bail!("PUT /clone answered a pid that is no process's: {pid}");
+        };
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
-        let mut vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
+        let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
         match self.connect(f, &vmm.vsock_uds).await {
