@@ -181,7 +181,7 @@ static-arm64: deps-arm64
 # clippy over the aarch64 build (make lint runs it): the arch/aarch64 code and
 # every cfg(target_arch) branch compile only there.
 lint-arm64: deps-arm64
-	$(ARM64_ENV) $(CARGO) clippy --target aarch64-unknown-linux-musl --all-targets -p spore-vmm -p spore \
+	$(ARM64_ENV) $(CARGO) clippy --target aarch64-unknown-linux-musl --all-targets -p spore-vmm -p spore -p spore-bench \
 	    -p spore-guest-tools -- -D warnings
 
 # The aarch64 nested tier: tests/nested/run-all.sh --arch arm64 (QEMU TCG
