@@ -4,6 +4,7 @@
 //! helpers of the clone, network and `spore serve` scenarios).
 
 pub mod api;
+pub mod bench;
 pub mod clone;
 pub mod fc;
 pub mod fixture;

@@ -255,3 +255,14 @@ pub fn zip_b64(entries: &[(&str, &[u8])]) -> String {
     }
     base64::engine::general_purpose::STANDARD.encode(w.finish().unwrap().into_inner())
 }
+
+/// Waits (at most `limit`) for the snapshot the first cold boot of
+/// function `f` version `version` writes from its zygote in the background.
+pub fn wait_for_snapshot(state: &Path, f: &str, version: u32, limit: Duration) {
+    let file = state.join(format!("snapshots/{f}-v{version}/vm.state"));
+    let deadline = std::time::Instant::now() + limit;
+    while !file.is_file() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(file.is_file(), "no snapshot at {}", file.display());
+}

@@ -4,18 +4,10 @@
 //! timing thresholds: speed is the benchmark's business, not the tests'.
 //! Needs root and /dev/net/tun, like the other virtio-net tests.
 
+use crate::common::bench::positive;
 use crate::common::net::require_tap;
 use crate::common::*;
 use serde_json::Value;
-
-#[track_caller]
-fn positive(v: &Value, what: &str) -> f64 {
-    let x = v
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what} is missing or not a number: {v}"));
-    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
-    x
-}
 
 #[test]
 fn kvm_bench_net_short_run_reports_every_figure_and_removes_its_tap() {

@@ -3,17 +3,9 @@
 //! has every field with sane values. No timing thresholds: speed is the
 //! benchmark's business, not the tests'.
 
+use crate::common::bench::positive;
 use crate::common::*;
 use serde_json::Value;
-
-#[track_caller]
-fn positive(v: &Value, what: &str) -> f64 {
-    let x = v
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what} is missing or not a number: {v}"));
-    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
-    x
-}
 
 #[test]
 fn kvm_bench_snapshot_small_reports_every_path() {

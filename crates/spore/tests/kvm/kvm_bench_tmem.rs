@@ -3,31 +3,22 @@
 //! its JSON has every field with sane values. No timing thresholds: speed
 //! is the benchmark's business, not the tests'.
 
+use crate::common::bench::{at, positive};
 use crate::common::*;
 use serde_json::Value;
 
-fn at<'a>(v: &'a Value, path: &str) -> &'a Value {
-    path.split('.').fold(v, |v, k| match k.parse::<usize>() {
-        Ok(i) => &v[i],
-        Err(_) => &v[k],
-    })
-}
-
+/// The number at `path` in `v`, which must be above zero.
 #[track_caller]
-fn positive(v: &Value, path: &str) -> f64 {
-    let x = at(v, path)
-        .as_f64()
-        .unwrap_or_else(|| panic!("{path} is missing or not a number: {v}"));
-    assert!(x.is_finite() && x > 0.0, "{path} = {x}");
-    x
+fn positive_at(v: &Value, path: &str) -> f64 {
+    positive(at(v, path), path)
 }
 
 #[track_caller]
 fn stats_positive(v: &Value, path: &str) {
     for s in ["median", "p90", "min", "max"] {
-        positive(v, &format!("{path}.{s}"));
+        positive_at(v, &format!("{path}.{s}"));
     }
-    assert!(positive(v, &format!("{path}.min")) <= positive(v, &format!("{path}.max")));
+    assert!(positive_at(v, &format!("{path}.min")) <= positive_at(v, &format!("{path}.max")));
 }
 
 #[test]
@@ -59,26 +50,26 @@ fn kvm_bench_tmem_quick_reports_every_field() {
         let p = format!("vmm_in_process.compression.{c}");
         stats_positive(&j, &format!("{p}.one_mib.put_us"));
         stats_positive(&j, &format!("{p}.one_mib.get_us"));
-        positive(&j, &format!("{p}.put_4k_us_per_object.single"));
-        positive(&j, &format!("{p}.put_4k_us_per_object.batched"));
+        positive_at(&j, &format!("{p}.put_4k_us_per_object.single"));
+        positive_at(&j, &format!("{p}.put_4k_us_per_object.batched"));
     }
 
     for op in ["put", "get"] {
         let p = format!("guest.one_mib.{op}");
         stats_positive(&j, &format!("{p}.guest_total_us"));
-        let vmm = positive(&j, &format!("{p}.vmm_handling_us"));
-        let rest = positive(&j, &format!("{p}.exit_and_guest_us"));
+        let vmm = positive_at(&j, &format!("{p}.vmm_handling_us"));
+        let rest = positive_at(&j, &format!("{p}.exit_and_guest_us"));
         // Every guest-timed call contains the VMM's handling of it.
-        let total = positive(&j, &format!("{p}.guest_total_us.median"));
+        let total = positive_at(&j, &format!("{p}.guest_total_us.median"));
         assert!((vmm + rest - total).abs() < 1e-6 * total.max(1.0));
-        positive(&j, &format!("guest.one_mib.seed_i5_8250u_us.{op}.total"));
+        positive_at(&j, &format!("guest.one_mib.seed_i5_8250u_us.{op}.total"));
     }
     assert_eq!(at(&j, "guest.one_mib.runs"), 5);
     // Seccomp's cost: the same calls with the filters on and off.
     for side in ["on", "off"] {
         for op in ["put", "get"] {
             stats_positive(&j, &format!("guest.seccomp_1m.{side}.{op}_guest_total_us"));
-            positive(&j, &format!("guest.seccomp_1m.{side}.{op}_vmm_handling_us"));
+            positive_at(&j, &format!("guest.seccomp_1m.{side}.{op}_vmm_handling_us"));
         }
     }
     for op in ["put", "get"] {
@@ -94,9 +85,9 @@ fn kvm_bench_tmem_quick_reports_every_field() {
     assert_eq!(b["exits_saved"], 252);
     for way in ["single", "batched"] {
         stats_positive(b, &format!("{way}.objects_per_s"));
-        positive(b, &format!("{way}.vmm_handling_us_per_call"));
+        positive_at(b, &format!("{way}.vmm_handling_us_per_call"));
     }
-    positive(b, "speedup");
+    positive_at(b, "speedup");
 
     let sizes = j["kvserver"]["sizes"].as_array().expect("kvserver.sizes");
     let got: Vec<u64> = sizes
@@ -107,7 +98,7 @@ fn kvm_bench_tmem_quick_reports_every_field() {
     for s in sizes {
         stats_positive(s, "set_cmds_per_s");
         stats_positive(s, "tmemput_cmds_per_s");
-        positive(s, "tmemput_over_set");
+        positive_at(s, "tmemput_over_set");
     }
     assert_eq!(j["kvserver"]["values_per_run"], 64);
     assert_eq!(j["kvserver"]["pipeline"], 16);

@@ -303,7 +303,9 @@ fn kvm_clones_reopen_their_tap_in_their_own_namespace() {
     let Some(tap) = TapGuard::new("c") else {
         return;
     };
-    let stem = format!("spn{}", std::process::id() % 100_000);
+    // `spd`, not kvm_net.rs's `spn`: its tests sweep `spn<k>-<pid>-…`
+    // namespaces whose pid is gone, and they run in this same process.
+    let stem = format!("spd{}", std::process::id() % 100_000);
     let (Some(ns1), Some(ns2)) = (
         NetnsGuard::new(&format!("{stem}-1"), &tap.0),
         NetnsGuard::new(&format!("{stem}-2"), &tap.0),

@@ -8,19 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use crate::common::proc::private_bytes;
-use crate::common::serve::Daemon;
+use crate::common::serve::{wait_for_snapshot, Daemon};
 use crate::common::{require_kvm, Scratch};
-
-/// Waits (bounded) for the snapshot the first cold boot of `f` version `v`
-/// writes from its zygote in the background.
-fn wait_for_snapshot(state: &std::path::Path, f: &str, v: u32) {
-    let file = state.join(format!("snapshots/{f}-v{v}/vm.state"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !file.is_file() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    assert!(file.is_file(), "no snapshot at {}", file.display());
-}
 
 fn invocations(d: &Daemon, path: &str) -> f64 {
     ["success", "function_error", "timeout"]
@@ -352,7 +341,7 @@ fn kvm_serve_survives_kill_9() {
         })
         .collect();
     thread::sleep(Duration::from_millis(300));
-    wait_for_snapshot(&state, "f", 1);
+    wait_for_snapshot(&state, "f", 1, Duration::from_secs(10));
     // The files are in place before the catalog records them; a kill in
     // between leaves a snapshot the next daemon rightly removes.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -421,7 +410,7 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
     assert_eq!(r.json()["echo"]["n"], 0);
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
     // The cold boot's zygote wrote the version's snapshot, private to the daemon.
-    wait_for_snapshot(&state, "f", 1);
+    wait_for_snapshot(&state, "f", 1, Duration::from_secs(10));
     let snap = state.join("snapshots/f-v1");
     assert!(snap.join("vm.state").is_file() && snap.join("vm.mem").is_file());
     use std::os::unix::fs::PermissionsExt;
@@ -471,7 +460,7 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
     let r = d.invoke("f", b"abc");
     assert_eq!(r.text(), "ABC");
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
-    wait_for_snapshot(&state, "f", 2);
+    wait_for_snapshot(&state, "f", 2, Duration::from_secs(10));
     let r = d.request("DELETE", "/2015-03-31/functions/f", b"", &[]);
     assert_eq!(r.status, 204);
     assert!(

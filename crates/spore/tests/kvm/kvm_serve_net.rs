@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::common::net::require_tap;
-use crate::common::serve::Daemon;
+use crate::common::serve::{wait_for_snapshot, Daemon};
 use crate::common::{require_kvm, Scratch};
 
 /// The test's pool: not the default, so that a daemon someone runs on the
@@ -124,15 +124,6 @@ fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
-fn wait_for_snapshot(state: &std::path::Path, f: &str) {
-    let file = state.join(format!("snapshots/{f}-v1/vm.state"));
-    assert!(
-        eventually(Duration::from_secs(15), || file.is_file()),
-        "no snapshot at {}",
-        file.display()
-    );
-}
-
 /// Invokes `f` to fetch `url`; checks the body and returns the start path.
 fn fetch(d: &Daemon, f: &str, url: &str, body: &str) -> String {
     let payload = serde_json::json!({ "url": url }).to_string();
@@ -206,7 +197,7 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     // (ARP requests from its namespace's kernel, for a guest that never
     // answers: the zygote is a paused template) must not land in the
     // memory its later clones map from.
-    wait_for_snapshot(&state, &f);
+    wait_for_snapshot(&state, &f, 1, Duration::from_secs(15));
     let zygote_ns = namespaces_of(&f)
         .into_iter()
         .find(|n| !n.rsplit('.').next().unwrap_or("c").contains('c'))
