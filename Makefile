@@ -60,16 +60,18 @@ test-unit: deps
 	# spore's Python bootstrap and shell bootstraps, no VM needed.
 	$(CARGO) test -p spore-guest-tools --test 'agent_*'
 
-# Tier 2: the unikernel on /dev/kvm through the real binary. Without /dev/kvm the
-# KVM scenarios are reported as skipped, not passed.
+# Tier 2: the unikernel on /dev/kvm through the real binary: one test binary, a
+# module per scenario (crates/spore/tests/kvm/). Without /dev/kvm the tests named
+# kvm_* are reported as skipped, not passed (`::kvm_` matches the test's own name,
+# not its scenario module's).
 test-host: deps uk
 	@if [ "$$(uname -m)" != x86_64 ]; then \
 	    echo "host-KVM tier: SKIPPED (it boots the spore unikernel, which is x86_64 only; the aarch64 nested tier covers this host's VMM)"; \
 	elif [ -c /dev/kvm ]; then \
-	    $(CARGO) test -p spore --test '*'; \
+	    $(CARGO) test -p spore --test kvm; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
-	    $(CARGO) test -p spore --test '*' -- --skip kvm_; \
+	    $(CARGO) test -p spore --test kvm -- --skip ::kvm_; \
 	fi
 
 # Tier 3: Linux guests inside QEMU (TCG + emulated SVM) with a real KVM inside.
@@ -94,7 +96,7 @@ images: deps
 # The host test that builds the provided image into a temporary cache and
 # reads it back (no VM).
 images-test: deps
-	$(CARGO) test -p spore --test image_build -- --nocapture
+	$(CARGO) test -p spore --test kvm image_build:: -- --nocapture
 
 # cargo-fuzz targets (fuzz/, nightly; scripts/fuzz.sh installs nightly and a
 # pinned cargo-fuzz where missing): each target runs FUZZ_SECONDS; a crash,
