@@ -12,7 +12,7 @@ use super::body::{
     BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate,
     InstanceActionInfo, TmemUpdate, VmStateBody,
 };
-use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
+use super::{printable, ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
 use crate::config::GuestSnapshotConfig;
 use crate::config::{
     BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
@@ -342,17 +342,6 @@ fn decode<T: DeserializeOwned>(method: &str, path: &str, body: &[u8]) -> Result<
     })?;
     de.end().map_err(|e| bad(e.to_string()))?;
     Ok(value)
-}
-
-/// A client-supplied string made safe to echo in a message and a log line:
-/// control characters escaped, length bounded.
-pub(super) fn printable(s: &str) -> String {
-    const MAX: usize = 128;
-    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
-    if s.chars().nth(MAX).is_some() {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]
