@@ -17,6 +17,7 @@ mod size;
 mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
+mod vsock_connect;
 mod vsock_forward;
 
 use std::process::ExitCode;
