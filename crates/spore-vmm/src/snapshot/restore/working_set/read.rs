@@ -199,6 +199,36 @@ pub fn open(path: &Path, id: &str, mem_size: u64) -> Result<Opened, WsLoad> {
     read_rest(f, &hb, len, count, mem_pages, &file_id).map(Opened::Ready)
 }
 
+/// A version-1 file's page list (`list`, `count` entries), bounds-checked,
+/// and its length checked against it; its data is never used.
+fn read_v1(list: &[u8], len: u64, count: u64, mem_pages: u64) -> Result<WorkingSet, WsLoad> {
+    let mut pages = Vec::with_capacity(count as usize);
+    let mut data = 0u64;
+    for c in list.chunks_exact(8) {
+        let e = u64_at(c, 0);
+        let p = e & !V1_ZERO_BIT;
+        if p >= mem_pages {
+            return Err(WsLoad::Ignored(format!(
+                "page {p} lies outside guest memory"
+            )));
+        }
+        data += u64::from(e & V1_ZERO_BIT == 0);
+        pages.push(p);
+    }
+    let expected = v1_data_offset(count) + data * PAGE;
+    if len != expected {
+        return Err(WsLoad::Ignored(format!(
+            "it has {len} bytes, its header says {expected} (truncated?)"
+        )));
+    }
+    Ok(WorkingSet {
+        runs: runs_of(pages),
+        sorted: None,
+        version: 1,
+        data: Data::None,
+    })
+}
+
 /// The rest of [`open`]: the run list and what follows it, checked.
 fn read_rest(
     f: File,
@@ -217,29 +247,7 @@ fn read_rest(
         .map_err(|_| bad("truncated page list".into()))?;
     let outside = |p: u64| bad(format!("page {p} lies outside guest memory"));
     if version == 1 {
-        let mut pages = Vec::with_capacity(count as usize);
-        let mut data = 0u64;
-        for c in list.chunks_exact(8) {
-            let e = u64_at(c, 0);
-            let p = e & !V1_ZERO_BIT;
-            if p >= mem_pages {
-                return Err(outside(p));
-            }
-            data += u64::from(e & V1_ZERO_BIT == 0);
-            pages.push(p);
-        }
-        let expected = v1_data_offset(count) + data * PAGE;
-        if len != expected {
-            return Err(bad(format!(
-                "it has {len} bytes, its header says {expected} (truncated?)"
-            )));
-        }
-        return Ok(WorkingSet {
-            runs: runs_of(pages),
-            sorted: None,
-            version,
-            data: Data::None,
-        });
+        return read_v1(&list, len, count, mem_pages);
     }
     let runs: Vec<(u64, u64)> = list
         .chunks_exact(16)
