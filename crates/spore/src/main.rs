@@ -15,6 +15,7 @@ mod size;
 mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
+mod vsock_connect;
 mod vsock_forward;
 
 use std::process::ExitCode;

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use crate::vsock_connect::connect;
+
 /// Where local clients connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -215,7 +217,7 @@ pub fn run(uds: &Path, port: u32, listen: &ListenAddr, timeout: u64) -> anyhow::
 }
 
 fn forward_one(mut client: Client, uds: &Path, port: u32, timeout: u64) -> anyhow::Result<()> {
-    let guest = match super::vsock_cmd::connect(uds, port, timeout) {
+    let guest = match connect(uds, port, timeout) {
         Ok(g) => g,
         Err(e) => {
             client.shutdown(Shutdown::Both);

@@ -176,6 +176,17 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// A client-supplied string made safe to echo in a message and a log line:
+/// control characters escaped, length bounded.
+fn printable(s: &str) -> String {
+    const MAX: usize = 128;
+    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if s.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 impl From<ConfigError> for ApiError {
     /// A configuration a user sent that does not validate is their error.
     fn from(e: ConfigError) -> Self {

@@ -292,7 +292,8 @@ mod tests {
         let mut msrs = Vec::new();
         apply_msrs(&vcpu, &mut msrs, &t).unwrap();
         assert_eq!((msrs[0].index, msrs[0].data), (0x174, 0b101));
-        crate::arch::x86_64::msr::set_all(&vcpu, &msrs).unwrap();
+        let set = Msrs::from_entries(&msrs).unwrap();
+        assert_eq!(vcpu.set_msrs(&set).unwrap(), msrs.len());
         let mut back = Msrs::from_entries(&[kvm_msr_entry {
             index: 0x174,
             ..Default::default()

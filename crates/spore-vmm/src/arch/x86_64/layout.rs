@@ -39,6 +39,10 @@ pub const SERIAL_NAME: &str = "COM1";
 pub const RTC: Option<LegacyPlace> = None;
 pub const SIGNAL_MMIO: Option<u64> = None;
 
+/// Start of the Extended BIOS Data Area (last KiB of base memory): the MP
+/// table is written there, and the e820 map reserves it.
+pub const EBDA_START: u64 = 0x9_fc00;
+
 /// IOAPIC and LAPIC addresses (MP table and KVM defaults).
 pub const IOAPIC_ADDR: u64 = 0xFEC0_0000;
 pub const LAPIC_ADDR: u64 = 0xFEE0_0000;

@@ -3,7 +3,8 @@
 //! [`load_linux`] puts everything a Linux guest reads at boot into guest
 //! memory: the kernel (ELF vmlinux or bzImage, via linux-loader), the initrd
 //! at the top of low RAM, the command line, the zero page (`boot_params` with
-//! the e820 map) and the MP table. [`configure_linux_vcpu`] then gives each
+//! the e820 map) and the MP table.
+//! [`configure_linux_vcpu`](super::linux_vcpu::configure_linux_vcpu) then gives each
 //! vCPU its CPUID, MSRs, FPU and LAPIC state, and the bootstrap vCPU its
 //! long-mode registers. Creating the VM and running vCPUs is not done here.
 //!
@@ -31,15 +32,12 @@ use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
-pub use super::linux_vcpu::{configure_linux_vcpu, LinuxVcpuError};
+use super::layout::{EBDA_START, MMIO_HOLE_END, MMIO_HOLE_START};
 use super::mptable::{setup_mptable, MpTableError};
 use crate::memory::GuestMemoryMmap;
 
 /// Start of high memory; the kernel is loaded at or above it.
 pub const HIMEM_START: u64 = 0x10_0000;
-/// Start of the Extended BIOS Data Area (last KiB of base memory).
-pub const EBDA_START: u64 = 0x9_fc00;
 /// Zero page: `struct boot_params`.
 pub const ZERO_PAGE_START: u64 = 0x7000;
 /// Kernel command line.

@@ -14,8 +14,7 @@
 
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
-use super::layout::{IOAPIC_ADDR, LAPIC_ADDR};
-use super::linux::EBDA_START;
+use super::layout::{EBDA_START, IOAPIC_ADDR, LAPIC_ADDR};
 use crate::memory::GuestMemoryMmap;
 
 /// Where the MP floating pointer structure is written.

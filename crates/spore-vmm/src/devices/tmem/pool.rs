@@ -14,26 +14,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
-use super::accounting::object_charge;
 use super::host_cap::{HostCap, HostCapError};
+use super::Object;
 
 pub use crate::config::Compression;
-
-/// A stored value. Boxed slices rather than vectors: exactly as long as
-/// their contents (no spare capacity to go uncharged), and a smaller slot.
-pub(super) struct Object {
-    /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
-    data: Box<[u8]>,
-    /// The value's length as the guest gave it (at most `MAX_VALUE_LEN`).
-    len: u32,
-    compressed: bool,
-}
-
-impl Object {
-    fn charge(key: &[u8], data: &[u8]) -> u64 {
-        object_charge(key.len() as u64, data.len() as u64)
-    }
-}
 
 /// Why a put was refused; the pool is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -389,6 +373,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::tmem::accounting::object_charge;
 
     fn read(p: &mut Pool, key: &[u8]) -> Option<Vec<u8>> {
         p.get_with(key, |v| {

@@ -13,7 +13,6 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
 use super::worker::BalloonWorker;
 use super::*;
 #[cfg(target_arch = "x86_64")]

@@ -13,12 +13,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::device::{
-    Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
-};
 use super::request::{
     count_pfns, parse_pfns, parse_report, parse_stats, read_readable, read_readable_into,
     GuestRange, MAX_PFN_BYTES, MAX_STATS_BYTES,
+};
+use super::{
+    Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
 };
 use crate::devices::virtio::queue_server::{drain_queue, Served};
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
