@@ -284,7 +284,7 @@ pub fn clone_vm(
             }
         },
     };
-    let template_us = t0.elapsed().as_micros() as u64;
+    let template_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
     if mode == CloneMode::Zygote {
         st.zygote = true;
     }

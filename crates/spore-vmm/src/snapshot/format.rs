@@ -20,6 +20,7 @@
 //! are written atomically ([`PendingFile`]): a crash leaves the previous
 //! file in place.
 
+use crate::host_usize;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -392,7 +393,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
             return Err(FormatError::Truncated(path.to_string()));
         }
         fill(&mut bytes, slen_end)?;
-        let at = (slen_end - 8) as usize;
+        let at = host_usize::from_u64(slen_end - 8);
         let slen = bytes
             .get(at..at + 8)
             .and_then(|s| s.try_into().ok())
@@ -403,7 +404,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
             return Err(FormatError::Truncated(path.to_string()));
         }
         fill(&mut bytes, alen_end)?;
-        let at = (alen_end - 4) as usize;
+        let at = host_usize::from_u64(alen_end - 4);
         let alen = le32(&bytes, at).map_or(0, u32::from_le_bytes);
         let total = alen_end + u64::from(alen) + 4;
         if total > len {
@@ -418,7 +419,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
     }
     // Every length checked against the file: read the rest (a file too
     // short for its header is decode's to refuse), into one allocation.
-    bytes.reserve_exact((len as usize).saturating_sub(bytes.len()));
+    bytes.reserve_exact(host_usize::from_u64(len).saturating_sub(bytes.len()));
     fill(&mut bytes, len)?;
     Ok(bytes)
 }

@@ -81,6 +81,7 @@ mod tests {
     use crate::arch::x86_64::linux::{load_linux, ZERO_PAGE_START};
     use crate::arch::x86_64::msr::{boot_msrs, MSR_IA32_MISC_ENABLE, MSR_MTRR_DEF_TYPE};
     use crate::arch::x86_64::regs::{BOOT_GDT_START, BOOT_IDT_START, PML4_START};
+    use crate::host_usize;
 
     /// Tests named kvm_* need /dev/kvm; `make test` skips them, and says
     /// so, on a host without it.
@@ -107,7 +108,8 @@ mod tests {
     fn kvm_configures_bsp_and_ap() {
         let kvm = kvm();
         let vm = kvm.create_vm().unwrap();
-        vm.set_tss_address(KVM_TSS_ADDR as usize).unwrap();
+        vm.set_tss_address(host_usize::from_u64(KVM_TSS_ADDR))
+            .unwrap();
         vm.create_irq_chip().unwrap();
         let pit = kvm_pit_config {
             flags: KVM_PIT_SPEAKER_DUMMY,

@@ -2,6 +2,7 @@
 //! PIT), what a pause tells the guest, and saving and restoring the CPU
 //! state of a snapshot.
 
+use crate::host_usize;
 use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
@@ -50,7 +51,7 @@ impl Irqchip {
 /// Right after `KVM_CREATE_VM`: places KVM's TSS at the top of the MMIO hole.
 pub fn prepare_vm(vm_fd: &VmFd) -> Result<(), PlatformError> {
     vm_fd
-        .set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .set_tss_address(host_usize::from_u64(layout::KVM_TSS_ADDR))
         .map_err(kvm("KVM_SET_TSS_ADDR"))
 }
 

@@ -12,6 +12,7 @@
 //! them in virtual wire mode. Application processors need nothing else: the
 //! in-kernel irqchip holds them until the guest sends INIT/SIPI.
 
+use crate::host_usize;
 use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_regs, kvm_segment};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -151,7 +152,7 @@ fn write_guest<T: vm_memory::ByteValued>(
 /// Writes the identity map of the first 1 GiB: PML4[0] -> PDPT[0] -> PD of
 /// 512 2 MiB pages. Whole tables are written so stale entries cannot remain.
 fn write_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
-    let table = PAGE_TABLE_ENTRIES as usize;
+    let table = host_usize::from_u64(PAGE_TABLE_ENTRIES);
     let mut pml4 = vec![0u64; table];
     pml4[0] = PDPT_START | PTE_PRESENT | PTE_WRITABLE;
     let mut pdpt = vec![0u64; table];

@@ -10,6 +10,7 @@
 //!   (no faults at all afterwards, private memory for all of it);
 //! - `read`: `pread` from the layer file into the mapping.
 
+use crate::host_usize;
 use std::os::unix::fs::FileExt;
 
 use crate::memory::layers::MemoryLayers;
@@ -57,8 +58,8 @@ pub fn populate_with(
             let end = ((hi - span_off + 4095) & !4095).min(span_len as u64);
             // SAFETY: [ptr + start, ptr + end) lies in one live mapping of
             // guest RAM owned by `ram`; the guest is not running yet.
-            let addr = unsafe { ptr.add(start as usize) };
-            let len = (end - start) as usize;
+            let addr = unsafe { ptr.add(host_usize::from_u64(start)) };
+            let len = host_usize::from_u64(end - start);
             match method {
                 EagerMethod::PopulateRead | EagerMethod::PopulateWrite => {
                     let advice = if method == EagerMethod::PopulateRead {

@@ -2,6 +2,7 @@
 //! (with a TSS), written into guest memory at the addresses of
 //! [`spore_abi::boot`].
 
+use crate::host_usize;
 use spore_abi::boot::{
     CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, MAX_IDENTITY_GIB, PDPT_ADDR, PD_ADDR, PML4_ADDR,
 };
@@ -131,7 +132,7 @@ pub fn write_page_tables(mem: &impl GuestMemoryBackend, gib: u64) -> Result<(), 
     write_words(mem, PML4_ADDR, &pml4)?;
 
     let mut pdpt = vec![0u64; PAGE / 8];
-    for (i, e) in pdpt.iter_mut().take(gib as usize).enumerate() {
+    for (i, e) in pdpt.iter_mut().take(host_usize::from_u64(gib)).enumerate() {
         *e = (PD_ADDR + i as u64 * PAGE as u64) | PTE_TABLE;
     }
     write_words(mem, PDPT_ADDR, &pdpt)?;
