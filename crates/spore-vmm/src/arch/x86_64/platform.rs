@@ -125,8 +125,8 @@ pub fn save_state(
 ) -> Result<(Vec<VcpuState>, VmState), StateError> {
     let msr_list = saveable_msrs(kvm).map_err(StateError::MsrList)?;
     let mut states = Vec::with_capacity(vcpus.len());
-    for (id, fd) in vcpus.iter().enumerate() {
-        states.push(VcpuState::save(id as u8, fd, &msr_list, irqchip.present)?);
+    for (id, fd) in (0..=u8::MAX).zip(vcpus) {
+        states.push(VcpuState::save(id, fd, &msr_list, irqchip.present)?);
     }
     let vm = VmState::save(vm_fd, irqchip.present, kind == GuestKind::Linux)?;
     Ok((states, vm))

@@ -105,7 +105,7 @@ pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 pub fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
     let bit = |n: u32| ((entry >> n) & 1) as u8;
     let granular = bit(55) == 1;
-    let raw_limit = ((entry & 0xffff) | ((entry >> 32) & 0xf_0000)) as u32;
+    let raw_limit = (entry & 0xffff) as u32 | ((entry >> 32) & 0xf_0000) as u32;
     let present = bit(47);
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | ((entry >> 32) & 0xff00_0000),
@@ -202,9 +202,10 @@ pub fn setup_linux_sregs(mem: &GuestMemoryMmap, vcpu: &VcpuFd) -> Result<(), Reg
     }
     write_guest(mem, "IDT", BOOT_IDT_START, 0u64)?;
     sregs.gdt.base = BOOT_GDT_START;
-    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    sregs.gdt.limit =
+        u16::try_from(std::mem::size_of_val(&gdt) - 1).expect("a GDT of a few entries");
     sregs.idt.base = BOOT_IDT_START;
-    sregs.idt.limit = (std::mem::size_of::<u64>() - 1) as u16;
+    sregs.idt.limit = 7; // one 8-byte entry
 
     let code = segment_from_gdt(gdt[usize::from(GDT_CODE_INDEX)], GDT_CODE_INDEX);
     let data = segment_from_gdt(gdt[usize::from(GDT_DATA_INDEX)], GDT_DATA_INDEX);

@@ -176,6 +176,10 @@ pub fn load_unikernel_mapping<M: GuestMemoryBackend>(
     write(mem, CMDLINE_ADDR, &cmdline_bytes)?;
 
     let regions = memory_map(&ram, image_start, image_end)?;
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "regions and devices fit the block's arrays (MAX_MEM_REGIONS, MAX_MMIO_DEVICES): copied below"
+    )]
     let mut info = BootInfo {
         tsc_khz,
         mem_size: ram.iter().map(|&(_, size)| size).sum(),

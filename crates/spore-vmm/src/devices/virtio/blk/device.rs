@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -306,7 +305,7 @@ impl ChainHandler for BlockRequests {
                     Some(Ok(())) => return Served::Kept,
                     Some(Err(e)) => {
                         tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
-                        (req.status_addr, VIRTIO_BLK_S_IOERR as u8, 0)
+                        (req.status_addr, request::STATUS_IOERR, 0)
                     }
                     None => {
                         let (status, written) = self.execute(mem, &req);
@@ -394,10 +393,10 @@ impl BlockRequests {
             RequestKind::GetId => self.write_id(mem, &req.data),
         };
         match result {
-            Ok(written) => (VIRTIO_BLK_S_OK as u8, written),
+            Ok(written) => (request::STATUS_OK, written),
             Err(e) => {
                 tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
-                (VIRTIO_BLK_S_IOERR as u8, 0)
+                (request::STATUS_IOERR, 0)
             }
         }
     }
