@@ -135,7 +135,7 @@ fn recv_any(sock: &UnixStream, magics: &[&[u8; 8]]) -> Result<Received, HandoffE
     let mut header = [0u8; 16];
     let mut fds = [-1 as RawFd; MAX_LAYERS];
     let mut iov = [libc::iovec {
-        iov_base: header.as_mut_ptr() as *mut libc::c_void,
+        iov_base: header.as_mut_ptr().cast::<libc::c_void>(),
         iov_len: header.len(),
     }];
     // SAFETY: the iovec points into `header`, which outlives the call.

@@ -348,8 +348,7 @@ impl GuestRam {
         } else {
             0
         };
-        for (slot, region) in self.mem.iter().enumerate() {
-            let slot = slot as u32;
+        for (slot, region) in (0u32..).zip(self.mem.iter()) {
             let r = kvm_userspace_memory_region {
                 slot,
                 flags,

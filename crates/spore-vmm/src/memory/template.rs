@@ -157,7 +157,8 @@ impl GuestRam {
                 // meanwhile (vCPUs parked, devices stopped, or not started).
                 let r = unsafe {
                     libc::mmap(
-                        ptr.add(host_usize::from_u64(lo - span_off)) as *mut libc::c_void,
+                        ptr.add(host_usize::from_u64(lo - span_off))
+                            .cast::<libc::c_void>(),
                         host_usize::from_u64(hi - lo),
                         libc::PROT_READ | libc::PROT_WRITE,
                         libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
@@ -318,7 +319,8 @@ impl GuestRam {
                     // populating reads it, nothing is written.
                     unsafe {
                         libc::madvise(
-                            ptr.add(host_usize::from_u64(lo - span_off)) as *mut libc::c_void,
+                            ptr.add(host_usize::from_u64(lo - span_off))
+                                .cast::<libc::c_void>(),
                             host_usize::from_u64(hi - lo),
                             MADV_POPULATE_READ,
                         )

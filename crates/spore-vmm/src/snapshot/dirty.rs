@@ -188,8 +188,7 @@ pub enum DirtyError {
 /// workers quiesced, or pages written meanwhile may be missed.
 pub fn collect(vm: &VmFd, ram: &GuestRam) -> Result<DirtyPages, DirtyError> {
     let mut out = DirtyPages::new();
-    for (i, region) in ram.memory().iter().enumerate() {
-        let slot = i as u32;
+    for (i, (slot, region)) in (0u32..).zip(ram.memory().iter()).enumerate() {
         let kvm = vm
             .get_dirty_log(slot, host_usize::from_u64(region.len()))
             .map_err(|source| DirtyError::KvmLog { slot, source })?;

@@ -202,14 +202,19 @@ pub fn encode_with(
     let mut out = Vec::with_capacity(json.len() + state.len() + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    let json_len = u32::try_from(json.len()).map_err(|_| {
+        <serde_json::Error as serde::ser::Error>::custom("snapshot manifest over 4 GiB")
+    })?;
+    out.extend_from_slice(&json_len.to_le_bytes());
     out.extend_from_slice(&json);
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out.extend_from_slice(state);
     match key {
         Some(k) => {
             let mac = k.mac(&out);
-            out.extend_from_slice(&(MAC_LEN as u32).to_le_bytes());
+            #[allow(clippy::cast_possible_truncation, reason = "MAC_LEN is 32")]
+            let mac_len = MAC_LEN as u32;
+            out.extend_from_slice(&mac_len.to_le_bytes());
             out.extend_from_slice(&mac);
         }
         None => out.extend_from_slice(&0u32.to_le_bytes()),

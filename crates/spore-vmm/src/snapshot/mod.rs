@@ -400,7 +400,7 @@ fn write_snapshot(
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0),
         guest: format!("{:?}", state.kind).to_lowercase(),
-        vcpu_count: state.vcpus.len() as u32,
+        vcpu_count: u32::try_from(state.vcpus.len()).unwrap_or(u32::MAX),
         mem_size_bytes: state.mem_size,
         devices: describe::devices(config, &state),
         layer: Layer {

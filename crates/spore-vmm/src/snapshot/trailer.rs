@@ -59,7 +59,12 @@ pub fn encode(t: &Trailer) -> Vec<u8> {
     let mut head = Vec::with_capacity(24 + id.len());
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
-    head.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "at most MAX_ID bytes (cut above)"
+    )]
+    let id_len = id.len() as u32;
+    head.extend_from_slice(&id_len.to_le_bytes());
     head.extend_from_slice(&t.mem_bytes.to_le_bytes());
     head.extend_from_slice(id);
     let crc = crc32fast::hash(&head);

@@ -68,7 +68,7 @@ pub fn populate_with(
                         libc::MADV_POPULATE_WRITE
                     };
                     // SAFETY: madvise on a range of our own mapping.
-                    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+                    let r = unsafe { libc::madvise(addr.cast::<libc::c_void>(), len, advice) };
                     if r != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -112,7 +112,7 @@ mod tests {
             let (_, ptr, _) = super::super::spans(&ram)[0];
             let mut v = [0u8; 1];
             // SAFETY: probing one page of the mapping.
-            let r = unsafe { libc::mincore(ptr.add(0x10_0000) as *mut _, 4096, v.as_mut_ptr()) };
+            let r = unsafe { libc::mincore(ptr.add(0x10_0000).cast(), 4096, v.as_mut_ptr()) };
             assert_eq!(r, 0);
             assert_eq!(v[0] & 1, 1, "{method:?}: page not resident");
             let x: u8 = ram.memory().read_obj(GuestAddress(0x10_1000)).unwrap();

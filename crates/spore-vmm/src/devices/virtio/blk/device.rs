@@ -113,7 +113,9 @@ impl Block {
         config[0..8].copy_from_slice(&disk.capacity_sectors().to_le_bytes());
         // Header and status take two descriptors of a chain.
         config[12..16].copy_from_slice(&(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
-        config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
+        #[allow(clippy::cast_possible_truncation, reason = "SECTOR_SIZE is 512")]
+        let sector_size = SECTOR_SIZE as u32;
+        config[20..24].copy_from_slice(&sector_size.to_le_bytes());
         Ok(Block {
             id,
             disk: Arc::new(Mutex::new(disk)),
@@ -416,6 +418,8 @@ impl BlockRequests {
             mem.write_slice(&rest[..n], seg.addr)?;
             rest = &rest[n..];
         }
-        Ok((ID_BYTES - rest.len()) as u32)
+        #[allow(clippy::cast_possible_truncation, reason = "at most ID_BYTES (20)")]
+        let written = (ID_BYTES - rest.len()) as u32;
+        Ok(written)
     }
 }

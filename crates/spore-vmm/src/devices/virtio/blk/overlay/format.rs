@@ -95,8 +95,12 @@ impl Layout {
         let mut h = [0u8; host_usize::from_u64(HEADER_LEN)];
         h[0..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        // Checked to fit in `new`/`decode`.
-        h[12..16].copy_from_slice(&(self.block_size as u32).to_le_bytes());
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "checked to fit in `new`/`decode`"
+        )]
+        let block_size = self.block_size as u32;
+        h[12..16].copy_from_slice(&block_size.to_le_bytes());
         h[16..24].copy_from_slice(&self.disk_size.to_le_bytes());
         h[24..32].copy_from_slice(&self.bitmap_offset.to_le_bytes());
         h[32..40].copy_from_slice(&self.data_offset.to_le_bytes());
