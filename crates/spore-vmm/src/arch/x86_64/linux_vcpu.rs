@@ -90,9 +90,9 @@ mod tests {
     }
 
     fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) {
-        for (slot, r) in mem.iter().enumerate() {
+        for (slot, r) in (0u32..).zip(mem.iter()) {
             let region = kvm_userspace_memory_region {
-                slot: slot as u32,
+                slot,
                 flags: 0,
                 guest_phys_addr: r.start_addr().0,
                 memory_size: r.len(),
@@ -172,7 +172,7 @@ mod tests {
                 .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
                 .unwrap();
             let leaf1 = cpuid.as_slice().iter().find(|e| e.function == 1).unwrap();
-            assert_eq!(leaf1.ebx >> 24, id as u32);
+            assert_eq!(leaf1.ebx >> 24, u32::try_from(id).unwrap());
             assert_ne!(leaf1.ecx & (1 << 31), 0);
 
             let mut msrs = kvm_bindings::Msrs::from_entries(&boot_msrs()).unwrap();

@@ -171,7 +171,7 @@ pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
         clock: Default::default(),
         advance_to_realtime: false,
     };
-    ((0..vcpus).map(|id| vcpu(id as u8)).collect(), vm)
+    ((0..=u8::MAX).take(vcpus).map(vcpu).collect(), vm)
 }
 
 /// Where a vCPU stopped, in one line, for a guest that crashed past its own

@@ -168,8 +168,8 @@ mod tests {
 
     fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
-        v.extend_from_slice(&(name.len() as u32 + 1).to_le_bytes());
-        v.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+        v.extend_from_slice(&(u32::try_from(name.len()).unwrap() + 1).to_le_bytes());
+        v.extend_from_slice(&u32::try_from(desc.len()).unwrap().to_le_bytes());
         v.extend_from_slice(&kind.to_le_bytes());
         v.extend_from_slice(name);
         v.push(0);
