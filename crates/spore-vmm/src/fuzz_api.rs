@@ -176,7 +176,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
             let (backend, host) = SocketBackend::pair().ok()?;
             for len in [60usize, 3000] {
                 let frame: Vec<u8> = (0..12 + len)
-                    .map(|i| if i < 12 { 0 } else { (i & 0xff) as u8 })
+                    .map(|i: usize| if i < 12 { 0 } else { i.to_le_bytes()[0] })
                     .collect();
                 host.send(&frame).ok()?;
             }

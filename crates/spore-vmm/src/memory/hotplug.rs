@@ -52,6 +52,13 @@ use super::{create_memfd, AlignedAnonymous, MemoryError};
 /// First KVM slot id of the hotplug region; boot RAM uses slots 0 and 1.
 pub const FIRST_SLOT: u32 = 16;
 
+/// The KVM slot of hotplug chunk `chunk`. KVM has at most a few thousand
+/// slots: a chunk number past u32 saturates to a slot KVM refuses rather
+/// than wrapping onto another chunk's.
+fn kvm_slot(chunk: u64) -> u32 {
+    FIRST_SLOT.saturating_add(u32::try_from(chunk).unwrap_or(u32::MAX))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HotplugError {
     #[error("KVM refused to {what} memory slot {slot}: {source}")]
@@ -338,7 +345,7 @@ impl HotplugMemory {
         let Some(vm) = &self.vm else {
             return Ok(());
         };
-        let slot = FIRST_SLOT + chunk as u32;
+        let slot = kvm_slot(chunk);
         let r = kvm_userspace_memory_region {
             slot,
             flags: if self.dirty_log {
@@ -471,7 +478,7 @@ impl HotplugMemory {
                 }
                 let offset = chunk * self.slot_size;
                 let len = self.slot_size.min(self.size - offset);
-                let slot = FIRST_SLOT + chunk as u32;
+                let slot = kvm_slot(chunk);
                 match vm.get_dirty_log(slot, host_usize::from_u64(len)) {
                     Ok(log) => or_bits(&mut bits, offset / PAGE, &log),
                     // Failing the snapshot here would lose what was read
