@@ -42,7 +42,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
 	$(CARGO) deny check licenses bans sources
-	cd crates/spore-uk && $(CARGO) deny --config ../../deny.toml check licenses bans sources
+	cd crates/spore-uk && $(CARGO) deny check licenses bans sources
 	$(MAKE) lint-arm64
 
 fmt:
