@@ -33,12 +33,16 @@ uk: deps
 static: deps-nested
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
 
-# Formatting and clippy (workspace lints in Cargo.toml), warnings denied; CI runs it
-# before the tests (.ci/run).
-lint: deps
+# Formatting, clippy (workspace lints in Cargo.toml, clippy.toml) and cargo-deny
+# (deny.toml: licences, duplicate crates, sources; why not advisories: see
+# there), warnings denied; CI runs it before the tests (.ci/run).
+lint:
+	@scripts/ensure-deps.sh lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
+	$(CARGO) deny check licenses bans sources
+	cd crates/spore-uk && $(CARGO) deny check licenses bans sources
 	$(MAKE) lint-arm64
 	python3 scripts/check-links.py
 

@@ -83,11 +83,17 @@ pub fn parse_notice(msg: &[u8]) -> Option<u64> {
 }
 
 /// `struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }`
-/// holding `bytes`, all of whose bits are credited.
+/// holding `bytes` (at most 256 MiB: the bit count is an int), all of whose
+/// bits are credited.
 pub fn rand_pool_info(bytes: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + bytes.len().next_multiple_of(4));
-    v.extend_from_slice(&((bytes.len() * 8) as i32).to_ne_bytes());
-    v.extend_from_slice(&(bytes.len() as i32).to_ne_bytes());
+    // The callers' buffers are a few dozen bytes (RESEED_BYTES).
+    let buf_size = i32::try_from(bytes.len()).expect("entropy buffer under 256 MiB");
+    let entropy_bits = buf_size
+        .checked_mul(8)
+        .expect("entropy buffer under 256 MiB");
+    v.extend_from_slice(&entropy_bits.to_ne_bytes());
+    v.extend_from_slice(&buf_size.to_ne_bytes());
     v.extend_from_slice(bytes);
     // `buf` is an array of u32: pad to a whole number of them.
     v.resize(8 + bytes.len().next_multiple_of(4), 0);

@@ -166,6 +166,12 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// The vCPU count in the u8 that KVM vCPU ids take: `validate` bounds it
+    /// by MAX_VCPUS; an unvalidated count above 255 saturates.
+    pub fn vcpu_count_u8(&self) -> u8 {
+        u8::try_from(self.vcpu_count).unwrap_or(u8::MAX)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vcpu_count == 0 || self.vcpu_count > MAX_VCPUS as u64 {
             return Err(ConfigError::VcpuCount {

@@ -183,7 +183,7 @@ pub fn session(agent: &Arc<Agent>, link: &mut Link, link_gen: u64) -> Result<(),
             Wait::InitFailed(f) => return send_init_error(link, &f),
             Wait::Superseded => return Ok(()),
         }
-        let since_start = agent.started.elapsed().as_micros() as u64;
+        let since_start = state::saturating_u64(agent.started.elapsed().as_micros());
         write_frame(link, Kind::Standby, &[], &[], since_start).map_err(io)?;
         let frame = match read_frame(link) {
             Ok(f) => f,

@@ -69,6 +69,13 @@ pub fn mount_basics() {
     }
 }
 
+/// IFF_UP | IFF_RUNNING in `ifr_flags`' type.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "IFF_UP | IFF_RUNNING is 0x41, within c_short"
+)]
+const UP_RUNNING: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+
 /// Brings `lo` up with SIOCSIFFLAGS (the kernel gives it 127.0.0.1 itself),
 /// so the Runtime API can listen on 127.0.0.1 without busybox `ip`.
 pub fn loopback_up() -> io::Result<()> {
@@ -90,7 +97,7 @@ pub fn loopback_up() -> io::Result<()> {
     }
     // SAFETY: SIOCGIFFLAGS set the flags member of the union.
     unsafe {
-        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        ifr.ifr_ifru.ifru_flags |= UP_RUNNING;
     }
     // SAFETY: as above; the kernel only reads ifr.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &ifr) } < 0 {

@@ -77,7 +77,7 @@ pub(super) fn bind_private(path: &Path) -> Result<(UnixListener, SocketFile), Ap
         libc::bind(
             fd.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            SOCKADDR_UN_LEN,
         )
     };
     if rc != 0 {
@@ -157,10 +157,16 @@ fn clear_stale(path: &Path) -> Result<(), ApiServerError> {
     })
 }
 
+#[allow(clippy::cast_possible_truncation, reason = "sockaddr_un is 110 bytes")]
+const SOCKADDR_UN_LEN: libc::socklen_t =
+    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+#[allow(clippy::cast_possible_truncation, reason = "AF_UNIX is 1")]
+const AF_UNIX_FAMILY: libc::sa_family_t = libc::AF_UNIX as libc::sa_family_t;
+
 fn sockaddr(path: &Path) -> Result<libc::sockaddr_un, ApiServerError> {
     // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = AF_UNIX_FAMILY;
     let bytes = path.as_os_str().as_bytes();
     // One byte stays zero: the kernel reads sun_path as a C string.
     let max = addr.sun_path.len() - 1;

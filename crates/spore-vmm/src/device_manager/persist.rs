@@ -315,7 +315,7 @@ pub(super) fn save_virtio(
         _ => None,
     };
     Ok(VirtioState {
-        slot: slot as u32,
+        slot: u32::try_from(slot).unwrap_or(u32::MAX),
         transport: Persist::save(transport),
         device: state.ok_or_else(|| DeviceError::Restore {
             id: id.clone(),

@@ -23,6 +23,10 @@ use vmm_sys_util::ioctl::_IOC_WRITE;
 const KVM_RUN: u64 = 0xAE80;
 
 /// A KVM request number (`_IOR`/`_IOW(KVMIO, nr, T)`).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "size is that of a KVM ioctl's argument struct, a few KiB at most"
+)]
 const fn kvm_request(dir: u32, nr: u32, size: usize) -> u64 {
     ioctl_expr(dir, kvm_bindings::KVMIO, nr, size as u32) as u64
 }

@@ -19,6 +19,7 @@
 //! its device released since (unplugged blocks), which the device reads and
 //! clears ([`crate::memory::hotplug::HotplugMemory::take_dirty`]).
 
+use crate::host_usize;
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
@@ -187,10 +188,9 @@ pub enum DirtyError {
 /// workers quiesced, or pages written meanwhile may be missed.
 pub fn collect(vm: &VmFd, ram: &GuestRam) -> Result<DirtyPages, DirtyError> {
     let mut out = DirtyPages::new();
-    for (i, region) in ram.memory().iter().enumerate() {
-        let slot = i as u32;
+    for (i, (slot, region)) in (0u32..).zip(ram.memory().iter()).enumerate() {
         let kvm = vm
-            .get_dirty_log(slot, region.len() as usize)
+            .get_dirty_log(slot, host_usize::from_u64(region.len()))
             .map_err(|source| DirtyError::KvmLog { slot, source })?;
         out.merge_region(i, &kvm);
         out.merge_region(i, &vmm_bitmap(region).get_and_reset());

@@ -11,6 +11,7 @@
 //! found with `mincore` (resident pages), so pages in the file's holes that
 //! nobody touched are never read, which would fault them in.
 
+use crate::host_usize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -26,7 +27,7 @@ fn region_spans(ram: &GuestRam) -> Vec<(u64, *const u8, usize)> {
     let mut spans = Vec::new();
     let mut offset = 0u64;
     for region in ram.memory().iter() {
-        let len = region.len() as usize;
+        let len = host_usize::from_u64(region.len());
         spans.push((offset, region.as_ptr() as *const u8, len));
         offset += len as u64;
     }
@@ -64,8 +65,8 @@ pub fn write_sparse(ram: &GuestRam, out: &File) -> std::io::Result<u64> {
             // owned by `ram`; the guest is paused and device workers are
             // stopped, so nobody writes it while we read.
             let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
-            let from = (lo - span_off) as usize;
-            let to = (hi - span_off) as usize;
+            let from = host_usize::from_u64(lo - span_off);
+            let to = host_usize::from_u64(hi - span_off);
             written += write_nonzero(&bytes[from..to], out, lo)?;
         }
     }
@@ -89,8 +90,8 @@ pub fn write_dirty(
         // SAFETY: as in write_sparse: a live, paused mapping owned by `ram`.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, span_len) };
         for (first, n) in dirty.runs(region, (span_len / PAGE) as u64) {
-            let from = first as usize * PAGE;
-            let to = from + n as usize * PAGE;
+            let from = host_usize::from_u64(first) * PAGE;
+            let to = from + host_usize::from_u64(n) * PAGE;
             out.write_all_at(&bytes[from..to], span_off + from as u64)?;
             written += (to - from) as u64;
             for (i, page) in bytes[from..to].chunks(PAGE).enumerate() {

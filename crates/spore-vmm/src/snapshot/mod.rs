@@ -397,10 +397,10 @@ fn write_snapshot(
         spore_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0),
         guest: format!("{:?}", state.kind).to_lowercase(),
-        vcpu_count: state.vcpus.len() as u32,
+        vcpu_count: u32::try_from(state.vcpus.len()).unwrap_or(u32::MAX),
         mem_size_bytes: state.mem_size,
         devices: describe::devices(config, &state),
         layer: Layer {

@@ -159,7 +159,7 @@ pub fn apply_cpuid(cpuid: &mut CpuId, t: &CpuConfig) -> Result<(), CpuTemplateEr
                 CpuidRegister::Edx => &mut e.edx,
             };
             // The bitmap holds 32 bits: the value fits.
-            *reg = r.bitmap.apply(u64::from(*reg)) as u32;
+            *reg = (r.bitmap.apply(u64::from(*reg)) & 0xffff_ffff) as u32;
         }
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! counted, as Firecracker does, so a chatty guest cannot fill the host's
 //! disk or stall on a slow sink.
 
+use crate::host_usize;
 use std::io::{self, Write};
 use std::time::Instant;
 
@@ -74,7 +75,7 @@ impl<W: Write> RateLimitedOut<W> {
 
 impl<W: Write> Write for RateLimitedOut<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let allowed = self.bucket.take(buf.len() as u64, Instant::now()) as usize;
+        let allowed = host_usize::from_u64(self.bucket.take(buf.len() as u64, Instant::now()));
         if allowed > 0 {
             self.inner.write_all(&buf[..allowed])?;
         }

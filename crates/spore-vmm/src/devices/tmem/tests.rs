@@ -2,6 +2,7 @@
 //! with a hole, like RAM around the MMIO gap): round trips, a random
 //! workload checked against a model, quota, hostile requests, batches.
 
+use crate::host_usize;
 use std::collections::HashMap;
 
 use spore_abi::tmem::{op, Status, MAX_BATCH, MAX_KEY_LEN};
@@ -74,8 +75,11 @@ struct Guest {
 impl Guest {
     fn new(quota: u64, compression: Compression) -> Self {
         let mem = GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), LOW_END as usize),
-            (GuestAddress(HIGH_START), (HIGH_END - HIGH_START) as usize),
+            (GuestAddress(0), host_usize::from_u64(LOW_END)),
+            (
+                GuestAddress(HIGH_START),
+                host_usize::from_u64(HIGH_END - HIGH_START),
+            ),
         ])
         .unwrap();
         Guest {
@@ -123,7 +127,7 @@ impl Guest {
         let s = self.call(Req::new(op::GET, key.len() as u64, OUT, cap));
         let len = self.u64_at(BLOCK + 40);
         let data = if s == Status::Ok {
-            self.read(OUT, len as usize)
+            self.read(OUT, host_usize::from_u64(len))
         } else {
             Vec::new()
         };
@@ -213,7 +217,7 @@ fn random_operations_match_a_model() {
             } else {
                 1 + rng.below(2)
             };
-            let mut key = rng.bytes(key_len as usize, false);
+            let mut key = rng.bytes(host_usize::from_u64(key_len), false);
             key[0] = rng.below(48) as u8;
             if key.len() == 2 {
                 key[1] %= 4;
@@ -222,8 +226,8 @@ fn random_operations_match_a_model() {
                 0..=44 => {
                     let len = match rng.below(10) {
                         0 => 0,
-                        1 => rng.below(128 << 10) as usize,
-                        _ => rng.below(8192) as usize,
+                        1 => host_usize::from_u64(rng.below(128 << 10)),
+                        _ => host_usize::from_u64(rng.below(8192)),
                     };
                     let compressible = rng.below(2) == 0;
                     let value = rng.bytes(len, compressible);
@@ -494,7 +498,7 @@ fn batches_put_and_get_many_objects_in_one_call() {
         let values: Vec<Vec<u8>> = (0..n).map(|i| rng.bytes(4096, i % 2 == 0)).collect();
         for i in 0..n {
             g.write(KEY + 16 * i, &format!("k{i:06}").into_bytes());
-            g.write(VAL + 4096 * i, &values[i as usize]);
+            g.write(VAL + 4096 * i, &values[host_usize::from_u64(i)]);
             let e = Req {
                 key_addr: KEY + 16 * i,
                 ..Req::new(op::PUT, 7, VAL + 4096 * i, 4096)
@@ -523,7 +527,10 @@ fn batches_put_and_get_many_objects_in_one_call() {
             assert_eq!(st, Status::Ok as u32, "entry {i}");
             if i != 5 {
                 assert_eq!(g.u64_at(e + 40), 4096);
-                assert_eq!(g.read(OUT + 4096 * i, 4096), values[i as usize]);
+                assert_eq!(
+                    g.read(OUT + 4096 * i, 4096),
+                    values[host_usize::from_u64(i)]
+                );
             }
         }
         assert_eq!(g.get(b"k000005"), Err(Status::NotFound));

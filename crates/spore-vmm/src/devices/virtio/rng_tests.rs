@@ -1,5 +1,6 @@
 //! virtio-rng: filling chains directly, and end to end through the transport.
 
+use crate::host_usize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ const MEM_SIZE: u64 = 0x40_0000;
 const POISON: u8 = 0x5a;
 
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), host_usize::from_u64(MEM_SIZE))]).unwrap()
 }
 
 fn d(addr: u64, len: u32, flags: u16) -> Descriptor {

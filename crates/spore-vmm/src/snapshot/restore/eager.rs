@@ -10,6 +10,7 @@
 //!   (no faults at all afterwards, private memory for all of it);
 //! - `read`: `pread` from the layer file into the mapping.
 
+use crate::host_usize;
 use std::os::unix::fs::FileExt;
 
 use crate::memory::layers::MemoryLayers;
@@ -57,8 +58,8 @@ pub fn populate_with(
             let end = ((hi - span_off + 4095) & !4095).min(span_len as u64);
             // SAFETY: [ptr + start, ptr + end) lies in one live mapping of
             // guest RAM owned by `ram`; the guest is not running yet.
-            let addr = unsafe { ptr.add(start as usize) };
-            let len = (end - start) as usize;
+            let addr = unsafe { ptr.add(host_usize::from_u64(start)) };
+            let len = host_usize::from_u64(end - start);
             match method {
                 EagerMethod::PopulateRead | EagerMethod::PopulateWrite => {
                     let advice = if method == EagerMethod::PopulateRead {
@@ -67,7 +68,7 @@ pub fn populate_with(
                         libc::MADV_POPULATE_WRITE
                     };
                     // SAFETY: madvise on a range of our own mapping.
-                    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+                    let r = unsafe { libc::madvise(addr.cast::<libc::c_void>(), len, advice) };
                     if r != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -111,7 +112,7 @@ mod tests {
             let (_, ptr, _) = super::super::spans(&ram)[0];
             let mut v = [0u8; 1];
             // SAFETY: probing one page of the mapping.
-            let r = unsafe { libc::mincore(ptr.add(0x10_0000) as *mut _, 4096, v.as_mut_ptr()) };
+            let r = unsafe { libc::mincore(ptr.add(0x10_0000).cast(), 4096, v.as_mut_ptr()) };
             assert_eq!(r, 0);
             assert_eq!(v[0] & 1, 1, "{method:?}: page not resident");
             let x: u8 = ram.memory().read_obj(GuestAddress(0x10_1000)).unwrap();

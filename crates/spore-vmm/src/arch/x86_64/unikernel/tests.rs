@@ -1,5 +1,6 @@
 //! Loader tests on synthetic ELF images and in-process guest memory.
 
+use crate::host_usize;
 use std::io::Cursor;
 
 use spore_abi::boot::{BOOT_INFO_MAGIC, GDT_ADDR, NOTE_TYPE, PDPT_ADDR, PD_ADDR, PML4_ADDR};
@@ -181,7 +182,7 @@ fn loads_image_and_boot_structures() {
         }
     );
 
-    let mut code = vec![0u8; CODE.len() + BSS as usize];
+    let mut code = vec![0u8; CODE.len() + host_usize::from_u64(BSS)];
     mem.read_slice(&mut code, GuestAddress(LOAD_ADDR)).unwrap();
     assert_eq!(&code[..CODE.len()], CODE);
     assert!(code[CODE.len()..].iter().all(|&b| b == 0), "bss zeroed");

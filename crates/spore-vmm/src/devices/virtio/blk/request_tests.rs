@@ -1,5 +1,6 @@
 //! Parsing of well-formed and hostile virtio-blk descriptor chains.
 
+use crate::host_usize;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -19,7 +20,7 @@ const LIMITS: DiskLimits = DiskLimits {
 };
 
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), host_usize::from_u64(MEM_SIZE))]).unwrap()
 }
 
 fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {

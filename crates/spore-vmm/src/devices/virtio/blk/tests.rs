@@ -1,6 +1,7 @@
 //! virtio-blk driven end to end: a mock driver, the mmio transport, the
 //! device's worker thread and a real image file.
 
+use crate::host_usize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -159,7 +160,7 @@ fn status_desc(mem: &GuestMemoryMmap, at: u64) -> (u64, u32, u16) {
 
 #[test]
 fn read_write_flush_get_id_round_trip() {
-    let (file, mut content) = image(SECTORS as usize * 512);
+    let (file, mut content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let block = Block::new("drive-1".into(), file.as_path(), false, true).unwrap();
@@ -205,7 +206,7 @@ fn read_write_flush_get_id_round_trip() {
 
 #[test]
 fn hostile_requests_get_errors_and_the_device_keeps_going() {
-    let (file, content) = image(SECTORS as usize * 512);
+    let (file, content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let block = Block::new("d".into(), file.as_path(), false, false).unwrap();
@@ -489,7 +490,7 @@ fn cow_drive_through_the_queue() {
 /// and the image keeps the contents it had at the freeze.
 #[test]
 fn freeze_switches_a_raw_drive_to_copy_on_write() {
-    let (file, content) = image(SECTORS as usize * 512);
+    let (file, content) = image(host_usize::from_u64(SECTORS) * 512);
     let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
     let mem = memory();
     let mut d = Driver::new(&mem);
@@ -544,7 +545,7 @@ fn async_drive(path: &std::path::Path, durable: bool) -> Block {
 /// returned only once its completion arrived, with the data in place.
 #[test]
 fn async_engine_reads_writes_and_flushes() {
-    let (file, mut content) = image(SECTORS as usize * 512);
+    let (file, mut content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let mut t = activate(

@@ -219,7 +219,12 @@ mod tests {
     }
 
     fn desc(addr: u64, len: u32, flags: u32) -> RawDescriptor {
-        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, 0))
+        RawDescriptor::from(SplitDescriptor::new(
+            addr,
+            len,
+            u16::try_from(flags).unwrap(),
+            0,
+        ))
     }
 
     /// Writes `h` at HDR_ADDR and `payload` at DATA_ADDR, then parses the
@@ -320,7 +325,7 @@ mod tests {
             "{r:?}"
         );
 
-        let big = MAX_PAYLOAD as u32 + 1;
+        let big = u32::try_from(MAX_PAYLOAD).unwrap() + 1;
         let r = parse(
             &m,
             &hdr(Op::Rw, big),

@@ -1,6 +1,7 @@
 //! Copy-on-write overlays: merging at block boundaries, isolation between
 //! clones, persistence, hostile ranges, a base that shrinks underneath.
 
+use crate::host_usize;
 use std::path::{Path, PathBuf};
 
 use vmm_sys_util::tempdir::TempDir;
@@ -8,7 +9,7 @@ use vmm_sys_util::tempdir::TempDir;
 use super::*;
 use crate::config::{CowOverlayConfig, DriveConfig};
 
-const BS: usize = DEFAULT_BLOCK_SIZE as usize;
+const BS: usize = host_usize::from_u64(DEFAULT_BLOCK_SIZE);
 
 fn base_content(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
@@ -36,7 +37,7 @@ fn mem_cfg() -> CowOverlayConfig {
 }
 
 fn read_all(d: &CowDisk) -> Vec<u8> {
-    let mut v = vec![0u8; d.size() as usize];
+    let mut v = vec![0u8; host_usize::from_u64(d.size())];
     d.read_at(0, &mut v).unwrap();
     v
 }
