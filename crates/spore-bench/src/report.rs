@@ -205,12 +205,13 @@ fn plot(title: &str, unit: &str, figures: &[&Figure]) -> anyhow::Result<String> 
     }
     let lo = values.iter().copied().fold(f64::MAX, f64::min) / 1.5;
     let hi = values.iter().copied().fold(0.0, f64::max) * 1.5;
-    let height = 60 + 22 * figures.len() as u32;
+    let rows = u16::try_from(figures.len()).context("too many figures for one plot")?;
+    let height = 60 + 22 * u32::from(rows);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let n = figures.len() as i32;
+        let n = i32::from(rows);
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 16))
             .margin(8)
@@ -226,8 +227,7 @@ fn plot(title: &str, unit: &str, figures: &[&Figure]) -> anyhow::Result<String> 
             .x_desc(unit)
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (i, f) in figures.iter().enumerate() {
-            let y = i as i32;
+        for (y, f) in (0..n).zip(figures) {
             if let (Some(a), Some(b)) = (f.min, f.max) {
                 if positive(a) && positive(b) {
                     chart

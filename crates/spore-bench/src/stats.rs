@@ -18,7 +18,12 @@ pub fn percentile(samples: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     s.sort_by(f64::total_cmp);
-    s[((s.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "(len - 1) * p for p in 0..=1, rounded, is an index in 0..len"
+    )]
+    let rank = ((s.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize;
+    s[rank]
 }
 
 /// The median (the 0.5 quantile by nearest rank); NaN when there is no

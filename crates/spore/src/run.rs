@@ -284,6 +284,7 @@ pub fn finish(vmm: &Vmm, marks_file: Option<&std::path::Path>) -> anyhow::Result
     match reason {
         StopReason::Error(msg) => bail!("the VM stopped on an error: {msg}"),
         StopReason::Requested => Ok(host::host_signal_status().unwrap_or(0)),
-        other => Ok(other.exit_code() as u8),
+        // exit_code() is 0, 1 or a guest's u8 status: the fallback never happens.
+        other => Ok(u8::try_from(other.exit_code()).unwrap_or(1)),
     }
 }

@@ -37,6 +37,10 @@ fn send_head(s: &mut TcpStream, head: &str) -> std::io::Result<()> {
 }
 
 /// `len` bytes of the pattern from stream offset 0.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "i % PATTERN_PERIOD is below 251, so it fits a u8"
+)]
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % PATTERN_PERIOD) as u8).collect()
 }
@@ -186,7 +190,8 @@ pub fn ping_pong(addr: SocketAddr, warmup: usize, pings: usize) -> anyhow::Resul
     let mut rtts = Vec::with_capacity(pings);
     let mut reply = [0u8; 1];
     for i in 0..warmup + pings {
-        let byte = [(i % 256) as u8];
+        // The low byte of the count: 0, 1, …, 255, 0, …
+        let byte = [i.to_le_bytes()[0]];
         let t = Instant::now();
         s.write_all(&byte)?;
         s.read_exact(&mut reply).context("reading an echo")?;

@@ -229,6 +229,10 @@ fn ip(args: &[&str]) -> anyhow::Result<String> {
 
 /// A K for 10.78.K.0/24 that no host address is in (from the process id,
 /// so parallel benches differ).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "x % 250 + 1 is in 1..=250, so it fits a u8"
+)]
 fn free_subnet() -> anyhow::Result<u8> {
     let used = ip(&["-4", "-o", "addr", "show"])?;
     let start = std::process::id() % 250;

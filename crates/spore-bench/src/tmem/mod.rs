@@ -128,11 +128,23 @@ impl Guest {
 
     /// Writes a block at `at` and calls; returns the status and the call's ns.
     fn call(&self, at: u64, b: &[u8; 64]) -> anyhow::Result<(Status, u64)> {
+        let value = call_value(at)?;
         self.mem.write_slice(b, GuestAddress(at))?;
         let t = Instant::now();
-        let s = self.dev.call(&self.mem, (at >> 4) as u32);
-        Ok((s, t.elapsed().as_nanos() as u64))
+        let s = self.dev.call(&self.mem, value);
+        Ok((s, elapsed_ns(t)))
     }
+}
+
+/// The value a guest writes to call the device with the block at `at`
+/// (its address in 16-byte units).
+fn call_value(at: u64) -> anyhow::Result<u32> {
+    u32::try_from(at >> 4).with_context(|| format!("block at {at:#x} is beyond a call's reach"))
+}
+
+/// Nanoseconds since `t`, saturating (at 584 years).
+fn elapsed_ns(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn fill(mem: &GuestMemoryMmap, at: u64, len: u64, seed: u64) -> anyhow::Result<()> {
@@ -156,15 +168,16 @@ fn fill(mem: &GuestMemoryMmap, at: u64, len: u64, seed: u64) -> anyhow::Result<(
         "\n",
         "quota ",
     ];
+    let len = usize::try_from(len).context("fill length beyond the address space")?;
     let mut x = seed | 1;
-    let mut data = Vec::with_capacity(len as usize + 16);
-    while (data.len() as u64) < len {
+    let mut data = Vec::with_capacity(len + 16);
+    while data.len() < len {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         data.extend_from_slice(WORDS[(x & 15) as usize].as_bytes());
     }
-    data.truncate(len as usize);
+    data.truncate(len);
     mem.write_slice(&data, GuestAddress(at))?;
     Ok(())
 }
@@ -181,8 +194,8 @@ fn one_mib(g: &Guest, runs: usize) -> anyhow::Result<Value> {
         ensure!(s == Status::Ok, "1 MiB get: {s:?}");
         gets.push(ns as f64 / 1e3);
     }
-    let mut a = vec![0u8; MIB as usize];
-    let mut b = vec![0u8; MIB as usize];
+    let mut a = vec![0u8; usize::try_from(MIB)?];
+    let mut b = a.clone();
     g.mem.read_slice(&mut a, GuestAddress(VALUES))?;
     g.mem.read_slice(&mut b, GuestAddress(VALUES + 2 * MIB))?;
     ensure!(a == b, "1 MiB value did not read back identical");
@@ -216,11 +229,12 @@ fn small_puts(g: &Guest, n: u64, batch: u64) -> anyhow::Result<f64> {
     // One clock pair around the whole loop: reading the clock can cost
     // microseconds on some hosts (kvm_pvm traps it), which would swamp a
     // 4 KiB call. The loop includes writing the blocks, as a guest would.
+    let block_value = call_value(BLOCK)?;
     let start = Instant::now();
     if batch <= 1 {
         for i in 0..n {
             g.mem.write_slice(&entry(i), GuestAddress(BLOCK))?;
-            let s = g.dev.call(&g.mem, (BLOCK >> 4) as u32);
+            let s = g.dev.call(&g.mem, block_value);
             ensure!(s == Status::Ok, "4 KiB put: {s:?}");
         }
     } else {
@@ -233,7 +247,7 @@ fn small_puts(g: &Guest, n: u64, batch: u64) -> anyhow::Result<f64> {
             }
             let b = block(op::BATCH, (0, 0), (ARRAY, count));
             g.mem.write_slice(&b, GuestAddress(BLOCK))?;
-            let s = g.dev.call(&g.mem, (BLOCK >> 4) as u32);
+            let s = g.dev.call(&g.mem, block_value);
             ensure!(s == Status::Ok, "batch: {s:?}");
             for j in 0..count {
                 let st: u32 = g.mem.read_obj(GuestAddress(ARRAY + 64 * j + 4))?;
@@ -242,7 +256,7 @@ fn small_puts(g: &Guest, n: u64, batch: u64) -> anyhow::Result<f64> {
             i += count;
         }
     }
-    let total_ns = start.elapsed().as_nanos() as u64;
+    let total_ns = elapsed_ns(start);
     Ok(total_ns as f64 / n as f64)
 }
 
