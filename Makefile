@@ -86,7 +86,13 @@ fc-sdk:
 test-nested: deps-nested static fc-sdk
 	tests/nested/run-all.sh --spore $(STATIC_SPORE)
 
-test: test-unit test-host test-nested test-nested-arm64
+# The four tiers in order, each timed: a table of their wall times at the end
+# (scripts/stages.sh; also when one fails, whose status make returns).
+test:
+	@scripts/stages.sh "make test" "unit=$(MAKE) --no-print-directory test-unit" \
+	    "host=$(MAKE) --no-print-directory test-host" \
+	    "nested x86_64=$(MAKE) --no-print-directory test-nested" \
+	    "nested arm64=$(MAKE) --no-print-directory test-nested-arm64"
 
 # Runtime images of Linux functions (read-only ext4 root file systems from
 # Debian packages; guest/README.md), cached by content in $$SPORE_CACHE: a
@@ -105,10 +111,16 @@ images-test: deps
 # cargo-fuzz targets (fuzz/, nightly; scripts/fuzz.sh installs nightly and a
 # pinned cargo-fuzz where missing): each target runs FUZZ_SECONDS; a crash,
 # hang or OOM fails. `cargo test -p spore-vmm` replays fuzz/corpus and
-# fuzz/regressions without nightly.
+# fuzz/regressions without nightly. fuzz-smoke is CI's (.ci/run): every
+# target replays its corpus and then fuzzes FUZZ_SMOKE_SECONDS; make fuzz is
+# the longer run, outside CI.
 FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
+.PHONY: fuzz-smoke
 fuzz:
 	scripts/fuzz.sh $(FUZZ_SECONDS)
+fuzz-smoke:
+	scripts/fuzz.sh $(FUZZ_SMOKE_SECONDS)
 
 demo: build uk
 	@echo "== spore unikernel on host KVM"
