@@ -9,9 +9,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use spore_vmm::api::client;
 use spore_vmm::clone::CloneReport;
-
-use crate::api_client::request;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Mode {
@@ -70,15 +69,7 @@ pub fn put_clone(
     mode: Option<Mode>,
     dir: Option<&Path>,
 ) -> anyhow::Result<CloneReport> {
-    let (status, reply) = request(sock, "PUT", "/clone", &body(count, mode, dir)?)?;
-    if status >= 400 {
-        let msg = serde_json::from_str::<serde_json::Value>(&reply)
-            .ok()
-            .and_then(|v| v["fault_message"].as_str().map(str::to_string))
-            .unwrap_or(reply);
-        bail!("clone refused (HTTP {status}): {}", msg.trim());
-    }
-    serde_json::from_str(&reply).context("the VMM's clone report does not parse")
+    Ok(client::put_clone(sock, &body(count, mode, dir)?)?)
 }
 
 pub fn run(a: CloneArgs) -> anyhow::Result<u8> {
