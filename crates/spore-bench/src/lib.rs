@@ -18,7 +18,6 @@ mod procfs;
 mod reclaim;
 mod report;
 mod serve;
-mod size;
 mod snapshot;
 pub mod stats;
 mod tmem;

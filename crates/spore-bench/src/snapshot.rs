@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
+use spore_vmm::config::parse_size;
 use spore_vmm::host::monotonic_ns;
 
 use crate::host::{loadavg, machine};
-use crate::size::parse_size;
 use crate::stats::summary;
 use crate::vmm_api::call_below;
 

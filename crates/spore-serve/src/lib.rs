@@ -16,7 +16,7 @@
 //! [`catalog`] (SQLite), [`code`] (zips and code disks), [`runtime`],
 //! [`images`], [`logs`], [`metrics`], [`recovery`] → the VMM client:
 //! [`vmm`] (VMM processes), [`instance_conn`] (the invoke protocol over
-//! vsock), [`network`] → [`fs`], [`clock`], [`config`].
+//! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
 pub mod api;
 pub mod auth;
@@ -31,6 +31,7 @@ pub mod instance_conn;
 pub mod instances;
 pub mod logs;
 pub mod metrics;
+pub mod mutex;
 pub mod network;
 pub mod recovery;
 pub mod runtime;

@@ -16,6 +16,7 @@ mod net;
 mod observe;
 mod rate_limiter;
 mod serial;
+mod size;
 
 pub use cpu_template::{
     Bitmap, CpuConfig, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier, KvmCapability,
@@ -30,6 +31,7 @@ pub use net::{
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 pub use serial::SerialConfig;
+pub use size::{parse_size, SizeError};
 
 /// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
 /// below the device, so that configuration never depends on devices.

@@ -11,11 +11,9 @@ mod jailer;
 mod mem_cmd;
 mod run;
 mod serve_cmd;
-mod size;
 mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
-mod vsock_connect;
 mod vsock_forward;
 
 use std::process::ExitCode;

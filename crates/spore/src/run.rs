@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use spore_vmm::config::parse_size;
 use spore_vmm::config::{
     AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig, GuestSnapshotConfig,
     MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
@@ -13,7 +14,6 @@ use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;
 
 use crate::host;
-use crate::size::parse_size;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

@@ -4,7 +4,8 @@
 //! `CONNECT <port>` handshake) and `listen` accepts one guest-initiated
 //! connection on `<uds>_<port>`; both then copy stdin to the peer and the
 //! peer to stdout until both directions end (`connect`'s handshake is in
-//! `vsock_connect.rs`). `forward` (in `vsock_forward.rs`) exposes a guest
+//! `spore_vmm::devices::virtio::vsock::host_connect`, shared with `forward` and
+//! the benchmarks). `forward` (in `vsock_forward.rs`) exposes a guest
 //! port as a local TCP or Unix socket.
 
 use std::io::{BufRead, BufReader, Write};
@@ -14,9 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Subcommand;
-
-// Also the path `bench/reclaim_linux.rs` dials a guest by.
-pub(crate) use crate::vsock_connect::connect;
+use spore_vmm::devices::virtio::vsock::host_connect::connect;
 
 #[derive(Subcommand, Debug)]
 pub enum VsockCommand {

@@ -14,8 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-
-use crate::vsock_connect::connect;
+use spore_vmm::devices::virtio::vsock::host_connect::connect;
 
 /// Where local clients connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,7 +220,7 @@ fn forward_one(mut client: Client, uds: &Path, port: u32, timeout: u64) -> anyho
         Ok(g) => g,
         Err(e) => {
             client.shutdown(Shutdown::Both);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let mut guest_w = guest.try_clone()?;

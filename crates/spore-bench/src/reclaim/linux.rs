@@ -20,12 +20,12 @@
 //!   deflate).
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+use spore_vmm::devices::virtio::vsock::host_connect::connect;
 
 use super::{size_figures, slot_mib, ReclaimArgs};
 use crate::host::machine;
@@ -39,38 +39,15 @@ const BOOT_MIB: u64 = 1024;
 /// The vsock port of the guest's command server.
 const GUEST_SHELL_PORT: u32 = 5000;
 
-/// Connects to a guest port through the VM's hybrid-vsock socket
-/// (`CONNECT <port>` answered by `OK ...`), waiting up to 5 s for the answer.
-fn connect(uds: &Path, port: u32) -> anyhow::Result<UnixStream> {
-    let mut stream =
-        UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
-    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    // Byte by byte, so that no guest data after the answer is consumed.
-    let mut reply = Vec::new();
-    let mut byte = [0u8];
-    while reply.len() < 64 {
-        match stream.read(&mut byte) {
-            Ok(0) => bail!("guest port {port}: connection refused (nobody listening)"),
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => reply.push(byte[0]),
-            Err(e) => bail!("guest port {port}: no answer: {e}"),
-        }
-    }
-    let reply = String::from_utf8_lossy(&reply);
-    if !reply.starts_with("OK ") {
-        bail!("guest port {port}: unexpected handshake reply {reply:?}");
-    }
-    stream.set_read_timeout(None)?;
-    Ok(stream)
-}
+/// How long the guest's shell may take to accept a connection.
+const HANDSHAKE_TIMEOUT_SECS: u64 = 5;
 
 /// Runs `cmd` in the guest's shell over vsock port 5000; returns its output.
 fn guest(uds: &Path, cmd: &str, timeout: Duration) -> anyhow::Result<String> {
     let deadline = Instant::now() + timeout;
     loop {
         let attempt = (|| -> anyhow::Result<String> {
-            let mut s = connect(uds, GUEST_SHELL_PORT)?;
+            let mut s = connect(uds, GUEST_SHELL_PORT, HANDSHAKE_TIMEOUT_SECS)?;
             s.write_all(format!("{cmd}\nexit\n").as_bytes())?;
             s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())))?;
             let mut out = String::new();

@@ -32,6 +32,8 @@ use crate::catalog::{Catalog, Function, ProcessRecord};
 use crate::clock::unix_ms;
 use crate::instance_conn::{InstanceConn, InvokeError, InvokeResult};
 use crate::metrics::{Metrics, StartPath};
+// Also the lock of the submodules (`super::lock`).
+use crate::mutex::lock;
 use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
@@ -157,10 +159,6 @@ pub struct Instances {
     next_id: AtomicU64,
     /// Networked functions' namespaces (made on their first instance).
     network: Arc<Network>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Instances {

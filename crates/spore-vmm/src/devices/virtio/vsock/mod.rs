@@ -11,10 +11,12 @@
 //! Only stream sockets are offered (no VIRTIO_VSOCK_F_SEQPACKET). Files:
 //! `packet.rs` (wire format and validation), `connection.rs` (one
 //! connection), `listener.rs` (host socket and handshake), `muxer.rs`
-//! (routing), `event_loop.rs` (the worker thread).
+//! (routing), `event_loop.rs` (the worker thread); `host_connect.rs` is the
+//! host programs' end of the `CONNECT` handshake.
 
 pub mod connection;
 pub mod event_loop;
+pub mod host_connect;
 pub mod identity;
 pub mod listener;
 pub mod muxer;

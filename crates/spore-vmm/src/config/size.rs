@@ -1,13 +1,14 @@
-//! Sizes as people type them on the command line (`--mem 256M`).
+//! Sizes as people type them on the command line (`spore run --mem 256M`,
+//! `spore bench snapshot --sizes 128M,1G`, `spore serve --memory-budget`).
+//! Beside the configuration because these sizes become its byte and MiB
+//! fields; the `spore` command and the benchmarks both read their options
+//! with it.
 //!
 //! A whole number with an optional unit, case-insensitive: none or `B` for
 //! bytes, `K`/`KB`/`KiB`, `M`/`MB`/`MiB`, `G`/`GB`/`GiB`, `T`/`TB`/`TiB`.
 //! Every unit is binary (K = 1024), as memory sizes always are in practice
 //! (QEMU's `-m 1G`, Firecracker's MiB): `1GB` meaning 10^9 bytes would give a
 //! guest a size no page table or memory slot lines up with.
-
-// The CLI wires `--mem` to this; until then only the tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
 
 /// Why a size did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
