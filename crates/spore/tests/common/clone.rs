@@ -23,7 +23,7 @@ impl Reaper {
     pub fn add_from(&mut self, report: &serde_json::Value) {
         for c in report["clones"].as_array().into_iter().flatten() {
             if let Some(pid) = c["pid"].as_i64() {
-                self.pids.push(pid as i32);
+                self.pids.push(i32::try_from(pid).expect("a pid fits i32"));
             }
         }
     }

@@ -13,14 +13,15 @@ pub fn peer_pid(sock: &Path) -> Option<i32> {
         uid: 0,
         gid: 0,
     };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let mut len =
+        libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).expect("a ucred is 12 bytes");
     // SAFETY: getsockopt writes at most `len` bytes into `cred`.
     let r = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
+            std::ptr::from_mut(&mut cred).cast::<libc::c_void>(),
             &mut len,
         )
     };

@@ -56,7 +56,10 @@ fn run_and_measure_cpu(mut cmd: std::process::Command) -> (i32, Duration, Durati
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
     assert_eq!(pid, child.id() as i32);
     let wall = start.elapsed();
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let tv = |t: libc::timeval| {
+        let micros = u32::try_from(t.tv_usec).expect("tv_usec is below a million");
+        Duration::new(t.tv_sec as u64, micros * 1000)
+    };
     let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
     (libc::WEXITSTATUS(status), wall, cpu)
 }
@@ -140,7 +143,8 @@ fn kvm_a_guest_log_flood_stays_under_the_rate_limit() {
     let warnings = stderr.matches("signal port: ignored").count();
     // One burst per started period of the run (however slow the host).
     let periods = elapsed / spore_vmm::log_limit::PERIOD.as_secs() + 2;
-    let allowed = spore_vmm::log_limit::BURST as usize * periods as usize;
+    let allowed = spore_vmm::log_limit::BURST as usize
+        * usize::try_from(periods).expect("a run of seconds counts few periods");
     assert!(
         (2..=allowed).contains(&warnings),
         "{warnings} warnings reached the log in {elapsed} s (at most {allowed})"

@@ -441,7 +441,7 @@ fn kvm_clone_runs_the_sources_own_binary_after_it_was_replaced() {
         "the clone runs the replaced file's contents: {}",
         target.display()
     );
-    assert!(alive(pid as i32));
+    assert!(alive(i32::try_from(pid).expect("a pid fits i32")));
 }
 
 /// A VM restored from a snapshot (its RAM a private mapping of the memory

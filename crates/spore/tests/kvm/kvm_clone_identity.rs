@@ -286,7 +286,11 @@ fn kvm_put_clone_reseeds_each_clone_and_gives_it_a_cid_and_a_disk() {
     let _pids = ClonePids(
         clones
             .iter()
-            .filter_map(|c| c["pid"].as_i64().map(|p| p as i32))
+            .filter_map(|c| {
+                c["pid"]
+                    .as_i64()
+                    .map(|p| i32::try_from(p).expect("a pid fits i32"))
+            })
             .collect(),
     );
     assert_eq!(clones.len(), 2, "{reply}");

@@ -471,41 +471,56 @@ fn jailer(args: &[&str]) -> (i32, String) {
     (o.status.code().unwrap_or(-1), stderr_of(&o))
 }
 
+/// The spore binary under test, as the jailer's `--exec-file`.
+const SPORE_BIN: &str = env!("CARGO_BIN_EXE_spore");
+
 #[test]
 fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
     require_root();
     let s = Scratch::new("jailer-bad");
     let base = s.path("jail");
     std::fs::create_dir_all(&base).unwrap();
-    let spore_bin = env!("CARGO_BIN_EXE_spore");
     // 'static for the argument vectors below (a test process, leaked once).
     let b: &'static str = Box::leak(base.to_str().unwrap().to_string().into_boxed_str());
-    let common = |id: &'static str| {
-        vec![
-            "--id",
-            id,
-            "--exec-file",
-            spore_bin,
-            "--uid",
-            "1000",
-            "--gid",
-            "1000",
-            "--chroot-base-dir",
-            b,
-        ]
-    };
-    let with = |mut v: Vec<&'static str>, extra: &[&'static str]| {
-        v.extend_from_slice(extra);
-        v
-    };
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    for (args, want) in bad_command_lines(b) {
+        assert_fails_in_one_line_leaving_nothing(&args, want, &base);
+    }
+    assert_nodev_base_is_refused(&s);
+    assert_symlink_named_jailer_takes_the_same_command_line(&s, b);
+}
+
+/// A valid command line jailing `id` under `base`.
+fn jail_args(id: &'static str, base: &'static str) -> Vec<&'static str> {
+    vec![
+        "--id",
+        id,
+        "--exec-file",
+        SPORE_BIN,
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--chroot-base-dir",
+        base,
+    ]
+}
+
+fn with_args(mut v: Vec<&'static str>, extra: &[&'static str]) -> Vec<&'static str> {
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Bad command lines for a jail under `base`, each with a part of the one
+/// error line it must print.
+fn bad_command_lines(base: &'static str) -> Vec<(Vec<&'static str>, &'static str)> {
+    vec![
         (vec![], "required arguments were not provided: --id"),
         (
-            with(common("x"), &["--bogus"]),
+            with_args(jail_args("x", base), &["--bogus"]),
             "unexpected argument '--bogus'",
         ),
-        (common("bad id"), "invalid id"),
-        (common("a/b"), "invalid id"),
+        (jail_args("bad id", base), "invalid id"),
+        (jail_args("a/b", base), "invalid id"),
         (
             vec![
                 "--id",
@@ -517,7 +532,7 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
                 "--gid",
                 "1",
                 "--chroot-base-dir",
-                b,
+                base,
             ],
             "exec file /no/such",
         ),
@@ -532,7 +547,7 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
                 "--gid",
                 "1",
                 "--chroot-base-dir",
-                b,
+                base,
             ],
             "not a regular file",
         ),
@@ -541,13 +556,13 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
                 "--id",
                 "x",
                 "--exec-file",
-                spore_bin,
+                SPORE_BIN,
                 "--uid",
                 "me",
                 "--gid",
                 "1",
                 "--chroot-base-dir",
-                b,
+                base,
             ],
             "invalid --uid",
         ),
@@ -556,7 +571,7 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
                 "--id",
                 "x",
                 "--exec-file",
-                spore_bin,
+                SPORE_BIN,
                 "--uid",
                 "1",
                 "--gid",
@@ -567,58 +582,63 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
             "chroot base dir",
         ),
         (
-            with(
-                common("x"),
+            with_args(
+                jail_args("x", base),
                 &["--cgroup-version", "2", "--cgroup", "pids.max"],
             ),
             "<file>=<value>",
         ),
         (
-            with(common("x"), &["--cgroup", "pids.max=1"]),
+            with_args(jail_args("x", base), &["--cgroup", "pids.max=1"]),
             "cgroup-version 2",
         ),
         (
-            with(common("x"), &["--parent-cgroup", "../x"]),
+            with_args(jail_args("x", base), &["--parent-cgroup", "../x"]),
             "parent-cgroup",
         ),
         (
-            with(common("x"), &["--resource-limit", "stack=1"]),
+            with_args(jail_args("x", base), &["--resource-limit", "stack=1"]),
             "fsize and no-file",
         ),
         // These fail after the jail directory was made: it is removed.
         (
-            with(common("late-1"), &["--netns", "/dev/null"]),
+            with_args(jail_args("late-1", base), &["--netns", "/dev/null"]),
             "network namespace",
         ),
         (
-            with(
-                common("late-2"),
+            with_args(
+                jail_args("late-2", base),
                 &["--cgroup-version", "2", "--cgroup", "nosuchctl.max=1"],
             ),
             "not available",
         ),
         (
-            with(
-                common("late-3"),
+            with_args(
+                jail_args("late-3", base),
                 &["--resource-limit", "no-file=99999999999"],
             ),
             "open file limit",
         ),
-    ];
-    for (args, want) in cases {
-        let (code, err) = jailer(&args);
-        assert_eq!(code, 1, "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-        assert!(err.starts_with("jailer: "), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
-        let left: Vec<_> = std::fs::read_dir(&base)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        assert!(left.is_empty(), "{args:?} left {left:?}");
-    }
+    ]
+}
 
+/// `spore jailer ARGS` exits 1 with one `jailer: ` line containing `want`,
+/// and leaves nothing under `base`.
+fn assert_fails_in_one_line_leaving_nothing(args: &[&str], want: &str, base: &Path) {
+    let (code, err) = jailer(args);
+    assert_eq!(code, 1, "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("jailer: "), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+    let left: Vec<_> = std::fs::read_dir(base)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{args:?} left {left:?}");
+}
+
+fn assert_nodev_base_is_refused(s: &Scratch) {
     // A base on a nodev mount is refused (its device nodes would not open).
     let nodev = s.path("nodev");
     std::fs::create_dir_all(&nodev).unwrap();
@@ -632,7 +652,7 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
         "--id",
         "x",
         "--exec-file",
-        spore_bin,
+        SPORE_BIN,
         "--uid",
         "1",
         "--gid",
@@ -645,11 +665,16 @@ fn jailer_bad_command_lines_fail_with_one_line_and_leave_nothing() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("nodev mount"), "{err}");
     assert_eq!(left, 0, "the nodev base kept what the jailer made");
+}
 
+fn assert_symlink_named_jailer_takes_the_same_command_line(s: &Scratch, base: &'static str) {
     // Called as `jailer` (a symlink): the same command line.
     let link = s.path("jailer");
-    std::os::unix::fs::symlink(spore_bin, &link).unwrap();
-    let o = Command::new(&link).args(common("bad id")).output().unwrap();
+    std::os::unix::fs::symlink(SPORE_BIN, &link).unwrap();
+    let o = Command::new(&link)
+        .args(jail_args("bad id", base))
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr_of(&o).contains("invalid id"), "{}", stderr_of(&o));
     let o = Command::new(&link).arg("--help").output().unwrap();

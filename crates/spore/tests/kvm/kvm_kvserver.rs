@@ -166,10 +166,11 @@ impl<S: Read + Write> Resp<S> {
                 if n < 0 {
                     return Reply::Bulk(None);
                 }
-                let mut v = vec![0u8; n as usize + 2];
+                let n = usize::try_from(n).expect("a bulk length of a test value fits usize");
+                let mut v = vec![0u8; n + 2];
                 self.r.read_exact(&mut v).unwrap();
-                assert_eq!(&v[n as usize..], b"\r\n");
-                v.truncate(n as usize);
+                assert_eq!(&v[n..], b"\r\n");
+                v.truncate(n);
                 Reply::Bulk(Some(v))
             }
             "*" => {
@@ -188,7 +189,7 @@ impl<S: Read + Write> Resp<S> {
 
 fn value_for(i: usize, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|j| (i.wrapping_mul(131) + j * 7 + (j >> 8)) as u8)
+        .map(|j| u8::try_from((i.wrapping_mul(131) + j * 7 + (j >> 8)) % 256).expect("below 256"))
         .collect()
 }
 

@@ -102,11 +102,15 @@ fn kvm_net_httpd_answers_a_thousand_requests_from_curl() {
     let body = curl(None, 60, &[&format!("{base}/bytes/{n}")]).unwrap();
     assert_eq!(body.len(), n);
     assert!(
-        body.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8),
+        body.iter()
+            .enumerate()
+            .all(|(i, &b)| b == u8::try_from(i % 251).expect("below 251")),
         "the pattern differs"
     );
     // And one the other way.
-    let upload: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 % 256) as u8).collect();
+    let upload: Vec<u8> = (0..(1u32 << 20))
+        .map(|i| u8::try_from(i * 7 % 256).expect("below 256"))
+        .collect();
     let file = s.path("upload.bin");
     std::fs::write(&file, &upload).unwrap();
     let sum: u32 = upload.iter().map(|&b| b as u32).fold(0, u32::wrapping_add);

@@ -358,7 +358,7 @@ fn kvm_clones_reopen_their_tap_in_their_own_namespace() {
     // Clone numbers continue after the failed attempt's: find the
     // namespaces by what each clone process holds.
     for c in clones {
-        let pid = c["pid"].as_u64().unwrap() as u32;
+        let pid = u32::try_from(c["pid"].as_u64().unwrap()).expect("a pid fits u32");
         let n = c["index"].as_u64().unwrap();
         assert!(
             holds_tap(pid, &tap.0),
@@ -371,7 +371,7 @@ fn kvm_clones_reopen_their_tap_in_their_own_namespace() {
         let want = format!(r#""guest_mac":"06:00:ac:10:00:{n:02x}""#);
         assert!(cfg.contains(&want), "clone {n}: {cfg}");
         // It runs in namespace n (the file's inode is the namespace's).
-        let ns = [&ns1, &ns2][n as usize - 1].path();
+        let ns = [&ns1, &ns2][usize::try_from(n).expect("clone 1 or 2") - 1].path();
         let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         assert_eq!(
             ino(Path::new(&format!("/proc/{pid}/ns/net"))),

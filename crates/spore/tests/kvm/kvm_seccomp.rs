@@ -85,7 +85,8 @@ fn kvm_every_thread_of_a_clone_is_filtered() {
     let (code, report) = put_clone(&sock, r#"{"count": 1}"#);
     assert_eq!(code, 200, "{report}");
     reaper.add_from(&report);
-    let pid = report["clones"][0]["pid"].as_i64().unwrap_or(0) as u32;
+    let pid =
+        u32::try_from(report["clones"][0]["pid"].as_i64().unwrap_or(0)).expect("a pid fits u32");
     assert!(pid > 0, "{report}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(

@@ -272,6 +272,10 @@ fn kvm_serve_keep_alive_gives_memory_back() {
         all.len() >= 5,
         "the zygote and four instances (and standby clones): {all:?}"
     );
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "the metric is a whole byte count (a float only in the text format), far below u64::MAX"
+    )]
     let idle_pss = d.metric("spore_memory_bytes{held_by=\"instances\"}") as u64;
     assert!(idle_pss > 0, "idle instances hold memory");
     let private_before: Vec<(i32, u64)> = all.iter().map(|&p| (p, private_bytes(&[p]))).collect();

@@ -49,9 +49,10 @@ impl Client {
                 if n < 0 {
                     return None;
                 }
-                let mut v = vec![0u8; n as usize + 2];
+                let n = usize::try_from(n).expect("a bulk length of a test value fits usize");
+                let mut v = vec![0u8; n + 2];
                 self.0.read_exact(&mut v).unwrap();
-                v.truncate(n as usize);
+                v.truncate(n);
                 Some(v)
             }
             _ => panic!("unexpected reply {line:?}"),
@@ -61,7 +62,7 @@ impl Client {
 
 fn value(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .map(|i| u8::try_from(i % 256).expect("below 256").wrapping_mul(31) ^ seed)
         .collect()
 }
 

@@ -363,7 +363,8 @@ fn kvm_a_clone_of_a_keyed_vmm_signs_its_snapshots_with_the_same_key() {
     assert_eq!(code, 200, "PUT /clone: {reply}");
     let report: serde_json::Value = serde_json::from_str(&reply).unwrap();
     let clone_sock = PathBuf::from(report["clones"][0]["socket"].as_str().unwrap());
-    let clone_pid = report["clones"][0]["pid"].as_i64().unwrap() as i32;
+    let clone_pid =
+        i32::try_from(report["clones"][0]["pid"].as_i64().unwrap()).expect("a pid fits i32");
     struct KillOnDrop(i32);
     impl Drop for KillOnDrop {
         fn drop(&mut self) {

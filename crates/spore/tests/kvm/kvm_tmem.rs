@@ -112,6 +112,12 @@ mod guest {
     const TMEM_PORT: u32 = 0x518;
     const SIGNAL_PORT: u32 = 0x510;
 
+    /// A guest address as a 32-bit operand: the program and its data live
+    /// in the first MiBs of guest memory.
+    fn abs32(addr: u64) -> u32 {
+        u32::try_from(addr).expect("the program's addresses are below 4 GiB")
+    }
+
     struct Asm {
         code: Vec<u8>,
         /// Positions of rel32 fields that jump to the failure handler.
@@ -137,11 +143,11 @@ mod guest {
         }
         /// mov eax, dword [abs]
         fn load_eax(&mut self, addr: u64) {
-            self.imm(&[0x8b, 0x04, 0x25], addr as u32);
+            self.imm(&[0x8b, 0x04, 0x25], abs32(addr));
         }
         /// Calls tmem with the block at `addr`.
         fn call(&mut self, addr: u64) {
-            self.mov_eax((addr >> 4) as u32);
+            self.mov_eax(abs32(addr >> 4));
             self.mov_edx(TMEM_PORT);
             self.b(&[0xef]); // out dx, eax
         }
@@ -191,8 +197,8 @@ mod guest {
         a.load_eax(BLOCKS + 64 + 40);
         a.expect_eax(4096);
         a.mov_ebx(4);
-        a.imm(&[0xbe], VALUE as u32); // mov esi, VALUE
-        a.imm(&[0xbf], BUF as u32); // mov edi, BUF
+        a.imm(&[0xbe], abs32(VALUE)); // mov esi, VALUE
+        a.imm(&[0xbf], abs32(BUF)); // mov edi, BUF
         a.imm(&[0xb9], 4096); // mov ecx, 4096
         a.b(&[0xf3, 0xa6]); // repe cmpsb
         a.mov_eax(0);
@@ -224,7 +230,8 @@ mod guest {
         let fail = a.code.len();
         a.exit_with_ebx();
         for pos in std::mem::take(&mut a.to_fail) {
-            let rel = (fail as i64 - (pos as i64 + 4)) as i32;
+            let rel =
+                i32::try_from(fail as i64 - (pos as i64 + 4)).expect("a jump within the segment");
             a.code[pos..pos + 4].copy_from_slice(&rel.to_le_bytes());
         }
         assert!(a.code.len() < 0x1000);
@@ -246,7 +253,7 @@ mod guest {
         seg.resize(0x1200, 0);
         seg.push(b'k');
         seg.resize(0x2000, 0);
-        seg.extend((0..4096u32).map(|i| (i * 7 + i / 256) as u8));
+        seg.extend((0..4096u32).map(|i| u8::try_from((i * 7 + i / 256) % 256).expect("below 256")));
         seg.resize(0x4000, 0);
         seg
     }
@@ -284,7 +291,7 @@ mod guest {
         };
         phdr(&mut out, 1, 7, seg_off, LOAD, seg.len() as u64);
         phdr(&mut out, 4, 4, note_off, 0, note.len() as u64);
-        out.resize(seg_off as usize, 0);
+        out.resize(usize::try_from(seg_off).expect("a small file offset"), 0);
         out.extend_from_slice(&seg);
         out.extend_from_slice(&note);
         out

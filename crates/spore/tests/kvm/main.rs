@@ -19,6 +19,11 @@
 //! [`common::host::alone`]; every other test that boots VMs runs beside them
 //! only through [`common::host::shared`].
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration-test crate is test code as a whole: its tests live in scenario modules, not in a #[cfg(test)] module"
+)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -143,7 +143,8 @@ fn kvm_every_restore_path_continues_with_memory_intact() {
     // at least the pattern's pages, their total in the header, a CRC per
     // 256 pages, then each listed page's data.
     assert_eq!(recorded[8], 3);
-    let runs = u64::from_le_bytes(recorded[24..32].try_into().unwrap()) as usize;
+    let runs = usize::try_from(u64::from_le_bytes(recorded[24..32].try_into().unwrap()))
+        .expect("a run count fits usize");
     let listed: u64 = (0..runs)
         .map(|i| u64::from_le_bytes(recorded[72 + i * 16 + 8..][..8].try_into().unwrap()))
         .sum();
