@@ -335,8 +335,13 @@ fn fork_one(
         unsafe { libc::kill(pid, libc::SIGKILL) };
         return Err(format!("pidfd_open: {e}"));
     }
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "pidfd_open returned a file descriptor (>= 0 here), which fits an i32"
+    )]
+    let fd = fd as RawFd;
     // SAFETY: a fresh fd owned by nobody else.
-    Ok((pid as u32, unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    Ok((pid as u32, unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// In the forked child: its own process group, the log as stdout and

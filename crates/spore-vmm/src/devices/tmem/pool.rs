@@ -210,11 +210,15 @@ impl Pool {
             }
             pool.bytes_stored += Object::charge(&o.key, &o.data);
             pool.bytes_used += o.key.len() as u64 + o.len;
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "at most MAX_VALUE_LEN (16 MiB), checked above"
+            )]
+            let len = o.len as u32;
             pool.objects.insert(
                 o.key.into_boxed_slice(),
                 Object {
-                    // At most MAX_VALUE_LEN, checked above.
-                    len: o.len as u32,
+                    len,
                     data: o.data.into_boxed_slice(),
                     compressed: o.compressed,
                 },
@@ -302,11 +306,15 @@ impl Pool {
         }
         self.bytes_stored = stored_after;
         self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "the device (put's caller) refuses values over MAX_VALUE_LEN (16 MiB): request.rs"
+        )]
+        let len = len as u32;
         self.objects.insert(
             key.into_boxed_slice(),
             Object {
-                // The device refuses values over MAX_VALUE_LEN (16 MiB).
-                len: len as u32,
+                len,
                 data,
                 compressed,
             },
@@ -371,6 +379,10 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 mod tests {
     use super::*;
     use crate::devices::tmem::accounting::object_charge;

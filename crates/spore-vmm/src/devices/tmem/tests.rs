@@ -1,6 +1,10 @@
 //! Device tests against real guest memory (an mmap-backed `GuestMemoryMmap`
 //! with a hole, like RAM around the MMIO gap): round trips, a random
 //! workload checked against a model, quota, hostile requests, batches.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::collections::HashMap;

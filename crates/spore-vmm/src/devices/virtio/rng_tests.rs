@@ -1,4 +1,8 @@
 //! virtio-rng: filling chains directly, and end to end through the transport.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::sync::Arc;

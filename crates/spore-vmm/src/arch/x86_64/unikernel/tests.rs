@@ -1,4 +1,8 @@
 //! Loader tests on synthetic ELF images and in-process guest memory.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::io::Cursor;

@@ -263,7 +263,7 @@ impl BalloonHandle {
 fn unix_ms(t: SystemTime) -> Option<u64> {
     t.duration_since(UNIX_EPOCH)
         .ok()
-        .map(|d| d.as_millis() as u64)
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
 }
 
 /// A virtio balloon (device id 5).

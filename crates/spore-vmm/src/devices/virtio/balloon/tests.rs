@@ -1,6 +1,10 @@
 //! virtio-balloon against real memfd-backed guest RAM: the worker is driven
 //! by hand through mock queues, and the host side is checked on the memfd
 //! itself (content and allocated blocks).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::os::unix::fs::{FileExt, MetadataExt};

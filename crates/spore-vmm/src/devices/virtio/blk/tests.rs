@@ -1,5 +1,9 @@
 //! virtio-blk driven end to end: a mock driver, the mmio transport, the
 //! device's worker thread and a real image file.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::sync::Arc;

@@ -1,3 +1,7 @@
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 use super::*;
 use crate::devices::virtio::mem::request::{REQ_PLUG, RESP_BUSY};
 use crate::host_usize;

@@ -1,6 +1,10 @@
 //! virtio-net driven end to end: a mock driver on two mock split queues,
 //! the mmio transport, the real worker thread, and a datagram socketpair
 //! standing in for the tap (one datagram per frame, header included).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;

@@ -1,6 +1,10 @@
 //! End-to-end tests of the vsock device: the real worker thread, driven
 //! through mock split queues by a test playing the guest driver, against
 //! real Unix sockets on the host side.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};

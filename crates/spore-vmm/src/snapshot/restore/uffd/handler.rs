@@ -49,7 +49,7 @@ impl Served {
             .max()
             .unwrap_or(0);
         Self {
-            bits: vec![0; pages.div_ceil(64) as usize],
+            bits: vec![0; crate::host_usize::from_u64(pages.div_ceil(64))],
             run: run_pages(),
         }
     }
@@ -124,7 +124,8 @@ impl PageSource {
         for e in self.extents[first..].iter().take_while(|e| e.offset < end) {
             let lo = e.offset.max(offset);
             let hi = (e.offset + e.len).min(end);
-            let part = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            let part = &mut buf[crate::host_usize::from_u64(lo - offset)
+                ..crate::host_usize::from_u64(hi - offset)];
             self.layers.files()[e.layer].read_exact_at(part, lo)?;
         }
         Ok(())
@@ -175,7 +176,7 @@ impl PageSource {
         if page_size != PAGE {
             // hugetlbfs: one whole huge page per fault, holes included
             // (there is no zero-page ioctl for it).
-            let page = &mut buf[..page_size as usize];
+            let page = &mut buf[..crate::host_usize::from_u64(page_size)];
             self.read_range(offset, page)?;
             if uffd.copy(page_addr, page.as_ptr(), page_size)? != Fill::Done {
                 uffd.wake(page_addr, page_size)?;
@@ -188,7 +189,7 @@ impl PageSource {
             return Ok(());
         }
         served.set(offset / PAGE, offset / PAGE + 1);
-        let page = &mut buf[..PAGE as usize];
+        let page = &mut buf[..crate::host_usize::from_u64(PAGE)];
         let fill = if self.read_page(offset, page)? {
             uffd.copy(page_addr, page.as_ptr(), PAGE)?
         } else {
@@ -258,7 +259,7 @@ impl PageSource {
         let addr = r.base_host_virt_addr + (start - r.offset);
         let fill = match data {
             Some(layer) => {
-                let b = &mut buf[..len as usize];
+                let b = &mut buf[..crate::host_usize::from_u64(len)];
                 self.layers.files()[layer].read_exact_at(b, start)?;
                 uffd.copy(addr, b.as_ptr(), len)?
             }
@@ -371,7 +372,7 @@ impl UffdServer {
     pub fn fault_in_all(&self, ram: &GuestRam) -> std::io::Result<u64> {
         let spans = spans(ram);
         // One touch per page of the mapping (a huge page fills whole).
-        let step = page_size_of(ram) as usize;
+        let step = crate::host_usize::from_u64(page_size_of(ram));
         let mut n = 0u64;
         for e in &self.source.extents {
             for &(span_off, ptr, span_len) in &spans {
@@ -380,17 +381,17 @@ impl UffdServer {
                 if lo >= hi {
                     continue;
                 }
-                let start = ((lo - span_off) as usize) & !(step - 1);
-                let end = (hi - span_off) as usize;
+                let start = crate::host_usize::from_u64(lo - span_off) & !(step - 1);
+                let end = crate::host_usize::from_u64(hi - span_off);
                 let pages = (end - start).div_ceil(step);
                 // mincore reports per 4 KiB page, huge mappings included.
-                let per = step / PAGE as usize;
+                let per = step / crate::host_usize::from_u64(PAGE);
                 let mut resident = vec![0u8; pages * per];
                 // SAFETY: mincore over part of one live guest-RAM mapping
                 // (whole pages of it: spans are page multiples).
                 let r = unsafe {
                     libc::mincore(
-                        ptr.add(start) as *mut libc::c_void,
+                        ptr.add(start).cast::<libc::c_void>(),
                         pages * step,
                         resident.as_mut_ptr(),
                     )
@@ -459,7 +460,8 @@ fn serve_with(
     log: &ServeLog,
     mut served: Served,
 ) -> Result<(), String> {
-    let mut buf = vec![0u8; (served.run * PAGE).max(source.max_page()) as usize];
+    let mut buf =
+        vec![0u8; crate::host_usize::from_u64((served.run * PAGE).max(source.max_page()))];
     let mut fds = [
         libc::pollfd {
             fd: uffd.as_raw_fd(),

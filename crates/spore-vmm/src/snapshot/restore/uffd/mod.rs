@@ -173,6 +173,10 @@ impl Uffd {
     /// Opens a non-blocking userfaultfd that also sees faults taken in the
     /// kernel (KVM's accesses), and checks it can serve shared memory.
     pub fn new() -> Result<Self, UffdError> {
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "the syscall returns an fd or -1, both fit an i32"
+        )]
         // SAFETY: the syscall takes flags only and returns a new fd or -1.
         let raw =
             unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }
@@ -336,7 +340,7 @@ impl Uffd {
             let n = unsafe {
                 libc::read(
                     self.fd.as_raw_fd(),
-                    &mut msg as *mut UffdMsg as *mut libc::c_void,
+                    std::ptr::from_mut(&mut msg).cast::<libc::c_void>(),
                     std::mem::size_of::<UffdMsg>(),
                 )
             };

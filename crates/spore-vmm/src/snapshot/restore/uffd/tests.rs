@@ -1,5 +1,9 @@
 //! The userfaultfd and the built-in handler on real RAM: fills from the
 //! newest layer, zero holes, runs, recording, the external handshake.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

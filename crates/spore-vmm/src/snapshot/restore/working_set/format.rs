@@ -28,6 +28,9 @@ pub(super) const MAGIC: &[u8; 8] = b"SPOREWS1";
 /// The version spore writes.
 pub(super) const VERSION: u32 = 3;
 pub(super) const PAGE: u64 = 4096;
+/// `PAGE` as the header's 32-bit page-size field.
+#[allow(clippy::cast_possible_truncation, reason = "PAGE is 4096")]
+pub(super) const PAGE_FIELD: u32 = PAGE as u32;
 pub(super) const HEADER: usize = 72;
 /// Version 1: bit 63 of a page entry marks an all-zero page.
 pub(super) const V1_ZERO_BIT: u64 = 1 << 63;
@@ -54,7 +57,7 @@ pub(super) fn encode_header(h: &Header, crc: u32, word68: u32) -> [u8; HEADER] {
     let mut b = [0u8; HEADER];
     b[0..8].copy_from_slice(MAGIC);
     b[8..12].copy_from_slice(&h.version.to_le_bytes());
-    b[12..16].copy_from_slice(&(PAGE as u32).to_le_bytes());
+    b[12..16].copy_from_slice(&PAGE_FIELD.to_le_bytes());
     b[16..24].copy_from_slice(&h.mem_size.to_le_bytes());
     b[24..32].copy_from_slice(&h.count.to_le_bytes());
     let id = h.id.as_bytes();
@@ -107,7 +110,7 @@ pub fn runs_of(mut pages: Vec<u64>) -> Vec<(u64, u64)> {
 /// pages below `limit` only; a page right after the previous run's last
 /// one extends it (a sequential access stays one run).
 pub fn touch_runs(order: &[u64], limit: u64) -> Vec<(u64, u64)> {
-    let mut seen = vec![0u64; limit.div_ceil(64) as usize];
+    let mut seen = vec![0u64; crate::host_usize::from_u64(limit.div_ceil(64))];
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for &p in order {
         if p >= limit {
@@ -134,7 +137,7 @@ pub(super) struct PageBitmap {
 impl PageBitmap {
     pub(super) fn new(pages: u64) -> Self {
         Self {
-            words: vec![0; pages.div_ceil(64) as usize],
+            words: vec![0; crate::host_usize::from_u64(pages.div_ceil(64))],
         }
     }
 

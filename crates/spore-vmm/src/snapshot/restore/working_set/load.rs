@@ -58,7 +58,7 @@ impl WorkingSet {
             .iter()
             .map(|&(a, l)| libc::iovec {
                 iov_base: a as *mut libc::c_void,
-                iov_len: l as usize,
+                iov_len: crate::host_usize::from_u64(l),
             })
             .collect();
         let undo = |why: String| {
@@ -73,8 +73,12 @@ impl WorkingSet {
             let mut batch: Vec<libc::iovec> = iov[i..(i + 1024).min(iov.len())].to_vec();
             // Resume a short read inside the first iovec.
             // SAFETY: part < iov_len: still inside that iovec's range.
-            batch[0].iov_base = unsafe { (batch[0].iov_base as *mut u8).add(part) } as *mut _;
+            batch[0].iov_base = unsafe { batch[0].iov_base.cast::<u8>().add(part) }.cast();
             batch[0].iov_len -= part;
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "a batch holds at most 1024 iovecs"
+            )]
             // SAFETY: every iovec is guest RAM owned by `ram` (nothing runs
             // in the guest yet, nothing else maps it); preadv writes only there.
             let n = unsafe {
@@ -254,7 +258,7 @@ struct LoadJob<'a> {
 impl LoadJob<'_> {
     fn run(&self) -> Result<LoadStats, String> {
         let mut stats = LoadStats::default();
-        let mut buf = vec![0u8; (CHUNK_PAGES * PAGE) as usize];
+        let mut buf = vec![0u8; crate::host_usize::from_u64(CHUNK_PAGES * PAGE)];
         let (mut t_read, mut t_copy) = (Duration::ZERO, Duration::ZERO);
         // Position in the runs: run index and pages of it already done.
         let (mut ri, mut done) = (0usize, 0u64);
@@ -278,7 +282,7 @@ impl LoadJob<'_> {
                 }
             }
             let pages: u64 = plan.iter().map(|p| p.1).sum();
-            let data = &mut buf[..(pages * PAGE) as usize];
+            let data = &mut buf[..crate::host_usize::from_u64(pages * PAGE)];
             let at = self.start + k as u64 * CHUNK_PAGES * PAGE;
             let t = Instant::now();
             self.file
@@ -294,7 +298,8 @@ impl LoadJob<'_> {
                 pieces.clear();
                 host_pieces(self.spans, s * PAGE, (s + n) * PAGE, &mut pieces);
                 for &(addr, len) in &pieces {
-                    let src = &data[off as usize..(off + len) as usize];
+                    let src = &data
+                        [crate::host_usize::from_u64(off)..crate::host_usize::from_u64(off + len)];
                     self.copy(addr, src, &mut stats)
                         .map_err(|e| format!("copying into guest memory: {e}"))?;
                     off += len;
@@ -321,8 +326,8 @@ impl LoadJob<'_> {
             }
             Fill::Exists => 0,
         };
-        for o in (from..len).step_by(PAGE as usize) {
-            let page = &src[o as usize..(o + PAGE) as usize];
+        for o in (from..len).step_by(crate::host_usize::from_u64(PAGE)) {
+            let page = &src[crate::host_usize::from_u64(o)..crate::host_usize::from_u64(o + PAGE)];
             match self.uffd.copy(addr + o, page.as_ptr(), PAGE)? {
                 Fill::Done => stats.copied += 1,
                 _ => stats.present += 1,

@@ -10,7 +10,7 @@ use std::path::Path;
 use super::format::runs_of;
 use super::format::{
     data_offset, encode_header, u32_at, u64_at, v1_data_offset, v3_data_offset, Header, PageBitmap,
-    CHUNK_PAGES, HEADER, MAGIC, PAGE, V1_ZERO_BIT, VERSION,
+    CHUNK_PAGES, HEADER, MAGIC, PAGE, PAGE_FIELD, V1_ZERO_BIT, VERSION,
 };
 
 /// Why a working set was not loaded.
@@ -135,7 +135,7 @@ pub fn open(path: &Path, id: &str, mem_size: u64) -> Result<Opened, WsLoad> {
         return Err(bad("not a spore working-set file".into()));
     }
     let version = u32_at(&hb, 8);
-    if !(1..=VERSION).contains(&version) || u32_at(&hb, 12) != PAGE as u32 {
+    if !(1..=VERSION).contains(&version) || u32_at(&hb, 12) != PAGE_FIELD {
         return Err(bad(format!(
             "unsupported version {version} / page size {}",
             u32_at(&hb, 12)
@@ -178,7 +178,7 @@ pub fn open(path: &Path, id: &str, mem_size: u64) -> Result<Opened, WsLoad> {
             )));
         }
         let n = count.min(SAMPLE_RUNS);
-        let mut first = vec![0u8; (n * 16) as usize];
+        let mut first = vec![0u8; crate::host_usize::from_u64(n * 16)];
         f.read_exact_at(&mut first, HEADER as u64)
             .map_err(|_| bad("truncated page list".into()))?;
         let sample = first
@@ -202,7 +202,7 @@ pub fn open(path: &Path, id: &str, mem_size: u64) -> Result<Opened, WsLoad> {
 /// A version-1 file's page list (`list`, `count` entries), bounds-checked,
 /// and its length checked against it; its data is never used.
 fn read_v1(list: &[u8], len: u64, count: u64, mem_pages: u64) -> Result<WorkingSet, WsLoad> {
-    let mut pages = Vec::with_capacity(count as usize);
+    let mut pages = Vec::with_capacity(crate::host_usize::from_u64(count));
     let mut data = 0u64;
     for c in list.chunks_exact(8) {
         let e = u64_at(c, 0);
@@ -242,7 +242,7 @@ fn read_rest(
     let version = u32_at(hb, 8);
     let file_mem = u64_at(hb, 16);
     let entry = if version == 1 { 8 } else { 16 };
-    let mut list = vec![0u8; (count * entry) as usize];
+    let mut list = vec![0u8; crate::host_usize::from_u64(count * entry)];
     f.read_exact_at(&mut list, HEADER as u64)
         .map_err(|_| bad("truncated page list".into()))?;
     let outside = |p: u64| bad(format!("page {p} lies outside guest memory"));
@@ -258,7 +258,8 @@ fn read_rest(
     // (which the runs must add up to).
     let total = u64::from(u32_at(hb, 68));
     let table = if version == 3 {
-        let mut table = vec![0u8; (total.min(mem_pages).div_ceil(CHUNK_PAGES) * 4) as usize];
+        let mut table =
+            vec![0u8; crate::host_usize::from_u64(total.min(mem_pages).div_ceil(CHUNK_PAGES) * 4)];
         f.read_exact_at(&mut table, HEADER as u64 + list.len() as u64)
             .map_err(|_| bad("truncated chunk table".into()))?;
         table
@@ -268,7 +269,7 @@ fn read_rest(
     // The header's CRC covers the runs and the table: check it first, so
     // a damaged file says so.
     let mut hasher = crc32fast::Hasher::new();
-    let word68 = if version == 3 { total as u32 } else { 0 };
+    let word68 = if version == 3 { u32_at(hb, 68) } else { 0 };
     hasher.update(&encode_header(
         &Header {
             version,

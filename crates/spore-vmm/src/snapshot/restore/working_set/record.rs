@@ -36,7 +36,7 @@ pub fn write(
         id: id.to_string(),
     };
     let list = encode_runs(&runs);
-    let chunks = pages.div_ceil(CHUNK_PAGES) as usize;
+    let chunks = crate::host_usize::from_u64(pages.div_ceil(CHUNK_PAGES));
     let total = u32::try_from(pages)
         .map_err(|_| std::io::Error::other("a working set of more than 2^32 pages"))?;
     let table_len = chunks * 4;
@@ -52,13 +52,15 @@ pub fn write(
         f.write_all(&[0u8; HEADER])?;
         f.write_all(&list)?;
         f.write_all(&vec![0u8; table_len])?;
-        let pad =
-            data_offset((list.len() + table_len) as u64) as usize - HEADER - list.len() - table_len;
+        let pad = crate::host_usize::from_u64(data_offset((list.len() + table_len) as u64))
+            - HEADER
+            - list.len()
+            - table_len;
         f.write_all(&vec![0u8; pad])?;
         let mut crcs: Vec<u32> = Vec::with_capacity(chunks);
         let mut chunk_crc = crc32fast::Hasher::new();
         let mut in_chunk = 0u64;
-        let mut buf = vec![0u8; PAGE as usize];
+        let mut buf = vec![0u8; crate::host_usize::from_u64(PAGE)];
         for &(first, n) in &runs {
             for p in first..first + n {
                 if !source.read_page(p * PAGE, &mut buf)? {

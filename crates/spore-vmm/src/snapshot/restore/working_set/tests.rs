@@ -1,5 +1,9 @@
 //! Working-set files made by hand and by `write`, read back, refused when
 //! damaged, and loaded beside a running guest.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

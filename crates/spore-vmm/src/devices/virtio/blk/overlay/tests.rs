@@ -1,5 +1,9 @@
 //! Copy-on-write overlays: merging at block boundaries, isolation between
 //! clones, persistence, hostile ranges, a base that shrinks underneath.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use crate::host_usize;
 use std::path::{Path, PathBuf};
