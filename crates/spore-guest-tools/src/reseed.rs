@@ -145,7 +145,13 @@ pub fn reseed(source: &Path, pool: &Path, n: usize) -> Result<Reseeded, ReseedEr
         })?;
     // SAFETY: `info` is a valid rand_pool_info whose buf_size bytes follow
     // the header; the kernel only reads it.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) };
+    let rc = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            crate::ioctl::request(RNDADDENTROPY),
+            info.as_ptr(),
+        )
+    };
     if rc < 0 {
         return Err(ReseedError::AddEntropy {
             path: shown(pool),
@@ -153,7 +159,8 @@ pub fn reseed(source: &Path, pool: &Path, n: usize) -> Result<Reseeded, ReseedEr
         });
     }
     // SAFETY: an argument-less ioctl on our own fd.
-    let crng_reseeded = unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG as _) } == 0;
+    let crng_reseeded =
+        unsafe { libc::ioctl(f.as_raw_fd(), crate::ioctl::request(RNDRESEEDCRNG)) } == 0;
     Ok(Reseeded {
         bytes: got,
         crng_reseeded,
