@@ -3,6 +3,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 CARGO ?= cargo
+# rustfmt.toml's import options are nightly-only: formatting runs on this
+# nightly (scripts/ensure-deps.sh installs it, minimal profile with rustfmt).
+export FMT_TOOLCHAIN := nightly-2026-05-20
 UK_OUT := $(CURDIR)/crates/spore-uk/target/x86_64-unknown-none/release
 STATIC_SPORE := $(CURDIR)/target/x86_64-unknown-linux-musl/release/spore
 SPORE := $(CURDIR)/target/release/spore
@@ -38,17 +41,19 @@ static: deps-nested
 # there), warnings denied; CI runs it before the tests (.ci/run).
 lint:
 	@scripts/ensure-deps.sh lint
-	$(CARGO) fmt --all -- --check
+	$(CARGO) +$(FMT_TOOLCHAIN) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
+	cd crates/spore-uk && $(CARGO) +$(FMT_TOOLCHAIN) fmt -- --check && $(CARGO) clippy --release -- -D warnings
 	$(CARGO) deny check licenses bans sources
 	cd crates/spore-uk && $(CARGO) deny check licenses bans sources
 	$(MAKE) lint-arm64
 	python3 scripts/check-links.py
+	python3 scripts/check-import-cycles.py
 
 fmt:
-	$(CARGO) fmt --all
-	cd crates/spore-uk && $(CARGO) fmt
+	@scripts/ensure-deps.sh fmt
+	$(CARGO) +$(FMT_TOOLCHAIN) fmt --all
+	cd crates/spore-uk && $(CARGO) +$(FMT_TOOLCHAIN) fmt
 
 # Tier 1: unit and device tests, no KVM needed.
 # Tests named kvm_* need /dev/kvm; without it they are reported as skipped.

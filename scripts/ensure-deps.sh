@@ -2,7 +2,7 @@
 # Installs what building and testing spore needs on a Debian host, only where
 # missing: the pinned Rust toolchain with its components and targets
 # (rust-toolchain.toml), cargo-deny, and Debian packages. Safe to rerun.
-#   scripts/ensure-deps.sh [host|lint|nested|arm64]   (default: host)
+#   scripts/ensure-deps.sh [host|lint|fmt|nested|arm64]   (default: host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,6 +74,13 @@ for c in $(sed -n 's/^components *= *\[\(.*\)\]/\1/p' rust-toolchain.toml | tr -
     fi
 done
 
+# fmt and lint: rustfmt from the nightly the Makefile pins (FMT_TOOLCHAIN):
+# rustfmt.toml's import grouping is a nightly-only option.
+if [[ $tier == lint || $tier == fmt ]] && [[ -n ${FMT_TOOLCHAIN:-} ]] &&
+    ! rustup run "$FMT_TOOLCHAIN" rustfmt --version >/dev/null 2>&1; then
+    echo "ensure-deps: rustup toolchain install $FMT_TOOLCHAIN --profile minimal --component rustfmt" >&2
+    rustup toolchain install "$FMT_TOOLCHAIN" --profile minimal --component rustfmt >&2
+fi
 if [[ $tier == lint ]] && ! cargo deny --version 2>/dev/null | grep -qxF "cargo-deny $CARGO_DENY_VERSION"; then
     echo "ensure-deps: cargo install --locked cargo-deny@$CARGO_DENY_VERSION (a few minutes, once)" >&2
     cargo install --locked "cargo-deny@$CARGO_DENY_VERSION" >&2

@@ -21,12 +21,11 @@
 //!
 //! This module never touches anything but the signal register.
 
-use thiserror::Error;
-
 #[cfg(target_arch = "aarch64")]
 use spore_abi::signal::SIGNAL_MMIO_ADDR;
 #[cfg(target_arch = "x86_64")]
 use spore_abi::signal::SIGNAL_PORT;
+use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum PortError {

@@ -268,8 +268,9 @@ fn closed(e: std::io::Error) -> InvokeError {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use tokio::net::UnixListener;
+
+    use super::*;
 
     /// What the fake guest does on a connection after the vsock handshake.
     #[derive(Clone, Copy)]

@@ -39,19 +39,17 @@ pub mod runtime_image;
 pub mod snapshots;
 pub mod vmm;
 
-/// `spore image` builds code disks too (`spore_serve::code_disk::build`).
-pub use code::disk as code_disk;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+/// `spore image` builds code disks too (`spore_serve::code_disk::build`).
+pub use code::disk as code_disk;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-
 pub use instances::InstancesConfig;
 
 /// What `spore serve` was asked for.

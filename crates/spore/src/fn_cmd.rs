@@ -9,7 +9,6 @@ use anyhow::{bail, Context as _};
 use base64::Engine;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-
 use spore_bench::lambda_client::{error_text, Conn};
 
 #[derive(Args)]

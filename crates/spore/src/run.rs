@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use spore_vmm::config::parse_size;
 use spore_vmm::config::{
-    AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig, GuestSnapshotConfig,
-    MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
+    parse_size, AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig,
+    GuestSnapshotConfig, MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
 };
 use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use client::SINK_POST_BYTES;
 use serde_json::{json, Value};
 
 use crate::host::{loadavg, machine, uk_dir};
 use crate::stats::{median, summary};
 use crate::vmm::BenchVmm;
-use client::SINK_POST_BYTES;
 
 mod client;
 

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::Args;
+use daemon::Daemon;
 use serde_json::{json, Value};
 
 use crate::lambda_client::Conn;
 use crate::procfs::{pss_kib, rss_kib};
-use daemon::Daemon;
 
 mod daemon;
 mod linux;

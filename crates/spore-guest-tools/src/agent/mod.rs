@@ -30,11 +30,10 @@ use std::net::TcpListener;
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Mutex};
 
-use spore_abi::function::{Kind, MAX_LOG, MAX_PAYLOAD};
-
 use config::{FunctionConfig, Options};
 use host_link::{read_frame, write_frame, Link, Listener, ReadError};
 use runtime::{error_json, lock};
+use spore_abi::function::{Kind, MAX_LOG, MAX_PAYLOAD};
 use state::{Agent, InitFailure, Invocation, Wait};
 
 /// Runs the agent; returns only on a fatal error outside PID 1.

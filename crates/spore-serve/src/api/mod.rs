@@ -14,13 +14,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use error::LambdaError;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::catalog::Catalog;
 use crate::instances::Instances;
-use error::LambdaError;
 
 /// What request handlers share.
 pub struct Daemon {

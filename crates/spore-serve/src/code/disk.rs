@@ -421,10 +421,12 @@ pub fn build(zip: &[u8], out: &Path) -> Result<CodeDisk, CodeDiskError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
+
     use zip::write::SimpleFileOptions;
+
+    use super::*;
 
     enum E<'a> {
         File(&'a str, &'a [u8], u32),

@@ -11,13 +11,12 @@ use std::time::Instant;
 
 use super::{AcquireError, Instance, Instances, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
-use crate::code;
 use crate::instance_conn::{InstanceConn, InvokeError};
 use crate::metrics::StartPath;
 use crate::network::InstanceNet;
-use crate::runtime;
 use crate::snapshots::FunctionSnapshot;
 use crate::vmm::VmmProcess;
+use crate::{code, runtime};
 
 /// Whether making an instance's network failed (the pool is exhausted,
 /// `ip` or `nft` failed).

@@ -13,10 +13,10 @@ use super::body::{
     InstanceActionInfo, TmemUpdate, VmStateBody,
 };
 use super::{printable, ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
-use crate::config::GuestSnapshotConfig;
 use crate::config::{
-    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
-    NetConfigError, NetworkInterfaceConfig, PartialNetworkInterface, VsockConfig,
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, GuestSnapshotConfig, MachineConfig,
+    MemoryHotplugConfig, NetConfigError, NetworkInterfaceConfig, PartialNetworkInterface,
+    VsockConfig,
 };
 
 /// A resource the API serves, named by its path.

@@ -11,13 +11,12 @@
 //! (some other VMM answers on it) is refused, and on drop the file is removed
 //! only if it is still the one this process created.
 
-use std::fs;
-use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::{fs, io};
 
 use super::ApiServerError;
 

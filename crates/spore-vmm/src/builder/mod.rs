@@ -19,9 +19,11 @@ mod kvm;
 use std::fs::File;
 use std::sync::Arc;
 
+pub use kvm::{make_vm_ahead, prepare_kvm, PreparedKvm};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestMemoryRegion;
 
+pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 use crate::arch::{self, GuestKind, Irqchip, MmioPlacement};
 use crate::config::{ConfigError, VmConfig};
 use crate::device_manager::{
@@ -30,15 +32,11 @@ use crate::device_manager::{
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::SignalPort;
 use crate::devices::wake::GuestWake;
-use crate::memory::GuestMemoryMmap;
-use crate::memory::{GuestRam, MemoryError};
+use crate::memory::{GuestMemoryMmap, GuestRam, MemoryError};
 use crate::snapshot::MicrovmState;
 use crate::vm::control::RunControl;
 use crate::vm::vcpu::{Vcpu, VcpuIo};
 use crate::vm::{Vm, VmParts};
-pub use kvm::{make_vm_ahead, prepare_kvm, PreparedKvm};
-
-pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

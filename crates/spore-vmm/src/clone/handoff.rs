@@ -15,7 +15,6 @@
 //! sees the socket close (`crate::vmm::clone_process`), which happens
 //! however the source ends, `SIGKILL` included.
 
-use crate::host_usize;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -26,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::CloneConfig;
+use crate::host_usize;
 use crate::memory::template::MemoryLayer;
 
 const HANDOFF_MAGIC: &[u8; 8] = b"SPORECLN";
@@ -239,8 +239,9 @@ pub fn recv_ready(sock: &UnixStream) -> Result<Ready, HandoffError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::FileExt;
+
+    use super::*;
 
     #[test]
     fn handoff_carries_memfds_and_state() {

@@ -19,8 +19,7 @@ use super::{
 };
 use crate::config::VmConfig;
 use crate::device_manager::PausedDevices;
-use crate::host::monotonic_ns;
-use crate::host::{lock, random_id};
+use crate::host::{lock, monotonic_ns, random_id};
 use crate::memory::template::MemoryLayer;
 use crate::snapshot::capture_state;
 use crate::vm::{RunState, Vm};

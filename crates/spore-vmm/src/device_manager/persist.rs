@@ -18,14 +18,13 @@ use crate::devices::legacy::serial::SerialSnapshot;
 use crate::devices::tmem::TmemState;
 use crate::devices::virtio::balloon::{Balloon, BalloonState};
 use crate::devices::virtio::blk::{Block, BlockState};
-use crate::devices::virtio::device_type;
 use crate::devices::virtio::mem::{VirtioMem, VirtioMemState};
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::{Net, NetState};
 use crate::devices::virtio::rng::{Rng, RngState};
 use crate::devices::virtio::vsock::{Vsock, VsockState};
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::{device_type, VirtioDevice};
 use crate::persist::Persist;
 
 /// A device's stable name in a snapshot: `serial`, `i8042`, `rtc`, `tmem`,

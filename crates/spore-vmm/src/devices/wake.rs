@@ -51,8 +51,9 @@ impl GuestWake {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::Instant;
+
+    use super::*;
 
     #[test]
     fn wait_times_out_and_wakes() {

@@ -36,7 +36,6 @@
 //! own (zero unless written since), so nothing of it is read from an older
 //! layer again.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -45,9 +44,8 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, MmapRegion};
 
-use super::GuestRegionMmap;
-
-use super::{create_memfd, AlignedAnonymous, MemoryError};
+use super::{create_memfd, AlignedAnonymous, GuestRegionMmap, MemoryError};
+use crate::host_usize;
 
 /// First KVM slot id of the hotplug region; boot RAM uses slots 0 and 1.
 pub const FIRST_SLOT: u32 = 16;
@@ -556,8 +554,9 @@ impl Drop for HotplugMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::{Bytes, GuestMemoryBackend};
+
+    use super::*;
 
     #[test]
     fn discard_returns_memory() {

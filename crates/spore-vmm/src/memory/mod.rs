@@ -24,7 +24,6 @@ pub mod layers;
 pub mod pages;
 pub mod template;
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
@@ -32,11 +31,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use layers::MemoryLayers;
+use template::MemoryLayer;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
 use crate::arch::layout;
-use layers::MemoryLayers;
-use template::MemoryLayer;
+use crate::host_usize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -507,8 +507,9 @@ pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::Bytes;
+
+    use super::*;
 
     /// Anonymous RAM reads as zeros, holds what is written, and is a private
     /// mapping over an empty base: a snapshot finds the written page

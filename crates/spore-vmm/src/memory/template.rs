@@ -12,7 +12,6 @@
 //! only creates them (copying pages out of a private mapping) and maps them.
 //! They are freed by the kernel when the last fd and mapping is gone.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -21,6 +20,7 @@ use std::sync::Arc;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{create_memfd, GuestRam, MemoryError};
+use crate::host_usize;
 
 const PAGE: u64 = 4096;
 
@@ -341,8 +341,9 @@ impl GuestRam {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     /// A VM restored from a snapshot chain (a base file and a diff whose
     /// runs are partly mapped, partly read in) becomes a template: its

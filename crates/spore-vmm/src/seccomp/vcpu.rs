@@ -9,9 +9,9 @@
 //! Threads a vCPU thread needs (a device worker activated by the guest) are
 //! started by the spawner thread (`super::spawn`), so no thread creation here.
 
-use libc::*;
 use std::mem::size_of;
 
+use libc::*;
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 use vmm_sys_util::ioctl::ioctl_expr;
 #[cfg(target_arch = "x86_64")]

@@ -19,13 +19,11 @@
 //! its device released since (unplugged blocks), which the device reads and
 //! clears ([`crate::memory::hotplug::HotplugMemory::take_dirty`]).
 
-use crate::host_usize;
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::memory::pages;
-use crate::memory::GuestRam;
-use crate::memory::{DirtyBitmap, GuestRegionMmap};
+use crate::host_usize;
+use crate::memory::{pages, DirtyBitmap, GuestRam, GuestRegionMmap};
 
 pub const PAGE: u64 = 4096;
 
@@ -207,8 +205,9 @@ fn vmm_bitmap(region: &GuestRegionMmap) -> &DirtyBitmap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     #[test]
     fn merging_ors_and_grows() {

@@ -20,7 +20,6 @@
 //! are written atomically ([`PendingFile`]): a crash leaves the previous
 //! file in place.
 
-use crate::host_usize;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::integrity::{SnapshotKey, MAC_LEN};
+use crate::host_usize;
 
 pub const MAGIC: &[u8; 8] = b"SPORESNP";
 /// The state layout this spore writes and reads. 4: a drive's state holds

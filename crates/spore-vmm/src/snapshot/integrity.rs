@@ -19,7 +19,6 @@
 //! (GNU `cp`) keep the hash; only data ranges are read, so it costs the
 //! data, not the guest's memory size.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -29,6 +28,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 use super::{LayerInfo, SnapshotError};
+use crate::host_usize;
 use crate::memory::pages::{data_ranges, PAGE};
 
 /// Length of an HMAC-SHA256 tag.

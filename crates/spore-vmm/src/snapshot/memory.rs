@@ -11,13 +11,13 @@
 //! found with `mincore` (resident pages), so pages in the file's holes that
 //! nobody touched are never read, which would fault them in.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::dirty::DirtyPages;
+use crate::host_usize;
 use crate::memory::pages::{data_ranges, merge, resident_ranges, write_nonzero, PAGE};
 use crate::memory::GuestRam;
 
@@ -119,9 +119,11 @@ pub fn data_bytes(file: &File, size: u64) -> std::io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::MetadataExt;
+
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     #[test]
     fn only_touched_pages_take_disk() {
@@ -221,13 +223,14 @@ mod tests {
 
 #[cfg(test)]
 mod layer_tests {
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
+
+    use vm_memory::{Bytes, GuestAddress};
+
     use super::*;
     use crate::memory::layers::MemoryLayers;
     use crate::memory::{GuestRam, MAX_OVERLAY_MAPS};
-    use std::fs::File;
-    use std::os::unix::fs::FileExt;
-    use vm_memory::Bytes;
-    use vm_memory::GuestAddress;
 
     /// (Here rather than in `memory/`, which must not import `snapshot/`.)
     /// A base with pages 0..4 set to 1, a diff that zeroes page 1 and sets

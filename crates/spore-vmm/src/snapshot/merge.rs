@@ -11,7 +11,6 @@
 //! boot RAM, is merged the same way. Both files are written under temporary
 //! names and renamed into place only when complete and synced.
 
-use crate::host_usize;
 use std::os::unix::fs::FileExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,6 +20,7 @@ use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
 use super::{integrity, trailer, SnapshotError, SnapshotInfo};
 use crate::host::random_id;
+use crate::host_usize;
 
 /// Bytes copied per read while merging.
 const CHUNK: u64 = 1 << 20;

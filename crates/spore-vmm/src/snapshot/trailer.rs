@@ -19,9 +19,10 @@
 //! offsets in it), so the trailer changes no mapping. The file is exactly
 //! `G + TRAILER_LEN` bytes; readers check that before mapping anything.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+
+use crate::host_usize;
 
 /// The trailer's size: one page, so the guest-memory part stays
 /// page-aligned and the trailer never shares a page with guest data.

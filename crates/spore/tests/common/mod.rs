@@ -13,15 +13,15 @@ pub mod net;
 pub mod proc;
 pub mod serve;
 
-pub use api::{api_ok, call, http, http_by_length, put, status_and_body};
-pub use fixture::sparse_file;
-pub use proc::{alive, peer_pid, pss_bytes, rss_bytes};
-
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
+
+pub use api::{api_ok, call, http, http_by_length, put, status_and_body};
+pub use fixture::sparse_file;
+pub use proc::{alive, peer_pid, pss_bytes, rss_bytes};
 
 pub fn spore() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spore"))

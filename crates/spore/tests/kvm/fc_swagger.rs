@@ -22,9 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use serde_json::{json, Value};
+
 use crate::common::fc::{self, ApiVmm};
 use crate::common::*;
-use serde_json::{json, Value};
 
 /// (method, yaml path, variant) -> why spore answers differently for now.
 /// Variants: "valid", "malformed", "unknown-field", "missing-required",

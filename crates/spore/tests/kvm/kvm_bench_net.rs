@@ -4,10 +4,11 @@
 //! timing thresholds: speed is the benchmark's business, not the tests'.
 //! Needs root and /dev/net/tun, like the other virtio-net tests.
 
+use serde_json::Value;
+
 use crate::common::bench::positive;
 use crate::common::net::require_tap;
 use crate::common::*;
-use serde_json::Value;
 
 #[test]
 fn kvm_bench_net_short_run_reports_every_figure_and_removes_its_tap() {

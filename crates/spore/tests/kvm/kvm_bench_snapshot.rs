@@ -3,9 +3,10 @@
 //! has every field with sane values. No timing thresholds: speed is the
 //! benchmark's business, not the tests'.
 
+use serde_json::Value;
+
 use crate::common::bench::positive;
 use crate::common::*;
-use serde_json::Value;
 
 #[test]
 fn kvm_bench_snapshot_small_reports_every_path() {

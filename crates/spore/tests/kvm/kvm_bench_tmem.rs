@@ -3,9 +3,10 @@
 //! its JSON has every field with sane values. No timing thresholds: speed
 //! is the benchmark's business, not the tests'.
 
+use serde_json::Value;
+
 use crate::common::bench::{at, positive};
 use crate::common::*;
-use serde_json::Value;
 
 /// The number at `path` in `v`, which must be above zero.
 #[track_caller]

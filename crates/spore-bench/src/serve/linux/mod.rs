@@ -33,7 +33,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-
 use disk::disk_report;
 use page_cache::Dropper;
 use prepare::{invoke, prepare};

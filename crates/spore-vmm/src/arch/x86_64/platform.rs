@@ -2,7 +2,6 @@
 //! PIT), what a pause tells the guest, and saving and restoring the CPU
 //! state of a snapshot.
 
-use crate::host_usize;
 use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
@@ -10,6 +9,7 @@ use super::layout;
 use super::vcpu_state::{saveable_msrs, VcpuState, VcpuStateError};
 use super::vm_state::{VmState, VmStateError};
 use crate::arch::GuestKind;
+use crate::host_usize;
 
 /// What snapshots record as the architecture they were taken on.
 pub const NAME: &str = "x86_64";

@@ -12,12 +12,12 @@
 //! them in virtual wire mode. Application processors need nothing else: the
 //! in-kernel irqchip holds them until the guest sends INIT/SIPI.
 
-use crate::host_usize;
 use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_regs, kvm_segment};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::linux::LinuxEntry;
+use crate::host_usize;
 use crate::memory::GuestMemoryMmap;
 
 /// Boot GDT: null, code, data, TSS (8 bytes each).

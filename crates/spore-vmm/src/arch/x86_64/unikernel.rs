@@ -14,19 +14,19 @@ mod elf;
 mod tables;
 mod vcpu;
 
-use crate::host_usize;
 use std::io::{Read, Seek, SeekFrom};
 
+pub use elf::MAX_PHNUM;
 use linux_loader::elf::ET_EXEC;
 use spore_abi::boot::{
     BootInfo, MemRegion, MmioDevice, BOOT_INFO_ADDR, CMDLINE_ADDR, CMDLINE_MAX, MAX_MEM_REGIONS,
     MAX_MMIO_DEVICES, MEM_FREE, MEM_RESERVED, MIN_IMAGE_ADDR, PROTOCOL_VERSION, STACK_TOP,
 };
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
-
-pub use elf::MAX_PHNUM;
 pub use tables::{KERNEL_CODE_SEL, KERNEL_DATA_SEL, TSS_SEL, USER_CODE_SEL, USER_DATA_SEL};
 pub use vcpu::{configure_vcpu, set_supported_cpuid, RFLAGS};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::host_usize;
 
 const PAGE: u64 = 0x1000;
 

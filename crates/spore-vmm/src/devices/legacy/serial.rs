@@ -157,9 +157,11 @@ impl BusDevice for SerialDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::Duration;
+
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
 
     #[test]
     fn input_reaches_the_guest_and_wakes_it() {

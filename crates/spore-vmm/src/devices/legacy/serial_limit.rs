@@ -3,11 +3,11 @@
 //! counted, as Firecracker does, so a chatty guest cannot fill the host's
 //! disk or stall on a slow sink.
 
-use crate::host_usize;
 use std::io::{self, Write};
 use std::time::Instant;
 
 use crate::config::TokenBucketConfig;
+use crate::host_usize;
 
 /// A byte bucket: `size` tokens refilled over `refill_ms`, plus a one-time
 /// burst spent first.

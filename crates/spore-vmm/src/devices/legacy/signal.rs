@@ -215,8 +215,9 @@ impl SignalPort {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use spore_abi::signal::encode;
+
+    use super::*;
 
     fn port() -> SignalPort {
         SignalPort::new(Arc::new(GuestWake::new().unwrap()))

@@ -16,7 +16,6 @@ use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 use super::host_cap::{HostCap, HostCapError};
 use super::Object;
-
 pub use crate::config::Compression;
 
 /// Why a put was refused; the pool is unchanged.

@@ -13,11 +13,11 @@
 //! `BAD_OP`; lengths → `BAD_LENGTH`; alignment → `BAD_REQUEST`; addresses →
 //! `BAD_ADDRESS`.
 
-use crate::host_usize;
 use spore_abi::tmem::{op, Status, TmemStats, MAX_BATCH, MAX_KEY_LEN, MAX_VALUE_LEN, TMEM_ALIGN};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host_usize;
 
 /// Size of one request block in guest memory.
 pub const BLOCK_SIZE: u64 = 64;

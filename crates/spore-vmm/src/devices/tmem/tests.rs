@@ -6,7 +6,6 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::collections::HashMap;
 
 use spore_abi::tmem::{op, Status, MAX_BATCH, MAX_KEY_LEN};
@@ -16,6 +15,7 @@ use super::accounting::object_charge;
 use super::request::{BLOCK_SIZE, STATS_SIZE};
 use super::{Compression, TmemDevice};
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host_usize;
 
 const LOW_END: u64 = 4 << 20;
 const HIGH_START: u64 = 8 << 20;

@@ -4,12 +4,12 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -20,6 +20,7 @@ use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::VirtioInterrupt;
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const MEM_SIZE: u64 = 0x40_0000;

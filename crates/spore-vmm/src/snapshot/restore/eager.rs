@@ -10,9 +10,9 @@
 //!   (no faults at all afterwards, private memory for all of it);
 //! - `read`: `pread` from the layer file into the mapping.
 
-use crate::host_usize;
 use std::os::unix::fs::FileExt;
 
+use crate::host_usize;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::GuestRam;
 
@@ -87,9 +87,11 @@ pub fn populate_with(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::fs::File;
+
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     #[test]
     fn every_method_restores_the_data_and_maps_it() {

@@ -28,18 +28,18 @@ pub mod prefetch;
 pub mod uffd;
 pub mod working_set;
 
-use crate::host_usize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use uffd::{PageSource, Uffd, UffdError, UffdServer};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::host_usize;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::{GuestRam, MemoryError};
-use uffd::{PageSource, Uffd, UffdError, UffdServer};
 
 /// How the VMM fills RAM from a File backend (`restore_mode` in
 /// `PUT /snapshot/load`, `--mode` of `spore snapshot restore`).

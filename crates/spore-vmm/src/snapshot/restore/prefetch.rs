@@ -28,7 +28,6 @@
 //! only when the set's pages are already cached (or for a version-1 set),
 //! so the widening costs page-table entries, not reads.
 
-use crate::host_usize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -36,6 +35,7 @@ use std::time::Instant;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::host_usize;
 use crate::memory::GuestMemoryMmap;
 
 const PAGE: u64 = 4096;

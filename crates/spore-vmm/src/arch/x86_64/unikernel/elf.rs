@@ -2,7 +2,6 @@
 //! note. The image is untrusted input: every offset and size is checked
 //! against the file length and the limits below before anything is read.
 
-use crate::host_usize;
 use std::io::{Read, Seek, SeekFrom};
 
 use linux_loader::elf::{Elf64_Ehdr, Elf64_Nhdr, Elf64_Phdr, EM_X86_64, PT_LOAD, PT_NOTE};
@@ -10,6 +9,7 @@ use spore_abi::boot::{NOTE_NAME, NOTE_TYPE};
 use vm_memory::ByteValued;
 
 use super::UnikernelError;
+use crate::host_usize;
 
 /// More program headers than any static unikernel needs; bounds the work
 /// and the allocation a hostile header can cause.

@@ -2,13 +2,13 @@
 //! (with a TSS), written into guest memory at the addresses of
 //! [`spore_abi::boot`].
 
-use crate::host_usize;
 use spore_abi::boot::{
     CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, MAX_IDENTITY_GIB, PDPT_ADDR, PD_ADDR, PML4_ADDR,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::UnikernelError;
+use crate::host_usize;
 
 const PAGE: usize = 0x1000;
 const GIB: u64 = 1 << 30;

@@ -4,13 +4,13 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::io::Cursor;
 
 use spore_abi::boot::{BOOT_INFO_MAGIC, GDT_ADDR, NOTE_TYPE, PDPT_ADDR, PD_ADDR, PML4_ADDR};
 use vm_memory::GuestMemoryMmap;
 
 use super::*;
+use crate::host_usize;
 
 const LOAD_ADDR: u64 = 0x20_0000;
 const CODE: &[u8] = &[0x90, 0x90, 0xf4, 0xcc, 1, 2, 3, 4];

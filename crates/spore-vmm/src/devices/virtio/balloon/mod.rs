@@ -37,20 +37,19 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
 pub use device::{
     Balloon, BalloonError, BalloonHandle, BalloonSettings, BalloonStatistics, BalloonStatus,
     HintingStatus,
 };
 pub use persist::{BalloonState, BalloonStateError};
-
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
-
+use request::GuestStats;
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::virtio::VirtioInterrupt;
-use request::GuestStats;
 
 /// Feature bits (virtio 1.2, §5.5.3).
 pub const F_MUST_TELL_HOST: u64 = 1 << 0;

@@ -6,13 +6,13 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
@@ -27,6 +27,7 @@ use crate::devices::virtio::interrupt::{INT_CONFIG, INT_VRING};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{ActivateContext, GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 use crate::memory::GuestRam;
 
 const QLEN: u16 = 16;
@@ -997,9 +998,10 @@ mod hinting {
 /// again and are not (a diff would fill up with the guest's free memory).
 #[test]
 fn release_marks_pages_dirty_only_where_they_now_read_zero() {
-    use crate::devices::virtio::balloon::request::GuestRange;
     use vm_memory::bitmap::Bitmap;
     use vm_memory::GuestMemoryBackend;
+
+    use crate::devices::virtio::balloon::request::GuestRange;
     let size = 4u64 << 20;
     let range = [GuestRange {
         addr: 1 << 20,

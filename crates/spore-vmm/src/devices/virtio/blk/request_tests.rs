@@ -4,13 +4,14 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 
 use super::*;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const R: u16 = 0;

@@ -5,7 +5,6 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +13,11 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -28,6 +29,7 @@ use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const R: u16 = 0;

@@ -2,10 +2,11 @@
     clippy::cast_possible_truncation,
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
+
 use super::*;
 use crate::devices::virtio::mem::request::{REQ_PLUG, RESP_BUSY};
 use crate::host_usize;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 
 const BASE: u64 = 4 << 30;
 const BS: u64 = 2 * MIB;

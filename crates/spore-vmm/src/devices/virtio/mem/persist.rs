@@ -8,7 +8,6 @@
 //! the region afresh from the memory file ([`HotplugMemory::from_snapshot_file`])
 //! and derives every pointer and KVM slot from that mapping.
 
-use crate::host_usize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -16,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
+use crate::host_usize;
 use crate::memory::hotplug::{HotplugError, HotplugMemory, RegionChanges};
 use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
 use crate::memory::{GuestRam, MemoryError};
@@ -339,11 +339,13 @@ impl Persist for VirtioMem {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
     use super::*;
     use crate::devices::virtio::mem::request::{Request, RESP_ACK};
     use crate::devices::virtio::VirtioDevice;
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 4 << 30;

@@ -30,16 +30,16 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use virtio_queue::QueueT;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-use super::worker::Worker;
-use super::{device_type, ActivateContext, ActivateError, VirtioDevice};
 use event_loop::{EventLoop, WorkerState};
 use identity::VsockIdentity;
 pub use identity::{Notice, VsockHandle};
 use muxer::{MuxerError, VsockMuxer};
 pub use persist::{VsockState, VsockStateError};
+use virtio_queue::QueueT;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::worker::Worker;
+use super::{device_type, ActivateContext, ActivateError, VirtioDevice};
 
 /// Queue size of rx, tx and event queues.
 pub const QUEUE_SIZE: u16 = 256;

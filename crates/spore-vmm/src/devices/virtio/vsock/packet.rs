@@ -11,13 +11,12 @@
 use std::io::{Read, Write};
 use std::ops::Deref;
 
-use virtio_queue::{DescriptorChain, Writer};
-
-use crate::devices::virtio::GuestMemoryMmap;
-
 pub use spore_abi::vsock::{
     Header, Op, HDR_SIZE, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
+use virtio_queue::{DescriptorChain, Writer};
+
+use crate::devices::virtio::GuestMemoryMmap;
 
 /// Largest payload accepted in one guest packet (Linux sends at most 64 KiB).
 pub const MAX_PAYLOAD: usize = 64 * 1024;
@@ -188,11 +187,13 @@ impl<'a> RxBuffer<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+    use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     const CID: u64 = 3;
     const MEM_SIZE: usize = 0x10_0000;

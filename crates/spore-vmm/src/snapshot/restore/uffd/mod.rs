@@ -34,12 +34,12 @@ mod handshake;
 #[cfg(test)]
 mod tests;
 
-pub use handler::{serve_loop, PageSource, ServeLog, UffdServer};
-pub use handshake::{receive_from_vmm, send_to_handler, RegionMapping};
-
 use std::fs::File;
 use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+pub use handler::{serve_loop, PageSource, ServeLog, UffdServer};
+pub use handshake::{receive_from_vmm, send_to_handler, RegionMapping};
 
 use crate::memory::GuestRam;
 use crate::snapshot::restore::spans;

@@ -10,10 +10,11 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use vm_memory::{Bytes, GuestAddress};
+
 use super::*;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::GuestRam;
-use vm_memory::{Bytes, GuestAddress};
 
 fn layer_file(name: &str, size: u64, pages: &[(u64, u8)]) -> File {
     let path = std::env::temp_dir().join(format!("spore-uffd-{}-{name}", std::process::id()));

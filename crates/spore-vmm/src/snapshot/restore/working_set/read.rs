@@ -7,10 +7,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::format::runs_of;
 use super::format::{
-    data_offset, encode_header, u32_at, u64_at, v1_data_offset, v3_data_offset, Header, PageBitmap,
-    CHUNK_PAGES, HEADER, MAGIC, PAGE, PAGE_FIELD, V1_ZERO_BIT, VERSION,
+    data_offset, encode_header, runs_of, u32_at, u64_at, v1_data_offset, v3_data_offset, Header,
+    PageBitmap, CHUNK_PAGES, HEADER, MAGIC, PAGE, PAGE_FIELD, V1_ZERO_BIT, VERSION,
 };
 
 /// Why a working set was not loaded.

@@ -7,14 +7,12 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::format::touch_runs;
 use super::format::{
-    data_offset, encode_header, encode_runs, Header, CHUNK_PAGES, HEADER, PAGE, VERSION,
+    data_offset, encode_header, encode_runs, touch_runs, Header, CHUNK_PAGES, HEADER, PAGE, VERSION,
 };
 use crate::snapshot::restore::uffd::{PageSource, ServeLog};
 

@@ -9,9 +9,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress};
 
 use super::format::*;
 use super::read::*;
@@ -19,7 +20,6 @@ use super::record::*;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::GuestRam;
 use crate::snapshot::restore::uffd::{regions_of, PageSource};
-use vm_memory::{Bytes, GuestAddress};
 
 /// A version-1 file as spore wrote it before version 2: entries in
 /// first-touch order, then the data pages.

@@ -227,8 +227,9 @@ impl BlockMap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::path::Path;
+
+    use super::*;
 
     #[test]
     fn layout_round_trip_and_checks() {

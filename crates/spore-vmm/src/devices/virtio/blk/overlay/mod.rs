@@ -21,14 +21,15 @@ pub mod format;
 #[cfg(test)]
 mod tests;
 
-use crate::host_usize;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::config::{CowOverlayConfig, DriveConfig};
 use format::{BlockMap, Layout, DEFAULT_BLOCK_SIZE, HEADER_LEN};
+
+use crate::config::{CowOverlayConfig, DriveConfig};
+use crate::host_usize;
 
 /// The agreed name of a drive's configuration (Firecracker calls the body of
 /// `PUT /drives/{id}` a block device).

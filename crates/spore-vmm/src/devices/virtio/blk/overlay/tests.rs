@@ -5,13 +5,13 @@
     reason = "test fixtures: byte patterns and addresses the test builds itself"
 )]
 
-use crate::host_usize;
 use std::path::{Path, PathBuf};
 
 use vmm_sys_util::tempdir::TempDir;
 
 use super::*;
 use crate::config::{CowOverlayConfig, DriveConfig};
+use crate::host_usize;
 
 const BS: usize = host_usize::from_u64(DEFAULT_BLOCK_SIZE);
 
