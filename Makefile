@@ -3,6 +3,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 CARGO ?= cargo
+# rustfmt.toml's import options are nightly-only: formatting runs on this
+# nightly (scripts/ensure-deps.sh installs it, minimal profile with rustfmt).
+export FMT_TOOLCHAIN := nightly-2026-05-20
 UK_OUT := $(CURDIR)/crates/spore-uk/target/x86_64-unknown-none/release
 STATIC_SPORE := $(CURDIR)/target/x86_64-unknown-linux-musl/release/spore
 SPORE := $(CURDIR)/target/release/spore
@@ -33,17 +36,24 @@ uk: deps
 static: deps-nested
 	CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release -p spore --target x86_64-unknown-linux-musl
 
-# Formatting and clippy (workspace lints in Cargo.toml), warnings denied; CI runs it
-# before the tests (.ci/run).
-lint: deps
-	$(CARGO) fmt --all -- --check
+# Formatting, clippy (workspace lints in Cargo.toml, clippy.toml) and cargo-deny
+# (deny.toml: licences, duplicate crates, sources; why not advisories: see
+# there), warnings denied; CI runs it before the tests (.ci/run).
+lint:
+	@scripts/ensure-deps.sh lint
+	$(CARGO) +$(FMT_TOOLCHAIN) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	cd crates/spore-uk && $(CARGO) fmt -- --check && $(CARGO) clippy --release -- -D warnings
+	cd crates/spore-uk && $(CARGO) +$(FMT_TOOLCHAIN) fmt -- --check && $(CARGO) clippy --release -- -D warnings
+	$(CARGO) deny check licenses bans sources
+	cd crates/spore-uk && $(CARGO) deny check licenses bans sources
 	$(MAKE) lint-arm64
+	python3 scripts/check-links.py
+	python3 scripts/check-import-cycles.py
 
 fmt:
-	$(CARGO) fmt --all
-	cd crates/spore-uk && $(CARGO) fmt
+	@scripts/ensure-deps.sh fmt
+	$(CARGO) +$(FMT_TOOLCHAIN) fmt --all
+	cd crates/spore-uk && $(CARGO) +$(FMT_TOOLCHAIN) fmt
 
 # Tier 1: unit and device tests, no KVM needed.
 # Tests named kvm_* need /dev/kvm; without it they are reported as skipped.
@@ -59,16 +69,18 @@ test-unit: deps
 	# spore's Python bootstrap and shell bootstraps, no VM needed.
 	$(CARGO) test -p spore-guest-tools --test 'agent_*'
 
-# Tier 2: the unikernel on /dev/kvm through the real binary. Without /dev/kvm the
-# KVM scenarios are reported as skipped, not passed.
+# Tier 2: the unikernel on /dev/kvm through the real binary: one test binary, a
+# module per scenario (crates/spore/tests/kvm/). Without /dev/kvm the tests named
+# kvm_* are reported as skipped, not passed (`::kvm_` matches the test's own name,
+# not its scenario module's).
 test-host: deps uk
 	@if [ "$$(uname -m)" != x86_64 ]; then \
 	    echo "host-KVM tier: SKIPPED (it boots the spore unikernel, which is x86_64 only; the aarch64 nested tier covers this host's VMM)"; \
 	elif [ -c /dev/kvm ]; then \
-	    $(CARGO) test -p spore --test '*'; \
+	    $(CARGO) test -p spore --test kvm; \
 	else \
 	    echo "host-KVM tier: SKIPPED (no /dev/kvm on this host)"; \
-	    $(CARGO) test -p spore --test '*' -- --skip kvm_; \
+	    $(CARGO) test -p spore --test kvm -- --skip ::kvm_; \
 	fi
 
 # Tier 3: Linux guests inside QEMU (TCG + emulated SVM) with a real KVM inside.
@@ -99,7 +111,7 @@ images: deps
 # The host test that builds the provided image into a temporary cache and
 # reads it back (no VM).
 images-test: deps
-	$(CARGO) test -p spore --test image_build -- --nocapture
+	$(CARGO) test -p spore --test kvm image_build:: -- --nocapture
 
 # cargo-fuzz targets (fuzz/, nightly; scripts/fuzz.sh installs nightly and a
 # pinned cargo-fuzz where missing): each target runs FUZZ_SECONDS; a crash,
@@ -192,7 +204,7 @@ static-arm64: deps-arm64
 # clippy over the aarch64 build (make lint runs it): the arch/aarch64 code and
 # every cfg(target_arch) branch compile only there.
 lint-arm64: deps-arm64
-	$(ARM64_ENV) $(CARGO) clippy --target aarch64-unknown-linux-musl --all-targets -p spore-vmm -p spore \
+	$(ARM64_ENV) $(CARGO) clippy --target aarch64-unknown-linux-musl --all-targets -p spore-vmm -p spore -p spore-bench \
 	    -p spore-guest-tools -- -D warnings
 
 # The aarch64 nested tier: tests/nested/run-all.sh --arch arm64 (QEMU TCG

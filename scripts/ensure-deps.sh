@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building and testing spore needs on a Debian host, only where
-# missing: rustup targets and Debian packages. Safe to rerun.
-#   scripts/ensure-deps.sh [host|nested|arm64]   (default: host)
+# missing: the pinned Rust toolchain with its components and targets
+# (rust-toolchain.toml), cargo-deny, and Debian packages. Safe to rerun.
+#   scripts/ensure-deps.sh [host|lint|fmt|nested|arm64]   (default: host)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 tier=${1:-host}
 
-# x86_64-unknown-none: the unikernel; x86_64-unknown-linux-musl: static binaries
-# (spore-agent, the lambda_runtime fixture of the agent's tests, the nested L1 spore).
-need_targets=(x86_64-unknown-none x86_64-unknown-linux-musl)
+# lint (`make lint`): the host tier and cargo-deny (licences, duplicate crates,
+# sources; deny.toml). Compiling cargo-deny takes minutes: it is installed once
+# into ~/.cargo/bin and reused while its version is this one.
+CARGO_DENY_VERSION=0.20.2
 # redis-cli drives the kvserver unikernel in the host-KVM tests; curl and ping
 # talk to the httpd unikernel (kvm_net). iproute2 and
 # nftables: taps, network namespaces and NAT (the virtio-net tests, and spore
@@ -27,10 +30,9 @@ if [[ $tier == nested ]]; then
                 libelf-dev libssl-dev cpio xz-utils zstd e2fsprogs gcc make)
 fi
 if [[ $tier == arm64 ]]; then
-    # aarch64 (issue 15), `make static-arm64`: the static aarch64 spore, linked
-    # (and its SQLite compiled) with Debian's aarch64-linux-gnu gcc; the arm64
+    # aarch64 (issue 15), `make static-arm64`: the static aarch64 spore (its
+    # rustup target comes with the toolchain), linked (and its SQLite compiled) with Debian's aarch64-linux-gnu gcc; the arm64
     # nested tier's QEMU (the rest of that tier is the nested tier's list).
-    need_targets+=(aarch64-unknown-linux-musl)
     need_pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm)
     # musl's arm64 headers: SQLite's C must be compiled against the C library
     # it is linked with (glibc's headers call open64, fcntl64, ... which
@@ -44,24 +46,44 @@ if [[ $tier == arm64 ]]; then
     fi
 fi
 
-if command -v rustup >/dev/null 2>&1; then
-    # make lint needs them; rustup's minimal profile leaves them out.
-    for c in clippy rustfmt; do
-        if ! rustup component list --installed | grep -q "^$c"; then
-            echo "ensure-deps: rustup component add $c" >&2
-            rustup component add "$c" >&2
-        fi
-    done
-    installed=$(rustup target list --installed)
-    for t in "${need_targets[@]}"; do
-        if ! grep -qx "$t" <<<"$installed"; then
-            echo "ensure-deps: rustup target add $t" >&2
-            rustup target add "$t" >&2
-        fi
-    done
-else
+if ! command -v rustup >/dev/null 2>&1; then
     echo "ensure-deps: rustup not found; install Rust with rustup first" >&2
     exit 1
+fi
+# The toolchain rust-toolchain.toml names, with its components and targets:
+# rustup installs them on first use, unless RUSTUP_AUTO_INSTALL=0; this does
+# it either way (a no-op once installed).
+toolchain=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+if ! rustup run "$toolchain" rustc --version >/dev/null 2>&1; then
+    echo "ensure-deps: rustup toolchain install $toolchain (rust-toolchain.toml)" >&2
+    rustup toolchain install >&2
+fi
+# A toolchain installed before the file listed a target or component lacks it.
+installed=$(rustup target list --installed)
+for t in $(sed -n 's/^targets *= *\[\(.*\)\]/\1/p' rust-toolchain.toml | tr -d '",'); do
+    if ! grep -qx "$t" <<<"$installed"; then
+        echo "ensure-deps: rustup target add $t" >&2
+        rustup target add "$t" >&2
+    fi
+done
+installed=$(rustup component list --installed)
+for c in $(sed -n 's/^components *= *\[\(.*\)\]/\1/p' rust-toolchain.toml | tr -d '",'); do
+    if ! grep -q "^$c" <<<"$installed"; then
+        echo "ensure-deps: rustup component add $c" >&2
+        rustup component add "$c" >&2
+    fi
+done
+
+# fmt and lint: rustfmt from the nightly the Makefile pins (FMT_TOOLCHAIN):
+# rustfmt.toml's import grouping is a nightly-only option.
+if [[ $tier == lint || $tier == fmt ]] && [[ -n ${FMT_TOOLCHAIN:-} ]] &&
+    ! rustup run "$FMT_TOOLCHAIN" rustfmt --version >/dev/null 2>&1; then
+    echo "ensure-deps: rustup toolchain install $FMT_TOOLCHAIN --profile minimal --component rustfmt" >&2
+    rustup toolchain install "$FMT_TOOLCHAIN" --profile minimal --component rustfmt >&2
+fi
+if [[ $tier == lint ]] && ! cargo deny --version 2>/dev/null | grep -qxF "cargo-deny $CARGO_DENY_VERSION"; then
+    echo "ensure-deps: cargo install --locked cargo-deny@$CARGO_DENY_VERSION (a few minutes, once)" >&2
+    cargo install --locked "cargo-deny@$CARGO_DENY_VERSION" >&2
 fi
 
 missing=()

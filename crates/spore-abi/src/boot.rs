@@ -102,12 +102,19 @@ pub struct BootInfo {
     pub mmio_devices: [MmioDevice; MAX_MMIO_DEVICES],
 }
 
+/// `size_of::<BootInfo>()`, the `size` field's value.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "the block fits below CLONE_INDEX_ADDR (asserted at the end of this file), far below 4 GiB"
+)]
+const BOOT_INFO_SIZE: u32 = core::mem::size_of::<BootInfo>() as u32;
+
 impl Default for BootInfo {
     fn default() -> Self {
         Self {
             magic: BOOT_INFO_MAGIC,
             version: PROTOCOL_VERSION,
-            size: core::mem::size_of::<BootInfo>() as u32,
+            size: BOOT_INFO_SIZE,
             tsc_khz: 0,
             mem_size: 0,
             cmdline_addr: CMDLINE_ADDR,
@@ -127,7 +134,7 @@ impl BootInfo {
         // fields, so every byte is initialised.
         unsafe {
             core::slice::from_raw_parts(
-                self as *const Self as *const u8,
+                core::ptr::from_ref(self).cast::<u8>(),
                 core::mem::size_of::<Self>(),
             )
         }

@@ -50,7 +50,7 @@ impl NetIdentity {
         // fields: every byte is initialised.
         unsafe {
             core::slice::from_raw_parts(
-                self as *const Self as *const u8,
+                core::ptr::from_ref(self).cast::<u8>(),
                 core::mem::size_of::<Self>(),
             )
         }

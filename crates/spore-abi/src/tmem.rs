@@ -125,4 +125,4 @@ pub struct TmemStats {
 }
 
 const _: () = assert!(core::mem::size_of::<TmemRequest>() == 64);
-const _: () = assert!(core::mem::align_of::<TmemRequest>() == TMEM_ALIGN as usize);
+const _: () = assert!(core::mem::align_of::<TmemRequest>() as u64 == TMEM_ALIGN);

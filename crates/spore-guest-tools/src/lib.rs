@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod console;
+pub mod ioctl;
 pub mod netid;
 pub mod port;
 pub mod reseed;

@@ -21,12 +21,11 @@
 //!
 //! This module never touches anything but the signal register.
 
-use thiserror::Error;
-
 #[cfg(target_arch = "aarch64")]
 use spore_abi::signal::SIGNAL_MMIO_ADDR;
 #[cfg(target_arch = "x86_64")]
 use spore_abi::signal::SIGNAL_PORT;
+use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum PortError {
@@ -162,6 +161,13 @@ mod arch {
     // The register is the first word of its own page: mapping that page maps
     // nothing else, and the register sits at offset 0 of the mapping.
     const _: () = assert!(SIGNAL_MMIO_ADDR.is_multiple_of(SIGNAL_MMIO_SIZE));
+    /// The mapping's length: the register's page.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "SIGNAL_MMIO_SIZE is one page (asserted below), far below usize::MAX"
+    )]
+    const MAP_LEN: usize = SIGNAL_MMIO_SIZE as usize;
+    const _: () = assert!(MAP_LEN as u64 == SIGNAL_MMIO_SIZE && MAP_LEN <= 65536);
 
     /// Where the device tree's root `compatible` is found, newest first.
     const COMPATIBLE: [&str; 2] = [
@@ -204,7 +210,7 @@ mod arch {
             let ptr = unsafe {
                 libc::mmap(
                     core::ptr::null_mut(),
-                    SIGNAL_MMIO_SIZE as usize,
+                    MAP_LEN,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED,
                     mem.as_raw_fd(),
@@ -239,7 +245,7 @@ mod arch {
         fn drop(&mut self) {
             // SAFETY: unmaps exactly the page `open` mapped; nothing else
             // refers to it once the Register is gone.
-            unsafe { libc::munmap(self.page.as_ptr().cast(), SIGNAL_MMIO_SIZE as usize) };
+            unsafe { libc::munmap(self.page.as_ptr().cast(), MAP_LEN) };
         }
     }
 

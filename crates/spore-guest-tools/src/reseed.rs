@@ -83,11 +83,17 @@ pub fn parse_notice(msg: &[u8]) -> Option<u64> {
 }
 
 /// `struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }`
-/// holding `bytes`, all of whose bits are credited.
+/// holding `bytes` (at most 256 MiB: the bit count is an int), all of whose
+/// bits are credited.
 pub fn rand_pool_info(bytes: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + bytes.len().next_multiple_of(4));
-    v.extend_from_slice(&((bytes.len() * 8) as i32).to_ne_bytes());
-    v.extend_from_slice(&(bytes.len() as i32).to_ne_bytes());
+    // The callers' buffers are a few dozen bytes (RESEED_BYTES).
+    let buf_size = i32::try_from(bytes.len()).expect("entropy buffer under 256 MiB");
+    let entropy_bits = buf_size
+        .checked_mul(8)
+        .expect("entropy buffer under 256 MiB");
+    v.extend_from_slice(&entropy_bits.to_ne_bytes());
+    v.extend_from_slice(&buf_size.to_ne_bytes());
     v.extend_from_slice(bytes);
     // `buf` is an array of u32: pad to a whole number of them.
     v.resize(8 + bytes.len().next_multiple_of(4), 0);
@@ -139,7 +145,13 @@ pub fn reseed(source: &Path, pool: &Path, n: usize) -> Result<Reseeded, ReseedEr
         })?;
     // SAFETY: `info` is a valid rand_pool_info whose buf_size bytes follow
     // the header; the kernel only reads it.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) };
+    let rc = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            crate::ioctl::request(RNDADDENTROPY),
+            info.as_ptr(),
+        )
+    };
     if rc < 0 {
         return Err(ReseedError::AddEntropy {
             path: shown(pool),
@@ -147,7 +159,8 @@ pub fn reseed(source: &Path, pool: &Path, n: usize) -> Result<Reseeded, ReseedEr
         });
     }
     // SAFETY: an argument-less ioctl on our own fd.
-    let crng_reseeded = unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG as _) } == 0;
+    let crng_reseeded =
+        unsafe { libc::ioctl(f.as_raw_fd(), crate::ioctl::request(RNDRESEEDCRNG)) } == 0;
     Ok(Reseeded {
         bytes: got,
         crng_reseeded,

@@ -225,8 +225,8 @@ fn read_result(block: &[u8]) -> Result<(Status, u64), TmemError> {
     // stopped; `block` is at least 48 bytes.
     let (status, len) = unsafe {
         (
-            core::ptr::read_volatile(block.as_ptr().add(4) as *const [u8; 4]),
-            core::ptr::read_volatile(block.as_ptr().add(40) as *const [u8; 8]),
+            core::ptr::read_volatile(block.as_ptr().add(4).cast::<[u8; 4]>()),
+            core::ptr::read_volatile(block.as_ptr().add(40).cast::<[u8; 8]>()),
         )
     };
     let raw = u32::from_le_bytes(status);
@@ -341,7 +341,8 @@ impl Tmem {
         b.value_len = PAGE as u64;
         match self.call_scratch(b)? {
             (Status::Ok, len) if len <= PAGE as u64 => {
-                Ok(Some(self.scratch.page(2)[..len as usize].to_vec()))
+                let len = usize::try_from(len).map_err(|_| TmemError::ValueLength)?;
+                Ok(Some(self.scratch.page(2)[..len].to_vec()))
             }
             (Status::NotFound, _) => Ok(None),
             (Status::BufferTooSmall, len) => Err(TmemError::TooLargeForUserSpace(len)),
@@ -481,19 +482,24 @@ impl Tmem {
         let mut out = Vec::new();
         let mut index = 0u64;
         while index < n {
-            let count = (n - index).min(ENTRIES_PER_PAGE as u64) as usize;
+            let count = usize::try_from((n - index).min(ENTRIES_PER_PAGE as u64))
+                .map_err(|_| TmemError::ValueLength)?;
             // Page 0: entries; then key pages; then one value page per chunk.
             let key_pages = count.div_ceil(keys_per_page);
             let mut pages = LockedPages::new(1 + key_pages + count, &self.pagemap)?;
             for j in 0..count {
                 let i = index + j as u64;
                 let (kp, ko) = (1 + j / keys_per_page, (j % keys_per_page) * key_len);
-                let k = chunk_key(key, generation, i as u32);
+                let k = chunk_key(
+                    key,
+                    generation,
+                    u32::try_from(i).map_err(|_| TmemError::ValueLength)?,
+                );
                 pages.page(kp)[ko..ko + key_len].copy_from_slice(&k);
                 let vp = 1 + key_pages + j;
                 let data_len = match value {
                     Some(v) => {
-                        let start = i as usize * PAGE;
+                        let start = usize::try_from(i).map_err(|_| TmemError::ValueLength)? * PAGE;
                         let chunk = &v[start..(start + PAGE).min(v.len())];
                         pages.page(vp)[..chunk.len()].copy_from_slice(chunk);
                         chunk.len()
@@ -533,7 +539,8 @@ impl Tmem {
                 match (op, status) {
                     (op::INVALIDATE, Status::Ok | Status::NotFound) => {}
                     (op::GET, Status::Ok) if len == chunk_len(total_len, index + j as u64) => {
-                        out.extend_from_slice(&pages.page(1 + key_pages + j)[..len as usize]);
+                        let len = usize::try_from(len).map_err(|_| TmemError::ValueLength)?;
+                        out.extend_from_slice(&pages.page(1 + key_pages + j)[..len]);
                     }
                     (op::GET, _) => {
                         return Err(TmemError::BrokenChunk {
@@ -559,7 +566,7 @@ fn new_generation() -> u64 {
         // Fall back to time and pid: unique enough for one guest.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         return t ^ (u64::from(std::process::id()) << 32);
     }
@@ -594,6 +601,10 @@ fn grant_port_access() -> Result<(), TmemError> {
 /// the VMM reads and writes this process's memory during the instruction.
 #[cfg(target_arch = "x86_64")]
 fn port_call(block_gpa: u64) {
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "LockedPages::new refuses (TooHigh) a page whose gpa >> TMEM_ADDR_SHIFT exceeds 32 bits"
+    )]
     let value = (block_gpa >> TMEM_ADDR_SHIFT) as u32;
     // SAFETY: `Tmem::open` granted access to this port; the VMM only touches
     // the locked pages this process described in the block.

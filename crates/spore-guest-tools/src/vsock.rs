@@ -25,13 +25,20 @@ fn socket() -> io::Result<OwnedFd> {
 fn addr(cid: u32, port: u32) -> libc::sockaddr_vm {
     // SAFETY: sockaddr_vm is plain data; zero is a valid starting value.
     let mut a: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    a.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    a.svm_family = AF_VSOCK_FAMILY;
     a.svm_cid = cid;
     a.svm_port = port;
     a
 }
 
+// Constants of the socket calls in their C types: AF_VSOCK is 40, the two
+// structs are 16 bytes; nothing is truncated.
+#[allow(clippy::cast_possible_truncation, reason = "AF_VSOCK is 40")]
+const AF_VSOCK_FAMILY: libc::sa_family_t = libc::AF_VSOCK as libc::sa_family_t;
+#[allow(clippy::cast_possible_truncation, reason = "sockaddr_vm is 16 bytes")]
 const ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+#[allow(clippy::cast_possible_truncation, reason = "timeval is 16 bytes")]
+const TIMEVAL_LEN: libc::socklen_t = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
 
 impl VsockStream {
     pub fn connect(cid: u32, port: u32) -> io::Result<Self> {
@@ -41,7 +48,7 @@ impl VsockStream {
         cvt(unsafe {
             libc::connect(
                 fd.as_raw_fd(),
-                &a as *const _ as *const libc::sockaddr,
+                std::ptr::from_ref(&a).cast::<libc::sockaddr>(),
                 ADDR_LEN,
             )
         })?;
@@ -71,8 +78,8 @@ impl VsockStream {
                 self.0.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                std::ptr::from_ref(&tv).cast::<libc::c_void>(),
+                TIMEVAL_LEN,
             )
         })
         .map(|_| ())
@@ -105,7 +112,7 @@ impl VsockListener {
         unsafe {
             cvt(libc::bind(
                 fd.as_raw_fd(),
-                &a as *const _ as *const libc::sockaddr,
+                std::ptr::from_ref(&a).cast::<libc::sockaddr>(),
                 ADDR_LEN,
             ))?;
             cvt(libc::listen(fd.as_raw_fd(), 4))?;

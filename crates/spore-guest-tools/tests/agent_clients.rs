@@ -5,6 +5,11 @@
 //! are pinned and cached under `${SPORE_CACHE:-/var/cache/spore}`; a failed
 //! build or download fails the test.
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration-test crate is built for tests only: no cfg(test) module needed"
+)]
+
 mod agent_support;
 
 use std::os::unix::fs::PermissionsExt;

@@ -2,6 +2,11 @@
 //! frames close the connection and the agent goes on; the Runtime API
 //! refuses what Lambda's does.
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration-test crate is built for tests only: no cfg(test) module needed"
+)]
+
 mod agent_support;
 
 use std::io::{Read, Write};

@@ -1,6 +1,11 @@
 //! spore-agent with the `provided` runtime: the function's own `bootstrap`
 //! speaking the Runtime API (here a shell script with curl).
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration-test crate is built for tests only: no cfg(test) module needed"
+)]
+
 mod agent_support;
 
 use std::os::unix::fs::PermissionsExt;

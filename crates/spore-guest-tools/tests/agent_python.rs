@@ -1,6 +1,11 @@
 //! spore-agent with the python3 runtime: the real bootstrap
 //! (guest/runtimes/python3/bootstrap.py) on the host's Python.
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration-test crate is built for tests only: no cfg(test) module needed"
+)]
+
 mod agent_support;
 
 use std::time::Duration;

@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
+use crate::fs::{create_private_dir, sync_dir, write_private};
+
 /// The record file inside a base directory.
 const RECORD: &str = "base.json";
 /// The placeholder code disk every base boots with.
@@ -152,9 +154,9 @@ impl BaseStore {
         let tmp = self
             .root
             .join(format!(".tmp-{}-{n}", base_name(runtime, memory_mib)));
-        crate::snapshots::create_private_dir(&self.root)?;
+        create_private_dir(&self.root)?;
         let _ = std::fs::remove_dir_all(&tmp);
-        crate::snapshots::create_private_dir(&tmp)?;
+        create_private_dir(&tmp)?;
         Ok(tmp)
     }
 
@@ -177,7 +179,7 @@ impl BaseStore {
         }
         std::fs::rename(tmp, &dir)
             .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
-        crate::snapshots::sync_dir(&self.root);
+        let _ = sync_dir(&self.root);
         let _ = std::fs::remove_dir_all(&old);
         Ok(Base {
             dir,
@@ -192,8 +194,8 @@ impl BaseStore {
         if path.is_file() {
             return Ok(path);
         }
-        crate::snapshots::create_private_dir(&self.root)?;
-        crate::code_disk::build(&empty_zip(), &path)
+        create_private_dir(&self.root)?;
+        crate::code::disk::build(&empty_zip(), &path)
             .with_context(|| format!("making the placeholder code disk {}", path.display()))?;
         Ok(path)
     }
@@ -248,33 +250,6 @@ fn empty_zip() -> Vec<u8> {
     let mut z = b"PK\x05\x06".to_vec();
     z.extend_from_slice(&[0u8; 18]);
     z
-}
-
-/// Writes `bytes` to `path` atomically, mode 0600.
-pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
-
-/// Bytes a file takes on disk (its allocated blocks; memory files are
-/// sparse), 0 if it cannot be read.
-pub fn disk_bytes(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }
 
 #[cfg(test)]
@@ -408,9 +383,9 @@ mod tests {
         let state = scratch("placeholder");
         let t = state.join("t");
         std::fs::create_dir_all(&t).unwrap();
-        let u = crate::code_disk::unpack(&empty_zip(), &t).unwrap();
+        let u = crate::code::disk::unpack(&empty_zip(), &t).unwrap();
         assert_eq!((u.files, u.dirs), (0, 0));
-        if crate::code_disk::mkfs_ext4().is_none() {
+        if crate::code::disk::mkfs_ext4().is_none() {
             eprintln!("no mkfs.ext4: the image itself is not checked");
             return;
         }

@@ -7,23 +7,31 @@
 //! The daemon is only a client of `spore vmm` processes (their API sockets
 //! and vsock), never a second VMM: a VMM crash or exploit stays in one
 //! instance, and the daemon can be killed and restarted without losing a
-//! deployed function. Modules: [`api`] (the Lambda HTTP API), [`catalog`]
-//! (SQLite), [`code`] (zips), [`instances`] (pools and start paths),
-//! [`network`] (networked functions' namespaces, veths and NAT),
-//! [`invoke`] (the invoke protocol over vsock), [`runtime`], [`vmm`] (VMM
-//! processes), [`metrics`], [`logs`].
+//! deployed function.
+//!
+//! Modules, from the top (each imports only modules below it; see
+//! `docs/ARCHITECTURE.md`): [`api`] (the Lambda HTTP API; [`auth`] checks
+//! its signatures) → [`instances`] (pools, admission, start paths) →
+//! [`snapshots`] and [`bases`] (function and runtime-base snapshots) →
+//! [`catalog`] (SQLite), [`code`] (zips and code disks), [`runtime`],
+//! [`images`], [`logs`], [`metrics`], [`recovery`] → the VMM client:
+//! [`vmm`] (VMM processes), [`instance_conn`] (the invoke protocol over
+//! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
 pub mod api;
 pub mod auth;
 pub mod bases;
 pub mod catalog;
+pub mod clock;
 pub mod code;
-pub mod code_disk;
+pub mod config;
+pub mod fs;
 pub mod images;
+pub mod instance_conn;
 pub mod instances;
-pub mod invoke;
 pub mod logs;
 pub mod metrics;
+pub mod mutex;
 pub mod network;
 pub mod recovery;
 pub mod runtime;
@@ -37,16 +45,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+/// `spore image` builds code disks too (`spore_serve::code_disk::build`).
+pub use code::disk as code_disk;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-
-pub use instances::ManagerConfig;
+pub use instances::InstancesConfig;
 
 /// What `spore serve` was asked for.
 pub struct ServeConfig {
     pub listen: SocketAddr,
-    pub manager: ManagerConfig,
+    pub instances: InstancesConfig,
     /// `--auth keys.toml`: verify SigV4 signatures against these keys.
     pub auth_keys: Option<PathBuf>,
 }
@@ -63,7 +72,7 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let state_dir: PathBuf = config.manager.state_dir.clone();
+    let state_dir: PathBuf = config.instances.state_dir.clone();
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
     restrict(&state_dir);
@@ -81,25 +90,25 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             report.removed
         );
     }
-    let manager = instances::Manager::new(config.manager, catalog.clone());
-    let net_removed = manager.remove_network_leftovers().await;
+    let instances = instances::Instances::new(config.instances, catalog.clone());
+    let net_removed = instances.remove_network_leftovers().await;
     if net_removed > 0 {
         tracing::info!(
             "recovered from a previous daemon: {net_removed} network namespaces, veths or NAT tables removed"
         );
     }
-    let stale = manager.recover_snapshots();
+    let stale = instances.recover_snapshots();
     if stale > 0 {
         tracing::info!("{stale} stale or half-written snapshots removed");
     }
     for f in catalog.list()? {
         if let Some(n) = f.reserved_concurrency {
-            manager.set_reserved(&f.name, Some(n));
+            instances.set_reserved(&f.name, Some(n));
         }
     }
     for p in catalog.all_provisioned()? {
         if let Some(f) = catalog.get(&p.function)? {
-            manager.set_provisioned(&f, Some(p.count)).await;
+            instances.set_provisioned(&f, Some(p.count)).await;
         }
     }
     let auth = match &config.auth_keys {
@@ -109,7 +118,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let daemon = Arc::new(api::Daemon {
         state_dir,
         catalog,
-        manager: manager.clone(),
+        instances: instances.clone(),
         admin: tokio::sync::Mutex::new(()),
         auth,
     });
@@ -126,13 +135,13 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     tracing::info!("spore serve: Lambda API on http://{addr}");
 
     let reaper = {
-        let manager = manager.clone();
+        let instances = instances.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             loop {
                 tick.tick().await;
-                manager.reap_idle().await;
-                manager.refill_all();
+                instances.reap_idle().await;
+                instances.refill_all();
             }
         })
     };
@@ -165,7 +174,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     tracing::info!("spore serve: stopping; ending every instance");
     reaper.abort();
-    manager.shutdown().await;
+    instances.shutdown().await;
     Ok(())
 }
 

@@ -172,135 +172,154 @@ impl Metrics {
         out
     }
 
+    /// Everything in Prometheus's text format: the counters and histograms
+    /// kept here, then `gauges` (read from the instances at scrape time).
     pub fn render(&self, gauges: &Gauges) -> String {
         let m = self.inner();
         let mut out = String::new();
-        out.push_str(
-            "# HELP spore_invocations_total Invocations by function, start path and outcome.\n",
-        );
-        out.push_str("# TYPE spore_invocations_total counter\n");
-        for ((f, path, outcome), n) in &m.invocations {
-            let _ = writeln!(
+        render_invocations(&m, &mut out);
+        render_snapshots(&m, &mut out);
+        render_gauges(gauges, &mut out);
+        out
+    }
+}
+
+/// Invocations, errors, throttles and the latency histograms.
+fn render_invocations(m: &Inner, out: &mut String) {
+    out.push_str(
+        "# HELP spore_invocations_total Invocations by function, start path and outcome.\n",
+    );
+    out.push_str("# TYPE spore_invocations_total counter\n");
+    for ((f, path, outcome), n) in &m.invocations {
+        let _ = writeln!(
                 out,
                 "spore_invocations_total{{function=\"{}\",start_path=\"{path}\",outcome=\"{outcome}\"}} {n}",
                 escape(f)
             );
-        }
-        out.push_str(
-            "# HELP spore_errors_total Invocations that ended in a function error or a timeout.\n",
-        );
-        out.push_str("# TYPE spore_errors_total counter\n");
-        let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
-        for ((f, _, outcome), n) in &m.invocations {
-            if *outcome != "success" {
-                *errors.entry(f).or_default() += n;
-            }
-        }
-        for (f, n) in errors {
-            let _ = writeln!(out, "spore_errors_total{{function=\"{}\"}} {n}", escape(f));
-        }
-        out.push_str("# HELP spore_throttles_total Requests refused with 429.\n");
-        out.push_str("# TYPE spore_throttles_total counter\n");
-        for (f, n) in &m.throttles {
-            let _ = writeln!(
-                out,
-                "spore_throttles_total{{function=\"{}\"}} {n}",
-                escape(f)
-            );
-        }
-        out.push_str("# HELP spore_invoke_duration_seconds Request received to response ready, by start path.\n");
-        out.push_str("# TYPE spore_invoke_duration_seconds histogram\n");
-        for (path, h) in &m.latency {
-            for (i, le) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"{le}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "spore_invoke_duration_seconds_sum{{start_path=\"{path}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "spore_invoke_duration_seconds_count{{start_path=\"{path}\"}} {}",
-                h.count
-            );
-        }
-        out.push_str("# HELP spore_base_snapshot_bytes Runtime base snapshots: memory file bytes on disk, by base and snapshot id.\n");
-        out.push_str("# TYPE spore_base_snapshot_bytes gauge\n");
-        for (name, b) in &m.bases {
-            let _ = writeln!(
-                out,
-                "spore_base_snapshot_bytes{{base=\"{}\",id=\"{}\"}} {}",
-                escape(name),
-                escape(&b.id),
-                b.disk_bytes
-            );
-        }
-        out.push_str("# HELP spore_base_snapshot_uses_total Function snapshots started from a runtime base: built for it, or reused.\n");
-        out.push_str("# TYPE spore_base_snapshot_uses_total counter\n");
-        for (name, b) in &m.bases {
-            for (how, n) in [("built", b.builds), ("reused", b.reuses)] {
-                let _ = writeln!(
-                    out,
-                    "spore_base_snapshot_uses_total{{base=\"{}\",id=\"{}\",how=\"{how}\"}} {n}",
-                    escape(name),
-                    escape(&b.id)
-                );
-            }
-        }
-        out.push_str("# HELP spore_function_diff_bytes Function snapshots that are a diff on a base: memory file bytes on disk.\n");
-        out.push_str("# TYPE spore_function_diff_bytes gauge\n");
-        for (f, d) in &m.diffs {
-            let _ = writeln!(
-                out,
-                "spore_function_diff_bytes{{function=\"{}\",base=\"{}\",base_id=\"{}\"}} {}",
-                escape(f),
-                escape(&d.base),
-                escape(&d.base_id),
-                d.disk_bytes
-            );
-        }
-        out.push_str("# HELP spore_snapshots_written_total Function snapshots written and recorded (they survive a daemon restart).\n");
-        out.push_str("# TYPE spore_snapshots_written_total counter\n");
-        for (f, n) in &m.snapshots_written {
-            let _ = writeln!(
-                out,
-                "spore_snapshots_written_total{{function=\"{}\"}} {n}",
-                escape(f)
-            );
-        }
-        out.push_str("# HELP spore_instances Function instances by state.\n");
-        out.push_str("# TYPE spore_instances gauge\n");
-        for ((f, state), n) in &gauges.instances {
-            let _ = writeln!(
-                out,
-                "spore_instances{{function=\"{}\",state=\"{state}\"}} {n}",
-                escape(f)
-            );
-        }
-        out.push_str("# HELP spore_memory_bytes Host memory (PSS) held by VMM processes.\n");
-        out.push_str("# TYPE spore_memory_bytes gauge\n");
-        let _ = writeln!(
-            out,
-            "spore_memory_bytes{{held_by=\"instances\"}} {}",
-            gauges.instance_bytes
-        );
-        let _ = writeln!(
-            out,
-            "spore_memory_bytes{{held_by=\"templates\"}} {}",
-            gauges.template_bytes
-        );
-        out
     }
+    out.push_str(
+        "# HELP spore_errors_total Invocations that ended in a function error or a timeout.\n",
+    );
+    out.push_str("# TYPE spore_errors_total counter\n");
+    let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
+    for ((f, _, outcome), n) in &m.invocations {
+        if *outcome != "success" {
+            *errors.entry(f).or_default() += n;
+        }
+    }
+    for (f, n) in errors {
+        let _ = writeln!(out, "spore_errors_total{{function=\"{}\"}} {n}", escape(f));
+    }
+    out.push_str("# HELP spore_throttles_total Requests refused with 429.\n");
+    out.push_str("# TYPE spore_throttles_total counter\n");
+    for (f, n) in &m.throttles {
+        let _ = writeln!(
+            out,
+            "spore_throttles_total{{function=\"{}\"}} {n}",
+            escape(f)
+        );
+    }
+    out.push_str(
+        "# HELP spore_invoke_duration_seconds Request received to response ready, by start path.\n",
+    );
+    out.push_str("# TYPE spore_invoke_duration_seconds histogram\n");
+    for (path, h) in &m.latency {
+        for (i, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"{le}\"}} {}",
+                h.counts[i]
+            );
+        }
+        let _ = writeln!(
+            out,
+            "spore_invoke_duration_seconds_bucket{{start_path=\"{path}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(
+            out,
+            "spore_invoke_duration_seconds_sum{{start_path=\"{path}\"}} {}",
+            h.sum
+        );
+        let _ = writeln!(
+            out,
+            "spore_invoke_duration_seconds_count{{start_path=\"{path}\"}} {}",
+            h.count
+        );
+    }
+}
+
+/// Runtime bases, function diffs and snapshots written.
+fn render_snapshots(m: &Inner, out: &mut String) {
+    out.push_str("# HELP spore_base_snapshot_bytes Runtime base snapshots: memory file bytes on disk, by base and snapshot id.\n");
+    out.push_str("# TYPE spore_base_snapshot_bytes gauge\n");
+    for (name, b) in &m.bases {
+        let _ = writeln!(
+            out,
+            "spore_base_snapshot_bytes{{base=\"{}\",id=\"{}\"}} {}",
+            escape(name),
+            escape(&b.id),
+            b.disk_bytes
+        );
+    }
+    out.push_str("# HELP spore_base_snapshot_uses_total Function snapshots started from a runtime base: built for it, or reused.\n");
+    out.push_str("# TYPE spore_base_snapshot_uses_total counter\n");
+    for (name, b) in &m.bases {
+        for (how, n) in [("built", b.builds), ("reused", b.reuses)] {
+            let _ = writeln!(
+                out,
+                "spore_base_snapshot_uses_total{{base=\"{}\",id=\"{}\",how=\"{how}\"}} {n}",
+                escape(name),
+                escape(&b.id)
+            );
+        }
+    }
+    out.push_str("# HELP spore_function_diff_bytes Function snapshots that are a diff on a base: memory file bytes on disk.\n");
+    out.push_str("# TYPE spore_function_diff_bytes gauge\n");
+    for (f, d) in &m.diffs {
+        let _ = writeln!(
+            out,
+            "spore_function_diff_bytes{{function=\"{}\",base=\"{}\",base_id=\"{}\"}} {}",
+            escape(f),
+            escape(&d.base),
+            escape(&d.base_id),
+            d.disk_bytes
+        );
+    }
+    out.push_str("# HELP spore_snapshots_written_total Function snapshots written and recorded (they survive a daemon restart).\n");
+    out.push_str("# TYPE spore_snapshots_written_total counter\n");
+    for (f, n) in &m.snapshots_written {
+        let _ = writeln!(
+            out,
+            "spore_snapshots_written_total{{function=\"{}\"}} {n}",
+            escape(f)
+        );
+    }
+}
+
+/// Instances by state and the memory they hold.
+fn render_gauges(gauges: &Gauges, out: &mut String) {
+    out.push_str("# HELP spore_instances Function instances by state.\n");
+    out.push_str("# TYPE spore_instances gauge\n");
+    for ((f, state), n) in &gauges.instances {
+        let _ = writeln!(
+            out,
+            "spore_instances{{function=\"{}\",state=\"{state}\"}} {n}",
+            escape(f)
+        );
+    }
+    out.push_str("# HELP spore_memory_bytes Host memory (PSS) held by VMM processes.\n");
+    out.push_str("# TYPE spore_memory_bytes gauge\n");
+    let _ = writeln!(
+        out,
+        "spore_memory_bytes{{held_by=\"instances\"}} {}",
+        gauges.instance_bytes
+    );
+    let _ = writeln!(
+        out,
+        "spore_memory_bytes{{held_by=\"templates\"}} {}",
+        gauges.template_bytes
+    );
 }
 
 fn escape(s: &str) -> String {

@@ -40,6 +40,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::Digest as _;
 
+use crate::mutex::lock;
+
 /// The guest's address, the same in every instance's namespace.
 pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
 /// The address of `tap0`, the guest's gateway.
@@ -408,10 +410,6 @@ impl Drop for InstanceNet {
     fn drop(&mut self) {
         self.remove();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `program args…` (with `stdin` piped in if given) and waits; a

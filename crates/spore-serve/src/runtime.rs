@@ -245,7 +245,7 @@ impl Runtime for Linux {
             "handler": f.handler,
             "memory_mib": f.memory_mib,
             "timeout_s": f.timeout_s,
-            "region": crate::api::REGION,
+            "region": crate::config::REGION,
             "env": f.env,
             "code_device": CODE_DEVICE,
             "code_dir": CODE_DIR,

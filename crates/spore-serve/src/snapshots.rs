@@ -25,7 +25,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
+use crate::bases::{read_base, Base};
 use crate::catalog::{Catalog, Function, SnapshotRecord};
+use crate::clock::unix_ms;
+use crate::fs::{create_private_dir, disk_bytes, sync_dir, write_private};
 use crate::vmm::VmmProcess;
 
 /// How a restore fills guest memory (`restore_mode` of `PUT /snapshot/load`).
@@ -140,8 +143,7 @@ impl FunctionSnapshot {
         // A base made again (new kernel or image) under the same directory
         // has a new id: a diff of the old one no longer applies.
         let parent_there = self.layer.as_ref().is_none_or(|l| {
-            crate::bases::read_base(Path::new(&l.base_dir))
-                .is_some_and(|b| b.record.id == l.base_id)
+            read_base(Path::new(&l.base_dir)).is_some_and(|b| b.record.id == l.base_id)
         });
         self.state_path().is_file() && self.mem_path().is_file() && parent_there
     }
@@ -172,7 +174,7 @@ pub struct SnapshotStore {
 impl SnapshotStore {
     pub fn new(state_dir: &Path, catalog: Arc<Catalog>, mode: RestoreMode, record_ms: u64) -> Self {
         // Start past any generation an earlier daemon gave.
-        let start = crate::instances::unix_ms() << 12;
+        let start = unix_ms() << 12;
         SnapshotStore {
             root: state_dir.join("snapshots"),
             catalog,
@@ -231,7 +233,7 @@ impl SnapshotStore {
         &self,
         f: &Function,
         vmm: &VmmProcess,
-        base: &crate::bases::Base,
+        base: &Base,
     ) -> anyhow::Result<FunctionSnapshot> {
         self.write(f, vmm, Some(base)).await
     }
@@ -240,7 +242,7 @@ impl SnapshotStore {
         &self,
         f: &Function,
         vmm: &VmmProcess,
-        base: Option<&crate::bases::Base>,
+        base: Option<&Base>,
     ) -> anyhow::Result<FunctionSnapshot> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self
@@ -275,12 +277,9 @@ impl SnapshotStore {
                         base: base.name(),
                         base_id: base.record.id.clone(),
                         base_dir: base.dir.display().to_string(),
-                        diff_disk_bytes: crate::bases::disk_bytes(&tmp.join("vm.mem")),
+                        diff_disk_bytes: disk_bytes(&tmp.join("vm.mem")),
                     };
-                    crate::bases::write_private(
-                        &tmp.join(LAYER_RECORD),
-                        &serde_json::to_vec_pretty(&layer)?,
-                    )?;
+                    write_private(&tmp.join(LAYER_RECORD), &serde_json::to_vec_pretty(&layer)?)?;
                     Some(layer)
                 }
                 None => None,
@@ -291,7 +290,7 @@ impl SnapshotStore {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::rename(&tmp, &dir)
                 .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
-            sync_dir(&self.root);
+            let _ = sync_dir(&self.root);
             anyhow::Ok((dir, layer))
         }
         .await;
@@ -307,8 +306,7 @@ impl SnapshotStore {
             version: f.version,
             dir: dir.display().to_string(),
         };
-        self.catalog
-            .put_snapshot(&rec, crate::instances::unix_ms())?;
+        self.catalog.put_snapshot(&rec, unix_ms())?;
         Ok(FunctionSnapshot { dir, layer })
     }
 
@@ -403,9 +401,9 @@ impl SnapshotStore {
                 base: layer.base.clone(),
                 base_id: layer.base_id.clone(),
                 diff_disk_bytes: layer.diff_disk_bytes,
-                full_disk_bytes: crate::bases::disk_bytes(&tmp.join("vm.mem")),
+                full_disk_bytes: disk_bytes(&tmp.join("vm.mem")),
             };
-            crate::bases::write_private(
+            write_private(
                 &tmp.join(MERGED_RECORD),
                 &serde_json::to_vec_pretty(&record)?,
             )?;
@@ -413,7 +411,7 @@ impl SnapshotStore {
                 .with_context(|| format!("removing the diff {}", snap.dir.display()))?;
             std::fs::rename(&tmp, &snap.dir)
                 .with_context(|| format!("renaming {} to {}", tmp.display(), snap.dir.display()))?;
-            sync_dir(&self.root);
+            let _ = sync_dir(&self.root);
             anyhow::Ok(record)
         }
         .await;
@@ -491,22 +489,6 @@ impl SnapshotStore {
     }
 }
 
-pub(crate) fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))
-}
-
-/// Makes a rename in `dir` durable.
-pub(crate) fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,7 +501,7 @@ mod tests {
             base_dir: base.display().to_string(),
             diff_disk_bytes: 4096,
         };
-        crate::bases::write_private(
+        write_private(
             &dir.join(LAYER_RECORD),
             &serde_json::to_vec(&layer).unwrap(),
         )
@@ -555,7 +537,7 @@ mod tests {
             created_unix_ms: 1,
         };
         let write_record = |id: &str| {
-            crate::bases::write_private(
+            write_private(
                 &base.join("base.json"),
                 &serde_json::to_vec(&record(id)).unwrap(),
             )

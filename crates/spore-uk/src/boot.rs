@@ -6,11 +6,11 @@
 //! and lengths are clamped to what the protocol allows.
 
 use core::fmt;
+
+pub use spore_abi::boot::{BootInfo, MemRegion, MmioDevice, MEM_FREE, MEM_RESERVED};
 use spore_abi::boot::{
     BOOT_INFO_MAGIC, CMDLINE_MAX, MAX_MEM_REGIONS, MAX_MMIO_DEVICES, PROTOCOL_VERSION,
 };
-
-pub use spore_abi::boot::{BootInfo, MemRegion, MmioDevice, MEM_FREE, MEM_RESERVED};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BootInfoError {

@@ -1,9 +1,10 @@
 //! Start of a spore unikernel: the `_start` entry the VMM jumps to, the ELF
 //! note that marks the image, and the panic handler.
 
-use crate::{boot, clock, cmdline, heap, println, signal::exit, BootInfo};
-use crate::{EXIT_BAD_BOOT_INFO, EXIT_PANIC};
 use spore_abi::boot::{NOTE_NAME, NOTE_TYPE, PROTOCOL_VERSION};
+
+use crate::signal::exit;
+use crate::{boot, clock, cmdline, heap, println, BootInfo, EXIT_BAD_BOOT_INFO, EXIT_PANIC};
 
 /// An ELF note: header, name padded to 4 bytes, descriptor.
 #[repr(C, align(4))]

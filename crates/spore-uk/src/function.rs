@@ -28,9 +28,8 @@ use spore_abi::function::{
     FrameHeader, Kind, HEADER_SIZE, INVOKE_VSOCK_PORT, MAX_LOG, MAX_PAYLOAD,
 };
 
-use crate::clock;
 use crate::virtio::vsock::{ConnId, Vsock, VsockConfig, VsockError};
-use crate::BootInfo;
+use crate::{clock, BootInfo};
 
 /// What a handler knows about the invocation it serves.
 pub struct Context<'a> {

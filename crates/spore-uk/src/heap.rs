@@ -2,10 +2,12 @@
 //! info. Guest memory is identity-mapped, so a region's guest-physical address
 //! is also its pointer.
 
-use crate::BootInfo;
 use core::sync::atomic::{AtomicUsize, Ordering};
+
 use spore_abi::boot::{MEM_FREE, MIN_IMAGE_ADDR};
 use talc::{ErrOnOom, Span, Talc, Talck};
+
+use crate::BootInfo;
 
 #[cfg_attr(not(test), global_allocator)]
 static ALLOCATOR: Talck<spin::Mutex<()>, ErrOnOom> = Talc::new(ErrOnOom).lock();

@@ -167,8 +167,9 @@ impl KvMap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use alloc::vec;
+
+    use super::*;
 
     #[test]
     fn behaves_like_a_map_under_churn() {

@@ -449,8 +449,9 @@ pub fn fmt_int(v: i64, tmp: &mut [u8; 24]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use alloc::vec;
+
+    use super::*;
 
     fn all_commands(p: &mut Parser, input: &[u8], chunk: usize) -> Vec<Vec<Vec<u8>>> {
         let mut out = vec![];

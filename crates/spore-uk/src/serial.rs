@@ -4,8 +4,9 @@
 //! reports the transmitter empty, so polling the line status register would
 //! only double the number of VM exits per byte.
 
-use crate::port::outb;
 use core::fmt;
+
+use crate::port::outb;
 
 /// COM1 base port (the transmit holding register at offset 0).
 pub const COM1: u16 = 0x3f8;

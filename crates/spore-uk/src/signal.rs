@@ -1,11 +1,12 @@
 //! The spore signal port (see [`spore_abi::signal`]): exit, boot marks,
 //! sleeping until a device has work, and snapshot points.
 
-use crate::port::{inl, outl};
 use spore_abi::signal::{
     encode, SignalOp, ARG_MASK, FORK_FAILED, RESTORED, SIGNAL_PORT, SNAPSHOT_NOT_CONFIGURED,
     SNAPSHOT_RESTORED, SNAPSHOT_TAKEN, WAIT_WOKEN,
 };
+
+use crate::port::{inl, outl};
 
 /// Stops the VM; the VMM exits with the low 8 bits of `code`.
 pub fn exit(code: u32) -> ! {

@@ -16,6 +16,7 @@ mod net;
 mod observe;
 mod rate_limiter;
 mod serial;
+mod size;
 
 pub use cpu_template::{
     Bitmap, CpuConfig, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier, KvmCapability,
@@ -30,6 +31,7 @@ pub use net::{
 pub use observe::{null_is_default, LogLevel, LoggerConfig, MetricsConfig, NotSupported};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 pub use serial::SerialConfig;
+pub use size::{parse_size, SizeError};
 
 /// How a tmem pool stores values (`TmemConfig::compression`). Defined here,
 /// below the device, so that configuration never depends on devices.
@@ -166,6 +168,12 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// The vCPU count in the u8 that KVM vCPU ids take: `validate` bounds it
+    /// by MAX_VCPUS; an unvalidated count above 255 saturates.
+    pub fn vcpu_count_u8(&self) -> u8 {
+        u8::try_from(self.vcpu_count).unwrap_or(u8::MAX)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.vcpu_count == 0 || self.vcpu_count > MAX_VCPUS as u64 {
             return Err(ConfigError::VcpuCount {

@@ -256,8 +256,9 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
 
     fn scratch(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("spore-files-{tag}-{}", std::process::id()));

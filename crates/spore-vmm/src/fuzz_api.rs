@@ -120,7 +120,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
         DeviceKind::Blk => {
             // A 4 KiB image (8 sectors) with recognisable content.
             let path = scratch("disk");
-            let content: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+            let content: Vec<u8> = (0..4096u32).map(|i| ((i * 7) & 0xff) as u8).collect();
             std::fs::write(&path, content).ok()?;
             let read_only = knobs & 1 != 0;
             let dev = Block::new("fuzz".into(), &path, read_only, false).ok()?;
@@ -176,7 +176,7 @@ fn make_device(kind: DeviceKind, knobs: u8) -> Option<(Box<dyn VirtioDevice>, De
             let (backend, host) = SocketBackend::pair().ok()?;
             for len in [60usize, 3000] {
                 let frame: Vec<u8> = (0..12 + len)
-                    .map(|i| if i < 12 { 0 } else { i as u8 })
+                    .map(|i: usize| if i < 12 { 0 } else { i.to_le_bytes()[0] })
                     .collect();
                 host.send(&frame).ok()?;
             }
@@ -249,15 +249,15 @@ pub fn virtio_queue_used(kind: DeviceKind, data: &[u8]) -> Option<Vec<u16>> {
     let acked = offered & features;
     for sel in 0..2u32 {
         wr(&mut t, 0x24, sel);
-        wr(&mut t, 0x20, (acked >> (32 * sel)) as u32);
+        wr(&mut t, 0x20, ((acked >> (32 * sel)) & 0xffff_ffff) as u32);
     }
     wr(&mut t, 0x70, 0xb);
     let queues = t.queue_events().len() as u64;
     for q in 0..queues {
-        wr(&mut t, 0x30, q as u32);
+        wr(&mut t, 0x30, (q & 0xffff_ffff) as u32);
         wr(&mut t, 0x38, size);
         for (reg, addr) in [0x80, 0x90, 0xa0].into_iter().zip(ring_addrs(q)) {
-            wr(&mut t, reg, addr as u32);
+            wr(&mut t, reg, (addr & 0xffff_ffff) as u32);
             wr(&mut t, reg + 4, (addr >> 32) as u32);
         }
         wr(&mut t, 0x44, 1);
@@ -330,9 +330,9 @@ pub fn vsock_tx(data: &[u8]) {
     };
     q.set_size(1 << (data[0] % 9));
     let [desc, avail, used] = ring_addrs(0);
-    q.set_desc_table_address(Some(desc as u32), Some(0));
-    q.set_avail_ring_address(Some(avail as u32), Some(0));
-    q.set_used_ring_address(Some(used as u32), Some(0));
+    q.set_desc_table_address(Some((desc & 0xffff_ffff) as u32), Some(0));
+    q.set_avail_ring_address(Some((avail & 0xffff_ffff) as u32), Some(0));
+    q.set_used_ring_address(Some((used & 0xffff_ffff) as u32), Some(0));
     q.set_ready(true);
     let mut n = 0;
     while let Some(chain) = q.pop_descriptor_chain(&mem) {

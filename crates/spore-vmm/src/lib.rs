@@ -16,6 +16,7 @@ pub mod files;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz_api;
 pub mod host;
+pub mod host_usize;
 pub mod log_limit;
 pub mod logger;
 pub mod memory;

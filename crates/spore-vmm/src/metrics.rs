@@ -176,10 +176,13 @@ pub fn count_api(method: &str, path: &str, failed: bool) {
 /// `--start-time-cpu-us` process CPU time, plus `--parent-cpu-time-us`).
 pub fn record_startup(start_us: Option<u64>, start_cpu_us: Option<u64>, parent_cpu_us: u64) {
     if let Some(start) = start_us {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros() as u64;
+        let now = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros(),
+        )
+        .unwrap_or(u64::MAX);
         METRICS
             .startup_us
             .store(now.saturating_sub(start), Ordering::Relaxed);
@@ -261,10 +264,13 @@ pub fn flush() {
 /// The current line as JSON (counters reset to their increase).
 fn snapshot(id: Option<&str>) -> Value {
     let m = &METRICS;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64;
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX);
     let mut root = Map::new();
     if let Some(id) = id {
         root.insert("id".into(), json!(id));

@@ -1,14 +1,15 @@
 //! `spore api SOCK METHOD PATH [BODY]`: one request to a VMM's API socket
 //! (what `curl --unix-socket` does), for scripts and hosts without curl.
-//! Prints the response body; exits 1 on an HTTP error status.
+//! Prints the response body; exits 1 on an HTTP error status. The request
+//! itself is spore-vmm's client ([`spore_vmm::api::client`]), which the
+//! other commands that talk to a VMM use too (through this module's
+//! re-export).
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
+pub(crate) use spore_vmm::api::client::request;
 
 #[derive(Args, Debug)]
 pub struct ApiArgs {
@@ -42,34 +43,4 @@ pub fn run(a: ApiArgs) -> anyhow::Result<u8> {
         bail!("{method} {} -> HTTP {status}", a.path);
     }
     Ok(0)
-}
-
-/// Sends one request; returns the HTTP status and the response body.
-pub fn request(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> anyhow::Result<(u16, String)> {
-    let mut s = UnixStream::connect(socket)
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    // One write: a request written piece by piece (as `write!` on the
-    // socket would) wakes the server for each piece.
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes())?;
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp).context("reading the response")?;
-    let resp = String::from_utf8_lossy(&resp);
-    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("malformed HTTP response")?;
-    Ok((status, body.to_string()))
 }

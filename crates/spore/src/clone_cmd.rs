@@ -3,15 +3,14 @@
 //! source's API (`PUT /clone`); the clone processes themselves are
 //! `spore vmm --clone-handoff` (`spore_vmm::clone::process`).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use spore_vmm::api::client;
 use spore_vmm::clone::CloneReport;
-
-use crate::api_client::request;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Mode {
@@ -70,15 +69,7 @@ pub fn put_clone(
     mode: Option<Mode>,
     dir: Option<&Path>,
 ) -> anyhow::Result<CloneReport> {
-    let (status, reply) = request(sock, "PUT", "/clone", &body(count, mode, dir)?)?;
-    if status >= 400 {
-        let msg = serde_json::from_str::<serde_json::Value>(&reply)
-            .ok()
-            .and_then(|v| v["fault_message"].as_str().map(str::to_string))
-            .unwrap_or(reply);
-        bail!("clone refused (HTTP {status}): {}", msg.trim());
-    }
-    serde_json::from_str(&reply).context("the VMM's clone report does not parse")
+    Ok(client::put_clone(sock, &body(count, mode, dir)?)?)
 }
 
 pub fn run(a: CloneArgs) -> anyhow::Result<u8> {
@@ -109,8 +100,10 @@ fn pidfd(pid: u32) -> Option<OwnedFd> {
     if fd < 0 {
         return None;
     }
+    // A file descriptor is a c_int: the syscall's c_long holds one.
+    let fd = RawFd::try_from(fd).ok()?;
     // SAFETY: a fresh fd owned by nobody else.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// `--keep N`: HyperFork's throughput mode.
@@ -125,7 +118,8 @@ fn keep_pool(a: &CloneArgs, keep: u32) -> anyhow::Result<u8> {
     let mut finished = 0u64;
     let mut latencies = Vec::new();
     loop {
-        let want = (keep as u64 - running.len() as u64).min(total - started) as u32;
+        let room = keep.saturating_sub(u32::try_from(running.len()).unwrap_or(u32::MAX));
+        let want = u32::try_from(total - started).map_or(room, |left| room.min(left));
         if want > 0 {
             let r = put_clone(&a.socket, want, a.mode, a.dir.as_deref())?;
             for c in &r.clones {
@@ -175,6 +169,10 @@ fn keep_pool(a: &CloneArgs, keep: u32) -> anyhow::Result<u8> {
     }
     let secs = t0.elapsed().as_secs_f64();
     latencies.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "p is 0.5 or 0.99, so the rounded index lies in 0..len"
+    )]
     let pct = |p: f64| {
         latencies
             .get(((latencies.len() as f64 - 1.0) * p).round() as usize)

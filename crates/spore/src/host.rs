@@ -69,7 +69,8 @@ static HOST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 pub fn host_signal_status() -> Option<u8> {
     match HOST_SIGNAL.load(Ordering::SeqCst) {
         0 => None,
-        s => Some((128 + s).min(255) as u8),
+        // Signal numbers are small and positive; anything else saturates.
+        s => Some(u8::try_from(128_i32.saturating_add(s)).unwrap_or(u8::MAX)),
     }
 }
 

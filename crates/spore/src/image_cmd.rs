@@ -15,7 +15,6 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context as _};
 use clap::Subcommand;
 use serde_json::Value;
-
 use spore_serve::runtime_image::{cached_images, newest, DEFAULT_CACHE, RUNTIMES};
 
 #[derive(Subcommand)]

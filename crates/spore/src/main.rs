@@ -2,18 +2,15 @@
 //! through the API with `vmm`, and `bench`.
 
 mod api_client;
-mod bench;
 mod clone_cmd;
 mod fc_cmd;
 mod fn_cmd;
 mod host;
 mod image_cmd;
 mod jailer;
-mod lambda_client;
 mod mem_cmd;
 mod run;
 mod serve_cmd;
-mod size;
 mod snapshot_cmd;
 mod vmm_cmd;
 mod vsock_cmd;
@@ -148,7 +145,7 @@ enum Command {
     Image(image_cmd::ImageCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(spore_bench::BenchCommand),
     /// Firecracker's command line (`spore firecracker --api-sock ...`), as
     /// spore answers when called through a symlink named `firecracker`.
     #[command(disable_help_flag = true)]
@@ -214,7 +211,7 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Run(a) => run::run(a),
         Command::Vmm(a) => vmm_cmd::run(a),
-        Command::Bench(b) => bench::run(b),
+        Command::Bench(b) => spore_bench::run(b),
         Command::Vsock(v) => vsock_cmd::run(v),
         Command::Api(a) => api_client::run(a),
         Command::Mem(a) => mem_cmd::run(a),

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use spore_vmm::config::parse_size;
 
 use crate::api_client::request;
-use crate::size::parse_size;
 
 #[derive(Args, Debug)]
 pub struct MemArgs {

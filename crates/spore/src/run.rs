@@ -6,14 +6,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use spore_vmm::config::{
-    AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig, GuestSnapshotConfig,
-    MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
+    parse_size, AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig,
+    GuestSnapshotConfig, MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
 };
 use spore_vmm::vm::control::StopReason;
 use spore_vmm::vmm::Vmm;
 
 use crate::host;
-use crate::size::parse_size;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -284,6 +283,7 @@ pub fn finish(vmm: &Vmm, marks_file: Option<&std::path::Path>) -> anyhow::Result
     match reason {
         StopReason::Error(msg) => bail!("the VM stopped on an error: {msg}"),
         StopReason::Requested => Ok(host::host_signal_status().unwrap_or(0)),
-        other => Ok(other.exit_code() as u8),
+        // exit_code() is 0, 1 or a guest's u8 status: the fallback never happens.
+        other => Ok(u8::try_from(other.exit_code()).unwrap_or(1)),
     }
 }

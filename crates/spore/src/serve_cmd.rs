@@ -89,7 +89,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     };
     let memory_budget = match &a.memory_budget {
         Some(s) => {
-            crate::size::parse_size(s).map_err(|e| anyhow::anyhow!("--memory-budget: {e}"))?
+            spore_vmm::config::parse_size(s).map_err(|e| anyhow::anyhow!("--memory-budget: {e}"))?
         }
         None => 0,
     };
@@ -107,7 +107,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     spore_serve::run(spore_serve::ServeConfig {
         listen: a.listen,
         auth_keys: a.auth,
-        manager: spore_serve::ManagerConfig {
+        instances: spore_serve::InstancesConfig {
             spore_bin,
             state_dir,
             max_concurrency: a.max_concurrency,

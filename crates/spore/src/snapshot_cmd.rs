@@ -285,6 +285,10 @@ fn stop_vmm(sock: &Path) -> anyhow::Result<()> {
         uid: 0,
         gid: 0,
     };
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "ucred is three 32-bit fields: 12 bytes fit a socklen_t"
+    )]
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`.
     let r = unsafe {
@@ -292,7 +296,7 @@ fn stop_vmm(sock: &Path) -> anyhow::Result<()> {
             s.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
+            std::ptr::from_mut(&mut cred).cast::<libc::c_void>(),
             &mut len,
         )
     };

@@ -9,8 +9,7 @@ use spore_vmm::api::server::MAX_BODY_BYTES;
 use spore_vmm::api::ApiServer;
 use spore_vmm::clone::args::ClonedProcessArgs;
 use spore_vmm::config::VmConfig;
-use spore_vmm::vmm::clone_process;
-use spore_vmm::vmm::Vmm;
+use spore_vmm::vmm::{clone_process, Vmm};
 
 use crate::host;
 

@@ -3,17 +3,19 @@
 //! `connect` dials a guest port through the device's Unix socket (the
 //! `CONNECT <port>` handshake) and `listen` accepts one guest-initiated
 //! connection on `<uds>_<port>`; both then copy stdin to the peer and the
-//! peer to stdout until both directions end. `forward` (in
-//! `vsock_forward.rs`) exposes a guest port as a local TCP or Unix socket.
+//! peer to stdout until both directions end (`connect`'s handshake is in
+//! `spore_vmm::devices::virtio::vsock::host_connect`, shared with `forward` and
+//! the benchmarks). `forward` (in `vsock_forward.rs`) exposes a guest
+//! port as a local TCP or Unix socket.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Subcommand;
+use spore_vmm::devices::virtio::vsock::host_connect::connect;
 
 #[derive(Subcommand, Debug)]
 pub enum VsockCommand {
@@ -74,34 +76,6 @@ pub fn run(cmd: VsockCommand) -> anyhow::Result<u8> {
     };
     pipe_stdio(stream)?;
     Ok(0)
-}
-
-pub(crate) fn connect(
-    uds: &std::path::Path,
-    port: u32,
-    timeout: u64,
-) -> anyhow::Result<UnixStream> {
-    let mut stream =
-        UnixStream::connect(uds).with_context(|| format!("connecting to {}", uds.display()))?;
-    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
-    stream.set_read_timeout(Some(Duration::from_secs(timeout.max(1))))?;
-    // Read the reply byte by byte so that no guest data after it is consumed.
-    let mut reply = Vec::new();
-    let mut byte = [0u8];
-    while reply.len() < 64 {
-        match stream.read(&mut byte) {
-            Ok(0) => bail!("guest port {port}: connection refused (nobody listening)"),
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => reply.push(byte[0]),
-            Err(e) => bail!("guest port {port}: no answer: {e}"),
-        }
-    }
-    let reply = String::from_utf8_lossy(&reply);
-    if !reply.starts_with("OK ") {
-        bail!("guest port {port}: unexpected handshake reply {reply:?}");
-    }
-    stream.set_read_timeout(None)?;
-    Ok(stream)
 }
 
 /// Copies stdin → stream (then half-closes) and stream → stdout.

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use spore_vmm::devices::virtio::vsock::host_connect::connect;
 
 /// Where local clients connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,11 +216,11 @@ pub fn run(uds: &Path, port: u32, listen: &ListenAddr, timeout: u64) -> anyhow::
 }
 
 fn forward_one(mut client: Client, uds: &Path, port: u32, timeout: u64) -> anyhow::Result<()> {
-    let guest = match super::vsock_cmd::connect(uds, port, timeout) {
+    let guest = match connect(uds, port, timeout) {
         Ok(g) => g,
         Err(e) => {
             client.shutdown(Shutdown::Both);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let mut guest_w = guest.try_clone()?;

@@ -30,11 +30,10 @@ use std::net::TcpListener;
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Mutex};
 
-use spore_abi::function::{Kind, MAX_LOG, MAX_PAYLOAD};
-
 use config::{FunctionConfig, Options};
 use host_link::{read_frame, write_frame, Link, Listener, ReadError};
 use runtime::{error_json, lock};
+use spore_abi::function::{Kind, MAX_LOG, MAX_PAYLOAD};
 use state::{Agent, InitFailure, Invocation, Wait};
 
 /// Runs the agent; returns only on a fatal error outside PID 1.
@@ -183,7 +182,7 @@ pub fn session(agent: &Arc<Agent>, link: &mut Link, link_gen: u64) -> Result<(),
             Wait::InitFailed(f) => return send_init_error(link, &f),
             Wait::Superseded => return Ok(()),
         }
-        let since_start = agent.started.elapsed().as_micros() as u64;
+        let since_start = state::saturating_u64(agent.started.elapsed().as_micros());
         write_frame(link, Kind::Standby, &[], &[], since_start).map_err(io)?;
         let frame = match read_frame(link) {
             Ok(f) => f,

@@ -69,6 +69,13 @@ pub fn mount_basics() {
     }
 }
 
+/// IFF_UP | IFF_RUNNING in `ifr_flags`' type.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "IFF_UP | IFF_RUNNING is 0x41, within c_short"
+)]
+const UP_RUNNING: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+
 /// Brings `lo` up with SIOCSIFFLAGS (the kernel gives it 127.0.0.1 itself),
 /// so the Runtime API can listen on 127.0.0.1 without busybox `ip`.
 pub fn loopback_up() -> io::Result<()> {
@@ -85,15 +92,29 @@ pub fn loopback_up() -> io::Result<()> {
         *dst = *src as libc::c_char;
     }
     // SAFETY: ifr is a valid ifreq naming "lo"; the kernel fills ifru_flags.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut ifr) } < 0 {
+    if unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            crate::ioctl::request(libc::SIOCGIFFLAGS),
+            &mut ifr,
+        )
+    } < 0
+    {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: SIOCGIFFLAGS set the flags member of the union.
     unsafe {
-        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        ifr.ifr_ifru.ifru_flags |= UP_RUNNING;
     }
     // SAFETY: as above; the kernel only reads ifr.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &ifr) } < 0 {
+    if unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            crate::ioctl::request(libc::SIOCSIFFLAGS),
+            &ifr,
+        )
+    } < 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -230,7 +251,7 @@ pub fn mount_code(device: &str, dir: &str) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {dir}: {e}"))?;
     let dev = std::fs::File::open(device).map_err(|e| format!("open {device}: {e}"))?;
     // SAFETY: an argument-less ioctl on our own descriptor.
-    if unsafe { libc::ioctl(dev.as_raw_fd(), BLKFLSBUF as _) } < 0 {
+    if unsafe { libc::ioctl(dev.as_raw_fd(), crate::ioctl::request(BLKFLSBUF)) } < 0 {
         eprintln!(
             "spore-agent: BLKFLSBUF {device}: {} (mounting anyway)",
             io::Error::last_os_error()

@@ -128,7 +128,8 @@ pub fn random_hex(n: usize) -> String {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = (t >> ((i % 16) * 8)) as u8 ^ i as u8;
+            // Byte i % 16 of the time, mixed with the low byte of i.
+            *b = t.to_le_bytes()[i % 16] ^ i.to_le_bytes()[0];
         }
     }
     buf.iter().map(|b| format!("{b:02x}")).collect()

@@ -105,11 +105,17 @@ pub struct Agent {
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| saturating_u64(d.as_millis()))
+}
+
+/// A duration's count (`as_nanos`, `as_micros`, ...) as u64, saturating
+/// (u64::MAX nanoseconds is 584 years).
+pub(crate) fn saturating_u64(count: u128) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX)
 }
 
 fn elapsed_ns(since: Option<Instant>, fallback: Instant) -> u64 {
-    since.unwrap_or(fallback).elapsed().as_nanos() as u64
+    saturating_u64(since.unwrap_or(fallback).elapsed().as_nanos())
 }
 
 impl Agent {
@@ -205,7 +211,7 @@ impl Agent {
                 ok: false,
                 body,
                 log: self.output.take_log(),
-                handler_ns: handed.elapsed().as_nanos() as u64,
+                handler_ns: saturating_u64(handed.elapsed().as_nanos()),
                 runtime_gone: true,
             };
             g.outcome = Some((inv.id, outcome));
@@ -334,7 +340,10 @@ impl Agent {
             if g.init_us.is_none() && g.next_waiters > 0 && g.config.is_some() {
                 // Its first /next came before the function was known (a
                 // provided bootstrap that skips spore/function).
-                g.init_us = Some(g.init_started.map_or(0, |t| t.elapsed().as_micros() as u64));
+                g.init_us = Some(
+                    g.init_started
+                        .map_or(0, |t| saturating_u64(t.elapsed().as_micros())),
+                );
             }
             if let Some(us) = g.init_us {
                 if g.next_waiters > 0 && g.current.is_none() && g.pending.is_none() {
@@ -408,7 +417,7 @@ impl Agent {
                         &format!("RequestId: {id} Error: Task timed out after {secs:.2} seconds"),
                     ),
                     log: self.output.take_log(),
-                    handler_ns: started.elapsed().as_nanos() as u64,
+                    handler_ns: saturating_u64(started.elapsed().as_nanos()),
                     runtime_gone: true,
                 };
             }
@@ -448,7 +457,9 @@ impl Agent {
         let mut g = self.lock();
         let epoch = g.epoch;
         if g.config.is_some() && g.init_us.is_none() && g.init_error.is_none() {
-            let us = g.init_started.map_or(0, |t| t.elapsed().as_micros() as u64);
+            let us = g
+                .init_started
+                .map_or(0, |t| saturating_u64(t.elapsed().as_micros()));
             g.init_us = Some(us);
         }
         g.next_waiters += 1;
@@ -491,7 +502,7 @@ impl Agent {
                     ok,
                     body,
                     log: self.output.take_log(),
-                    handler_ns: handed.elapsed().as_nanos() as u64,
+                    handler_ns: saturating_u64(handed.elapsed().as_nanos()),
                     runtime_gone: false,
                 };
                 g.outcome = Some((inv.id, outcome));

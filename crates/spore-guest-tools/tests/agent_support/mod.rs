@@ -155,8 +155,8 @@ impl Host {
     pub fn send(&mut self, kind: Kind, a: &[u8], b: &[u8], arg: u64) {
         let h = FrameHeader {
             kind,
-            len_a: a.len() as u32,
-            len_b: b.len() as u32,
+            len_a: u32::try_from(a.len()).unwrap(),
+            len_b: u32::try_from(b.len()).unwrap(),
             arg,
         };
         let mut msg = h.encode().to_vec();
@@ -218,11 +218,8 @@ impl Host {
 
     /// Invokes with a deadline `timeout` from now; returns the result frame.
     pub fn invoke_with(&mut self, id: &str, payload: &str, timeout: Duration) -> Frame {
-        let deadline = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-            + timeout.as_millis() as u64;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let deadline = u64::try_from(now.as_millis() + timeout.as_millis()).unwrap();
         self.send(Kind::Invoke, id.as_bytes(), payload.as_bytes(), deadline);
         let f = self.read();
         assert!(

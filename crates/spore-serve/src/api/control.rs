@@ -12,8 +12,10 @@ use hyper::StatusCode;
 use serde::Deserialize;
 
 use super::error::LambdaError;
-use super::{empty_response, json_response, parse_json, Daemon, Resp, ACCOUNT, REGION};
+use super::{empty_response, json_response, parse_json, Daemon, Resp};
 use crate::catalog::Function;
+use crate::clock::lambda_now;
+use crate::config::function_arn;
 use crate::{code, runtime};
 
 /// Request bodies may carry a base64 zip of up to 50 MB.
@@ -96,10 +98,6 @@ struct ConcurrencyBody {
     reserved_concurrent_executions: i64,
 }
 
-pub(super) fn arn(name: &str) -> String {
-    format!("arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
-}
-
 /// Lambda's `FunctionConfiguration` of a function.
 pub fn configuration(f: &Function) -> serde_json::Value {
     use base64::engine::general_purpose::STANDARD;
@@ -108,7 +106,7 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         .collect::<Vec<u8>>();
     serde_json::json!({
         "FunctionName": f.name,
-        "FunctionArn": arn(&f.name),
+        "FunctionArn": function_arn(&f.name),
         "Runtime": f.runtime,
         "Role": f.role,
         "Handler": f.handler,
@@ -198,7 +196,7 @@ fn check_linux(daemon: &Daemon, runtime: &str, network: bool) -> Result<(), Lamb
             "SporeNetwork is not supported for the {runtime} runtime yet"
         )));
     }
-    crate::images::newest(&daemon.manager.image_cache(), rt.name())
+    crate::images::newest(&daemon.instances.image_cache(), rt.name())
         .map_err(|e| LambdaError::invalid(e.to_string()))?;
     Ok(())
 }
@@ -236,10 +234,6 @@ fn accept_code(
     tokio::task::block_in_place(|| code::store(&daemon.state_dir, &zip, &checked, handler))
         .map_err(code_err)?;
     Ok(checked)
-}
-
-pub(super) fn now() -> String {
-    super::lambda_time(std::time::SystemTime::now())
 }
 
 pub(super) fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
@@ -301,7 +295,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         code_size: code.size,
         version: 1,
         revision_id: super::random_uuid(),
-        last_modified: now(),
+        last_modified: lambda_now(),
         reserved_concurrency: None,
         network,
     };
@@ -359,8 +353,8 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .catalog
         .delete_provisioned(name)
         .map_err(catalog_err)?;
-    daemon.manager.set_reserved(name, None);
-    daemon.manager.forget(name).await;
+    daemon.instances.set_reserved(name, None);
+    daemon.instances.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {
         let _ = std::fs::remove_dir_all(code::dir(&daemon.state_dir, &f.code_sha256));
     }
@@ -373,9 +367,9 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
 async fn replace(daemon: &Daemon, old: &Function, mut f: Function) -> Result<Resp, LambdaError> {
     f.version = old.version + 1;
     f.revision_id = super::random_uuid();
-    f.last_modified = now();
+    f.last_modified = lambda_now();
     daemon.catalog.update(&f).map_err(catalog_err)?;
-    daemon.manager.forget(&f.name).await;
+    daemon.instances.forget(&f.name).await;
     if old.code_sha256 != f.code_sha256
         && !daemon.catalog.code_in_use(&old.code_sha256).unwrap_or(true)
     {
@@ -452,6 +446,14 @@ pub async fn update_configuration(
     replace(daemon, &old, f).await
 }
 
+/// A concurrency count from a request, when it lies in `min..=max`; `None`
+/// for anything else, including a count no `u32` holds.
+pub(super) fn concurrency_within(value: i64, min: u32, max: usize) -> Option<u32> {
+    let n = u32::try_from(value).ok()?;
+    let within_max = usize::try_from(n).is_ok_and(|n| n <= max);
+    (n >= min && within_max).then_some(n)
+}
+
 pub async fn put_concurrency(
     daemon: &Arc<Daemon>,
     name: &str,
@@ -459,18 +461,17 @@ pub async fn put_concurrency(
 ) -> Result<Resp, LambdaError> {
     let body = super::body_within(&req, 64 * 1024, "PutFunctionConcurrency")?;
     let b: ConcurrencyBody = parse_json(&body)?;
-    let max = daemon.manager.max_concurrency() as i64;
-    if !(0..=max).contains(&b.reserved_concurrent_executions) {
+    let max = daemon.instances.max_concurrency();
+    let Some(n) = concurrency_within(b.reserved_concurrent_executions, 0, max) else {
         return Err(LambdaError::invalid(format!(
             "ReservedConcurrentExecutions must be between 0 and this host's limit ({max})"
         )));
-    }
-    let n = b.reserved_concurrent_executions as u32;
+    };
     let _admin = daemon.admin.lock().await;
     let mut f = existing(daemon, name)?;
     f.reserved_concurrency = Some(n);
     daemon.catalog.update(&f).map_err(catalog_err)?;
-    daemon.manager.set_reserved(name, Some(n));
+    daemon.instances.set_reserved(name, Some(n));
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "ReservedConcurrentExecutions": n }),
@@ -491,17 +492,35 @@ pub async fn delete_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp
     let mut f = existing(daemon, name)?;
     f.reserved_concurrency = None;
     daemon.catalog.update(&f).map_err(catalog_err)?;
-    daemon.manager.set_reserved(name, None);
+    daemon.instances.set_reserved(name, None);
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
 pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
-    let gauges = daemon.manager.gauges().await;
-    let text = daemon.manager.metrics.render(&gauges);
+    let gauges = daemon.instances.gauges().await;
+    let text = daemon.instances.metrics.render(&gauges);
     let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_counts_lie_within_the_host_limit() {
+        assert_eq!(concurrency_within(0, 0, 10), Some(0));
+        assert_eq!(concurrency_within(10, 1, 10), Some(10));
+        assert_eq!(concurrency_within(0, 1, 10), None);
+        assert_eq!(concurrency_within(11, 0, 10), None);
+        assert_eq!(concurrency_within(-1, 0, 10), None);
+        // Counts no u32 holds are refused, not truncated into range.
+        let wraps_to_five = (1_i64 << 32) + 5;
+        assert_eq!(concurrency_within(wraps_to_five, 0, usize::MAX), None);
+        assert_eq!(concurrency_within(i64::MAX, 0, usize::MAX), None);
+    }
 }

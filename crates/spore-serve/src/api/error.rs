@@ -42,11 +42,7 @@ impl LambdaError {
         Self::new(
             StatusCode::NOT_FOUND,
             "ResourceNotFoundException",
-            format!(
-                "Function not found: arn:aws:lambda:{}:{}:function:{name}",
-                super::REGION,
-                super::ACCOUNT
-            ),
+            format!("Function not found: {}", crate::config::function_arn(name)),
         )
     }
 

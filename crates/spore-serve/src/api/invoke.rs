@@ -162,7 +162,7 @@ async fn run(
     payload: &[u8],
     received: Instant,
 ) -> Result<Done, LambdaError> {
-    let inv: Invocation = match daemon.manager.invoke(f, request_id, payload).await {
+    let inv: Invocation = match daemon.instances.invoke(f, request_id, payload).await {
         Ok(i) => i,
         Err(AcquireError::Throttled { reserved }) => {
             return Err(LambdaError::throttled(if reserved {
@@ -183,7 +183,7 @@ async fn run(
         Outcome::TimedOut => {
             let msg = format!(
                 "{} {request_id} Task timed out after {}.00 seconds",
-                super::lambda_time(std::time::SystemTime::now()),
+                crate::clock::lambda_now(),
                 f.timeout_s
             );
             (
@@ -207,9 +207,10 @@ async fn run(
             )
         }
     };
-    let seconds = received.elapsed().as_secs_f64();
+    let elapsed = received.elapsed();
+    let seconds = elapsed.as_secs_f64();
     daemon
-        .manager
+        .instances
         .metrics
         .invoked(&f.name, inv.path, outcome, seconds);
     let log = logs::invocation_log(f, request_id, inv.path, seconds, outcome, &function_log);
@@ -219,6 +220,7 @@ async fn run(
         function_error,
         log,
         path: inv.path,
-        micros: (seconds * 1e6) as u64,
+        // Saturates only after 584,000 years.
+        micros: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
     })
 }

@@ -1,35 +1,32 @@
 //! The Lambda API (`2015-03-31`) over HTTP/1.1: routing, request bodies and
-//! responses. The control plane is in [`control`], Invoke in [`invoke`].
+//! responses. The control plane is in [`control`] and [`provisioned_config`],
+//! Invoke in [`invoke`].
 //! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
 //! and the tools built on them drive the daemon unmodified.
 
 mod control;
 pub mod error;
 mod invoke;
-mod provisioned;
+mod provisioned_config;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use error::LambdaError;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::catalog::Catalog;
-use crate::instances::Manager;
-use error::LambdaError;
-
-/// The region and account every ARN names (spore is one host, not AWS).
-pub const REGION: &str = "us-east-1";
-pub const ACCOUNT: &str = "000000000000";
+use crate::instances::Instances;
 
 /// What request handlers share.
 pub struct Daemon {
     pub state_dir: PathBuf,
     pub catalog: Arc<Catalog>,
-    pub manager: Arc<Manager>,
+    pub instances: Arc<Instances>,
     /// Serialises control-plane writes (create, update, delete).
     pub admin: tokio::sync::Mutex<()>,
     /// With `--auth`: the access keys requests must be signed with.
@@ -70,7 +67,7 @@ fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> 
         .iter()
         .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
         .collect();
-    let now = crate::instances::unix_ms() / 1000;
+    let now = crate::clock::unix_ms() / 1000;
     keys.verify(
         req.method().as_str(),
         req.uri().path(),
@@ -117,7 +114,7 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         }
         (Method::PUT, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
             let name = fn_name(name)?;
-            provisioned::put(daemon, &name, req).await
+            provisioned_config::put(daemon, &name, req).await
         }
         (Method::GET, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
             let name = fn_name(name)?;
@@ -126,14 +123,14 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
                 .query()
                 .is_some_and(|q| q.split('&').any(|kv| kv == "List=ALL"))
             {
-                provisioned::list(daemon, &name)
+                provisioned_config::list(daemon, &name)
             } else {
-                provisioned::get(daemon, &name, &req)
+                provisioned_config::get(daemon, &name, &req)
             }
         }
         (Method::DELETE, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
             let name = fn_name(name)?;
-            provisioned::delete(daemon, &name, &req).await
+            provisioned_config::delete(daemon, &name, &req).await
         }
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let name = fn_name(name)?;
@@ -262,37 +259,13 @@ pub fn empty_response(status: StatusCode) -> Resp {
     resp
 }
 
-/// Lambda's timestamp form, e.g. `2026-11-24T22:30:00.123+0000`.
-pub fn lambda_time(t: std::time::SystemTime) -> String {
-    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}+0000",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
 /// A random id in UUID form (revision ids, request ids).
 pub fn random_uuid() -> String {
     let mut b = [0u8; 16];
     if getrandom::fill(&mut b).is_err() {
         // Unique enough without the OS generator: time and a counter.
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let t = crate::instances::unix_ms() ^ N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = crate::clock::unix_ms() ^ N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         b[..8].copy_from_slice(&t.to_le_bytes());
     }
     b[6] = (b[6] & 0x0f) | 0x40;
@@ -324,16 +297,6 @@ mod tests {
         assert!(fn_name("").is_err());
         assert!(fn_name(&"x".repeat(65)).is_err());
         assert!(fn_name("%zz").is_err());
-    }
-
-    #[test]
-    fn times_are_lambdas() {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_998_600_123);
-        assert_eq!(lambda_time(t), "2026-11-30T00:30:00.123+0000");
-        assert_eq!(
-            lambda_time(std::time::UNIX_EPOCH),
-            "1970-01-01T00:00:00.000+0000"
-        );
     }
 
     #[test]

@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 
-use super::Manager;
+use super::Instances;
 use crate::bases::{base_name, Base, BaseRecord};
 use crate::catalog::Function;
-use crate::invoke::InstanceConn;
+use crate::instance_conn::InstanceConn;
 use crate::metrics::DiffStat;
 use crate::runtime::{self, Runtime};
 use crate::snapshots::LinuxSnapshots;
@@ -33,7 +33,7 @@ pub(super) struct LinuxBoot<'a> {
     pub code: &'a Path,
 }
 
-impl Manager {
+impl Instances {
     /// A VM of `f` started from its runtime's base: restored, given `f`'s
     /// code disk, configured and `Ready`. If `f`'s version has no snapshot
     /// yet, its Diff is written first (then the VM is resumed and
@@ -253,8 +253,8 @@ impl Manager {
                 kernel,
                 root_image,
                 devices: runtime::LINUX_DEVICES.to_string(),
-                mem_disk_bytes: crate::bases::disk_bytes(&tmp.join("vm.mem")),
-                created_unix_ms: super::unix_ms(),
+                mem_disk_bytes: crate::fs::disk_bytes(&tmp.join("vm.mem")),
+                created_unix_ms: crate::clock::unix_ms(),
             };
             self.bases.commit(&tmp, &record)
         }

@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{lock, Manager, Pool, Zygote};
+use super::{lock, Instances, Pool, Zygote};
 use crate::metrics::Gauges;
 
-impl Manager {
+impl Instances {
     /// Ends idle instances unused for longer than the keep-alive, then, over
     /// the memory budget, the least recently used idle ones, then the least
     /// recently used zygotes that have a snapshot to restore from. Returns

@@ -1,9 +1,10 @@
-//! The instance manager: for each function version, idle warm instances and a
-//! zygote (a booted instance paused after init and made a clone template by
-//! its VMM). Each invocation takes the fastest start path there is — an idle
-//! instance, a clone of the zygote, a restore of the version's snapshot, or a
-//! cold boot that also makes the snapshot and the zygote — and gives its
-//! instance back, or ends it if it failed or timed out.
+//! The daemon's function instances ([`Instances`]): for each function
+//! version, idle warm instances and a zygote (a booted instance paused after
+//! init and made a clone template by its VMM). Each invocation takes the
+//! fastest start path there is — an idle instance, a clone of the zygote, a
+//! restore of the version's snapshot, or a cold boot that also makes the
+//! snapshot and the zygote — and gives its instance back, or ends it if it
+//! failed or timed out.
 //!
 //! Module map: [`start`] (the start paths), [`memory`] (keep-alive, the
 //! memory budget, zygote demotion, gauges), [`provisioned`] (provisioned
@@ -28,8 +29,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::catalog::{Catalog, Function, ProcessRecord};
-use crate::invoke::{InstanceConn, InvokeError, InvokeResult};
+use crate::clock::unix_ms;
+use crate::instance_conn::{InstanceConn, InvokeError, InvokeResult};
 use crate::metrics::{Metrics, StartPath};
+// Also the lock of the submodules (`super::lock`).
+use crate::mutex::lock;
 use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
@@ -40,7 +44,8 @@ const CRASH_LOG_LINES: usize = 20;
 /// Clone processes each zygote's VMM keeps started ahead.
 const STANDBY_CLONES: u32 = 2;
 
-pub struct ManagerConfig {
+/// How instances are started, kept and bounded (`spore serve`'s flags).
+pub struct InstancesConfig {
     pub spore_bin: PathBuf,
     pub state_dir: PathBuf,
     /// Invocations running at once on this host.
@@ -136,8 +141,10 @@ struct Pool {
     last_used_ms: AtomicU64,
 }
 
-pub struct Manager {
-    cfg: ManagerConfig,
+/// Every function's instances: a [`Pool`] per function version, the
+/// admission semaphores, the snapshot and base stores, the network.
+pub struct Instances {
+    cfg: InstancesConfig,
     catalog: Arc<Catalog>,
     snapshots: SnapshotStore,
     /// Linux runtimes' base snapshots (shared by all their functions).
@@ -154,13 +161,9 @@ pub struct Manager {
     network: Arc<Network>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Manager {
-    pub fn new(cfg: ManagerConfig, catalog: Arc<Catalog>) -> Arc<Self> {
-        Arc::new(Manager {
+impl Instances {
+    pub fn new(cfg: InstancesConfig, catalog: Arc<Catalog>) -> Arc<Self> {
+        Arc::new(Instances {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             snapshots: SnapshotStore::new(
                 &cfg.state_dir,
@@ -254,8 +257,9 @@ impl Manager {
             Err(e) => return Err(e),
         };
         pool.busy.fetch_add(1, Ordering::Relaxed);
-        let timeout = Duration::from_secs(f.timeout_s.max(1) as u64);
-        let deadline_ms = unix_ms() + timeout.as_millis() as u64;
+        let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline_ms = unix_ms().saturating_add(timeout_ms);
         let result =
             tokio::time::timeout(timeout, inst.conn.invoke(request_id, payload, deadline_ms)).await;
         pool.busy.fetch_sub(1, Ordering::Relaxed);
@@ -406,9 +410,9 @@ impl Manager {
         if current && !self.cfg.keep_alive.is_zero() {
             lock(&pool.idle).push(inst);
         } else {
-            let mgr_end = inst.vmm;
+            let vmm = inst.vmm;
             tokio::spawn(async move {
-                let mut v = mgr_end;
+                let mut v = vmm;
                 v.kill().await;
             });
         }
@@ -493,10 +497,4 @@ fn is_runtime_error(body: &[u8]) -> bool {
                 .map(|t| t.starts_with("Runtime."))
         })
         .unwrap_or(false)
-}
-
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

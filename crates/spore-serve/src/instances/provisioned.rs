@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{lock, Manager, Pool};
+use super::{lock, Instances, Pool};
 use crate::catalog::Function;
 
 /// How many provisioned instances a function has and wants.
@@ -18,7 +18,7 @@ pub struct ProvisionedStatus {
     pub available: u32,
 }
 
-impl Manager {
+impl Instances {
     /// Sets (or with `None` removes) `f`'s provisioned concurrency and starts
     /// filling (or emptying) its pool of fresh instances.
     pub async fn set_provisioned(self: &Arc<Self>, f: &Function, n: Option<u32>) {
@@ -46,9 +46,9 @@ impl Manager {
     /// What `f`'s provisioned pool holds now.
     pub fn provisioned_status(&self, name: &str) -> ProvisionedStatus {
         let requested = lock(&self.provisioned).get(name).copied().unwrap_or(0);
-        let available = lock(&self.pools)
-            .get(name)
-            .map_or(0, |p| lock(&p.fresh).len() as u32);
+        let available = lock(&self.pools).get(name).map_or(0, |p| {
+            u32::try_from(lock(&p.fresh).len()).unwrap_or(u32::MAX)
+        });
         ProvisionedStatus {
             requested,
             available,

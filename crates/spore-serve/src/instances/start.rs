@@ -9,15 +9,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{AcquireError, Instance, Manager, Pool, Zygote, STANDBY_CLONES};
+use super::{AcquireError, Instance, Instances, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
-use crate::code;
-use crate::invoke::{InstanceConn, InvokeError};
+use crate::instance_conn::{InstanceConn, InvokeError};
 use crate::metrics::StartPath;
 use crate::network::InstanceNet;
-use crate::runtime;
 use crate::snapshots::FunctionSnapshot;
 use crate::vmm::VmmProcess;
+use crate::{code, runtime};
 
 /// Whether making an instance's network failed (the pool is exhausted,
 /// `ip` or `nft` failed).
@@ -34,7 +33,7 @@ fn start_err(e: anyhow::Error) -> AcquireError {
     AcquireError::Start(format!("{e:#}"))
 }
 
-impl Manager {
+impl Instances {
     /// Connects to an instance of `f` and waits for `Ready` (at most
     /// `ready_limit`), configuring a Linux guest that is still in `Standby`
     /// (a fresh boot).
@@ -506,8 +505,13 @@ impl Manager {
         ) else {
             anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
         };
+        // The pid is signalled later: one that is not a single process's
+        // (0, negative, beyond pid_t) is refused, never truncated.
+        let Some(pid) = i32::try_from(pid).ok().filter(|&pid| pid > 0) else {
+            anyhow::bail!("PUT /clone answered a pid that is no process's: {pid}");
+        };
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
-        let mut vmm = VmmProcess::adopt(pid as i32, sock, vsock, z.clone_dir.clone());
+        let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
         match self.connect(f, &vmm.vsock_uds).await {

@@ -28,6 +28,7 @@ extern crate alloc;
 
 use alloc::alloc::{alloc, Layout};
 use alloc::vec::Vec;
+
 use spore_uk::{println, BootInfo};
 
 spore_uk::entry!(main);

@@ -11,6 +11,7 @@ extern crate alloc;
 
 use alloc::string::String;
 use alloc::vec::Vec;
+
 use spore_uk::clock::Instant;
 use spore_uk::function::{self, json_field, json_number_field, Context, FunctionError, Response};
 use spore_uk::{flog, BootInfo};

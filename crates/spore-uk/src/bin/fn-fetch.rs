@@ -28,13 +28,12 @@ use alloc::vec::Vec;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
-use spore_uk::clock;
 use spore_uk::function::{
     self, json_field, json_number_field, push_json_string, Context, FunctionError, Response,
 };
 use spore_uk::net::config::parse_ipv4;
 use spore_uk::net::NetStack;
-use spore_uk::{flog, BootInfo};
+use spore_uk::{clock, flog, BootInfo};
 
 spore_uk::entry!(main);
 

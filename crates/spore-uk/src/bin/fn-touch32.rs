@@ -7,6 +7,7 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+
 use spore_uk::function::{self, Context, FunctionError, Response};
 use spore_uk::BootInfo;
 

@@ -9,6 +9,7 @@
 extern crate alloc;
 
 use alloc::alloc::{alloc, dealloc, Layout};
+
 use spore_uk::clock::Instant;
 use spore_uk::heap::heap_size;
 use spore_uk::{println, BootInfo};

@@ -15,6 +15,7 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+
 use spore_uk::kvmap::KvMap;
 use spore_uk::resp::{Event, Parser, Reply};
 use spore_uk::tmem::{self, TmemError};

@@ -58,6 +58,7 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, Ordering};
+
 use spore_uk::blockalloc::BlockAllocator;
 use spore_uk::clock::Instant;
 use spore_uk::println;

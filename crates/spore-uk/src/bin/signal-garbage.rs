@@ -10,6 +10,7 @@
 #![no_main]
 
 use core::arch::asm;
+
 use spore_abi::signal::SIGNAL_PORT;
 use spore_uk::{println, BootInfo};
 

@@ -14,6 +14,7 @@
 extern crate alloc;
 
 use alloc::alloc::{alloc, Layout};
+
 use spore_uk::signal::{wait_status, WaitStatus};
 use spore_uk::{println, BootInfo};
 

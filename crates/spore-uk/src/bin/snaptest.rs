@@ -24,6 +24,7 @@
 extern crate alloc;
 
 use alloc::alloc::{alloc, Layout};
+
 use spore_uk::{println, BootInfo};
 
 spore_uk::entry!(main);

@@ -19,6 +19,7 @@ extern crate alloc;
 
 use alloc::vec;
 use alloc::vec::Vec;
+
 use spore_uk::clock::{rdtsc, tsc_khz};
 use spore_uk::tmem::{self, Batch, TmemError};
 use spore_uk::{arg, println};

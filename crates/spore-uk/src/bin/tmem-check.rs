@@ -14,6 +14,7 @@ extern crate alloc;
 
 use alloc::vec;
 use alloc::vec::Vec;
+
 use spore_uk::println;
 use spore_uk::tmem::{self, Batch, TmemError};
 

@@ -25,10 +25,10 @@
 
 extern crate alloc;
 
-use alloc::format;
 use alloc::string::String;
-use alloc::vec;
 use alloc::vec::Vec;
+use alloc::{format, vec};
+
 use spore_uk::clock::Instant;
 use spore_uk::tmem::{self, Batch, TmemError};
 use spore_uk::{arg, println, wait};

@@ -147,8 +147,9 @@ impl fmt::Display for DisplayMac {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use spore_abi::net::NET_IDENTITY_MAGIC;
+
+    use super::*;
 
     #[test]
     fn parses_addresses() {

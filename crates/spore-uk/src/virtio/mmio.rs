@@ -6,9 +6,10 @@
 //! MMIO exit to the VMM, so drivers touch registers only at setup and to
 //! notify.
 
+use spore_abi::boot::MmioDevice;
+
 use super::queue::VirtQueue;
 use super::VirtioError;
-use spore_abi::boot::MmioDevice;
 
 const MAGIC: u32 = 0x7472_6976; // "virt"
 

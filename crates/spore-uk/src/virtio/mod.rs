@@ -33,8 +33,9 @@ pub mod vsock;
 
 use core::fmt;
 
-use crate::BootInfo;
 use spore_abi::boot::MmioDevice;
+
+use crate::BootInfo;
 
 /// Virtio device ids (virtio 1.2 §5).
 pub mod device_id {

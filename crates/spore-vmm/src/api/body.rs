@@ -205,8 +205,9 @@ impl VersionInfo {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
+
+    use super::*;
 
     #[test]
     fn instance_info_matches_firecracker_shape() {

@@ -10,6 +10,8 @@
 //!   [`crate::config`].
 //! - [`response`]: [`ApiResponse`] / [`ApiError`] → HTTP status and body.
 //! - [`server`]: the socket, the HTTP connection handling and the thread.
+//! - [`client`]: the other end, one blocking request from a host program
+//!   (the `spore` command, the benchmarks).
 //!
 //! The API never touches the VM itself: it hands each typed request to an
 //! [`ApiHandler`] that the VMM implements, one request at a time. Nothing a
@@ -23,6 +25,7 @@
 //! any other with Firecracker's own "Invalid request method and/or path".
 
 pub mod body;
+pub mod client;
 pub mod request;
 pub mod response;
 pub mod server;
@@ -174,6 +177,17 @@ pub enum ApiError {
     /// 500: the VMM failed to do something it should have been able to do.
     #[error("{0}")]
     Internal(String),
+}
+
+/// A client-supplied string made safe to echo in a message and a log line:
+/// control characters escaped, length bounded.
+fn printable(s: &str) -> String {
+    const MAX: usize = 128;
+    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if s.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 impl From<ConfigError> for ApiError {

@@ -12,11 +12,11 @@ use super::body::{
     BalloonHintingStart, BalloonStatsUpdate, BalloonUpdate, HotplugMemoryUpdate,
     InstanceActionInfo, TmemUpdate, VmStateBody,
 };
-use super::{ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
-use crate::config::GuestSnapshotConfig;
+use super::{printable, ApiError, ApiRequest, MachineConfigPatch, PartialDrive};
 use crate::config::{
-    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MemoryHotplugConfig,
-    NetConfigError, NetworkInterfaceConfig, PartialNetworkInterface, VsockConfig,
+    BalloonConfig, BootSourceConfig, ConfigError, DriveConfig, GuestSnapshotConfig, MachineConfig,
+    MemoryHotplugConfig, NetConfigError, NetworkInterfaceConfig, PartialNetworkInterface,
+    VsockConfig,
 };
 
 /// A resource the API serves, named by its path.
@@ -176,61 +176,16 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
             }
             ApiRequest::PatchMachineConfig(patch)
         }
-        (Resource::Drive(id), "PUT") => {
-            if id.is_empty() {
-                return Err(ApiError::BadRequest(
-                    "the drive id is missing from the path: PUT /drives/{drive_id}".into(),
-                ));
-            }
-            let drive = decode::<DriveConfig>(m, path, body)?;
-            if drive.drive_id != id {
-                return Err(ConfigError::DriveIdMismatch {
-                    path: printable(id),
-                    body: drive.drive_id,
-                }
-                .into());
-            }
-            ApiRequest::PutDrive(drive)
-        }
-        (Resource::Drive(id), "PATCH") => {
-            let drive = decode::<PartialDrive>(m, path, body)?;
-            if drive.drive_id != id {
-                return Err(ConfigError::DriveIdMismatch {
-                    path: printable(id),
-                    body: drive.drive_id,
-                }
-                .into());
-            }
-            ApiRequest::PatchDrive(drive)
-        }
+        (Resource::Drive(id), "PUT") => put_drive(id, m, path, body)?,
+        (Resource::Drive(id), "PATCH") => patch_drive(id, m, path, body)?,
         (Resource::NetworkInterface(""), _) => {
             // Firecracker's answer without the id.
             return Err(ApiError::BadRequest(format!(
                 "Invalid request method and/or path: {m} network-interfaces."
             )));
         }
-        (Resource::NetworkInterface(id), "PUT") => {
-            let iface = decode::<NetworkInterfaceConfig>(m, path, body)?;
-            if iface.iface_id != id {
-                return Err(ConfigError::from(NetConfigError::IdMismatch {
-                    path: printable(id),
-                    body: iface.iface_id,
-                })
-                .into());
-            }
-            ApiRequest::PutNetworkInterface(iface)
-        }
-        (Resource::NetworkInterface(id), "PATCH") => {
-            let patch = decode::<PartialNetworkInterface>(m, path, body)?;
-            if patch.iface_id != id {
-                return Err(ConfigError::from(NetConfigError::IdMismatch {
-                    path: printable(id),
-                    body: patch.iface_id,
-                })
-                .into());
-            }
-            ApiRequest::PatchNetworkInterface(patch)
-        }
+        (Resource::NetworkInterface(id), "PUT") => put_network_interface(id, m, path, body)?,
+        (Resource::NetworkInterface(id), "PATCH") => patch_network_interface(id, m, path, body)?,
         (Resource::Vsock, "PUT") => ApiRequest::PutVsock(decode::<VsockConfig>(m, path, body)?),
         (Resource::Actions, "PUT") => {
             ApiRequest::Action(decode::<InstanceActionInfo>(m, path, body)?.action_type)
@@ -312,6 +267,73 @@ pub fn parse_request(method: &Method, path: &str, body: &[u8]) -> Result<ApiRequ
     Ok(req)
 }
 
+/// `PUT /drives/{id}`: the body's `drive_id` must be the path's.
+fn put_drive(id: &str, m: &str, path: &str, body: &[u8]) -> Result<ApiRequest, ApiError> {
+    if id.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the drive id is missing from the path: PUT /drives/{drive_id}".into(),
+        ));
+    }
+    let drive = decode::<DriveConfig>(m, path, body)?;
+    if drive.drive_id != id {
+        return Err(ConfigError::DriveIdMismatch {
+            path: printable(id),
+            body: drive.drive_id,
+        }
+        .into());
+    }
+    Ok(ApiRequest::PutDrive(drive))
+}
+
+/// `PATCH /drives/{id}`: the body's `drive_id` must be the path's.
+fn patch_drive(id: &str, m: &str, path: &str, body: &[u8]) -> Result<ApiRequest, ApiError> {
+    let drive = decode::<PartialDrive>(m, path, body)?;
+    if drive.drive_id != id {
+        return Err(ConfigError::DriveIdMismatch {
+            path: printable(id),
+            body: drive.drive_id,
+        }
+        .into());
+    }
+    Ok(ApiRequest::PatchDrive(drive))
+}
+
+/// `PUT /network-interfaces/{id}`: the body's `iface_id` must be the path's.
+fn put_network_interface(
+    id: &str,
+    m: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<ApiRequest, ApiError> {
+    let iface = decode::<NetworkInterfaceConfig>(m, path, body)?;
+    if iface.iface_id != id {
+        return Err(ConfigError::from(NetConfigError::IdMismatch {
+            path: printable(id),
+            body: iface.iface_id,
+        })
+        .into());
+    }
+    Ok(ApiRequest::PutNetworkInterface(iface))
+}
+
+/// `PATCH /network-interfaces/{id}`: the body's `iface_id` must be the path's.
+fn patch_network_interface(
+    id: &str,
+    m: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<ApiRequest, ApiError> {
+    let patch = decode::<PartialNetworkInterface>(m, path, body)?;
+    if patch.iface_id != id {
+        return Err(ConfigError::from(NetConfigError::IdMismatch {
+            path: printable(id),
+            body: patch.iface_id,
+        })
+        .into());
+    }
+    Ok(ApiRequest::PatchNetworkInterface(patch))
+}
+
 /// Decodes a JSON body, naming the offending field in the error.
 fn decode<T: DeserializeOwned>(method: &str, path: &str, body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -342,17 +364,6 @@ fn decode<T: DeserializeOwned>(method: &str, path: &str, body: &[u8]) -> Result<
     })?;
     de.end().map_err(|e| bad(e.to_string()))?;
     Ok(value)
-}
-
-/// A client-supplied string made safe to echo in a message and a log line:
-/// control characters escaped, length bounded.
-pub(super) fn printable(s: &str) -> String {
-    const MAX: usize = 128;
-    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
-    if s.chars().nth(MAX).is_some() {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]

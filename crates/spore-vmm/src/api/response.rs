@@ -61,8 +61,9 @@ fn json(status: StatusCode, body: String) -> Response<ResponseBody> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use http_body_util::BodyExt;
+
+    use super::*;
 
     fn body_of(r: Response<ResponseBody>) -> Vec<u8> {
         // Full is ready at once, so polling it without a runtime is fine.

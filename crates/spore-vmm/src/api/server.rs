@@ -267,7 +267,7 @@ async fn respond(
         method = %parts.method,
         path,
         status = response.status().as_u16(),
-        elapsed_us = started.elapsed().as_micros() as u64,
+        elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "API request"
     );
     response

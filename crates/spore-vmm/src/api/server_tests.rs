@@ -1,15 +1,17 @@
 //! Server tests over a real Unix socket, with HTTP/1.1 written by hand so that
 //! malformed and partial requests can be sent too.
 
-use super::*;
-use crate::api::{ActionType, InstanceInfo, InstanceState};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream as StdStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
 use vmm_sys_util::tempdir::TempDir;
+
+use super::*;
+use crate::api::{ActionType, InstanceInfo, InstanceState};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

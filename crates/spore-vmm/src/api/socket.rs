@@ -11,13 +11,12 @@
 //! (some other VMM answers on it) is refused, and on drop the file is removed
 //! only if it is still the one this process created.
 
-use std::fs;
-use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::{fs, io};
 
 use super::ApiServerError;
 
@@ -77,7 +76,7 @@ pub(super) fn bind_private(path: &Path) -> Result<(UnixListener, SocketFile), Ap
         libc::bind(
             fd.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            SOCKADDR_UN_LEN,
         )
     };
     if rc != 0 {
@@ -157,10 +156,16 @@ fn clear_stale(path: &Path) -> Result<(), ApiServerError> {
     })
 }
 
+#[allow(clippy::cast_possible_truncation, reason = "sockaddr_un is 110 bytes")]
+const SOCKADDR_UN_LEN: libc::socklen_t =
+    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+#[allow(clippy::cast_possible_truncation, reason = "AF_UNIX is 1")]
+const AF_UNIX_FAMILY: libc::sa_family_t = libc::AF_UNIX as libc::sa_family_t;
+
 fn sockaddr(path: &Path) -> Result<libc::sockaddr_un, ApiServerError> {
     // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = AF_UNIX_FAMILY;
     let bytes = path.as_os_str().as_bytes();
     // One byte stays zero: the kernel reads sun_path as a C string.
     let max = addr.sun_path.len() - 1;

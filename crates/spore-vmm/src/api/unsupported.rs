@@ -7,8 +7,7 @@
 //! any other method gets Firecracker's own answer for an invalid request,
 //! 400 `Invalid request method and/or path: GET entropy.`
 
-use super::request::printable;
-use super::ApiError;
+use super::{printable, ApiError};
 
 /// `(path, methods Firecracker serves, what spore offers instead)`; a path
 /// ending in `/` takes one more segment (an id).

@@ -39,12 +39,9 @@ mod aarch64_data {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("spore runs on x86_64 and aarch64 hosts only");
 
-use std::fs::File;
+mod kernel_load;
 
-use kvm_ioctls::{Kvm, VcpuFd};
-
-use crate::config::VmConfig;
-use crate::memory::GuestMemoryMmap;
+pub use kernel_load::KernelLoad;
 
 /// What runs in the VM: a Linux kernel, or a spore unikernel in ring 3;
 /// it decides how the VM boots and which legacy devices it gets.
@@ -81,23 +78,4 @@ pub struct MmioPlacement {
     pub irq: u32,
     /// The virtio device type.
     pub device_type: u32,
-}
-
-/// A kernel to load into a new VM, and what it must be told.
-pub struct KernelLoad<'a> {
-    pub kvm: &'a Kvm,
-    pub vcpus: &'a [VcpuFd],
-    pub irqchip: &'a Irqchip,
-    pub mem: &'a GuestMemoryMmap,
-    pub config: &'a VmConfig,
-    pub kind: GuestKind,
-    pub kernel: File,
-    pub initrd: Option<File>,
-    /// The command line without devices (the architecture adds what its
-    /// guests need to find them).
-    pub cmdline: String,
-    /// Every virtio-mmio device, in slot order.
-    pub placed: &'a [MmioPlacement],
-    /// Where the hotplug region ends (the unikernel's identity map must reach it), or 0.
-    pub hotplug_end: u64,
 }

@@ -19,9 +19,11 @@ mod kvm;
 use std::fs::File;
 use std::sync::Arc;
 
+pub use kvm::{make_vm_ahead, prepare_kvm, PreparedKvm};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestMemoryRegion;
 
+pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 use crate::arch::{self, GuestKind, Irqchip, MmioPlacement};
 use crate::config::{ConfigError, VmConfig};
 use crate::device_manager::{
@@ -30,15 +32,11 @@ use crate::device_manager::{
 use crate::devices::legacy::serial::SerialOut;
 use crate::devices::legacy::signal::SignalPort;
 use crate::devices::wake::GuestWake;
-use crate::memory::GuestMemoryMmap;
-use crate::memory::{GuestRam, MemoryError};
+use crate::memory::{GuestMemoryMmap, GuestRam, MemoryError};
 use crate::snapshot::MicrovmState;
 use crate::vm::control::RunControl;
 use crate::vm::vcpu::{Vcpu, VcpuIo};
 use crate::vm::{Vm, VmParts};
-pub use kvm::{make_vm_ahead, prepare_kvm, PreparedKvm};
-
-pub use crate::arch::DEFAULT_LINUX_CMDLINE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -141,8 +139,8 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         )?),
         None => None,
     };
-    let mut irqchip = kvm::create_irqchip(&vm_fd, kind, false, machine.vcpu_count as u8)?;
-    let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, Vec::new())?;
+    let mut irqchip = kvm::create_irqchip(&vm_fd, kind, false, machine.vcpu_count_u8())?;
+    let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count_u8(), Vec::new())?;
     irqchip.finish(&vcpus)?;
     crate::phase::mark("build: irqchip and vCPUs created");
 
@@ -250,9 +248,9 @@ pub fn build_from_state(
                 &vm_fd,
                 kind,
                 state.vm.has_irqchip(),
-                machine.vcpu_count as u8,
+                machine.vcpu_count_u8(),
             )?;
-            let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count as u8, premade_vcpus)?;
+            let vcpus = kvm::create_vcpus(&vm_fd, machine.vcpu_count_u8(), premade_vcpus)?;
             irqchip.finish(&vcpus)?;
             crate::phase::mark("restore: irqchip and vCPUs created");
             (irqchip, vcpus)
@@ -297,8 +295,8 @@ pub fn build_from_state(
     });
     vm.signal().set_generation(state.generation);
     vm.signal().set_restored(machine.vcpu_count.min(255) as u8);
-    for (id, &value) in state.signal_results.iter().enumerate() {
-        vm.set_signal_result(id as u8, value);
+    for (id, &value) in (0..=u8::MAX).zip(&state.signal_results) {
+        vm.set_signal_result(id, value);
     }
     Ok(vm)
 }
@@ -384,8 +382,8 @@ fn assemble(p: VmPieces<'_>) -> Vm {
     let vcpus = p
         .vcpus
         .into_iter()
-        .enumerate()
-        .map(|(id, fd)| Vcpu::new(id as u8, fd, p.kind, io.clone(), p.control.clone()))
+        .zip(0..=u8::MAX)
+        .map(|(fd, id)| Vcpu::new(id, fd, p.kind, io.clone(), p.control.clone()))
         .collect();
     p.control
         .set_guest_snapshots(p.config.guest_snapshots.is_some());

@@ -119,8 +119,10 @@ pub fn activate(
     if let Some(v) = awaiting.fork_vcpu {
         // What its FORK returns: the clone number (fits: the cap is u64, but
         // a template serving 4 billion clones is not a use case).
-        vm.signal()
-            .set_pending_result(v, index.min(u64::from(u32::MAX - 1)) as u32);
+        vm.signal().set_pending_result(
+            v,
+            u32::try_from(index).map_or(u32::MAX - 1, |i| i.min(u32::MAX - 1)),
+        );
     }
     let net = match &awaiting.network {
         Some(n) => n

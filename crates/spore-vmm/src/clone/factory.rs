@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::ClonedProcessArgs;
 use super::handoff::{recv, send, HandoffError};
+use super::sys::{clone_exe, poll_readable, set_inheritable};
 use super::CloneError;
 
 const ORDER_MAGIC: &[u8; 8] = b"SPOREFRK";
@@ -177,7 +178,7 @@ impl Factory {
 /// this process's. `dir` (where this VMM's clones go) is on its command
 /// line only so that `ps` and `spore serve`'s recovery see whose it is.
 fn start(dir: &Path) -> Result<Factory, CloneError> {
-    let (exe, exe_name) = super::spawn::clone_exe()?;
+    let (exe, exe_name) = clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create the clone factory socket"))?;
     // A factory that stops answering is replaced, not waited for forever.
@@ -193,7 +194,7 @@ fn start(dir: &Path) -> Result<Factory, CloneError> {
         .args(crate::seccomp::setting().to_args())
         .stdin(Stdio::piped())
         .process_group(0);
-    super::spawn::set_inheritable(&theirs, true).map_err(io("pass the clone factory socket"))?;
+    set_inheritable(&theirs, true).map_err(io("pass the clone factory socket"))?;
     let child = cmd.spawn().map(|mut c| {
         drop(c.stdin.take());
         c
@@ -212,7 +213,7 @@ pub fn serve(fd: RawFd, run_clone: &dyn Fn(ClonedProcessArgs) -> u8) -> u8 {
     // SAFETY: the fd was inherited for this purpose; nothing else owns it.
     let sock = unsafe { UnixStream::from_raw_fd(fd) };
     // Not passed on to the clones.
-    let _ = super::spawn::set_inheritable(&sock, false);
+    let _ = set_inheritable(&sock, false);
     loop {
         reap_children();
         match wait_readable(&sock) {
@@ -270,21 +271,6 @@ fn wait_readable(sock: &UnixStream) -> std::io::Result<bool> {
     match poll_readable(sock.as_raw_fd(), 1000) {
         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
         r => r,
-    }
-}
-
-/// Whether `fd` is readable (a pidfd: its process exited), waiting up to
-/// `timeout_ms`.
-pub(super) fn poll_readable(fd: RawFd, timeout_ms: i32) -> std::io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    match unsafe { libc::poll(&mut pfd, 1, timeout_ms) } {
-        n if n < 0 => Err(std::io::Error::last_os_error()),
-        n => Ok(n > 0),
     }
 }
 
@@ -349,8 +335,13 @@ fn fork_one(
         unsafe { libc::kill(pid, libc::SIGKILL) };
         return Err(format!("pidfd_open: {e}"));
     }
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "pidfd_open returned a file descriptor (>= 0 here), which fits an i32"
+    )]
+    let fd = fd as RawFd;
     // SAFETY: a fresh fd owned by nobody else.
-    Ok((pid as u32, unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    Ok((pid as u32, unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// In the forked child: its own process group, the log as stdout and

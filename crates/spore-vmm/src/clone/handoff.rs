@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::CloneConfig;
+use crate::host_usize;
 use crate::memory::template::MemoryLayer;
 
 const HANDOFF_MAGIC: &[u8; 8] = b"SPORECLN";
@@ -134,7 +135,7 @@ fn recv_any(sock: &UnixStream, magics: &[&[u8; 8]]) -> Result<Received, HandoffE
     let mut header = [0u8; 16];
     let mut fds = [-1 as RawFd; MAX_LAYERS];
     let mut iov = [libc::iovec {
-        iov_base: header.as_mut_ptr() as *mut libc::c_void,
+        iov_base: header.as_mut_ptr().cast::<libc::c_void>(),
         iov_len: header.len(),
     }];
     // SAFETY: the iovec points into `header`, which outlives the call.
@@ -162,7 +163,7 @@ fn recv_any(sock: &UnixStream, magics: &[&[u8; 8]]) -> Result<Received, HandoffE
     if len > MAX_PAYLOAD {
         return Err(HandoffError::Malformed(format!("{len}-byte payload")));
     }
-    let mut payload = vec![0u8; len as usize];
+    let mut payload = vec![0u8; host_usize::from_u64(len)];
     s.read_exact(&mut payload)?;
     Ok((magic, payload, files))
 }
@@ -238,8 +239,9 @@ pub fn recv_ready(sock: &UnixStream) -> Result<Ready, HandoffError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::FileExt;
+
+    use super::*;
 
     #[test]
     fn handoff_carries_memfds_and_state() {

@@ -158,7 +158,7 @@ fn apply_net(vm: &Vm, changes: &[NetIdentityChange]) -> Result<String, IdentityE
         if vm.kind() == GuestKind::Unikernel {
             let block = NetIdentity {
                 magic: NET_IDENTITY_MAGIC,
-                iface: index as u32,
+                iface: u32::try_from(index).unwrap_or(u32::MAX),
                 ipv4: addr.octets(),
                 prefix_len: prefix,
                 gateway: c.gateway.map_or([0; 4], |g| g.octets()),
@@ -270,7 +270,12 @@ pub fn clone_vsock_cid(config: &VmConfig, index: u64) -> Option<u32> {
         // clone k of a source with CID c gets c + k.
         let span = u64::from(u32::MAX) - 3;
         let cid = u64::from(v.guest_cid).saturating_sub(3) + index;
-        (cid % span + 3) as u32
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "cid % span + 3 < u32::MAX (span is u32::MAX - 3)"
+        )]
+        let cid = (cid % span + 3) as u32;
+        cid
     })
 }
 

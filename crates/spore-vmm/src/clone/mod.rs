@@ -51,6 +51,7 @@ pub mod limits;
 pub mod network;
 pub mod source;
 pub mod spawn;
+mod sys;
 
 use std::path::PathBuf;
 use std::sync::Arc;

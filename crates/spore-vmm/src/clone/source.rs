@@ -19,8 +19,7 @@ use super::{
 };
 use crate::config::VmConfig;
 use crate::device_manager::PausedDevices;
-use crate::host::monotonic_ns;
-use crate::host::{lock, random_id};
+use crate::host::{lock, monotonic_ns, random_id};
 use crate::memory::template::MemoryLayer;
 use crate::snapshot::capture_state;
 use crate::vm::{RunState, Vm};
@@ -284,7 +283,7 @@ pub fn clone_vm(
             }
         },
     };
-    let template_us = t0.elapsed().as_micros() as u64;
+    let template_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
     if mode == CloneMode::Zygote {
         st.zygote = true;
     }
@@ -439,8 +438,9 @@ fn start_clones(
 /// could not use it).
 fn prepare_for(config: &VmConfig) -> Option<(u64, u8)> {
     let m = &config.machine;
-    let usable = !m.track_dirty_pages && config.memory_hotplug.is_none() && m.vcpu_count <= 255;
-    usable.then_some((m.mem_bytes(), m.vcpu_count as u8))
+    let vcpus = u8::try_from(m.vcpu_count).ok()?;
+    let usable = !m.track_dirty_pages && config.memory_hotplug.is_none();
+    usable.then_some((m.mem_bytes(), vcpus))
 }
 
 /// The handoff for clone process `p`, clone number `index` with its
@@ -505,7 +505,12 @@ pub fn fill_standby(st: &mut SourceState, config: &VmConfig) -> Result<(), Clone
         p.kill();
     }
     while st.standby.len() < st.config.standby as usize {
-        if let Err(e) = check_host_limit(st, st.standby.len() as u32 + 1) {
+        if let Err(e) = check_host_limit(
+            st,
+            u32::try_from(st.standby.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+        ) {
             tracing::warn!("standby processes: {e}");
             break;
         }

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use super::args::ClonedProcessArgs;
 use super::factory::{self, ForkOrder, ForkedProcess};
 use super::handoff::{recv_ready, Ready};
+use super::sys::{clone_exe, poll_readable, set_inheritable};
 use super::{CloneError, READY_TIMEOUT};
 
 /// A started `spore vmm --clone-handoff` process.
@@ -38,53 +39,6 @@ pub struct CloneProcess {
     pub prestarted: Option<String>,
     /// The VM size it prepared (memory bytes, vCPUs).
     pub prepared_for: Option<(u64, u8)>,
-}
-
-/// The program clones run and the name they run under (their `argv[0]`):
-/// this very executable, through `/proc/self/exe`, so that a clone runs the
-/// source's own version of spore even after the file was replaced on disk
-/// (an upgrade): the handoff between them is not a stable format. The name
-/// stays the executable's path (what `ps` and `spore serve`'s recovery
-/// look for). `SPORE_CLONE_EXE` names another program instead. Without
-/// /proc (in a jail) it is `argv[0]`, the absolute path the jailer ran.
-pub fn clone_exe() -> Result<(PathBuf, PathBuf), CloneError> {
-    if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
-        return Ok((PathBuf::from(&p), PathBuf::from(p)));
-    }
-    let path = match std::env::current_exe() {
-        Ok(p) => p,
-        // No /proc (a jail: spore's or Firecracker's jailer mounts none):
-        // the jailer ran the binary by its absolute path inside the jail.
-        Err(source) => match std::env::args_os().next().map(PathBuf::from) {
-            Some(p) if p.is_absolute() && p.is_file() => p,
-            _ => {
-                return Err(CloneError::Io {
-                    what: "find the spore executable",
-                    source,
-                })
-            }
-        },
-    };
-    // A replaced executable reads as "PATH (deleted)": the name is PATH.
-    let name = path
-        .to_str()
-        .and_then(|p| p.strip_suffix(" (deleted)"))
-        .map_or_else(|| path.clone(), PathBuf::from);
-    let program = Path::new("/proc/self/exe");
-    if program.exists() {
-        Ok((program.to_path_buf(), name))
-    } else {
-        Ok((path, name))
-    }
-}
-
-pub(super) fn set_inheritable(fd: &impl AsRawFd, inherit: bool) -> std::io::Result<()> {
-    let flags = if inherit { 0 } else { libc::FD_CLOEXEC };
-    // SAFETY: fcntl on an fd we own.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, flags) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Starts a clone process named `name` in `dir`; it waits for a template.
@@ -267,7 +221,7 @@ impl ProcessHandle {
 /// Whether the process behind the pidfd has exited, waiting up to
 /// `timeout_ms` for it.
 fn pidfd_exited(f: &ForkedProcess, timeout_ms: i32) -> bool {
-    factory::poll_readable(f.pidfd.as_raw_fd(), timeout_ms).unwrap_or(false)
+    poll_readable(f.pidfd.as_raw_fd(), timeout_ms).unwrap_or(false)
 }
 
 /// A forked clone left running: the source's end of its handoff socket is

@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use kvm_ioctls::VmFd;
+
 use super::persist::{restore_device, DeviceId, StateLookup};
 use super::{new_irqfd, DeviceError};
 use crate::arch::{layout, BusKind, GuestKind, LegacyPlace};
@@ -17,7 +19,6 @@ use crate::devices::legacy::serial::{IrqTrigger, SerialDevice, SerialOut};
 use crate::devices::tmem::host_cap::{self, HostCap};
 use crate::devices::tmem::TmemDevice;
 use crate::devices::wake::GuestWake;
-use kvm_ioctls::VmFd;
 
 /// The legacy devices of a VM and the port-I/O bus (x86) they sit on;
 /// those on MMIO are on the caller's MMIO bus.

@@ -89,14 +89,10 @@ impl MmioSlots<'_> {
             id: id.clone(),
             detail: format!("virtio-mmio transport: {detail}"),
         })?;
-        for (queue, event) in transport.queue_events().iter().enumerate() {
+        for (queue, event) in (0u32..).zip(transport.queue_events()) {
             // Datamatch on the queue index the driver writes.
             self.vm_fd
-                .register_ioevent(
-                    event,
-                    &IoEventAddress::Mmio(addr + QUEUE_NOTIFY),
-                    queue as u32,
-                )
+                .register_ioevent(event, &IoEventAddress::Mmio(addr + QUEUE_NOTIFY), queue)
                 .map_err(|source| DeviceError::Kvm {
                     what: "a virtio ioeventfd",
                     source,

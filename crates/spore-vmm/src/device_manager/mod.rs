@@ -21,6 +21,10 @@ pub mod virtio;
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
+use mmio::{AttachedVirtio, MmioSlots};
+pub use pause::PausedDevices;
+pub use persist::{DeviceId, DeviceState, DeviceStates, StateLookup};
+pub use virtio::{make_mem_device, MemDevice};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::{GuestKind, MmioPlacement};
@@ -38,12 +42,7 @@ use crate::devices::virtio::net::{NetError, NetHandle};
 use crate::devices::virtio::vsock::{VsockError, VsockHandle};
 use crate::devices::wake::GuestWake;
 use crate::host::lock;
-use crate::memory::GuestMemoryMmap;
-use crate::memory::MemoryError;
-use mmio::{AttachedVirtio, MmioSlots};
-pub use pause::PausedDevices;
-pub use persist::{DeviceId, DeviceState, DeviceStates, StateLookup};
-pub use virtio::{make_mem_device, MemDevice};
+use crate::memory::{GuestMemoryMmap, MemoryError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {

@@ -18,14 +18,13 @@ use crate::devices::legacy::serial::SerialSnapshot;
 use crate::devices::tmem::TmemState;
 use crate::devices::virtio::balloon::{Balloon, BalloonState};
 use crate::devices::virtio::blk::{Block, BlockState};
-use crate::devices::virtio::device_type;
 use crate::devices::virtio::mem::{VirtioMem, VirtioMemState};
 use crate::devices::virtio::mmio::state::MmioTransportState;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::{Net, NetState};
 use crate::devices::virtio::rng::{Rng, RngState};
 use crate::devices::virtio::vsock::{Vsock, VsockState};
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::{device_type, VirtioDevice};
 use crate::persist::Persist;
 
 /// A device's stable name in a snapshot: `serial`, `i8042`, `rtc`, `tmem`,
@@ -315,7 +314,7 @@ pub(super) fn save_virtio(
         _ => None,
     };
     Ok(VirtioState {
-        slot: slot as u32,
+        slot: u32::try_from(slot).unwrap_or(u32::MAX),
         transport: Persist::save(transport),
         device: state.ok_or_else(|| DeviceError::Restore {
             id: id.clone(),

@@ -22,8 +22,7 @@ use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::memory::hotplug::HotplugMemory;
-use crate::memory::GuestRam;
-use crate::memory::GuestRegionMmap;
+use crate::memory::{GuestRam, GuestRegionMmap};
 
 /// The virtio-mem device, made ahead of the other devices, and its region.
 pub struct MemDevice<'s> {

@@ -103,7 +103,7 @@ mod tests {
     struct Echo(Vec<(u64, Vec<u8>)>);
     impl BusDevice for Echo {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8);
+            data.fill((offset & 0xff) as u8);
         }
         fn write(&mut self, offset: u64, data: &[u8]) {
             self.0.push((offset, data.to_vec()));

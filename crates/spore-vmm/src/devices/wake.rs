@@ -35,7 +35,7 @@ impl GuestWake {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // Round sub-millisecond timeouts up so a 500 µs wait still sleeps.
         let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
         // SAFETY: pfd is a valid pollfd for the duration of the call.
@@ -51,8 +51,9 @@ impl GuestWake {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::Instant;
+
+    use super::*;
 
     #[test]
     fn wait_times_out_and_wakes() {

@@ -2,6 +2,10 @@
 //! that once crashed spore, and `fuzz/corpus/<target>/`: the seeds) through
 //! the same functions the fuzz targets call, on every `cargo test`, without
 //! nightly or cargo-fuzz.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::path::{Path, PathBuf};
 

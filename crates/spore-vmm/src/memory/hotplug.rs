@@ -44,12 +44,18 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, MmapRegion};
 
-use super::GuestRegionMmap;
-
-use super::{create_memfd, AlignedAnonymous, MemoryError};
+use super::{create_memfd, AlignedAnonymous, GuestRegionMmap, MemoryError};
+use crate::host_usize;
 
 /// First KVM slot id of the hotplug region; boot RAM uses slots 0 and 1.
 pub const FIRST_SLOT: u32 = 16;
+
+/// The KVM slot of hotplug chunk `chunk`. KVM has at most a few thousand
+/// slots: a chunk number past u32 saturates to a slot KVM refuses rather
+/// than wrapping onto another chunk's.
+fn kvm_slot(chunk: u64) -> u32 {
+    FIRST_SLOT.saturating_add(u32::try_from(chunk).unwrap_or(u32::MAX))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HotplugError {
@@ -173,7 +179,7 @@ impl HotplugMemory {
         };
         let mapping = MmapRegion::build(
             Some(FileOffset::new(fd, file_offset)),
-            size as usize,
+            host_usize::from_u64(size),
             libc::PROT_READ | libc::PROT_WRITE,
             share | libc::MAP_NORESERVE,
         )
@@ -202,7 +208,7 @@ impl HotplugMemory {
             size,
             slot_size: slot_size.max(1),
             vm: None,
-            registered: vec![false; chunks as usize],
+            registered: vec![false; host_usize::from_u64(chunks)],
             dirty_log: false,
             released: Vec::new(),
             unsure: Vec::new(),
@@ -293,7 +299,7 @@ impl HotplugMemory {
     /// Whether chunk `chunk` currently has a KVM slot.
     pub fn is_registered(&self, chunk: u64) -> bool {
         self.registered
-            .get(chunk as usize)
+            .get(host_usize::from_u64(chunk))
             .copied()
             .unwrap_or(false)
     }
@@ -307,7 +313,7 @@ impl HotplugMemory {
     pub fn add_slot(&mut self, chunk: u64) -> Result<(), HotplugError> {
         let (offset, len) = self.chunk_bounds(chunk)?;
         self.set_slot(chunk, offset, len, "add")?;
-        self.registered[chunk as usize] = true;
+        self.registered[host_usize::from_u64(chunk)] = true;
         Ok(())
     }
 
@@ -315,12 +321,12 @@ impl HotplugMemory {
     pub fn remove_slot(&mut self, chunk: u64) -> Result<(), HotplugError> {
         let (offset, _) = self.chunk_bounds(chunk)?;
         self.set_slot(chunk, offset, 0, "remove")?;
-        self.registered[chunk as usize] = false;
+        self.registered[host_usize::from_u64(chunk)] = false;
         Ok(())
     }
 
     fn chunk_bounds(&self, chunk: u64) -> Result<(u64, u64), HotplugError> {
-        if chunk as usize >= self.registered.len() {
+        if host_usize::from_u64(chunk) >= self.registered.len() {
             return Err(HotplugError::Chunk(chunk));
         }
         let offset = chunk * self.slot_size;
@@ -337,7 +343,7 @@ impl HotplugMemory {
         let Some(vm) = &self.vm else {
             return Ok(());
         };
-        let slot = FIRST_SLOT + chunk as u32;
+        let slot = kvm_slot(chunk);
         let r = kvm_userspace_memory_region {
             slot,
             flags: if self.dirty_log {
@@ -412,8 +418,11 @@ impl HotplugMemory {
         // notifier drops the old pages from the guest.
         let p = unsafe {
             libc::mmap(
-                self.region.as_ptr().add(offset as usize).cast(),
-                len as usize,
+                self.region
+                    .as_ptr()
+                    .add(host_usize::from_u64(offset))
+                    .cast(),
+                host_usize::from_u64(len),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
                 -1,
@@ -456,7 +465,7 @@ impl HotplugMemory {
     /// cannot fail: what cannot be read counts as written.
     pub fn take_dirty(&mut self) -> RegionChanges {
         let pages = self.size.div_ceil(PAGE);
-        let mut bits = vec![0u64; pages.div_ceil(64) as usize];
+        let mut bits = vec![0u64; host_usize::from_u64(pages.div_ceil(64))];
         let mapping: &MmapRegion<super::DirtyBitmap> = &self.region;
         or_bits(&mut bits, 0, &mapping.bitmap().get_and_reset());
         let mut whole = std::mem::take(&mut self.unsure);
@@ -467,8 +476,8 @@ impl HotplugMemory {
                 }
                 let offset = chunk * self.slot_size;
                 let len = self.slot_size.min(self.size - offset);
-                let slot = FIRST_SLOT + chunk as u32;
-                match vm.get_dirty_log(slot, len as usize) {
+                let slot = kvm_slot(chunk);
+                match vm.get_dirty_log(slot, host_usize::from_u64(len)) {
                     Ok(log) => or_bits(&mut bits, offset / PAGE, &log),
                     // Failing the snapshot here would lose what was read
                     // and cleared already: the whole chunk counts instead.
@@ -502,9 +511,12 @@ impl HotplugMemory {
     pub fn resident_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         if self.private {
-            return super::pages::resident_ranges(self.region.as_ptr(), self.size as usize)
-                .map(|r| r.iter().map(|(_, l)| l).sum())
-                .unwrap_or(0);
+            return super::pages::resident_ranges(
+                self.region.as_ptr(),
+                host_usize::from_u64(self.size),
+            )
+            .map(|r| r.iter().map(|(_, l)| l).sum())
+            .unwrap_or(0);
         }
         self.memfd.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }
@@ -542,15 +554,16 @@ impl Drop for HotplugMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::{Bytes, GuestMemoryBackend};
+
+    use super::*;
 
     #[test]
     fn discard_returns_memory() {
         let mib = 1u64 << 20;
         let mut hp = HotplugMemory::new(4 << 30, 64 * mib, 16 * mib).unwrap();
         let mem = crate::memory::GuestMemoryMmap::from_arc_regions(vec![hp.region()]).unwrap();
-        let buf = vec![0x5au8; (8 * mib) as usize];
+        let buf = vec![0x5au8; host_usize::from_u64(8 * mib)];
         mem.write_slice(&buf, GuestAddress((4 << 30) + 16 * mib))
             .unwrap();
         assert!(hp.resident_bytes() >= 8 * mib);

@@ -286,7 +286,8 @@ mod tests {
                 .unwrap();
             f.set_len(size).unwrap();
             for &p in pages {
-                f.write_all_at(&[p as u8 + 1; 4096], p * 4096).unwrap();
+                f.write_all_at(&[(p & 0xff) as u8 + 1; 4096], p * 4096)
+                    .unwrap();
             }
             f
         };

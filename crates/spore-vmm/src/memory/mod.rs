@@ -31,11 +31,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use layers::MemoryLayers;
+use template::MemoryLayer;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MmapRegion};
 
 use crate::arch::layout;
-use layers::MemoryLayers;
-use template::MemoryLayer;
+use crate::host_usize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -186,7 +187,7 @@ impl GuestRam {
             let fd = memfd.try_clone().map_err(MemoryError::Memfd)?;
             let mapping = MmapRegion::build(
                 Some(FileOffset::new(fd, file_offset)),
-                len as usize,
+                host_usize::from_u64(len),
                 libc::PROT_READ | libc::PROT_WRITE,
                 share | noreserve,
             )
@@ -347,8 +348,7 @@ impl GuestRam {
         } else {
             0
         };
-        for (slot, region) in self.mem.iter().enumerate() {
-            let slot = slot as u32;
+        for (slot, region) in (0u32..).zip(self.mem.iter()) {
             let r = kvm_userspace_memory_region {
                 slot,
                 flags,
@@ -389,7 +389,7 @@ fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::i
         let p = unsafe {
             libc::mmap(
                 host as *mut libc::c_void,
-                len as usize,
+                host_usize::from_u64(len),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
                 file.as_raw_fd(),
@@ -403,7 +403,7 @@ fn overlay(file: &File, file_off: u64, host: u64, len: u64, map: bool) -> std::i
     }
     // SAFETY: as above, [host, host + len) is guest RAM we own, and nothing
     // runs in the guest yet.
-    let buf = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len as usize) };
+    let buf = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, host_usize::from_u64(len)) };
     file.read_exact_at(buf, file_off).map(|()| false)
 }
 
@@ -426,7 +426,7 @@ pub(crate) struct AlignedAnonymous {
 
 impl AlignedAnonymous {
     pub(crate) fn new(len: u64) -> Result<Self, MemoryError> {
-        let len = len as usize;
+        let len = host_usize::from_u64(len);
         let fail = |source: std::io::Error| MemoryError::Mmap {
             size: len as u64,
             source: vm_memory::mmap::MmapRegionError::Mmap(source),
@@ -507,8 +507,9 @@ pub(crate) fn create_memfd(name: &str) -> Result<File, MemoryError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::Bytes;
+
+    use super::*;
 
     /// Anonymous RAM reads as zeros, holds what is written, and is a private
     /// mapping over an empty base: a snapshot finds the written page

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{create_memfd, GuestRam, MemoryError};
+use crate::host_usize;
 
 const PAGE: u64 = 4096;
 
@@ -156,8 +157,9 @@ impl GuestRam {
                 // meanwhile (vCPUs parked, devices stopped, or not started).
                 let r = unsafe {
                     libc::mmap(
-                        ptr.add((lo - span_off) as usize) as *mut libc::c_void,
-                        (hi - lo) as usize,
+                        ptr.add(host_usize::from_u64(lo - span_off))
+                            .cast::<libc::c_void>(),
+                        host_usize::from_u64(hi - lo),
                         libc::PROT_READ | libc::PROT_WRITE,
                         libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
                         layer.file.as_raw_fd(),
@@ -203,7 +205,7 @@ impl GuestRam {
             while done < pages {
                 let n = (pages - done).min(8192);
                 let vpn = ptr as u64 / PAGE + done;
-                let bytes = &mut buf[..(n * 8) as usize];
+                let bytes = &mut buf[..host_usize::from_u64(n * 8)];
                 pagemap
                     .read_exact_at(bytes, vpn * 8)
                     .map_err(io("reading pagemap"))?;
@@ -252,8 +254,8 @@ impl GuestRam {
                 // the VM is paused and devices stopped, nobody writes it.
                 let bytes = unsafe {
                     std::slice::from_raw_parts(
-                        ptr.add((lo - span_off) as usize),
-                        (hi - lo) as usize,
+                        ptr.add(host_usize::from_u64(lo - span_off)),
+                        host_usize::from_u64(hi - lo),
                     )
                 };
                 file.write_all_at(bytes, lo)
@@ -317,8 +319,9 @@ impl GuestRam {
                     // populating reads it, nothing is written.
                     unsafe {
                         libc::madvise(
-                            ptr.add((lo - span_off) as usize) as *mut libc::c_void,
-                            (hi - lo) as usize,
+                            ptr.add(host_usize::from_u64(lo - span_off))
+                                .cast::<libc::c_void>(),
+                            host_usize::from_u64(hi - lo),
                             MADV_POPULATE_READ,
                         )
                     };
@@ -338,8 +341,9 @@ impl GuestRam {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     /// A VM restored from a snapshot chain (a base file and a diff whose
     /// runs are partly mapped, partly read in) becomes a template: its

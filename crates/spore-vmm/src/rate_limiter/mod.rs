@@ -18,10 +18,9 @@ mod tests;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+pub use bucket::{TokenBucket, TokenBucketState};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::timerfd::TimerFd;
-
-pub use bucket::{TokenBucket, TokenBucketState};
 
 use crate::config::{RateLimiterConfig, TokenBucketConfig};
 use crate::host::monotonic_ns;

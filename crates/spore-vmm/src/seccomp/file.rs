@@ -110,9 +110,9 @@ fn from_compiled(bytes: &[u8], shown: &str) -> Result<Filters, SeccompError> {
 /// One BPF instruction from its in-memory form read as a little-endian u64.
 fn instruction(v: u64) -> sock_filter {
     sock_filter {
-        code: v as u16,
-        jt: (v >> 16) as u8,
-        jf: (v >> 24) as u8,
+        code: (v & 0xffff) as u16,
+        jt: ((v >> 16) & 0xff) as u8,
+        jf: ((v >> 24) & 0xff) as u8,
         k: (v >> 32) as u32,
     }
 }

@@ -9,9 +9,9 @@
 //! Threads a vCPU thread needs (a device worker activated by the guest) are
 //! started by the spawner thread (`super::spawn`), so no thread creation here.
 
-use libc::*;
 use std::mem::size_of;
 
+use libc::*;
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 use vmm_sys_util::ioctl::ioctl_expr;
 #[cfg(target_arch = "x86_64")]
@@ -23,6 +23,10 @@ use vmm_sys_util::ioctl::_IOC_WRITE;
 const KVM_RUN: u64 = 0xAE80;
 
 /// A KVM request number (`_IOR`/`_IOW(KVMIO, nr, T)`).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "size is that of a KVM ioctl's argument struct, a few KiB at most"
+)]
 const fn kvm_request(dir: u32, nr: u32, size: usize) -> u64 {
     ioctl_expr(dir, kvm_bindings::KVMIO, nr, size as u32) as u64
 }

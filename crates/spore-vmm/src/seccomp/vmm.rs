@@ -7,7 +7,7 @@
 //! start clone processes, and a clone process inherits the filter of the
 //! thread that started it (guest-fork, standby-refill), so this list holds
 //! what a whole VMM process needs outside its vCPU loops, its API server
-//! included ([`super::api::SERVING`]). Both glibc's and musl's names are
+//! included ([`SERVING`]). Both glibc's and musl's names are
 //! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...); the
 //! older names exist on x86_64 only ([`X86_ONLY`]).
 
@@ -199,13 +199,39 @@ pub(super) const X86_ONLY: &[i64] = &[
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) const X86_ONLY: &[i64] = &[];
 
+/// What serving the API adds (on the API thread, and in a clone process
+/// this filter is inherited by): tokio's reactor (epoll, its eventfd waker),
+/// accepting connections and talking on them (`epoll_wait` on x86_64 is in
+/// [`X86_ONLY`]).
+pub(super) const SERVING: &[i64] = &[
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_pwait,
+    SYS_eventfd2,
+    SYS_accept4,
+    SYS_recvfrom,
+    SYS_sendto,
+    SYS_recvmsg,
+    SYS_sendmsg,
+    SYS_shutdown,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+    SYS_read,
+    SYS_write,
+    SYS_writev,
+    SYS_close,
+    SYS_futex,
+];
+
 /// The VMM kind's rules: every syscall in [`SYSCALLS`] (and [`X86_ONLY`]
-/// there) and the API server's ([`super::api::SERVING`]).
+/// there) and the API server's ([`SERVING`]).
 pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
     SYSCALLS
         .iter()
         .chain(X86_ONLY)
-        .chain(super::api::SERVING)
+        .chain(SERVING)
         .map(|&n| (n, Vec::new()))
         .collect()
 }

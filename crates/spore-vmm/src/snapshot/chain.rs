@@ -18,8 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, LayerKind, Manifest, ParentRef};
-use super::trailer;
-use super::SnapshotError;
+use super::{trailer, SnapshotError};
 use crate::memory::layers::MemoryLayers;
 
 /// Longest chain accepted (a crafted cycle of state files must not loop).
@@ -430,9 +429,10 @@ fn check_link(
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
     use crate::snapshot::format::{encode, Layer, FORMAT_VERSION};
-    use std::os::unix::fs::FileExt;
 
     struct Dir(PathBuf);
     impl Drop for Dir {

@@ -22,9 +22,8 @@
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::memory::pages;
-use crate::memory::GuestRam;
-use crate::memory::{DirtyBitmap, GuestRegionMmap};
+use crate::host_usize;
+use crate::memory::{pages, DirtyBitmap, GuestRam, GuestRegionMmap};
 
 pub const PAGE: u64 = 4096;
 
@@ -187,10 +186,9 @@ pub enum DirtyError {
 /// workers quiesced, or pages written meanwhile may be missed.
 pub fn collect(vm: &VmFd, ram: &GuestRam) -> Result<DirtyPages, DirtyError> {
     let mut out = DirtyPages::new();
-    for (i, region) in ram.memory().iter().enumerate() {
-        let slot = i as u32;
+    for (i, (slot, region)) in (0u32..).zip(ram.memory().iter()).enumerate() {
         let kvm = vm
-            .get_dirty_log(slot, region.len() as usize)
+            .get_dirty_log(slot, host_usize::from_u64(region.len()))
             .map_err(|source| DirtyError::KvmLog { slot, source })?;
         out.merge_region(i, &kvm);
         out.merge_region(i, &vmm_bitmap(region).get_and_reset());
@@ -207,9 +205,9 @@ fn vmm_bitmap(region: &GuestRegionMmap) -> &DirtyBitmap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use std::fs::File;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     #[test]
     fn merging_ors_and_grows() {
@@ -288,49 +286,5 @@ mod tests {
             .map(|w| u64::from(w.count_ones()))
             .sum();
         assert_eq!(again, 0);
-    }
-
-    /// A device's write into guest memory (a virtio-blk read, which the
-    /// guest's vCPUs never touch) reaches a diff: KVM's log misses it, the
-    /// VMM's bitmap has it, and `write_dirty` writes it out.
-    #[test]
-    fn kvm_device_writes_reach_the_diff() {
-        use crate::devices::virtio::blk::backend::DiskImage;
-        use crate::devices::virtio::blk::request::Segment;
-        use crate::snapshot::memory::write_dirty;
-        use std::os::unix::fs::FileExt;
-
-        let dir = std::env::temp_dir().join(format!("spore-dirty-dev-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let disk = dir.join("disk");
-        std::fs::write(&disk, [0x5au8; 4096]).unwrap();
-        let kvm = kvm_ioctls::Kvm::new().expect("this test needs /dev/kvm");
-        let vm = kvm.create_vm().unwrap();
-        let ram = GuestRam::new(8 << 20).unwrap();
-        ram.register(&vm, true).unwrap();
-        // Whatever was written before (a loader) is the base's business.
-        collect(&vm, &ram).unwrap();
-        let image = DiskImage::open(&disk, true, false).unwrap();
-        let seg = Segment {
-            addr: GuestAddress(7 * PAGE),
-            len: 4096,
-        };
-        image.read_into(ram.memory(), 0, &[seg]).unwrap();
-        let d = collect(&vm, &ram).unwrap();
-        assert_eq!(d.runs(0, 2048), vec![(7, 1)]);
-        let out = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.join("diff"))
-            .unwrap();
-        assert_eq!(write_dirty(&ram, &d, &out).unwrap(), (4096, Some(vec![])));
-        let mut b = [0u8; 4096];
-        out.read_exact_at(&mut b, 7 * PAGE).unwrap();
-        assert!(b.iter().all(|&x| x == 0x5a));
-        // Both logs were cleared.
-        assert_eq!(collect(&vm, &ram).unwrap().count(), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

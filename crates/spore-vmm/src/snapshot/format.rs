@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::integrity::{SnapshotKey, MAC_LEN};
+use crate::host_usize;
 
 pub const MAGIC: &[u8; 8] = b"SPORESNP";
 /// The state layout this spore writes and reads. 4: a drive's state holds
@@ -201,14 +202,19 @@ pub fn encode_with(
     let mut out = Vec::with_capacity(json.len() + state.len() + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    let json_len = u32::try_from(json.len()).map_err(|_| {
+        <serde_json::Error as serde::ser::Error>::custom("snapshot manifest over 4 GiB")
+    })?;
+    out.extend_from_slice(&json_len.to_le_bytes());
     out.extend_from_slice(&json);
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out.extend_from_slice(state);
     match key {
         Some(k) => {
             let mac = k.mac(&out);
-            out.extend_from_slice(&(MAC_LEN as u32).to_le_bytes());
+            #[allow(clippy::cast_possible_truncation, reason = "MAC_LEN is 32")]
+            let mac_len = MAC_LEN as u32;
+            out.extend_from_slice(&mac_len.to_le_bytes());
             out.extend_from_slice(&mac);
         }
         None => out.extend_from_slice(&0u32.to_le_bytes()),
@@ -392,7 +398,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
             return Err(FormatError::Truncated(path.to_string()));
         }
         fill(&mut bytes, slen_end)?;
-        let at = (slen_end - 8) as usize;
+        let at = host_usize::from_u64(slen_end - 8);
         let slen = bytes
             .get(at..at + 8)
             .and_then(|s| s.try_into().ok())
@@ -403,7 +409,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
             return Err(FormatError::Truncated(path.to_string()));
         }
         fill(&mut bytes, alen_end)?;
-        let at = (alen_end - 4) as usize;
+        let at = host_usize::from_u64(alen_end - 4);
         let alen = le32(&bytes, at).map_or(0, u32::from_le_bytes);
         let total = alen_end + u64::from(alen) + 4;
         if total > len {
@@ -418,7 +424,7 @@ fn read_bounded(path: &str, file: File, len: u64) -> Result<Vec<u8>, FormatError
     }
     // Every length checked against the file: read the rest (a file too
     // short for its header is decode's to refuse), into one allocation.
-    bytes.reserve_exact((len as usize).saturating_sub(bytes.len()));
+    bytes.reserve_exact(host_usize::from_u64(len).saturating_sub(bytes.len()));
     fill(&mut bytes, len)?;
     Ok(bytes)
 }

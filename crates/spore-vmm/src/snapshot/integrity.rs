@@ -28,6 +28,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 use super::{LayerInfo, SnapshotError};
+use crate::host_usize;
 use crate::memory::pages::{data_ranges, PAGE};
 
 /// Length of an HMAC-SHA256 tag.
@@ -149,9 +150,9 @@ pub fn memory_hash(file: &File, size: u64) -> std::io::Result<String> {
         let mut off = (start - start % PAGE as u64).max(done);
         let end = start + len;
         while off < end {
-            let n = ((end - off) as usize).min(buf.len());
+            let n = host_usize::from_u64(end - off).min(buf.len());
             let n = n.div_ceil(PAGE) * PAGE;
-            let n = n.min((size - off) as usize);
+            let n = n.min(host_usize::from_u64(size - off));
             let chunk = &mut buf[..n];
             file.read_exact_at(chunk, off)?;
             for (i, page) in chunk.chunks(PAGE).enumerate() {

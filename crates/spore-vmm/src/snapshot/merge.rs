@@ -20,6 +20,7 @@ use super::chain::{self, LayerPaths};
 use super::format::{self, LayerKind, ParentRef};
 use super::{integrity, trailer, SnapshotError, SnapshotInfo};
 use crate::host::random_id;
+use crate::host_usize;
 
 /// Bytes copied per read while merging.
 const CHUNK: u64 = 1 << 20;
@@ -43,7 +44,7 @@ pub fn merge(
     };
     let mem_pending = format::PendingFile::create(&out.mem)?;
     mem_pending.file.set_len(file_size).map_err(mem_err)?;
-    let mut buf = vec![0u8; CHUNK as usize];
+    let mut buf = vec![0u8; host_usize::from_u64(CHUNK)];
     let mut copy = |extents: Vec<crate::memory::layers::Extent>| -> std::io::Result<u64> {
         let mut written = 0;
         for e in extents {
@@ -78,7 +79,7 @@ pub fn merge(
     mem_pending.sync()?;
     manifest.created_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0);
     manifest.spore_version = env!("CARGO_PKG_VERSION").to_string();
     manifest.layer.id = id;

@@ -20,12 +20,14 @@ pub mod params;
 pub mod restore;
 pub mod trailer;
 
-pub use chain::{ChainHead, LayerInfo, LayerPaths};
-pub use dirty::DirtyPages;
-
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use chain::{ChainHead, LayerInfo, LayerPaths};
+pub use dirty::DirtyPages;
+use format::{
+    FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::arch::{self, GuestKind, VcpuState, VmState};
@@ -34,9 +36,6 @@ use crate::device_manager::{DeviceStates, PausedDevices};
 use crate::host::{lock, random_id};
 use crate::memory::layers::MemoryLayers;
 use crate::vm::{RunState, Vm};
-use format::{
-    FormatError, HotplugRegionInfo, Layer, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
-};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -397,10 +396,10 @@ fn write_snapshot(
         spore_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0),
         guest: format!("{:?}", state.kind).to_lowercase(),
-        vcpu_count: state.vcpus.len() as u32,
+        vcpu_count: u32::try_from(state.vcpus.len()).unwrap_or(u32::MAX),
         mem_size_bytes: state.mem_size,
         devices: describe::devices(config, &state),
         layer: Layer {
@@ -541,10 +540,12 @@ pub(crate) fn decode_state(
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
+    use format::encode;
+
     use super::*;
     use crate::config::MachineConfig;
-    use format::encode;
-    use std::fs::File;
 
     /// Writes a state file for a 1-vCPU, `mib` MiB guest; `vcpus_in_manifest`
     /// lets a test make the manifest disagree with the state. Returns the

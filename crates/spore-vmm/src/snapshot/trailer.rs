@@ -22,6 +22,8 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::host_usize;
+
 /// The trailer's size: one page, so the guest-memory part stays
 /// page-aligned and the trailer never shares a page with guest data.
 pub const TRAILER_LEN: u64 = 4096;
@@ -53,12 +55,17 @@ pub enum TrailerError {
 
 /// Encodes a trailer page.
 pub fn encode(t: &Trailer) -> Vec<u8> {
-    let mut page = vec![0u8; TRAILER_LEN as usize];
+    let mut page = vec![0u8; host_usize::from_u64(TRAILER_LEN)];
     let id = &t.id.as_bytes()[..t.id.len().min(MAX_ID)];
     let mut head = Vec::with_capacity(24 + id.len());
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
-    head.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "at most MAX_ID bytes (cut above)"
+    )]
+    let id_len = id.len() as u32;
+    head.extend_from_slice(&id_len.to_le_bytes());
     head.extend_from_slice(&t.mem_bytes.to_le_bytes());
     head.extend_from_slice(id);
     let crc = crc32fast::hash(&head);
@@ -110,7 +117,7 @@ pub fn read(file: &File) -> Result<Trailer, TrailerError> {
     if len < TRAILER_LEN || len % TRAILER_LEN != 0 {
         return Err(TrailerError::Missing);
     }
-    let mut page = vec![0u8; TRAILER_LEN as usize];
+    let mut page = vec![0u8; host_usize::from_u64(TRAILER_LEN)];
     file.read_exact_at(&mut page, len - TRAILER_LEN)?;
     let t = decode(&page)?;
     if t.mem_bytes != len - TRAILER_LEN {
@@ -165,7 +172,7 @@ mod tests {
         // A trailer moved to another size is refused.
         write(&f, "abc", 1 << 20).unwrap();
         let page = {
-            let mut b = vec![0u8; TRAILER_LEN as usize];
+            let mut b = vec![0u8; host_usize::from_u64(TRAILER_LEN)];
             f.read_exact_at(&mut b, 1 << 20).unwrap();
             b
         };

@@ -277,8 +277,9 @@ pub fn install_kick_handler() {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::sync::Arc;
+
+    use super::*;
 
     #[test]
     fn guest_snapshot_requests() {

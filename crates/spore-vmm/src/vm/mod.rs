@@ -7,7 +7,9 @@ pub mod vcpu;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use control::{PauseTimeout, RunControl, StopReason};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vcpu::{Vcpu, VcpuIo, VcpuThread};
 
 use crate::arch::{self, GuestKind, Irqchip};
 use crate::device_manager::VmDevices;
@@ -20,8 +22,6 @@ use crate::devices::virtio::mem::MemHandle;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::host::lock;
 use crate::memory::GuestRam;
-use control::{PauseTimeout, RunControl, StopReason};
-use vcpu::{Vcpu, VcpuIo, VcpuThread};
 
 /// Which boot protocol the guest uses; it decides how some exits are read.
 

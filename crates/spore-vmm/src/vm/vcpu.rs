@@ -59,8 +59,7 @@ static SPARE_THREADS: Mutex<Vec<SpareThread>> = Mutex::new(Vec::new());
 /// VM soon takes thread creation and the vCPU filter's installation off the
 /// path to the guest's first instruction.
 pub fn prespawn_threads(n: usize) -> std::io::Result<()> {
-    for id in 0..n.min(usize::from(u8::MAX) + 1) {
-        let id = id as u8;
+    for id in (0..=u8::MAX).take(n) {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vcpu>(1);
         let handle = crate::seccomp::spawn(
             crate::seccomp::ThreadKind::Vcpu,

@@ -7,9 +7,8 @@
 
 use super::{BuiltVm, Inner, Phase, Vmm};
 use crate::builder::BuildOptions;
-use crate::clone::child;
 use crate::clone::handoff::Handoff;
-use crate::clone::{AwaitingGo, CloneError};
+use crate::clone::{child, AwaitingGo, CloneError};
 use crate::memory::template::MemoryLayer;
 
 /// The answer when a go comes with no clone restored ahead.

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use super::Vmm;
 use crate::api::{ApiServer, ApiServerError};
 use crate::clone::args::ClonedProcessArgs;
-use crate::clone::child;
 use crate::clone::handoff::{recv_message, Handoff, HandoffError, Message};
-use crate::clone::CloneError;
+use crate::clone::{child, CloneError};
 use crate::memory::template::MemoryLayer;
 
 #[derive(Debug, thiserror::Error)]

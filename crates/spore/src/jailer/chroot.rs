@@ -222,8 +222,12 @@ pub fn enter(dir: &Path) -> anyhow::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e).context("mkdir old_root"),
         }
-        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), old.as_ptr()) as i32)
-            .context("pivot_root")?;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "pivot_root(2) returns 0 or -1, both in i32"
+        )]
+        let pivoted = libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), old.as_ptr()) as i32;
+        check(pivoted).context("pivot_root")?;
         check(libc::chdir(c"/".as_ptr())).context("chdir /")?;
         check(libc::umount2(old.as_ptr(), libc::MNT_DETACH)).context("unmount the old root")?;
         check(libc::rmdir(old.as_ptr())).context("rmdir old_root")?;

@@ -26,9 +26,8 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::path::PathBuf;
 
-use clap::Parser;
-
 use args::{JailerArgs, Plan};
+use clap::Parser;
 use sys::clock_us;
 
 /// The jailer's exit code for every failure (a line on stderr says why).

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use super::{http, spore, uk_image, wait_for_path};
+use super::{http, peer_pid, spore, uk_image, wait_for_path};
 
 /// Kills (by pid) every VMM a test started, even when it fails: the pids
 /// it collected, and every clone still serving a socket in its directory.
@@ -16,29 +16,6 @@ pub struct Reaper {
     pub dir: PathBuf,
 }
 
-/// The pid of the process serving a Unix socket (SO_PEERCRED).
-pub fn peer_pid(sock: &Path) -> Option<i32> {
-    use std::os::fd::AsRawFd;
-    let s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0 && cred.pid > 0).then_some(cred.pid)
-}
-
 impl Reaper {
     pub fn source_pid(&self) -> i32 {
         self.source.as_ref().map_or(0, |c| c.id() as i32)
@@ -46,7 +23,7 @@ impl Reaper {
     pub fn add_from(&mut self, report: &serde_json::Value) {
         for c in report["clones"].as_array().into_iter().flatten() {
             if let Some(pid) = c["pid"].as_i64() {
-                self.pids.push(pid as i32);
+                self.pids.push(i32::try_from(pid).expect("a pid fits i32"));
             }
         }
     }
@@ -197,12 +174,6 @@ pub fn forked_pids(log: &str) -> Vec<i32> {
         .skip(1)
         .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
         .collect()
-}
-
-pub fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid, 0) } == 0;
-    exists && !read(Path::new(&format!("/proc/{pid}/stat"))).contains(") Z ")
 }
 
 /// A 64 MiB `clonetest` source that turns itself into a template at once

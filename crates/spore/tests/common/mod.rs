@@ -1,16 +1,27 @@
-//! Helpers for end-to-end tests that drive the real `spore` binary.
-#![allow(dead_code)]
+//! Every helper the scenarios share: the `spore` binary and the unikernel
+//! images, scratch directories, VMM processes and their output, and the
+//! modules below (the API client, fixtures, processes, the host, and the
+//! helpers of the clone, network and `spore serve` scenarios).
 
+pub mod api;
+pub mod bench;
 pub mod clone;
+pub mod fc;
+pub mod fixture;
+pub mod host;
 pub mod net;
+pub mod proc;
 pub mod serve;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
+
+pub use api::{api_ok, call, http, http_by_length, put, status_and_body};
+pub use fixture::sparse_file;
+pub use proc::{alive, peer_pid, pss_bytes, rss_bytes};
 
 pub fn spore() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spore"))
@@ -33,11 +44,14 @@ pub fn uk_image(name: &str) -> PathBuf {
     p
 }
 
+/// Asserts the host has /dev/kvm, and shares the host with the other VM
+/// tests until this test ends ([`host::shared`]).
 pub fn require_kvm() {
     assert!(
         Path::new("/dev/kvm").exists(),
         "host-KVM tests need /dev/kvm (make test skips this tier when it is absent)"
     );
+    host::shared();
 }
 
 /// A unique scratch directory, removed on drop.
@@ -78,40 +92,16 @@ pub fn stderr_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// One HTTP/1.1 request over the API socket; returns (status, body).
-pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let mut s = UnixStream::connect(sock).expect("connect to API socket");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    status_and_body(&resp)
-}
-
-/// The status code (0 if none) and body of a whole HTTP/1.1 response.
-pub fn status_and_body(resp: &str) -> (u16, String) {
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// A `spore vmm` child process that is killed when dropped, so that a test
-/// failing half-way leaves no VMM behind.
+/// A `spore vmm` child process (or any child a test must not leave behind:
+/// a forwarder, a reference Firecracker) that is killed and reaped when
+/// dropped, so that a test failing half-way leaves no process behind.
 pub struct VmmChild(Option<std::process::Child>);
 
 impl VmmChild {
+    pub fn new(child: std::process::Child) -> Self {
+        VmmChild(Some(child))
+    }
+
     /// The process, no longer killed on drop (to wait for its own exit).
     pub fn into_child(mut self) -> std::process::Child {
         self.0
@@ -217,10 +207,15 @@ pub fn lines_of(child: &mut Child) -> Receiver<String> {
 
 /// Lines up to and including the first that starts with `prefix` (60 s at most).
 pub fn read_until(rx: &Receiver<String>, prefix: &str) -> Vec<String> {
+    read_until_within(rx, prefix, Duration::from_secs(60))
+}
+
+/// [`read_until`] waiting at most `limit` for each line.
+pub fn read_until_within(rx: &Receiver<String>, prefix: &str, limit: Duration) -> Vec<String> {
     let mut seen = Vec::new();
     loop {
         let line = rx
-            .recv_timeout(Duration::from_secs(60))
+            .recv_timeout(limit)
             .unwrap_or_else(|_| panic!("no line starting with {prefix:?}; got {seen:?}"));
         let done = line.starts_with(prefix);
         seen.push(line);

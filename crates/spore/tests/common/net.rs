@@ -71,11 +71,6 @@ impl Netns {
         ip(Some(name), &["link", "set", "lo", "up"]);
         Netns(name.to_string())
     }
-
-    /// The file a process enters it by.
-    pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
 }
 
 impl Drop for Netns {

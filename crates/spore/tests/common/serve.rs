@@ -256,18 +256,13 @@ pub fn zip_b64(entries: &[(&str, &[u8])]) -> String {
     base64::engine::general_purpose::STANDARD.encode(w.finish().unwrap().into_inner())
 }
 
-/// Sum of the private memory (`Private_Clean` + `Private_Dirty`, bytes) of
-/// these processes: what the host gets back when they end.
-pub fn private_of(pids: &[i32]) -> u64 {
-    pids.iter()
-        .map(|pid| {
-            let text =
-                std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-            text.lines()
-                .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum::<u64>()
-                * 1024
-        })
-        .sum()
+/// Waits (at most `limit`) for the snapshot the first cold boot of
+/// function `f` version `version` writes from its zygote in the background.
+pub fn wait_for_snapshot(state: &Path, f: &str, version: u32, limit: Duration) {
+    let file = state.join(format!("snapshots/{f}-v{version}/vm.state"));
+    let deadline = std::time::Instant::now() + limit;
+    while !file.is_file() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(file.is_file(), "no snapshot at {}", file.display());
 }

@@ -24,6 +24,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use self::conn::{pending, Conn, ConnState};
+pub use self::header::Header as PacketHeader;
 use self::header::{
     op, Header, EVENT_TRANSPORT_RESET, HDR_SIZE, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_RCV,
     SHUTDOWN_SEND, TYPE_STREAM,
@@ -31,10 +32,7 @@ use self::header::{
 use super::mmio::{Transport, F_VERSION_1};
 use super::queue::VirtQueue;
 use super::{device_id, find_device, VirtioError};
-use crate::clock;
-use crate::BootInfo;
-
-pub use self::header::Header as PacketHeader;
+use crate::{clock, BootInfo};
 
 const RXQ: u16 = 0;
 const TXQ: u16 = 1;

@@ -6,8 +6,9 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::*;
 use spore_abi::boot::MmioDevice;
+
+use super::*;
 
 const GUEST_CID: u64 = 3;
 

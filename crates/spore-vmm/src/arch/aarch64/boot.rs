@@ -112,7 +112,7 @@ pub fn load_kernel(k: KernelLoad<'_>) -> Result<(), BootError> {
                     what: "initrd",
                     size,
                 })?;
-            let mut bytes = Vec::with_capacity(size as usize);
+            let mut bytes = Vec::with_capacity(crate::host_usize::from_u64(size));
             f.read_to_end(&mut bytes)
                 .map_err(|source| BootError::Read {
                     what: "initrd",

@@ -80,6 +80,10 @@ pub const fn virtio_mmio_addr(index: usize) -> u64 {
 }
 
 /// SPI of virtio-mmio device `index`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "index counts the VM's virtio-mmio devices, a few dozen at most"
+)]
 pub const fn virtio_mmio_irq(index: usize) -> u32 {
     VIRTIO_IRQ_BASE + index as u32
 }

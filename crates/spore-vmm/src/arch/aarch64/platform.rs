@@ -122,8 +122,7 @@ pub fn save_state(
 ) -> Result<(Vec<VcpuState>, VmState), StateError> {
     let mut states = Vec::with_capacity(vcpus.len());
     let mut mpidrs = Vec::with_capacity(vcpus.len());
-    for (id, fd) in vcpus.iter().enumerate() {
-        let id = id as u8;
+    for (id, fd) in (0..=u8::MAX).zip(vcpus) {
         let err = |source| StateError::Vcpu { id, source };
         states.push(VcpuState::save(fd).map_err(err)?);
         mpidrs.push(vcpu::mpidr(fd).map_err(err)?);
@@ -141,8 +140,7 @@ pub fn restore_state(
     vm: &VmState,
 ) -> Result<(), StateError> {
     let mut mpidrs = Vec::with_capacity(vcpus.len());
-    for (id, (fd, state)) in vcpus.iter().zip(states).enumerate() {
-        let id = id as u8;
+    for (id, (fd, state)) in (0..=u8::MAX).zip(vcpus.iter().zip(states)) {
         let err = |source| StateError::Vcpu { id, source };
         state.restore(fd).map_err(err)?;
         mpidrs.push(vcpu::mpidr(fd).map_err(err)?);

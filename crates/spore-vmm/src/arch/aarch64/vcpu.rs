@@ -36,6 +36,10 @@ const _: () = {
 };
 
 /// `KVM_GET_REG_LIST` (`_IOWR(KVMIO, 0xb0, struct kvm_reg_list)`).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "size_of::<kvm_reg_list>() is 8 (the value is asserted below)"
+)]
 const KVM_GET_REG_LIST: std::os::raw::c_ulong = ioctl_expr(
     _IOC_READ | _IOC_WRITE,
     KVMIO,

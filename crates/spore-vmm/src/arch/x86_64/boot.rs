@@ -61,14 +61,15 @@ pub fn load_kernel(k: KernelLoad<'_>) -> Result<(), BootError> {
         hotplug_end,
         irqchip: _,
     } = k;
-    let num_vcpus = vcpus.len() as u8;
+    // create_vcpus made at most u8::MAX of them (its count is a u8).
+    let num_vcpus = u8::try_from(vcpus.len()).unwrap_or(u8::MAX);
     let cpu = cpu_setup(kvm, config)?;
     match kind {
         GuestKind::Linux => {
             let cmdline = with_mmio_devices(cmdline, placed);
             let entry = load_linux(mem, &mut kernel, initrd.as_mut(), &cmdline, num_vcpus)?;
-            for (id, fd) in vcpus.iter().enumerate() {
-                configure_linux_vcpu(kvm, fd, mem, id as u8, num_vcpus, &entry, &cpu)?;
+            for (id, fd) in (0..=u8::MAX).zip(vcpus) {
+                configure_linux_vcpu(kvm, fd, mem, id, num_vcpus, &entry, &cpu)?;
             }
         }
         GuestKind::Unikernel => {

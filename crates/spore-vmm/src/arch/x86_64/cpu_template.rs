@@ -159,7 +159,7 @@ pub fn apply_cpuid(cpuid: &mut CpuId, t: &CpuConfig) -> Result<(), CpuTemplateEr
                 CpuidRegister::Edx => &mut e.edx,
             };
             // The bitmap holds 32 bits: the value fits.
-            *reg = r.bitmap.apply(u64::from(*reg)) as u32;
+            *reg = (r.bitmap.apply(u64::from(*reg)) & 0xffff_ffff) as u32;
         }
     }
     Ok(())
@@ -292,7 +292,8 @@ mod tests {
         let mut msrs = Vec::new();
         apply_msrs(&vcpu, &mut msrs, &t).unwrap();
         assert_eq!((msrs[0].index, msrs[0].data), (0x174, 0b101));
-        crate::arch::x86_64::msr::set_all(&vcpu, &msrs).unwrap();
+        let set = Msrs::from_entries(&msrs).unwrap();
+        assert_eq!(vcpu.set_msrs(&set).unwrap(), msrs.len());
         let mut back = Msrs::from_entries(&[kvm_msr_entry {
             index: 0x174,
             ..Default::default()

@@ -39,6 +39,10 @@ pub const SERIAL_NAME: &str = "COM1";
 pub const RTC: Option<LegacyPlace> = None;
 pub const SIGNAL_MMIO: Option<u64> = None;
 
+/// Start of the Extended BIOS Data Area (last KiB of base memory): the MP
+/// table is written there, and the e820 map reserves it.
+pub const EBDA_START: u64 = 0x9_fc00;
+
 /// IOAPIC and LAPIC addresses (MP table and KVM defaults).
 pub const IOAPIC_ADDR: u64 = 0xFEC0_0000;
 pub const LAPIC_ADDR: u64 = 0xFEE0_0000;
@@ -52,6 +56,10 @@ pub const fn virtio_mmio_addr(index: usize) -> u64 {
 }
 
 /// IOAPIC pin of virtio-mmio device `index`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "index counts the VM's virtio-mmio devices, a few dozen at most"
+)]
 pub const fn virtio_mmio_irq(index: usize) -> u32 {
     VIRTIO_IRQ_BASE + index as u32
 }

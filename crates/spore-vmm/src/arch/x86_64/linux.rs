@@ -3,7 +3,8 @@
 //! [`load_linux`] puts everything a Linux guest reads at boot into guest
 //! memory: the kernel (ELF vmlinux or bzImage, via linux-loader), the initrd
 //! at the top of low RAM, the command line, the zero page (`boot_params` with
-//! the e820 map) and the MP table. [`configure_linux_vcpu`] then gives each
+//! the e820 map) and the MP table.
+//! [`configure_linux_vcpu`](super::linux_vcpu::configure_linux_vcpu) then gives each
 //! vCPU its CPUID, MSRs, FPU and LAPIC state, and the bootstrap vCPU its
 //! long-mode registers. Creating the VM and running vCPUs is not done here.
 //!
@@ -31,15 +32,12 @@ use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
-pub use super::linux_vcpu::{configure_linux_vcpu, LinuxVcpuError};
+use super::layout::{EBDA_START, MMIO_HOLE_END, MMIO_HOLE_START};
 use super::mptable::{setup_mptable, MpTableError};
 use crate::memory::GuestMemoryMmap;
 
 /// Start of high memory; the kernel is loaded at or above it.
 pub const HIMEM_START: u64 = 0x10_0000;
-/// Start of the Extended BIOS Data Area (last KiB of base memory).
-pub const EBDA_START: u64 = 0x9_fc00;
 /// Zero page: `struct boot_params`.
 pub const ZERO_PAGE_START: u64 = 0x7000;
 /// Kernel command line.
@@ -423,9 +421,14 @@ pub fn load_linux(
     cl.insert_str(trimmed)
         .map_err(LinuxBootError::InvalidCmdline)?;
     load_cmdline(mem, GuestAddress(CMDLINE_START), &cl).map_err(LinuxBootError::WriteCmdline)?;
-    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "CMDLINE_START is 0x2_0000; trimmed.len() <= max < CMDLINE_MAX_SIZE (2048), checked above"
+    )]
+    let (cmdline_ptr, cmdline_len) = (CMDLINE_START as u32, trimmed.len() as u32);
+    params.hdr.cmd_line_ptr = cmdline_ptr;
     // Includes the NUL, as Firecracker and Cloud Hypervisor report it.
-    params.hdr.cmdline_size = trimmed.len() as u32 + 1;
+    params.hdr.cmdline_size = cmdline_len + 1;
 
     if let Some((initrd, placed)) = initrd_placed {
         // A 64-bit kernel that cannot take an initrd anywhere says where it
@@ -451,8 +454,13 @@ pub fn load_linux(
             None => load_initrd(mem, initrd, loaded.end, limit)?,
         };
         // Both below the 4 GiB MMIO hole, so the 32-bit fields hold them.
-        params.hdr.ramdisk_image = addr as u32;
-        params.hdr.ramdisk_size = size as u32;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "addr + size <= low_end <= MMIO_HOLE_START, below 4 GiB (load_initrd, low_ram_end)"
+        )]
+        let (image, image_size) = (addr as u32, size as u32);
+        params.hdr.ramdisk_image = image;
+        params.hdr.ramdisk_size = image_size;
     }
 
     add_e820(&mut params, 0, EBDA_START, E820_RAM)?;
@@ -480,6 +488,10 @@ pub fn load_linux(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 pub(super) mod tests {
     use std::io::Write;
 

@@ -81,6 +81,7 @@ mod tests {
     use crate::arch::x86_64::linux::{load_linux, ZERO_PAGE_START};
     use crate::arch::x86_64::msr::{boot_msrs, MSR_IA32_MISC_ENABLE, MSR_MTRR_DEF_TYPE};
     use crate::arch::x86_64::regs::{BOOT_GDT_START, BOOT_IDT_START, PML4_START};
+    use crate::host_usize;
 
     /// Tests named kvm_* need /dev/kvm; `make test` skips them, and says
     /// so, on a host without it.
@@ -89,9 +90,9 @@ mod tests {
     }
 
     fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) {
-        for (slot, r) in mem.iter().enumerate() {
+        for (slot, r) in (0u32..).zip(mem.iter()) {
             let region = kvm_userspace_memory_region {
-                slot: slot as u32,
+                slot,
                 flags: 0,
                 guest_phys_addr: r.start_addr().0,
                 memory_size: r.len(),
@@ -107,7 +108,8 @@ mod tests {
     fn kvm_configures_bsp_and_ap() {
         let kvm = kvm();
         let vm = kvm.create_vm().unwrap();
-        vm.set_tss_address(KVM_TSS_ADDR as usize).unwrap();
+        vm.set_tss_address(host_usize::from_u64(KVM_TSS_ADDR))
+            .unwrap();
         vm.create_irq_chip().unwrap();
         let pit = kvm_pit_config {
             flags: KVM_PIT_SPEAKER_DUMMY,
@@ -170,7 +172,7 @@ mod tests {
                 .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
                 .unwrap();
             let leaf1 = cpuid.as_slice().iter().find(|e| e.function == 1).unwrap();
-            assert_eq!(leaf1.ebx >> 24, id as u32);
+            assert_eq!(leaf1.ebx >> 24, u32::try_from(id).unwrap());
             assert_ne!(leaf1.ecx & (1 << 31), 0);
 
             let mut msrs = kvm_bindings::Msrs::from_entries(&boot_msrs()).unwrap();

@@ -14,14 +14,24 @@
 
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
-use super::layout::{IOAPIC_ADDR, LAPIC_ADDR};
-use super::linux::EBDA_START;
+use super::layout::{EBDA_START, IOAPIC_ADDR, LAPIC_ADDR};
 use crate::memory::GuestMemoryMmap;
 
 /// Where the MP floating pointer structure is written.
 pub const MPTABLE_START: u64 = EBDA_START;
 /// End of the EBDA (start of the VGA hole): the tables must end below it.
 const MPTABLE_LIMIT: u64 = 0xa_0000;
+/// The APIC addresses as the tables' 32-bit fields.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "0xFEC0_0000 is below 4 GiB"
+)]
+const IOAPIC_ADDR32: u32 = IOAPIC_ADDR as u32;
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "0xFEE0_0000 is below 4 GiB"
+)]
+const LAPIC_ADDR32: u32 = LAPIC_ADDR as u32;
 
 /// Number of IOAPIC pins (KVM's in-kernel IOAPIC has 24).
 const IOAPIC_PINS: u8 = 24;
@@ -238,7 +248,7 @@ fn build_config_table(num_cpus: u8) -> Vec<u8> {
         apic_id: ioapic_id,
         apic_version: APIC_VERSION,
         flags: MPC_APIC_USABLE,
-        apic_addr: IOAPIC_ADDR as u32,
+        apic_addr: IOAPIC_ADDR32,
     };
     entries.extend_from_slice(ioapic.as_slice());
     entry_count += 1;
@@ -279,10 +289,15 @@ fn build_config_table(num_cpus: u8) -> Vec<u8> {
     entry_count += 2;
 
     let length = std::mem::size_of::<MpConfigHeader>() + entries.len();
+    // Bounded by max_mptable_cpus() (checked by the caller), far below u16::MAX.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "at most mptable_size(u8::MAX), under 6 KiB"
+    )]
+    let length16 = length as u16;
     let mut header = MpConfigHeader {
         signature: *b"PCMP",
-        // Bounded by max_mptable_cpus() (checked by the caller), far below u16::MAX.
-        length: length as u16,
+        length: length16,
         spec: MP_SPEC_REV,
         checksum: 0,
         oem: *b"SPORE   ",
@@ -290,7 +305,7 @@ fn build_config_table(num_cpus: u8) -> Vec<u8> {
         oem_table_ptr: 0,
         oem_table_size: 0,
         entry_count,
-        lapic_addr: LAPIC_ADDR as u32,
+        lapic_addr: LAPIC_ADDR32,
         ext_table_length: 0,
         ext_table_checksum: 0,
         reserved: 0,
@@ -320,9 +335,14 @@ pub fn setup_mptable(mem: &GuestMemoryMmap, num_cpus: u8) -> Result<(), MpTableE
 
     let fp_size = std::mem::size_of::<MpFloatingPointer>() as u64;
     let table_addr = MPTABLE_START + fp_size;
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "MPTABLE_START (0x9_fc00) plus a 16-byte pointer, below 1 MiB"
+    )]
+    let table_addr32 = table_addr as u32;
     let mut fp = MpFloatingPointer {
         signature: *b"_MP_",
-        physptr: table_addr as u32,
+        physptr: table_addr32,
         length: 1,
         specification: MP_SPEC_REV,
         // feature1 = 0: a configuration table is present (no default config);

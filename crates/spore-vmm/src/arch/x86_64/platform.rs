@@ -9,6 +9,7 @@ use super::layout;
 use super::vcpu_state::{saveable_msrs, VcpuState, VcpuStateError};
 use super::vm_state::{VmState, VmStateError};
 use crate::arch::GuestKind;
+use crate::host_usize;
 
 /// What snapshots record as the architecture they were taken on.
 pub const NAME: &str = "x86_64";
@@ -50,7 +51,7 @@ impl Irqchip {
 /// Right after `KVM_CREATE_VM`: places KVM's TSS at the top of the MMIO hole.
 pub fn prepare_vm(vm_fd: &VmFd) -> Result<(), PlatformError> {
     vm_fd
-        .set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .set_tss_address(host_usize::from_u64(layout::KVM_TSS_ADDR))
         .map_err(kvm("KVM_SET_TSS_ADDR"))
 }
 
@@ -124,8 +125,8 @@ pub fn save_state(
 ) -> Result<(Vec<VcpuState>, VmState), StateError> {
     let msr_list = saveable_msrs(kvm).map_err(StateError::MsrList)?;
     let mut states = Vec::with_capacity(vcpus.len());
-    for (id, fd) in vcpus.iter().enumerate() {
-        states.push(VcpuState::save(id as u8, fd, &msr_list, irqchip.present)?);
+    for (id, fd) in (0..=u8::MAX).zip(vcpus) {
+        states.push(VcpuState::save(id, fd, &msr_list, irqchip.present)?);
     }
     let vm = VmState::save(vm_fd, irqchip.present, kind == GuestKind::Linux)?;
     Ok((states, vm))
@@ -170,7 +171,7 @@ pub fn empty_state(vcpus: usize) -> (Vec<VcpuState>, VmState) {
         clock: Default::default(),
         advance_to_realtime: false,
     };
-    ((0..vcpus).map(|id| vcpu(id as u8)).collect(), vm)
+    ((0..=u8::MAX).take(vcpus).map(vcpu).collect(), vm)
 }
 
 /// Where a vCPU stopped, in one line, for a guest that crashed past its own

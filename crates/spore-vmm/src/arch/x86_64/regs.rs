@@ -17,6 +17,7 @@ use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::linux::LinuxEntry;
+use crate::host_usize;
 use crate::memory::GuestMemoryMmap;
 
 /// Boot GDT: null, code, data, TSS (8 bytes each).
@@ -104,7 +105,7 @@ pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 pub fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
     let bit = |n: u32| ((entry >> n) & 1) as u8;
     let granular = bit(55) == 1;
-    let raw_limit = ((entry & 0xffff) | ((entry >> 32) & 0xf_0000)) as u32;
+    let raw_limit = (entry & 0xffff) as u32 | ((entry >> 32) & 0xf_0000) as u32;
     let present = bit(47);
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | ((entry >> 32) & 0xff00_0000),
@@ -151,7 +152,7 @@ fn write_guest<T: vm_memory::ByteValued>(
 /// Writes the identity map of the first 1 GiB: PML4[0] -> PDPT[0] -> PD of
 /// 512 2 MiB pages. Whole tables are written so stale entries cannot remain.
 fn write_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
-    let table = PAGE_TABLE_ENTRIES as usize;
+    let table = host_usize::from_u64(PAGE_TABLE_ENTRIES);
     let mut pml4 = vec![0u64; table];
     pml4[0] = PDPT_START | PTE_PRESENT | PTE_WRITABLE;
     let mut pdpt = vec![0u64; table];
@@ -201,9 +202,10 @@ pub fn setup_linux_sregs(mem: &GuestMemoryMmap, vcpu: &VcpuFd) -> Result<(), Reg
     }
     write_guest(mem, "IDT", BOOT_IDT_START, 0u64)?;
     sregs.gdt.base = BOOT_GDT_START;
-    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    sregs.gdt.limit =
+        u16::try_from(std::mem::size_of_val(&gdt) - 1).expect("a GDT of a few entries");
     sregs.idt.base = BOOT_IDT_START;
-    sregs.idt.limit = (std::mem::size_of::<u64>() - 1) as u16;
+    sregs.idt.limit = 7; // one 8-byte entry
 
     let code = segment_from_gdt(gdt[usize::from(GDT_CODE_INDEX)], GDT_CODE_INDEX);
     let data = segment_from_gdt(gdt[usize::from(GDT_DATA_INDEX)], GDT_DATA_INDEX);

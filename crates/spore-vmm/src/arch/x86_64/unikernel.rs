@@ -16,16 +16,17 @@ mod vcpu;
 
 use std::io::{Read, Seek, SeekFrom};
 
+pub use elf::MAX_PHNUM;
 use linux_loader::elf::ET_EXEC;
 use spore_abi::boot::{
     BootInfo, MemRegion, MmioDevice, BOOT_INFO_ADDR, CMDLINE_ADDR, CMDLINE_MAX, MAX_MEM_REGIONS,
     MAX_MMIO_DEVICES, MEM_FREE, MEM_RESERVED, MIN_IMAGE_ADDR, PROTOCOL_VERSION, STACK_TOP,
 };
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
-
-pub use elf::MAX_PHNUM;
 pub use tables::{KERNEL_CODE_SEL, KERNEL_DATA_SEL, TSS_SEL, USER_CODE_SEL, USER_DATA_SEL};
 pub use vcpu::{configure_vcpu, set_supported_cpuid, RFLAGS};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::host_usize;
 
 const PAGE: u64 = 0x1000;
 
@@ -148,7 +149,7 @@ pub fn load_unikernel_mapping<M: GuestMemoryBackend>(
     }
     let ram = ram_ranges(mem);
     let ram_end = ram.last().map_or(0, |&(start, size)| start + size);
-    if !mem.check_range(GuestAddress(0), STACK_TOP as usize) {
+    if !mem.check_range(GuestAddress(0), host_usize::from_u64(STACK_TOP)) {
         return Err(UnikernelError::RamTooSmall { need: STACK_TOP });
     }
     let gib = tables::identity_gib(ram_end.max(map_end))?;
@@ -175,6 +176,10 @@ pub fn load_unikernel_mapping<M: GuestMemoryBackend>(
     write(mem, CMDLINE_ADDR, &cmdline_bytes)?;
 
     let regions = memory_map(&ram, image_start, image_end)?;
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "regions and devices fit the block's arrays (MAX_MEM_REGIONS, MAX_MMIO_DEVICES): copied below"
+    )]
     let mut info = BootInfo {
         tsc_khz,
         mem_size: ram.iter().map(|&(_, size)| size).sum(),
@@ -250,7 +255,7 @@ fn check_segments(
             .checked_add(p.p_memsz)
             .filter(|_| usize::try_from(p.p_memsz).is_ok())
             .ok_or_else(|| bad("wraps around the address space"))?;
-        if !mem.check_range(GuestAddress(p.p_paddr), p.p_memsz as usize) {
+        if !mem.check_range(GuestAddress(p.p_paddr), host_usize::from_u64(p.p_memsz)) {
             return Err(bad("does not fit in guest RAM"));
         }
         if p.p_flags & elf::PF_X != 0 && (p.p_paddr..end).contains(&parsed.entry) {
@@ -280,7 +285,7 @@ fn load_segments(
         image.seek(SeekFrom::Start(p.p_offset))?;
         let mut done = 0u64;
         while done < p.p_filesz {
-            let n = (p.p_filesz - done).min(CHUNK as u64) as usize;
+            let n = host_usize::from_u64((p.p_filesz - done).min(CHUNK as u64));
             image.read_exact(&mut buf[..n])?;
             write(mem, p.p_paddr + done, &buf[..n])?;
             done += n as u64;
@@ -288,7 +293,7 @@ fn load_segments(
         // Memory may be reused (or come from a template): zero bss explicitly.
         buf.fill(0);
         while done < p.p_memsz {
-            let n = (p.p_memsz - done).min(CHUNK as u64) as usize;
+            let n = host_usize::from_u64((p.p_memsz - done).min(CHUNK as u64));
             write(mem, p.p_paddr + done, &buf[..n])?;
             done += n as u64;
         }

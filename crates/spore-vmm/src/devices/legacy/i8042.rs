@@ -228,9 +228,10 @@ impl crate::persist::Persist for I8042 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+
+    use super::*;
 
     fn dev() -> (I8042, Arc<AtomicU32>, EventFd) {
         let resets = Arc::new(AtomicU32::new(0));

@@ -140,7 +140,7 @@ impl crate::persist::Persist for SerialDevice {
 impl BusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if data.len() == 1 && offset < 8 {
-            data[0] = self.uart.read(offset as u8);
+            data[0] = self.uart.read((offset & 7) as u8);
         } else {
             data.fill(0);
         }
@@ -148,7 +148,7 @@ impl BusDevice for SerialDevice {
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         if data.len() == 1 && offset < 8 {
-            if let Err(e) = self.uart.write(offset as u8, data[0]) {
+            if let Err(e) = self.uart.write((offset & 7) as u8, data[0]) {
                 tracing::debug!("serial write failed: {e:?}");
             }
         }
@@ -157,9 +157,11 @@ impl BusDevice for SerialDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::Duration;
+
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
 
     #[test]
     fn input_reaches_the_guest_and_wakes_it() {

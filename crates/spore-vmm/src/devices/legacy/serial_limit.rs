@@ -7,6 +7,7 @@ use std::io::{self, Write};
 use std::time::Instant;
 
 use crate::config::TokenBucketConfig;
+use crate::host_usize;
 
 /// A byte bucket: `size` tokens refilled over `refill_ms`, plus a one-time
 /// burst spent first.
@@ -74,7 +75,7 @@ impl<W: Write> RateLimitedOut<W> {
 
 impl<W: Write> Write for RateLimitedOut<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let allowed = self.bucket.take(buf.len() as u64, Instant::now()) as usize;
+        let allowed = host_usize::from_u64(self.bucket.take(buf.len() as u64, Instant::now()));
         if allowed > 0 {
             self.inner.write_all(&buf[..allowed])?;
         }

@@ -114,14 +114,14 @@ impl SignalPort {
     /// The pending result for `vcpu`, taken once (see [`Self::set_pending_result`]).
     pub fn take_pending_result(&self, vcpu: u8) -> Option<u32> {
         let v = self.pending.load(Ordering::Relaxed);
-        if v >> 63 == 0 || (v >> 32) as u8 != vcpu {
+        if v >> 63 == 0 || ((v >> 32) & 0xff) as u8 != vcpu {
             return None;
         }
         let taken = self
             .pending
             .compare_exchange(v, 0, Ordering::SeqCst, Ordering::Relaxed)
             .ok()
-            .map(|v| v as u32);
+            .map(|v| (v & 0xffff_ffff) as u32);
         if taken.is_some() {
             // A clone reads its FORK result, not RESTORED: that result is
             // how it learns it is a clone.
@@ -143,7 +143,7 @@ impl SignalPort {
             return SignalAction::Continue;
         };
         match op {
-            SignalOp::Exit => return SignalAction::Exit(arg as u8),
+            SignalOp::Exit => return SignalAction::Exit((arg & 0xff) as u8),
             SignalOp::Mark => {
                 let mut marks = lock(&self.marks);
                 if marks.len() < MAX_MARKS {
@@ -162,7 +162,7 @@ impl SignalPort {
                 *last_result = if woken { WAIT_WOKEN } else { WAIT_TIMED_OUT };
             }
             // The guest sees the low 32 bits; unikernels read all 64 in memory.
-            SignalOp::Generation => *last_result = self.generation() as u32,
+            SignalOp::Generation => *last_result = (self.generation() & 0xffff_ffff) as u32,
             SignalOp::Fork => {
                 let handler = lock(&self.fork);
                 match handler.as_ref() {
@@ -215,8 +215,9 @@ impl SignalPort {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use spore_abi::signal::encode;
+
+    use super::*;
 
     fn port() -> SignalPort {
         SignalPort::new(Arc::new(GuestWake::new().unwrap()))

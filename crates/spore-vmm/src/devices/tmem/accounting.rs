@@ -20,7 +20,7 @@
 
 use spore_abi::tmem::MAX_VALUE_LEN;
 
-use super::pool::Object;
+use super::Object;
 
 /// glibc's malloc: blocks of this size and more are `mmap`ed (its default
 /// threshold; it can only move up, which makes chunks cheaper than charged).

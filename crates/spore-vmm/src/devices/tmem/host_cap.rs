@@ -117,6 +117,10 @@ fn slot_at(slot: usize) -> u64 {
 }
 
 /// An OFD lock request on `[start, start + len)`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "kind is F_RDLCK, F_WRLCK or F_UNLCK (0 to 2) and SEEK_SET is 0: all fit c_short"
+)]
 fn flock_of(kind: i32, start: u64, len: u64) -> libc::flock {
     // SAFETY: a plain C struct; all zeros is a valid value (l_pid must be 0
     // for OFD locks).
@@ -240,7 +244,7 @@ impl HostCap {
             // Counted only while its owner lives (holds the slot's lock).
             let mut fl = flock_of(libc::F_WRLCK, slot_at(slot), 8);
             fcntl_lock(&self.file, libc::F_OFD_GETLK, &mut fl)?;
-            if fl.l_type != libc::F_UNLCK as libc::c_short {
+            if i32::from(fl.l_type) != libc::F_UNLCK {
                 total = total.saturating_add(bytes);
             }
         }

@@ -31,3 +31,23 @@ pub mod timing;
 pub use device::{TmemDevice, TmemState};
 pub use pool::{Compression, Counters, HostCapStats, PoolState, PoolStats};
 pub use timing::{CallTiming, OpTiming};
+
+/// A stored value: what the [`pool`] keeps per key, and what [`accounting`]
+/// sizes a hash-table slot by. Boxed slices rather than vectors: exactly as
+/// long as their contents (no spare capacity to go uncharged), and a smaller
+/// slot.
+struct Object {
+    /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
+    data: Box<[u8]>,
+    /// The value's length as the guest gave it (at most `MAX_VALUE_LEN`).
+    len: u32,
+    compressed: bool,
+}
+
+impl Object {
+    /// What an object with this key and stored value is charged
+    /// ([`accounting::object_charge`]).
+    fn charge(key: &[u8], data: &[u8]) -> u64 {
+        accounting::object_charge(key.len() as u64, data.len() as u64)
+    }
+}

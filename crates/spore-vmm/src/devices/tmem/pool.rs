@@ -14,26 +14,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use spore_abi::tmem::{TmemStats, MAX_KEY_LEN, MAX_VALUE_LEN};
 
-use super::accounting::object_charge;
 use super::host_cap::{HostCap, HostCapError};
-
+use super::Object;
 pub use crate::config::Compression;
-
-/// A stored value. Boxed slices rather than vectors: exactly as long as
-/// their contents (no spare capacity to go uncharged), and a smaller slot.
-pub(super) struct Object {
-    /// `len` bytes, or an lz4 block that decompresses to `len` bytes.
-    data: Box<[u8]>,
-    /// The value's length as the guest gave it (at most `MAX_VALUE_LEN`).
-    len: u32,
-    compressed: bool,
-}
-
-impl Object {
-    fn charge(key: &[u8], data: &[u8]) -> u64 {
-        object_charge(key.len() as u64, data.len() as u64)
-    }
-}
 
 /// Why a put was refused; the pool is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,11 +209,15 @@ impl Pool {
             }
             pool.bytes_stored += Object::charge(&o.key, &o.data);
             pool.bytes_used += o.key.len() as u64 + o.len;
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "at most MAX_VALUE_LEN (16 MiB), checked above"
+            )]
+            let len = o.len as u32;
             pool.objects.insert(
                 o.key.into_boxed_slice(),
                 Object {
-                    // At most MAX_VALUE_LEN, checked above.
-                    len: o.len as u32,
+                    len,
                     data: o.data.into_boxed_slice(),
                     compressed: o.compressed,
                 },
@@ -318,11 +305,15 @@ impl Pool {
         }
         self.bytes_stored = stored_after;
         self.bytes_used = self.bytes_used - old_used + key.len() as u64 + len as u64;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "the device (put's caller) refuses values over MAX_VALUE_LEN (16 MiB): request.rs"
+        )]
+        let len = len as u32;
         self.objects.insert(
             key.into_boxed_slice(),
             Object {
-                // The device refuses values over MAX_VALUE_LEN (16 MiB).
-                len: len as u32,
+                len,
                 data,
                 compressed,
             },
@@ -387,8 +378,13 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 mod tests {
     use super::*;
+    use crate::devices::tmem::accounting::object_charge;
 
     fn read(p: &mut Pool, key: &[u8]) -> Option<Vec<u8>> {
         p.get_with(key, |v| {

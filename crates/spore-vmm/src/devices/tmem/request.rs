@@ -17,6 +17,7 @@ use spore_abi::tmem::{op, Status, TmemStats, MAX_BATCH, MAX_KEY_LEN, MAX_VALUE_L
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host_usize;
 
 /// Size of one request block in guest memory.
 pub const BLOCK_SIZE: u64 = 64;
@@ -39,7 +40,7 @@ pub struct RawBlock {
 }
 
 impl RawBlock {
-    pub fn from_bytes(b: &[u8; BLOCK_SIZE as usize]) -> Self {
+    pub fn from_bytes(b: &[u8; host_usize::from_u64(BLOCK_SIZE)]) -> Self {
         let u64_at = |o: usize| {
             let mut w = [0u8; 8];
             w.copy_from_slice(&b[o..o + 8]);
@@ -60,7 +61,7 @@ impl RawBlock {
     /// Reads the block at `addr`; `None` if any of its 64 bytes is outside RAM.
     pub fn read(mem: &GuestMemoryMmap, addr: GuestAddress) -> Option<Self> {
         checked_range(mem, addr.0, BLOCK_SIZE)?;
-        let mut b = [0u8; BLOCK_SIZE as usize];
+        let mut b = [0u8; host_usize::from_u64(BLOCK_SIZE)];
         mem.read_slice(&mut b, addr).ok()?;
         Some(Self::from_bytes(&b))
     }
@@ -189,7 +190,7 @@ pub fn parse(mem: &GuestMemoryMmap, b: &RawBlock, in_batch: bool) -> Result<Requ
             let bytes = b.value_len * BLOCK_SIZE;
             Ok(Request::Batch {
                 entries: range(mem, b.value_addr, bytes)?,
-                count: b.value_len as usize,
+                count: host_usize::from_u64(b.value_len),
             })
         }
         _ => Err(Status::BadOp),

@@ -1,6 +1,10 @@
 //! Device tests against real guest memory (an mmap-backed `GuestMemoryMmap`
 //! with a hole, like RAM around the MMIO gap): round trips, a random
 //! workload checked against a model, quota, hostile requests, batches.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::collections::HashMap;
 
@@ -11,6 +15,7 @@ use super::accounting::object_charge;
 use super::request::{BLOCK_SIZE, STATS_SIZE};
 use super::{Compression, TmemDevice};
 use crate::devices::virtio::GuestMemoryMmap;
+use crate::host_usize;
 
 const LOW_END: u64 = 4 << 20;
 const HIGH_START: u64 = 8 << 20;
@@ -74,8 +79,11 @@ struct Guest {
 impl Guest {
     fn new(quota: u64, compression: Compression) -> Self {
         let mem = GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), LOW_END as usize),
-            (GuestAddress(HIGH_START), (HIGH_END - HIGH_START) as usize),
+            (GuestAddress(0), host_usize::from_u64(LOW_END)),
+            (
+                GuestAddress(HIGH_START),
+                host_usize::from_u64(HIGH_END - HIGH_START),
+            ),
         ])
         .unwrap();
         Guest {
@@ -123,7 +131,7 @@ impl Guest {
         let s = self.call(Req::new(op::GET, key.len() as u64, OUT, cap));
         let len = self.u64_at(BLOCK + 40);
         let data = if s == Status::Ok {
-            self.read(OUT, len as usize)
+            self.read(OUT, host_usize::from_u64(len))
         } else {
             Vec::new()
         };
@@ -213,7 +221,7 @@ fn random_operations_match_a_model() {
             } else {
                 1 + rng.below(2)
             };
-            let mut key = rng.bytes(key_len as usize, false);
+            let mut key = rng.bytes(host_usize::from_u64(key_len), false);
             key[0] = rng.below(48) as u8;
             if key.len() == 2 {
                 key[1] %= 4;
@@ -222,8 +230,8 @@ fn random_operations_match_a_model() {
                 0..=44 => {
                     let len = match rng.below(10) {
                         0 => 0,
-                        1 => rng.below(128 << 10) as usize,
-                        _ => rng.below(8192) as usize,
+                        1 => host_usize::from_u64(rng.below(128 << 10)),
+                        _ => host_usize::from_u64(rng.below(8192)),
                     };
                     let compressible = rng.below(2) == 0;
                     let value = rng.bytes(len, compressible);
@@ -303,31 +311,10 @@ fn quota_refusals_keep_everything_stored() {
     }
 }
 
-#[test]
-fn hostile_requests_are_refused_without_effect() {
-    let g = Guest::new(64 << 20, Compression::None);
-    assert_eq!(g.put(b"keep", b"value"), Status::Ok);
-    let before = g.objects_and_bytes();
-    let check_intact = |what: &str| {
-        assert_eq!(g.objects_and_bytes(), before, "{what}");
-        assert_eq!(g.get(b"keep").unwrap(), b"value", "{what}");
-    };
-
-    // Blocks that are not (wholly) in RAM: only the port answers.
-    for gpa in [
-        LOW_END,                // in the hole
-        LOW_END - 16,           // straddling the end of the low region
-        HIGH_END - 48,          // straddling the end of RAM
-        HIGH_END,               // just past RAM
-        u32::MAX as u64 & !0xf, // highest encodable block >> 4, far outside
-    ] {
-        let value = (gpa >> 4) as u32;
-        assert_eq!(g.dev.call(&g.mem, value), Status::BadAddress, "{gpa:#x}");
-        check_intact("block outside RAM");
-    }
-    assert_eq!(g.dev.port_write(&g.mem, &[1, 0]), Status::BadRequest);
-
-    let cases: Vec<(&str, Req, Status)> = vec![
+/// Requests a guest may write that must each be refused with its status,
+/// changing nothing (one line each in the test's failure message).
+fn hostile_requests() -> Vec<(&'static str, Req, Status)> {
+    vec![
         (
             "key outside RAM",
             Req {
@@ -436,8 +423,34 @@ fn hostile_requests_are_refused_without_effect() {
             Req::new(op::STATS, 0, HIGH_END - 8, STATS_SIZE),
             Status::BadAddress,
         ),
-    ];
-    for (what, req, want) in cases {
+    ]
+}
+
+#[test]
+fn hostile_requests_are_refused_without_effect() {
+    let g = Guest::new(64 << 20, Compression::None);
+    assert_eq!(g.put(b"keep", b"value"), Status::Ok);
+    let before = g.objects_and_bytes();
+    let check_intact = |what: &str| {
+        assert_eq!(g.objects_and_bytes(), before, "{what}");
+        assert_eq!(g.get(b"keep").unwrap(), b"value", "{what}");
+    };
+
+    // Blocks that are not (wholly) in RAM: only the port answers.
+    for gpa in [
+        LOW_END,                // in the hole
+        LOW_END - 16,           // straddling the end of the low region
+        HIGH_END - 48,          // straddling the end of RAM
+        HIGH_END,               // just past RAM
+        u32::MAX as u64 & !0xf, // highest encodable block >> 4, far outside
+    ] {
+        let value = (gpa >> 4) as u32;
+        assert_eq!(g.dev.call(&g.mem, value), Status::BadAddress, "{gpa:#x}");
+        check_intact("block outside RAM");
+    }
+    assert_eq!(g.dev.port_write(&g.mem, &[1, 0]), Status::BadRequest);
+
+    for (what, req, want) in hostile_requests() {
         assert_eq!(g.call(req), want, "{what}");
         check_intact(what);
     }
@@ -489,7 +502,7 @@ fn batches_put_and_get_many_objects_in_one_call() {
         let values: Vec<Vec<u8>> = (0..n).map(|i| rng.bytes(4096, i % 2 == 0)).collect();
         for i in 0..n {
             g.write(KEY + 16 * i, &format!("k{i:06}").into_bytes());
-            g.write(VAL + 4096 * i, &values[i as usize]);
+            g.write(VAL + 4096 * i, &values[host_usize::from_u64(i)]);
             let e = Req {
                 key_addr: KEY + 16 * i,
                 ..Req::new(op::PUT, 7, VAL + 4096 * i, 4096)
@@ -518,7 +531,10 @@ fn batches_put_and_get_many_objects_in_one_call() {
             assert_eq!(st, Status::Ok as u32, "entry {i}");
             if i != 5 {
                 assert_eq!(g.u64_at(e + 40), 4096);
-                assert_eq!(g.read(OUT + 4096 * i, 4096), values[i as usize]);
+                assert_eq!(
+                    g.read(OUT + 4096 * i, 4096),
+                    values[host_usize::from_u64(i)]
+                );
             }
         }
         assert_eq!(g.get(b"k000005"), Err(Status::NotFound));

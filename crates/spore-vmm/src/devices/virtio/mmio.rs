@@ -212,7 +212,7 @@ impl MmioTransport {
             REG_DEVICE_ID => self.device.device_type(),
             REG_VENDOR_ID => VENDOR_ID,
             REG_DEVICE_FEATURES => match self.device_features_sel {
-                0 => self.device.avail_features() as u32,
+                0 => (self.device.avail_features() & 0xffff_ffff) as u32,
                 1 => (self.device.avail_features() >> 32) as u32,
                 _ => 0,
             },

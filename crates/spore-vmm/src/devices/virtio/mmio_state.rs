@@ -286,11 +286,12 @@ impl crate::persist::Persist for MmioTransport {
 
 #[cfg(test)]
 mod tests {
+    use vm_memory::GuestAddress;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
     use super::*;
     use crate::devices::virtio::rng::Rng;
     use crate::devices::wake::GuestWake;
-    use vm_memory::GuestAddress;
-    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     fn transport(mem: &GuestMemoryMmap) -> MmioTransport {
         let wake = Arc::new(GuestWake::new().unwrap());

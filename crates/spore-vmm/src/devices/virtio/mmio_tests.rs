@@ -1,4 +1,8 @@
 //! Tests of the virtio-mmio transport against a recording fake device.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::sync::{Arc, Mutex};
 

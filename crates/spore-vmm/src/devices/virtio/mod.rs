@@ -20,9 +20,8 @@ pub mod worker;
 
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
-
 pub use interrupt::VirtioInterrupt;
+use vmm_sys_util::eventfd::EventFd;
 
 /// Guest memory as devices see it (defined with guest RAM, below them).
 pub use crate::memory::{DirtyBitmap, GuestMemoryMmap, GuestRegionMmap};

@@ -178,7 +178,7 @@ fn fill_chain(descriptors: impl Iterator<Item = Descriptor>, mem: &GuestMemoryMm
         while done < d.len() && written < MAX_BYTES_PER_CHAIN {
             let n = (d.len() - done)
                 .min(MAX_BYTES_PER_CHAIN - written)
-                .min(CHUNK as u32);
+                .min(u32::try_from(CHUNK).unwrap_or(u32::MAX));
             let Some(addr) = d.addr().checked_add(u64::from(done)) else {
                 return written;
             };

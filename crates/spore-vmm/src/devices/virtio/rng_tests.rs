@@ -1,10 +1,15 @@
 //! virtio-rng: filling chains directly, and end to end through the transport.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -15,13 +20,14 @@ use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::VirtioInterrupt;
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const MEM_SIZE: u64 = 0x40_0000;
 const POISON: u8 = 0x5a;
 
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), host_usize::from_u64(MEM_SIZE))]).unwrap()
 }
 
 fn d(addr: u64, len: u32, flags: u16) -> Descriptor {

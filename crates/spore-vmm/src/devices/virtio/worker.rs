@@ -56,8 +56,9 @@ impl<T: Send + 'static> Drop for Worker<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::fd::AsRawFd;
+
+    use super::*;
 
     #[test]
     fn stop_returns_state() {

@@ -90,8 +90,9 @@ impl Backing {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::FileExt;
+
+    use super::*;
 
     #[test]
     fn truncation_and_writes_are_found_renames_are_not() {

@@ -12,6 +12,7 @@
 
 use std::os::unix::fs::FileExt;
 
+use crate::host_usize;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::GuestRam;
 
@@ -57,8 +58,8 @@ pub fn populate_with(
             let end = ((hi - span_off + 4095) & !4095).min(span_len as u64);
             // SAFETY: [ptr + start, ptr + end) lies in one live mapping of
             // guest RAM owned by `ram`; the guest is not running yet.
-            let addr = unsafe { ptr.add(start as usize) };
-            let len = (end - start) as usize;
+            let addr = unsafe { ptr.add(host_usize::from_u64(start)) };
+            let len = host_usize::from_u64(end - start);
             match method {
                 EagerMethod::PopulateRead | EagerMethod::PopulateWrite => {
                     let advice = if method == EagerMethod::PopulateRead {
@@ -67,7 +68,7 @@ pub fn populate_with(
                         libc::MADV_POPULATE_WRITE
                     };
                     // SAFETY: madvise on a range of our own mapping.
-                    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+                    let r = unsafe { libc::madvise(addr.cast::<libc::c_void>(), len, advice) };
                     if r != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -86,9 +87,11 @@ pub fn populate_with(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::fs::File;
+
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     #[test]
     fn every_method_restores_the_data_and_maps_it() {
@@ -111,7 +114,7 @@ mod tests {
             let (_, ptr, _) = super::super::spans(&ram)[0];
             let mut v = [0u8; 1];
             // SAFETY: probing one page of the mapping.
-            let r = unsafe { libc::mincore(ptr.add(0x10_0000) as *mut _, 4096, v.as_mut_ptr()) };
+            let r = unsafe { libc::mincore(ptr.add(0x10_0000).cast(), 4096, v.as_mut_ptr()) };
             assert_eq!(r, 0);
             assert_eq!(v[0] & 1, 1, "{method:?}: page not resident");
             let x: u8 = ram.memory().read_obj(GuestAddress(0x10_1000)).unwrap();

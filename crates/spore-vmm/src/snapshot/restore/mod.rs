@@ -34,11 +34,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use uffd::{PageSource, Uffd, UffdError, UffdServer};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::host_usize;
 use crate::memory::layers::MemoryLayers;
 use crate::memory::{GuestRam, MemoryError};
-use uffd::{PageSource, Uffd, UffdError, UffdServer};
 
 /// How the VMM fills RAM from a File backend (`restore_mode` in
 /// `PUT /snapshot/load`, `--mode` of `spore snapshot restore`).
@@ -143,7 +144,7 @@ pub(crate) fn spans(ram: &GuestRam) -> Vec<(u64, *mut u8, usize)> {
     let mut out = Vec::new();
     let mut offset = 0u64;
     for region in ram.memory().iter() {
-        let len = region.len() as usize;
+        let len = host_usize::from_u64(region.len());
         out.push((offset, region.as_ptr(), len));
         offset += len as u64;
     }
@@ -290,7 +291,7 @@ pub fn prepare(layers: MemoryLayers, plan: &RestorePlan) -> Result<PreparedRam, 
             return prepare_external(layers.size(), sock, plan.huge_pages)
         }
     };
-    report.prefill_us = t0.elapsed().as_micros() as u64;
+    report.prefill_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
     let mut prepared = prepared;
     prepared.session.report = report;
     prepared.session.backing = backing;
@@ -414,7 +415,7 @@ pub fn prepare_external(
             report: RestoreReport {
                 backend: "Uffd".into(),
                 mode: "external_handler".into(),
-                prefill_us: t0.elapsed().as_micros() as u64,
+                prefill_us: u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
                 ..Default::default()
             },
             backing: Default::default(),

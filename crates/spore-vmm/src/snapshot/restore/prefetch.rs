@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::host_usize;
 use crate::memory::GuestMemoryMmap;
 
 const PAGE: u64 = 4096;
@@ -99,7 +100,10 @@ fn host_ranges(mem: &GuestMemoryMmap, runs: &[(u64, u64)]) -> Vec<(usize, usize)
         for &(so, ptr, len) in &spans {
             let (a, b) = (lo.max(so), hi.min(so + len));
             if a < b {
-                out.push((ptr + (a - so) as usize, (b - a) as usize));
+                out.push((
+                    ptr + host_usize::from_u64(a - so),
+                    host_usize::from_u64(b - a),
+                ));
             }
         }
     }
@@ -132,7 +136,8 @@ pub fn resident_share(mem: &GuestMemoryMmap, runs: &[(u64, u64)], samples: u64) 
         let mut v = 0u8;
         // SAFETY: one page of a live mapping of guest RAM; mincore writes
         // one byte to `v`.
-        let r = unsafe { libc::mincore(a as *mut libc::c_void, PAGE as usize, &mut v) };
+        let r =
+            unsafe { libc::mincore(a as *mut libc::c_void, host_usize::from_u64(PAGE), &mut v) };
         hit += usize::from(r == 0 && v & 1 == 1);
     }
     hit as f64 / ranges.len().max(1) as f64

@@ -9,6 +9,7 @@ use spore_abi::boot::{NOTE_NAME, NOTE_TYPE};
 use vm_memory::ByteValued;
 
 use super::UnikernelError;
+use crate::host_usize;
 
 /// More program headers than any static unikernel needs; bounds the work
 /// and the allocation a hostile header can cause.
@@ -125,7 +126,7 @@ pub fn spore_note_version(
                 phdr.p_filesz
             )));
         }
-        let mut buf = vec![0u8; phdr.p_filesz as usize];
+        let mut buf = vec![0u8; host_usize::from_u64(phdr.p_filesz)];
         image.seek(SeekFrom::Start(phdr.p_offset))?;
         image.read_exact(&mut buf)?;
         if let Some(v) = find_spore_note(&buf) {
@@ -167,8 +168,8 @@ mod tests {
 
     fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
-        v.extend_from_slice(&(name.len() as u32 + 1).to_le_bytes());
-        v.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+        v.extend_from_slice(&(u32::try_from(name.len()).unwrap() + 1).to_le_bytes());
+        v.extend_from_slice(&u32::try_from(desc.len()).unwrap().to_le_bytes());
         v.extend_from_slice(&kind.to_le_bytes());
         v.extend_from_slice(name);
         v.push(0);

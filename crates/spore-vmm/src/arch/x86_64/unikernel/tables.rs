@@ -8,6 +8,7 @@ use spore_abi::boot::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::UnikernelError;
+use crate::host_usize;
 
 const PAGE: usize = 0x1000;
 const GIB: u64 = 1 << 30;
@@ -30,6 +31,10 @@ pub const TSS_SEL: u16 = 0x28;
 /// GDT entries: null, kernel code, kernel data, user data, user code, and the
 /// two-slot 64-bit TSS descriptor.
 const GDT_ENTRIES: usize = 7;
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "7 entries of 8 bytes, minus one: 55"
+)]
 pub const GDT_LIMIT: u16 = (GDT_ENTRIES * 8 - 1) as u16;
 /// The TSS and its I/O permission bitmap, in VMM-owned RAM between the
 /// command line and the page directories (everything below `STACK_TOP` is
@@ -41,7 +46,11 @@ const TSS_SIZE: u64 = 104;
 const IO_BITMAP_SIZE: u64 = 0x2000;
 /// TSS limit covering the bitmap plus the all-ones byte the CPU expects after
 /// it (an access reads two bitmap bytes).
+#[allow(clippy::cast_possible_truncation, reason = "104 + 0x2000 bytes")]
 pub const TSS_LIMIT: u32 = (TSS_SIZE + IO_BITMAP_SIZE) as u32;
+/// Where the I/O bitmap starts in the TSS: right after the TSS proper.
+#[allow(clippy::cast_possible_truncation, reason = "104")]
+const IO_MAP_BASE: u16 = TSS_SIZE as u16;
 
 /// Flat segment descriptors (base 0, limit 4 GiB, granularity 4 KiB).
 /// Access byte: P | DPL | S | type; flags: G and L (code) or D/B (data).
@@ -100,7 +109,7 @@ pub fn write_gdt(mem: &impl GuestMemoryBackend) -> Result<(), UnikernelError> {
 
     let mut tss = vec![0u8; (TSS_LIMIT + 1) as usize];
     // The I/O map base is the u16 at byte 102 of the TSS.
-    tss[102..104].copy_from_slice(&(TSS_SIZE as u16).to_le_bytes());
+    tss[102..104].copy_from_slice(&IO_MAP_BASE.to_le_bytes());
     tss[TSS_LIMIT as usize] = 0xFF;
     mem.write_slice(&tss, GuestAddress(TSS_ADDR))
         .map_err(|source| UnikernelError::GuestMemory {
@@ -131,7 +140,7 @@ pub fn write_page_tables(mem: &impl GuestMemoryBackend, gib: u64) -> Result<(), 
     write_words(mem, PML4_ADDR, &pml4)?;
 
     let mut pdpt = vec![0u64; PAGE / 8];
-    for (i, e) in pdpt.iter_mut().take(gib as usize).enumerate() {
+    for (i, e) in pdpt.iter_mut().take(host_usize::from_u64(gib)).enumerate() {
         *e = (PD_ADDR + i as u64 * PAGE as u64) | PTE_TABLE;
     }
     write_words(mem, PDPT_ADDR, &pdpt)?;

@@ -1,4 +1,8 @@
 //! Loader tests on synthetic ELF images and in-process guest memory.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::io::Cursor;
 
@@ -6,6 +10,7 @@ use spore_abi::boot::{BOOT_INFO_MAGIC, GDT_ADDR, NOTE_TYPE, PDPT_ADDR, PD_ADDR, 
 use vm_memory::GuestMemoryMmap;
 
 use super::*;
+use crate::host_usize;
 
 const LOAD_ADDR: u64 = 0x20_0000;
 const CODE: &[u8] = &[0x90, 0x90, 0xf4, 0xcc, 1, 2, 3, 4];
@@ -181,7 +186,7 @@ fn loads_image_and_boot_structures() {
         }
     );
 
-    let mut code = vec![0u8; CODE.len() + BSS as usize];
+    let mut code = vec![0u8; CODE.len() + host_usize::from_u64(BSS)];
     mem.read_slice(&mut code, GuestAddress(LOAD_ADDR)).unwrap();
     assert_eq!(&code[..CODE.len()], CODE);
     assert!(code[CODE.len()..].iter().all(|&b| b == 0), "bss zeroed");

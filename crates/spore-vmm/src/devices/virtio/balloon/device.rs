@@ -2,7 +2,7 @@
 //!
 //! [`Balloon`] is what the transport sees; [`BalloonHandle`] is what the VMM
 //! keeps to change the target and read statistics while the VM runs. Both
-//! share one [`Shared`] block: the config space (target, actual), the last
+//! share one [`Shared`](super::Shared) block: the config space (target, actual), the last
 //! statistics, the polling interval and, once activated, the interrupt.
 //!
 //! The worker (`worker.rs`) serves every queue on one thread of its own.
@@ -17,18 +17,13 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::request::{GuestStats, PAGE_SHIFT};
 use super::worker::{BalloonWorker, Stopped};
-use crate::devices::virtio::worker::Worker;
-use crate::devices::virtio::{
-    device_type, ActivateContext, ActivateError, VirtioDevice, VirtioInterrupt,
+use super::{
+    HintState, ReleaseCounters, Shared, State, CMD_ID_DONE, CMD_ID_STOP, F_DEFLATE_ON_OOM,
+    F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
 };
+use crate::devices::virtio::worker::Worker;
+use crate::devices::virtio::{device_type, ActivateContext, ActivateError, VirtioDevice};
 use crate::host::lock;
-
-/// Feature bits (virtio 1.2, §5.5.3).
-pub const F_MUST_TELL_HOST: u64 = 1 << 0;
-pub const F_STATS_VQ: u64 = 1 << 1;
-pub const F_DEFLATE_ON_OOM: u64 = 1 << 2;
-pub const F_FREE_PAGE_HINT: u64 = 1 << 3;
-pub const F_REPORTING: u64 = 1 << 5;
 
 /// Entries per queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -36,13 +31,6 @@ pub const QUEUE_SIZE: u16 = 256;
 const CONFIG_SIZE: usize = 16;
 const CONFIG_ACTUAL: u64 = 4;
 
-/// Free page hinting command ids (virtio 1.2, §5.5.6.6; Linux's
-/// `VIRTIO_BALLOON_CMD_ID_*`). In `free_page_hint_cmd_id`, STOP asks the
-/// driver to stop hinting and DONE lets it reuse the pages it hinted; any
-/// other value (spore starts at 2) asks for a new run. On the hinting queue
-/// the driver sends the run's id when it starts and STOP when it finished.
-pub const CMD_ID_STOP: u32 = 0;
-pub const CMD_ID_DONE: u32 = 1;
 /// The first id a hinting run gets (0 and 1 are the commands above).
 const CMD_ID_FIRST_RUN: u32 = 2;
 /// Pages per MiB, at the balloon's 4 KiB page size.
@@ -82,74 +70,11 @@ pub struct BalloonSettings {
     pub mem_mib: u64,
 }
 
-/// Host-side counters, for tests and the statistics endpoint.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ReleaseCounters {
-    /// Pages the guest inflated (each released on the host).
-    pub inflated_pages: u64,
-    /// Pages the guest deflated.
-    pub deflated_pages: u64,
-    /// Bytes of free page reports released on the host.
-    pub reported_bytes: u64,
-    /// Bytes the guest hinted during a hinting run, released on the host.
-    pub hinted_bytes: u64,
-    /// Hinted ranges ignored because no run was active or they belonged to
-    /// an earlier run (not an error: the driver races the host's commands).
-    pub hints_ignored: u64,
-    /// PFNs and report ranges refused (outside guest RAM, misaligned).
-    pub refused: u64,
-    /// Ranges released (one syscall each) and the time spent releasing them.
-    pub release_calls: u64,
-    pub release_us: u64,
-}
-
-/// Where free page hinting stands (Firecracker's `HintingState`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct HintState {
-    /// What the host last asked: the `free_page_hint_cmd_id` config field
-    /// (STOP until the first run).
-    pub host_cmd: u32,
-    /// The id the last run got; the next one gets the one after.
-    pub last_run_id: u32,
-    /// The last command id the driver sent on the hinting queue.
-    pub guest_cmd: Option<u32>,
-    /// When the driver says the run is over (STOP), answer DONE at once.
-    pub ack_on_stop: bool,
-}
-
 /// `GET /balloon/hinting/status`, Firecracker's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct HintingStatus {
     pub host_cmd: u32,
     pub guest_cmd: Option<u32>,
-}
-
-pub(super) struct State {
-    pub(super) target_pages: u32,
-    pub(super) actual_pages: u32,
-    pub(super) stats_interval_s: u16,
-    pub(super) stats: Option<(GuestStats, SystemTime)>,
-    /// When the target was last set and when the driver last changed
-    /// `actual`: the time a resize took, measured where it happens.
-    pub(super) target_set_at: Option<SystemTime>,
-    pub(super) actual_set_at: Option<SystemTime>,
-    pub(super) counters: ReleaseCounters,
-    /// Present while the device is activated: config changes interrupt.
-    pub(super) interrupt: Option<Arc<VirtioInterrupt>>,
-    /// The statistics buffer a quiesced worker was holding, for the
-    /// snapshot and for the worker a restore starts.
-    pub(super) restored_held_stats: Option<u16>,
-    pub(super) hint: HintState,
-}
-
-pub(super) struct Shared {
-    pub(super) state: Mutex<State>,
-    pub(super) deflate_on_oom: bool,
-    pub(super) free_page_reporting: bool,
-    pub(super) free_page_hinting: bool,
-    pub(super) mem_mib: u64,
-    /// Tells a running worker the polling interval changed.
-    pub(super) settings_evt: EventFd,
 }
 
 /// The VMM's hold on a balloon: target, actual, statistics.
@@ -338,7 +263,7 @@ impl BalloonHandle {
 fn unix_ms(t: SystemTime) -> Option<u64> {
     t.duration_since(UNIX_EPOCH)
         .ok()
-        .map(|d| d.as_millis() as u64)
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
 }
 
 /// A virtio balloon (device id 5).

@@ -16,8 +16,9 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::device::{Balloon, BalloonHandle, BalloonSettings, HintState, ReleaseCounters};
+use super::device::{Balloon, BalloonHandle, BalloonSettings};
 use super::request::GuestStats;
+use super::{HintState, ReleaseCounters};
 use crate::host::lock;
 use crate::persist::Persist;
 

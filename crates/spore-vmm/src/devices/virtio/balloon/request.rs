@@ -270,6 +270,10 @@ pub struct StatsBatch {
 /// Parses packed `{le16 tag; le64 val}` entries. Unknown tags and a trailing
 /// partial entry are skipped; a repeated tag keeps its last value.
 pub fn parse_stats(bytes: &[u8]) -> StatsBatch {
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "a remainder below STAT_ENTRY_SIZE (10)"
+    )]
     let mut batch = StatsBatch {
         truncated_bytes: (bytes.len() % STAT_ENTRY_SIZE) as u32,
         ..Default::default()

@@ -1,19 +1,23 @@
 //! virtio-balloon against real memfd-backed guest RAM: the worker is driven
 //! by hand through mock queues, and the host side is checked on the memfd
 //! itself (content and allocated blocks).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ};
 use super::worker::BalloonWorker;
 use super::*;
 #[cfg(target_arch = "x86_64")]
@@ -23,6 +27,7 @@ use crate::devices::virtio::interrupt::{INT_CONFIG, INT_VRING};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{ActivateContext, GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 use crate::memory::GuestRam;
 
 const QLEN: u16 = 16;
@@ -122,12 +127,12 @@ impl<'a> Rig<'a> {
 
 fn fill(ram: &GuestRam, gpa: u64, len: u64, byte: u8) {
     ram.memory()
-        .write_slice(&vec![byte; len as usize], GuestAddress(gpa))
+        .write_slice(&vec![byte; host_usize::from_u64(len)], GuestAddress(gpa))
         .unwrap();
 }
 
 fn read(ram: &GuestRam, gpa: u64, len: u64) -> Vec<u8> {
-    let mut v = vec![0; len as usize];
+    let mut v = vec![0; host_usize::from_u64(len)];
     ram.memory().read_slice(&mut v, GuestAddress(gpa)).unwrap();
     v
 }
@@ -171,10 +176,13 @@ fn inflate_then_deflate(acked: u64) {
         before >= after + 48 * PAGE / 512,
         "memfd blocks {before} -> {after}: the hole was not punched"
     );
-    assert_eq!(read(&ram, DATA, 48 * PAGE), vec![0; 48 * PAGE as usize]);
+    assert_eq!(
+        read(&ram, DATA, 48 * PAGE),
+        vec![0; 48 * host_usize::from_u64(PAGE)]
+    );
     assert_eq!(
         read(&ram, DATA + 48 * PAGE, 16 * PAGE),
-        vec![0xab; 16 * PAGE as usize]
+        vec![0xab; 16 * host_usize::from_u64(PAGE)]
     );
     let c = handle.counters();
     assert_eq!((c.inflated_pages, c.refused), (48, 0));
@@ -229,7 +237,7 @@ fn pfns_outside_ram_or_in_the_mmio_hole_are_refused() {
     ] {
         assert_eq!(
             read(&ram, gpa, PAGE),
-            vec![b; PAGE as usize],
+            vec![b; host_usize::from_u64(PAGE)],
             "{gpa:#x} untouched"
         );
     }
@@ -414,7 +422,10 @@ fn free_page_reports_are_released_and_checked() {
         before >= after + range / 512,
         "memfd blocks {before} -> {after}"
     );
-    assert_eq!(read(&ram, DATA, range), vec![0; range as usize]);
+    assert_eq!(
+        read(&ram, DATA, range),
+        vec![0; host_usize::from_u64(range)]
+    );
     assert_eq!(read(&ram, DATA + range, 8), vec![0x42; 8]);
     let c = handle.counters();
     assert_eq!((c.reported_bytes, c.refused), (range, 2));
@@ -864,7 +875,10 @@ mod hinting {
             before >= after + block / 512,
             "memfd blocks {before} -> {after}"
         );
-        assert_eq!(read(&ram, DATA, block), vec![0; block as usize]);
+        assert_eq!(
+            read(&ram, DATA, block),
+            vec![0; host_usize::from_u64(block)]
+        );
         assert_eq!(read(&ram, DATA + block, 8), vec![0x42; 8], "neighbour kept");
         assert_eq!(
             read(&ram, (16 << 20) - PAGE, 8),
@@ -984,9 +998,10 @@ mod hinting {
 /// again and are not (a diff would fill up with the guest's free memory).
 #[test]
 fn release_marks_pages_dirty_only_where_they_now_read_zero() {
-    use crate::devices::virtio::balloon::request::GuestRange;
     use vm_memory::bitmap::Bitmap;
     use vm_memory::GuestMemoryBackend;
+
+    use crate::devices::virtio::balloon::request::GuestRange;
     let size = 4u64 << 20;
     let range = [GuestRange {
         addr: 1 << 20,
@@ -995,7 +1010,7 @@ fn release_marks_pages_dirty_only_where_they_now_read_zero() {
     let dirty = |ram: &GuestRam, page: u64| -> bool {
         let region = ram.memory().iter().next().unwrap();
         let mapping: &vm_memory::MmapRegion<crate::memory::DirtyBitmap> = region;
-        mapping.bitmap().dirty_at((page * 4096) as usize)
+        mapping.bitmap().dirty_at(host_usize::from_u64(page * 4096))
     };
 
     let shared = GuestRam::new(size).unwrap();

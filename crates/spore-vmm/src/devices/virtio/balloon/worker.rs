@@ -13,12 +13,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::device::{
-    Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
-};
 use super::request::{
     count_pfns, parse_pfns, parse_report, parse_stats, read_readable, read_readable_into,
     GuestRange, MAX_PFN_BYTES, MAX_STATS_BYTES,
+};
+use super::{
+    Shared, CMD_ID_DONE, CMD_ID_STOP, F_FREE_PAGE_HINT, F_MUST_TELL_HOST, F_REPORTING, F_STATS_VQ,
 };
 use crate::devices::virtio::queue_server::{drain_queue, Served};
 use crate::devices::virtio::{ActivateContext, ActivateError, GuestMemoryMmap, VirtioInterrupt};
@@ -452,7 +452,7 @@ impl BalloonWorker {
                 }
                 st.counters.hinted_bytes += range.len;
                 st.counters.release_calls += 1;
-                st.counters.release_us += start.elapsed().as_micros() as u64;
+                st.counters.release_us += micros_since(start);
             }
             Some(0)
         });
@@ -512,7 +512,7 @@ fn release_counted(
     let result = release(mem, ranges);
     let mut st = lock(&shared.state);
     st.counters.release_calls += ranges.len() as u64;
-    st.counters.release_us += start.elapsed().as_micros() as u64;
+    st.counters.release_us += micros_since(start);
     result
 }
 
@@ -544,8 +544,11 @@ pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<
         // guest gave these pages up; discarding their content is the point.
         let discard = |advice| unsafe {
             libc::madvise(
-                region.as_ptr().add(offset as usize).cast(),
-                r.len as usize,
+                region
+                    .as_ptr()
+                    .add(crate::host_usize::from_u64(offset))
+                    .cast(),
+                crate::host_usize::from_u64(r.len),
                 advice,
             )
         };
@@ -572,12 +575,18 @@ pub fn release(mem: &GuestMemoryMmap, ranges: &[GuestRange]) -> std::io::Result<
             advice == libc::MADV_DONTNEED && region.flags() & libc::MAP_ANONYMOUS == 0;
         if !file_private {
             let mapping: &vm_memory::MmapRegion<crate::devices::virtio::DirtyBitmap> = region;
-            mapping
-                .bitmap()
-                .set_addr_range(offset as usize, r.len as usize);
+            mapping.bitmap().set_addr_range(
+                crate::host_usize::from_u64(offset),
+                crate::host_usize::from_u64(r.len),
+            );
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Microseconds since `start`, saturating (u64 microseconds last 584,000 years).
+fn micros_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

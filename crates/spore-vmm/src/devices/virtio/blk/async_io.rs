@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 
 use io_uring::{opcode, types, IoUring};
-use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -174,9 +173,9 @@ impl AsyncEngine {
                 );
             }
             let (status, used) = if ok {
-                (VIRTIO_BLK_S_OK as u8, req.used_ok)
+                (super::request::STATUS_OK, req.used_ok)
             } else {
-                (VIRTIO_BLK_S_IOERR as u8, 0)
+                (super::request::STATUS_IOERR, 0)
             };
             let used = match mem.write_obj(status, req.status_addr) {
                 Ok(()) => used.saturating_add(1),

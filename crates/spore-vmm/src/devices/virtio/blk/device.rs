@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -114,7 +113,9 @@ impl Block {
         config[0..8].copy_from_slice(&disk.capacity_sectors().to_le_bytes());
         // Header and status take two descriptors of a chain.
         config[12..16].copy_from_slice(&(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
-        config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
+        #[allow(clippy::cast_possible_truncation, reason = "SECTOR_SIZE is 512")]
+        let sector_size = SECTOR_SIZE as u32;
+        config[20..24].copy_from_slice(&sector_size.to_le_bytes());
         Ok(Block {
             id,
             disk: Arc::new(Mutex::new(disk)),
@@ -306,7 +307,7 @@ impl ChainHandler for BlockRequests {
                     Some(Ok(())) => return Served::Kept,
                     Some(Err(e)) => {
                         tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
-                        (req.status_addr, VIRTIO_BLK_S_IOERR as u8, 0)
+                        (req.status_addr, request::STATUS_IOERR, 0)
                     }
                     None => {
                         let (status, written) = self.execute(mem, &req);
@@ -394,10 +395,10 @@ impl BlockRequests {
             RequestKind::GetId => self.write_id(mem, &req.data),
         };
         match result {
-            Ok(written) => (VIRTIO_BLK_S_OK as u8, written),
+            Ok(written) => (request::STATUS_OK, written),
             Err(e) => {
                 tracing::warn!("{}: {:?} request failed: {e}", self.tag, req.kind);
-                (VIRTIO_BLK_S_IOERR as u8, 0)
+                (request::STATUS_IOERR, 0)
             }
         }
     }
@@ -417,6 +418,8 @@ impl BlockRequests {
             mem.write_slice(&rest[..n], seg.addr)?;
             rest = &rest[n..];
         }
-        Ok((ID_BYTES - rest.len()) as u32)
+        #[allow(clippy::cast_possible_truncation, reason = "at most ID_BYTES (20)")]
+        let written = (ID_BYTES - rest.len()) as u32;
+        Ok(written)
     }
 }

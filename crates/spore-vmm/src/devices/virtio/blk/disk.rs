@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use vm_memory::{Address, Bytes, GuestAddress};
-
 use vmm_sys_util::eventfd::EventFd;
 
 use super::backend::{DiskImage, DiskIoError};

@@ -11,14 +11,31 @@
 //! status descriptor last, the status being its final byte.
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID,
-    VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::SECTOR_SIZE;
 use crate::devices::virtio::GuestMemoryMmap;
+
+/// The status bytes a request ends with (virtio_bindings spells them as u32).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "virtio-blk statuses are 0, 1 and 2"
+)]
+pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "virtio-blk statuses are 0, 1 and 2"
+)]
+pub const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "virtio-blk statuses are 0, 1 and 2"
+)]
+pub const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 
 /// Size of `struct virtio_blk_outhdr`: type (le32), ioprio (le32), sector (le64).
 const HEADER_LEN: u32 = 16;
@@ -106,8 +123,8 @@ impl RequestError {
     /// The virtio-blk status the driver sees for this error.
     pub fn status(&self) -> u8 {
         match self {
-            RequestError::Unsupported(_) => VIRTIO_BLK_S_UNSUPP as u8,
-            _ => VIRTIO_BLK_S_IOERR as u8,
+            RequestError::Unsupported(_) => STATUS_UNSUPP,
+            _ => STATUS_IOERR,
         }
     }
 }

@@ -1,11 +1,17 @@
 //! Parsing of well-formed and hostile virtio-blk descriptor chains.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 
 use super::*;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const R: u16 = 0;
@@ -19,7 +25,7 @@ const LIMITS: DiskLimits = DiskLimits {
 };
 
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), host_usize::from_u64(MEM_SIZE))]).unwrap()
 }
 
 fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {

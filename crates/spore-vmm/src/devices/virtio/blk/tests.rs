@@ -1,5 +1,9 @@
 //! virtio-blk driven end to end: a mock driver, the mmio transport, the
 //! device's worker thread and a real image file.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,9 +13,11 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -23,6 +29,7 @@ use crate::devices::virtio::interrupt::INT_VRING;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{GuestMemoryMmap, VirtioDevice, VirtioInterrupt};
 use crate::devices::wake::GuestWake;
+use crate::host_usize;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const R: u16 = 0;
@@ -159,7 +166,7 @@ fn status_desc(mem: &GuestMemoryMmap, at: u64) -> (u64, u32, u16) {
 
 #[test]
 fn read_write_flush_get_id_round_trip() {
-    let (file, mut content) = image(SECTORS as usize * 512);
+    let (file, mut content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let block = Block::new("drive-1".into(), file.as_path(), false, true).unwrap();
@@ -205,7 +212,7 @@ fn read_write_flush_get_id_round_trip() {
 
 #[test]
 fn hostile_requests_get_errors_and_the_device_keeps_going() {
-    let (file, content) = image(SECTORS as usize * 512);
+    let (file, content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let block = Block::new("d".into(), file.as_path(), false, false).unwrap();
@@ -489,7 +496,7 @@ fn cow_drive_through_the_queue() {
 /// and the image keeps the contents it had at the freeze.
 #[test]
 fn freeze_switches_a_raw_drive_to_copy_on_write() {
-    let (file, content) = image(SECTORS as usize * 512);
+    let (file, content) = image(host_usize::from_u64(SECTORS) * 512);
     let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
     let mem = memory();
     let mut d = Driver::new(&mem);
@@ -544,7 +551,7 @@ fn async_drive(path: &std::path::Path, durable: bool) -> Block {
 /// returned only once its completion arrived, with the data in place.
 #[test]
 fn async_engine_reads_writes_and_flushes() {
-    let (file, mut content) = image(SECTORS as usize * 512);
+    let (file, mut content) = image(host_usize::from_u64(SECTORS) * 512);
     let mem = memory();
     let mut d = Driver::new(&mem);
     let mut t = activate(

@@ -10,6 +10,8 @@
 //! All arithmetic is on `u64` block indices: a request's 16-bit `nb_blocks`
 //! is widened before use and region sizes far beyond 65,535 blocks work.
 
+use crate::host_usize;
+
 /// A validated, non-empty run of blocks inside the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockRange {
@@ -68,8 +70,8 @@ impl BlockMap {
             block_size,
             nb_blocks,
             blocks_per_slot,
-            bits: vec![0; nb_blocks.div_ceil(64) as usize],
-            chunk_plugged: vec![0; chunks as usize],
+            bits: vec![0; host_usize::from_u64(nb_blocks.div_ceil(64))],
+            chunk_plugged: vec![0; host_usize::from_u64(chunks)],
             plugged: 0,
         }
     }
@@ -97,7 +99,10 @@ impl BlockMap {
 
     /// Plugged blocks in chunk `chunk` (0 for a chunk out of range).
     pub fn chunk_plugged(&self, chunk: u64) -> u64 {
-        self.chunk_plugged.get(chunk as usize).copied().unwrap_or(0)
+        self.chunk_plugged
+            .get(host_usize::from_u64(chunk))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Checks a guest range: `addr` block-aligned, `count` > 0 blocks, all of
@@ -154,7 +159,7 @@ impl BlockMap {
             let word = &mut self.bits[(b / 64) as usize];
             *word ^= 1 << (b % 64);
             let chunk = b / self.blocks_per_slot;
-            let count = &mut self.chunk_plugged[chunk as usize];
+            let count = &mut self.chunk_plugged[host_usize::from_u64(chunk)];
             if plugged {
                 if *count == 0 {
                     changes.now_used.push(chunk);

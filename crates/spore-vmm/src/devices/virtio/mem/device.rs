@@ -415,7 +415,7 @@ impl RequestHandler {
         };
         match parsed.response_at {
             Some(at) => match mem.write_slice(&response.encode(), at) {
-                Ok(()) => RESPONSE_LEN as u32,
+                Ok(()) => u32::try_from(RESPONSE_LEN).unwrap_or(u32::MAX),
                 Err(e) => {
                     tracing::warn!("virtio-mem: response buffer not in guest memory: {e}");
                     0

@@ -1,6 +1,12 @@
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
+
 use super::*;
 use crate::devices::virtio::mem::request::{REQ_PLUG, RESP_BUSY};
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
+use crate::host_usize;
 
 const BASE: u64 = 4 << 30;
 const BS: u64 = 2 * MIB;
@@ -172,7 +178,7 @@ fn random_requests_match_model() {
     const N: u64 = 1000;
     const SLOT: u64 = 32;
     let (dev, h) = device(N, SLOT);
-    let mut model = vec![false; N as usize];
+    let mut model = vec![false; host_usize::from_u64(N)];
     let mut requested = N;
     h.set_requested_mib(requested * 2).unwrap();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -254,7 +260,7 @@ fn random_requests_match_model() {
         assert_eq!(h.status().plugged_size_mib, plugged * 2, "step {step}");
         assert_eq!(config_u64(&dev, 0x28), plugged * BS, "step {step}");
         let used_chunks = model
-            .chunks(SLOT as usize)
+            .chunks(host_usize::from_u64(SLOT))
             .filter(|c| c.iter().any(|p| *p))
             .count();
         assert_eq!(h.registered_slots(), used_chunks, "step {step}");
@@ -275,7 +281,7 @@ fn unplug_releases_host_memory() {
     let mem = GuestMemoryMmap::from_arc_regions(vec![region]).unwrap();
     h.set_requested_mib(64).unwrap();
     assert_eq!(plug(&h, 10, 32).resp_type, RESP_ACK);
-    let data = vec![1u8; (32 * BS) as usize];
+    let data = vec![1u8; host_usize::from_u64(32 * BS)];
     mem.write_slice(&data, GuestAddress(BASE + 10 * BS))
         .unwrap();
     assert!(h.resident_bytes() >= 64 * MIB);

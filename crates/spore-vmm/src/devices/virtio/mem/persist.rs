@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blocks::BlockMap;
 use super::device::{MemHandle, State, VirtioMem};
+use crate::host_usize;
 use crate::memory::hotplug::{HotplugError, HotplugMemory, RegionChanges};
 use crate::memory::pages::{data_ranges_in, merge, resident_ranges, write_nonzero};
 use crate::memory::{GuestRam, MemoryError};
@@ -145,7 +146,8 @@ impl MemHandle {
         let hp = &s.backing;
         out.set_len(file_offset + hp.size())?;
         // SAFETY: as in write_plugged: a live, paused mapping owned by `hp`.
-        let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts(hp.host_addr(), host_usize::from_u64(hp.size())) };
         let mut diff = RegionDiff::default();
         for run in s.blocks.plugged_runs() {
             let (first, end) = (run.first * bs / PAGE, (run.first + run.count) * bs / PAGE);
@@ -159,12 +161,15 @@ impl MemHandle {
                 while page < end && bit(dirty, page) {
                     page += 1;
                 }
-                let (lo, hi) = ((start * PAGE) as usize, (page * PAGE) as usize);
+                let (lo, hi) = (
+                    host_usize::from_u64(start * PAGE),
+                    host_usize::from_u64(page * PAGE),
+                );
                 out.write_all_at(&bytes[lo..hi], file_offset + lo as u64)?;
                 diff.data_bytes += (hi - lo) as u64;
-                for (i, p) in bytes[lo..hi].chunks(PAGE as usize).enumerate() {
+                for (i, p) in bytes[lo..hi].chunks(host_usize::from_u64(PAGE)).enumerate() {
                     if p.iter().all(|&b| b == 0) {
-                        let off = file_offset + (lo + i * PAGE as usize) as u64;
+                        let off = file_offset + (lo + i * host_usize::from_u64(PAGE)) as u64;
                         match diff.zero_runs.last_mut() {
                             Some([o, l]) if *o + *l == off => *l += PAGE,
                             _ => diff.zero_runs.push([off, PAGE]),
@@ -275,14 +280,18 @@ fn write_plugged(
     let (file, start) = hp.file();
     let mut ranges = data_ranges_in(file, start, start + hp.size())?;
     if hp.is_private() {
-        ranges.extend(resident_ranges(hp.host_addr(), hp.size() as usize)?);
+        ranges.extend(resident_ranges(
+            hp.host_addr(),
+            host_usize::from_u64(hp.size()),
+        )?);
         // Ranges mapped from newer layers are data too, resident or not.
         ranges.extend_from_slice(hp.overlays());
         ranges = merge(ranges);
     }
     // SAFETY: the region's mapping lives as long as `hp`; the guest is
     // paused and the device's worker stopped, so nobody writes it now.
-    let bytes = unsafe { std::slice::from_raw_parts(hp.host_addr(), hp.size() as usize) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts(hp.host_addr(), host_usize::from_u64(hp.size())) };
     let mut written = 0;
     let mut i = 0;
     for &(ps, pl) in plugged {
@@ -296,7 +305,11 @@ fn write_plugged(
             let lo = ranges[j].0.max(ps);
             let hi = (ranges[j].0 + ranges[j].1).min(pe);
             if lo < hi {
-                written += write_nonzero(&bytes[lo as usize..hi as usize], out, file_offset + lo)?;
+                written += write_nonzero(
+                    &bytes[host_usize::from_u64(lo)..host_usize::from_u64(hi)],
+                    out,
+                    file_offset + lo,
+                )?;
             }
             j += 1;
         }
@@ -326,11 +339,13 @@ impl Persist for VirtioMem {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
     use super::*;
     use crate::devices::virtio::mem::request::{Request, RESP_ACK};
     use crate::devices::virtio::VirtioDevice;
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 4 << 30;
@@ -419,7 +434,10 @@ mod tests {
         assert_eq!(v, 0x1234_5678);
         // Dirty a whole block privately, then unplug: memory goes back.
         region
-            .write_slice(&vec![7u8; BS as usize], GuestAddress(BASE + 2 * BS))
+            .write_slice(
+                &vec![7u8; host_usize::from_u64(BS)],
+                GuestAddress(BASE + 2 * BS),
+            )
             .unwrap();
         assert!(h.resident_bytes() >= BS);
         let r = h.handle_request(Request::Unplug {

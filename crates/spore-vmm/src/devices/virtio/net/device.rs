@@ -41,7 +41,9 @@ impl NetConfigSpace {
     fn bytes(&self) -> [u8; CONFIG_LEN] {
         let mut b = [0u8; CONFIG_LEN];
         b[0..6].copy_from_slice(&self.mac);
-        b[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        #[allow(clippy::cast_possible_truncation, reason = "VIRTIO_NET_S_LINK_UP is 1")]
+        let link_up = VIRTIO_NET_S_LINK_UP as u16;
+        b[6..8].copy_from_slice(&link_up.to_le_bytes());
         // One rx/tx pair (meaningful only with VIRTIO_NET_F_MQ, never offered).
         b[8..10].copy_from_slice(&1u16.to_le_bytes());
         b[10..12].copy_from_slice(&self.mtu.to_le_bytes());

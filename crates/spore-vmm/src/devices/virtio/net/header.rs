@@ -231,7 +231,11 @@ mod tests {
     }
 
     fn desc(addr: u64, len: u32, write: bool) -> Descriptor {
-        let flags = if write { VRING_DESC_F_WRITE as u16 } else { 0 };
+        let flags = if write {
+            u16::try_from(VRING_DESC_F_WRITE).unwrap()
+        } else {
+            0
+        };
         Descriptor::new(addr, len, flags, 0)
     }
 
@@ -272,7 +276,7 @@ mod tests {
             Err(ChainError::TooShort)
         );
         // Just the largest frame, then one byte more.
-        let max = MAX_FRAME_WITH_HEADER as u32;
+        let max = u32::try_from(MAX_FRAME_WITH_HEADER).unwrap();
         assert!(parse_tx([desc(0x1000, max, false)].into_iter(), &m, &mut segs).is_ok());
         assert_eq!(
             parse_tx(

@@ -92,6 +92,10 @@ impl Tap {
         }
         // SAFETY: `fd` is a fresh fd owned by nobody else.
         let file = unsafe { File::from_raw_fd(fd) };
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "IFF_TAP | IFF_NO_PI | IFF_VNET_HDR is 0x5002"
+        )]
         let mut req = IfReqFlags {
             name: [0; 16],
             flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
@@ -109,6 +113,7 @@ impl Tap {
                 _ => TapError::SetIff { name, source },
             });
         }
+        #[allow(clippy::cast_possible_truncation, reason = "VNET_HDR_LEN is 12")]
         let hdr_len = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer.
         let r = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ as _, &hdr_len) };

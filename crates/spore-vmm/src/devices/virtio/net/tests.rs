@@ -1,6 +1,10 @@
 //! virtio-net driven end to end: a mock driver on two mock split queues,
 //! the mmio transport, the real worker thread, and a datagram socketpair
 //! standing in for the tap (one datagram per frame, header included).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
@@ -9,7 +13,8 @@ use std::time::{Duration, Instant};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

@@ -413,7 +413,8 @@ impl NetWorker {
                         // Where the header went: num_buffers is known last.
                         bufs.first_segments.clone_from(&bufs.segments);
                     }
-                    bufs.rx_chains.push((head, n as u32));
+                    bufs.rx_chains
+                        .push((head, u32::try_from(n).unwrap_or(u32::MAX)));
                     placed += n;
                 }
                 Err(e) => {

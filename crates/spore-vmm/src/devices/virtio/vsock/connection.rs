@@ -444,8 +444,9 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::io::Write;
+
+    use super::*;
 
     const CID: u64 = 3;
 

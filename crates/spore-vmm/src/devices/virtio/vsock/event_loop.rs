@@ -102,7 +102,10 @@ impl EventLoop {
             };
             let now = Instant::now();
             for ev in &events[..n] {
-                let fd = ev.data() as RawFd;
+                // Registered with a descriptor as data: non-negative, fits.
+                let Ok(fd) = RawFd::try_from(ev.data()) else {
+                    continue;
+                };
                 if fd == stop.as_raw_fd() {
                     return self.finish(&stop);
                 }

@@ -187,8 +187,9 @@ pub fn parse_connect(line: &[u8]) -> Result<u32, HandshakeError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::io::Write;
+
+    use super::*;
 
     #[test]
     fn parses_connect_lines() {

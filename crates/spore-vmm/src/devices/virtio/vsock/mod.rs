@@ -11,10 +11,12 @@
 //! Only stream sockets are offered (no VIRTIO_VSOCK_F_SEQPACKET). Files:
 //! `packet.rs` (wire format and validation), `connection.rs` (one
 //! connection), `listener.rs` (host socket and handshake), `muxer.rs`
-//! (routing), `event_loop.rs` (the worker thread).
+//! (routing), `event_loop.rs` (the worker thread); `host_connect.rs` is the
+//! host programs' end of the `CONNECT` handshake.
 
 pub mod connection;
 pub mod event_loop;
+pub mod host_connect;
 pub mod identity;
 pub mod listener;
 pub mod muxer;
@@ -28,16 +30,16 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use virtio_queue::QueueT;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-use super::worker::Worker;
-use super::{device_type, ActivateContext, ActivateError, VirtioDevice};
 use event_loop::{EventLoop, WorkerState};
 use identity::VsockIdentity;
 pub use identity::{Notice, VsockHandle};
 use muxer::{MuxerError, VsockMuxer};
 pub use persist::{VsockState, VsockStateError};
+use virtio_queue::QueueT;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::worker::Worker;
+use super::{device_type, ActivateContext, ActivateError, VirtioDevice};
 
 /// Queue size of rx, tx and event queues.
 pub const QUEUE_SIZE: u16 = 256;

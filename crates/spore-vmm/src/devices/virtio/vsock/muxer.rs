@@ -638,7 +638,7 @@ impl VsockMuxer {
             let written = match chain.writer(mem) {
                 Ok(mut w) if w.available_bytes() >= event.len() => w
                     .write_all(&event)
-                    .map(|()| event.len() as u32)
+                    .map(|()| u32::try_from(event.len()).unwrap_or(u32::MAX))
                     .unwrap_or(0),
                 _ => 0,
             };

@@ -11,13 +11,12 @@
 use std::io::{Read, Write};
 use std::ops::Deref;
 
-use virtio_queue::{DescriptorChain, Writer};
-
-use crate::devices::virtio::GuestMemoryMmap;
-
 pub use spore_abi::vsock::{
     Header, Op, HDR_SIZE, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
+use virtio_queue::{DescriptorChain, Writer};
+
+use crate::devices::virtio::GuestMemoryMmap;
 
 /// Largest payload accepted in one guest packet (Linux sends at most 64 KiB).
 pub const MAX_PAYLOAD: usize = 64 * 1024;
@@ -188,11 +187,13 @@ impl<'a> RxBuffer<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+    use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
 
     const CID: u64 = 3;
     const MEM_SIZE: usize = 0x10_0000;
@@ -219,7 +220,12 @@ mod tests {
     }
 
     fn desc(addr: u64, len: u32, flags: u32) -> RawDescriptor {
-        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, 0))
+        RawDescriptor::from(SplitDescriptor::new(
+            addr,
+            len,
+            u16::try_from(flags).unwrap(),
+            0,
+        ))
     }
 
     /// Writes `h` at HDR_ADDR and `payload` at DATA_ADDR, then parses the
@@ -320,7 +326,7 @@ mod tests {
             "{r:?}"
         );
 
-        let big = MAX_PAYLOAD as u32 + 1;
+        let big = u32::try_from(MAX_PAYLOAD).unwrap() + 1;
         let r = parse(
             &m,
             &hdr(Op::Rw, big),

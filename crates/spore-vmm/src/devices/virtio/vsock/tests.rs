@@ -1,6 +1,10 @@
 //! End-to-end tests of the vsock device: the real worker thread, driven
 //! through mock split queues by a test playing the guest driver, against
 //! real Unix sockets on the host side.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -11,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
 use vm_memory::{Address, Bytes, GuestAddress};

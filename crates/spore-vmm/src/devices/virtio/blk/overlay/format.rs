@@ -18,6 +18,7 @@
 //! This module only encodes and checks the layout; it does no I/O.
 
 use super::OverlayError;
+use crate::host_usize;
 
 pub const MAGIC: [u8; 8] = *b"SPORECOW";
 pub const VERSION: u32 = 1;
@@ -90,12 +91,16 @@ impl Layout {
         self.disk_size.saturating_sub(start).min(self.block_size)
     }
 
-    pub fn encode(&self) -> [u8; HEADER_LEN as usize] {
-        let mut h = [0u8; HEADER_LEN as usize];
+    pub fn encode(&self) -> [u8; host_usize::from_u64(HEADER_LEN)] {
+        let mut h = [0u8; host_usize::from_u64(HEADER_LEN)];
         h[0..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        // Checked to fit in `new`/`decode`.
-        h[12..16].copy_from_slice(&(self.block_size as u32).to_le_bytes());
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "checked to fit in `new`/`decode`"
+        )]
+        let block_size = self.block_size as u32;
+        h[12..16].copy_from_slice(&block_size.to_le_bytes());
         h[16..24].copy_from_slice(&self.disk_size.to_le_bytes());
         h[24..32].copy_from_slice(&self.bitmap_offset.to_le_bytes());
         h[32..40].copy_from_slice(&self.data_offset.to_le_bytes());
@@ -154,7 +159,7 @@ pub struct BlockMap {
 impl BlockMap {
     pub fn empty(blocks: u64) -> Self {
         Self {
-            bits: vec![0; blocks.div_ceil(8) as usize],
+            bits: vec![0; host_usize::from_u64(blocks.div_ceil(8))],
             blocks,
         }
     }
@@ -222,8 +227,9 @@ impl BlockMap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::path::Path;
+
+    use super::*;
 
     #[test]
     fn layout_round_trip_and_checks() {

@@ -26,8 +26,10 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::config::{CowOverlayConfig, DriveConfig};
 use format::{BlockMap, Layout, DEFAULT_BLOCK_SIZE, HEADER_LEN};
+
+use crate::config::{CowOverlayConfig, DriveConfig};
+use crate::host_usize;
 
 /// The agreed name of a drive's configuration (Firecracker calls the body of
 /// `PUT /drives/{id}` a block device).
@@ -184,7 +186,7 @@ impl CowDisk {
             base_path: base_path.to_path_buf(),
             overlay,
             overlay_path,
-            scratch: vec![0; layout.block_size as usize],
+            scratch: vec![0; host_usize::from_u64(layout.block_size)],
             layout,
             map,
             durable_flush,
@@ -241,7 +243,7 @@ impl CowDisk {
         while !buf.is_empty() {
             let block = offset / bs;
             let within = offset % bs;
-            let n = ((bs - within) as usize).min(buf.len());
+            let n = host_usize::from_u64(bs - within).min(buf.len());
             let (piece, rest) = buf.split_at_mut(n);
             if self.map.contains(block) {
                 let at = self.layout.data_at(block) + within;
@@ -265,7 +267,7 @@ impl CowDisk {
         while !data.is_empty() {
             let block = offset / bs;
             let within = offset % bs;
-            let n = ((bs - within) as usize).min(data.len());
+            let n = host_usize::from_u64(bs - within).min(data.len());
             let (piece, rest) = data.split_at(n);
             self.write_in_block(block, within, piece)?;
             offset += n as u64;
@@ -283,7 +285,7 @@ impl CowDisk {
                 .write_all_at(piece, at + within)
                 .map_err(overlay_err(at + within));
         }
-        let block_len = self.layout.block_len(block) as usize;
+        let block_len = host_usize::from_u64(self.layout.block_len(block));
         let whole = &mut self.scratch[..block_len];
         if within != 0 || piece.len() != block_len {
             // Copy-up: the block's other bytes come from the base.
@@ -293,7 +295,8 @@ impl CowDisk {
                 source,
             })?;
         }
-        whole[within as usize..within as usize + piece.len()].copy_from_slice(piece);
+        whole[host_usize::from_u64(within)..host_usize::from_u64(within) + piece.len()]
+            .copy_from_slice(piece);
         self.overlay
             .write_all_at(whole, at)
             .map_err(overlay_err(at))?;
@@ -501,7 +504,7 @@ fn read_layout(
             path: path.to_path_buf(),
         });
     }
-    let mut header = vec![0u8; HEADER_LEN as usize];
+    let mut header = vec![0u8; host_usize::from_u64(HEADER_LEN)];
     read_full_at(f, &mut header, 0).map_err(io(path, "read header"))?;
     let layout = Layout::decode(&header, path)?;
     if layout.disk_size != size {
@@ -512,7 +515,7 @@ fn read_layout(
             base_size: size,
         });
     }
-    let mut bits = vec![0u8; layout.bitmap_len() as usize];
+    let mut bits = vec![0u8; host_usize::from_u64(layout.bitmap_len())];
     read_full_at(f, &mut bits, layout.bitmap_offset).map_err(io(path, "read block map"))?;
     let map =
         BlockMap::from_bytes(bits, layout.blocks()).map_err(|detail| OverlayError::Corrupt {
@@ -603,7 +606,7 @@ fn copy_range_buffered(src: &File, dst: &File, offset: u64, len: u64) -> std::io
     let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
     let mut done = 0u64;
     while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
+        let n = host_usize::from_u64((len - done).min(buf.len() as u64));
         read_full_at(src, &mut buf[..n], offset + done)?;
         dst.write_all_at(&buf[..n], offset + done)?;
         done += n as u64;

@@ -1,5 +1,9 @@
 //! Copy-on-write overlays: merging at block boundaries, isolation between
 //! clones, persistence, hostile ranges, a base that shrinks underneath.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test fixtures: byte patterns and addresses the test builds itself"
+)]
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +11,9 @@ use vmm_sys_util::tempdir::TempDir;
 
 use super::*;
 use crate::config::{CowOverlayConfig, DriveConfig};
+use crate::host_usize;
 
-const BS: usize = DEFAULT_BLOCK_SIZE as usize;
+const BS: usize = host_usize::from_u64(DEFAULT_BLOCK_SIZE);
 
 fn base_content(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
@@ -36,7 +41,7 @@ fn mem_cfg() -> CowOverlayConfig {
 }
 
 fn read_all(d: &CowDisk) -> Vec<u8> {
-    let mut v = vec![0u8; d.size() as usize];
+    let mut v = vec![0u8; host_usize::from_u64(d.size())];
     d.read_at(0, &mut v).unwrap();
     v
 }

@@ -1,0 +1,134 @@
+//! A `spore serve` daemon the serve benches start, deploy functions to
+//! and end: its Lambda API address is the first line it prints.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context as _};
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::lambda_client::Conn;
+
+/// A `spore serve` for the bench, ended on drop.
+pub(crate) struct Daemon {
+    child: Child,
+    pub(crate) addr: String,
+    pub(crate) state: PathBuf,
+    /// Leave the state directory when ended (a later daemon reuses it).
+    keep_state: bool,
+}
+
+impl Daemon {
+    pub(crate) fn start(state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
+        let log = std::env::var_os("SPORE_BENCH_DAEMON_LOG").map(PathBuf::from);
+        Self::spawn(state, extra, false, log.as_deref(), false)
+    }
+
+    /// A daemon on `state` that leaves it in place when ended; its messages
+    /// are appended to `log`.
+    pub(crate) fn start_keeping(
+        state: &Path,
+        extra: &[&str],
+        log: Option<&Path>,
+    ) -> anyhow::Result<Daemon> {
+        Self::spawn(state, extra, true, log, true)
+    }
+
+    fn spawn(
+        state: &Path,
+        extra: &[&str],
+        keep_state: bool,
+        log: Option<&Path>,
+        append: bool,
+    ) -> anyhow::Result<Daemon> {
+        let exe = std::env::current_exe()?;
+        let stderr = match log {
+            Some(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(p)
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+            None => Stdio::null(),
+        };
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("daemon stdout")?).read_line(&mut line)?;
+        let v: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("spore serve did not start (it said {line:?}: {e}); see its log");
+            }
+        };
+        let addr = v["listen"]
+            .as_str()
+            .context("no listen address")?
+            .to_string();
+        Ok(Daemon {
+            child,
+            addr,
+            state: state.to_path_buf(),
+            keep_state,
+        })
+    }
+
+    pub(crate) fn deploy(&self, name: &str, image: &Path, memory_mib: u32) -> anyhow::Result<()> {
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        zip.start_file("fn", zip::write::SimpleFileOptions::default())?;
+        zip.write_all(
+            &std::fs::read(image).with_context(|| format!("reading {}", image.display()))?,
+        )?;
+        let zip = zip.finish()?.into_inner();
+        self.deploy_zip(name, "spore-uk", "fn", &zip, memory_mib, 60)
+    }
+
+    /// Deploys a function from a zip (its bytes).
+    pub(crate) fn deploy_zip(
+        &self,
+        name: &str,
+        runtime: &str,
+        handler: &str,
+        zip: &[u8],
+        memory_mib: u32,
+        timeout_s: u32,
+    ) -> anyhow::Result<()> {
+        let body = json!({
+            "FunctionName": name, "Runtime": runtime, "Handler": handler, "Role": "bench",
+            "MemorySize": memory_mib, "Timeout": timeout_s,
+            "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
+        });
+        let mut c = Conn::open(&self.addr)?;
+        let r = c.request("POST", "/2015-03-31/functions", body.to_string().as_bytes())?;
+        if r.status != 201 {
+            bail!(
+                "deploying {name}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child: SIGTERM ends its instances.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if !self.keep_state {
+            let _ = std::fs::remove_dir_all(&self.state);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `spore serve` driven by the Lambda ecosystem's own clients, pinned
+//! (`tests/serve/requirements.txt`) and installed by the test setup into a
+//! cached virtualenv (`scripts/ensure-pyclients.sh`): boto3
+//! (`tests/serve/boto3_scenario.py`) and the AWS CLI (`aws lambda invoke`).
+
+use std::process::Command;
+
+use crate::common;
+use crate::common::fc::repo_root;
+use crate::common::serve::Daemon;
+use crate::common::{require_kvm, Scratch};
+
+fn client_venv() -> std::path::PathBuf {
+    let out = Command::new(repo_root().join("scripts/ensure-pyclients.sh"))
+        .output()
+        .expect("running scripts/ensure-pyclients.sh");
+    assert!(
+        out.status.success(),
+        "ensure-pyclients: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn kvm_serve_boto3_and_aws_cli() {
+    require_kvm();
+    let venv = client_venv();
+    let dir = Scratch::new("serve-clients");
+    let d = Daemon::start(&dir.path("state"), &[]);
+    let endpoint = format!("http://{}", d.addr);
+
+    let out = Command::new(venv.join("bin/python"))
+        .arg(repo_root().join("tests/serve/boto3_scenario.py"))
+        .args(["--endpoint", &endpoint])
+        .arg("--echo-elf")
+        .arg(common::uk_image("fn-echo"))
+        .arg("--upper-elf")
+        .arg(common::uk_image("fn-upper"))
+        .output()
+        .expect("running the boto3 scenario");
+    assert!(
+        out.status.success(),
+        "boto3 scenario failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The AWS CLI invokes the function the scenario left.
+    let response = dir.path("response.json");
+    let out = Command::new(venv.join("bin/aws"))
+        .args([
+            "lambda",
+            "invoke",
+            "--endpoint-url",
+            &endpoint,
+            "--region",
+            "us-east-1",
+        ])
+        .args(["--function-name", "cli-echo"])
+        .args(["--payload", r#"{"from":"aws-cli"}"#])
+        .arg(&response)
+        .env("AWS_ACCESS_KEY_ID", "AKIDSPORETEST")
+        .env("AWS_SECRET_ACCESS_KEY", "spore-test-secret")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .output()
+        .expect("running aws lambda invoke");
+    assert!(
+        out.status.success(),
+        "aws lambda invoke failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("aws prints JSON");
+    assert_eq!(meta["StatusCode"], 200, "{meta}");
+    assert_eq!(meta["ExecutedVersion"], "$LATEST", "{meta}");
+    let body: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&response).unwrap()).unwrap();
+    assert_eq!(body["echo"]["from"], "aws-cli", "{body}");
+
+    let out = Command::new(venv.join("bin/aws"))
+        .args([
+            "lambda",
+            "list-functions",
+            "--endpoint-url",
+            &endpoint,
+            "--region",
+            "us-east-1",
+        ])
+        .env("AWS_ACCESS_KEY_ID", "AKIDSPORETEST")
+        .env("AWS_SECRET_ACCESS_KEY", "spore-test-secret")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .output()
+        .expect("running aws lambda list-functions");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["Functions"][0]["FunctionName"], "cli-echo");
+}
+
+#[test]
+fn kvm_serve_sigv4_auth() {
+    require_kvm();
+    let venv = client_venv();
+    let dir = Scratch::new("serve-auth");
+    let keys = dir.path("keys.toml");
+    std::fs::write(
+        &keys,
+        "[[keys]]\naccess_key_id = \"AKIDSPORE\"\nsecret_access_key = \"s3cr3t/key+example\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&dir.path("state"), &["--auth", keys.to_str().unwrap()]);
+    let out = Command::new(venv.join("bin/python"))
+        .arg(repo_root().join("tests/serve/boto3_auth.py"))
+        .args(["--endpoint", &format!("http://{}", d.addr)])
+        .arg("--echo-elf")
+        .arg(common::uk_image("fn-echo"))
+        .args(["--key", "AKIDSPORE", "--secret", "s3cr3t/key+example"])
+        .output()
+        .expect("running the boto3 auth scenario");
+    assert!(
+        out.status.success(),
+        "boto3 auth scenario failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Unsigned: refused, and nothing runs.
+    let r = d.invoke("signed", b"{}");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error_type(), Some("MissingAuthenticationTokenException"));
+}
