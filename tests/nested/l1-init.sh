@@ -1,9 +1,8 @@
 #!/bin/sh
 # /init of the nested harness's L1 VM (Debian cloud kernel under QEMU TCG
 # with SVM, or with EL2 for arm64). Loads the KVM modules (load-order: none
-# for KVM on arm64, where it is built in), checks /dev/kvm, runs /scenario, prints
-# what the scenario left in $SPORE_OUT as a base64 tar between SPORE-OUT
-# markers (run.sh unpacks it), then powers off.
+# for KVM on arm64, where it is built in), checks /dev/kvm, runs each scenario
+# of /scenarios/list in turn (run_scenario), then powers off.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root TERM=linux
 
 mount -t proc proc /proc
@@ -40,14 +39,12 @@ if grep -qw spore.scratch=1 /proc/cmdline; then
     fi
 fi
 
-# An open bug (guest/README.md): now and then a run stalls before its first
-# result. If no SPORE-TEST line came after $1 seconds, print what every spore
-# process is doing (threads, wait channels, kernel stacks), the scenario's
-# console and error files, and the kernel log, before run.sh kills QEMU.
+# An open bug (guest/README.md): now and then a run stalls. If nothing
+# progressed for $1 seconds, print what every spore process is doing (threads,
+# wait channels, kernel stacks), the scenario's console and error files, and
+# the kernel log, before run.sh kills QEMU.
 stall_report() {
-    sleep "$1"
-    grep -q 'SPORE-TEST ' /tmp/.scenario.out 2>/dev/null && return 0
-    echo "SPORE-L1 stall report after $1 s"
+    echo "SPORE-L1 stall report after $1 s without progress"
     ps | grep -v " \[" # user processes only
     for pid in $(pidof spore); do
         for task in /proc/"$pid"/task/*; do
@@ -55,7 +52,7 @@ stall_report() {
             head -n 12 "$task/stack" 2>/dev/null
         done
     done
-    for f in /tmp/*.txt /tmp/*.err /tmp/*/*.txt /tmp/*/*.err; do
+    for f in "$SPORE_TMP"/*.txt "$SPORE_TMP"/*.err "$SPORE_TMP"/*/*.txt "$SPORE_TMP"/*/*.err; do
         [ -f "$f" ] || continue
         echo "-- tail $f"
         tail -n 15 "$f" | cut -c1-200
@@ -65,6 +62,82 @@ stall_report() {
     echo "SPORE-L1 stall report end"
 }
 
+# What the running scenario does, as a line that changes when it makes
+# progress: L1's network byte counters (taps, veths), the resident memory of
+# every process over 16 MiB (a VMM whose guest touches memory, spore's or a
+# peer's; a restore loading pages). Files the scenario writes count too
+# (progress_watch).
+activity() {
+    awk 'NR > 2 { s += $2 + $10 } END { printf "net=%.0f", s }' /proc/net/dev
+    cat /proc/[0-9]*/statm 2>/dev/null | awk '$2 > 4096 { printf " %s", $2 }'
+}
+
+# progress_watch DIR REPORT_S: every 10 s, `SPORE-L1 progress` if anything
+# under DIR or $SPORE_OUT changed or activity() did (run.sh's stall watch
+# counts these lines); L1's stall report once nothing has for REPORT_S s.
+progress_watch() {
+    stamp=/tmp/.progress-stamp last="" idle=0 reported=0
+    touch "$stamp"
+    while sleep 10; do
+        now=$(activity)
+        if [ "$now" != "$last" ] || [ -n "$(find "$1" "$SPORE_OUT" -newer "$stamp" 2>/dev/null | head -n 1)" ]; then
+            echo "SPORE-L1 progress"
+            idle=0
+        else
+            idle=$((idle + 10))
+        fi
+        last=$now
+        touch "$stamp"
+        if [ -n "$2" ] && [ "$idle" -ge "$2" ] && [ $reported = 0 ]; then
+            stall_report "$idle"
+            reported=1
+        fi
+    done
+}
+
+# kill_leftovers: every user process but init (VMMs, daemons, servers a
+# scenario left running), so the next scenario starts from a quiet L1.
+kill_leftovers() {
+    for p in /proc/[0-9]*; do
+        pid=${p#/proc/}
+        [ "$pid" = 1 ] && continue
+        readlink "$p/exe" >/dev/null 2>&1 || continue # a kernel thread
+        kill -9 "$pid" 2>/dev/null
+    done
+    sleep 1
+}
+
+# run_scenario DIR NAME: /scenarios/I (run.sh): its script, its guest
+# initramfs; between SPORE-SCENARIO-BEGIN and -END lines: its output, its
+# exit status, L1's kernel messages during it, and what it left in
+# $SPORE_OUT as a base64 tar between SPORE-OUT markers (run.sh unpacks it).
+run_scenario() {
+    echo "SPORE-SCENARIO-BEGIN $2"
+    export GUEST_INITRD="$1/initramfs.cpio" SPORE_OUT="/out/$2" SPORE_TMP="/tmp/sc/$2"
+    mkdir -p "$SPORE_OUT" "$SPORE_TMP"
+    cd "$SPORE_TMP" || return
+    progress_watch "$SPORE_TMP" "$(cat "$1/stall_report_s" 2>/dev/null)" &
+    watcher=$!
+    { "$1/scenario"; echo "SPORE-L1 scenario exit $?"; } 2>&1 | tee "$SPORE_TMP/.scenario.out"
+    kill "$watcher" 2>/dev/null
+    # L1's kernel runs quiet: its warnings (a splat from an ioctl), its
+    # seccomp kill records (audit type 1326: which thread, which syscall)
+    # and a fatal signal's registers (print-fatal-signals) reach the log
+    # only here, so a VMM that died says why. Cleared for the next scenario.
+    dmesg | grep -E -A 30 'cut here|type=1326|fatal signal' | head -n 160 | sed 's/^/SPORE-L1-KERNEL /'
+    dmesg -c >/dev/null
+    kill_leftovers
+    cd /
+    if [ -n "$(ls -A "$SPORE_OUT")" ]; then
+        echo "SPORE-OUT-BEGIN"
+        tar -C "$SPORE_OUT" -cz . | base64
+        echo "SPORE-OUT-END"
+    fi
+    # Its files are in L1's memory: free them for the next scenario.
+    rm -rf "$SPORE_TMP" "$SPORE_OUT"
+    echo "SPORE-SCENARIO-END $2"
+}
+
 if [ -c /dev/kvm ]; then
     read -r up _ </proc/uptime
     echo "NESTED-KVM ok (${up}s)"
@@ -72,31 +145,17 @@ if [ -c /dev/kvm ]; then
     export SPORE=/bin/spore
     if [ -f /guest/Image ]; then
         # arm64 (run.sh --arch arm64): an Image, no bzImage.
-        export GUEST_KERNEL=/guest/Image GUEST_INITRD=/guest/initramfs.cpio
+        export GUEST_KERNEL=/guest/Image
     else
-        export GUEST_KERNEL=/guest/vmlinux GUEST_BZIMAGE=/guest/bzImage GUEST_INITRD=/guest/initramfs.cpio
+        export GUEST_KERNEL=/guest/vmlinux GUEST_BZIMAGE=/guest/bzImage
     fi
-    export SPORE_OUT=/out
-    mkdir -p /out
-    cd /tmp || exit 1
-    # The scenario's output also goes to a file, so that the stall reporter
-    # below can tell whether any result came.
-    stall_s=$(sed -n 's/.*spore\.stall_report_s=\([0-9]*\).*/\1/p' /proc/cmdline)
-    [ -n "$stall_s" ] && stall_report "$stall_s" &
-    reporter=$!
-    { /scenario; echo "SPORE-L1 scenario exit $?"; } 2>&1 | tee /tmp/.scenario.out
-    kill "$reporter" 2>/dev/null
-    # L1's kernel runs quiet: its warnings (a splat from an ioctl), its
-    # seccomp kill records (audit type 1326: which thread, which syscall)
-    # and a fatal signal's registers (print-fatal-signals) reach the log
-    # only here, so a VMM that died says why.
-    dmesg | grep -E -A 30 'cut here|type=1326|fatal signal' | head -n 160 | sed 's/^/SPORE-L1-KERNEL /'
-    cd /
-    if [ -n "$(ls -A /out)" ]; then
-        echo "SPORE-OUT-BEGIN"
-        tar -C /out -cz . | base64
-        echo "SPORE-OUT-END"
-    fi
+    # The list is read first: a scenario's stdin stays the console.
+    # shellcheck disable=SC2046 # index and name pairs, no spaces
+    set -- $(cat /scenarios/list)
+    while [ $# -ge 2 ]; do
+        run_scenario "/scenarios/$1" "$2"
+        shift 2
+    done
 else
     echo "NESTED-KVM fail: no /dev/kvm after loading $(tr '\n' ' ' </lib/modules/load-order)"
     dmesg | grep -i -E 'kvm|svm|started at EL' | tail -n 20

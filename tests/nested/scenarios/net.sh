@@ -203,35 +203,48 @@ limit_tx() {
     guest 'rm -f /tmp/www/limit' >/dev/null
     echo "$(mibps $((($2 - $1) * MIB)) "$_ms") $_ms"
 }
-# judge NAME LIMIT TRANSFER_MIB "RATE MS": PASS within 10 % of LIMIT.
+# judge NAME LIMIT TRANSFER_MIB "RATE MS" [AGAIN]: PASS within 10 % of LIMIT.
+# Over the limit fails at once: the limiter let too much through. Under it,
+# the measurement is taken once more (AGAIN: the command that measures): a
+# nested guest on a loaded host may for a while not send or read as fast as
+# the limit allows, which says nothing about the limiter.
 judge() {
-    set -- "$1" "$2" "$3" $4
-    if [ -z "$4" ]; then
-        r "$1" FAIL "no timed transfer: $(cat "$tmp/patch.txt" "$tmp/wget-limit.err" 2>/dev/null | tail -n 2 | tr '\n' ' '); $(vm_state)"
-        return
-    fi
-    detail="$4 MiB/s past the ${2} MiB burst ($3 MiB in $5 ms; $(mibps $(($3 * MIB)) "$5") MiB/s with it); limit $2 MiB/s"
-    if awk -v x="$4" -v l="$2" 'BEGIN{exit !(x >= 0.9 * l && x <= 1.1 * l)}'; then
-        r "$1" PASS "$detail"
-    else
-        r "$1" FAIL "$detail"
-    fi
+    local name=$1 limit=$2 mib=$3 again=${5:-} earlier=""
+    set -- $4
+    while :; do
+        if [ -z "${1:-}" ]; then
+            r "$name" FAIL "no timed transfer: $(cat "$tmp/patch.txt" "$tmp/wget-limit.err" 2>/dev/null | tail -n 2 | tr '\n' ' '); $(vm_state)"
+            return
+        fi
+        detail="$1 MiB/s past the ${limit} MiB burst ($mib MiB in $2 ms; $(mibps $((mib * MIB)) "$2") MiB/s with it); limit $limit MiB/s$earlier"
+        if awk -v x="$1" -v l="$limit" 'BEGIN{exit !(x >= 0.9 * l && x <= 1.1 * l)}'; then
+            r "$name" PASS "$detail"
+            return
+        fi
+        if [ -z "$again" ] || awk -v x="$1" -v l="$limit" 'BEGIN{exit !(x > 1.1 * l)}'; then
+            r "$name" FAIL "$detail"
+            return
+        fi
+        earlier=" (measured again: $1 MiB/s the first time)"
+        set -- $($again)
+        again=""
+    done
 }
 if awk -v u="$up_rate" 'BEGIN{exit !(u < 11)}'; then
     r net-rate-limit-tx SKIP "the unlimited guest->L1 rate ($up_rate MiB/s) is not above 11 MiB/s: a 10 MiB/s limit cannot be told apart"
 else
-    judge net-rate-limit-tx 10 "$LIMIT_MIB" "$(limit_tx 10 "$LIMIT_MIB")"
+    judge net-rate-limit-tx 10 "$LIMIT_MIB" "$(limit_tx 10 "$LIMIT_MIB")" "limit_tx 10 $LIMIT_MIB"
 fi
 # Unlimited rx into /dev/null (the 64 MiB above went to the guest's tmpfs).
 free_ms=$(rx_ms 30)
 [ -n "$free_ms" ] && down_rate=$(mibps $((30 * MIB)) "$free_ms")
 if [ -n "$down_rate" ] && awk -v d="$down_rate" 'BEGIN{exit !(d >= 11)}'; then
-    judge net-rate-limit-rx 10 "$LIMIT_MIB" "$(limit_rx 10 "$LIMIT_MIB")"
+    judge net-rate-limit-rx 10 "$LIMIT_MIB" "$(limit_rx 10 "$LIMIT_MIB")" "limit_rx 10 $LIMIT_MIB"
 else
     r net-rate-limit-rx SKIP "the unlimited L1->guest rate (${down_rate:-?} MiB/s) is not above 11 MiB/s: a 10 MiB/s limit cannot be told apart (net-rate-limit-rx-5 checks the rx limiter at 5 MiB/s)"
 fi
 # The rx limiter at a rate this setup can exceed: 5 MiB/s, 30 MiB (5 s).
-judge net-rate-limit-rx-5 5 30 "$(limit_rx 5 30)"
+judge net-rate-limit-rx-5 5 30 "$(limit_rx 5 30)" "limit_rx 5 30"
 patch_limits "$off" "$off" || r net-rate-limit-off FAIL "$(cat "$tmp/patch.txt")"
 fi
 # A VMM that is gone leaves nothing to snapshot or clone: say how it ended

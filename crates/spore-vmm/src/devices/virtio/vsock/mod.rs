@@ -100,9 +100,15 @@ impl Vsock {
 
     /// Shortens how long host clients wait for the guest to handle a
     /// transport reset (tests); only before the device is activated.
-    pub fn set_reset_ack_timeout(&mut self, timeout: std::time::Duration) {
+    /// `unposted`: while the event waits for a guest buffer; `posted`: once
+    /// it sits in one.
+    pub fn set_reset_ack_timeouts(
+        &mut self,
+        unposted: std::time::Duration,
+        posted: std::time::Duration,
+    ) {
         if let Some(m) = &mut self.muxer {
-            m.set_reset_ack_timeout(timeout);
+            m.set_reset_ack_timeouts(unposted, posted);
         }
     }
 

@@ -42,13 +42,18 @@ pub const MAX_RST_QUEUE: usize = 1024;
 /// guests usually address.
 pub const LOCAL_PORT_BASE: u32 = 1 << 30;
 
-/// How long host clients wait for the guest to acknowledge a transport
-/// reset (by re-posting an event buffer) before they are let through anyway:
-/// a driver that never re-arms its event queue must not block them forever.
-/// Generous, because letting a client through early brings back the silent
-/// drop the wait prevents, and a starved guest (a loaded host, nested
-/// emulation) was seen taking more than 5 s to run its event handler.
+/// How long host clients wait for a guest that has not given the event
+/// queue a buffer yet (a driver that may never use it) before they are let
+/// through anyway.
 pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long host clients wait, once the reset event sits in a guest buffer,
+/// for the guest to re-post one (it handled the event). A driver that takes
+/// event buffers re-arms them after handling one, so this only bounds a
+/// broken driver: letting a client through early brings back the silent
+/// drop the wait prevents (the guest resets the connection it just accepted
+/// and tells nobody), and a starved guest (a loaded host, nested emulation)
+/// was seen taking more than 30 s to run its event handler.
+pub const RESET_ACK_POSTED_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A transport reset the guest has not acknowledged yet. Until it does, new
 /// host clients are held back: a guest driver handles the reset event and
@@ -91,8 +96,9 @@ pub struct VsockMuxer {
     reset_ack: Option<ResetAck>,
     /// Host clients (stream, guest port) whose request waits for that ack.
     held_clients: Vec<(UnixStream, u32)>,
-    /// [`RESET_ACK_TIMEOUT`], shorter in tests.
+    /// [`RESET_ACK_TIMEOUT`] and [`RESET_ACK_POSTED_TIMEOUT`], shorter in tests.
     reset_ack_timeout: Duration,
+    reset_ack_posted_timeout: Duration,
     /// Holds one OP_RW payload on its way from a host socket to the guest.
     scratch: Vec<u8>,
     /// Where a CID change comes from (see `identity.rs`).
@@ -129,6 +135,7 @@ impl VsockMuxer {
             reset_ack: None,
             held_clients: Vec::new(),
             reset_ack_timeout: RESET_ACK_TIMEOUT,
+            reset_ack_posted_timeout: RESET_ACK_POSTED_TIMEOUT,
             scratch: vec![0; MAX_PAYLOAD],
             identity: None,
             notices: Vec::new(),
@@ -148,9 +155,10 @@ impl VsockMuxer {
         self.identity = Some(identity);
     }
 
-    /// Shortens [`RESET_ACK_TIMEOUT`] (tests).
-    pub fn set_reset_ack_timeout(&mut self, timeout: Duration) {
-        self.reset_ack_timeout = timeout;
+    /// Shortens [`RESET_ACK_TIMEOUT`] and [`RESET_ACK_POSTED_TIMEOUT`] (tests).
+    pub fn set_reset_ack_timeouts(&mut self, unposted: Duration, posted: Duration) {
+        self.reset_ack_timeout = unposted;
+        self.reset_ack_posted_timeout = posted;
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -595,7 +603,7 @@ impl VsockMuxer {
                 // Still no buffer: the wait counts from when one arrives.
             } else if ack.avail_at_post.is_none() {
                 ack.avail_at_post = before;
-                ack.deadline = now + self.reset_ack_timeout;
+                ack.deadline = now + self.reset_ack_posted_timeout;
             }
             let acked = ack.avail_at_post.is_some() && avail_idx(queue) != ack.avail_at_post;
             if acked || now >= ack.deadline {
@@ -605,9 +613,11 @@ impl VsockMuxer {
                         "vsock: the guest handled the transport reset"
                     );
                 } else {
-                    tracing::debug!(
+                    tracing::warn!(
                         held = self.held_clients.len(),
-                        "vsock: the guest did not acknowledge the transport reset in time"
+                        posted = ack.avail_at_post.is_some(),
+                        "vsock: the guest did not acknowledge the transport reset in time; \
+                         letting held host clients through"
                     );
                 }
                 self.reset_ack = None;

@@ -599,8 +599,19 @@ const ACK_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// A guest driver with two event buffers, after a transport reset it got.
 fn guest_after_reset<'a>(mem: &'a GuestMemoryMmap, uds: &Path) -> Guest<'a> {
+    guest_after_reset_waiting(mem, uds, ACK_TIMEOUT, ACK_TIMEOUT)
+}
+
+/// As [`guest_after_reset`], the device holding clients `unposted` /
+/// `posted` at most.
+fn guest_after_reset_waiting<'a>(
+    mem: &'a GuestMemoryMmap,
+    uds: &Path,
+    unposted: Duration,
+    posted: Duration,
+) -> Guest<'a> {
     let mut dev = Vsock::new(CID, uds.to_owned()).unwrap();
-    dev.set_reset_ack_timeout(ACK_TIMEOUT);
+    dev.set_reset_ack_timeouts(unposted, posted);
     let mut g = Guest::attach(mem, dev);
     g.post_rx(8);
     for i in 0..2u16 {
@@ -629,6 +640,50 @@ fn host_clients_wait_until_the_guest_handled_a_transport_reset() {
     assert_eq!(req.dst_port, 52);
     g.send(hdr(Op::Response, 52, req.src_port), &[]);
     assert_eq!(read_line(&mut c), format!("OK {}\n", req.src_port));
+}
+
+#[test]
+fn a_reset_event_in_a_guest_buffer_holds_clients_until_the_guest_handled_it() {
+    // The short wait is for drivers without event buffers; one that took
+    // the event is waited for (a starved guest may take long to handle it).
+    let uds = TempPath::new("reset-posted");
+    let mem = new_mem();
+    let mut g = guest_after_reset_waiting(
+        &mem,
+        &uds.0,
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    );
+    let mut c = client(&uds.0);
+    c.write_all(b"CONNECT 52\n").unwrap();
+    g.expect_quiet(Duration::from_millis(600));
+    g.push_avail(EVENT_QUEUE, 0);
+    let (req, _) = g.recv_op(Op::Request);
+    assert_eq!(req.dst_port, 52);
+    drop(c);
+}
+
+#[test]
+fn without_an_event_buffer_held_clients_go_through_after_the_short_wait() {
+    let uds = TempPath::new("reset-unposted");
+    let mem = new_mem();
+    let mut dev = Vsock::new(CID, uds.0.clone()).unwrap();
+    let short = Duration::from_millis(300);
+    dev.set_reset_ack_timeouts(short, Duration::from_secs(120));
+    let mut g = Guest::attach(&mem, dev);
+    g.post_rx(8);
+    g.dev.transport_reset();
+    let start = Instant::now();
+    let mut c = client(&uds.0);
+    c.write_all(b"CONNECT 52\n").unwrap();
+    let (req, _) = g.recv_op(Op::Request);
+    let waited = start.elapsed();
+    assert!(
+        waited >= short - Duration::from_millis(100),
+        "let through after {waited:?}"
+    );
+    assert_eq!(req.dst_port, 52);
+    drop(c);
 }
 
 #[test]
