@@ -498,7 +498,17 @@ pub async fn delete_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp
 
 pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
     let gauges = daemon.instances.gauges().await;
-    let text = daemon.instances.metrics.render(&gauges);
+    let mut text = daemon.instances.metrics.render(&gauges);
+    daemon.events.render_metrics(&mut text);
+    let (open, refused, evicted) = daemon.connections.counts();
+    text.push_str(&format!(
+        "# HELP spore_api_connections Open connections to the Lambda API.\n\
+         # TYPE spore_api_connections gauge\nspore_api_connections {open}\n\
+         # HELP spore_api_connections_refused_total Connections refused: every open one was busy.\n\
+         # TYPE spore_api_connections_refused_total counter\nspore_api_connections_refused_total {refused}\n\
+         # HELP spore_api_connections_evicted_total Idle connections closed to make room for a new one.\n\
+         # TYPE spore_api_connections_evicted_total counter\nspore_api_connections_evicted_total {evicted}\n"
+    ));
     let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
