@@ -106,10 +106,18 @@ pub fn run(state_dir: &Path, pool: NetPool, fd: i32) -> anyhow::Result<()> {
         // A new daemon holds the directory: it cleaned up when it started.
         return Ok(());
     };
-    let catalog = crate::catalog::Catalog::open(&state_dir.join("catalog.db"))
-        .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?;
-    let report = crate::recovery::recover(state_dir, &catalog)?;
+    let report = crate::recovery::recover(state_dir)?;
     let net = Network::new(state_dir, pool).remove_leftovers();
+    // The pid records go too (a full disk may refuse this: the next
+    // daemon drops them then).
+    match crate::catalog::Catalog::open(&state_dir.join("catalog.db")) {
+        Ok(catalog) => {
+            if let Err(e) = crate::recovery::forget_processes(&catalog) {
+                tracing::warn!("spore serve's guardian: VMM records kept: {e:#}");
+            }
+        }
+        Err(e) => tracing::warn!("spore serve's guardian: VMM records kept: {e:#}"),
+    }
     if report.killed > 0 || report.removed > 0 || net > 0 {
         tracing::warn!(
             "spore serve's guardian: the daemon of {} is gone; {} VMM processes ended, {} run directories and {net} network leftovers removed",

@@ -86,11 +86,14 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     restrict(&state_dir);
     check_socket_room(&state_dir)?;
     let _lock = lock_state_dir(&state_dir)?;
+    // First, as it needs no disk room: a full disk must not keep a dead
+    // daemon's VMMs running, and removing its leftovers frees room.
+    let report = recovery::recover(&state_dir)?;
     let catalog = Arc::new(
         catalog::Catalog::open(&state_dir.join("catalog.db"))
             .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
     );
-    let report = recovery::recover(&state_dir, &catalog)?;
+    recovery::forget_processes(&catalog)?;
     if report.killed > 0 || report.removed > 0 {
         tracing::info!(
             "recovered from a previous daemon: {} VMM processes ended, {} leftovers removed",

@@ -202,7 +202,14 @@ fn check_linux(daemon: &Daemon, runtime: &str, network: bool) -> Result<(), Lamb
 }
 
 fn code_err(e: code::CodeError) -> LambdaError {
-    if e.is_user_error() {
+    if e.is_disk_full() {
+        // Lambda's name for "no room for more code"; nothing was kept.
+        LambdaError::new(
+            StatusCode::BAD_REQUEST,
+            "CodeStorageExceededException",
+            format!("The host has no room to store the code: {e}"),
+        )
+    } else if e.is_user_error() {
         LambdaError::invalid(e.to_string())
     } else {
         LambdaError::service(e.to_string())
