@@ -37,9 +37,10 @@ impl SmallFs {
     /// Fills the file system up to `leave` free bytes.
     fn fill(&self, leave: u64) {
         let free = {
-            // SAFETY: statvfs with a valid path and output struct.
+            // SAFETY: a plain C struct of integers, valid all zero.
             let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
             let c = std::ffi::CString::new(self.0.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path and a valid output struct.
             assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
             st.f_bavail * st.f_frsize
         };
