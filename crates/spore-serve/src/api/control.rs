@@ -324,16 +324,46 @@ pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaEr
         .ok_or_else(|| LambdaError::not_found(name))
 }
 
-pub fn get(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+/// GetFunction. `Code.Location` is where the zip can be downloaded from
+/// (Lambda: a presigned URL; here the daemon's own `GET
+/// /spore/functions/NAME/code.zip`, at the host the request named).
+pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, LambdaError> {
     let f = existing(daemon, name)?;
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        })
+        .unwrap_or("localhost");
+    let location = format!("http://{host}/spore/functions/{}/code.zip", f.name);
     let mut v = serde_json::json!({
         "Configuration": configuration(&f),
-        "Code": { "RepositoryType": "spore", "Location": code::dir(&daemon.state_dir, &f.code_sha256) },
+        "Code": { "RepositoryType": "S3", "Location": location },
     });
     if let Some(n) = f.reserved_concurrency {
         v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
     }
     Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `GET /spore/functions/NAME/code.zip`: the function's code as uploaded.
+pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let f = existing(daemon, name)?;
+    let path = code::dir(&daemon.state_dir, &f.code_sha256).join("code.zip");
+    let zip = tokio::task::spawn_blocking(move || std::fs::read(&path))
+        .await
+        .map_err(|e| LambdaError::service(format!("reading the function's code: {e}")))?
+        .map_err(|e| LambdaError::service(format!("reading the function's code: {e}")))?;
+    let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(zip)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/zip"),
+    );
+    Ok(resp)
 }
 
 pub fn get_configuration(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {

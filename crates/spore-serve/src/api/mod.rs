@@ -99,7 +99,12 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["metrics"]) => Ok(control::metrics(daemon).await),
         (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
-        (Method::GET, ["2015-03-31", "functions", name]) => control::get(daemon, &fn_name(name)?),
+        (Method::GET, ["2015-03-31", "functions", name]) => {
+            control::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::GET, ["spore", "functions", name, "code.zip"]) => {
+            control::code_zip(daemon, &fn_name(name)?).await
+        }
         (Method::GET, ["2015-03-31", "functions", name, "configuration"]) => {
             control::get_configuration(daemon, &fn_name(name)?)
         }

@@ -71,6 +71,18 @@ fn kvm_serve_lifecycle_and_distinct_invocations() {
     assert_eq!(list["Functions"].as_array().map(|a| a.len()), Some(1));
     let got = d.request("GET", "/2015-03-31/functions/f", b"", &[]).json();
     assert_eq!(got["Configuration"]["Handler"], "fn-echo");
+    // Code.Location downloads the zip from the daemon, no host path shown.
+    let location = got["Code"]["Location"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let path = location
+        .strip_prefix(&format!("http://{}", d.addr))
+        .unwrap_or_else(|| panic!("Code.Location {location}"));
+    let zip = d.request("GET", path, b"", &[]);
+    assert_eq!(zip.status, 200, "{}", zip.text());
+    assert!(zip.body.starts_with(b"PK\x03\x04"), "not a zip");
+    assert_eq!(zip.header("content-type"), Some("application/zip"));
 
     // New code: the next invocation runs it, never an instance or the zygote
     // of the old code.
