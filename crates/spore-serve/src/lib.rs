@@ -10,11 +10,14 @@
 //! deployed function.
 //!
 //! Modules, from the top (each imports only modules below it; see
-//! `docs/ARCHITECTURE.md`): [`api`] (the Lambda HTTP API; [`auth`] checks
+//! `docs/ARCHITECTURE.md`): [`server`] (the API's connections, bounded) →
+//! [`api`] (the Lambda HTTP API; [`auth`] checks
 //! its signatures) → [`instances`] (pools, admission, start paths) →
 //! [`snapshots`] and [`bases`] (function and runtime-base snapshots) →
-//! [`catalog`] (SQLite), [`code`] (zips and code disks), [`runtime`],
-//! [`images`], [`logs`], [`metrics`], [`recovery`] → the VMM client:
+//! [`catalog`] (SQLite), [`events`] (accepted `Event` invocations, on
+//! disk), [`code`] (zips and code disks), [`runtime`],
+//! [`images`], [`logs`], [`metrics`], [`recovery`] ([`guardian`]: the
+//! process that cleans up after a dead daemon) → the VMM client:
 //! [`vmm`] (VMM processes), [`instance_conn`] (the invoke protocol over
 //! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
@@ -25,7 +28,10 @@ pub mod catalog;
 pub mod clock;
 pub mod code;
 pub mod config;
+pub mod connections;
+pub mod events;
 pub mod fs;
+pub mod guardian;
 pub mod images;
 pub mod instance_conn;
 pub mod instances;
@@ -36,6 +42,7 @@ pub mod network;
 pub mod recovery;
 pub mod runtime;
 pub mod runtime_image;
+pub mod server;
 pub mod snapshots;
 pub mod vmm;
 
@@ -47,9 +54,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 /// `spore image` builds code disks too (`spore_serve::code_disk::build`).
 pub use code::disk as code_disk;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 pub use instances::InstancesConfig;
 
 /// What `spore serve` was asked for.
@@ -58,6 +62,10 @@ pub struct ServeConfig {
     pub instances: InstancesConfig,
     /// `--auth keys.toml`: verify SigV4 signatures against these keys.
     pub auth_keys: Option<PathBuf>,
+    /// How `Event` invocations are queued and retried.
+    pub events: events::EventsConfig,
+    /// How the API's connections are bounded.
+    pub connections: server::ConnLimits,
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
@@ -78,11 +86,14 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     restrict(&state_dir);
     check_socket_room(&state_dir)?;
     let _lock = lock_state_dir(&state_dir)?;
+    // First, as it needs no disk room: a full disk must not keep a dead
+    // daemon's VMMs running, and removing its leftovers frees room.
+    let report = recovery::recover(&state_dir)?;
     let catalog = Arc::new(
         catalog::Catalog::open(&state_dir.join("catalog.db"))
             .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
     );
-    let report = recovery::recover(&state_dir, &catalog)?;
+    recovery::forget_processes(&catalog)?;
     if report.killed > 0 || report.removed > 0 {
         tracing::info!(
             "recovered from a previous daemon: {} VMM processes ended, {} leftovers removed",
@@ -90,6 +101,21 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             report.removed
         );
     }
+    // From here on, whatever ends this daemon, its guardian ends what it
+    // started.
+    let _guardian = match guardian::Guardian::start(
+        &config.instances.spore_bin,
+        &state_dir,
+        &config.instances.net_pool,
+    ) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!(
+                "no guardian: instances would outlive a killed daemon until its next start: {e:#}"
+            );
+            None
+        }
+    };
     let instances = instances::Instances::new(config.instances, catalog.clone());
     let net_removed = instances.remove_network_leftovers().await;
     if net_removed > 0 {
@@ -111,6 +137,16 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             instances.set_provisioned(&f, Some(p.count)).await;
         }
     }
+    let (events, found) =
+        events::EventQueue::open(&state_dir.join("events"), config.events.clone())
+            .with_context(|| format!("opening the event queue in {}", state_dir.display()))?;
+    if found.events > 0 || found.temp_removed > 0 || found.corrupt > 0 {
+        tracing::info!(
+            "event queue: {} events from a previous daemon queued again, {} half-written files removed, {} unreadable set aside (*.corrupt)",
+            found.events, found.temp_removed, found.corrupt
+        );
+    }
+    let events = Arc::new(events);
     let auth = match &config.auth_keys {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,
@@ -121,7 +157,10 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         instances: instances.clone(),
         admin: tokio::sync::Mutex::new(()),
         auth,
+        events: events.clone(),
+        connections: Arc::new(connections::Connections::default()),
     });
+    let dispatcher = api::spawn_event_dispatcher(daemon.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
@@ -146,33 +185,21 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         })
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
+    let mut limits = config.connections;
+    limits.max_connections = server::fit_descriptor_limit(limits.max_connections);
+    let stop = async move {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let daemon = daemon.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| api::handle(daemon.clone(), req));
-                    if let Err(e) = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await
-                    {
-                        tracing::debug!("connection: {e}");
-                    }
-                });
-            }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
-    }
+    };
+    server::serve(listener, daemon.clone(), limits, stop).await;
     tracing::info!("spore serve: stopping; ending every instance");
+    dispatcher.abort();
+    let kept = events.queued();
+    if kept > 0 {
+        tracing::info!("{kept} Event invocations stay queued on disk for the next start");
+    }
     reaper.abort();
     instances.shutdown().await;
     Ok(())
@@ -193,6 +220,10 @@ fn check_socket_room(state_dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a starting daemon waits for the state directory's lock: the
+/// previous daemon's guardian holds it while it cleans up.
+const LOCK_WAIT: Duration = Duration::from_secs(15);
+
 /// One daemon per state directory: a second one is refused instead of
 /// ending the first one's VMMs as leftovers.
 fn lock_state_dir(state_dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
@@ -204,8 +235,13 @@ fn lock_state_dir(state_dir: &std::path::Path) -> anyhow::Result<std::fs::File> 
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
+    let until = std::time::Instant::now() + LOCK_WAIT;
     // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
         anyhow::bail!(
             "another spore serve is using the state directory {} ({})",
             state_dir.display(),

@@ -17,14 +17,17 @@ pub struct RecoveryReport {
     pub removed: usize,
 }
 
-pub fn recover(state: &Path, catalog: &Catalog) -> anyhow::Result<RecoveryReport> {
+/// Ends the VMMs of a previous daemon and removes its leftovers. It needs
+/// no room on disk (it only removes), so it runs before the catalogue is
+/// opened: a full disk must not keep a dead daemon's VMMs running. The
+/// catalogue's records of their pids are dropped afterwards
+/// ([`forget_processes`]): every process of ours is found by its command
+/// line, recorded or not (clones and standby processes of an old zygote are
+/// not recorded by pid).
+pub fn recover(state: &Path) -> anyhow::Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
     let run = state.join("run");
     let marker = run.display().to_string();
-    // The records are dropped: every process of ours is found by its command
-    // line below, recorded or not (clones and standby processes of an old
-    // zygote are not recorded by pid).
-    catalog.take_processes()?;
     // SIGKILL takes effect asynchronously, and a zygote being ended may still
     // start a standby clone: scan and kill until a scan finds none, so that
     // no VMM of the old daemon is left once this returns.
@@ -63,6 +66,13 @@ pub fn recover(state: &Path, catalog: &Catalog) -> anyhow::Result<RecoveryReport
         }
     }
     Ok(report)
+}
+
+/// Drops the catalogue's records of a previous daemon's VMM processes
+/// (after [`recover`] ended them).
+pub fn forget_processes(catalog: &Catalog) -> anyhow::Result<()> {
+    catalog.take_processes()?;
+    Ok(())
 }
 
 /// Running (not zombie) processes of the spore binary with an argument under

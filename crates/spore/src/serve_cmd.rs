@@ -80,9 +80,46 @@ pub struct ServeArgs {
     /// hosts need more).
     #[arg(long, default_value_t = 30)]
     ready_timeout_s: u64,
+    /// Event invocations kept at once (on disk, until they ran); beyond,
+    /// Event invocations get 429.
+    #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_QUEUED)]
+    event_queue_max: usize,
+    /// Retries of an Event invocation whose attempt failed (Lambda's
+    /// MaximumRetryAttempts, 0-2 there).
+    #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_RETRIES)]
+    event_retries: u32,
+    /// Wait before an Event invocation's first retry (ms), doubled for each
+    /// further one.
+    #[arg(long, default_value_t = 60_000)]
+    event_retry_delay_ms: u64,
+    /// An Event invocation not run after this long (s) is dropped (logged,
+    /// counted in spore_events_expired_total).
+    #[arg(long, default_value_t = 21_600)]
+    event_max_age_s: u64,
+    /// Open API connections at most (also kept 1024 under the descriptor
+    /// limit); a new one closes the connection idle the longest, or is
+    /// refused when every one is busy.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// An API connection without a request for this long is closed (ms).
+    #[arg(long, default_value_t = 60_000)]
+    idle_timeout_ms: u64,
+    /// A request's headers must arrive within this long, and its body may
+    /// not pause longer (ms); 408 otherwise.
+    #[arg(long, default_value_t = 30_000)]
+    request_timeout_ms: u64,
+    /// Internal: run as the daemon's guardian, waiting on this descriptor
+    /// (spore_serve::guardian).
+    #[arg(long, hide = true)]
+    guardian_fd: Option<i32>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
+    if let Some(fd) = a.guardian_fd {
+        let pool = spore_serve::network::NetPool::parse(&a.net_pool)?;
+        spore_serve::guardian::run(&a.state_dir, pool, fd)?;
+        return Ok(0);
+    }
     let spore_bin = match std::env::var_os("SPORE_BIN") {
         Some(p) => PathBuf::from(p),
         None => std::env::current_exe().context("finding the spore binary")?,
@@ -107,6 +144,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     spore_serve::run(spore_serve::ServeConfig {
         listen: a.listen,
         auth_keys: a.auth,
+        connections: spore_serve::server::ConnLimits {
+            max_connections: a.max_connections.max(1),
+            idle_timeout: Duration::from_millis(a.idle_timeout_ms.max(1)),
+            request_timeout: Duration::from_millis(a.request_timeout_ms.max(1)),
+        },
+        events: spore_serve::events::EventsConfig {
+            max_queued: a.event_queue_max.max(1),
+            max_retries: a.event_retries,
+            max_age: Duration::from_secs(a.event_max_age_s.max(1)),
+            retry_delay: Duration::from_millis(a.event_retry_delay_ms),
+        },
         instances: spore_serve::InstancesConfig {
             spore_bin,
             state_dir,

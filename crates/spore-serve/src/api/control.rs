@@ -202,7 +202,14 @@ fn check_linux(daemon: &Daemon, runtime: &str, network: bool) -> Result<(), Lamb
 }
 
 fn code_err(e: code::CodeError) -> LambdaError {
-    if e.is_user_error() {
+    if e.is_disk_full() {
+        // Lambda's name for "no room for more code"; nothing was kept.
+        LambdaError::new(
+            StatusCode::BAD_REQUEST,
+            "CodeStorageExceededException",
+            format!("The host has no room to store the code: {e}"),
+        )
+    } else if e.is_user_error() {
         LambdaError::invalid(e.to_string())
     } else {
         LambdaError::service(e.to_string())
@@ -317,16 +324,46 @@ pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaEr
         .ok_or_else(|| LambdaError::not_found(name))
 }
 
-pub fn get(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+/// GetFunction. `Code.Location` is where the zip can be downloaded from
+/// (Lambda: a presigned URL; here the daemon's own `GET
+/// /spore/functions/NAME/code.zip`, at the host the request named).
+pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, LambdaError> {
     let f = existing(daemon, name)?;
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        })
+        .unwrap_or("localhost");
+    let location = format!("http://{host}/spore/functions/{}/code.zip", f.name);
     let mut v = serde_json::json!({
         "Configuration": configuration(&f),
-        "Code": { "RepositoryType": "spore", "Location": code::dir(&daemon.state_dir, &f.code_sha256) },
+        "Code": { "RepositoryType": "S3", "Location": location },
     });
     if let Some(n) = f.reserved_concurrency {
         v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
     }
     Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `GET /spore/functions/NAME/code.zip`: the function's code as uploaded.
+pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
+    let f = existing(daemon, name)?;
+    let path = code::dir(&daemon.state_dir, &f.code_sha256).join("code.zip");
+    let zip = tokio::task::spawn_blocking(move || std::fs::read(&path))
+        .await
+        .map_err(|e| LambdaError::service(format!("reading the function's code: {e}")))?
+        .map_err(|e| LambdaError::service(format!("reading the function's code: {e}")))?;
+    let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(zip)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/zip"),
+    );
+    Ok(resp)
 }
 
 pub fn get_configuration(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
@@ -498,7 +535,17 @@ pub async fn delete_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp
 
 pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
     let gauges = daemon.instances.gauges().await;
-    let text = daemon.instances.metrics.render(&gauges);
+    let mut text = daemon.instances.metrics.render(&gauges);
+    daemon.events.render_metrics(&mut text);
+    let (open, refused, evicted) = daemon.connections.counts();
+    text.push_str(&format!(
+        "# HELP spore_api_connections Open connections to the Lambda API.\n\
+         # TYPE spore_api_connections gauge\nspore_api_connections {open}\n\
+         # HELP spore_api_connections_refused_total Connections refused: every open one was busy.\n\
+         # TYPE spore_api_connections_refused_total counter\nspore_api_connections_refused_total {refused}\n\
+         # HELP spore_api_connections_evicted_total Idle connections closed to make room for a new one.\n\
+         # TYPE spore_api_connections_evicted_total counter\nspore_api_connections_evicted_total {evicted}\n"
+    ));
     let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

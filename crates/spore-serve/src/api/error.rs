@@ -77,7 +77,13 @@ impl LambdaError {
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {
-        let body = serde_json::json!({ "Type": "User", "message": self.message });
+        // Lambda's `Type`: whose fault it is.
+        let fault = if self.status.is_server_error() {
+            "Service"
+        } else {
+            "User"
+        };
+        let body = serde_json::json!({ "Type": fault, "message": self.message });
         let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();

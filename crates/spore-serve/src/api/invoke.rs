@@ -15,6 +15,7 @@ use hyper::StatusCode;
 use super::error::LambdaError;
 use super::{empty_response, Daemon, Resp};
 use crate::catalog::Function;
+use crate::events::AcceptError;
 use crate::instances::{AcquireError, Invocation, Outcome};
 use crate::logs;
 
@@ -76,6 +77,16 @@ pub async fn invoke(
         _ => SYNC_PAYLOAD,
     };
     let payload = super::body_within(&req, limit, "Invoke")?;
+    // Lambda takes JSON events only (an empty body is passed on as it is).
+    if !payload.is_empty() {
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&payload) {
+            return Err(LambdaError::new(
+                StatusCode::BAD_REQUEST,
+                "InvalidRequestContentException",
+                format!("Could not parse request body into json: {e}"),
+            ));
+        }
+    }
     let f = daemon
         .catalog
         .get(name)
@@ -84,24 +95,29 @@ pub async fn invoke(
     match kind {
         InvocationType::DryRun => Ok(empty_response(StatusCode::NO_CONTENT)),
         InvocationType::Event => {
-            let daemon = daemon.clone();
-            tokio::spawn(async move {
-                let request_id = super::random_uuid();
-                // A throttled event waits and tries again, as Lambda's queue does.
-                for _ in 0..60 {
-                    match run(&daemon, &f, &request_id, &payload, received).await {
-                        Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => {
-                            tokio::time::sleep(std::time::Duration::from_millis(500)).await
-                        }
-                        Err(e) => {
-                            tracing::warn!(function = %f.name, "event invocation failed: {}", e.message);
-                            return;
-                        }
-                        Ok(_) => return,
-                    }
+            // On disk (fsynced) before the 202: an accepted event survives
+            // the daemon's death and runs at least once (api::events).
+            let request_id = super::random_uuid();
+            let queue = daemon.events.clone();
+            let (function, id) = (f.name.clone(), request_id.clone());
+            let kept = tokio::task::spawn_blocking(move || queue.accept(&function, &id, &payload))
+                .await
+                .map_err(|e| LambdaError::service(format!("keeping the event: {e}")))?;
+            match kept {
+                Ok(()) => {}
+                Err(e @ AcceptError::Full(_)) => {
+                    daemon.instances.metrics.throttled(&f.name);
+                    let mut err = LambdaError::throttled("EventQueueFull");
+                    err.message = format!("Rate Exceeded. ({e})");
+                    return Err(err);
                 }
-            });
-            Ok(empty_response(StatusCode::ACCEPTED))
+                Err(e @ AcceptError::Io(_)) => return Err(LambdaError::service(e.to_string())),
+            }
+            let mut resp = empty_response(StatusCode::ACCEPTED);
+            if let Ok(v) = HeaderValue::from_str(&request_id) {
+                resp.headers_mut().insert("x-amzn-requestid", v);
+            }
+            Ok(resp)
         }
         InvocationType::RequestResponse => {
             let request_id = super::random_uuid();
@@ -146,16 +162,16 @@ pub async fn invoke(
     }
 }
 
-struct Done {
+pub(super) struct Done {
     body: Vec<u8>,
-    function_error: bool,
+    pub(super) function_error: bool,
     log: Vec<u8>,
     path: crate::metrics::StartPath,
     micros: u64,
 }
 
 /// Runs one invocation through the instance manager and keeps its log.
-async fn run(
+pub(super) async fn run(
     daemon: &Daemon,
     f: &Function,
     request_id: &str,

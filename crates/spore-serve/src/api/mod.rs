@@ -6,6 +6,7 @@
 
 mod control;
 pub mod error;
+mod events;
 mod invoke;
 mod provisioned_config;
 
@@ -31,7 +32,13 @@ pub struct Daemon {
     pub admin: tokio::sync::Mutex<()>,
     /// With `--auth`: the access keys requests must be signed with.
     pub auth: Option<crate::auth::Keys>,
+    /// Accepted `Event` invocations, on disk until they ran.
+    pub events: Arc<crate::events::EventQueue>,
+    /// The API's open connections (served by `crate::server`).
+    pub connections: Arc<crate::connections::Connections>,
 }
+
+pub use events::spawn_dispatcher as spawn_event_dispatcher;
 
 type Resp = Response<Full<Bytes>>;
 
@@ -42,11 +49,16 @@ pub const MAX_BODY: usize = 70 * 1024 * 1024;
 pub type Req = Request<Bytes>;
 
 /// Routes one request; never fails (errors become Lambda-shaped responses).
-pub async fn handle(daemon: Arc<Daemon>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+/// A body with a pause longer than `body_timeout` is answered 408.
+pub async fn handle(
+    daemon: Arc<Daemon>,
+    req: Request<Incoming>,
+    body_timeout: std::time::Duration,
+) -> Result<Resp, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let result = async {
-        let req = read_whole(req).await?;
+        let req = read_whole(req, body_timeout).await?;
         if let Some(keys) = &daemon.auth {
             authenticate(keys, &req)?;
         }
@@ -87,7 +99,12 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["metrics"]) => Ok(control::metrics(daemon).await),
         (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
-        (Method::GET, ["2015-03-31", "functions", name]) => control::get(daemon, &fn_name(name)?),
+        (Method::GET, ["2015-03-31", "functions", name]) => {
+            control::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::GET, ["spore", "functions", name, "code.zip"]) => {
+            control::code_zip(daemon, &fn_name(name)?).await
+        }
         (Method::GET, ["2015-03-31", "functions", name, "configuration"]) => {
             control::get_configuration(daemon, &fn_name(name)?)
         }
@@ -152,7 +169,32 @@ pub fn fn_name(segment: &str) -> Result<String, LambdaError> {
         LambdaError::invalid("The function name is not valid percent-encoded UTF-8")
     })?;
     let name = match decoded.rsplit_once(":function:") {
-        Some((_, rest)) => rest.split(':').next().unwrap_or("").to_string(),
+        Some((owner, rest)) => {
+            let name = rest.split(':').next().unwrap_or("").to_string();
+            check_name(&name)?;
+            // A full ARN (`arn:aws:lambda:REGION:ACCOUNT`) or a partial one
+            // (`ACCOUNT`) must name this daemon's region and account: a
+            // function of another account is not this one's.
+            let ours = match owner.split(':').collect::<Vec<_>>().as_slice() {
+                [account] => *account == crate::config::ACCOUNT,
+                ["arn", "aws", "lambda", region, account] => {
+                    *region == crate::config::REGION && *account == crate::config::ACCOUNT
+                }
+                _ => {
+                    return Err(LambdaError::invalid(format!(
+                        "1 validation error detected: Value '{decoded}' at 'functionName' failed to satisfy constraint: Member must be a function name or an ARN (arn:aws:lambda:REGION:ACCOUNT:function:NAME)"
+                    )))
+                }
+            };
+            if !ours {
+                return Err(LambdaError::new(
+                    StatusCode::NOT_FOUND,
+                    "ResourceNotFoundException",
+                    format!("Function not found: {decoded}"),
+                ));
+            }
+            name
+        }
         None => decoded,
     };
     check_name(&name)?;
@@ -192,7 +234,13 @@ pub(super) fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// Reads the whole body (at most [`MAX_BODY`]; a larger one is a 413).
-async fn read_whole(req: Request<Incoming>) -> Result<Req, LambdaError> {
+/// Reads the whole body (at most [`MAX_BODY`]); a pause of more than
+/// `pause_limit` between two pieces of it (a client that declared more than
+/// it sends) ends it with 408.
+async fn read_whole(
+    req: Request<Incoming>,
+    pause_limit: std::time::Duration,
+) -> Result<Req, LambdaError> {
     let (parts, body) = req.into_parts();
     let declared = parts
         .headers
@@ -202,21 +250,39 @@ async fn read_whole(req: Request<Incoming>) -> Result<Req, LambdaError> {
     if declared.is_some_and(|len| len > MAX_BODY as u64) {
         return Err(too_large(MAX_BODY, "any"));
     }
-    let bytes = match Limited::new(body, MAX_BODY).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return Err(too_large(MAX_BODY, "any"))
+    let mut body = Limited::new(body, MAX_BODY);
+    let mut bytes = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(pause_limit, body.frame()).await {
+            Err(_) => {
+                return Err(LambdaError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "RequestTimeoutException",
+                    format!(
+                        "the request body paused for more than {pause_limit:?} ({} bytes read)",
+                        bytes.len()
+                    ),
+                ))
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(e)))
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                return Err(too_large(MAX_BODY, "any"))
+            }
+            Ok(Some(Err(e))) => {
+                return Err(LambdaError::bad_content(format!(
+                    "reading the request body: {e}"
+                )))
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            bytes.extend_from_slice(&data);
         }
-        Err(e) => {
-            return Err(LambdaError::bad_content(format!(
-                "reading the request body: {e}"
-            )))
-        }
-    };
-    Ok(Request::from_parts(parts, bytes))
+    }
+    Ok(Request::from_parts(parts, bytes.freeze()))
 }
 
 fn too_large(limit: usize, operation: &str) -> LambdaError {
@@ -297,6 +363,26 @@ mod tests {
         assert!(fn_name("").is_err());
         assert!(fn_name(&"x".repeat(65)).is_err());
         assert!(fn_name("%zz").is_err());
+        assert_eq!(fn_name("000000000000:function:echo").unwrap(), "echo");
+        assert_eq!(
+            fn_name("arn:aws:lambda:us-east-1:000000000000:function:echo:$LATEST").unwrap(),
+            "echo"
+        );
+        // Another account's or region's function is not found here.
+        for other in [
+            "arn:aws:lambda:us-east-1:123456789012:function:echo",
+            "arn:aws:lambda:eu-west-1:000000000000:function:echo",
+            "123456789012:function:echo",
+        ] {
+            let e = fn_name(other).unwrap_err();
+            assert_eq!(
+                (e.status, e.kind),
+                (StatusCode::NOT_FOUND, "ResourceNotFoundException"),
+                "{other}"
+            );
+        }
+        let e = fn_name("arn:aws:s3:::bucket:function:echo").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
     }
 
     #[test]

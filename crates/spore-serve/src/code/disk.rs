@@ -35,6 +35,13 @@ pub enum CodeDiskError {
     TooManyEntries,
     #[error("zip entry '{name}' refused: {why}")]
     Unsafe { name: String, why: &'static str },
+    /// The entry's header declares another size than its data inflates to.
+    #[error("zip entry '{name}' declares {declared} bytes but inflates to {}", match inflated { Some(n) => format!("{n}"), None => "more".to_string() })]
+    SizeMismatch {
+        name: String,
+        declared: u64,
+        inflated: Option<u64>,
+    },
     #[error("mkfs.ext4: {0}")]
     Mkfs(String),
     #[error("{0}")]
@@ -191,18 +198,24 @@ fn unpack_limited(zip: &[u8], dest: &Path, limits: Limits) -> Result<Unpacked, C
                 make_dirs(parent).map_err(|e| conflict(e, &name))?;
             }
             let budget = limits.bytes - stats.bytes;
-            if entry.size() > budget {
+            let declared = entry.size();
+            if declared > budget {
                 return Err(CodeDiskError::TooBig);
             }
             let executable = mode & 0o111 != 0;
             let mut f = create_new(&path, if executable { 0o755 } else { 0o644 })
                 .map_err(|e| conflict(e, &name))?;
             // Count what really inflates, not what the header claims: a bomb
-            // may lie about its sizes.
-            let n = std::io::copy(&mut entry.by_ref().take(budget + 1), &mut f)
+            // may lie about its sizes. One byte past the declared size tells
+            // a lie; reading to the end checks the entry's CRC.
+            let n = std::io::copy(&mut entry.by_ref().take(declared + 1), &mut f)
                 .map_err(|e| CodeDiskError::NotAZip(format!("{name}: {e}")))?;
-            if n > budget {
-                return Err(CodeDiskError::TooBig);
+            if n != declared {
+                return Err(CodeDiskError::SizeMismatch {
+                    name,
+                    declared,
+                    inflated: if n > declared { None } else { Some(n) },
+                });
             }
             stats.files += 1;
             stats.bytes += n;
@@ -571,6 +584,54 @@ mod tests {
             unpack(b"not a zip", &dir.0),
             Err(CodeDiskError::NotAZip(_))
         ));
+    }
+
+    /// Sets every local and central header's uncompressed size to `size`.
+    fn declare_size(zip: &mut [u8], size: u32) {
+        for i in 0..zip.len().saturating_sub(30) {
+            match zip[i..i + 4] {
+                [0x50, 0x4b, 0x03, 0x04] => {
+                    zip[i + 22..i + 26].copy_from_slice(&size.to_le_bytes())
+                }
+                [0x50, 0x4b, 0x01, 0x02] => {
+                    zip[i + 24..i + 28].copy_from_slice(&size.to_le_bytes())
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_an_entry_whose_header_lies_about_its_size() {
+        let data = vec![7u8; 200 << 10];
+        let honest = zip_of(&[E::File("handler", &data, 0o644)]);
+        let mut lying = honest.clone();
+        declare_size(&mut lying, 65 << 10);
+        let dir = scratch();
+        match unpack(&lying, &dir.0) {
+            Err(CodeDiskError::SizeMismatch {
+                name,
+                declared,
+                inflated: None,
+            }) => {
+                assert_eq!((name.as_str(), declared), ("handler", 65 << 10));
+            }
+            other => panic!("a header declaring less than the data: {other:?}"),
+        }
+        let mut lying = honest;
+        declare_size(&mut lying, 300 << 10);
+        let dir = scratch();
+        let got = unpack(&lying, &dir.0);
+        assert!(
+            matches!(
+                got,
+                Err(CodeDiskError::SizeMismatch {
+                    inflated: Some(n),
+                    ..
+                }) if n == 200 << 10
+            ) || matches!(got, Err(CodeDiskError::NotAZip(_))),
+            "a header declaring more than the data: {got:?}"
+        );
     }
 
     #[test]

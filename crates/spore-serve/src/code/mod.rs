@@ -54,6 +54,13 @@ impl CodeError {
     pub fn is_user_error(&self) -> bool {
         !matches!(self, CodeError::Io(_))
     }
+
+    /// Whether the host's disk had no room for the code.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, CodeError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull
+            || e.raw_os_error() == Some(libc::ENOSPC)
+            || e.to_string().contains("No space left on device"))
+    }
 }
 
 /// A zip that was checked, with its hash.
@@ -284,28 +291,39 @@ pub fn disk_path(state: &Path, sha256_hex: &str) -> PathBuf {
 /// Stores checked code (the zip, and the handler's image or the code disk;
 /// files 0600) unless already stored, through a temporary directory renamed
 /// into place.
+/// On a failure (a full disk) nothing of it is left behind: not the
+/// temporary directory, not a code directory this call made.
 pub fn store(state: &Path, zip: &[u8], code: &CheckedCode, handler: &str) -> Result<(), CodeError> {
     let final_dir = dir(state, &code.sha256_hex);
+    let mut made = false;
     if !final_dir.join("code.zip").exists() {
         let tmp =
             state
                 .join("code")
                 .join(format!(".tmp-{}-{}", code.sha256_hex, std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp)?;
-        write_private(&tmp.join("code.zip"), zip)?;
-        if let Err(e) = std::fs::rename(&tmp, &final_dir) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            // Another request may have stored the same code first.
-            if !final_dir.join("code.zip").exists() {
-                return Err(e.into());
+        let staged = std::fs::create_dir_all(&tmp)
+            .and_then(|()| write_private(&tmp.join("code.zip"), zip))
+            .and_then(|()| std::fs::rename(&tmp, &final_dir));
+        match staged {
+            Ok(()) => made = true,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                // Another request may have stored the same code first.
+                if !final_dir.join("code.zip").exists() {
+                    return Err(e.into());
+                }
             }
         }
     }
-    match &code.image {
+    let stored = match &code.image {
         Some(image) => store_image(state, &code.sha256_hex, handler, image),
         None => store_disk(state, &code.sha256_hex, zip),
+    };
+    if stored.is_err() && made {
+        let _ = std::fs::remove_dir_all(&final_dir);
     }
+    stored
 }
 
 /// Builds the code disk of stored code (atomically, 0600), if missing.

@@ -145,6 +145,22 @@ impl Drop for Daemon {
     }
 }
 
+/// The pid of the guardian of the daemon of `state_dir` (spore_serve::guardian).
+pub fn guardian_pid(state_dir: &Path) -> Option<i32> {
+    let marker = state_dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                c.contains("--guardian-fd") && c.contains(&marker)
+            })
+        })
+}
+
 pub fn vmm_pids_under(state_dir: &Path) -> Vec<i32> {
     let marker = state_dir.display().to_string();
     let mut out = Vec::new();

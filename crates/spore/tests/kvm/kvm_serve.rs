@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use crate::common::proc::private_bytes;
-use crate::common::serve::{wait_for_snapshot, Daemon};
+use crate::common::serve::{guardian_pid, wait_for_snapshot, Daemon};
 use crate::common::{require_kvm, Scratch};
 
 fn invocations(d: &Daemon, path: &str) -> f64 {
@@ -71,6 +71,18 @@ fn kvm_serve_lifecycle_and_distinct_invocations() {
     assert_eq!(list["Functions"].as_array().map(|a| a.len()), Some(1));
     let got = d.request("GET", "/2015-03-31/functions/f", b"", &[]).json();
     assert_eq!(got["Configuration"]["Handler"], "fn-echo");
+    // Code.Location downloads the zip from the daemon, no host path shown.
+    let location = got["Code"]["Location"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let path = location
+        .strip_prefix(&format!("http://{}", d.addr))
+        .unwrap_or_else(|| panic!("Code.Location {location}"));
+    let zip = d.request("GET", path, b"", &[]);
+    assert_eq!(zip.status, 200, "{}", zip.text());
+    assert!(zip.body.starts_with(b"PK\x03\x04"), "not a zip");
+    assert_eq!(zip.header("content-type"), Some("application/zip"));
 
     // New code: the next invocation runs it, never an instance or the zygote
     // of the old code.
@@ -89,7 +101,7 @@ fn kvm_serve_lifecycle_and_distinct_invocations() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["MemorySize"], 96);
-    assert_eq!(d.invoke("f", b"abc").text(), "ABC");
+    assert_eq!(d.invoke("f", b"\"abc\"").text(), "\"ABC\"");
 
     let r = d.request("DELETE", "/2015-03-31/functions/f", b"", &[]);
     assert_eq!(r.status, 204);
@@ -353,6 +365,11 @@ fn kvm_serve_survives_kill_9() {
         assert!(Instant::now() < deadline, "f's snapshot was never recorded");
         thread::sleep(Duration::from_millis(20));
     }
+    // Without its guardian (killed first), a killed daemon leaves its VMMs
+    // to the next daemon's recovery.
+    let guardian = guardian_pid(&state).expect("the daemon's guardian runs");
+    // SAFETY: the guardian of this test's daemon.
+    unsafe { libc::kill(guardian, libc::SIGKILL) };
     d.kill9();
     for h in handles {
         let _ = h.join();
@@ -397,8 +414,8 @@ fn kvm_serve_survives_kill_9() {
     let r = d2.invoke("f", br#"{"after":1}"#);
     assert_eq!(r.json()["echo"]["after"], 1);
     assert_eq!(r.header("x-spore-start-path"), Some("restore"));
-    let r = d2.invoke("g", b"after");
-    assert_eq!(r.text(), "AFTER");
+    let r = d2.invoke("g", b"\"after\"");
+    assert_eq!(r.text(), "\"AFTER\"");
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
 }
 
@@ -461,8 +478,8 @@ fn kvm_serve_restore_path_working_set_and_zygote_demotion() {
     let r = d.update_code("f", "fn-echo", "fn-upper");
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(!snap.exists(), "the old version's snapshot is deleted");
-    let r = d.invoke("f", b"abc");
-    assert_eq!(r.text(), "ABC");
+    let r = d.invoke("f", b"\"abc\"");
+    assert_eq!(r.text(), "\"ABC\"");
     assert_eq!(r.header("x-spore-start-path"), Some("cold"));
     wait_for_snapshot(&state, "f", 2, Duration::from_secs(10));
     let r = d.request("DELETE", "/2015-03-31/functions/f", b"", &[]);
@@ -564,6 +581,13 @@ fn kvm_serve_bad_input_is_lambda_shaped_and_changes_nothing() {
         ),
         ("existing name", d.create("f", "fn-echo", serde_json::json!({})), 409, "ResourceConflictException"),
         ("unknown function", d.invoke("nope", b"{}"), 404, "ResourceNotFoundException"),
+        ("payload not JSON", d.invoke("f", b"{not json"), 400, "InvalidRequestContentException"),
+        (
+            "another account's ARN",
+            d.invoke("arn:aws:lambda:us-east-1:123456789012:function:f", b"{}"),
+            404,
+            "ResourceNotFoundException",
+        ),
         (
             "bad invocation type",
             d.request("POST", "/2015-03-31/functions/f/invocations", b"{}", &[("X-Amz-Invocation-Type", "Sometimes")]),

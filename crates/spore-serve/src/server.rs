@@ -1,0 +1,156 @@
+//! The API's HTTP/1.1 connections, bounded so that clients cannot hold the
+//! daemon: request headers must arrive within the request timeout, an idle
+//! connection (keep-alive, or one that never sent a request) is closed
+//! after the idle timeout, and at most `max_connections` are open: a new
+//! one closes the connection idle the longest, or is refused when none is
+//! idle. Accept errors (descriptors exhausted) back off instead of spinning,
+//! and the descriptor limit is raised at start with room kept for the
+//! instances' VMM sockets.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::api::{self, Daemon};
+use crate::connections::{Conn, InFlight};
+
+/// Descriptors kept for everything but API connections (VMM sockets,
+/// catalogue, logs, snapshots).
+pub const RESERVED_FDS: u64 = 1024;
+
+/// How API connections are bounded (`spore serve --max-connections`,
+/// `--idle-timeout-ms`, `--request-timeout-ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    /// For a request's headers, and between two pieces of its body.
+    pub request_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one; returns the
+/// connection cap that leaves [`RESERVED_FDS`] for the rest (at least 16).
+pub fn fit_descriptor_limit(wanted: usize) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return wanted;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    let room = usize::try_from(lim.rlim_cur.saturating_sub(RESERVED_FDS)).unwrap_or(usize::MAX);
+    wanted.min(room).max(16)
+}
+
+/// Accepts and serves API connections until `stop` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    daemon: Arc<Daemon>,
+    limits: ConnLimits,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let conns = daemon.connections.clone();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = &mut stop => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors or memory: give connections and
+                // instances time to close some instead of spinning.
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some((id, conn)) = conns.admit(limits.max_connections) else {
+            tracing::debug!(
+                "connection refused: {} busy connections",
+                limits.max_connections
+            );
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (daemon, conns) = (daemon.clone(), conns.clone());
+        tokio::spawn(async move {
+            serve_one(stream, daemon, &conn, limits).await;
+            conns.remove(id);
+        });
+    }
+}
+
+async fn serve_one(
+    stream: tokio::net::TcpStream,
+    daemon: Arc<Daemon>,
+    conn: &Arc<Conn>,
+    limits: ConnLimits,
+) {
+    let tracked = conn.clone();
+    let service = service_fn(move |req| {
+        tracked.in_flight.fetch_add(1, Ordering::AcqRel);
+        let in_flight = InFlight(tracked.clone());
+        let daemon = daemon.clone();
+        async move {
+            let resp = api::handle(daemon, req, limits.request_timeout).await;
+            drop(in_flight);
+            resp
+        }
+    });
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(served);
+    let mut closing = false;
+    loop {
+        let idle_check = tokio::time::sleep(limits.idle_timeout.min(Duration::from_secs(1)));
+        tokio::select! {
+            r = served.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!("connection: {e}");
+                }
+                return;
+            }
+            () = conn.close.notified(), if !closing => {
+                closing = true;
+                served.as_mut().graceful_shutdown();
+            }
+            () = idle_check, if !closing => {
+                if conn.idle_for().is_some_and(|d| d >= limits.idle_timeout) {
+                    closing = true;
+                    served.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
