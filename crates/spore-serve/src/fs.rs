@@ -66,6 +66,33 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
         .map_err(|e| at(e, "syncing", dir))
 }
 
+/// The state directory's lock file, `serve.lock`.
+pub const STATE_LOCK: &str = "serve.lock";
+
+/// Takes an exclusive `flock` on `path` (created if missing), trying for
+/// up to `wait`; `None` if another process still holds it then. The lock
+/// lasts as long as the returned file is open.
+pub fn lock_for(path: &Path, wait: std::time::Duration) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| at(e, "opening", path))?;
+    let until = std::time::Instant::now() + wait;
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(file));
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Bytes a file takes on disk (its allocated blocks; memory files are
 /// sparse), 0 if it cannot be read.
 pub fn disk_bytes(path: &Path) -> u64 {

@@ -16,9 +16,9 @@
 use std::io::Read as _;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 
@@ -102,7 +102,10 @@ pub fn run(state_dir: &Path, pool: NetPool, fd: i32) -> anyhow::Result<()> {
             Err(e) => return Err(e).context("waiting on the daemon's pipe"),
         }
     }
-    let Some(_lock) = take_lock(state_dir)? else {
+    // The dead daemon's lock is released as it exits: a new daemon that
+    // holds it past LOCK_WAIT has cleaned up itself.
+    let Some(_lock) = crate::fs::lock_for(&state_dir.join(crate::fs::STATE_LOCK), LOCK_WAIT)?
+    else {
         // A new daemon holds the directory: it cleaned up when it started.
         return Ok(());
     };
@@ -127,27 +130,4 @@ pub fn run(state_dir: &Path, pool: NetPool, fd: i32) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The state directory's lock, once the dead daemon's is released; `None`
-/// if another daemon holds it past [`LOCK_WAIT`].
-fn take_lock(state_dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
-    let path: PathBuf = state_dir.join("serve.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let until = Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(Some(file));
-        }
-        if Instant::now() >= until {
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

@@ -227,28 +227,12 @@ const LOCK_WAIT: Duration = Duration::from_secs(15);
 /// One daemon per state directory: a second one is refused instead of
 /// ending the first one's VMMs as leftovers.
 fn lock_state_dir(state_dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::os::unix::io::AsRawFd;
-    let path = state_dir.join("serve.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let until = std::time::Instant::now() + LOCK_WAIT;
-    // SAFETY: flock on a file descriptor we own.
-    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        if std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
-        }
-        anyhow::bail!(
-            "another spore serve is using the state directory {} ({})",
-            state_dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(file)
+    fs::lock_for(&state_dir.join(fs::STATE_LOCK), LOCK_WAIT)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "another spore serve is using the state directory {}",
+            state_dir.display()
+        )
+    })
 }
 
 /// The state directory holds code and sockets: owner only.
