@@ -39,6 +39,17 @@ fn outcomes(state: &std::path::Path, name: &str) -> BTreeMap<String, Vec<String>
     by_id
 }
 
+/// Reserved concurrency 0: every invocation of `name` is throttled.
+fn throttle_all(d: &Daemon, name: &str) {
+    let r = d.request(
+        "PUT",
+        &format!("/2017-10-31/functions/{name}/concurrency"),
+        br#"{"ReservedConcurrentExecutions": 0}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 fn wait_until_queue_empty(d: &Daemon, limit: Duration) {
     let deadline = Instant::now() + limit;
     loop {
@@ -113,14 +124,7 @@ fn kvm_serve_throttled_events_wait_sigterm_keeps_them_and_the_queue_is_bounded()
         d.create("held", "fn-echo", serde_json::json!({})).status,
         201
     );
-    // Reserved concurrency 0: every invocation is throttled.
-    let r = d.request(
-        "PUT",
-        "/2017-10-31/functions/held/concurrency",
-        br#"{"ReservedConcurrentExecutions": 0}"#,
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    throttle_all(&d, "held");
     let mut accepted = Vec::new();
     for i in 0..5 {
         let (status, id) = event(&d, "held", &format!("{{\"n\":{i}}}"));
@@ -185,13 +189,7 @@ fn kvm_serve_failed_events_are_retried_then_dropped_and_counted() {
         d.create("gone", "fn-echo", serde_json::json!({})).status,
         201
     );
-    let r = d.request(
-        "PUT",
-        "/2017-10-31/functions/gone/concurrency",
-        br#"{"ReservedConcurrentExecutions": 0}"#,
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    throttle_all(&d, "gone");
     assert_eq!(event(&d, "gone", "{}").0, 202);
     // Deleted once it waits (throttled): an event taken just before the
     // delete may still run, as Lambda's may.
