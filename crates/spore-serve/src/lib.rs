@@ -18,7 +18,7 @@
 //! disk), [`code`] (zips and code disks), [`runtime`],
 //! [`images`], [`logs`], [`metrics`], [`recovery`] ([`guardian`]: the
 //! process that cleans up after a dead daemon) → the VMM client:
-//! [`vmm`] (VMM processes), [`instance_conn`] (the invoke protocol over
+//! [`vmm`] (VMM processes; [`vmm_exit`]: how one ended), [`instance_conn`] (the invoke protocol over
 //! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
 pub mod api;
@@ -45,6 +45,7 @@ pub mod runtime_image;
 pub mod server;
 pub mod snapshots;
 pub mod vmm;
+pub mod vmm_exit;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

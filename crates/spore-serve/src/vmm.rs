@@ -3,6 +3,7 @@
 //! it. The daemon never links KVM or guest memory: a VMM that crashes or is
 //! exploited stays one process.
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::network::InstanceNet;
+use crate::vmm_exit::{self, Ending};
 
 /// How long a VMM asked to stop cleanly may take before it is killed: one
 /// recording a working set writes it then (a Linux guest's can be tens of
@@ -62,6 +64,7 @@ impl VmmProcess {
         let child = command
             .arg("--api-sock")
             .arg(&api_sock)
+            .env(crate::vmm_exit::EXIT_RECORD_ENV, "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -155,9 +158,27 @@ impl VmmProcess {
         }
         match &mut self.child {
             Some(child) => matches!(child.try_wait(), Ok(None)),
+            // A clone is its factory's child: once dead it may stay a
+            // zombie until the factory reaps it, which signal 0 still finds.
             // SAFETY: signal 0 only checks that the process exists.
-            None => (unsafe { libc::kill(self.pid, 0) }) == 0,
+            None => (unsafe { libc::kill(self.pid, 0) }) == 0 && !is_zombie(self.pid),
         }
+    }
+
+    /// How the process ended, once it is gone (`None` while it runs):
+    /// from the record it left and, for our children, the wait status.
+    pub fn ending(&mut self) -> Option<Ending> {
+        if self.is_alive() {
+            return None;
+        }
+        let signal = match &mut self.child {
+            Some(child) => child.try_wait().ok().flatten().and_then(|s| s.signal()),
+            None => None,
+        };
+        Some(vmm_exit::classify(
+            vmm_exit::read_record(&self.api_sock),
+            signal,
+        ))
     }
 
     /// Ends the process (SIGKILL to its group for our children, to the pid
@@ -185,6 +206,7 @@ impl VmmProcess {
                 unsafe { libc::kill(self.pid, libc::SIGKILL) };
                 let _ = std::fs::remove_file(&self.api_sock);
                 let _ = std::fs::remove_file(&self.vsock_uds);
+                let _ = std::fs::remove_file(vmm_exit::record_path(&self.api_sock));
             }
         }
         if let Some(net) = self.net.take() {
@@ -208,6 +230,19 @@ impl Drop for VmmProcess {
         }
         // Our children are killed by kill_on_drop.
     }
+}
+
+/// Whether `/proc/PID/stat` says the process is dead and not yet reaped
+/// (state `Z`, or `X`); an unreadable one counts as gone.
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The state follows the command name, which is in parentheses and may
+    // itself hold spaces and parentheses: look after the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
 }
 
 /// `Pss:` of `/proc/PID/smaps_rollup`, in bytes (0 if unreadable).

@@ -37,6 +37,7 @@ use crate::mutex::lock;
 use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
+use crate::vmm_exit::Ending;
 
 /// Lines of a failed instance's VMM log (its guest console) logged.
 const CRASH_LOG_LINES: usize = 20;
@@ -99,8 +100,19 @@ pub enum AcquireError {
 /// How an invocation ended.
 pub enum Outcome {
     Done(InvokeResult),
-    /// The instance ended or broke the protocol before answering.
-    Crashed(String),
+    /// The instance ended or broke the protocol before answering: the
+    /// guest's doing (the function's fault), with what its console said
+    /// last.
+    Crashed {
+        why: String,
+        console: String,
+    },
+    /// The instance's VMM was killed or failed before answering: a host
+    /// fault, not the function's; with what the guest's console said last.
+    HostFault {
+        why: String,
+        console: String,
+    },
     TimedOut,
 }
 
@@ -282,13 +294,25 @@ impl Instances {
                 Outcome::Done(r)
             }
             Ok(Err(e)) => {
-                let why = crash_reason(&e, &mut inst).await;
+                let ending = crash_reason(&e, &mut inst).await;
                 // The guest's console is in the VMM's log, which goes with
-                // its run directory: what it said last is kept here.
-                tracing::warn!(function = %f.name, start = path.as_str(),
-                    "instance failed ({why}); its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
+                // its run directory: what it said last is kept here and in
+                // the invocation's log.
+                let console = inst.vmm.log_lines(CRASH_LOG_LINES);
+                let outcome = match ending {
+                    Ending::Guest(why) => {
+                        tracing::warn!(function = %f.name, start = path.as_str(),
+                            "instance failed ({why}); its VMM log ends: {console}");
+                        Outcome::Crashed { why, console }
+                    }
+                    Ending::Host(why) => {
+                        tracing::error!(function = %f.name, start = path.as_str(),
+                            "instance lost to a host fault ({why}); its VMM log ends: {console}");
+                        Outcome::HostFault { why, console }
+                    }
+                };
                 self.end(inst.vmm).await;
-                Outcome::Crashed(why)
+                outcome
             }
             Err(_) => {
                 tracing::warn!(function = %f.name, start = path.as_str(),
@@ -476,15 +500,23 @@ impl Pool {
 }
 
 /// Why an instance failed, from the error and whether its VMM is still there.
-async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> String {
-    // Give an exiting VMM a moment to be gone, so the message says so.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    if inst.vmm.is_alive() {
-        format!("Runtime error: {e}")
-    } else {
-        "Runtime exited before answering".to_string()
+/// Why an instance's connection failed mid-invocation: a guest that broke
+/// the connection while its VMM runs is the function's fault; a VMM that
+/// is gone says how it ended (its record, `vmm_exit`).
+async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
+    // An ending VMM closes the connection as it exits: give it a moment to
+    // be gone (and its record written) before asking.
+    for _ in 0..ENDING_WAIT_STEPS {
+        if let Some(ending) = inst.vmm.ending() {
+            return ending;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    Ending::Guest(format!("Runtime error: {e}"))
 }
+
+/// How many 5 ms steps [`crash_reason`] waits for a VMM to be gone.
+const ENDING_WAIT_STEPS: u32 = 20;
 
 /// Whether an error body names a runtime failure (`Runtime.*`), after which
 /// the instance is not reused.

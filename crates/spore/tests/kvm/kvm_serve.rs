@@ -252,11 +252,69 @@ fn kvm_serve_timeout_and_crash_fail_only_their_invocation() {
     let r = d.invoke("f", br#"{"exit":7}"#);
     assert_eq!(r.header("x-amz-function-error"), Some("Unhandled"));
     assert_eq!(r.json()["errorType"], "Runtime.ExitError", "{}", r.text());
+    // The guest ended its VM: its own exit status is named.
+    assert!(
+        r.json()["errorMessage"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("Runtime exited with error: exit status 7")),
+        "{}",
+        r.text()
+    );
     let r = d.invoke("f", br#"{"fail":"handled"}"#);
     assert_eq!(r.json()["errorType"], "HandledError");
     // ... and the next invocation works.
     let r = d.invoke("f", br#"{"ok":2}"#);
     assert_eq!(r.status, 200);
+    assert_eq!(r.json()["echo"]["ok"], 2);
+}
+
+/// kill -9 of the instance's VMM mid-invocation is the host's fault, not
+/// the function's: 500 ServiceException (no `X-Amz-Function-Error`), the
+/// log's outcome `service_error`, counted so; the next invocation runs.
+#[test]
+fn kvm_serve_a_killed_vmm_is_a_service_error_not_the_functions() {
+    require_kvm();
+    let dir = Scratch::new("serve-vmmkill");
+    let d = Arc::new(Daemon::start(&dir.path("state"), &[]));
+    assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(d.invoke("f", br#"{"ok":1}"#).status, 200);
+    let slow = {
+        let d = d.clone();
+        thread::spawn(move || d.invoke("f", br#"{"sleep_ms":5000}"#))
+    };
+    thread::sleep(Duration::from_millis(1500));
+    let pids = d.vmm_pids();
+    assert!(!pids.is_empty(), "the instance's VMM runs");
+    for pid in pids {
+        // SAFETY: a VMM of this test's daemon.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let r = slow.join().expect("the invoking thread");
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.error_type(), Some("ServiceException"), "{}", r.text());
+    assert_eq!(r.header("x-amz-function-error"), None);
+    assert!(r.text().contains("host fault"), "{}", r.text());
+    assert_eq!(
+        d.metric("spore_invocations_total{function=\"f\",start_path=\"warm\",outcome=\"service_error\"}")
+            + d.metric("spore_invocations_total{function=\"f\",start_path=\"clone\",outcome=\"service_error\"}"),
+        1.0
+    );
+    let log_file = dir.path("state").join("logs").join("f.log");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+        if log.contains("Outcome: service_error") {
+            assert!(!log.contains("Outcome: function_error"), "{log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no service_error in the log: {log}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let r = d.invoke("f", br#"{"ok":2}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["echo"]["ok"], 2);
 }
 
