@@ -118,6 +118,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         }
     };
     let instances = instances::Instances::new(config.instances, catalog.clone());
+    if let Some(g) = &_guardian {
+        instances.census_skip(g.pid());
+    }
     let net_removed = instances.remove_network_leftovers().await;
     if net_removed > 0 {
         tracing::info!(

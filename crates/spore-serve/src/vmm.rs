@@ -165,6 +165,12 @@ impl VmmProcess {
         }
     }
 
+    /// A clone a zygote's VMM started (not the daemon's child): it lies
+    /// in its zygote's process tree.
+    pub fn is_clone(&self) -> bool {
+        self.child.is_none()
+    }
+
     /// How the process ended, once it is gone (`None` while it runs):
     /// from the record it left and, for our children, the wait status.
     pub fn ending(&mut self) -> Option<Ending> {
@@ -230,6 +236,45 @@ impl Drop for VmmProcess {
         }
         // Our children are killed by kill_on_drop.
     }
+}
+
+/// The processes under `root` (its children, theirs, and so on), read from
+/// `/proc/PID/task/TID/children` (a child is listed under the thread that
+/// started it); the subtrees of the pids in `skip` left out.
+pub fn descendants(root: i32, skip: &[i32]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = vec![root];
+    while let Some(pid) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in list
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if !skip.contains(&child) && seen.insert(child) {
+                    out.push(child);
+                    todo.push(child);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// PSS of `pid` and every process under it (a zygote's VMM, its clone
+/// factory and the clones started ahead), in bytes.
+pub fn tree_pss_bytes(pid: i32) -> u64 {
+    proc_pss_bytes(pid)
+        + descendants(pid, &[])
+            .into_iter()
+            .map(proc_pss_bytes)
+            .sum::<u64>()
 }
 
 /// Whether `/proc/PID/stat` says the process is dead and not yet reaped

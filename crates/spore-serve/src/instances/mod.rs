@@ -55,8 +55,14 @@ pub struct InstancesConfig {
     pub queue_wait: Duration,
     /// An idle instance is ended after this long unused.
     pub keep_alive: Duration,
-    /// Host memory (PSS) instances may hold; over it the least recently used
-    /// idle instances are ended. 0 = no budget.
+    /// A zygote whose function was not invoked for this long, with no
+    /// instance left, is ended (its function scales to zero; the next
+    /// start restores its snapshot). Zero: zygotes are kept.
+    pub zygote_keep_alive: Duration,
+    /// Host memory (PSS) the daemon's VMM processes may hold, all of them
+    /// measured (instances, zygotes, clone factories, clones started
+    /// ahead); over it the least recently used idle instances are ended,
+    /// then zygotes demoted. 0 = no budget.
     pub memory_budget: u64,
     /// Never make zygotes: every start that is not warm restores the
     /// version's snapshot or boots (for functions that must not share a
@@ -168,6 +174,11 @@ pub struct Instances {
     /// Per function: its provisioned concurrency, if set.
     provisioned: Mutex<HashMap<String, u32>>,
     host_slots: Arc<Semaphore>,
+    /// The last measurement of what every VMM process holds (`memory`).
+    census: Mutex<memory::Census>,
+    /// A process under the daemon that is not an instance's (its
+    /// guardian), left out of the census.
+    census_skip: std::sync::atomic::AtomicI32,
     next_id: AtomicU64,
     /// Networked functions' namespaces (made on their first instance).
     network: Arc<Network>,
@@ -190,6 +201,8 @@ impl Instances {
             reserved: Mutex::new(HashMap::new()),
             provisioned: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            census: Mutex::new(memory::Census::default()),
+            census_skip: std::sync::atomic::AtomicI32::new(0),
             network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
             cfg,
         })
