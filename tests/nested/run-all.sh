@@ -244,8 +244,10 @@ if [[ $arch == arm64 ]]; then
     if [[ -z $only || $only == bad-input ]]; then
         bad_files=(--file "$(dirname "$("$repo/guest/build-kernel.sh" | tail -n1)")/bzImage:/x86/bzImage")
         # A snapshot taken on x86_64: the snaptest unikernel's snapshot point,
-        # written by the host's x86 spore on its KVM (make build uk).
-        x86_spore="$repo/target/release/spore" uk="${SPORE_UK_DIR:-$repo/crates/spore-uk/target/x86_64-unknown-none/release}"
+        # written by the host's x86 spore on its KVM (make static uk; a
+        # release build, make build, serves too).
+        x86_spore="$repo/target/x86_64-unknown-linux-musl/release/spore" uk="${SPORE_UK_DIR:-$repo/crates/spore-uk/target/x86_64-unknown-none/release}"
+        [[ -x $x86_spore ]] || x86_spore="$repo/target/release/spore"
         if [[ $(uname -m) == x86_64 && -c /dev/kvm && -x $x86_spore && -f $uk/snaptest ]]; then
             mkdir -p "$work/x86snap"
             "$x86_spore" run --mem 32M --kernel "$uk/snaptest" --cmdline "mib=1 rounds=1 point=1" \
@@ -253,7 +255,7 @@ if [[ $arch == arm64 ]]; then
                 die "the host's spore could not take the x86 snapshot"
             bad_files+=(--file "$work/x86snap/tag-1.state:/x86/tag-1.state" --file "$work/x86snap/tag-1.mem:/x86/tag-1.mem")
         else
-            log "bad-input: no x86 snapshot (needs an x86_64 host with /dev/kvm, make build uk)"
+            log "bad-input: no x86 snapshot (needs an x86_64 host with /dev/kvm, make static uk)"
         fi
         run_one bad-input --scenario "$a64/bad-input.sh" "${bad_files[@]}"
     fi

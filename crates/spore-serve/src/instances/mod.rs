@@ -517,8 +517,8 @@ impl Pool {
 /// the connection while its VMM runs is the function's fault; a VMM that
 /// is gone says how it ended (its record, `vmm_exit`).
 async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
-    // An ending VMM closes the connection as it exits: give it a moment to
-    // be gone (and its record written) before asking.
+    // An ending VMM closes the connection as it stops: give it time to be
+    // gone (and its record written) before asking.
     for _ in 0..ENDING_WAIT_STEPS {
         if let Some(ending) = inst.vmm.ending() {
             return ending;
@@ -528,8 +528,10 @@ async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
     Ending::Guest(format!("Runtime error: {e}"))
 }
 
-/// How many 5 ms steps [`crash_reason`] waits for a VMM to be gone.
-const ENDING_WAIT_STEPS: u32 = 20;
+/// How many 5 ms steps [`crash_reason`] waits for a VMM to be gone (2 s: a
+/// clone whose zygote was killed stops in order, which takes a while on a
+/// loaded host; only a failed invocation waits).
+const ENDING_WAIT_STEPS: u32 = 400;
 
 /// Whether an error body names a runtime failure (`Runtime.*`), after which
 /// the instance is not reused.
