@@ -298,26 +298,53 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
                     std::thread::sleep(Duration::from_millis(50));
                     conn = Conn::open(&addr);
                 }
-                conn?.invoke("echo", br#"{"sleep_ms":3000}"#).map(|_| ())
+                let r = conn?.invoke("echo", br#"{"sleep_ms":3000}"#)?;
+                if r.function_error {
+                    anyhow::bail!(
+                        "a function error: {}",
+                        String::from_utf8_lossy(&r.body)
+                    );
+                }
+                Ok(())
             })
         })
         .collect();
-    let ok = threads
-        .into_iter()
-        .map(|t| t.join().map(|r| r.is_ok()).unwrap_or(false))
-        .filter(|ok| *ok)
-        .count();
+    // Each failure counted by its reason (the first line of its error), so
+    // that a failed client is explained, not only counted.
+    let mut failures: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut ok = 0;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => *failures.entry(first_line(&format!("{e:#}"))).or_default() += 1,
+            Err(_) => *failures.entry("the client thread panicked".into()).or_default() += 1,
+        }
+    }
+    for (why, count) in &failures {
+        eprintln!("bench serve: {count} invocations failed: {why}");
+    }
     let secs = t.elapsed().as_secs_f64();
     let pids = vmm_pids_under(&d.state);
     let pss: u64 = pids.iter().filter_map(|p| pss_kib(*p)).sum();
     let rss: u64 = pids.iter().filter_map(|p| rss_kib(*p)).sum();
     eprintln!("bench serve: {} VMM processes hold {:.0} MiB PSS ({:.0} MiB RSS) for {} MiB of guest memory", pids.len(), pss as f64 / 1024.0, rss as f64 / 1024.0, pids.len() * 64);
     Ok(json!({
-        "function_mib": 64, "invocations_ok": ok, "vmm_processes": pids.len(),
+        "function_mib": 64, "invocations_ok": ok, "failures": failures, "vmm_processes": pids.len(),
         "pss_total_mib": pss as f64 / 1024.0, "pss_per_instance_kib": pss as f64 / pids.len().max(1) as f64,
         "rss_total_mib": rss as f64 / 1024.0, "guest_memory_promised_mib": pids.len() * 64,
         "seconds_to_serve_all": secs,
     }))
+}
+
+/// The first line of an error message, at most 300 bytes (a reason to
+/// count failures by).
+fn first_line(e: &str) -> String {
+    let line = e.lines().next().unwrap_or("");
+    let mut end = line.len().min(300);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line[..end].to_string()
 }
 
 fn vmm_pids_under(state: &Path) -> Vec<i32> {
