@@ -300,10 +300,7 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
                 }
                 let r = conn?.invoke("echo", br#"{"sleep_ms":3000}"#)?;
                 if r.function_error {
-                    anyhow::bail!(
-                        "a function error: {}",
-                        String::from_utf8_lossy(&r.body)
-                    );
+                    anyhow::bail!("a function error: {}", String::from_utf8_lossy(&r.body));
                 }
                 Ok(())
             })
@@ -317,7 +314,11 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
         match t.join() {
             Ok(Ok(())) => ok += 1,
             Ok(Err(e)) => *failures.entry(first_line(&format!("{e:#}"))).or_default() += 1,
-            Err(_) => *failures.entry("the client thread panicked".into()).or_default() += 1,
+            Err(_) => {
+                *failures
+                    .entry("the client thread panicked".into())
+                    .or_default() += 1
+            }
         }
     }
     for (why, count) in &failures {

@@ -802,7 +802,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
         &dir.path("state2"),
         &[
             "--memory-budget",
-            &format!("{}", budget as u64),
+            &format!("{budget:.0}"),
             "--keep-alive-ms",
             "600000",
         ],
