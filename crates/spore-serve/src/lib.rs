@@ -165,9 +165,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         connections: Arc::new(connections::Connections::default()),
     });
     let dispatcher = api::spawn_event_dispatcher(daemon.clone());
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.listen))?;
+    let listener =
+        server::listen(config.listen).with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     {
         use std::io::Write;

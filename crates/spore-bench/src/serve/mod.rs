@@ -99,9 +99,17 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
     eprintln!("bench serve: throughput, clones against cold boots");
     report["throughput"] = Value::Array(throughput(&a, &scratch, &echo)?);
     if a.idle_instances > 0 {
-        report["density"] = density(a.idle_instances, &scratch.join("density"), &echo)?;
+        let keep = a.linux.keep_state;
+        report["density"] = density(a.idle_instances, &scratch.join("density"), &echo, keep)?;
     }
-    let _ = std::fs::remove_dir_all(&scratch);
+    if a.linux.keep_state {
+        eprintln!(
+            "bench serve: state and daemon log kept in {}",
+            scratch.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(0)
 }
@@ -268,19 +276,24 @@ fn invocations_in(addr: &str, concurrency: usize, seconds: f64) -> (u64, u64) {
 
 /// `n` idle instances of a 64 MiB function held at once, and the memory
 /// (PSS, RSS) of their VMM processes.
-fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
+fn density(n: usize, state: &Path, echo: &Path, keep_state: bool) -> anyhow::Result<Value> {
     eprintln!("bench serve: holding {n} idle instances of a 64 MiB function");
-    let d = Daemon::start(
-        state,
-        &[
-            "--max-concurrency",
-            &n.to_string(),
-            "--queue-wait-ms",
-            "600000",
-            "--keep-alive-ms",
-            "3600000",
-        ],
-    )?;
+    let max = n.to_string();
+    let args = [
+        "--max-concurrency",
+        &max,
+        "--queue-wait-ms",
+        "600000",
+        "--keep-alive-ms",
+        "3600000",
+    ];
+    // --keep-state (the Linux part's flag): the daemon's log is kept too.
+    let log = state.with_extension("log");
+    let d = if keep_state {
+        Daemon::start_keeping(state, &args, Some(&log))?
+    } else {
+        Daemon::start(state, &args)?
+    };
     d.deploy("echo", echo, 64)?;
     let t = Instant::now();
     // n invocations at once, each held 3 s, so each needs an instance of its own.
@@ -313,7 +326,7 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
     for t in threads {
         match t.join() {
             Ok(Ok(())) => ok += 1,
-            Ok(Err(e)) => *failures.entry(first_line(&format!("{e:#}"))).or_default() += 1,
+            Ok(Err(e)) => *failures.entry(reason(&format!("{e:#}"))).or_default() += 1,
             Err(_) => {
                 *failures
                     .entry("the client thread panicked".into())
@@ -337,10 +350,18 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
     }))
 }
 
-/// The first line of an error message, at most 300 bytes (a reason to
-/// count failures by).
-fn first_line(e: &str) -> String {
-    let line = e.lines().next().unwrap_or("");
+/// The first line of an error message without its request id, at most 300
+/// bytes: a reason to count failures by.
+fn reason(e: &str) -> String {
+    let first = e.lines().next().unwrap_or("");
+    let line = match first.find("RequestId: ") {
+        Some(at) => {
+            let rest = &first[at + "RequestId: ".len()..];
+            let id_end = rest.find(' ').unwrap_or(rest.len());
+            format!("{}RequestId: …{}", &first[..at], &rest[id_end..])
+        }
+        None => first.to_string(),
+    };
     let mut end = line.len().min(300);
     while !line.is_char_boundary(end) {
         end -= 1;
