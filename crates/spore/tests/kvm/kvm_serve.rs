@@ -756,7 +756,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
         let handles: Vec<_> = (0..5)
             .map(|_| {
                 let d = d.clone();
-                thread::spawn(move || d.invoke("t", br#"{"sleep_ms":300}"#).status)
+                thread::spawn(move || d.invoke("t", br#"{"sleep_ms":300,"hold_mib":8}"#).status)
             })
             .collect();
         for h in handles {
@@ -765,13 +765,15 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     };
     // The budget bounds every process the daemon's instances need, measured:
     // the zygote, its clone factory, the clones it starts ahead (which map
-    // the template too), and the idle instances. What fn-touch32 needs is
-    // measured first, without a budget: five idle clones and the zygote's
-    // tree (here 59 MB in all, 55 MB of it the zygote's tree).
+    // the template too), and the idle instances, each of which holds 8 MiB
+    // of its own (fn-echo's hold_mib). What that takes is measured first,
+    // without a budget: five idle clones and the zygote's tree alone (PSS
+    // of shared file pages moves with what else runs, by a MB or two: the
+    // 8 MiB per clone keeps the budget's margin above that).
     let (tree, per_clone) = {
         let d = Arc::new(Daemon::start(&state, &["--keep-alive-ms", "4000"]));
         assert_eq!(
-            d.create("t", "fn-touch32", serde_json::json!({"MemorySize": 128}))
+            d.create("t", "fn-echo", serde_json::json!({"MemorySize": 128}))
                 .status,
             201
         );
@@ -808,7 +810,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
         ],
     ));
     assert_eq!(
-        d.create("t", "fn-touch32", serde_json::json!({"MemorySize": 128}))
+        d.create("t", "fn-echo", serde_json::json!({"MemorySize": 128}))
             .status,
         201
     );
