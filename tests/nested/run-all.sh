@@ -130,9 +130,8 @@ run_queue() {
     local shapes="no SPORE-TEST results|L1 soft lockup|L1 hang|L1 kernel crash|L1 kernel warning"
     # retry_shape REPORT: the retried shape REPORT shows, or nothing. A Linux
     # guest (L2) that died by a triple fault, silent on its console, is one:
-    # the emulated stack's open bug (guest/README.md, "A Linux guest's
-    # silent triple fault"), seen in net and virtio-mem runs, spore's and
-    # Firecracker's guests alike.
+    # an open bug (guest/README.md, "Fourth shape"), seen in net and
+    # virtio-mem runs; it is reported with the retry, never hidden.
     retry_shape() {
         grep -m1 -oE "$shapes" "$1" && return
         grep -qE 'FAIL .*the guest reset the VM by a triple fault' "$1" && echo "L2 guest triple fault"

@@ -32,7 +32,9 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
     );
     if let Some(mib) = json_number_field(event, "hold_mib") {
         let mut held: Vec<u8> = Vec::new();
-        let bytes = usize::try_from(mib).unwrap_or(usize::MAX).saturating_mul(1 << 20);
+        let bytes = usize::try_from(mib)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(1 << 20);
         if held.try_reserve_exact(bytes).is_err() {
             return Err(FunctionError::new("OutOfMemory", "hold_mib: no such heap"));
         }
