@@ -18,7 +18,7 @@
 //! disk), [`code`] (zips and code disks), [`runtime`],
 //! [`images`], [`logs`], [`metrics`], [`recovery`] ([`guardian`]: the
 //! process that cleans up after a dead daemon) → the VMM client:
-//! [`vmm`] (VMM processes), [`instance_conn`] (the invoke protocol over
+//! [`vmm`] (VMM processes; [`vmm_exit`]: how one ended), [`instance_conn`] (the invoke protocol over
 //! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
 pub mod api;
@@ -45,6 +45,7 @@ pub mod runtime_image;
 pub mod server;
 pub mod snapshots;
 pub mod vmm;
+pub mod vmm_exit;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -117,6 +118,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         }
     };
     let instances = instances::Instances::new(config.instances, catalog.clone());
+    if let Some(g) = &_guardian {
+        instances.census_skip(g.pid());
+    }
     let net_removed = instances.remove_network_leftovers().await;
     if net_removed > 0 {
         tracing::info!(
@@ -161,9 +165,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         connections: Arc::new(connections::Connections::default()),
     });
     let dispatcher = api::spawn_event_dispatcher(daemon.clone());
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.listen))?;
+    let listener =
+        server::listen(config.listen).with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     {
         use std::io::Write;

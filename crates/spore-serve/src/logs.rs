@@ -41,6 +41,20 @@ pub fn invocation_log(
     out
 }
 
+/// What a guest's console said last (`" | "`-joined lines, as
+/// `VmmProcess::log_lines` gives them), as log lines marked as the
+/// console's: kept in the invocation's log when its instance died, the
+/// function's own log having gone with it.
+pub fn console_tail(joined: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for line in joined.split(" | ").filter(|l| !l.trim().is_empty()) {
+        out.extend_from_slice(b"[instance console] ");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
 /// Appends to a function's log off the request path.
 pub fn append(state: &Path, function: &str, text: Vec<u8>) {
     let file = path(state, function);

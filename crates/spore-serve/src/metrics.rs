@@ -89,6 +89,8 @@ pub struct Gauges {
     /// Host memory (PSS) held by instances, and by zygotes (templates).
     pub instance_bytes: u64,
     pub template_bytes: u64,
+    /// Every process under the daemon (what the memory budget bounds).
+    pub all_bytes: u64,
 }
 
 #[derive(Default)]
@@ -320,6 +322,11 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
         "spore_memory_bytes{{held_by=\"templates\"}} {}",
         gauges.template_bytes
     );
+    let _ = writeln!(
+        out,
+        "spore_memory_bytes{{held_by=\"all\"}} {}",
+        gauges.all_bytes
+    );
 }
 
 fn escape(s: &str) -> String {
@@ -343,6 +350,7 @@ mod tests {
             instances: BTreeMap::from([(("f".to_string(), "idle"), 2)]),
             instance_bytes: 10,
             template_bytes: 20,
+            all_bytes: 40,
         });
         assert!(text.contains(
             "spore_invocations_total{function=\"f\",start_path=\"warm\",outcome=\"success\"} 1"
@@ -374,6 +382,7 @@ mod tests {
             instances: BTreeMap::new(),
             instance_bytes: 0,
             template_bytes: 0,
+            all_bytes: 0,
         });
         assert!(text.contains(&format!(
             "spore_base_snapshot_bytes{{base=\"python3-256\",id=\"abc\"}} {}",

@@ -68,6 +68,28 @@ pub fn fit_descriptor_limit(wanted: usize) -> usize {
     wanted.min(room).max(16)
 }
 
+/// The listen backlog: a burst of clients (a thousand invocations at once)
+/// must fit while the accept loop catches up. With the usual 1024, the
+/// kernel's SYN queue overflowed into SYN cookies under such a burst, and
+/// some cookie ACKs then failed: those clients got a reset (2–10 % of a
+/// 1,000-client burst, `TcpExtSyncookiesFailed` = `TcpOutRsts`). The
+/// kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: u32 = 8192;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`].
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // A restarted daemon binds its port again at once (TIME_WAIT sockets
+    // of the last one's connections do not block it).
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Accepts and serves API connections until `stop` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,

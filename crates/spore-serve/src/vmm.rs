@@ -3,6 +3,7 @@
 //! it. The daemon never links KVM or guest memory: a VMM that crashes or is
 //! exploited stays one process.
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::network::InstanceNet;
+use crate::vmm_exit::{self, Ending};
 
 /// How long a VMM asked to stop cleanly may take before it is killed: one
 /// recording a working set writes it then (a Linux guest's can be tens of
@@ -62,6 +64,7 @@ impl VmmProcess {
         let child = command
             .arg("--api-sock")
             .arg(&api_sock)
+            .env(crate::vmm_exit::EXIT_RECORD_ENV, "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -155,9 +158,33 @@ impl VmmProcess {
         }
         match &mut self.child {
             Some(child) => matches!(child.try_wait(), Ok(None)),
+            // A clone is its factory's child: once dead it may stay a
+            // zombie until the factory reaps it, which signal 0 still finds.
             // SAFETY: signal 0 only checks that the process exists.
-            None => (unsafe { libc::kill(self.pid, 0) }) == 0,
+            None => (unsafe { libc::kill(self.pid, 0) }) == 0 && !is_zombie(self.pid),
         }
+    }
+
+    /// A clone a zygote's VMM started (not the daemon's child): it lies
+    /// in its zygote's process tree.
+    pub fn is_clone(&self) -> bool {
+        self.child.is_none()
+    }
+
+    /// How the process ended, once it is gone (`None` while it runs):
+    /// from the record it left and, for our children, the wait status.
+    pub fn ending(&mut self) -> Option<Ending> {
+        if self.is_alive() {
+            return None;
+        }
+        let signal = match &mut self.child {
+            Some(child) => child.try_wait().ok().flatten().and_then(|s| s.signal()),
+            None => None,
+        };
+        Some(vmm_exit::classify(
+            vmm_exit::read_record(&self.api_sock),
+            signal,
+        ))
     }
 
     /// Ends the process (SIGKILL to its group for our children, to the pid
@@ -185,6 +212,7 @@ impl VmmProcess {
                 unsafe { libc::kill(self.pid, libc::SIGKILL) };
                 let _ = std::fs::remove_file(&self.api_sock);
                 let _ = std::fs::remove_file(&self.vsock_uds);
+                let _ = std::fs::remove_file(vmm_exit::record_path(&self.api_sock));
             }
         }
         if let Some(net) = self.net.take() {
@@ -208,6 +236,58 @@ impl Drop for VmmProcess {
         }
         // Our children are killed by kill_on_drop.
     }
+}
+
+/// The processes under `root` (its children, theirs, and so on), read from
+/// `/proc/PID/task/TID/children` (a child is listed under the thread that
+/// started it); the subtrees of the pids in `skip` left out.
+pub fn descendants(root: i32, skip: &[i32]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = vec![root];
+    while let Some(pid) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in list
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if !skip.contains(&child) && seen.insert(child) {
+                    out.push(child);
+                    todo.push(child);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// PSS of `pid` and every process under it (a zygote's VMM, its clone
+/// factory and the clones started ahead), in bytes.
+pub fn tree_pss_bytes(pid: i32) -> u64 {
+    proc_pss_bytes(pid)
+        + descendants(pid, &[])
+            .into_iter()
+            .map(proc_pss_bytes)
+            .sum::<u64>()
+}
+
+/// Whether `/proc/PID/stat` says the process is dead and not yet reaped
+/// (state `Z`, or `X`); an unreadable one counts as gone.
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The state follows the command name, which is in parentheses and may
+    // itself hold spaces and parentheses: look after the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
 }
 
 /// `Pss:` of `/proc/PID/smaps_rollup`, in bytes (0 if unreadable).

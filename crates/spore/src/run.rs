@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use spore_serve::vmm_exit::{self, ExitRecord};
 use spore_vmm::config::{
     parse_size, AfterSnapshot, BootProtocol, BootSourceConfig, Compression, DriveConfig,
     GuestSnapshotConfig, MachineConfig, SnapshotType, TmemConfig, VmConfig, VsockConfig,
@@ -264,7 +265,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         vmm.wait_for_exit();
         vmm.tmem_info()
     });
-    let code = finish(&vmm, args.marks_file.as_deref());
+    let code = finish(&vmm, args.marks_file.as_deref(), None);
     if let (Some(path), Some(info)) = (&args.tmem_stats_file, tmem_info) {
         std::fs::write(path, serde_json::to_vec_pretty(&info)?)
             .with_context(|| format!("writing tmem stats to {}", path.display()))?;
@@ -272,9 +273,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     code
 }
 
-/// Waits for the VM to stop, releases it, writes marks, and picks the exit status.
-pub fn finish(vmm: &Vmm, marks_file: Option<&std::path::Path>) -> anyhow::Result<u8> {
+/// Waits for the VM to stop, releases it, writes marks, and picks the exit
+/// status. With `SPORE_EXIT_RECORD` set (by `spore serve`) and an API
+/// socket, first leaves the stop's reason beside the socket
+/// (`spore_serve::vmm_exit`), so the daemon can tell a guest that ended its
+/// VM from a VMM that was killed.
+pub fn finish(
+    vmm: &Vmm,
+    marks_file: Option<&std::path::Path>,
+    api_sock: Option<&std::path::Path>,
+) -> anyhow::Result<u8> {
     let reason = vmm.wait_for_exit();
+    if let Some(sock) = api_sock.filter(|_| std::env::var_os(vmm_exit::EXIT_RECORD_ENV).is_some()) {
+        write_exit_record(sock, &reason);
+    }
     let marks = vmm.shutdown();
     if let Some(path) = marks_file {
         host::write_marks(path, &marks)
@@ -285,5 +297,33 @@ pub fn finish(vmm: &Vmm, marks_file: Option<&std::path::Path>) -> anyhow::Result
         StopReason::Requested => Ok(host::host_signal_status().unwrap_or(0)),
         // exit_code() is 0, 1 or a guest's u8 status: the fallback never happens.
         other => Ok(u8::try_from(other.exit_code()).unwrap_or(1)),
+    }
+}
+
+/// Writes `<api-sock>.exit` for `reason` (atomically; a failure is only
+/// logged: the daemon then takes the VMM for killed).
+fn write_exit_record(api_sock: &std::path::Path, reason: &StopReason) {
+    let record = match reason {
+        StopReason::GuestExit(code) => ExitRecord::GuestExit { code: *code },
+        StopReason::Reset => ExitRecord::GuestReset,
+        StopReason::Requested => ExitRecord::Requested,
+        StopReason::Error(message) => ExitRecord::Error {
+            message: message.clone(),
+        },
+    };
+    let path = vmm_exit::record_path(api_sock);
+    let written = serde_json::to_vec(&record)
+        .map_err(std::io::Error::other)
+        .and_then(|json| host::write_atomic(&path, &json));
+    if let Err(e) = written {
+        tracing::warn!("writing the exit record {}: {e}", path.display());
+    }
+}
+
+/// Removes a record an earlier VMM left at this socket's path, so that
+/// only this one's ending is read (with `SPORE_EXIT_RECORD` set).
+pub fn clear_exit_record(api_sock: Option<&std::path::Path>) {
+    if let Some(sock) = api_sock.filter(|_| std::env::var_os(vmm_exit::EXIT_RECORD_ENV).is_some()) {
+        let _ = std::fs::remove_file(vmm_exit::record_path(sock));
     }
 }

@@ -26,9 +26,16 @@ pub struct ServeArgs {
     /// An idle instance is ended after this long unused (ms).
     #[arg(long, default_value_t = 60_000)]
     keep_alive_ms: u64,
-    /// Host memory idle instances and zygotes may hold (e.g. 4G); over it
-    /// the least recently used idle instances are ended, then zygotes
-    /// demoted to their snapshots. Default: no budget.
+    /// A function's zygote (the template its clones start from) is ended
+    /// after this long without an invocation, once no instance of it is
+    /// left: the function then holds no memory, and its next start
+    /// restores its snapshot (ms; 0 keeps zygotes).
+    #[arg(long, default_value_t = 600_000)]
+    zygote_keep_alive_ms: u64,
+    /// Host memory (PSS) all instance processes may hold (e.g. 4G),
+    /// measured: instances, zygotes, clone factories, clones started
+    /// ahead. Over it the least recently used idle instances are ended,
+    /// then zygotes demoted to their snapshots. Default: no budget.
     #[arg(long)]
     memory_budget: Option<String>,
     /// Never clone a zygote: every start that is not warm restores the
@@ -161,6 +168,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             max_concurrency: a.max_concurrency,
             queue_wait: Duration::from_millis(a.queue_wait_ms),
             keep_alive: Duration::from_millis(a.keep_alive_ms),
+            zygote_keep_alive: Duration::from_millis(a.zygote_keep_alive_ms),
             memory_budget,
             no_clones: a.no_clones,
             no_snapshots: a.no_snapshots,

@@ -325,6 +325,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
         Box::new(std::io::stdout()),
     ));
     host::stop_on_host_signals(vmm.clone())?;
+    crate::run::clear_exit_record(a.api_sock.as_deref());
     let _server = match &a.api_sock {
         Some(path) => Some(
             ApiServer::start(path, vmm.clone())
@@ -358,7 +359,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<u8> {
     spore_vmm::seccomp::apply_main()?;
     vmm.load_snapshot_with(&a.state, &memory, &lo)?;
     host::forward_stdin(vmm.clone());
-    crate::run::finish(&vmm, a.marks_file.as_deref())
+    crate::run::finish(&vmm, a.marks_file.as_deref(), a.api_sock.as_deref())
 }
 
 fn uffd_handler(a: UffdHandlerArgs) -> anyhow::Result<u8> {

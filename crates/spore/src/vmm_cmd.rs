@@ -123,6 +123,7 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     if let Some(path) = &args.api_sock {
         vmm.set_api_socket(path);
     }
+    crate::run::clear_exit_record(args.api_sock.as_deref());
     // A config file's logger and metrics sections, as Firecracker applies them.
     vmm.configure_outputs().map_err(anyhow::Error::msg)?;
     let max_body = args.api_max_body.unwrap_or(MAX_BODY_BYTES);
@@ -142,7 +143,7 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
         spore_vmm::phase::mark("vmm: VM started from the config file");
     }
     // The server (and its socket file) goes away when `_server` drops.
-    crate::run::finish(&vmm, args.marks_file.as_deref())
+    crate::run::finish(&vmm, args.marks_file.as_deref(), args.api_sock.as_deref())
 }
 
 /// `--clone-handoff FD`: this process is a clone the source VMM started;
@@ -187,10 +188,15 @@ fn run_cloned_process(clone_args: ClonedProcessArgs) -> anyhow::Result<u8> {
     ));
     // Before any other thread starts, so that they inherit the signal mask.
     host::stop_on_host_signals(vmm.clone())?;
+    crate::run::clear_exit_record(Some(&clone_args.api_sock));
     let Some(server) = clone_process::run(&vmm, &clone_args)? else {
         return Ok(0);
     };
-    let code = crate::run::finish(&vmm, clone_args.marks_file.as_deref());
+    let code = crate::run::finish(
+        &vmm,
+        clone_args.marks_file.as_deref(),
+        Some(clone_args.api_sock.as_path()),
+    );
     drop(server);
     code
 }

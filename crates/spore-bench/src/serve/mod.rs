@@ -99,9 +99,17 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
     eprintln!("bench serve: throughput, clones against cold boots");
     report["throughput"] = Value::Array(throughput(&a, &scratch, &echo)?);
     if a.idle_instances > 0 {
-        report["density"] = density(a.idle_instances, &scratch.join("density"), &echo)?;
+        let keep = a.linux.keep_state;
+        report["density"] = density(a.idle_instances, &scratch.join("density"), &echo, keep)?;
     }
-    let _ = std::fs::remove_dir_all(&scratch);
+    if a.linux.keep_state {
+        eprintln!(
+            "bench serve: state and daemon log kept in {}",
+            scratch.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(0)
 }
@@ -268,19 +276,24 @@ fn invocations_in(addr: &str, concurrency: usize, seconds: f64) -> (u64, u64) {
 
 /// `n` idle instances of a 64 MiB function held at once, and the memory
 /// (PSS, RSS) of their VMM processes.
-fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
+fn density(n: usize, state: &Path, echo: &Path, keep_state: bool) -> anyhow::Result<Value> {
     eprintln!("bench serve: holding {n} idle instances of a 64 MiB function");
-    let d = Daemon::start(
-        state,
-        &[
-            "--max-concurrency",
-            &n.to_string(),
-            "--queue-wait-ms",
-            "600000",
-            "--keep-alive-ms",
-            "3600000",
-        ],
-    )?;
+    let max = n.to_string();
+    let args = [
+        "--max-concurrency",
+        &max,
+        "--queue-wait-ms",
+        "600000",
+        "--keep-alive-ms",
+        "3600000",
+    ];
+    // --keep-state (the Linux part's flag): the daemon's log is kept too.
+    let log = state.with_extension("log");
+    let d = if keep_state {
+        Daemon::start_keeping(state, &args, Some(&log))?
+    } else {
+        Daemon::start(state, &args)?
+    };
     d.deploy("echo", echo, 64)?;
     let t = Instant::now();
     // n invocations at once, each held 3 s, so each needs an instance of its own.
@@ -298,26 +311,62 @@ fn density(n: usize, state: &Path, echo: &Path) -> anyhow::Result<Value> {
                     std::thread::sleep(Duration::from_millis(50));
                     conn = Conn::open(&addr);
                 }
-                conn?.invoke("echo", br#"{"sleep_ms":3000}"#).map(|_| ())
+                let r = conn?.invoke("echo", br#"{"sleep_ms":3000}"#)?;
+                if r.function_error {
+                    anyhow::bail!("a function error: {}", String::from_utf8_lossy(&r.body));
+                }
+                Ok(())
             })
         })
         .collect();
-    let ok = threads
-        .into_iter()
-        .map(|t| t.join().map(|r| r.is_ok()).unwrap_or(false))
-        .filter(|ok| *ok)
-        .count();
+    // Each failure counted by its reason (the first line of its error), so
+    // that a failed client is explained, not only counted.
+    let mut failures: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut ok = 0;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => *failures.entry(reason(&format!("{e:#}"))).or_default() += 1,
+            Err(_) => {
+                *failures
+                    .entry("the client thread panicked".into())
+                    .or_default() += 1
+            }
+        }
+    }
+    for (why, count) in &failures {
+        eprintln!("bench serve: {count} invocations failed: {why}");
+    }
     let secs = t.elapsed().as_secs_f64();
     let pids = vmm_pids_under(&d.state);
     let pss: u64 = pids.iter().filter_map(|p| pss_kib(*p)).sum();
     let rss: u64 = pids.iter().filter_map(|p| rss_kib(*p)).sum();
     eprintln!("bench serve: {} VMM processes hold {:.0} MiB PSS ({:.0} MiB RSS) for {} MiB of guest memory", pids.len(), pss as f64 / 1024.0, rss as f64 / 1024.0, pids.len() * 64);
     Ok(json!({
-        "function_mib": 64, "invocations_ok": ok, "vmm_processes": pids.len(),
+        "function_mib": 64, "invocations_ok": ok, "failures": failures, "vmm_processes": pids.len(),
         "pss_total_mib": pss as f64 / 1024.0, "pss_per_instance_kib": pss as f64 / pids.len().max(1) as f64,
         "rss_total_mib": rss as f64 / 1024.0, "guest_memory_promised_mib": pids.len() * 64,
         "seconds_to_serve_all": secs,
     }))
+}
+
+/// The first line of an error message without its request id, at most 300
+/// bytes: a reason to count failures by.
+fn reason(e: &str) -> String {
+    let first = e.lines().next().unwrap_or("");
+    let line = match first.find("RequestId: ") {
+        Some(at) => {
+            let rest = &first[at + "RequestId: ".len()..];
+            let id_end = rest.find(' ').unwrap_or(rest.len());
+            format!("{}RequestId: …{}", &first[..at], &rest[id_end..])
+        }
+        None => first.to_string(),
+    };
+    let mut end = line.len().min(300);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line[..end].to_string()
 }
 
 fn vmm_pids_under(state: &Path) -> Vec<i32> {

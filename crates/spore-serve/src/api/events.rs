@@ -92,6 +92,13 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
         Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => {
             off_thread(queue, move |q| q.throttled(ev)).await;
         }
+        Err(e) if e.status.is_server_error() => {
+            // A system error (a host fault, an instance that could not
+            // start): back to the queue as a throttle is, not counted as a
+            // retry, until the event's maximum age (Lambda's rule).
+            tracing::warn!(%function, %request_id, "event attempt lost to a system error, tried again later: {}", e.message);
+            off_thread(queue, move |q| q.throttled(ev)).await;
+        }
         Err(e) => {
             let why = e.message;
             off_thread(queue, move |q| {

@@ -211,7 +211,7 @@ pub(super) async fn run(
                 Vec::new(),
             )
         }
-        Outcome::Crashed(why) => {
+        Outcome::Crashed { why, console } => {
             let msg = format!("RequestId: {request_id} Error: {why}");
             (
                 serde_json::json!({ "errorType": "Runtime.ExitError", "errorMessage": msg })
@@ -219,8 +219,30 @@ pub(super) async fn run(
                     .into_bytes(),
                 true,
                 "function_error",
-                Vec::new(),
+                logs::console_tail(&console),
             )
+        }
+        Outcome::HostFault { why, console } => {
+            // Not the function's fault: logged and counted as a service
+            // error, answered 500 (an Event invocation goes back to its
+            // queue, as Lambda does on a system error).
+            let seconds = received.elapsed().as_secs_f64();
+            daemon
+                .instances
+                .metrics
+                .invoked(&f.name, inv.path, "service_error", seconds);
+            let log = logs::invocation_log(
+                f,
+                request_id,
+                inv.path,
+                seconds,
+                "service_error",
+                &logs::console_tail(&console),
+            );
+            logs::append(&daemon.state_dir, &f.name, log);
+            return Err(LambdaError::service(format!(
+                "RequestId: {request_id} Error: the invocation was lost to a host fault, not the function's: {why}"
+            )));
         }
     };
     let elapsed = received.elapsed();

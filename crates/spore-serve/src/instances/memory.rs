@@ -1,22 +1,83 @@
-//! Giving memory back: idle instances end after the keep-alive; over the
-//! host memory budget the least recently used idle instances end first,
-//! then zygotes are demoted to their on-disk snapshots (their function's
-//! next starts restore instead of cloning, until memory is free again).
-//! Memory is measured from the VMM processes (PSS), never assumed.
+//! Giving memory back: idle instances end after the keep-alive, zygotes
+//! after theirs (the function scales to zero: its next start restores its
+//! snapshot); over the host memory budget the least recently used idle
+//! instances end first, then zygotes are demoted to their on-disk
+//! snapshots (their function's next starts restore instead of cloning,
+//! until memory is free again). Memory is measured, never assumed: the PSS
+//! of every process under the daemon (instances, zygotes, their clone
+//! factories and the clones they start ahead), its guardian left out.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{lock, Instances, Pool, Zygote};
+use crate::clock::unix_ms;
 use crate::metrics::Gauges;
+use crate::vmm::{descendants, proc_pss_bytes, tree_pss_bytes};
+
+/// How long a census of the daemon's processes stays current: measuring
+/// reads every process's `smaps_rollup`, too much for every reaper tick.
+const CENSUS_PERIOD: Duration = Duration::from_secs(1);
+
+/// What every process under the daemon held when last measured.
+#[derive(Default)]
+pub(super) struct Census {
+    at: Option<Instant>,
+    bytes: u64,
+}
+
+/// Why a zygote is ended by the reaper.
+enum ZygoteEnd {
+    KeepAlive,
+    Budget,
+}
 
 impl Instances {
-    /// Ends idle instances unused for longer than the keep-alive, then, over
-    /// the memory budget, the least recently used idle ones, then the least
-    /// recently used zygotes that have a snapshot to restore from. Returns
-    /// how many instances and zygotes were ended.
+    /// Leaves the daemon's guardian (pid) out of the memory census.
+    pub fn census_skip(&self, pid: u32) {
+        if let Ok(pid) = i32::try_from(pid) {
+            self.census_skip.store(pid, Ordering::Relaxed);
+        }
+    }
+
+    /// PSS of every process under the daemon but its guardian, in bytes,
+    /// measured at most [`CENSUS_PERIOD`] ago.
+    pub async fn held_bytes(&self) -> u64 {
+        self.census_within(CENSUS_PERIOD).await
+    }
+
+    /// The census, measured again if older than `period`.
+    async fn census_within(&self, period: Duration) -> u64 {
+        {
+            let c = lock(&self.census);
+            if c.at.is_some_and(|at| at.elapsed() < period) {
+                return c.bytes;
+            }
+        }
+        let skip = self.census_skip.load(Ordering::Relaxed);
+        let bytes = tokio::task::spawn_blocking(move || {
+            let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+            descendants(me, &[skip])
+                .into_iter()
+                .map(proc_pss_bytes)
+                .sum::<u64>()
+        })
+        .await
+        .unwrap_or(0);
+        *lock(&self.census) = Census {
+            at: Some(Instant::now()),
+            bytes,
+        };
+        bytes
+    }
+
+    /// Ends idle instances unused for longer than the keep-alive and
+    /// zygotes unused for longer than theirs; then, over the memory budget,
+    /// the least recently used idle instances, then the least recently
+    /// used zygotes that have a snapshot to restore from. Returns how many
+    /// instances and zygotes were ended.
     pub async fn reap_idle(&self) -> usize {
         let pools: Vec<Arc<Pool>> = lock(&self.pools).values().cloned().collect();
         let now = Instant::now();
@@ -29,11 +90,33 @@ impl Instances {
             *idle = keep;
             ended.extend(old);
         }
-        let mut demoted: Vec<Zygote> = Vec::new();
+        let mut demoted: Vec<(Zygote, ZygoteEnd)> = Vec::new();
+        if !self.cfg.zygote_keep_alive.is_zero() {
+            let limit_ms =
+                u64::try_from(self.cfg.zygote_keep_alive.as_millis()).unwrap_or(u64::MAX);
+            let now_ms = unix_ms();
+            for pool in &pools {
+                let unused_ms = now_ms.saturating_sub(pool.last_used_ms.load(Ordering::Relaxed));
+                if unused_ms < limit_ms || self.zygote_needed(pool) {
+                    continue;
+                }
+                if let Ok(mut z) = pool.zygote.try_lock() {
+                    if let Some(zygote) = z.take() {
+                        demoted.push((zygote, ZygoteEnd::KeepAlive));
+                    }
+                }
+            }
+        }
         if self.cfg.memory_budget > 0 {
-            // Idle instances first, against the budget on their own: a warm
-            // instance is the fastest start there is.
-            let mut held = self.idle_bytes(&pools);
+            // Everything measured; then idle instances end first, against
+            // the budget on their own: a warm instance is the fastest
+            // start there is, but the one most easily made again.
+            let mut held = self.held_bytes().await;
+            if held > self.cfg.memory_budget {
+                // Nothing is ended on an old figure (one taken while
+                // instances were busy, say): measured again first.
+                held = self.census_within(Duration::ZERO).await;
+            }
             while held > self.cfg.memory_budget {
                 // The least recently used idle instance of any pool.
                 let victim = pools
@@ -49,31 +132,26 @@ impl Instances {
                 held = held.saturating_sub(inst.vmm.pss_bytes());
                 ended.push(inst);
             }
-            // Then zygotes, least recently invoked first, counting what they
-            // hold too; only those whose function can be restored from a
-            // snapshot instead.
-            held = held.saturating_add(self.zygote_bytes(&pools));
+            // Then zygotes, least recently invoked first, each with its
+            // clone factory and the clones it started ahead; only those
+            // whose function can be restored from a snapshot instead.
             let mut by_age: Vec<&Arc<Pool>> = pools.iter().collect();
             by_age.sort_by_key(|p| p.last_used_ms.load(Ordering::Relaxed));
             for pool in by_age {
                 if held <= self.cfg.memory_budget {
                     break;
                 }
-                // A zygote's memory is its clones' template: while one of
-                // them lives, ending the zygote frees next to nothing.
-                let clones_alive =
-                    !lock(&pool.idle).is_empty() || pool.busy.load(Ordering::Relaxed) > 0;
-                if clones_alive || self.usable_snapshot_of(pool).is_none() {
+                if self.zygote_needed(pool) {
                     continue;
                 }
                 let Ok(mut z) = pool.zygote.try_lock() else {
                     continue;
                 };
                 if let Some(zygote) = z.take() {
-                    let bytes = zygote.vmm.pss_bytes();
+                    let bytes = tree_pss_bytes(zygote.vmm.pid);
                     pool.demoted_bytes.store(bytes.max(1), Ordering::Relaxed);
                     held = held.saturating_sub(bytes);
-                    demoted.push(zygote);
+                    demoted.push((zygote, ZygoteEnd::Budget));
                 }
             }
             // A demoted function may make a zygote again once one fits.
@@ -86,6 +164,10 @@ impl Instances {
             }
         }
         let n = ended.len() + demoted.len();
+        if n > 0 {
+            // What was ended is measured again, not assumed gone.
+            lock(&self.census).at = None;
+        }
         for inst in ended {
             tracing::info!(
                 pid = inst.vmm.pid,
@@ -93,14 +175,33 @@ impl Instances {
             );
             self.end(inst.vmm).await;
         }
-        for z in demoted {
-            tracing::info!(
-                pid = z.vmm.pid,
-                "zygote demoted to its snapshot (memory budget)"
-            );
+        for (z, why) in demoted {
+            match why {
+                ZygoteEnd::KeepAlive => tracing::info!(
+                    pid = z.vmm.pid,
+                    "zygote ended after its keep-alive: the function holds no memory until its next start (a restore)"
+                ),
+                ZygoteEnd::Budget => tracing::info!(
+                    pid = z.vmm.pid,
+                    "zygote demoted to its snapshot (memory budget)"
+                ),
+            }
             self.end_zygote(z).await;
         }
         n
+    }
+
+    /// Whether a pool's zygote must stay: one of its clones lives (the
+    /// zygote's memory is their template: ending it frees next to
+    /// nothing), its function keeps provisioned instances, or it has no
+    /// snapshot to restore from instead.
+    fn zygote_needed(&self, pool: &Pool) -> bool {
+        let clones_alive = !lock(&pool.idle).is_empty()
+            || !lock(&pool.fresh).is_empty()
+            || pool.busy.load(Ordering::Relaxed) > 0;
+        clones_alive
+            || lock(&self.provisioned).contains_key(&pool.function.name)
+            || self.usable_snapshot_of(pool).is_none()
     }
 
     fn usable_snapshot_of(&self, pool: &Pool) -> Option<crate::snapshots::FunctionSnapshot> {
@@ -108,22 +209,6 @@ impl Instances {
             return None;
         }
         self.snapshots.find(&pool.function)
-    }
-
-    /// Memory (PSS) held by idle instances.
-    fn idle_bytes(&self, pools: &[Arc<Pool>]) -> u64 {
-        pools
-            .iter()
-            .map(|p| lock(&p.idle).iter().map(|i| i.vmm.pss_bytes()).sum::<u64>())
-            .sum()
-    }
-
-    /// Memory (PSS) held by zygotes (not busy making a clone).
-    fn zygote_bytes(&self, pools: &[Arc<Pool>]) -> u64 {
-        pools
-            .iter()
-            .filter_map(|p| Some(p.zygote.try_lock().ok()?.as_ref()?.vmm.pss_bytes()))
-            .sum()
     }
 
     /// Instance counts and memory, for `/metrics`.
@@ -146,7 +231,15 @@ impl Instances {
             if let Ok(z) = p.zygote.try_lock() {
                 if let Some(z) = z.as_ref() {
                     instances.insert((name, "zygote"), 1);
-                    template_bytes += z.vmm.pss_bytes();
+                    // Its whole tree (the factory, the clones started
+                    // ahead) but the clones counted as instances above.
+                    let clones: u64 = lock(&p.idle)
+                        .iter()
+                        .chain(lock(&p.fresh).iter())
+                        .filter(|i| i.vmm.is_clone())
+                        .map(|i| i.vmm.pss_bytes())
+                        .sum();
+                    template_bytes += tree_pss_bytes(z.vmm.pid).saturating_sub(clones);
                 }
             }
         }
@@ -154,6 +247,7 @@ impl Instances {
             instances,
             instance_bytes,
             template_bytes,
+            all_bytes: self.held_bytes().await,
         }
     }
 }

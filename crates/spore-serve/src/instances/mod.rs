@@ -37,6 +37,7 @@ use crate::mutex::lock;
 use crate::network::{InstanceNet, NetPool, Network};
 use crate::snapshots::{LinuxSnapshots, RestoreMode, SnapshotStore};
 use crate::vmm::VmmProcess;
+use crate::vmm_exit::Ending;
 
 /// Lines of a failed instance's VMM log (its guest console) logged.
 const CRASH_LOG_LINES: usize = 20;
@@ -54,8 +55,14 @@ pub struct InstancesConfig {
     pub queue_wait: Duration,
     /// An idle instance is ended after this long unused.
     pub keep_alive: Duration,
-    /// Host memory (PSS) instances may hold; over it the least recently used
-    /// idle instances are ended. 0 = no budget.
+    /// A zygote whose function was not invoked for this long, with no
+    /// instance left, is ended (its function scales to zero; the next
+    /// start restores its snapshot). Zero: zygotes are kept.
+    pub zygote_keep_alive: Duration,
+    /// Host memory (PSS) the daemon's VMM processes may hold, all of them
+    /// measured (instances, zygotes, clone factories, clones started
+    /// ahead); over it the least recently used idle instances are ended,
+    /// then zygotes demoted. 0 = no budget.
     pub memory_budget: u64,
     /// Never make zygotes: every start that is not warm restores the
     /// version's snapshot or boots (for functions that must not share a
@@ -99,8 +106,19 @@ pub enum AcquireError {
 /// How an invocation ended.
 pub enum Outcome {
     Done(InvokeResult),
-    /// The instance ended or broke the protocol before answering.
-    Crashed(String),
+    /// The instance ended or broke the protocol before answering: the
+    /// guest's doing (the function's fault), with what its console said
+    /// last.
+    Crashed {
+        why: String,
+        console: String,
+    },
+    /// The instance's VMM was killed or failed before answering: a host
+    /// fault, not the function's; with what the guest's console said last.
+    HostFault {
+        why: String,
+        console: String,
+    },
     TimedOut,
 }
 
@@ -156,6 +174,11 @@ pub struct Instances {
     /// Per function: its provisioned concurrency, if set.
     provisioned: Mutex<HashMap<String, u32>>,
     host_slots: Arc<Semaphore>,
+    /// The last measurement of what every VMM process holds (`memory`).
+    census: Mutex<memory::Census>,
+    /// A process under the daemon that is not an instance's (its
+    /// guardian), left out of the census.
+    census_skip: std::sync::atomic::AtomicI32,
     next_id: AtomicU64,
     /// Networked functions' namespaces (made on their first instance).
     network: Arc<Network>,
@@ -178,6 +201,8 @@ impl Instances {
             reserved: Mutex::new(HashMap::new()),
             provisioned: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            census: Mutex::new(memory::Census::default()),
+            census_skip: std::sync::atomic::AtomicI32::new(0),
             network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
             cfg,
         })
@@ -282,13 +307,25 @@ impl Instances {
                 Outcome::Done(r)
             }
             Ok(Err(e)) => {
-                let why = crash_reason(&e, &mut inst).await;
+                let ending = crash_reason(&e, &mut inst).await;
                 // The guest's console is in the VMM's log, which goes with
-                // its run directory: what it said last is kept here.
-                tracing::warn!(function = %f.name, start = path.as_str(),
-                    "instance failed ({why}); its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
+                // its run directory: what it said last is kept here and in
+                // the invocation's log.
+                let console = inst.vmm.log_lines(CRASH_LOG_LINES);
+                let outcome = match ending {
+                    Ending::Guest(why) => {
+                        tracing::warn!(function = %f.name, start = path.as_str(),
+                            "instance failed ({why}); its VMM log ends: {console}");
+                        Outcome::Crashed { why, console }
+                    }
+                    Ending::Host(why) => {
+                        tracing::error!(function = %f.name, start = path.as_str(),
+                            "instance lost to a host fault ({why}); its VMM log ends: {console}");
+                        Outcome::HostFault { why, console }
+                    }
+                };
                 self.end(inst.vmm).await;
-                Outcome::Crashed(why)
+                outcome
             }
             Err(_) => {
                 tracing::warn!(function = %f.name, start = path.as_str(),
@@ -476,15 +513,25 @@ impl Pool {
 }
 
 /// Why an instance failed, from the error and whether its VMM is still there.
-async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> String {
-    // Give an exiting VMM a moment to be gone, so the message says so.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    if inst.vmm.is_alive() {
-        format!("Runtime error: {e}")
-    } else {
-        "Runtime exited before answering".to_string()
+/// Why an instance's connection failed mid-invocation: a guest that broke
+/// the connection while its VMM runs is the function's fault; a VMM that
+/// is gone says how it ended (its record, `vmm_exit`).
+async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
+    // An ending VMM closes the connection as it stops: give it time to be
+    // gone (and its record written) before asking.
+    for _ in 0..ENDING_WAIT_STEPS {
+        if let Some(ending) = inst.vmm.ending() {
+            return ending;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    Ending::Guest(format!("Runtime error: {e}"))
 }
+
+/// How many 5 ms steps [`crash_reason`] waits for a VMM to be gone (2 s: a
+/// clone whose zygote was killed stops in order, which takes a while on a
+/// loaded host; only a failed invocation waits).
+const ENDING_WAIT_STEPS: u32 = 400;
 
 /// Whether an error body names a runtime failure (`Runtime.*`), after which
 /// the instance is not reused.

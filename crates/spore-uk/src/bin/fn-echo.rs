@@ -3,7 +3,9 @@
 //! so a caller sees warm reuse), and acts on a few payloads used by tests:
 //! `{"sleep_ms":M}` answers after M ms, `{"fail":"MSG"}` returns a handled
 //! error, `{"panic":"MSG"}` panics, `{"exit":C}` exits the guest with C,
-//! `{"env":"KEY"}` answers the variable's value.
+//! `{"env":"KEY"}` answers the variable's value, `{"hold_mib":M}` writes M
+//! MiB of heap that the instance keeps (memory of its own, not its
+//! template's, for the memory budget's tests).
 #![no_std]
 #![no_main]
 
@@ -28,6 +30,21 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
         ctx.request_id,
         event.len()
     );
+    if let Some(mib) = json_number_field(event, "hold_mib") {
+        let mut held: Vec<u8> = Vec::new();
+        let bytes = usize::try_from(mib)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(1 << 20);
+        if held.try_reserve_exact(bytes).is_err() {
+            return Err(FunctionError::new("OutOfMemory", "hold_mib: no such heap"));
+        }
+        held.resize(bytes, 0);
+        for (i, page) in held.chunks_mut(4096).enumerate() {
+            page[0] = i as u8 | 1;
+        }
+        // Kept for the instance's life.
+        held.leak();
+    }
     if let Some(ms) = json_number_field(event, "sleep_ms") {
         sleep_ms(ms);
     }
