@@ -112,9 +112,11 @@ impl Instances {
             // the budget on their own: a warm instance is the fastest
             // start there is, but the one most easily made again.
             let mut held = self.held_bytes().await;
-            if held > self.cfg.memory_budget {
+            if held > self.cfg.memory_budget && self.anything_to_end(&pools) {
                 // Nothing is ended on an old figure (one taken while
-                // instances were busy, say): measured again first.
+                // instances were busy, say): measured again first. Only
+                // when something could be ended: while busy instances alone
+                // hold more than the budget, every tick would measure.
                 held = self.census_within(Duration::ZERO).await;
             }
             while held > self.cfg.memory_budget {
@@ -189,6 +191,15 @@ impl Instances {
             self.end_zygote(z).await;
         }
         n
+    }
+
+    /// Whether the budget could end anything: an idle instance, or a
+    /// zygote not needed.
+    fn anything_to_end(&self, pools: &[Arc<Pool>]) -> bool {
+        pools.iter().any(|p| {
+            !lock(&p.idle).is_empty()
+                || (p.zygote.try_lock().is_ok_and(|z| z.is_some()) && !self.zygote_needed(p))
+        })
     }
 
     /// Whether a pool's zygote must stay: one of its clones lives (the
