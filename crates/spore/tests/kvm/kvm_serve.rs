@@ -752,7 +752,14 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     let idle = |d: &Daemon| d.metric("spore_instances{function=\"t\",state=\"idle\"}");
     let all = |d: &Daemon| d.metric("spore_memory_bytes{held_by=\"all\"}");
     let templates = |d: &Daemon| d.metric("spore_memory_bytes{held_by=\"templates\"}");
+    // Deploys fn-echo as "t", invokes it five times at once (five clones,
+    // each holding 8 MiB of its own), and lets the reaper look.
     let five_at_once = |d: &Arc<Daemon>| {
+        assert_eq!(
+            d.create("t", "fn-echo", serde_json::json!({"MemorySize": 128}))
+                .status,
+            201
+        );
         let handles: Vec<_> = (0..5)
             .map(|_| {
                 let d = d.clone();
@@ -762,6 +769,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
         for h in handles {
             assert_eq!(h.join().unwrap(), 200);
         }
+        thread::sleep(Duration::from_millis(1500));
     };
     // The budget bounds every process the daemon's instances need, measured:
     // the zygote, its clone factory, the clones it starts ahead (which map
@@ -772,13 +780,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
     // 8 MiB per clone keeps the budget's margin above that).
     let (tree, per_clone) = {
         let d = Arc::new(Daemon::start(&state, &["--keep-alive-ms", "4000"]));
-        assert_eq!(
-            d.create("t", "fn-echo", serde_json::json!({"MemorySize": 128}))
-                .status,
-            201
-        );
         five_at_once(&d);
-        thread::sleep(Duration::from_millis(1500));
         let (a, five) = (all(&d), idle(&d));
         // Then the idle clones' keep-alive ends them: the zygote's tree alone.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -809,13 +811,7 @@ fn kvm_serve_memory_budget_ends_lru_idle_instances() {
             "600000",
         ],
     ));
-    assert_eq!(
-        d.create("t", "fn-echo", serde_json::json!({"MemorySize": 128}))
-            .status,
-        201
-    );
     five_at_once(&d);
-    thread::sleep(Duration::from_millis(1500));
     // The reaper looks every 250 ms (measuring at most once a second);
     // ending one clone raises the PSS of the others (fewer share the
     // template), so it may take a few rounds, and longer on a loaded host.
