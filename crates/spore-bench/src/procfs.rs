@@ -54,16 +54,16 @@ fn is_mapping_header(line: &str) -> bool {
 
 /// CPU time of a process so far (all its threads), in ms: the first
 /// field of `/proc/PID/task/*/schedstat`, in ns (clock ticks of `stat` are
-/// 10 ms, more than a clone costs).
+/// 10 ms, more than a clone costs). A thread that ends between the listing
+/// and its read is skipped, not taken for a vanished process; `None` only
+/// when the process itself is gone.
 pub(crate) fn cpu_ms(pid: u32) -> Option<f64> {
-    let mut total = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+    let total: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
-    {
-        let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
     Some(total as f64 / 1e6)
 }
 
@@ -103,5 +103,26 @@ mod tests {
         assert!(pss_kib(pid as i32).is_some_and(|k| k > 0));
         assert!(rss_excluding_guest_kib(pid).is_ok_and(|k| k > 0));
         assert!(cpu_ms(pid).is_some());
+    }
+
+    #[test]
+    fn cpu_time_survives_threads_that_come_and_go() {
+        let pid = std::process::id();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::thread::spawn(|| ()).join();
+                }
+            })
+        };
+        let all_read = (0..2000).all(|_| cpu_ms(pid).is_some());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = churn.join();
+        assert!(
+            all_read,
+            "a thread ending mid-read made the process look gone"
+        );
     }
 }
