@@ -131,6 +131,34 @@ def main():
     check(len(configs) == 1 and configs[0]["RequestedProvisionedConcurrentExecutions"] == 2, "list provisioned")
     lam.delete_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST")
 
+    # Asynchronous invocation: retries, age and destinations (a function).
+    lam.create_function(FunctionName="b3-sink", Runtime="spore-uk", Role=role, Handler="fn-echo",
+                        Code={"ZipFile": echo_zip}, Environment={"Variables": {"ECHO_SINK": "1"}})
+    sink_arn = lam.get_function(FunctionName="b3-sink")["Configuration"]["FunctionArn"]
+    expect_error("ResourceNotFoundException", lam.get_function_event_invoke_config, FunctionName="b3-echo")
+    r = lam.put_function_event_invoke_config(
+        FunctionName="b3-echo", MaximumRetryAttempts=1, MaximumEventAgeInSeconds=3600,
+        DestinationConfig={"OnFailure": {"Destination": sink_arn}})
+    check(r["MaximumRetryAttempts"] == 1 and r["MaximumEventAgeInSeconds"] == 3600, f"put event invoke config: {r}")
+    check(r["DestinationConfig"]["OnFailure"]["Destination"] == sink_arn, f"on-failure destination: {r}")
+    check(r["LastModified"].year >= 2025, f"LastModified is a time: {r['LastModified']!r}")
+    r = lam.update_function_event_invoke_config(
+        FunctionName="b3-echo", DestinationConfig={"OnSuccess": {"Destination": sink_arn}})
+    check(r["MaximumRetryAttempts"] == 1 and r["DestinationConfig"]["OnSuccess"]["Destination"] == sink_arn,
+          f"update keeps what it does not name: {r}")
+    got = lam.get_function_event_invoke_config(FunctionName="b3-echo", Qualifier="$LATEST")
+    check(got["FunctionArn"].endswith(":function:b3-echo:$LATEST"), f"get event invoke config: {got}")
+    listed = lam.list_function_event_invoke_configs(FunctionName="b3-echo")["FunctionEventInvokeConfigs"]
+    check(len(listed) == 1, f"list event invoke configs: {listed}")
+    expect_error("InvalidParameterValueException", lam.put_function_event_invoke_config,
+                 FunctionName="b3-echo", MaximumRetryAttempts=5)
+    expect_error("InvalidParameterValueException", lam.put_function_event_invoke_config,
+                 FunctionName="b3-echo",
+                 DestinationConfig={"OnFailure": {"Destination": "arn:aws:sqs:us-east-1:000000000000:dlq"}})
+    lam.delete_function_event_invoke_config(FunctionName="b3-echo")
+    expect_error("ResourceNotFoundException", lam.get_function_event_invoke_config, FunctionName="b3-echo")
+    lam.delete_function(FunctionName="b3-sink")
+
     lam.delete_function(FunctionName="b3-echo")
     expect_error("ResourceNotFoundException", lam.invoke, FunctionName="b3-echo", Payload=b"{}")
     expect_error("ResourceNotFoundException", lam.get_function, FunctionName="b3-echo")

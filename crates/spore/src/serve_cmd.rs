@@ -92,7 +92,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_QUEUED)]
     event_queue_max: usize,
     /// Retries of an Event invocation whose attempt failed (Lambda's
-    /// MaximumRetryAttempts, 0-2 there).
+    /// MaximumRetryAttempts, 0-2 there); a function's
+    /// PutFunctionEventInvokeConfig overrides it.
     #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_RETRIES)]
     event_retries: u32,
     /// Wait before an Event invocation's first retry (ms), doubled for each
@@ -100,7 +101,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60_000)]
     event_retry_delay_ms: u64,
     /// An Event invocation not run after this long (s) is dropped (logged,
-    /// counted in spore_events_expired_total).
+    /// counted in spore_events_expired_total, recorded to the function's
+    /// OnFailure destination); a function's PutFunctionEventInvokeConfig
+    /// overrides it.
     #[arg(long, default_value_t = 21_600)]
     event_max_age_s: u64,
     /// Open API connections at most (also kept 1024 under the descriptor

@@ -390,6 +390,10 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .catalog
         .delete_provisioned(name)
         .map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_event_invoke_config(name)
+        .map_err(catalog_err)?;
     daemon.instances.set_reserved(name, None);
     daemon.instances.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {

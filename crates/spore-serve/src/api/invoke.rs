@@ -163,7 +163,7 @@ pub async fn invoke(
 }
 
 pub(super) struct Done {
-    body: Vec<u8>,
+    pub(super) body: Vec<u8>,
     pub(super) function_error: bool,
     log: Vec<u8>,
     path: crate::metrics::StartPath,

@@ -1,11 +1,12 @@
 //! The Lambda API (`2015-03-31`) over HTTP/1.1: routing, request bodies and
-//! responses. The control plane is in [`control`] and [`provisioned_config`],
-//! Invoke in [`invoke`].
+//! responses. The control plane is in [`control`], [`provisioned_config`]
+//! and [`event_invoke_config`], Invoke in [`invoke`].
 //! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
 //! and the tools built on them drive the daemon unmodified.
 
 mod control;
 pub mod error;
+mod event_invoke_config;
 mod events;
 mod invoke;
 mod provisioned_config;
@@ -148,6 +149,23 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::DELETE, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
             let name = fn_name(name)?;
             provisioned_config::delete(daemon, &name, &req).await
+        }
+        (Method::PUT, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            let name = fn_name(name)?;
+            event_invoke_config::put(daemon, &name, req, true).await
+        }
+        (Method::POST, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            let name = fn_name(name)?;
+            event_invoke_config::put(daemon, &name, req, false).await
+        }
+        (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            event_invoke_config::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::DELETE, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            event_invoke_config::delete(daemon, &fn_name(name)?, &req).await
+        }
+        (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
+            event_invoke_config::list(daemon, &fn_name(name)?)
         }
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let name = fn_name(name)?;

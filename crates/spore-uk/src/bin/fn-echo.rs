@@ -5,7 +5,10 @@
 //! error, `{"panic":"MSG"}` panics, `{"exit":C}` exits the guest with C,
 //! `{"env":"KEY"}` answers the variable's value, `{"hold_mib":M}` writes M
 //! MiB of heap that the instance keeps (memory of its own, not its
-//! template's, for the memory budget's tests).
+//! template's, for the memory budget's tests). With the environment variable
+//! `ECHO_SINK=1` it logs each payload's first KiB and echoes it, acting on
+//! none of the above (a destination function, whose records carry other
+//! events' payloads).
 #![no_std]
 #![no_main]
 
@@ -30,6 +33,13 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
         ctx.request_id,
         event.len()
     );
+    if function::env("ECHO_SINK").as_deref() == Some("1") {
+        flog!(
+            "fn-echo: payload {}",
+            String::from_utf8_lossy(&event[..event.len().min(1024)])
+        );
+        return echo(event, ctx);
+    }
     if let Some(mib) = json_number_field(event, "hold_mib") {
         let mut held: Vec<u8> = Vec::new();
         let bytes = usize::try_from(mib)
@@ -72,6 +82,11 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
         out.push('}');
         return Ok(out.into_bytes());
     }
+    echo(event, ctx)
+}
+
+/// `{"echo":<payload>,"invocations":N}`.
+fn echo(event: &[u8], ctx: &Context) -> Response {
     let mut out = Vec::new();
     out.try_reserve(event.len() + 48)
         .map_err(|_| FunctionError::new("OutOfMemory", "response too large for the heap"))?;
