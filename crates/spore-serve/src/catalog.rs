@@ -10,6 +10,9 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod versions;
+pub use versions::Alias;
+
 /// One function as deployed: its current version's code and configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Function {
@@ -34,6 +37,19 @@ pub struct Function {
     /// `SporeNetwork.Enabled`: each instance gets a tap in a network
     /// namespace of its own with outbound NAT (`crate::network`).
     pub network: bool,
+    /// The number of a published version (`PublishVersion`), immutable;
+    /// `None` for `$LATEST`. A published version keeps the `version`
+    /// (revision) `$LATEST` had when it was published, so the two share
+    /// instances and snapshots until `$LATEST` changes.
+    pub published: Option<u32>,
+}
+
+impl Function {
+    /// The version as Lambda names it: `$LATEST` or the number.
+    pub fn qualifier(&self) -> String {
+        self.published
+            .map_or_else(|| "$LATEST".to_string(), |n| n.to_string())
+    }
 }
 
 /// A VMM process the daemon started.
@@ -68,6 +84,39 @@ CREATE TABLE IF NOT EXISTS functions (
     last_modified TEXT NOT NULL,
     reserved_concurrency INTEGER,
     network INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    runtime TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    timeout_s INTEGER NOT NULL,
+    env_json TEXT NOT NULL,
+    description TEXT NOT NULL,
+    role TEXT NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    code_size INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    revision_id TEXT NOT NULL,
+    last_modified TEXT NOT NULL,
+    reserved_concurrency INTEGER,
+    network INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, number)
+);
+CREATE TABLE IF NOT EXISTS version_counters (
+    function TEXT PRIMARY KEY,
+    last INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS aliases (
+    function TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    description TEXT NOT NULL,
+    additional_version TEXT,
+    additional_weight REAL,
+    revision_id TEXT NOT NULL,
+    PRIMARY KEY (function, name)
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     function TEXT NOT NULL,
@@ -152,19 +201,26 @@ impl Catalog {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Deletes a function; false if there was none.
+    /// Deletes a function with its published versions and aliases (one
+    /// transaction); false if there was none.
     pub fn delete(&self, name: &str) -> Result<bool, CatalogError> {
-        Ok(self
-            .db()
-            .execute("DELETE FROM functions WHERE name = ?1", [name])?
-            == 1)
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        let n = tx.execute("DELETE FROM functions WHERE name = ?1", [name])?;
+        tx.execute("DELETE FROM versions WHERE name = ?1", [name])?;
+        tx.execute("DELETE FROM version_counters WHERE function = ?1", [name])?;
+        tx.execute("DELETE FROM aliases WHERE function = ?1", [name])?;
+        tx.commit()?;
+        Ok(n == 1)
     }
 
-    /// Whether any function's current version uses the code with this hash.
+    /// Whether any function's current version, or any published version,
+    /// uses the code with this hash.
     pub fn code_in_use(&self, sha256: &str) -> Result<bool, CatalogError> {
         let db = self.db();
         let n: i64 = db.query_row(
-            "SELECT COUNT(*) FROM functions WHERE code_sha256 = ?1",
+            "SELECT (SELECT COUNT(*) FROM functions WHERE code_sha256 = ?1)
+                  + (SELECT COUNT(*) FROM versions WHERE code_sha256 = ?1)",
             [sha256],
             |r| r.get(0),
         )?;
@@ -393,15 +449,18 @@ fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
 const ADDED_COLUMNS: &[(&str, &str)] = &[("network", "INTEGER NOT NULL DEFAULT 0")];
 
 fn migrate(db: &Connection) -> Result<(), CatalogError> {
-    let mut st = db.prepare("SELECT name FROM pragma_table_info('functions')")?;
-    let have = st
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    for (name, definition) in ADDED_COLUMNS {
-        if !have.iter().any(|h| h == name) {
-            db.execute_batch(&format!(
-                "ALTER TABLE functions ADD COLUMN {name} {definition}"
-            ))?;
+    // `versions` holds the same columns as `functions`: both get them.
+    for table in ["functions", "versions"] {
+        let mut st = db.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+        let have = st
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        for (name, definition) in ADDED_COLUMNS {
+            if !have.iter().any(|h| h == name) {
+                db.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {name} {definition}"
+                ))?;
+            }
         }
     }
     Ok(())
@@ -454,6 +513,7 @@ fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
         last_modified: r.get("last_modified")?,
         reserved_concurrency: r.get("reserved_concurrency")?,
         network: r.get("network")?,
+        published: None,
     })
 }
 
@@ -461,7 +521,7 @@ fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
 mod tests {
     use super::*;
 
-    fn sample(name: &str) -> Function {
+    pub(super) fn sample(name: &str) -> Function {
         Function {
             name: name.into(),
             runtime: "spore-uk".into(),
@@ -478,6 +538,7 @@ mod tests {
             last_modified: "2026-01-01T00:00:00.000+0000".into(),
             reserved_concurrency: None,
             network: false,
+            published: None,
         }
     }
 

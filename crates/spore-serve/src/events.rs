@@ -65,6 +65,10 @@ impl Default for EventsConfig {
 pub struct EventMeta {
     pub request_id: String,
     pub function: String,
+    /// The version or alias it was sent to (`None`: `$LATEST`); an alias is
+    /// resolved when the event runs.
+    #[serde(default)]
+    pub qualifier: Option<String>,
     /// When the daemon accepted it (Unix ms): its age counts from here,
     /// across restarts.
     pub received_unix_ms: u64,
@@ -258,6 +262,7 @@ impl EventQueue {
     pub fn accept(
         &self,
         function: &str,
+        qualifier: Option<&str>,
         request_id: &str,
         payload: &[u8],
     ) -> Result<(), AcceptError> {
@@ -267,7 +272,7 @@ impl EventQueue {
                 return Err(AcceptError::Full(g.queued()));
             }
         }
-        self.keep(function, request_id, payload, 0)
+        self.keep(function, qualifier, request_id, payload, 0)
     }
 
     /// Queues the destination record of `source` (an event that ended) for
@@ -294,7 +299,7 @@ impl EventQueue {
             lock(&self.inner).records_lost += 1;
             return false;
         }
-        match self.keep(destination, record_id, record, depth) {
+        match self.keep(destination, None, record_id, record, depth) {
             Ok(()) => {
                 tracing::info!(
                     function = %src.function, request_id = %src.request_id,
@@ -317,6 +322,7 @@ impl EventQueue {
     fn keep(
         &self,
         function: &str,
+        qualifier: Option<&str>,
         request_id: &str,
         payload: &[u8],
         depth: u32,
@@ -324,6 +330,7 @@ impl EventQueue {
         let meta = EventMeta {
             request_id: request_id.to_string(),
             function: function.to_string(),
+            qualifier: qualifier.map(str::to_string),
             received_unix_ms: crate::clock::unix_ms(),
             attempts: 0,
             depth,
@@ -615,8 +622,8 @@ mod tests {
         let dir = scratch("reopen");
         let (q, found) = EventQueue::open(&dir, quick()).unwrap();
         assert_eq!(found, Recovered::default());
-        q.accept("f", "id-1", b"{\"a\":1}").unwrap();
-        q.accept("g", "id-2", b"\n\nbinary\0").unwrap();
+        q.accept("f", None, "id-1", b"{\"a\":1}").unwrap();
+        q.accept("g", None, "id-2", b"\n\nbinary\0").unwrap();
         // A half-written file of a crashed write, and a damaged event.
         std::fs::write(dir.join(".x.event.tmp-1-2"), b"half").unwrap();
         std::fs::write(dir.join("0-bad.event"), b"not json").unwrap();
@@ -660,19 +667,19 @@ mod tests {
         let dir = scratch("bound");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
         for i in 0..3 {
-            q.accept("f", &format!("id-{i}"), b"{}").unwrap();
+            q.accept("f", None, &format!("id-{i}"), b"{}").unwrap();
         }
         assert!(matches!(
-            q.accept("f", "id-3", b"{}"),
+            q.accept("f", None, "id-3", b"{}"),
             Err(AcceptError::Full(3))
         ));
         let ev = rt().block_on(q.next_due());
         assert!(matches!(
-            q.accept("f", "id-3", b"{}"),
+            q.accept("f", None, "id-3", b"{}"),
             Err(AcceptError::Full(3))
         ));
         q.done(ev);
-        q.accept("f", "id-3", b"{}").unwrap();
+        q.accept("f", None, "id-3", b"{}").unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -680,7 +687,7 @@ mod tests {
     fn failed_attempts_are_retried_then_dropped_and_the_count_persists() {
         let dir = scratch("retry");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
-        q.accept("f", "id-r", b"{}").unwrap();
+        q.accept("f", None, "id-r", b"{}").unwrap();
         let rt = rt();
         let ev = rt.block_on(q.next_due());
         assert_eq!(q.failed(ev, "boom", None), None);
@@ -717,7 +724,7 @@ mod tests {
     fn throttled_events_wait_and_are_not_counted_as_attempts() {
         let dir = scratch("throttle");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
-        q.accept("f", "id-t", b"{}").unwrap();
+        q.accept("f", None, "id-t", b"{}").unwrap();
         let rt = rt();
         let ev = rt.block_on(q.next_due());
         q.throttled(ev);

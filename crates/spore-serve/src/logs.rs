@@ -24,7 +24,8 @@ pub fn invocation_log(
     outcome: &str,
     function_log: &[u8],
 ) -> Vec<u8> {
-    let mut out = format!("START RequestId: {request_id} Version: $LATEST\n").into_bytes();
+    let mut out =
+        format!("START RequestId: {request_id} Version: {}\n", f.qualifier()).into_bytes();
     out.extend_from_slice(function_log);
     if !function_log.is_empty() && !function_log.ends_with(b"\n") {
         out.push(b'\n');

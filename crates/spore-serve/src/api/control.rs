@@ -106,7 +106,10 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         .collect::<Vec<u8>>();
     serde_json::json!({
         "FunctionName": f.name,
-        "FunctionArn": function_arn(&f.name),
+        "FunctionArn": match f.published {
+            Some(n) => format!("{}:{n}", function_arn(&f.name)),
+            None => function_arn(&f.name),
+        },
         "Runtime": f.runtime,
         "Role": f.role,
         "Handler": f.handler,
@@ -116,7 +119,7 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         "MemorySize": f.memory_mib,
         "LastModified": f.last_modified,
         "CodeSha256": STANDARD.encode(sha_b64),
-        "Version": "$LATEST",
+        "Version": f.qualifier(),
         "Environment": { "Variables": f.env },
         "TracingConfig": { "Mode": "PassThrough" },
         "RevisionId": f.revision_id,
@@ -305,6 +308,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         last_modified: lambda_now(),
         reserved_concurrency: None,
         network,
+        published: None,
     };
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
@@ -327,8 +331,7 @@ pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaEr
 /// GetFunction. `Code.Location` is where the zip can be downloaded from
 /// (Lambda: a presigned URL; here the daemon's own `GET
 /// /spore/functions/NAME/code.zip`, at the host the request named).
-pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, name)?;
+pub fn get(f: &Function, req: &super::Req) -> Result<Resp, LambdaError> {
     let host = req
         .headers()
         .get(hyper::header::HOST)
@@ -339,9 +342,15 @@ pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, L
                     .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
         })
         .unwrap_or("localhost");
-    let location = format!("http://{host}/spore/functions/{}/code.zip", f.name);
+    let location = match f.published {
+        Some(n) => format!(
+            "http://{host}/spore/functions/{}/code.zip?Qualifier={n}",
+            f.name
+        ),
+        None => format!("http://{host}/spore/functions/{}/code.zip", f.name),
+    };
     let mut v = serde_json::json!({
-        "Configuration": configuration(&f),
+        "Configuration": configuration(f),
         "Code": { "RepositoryType": "S3", "Location": location },
     });
     if let Some(n) = f.reserved_concurrency {
@@ -351,8 +360,7 @@ pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, L
 }
 
 /// `GET /spore/functions/NAME/code.zip`: the function's code as uploaded.
-pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, name)?;
+pub async fn code_zip(daemon: &Arc<Daemon>, f: &Function) -> Result<Resp, LambdaError> {
     let path = code::dir(&daemon.state_dir, &f.code_sha256).join("code.zip");
     let zip = tokio::task::spawn_blocking(move || std::fs::read(&path))
         .await
@@ -366,11 +374,8 @@ pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaEr
     Ok(resp)
 }
 
-pub fn get_configuration(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
-    Ok(json_response(
-        StatusCode::OK,
-        &configuration(&existing(daemon, name)?),
-    ))
+pub fn get_configuration(f: &Function) -> Resp {
+    json_response(StatusCode::OK, &configuration(f))
 }
 
 pub fn list(daemon: &Arc<Daemon>) -> Result<Resp, LambdaError> {

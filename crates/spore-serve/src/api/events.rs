@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use hyper::StatusCode;
 
 use super::{invoke, Daemon};
-use crate::catalog::EventInvokeConfig;
+use crate::catalog::{EventInvokeConfig, Function};
 use crate::config::function_arn;
 use crate::events::{DropReason, EventQueue, TakenEvent};
 
@@ -43,21 +43,26 @@ pub fn spawn_dispatcher(daemon: Arc<Daemon>) -> tokio::task::JoinHandle<()> {
 async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
     let queue = daemon.events.clone();
     let (function, request_id) = (ev.meta.function.clone(), ev.meta.request_id.clone());
-    let found = daemon.catalog.get(&function).and_then(|f| {
-        let cfg = daemon.catalog.event_invoke_config(&function)?;
-        Ok(f.map(|f| (f, cfg.unwrap_or_default())))
-    });
+    let found =
+        super::versions::resolve(daemon, &function, ev.meta.qualifier.as_deref()).and_then(|f| {
+            let cfg = daemon
+                .catalog
+                .event_invoke_config(&function)
+                .map_err(super::control::catalog_err)?;
+            Ok((f, cfg.unwrap_or_default()))
+        });
     let (f, cfg) = match found {
-        Ok(Some(found)) => found,
-        Ok(None) => {
-            tracing::warn!(%function, %request_id, "event dropped: its function was deleted");
+        Ok(found) => found,
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            tracing::warn!(%function, %request_id,
+                "event dropped: its function, version or alias was deleted ({})", e.message);
             return off_thread(queue, move |q| {
                 q.drop_event(ev, DropReason::FunctionDeleted)
             })
             .await;
         }
         Err(e) => {
-            let why = format!("the catalogue: {e}");
+            let why = format!("the catalogue: {}", e.message);
             return off_thread(queue, move |q| {
                 q.failed(ev, &why, None);
             })
@@ -91,7 +96,7 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
     if ev.age() > max_age {
         tracing::warn!(%function, %request_id,
             "event dropped: older than {max_age:?} (accepted {:?} ago)", ev.age());
-        let record = Record::failure("EventAgeExceeded", &cfg, &payload, None);
+        let record = Record::failure("EventAgeExceeded", &f, &cfg, &payload, None);
         return off_thread(queue, move |q| {
             record.send(q, &ev);
             q.drop_event(ev, DropReason::Expired);
@@ -102,7 +107,7 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
     let last_try = ev.meta.attempts >= max_retries.unwrap_or(queue.config().max_retries);
     match invoke::run(daemon, &f, &request_id, &payload, Instant::now()).await {
         Ok(done) if !done.function_error => {
-            let record = Record::success(&cfg, &payload, &done.body);
+            let record = Record::success(&f, &cfg, &payload, &done.body);
             off_thread(queue, move |q| {
                 record.send(q, &ev);
                 q.done(ev);
@@ -115,7 +120,7 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
                 function_error: true,
                 body: done.body,
             };
-            let record = Record::failure("RetriesExhausted", &cfg, &payload, Some(response))
+            let record = Record::failure("RetriesExhausted", &f, &cfg, &payload, Some(response))
                 .only_if(last_try);
             off_thread(queue, move |q| {
                 record.send(q, &ev);
@@ -141,7 +146,7 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
                     .to_string()
                     .into_bytes(),
             };
-            let record = Record::failure("RetriesExhausted", &cfg, &payload, Some(response))
+            let record = Record::failure("RetriesExhausted", &f, &cfg, &payload, Some(response))
                 .only_if(last_try);
             let why = e.message;
             off_thread(queue, move |q| {
@@ -169,7 +174,7 @@ struct Record {
 }
 
 impl Record {
-    fn success(cfg: &EventInvokeConfig, payload: &[u8], body: &[u8]) -> Self {
+    fn success(f: &Function, cfg: &EventInvokeConfig, payload: &[u8], body: &[u8]) -> Self {
         let response = Response {
             status: 200,
             function_error: false,
@@ -178,7 +183,7 @@ impl Record {
         Self::to(
             cfg.on_success.as_deref(),
             "Success",
-            cfg,
+            f,
             payload,
             Some(response),
         )
@@ -186,17 +191,18 @@ impl Record {
 
     fn failure(
         condition: &'static str,
+        f: &Function,
         cfg: &EventInvokeConfig,
         payload: &[u8],
         response: Option<Response>,
     ) -> Self {
-        Self::to(cfg.on_failure.as_deref(), condition, cfg, payload, response)
+        Self::to(cfg.on_failure.as_deref(), condition, f, payload, response)
     }
 
     fn to(
         destination: Option<&str>,
         condition: &'static str,
-        cfg: &EventInvokeConfig,
+        f: &Function,
         payload: &[u8],
         response: Option<Response>,
     ) -> Self {
@@ -207,7 +213,7 @@ impl Record {
             "version": "1.0",
             "timestamp": crate::clock::iso_now(),
             "requestContext": {
-                "functionArn": format!("{}:$LATEST", function_arn(&cfg.function)),
+                "functionArn": format!("{}:{}", function_arn(&f.name), f.qualifier()),
                 "condition": condition,
             },
             "requestPayload": json_or_text(payload),
@@ -215,7 +221,7 @@ impl Record {
         if let Some(r) = response {
             let mut context = serde_json::json!({
                 "statusCode": r.status,
-                "executedVersion": "$LATEST",
+                "executedVersion": f.qualifier(),
             });
             if r.function_error {
                 context["functionError"] = "Unhandled".into();

@@ -10,7 +10,7 @@ use crate::common::fc::repo_root;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
 
-fn client_venv() -> std::path::PathBuf {
+pub(crate) fn client_venv() -> std::path::PathBuf {
     let out = Command::new(repo_root().join("scripts/ensure-pyclients.sh"))
         .output()
         .expect("running scripts/ensure-pyclients.sh");
