@@ -69,6 +69,7 @@ struct CreateBody {
     environment: Option<EnvironmentBody>,
     package_type: Option<String>,
     spore_network: Option<SporeNetworkBody>,
+    tags: Option<super::tags::Tags>,
 }
 
 #[derive(Deserialize)]
@@ -269,6 +270,8 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     check_env(&env)?;
     let network = b.spore_network.unwrap_or_default().enabled;
     check_linux(daemon, &runtime, network)?;
+    let tags = b.tags.unwrap_or_default();
+    super::tags::check(&tags, &Default::default())?;
     let _admin = daemon.admin.lock().await;
     if daemon
         .catalog
@@ -306,6 +309,11 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         reserved_concurrency: None,
         network,
     };
+    // Stored before the function, replacing any a deleted one of this name left.
+    daemon
+        .catalog
+        .replace_tags(&f.name, &tags)
+        .map_err(catalog_err)?;
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
             "Function already exist: {}",
@@ -347,6 +355,7 @@ pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, L
     if let Some(n) = f.reserved_concurrency {
         v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
     }
+    super::tags::add_to_function(daemon, &f.name, &mut v)?;
     Ok(json_response(StatusCode::OK, &v))
 }
 
@@ -394,6 +403,7 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .catalog
         .delete_event_invoke_config(name)
         .map_err(catalog_err)?;
+    daemon.catalog.delete_tags(name).map_err(catalog_err)?;
     daemon.instances.set_reserved(name, None);
     daemon.instances.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {

@@ -10,6 +10,7 @@ mod event_invoke_config;
 mod events;
 mod invoke;
 mod provisioned_config;
+mod tags;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -167,6 +168,11 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
             event_invoke_config::list(daemon, &fn_name(name)?)
         }
+        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
+        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
+            tags::untag(daemon, resource, &req).await
+        }
+        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let name = fn_name(name)?;
             invoke::invoke(daemon, &name, req).await
