@@ -144,6 +144,12 @@ CREATE TABLE IF NOT EXISTS processes (
     run_dir TEXT NOT NULL,
     PRIMARY KEY (pid, run_dir)
 );
+CREATE TABLE IF NOT EXISTS tags (
+    function TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    PRIMARY KEY (function, tag_key)
+);
 ";
 
 impl Catalog {
@@ -436,6 +442,73 @@ impl Catalog {
     }
 }
 
+/// A function's tags (`TagResource`, CreateFunction's `Tags`), key → value.
+pub type Tags = BTreeMap<String, String>;
+
+impl Catalog {
+    pub fn tags(&self, function: &str) -> Result<Tags, CatalogError> {
+        let db = self.db();
+        let mut st =
+            db.prepare_cached("SELECT tag_key, tag_value FROM tags WHERE function = ?1")?;
+        let rows = st
+            .query_map([function], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    /// Adds `tags` to a function's, replacing the values of keys it has.
+    /// One transaction: all are stored or none.
+    pub fn add_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        for (k, v) in tags {
+            tx.execute(
+                "INSERT OR REPLACE INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
+                params![function, k, v],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A new function's tags: replaces whatever a function of that name left
+    /// (a delete cut short) in the same transaction.
+    pub fn replace_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        tx.execute("DELETE FROM tags WHERE function = ?1", [function])?;
+        for (k, v) in tags {
+            tx.execute(
+                "INSERT INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
+                params![function, k, v],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes these keys (those the function does not have are no error).
+    pub fn remove_tags(&self, function: &str, keys: &[String]) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        for k in keys {
+            tx.execute(
+                "DELETE FROM tags WHERE function = ?1 AND tag_key = ?2",
+                params![function, k],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes every tag of a function (it is being deleted).
+    pub fn delete_tags(&self, function: &str) -> Result<(), CatalogError> {
+        self.db()
+            .execute("DELETE FROM tags WHERE function = ?1", [function])?;
+        Ok(())
+    }
+}
+
 fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
     Ok(SnapshotRecord {
         function: r.get(0)?,
@@ -611,6 +684,34 @@ mod tests {
         assert_eq!(db.event_invoke_config("f").unwrap(), Some(c));
         assert!(db.delete_event_invoke_config("f").unwrap());
         assert!(!db.delete_event_invoke_config("f").unwrap());
+    }
+
+    #[test]
+    fn tags_are_added_removed_and_survive_reopening() {
+        let dir = std::env::temp_dir().join(format!("spore-catalog-tags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("catalog.db");
+        let t = |kv: &[(&str, &str)]| -> Tags {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        {
+            let c = Catalog::open(&path).unwrap();
+            assert!(c.tags("f").unwrap().is_empty());
+            c.replace_tags("f", &t(&[("a", "1"), ("b", "2")])).unwrap();
+            c.add_tags("f", &t(&[("b", "3"), ("c", "")])).unwrap();
+            c.add_tags("g", &t(&[("a", "other function")])).unwrap();
+            c.remove_tags("f", &["a".into(), "absent".into()]).unwrap();
+        }
+        let c = Catalog::open(&path).unwrap();
+        assert_eq!(c.tags("f").unwrap(), t(&[("b", "3"), ("c", "")]));
+        c.replace_tags("f", &t(&[("z", "new")])).unwrap();
+        assert_eq!(c.tags("f").unwrap(), t(&[("z", "new")]));
+        c.delete_tags("f").unwrap();
+        assert!(c.tags("f").unwrap().is_empty());
+        assert_eq!(c.tags("g").unwrap(), t(&[("a", "other function")]));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -69,6 +69,7 @@ struct CreateBody {
     environment: Option<EnvironmentBody>,
     package_type: Option<String>,
     spore_network: Option<SporeNetworkBody>,
+    tags: Option<super::tags::Tags>,
 }
 
 #[derive(Deserialize)]
@@ -272,6 +273,8 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     check_env(&env)?;
     let network = b.spore_network.unwrap_or_default().enabled;
     check_linux(daemon, &runtime, network)?;
+    let tags = b.tags.unwrap_or_default();
+    super::tags::check(&tags, &Default::default())?;
     let _admin = daemon.admin.lock().await;
     if daemon
         .catalog
@@ -310,6 +313,11 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         network,
         published: None,
     };
+    // Stored before the function, replacing any a deleted one of this name left.
+    daemon
+        .catalog
+        .replace_tags(&f.name, &tags)
+        .map_err(catalog_err)?;
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
             "Function already exist: {}",
@@ -331,7 +339,7 @@ pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaEr
 /// GetFunction. `Code.Location` is where the zip can be downloaded from
 /// (Lambda: a presigned URL; here the daemon's own `GET
 /// /spore/functions/NAME/code.zip`, at the host the request named).
-pub fn get(f: &Function, req: &super::Req) -> Result<Resp, LambdaError> {
+pub fn get(daemon: &Daemon, f: &Function, req: &super::Req) -> Result<Resp, LambdaError> {
     let host = req
         .headers()
         .get(hyper::header::HOST)
@@ -356,6 +364,7 @@ pub fn get(f: &Function, req: &super::Req) -> Result<Resp, LambdaError> {
     if let Some(n) = f.reserved_concurrency {
         v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
     }
+    super::tags::add_to_function(daemon, &f.name, &mut v)?;
     Ok(json_response(StatusCode::OK, &v))
 }
 
@@ -399,6 +408,7 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .catalog
         .delete_event_invoke_config(name)
         .map_err(catalog_err)?;
+    daemon.catalog.delete_tags(name).map_err(catalog_err)?;
     daemon.instances.set_reserved(name, None);
     daemon.instances.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {

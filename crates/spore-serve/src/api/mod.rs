@@ -10,6 +10,7 @@ mod event_invoke_config;
 mod events;
 mod invoke;
 mod provisioned_config;
+mod tags;
 mod versions;
 
 use std::convert::Infallible;
@@ -103,7 +104,7 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
         (Method::GET, ["2015-03-31", "functions", name]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
-            control::get(&versions::resolve_exact(daemon, &name, q.as_deref())?, &req)
+            control::get(daemon, &versions::resolve_exact(daemon, &name, q.as_deref())?, &req)
         }
         (Method::GET, ["spore", "functions", name, "code.zip"]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
@@ -206,6 +207,11 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
             event_invoke_config::list(daemon, &fn_name(name)?)
         }
+        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
+        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
+            tags::untag(daemon, resource, &req).await
+        }
+        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
             invoke::invoke(daemon, &name, q, req).await
