@@ -187,7 +187,7 @@ pub(super) async fn run(
             let outcome = if r.ok { "success" } else { "function_error" };
             (r.body, !r.ok, outcome, r.log)
         }
-        Outcome::TimedOut => {
+        Outcome::TimedOut { log } => {
             let msg = format!(
                 "{} {request_id} Task timed out after {}.00 seconds",
                 crate::clock::lambda_now(),
@@ -199,10 +199,10 @@ pub(super) async fn run(
                     .into_bytes(),
                 true,
                 "timeout",
-                Vec::new(),
+                log,
             )
         }
-        Outcome::Crashed { why, console } => {
+        Outcome::Crashed { why, console, log } => {
             let msg = format!("RequestId: {request_id} Error: {why}");
             (
                 serde_json::json!({ "errorType": "Runtime.ExitError", "errorMessage": msg })
@@ -210,10 +210,10 @@ pub(super) async fn run(
                     .into_bytes(),
                 true,
                 "function_error",
-                logs::console_tail(&console),
+                logs::died_log(log, &console),
             )
         }
-        Outcome::HostFault { why, console } => {
+        Outcome::HostFault { why, console, log } => {
             // Not the function's fault: logged and counted as a service
             // error, answered 500 (an Event invocation goes back to its
             // queue, as Lambda does on a system error).
@@ -228,7 +228,7 @@ pub(super) async fn run(
                 inv.path,
                 seconds,
                 "service_error",
-                &logs::console_tail(&console),
+                &logs::died_log(log, &console),
             );
             logs::append(&daemon.state_dir, &f.name, log);
             return Err(LambdaError::service(format!(

@@ -104,7 +104,9 @@ pub enum AcquireError {
     Init(InvokeResult),
 }
 
-/// How an invocation ended.
+/// How an invocation ended. `log` is what the function logged before an
+/// invocation that got no result ended (what a spore-uk guest streamed;
+/// a Linux function's output is on the console instead).
 pub enum Outcome {
     Done(InvokeResult),
     /// The instance ended or broke the protocol before answering: the
@@ -113,14 +115,18 @@ pub enum Outcome {
     Crashed {
         why: String,
         console: String,
+        log: Vec<u8>,
     },
     /// The instance's VMM was killed or failed before answering: a host
     /// fault, not the function's; with what the guest's console said last.
     HostFault {
         why: String,
         console: String,
+        log: Vec<u8>,
     },
-    TimedOut,
+    TimedOut {
+        log: Vec<u8>,
+    },
 }
 
 pub struct Invocation {
@@ -322,16 +328,17 @@ impl Instances {
                 // its run directory: what it said last is kept here and in
                 // the invocation's log.
                 let console = inst.vmm.log_lines(CRASH_LOG_LINES);
+                let log = inst.conn.take_streamed_log();
                 let outcome = match ending {
                     Ending::Guest(why) => {
                         tracing::warn!(function = %f.name, start = path.as_str(),
                             "instance failed ({why}); its VMM log ends: {console}");
-                        Outcome::Crashed { why, console }
+                        Outcome::Crashed { why, console, log }
                     }
                     Ending::Host(why) => {
                         tracing::error!(function = %f.name, start = path.as_str(),
                             "instance lost to a host fault ({why}); its VMM log ends: {console}");
-                        Outcome::HostFault { why, console }
+                        Outcome::HostFault { why, console, log }
                     }
                 };
                 self.end(inst.vmm).await;
@@ -340,8 +347,9 @@ impl Instances {
             Err(_) => {
                 tracing::warn!(function = %f.name, start = path.as_str(),
                     "instance timed out; its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
+                let log = inst.conn.take_streamed_log();
                 self.end(inst.vmm).await;
-                Outcome::TimedOut
+                Outcome::TimedOut { log }
             }
         };
         Ok(Invocation { outcome, path })

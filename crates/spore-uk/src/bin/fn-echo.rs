@@ -1,6 +1,7 @@
 //! fn-echo: a `spore serve` function (see `function`). It answers
 //! `{"echo":<payload>,"invocations":N}` (N counts this instance's invocations,
 //! so a caller sees warm reuse), and acts on a few payloads used by tests:
+//! `{"log":"LINE"}` adds LINE to the invocation's log (`flog!`) first,
 //! `{"sleep_ms":M}` answers after M ms, `{"fail":"MSG"}` returns a handled
 //! error, `{"panic":"MSG"}` panics, `{"exit":C}` exits the guest with C,
 //! `{"env":"KEY"}` answers the variable's value, `{"hold_mib":M}` writes M
@@ -39,6 +40,9 @@ fn handle(event: &[u8], ctx: &Context) -> Response {
             String::from_utf8_lossy(&event[..event.len().min(1024)])
         );
         return echo(event, ctx);
+    }
+    if let Some(line) = string_field(event, "log") {
+        flog!("{line}");
     }
     if let Some(mib) = json_number_field(event, "hold_mib") {
         let mut held: Vec<u8> = Vec::new();
