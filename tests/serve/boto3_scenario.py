@@ -199,6 +199,20 @@ def main(argv=None):
     check(names == ["live"], f"list_aliases: {names}")
     expect_error("ResourceConflictException", lam.delete_function, FunctionName="b3-echo", Qualifier="1")
     expect_error("ResourceNotFoundException", lam.invoke, FunctionName="b3-echo", Qualifier="9", Payload=b"{}")
+    # Function URLs (served and driven by curl in kvm_serve_urls).
+    url = lam.create_function_url_config(FunctionName="b3-echo", Qualifier="live", AuthType="NONE")
+    check(url["FunctionUrl"].startswith("http") and url["FunctionArn"].endswith(":b3-echo:live"),
+          f"create_function_url_config: {url}")
+    expect_error("ResourceConflictException", lam.create_function_url_config, FunctionName="b3-echo",
+                 Qualifier="live", AuthType="NONE")
+    got = lam.get_function_url_config(FunctionName="b3-echo", Qualifier="live")
+    check(got["FunctionUrl"] == url["FunctionUrl"], f"get_function_url_config: {got}")
+    updated = lam.update_function_url_config(FunctionName="b3-echo", Qualifier="live", AuthType="AWS_IAM")
+    check(updated["AuthType"] == "AWS_IAM", f"update_function_url_config: {updated}")
+    urls = lam.list_function_url_configs(FunctionName="b3-echo")["FunctionUrlConfigs"]
+    check(len(urls) == 1, f"list_function_url_configs: {urls}")
+    lam.delete_function_url_config(FunctionName="b3-echo", Qualifier="live")
+    expect_error("ResourceNotFoundException", lam.get_function_url_config, FunctionName="b3-echo", Qualifier="live")
     lam.delete_alias(FunctionName="b3-echo", Name="live")
 
     lam.delete_function(FunctionName="b3-echo")

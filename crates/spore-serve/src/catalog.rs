@@ -10,7 +10,9 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod urls;
 mod versions;
+pub use urls::FunctionUrl;
 pub use versions::Alias;
 
 /// One function as deployed: its current version's code and configuration.
@@ -118,6 +120,16 @@ CREATE TABLE IF NOT EXISTS aliases (
     revision_id TEXT NOT NULL,
     PRIMARY KEY (function, name)
 );
+CREATE TABLE IF NOT EXISTS function_urls (
+    url_id TEXT PRIMARY KEY,
+    function TEXT NOT NULL,
+    qualifier TEXT NOT NULL,
+    auth_type TEXT NOT NULL,
+    cors_json TEXT NOT NULL,
+    creation_time TEXT NOT NULL,
+    last_modified_time TEXT NOT NULL,
+    UNIQUE (function, qualifier)
+);
 CREATE TABLE IF NOT EXISTS snapshots (
     function TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -216,6 +228,7 @@ impl Catalog {
         tx.execute("DELETE FROM versions WHERE name = ?1", [name])?;
         tx.execute("DELETE FROM version_counters WHERE function = ?1", [name])?;
         tx.execute("DELETE FROM aliases WHERE function = ?1", [name])?;
+        tx.execute("DELETE FROM function_urls WHERE function = ?1", [name])?;
         tx.commit()?;
         Ok(n == 1)
     }

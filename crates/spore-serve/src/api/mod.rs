@@ -8,6 +8,8 @@ mod control;
 pub mod error;
 mod event_invoke_config;
 mod events;
+mod function_url_config;
+mod function_urls;
 mod invoke;
 mod provisioned_config;
 mod tags;
@@ -39,9 +41,12 @@ pub struct Daemon {
     pub events: Arc<crate::events::EventQueue>,
     /// The API's open connections (served by `crate::server`).
     pub connections: Arc<crate::connections::Connections>,
+    /// Where function URLs are served, once listening (`--url-listen`).
+    pub url_base: std::sync::OnceLock<UrlBase>,
 }
 
 pub use events::spawn_dispatcher as spawn_event_dispatcher;
+pub use function_urls::{handle as handle_function_url, UrlBase};
 
 type Resp = Response<Full<Bytes>>;
 
@@ -76,7 +81,7 @@ pub async fn handle(
 }
 
 /// Checks the request's SigV4 signature against the configured keys (403).
-fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
+pub(super) fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -104,7 +109,11 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
         (Method::GET, ["2015-03-31", "functions", name]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
-            control::get(daemon, &versions::resolve_exact(daemon, &name, q.as_deref())?, &req)
+            control::get(
+                daemon,
+                &versions::resolve_exact(daemon, &name, q.as_deref())?,
+                &req,
+            )
         }
         (Method::GET, ["spore", "functions", name, "code.zip"]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
@@ -212,6 +221,23 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             tags::untag(daemon, resource, &req).await
         }
         (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
+        (Method::POST, ["2021-10-31", "functions", name, "url"]) => {
+            let name = fn_name(name)?;
+            function_url_config::create(daemon, &name, req).await
+        }
+        (Method::GET, ["2021-10-31", "functions", name, "url"]) => {
+            function_url_config::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::PUT, ["2021-10-31", "functions", name, "url"]) => {
+            let name = fn_name(name)?;
+            function_url_config::update(daemon, &name, req).await
+        }
+        (Method::DELETE, ["2021-10-31", "functions", name, "url"]) => {
+            function_url_config::delete(daemon, &fn_name(name)?, &req).await
+        }
+        (Method::GET, ["2021-10-31", "functions", name, "urls"]) => {
+            function_url_config::list(daemon, &fn_name(name)?)
+        }
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
             let (name, q) = name_and_any_qualifier(name, &req)?;
             invoke::invoke(daemon, &name, q, req).await
@@ -375,7 +401,7 @@ pub(super) fn percent_decode(s: &str) -> Option<String> {
 /// Reads the whole body (at most [`MAX_BODY`]); a pause of more than
 /// `pause_limit` between two pieces of it (a client that declared more than
 /// it sends) ends it with 408.
-async fn read_whole(
+pub(super) async fn read_whole(
     req: Request<Incoming>,
     pause_limit: std::time::Duration,
 ) -> Result<Req, LambdaError> {

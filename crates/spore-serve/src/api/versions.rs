@@ -391,6 +391,11 @@ pub async fn delete_alias(
         .catalog
         .delete_alias(name, alias_name)
         .map_err(catalog_err)?;
+    // Its function URL goes with it.
+    daemon
+        .catalog
+        .delete_url(name, alias_name)
+        .map_err(catalog_err)?;
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
