@@ -11,7 +11,14 @@
 //! 3. the guest answers [`Kind::ResultOk`] or [`Kind::ResultError`] (`len_a` =
 //!    body length, `len_b` = log length, `arg` = handler time in ns; then the
 //!    body, then the invocation's log). An error body is Lambda's error JSON
-//!    (`{"errorMessage": ..., "errorType": ...}`);
+//!    (`{"errorMessage": ..., "errorType": ...}`). Before its result the guest
+//!    may send any number of [`Kind::Log`] frames (`len_a` = 0, `len_b` = log
+//!    length, `arg` = 0; then the log bytes): parts of the invocation's log
+//!    sent while the handler still runs, so that the host keeps them if the
+//!    instance dies before answering. The invocation's log is then those
+//!    parts, in order, followed by the result's log. A guest that sends none
+//!    (the Linux agent; unikernels built before `Log` existed) sends its whole
+//!    log with the result, as before;
 //! 4. steps 2–3 repeat on the same connection (a warm instance). If the
 //!    connection drops (host closed it, or a clone's transport reset), the guest
 //!    goes back to accepting and sends `Ready` again on the next connection.
@@ -102,6 +109,8 @@ pub enum Kind {
     Configure = 6,
     /// Guest → host: the function's init failed; the body is Lambda's error JSON.
     InitError = 7,
+    /// Guest → host, during an invocation: a part of its log, sent before the result.
+    Log = 8,
 }
 
 impl Kind {
@@ -115,6 +124,7 @@ impl Kind {
             5 => Kind::Standby,
             6 => Kind::Configure,
             7 => Kind::InitError,
+            8 => Kind::Log,
             _ => return None,
         })
     }
@@ -139,13 +149,14 @@ pub enum FrameError {
 pub struct FrameHeader {
     pub kind: Kind,
     /// Invoke: request-id length; results and InitError: body length;
-    /// Configure: JSON length; Ready and Standby: 0.
+    /// Configure: JSON length; Ready, Standby and Log: 0.
     pub len_a: u32,
-    /// Invoke: payload length; results and InitError: log length; others: 0.
+    /// Invoke: payload length; results, InitError and Log: log length;
+    /// others: 0.
     pub len_b: u32,
     /// Ready: init time (µs); Standby: time since the agent started (µs);
     /// Invoke: deadline (Unix ms); results: handler time (ns); InitError: init
-    /// time (ns); Configure: 0 (ignored).
+    /// time (ns); Configure and Log: 0 (ignored).
     pub arg: u64,
 }
 
@@ -186,6 +197,7 @@ impl FrameHeader {
             Kind::Invoke => (MAX_REQUEST_ID, MAX_PAYLOAD),
             Kind::ResultOk | Kind::ResultError | Kind::InitError => (MAX_PAYLOAD, MAX_LOG),
             Kind::Configure => (MAX_CONFIG, 0),
+            Kind::Log => (0, MAX_LOG),
         };
         if header.len_a > max_a || header.len_b > max_b {
             return Err(FrameError::BadLength {
@@ -260,7 +272,7 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips() {
-        for raw in 1..=7u8 {
+        for raw in 1..=8u8 {
             let kind = Kind::from_raw(raw).unwrap();
             assert_eq!(kind as u8, raw);
             let h = FrameHeader {
@@ -271,11 +283,11 @@ mod tests {
             };
             assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
         }
-        assert_eq!(Kind::from_raw(8), None);
+        assert_eq!(Kind::from_raw(9), None);
     }
 
     #[test]
-    fn standby_configure_and_init_error_limits() {
+    fn standby_configure_init_error_and_log_limits() {
         let check = |kind, len_a, len_b| {
             FrameHeader::decode(
                 &FrameHeader {
@@ -306,6 +318,10 @@ mod tests {
         assert!(check(Kind::InitError, MAX_PAYLOAD, MAX_LOG).is_ok());
         assert!(check(Kind::InitError, MAX_PAYLOAD + 1, 0).is_err());
         assert!(check(Kind::InitError, 0, MAX_LOG + 1).is_err());
+        // Log: log bytes only, up to MAX_LOG.
+        assert!(check(Kind::Log, 0, MAX_LOG).is_ok());
+        assert!(check(Kind::Log, 0, MAX_LOG + 1).is_err());
+        assert!(check(Kind::Log, 1, 0).is_err());
         // A length that would overflow usize arithmetic on 32 bits is refused first.
         assert!(check(Kind::Configure, u32::MAX, u32::MAX).is_err());
     }
@@ -320,6 +336,7 @@ mod tests {
         assert_eq!(Kind::Standby as u8, 5);
         assert_eq!(Kind::Configure as u8, 6);
         assert_eq!(Kind::InitError as u8, 7);
+        assert_eq!(Kind::Log as u8, 8);
         assert_eq!(VERSION, 1);
     }
 }

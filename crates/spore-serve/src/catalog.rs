@@ -10,6 +10,11 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod urls;
+mod versions;
+pub use urls::FunctionUrl;
+pub use versions::Alias;
+
 /// One function as deployed: its current version's code and configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Function {
@@ -34,6 +39,19 @@ pub struct Function {
     /// `SporeNetwork.Enabled`: each instance gets a tap in a network
     /// namespace of its own with outbound NAT (`crate::network`).
     pub network: bool,
+    /// The number of a published version (`PublishVersion`), immutable;
+    /// `None` for `$LATEST`. A published version keeps the `version`
+    /// (revision) `$LATEST` had when it was published, so the two share
+    /// instances and snapshots until `$LATEST` changes.
+    pub published: Option<u32>,
+}
+
+impl Function {
+    /// The version as Lambda names it: `$LATEST` or the number.
+    pub fn qualifier(&self) -> String {
+        self.published
+            .map_or_else(|| "$LATEST".to_string(), |n| n.to_string())
+    }
 }
 
 /// A VMM process the daemon started.
@@ -69,6 +87,49 @@ CREATE TABLE IF NOT EXISTS functions (
     reserved_concurrency INTEGER,
     network INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    runtime TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    timeout_s INTEGER NOT NULL,
+    env_json TEXT NOT NULL,
+    description TEXT NOT NULL,
+    role TEXT NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    code_size INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    revision_id TEXT NOT NULL,
+    last_modified TEXT NOT NULL,
+    reserved_concurrency INTEGER,
+    network INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, number)
+);
+CREATE TABLE IF NOT EXISTS version_counters (
+    function TEXT PRIMARY KEY,
+    last INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS aliases (
+    function TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    description TEXT NOT NULL,
+    additional_version TEXT,
+    additional_weight REAL,
+    revision_id TEXT NOT NULL,
+    PRIMARY KEY (function, name)
+);
+CREATE TABLE IF NOT EXISTS function_urls (
+    url_id TEXT PRIMARY KEY,
+    function TEXT NOT NULL,
+    qualifier TEXT NOT NULL,
+    auth_type TEXT NOT NULL,
+    cors_json TEXT NOT NULL,
+    creation_time TEXT NOT NULL,
+    last_modified_time TEXT NOT NULL,
+    UNIQUE (function, qualifier)
+);
 CREATE TABLE IF NOT EXISTS snapshots (
     function TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -82,10 +143,24 @@ CREATE TABLE IF NOT EXISTS provisioned (
     count INTEGER NOT NULL,
     last_modified TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS event_invoke_configs (
+    function TEXT PRIMARY KEY,
+    max_retries INTEGER,
+    max_age_s INTEGER,
+    on_success TEXT,
+    on_failure TEXT,
+    last_modified_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS processes (
     pid INTEGER NOT NULL,
     run_dir TEXT NOT NULL,
     PRIMARY KEY (pid, run_dir)
+);
+CREATE TABLE IF NOT EXISTS tags (
+    function TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    PRIMARY KEY (function, tag_key)
 );
 ";
 
@@ -144,19 +219,27 @@ impl Catalog {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Deletes a function; false if there was none.
+    /// Deletes a function with its published versions and aliases (one
+    /// transaction); false if there was none.
     pub fn delete(&self, name: &str) -> Result<bool, CatalogError> {
-        Ok(self
-            .db()
-            .execute("DELETE FROM functions WHERE name = ?1", [name])?
-            == 1)
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        let n = tx.execute("DELETE FROM functions WHERE name = ?1", [name])?;
+        tx.execute("DELETE FROM versions WHERE name = ?1", [name])?;
+        tx.execute("DELETE FROM version_counters WHERE function = ?1", [name])?;
+        tx.execute("DELETE FROM aliases WHERE function = ?1", [name])?;
+        tx.execute("DELETE FROM function_urls WHERE function = ?1", [name])?;
+        tx.commit()?;
+        Ok(n == 1)
     }
 
-    /// Whether any function's current version uses the code with this hash.
+    /// Whether any function's current version, or any published version,
+    /// uses the code with this hash.
     pub fn code_in_use(&self, sha256: &str) -> Result<bool, CatalogError> {
         let db = self.db();
         let n: i64 = db.query_row(
-            "SELECT COUNT(*) FROM functions WHERE code_sha256 = ?1",
+            "SELECT (SELECT COUNT(*) FROM functions WHERE code_sha256 = ?1)
+                  + (SELECT COUNT(*) FROM versions WHERE code_sha256 = ?1)",
             [sha256],
             |r| r.get(0),
         )?;
@@ -307,6 +390,138 @@ impl Catalog {
     }
 }
 
+/// How a function's `Event` invocations are retried and where their records
+/// go (`PutFunctionEventInvokeConfig`). Unset fields take the daemon's
+/// `--event-*` defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventInvokeConfig {
+    pub function: String,
+    pub max_retries: Option<u32>,
+    pub max_age_s: Option<u32>,
+    /// Destination ARNs (always a function of this daemon's; checked on put).
+    pub on_success: Option<String>,
+    pub on_failure: Option<String>,
+    pub last_modified_ms: u64,
+}
+
+impl Catalog {
+    pub fn put_event_invoke_config(&self, c: &EventInvokeConfig) -> Result<(), CatalogError> {
+        self.db().execute(
+            "INSERT OR REPLACE INTO event_invoke_configs
+                (function, max_retries, max_age_s, on_success, on_failure, last_modified_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                c.function,
+                c.max_retries,
+                c.max_age_s,
+                c.on_success,
+                c.on_failure,
+                i64::try_from(c.last_modified_ms).unwrap_or(i64::MAX)
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn event_invoke_config(
+        &self,
+        function: &str,
+    ) -> Result<Option<EventInvokeConfig>, CatalogError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT function, max_retries, max_age_s, on_success, on_failure, last_modified_ms
+             FROM event_invoke_configs WHERE function = ?1",
+        )?;
+        Ok(st
+            .query_row([function], |r| {
+                Ok(EventInvokeConfig {
+                    function: r.get(0)?,
+                    max_retries: r.get(1)?,
+                    max_age_s: r.get(2)?,
+                    on_success: r.get(3)?,
+                    on_failure: r.get(4)?,
+                    last_modified_ms: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
+                })
+            })
+            .optional()?)
+    }
+
+    /// Whether a configuration was deleted.
+    pub fn delete_event_invoke_config(&self, function: &str) -> Result<bool, CatalogError> {
+        let n = self.db().execute(
+            "DELETE FROM event_invoke_configs WHERE function = ?1",
+            [function],
+        )?;
+        Ok(n > 0)
+    }
+}
+
+/// A function's tags (`TagResource`, CreateFunction's `Tags`), key → value.
+pub type Tags = BTreeMap<String, String>;
+
+impl Catalog {
+    pub fn tags(&self, function: &str) -> Result<Tags, CatalogError> {
+        let db = self.db();
+        let mut st =
+            db.prepare_cached("SELECT tag_key, tag_value FROM tags WHERE function = ?1")?;
+        let rows = st
+            .query_map([function], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    /// Adds `tags` to a function's, replacing the values of keys it has.
+    /// One transaction: all are stored or none.
+    pub fn add_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        for (k, v) in tags {
+            tx.execute(
+                "INSERT OR REPLACE INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
+                params![function, k, v],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A new function's tags: replaces whatever a function of that name left
+    /// (a delete cut short) in the same transaction.
+    pub fn replace_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        tx.execute("DELETE FROM tags WHERE function = ?1", [function])?;
+        for (k, v) in tags {
+            tx.execute(
+                "INSERT INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
+                params![function, k, v],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes these keys (those the function does not have are no error).
+    pub fn remove_tags(&self, function: &str, keys: &[String]) -> Result<(), CatalogError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        for k in keys {
+            tx.execute(
+                "DELETE FROM tags WHERE function = ?1 AND tag_key = ?2",
+                params![function, k],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes every tag of a function (it is being deleted).
+    pub fn delete_tags(&self, function: &str) -> Result<(), CatalogError> {
+        self.db()
+            .execute("DELETE FROM tags WHERE function = ?1", [function])?;
+        Ok(())
+    }
+}
+
 fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
     Ok(SnapshotRecord {
         function: r.get(0)?,
@@ -320,15 +535,18 @@ fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
 const ADDED_COLUMNS: &[(&str, &str)] = &[("network", "INTEGER NOT NULL DEFAULT 0")];
 
 fn migrate(db: &Connection) -> Result<(), CatalogError> {
-    let mut st = db.prepare("SELECT name FROM pragma_table_info('functions')")?;
-    let have = st
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    for (name, definition) in ADDED_COLUMNS {
-        if !have.iter().any(|h| h == name) {
-            db.execute_batch(&format!(
-                "ALTER TABLE functions ADD COLUMN {name} {definition}"
-            ))?;
+    // `versions` holds the same columns as `functions`: both get them.
+    for table in ["functions", "versions"] {
+        let mut st = db.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+        let have = st
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        for (name, definition) in ADDED_COLUMNS {
+            if !have.iter().any(|h| h == name) {
+                db.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {name} {definition}"
+                ))?;
+            }
         }
     }
     Ok(())
@@ -381,6 +599,7 @@ fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
         last_modified: r.get("last_modified")?,
         reserved_concurrency: r.get("reserved_concurrency")?,
         network: r.get("network")?,
+        published: None,
     })
 }
 
@@ -388,7 +607,7 @@ fn row_to_function(r: &rusqlite::Row) -> rusqlite::Result<Function> {
 mod tests {
     use super::*;
 
-    fn sample(name: &str) -> Function {
+    pub(super) fn sample(name: &str) -> Function {
         Function {
             name: name.into(),
             runtime: "spore-uk".into(),
@@ -405,6 +624,7 @@ mod tests {
             last_modified: "2026-01-01T00:00:00.000+0000".into(),
             reserved_concurrency: None,
             network: false,
+            published: None,
         }
     }
 
@@ -454,6 +674,56 @@ mod tests {
         assert_eq!(c.snapshot("g", 1).unwrap(), None);
         c.remove_snapshot("f", 1).unwrap();
         assert_eq!(c.snapshots().unwrap(), vec![rec(2)]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn event_invoke_configs_are_kept_replaced_and_deleted() {
+        let db = Catalog::open(Path::new(":memory:")).unwrap();
+        assert_eq!(db.event_invoke_config("f").unwrap(), None);
+        let mut c = EventInvokeConfig {
+            function: "f".into(),
+            max_retries: Some(0),
+            max_age_s: None,
+            on_success: None,
+            on_failure: Some("arn:aws:lambda:us-east-1:000000000000:function:dlq".into()),
+            last_modified_ms: 1,
+        };
+        db.put_event_invoke_config(&c).unwrap();
+        assert_eq!(db.event_invoke_config("f").unwrap().as_ref(), Some(&c));
+        c.max_retries = None;
+        c.max_age_s = Some(60);
+        db.put_event_invoke_config(&c).unwrap();
+        assert_eq!(db.event_invoke_config("f").unwrap(), Some(c));
+        assert!(db.delete_event_invoke_config("f").unwrap());
+        assert!(!db.delete_event_invoke_config("f").unwrap());
+    }
+
+    #[test]
+    fn tags_are_added_removed_and_survive_reopening() {
+        let dir = std::env::temp_dir().join(format!("spore-catalog-tags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("catalog.db");
+        let t = |kv: &[(&str, &str)]| -> Tags {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        {
+            let c = Catalog::open(&path).unwrap();
+            assert!(c.tags("f").unwrap().is_empty());
+            c.replace_tags("f", &t(&[("a", "1"), ("b", "2")])).unwrap();
+            c.add_tags("f", &t(&[("b", "3"), ("c", "")])).unwrap();
+            c.add_tags("g", &t(&[("a", "other function")])).unwrap();
+            c.remove_tags("f", &["a".into(), "absent".into()]).unwrap();
+        }
+        let c = Catalog::open(&path).unwrap();
+        assert_eq!(c.tags("f").unwrap(), t(&[("b", "3"), ("c", "")]));
+        c.replace_tags("f", &t(&[("z", "new")])).unwrap();
+        assert_eq!(c.tags("f").unwrap(), t(&[("z", "new")]));
+        c.delete_tags("f").unwrap();
+        assert!(c.tags("f").unwrap().is_empty());
+        assert_eq!(c.tags("g").unwrap(), t(&[("a", "other function")]));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

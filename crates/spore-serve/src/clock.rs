@@ -39,6 +39,12 @@ pub fn lambda_now() -> String {
     lambda_time(SystemTime::now())
 }
 
+/// Now, as ISO 8601 in UTC with milliseconds (`2026-11-24T22:30:00.123Z`):
+/// the form of Lambda's destination records.
+pub fn iso_now() -> String {
+    lambda_now().replace("+0000", "Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

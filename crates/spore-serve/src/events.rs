@@ -65,12 +65,25 @@ impl Default for EventsConfig {
 pub struct EventMeta {
     pub request_id: String,
     pub function: String,
+    /// The version or alias it was sent to (`None`: `$LATEST`); an alias is
+    /// resolved when the event runs.
+    #[serde(default)]
+    pub qualifier: Option<String>,
     /// When the daemon accepted it (Unix ms): its age counts from here,
     /// across restarts.
     pub received_unix_ms: u64,
     /// Attempts that failed so far.
     pub attempts: u32,
+    /// Destination hops that led to this event: 0 for an event a client
+    /// sent, n for the record of an event of depth n - 1 (a loop of
+    /// destinations stops at [`MAX_DESTINATION_DEPTH`]).
+    #[serde(default)]
+    pub depth: u32,
 }
+
+/// How many destination records in a row may follow one client event
+/// (Lambda stops a recursive loop after 16 invocations too).
+pub const MAX_DESTINATION_DEPTH: u32 = 16;
 
 /// An event handed to the dispatcher: it is the dispatcher's until it gives
 /// it back ([`EventQueue::retry_later`]) or ends it ([`EventQueue::done`],
@@ -140,6 +153,10 @@ struct Inner {
     retried: u64,
     /// (function, reason) → events dropped.
     dropped: BTreeMap<(String, DropReason), u64>,
+    /// Destination records queued, by condition (`Success`, ...).
+    records: BTreeMap<&'static str, u64>,
+    /// Destination records that could not be queued.
+    records_lost: u64,
 }
 
 impl Inner {
@@ -245,6 +262,7 @@ impl EventQueue {
     pub fn accept(
         &self,
         function: &str,
+        qualifier: Option<&str>,
         request_id: &str,
         payload: &[u8],
     ) -> Result<(), AcceptError> {
@@ -254,11 +272,68 @@ impl EventQueue {
                 return Err(AcceptError::Full(g.queued()));
             }
         }
+        self.keep(function, qualifier, request_id, payload, 0)
+    }
+
+    /// Queues the destination record of `source` (an event that ended) for
+    /// the function `destination`, durably, before the caller ends
+    /// `source`: a crash in between delivers the record twice at worst,
+    /// never not at all. Not held to the queue's bound: `source` leaves the
+    /// queue right after, so the count does not grow. False (logged and
+    /// counted) when the record cannot be kept or the chain is too long.
+    pub fn accept_record(
+        &self,
+        source: &TakenEvent,
+        destination: &str,
+        condition: &'static str,
+        record_id: &str,
+        record: &[u8],
+    ) -> bool {
+        let src = &source.meta;
+        let depth = src.depth + 1;
+        if depth > MAX_DESTINATION_DEPTH {
+            tracing::warn!(
+                function = %src.function, request_id = %src.request_id,
+                "destination record to {destination} not sent: {MAX_DESTINATION_DEPTH} destinations in a row (a loop?)"
+            );
+            lock(&self.inner).records_lost += 1;
+            return false;
+        }
+        match self.keep(destination, None, record_id, record, depth) {
+            Ok(()) => {
+                tracing::info!(
+                    function = %src.function, request_id = %src.request_id,
+                    "{condition} record queued for {destination} as event {record_id}"
+                );
+                *lock(&self.inner).records.entry(condition).or_default() += 1;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(
+                    function = %src.function, request_id = %src.request_id,
+                    "{condition} record for {destination} lost: {e}"
+                );
+                lock(&self.inner).records_lost += 1;
+                false
+            }
+        }
+    }
+
+    fn keep(
+        &self,
+        function: &str,
+        qualifier: Option<&str>,
+        request_id: &str,
+        payload: &[u8],
+        depth: u32,
+    ) -> Result<(), AcceptError> {
         let meta = EventMeta {
             request_id: request_id.to_string(),
             function: function.to_string(),
+            qualifier: qualifier.map(str::to_string),
             received_unix_ms: crate::clock::unix_ms(),
             attempts: 0,
+            depth,
         };
         let file = self.dir.join(format!(
             "{:016x}-{}{SUFFIX}",
@@ -340,11 +415,17 @@ impl EventQueue {
     }
 
     /// An attempt of `ev` failed: it is retried after the configured delay
-    /// (doubled for each further retry), or dropped once its retries are
-    /// used up. Returns the reason when it was dropped.
-    pub fn failed(&self, mut ev: TakenEvent, why: &str) -> Option<DropReason> {
+    /// (doubled for each further retry), or dropped once `max_retries` (the
+    /// function's, else the queue's) are used up. Returns the reason when it
+    /// was dropped.
+    pub fn failed(
+        &self,
+        mut ev: TakenEvent,
+        why: &str,
+        max_retries: Option<u32>,
+    ) -> Option<DropReason> {
         ev.meta.attempts = ev.meta.attempts.saturating_add(1);
-        if ev.meta.attempts > self.cfg.max_retries {
+        if ev.meta.attempts > max_retries.unwrap_or(self.cfg.max_retries) {
             tracing::warn!(
                 function = %ev.meta.function, request_id = %ev.meta.request_id,
                 "event dropped after {} attempts: {why}", ev.meta.attempts
@@ -433,6 +514,21 @@ impl EventQueue {
             "# HELP spore_events_expired_total Event invocations dropped for their age.\n",
         );
         out.push_str("# TYPE spore_events_expired_total counter\n");
+        out.push_str("# HELP spore_events_destination_records_total Destination records queued (DestinationConfig), by condition.\n");
+        out.push_str("# TYPE spore_events_destination_records_total counter\n");
+        for (condition, n) in &g.records {
+            let _ = writeln!(
+                out,
+                "spore_events_destination_records_total{{condition=\"{condition}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP spore_events_destination_records_lost_total Destination records that could not be queued (logged with the event's request id).\n");
+        out.push_str("# TYPE spore_events_destination_records_lost_total counter\n");
+        let _ = writeln!(
+            out,
+            "spore_events_destination_records_lost_total {}",
+            g.records_lost
+        );
         for ((f, reason), n) in &g.dropped {
             let f = f.replace('\\', "\\\\").replace('"', "\\\"");
             let _ = writeln!(
@@ -526,8 +622,8 @@ mod tests {
         let dir = scratch("reopen");
         let (q, found) = EventQueue::open(&dir, quick()).unwrap();
         assert_eq!(found, Recovered::default());
-        q.accept("f", "id-1", b"{\"a\":1}").unwrap();
-        q.accept("g", "id-2", b"\n\nbinary\0").unwrap();
+        q.accept("f", None, "id-1", b"{\"a\":1}").unwrap();
+        q.accept("g", None, "id-2", b"\n\nbinary\0").unwrap();
         // A half-written file of a crashed write, and a damaged event.
         std::fs::write(dir.join(".x.event.tmp-1-2"), b"half").unwrap();
         std::fs::write(dir.join("0-bad.event"), b"not json").unwrap();
@@ -571,19 +667,19 @@ mod tests {
         let dir = scratch("bound");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
         for i in 0..3 {
-            q.accept("f", &format!("id-{i}"), b"{}").unwrap();
+            q.accept("f", None, &format!("id-{i}"), b"{}").unwrap();
         }
         assert!(matches!(
-            q.accept("f", "id-3", b"{}"),
+            q.accept("f", None, "id-3", b"{}"),
             Err(AcceptError::Full(3))
         ));
         let ev = rt().block_on(q.next_due());
         assert!(matches!(
-            q.accept("f", "id-3", b"{}"),
+            q.accept("f", None, "id-3", b"{}"),
             Err(AcceptError::Full(3))
         ));
         q.done(ev);
-        q.accept("f", "id-3", b"{}").unwrap();
+        q.accept("f", None, "id-3", b"{}").unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -591,10 +687,10 @@ mod tests {
     fn failed_attempts_are_retried_then_dropped_and_the_count_persists() {
         let dir = scratch("retry");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
-        q.accept("f", "id-r", b"{}").unwrap();
+        q.accept("f", None, "id-r", b"{}").unwrap();
         let rt = rt();
         let ev = rt.block_on(q.next_due());
-        assert_eq!(q.failed(ev, "boom"), None);
+        assert_eq!(q.failed(ev, "boom", None), None);
         // The retry waits its delay.
         let t = Instant::now();
         let ev = rt.block_on(q.next_due());
@@ -606,9 +702,12 @@ mod tests {
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
         let ev = rt.block_on(q.next_due());
         assert_eq!(ev.meta.attempts, 1);
-        assert_eq!(q.failed(ev, "boom"), None);
+        assert_eq!(q.failed(ev, "boom", None), None);
         let ev = rt.block_on(q.next_due());
-        assert_eq!(q.failed(ev, "boom"), Some(DropReason::RetriesExhausted));
+        assert_eq!(
+            q.failed(ev, "boom", None),
+            Some(DropReason::RetriesExhausted)
+        );
         assert_eq!(q.queued(), 0);
         let mut m = String::new();
         q.render_metrics(&mut m);
@@ -625,7 +724,7 @@ mod tests {
     fn throttled_events_wait_and_are_not_counted_as_attempts() {
         let dir = scratch("throttle");
         let (q, _) = EventQueue::open(&dir, quick()).unwrap();
-        q.accept("f", "id-t", b"{}").unwrap();
+        q.accept("f", None, "id-t", b"{}").unwrap();
         let rt = rt();
         let ev = rt.block_on(q.next_due());
         q.throttled(ev);

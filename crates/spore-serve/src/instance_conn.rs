@@ -8,11 +8,17 @@
 //! Linux guest): the host then sends `Configure` and gets `Ready`, or
 //! `InitError` when the function's init failed (Lambda's init error, which
 //! becomes the invocation's answer).
+//!
+//! While it waits for a result the host takes `Log` frames, the parts of the
+//! invocation's log a spore-uk guest sends before its result (a Linux guest
+//! sends none): kept in the connection, bounded like a result's log, so that
+//! an invocation whose instance dies before answering still has what the
+//! function logged ([`InstanceConn::take_streamed_log`]).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use spore_abi::function::{FrameHeader, Kind, HEADER_SIZE, INVOKE_VSOCK_PORT};
+use spore_abi::function::{FrameHeader, Kind, HEADER_SIZE, INVOKE_VSOCK_PORT, MAX_LOG};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
@@ -54,6 +60,11 @@ pub struct InstanceConn {
     stream: BufReader<UnixStream>,
     /// The guest's init time (µs) from its `Ready`.
     pub init_us: u64,
+    /// The `Log` frames of the current (or last, unanswered) invocation,
+    /// their last `MAX_LOG` bytes. Here rather than in `invoke`'s future,
+    /// so that an invocation that timed out (its future dropped) keeps them
+    /// too.
+    streamed_log: Vec<u8>,
 }
 
 impl InstanceConn {
@@ -133,6 +144,7 @@ impl InstanceConn {
             Kind::Ready => Ok(InstanceConn {
                 stream,
                 init_us: header.arg,
+                streamed_log: Vec::new(),
             }),
             Kind::InitError => {
                 let (body, log) = read_body_and_log(&mut stream, &header).await?;
@@ -147,7 +159,8 @@ impl InstanceConn {
         }
     }
 
-    /// Sends one invocation and reads its result.
+    /// Sends one invocation and reads its result; its log is what the guest
+    /// sent in `Log` frames before it, then the result's log.
     pub async fn invoke(
         &mut self,
         request_id: &str,
@@ -170,9 +183,21 @@ impl InstanceConn {
         frame.extend_from_slice(&header.encode());
         frame.extend_from_slice(request_id.as_bytes());
         frame.extend_from_slice(payload);
+        self.streamed_log.clear();
         let s = self.stream.get_mut();
         s.write_all(&frame).await.map_err(closed)?;
-        let header = read_header(&mut self.stream).await?;
+        let header = loop {
+            let header = read_header(&mut self.stream).await?;
+            if header.kind != Kind::Log {
+                break header;
+            }
+            // At most MAX_LOG bytes (FrameHeader::decode), then only the
+            // tail is kept: a guest that streams forever is bounded in
+            // memory here and in time by the invocation's timeout.
+            let mut part = vec![0u8; header.len_b as usize];
+            self.stream.read_exact(&mut part).await.map_err(closed)?;
+            append_tail(&mut self.streamed_log, &part);
+        };
         let ok = match header.kind {
             Kind::ResultOk => true,
             Kind::ResultError => false,
@@ -182,7 +207,9 @@ impl InstanceConn {
                 )))
             }
         };
-        let (body, log) = read_body_and_log(&mut self.stream, &header).await?;
+        let (body, rest) = read_body_and_log(&mut self.stream, &header).await?;
+        let mut log = std::mem::take(&mut self.streamed_log);
+        append_tail(&mut log, &rest);
         Ok(InvokeResult {
             ok,
             body,
@@ -190,6 +217,23 @@ impl InstanceConn {
             handler_ns: header.arg,
         })
     }
+
+    /// What the guest sent in `Log` frames during the last invocation, if
+    /// that invocation got no result (the connection broke, or it timed
+    /// out): the function's log up to then.
+    pub fn take_streamed_log(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.streamed_log)
+    }
+}
+
+/// Appends `data` to `log`, keeping its last `MAX_LOG` bytes: an
+/// invocation's log is bounded as one result's is.
+fn append_tail(log: &mut Vec<u8>, data: &[u8]) {
+    let cap = MAX_LOG as usize;
+    let data = &data[data.len().saturating_sub(cap)..];
+    let overflow = (log.len() + data.len()).saturating_sub(cap);
+    log.drain(..overflow.min(log.len()));
+    log.extend_from_slice(data);
 }
 
 /// A connection held open to a guest in `Standby`.
@@ -281,6 +325,12 @@ mod tests {
         StandbyThenReady,
         /// A fresh Linux guest whose function's import fails.
         StandbyThenInitError,
+        /// A spore-uk guest whose handler sends `Log` frames, then answers.
+        LogsThenAnswers,
+        /// A spore-uk guest whose handler sends a `Log` frame, then dies.
+        LogsThenDies,
+        /// A guest that sends a `Log` frame with a body part.
+        BadLog,
     }
 
     fn frame(kind: Kind, a: &[u8], b: &[u8], arg: u64) -> Vec<u8> {
@@ -321,7 +371,7 @@ mod tests {
             assert_eq!(line, format!("CONNECT {INVOKE_VSOCK_PORT}\n"));
             s.get_mut().write_all(b"OK 1073741824\n").await.unwrap();
             let mut configured = None;
-            if !matches!(guest, Guest::Ready) {
+            if matches!(guest, Guest::StandbyThenReady | Guest::StandbyThenInitError) {
                 s.get_mut()
                     .write_all(&frame(Kind::Standby, b"", b"", 5))
                     .await
@@ -345,6 +395,32 @@ mod tests {
             let (h, id, payload) = read_frame(&mut s).await;
             assert_eq!(h.kind, Kind::Invoke);
             assert_eq!(id, b"req-1");
+            match guest {
+                Guest::LogsThenAnswers => {
+                    let full = vec![b'x'; MAX_LOG as usize];
+                    for part in [&full[..], b"a\n"] {
+                        s.get_mut()
+                            .write_all(&frame(Kind::Log, b"", part, 0))
+                            .await
+                            .unwrap();
+                    }
+                }
+                Guest::LogsThenDies => {
+                    s.get_mut()
+                        .write_all(&frame(Kind::Log, b"", b"before the end\n", 0))
+                        .await
+                        .unwrap();
+                    return configured;
+                }
+                Guest::BadLog => {
+                    s.get_mut()
+                        .write_all(&frame(Kind::Log, b"x", b"y", 0))
+                        .await
+                        .unwrap();
+                    return configured;
+                }
+                _ => {}
+            }
             let mut answer = b"echo:".to_vec();
             answer.extend_from_slice(&payload);
             s.get_mut()
@@ -398,6 +474,44 @@ mod tests {
             (true, &b"echo:[1]"[..], &b"log\n"[..])
         );
         assert_eq!(guest.await.unwrap().as_deref(), Some(&config[..]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn log_frames_come_before_the_result_bounded() {
+        let dir = scratch();
+        let (path, guest) = fake_guest(&dir, Guest::LogsThenAnswers).await;
+        let mut conn = InstanceConn::connect(&path, LIMIT, None).await.unwrap();
+        let r = conn.invoke("req-1", b"{}", 0).await.unwrap();
+        assert_eq!((r.ok, r.body.as_slice()), (true, &b"echo:{}"[..]));
+        // The streamed parts, then the result's log, its last MAX_LOG bytes.
+        assert_eq!(r.log.len(), MAX_LOG as usize);
+        assert!(r.log.ends_with(b"xa\nlog\n"));
+        assert!(conn.take_streamed_log().is_empty());
+        guest.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_guest_that_dies_leaves_what_it_streamed() {
+        let dir = scratch();
+        let (path, guest) = fake_guest(&dir, Guest::LogsThenDies).await;
+        let mut conn = InstanceConn::connect(&path, LIMIT, None).await.unwrap();
+        let err = conn.invoke("req-1", b"{}", 0).await.err().unwrap();
+        assert!(matches!(err, InvokeError::Closed), "{err}");
+        assert_eq!(conn.take_streamed_log(), b"before the end\n");
+        guest.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_log_frame_with_a_body_breaks_the_protocol() {
+        let dir = scratch();
+        let (path, guest) = fake_guest(&dir, Guest::BadLog).await;
+        let mut conn = InstanceConn::connect(&path, LIMIT, None).await.unwrap();
+        let err = conn.invoke("req-1", b"{}", 0).await.err().unwrap();
+        assert!(matches!(err, InvokeError::Protocol(_)), "{err}");
+        guest.await.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

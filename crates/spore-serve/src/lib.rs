@@ -67,6 +67,11 @@ pub struct ServeConfig {
     pub events: events::EventsConfig,
     /// How the API's connections are bounded.
     pub connections: server::ConnLimits,
+    /// `--url-listen`: where function URLs are served (none: not served).
+    pub url_listen: Option<SocketAddr>,
+    /// `--url-domain`: function URLs as `<url-id>.lambda-url.<region>.<domain>`
+    /// host names instead of path prefixes.
+    pub url_domain: Option<String>,
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
@@ -163,18 +168,15 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         auth,
         events: events.clone(),
         connections: Arc::new(connections::Connections::default()),
+        url_base: std::sync::OnceLock::new(),
     });
     let dispatcher = api::spawn_event_dispatcher(daemon.clone());
-    let listener =
-        server::listen(config.listen).with_context(|| format!("listening on {}", config.listen))?;
-    let addr = listener.local_addr()?;
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", serde_json::json!({ "listen": addr.to_string() }))?;
-        out.flush()?;
-    }
-    tracing::info!("spore serve: Lambda API on http://{addr}");
+    let (listener, url_listener) = listen_and_announce(
+        config.listen,
+        config.url_listen,
+        config.url_domain.clone(),
+        &daemon,
+    )?;
 
     let reaper = {
         let instances = instances.clone();
@@ -196,7 +198,26 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             _ = term.recv() => {}
         }
     };
-    server::serve(listener, daemon.clone(), limits, stop).await;
+    let url_server = url_listener.map(|l| {
+        tokio::spawn(server::serve(
+            l,
+            daemon.clone(),
+            limits,
+            server::Endpoint::FunctionUrls,
+            std::future::pending(),
+        ))
+    });
+    server::serve(
+        listener,
+        daemon.clone(),
+        limits,
+        server::Endpoint::Api,
+        stop,
+    )
+    .await;
+    if let Some(s) = url_server {
+        s.abort();
+    }
     tracing::info!("spore serve: stopping; ending every instance");
     dispatcher.abort();
     let kept = events.queued();
@@ -206,6 +227,42 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     reaper.abort();
     instances.shutdown().await;
     Ok(())
+}
+
+/// Binds the API's listener (and `--url-listen`'s), then prints
+/// `{"listen":ADDR[,"url_listen":ADDR]}` on stdout: the daemon serves from
+/// here on.
+fn listen_and_announce(
+    listen: SocketAddr,
+    url_listen: Option<SocketAddr>,
+    url_domain: Option<String>,
+    daemon: &api::Daemon,
+) -> anyhow::Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
+    let listener = server::listen(listen).with_context(|| format!("listening on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let url_listener = match url_listen {
+        Some(a) => Some(server::listen(a).with_context(|| format!("listening on {a}"))?),
+        None => None,
+    };
+    let url_addr = url_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    if let Some(a) = url_addr {
+        let _ = daemon.url_base.set(api::UrlBase::new(a, url_domain));
+    }
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let mut line = serde_json::json!({ "listen": addr.to_string() });
+        if let Some(a) = url_addr {
+            line["url_listen"] = a.to_string().into();
+        }
+        writeln!(out, "{line}")?;
+        out.flush()?;
+    }
+    tracing::info!("spore serve: Lambda API on http://{addr}");
+    if let Some(a) = url_addr {
+        tracing::info!("spore serve: function URLs on http://{a}");
+    }
+    Ok((listener, url_listener))
 }
 
 /// Longest state directory path: VMM sockets go under `<state>/run/r<n>/clones/`

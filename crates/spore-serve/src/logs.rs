@@ -24,7 +24,8 @@ pub fn invocation_log(
     outcome: &str,
     function_log: &[u8],
 ) -> Vec<u8> {
-    let mut out = format!("START RequestId: {request_id} Version: $LATEST\n").into_bytes();
+    let mut out =
+        format!("START RequestId: {request_id} Version: {}\n", f.qualifier()).into_bytes();
     out.extend_from_slice(function_log);
     if !function_log.is_empty() && !function_log.ends_with(b"\n") {
         out.push(b'\n');
@@ -41,10 +42,21 @@ pub fn invocation_log(
     out
 }
 
+/// The log of an invocation whose instance died: what the function logged
+/// until then (what a spore-uk guest streamed before its result), then
+/// [`console_tail`] (a Linux function's output is there).
+pub fn died_log(function_log: Vec<u8>, console: &str) -> Vec<u8> {
+    let mut out = function_log;
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&console_tail(console));
+    out
+}
+
 /// What a guest's console said last (`" | "`-joined lines, as
 /// `VmmProcess::log_lines` gives them), as log lines marked as the
-/// console's: kept in the invocation's log when its instance died, the
-/// function's own log having gone with it.
+/// console's: kept in the invocation's log when its instance died.
 pub fn console_tail(joined: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for line in joined.split(" | ").filter(|l| !l.trim().is_empty()) {
@@ -79,4 +91,19 @@ fn append_now(file: &Path, text: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .open(file)?;
     f.write_all(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_died_log_has_the_functions_lines_then_the_consoles() {
+        assert_eq!(
+            died_log(b"one\ntwo".to_vec(), "boot | panic"),
+            b"one\ntwo\n[instance console] boot\n[instance console] panic\n"
+        );
+        assert_eq!(died_log(Vec::new(), ""), b"");
+        assert_eq!(died_log(b"one\n".to_vec(), " "), b"one\n");
+    }
 }

@@ -69,9 +69,13 @@ pub fn recover(state: &Path) -> anyhow::Result<RecoveryReport> {
 }
 
 /// Drops the catalogue's records of a previous daemon's VMM processes
-/// (after [`recover`] ended them).
+/// (after [`recover`] ended them). A catalogue that cannot take the write (a
+/// full disk) keeps them: harmless, as the next start checks each recorded
+/// pid's command line before it ends anything, and no reason not to start.
 pub fn forget_processes(catalog: &Catalog) -> anyhow::Result<()> {
-    catalog.take_processes()?;
+    if let Err(e) = catalog.take_processes() {
+        tracing::warn!("records of the previous daemon's VMMs kept for the next start: {e}");
+    }
     Ok(())
 }
 

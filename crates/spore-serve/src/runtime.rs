@@ -304,6 +304,7 @@ mod tests {
             last_modified: String::new(),
             reserved_concurrency: None,
             network: false,
+            published: None,
         }
     }
 

@@ -90,11 +90,27 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpList
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Accepts and serves API connections until `stop` resolves.
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// The Lambda API (`--listen`).
+    Api,
+    /// Function URLs (`--url-listen`): plain HTTP requests to functions.
+    FunctionUrls,
+}
+
+/// The address a request came from (an extension of function URL requests:
+/// their event's `sourceIp`).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// Accepts and serves connections until `stop` resolves. Both endpoints
+/// share the connection cap.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     daemon: Arc<Daemon>,
     limits: ConnLimits,
+    endpoint: Endpoint,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let conns = daemon.connections.clone();
@@ -104,8 +120,8 @@ pub async fn serve(
             a = listener.accept() => a,
             () = &mut stop => return,
         };
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors or memory: give connections and
                 // instances time to close some instead of spinning.
@@ -125,7 +141,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (daemon, conns) = (daemon.clone(), conns.clone());
         tokio::spawn(async move {
-            serve_one(stream, daemon, &conn, limits).await;
+            serve_one(stream, Peer(peer), daemon, &conn, limits, endpoint).await;
             conns.remove(id);
         });
     }
@@ -133,17 +149,25 @@ pub async fn serve(
 
 async fn serve_one(
     stream: tokio::net::TcpStream,
+    peer: Peer,
     daemon: Arc<Daemon>,
     conn: &Arc<Conn>,
     limits: ConnLimits,
+    endpoint: Endpoint,
 ) {
     let tracked = conn.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         tracked.in_flight.fetch_add(1, Ordering::AcqRel);
         let in_flight = InFlight(tracked.clone());
         let daemon = daemon.clone();
+        req.extensions_mut().insert(peer);
         async move {
-            let resp = api::handle(daemon, req, limits.request_timeout).await;
+            let resp = match endpoint {
+                Endpoint::Api => api::handle(daemon, req, limits.request_timeout).await,
+                Endpoint::FunctionUrls => {
+                    api::handle_function_url(daemon, req, limits.request_timeout).await
+                }
+            };
             drop(in_flight);
             resp
         }

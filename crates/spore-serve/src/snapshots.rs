@@ -438,9 +438,10 @@ impl SnapshotStore {
         let _ = std::fs::remove_dir_all(self.dir_of(name, version));
     }
 
-    /// Deletes every snapshot of `name` but the one of `keep` (its current
-    /// version; `None` when the function was deleted).
-    pub fn prune(&self, name: &str, keep: Option<i64>) {
+    /// Deletes every snapshot of `name` but those of the revisions in `keep`
+    /// (`$LATEST`'s and its published versions'; none when the function was
+    /// deleted).
+    pub fn prune(&self, name: &str, keep: &[i64]) {
         let records = match self.catalog.snapshots() {
             Ok(r) => r,
             Err(e) => {
@@ -449,7 +450,7 @@ impl SnapshotStore {
             }
         };
         for r in records {
-            if r.function == name && Some(r.version) != keep {
+            if r.function == name && !keep.contains(&r.version) {
                 tracing::info!(function = %name, version = r.version, "snapshot deleted");
                 self.drop_snapshot(name, r.version);
             }
@@ -465,10 +466,8 @@ impl SnapshotStore {
         for r in self.catalog.snapshots().unwrap_or_default() {
             let current = self
                 .catalog
-                .get(&r.function)
-                .ok()
-                .flatten()
-                .is_some_and(|f| f.version == r.version);
+                .live_revisions(&r.function)
+                .is_ok_and(|live| live.contains(&r.version));
             let snap = FunctionSnapshot::open(PathBuf::from(&r.dir));
             if let Some(snap) = snap.filter(|s| current && s.is_complete()) {
                 kept.insert(snap.dir);
@@ -572,6 +571,7 @@ mod tests {
             last_modified: "2026-01-01T00:00:00.000+0000".into(),
             reserved_concurrency: None,
             network: false,
+            published: None,
         }
     }
 

@@ -11,10 +11,12 @@
 //! [`serve`] speaks [`spore_abi::function`] over vsock: it listens on
 //! [`INVOKE_VSOCK_PORT`], says `Ready` on every connection the host makes, and
 //! answers each `Invoke` with the handler's result and the invocation's log
-//! ([`flog!`](crate::flog)). A connection that drops (the host closed it, or a
-//! clone's transport reset) sends it back to accepting. A frame that breaks the
-//! protocol closes the connection; the guest never trusts the host's lengths
-//! beyond the limits of the protocol. Idle, it sleeps in the signal port's
+//! ([`flog!`](crate::flog); a handler that sleeps or runs long sends it in
+//! `Log` frames before its result, see `send_pending_log`). A connection
+//! that drops (the host closed it, or a clone's transport reset) sends it
+//! back to accepting. A frame that breaks the protocol closes the
+//! connection; the guest never trusts the host's lengths beyond the limits
+//! of the protocol. Idle, it sleeps in the signal port's
 //! `WAIT`, so an idle instance costs the host no CPU.
 //!
 //! The function's environment comes from the command line (`env.KEY=VALUE`,
@@ -23,6 +25,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use spore_abi::function::{
     FrameHeader, Kind, HEADER_SIZE, INVOKE_VSOCK_PORT, MAX_LOG, MAX_PAYLOAD,
@@ -68,9 +71,17 @@ impl FunctionError {
 /// What a handler returns: the response body, or a function error.
 pub type Response = Result<Vec<u8>, FunctionError>;
 
-/// The invocation log: what the function printed with [`flog!`](crate::flog)
-/// during the current invocation, its last [`MAX_LOG`] bytes.
+/// The invocation log not yet sent: what the function printed with
+/// [`flog!`](crate::flog) during the current invocation since its last
+/// `Log` frame, its last [`MAX_LOG`] bytes.
 static LOG: spin::Mutex<Vec<u8>> = spin::Mutex::new(Vec::new());
+/// Whether [`LOG`] may hold bytes: what every sleep checks, one load.
+static LOG_PENDING: AtomicBool = AtomicBool::new(false);
+/// The TSC when the current handler started or last sent a `Log` frame.
+static LOG_SENT_TSC: AtomicU64 = AtomicU64::new(0);
+/// A handler that runs without sleeping sends what it logged at most this
+/// often (ms).
+const LOG_STREAM_EVERY_MS: u64 = 1;
 
 #[doc(hidden)]
 pub fn log_fmt(args: fmt::Arguments) {
@@ -79,14 +90,83 @@ pub fn log_fmt(args: fmt::Arguments) {
         return;
     }
     line.push('\n');
-    let mut log = LOG.lock();
-    append_tail(&mut log, line.as_bytes(), MAX_LOG as usize);
+    append_tail(&mut LOG.lock(), line.as_bytes(), MAX_LOG as usize);
+    LOG_PENDING.store(true, Ordering::Relaxed);
+    let since = clock::rdtsc().wrapping_sub(LOG_SENT_TSC.load(Ordering::Relaxed));
+    if clock::tsc_khz().is_some_and(|khz| since >= khz.saturating_mul(LOG_STREAM_EVERY_MS)) {
+        send_pending_log();
+    }
 }
 
-/// Adds a line to the invocation's log, which `spore serve` receives with the
-/// result and keeps (`spore fn logs`, `LogType: Tail`). Not printed on the
-/// serial console: every byte there is a VM exit, which a warm invocation
-/// cannot afford.
+/// Sends what the running handler logged and has not sent yet to the host
+/// in a `Log` frame, so that it outlives the instance: the host keeps the
+/// parts it got when the instance dies before answering (its VMM killed,
+/// the guest crashed or timed out).
+///
+/// Called when the handler logs a line a millisecond or more after its
+/// start or its last `Log` frame, and whenever the guest is about to sleep
+/// ([`crate::wait`]) or exit (the signal port's hook, set by [`serve`]).
+/// Why not at every line: a frame costs a notification of the vsock device
+/// (a VM exit) and a wake-up of the daemon, which a warm invocation (about
+/// 0.17 ms on the host) that logs a line or two cannot afford: its log goes
+/// with its result, as it always did. A handler that sleeps or runs long
+/// can: its sleep is a VM exit anyway. What an instance killed
+/// mid-invocation can still lose: the lines a handler that does not sleep
+/// logged less than a millisecond after its start or its last `Log` frame,
+/// if it logs nothing more.
+fn send_pending_log() {
+    if !LOG_PENDING.load(Ordering::Relaxed) {
+        return;
+    }
+    // Held while sending: a wait inside the send (for the host's credit)
+    // comes back here and finds it taken, and the panic handler does not
+    // use the Vsock at the same time.
+    let Some(serving) = SERVING.try_lock() else {
+        return;
+    };
+    let Some((vsock_addr, conn)) = *serving else {
+        return;
+    };
+    let part = core::mem::take(&mut *LOG.lock());
+    LOG_PENDING.store(false, Ordering::Relaxed);
+    LOG_SENT_TSC.store(clock::rdtsc(), Ordering::Relaxed);
+    if part.is_empty() {
+        return;
+    }
+    let header = FrameHeader {
+        kind: Kind::Log,
+        len_a: 0,
+        // `append_tail` keeps LOG within MAX_LOG.
+        len_b: part.len().min(MAX_LOG as usize) as u32,
+        arg: 0,
+    };
+    // One write, so one packet (and one notification) for a short part.
+    let mut frame = Vec::new();
+    if frame.try_reserve_exact(HEADER_SIZE + part.len()).is_err() {
+        // It goes with the result instead.
+        append_tail(&mut LOG.lock(), &part, MAX_LOG as usize);
+        LOG_PENDING.store(true, Ordering::Relaxed);
+        return;
+    }
+    frame.extend_from_slice(&header.encode());
+    frame.extend_from_slice(&part[..header.len_b as usize]);
+    drop(part);
+    // SAFETY: `serve_one` stores the address of its `Vsock` in SERVING only
+    // while the handler runs on this, the only, thread, with `serve_one`'s
+    // frame (and the Vsock in it) alive below it and not touching the Vsock
+    // until the handler returns; the lock held above keeps this the only
+    // use of it meanwhile (the handler has no access to that Vsock).
+    let vsock = unsafe { &mut *(vsock_addr as *mut Vsock) };
+    // A connection that broke takes the log with it, and the result too.
+    let _ = vsock.write_all(conn, &frame);
+}
+
+/// Adds a line to the invocation's log, which `spore serve` keeps (`spore fn
+/// logs`, `LogType: Tail`). It is sent with the result, or during the
+/// invocation when the handler sleeps, or logs a millisecond or more after
+/// its start or the last send, so that the host keeps it even if the
+/// instance dies before answering. Not printed on the serial console: every
+/// byte there is a VM exit, which a warm invocation cannot afford.
 #[macro_export]
 macro_rules! flog {
     ($($arg:tt)*) => { $crate::function::log_fmt(format_args!($($arg)*)) };
@@ -199,6 +279,7 @@ pub(crate) fn report_panic(info: &core::panic::PanicInfo) {
     let _ = fmt::write(&mut message, format_args!("{}", info.message()));
     let body = FunctionError::new("Runtime.Panic", &message).to_json();
     let log = core::mem::take(&mut *LOG.lock());
+    LOG_PENDING.store(false, Ordering::Relaxed);
     let _ = send_result(vsock, conn, Kind::ResultError, &body, &log, 0);
     // The VM ends right after this: wait until the host has the result,
     // which it shows by closing the connection (or ending this VM, as it
@@ -219,6 +300,8 @@ where
     F: FnMut(&[u8], &Context) -> Response,
 {
     let init_us = clock::since_start_us();
+    // A handler that sleeps sends what it logged first.
+    crate::signal::set_before_sleep(send_pending_log);
     let config = VsockConfig {
         max_connections: 4,
         conn_buffer: 256 * 1024,
@@ -300,6 +383,7 @@ where
     read_exact(vsock, conn, &mut payload)?;
 
     LOG.lock().clear();
+    LOG_PENDING.store(false, Ordering::Relaxed);
     let ctx = Context {
         request_id,
         deadline_unix_ms: header.arg,
@@ -307,13 +391,16 @@ where
     };
     *SERVING.lock() = Some((vsock as *mut Vsock as usize, conn));
     let start = clock::rdtsc();
+    LOG_SENT_TSC.store(start, Ordering::Relaxed);
     let result = handler(&payload, &ctx);
     let ticks = clock::rdtsc().wrapping_sub(start);
     *SERVING.lock() = None;
     drop(payload);
     *served += 1;
     let handler_ns = clock::tsc_khz().map_or(0, |khz| ticks.saturating_mul(1_000_000) / khz.max(1));
+    // What was not sent in `Log` frames during the handler.
     let log = core::mem::take(&mut *LOG.lock());
+    LOG_PENDING.store(false, Ordering::Relaxed);
     let sent = match result {
         Ok(body) if body.len() <= MAX_PAYLOAD as usize => {
             send_result(vsock, conn, Kind::ResultOk, &body, &log, handler_ns)

@@ -8,8 +8,27 @@ use spore_abi::signal::{
 
 use crate::port::{inl, outl};
 
+/// What runs before the guest sleeps ([`wait`], [`wait_status`]) or exits:
+/// set by the function SDK (its `serve`), which sends what a running
+/// handler logged then. A hook, so that this module, which every driver
+/// sleeps through, depends on none of them.
+static BEFORE_SLEEP: spin::Once<fn()> = spin::Once::new();
+
+/// Sets the hook run before the guest sleeps or exits (the first call only).
+pub(crate) fn set_before_sleep(hook: fn()) {
+    BEFORE_SLEEP.call_once(|| hook);
+}
+
+#[inline]
+fn before_sleep() {
+    if let Some(hook) = BEFORE_SLEEP.get() {
+        hook();
+    }
+}
+
 /// Stops the VM; the VMM exits with the low 8 bits of `code`.
 pub fn exit(code: u32) -> ! {
+    before_sleep();
     outl(SIGNAL_PORT, encode(SignalOp::Exit, code & 0xff));
     // A VMM that ignored the write (it must not) gets a guest that spins
     // quietly instead of running off the end of the program.
@@ -26,6 +45,7 @@ pub fn mark(n: u32) {
 /// Sleeps in the VMM until a device has work or `timeout_us` passed (capped
 /// at [`ARG_MASK`] µs, about 16.7 s). Returns true if a device woke it.
 pub fn wait(timeout_us: u32) -> bool {
+    before_sleep();
     outl(
         SIGNAL_PORT,
         encode(SignalOp::Wait, timeout_us.min(ARG_MASK)),
@@ -45,6 +65,7 @@ pub enum WaitStatus {
 /// Like [`wait`], but also tells whether the VM was restored from a
 /// snapshot (the VMM reports it once, on the first read after a restore).
 pub fn wait_status(timeout_us: u32) -> WaitStatus {
+    before_sleep();
     outl(
         SIGNAL_PORT,
         encode(SignalOp::Wait, timeout_us.min(ARG_MASK)),

@@ -14,6 +14,16 @@ pub struct ServeArgs {
     /// printed on stdout as {"listen":"ADDR"} once serving).
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
+    /// Where function URLs are served (plain HTTP; port 0 picks a free one,
+    /// printed as "url_listen"). Without it, function URLs can be configured
+    /// but are not served.
+    #[arg(long)]
+    url_listen: Option<SocketAddr>,
+    /// Give function URLs as http://<url-id>.lambda-url.<region>.<DOMAIN>/
+    /// (a wildcard DNS name pointing at --url-listen) instead of
+    /// http://<url-listen>/<url-id>/.
+    #[arg(long)]
+    url_domain: Option<String>,
     /// Where the catalogue (SQLite), code, logs and instances' sockets live.
     #[arg(long, default_value = "/var/lib/spore")]
     state_dir: PathBuf,
@@ -92,7 +102,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_QUEUED)]
     event_queue_max: usize,
     /// Retries of an Event invocation whose attempt failed (Lambda's
-    /// MaximumRetryAttempts, 0-2 there).
+    /// MaximumRetryAttempts, 0-2 there); a function's
+    /// PutFunctionEventInvokeConfig overrides it.
     #[arg(long, default_value_t = spore_serve::events::DEFAULT_MAX_RETRIES)]
     event_retries: u32,
     /// Wait before an Event invocation's first retry (ms), doubled for each
@@ -100,7 +111,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60_000)]
     event_retry_delay_ms: u64,
     /// An Event invocation not run after this long (s) is dropped (logged,
-    /// counted in spore_events_expired_total).
+    /// counted in spore_events_expired_total, recorded to the function's
+    /// OnFailure destination); a function's PutFunctionEventInvokeConfig
+    /// overrides it.
     #[arg(long, default_value_t = 21_600)]
     event_max_age_s: u64,
     /// Open API connections at most (also kept 1024 under the descriptor
@@ -148,8 +161,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         Some(k) => Some(k),
         None => spore_serve::images::newest_kernel(&image_cache),
     };
+    if let Some(d) = &a.url_domain {
+        let ok = !d.is_empty()
+            && d.len() <= 200
+            && d.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !ok {
+            anyhow::bail!(
+                "--url-domain {d:?}: a DNS name of lowercase letters, digits, dots and hyphens"
+            );
+        }
+    }
     spore_serve::run(spore_serve::ServeConfig {
         listen: a.listen,
+        url_listen: a.url_listen,
+        url_domain: a.url_domain,
         auth_keys: a.auth,
         connections: spore_serve::server::ConnLimits {
             max_connections: a.max_connections.max(1),

@@ -69,6 +69,7 @@ struct CreateBody {
     environment: Option<EnvironmentBody>,
     package_type: Option<String>,
     spore_network: Option<SporeNetworkBody>,
+    tags: Option<super::tags::Tags>,
 }
 
 #[derive(Deserialize)]
@@ -106,7 +107,10 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         .collect::<Vec<u8>>();
     serde_json::json!({
         "FunctionName": f.name,
-        "FunctionArn": function_arn(&f.name),
+        "FunctionArn": match f.published {
+            Some(n) => format!("{}:{n}", function_arn(&f.name)),
+            None => function_arn(&f.name),
+        },
         "Runtime": f.runtime,
         "Role": f.role,
         "Handler": f.handler,
@@ -116,7 +120,7 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         "MemorySize": f.memory_mib,
         "LastModified": f.last_modified,
         "CodeSha256": STANDARD.encode(sha_b64),
-        "Version": "$LATEST",
+        "Version": f.qualifier(),
         "Environment": { "Variables": f.env },
         "TracingConfig": { "Mode": "PassThrough" },
         "RevisionId": f.revision_id,
@@ -269,6 +273,8 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     check_env(&env)?;
     let network = b.spore_network.unwrap_or_default().enabled;
     check_linux(daemon, &runtime, network)?;
+    let tags = b.tags.unwrap_or_default();
+    super::tags::check(&tags, &Default::default())?;
     let _admin = daemon.admin.lock().await;
     if daemon
         .catalog
@@ -305,7 +311,13 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         last_modified: lambda_now(),
         reserved_concurrency: None,
         network,
+        published: None,
     };
+    // Stored before the function, replacing any a deleted one of this name left.
+    daemon
+        .catalog
+        .replace_tags(&f.name, &tags)
+        .map_err(catalog_err)?;
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
             "Function already exist: {}",
@@ -327,8 +339,7 @@ pub(super) fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaEr
 /// GetFunction. `Code.Location` is where the zip can be downloaded from
 /// (Lambda: a presigned URL; here the daemon's own `GET
 /// /spore/functions/NAME/code.zip`, at the host the request named).
-pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, name)?;
+pub fn get(daemon: &Daemon, f: &Function, req: &super::Req) -> Result<Resp, LambdaError> {
     let host = req
         .headers()
         .get(hyper::header::HOST)
@@ -339,20 +350,26 @@ pub fn get(daemon: &Arc<Daemon>, name: &str, req: &super::Req) -> Result<Resp, L
                     .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
         })
         .unwrap_or("localhost");
-    let location = format!("http://{host}/spore/functions/{}/code.zip", f.name);
+    let location = match f.published {
+        Some(n) => format!(
+            "http://{host}/spore/functions/{}/code.zip?Qualifier={n}",
+            f.name
+        ),
+        None => format!("http://{host}/spore/functions/{}/code.zip", f.name),
+    };
     let mut v = serde_json::json!({
-        "Configuration": configuration(&f),
+        "Configuration": configuration(f),
         "Code": { "RepositoryType": "S3", "Location": location },
     });
     if let Some(n) = f.reserved_concurrency {
         v["Concurrency"] = serde_json::json!({ "ReservedConcurrentExecutions": n });
     }
+    super::tags::add_to_function(daemon, &f.name, &mut v)?;
     Ok(json_response(StatusCode::OK, &v))
 }
 
 /// `GET /spore/functions/NAME/code.zip`: the function's code as uploaded.
-pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, name)?;
+pub async fn code_zip(daemon: &Arc<Daemon>, f: &Function) -> Result<Resp, LambdaError> {
     let path = code::dir(&daemon.state_dir, &f.code_sha256).join("code.zip");
     let zip = tokio::task::spawn_blocking(move || std::fs::read(&path))
         .await
@@ -366,11 +383,8 @@ pub async fn code_zip(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaEr
     Ok(resp)
 }
 
-pub fn get_configuration(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
-    Ok(json_response(
-        StatusCode::OK,
-        &configuration(&existing(daemon, name)?),
-    ))
+pub fn get_configuration(f: &Function) -> Resp {
+    json_response(StatusCode::OK, &configuration(f))
 }
 
 pub fn list(daemon: &Arc<Daemon>) -> Result<Resp, LambdaError> {
@@ -390,6 +404,11 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .catalog
         .delete_provisioned(name)
         .map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_event_invoke_config(name)
+        .map_err(catalog_err)?;
+    daemon.catalog.delete_tags(name).map_err(catalog_err)?;
     daemon.instances.set_reserved(name, None);
     daemon.instances.forget(name).await;
     if !daemon.catalog.code_in_use(&f.code_sha256).unwrap_or(true) {

@@ -35,6 +35,7 @@ enum InvocationType {
 pub async fn invoke(
     daemon: &Arc<Daemon>,
     name: &str,
+    qualifier: Option<String>,
     req: super::Req,
 ) -> Result<Resp, LambdaError> {
     let received = Instant::now();
@@ -63,15 +64,6 @@ pub async fn invoke(
             )))
         }
     };
-    if let Some(q) = req.uri().query() {
-        let qualifier = q.split('&').find_map(|kv| kv.strip_prefix("Qualifier="));
-        if qualifier.is_some_and(|v| v != "$LATEST" && v != "%24LATEST") {
-            return Err(LambdaError::not_found(&format!(
-                "{name}:{}",
-                qualifier.unwrap_or("")
-            )));
-        }
-    }
     let limit = match kind {
         InvocationType::Event => ASYNC_PAYLOAD,
         _ => SYNC_PAYLOAD,
@@ -87,11 +79,9 @@ pub async fn invoke(
             ));
         }
     }
-    let f = daemon
-        .catalog
-        .get(name)
-        .map_err(|e| LambdaError::service(e.to_string()))?
-        .ok_or_else(|| LambdaError::not_found(name))?;
+    // An alias is resolved here for a synchronous call (its weights pick a
+    // version per invocation), and again when a queued event runs.
+    let f = super::versions::resolve(daemon, name, qualifier.as_deref())?;
     match kind {
         InvocationType::DryRun => Ok(empty_response(StatusCode::NO_CONTENT)),
         InvocationType::Event => {
@@ -100,9 +90,11 @@ pub async fn invoke(
             let request_id = super::random_uuid();
             let queue = daemon.events.clone();
             let (function, id) = (f.name.clone(), request_id.clone());
-            let kept = tokio::task::spawn_blocking(move || queue.accept(&function, &id, &payload))
-                .await
-                .map_err(|e| LambdaError::service(format!("keeping the event: {e}")))?;
+            let kept = tokio::task::spawn_blocking(move || {
+                queue.accept(&function, qualifier.as_deref(), &id, &payload)
+            })
+            .await
+            .map_err(|e| LambdaError::service(format!("keeping the event: {e}")))?;
             match kept {
                 Ok(()) => {}
                 Err(e @ AcceptError::Full(_)) => {
@@ -124,10 +116,9 @@ pub async fn invoke(
             let done = run(daemon, &f, &request_id, &payload, received).await?;
             let mut resp = hyper::Response::new(http_body_util::Full::new(Bytes::from(done.body)));
             let h = resp.headers_mut();
-            h.insert(
-                "x-amz-executed-version",
-                HeaderValue::from_static("$LATEST"),
-            );
+            if let Ok(v) = HeaderValue::from_str(&f.qualifier()) {
+                h.insert("x-amz-executed-version", v);
+            }
             if let Ok(v) = HeaderValue::from_str(&request_id) {
                 h.insert("x-amzn-requestid", v);
             }
@@ -163,7 +154,7 @@ pub async fn invoke(
 }
 
 pub(super) struct Done {
-    body: Vec<u8>,
+    pub(super) body: Vec<u8>,
     pub(super) function_error: bool,
     log: Vec<u8>,
     path: crate::metrics::StartPath,
@@ -196,7 +187,7 @@ pub(super) async fn run(
             let outcome = if r.ok { "success" } else { "function_error" };
             (r.body, !r.ok, outcome, r.log)
         }
-        Outcome::TimedOut => {
+        Outcome::TimedOut { log } => {
             let msg = format!(
                 "{} {request_id} Task timed out after {}.00 seconds",
                 crate::clock::lambda_now(),
@@ -208,10 +199,10 @@ pub(super) async fn run(
                     .into_bytes(),
                 true,
                 "timeout",
-                Vec::new(),
+                log,
             )
         }
-        Outcome::Crashed { why, console } => {
+        Outcome::Crashed { why, console, log } => {
             let msg = format!("RequestId: {request_id} Error: {why}");
             (
                 serde_json::json!({ "errorType": "Runtime.ExitError", "errorMessage": msg })
@@ -219,10 +210,10 @@ pub(super) async fn run(
                     .into_bytes(),
                 true,
                 "function_error",
-                logs::console_tail(&console),
+                logs::died_log(log, &console),
             )
         }
-        Outcome::HostFault { why, console } => {
+        Outcome::HostFault { why, console, log } => {
             // Not the function's fault: logged and counted as a service
             // error, answered 500 (an Event invocation goes back to its
             // queue, as Lambda does on a system error).
@@ -237,7 +228,7 @@ pub(super) async fn run(
                 inv.path,
                 seconds,
                 "service_error",
-                &logs::console_tail(&console),
+                &logs::died_log(log, &console),
             );
             logs::append(&daemon.state_dir, &f.name, log);
             return Err(LambdaError::service(format!(

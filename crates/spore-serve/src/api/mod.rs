@@ -1,14 +1,19 @@
 //! The Lambda API (`2015-03-31`) over HTTP/1.1: routing, request bodies and
-//! responses. The control plane is in [`control`] and [`provisioned_config`],
-//! Invoke in [`invoke`].
+//! responses. The control plane is in [`control`], [`provisioned_config`]
+//! and [`event_invoke_config`], Invoke in [`invoke`].
 //! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
 //! and the tools built on them drive the daemon unmodified.
 
 mod control;
 pub mod error;
+mod event_invoke_config;
 mod events;
+mod function_url_config;
+mod function_urls;
 mod invoke;
 mod provisioned_config;
+mod tags;
+mod versions;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -36,9 +41,12 @@ pub struct Daemon {
     pub events: Arc<crate::events::EventQueue>,
     /// The API's open connections (served by `crate::server`).
     pub connections: Arc<crate::connections::Connections>,
+    /// Where function URLs are served, once listening (`--url-listen`).
+    pub url_base: std::sync::OnceLock<UrlBase>,
 }
 
 pub use events::spawn_dispatcher as spawn_event_dispatcher;
+pub use function_urls::{handle as handle_function_url, UrlBase};
 
 type Resp = Response<Full<Bytes>>;
 
@@ -73,7 +81,7 @@ pub async fn handle(
 }
 
 /// Checks the request's SigV4 signature against the configured keys (403).
-fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
+pub(super) fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -100,16 +108,58 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
         (Method::GET, ["2015-03-31", "functions", name]) => {
-            control::get(daemon, &fn_name(name)?, &req)
+            let (name, q) = name_and_any_qualifier(name, &req)?;
+            control::get(
+                daemon,
+                &versions::resolve_exact(daemon, &name, q.as_deref())?,
+                &req,
+            )
         }
         (Method::GET, ["spore", "functions", name, "code.zip"]) => {
-            control::code_zip(daemon, &fn_name(name)?).await
+            let (name, q) = name_and_any_qualifier(name, &req)?;
+            control::code_zip(
+                daemon,
+                &versions::resolve_exact(daemon, &name, q.as_deref())?,
+            )
+            .await
         }
         (Method::GET, ["2015-03-31", "functions", name, "configuration"]) => {
-            control::get_configuration(daemon, &fn_name(name)?)
+            let (name, q) = name_and_any_qualifier(name, &req)?;
+            Ok(control::get_configuration(&versions::resolve_exact(
+                daemon,
+                &name,
+                q.as_deref(),
+            )?))
         }
         (Method::DELETE, ["2015-03-31", "functions", name]) => {
-            control::delete(daemon, &fn_name(name)?).await
+            match name_and_any_qualifier(name, &req)? {
+                (name, None) => control::delete(daemon, &name).await,
+                (name, Some(q)) => versions::delete_version(daemon, &name, &q).await,
+            }
+        }
+        (Method::POST, ["2015-03-31", "functions", name, "versions"]) => {
+            let name = fn_name(name)?;
+            versions::publish(daemon, &name, req).await
+        }
+        (Method::GET, ["2015-03-31", "functions", name, "versions"]) => {
+            versions::list_versions(daemon, &fn_name(name)?)
+        }
+        (Method::POST, ["2015-03-31", "functions", name, "aliases"]) => {
+            let name = fn_name(name)?;
+            versions::create_alias(daemon, &name, req).await
+        }
+        (Method::GET, ["2015-03-31", "functions", name, "aliases"]) => {
+            versions::list_aliases(daemon, &fn_name(name)?, &req)
+        }
+        (Method::GET, ["2015-03-31", "functions", name, "aliases", alias]) => {
+            versions::get_alias(daemon, &fn_name(name)?, &alias_name(alias)?)
+        }
+        (Method::PUT, ["2015-03-31", "functions", name, "aliases", alias]) => {
+            let (name, alias) = (fn_name(name)?, alias_name(alias)?);
+            versions::update_alias(daemon, &name, &alias, req).await
+        }
+        (Method::DELETE, ["2015-03-31", "functions", name, "aliases", alias]) => {
+            versions::delete_alias(daemon, &fn_name(name)?, &alias_name(alias)?).await
         }
         (Method::PUT, ["2015-03-31", "functions", name, "code"]) => {
             let name = fn_name(name)?;
@@ -149,9 +199,48 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             let name = fn_name(name)?;
             provisioned_config::delete(daemon, &name, &req).await
         }
-        (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
+        (Method::PUT, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
             let name = fn_name(name)?;
-            invoke::invoke(daemon, &name, req).await
+            event_invoke_config::put(daemon, &name, req, true).await
+        }
+        (Method::POST, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            let name = fn_name(name)?;
+            event_invoke_config::put(daemon, &name, req, false).await
+        }
+        (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            event_invoke_config::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::DELETE, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
+            event_invoke_config::delete(daemon, &fn_name(name)?, &req).await
+        }
+        (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
+            event_invoke_config::list(daemon, &fn_name(name)?)
+        }
+        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
+        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
+            tags::untag(daemon, resource, &req).await
+        }
+        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
+        (Method::POST, ["2021-10-31", "functions", name, "url"]) => {
+            let name = fn_name(name)?;
+            function_url_config::create(daemon, &name, req).await
+        }
+        (Method::GET, ["2021-10-31", "functions", name, "url"]) => {
+            function_url_config::get(daemon, &fn_name(name)?, &req)
+        }
+        (Method::PUT, ["2021-10-31", "functions", name, "url"]) => {
+            let name = fn_name(name)?;
+            function_url_config::update(daemon, &name, req).await
+        }
+        (Method::DELETE, ["2021-10-31", "functions", name, "url"]) => {
+            function_url_config::delete(daemon, &fn_name(name)?, &req).await
+        }
+        (Method::GET, ["2021-10-31", "functions", name, "urls"]) => {
+            function_url_config::list(daemon, &fn_name(name)?)
+        }
+        (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
+            let (name, q) = name_and_any_qualifier(name, &req)?;
+            invoke::invoke(daemon, &name, q, req).await
         }
         (m, _) => Err(LambdaError::new(
             StatusCode::NOT_FOUND,
@@ -161,20 +250,30 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
     }
 }
 
-/// The function name of a path segment: percent-decoded, an ARN reduced to
-/// its name, and checked against Lambda's rule (`[A-Za-z0-9_-]{1,64}`), so a
-/// name can never be a path (`../`) anywhere in the state directory.
+/// The function name of a path segment that names no version: percent-
+/// decoded, an ARN reduced to its name, checked against Lambda's rule
+/// (`[A-Za-z0-9_-]{1,64}`, so a name can never be a path such as `../`
+/// anywhere in the state directory). A qualified name is refused: an
+/// operation on the whole function must not be taken for one on a version.
 pub fn fn_name(segment: &str) -> Result<String, LambdaError> {
+    match name_and_qualifier(segment)? {
+        (name, None) => Ok(name),
+        (name, Some(q)) => Err(LambdaError::invalid(format!(
+            "This operation takes the function's name without a qualifier, not {name}:{q}"
+        ))),
+    }
+}
+
+/// A function name as a request gives it (`NAME`, `NAME:QUALIFIER`, a full
+/// or partial ARN with or without a qualifier): the checked name and the
+/// qualifier, if any. An ARN must name this daemon's region and account: a
+/// function of another account is answered as a missing one.
+pub fn name_and_qualifier(segment: &str) -> Result<(String, Option<String>), LambdaError> {
     let decoded = percent_decode(segment).ok_or_else(|| {
         LambdaError::invalid("The function name is not valid percent-encoded UTF-8")
     })?;
-    let name = match decoded.rsplit_once(":function:") {
+    let rest = match decoded.rsplit_once(":function:") {
         Some((owner, rest)) => {
-            let name = rest.split(':').next().unwrap_or("").to_string();
-            check_name(&name)?;
-            // A full ARN (`arn:aws:lambda:REGION:ACCOUNT`) or a partial one
-            // (`ACCOUNT`) must name this daemon's region and account: a
-            // function of another account is not this one's.
             let ours = match owner.split(':').collect::<Vec<_>>().as_slice() {
                 [account] => *account == crate::config::ACCOUNT,
                 ["arn", "aws", "lambda", region, account] => {
@@ -193,12 +292,77 @@ pub fn fn_name(segment: &str) -> Result<String, LambdaError> {
                     format!("Function not found: {decoded}"),
                 ));
             }
-            name
+            rest
         }
-        None => decoded,
+        None => decoded.as_str(),
     };
-    check_name(&name)?;
-    Ok(name)
+    let (name, qualifier) = match rest.split_once(':') {
+        Some((name, q)) => (name, Some(q)),
+        None => (rest, None),
+    };
+    check_name(name)?;
+    if let Some(q) = qualifier {
+        check_qualifier(q)?;
+    }
+    Ok((name.to_string(), qualifier.map(str::to_string)))
+}
+
+/// An alias name of a path segment (percent-decoded, checked).
+fn alias_name(segment: &str) -> Result<String, LambdaError> {
+    let a = percent_decode(segment)
+        .ok_or_else(|| LambdaError::invalid("The alias name is not valid percent-encoded UTF-8"))?;
+    check_qualifier(&a)?;
+    Ok(a)
+}
+
+/// A qualifier: `$LATEST`, a version number or an alias name
+/// (`[A-Za-z0-9_-]{1,128}`).
+pub fn check_qualifier(q: &str) -> Result<(), LambdaError> {
+    let ok = q == "$LATEST"
+        || (!q.is_empty()
+            && q.len() <= 128
+            && q.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LambdaError::invalid(format!(
+            "1 validation error detected: Value '{q}' at 'qualifier' failed to satisfy constraint: Member must satisfy regular expression pattern: (|[a-zA-Z0-9$_-]+)"
+        )))
+    }
+}
+
+/// The `Qualifier` of the query string, if any (checked).
+pub fn query_qualifier(req: &Req) -> Result<Option<String>, LambdaError> {
+    let Some(raw) = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("Qualifier="))
+    else {
+        return Ok(None);
+    };
+    let q = percent_decode(raw)
+        .ok_or_else(|| LambdaError::invalid("The qualifier is not valid percent-encoded UTF-8"))?;
+    check_qualifier(&q)?;
+    Ok(Some(q))
+}
+
+/// A path segment's name and qualifier, with the query's `Qualifier`: the
+/// two must agree when both are given.
+pub fn name_and_any_qualifier(
+    segment: &str,
+    req: &Req,
+) -> Result<(String, Option<String>), LambdaError> {
+    let (name, in_name) = name_and_qualifier(segment)?;
+    let in_query = query_qualifier(req)?;
+    match (in_name, in_query) {
+        (Some(a), Some(b)) if a != b => Err(LambdaError::invalid(format!(
+            "The derived qualifier from the function name does not match the specified qualifier ({a} and {b})"
+        ))),
+        (a, b) => Ok((name, a.or(b))),
+    }
 }
 
 pub fn check_name(name: &str) -> Result<(), LambdaError> {
@@ -237,7 +401,7 @@ pub(super) fn percent_decode(s: &str) -> Option<String> {
 /// Reads the whole body (at most [`MAX_BODY`]); a pause of more than
 /// `pause_limit` between two pieces of it (a client that declared more than
 /// it sends) ends it with 408.
-async fn read_whole(
+pub(super) async fn read_whole(
     req: Request<Incoming>,
     pause_limit: std::time::Duration,
 ) -> Result<Req, LambdaError> {
@@ -364,10 +528,27 @@ mod tests {
         assert!(fn_name(&"x".repeat(65)).is_err());
         assert!(fn_name("%zz").is_err());
         assert_eq!(fn_name("000000000000:function:echo").unwrap(), "echo");
-        assert_eq!(
-            fn_name("arn:aws:lambda:us-east-1:000000000000:function:echo:$LATEST").unwrap(),
-            "echo"
-        );
+        // A qualified name is for operations on versions only.
+        assert!(fn_name("arn:aws:lambda:us-east-1:000000000000:function:echo:$LATEST").is_err());
+        assert!(fn_name("echo:live").is_err());
+        for (given, name, q) in [
+            ("echo", "echo", None),
+            ("echo:7", "echo", Some("7")),
+            ("echo:live", "echo", Some("live")),
+            ("echo:$LATEST", "echo", Some("$LATEST")),
+            (
+                "arn:aws:lambda:us-east-1:000000000000:function:echo:prod",
+                "echo",
+                Some("prod"),
+            ),
+            ("000000000000:function:echo:3", "echo", Some("3")),
+        ] {
+            let got = name_and_qualifier(given).unwrap();
+            assert_eq!((got.0.as_str(), got.1.as_deref()), (name, q), "{given}");
+        }
+        for bad in ["echo:", "echo:a.b", "echo:1:2", ":1"] {
+            assert!(name_and_qualifier(bad).is_err(), "{bad}");
+        }
         // Another account's or region's function is not found here.
         for other in [
             "arn:aws:lambda:us-east-1:123456789012:function:echo",

@@ -12,8 +12,9 @@
 //!
 //! Isolation rules: an instance serves only the function and version it was
 //! started for; one that timed out, crashed or broke the protocol is killed,
-//! never reused; a function's new version retires every instance and the
-//! zygote of the old one.
+//! never reused; a change of `$LATEST` retires every instance and the
+//! zygote of its old revision. A published version has a pool of its own,
+//! retired only when the version is deleted.
 
 mod layered;
 mod memory;
@@ -103,7 +104,9 @@ pub enum AcquireError {
     Init(InvokeResult),
 }
 
-/// How an invocation ended.
+/// How an invocation ended. `log` is what the function logged before an
+/// invocation that got no result ended (what a spore-uk guest streamed;
+/// a Linux function's output is on the console instead).
 pub enum Outcome {
     Done(InvokeResult),
     /// The instance ended or broke the protocol before answering: the
@@ -112,14 +115,18 @@ pub enum Outcome {
     Crashed {
         why: String,
         console: String,
+        log: Vec<u8>,
     },
     /// The instance's VMM was killed or failed before answering: a host
     /// fault, not the function's; with what the guest's console said last.
     HostFault {
         why: String,
         console: String,
+        log: Vec<u8>,
     },
-    TimedOut,
+    TimedOut {
+        log: Vec<u8>,
+    },
 }
 
 pub struct Invocation {
@@ -159,6 +166,12 @@ struct Pool {
     last_used_ms: AtomicU64,
 }
 
+type PoolKey = (String, Option<u32>);
+
+fn pool_key(f: &Function) -> PoolKey {
+    (f.name.clone(), f.published)
+}
+
 /// Every function's instances: a [`Pool`] per function version, the
 /// admission semaphores, the snapshot and base stores, the network.
 pub struct Instances {
@@ -168,7 +181,10 @@ pub struct Instances {
     /// Linux runtimes' base snapshots (shared by all their functions).
     bases: Arc<crate::bases::BaseStore>,
     pub metrics: Metrics,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// By function and published version (`None`: `$LATEST`). A published
+    /// version has a pool of its own, even while it holds `$LATEST`'s
+    /// revision: it outlives `$LATEST`'s changes.
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
     reserved: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
     /// Per function: its provisioned concurrency, if set.
@@ -312,16 +328,17 @@ impl Instances {
                 // its run directory: what it said last is kept here and in
                 // the invocation's log.
                 let console = inst.vmm.log_lines(CRASH_LOG_LINES);
+                let log = inst.conn.take_streamed_log();
                 let outcome = match ending {
                     Ending::Guest(why) => {
                         tracing::warn!(function = %f.name, start = path.as_str(),
                             "instance failed ({why}); its VMM log ends: {console}");
-                        Outcome::Crashed { why, console }
+                        Outcome::Crashed { why, console, log }
                     }
                     Ending::Host(why) => {
                         tracing::error!(function = %f.name, start = path.as_str(),
                             "instance lost to a host fault ({why}); its VMM log ends: {console}");
-                        Outcome::HostFault { why, console }
+                        Outcome::HostFault { why, console, log }
                     }
                 };
                 self.end(inst.vmm).await;
@@ -330,8 +347,9 @@ impl Instances {
             Err(_) => {
                 tracing::warn!(function = %f.name, start = path.as_str(),
                     "instance timed out; its VMM log ends: {}", inst.vmm.log_lines(CRASH_LOG_LINES));
+                let log = inst.conn.take_streamed_log();
                 self.end(inst.vmm).await;
-                Outcome::TimedOut
+                Outcome::TimedOut { log }
             }
         };
         Ok(Invocation { outcome, path })
@@ -381,36 +399,70 @@ impl Instances {
         }
     }
 
-    /// The pool of `f`'s current version; a pool of an older version is
-    /// retired (its idle instances and zygote ended).
+    /// The pool of `f` (`$LATEST` or a published version) at its current
+    /// revision; a pool of an older revision is retired (its idle instances
+    /// and zygote ended).
     async fn pool_for(&self, f: &Function) -> Arc<Pool> {
+        let key = pool_key(f);
         let old = {
             let mut pools = lock(&self.pools);
-            match pools.get(&f.name) {
+            match pools.get(&key) {
                 Some(p) if p.function.version == f.version => return p.clone(),
-                _ => pools.insert(f.name.clone(), Arc::new(Pool::new(f.clone()))),
+                _ => pools.insert(key.clone(), Arc::new(Pool::new(f.clone()))),
             }
         };
         if let Some(old) = old {
             self.retire(old).await;
         }
         lock(&self.pools)
-            .get(&f.name)
+            .get(&key)
             .cloned()
             .unwrap_or_else(|| Arc::new(Pool::new(f.clone())))
     }
 
-    /// Ends everything of a function (deleted, or changed: its next
-    /// invocation starts a new pool) and deletes the snapshots of every
-    /// version but the current one.
+    /// Whether `pool` is still the pool of its function version (not
+    /// retired by a change or a delete): only then are its instances kept.
+    fn is_current(&self, pool: &Arc<Pool>) -> bool {
+        lock(&self.pools)
+            .get(&pool_key(&pool.function))
+            .is_some_and(|p| Arc::ptr_eq(p, pool))
+    }
+
+    /// Ends what a function no longer runs: everything of `$LATEST` after a
+    /// change (its next invocation starts a new pool), the pools of deleted
+    /// versions, everything after a delete; and deletes the snapshots of
+    /// every revision nothing runs any more.
     pub async fn forget(self: &Arc<Self>, name: &str) {
-        let old = lock(&self.pools).remove(name);
-        if let Some(old) = old {
-            self.retire(old).await;
-        }
         let current = self.catalog.get(name).ok().flatten();
-        self.snapshots
-            .prune(name, current.as_ref().map(|f| f.version));
+        let live = self.catalog.live_revisions(name).unwrap_or_default();
+        let published: Vec<Option<u32>> = self
+            .catalog
+            .versions(name)
+            .unwrap_or_default()
+            .iter()
+            .map(|v| v.published)
+            .collect();
+        let old: Vec<Arc<Pool>> = {
+            let mut pools = lock(&self.pools);
+            let gone: Vec<PoolKey> = pools
+                .iter()
+                .filter(|((n, v), pool)| {
+                    n == name
+                        && match v {
+                            None => current
+                                .as_ref()
+                                .is_none_or(|f| f.version != pool.function.version),
+                            Some(_) => !published.contains(v),
+                        }
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            gone.iter().filter_map(|k| pools.remove(k)).collect()
+        };
+        for pool in old {
+            self.retire(pool).await;
+        }
+        self.snapshots.prune(name, &live);
         match current {
             // The new version is provisioned like the old one.
             Some(f) => {
@@ -440,9 +492,7 @@ impl Instances {
     fn release(&self, pool: &Arc<Pool>, inst: Instance) {
         // A pool retired meanwhile (new version, delete) is no longer in the
         // map: its instances must not be reused.
-        let current = lock(&self.pools)
-            .get(&pool.function.name)
-            .is_some_and(|p| Arc::ptr_eq(p, pool));
+        let current = self.is_current(pool);
         // Keep-alive 0: no warm instances at all.
         if current && !self.cfg.keep_alive.is_zero() {
             lock(&pool.idle).push(inst);

@@ -46,9 +46,11 @@ impl Instances {
     /// What `f`'s provisioned pool holds now.
     pub fn provisioned_status(&self, name: &str) -> ProvisionedStatus {
         let requested = lock(&self.provisioned).get(name).copied().unwrap_or(0);
-        let available = lock(&self.pools).get(name).map_or(0, |p| {
-            u32::try_from(lock(&p.fresh).len()).unwrap_or(u32::MAX)
-        });
+        let available = lock(&self.pools)
+            .get(&(name.to_string(), None))
+            .map_or(0, |p| {
+                u32::try_from(lock(&p.fresh).len()).unwrap_or(u32::MAX)
+            });
         ProvisionedStatus {
             requested,
             available,
@@ -100,17 +102,13 @@ impl Instances {
     }
 
     fn wanted(&self, pool: &Pool) -> usize {
+        // Provisioned concurrency is `$LATEST`'s.
+        if pool.function.published.is_some() {
+            return 0;
+        }
         lock(&self.provisioned)
             .get(&pool.function.name)
             .copied()
             .unwrap_or(0) as usize
-    }
-
-    /// Whether `pool` is its function's pool (not retired by a new version
-    /// or a delete).
-    fn is_current(&self, pool: &Arc<Pool>) -> bool {
-        lock(&self.pools)
-            .get(&pool.function.name)
-            .is_some_and(|p| Arc::ptr_eq(p, pool))
     }
 }

@@ -163,9 +163,7 @@ impl Instances {
     /// none and is still the function's current pool.
     async fn remake_zygote(&self, pool: &Arc<Pool>) {
         let mut zygote = pool.zygote.lock().await;
-        let current = super::lock(&self.pools)
-            .get(&pool.function.name)
-            .is_some_and(|p| Arc::ptr_eq(p, pool));
+        let current = self.is_current(pool);
         if zygote.is_some() || !current || pool.demoted() {
             return;
         }

@@ -14,6 +14,8 @@ use base64::Engine;
 pub struct Daemon {
     pub child: Child,
     pub addr: String,
+    /// Where function URLs are served, with `--url-listen`.
+    pub url_addr: Option<String>,
     pub state_dir: PathBuf,
 }
 
@@ -45,6 +47,7 @@ impl Daemon {
         Daemon {
             child,
             addr,
+            url_addr: v["url_listen"].as_str().map(str::to_string),
             state_dir: state_dir.to_path_buf(),
         }
     }

@@ -22,6 +22,26 @@ fn invocations(d: &Daemon, path: &str) -> f64 {
         .sum()
 }
 
+/// The function's invocation log once it has `what` (logs are written off
+/// the request path); at most 5 s.
+fn log_once_it_has(d: &Daemon, function: &str, what: &str) -> String {
+    let file = d.state_dir.join("logs").join(format!("{function}.log"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = std::fs::read_to_string(&file).unwrap_or_default();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log: {log}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The last invocation's part of a function's log.
+fn last_invocation(log: &str) -> &str {
+    &log[log.rfind("START RequestId").unwrap_or(0)..]
+}
+
 #[test]
 fn kvm_serve_lifecycle_and_distinct_invocations() {
     require_kvm();
@@ -224,13 +244,22 @@ fn kvm_serve_timeout_and_crash_fail_only_their_invocation() {
     assert_eq!(d.invoke("f", b"{}").status, 200);
     let before = d.vmm_pids();
 
-    let r = d.invoke("f", br#"{"sleep_ms": 600000}"#);
+    let r = d.invoke(
+        "f",
+        br#"{"log":"written before the timeout 3f9a","sleep_ms":600000}"#,
+    );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-amz-function-error"), Some("Unhandled"));
     assert!(
         r.text().contains("Task timed out after 1.00 seconds"),
         "{}",
         r.text()
+    );
+    // What the function logged before it timed out is kept.
+    let log = log_once_it_has(&d, "f", "Outcome: timeout");
+    assert!(
+        last_invocation(&log).contains("\nwritten before the timeout 3f9a\n"),
+        "{log}"
     );
     // The instance that timed out is gone (its VMM killed), not reused.
     thread::sleep(Duration::from_millis(200));
@@ -271,6 +300,8 @@ fn kvm_serve_timeout_and_crash_fail_only_their_invocation() {
 /// kill -9 of the instance's VMM mid-invocation is the host's fault, not
 /// the function's: 500 ServiceException (no `X-Amz-Function-Error`), the
 /// log's outcome `service_error`, counted so; the next invocation runs.
+/// What the function logged (`flog!`) before the kill is in that
+/// invocation's log: the SDK streams it while the handler blocks.
 #[test]
 fn kvm_serve_a_killed_vmm_is_a_service_error_not_the_functions() {
     require_kvm();
@@ -280,7 +311,12 @@ fn kvm_serve_a_killed_vmm_is_a_service_error_not_the_functions() {
     assert_eq!(d.invoke("f", br#"{"ok":1}"#).status, 200);
     let slow = {
         let d = d.clone();
-        thread::spawn(move || d.invoke("f", br#"{"sleep_ms":5000}"#))
+        thread::spawn(move || {
+            d.invoke(
+                "f",
+                br#"{"log":"written before the kill 7c1e","sleep_ms":5000}"#,
+            )
+        })
     };
     thread::sleep(Duration::from_millis(1500));
     let pids = d.vmm_pids();
@@ -299,20 +335,14 @@ fn kvm_serve_a_killed_vmm_is_a_service_error_not_the_functions() {
             + d.metric("spore_invocations_total{function=\"f\",start_path=\"clone\",outcome=\"service_error\"}"),
         1.0
     );
-    let log_file = dir.path("state").join("logs").join("f.log");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
-        if log.contains("Outcome: service_error") {
-            assert!(!log.contains("Outcome: function_error"), "{log}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no service_error in the log: {log}"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+    let log = log_once_it_has(&d, "f", "Outcome: service_error");
+    assert!(!log.contains("Outcome: function_error"), "{log}");
+    // The function's own line (not a console line), in the failed
+    // invocation's part of the log.
+    assert!(
+        last_invocation(&log).contains("\nwritten before the kill 7c1e\n"),
+        "the function's log line is lost: {log}"
+    );
     let r = d.invoke("f", br#"{"ok":2}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["echo"]["ok"], 2);

@@ -1,7 +1,9 @@
 //! `spore serve` driven by the Lambda ecosystem's own clients, pinned
 //! (`tests/serve/requirements.txt`) and installed by the test setup into a
 //! cached virtualenv (`scripts/ensure-pyclients.sh`): boto3
-//! (`tests/serve/boto3_scenario.py`) and the AWS CLI (`aws lambda invoke`).
+//! (`tests/serve/boto3_scenario.py`, run by `tests/serve/boto3_coverage.py`,
+//! which holds docs/serve/lambda-api.md's table to botocore's Lambda model and
+//! to the operations the scenario called) and the AWS CLI.
 
 use std::process::Command;
 
@@ -10,7 +12,7 @@ use crate::common::fc::repo_root;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
 
-fn client_venv() -> std::path::PathBuf {
+pub(crate) fn client_venv() -> std::path::PathBuf {
     let out = Command::new(repo_root().join("scripts/ensure-pyclients.sh"))
         .output()
         .expect("running scripts/ensure-pyclients.sh");
@@ -22,6 +24,24 @@ fn client_venv() -> std::path::PathBuf {
     std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// `aws lambda ARGS` against `endpoint`, with throwaway credentials and no
+/// configuration of the host's.
+fn aws_lambda(venv: &std::path::Path, endpoint: &str, args: &[&str]) -> std::process::Output {
+    Command::new(venv.join("bin/aws"))
+        .arg("lambda")
+        .args(args)
+        .args(["--endpoint-url", endpoint, "--region", "us-east-1"])
+        .env("AWS_ACCESS_KEY_ID", "AKIDSPORETEST")
+        .env("AWS_SECRET_ACCESS_KEY", "spore-test-secret")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .output()
+        .expect("running aws lambda")
+}
+
+/// The boto3 scenario under the coverage walk (every operation of botocore's
+/// model in the doc's table, every ✓ one called), then the AWS CLI, then
+/// the tags the scenario left, after a restart.
 #[test]
 fn kvm_serve_boto3_and_aws_cli() {
     require_kvm();
@@ -31,7 +51,9 @@ fn kvm_serve_boto3_and_aws_cli() {
     let endpoint = format!("http://{}", d.addr);
 
     let out = Command::new(venv.join("bin/python"))
-        .arg(repo_root().join("tests/serve/boto3_scenario.py"))
+        .arg(repo_root().join("tests/serve/boto3_coverage.py"))
+        .arg("--doc")
+        .arg(repo_root().join("docs/serve/lambda-api.md"))
         .args(["--endpoint", &endpoint])
         .arg("--echo-elf")
         .arg(common::uk_image("fn-echo"))
@@ -41,31 +63,25 @@ fn kvm_serve_boto3_and_aws_cli() {
         .expect("running the boto3 scenario");
     assert!(
         out.status.success(),
-        "boto3 scenario failed:\n{}{}",
+        "boto3 scenario or coverage failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 
     // The AWS CLI invokes the function the scenario left.
     let response = dir.path("response.json");
-    let out = Command::new(venv.join("bin/aws"))
-        .args([
-            "lambda",
+    let out = aws_lambda(
+        &venv,
+        &endpoint,
+        &[
             "invoke",
-            "--endpoint-url",
-            &endpoint,
-            "--region",
-            "us-east-1",
-        ])
-        .args(["--function-name", "cli-echo"])
-        .args(["--payload", r#"{"from":"aws-cli"}"#])
-        .arg(&response)
-        .env("AWS_ACCESS_KEY_ID", "AKIDSPORETEST")
-        .env("AWS_SECRET_ACCESS_KEY", "spore-test-secret")
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .output()
-        .expect("running aws lambda invoke");
+            "--function-name",
+            "cli-echo",
+            "--payload",
+            r#"{"from":"aws-cli"}"#,
+            response.to_str().expect("a UTF-8 scratch path"),
+        ],
+    );
     assert!(
         out.status.success(),
         "aws lambda invoke failed:\n{}{}",
@@ -79,21 +95,7 @@ fn kvm_serve_boto3_and_aws_cli() {
         serde_json::from_slice(&std::fs::read(&response).unwrap()).unwrap();
     assert_eq!(body["echo"]["from"], "aws-cli", "{body}");
 
-    let out = Command::new(venv.join("bin/aws"))
-        .args([
-            "lambda",
-            "list-functions",
-            "--endpoint-url",
-            &endpoint,
-            "--region",
-            "us-east-1",
-        ])
-        .env("AWS_ACCESS_KEY_ID", "AKIDSPORETEST")
-        .env("AWS_SECRET_ACCESS_KEY", "spore-test-secret")
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .output()
-        .expect("running aws lambda list-functions");
+    let out = aws_lambda(&venv, &endpoint, &["list-functions"]);
     assert!(
         out.status.success(),
         "{}",
@@ -101,6 +103,31 @@ fn kvm_serve_boto3_and_aws_cli() {
     );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list["Functions"][0]["FunctionName"], "cli-echo");
+
+    // Tags live in the catalogue: a restarted daemon still has them.
+    drop(d);
+    let d = Daemon::start(&dir.path("state"), &[]);
+    let endpoint = format!("http://{}", d.addr);
+    let arn = "arn:aws:lambda:us-east-1:000000000000:function:cli-echo";
+    let out = aws_lambda(&venv, &endpoint, &["list-tags", "--resource", arn]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tags: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tags, serde_json::json!({ "Tags": { "made-by": "boto3" } }));
+    let out = aws_lambda(
+        &venv,
+        &endpoint,
+        &["tag-resource", "--resource", arn, "--tags", "aws:x=y"],
+    );
+    assert!(!out.status.success(), "an aws: key is refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("InvalidParameterValueException"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

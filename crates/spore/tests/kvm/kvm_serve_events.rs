@@ -213,3 +213,215 @@ fn kvm_serve_failed_events_are_retried_then_dropped_and_counted() {
             .join("\n")
     );
 }
+
+/// The lines a destination function (fn-echo with `ECHO_SINK=1`)
+/// logged for its payloads: one JSON record each.
+fn records(state: &std::path::Path, name: &str) -> Vec<serde_json::Value> {
+    let log = std::fs::read_to_string(state.join(format!("logs/{name}.log"))).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split("fn-echo: payload ").nth(1))
+        .filter_map(|p| serde_json::from_str(p).ok())
+        .collect()
+}
+
+fn event_config(
+    d: &Daemon,
+    method: &str,
+    name: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = d.request(
+        method,
+        &format!("/2019-09-25/functions/{name}/event-invoke-config"),
+        body.to_string().as_bytes(),
+        &[],
+    );
+    let v = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+    (r.status, v)
+}
+
+#[test]
+fn kvm_serve_event_destinations_get_lambdas_records() {
+    require_kvm();
+    let dir = Scratch::new("ev-dest");
+    let state = dir.path("state");
+    let d = Daemon::start(
+        &state,
+        &["--event-retry-delay-ms", "100", "--event-max-age-s", "1"],
+    );
+    let sink = serde_json::json!({ "Environment": { "Variables": { "ECHO_SINK": "1" } } });
+    for name in ["src", "on-ok", "on-fail"] {
+        let extra = if name == "src" {
+            serde_json::json!({})
+        } else {
+            sink.clone()
+        };
+        assert_eq!(d.create(name, "fn-echo", extra).status, 201);
+    }
+    let arn = |n: &str| format!("arn:aws:lambda:us-east-1:000000000000:function:{n}");
+
+    refuses_bad_configurations(&d, &arn);
+    let (status, v) = event_config(&d, "GET", "src", serde_json::json!({}));
+    assert_eq!(status, 404, "{v}");
+
+    let (status, v) = event_config(
+        &d,
+        "PUT",
+        "src",
+        serde_json::json!({
+            "MaximumRetryAttempts": 1,
+            "MaximumEventAgeInSeconds": 60,
+            "DestinationConfig": {
+                "OnSuccess": { "Destination": arn("on-ok") },
+                "OnFailure": { "Destination": arn("on-fail") },
+            },
+        }),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["MaximumRetryAttempts"], 1, "{v}");
+    assert_eq!(v["FunctionArn"], format!("{}:$LATEST", arn("src")), "{v}");
+    assert_eq!(
+        v["DestinationConfig"]["OnFailure"]["Destination"],
+        arn("on-fail")
+    );
+    assert!(v["LastModified"].as_f64().is_some_and(|t| t > 1.7e9), "{v}");
+
+    // A failing event: one attempt, one retry, then its record on failure.
+    let (status, failing) = event(&d, "src", r#"{"fail":"nope"}"#);
+    assert_eq!(status, 202);
+    let (status, succeeding) = event(&d, "src", r#"{"fine":1}"#);
+    assert_eq!(status, 202);
+    wait_until_queue_empty(&d, Duration::from_secs(60));
+    assert_eq!(outcomes(&state, "src").get(&failing).map(Vec::len), Some(2));
+    let failed = records(&state, "on-fail");
+    assert_eq!(
+        failed.len(),
+        1,
+        "{}",
+        std::fs::read_to_string(state.join("logs/on-fail.log")).unwrap_or_default()
+    );
+    let r = &failed[0];
+    assert_eq!(r["version"], "1.0");
+    assert_eq!(r["requestContext"]["requestId"], failing.as_str());
+    assert_eq!(r["requestContext"]["condition"], "RetriesExhausted");
+    assert_eq!(r["requestContext"]["approximateInvokeCount"], 2);
+    assert_eq!(r["requestPayload"], serde_json::json!({ "fail": "nope" }));
+    assert_eq!(r["responseContext"]["functionError"], "Unhandled");
+    assert_eq!(r["responsePayload"]["errorMessage"], "nope");
+    let ok = records(&state, "on-ok");
+    assert_eq!(ok.len(), 1, "{ok:?}");
+    assert_eq!(ok[0]["requestContext"]["requestId"], succeeding.as_str());
+    assert_eq!(ok[0]["requestContext"]["condition"], "Success");
+    assert_eq!(ok[0]["responseContext"]["statusCode"], 200);
+    assert_eq!(
+        ok[0]["responsePayload"]["echo"],
+        serde_json::json!({ "fine": 1 })
+    );
+
+    // An update changes only what it names; the destinations stay.
+    let (status, v) = event_config(
+        &d,
+        "POST",
+        "src",
+        serde_json::json!({ "MaximumRetryAttempts": 0 }),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["MaximumRetryAttempts"], 0);
+    assert_eq!(
+        v["DestinationConfig"]["OnSuccess"]["Destination"],
+        arn("on-ok")
+    );
+    assert_eq!(v["MaximumEventAgeInSeconds"], 60);
+    let r = d.request(
+        "GET",
+        "/2019-09-25/functions/src/event-invoke-config/list",
+        b"",
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        list["FunctionEventInvokeConfigs"].as_array().map(Vec::len),
+        Some(1)
+    );
+
+    expired_events_are_recorded_too(&d, &state, &arn);
+    // Deleted, then gone; deleting the function deletes its configuration.
+    let (status, _) = event_config(&d, "DELETE", "src", serde_json::json!({}));
+    assert_eq!(status, 204);
+    assert_eq!(event_config(&d, "GET", "src", serde_json::json!({})).0, 404);
+    assert_eq!(
+        event_config(&d, "DELETE", "src", serde_json::json!({})).0,
+        404
+    );
+}
+
+/// Bad configurations are refused with Lambda's errors.
+fn refuses_bad_configurations(d: &Daemon, arn: &dyn Fn(&str) -> String) {
+    for (body, why) in [
+        (serde_json::json!({}), "at least one"),
+        (
+            serde_json::json!({ "MaximumRetryAttempts": 3 }),
+            "between 0 and 2",
+        ),
+        (
+            serde_json::json!({ "MaximumEventAgeInSeconds": 59 }),
+            "between 60 and 21600",
+        ),
+        (
+            serde_json::json!({ "DestinationConfig": { "OnFailure": { "Destination": "arn:aws:sqs:us-east-1:000000000000:q" } } }),
+            "functions only",
+        ),
+        (
+            serde_json::json!({ "DestinationConfig": { "OnFailure": { "Destination": arn("nobody") } } }),
+            "does not exist",
+        ),
+    ] {
+        let (status, v) = event_config(d, "PUT", "src", body.clone());
+        assert_eq!(status, 400, "{body}: {v}");
+        assert!(v.to_string().contains(why), "{body}: {v}");
+    }
+}
+
+/// Too old (the daemon's 1 s, once a Put replaced the whole configuration and
+/// the function sets no age of its own): an event throttled past it goes to
+/// OnFailure as EventAgeExceeded.
+fn expired_events_are_recorded_too(
+    d: &Daemon,
+    state: &std::path::Path,
+    arn: &dyn Fn(&str) -> String,
+) {
+    let (status, v) = event_config(
+        d,
+        "PUT",
+        "src",
+        serde_json::json!({ "DestinationConfig": { "OnFailure": { "Destination": arn("on-fail") } } }),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v.get("MaximumRetryAttempts").is_none(), "{v}");
+    assert!(v.get("MaximumEventAgeInSeconds").is_none(), "{v}");
+    assert_eq!(v["DestinationConfig"]["OnSuccess"], serde_json::json!({}));
+    throttle_all(d, "src");
+    let (status, expired) = event(d, "src", r#"{"late":true}"#);
+    assert_eq!(status, 202);
+    wait_until_queue_empty(d, Duration::from_secs(60));
+    let failed = records(state, "on-fail");
+    let late = failed
+        .iter()
+        .find(|r| r["requestContext"]["requestId"] == expired.as_str())
+        .unwrap_or_else(|| panic!("no record of the expired event: {failed:?}"));
+    assert_eq!(late["requestContext"]["condition"], "EventAgeExceeded");
+    assert_eq!(late["requestPayload"], serde_json::json!({ "late": true }));
+    assert_eq!(
+        d.metric("spore_events_destination_records_total{condition=\"RetriesExhausted\"}"),
+        1.0
+    );
+    assert_eq!(
+        d.metric("spore_events_destination_records_total{condition=\"EventAgeExceeded\"}"),
+        1.0
+    );
+    assert_eq!(
+        d.metric("spore_events_destination_records_total{condition=\"Success\"}"),
+        1.0
+    );
+}

@@ -59,6 +59,8 @@ mod kvm_serve_events;
 mod kvm_serve_guardian;
 mod kvm_serve_net;
 mod kvm_serve_provisioned;
+mod kvm_serve_urls;
+mod kvm_serve_versions;
 mod kvm_snapshot_devices;
 mod kvm_snapshot_integrity;
 mod kvm_snapshot_layers;
