@@ -215,6 +215,12 @@ def main(argv=None):
     expect_error("ResourceNotFoundException", lam.get_function_url_config, FunctionName="b3-echo", Qualifier="live")
     lam.delete_alias(FunctionName="b3-echo", Name="live")
 
+    settings = lam.get_account_settings()
+    count = len(lam.list_functions()["Functions"])
+    check(settings["AccountUsage"]["FunctionCount"] == count, f"get_account_settings: {settings}")
+    check(settings["AccountLimit"]["CodeSizeZipped"] == 50 * 1024 * 1024, f"get_account_settings: {settings}")
+    check(settings["AccountUsage"]["TotalCodeSize"] > 0, f"get_account_settings: {settings}")
+
     lam.delete_function(FunctionName="b3-echo")
     expect_error("ResourceNotFoundException", lam.invoke, FunctionName="b3-echo", Payload=b"{}")
     expect_error("ResourceNotFoundException", lam.get_function, FunctionName="b3-echo")

@@ -4,6 +4,7 @@
 //! Paths, JSON shapes and error shapes are Lambda's, so the AWS CLI, boto3
 //! and the tools built on them drive the daemon unmodified.
 
+mod account;
 mod control;
 pub mod error;
 mod event_invoke_config;
@@ -105,6 +106,7 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
     let method = req.method().clone();
     match (method, segments.as_slice()) {
         (Method::GET, ["metrics"]) => Ok(control::metrics(daemon).await),
+        (Method::GET, ["2016-08-19", "account-settings"]) => account::get(daemon),
         (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
         (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
         (Method::GET, ["2015-03-31", "functions", name]) => {
@@ -199,6 +201,28 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             let name = fn_name(name)?;
             provisioned_config::delete(daemon, &name, &req).await
         }
+        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
+        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
+            tags::untag(daemon, resource, &req).await
+        }
+        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
+        (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
+            let (name, q) = name_and_any_qualifier(name, &req)?;
+            invoke::invoke(daemon, &name, q, req).await
+        }
+        (m, rest) => route_configs(daemon, m, rest, req).await,
+    }
+}
+
+/// The per-function configurations of later API versions: asynchronous
+/// invocation (`2019-09-25`) and function URLs (`2021-10-31`).
+async fn route_configs(
+    daemon: &Arc<Daemon>,
+    method: Method,
+    segments: &[&str],
+    req: Req,
+) -> Result<Resp, LambdaError> {
+    match (method, segments) {
         (Method::PUT, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
             let name = fn_name(name)?;
             event_invoke_config::put(daemon, &name, req, true).await
@@ -216,11 +240,6 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
             event_invoke_config::list(daemon, &fn_name(name)?)
         }
-        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
-        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
-            tags::untag(daemon, resource, &req).await
-        }
-        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
         (Method::POST, ["2021-10-31", "functions", name, "url"]) => {
             let name = fn_name(name)?;
             function_url_config::create(daemon, &name, req).await
@@ -238,14 +257,10 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
         (Method::GET, ["2021-10-31", "functions", name, "urls"]) => {
             function_url_config::list(daemon, &fn_name(name)?)
         }
-        (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
-            let (name, q) = name_and_any_qualifier(name, &req)?;
-            invoke::invoke(daemon, &name, q, req).await
-        }
         (m, _) => Err(LambdaError::new(
             StatusCode::NOT_FOUND,
             "UnknownOperationException",
-            format!("no operation at {m} {path}"),
+            format!("no operation at {m} {}", req.uri().path()),
         )),
     }
 }
