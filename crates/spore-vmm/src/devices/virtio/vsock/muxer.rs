@@ -61,11 +61,16 @@ pub const RESET_ACK_POSTED_TIMEOUT: Duration = Duration::from_secs(600);
 /// connection it accepted before seeing the event would be reset with the
 /// stale ones.
 struct ResetAck {
-    /// The event queue's available index when the reset event was written
-    /// (read just before); `None` while the event waits for a buffer. The
-    /// guest re-posts the buffer once it has handled the event, moving the
-    /// index.
+    /// The event queue's available index when the first unacknowledged
+    /// reset event was written (read just before); `None` while no event
+    /// has a buffer yet. The guest re-posts a buffer once it has handled an
+    /// event, moving the index by one per event.
     avail_at_post: Option<u16>,
+    /// Reset events written since `avail_at_post`: a second reset (a
+    /// restore's, then a clone identity's new CID) posted before the guest
+    /// handled the first must be waited for too, or a connection let
+    /// through after the first is silently reset by the second.
+    events: u16,
     /// When held clients are let through regardless.
     deadline: Instant,
 }
@@ -597,15 +602,23 @@ impl VsockMuxer {
         // Read before posting: a polling driver may see the event, handle it
         // and hand the buffer back before this function reads again.
         let before = avail_idx(queue);
+        let was_pending = self.pending_reset_event;
         let used = self.post_reset_event(mem, queue);
         if let Some(ack) = &mut self.reset_ack {
-            if self.pending_reset_event {
-                // Still no buffer: the wait counts from when one arrives.
-            } else if ack.avail_at_post.is_none() {
-                ack.avail_at_post = before;
+            if was_pending && !self.pending_reset_event {
+                // An event is in a guest buffer: the wait counts from now.
+                if ack.avail_at_post.is_none() {
+                    ack.avail_at_post = before;
+                }
+                ack.events = ack.events.saturating_add(1);
                 ack.deadline = now + self.reset_ack_posted_timeout;
             }
-            let acked = ack.avail_at_post.is_some() && avail_idx(queue) != ack.avail_at_post;
+            // Handled when the guest gave back one buffer per event.
+            let acked = !self.pending_reset_event
+                && match (ack.avail_at_post, avail_idx(queue)) {
+                    (Some(at), Some(idx)) => idx.wrapping_sub(at) >= ack.events,
+                    _ => false,
+                };
             if acked || now >= ack.deadline {
                 if acked {
                     tracing::debug!(
@@ -707,6 +720,11 @@ impl VsockMuxer {
     /// the host sockets did not survive).
     pub fn transport_reset(&mut self) {
         let now = Instant::now();
+        // Events already in guest buffers and not handled yet still count.
+        let unhandled = self
+            .reset_ack
+            .as_ref()
+            .and_then(|a| a.avail_at_post.map(|at| (at, a.events)));
         self.reset();
         self.pending_reset_event = true;
         if let Some(identity) = &self.identity {
@@ -720,7 +738,8 @@ impl VsockMuxer {
         // A guest that never gives the event queue a buffer holds clients
         // back this long at most.
         self.reset_ack = Some(ResetAck {
-            avail_at_post: None,
+            avail_at_post: unhandled.map(|(at, _)| at),
+            events: unhandled.map_or(0, |(_, n)| n),
             deadline: now + self.reset_ack_timeout,
         });
     }

@@ -643,6 +643,30 @@ fn host_clients_wait_until_the_guest_handled_a_transport_reset() {
 }
 
 #[test]
+fn two_resets_before_the_guest_handled_either_hold_clients_until_both_are_handled() {
+    // A restore resets the transport, then a clone identity (new CID) resets
+    // it again before the paused guest ran: two events in two buffers. A
+    // client let through when the guest gave back the first buffer would be
+    // accepted, then silently reset by the second event.
+    let uds = TempPath::new("reset-twice");
+    let mem = new_mem();
+    let mut g = guest_after_reset(&mem, &uds.0);
+    g.dev.transport_reset();
+    g.wait_until("the second reset event", |g| g.used_idx(EVENT_QUEUE) == 2);
+    let mut c = client(&uds.0);
+    c.write_all(b"CONNECT 52\n").unwrap();
+    g.expect_quiet(Duration::from_millis(200));
+    // The driver handled the first event only.
+    g.push_avail(EVENT_QUEUE, 0);
+    g.expect_quiet(Duration::from_millis(200));
+    // And the second.
+    g.push_avail(EVENT_QUEUE, 1);
+    let (req, _) = g.recv_op(Op::Request);
+    assert_eq!(req.dst_port, 52);
+    drop(c);
+}
+
+#[test]
 fn a_reset_event_in_a_guest_buffer_holds_clients_until_the_guest_handled_it() {
     // The short wait is for drivers without event buffers; one that took
     // the event is waited for (a starved guest may take long to handle it).
