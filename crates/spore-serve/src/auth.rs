@@ -12,29 +12,92 @@
 //! [[keys]]
 //! access_key_id = "AKIDEXAMPLE"
 //! secret_access_key = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+//! account_id = "111122223333"   # optional: the default account 000000000000
+//! concurrency = 100              # optional account limits, on any of its keys
+//! memory = "8G"
+//! code_storage = "10G"
+//! functions = 50
 //! ```
+//!
+//! A key's signature proves its account: every request is served as that
+//! account's (see [`crate::accounts`]).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::accounts::{valid_account_id, Account, Limits, DEFAULT_ACCOUNT};
+
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct KeysFile {
     keys: Vec<Key>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Key {
     access_key_id: String,
     secret_access_key: String,
+    account_id: Option<String>,
+    concurrency: Option<u32>,
+    memory: Option<Size>,
+    code_storage: Option<Size>,
+    functions: Option<u32>,
 }
 
-/// The configured access keys.
+/// A size as a number of bytes or a string with a unit (`"8G"`).
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self, what: &str) -> anyhow::Result<u64> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Text(t) => crate::accounts::parse_size(t)
+                .ok_or_else(|| anyhow::anyhow!("{what} = {t:?} is not a size (such as \"512M\")")),
+        }
+    }
+}
+
+impl Key {
+    /// The limits this key states, over the defaults.
+    fn limits(&self) -> anyhow::Result<Limits> {
+        let d = Limits::default();
+        Ok(Limits {
+            concurrency: self.concurrency.unwrap_or(d.concurrency),
+            memory: self
+                .memory
+                .as_ref()
+                .map(|m| m.bytes("memory"))
+                .transpose()?,
+            code_storage: match &self.code_storage {
+                Some(c) => c.bytes("code_storage")?,
+                None => d.code_storage,
+            },
+            functions: self.functions,
+        })
+    }
+
+    fn states_limits(&self) -> bool {
+        self.concurrency.is_some()
+            || self.memory.is_some()
+            || self.code_storage.is_some()
+            || self.functions.is_some()
+    }
+}
+
+/// The configured access keys, each with its account.
 pub struct Keys {
-    secrets: HashMap<String, String>,
+    secrets: HashMap<String, (String, Arc<Account>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,16 +131,63 @@ impl Keys {
             .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
         let file: KeysFile =
             toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Keys::from_file(file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    fn from_file(file: KeysFile) -> anyhow::Result<Keys> {
         if file.keys.is_empty() {
-            anyhow::bail!("{}: no [[keys]]", path.display());
+            anyhow::bail!("no [[keys]]");
         }
-        Ok(Keys {
-            secrets: file
-                .keys
-                .into_iter()
-                .map(|k| (k.access_key_id, k.secret_access_key))
-                .collect(),
-        })
+        // Each account's limits, from whichever of its keys states them
+        // (two keys stating different ones is an error, not a guess).
+        let mut limits: HashMap<String, (Limits, bool)> = HashMap::new();
+        for k in &file.keys {
+            let account = k.account_id.as_deref().unwrap_or(DEFAULT_ACCOUNT);
+            if !valid_account_id(account) {
+                anyhow::bail!(
+                    "key {}: account_id {account:?} is not 12 digits",
+                    k.access_key_id
+                );
+            }
+            let stated = k.limits()?;
+            match limits.get(account) {
+                Some((l, true)) if k.states_limits() && *l != stated => anyhow::bail!(
+                    "key {}: account {account}'s limits differ from those another of its keys states",
+                    k.access_key_id
+                ),
+                Some((_, true)) => {}
+                _ => {
+                    limits.insert(account.to_string(), (stated, k.states_limits()));
+                }
+            }
+        }
+        let accounts: HashMap<String, Arc<Account>> = limits
+            .into_iter()
+            .map(|(id, (l, _))| (id.clone(), Account::new(&id, l)))
+            .collect();
+        let mut secrets = HashMap::new();
+        for k in file.keys {
+            if k.access_key_id.is_empty() || k.secret_access_key.is_empty() {
+                anyhow::bail!("a key has an empty access_key_id or secret_access_key");
+            }
+            let account = accounts[k.account_id.as_deref().unwrap_or(DEFAULT_ACCOUNT)].clone();
+            if secrets
+                .insert(k.access_key_id.clone(), (k.secret_access_key, account))
+                .is_some()
+            {
+                anyhow::bail!("access key {} is given twice", k.access_key_id);
+            }
+        }
+        Ok(Keys { secrets })
+    }
+
+    /// Every account the keys name.
+    pub fn accounts(&self) -> Vec<Arc<Account>> {
+        let mut seen: HashMap<&str, Arc<Account>> = HashMap::new();
+        for (_, a) in self.secrets.values() {
+            seen.entry(&a.id).or_insert_with(|| a.clone());
+        }
+        seen.into_values().collect()
     }
 
     /// Checks a request's signature. `headers` are (name, value) pairs as
@@ -90,7 +200,7 @@ impl Keys {
         headers: &[(String, String)],
         body: &[u8],
         now_unix: u64,
-    ) -> Result<(), AuthError> {
+    ) -> Result<Arc<Account>, AuthError> {
         let header = |name: &str| {
             headers
                 .iter()
@@ -132,7 +242,7 @@ impl Keys {
         if terminal != "aws4_request" || date.len() != 8 {
             return Err(AuthError::Malformed("bad credential scope"));
         }
-        let secret = self.secrets.get(key_id).ok_or(AuthError::UnknownKey)?;
+        let (secret, account) = self.secrets.get(key_id).ok_or(AuthError::UnknownKey)?;
         let amz_date =
             header("x-amz-date").ok_or(AuthError::Malformed("X-Amz-Date is required"))?;
         if !amz_date.starts_with(date) {
@@ -179,7 +289,7 @@ impl Keys {
         }
         let expected = hex(&hmac(&key, to_sign.as_bytes()));
         if constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
-            Ok(())
+            Ok(account.clone())
         } else {
             Err(AuthError::Mismatch)
         }
@@ -297,9 +407,70 @@ mod tests {
         Keys {
             secrets: HashMap::from([(
                 "AKIDEXAMPLE".to_string(),
-                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".to_string(),
+                (
+                    "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".to_string(),
+                    Account::default_account(),
+                ),
             )]),
         }
+    }
+
+    fn parse(text: &str) -> Result<Keys, String> {
+        toml::from_str::<KeysFile>(text)
+            .map_err(|e| e.to_string())
+            .and_then(|f| Keys::from_file(f).map_err(|e| e.to_string()))
+    }
+
+    #[test]
+    fn keys_files_give_accounts_and_limits() {
+        let k = parse(
+            r#"
+            [[keys]]
+            access_key_id = "A1"
+            secret_access_key = "s"
+            account_id = "111111111111"
+            concurrency = 5
+            memory = "1G"
+            [[keys]]
+            access_key_id = "A2"
+            secret_access_key = "s"
+            account_id = "111111111111"
+            [[keys]]
+            access_key_id = "B"
+            secret_access_key = "s"
+            "#,
+        )
+        .expect("a valid keys file");
+        let a = &k.secrets["A2"].1;
+        assert_eq!(a.id, "111111111111");
+        assert_eq!(a.limits.concurrency, 5);
+        assert_eq!(a.limits.memory, Some(1 << 30));
+        assert_eq!(k.secrets["B"].1.id, DEFAULT_ACCOUNT);
+        assert_eq!(k.accounts().len(), 2);
+    }
+
+    #[test]
+    fn bad_keys_files_are_refused_with_the_reason() {
+        let dup = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\n[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"t\"\n",
+        );
+        assert!(dup.err().is_some_and(|e| e.contains("given twice")));
+        let bad = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\naccount_id = \"12ab\"\n",
+        );
+        assert!(bad.err().is_some_and(|e| e.contains("not 12 digits")));
+        let clash = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\nconcurrency = 1\n[[keys]]\naccess_key_id = \"B\"\nsecret_access_key = \"s\"\nconcurrency = 2\n",
+        );
+        assert!(clash.err().is_some_and(|e| e.contains("differ")));
+        let unknown = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\nacount_id = \"1\"\n",
+        );
+        assert!(unknown.is_err());
+        let size = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\nmemory = \"lots\"\n",
+        );
+        assert!(size.err().is_some_and(|e| e.contains("not a size")));
     }
 
     /// AWS's published SigV4 test vector `get-vanilla` (service "service").
@@ -317,8 +488,9 @@ mod tests {
         assert_eq!(
             keys()
                 .verify("GET", "/", "", &headers, b"", now)
+                .map(|a| a.id.clone())
                 .map_err(|e| e.to_string()),
-            Ok(())
+            Ok(DEFAULT_ACCOUNT.to_string())
         );
         // Tampered: another method, a late clock, an unknown key, no header.
         assert!(matches!(

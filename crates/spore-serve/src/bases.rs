@@ -38,6 +38,8 @@ pub struct BaseRecord {
     /// The snapshot id of the base (its manifest's `layer.id`): the parent
     /// id every function diff on top of it names.
     pub id: String,
+    /// The runtime, prefixed by its account's id for any account but the
+    /// default (accounts never share a base).
     pub runtime: String,
     pub memory_mib: u32,
     /// The guest kernel and root image the base was booted from.

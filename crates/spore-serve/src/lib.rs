@@ -21,6 +21,7 @@
 //! [`vmm`] (VMM processes; [`vmm_exit`]: how one ended), [`instance_conn`] (the invoke protocol over
 //! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
+pub mod accounts;
 pub mod api;
 pub mod auth;
 pub mod bases;
@@ -160,12 +161,14 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,
     };
+    let accounts = accounts::Accounts::new(auth.iter().flat_map(auth::Keys::accounts));
     let daemon = Arc::new(api::Daemon {
         state_dir,
         catalog,
         instances: instances.clone(),
         admin: tokio::sync::Mutex::new(()),
         auth,
+        accounts,
         events: events.clone(),
         connections: Arc::new(connections::Connections::default()),
         url_base: std::sync::OnceLock::new(),

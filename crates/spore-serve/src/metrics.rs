@@ -335,6 +335,39 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The lines of a rendered `/metrics` text that `caller` may see: the
+/// series of its own functions (labelled with their plain names), and for
+/// the default account (the operator's) the host-wide ones too. Comments
+/// are kept.
+pub fn for_account(text: &str, caller: &crate::accounts::Account) -> String {
+    const LABEL: &str = "function=\"";
+    let operator = caller.id == crate::accounts::DEFAULT_ACCOUNT;
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line.starts_with('#') {
+            out.push_str(line);
+        } else if let Some(at) = line.find(LABEL) {
+            let start = at + LABEL.len();
+            let Some(len) = line[start..].find('"') else {
+                continue;
+            };
+            let key = &line[start..start + len];
+            if !caller.owns(key) {
+                continue;
+            }
+            out.push_str(&line[..start]);
+            out.push_str(crate::accounts::plain_name(key));
+            out.push_str(&line[start + len..]);
+        } else if operator {
+            out.push_str(line);
+        } else {
+            continue;
+        }
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,5 +431,18 @@ mod tests {
             "spore_function_diff_bytes{{function=\"hello\",base=\"python3-256\",base_id=\"abc\"}} {}",
             3 << 20
         )));
+    }
+
+    #[test]
+    fn accounts_see_their_own_series_only() {
+        use crate::accounts::{Account, Limits};
+        let text = "# HELP x y\nspore_memory_bytes{held_by=\"all\"} 5\nspore_errors_total{function=\"echo\"} 1\nspore_errors_total{function=\"111111111111:echo\"} 2\n";
+        let op = for_account(text, &Account::default_account());
+        assert_eq!(
+            op,
+            "# HELP x y\nspore_memory_bytes{held_by=\"all\"} 5\nspore_errors_total{function=\"echo\"} 1\n"
+        );
+        let a = for_account(text, &Account::new("111111111111", Limits::default()));
+        assert_eq!(a, "# HELP x y\nspore_errors_total{function=\"echo\"} 2\n");
     }
 }

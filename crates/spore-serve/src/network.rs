@@ -164,6 +164,9 @@ impl Network {
     /// The namespace name of `instance` of `function` (function names are
     /// `[A-Za-z0-9_-]`, so the dots delimit them).
     pub fn namespace_name(&self, function: &str, instance: &str) -> String {
+        // A function key of an account (`ACCOUNT:NAME`) with a `.`, which
+        // no function name has: names stay unique and `ip` takes them.
+        let function = function.replace(':', ".");
         format!("{}.{function}.{instance}", self.prefix)
     }
 

@@ -240,7 +240,7 @@ impl Runtime for Linux {
 
     fn configure_message(&self, f: &Function) -> Option<Vec<u8>> {
         let config = serde_json::json!({
-            "function_name": f.name,
+            "function_name": crate::accounts::plain_name(&f.name),
             "function_version": "$LATEST",
             "handler": f.handler,
             "memory_mib": f.memory_mib,
@@ -258,7 +258,10 @@ impl Runtime for Linux {
 /// environment and Lambda's `AWS_LAMBDA_*` variables.
 pub fn command_line(f: &Function) -> String {
     let mut words = vec![
-        format!("env.AWS_LAMBDA_FUNCTION_NAME={}", percent_encode(&f.name)),
+        format!(
+            "env.AWS_LAMBDA_FUNCTION_NAME={}",
+            percent_encode(crate::accounts::plain_name(&f.name))
+        ),
         "env.AWS_LAMBDA_FUNCTION_VERSION=%24LATEST".to_string(),
         format!("env.AWS_LAMBDA_FUNCTION_MEMORY_SIZE={}", f.memory_mib),
     ];

@@ -11,8 +11,9 @@ use base64::Engine;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::error::LambdaError;
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Resp};
+use crate::accounts::{plain_name, Account};
 use crate::catalog::Function;
 use crate::clock::lambda_now;
 use crate::config::function_arn;
@@ -106,7 +107,7 @@ pub fn configuration(f: &Function) -> serde_json::Value {
         .filter_map(|i| u8::from_str_radix(f.code_sha256.get(2 * i..2 * i + 2)?, 16).ok())
         .collect::<Vec<u8>>();
     serde_json::json!({
-        "FunctionName": f.name,
+        "FunctionName": plain_name(&f.name),
         "FunctionArn": match f.published {
             Some(n) => format!("{}:{n}", function_arn(&f.name)),
             None => function_arn(&f.name),
@@ -247,14 +248,15 @@ fn accept_code(
     Ok(checked)
 }
 
-pub(super) fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
-    LambdaError::service(e.to_string())
-}
-
-pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, LambdaError> {
+pub async fn create(
+    daemon: &Arc<Daemon>,
+    caller: &Account,
+    req: super::Req,
+) -> Result<Resp, LambdaError> {
     let body = super::body_within(&req, CONTROL_BODY_LIMIT, "CreateFunction")?;
     let b: CreateBody = parse_json(&body)?;
     super::check_name(&b.function_name)?;
+    let key = caller.key(&b.function_name);
     if b.package_type.as_deref().is_some_and(|p| p != "Zip") {
         return Err(LambdaError::invalid(
             "spore serve supports PackageType Zip only",
@@ -276,17 +278,14 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     let tags = b.tags.unwrap_or_default();
     super::tags::check(&tags, &Default::default())?;
     let _admin = daemon.admin.lock().await;
-    if daemon
-        .catalog
-        .get(&b.function_name)
-        .map_err(catalog_err)?
-        .is_some()
-    {
+    if daemon.catalog.get(&key).map_err(catalog_err)?.is_some() {
         return Err(LambdaError::conflict(format!(
             "Function already exist: {}",
             b.function_name
         )));
     }
+    let zip_len = super::account::zip_len(b.code.zip_file.as_deref());
+    super::account::check_room(daemon, caller, 1, zip_len)?;
     let code = accept_code(
         daemon,
         b.code.zip_file.as_deref(),
@@ -296,7 +295,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
         &handler,
     )?;
     let f = Function {
-        name: b.function_name,
+        name: key,
         runtime,
         handler,
         memory_mib: memory,
@@ -321,7 +320,7 @@ pub async fn create(daemon: &Arc<Daemon>, req: super::Req) -> Result<Resp, Lambd
     if !daemon.catalog.insert(&f).map_err(catalog_err)? {
         return Err(LambdaError::conflict(format!(
             "Function already exist: {}",
-            f.name
+            b.function_name
         )));
     }
     tracing::info!(function = %f.name, "created ({} bytes of code)", f.code_size);
@@ -353,9 +352,12 @@ pub fn get(daemon: &Daemon, f: &Function, req: &super::Req) -> Result<Resp, Lamb
     let location = match f.published {
         Some(n) => format!(
             "http://{host}/spore/functions/{}/code.zip?Qualifier={n}",
-            f.name
+            plain_name(&f.name)
         ),
-        None => format!("http://{host}/spore/functions/{}/code.zip", f.name),
+        None => format!(
+            "http://{host}/spore/functions/{}/code.zip",
+            plain_name(&f.name)
+        ),
     };
     let mut v = serde_json::json!({
         "Configuration": configuration(f),
@@ -387,9 +389,14 @@ pub fn get_configuration(f: &Function) -> Resp {
     json_response(StatusCode::OK, &configuration(f))
 }
 
-pub fn list(daemon: &Arc<Daemon>) -> Result<Resp, LambdaError> {
+/// ListFunctions: the caller's account's functions only.
+pub fn list(daemon: &Arc<Daemon>, caller: &Account) -> Result<Resp, LambdaError> {
     let all = daemon.catalog.list().map_err(catalog_err)?;
-    let functions: Vec<_> = all.iter().map(configuration).collect();
+    let functions: Vec<_> = all
+        .iter()
+        .filter(|f| caller.owns(&f.name))
+        .map(configuration)
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "Functions": functions }),
@@ -444,6 +451,9 @@ pub async fn update_code(
     let b: UpdateCodeBody = parse_json(&body)?;
     let _admin = daemon.admin.lock().await;
     let old = existing(daemon, name)?;
+    let owner = daemon.accounts.of_key(name);
+    let zip_len = super::account::zip_len(b.zip_file.as_deref());
+    super::account::check_room(daemon, &owner, 0, zip_len.saturating_sub(old.code_size))?;
     let code = accept_code(
         daemon,
         b.zip_file.as_deref(),
@@ -517,10 +527,14 @@ pub async fn put_concurrency(
 ) -> Result<Resp, LambdaError> {
     let body = super::body_within(&req, 64 * 1024, "PutFunctionConcurrency")?;
     let b: ConcurrencyBody = parse_json(&body)?;
-    let max = daemon.instances.max_concurrency();
+    let account = daemon.accounts.of_key(name);
+    let max = daemon
+        .instances
+        .max_concurrency()
+        .min(account.limits.concurrency as usize);
     let Some(n) = concurrency_within(b.reserved_concurrent_executions, 0, max) else {
         return Err(LambdaError::invalid(format!(
-            "ReservedConcurrentExecutions must be between 0 and this host's limit ({max})"
+            "ReservedConcurrentExecutions must be between 0 and the account's concurrency limit on this host ({max})"
         )));
     };
     let _admin = daemon.admin.lock().await;
@@ -552,7 +566,10 @@ pub async fn delete_concurrency(daemon: &Arc<Daemon>, name: &str) -> Result<Resp
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
-pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
+/// `/metrics` (Prometheus text). An account sees the series of its own
+/// functions only (labelled with their plain names); host-wide series are
+/// the operator's: the default account's.
+pub async fn metrics(daemon: &Arc<Daemon>, caller: &Account) -> Resp {
     let gauges = daemon.instances.gauges().await;
     let mut text = daemon.instances.metrics.render(&gauges);
     daemon.events.render_metrics(&mut text);
@@ -565,6 +582,7 @@ pub async fn metrics(daemon: &Arc<Daemon>) -> Resp {
          # HELP spore_api_connections_evicted_total Idle connections closed to make room for a new one.\n\
          # TYPE spore_api_connections_evicted_total counter\nspore_api_connections_evicted_total {evicted}\n"
     ));
+    let text = crate::metrics::for_account(&text, caller);
     let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -98,3 +98,8 @@ impl LambdaError {
         resp
     }
 }
+
+/// A catalogue failure, as the service error it is to the caller.
+pub fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
+    LambdaError::service(e.to_string())
+}

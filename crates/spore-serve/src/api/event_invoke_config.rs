@@ -14,8 +14,8 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{catalog_err, existing};
-use super::error::LambdaError;
+use super::control::existing;
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::EventInvokeConfig;
 use crate::config::function_arn;
@@ -106,6 +106,7 @@ fn config_json(c: &EventInvokeConfig) -> serde_json::Value {
 /// else a function of this daemon that exists.
 fn destination(
     daemon: &Daemon,
+    function: &str,
     which: &str,
     arn: Option<String>,
 ) -> Result<Option<String>, LambdaError> {
@@ -118,7 +119,9 @@ fn destination(
             "The {which} destination {arn} is not supported: spore serve delivers destination records to functions only (arn:aws:lambda:REGION:ACCOUNT:function:NAME), not to SQS, SNS, EventBridge or S3"
         )));
     }
-    let name = super::fn_name(&arn).map_err(|e| {
+    // A destination is a function of the same account.
+    let owner = daemon.accounts.of_key(function);
+    let name = super::fn_name(&owner, &arn).map_err(|e| {
         LambdaError::invalid(format!("The {which} destination {arn}: {}", e.message))
     })?;
     if daemon.catalog.get(&name).map_err(catalog_err)?.is_none() {
@@ -199,6 +202,7 @@ pub async fn put(
     if replace || d.on_success.is_some() {
         c.on_success = destination(
             daemon,
+            &f.name,
             "OnSuccess",
             d.on_success.and_then(|d| d.destination),
         )?;
@@ -206,6 +210,7 @@ pub async fn put(
     if replace || d.on_failure.is_some() {
         c.on_failure = destination(
             daemon,
+            &f.name,
             "OnFailure",
             d.on_failure.and_then(|d| d.destination),
         )?;

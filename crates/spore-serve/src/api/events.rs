@@ -48,7 +48,7 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
             let cfg = daemon
                 .catalog
                 .event_invoke_config(&function)
-                .map_err(super::control::catalog_err)?;
+                .map_err(super::error::catalog_err)?;
             Ok((f, cfg.unwrap_or_default()))
         });
     let (f, cfg) = match found {
@@ -206,7 +206,7 @@ impl Record {
         payload: &[u8],
         response: Option<Response>,
     ) -> Self {
-        let Some(name) = destination.and_then(|arn| arn.rsplit(":function:").next()) else {
+        let Some(name) = destination.and_then(crate::config::key_of_arn) else {
             return Record { to: None };
         };
         let mut record = serde_json::json!({

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{catalog_err, existing};
-use super::error::LambdaError;
+use super::control::existing;
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::FunctionUrl;
 use crate::config::function_arn;

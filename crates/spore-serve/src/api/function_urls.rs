@@ -135,7 +135,7 @@ async fn serve(
     let url = daemon
         .catalog
         .url_by_id(&url_id)
-        .map_err(super::control::catalog_err)?
+        .map_err(super::error::catalog_err)?
         .ok_or_else(forbidden)?;
     let cors: serde_json::Value = serde_json::from_str(&url.cors_json).unwrap_or_default();
     if req.method() == Method::OPTIONS
@@ -155,8 +155,13 @@ async fn serve(
     }
     if url.auth_type == "AWS_IAM" {
         // No keys, no way to authorise: refused, never served as public.
+        // Only the function's own account may call it (spore has no
+        // resource policies to grant another).
         let keys = daemon.auth.as_ref().ok_or_else(forbidden)?;
-        super::authenticate(keys, &req).map_err(|_| forbidden())?;
+        let signer = super::authenticate(keys, &req).map_err(|_| forbidden())?;
+        if !signer.owns(&url.function) {
+            return Err(forbidden());
+        }
     }
     let f = versions::resolve(daemon, &url.function, Some(&url.qualifier))?;
     let event = url_event(&url, &req, &raw_path, peer, request_id);
@@ -236,7 +241,7 @@ fn url_event(
         "rawQueryString": raw_query,
         "headers": headers,
         "requestContext": {
-            "accountId": if url.auth_type == "AWS_IAM" { crate::config::ACCOUNT } else { "anonymous" },
+            "accountId": if url.auth_type == "AWS_IAM" { crate::accounts::split_key(&url.function).0 } else { "anonymous" },
             "apiId": url.url_id,
             "domainName": header("host"),
             "domainPrefix": url.url_id,

@@ -169,7 +169,17 @@ pub(super) async fn run(
     payload: &[u8],
     received: Instant,
 ) -> Result<Done, LambdaError> {
-    let inv: Invocation = match daemon.instances.invoke(f, request_id, payload).await {
+    // The account's concurrency first: one tenant's burst cannot take the
+    // whole host's.
+    let account = daemon.accounts.of_key(&f.name);
+    let _slot = account
+        .start_invocation()
+        .ok_or_else(|| LambdaError::throttled("ConcurrentInvocationLimitExceeded"))?;
+    let started = daemon
+        .instances
+        .invoke(f, request_id, payload, account.limits.memory)
+        .await;
+    let inv: Invocation = match started {
         Ok(i) => i,
         Err(AcquireError::Throttled { reserved }) => {
             return Err(LambdaError::throttled(if reserved {
@@ -177,6 +187,9 @@ pub(super) async fn run(
             } else {
                 "ConcurrentInvocationLimitExceeded"
             }))
+        }
+        Err(AcquireError::AccountMemory { .. }) => {
+            return Err(LambdaError::throttled("AccountMemoryLimitExceeded"))
         }
         Err(e @ (AcquireError::Start(_) | AcquireError::Init(_))) => {
             return Err(LambdaError::service(e.to_string()))

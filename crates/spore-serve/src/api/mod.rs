@@ -26,6 +26,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::accounts::{Account, Accounts};
 use crate::catalog::Catalog;
 use crate::instances::Instances;
 
@@ -38,6 +39,8 @@ pub struct Daemon {
     pub admin: tokio::sync::Mutex<()>,
     /// With `--auth`: the access keys requests must be signed with.
     pub auth: Option<crate::auth::Keys>,
+    /// Every account: the keys file's and the default one.
+    pub accounts: Accounts,
     /// Accepted `Event` invocations, on disk until they ran.
     pub events: Arc<crate::events::EventQueue>,
     /// The API's open connections (served by `crate::server`).
@@ -68,10 +71,11 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let result = async {
         let req = read_whole(req, body_timeout).await?;
-        if let Some(keys) = &daemon.auth {
-            authenticate(keys, &req)?;
-        }
-        route(&daemon, req).await
+        let caller = match &daemon.auth {
+            Some(keys) => authenticate(keys, &req)?,
+            None => daemon.accounts.default_account(),
+        };
+        route(&daemon, &caller, req).await
     }
     .await;
     let resp = result.unwrap_or_else(|e| {
@@ -81,8 +85,9 @@ pub async fn handle(
     Ok(resp)
 }
 
-/// Checks the request's SigV4 signature against the configured keys (403).
-pub(super) fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), LambdaError> {
+/// Checks the request's SigV4 signature against the configured keys (403);
+/// the account of the key that signed it.
+pub(super) fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<Caller, LambdaError> {
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -100,17 +105,20 @@ pub(super) fn authenticate(keys: &crate::auth::Keys, req: &Req) -> Result<(), La
     .map_err(|e| LambdaError::new(StatusCode::FORBIDDEN, e.kind(), e.to_string()))
 }
 
-async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
+/// The account a request is served as.
+pub type Caller = Arc<Account>;
+
+async fn route(daemon: &Arc<Daemon>, caller: &Caller, req: Req) -> Result<Resp, LambdaError> {
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let method = req.method().clone();
     match (method, segments.as_slice()) {
-        (Method::GET, ["metrics"]) => Ok(control::metrics(daemon).await),
-        (Method::GET, ["2016-08-19", "account-settings"]) => account::get(daemon),
-        (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, req).await,
-        (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon),
+        (Method::GET, ["metrics"]) => Ok(control::metrics(daemon, caller).await),
+        (Method::GET, ["2016-08-19", "account-settings"]) => account::get(daemon, caller),
+        (Method::POST, ["2015-03-31", "functions"]) => control::create(daemon, caller, req).await,
+        (Method::GET, ["2015-03-31", "functions"]) => control::list(daemon, caller),
         (Method::GET, ["2015-03-31", "functions", name]) => {
-            let (name, q) = name_and_any_qualifier(name, &req)?;
+            let (name, q) = name_and_any_qualifier(caller, name, &req)?;
             control::get(
                 daemon,
                 &versions::resolve_exact(daemon, &name, q.as_deref())?,
@@ -118,7 +126,7 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             )
         }
         (Method::GET, ["spore", "functions", name, "code.zip"]) => {
-            let (name, q) = name_and_any_qualifier(name, &req)?;
+            let (name, q) = name_and_any_qualifier(caller, name, &req)?;
             control::code_zip(
                 daemon,
                 &versions::resolve_exact(daemon, &name, q.as_deref())?,
@@ -126,7 +134,7 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             .await
         }
         (Method::GET, ["2015-03-31", "functions", name, "configuration"]) => {
-            let (name, q) = name_and_any_qualifier(name, &req)?;
+            let (name, q) = name_and_any_qualifier(caller, name, &req)?;
             Ok(control::get_configuration(&versions::resolve_exact(
                 daemon,
                 &name,
@@ -134,59 +142,59 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             )?))
         }
         (Method::DELETE, ["2015-03-31", "functions", name]) => {
-            match name_and_any_qualifier(name, &req)? {
+            match name_and_any_qualifier(caller, name, &req)? {
                 (name, None) => control::delete(daemon, &name).await,
                 (name, Some(q)) => versions::delete_version(daemon, &name, &q).await,
             }
         }
         (Method::POST, ["2015-03-31", "functions", name, "versions"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             versions::publish(daemon, &name, req).await
         }
         (Method::GET, ["2015-03-31", "functions", name, "versions"]) => {
-            versions::list_versions(daemon, &fn_name(name)?)
+            versions::list_versions(daemon, &fn_name(caller, name)?)
         }
         (Method::POST, ["2015-03-31", "functions", name, "aliases"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             versions::create_alias(daemon, &name, req).await
         }
         (Method::GET, ["2015-03-31", "functions", name, "aliases"]) => {
-            versions::list_aliases(daemon, &fn_name(name)?, &req)
+            versions::list_aliases(daemon, &fn_name(caller, name)?, &req)
         }
         (Method::GET, ["2015-03-31", "functions", name, "aliases", alias]) => {
-            versions::get_alias(daemon, &fn_name(name)?, &alias_name(alias)?)
+            versions::get_alias(daemon, &fn_name(caller, name)?, &alias_name(alias)?)
         }
         (Method::PUT, ["2015-03-31", "functions", name, "aliases", alias]) => {
-            let (name, alias) = (fn_name(name)?, alias_name(alias)?);
+            let (name, alias) = (fn_name(caller, name)?, alias_name(alias)?);
             versions::update_alias(daemon, &name, &alias, req).await
         }
         (Method::DELETE, ["2015-03-31", "functions", name, "aliases", alias]) => {
-            versions::delete_alias(daemon, &fn_name(name)?, &alias_name(alias)?).await
+            versions::delete_alias(daemon, &fn_name(caller, name)?, &alias_name(alias)?).await
         }
         (Method::PUT, ["2015-03-31", "functions", name, "code"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             control::update_code(daemon, &name, req).await
         }
         (Method::PUT, ["2015-03-31", "functions", name, "configuration"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             control::update_configuration(daemon, &name, req).await
         }
         (Method::PUT, ["2017-10-31", "functions", name, "concurrency"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             control::put_concurrency(daemon, &name, req).await
         }
         (Method::DELETE, ["2017-10-31", "functions", name, "concurrency"]) => {
-            control::delete_concurrency(daemon, &fn_name(name)?).await
+            control::delete_concurrency(daemon, &fn_name(caller, name)?).await
         }
         (Method::GET, ["2019-09-30", "functions", name, "concurrency"]) => {
-            control::get_concurrency(daemon, &fn_name(name)?)
+            control::get_concurrency(daemon, &fn_name(caller, name)?)
         }
         (Method::PUT, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             provisioned_config::put(daemon, &name, req).await
         }
         (Method::GET, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             if req
                 .uri()
                 .query()
@@ -198,19 +206,21 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
             }
         }
         (Method::DELETE, ["2019-09-30", "functions", name, "provisioned-concurrency"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             provisioned_config::delete(daemon, &name, &req).await
         }
-        (Method::POST, ["2017-03-31", "tags", resource]) => tags::tag(daemon, resource, req).await,
-        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
-            tags::untag(daemon, resource, &req).await
+        (Method::POST, ["2017-03-31", "tags", resource]) => {
+            tags::tag(daemon, caller, resource, req).await
         }
-        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, resource),
+        (Method::DELETE, ["2017-03-31", "tags", resource]) => {
+            tags::untag(daemon, caller, resource, &req).await
+        }
+        (Method::GET, ["2017-03-31", "tags", resource]) => tags::list(daemon, caller, resource),
         (Method::POST, ["2015-03-31", "functions", name, "invocations"]) => {
-            let (name, q) = name_and_any_qualifier(name, &req)?;
+            let (name, q) = name_and_any_qualifier(caller, name, &req)?;
             invoke::invoke(daemon, &name, q, req).await
         }
-        (m, rest) => route_configs(daemon, m, rest, req).await,
+        (m, rest) => route_configs(daemon, caller, m, rest, req).await,
     }
 }
 
@@ -218,44 +228,45 @@ async fn route(daemon: &Arc<Daemon>, req: Req) -> Result<Resp, LambdaError> {
 /// invocation (`2019-09-25`) and function URLs (`2021-10-31`).
 async fn route_configs(
     daemon: &Arc<Daemon>,
+    caller: &Caller,
     method: Method,
     segments: &[&str],
     req: Req,
 ) -> Result<Resp, LambdaError> {
     match (method, segments) {
         (Method::PUT, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             event_invoke_config::put(daemon, &name, req, true).await
         }
         (Method::POST, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             event_invoke_config::put(daemon, &name, req, false).await
         }
         (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
-            event_invoke_config::get(daemon, &fn_name(name)?, &req)
+            event_invoke_config::get(daemon, &fn_name(caller, name)?, &req)
         }
         (Method::DELETE, ["2019-09-25", "functions", name, "event-invoke-config"]) => {
-            event_invoke_config::delete(daemon, &fn_name(name)?, &req).await
+            event_invoke_config::delete(daemon, &fn_name(caller, name)?, &req).await
         }
         (Method::GET, ["2019-09-25", "functions", name, "event-invoke-config", "list"]) => {
-            event_invoke_config::list(daemon, &fn_name(name)?)
+            event_invoke_config::list(daemon, &fn_name(caller, name)?)
         }
         (Method::POST, ["2021-10-31", "functions", name, "url"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             function_url_config::create(daemon, &name, req).await
         }
         (Method::GET, ["2021-10-31", "functions", name, "url"]) => {
-            function_url_config::get(daemon, &fn_name(name)?, &req)
+            function_url_config::get(daemon, &fn_name(caller, name)?, &req)
         }
         (Method::PUT, ["2021-10-31", "functions", name, "url"]) => {
-            let name = fn_name(name)?;
+            let name = fn_name(caller, name)?;
             function_url_config::update(daemon, &name, req).await
         }
         (Method::DELETE, ["2021-10-31", "functions", name, "url"]) => {
-            function_url_config::delete(daemon, &fn_name(name)?, &req).await
+            function_url_config::delete(daemon, &fn_name(caller, name)?, &req).await
         }
         (Method::GET, ["2021-10-31", "functions", name, "urls"]) => {
-            function_url_config::list(daemon, &fn_name(name)?)
+            function_url_config::list(daemon, &fn_name(caller, name)?)
         }
         (m, _) => Err(LambdaError::new(
             StatusCode::NOT_FOUND,
@@ -270,37 +281,43 @@ async fn route_configs(
 /// (`[A-Za-z0-9_-]{1,64}`, so a name can never be a path such as `../`
 /// anywhere in the state directory). A qualified name is refused: an
 /// operation on the whole function must not be taken for one on a version.
-pub fn fn_name(segment: &str) -> Result<String, LambdaError> {
-    match name_and_qualifier(segment)? {
+pub fn fn_name(caller: &Account, segment: &str) -> Result<String, LambdaError> {
+    match name_and_qualifier(caller, segment)? {
         (name, None) => Ok(name),
-        (name, Some(q)) => Err(LambdaError::invalid(format!(
-            "This operation takes the function's name without a qualifier, not {name}:{q}"
+        (key, Some(q)) => Err(LambdaError::invalid(format!(
+            "This operation takes the function's name without a qualifier, not {}:{q}",
+            crate::accounts::plain_name(&key)
         ))),
     }
 }
 
 /// A function name as a request gives it (`NAME`, `NAME:QUALIFIER`, a full
-/// or partial ARN with or without a qualifier): the checked name and the
-/// qualifier, if any. An ARN must name this daemon's region and account: a
-/// function of another account is answered as a missing one.
-pub fn name_and_qualifier(segment: &str) -> Result<(String, Option<String>), LambdaError> {
+/// or partial ARN with or without a qualifier): the caller's key of that
+/// function (see [`crate::accounts`]) and the qualifier, if any. An ARN
+/// must name this daemon's region and the caller's account: a function of
+/// another account is answered exactly as a missing one.
+pub fn name_and_qualifier(
+    caller: &Account,
+    segment: &str,
+) -> Result<(String, Option<String>), LambdaError> {
     let decoded = percent_decode(segment).ok_or_else(|| {
         LambdaError::invalid("The function name is not valid percent-encoded UTF-8")
     })?;
     let rest = match decoded.rsplit_once(":function:") {
         Some((owner, rest)) => {
-            let ours = match owner.split(':').collect::<Vec<_>>().as_slice() {
-                [account] => *account == crate::config::ACCOUNT,
-                ["arn", "aws", "lambda", region, account] => {
-                    *region == crate::config::REGION && *account == crate::config::ACCOUNT
+            let account = match owner.split(':').collect::<Vec<_>>().as_slice() {
+                [account] => *account,
+                ["arn", "aws", "lambda", region, account] if *region == crate::config::REGION => {
+                    *account
                 }
+                ["arn", "aws", "lambda", _, _] => "",
                 _ => {
                     return Err(LambdaError::invalid(format!(
                         "1 validation error detected: Value '{decoded}' at 'functionName' failed to satisfy constraint: Member must be a function name or an ARN (arn:aws:lambda:REGION:ACCOUNT:function:NAME)"
                     )))
                 }
             };
-            if !ours {
+            if account != caller.id {
                 return Err(LambdaError::new(
                     StatusCode::NOT_FOUND,
                     "ResourceNotFoundException",
@@ -319,7 +336,7 @@ pub fn name_and_qualifier(segment: &str) -> Result<(String, Option<String>), Lam
     if let Some(q) = qualifier {
         check_qualifier(q)?;
     }
-    Ok((name.to_string(), qualifier.map(str::to_string)))
+    Ok((caller.key(name), qualifier.map(str::to_string)))
 }
 
 /// An alias name of a path segment (percent-decoded, checked).
@@ -367,10 +384,11 @@ pub fn query_qualifier(req: &Req) -> Result<Option<String>, LambdaError> {
 /// A path segment's name and qualifier, with the query's `Qualifier`: the
 /// two must agree when both are given.
 pub fn name_and_any_qualifier(
+    caller: &Account,
     segment: &str,
     req: &Req,
 ) -> Result<(String, Option<String>), LambdaError> {
-    let (name, in_name) = name_and_qualifier(segment)?;
+    let (name, in_name) = name_and_qualifier(caller, segment)?;
     let in_query = query_qualifier(req)?;
     match (in_name, in_query) {
         (Some(a), Some(b)) if a != b => Err(LambdaError::invalid(format!(
@@ -532,6 +550,9 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
+        let me = Account::default_account();
+        let fn_name = |s: &str| fn_name(&me, s);
+        let name_and_qualifier = |s: &str| name_and_qualifier(&me, s);
         assert_eq!(fn_name("my-fn_1").unwrap(), "my-fn_1");
         assert_eq!(
             fn_name("arn%3Aaws%3Alambda%3Aus-east-1%3A000000000000%3Afunction%3Aecho").unwrap(),
@@ -579,6 +600,29 @@ mod tests {
         }
         let e = fn_name("arn:aws:s3:::bucket:function:echo").unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn names_are_keys_of_the_callers_account() {
+        let a = Account::new("111111111111", crate::accounts::Limits::default());
+        assert_eq!(fn_name(&a, "echo").unwrap(), "111111111111:echo");
+        assert_eq!(
+            fn_name(&a, "arn:aws:lambda:us-east-1:111111111111:function:echo").unwrap(),
+            "111111111111:echo"
+        );
+        let (key, q) = name_and_qualifier(&a, "111111111111:function:echo:live").unwrap();
+        assert_eq!(
+            (key.as_str(), q.as_deref()),
+            ("111111111111:echo", Some("live"))
+        );
+        // The default account's function, or a third's, is not found.
+        for other in [
+            "arn:aws:lambda:us-east-1:000000000000:function:echo",
+            "arn:aws:lambda:us-east-1:222222222222:function:echo",
+        ] {
+            let e = fn_name(&a, other).unwrap_err();
+            assert_eq!(e.status, StatusCode::NOT_FOUND, "{other}");
+        }
     }
 
     #[test]

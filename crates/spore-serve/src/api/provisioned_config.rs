@@ -9,8 +9,8 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{catalog_err, concurrency_within, existing};
-use super::error::LambdaError;
+use super::control::{concurrency_within, existing};
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::ProvisionedRecord;
 use crate::clock::lambda_now;

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::error::LambdaError;
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
+use crate::accounts::Account;
 use crate::catalog::Function;
 pub use crate::catalog::Tags;
-use crate::config::{ACCOUNT, REGION};
+use crate::config::REGION;
 
 /// Lambda's limits.
 const MAX_TAGS: usize = 50;
@@ -99,12 +100,8 @@ pub fn check(tags: &Tags, existing: &Tags) -> Result<(), LambdaError> {
     Ok(())
 }
 
-// Not control's helpers: control calls this module (CreateFunction,
+// Not control's `existing`: control calls this module (CreateFunction,
 // GetFunction), and the modules of `api` import in one direction only.
-fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
-    LambdaError::service(e.to_string())
-}
-
 fn existing(daemon: &Daemon, name: &str) -> Result<Function, LambdaError> {
     daemon
         .catalog
@@ -126,14 +123,15 @@ fn not_found(arn: &str) -> LambdaError {
 /// Another region's or account's ARN, or a resource spore has none of
 /// (code signing configurations, event source mappings, …), is not found
 /// here; anything that is not such an ARN is invalid.
-fn resource_function(segment: &str) -> Result<String, LambdaError> {
+fn resource_function(caller: &Account, segment: &str) -> Result<String, LambdaError> {
     let arn = super::percent_decode(segment).ok_or_else(|| {
         LambdaError::invalid("The resource ARN is not valid percent-encoded UTF-8")
     })?;
     let invalid = || {
         LambdaError::invalid(format!(
-            "1 validation error detected: Value '{}' at 'resource' failed to satisfy constraint: Member must be a function ARN (arn:aws:lambda:{REGION}:{ACCOUNT}:function:NAME)",
-            shown(&arn)
+            "1 validation error detected: Value '{}' at 'resource' failed to satisfy constraint: Member must be a function ARN (arn:aws:lambda:{REGION}:{}:function:NAME)",
+            shown(&arn),
+            caller.id
         ))
     };
     let parts: Vec<&str> = arn.split(':').collect();
@@ -151,7 +149,7 @@ fn resource_function(segment: &str) -> Result<String, LambdaError> {
         | "network-connector" => return Err(not_found(&arn)),
         _ => return Err(invalid()),
     }
-    if (*region, *account) != (REGION, ACCOUNT) {
+    if (*region, *account) != (REGION, caller.id.as_str()) {
         return Err(not_found(&arn));
     }
     let (name, qualifier) = match rest {
@@ -166,12 +164,17 @@ fn resource_function(segment: &str) -> Result<String, LambdaError> {
             shown(&arn)
         )));
     }
-    Ok(name.to_string())
+    Ok(caller.key(name))
 }
 
 /// `TagResource`: adds tags, replacing the values of keys the function has.
-pub async fn tag(daemon: &Arc<Daemon>, resource: &str, req: Req) -> Result<Resp, LambdaError> {
-    let name = resource_function(resource)?;
+pub async fn tag(
+    daemon: &Arc<Daemon>,
+    caller: &Account,
+    resource: &str,
+    req: Req,
+) -> Result<Resp, LambdaError> {
+    let name = resource_function(caller, resource)?;
     let body = super::body_within(&req, BODY_LIMIT, "TagResource")?;
     let b: TagBody = parse_json(&body)?;
     let tags = b
@@ -189,8 +192,13 @@ pub async fn tag(daemon: &Arc<Daemon>, resource: &str, req: Req) -> Result<Resp,
 }
 
 /// `UntagResource`: the keys are the query's `tagKeys` (repeated).
-pub async fn untag(daemon: &Arc<Daemon>, resource: &str, req: &Req) -> Result<Resp, LambdaError> {
-    let name = resource_function(resource)?;
+pub async fn untag(
+    daemon: &Arc<Daemon>,
+    caller: &Account,
+    resource: &str,
+    req: &Req,
+) -> Result<Resp, LambdaError> {
+    let name = resource_function(caller, resource)?;
     let keys = query_tag_keys(req.uri().query().unwrap_or(""))?;
     let _admin = daemon.admin.lock().await;
     let f = existing(daemon, &name)?;
@@ -222,8 +230,8 @@ fn query_tag_keys(query: &str) -> Result<Vec<String>, LambdaError> {
 }
 
 /// `ListTags`.
-pub fn list(daemon: &Arc<Daemon>, resource: &str) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, &resource_function(resource)?)?;
+pub fn list(daemon: &Arc<Daemon>, caller: &Account, resource: &str) -> Result<Resp, LambdaError> {
+    let f = existing(daemon, &resource_function(caller, resource)?)?;
     let tags = daemon.catalog.tags(&f.name).map_err(catalog_err)?;
     Ok(json_response(
         StatusCode::OK,
@@ -295,6 +303,8 @@ mod tests {
 
     #[test]
     fn the_resource_is_an_unqualified_function_arn_of_this_daemon() {
+        let me = Account::default_account();
+        let resource_function = |s: &str| resource_function(&me, s);
         assert_eq!(
             resource_function("arn:aws:lambda:us-east-1:000000000000:function:echo").unwrap(),
             "echo"

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::control::{catalog_err, configuration, existing};
-use super::error::LambdaError;
+use super::control::{configuration, existing};
+use super::error::{catalog_err, LambdaError};
 use super::{empty_response, json_response, parse_json, Daemon, Req, Resp};
 use crate::catalog::{Alias, Function};
 use crate::config::function_arn;
@@ -127,6 +127,8 @@ pub async fn publish(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp,
             return Err(precondition_failed(&rev));
         }
     }
+    // A version keeps its code: it counts against the account's storage.
+    super::account::check_room(daemon, &daemon.accounts.of_key(name), 0, f.code_size)?;
     let v = daemon
         .catalog
         .publish(&f, b.description.as_deref().unwrap_or(""))

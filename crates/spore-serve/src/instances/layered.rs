@@ -137,11 +137,11 @@ impl Instances {
         rt: &dyn Runtime,
         files: &LinuxBoot<'_>,
     ) -> anyhow::Result<Base> {
-        let lock = self.bases.lock_for(rt.name(), f.memory_mib);
+        let lock = self.bases.lock_for(&base_runtime(f, rt), f.memory_mib);
         let _building = lock.lock().await;
         let kernel = files.kernel.display().to_string();
         let root_image = files.root_image.display().to_string();
-        if let Some(b) = self.bases.find(rt.name(), f.memory_mib) {
+        if let Some(b) = self.bases.find(&base_runtime(f, rt), f.memory_mib) {
             if b.record.kernel == kernel
                 && b.record.root_image == root_image
                 && b.record.devices == runtime::LINUX_DEVICES
@@ -158,7 +158,10 @@ impl Instances {
                 b.name()
             );
         }
-        if let Some(ago) = self.bases.failed_recently(rt.name(), f.memory_mib) {
+        if let Some(ago) = self
+            .bases
+            .failed_recently(&base_runtime(f, rt), f.memory_mib)
+        {
             anyhow::bail!(
                 "building the base snapshot failed {:.0} s ago; tried again after {} s",
                 ago.as_secs_f64(),
@@ -168,7 +171,7 @@ impl Instances {
         let started = Instant::now();
         let built = self.build_base(f, rt, files, kernel, root_image).await;
         self.bases
-            .build_done(rt.name(), f.memory_mib, built.is_ok());
+            .build_done(&base_runtime(f, rt), f.memory_mib, built.is_ok());
         let b = built?;
         tracing::info!(function = %f.name,
             "base snapshot {} (id {}, {} bytes on disk) made in {:.1} ms",
@@ -193,7 +196,7 @@ impl Instances {
         let bases = self.bases.clone();
         // mkfs.ext4 runs once per state directory: off the async threads.
         let placeholder = tokio::task::spawn_blocking(move || bases.placeholder()).await??;
-        let tmp = self.bases.temp_dir(rt.name(), f.memory_mib)?;
+        let tmp = self.bases.temp_dir(&base_runtime(f, rt), f.memory_mib)?;
         let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir(), None).await?;
         self.record(&vmm);
         let made = async {
@@ -226,7 +229,7 @@ impl Instances {
             let standby = InstanceConn::standby(&vmm.vsock_uds, self.cfg.ready_limit).await?;
             tracing::debug!(
                 "base {}: Standby {} µs after the agent started",
-                base_name(rt.name(), f.memory_mib),
+                base_name(&base_runtime(f, rt), f.memory_mib),
                 standby.since_start_us
             );
             vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
@@ -248,7 +251,7 @@ impl Instances {
             drop(standby);
             let record = BaseRecord {
                 id,
-                runtime: rt.name().to_string(),
+                runtime: base_runtime(f, rt),
                 memory_mib: f.memory_mib,
                 kernel,
                 root_image,
@@ -265,9 +268,19 @@ impl Instances {
             let _ = std::fs::remove_dir_all(&tmp);
             e.context(format!(
                 "making the {} base snapshot (VMM log: {tail})",
-                base_name(rt.name(), f.memory_mib)
+                base_name(&base_runtime(f, rt), f.memory_mib)
             ))
         })
+    }
+}
+
+/// What a base is made for: its runtime, and for any account but the
+/// default one the account too (`111122223333-python3`): accounts never
+/// share a snapshot.
+fn base_runtime(f: &Function, rt: &dyn Runtime) -> String {
+    match crate::accounts::split_key(&f.name) {
+        (crate::accounts::DEFAULT_ACCOUNT, _) => rt.name().to_string(),
+        (account, _) => format!("{account}-{}", rt.name()),
     }
 }
 

@@ -34,6 +34,21 @@ enum ZygoteEnd {
     Budget,
 }
 
+/// Takes the least recently used idle instance of any of `pools` out of
+/// its pool. The pool's list is searched again under its lock, so an
+/// instance taken meanwhile by an invocation is never taken twice.
+pub(super) fn take_lru_idle(pools: &[Arc<Pool>]) -> Option<super::Instance> {
+    let oldest_in = |p: &Pool| lock(&p.idle).iter().map(|i| i.last_used).min();
+    let pool = pools
+        .iter()
+        .filter_map(|p| Some((oldest_in(p)?, p)))
+        .min_by_key(|(t, _)| *t)?
+        .1;
+    let mut idle = lock(&pool.idle);
+    let (i, _) = idle.iter().enumerate().min_by_key(|(_, i)| i.last_used)?;
+    Some(idle.remove(i))
+}
+
 impl Instances {
     /// Leaves the daemon's guardian (pid) out of the memory census.
     pub fn census_skip(&self, pid: u32) {
@@ -120,17 +135,9 @@ impl Instances {
                 held = self.census_within(Duration::ZERO).await;
             }
             while held > self.cfg.memory_budget {
-                // The least recently used idle instance of any pool.
-                let victim = pools
-                    .iter()
-                    .filter_map(|p| {
-                        let idle = lock(&p.idle);
-                        let (i, inst) = idle.iter().enumerate().min_by_key(|(_, i)| i.last_used)?;
-                        Some((inst.last_used, p.clone(), i))
-                    })
-                    .min_by_key(|(t, _, _)| *t);
-                let Some((_, pool, i)) = victim else { break };
-                let inst = lock(&pool.idle).remove(i);
+                let Some(inst) = take_lru_idle(&pools) else {
+                    break;
+                };
                 held = held.saturating_sub(inst.vmm.pss_bytes());
                 ended.push(inst);
             }

@@ -16,6 +16,7 @@
 //! zygote of its old revision. A published version has a pool of its own,
 //! retired only when the version is deleted.
 
+mod account_memory;
 mod layered;
 mod memory;
 mod provisioned;
@@ -96,6 +97,9 @@ pub struct InstancesConfig {
 pub enum AcquireError {
     #[error("Rate Exceeded.")]
     Throttled { reserved: bool },
+    /// The account's live instances fill its memory limit (bytes).
+    #[error("the account's instances hold all of its {limit} bytes of memory")]
+    AccountMemory { limit: u64 },
     #[error("the function's instance could not start: {0}")]
     Start(String),
     /// The function's init failed in a fresh instance (Lambda answers the
@@ -195,6 +199,9 @@ pub struct Instances {
     /// A process under the daemon that is not an instance's (its
     /// guardian), left out of the census.
     census_skip: std::sync::atomic::AtomicI32,
+    /// Per account with a memory limit: serialises its starts, so that
+    /// the room each takes is counted before the next looks.
+    account_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_id: AtomicU64,
     /// Networked functions' namespaces (made on their first instance).
     network: Arc<Network>,
@@ -219,6 +226,7 @@ impl Instances {
             next_id: AtomicU64::new(1),
             census: Mutex::new(memory::Census::default()),
             census_skip: std::sync::atomic::AtomicI32::new(0),
+            account_gates: Mutex::new(HashMap::new()),
             network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
             cfg,
         })
@@ -275,17 +283,31 @@ impl Instances {
         self.cfg.state_dir.join("run").join(format!("r{n}"))
     }
 
-    /// Runs one invocation of `f` (its current version).
+    /// Runs one invocation of `f` (its current version); a new instance
+    /// must fit in `account_memory` (bytes) with the account's others.
     pub async fn invoke(
         self: &Arc<Self>,
         f: &Function,
         request_id: &str,
         payload: &[u8],
+        account_memory: Option<u64>,
     ) -> Result<Invocation, AcquireError> {
         let _permits = self.admit(f).await?;
         let pool = self.pool_for(f).await;
         pool.last_used_ms.store(unix_ms(), Ordering::Relaxed);
-        let (mut inst, path) = match self.acquire(&pool).await {
+        // Under an account memory limit, one start of the account at a
+        // time: room is made, the instance taken and counted busy.
+        let gate = match account_memory {
+            Some(_) => Some(self.account_gate(&f.name).lock_owned().await),
+            None => None,
+        };
+        self.room_in_account(f, &pool, account_memory).await?;
+        let started = self.acquire(&pool).await;
+        if started.is_ok() {
+            pool.busy.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(gate);
+        let (mut inst, path) = match started {
             Ok(started) => started,
             // Its instance is already ended; the next invocation initialises
             // the function again, as Lambda does.
@@ -297,7 +319,6 @@ impl Instances {
             }
             Err(e) => return Err(e),
         };
-        pool.busy.fetch_add(1, Ordering::Relaxed);
         let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let deadline_ms = unix_ms().saturating_add(timeout_ms);

@@ -161,3 +161,70 @@ fn kvm_serve_sigv4_auth() {
     assert_eq!(r.status, 403, "{}", r.text());
     assert_eq!(r.error_type(), Some("MissingAuthenticationTokenException"));
 }
+
+/// Two accounts on one daemon (issue 30 item 1): boto3 with B's key cannot
+/// see or touch A's functions (every answer as for a missing function), the
+/// same name lives in both, metrics are per account, and A's concurrency and
+/// function limits and B's memory limit hold (tests/serve/accounts_scenario.py).
+#[test]
+fn kvm_serve_accounts_through_boto3() {
+    require_kvm();
+    let venv = client_venv();
+    let dir = Scratch::new("serve-accounts");
+    let keys = dir.path("keys.toml");
+    std::fs::write(
+        &keys,
+        "[[keys]]\naccess_key_id = \"AKIDA\"\nsecret_access_key = \"secret-a\"\n\
+         account_id = \"111111111111\"\nconcurrency = 2\nfunctions = 3\n\
+         [[keys]]\naccess_key_id = \"AKIDB\"\nsecret_access_key = \"secret-b\"\n\
+         account_id = \"222222222222\"\nmemory = \"384M\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&dir.path("state"), &["--auth", keys.to_str().unwrap()]);
+    let out = Command::new(venv.join("bin/python"))
+        .arg(repo_root().join("tests/serve/accounts_scenario.py"))
+        .args(["--endpoint", &format!("http://{}", d.addr)])
+        .arg("--echo-elf")
+        .arg(common::uk_image("fn-echo"))
+        .output()
+        .expect("running the accounts scenario");
+    assert!(
+        out.status.success(),
+        "accounts scenario failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// A keys file with a duplicate access key or a bad account id: the daemon
+/// refuses to start, with one line saying which.
+#[test]
+fn serve_refuses_bad_keys_files() {
+    let dir = Scratch::new("serve-bad-keys");
+    for (text, says) in [
+        (
+            "[[keys]]\naccess_key_id = \"K\"\nsecret_access_key = \"s\"\n\
+             [[keys]]\naccess_key_id = \"K\"\nsecret_access_key = \"t\"\n",
+            "access key K is given twice",
+        ),
+        (
+            "[[keys]]\naccess_key_id = \"K\"\nsecret_access_key = \"s\"\naccount_id = \"12345\"\n",
+            "not 12 digits",
+        ),
+    ] {
+        let keys = dir.path("keys.toml");
+        std::fs::write(&keys, text).unwrap();
+        let out = common::spore()
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(dir.path("state"))
+            .arg("--auth")
+            .arg(&keys)
+            .output()
+            .expect("running spore serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with {text}");
+        assert!(err.contains(says), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}

@@ -1,0 +1,247 @@
+//! Accounts (tenants): who owns a function, and what each owner may use.
+//!
+//! Every function, version, alias, URL, tag and metric belongs to one
+//! account. The catalogue keys a function by its *key*: its name for the
+//! default account (`000000000000`: the one account of a daemon without
+//! `--auth`, and of keys that name none), `ACCOUNT:NAME` for any other.
+//! A Lambda function name never holds a `:`, so the key splits back
+//! unambiguously, and every table keyed by function (versions, aliases,
+//! snapshots, pools, events) is scoped by account without a column of its
+//! own. Requests name functions by plain name or ARN; [`crate::api`] turns
+//! them into keys of the caller's account only, so another account's
+//! functions cannot be named, let alone probed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The account of a daemon without `--auth` and of keys that name none.
+pub const DEFAULT_ACCOUNT: &str = "000000000000";
+
+/// Lambda's default account concurrency.
+pub const DEFAULT_CONCURRENCY: u32 = 1000;
+/// Lambda's default total code storage per account (75 GB).
+pub const DEFAULT_CODE_STORAGE: u64 = 75 * 1000 * 1000 * 1000;
+
+/// What an account may use. `None`: bounded only by the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Invocations running at once across the account's functions.
+    pub concurrency: u32,
+    /// Memory (MemorySize) of the account's instances alive at once, bytes.
+    pub memory: Option<u64>,
+    /// Code (zips of functions and their versions), bytes.
+    pub code_storage: u64,
+    /// Functions the account may hold.
+    pub functions: Option<u32>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            concurrency: DEFAULT_CONCURRENCY,
+            memory: None,
+            code_storage: DEFAULT_CODE_STORAGE,
+            functions: None,
+        }
+    }
+}
+
+/// One account: its id and limits, and the invocations it runs now.
+#[derive(Debug)]
+pub struct Account {
+    pub id: String,
+    pub limits: Limits,
+    running: AtomicU32,
+}
+
+impl Account {
+    pub fn new(id: &str, limits: Limits) -> Arc<Account> {
+        Arc::new(Account {
+            id: id.to_string(),
+            limits,
+            running: AtomicU32::new(0),
+        })
+    }
+
+    /// The default account with default limits.
+    pub fn default_account() -> Arc<Account> {
+        Account::new(DEFAULT_ACCOUNT, Limits::default())
+    }
+
+    /// The key of this account's function `name`.
+    pub fn key(&self, name: &str) -> String {
+        function_key(&self.id, name)
+    }
+
+    /// Whether a function key is this account's.
+    pub fn owns(&self, key: &str) -> bool {
+        split_key(key).0 == self.id
+    }
+
+    /// Takes one of the account's concurrency slots for an invocation, or
+    /// `None` when all are taken (the caller answers 429).
+    pub fn start_invocation(self: &Arc<Self>) -> Option<Running> {
+        self.running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limits.concurrency).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Running {
+            account: self.clone(),
+        })
+    }
+
+    /// Invocations of the account running now.
+    pub fn running(&self) -> u32 {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+/// One running invocation's concurrency slot, given back on drop.
+pub struct Running {
+    account: Arc<Account>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.account.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Every account the daemon knows, by id: those of the keys file, and the
+/// default one. An account met only through a stored function (a keys
+/// file edited since) gets default limits.
+#[derive(Debug)]
+pub struct Accounts {
+    by_id: Mutex<HashMap<String, Arc<Account>>>,
+}
+
+impl Accounts {
+    pub fn new(accounts: impl IntoIterator<Item = Arc<Account>>) -> Accounts {
+        let mut by_id: HashMap<String, Arc<Account>> =
+            accounts.into_iter().map(|a| (a.id.clone(), a)).collect();
+        by_id
+            .entry(DEFAULT_ACCOUNT.to_string())
+            .or_insert_with(Account::default_account);
+        Accounts {
+            by_id: Mutex::new(by_id),
+        }
+    }
+
+    /// The account of `id`.
+    pub fn get(&self, id: &str) -> Arc<Account> {
+        let mut by_id = crate::mutex::lock(&self.by_id);
+        by_id
+            .entry(id.to_string())
+            .or_insert_with(|| Account::new(id, Limits::default()))
+            .clone()
+    }
+
+    /// The account owning function key `key`.
+    pub fn of_key(&self, key: &str) -> Arc<Account> {
+        self.get(split_key(key).0)
+    }
+
+    pub fn default_account(&self) -> Arc<Account> {
+        self.get(DEFAULT_ACCOUNT)
+    }
+}
+
+/// The catalogue key of `account`'s function `name`.
+pub fn function_key(account: &str, name: &str) -> String {
+    if account == DEFAULT_ACCOUNT {
+        name.to_string()
+    } else {
+        format!("{account}:{name}")
+    }
+}
+
+/// A function key's account and plain name.
+pub fn split_key(key: &str) -> (&str, &str) {
+    key.split_once(':').unwrap_or((DEFAULT_ACCOUNT, key))
+}
+
+/// The plain function name (what Lambda's `FunctionName` shows) of a key.
+pub fn plain_name(key: &str) -> &str {
+    split_key(key).1
+}
+
+/// Whether `id` is an account id: twelve decimal digits.
+pub fn valid_account_id(id: &str) -> bool {
+    id.len() == 12 && id.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A size as `1073741824`, `512M`, `4G`, `75GB` (binary K/M/G/T; a
+/// trailing `B` allowed).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last()? {
+        (i, 'K' | 'k') => (&t[..i], 10),
+        (i, 'M' | 'm') => (&t[..i], 20),
+        (i, 'G' | 'g') => (&t[..i], 30),
+        (i, 'T' | 't') => (&t[..i], 40),
+        _ => (t, 0),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_back_into_account_and_name() {
+        assert_eq!(function_key(DEFAULT_ACCOUNT, "echo"), "echo");
+        assert_eq!(function_key("111111111111", "echo"), "111111111111:echo");
+        assert_eq!(split_key("echo"), (DEFAULT_ACCOUNT, "echo"));
+        assert_eq!(split_key("111111111111:echo"), ("111111111111", "echo"));
+        assert_eq!(plain_name("111111111111:echo"), "echo");
+        let a = Account::new("111111111111", Limits::default());
+        assert!(a.owns("111111111111:echo"));
+        assert!(!a.owns("echo"));
+        assert!(!a.owns("222222222222:echo"));
+    }
+
+    #[test]
+    fn account_ids_are_twelve_digits() {
+        assert!(valid_account_id("123456789012"));
+        assert!(!valid_account_id("12345678901"));
+        assert!(!valid_account_id("12345678901a"));
+        assert!(!valid_account_id("1234567890123"));
+    }
+
+    #[test]
+    fn concurrency_slots_are_bounded_and_given_back() {
+        let a = Account::new(
+            "111111111111",
+            Limits {
+                concurrency: 2,
+                ..Limits::default()
+            },
+        );
+        let one = a.start_invocation().expect("first slot");
+        let two = a.start_invocation().expect("second slot");
+        assert!(a.start_invocation().is_none());
+        drop(one);
+        assert_eq!(a.running(), 1);
+        assert!(a.start_invocation().is_some());
+        drop(two);
+        assert_eq!(a.running(), 0);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1024"), Some(1024));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("4G"), Some(4 << 30));
+        assert_eq!(parse_size("75GB"), Some(75 << 30));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
+}
