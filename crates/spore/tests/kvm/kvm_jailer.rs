@@ -589,10 +589,6 @@ fn bad_command_lines(base: &'static str) -> Vec<(Vec<&'static str>, &'static str
             "<file>=<value>",
         ),
         (
-            with_args(jail_args("x", base), &["--cgroup", "pids.max=1"]),
-            "cgroup-version 2",
-        ),
-        (
             with_args(jail_args("x", base), &["--parent-cgroup", "../x"]),
             "parent-cgroup",
         ),
@@ -610,7 +606,11 @@ fn bad_command_lines(base: &'static str) -> Vec<(Vec<&'static str>, &'static str
                 jail_args("late-2", base),
                 &["--cgroup-version", "2", "--cgroup", "nosuchctl.max=1"],
             ),
-            "not available",
+            "not in the cgroup v2 hierarchy",
+        ),
+        (
+            with_args(jail_args("late-4", base), &["--cgroup", "nosuchctl.max=1"]),
+            "not a cgroup controller of this kernel",
         ),
         (
             with_args(
