@@ -269,3 +269,46 @@ fn kvm_jailer_sdk_jailercfg_cgroup_v1_starts_pauses_resumes_and_stops() {
     made.vmm = None;
     eprintln!("SDK jailer: VMM jailed and the guest counting {started:?} after the program started; {all:?}");
 }
+
+/// A v1 value the kernel refuses, after the cpuset cgroups
+/// `<parent>/deeper/<id>` were made (three levels): one error line, and
+/// the cgroups (and the jail directory) are gone again.
+#[test]
+fn jailer_cgroup_v1_failure_removes_the_cgroups_it_made() {
+    require_root();
+    let cpuset = cpuset_v1_mount();
+    let s = Scratch::new("jailer-v1-undo");
+    let base = s.path("jail");
+    std::fs::create_dir_all(&base).unwrap();
+    let parent = format!("spore-v1-undo-{}", std::process::id());
+    let o = spore()
+        .args([
+            "jailer",
+            "--id",
+            "undo",
+            "--exec-file",
+            env!("CARGO_BIN_EXE_spore"),
+        ])
+        .args(["--uid", "123", "--gid", "100", "--chroot-base-dir"])
+        .arg(&base)
+        .args(["--parent-cgroup", &format!("{parent}/deeper")])
+        .args(["--cgroup", "cpuset.mems=0", "--cgroup", "cpuset.cpus=99999"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("jailer: error: ") && err.contains("cpuset.cpus"),
+        "{err}"
+    );
+    let left = cpuset.join(&parent);
+    let was_left = left.exists();
+    // Whatever a failure left must not outlive the test.
+    let _ = std::fs::remove_dir(left.join("deeper/undo"));
+    let _ = std::fs::remove_dir(left.join("deeper"));
+    let _ = std::fs::remove_dir(&left);
+    assert!(!was_left, "the jailer left the cgroup {}", left.display());
+    let jail: Vec<_> = std::fs::read_dir(&base).unwrap().flatten().collect();
+    assert!(jail.is_empty(), "the jailer left {jail:?}");
+}
