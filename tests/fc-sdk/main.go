@@ -13,6 +13,7 @@
 // nested harness. A failed step that later steps need ends the run (exit 1).
 //
 //	fc-sdk -kernel VMLINUX -initrd INITRAMFS -dir SCRATCH [-out DIR]
+//	fc-sdk jailer ...   (jailer.go: the SDK's JailerCfg, on the host)
 package main
 
 import (
@@ -186,6 +187,10 @@ func waitBalloon(ctx context.Context, m *firecracker.Machine, want int64, within
 func ms(since time.Time) string { return fmt.Sprintf("%d ms", time.Since(since).Milliseconds()) }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "jailer" {
+		jailerMain(os.Args[2:])
+		return
+	}
 	kernel := flag.String("kernel", os.Getenv("GUEST_KERNEL"), "guest kernel (vmlinux)")
 	initrd := flag.String("initrd", os.Getenv("GUEST_INITRD"), "guest initramfs")
 	dir := flag.String("dir", os.TempDir(), "scratch directory (sockets, snapshot files)")

@@ -42,7 +42,8 @@ pub struct JailerArgs {
     /// Run the VMM as pid 1 of a new PID namespace.
     #[arg(long)]
     pub new_pid_ns: bool,
-    /// The cgroup hierarchy: 1 or 2 (spore supports --cgroup values on 2).
+    /// The cgroup hierarchy the --cgroup values go to: 1 (each controller's
+    /// own v1 hierarchy) or 2 (the unified one).
     #[arg(long, default_value = "1")]
     pub cgroup_version: String,
     /// A cgroup file to write, <file>=<value> (e.g. cpu.max=50000), repeatable.
@@ -109,6 +110,11 @@ fn is_plain_relative(p: &Path) -> bool {
     p.components().all(|c| matches!(c, Component::Normal(_))) && !p.as_os_str().is_empty()
 }
 
+/// A `--cgroup` argument, `<controller>.<property>=<value>`. The file name
+/// is joined to a cgroup path and the value written into it: the name is
+/// one plain file name (letters, digits, `_`, `-`, `.`; no `..`, no `/`),
+/// its controller lowercase letters, digits and `_`; the value one line.
+/// Whether the controller is mounted is checked at setup (`cgroup`).
 fn parse_cgroup(arg: &str) -> anyhow::Result<(String, String)> {
     let Some((file, value)) = arg.split_once('=') else {
         bail!("invalid --cgroup {arg:?}: expected <file>=<value>");
@@ -116,10 +122,22 @@ fn parse_cgroup(arg: &str) -> anyhow::Result<(String, String)> {
     if value.is_empty() || value.contains('=') {
         bail!("invalid --cgroup {arg:?}: expected <file>=<value>");
     }
-    // <controller>.<property>, one plain file name (no path).
-    let plain = is_plain_relative(Path::new(file)) && !file.contains('/');
+    if value.chars().any(char::is_control) {
+        bail!("invalid --cgroup {arg:?}: the value holds a control character");
+    }
+    let name_ok = file
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !file.contains("..");
     match file.split_once('.') {
-        Some((c, p)) if plain && !c.is_empty() && !p.is_empty() => {
+        Some((c, p))
+            if name_ok
+                && !c.is_empty()
+                && !p.is_empty()
+                && !p.ends_with('.')
+                && c.chars()
+                    .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || x == '_') =>
+        {
             Ok((file.to_string(), value.to_string()))
         }
         _ => bail!("invalid --cgroup file {file:?}: expected <controller>.<property>"),
@@ -188,9 +206,6 @@ impl JailerArgs {
             .iter()
             .map(|c| parse_cgroup(c))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        if cgroup_version == 1 && !cgroups.is_empty() {
-            bail!("--cgroup needs --cgroup-version 2: spore's jailer does not manage cgroup v1 hierarchies");
-        }
         let parent_cgroup = self
             .parent_cgroup
             .unwrap_or_else(|| PathBuf::from(&exec_name));
@@ -272,6 +287,31 @@ mod tests {
     }
 
     #[test]
+    fn jailer_args_cgroup_v1_is_the_default_and_takes_the_sdk_values() {
+        // firecracker-go-sdk's JailerCfg passes these, with no version.
+        let p = parse(&[
+            "--cgroup",
+            "cpuset.mems=0",
+            "--cgroup",
+            "cpuset.cpus=0-1",
+            "--cgroup",
+            "hugetlb.2MB.limit_in_bytes=2097152",
+        ])
+        .unwrap();
+        assert_eq!(p.cgroup_version, 1);
+        assert_eq!(
+            p.cgroups,
+            vec![
+                ("cpuset.mems".into(), "0".into()),
+                ("cpuset.cpus".into(), "0-1".into()),
+                ("hugetlb.2MB.limit_in_bytes".into(), "2097152".into()),
+            ]
+        );
+        let p = parse(&["--parent-cgroup", "uvms/external", "--cgroup", "pids.max=9"]).unwrap();
+        assert_eq!(p.parent_cgroup, PathBuf::from("uvms/external"));
+    }
+
+    #[test]
     fn jailer_args_bad_values_are_refused() {
         for (extra, want) in [
             (
@@ -286,7 +326,16 @@ mod tests {
                 &["--cgroup-version", "2", "--cgroup", "nodot=1"],
                 "<controller>",
             ),
-            (&["--cgroup", "cpu.max=1"], "cgroup-version 2"),
+            (&["--cgroup", "cpuset.cpus=0\n1"], "control character"),
+            (&["--cgroup", "cpuset/../x.y=1"], "<controller>"),
+            (&["--cgroup", "cpuset..cpus=1"], "<controller>"),
+            (&["--cgroup", "cpuset./x=1"], "<controller>"),
+            (&["--cgroup", "cpuset.=1"], "<controller>"),
+            (&["--cgroup", "cpuset.cpus.=1"], "<controller>"),
+            (&["--cgroup", ".cpus=1"], "<controller>"),
+            (&["--cgroup", "CPU.max=1"], "<controller>"),
+            (&["--cgroup", "a.b=c=d"], "<file>=<value>"),
+            (&["--cgroup", "cpuset.cpus="], "<file>=<value>"),
             (&["--cgroup-version", "3"], "1 or 2"),
             (&["--parent-cgroup", "../up"], "parent-cgroup"),
             (&["--parent-cgroup", "/abs"], "parent-cgroup"),

@@ -4,8 +4,8 @@
 //! 1. checks every flag (`args`), closes inherited descriptors;
 //! 2. makes `<base>/<exec>/<id>/root` with a copy of the exec file and the
 //!    device nodes a VM needs, owned by `--uid`:`--gid` (`chroot`);
-//! 3. sets resource limits, joins `--netns`, makes and joins the cgroup v2
-//!    leaf (`cgroup`);
+//! 3. sets resource limits, joins `--netns`, makes and joins the cgroup
+//!    `<parent>/<id>` in each v1 hierarchy or in the v2 one (`cgroup`);
 //! 4. enters a new mount namespace rooted at the jail (pivot_root);
 //! 5. daemonizes, forks into a new PID namespace if asked (`process`);
 //! 6. drops to the uid/gid and execs `/<exec> --id <id> --start-time-us ..
@@ -78,9 +78,13 @@ fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> anyhow::Error {
         if let Some(ns) = &plan.netns {
             process::join_netns(ns)?;
         }
-        if plan.cgroup_version == 2 {
-            cgroup::setup(&plan.id, &plan.parent_cgroup, &plan.cgroups, &mut joined)?;
-        }
+        cgroup::setup(
+            plan.cgroup_version,
+            &plan.id,
+            &plan.parent_cgroup,
+            &plan.cgroups,
+            &mut joined,
+        )?;
         // Opened now: there is no /dev/null inside the jail.
         let dev_null = match plan.daemonize {
             true => Some(

@@ -47,6 +47,7 @@ mod kvm_fc_api;
 mod kvm_guest_snapshot;
 mod kvm_huge_pages;
 mod kvm_jailer;
+mod kvm_jailer_sdk;
 mod kvm_kvserver;
 mod kvm_mem_snapshot;
 mod kvm_net;
