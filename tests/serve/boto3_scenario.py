@@ -138,21 +138,26 @@ def main(argv=None):
     check(r.get("ReservedConcurrentExecutions") == 3, f"get_function_concurrency: {r}")
     lam.delete_function_concurrency(FunctionName="b3-echo")
 
-    # Provisioned concurrency (HyperFork's throughput mode): fresh clones kept ready.
+    # Provisioned concurrency (HyperFork's throughput mode): fresh clones kept
+    # ready, on a published version (Lambda refuses $LATEST).
+    pv = lam.publish_version(FunctionName="b3-echo")["Version"]
+    expect_error("InvalidParameterValueException", lam.put_provisioned_concurrency_config,
+                 FunctionName="b3-echo", Qualifier="$LATEST", ProvisionedConcurrentExecutions=2)
     expect_error("ProvisionedConcurrencyConfigNotFoundException", lam.get_provisioned_concurrency_config,
-                 FunctionName="b3-echo", Qualifier="$LATEST")
-    r = lam.put_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST",
+                 FunctionName="b3-echo", Qualifier=pv)
+    r = lam.put_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier=pv,
                                                ProvisionedConcurrentExecutions=2)
     check(r["RequestedProvisionedConcurrentExecutions"] == 2, "provisioned concurrency requested")
     deadline = time.time() + 20
-    while lam.get_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST")["Status"] != "READY":
+    while lam.get_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier=pv)["Status"] != "READY":
         check(time.time() < deadline, "provisioned concurrency READY")
         time.sleep(0.1)
-    r = lam.invoke(FunctionName="b3-echo", Payload=b'{"p":1}')
+    r = lam.invoke(FunctionName="b3-echo", Qualifier=pv, Payload=b'{"p":1}')
     check(r["Payload"].read() == b'{"P":1}', "provisioned invoke (the fn-upper code)")
     configs = lam.list_provisioned_concurrency_configs(FunctionName="b3-echo")["ProvisionedConcurrencyConfigs"]
     check(len(configs) == 1 and configs[0]["RequestedProvisionedConcurrentExecutions"] == 2, "list provisioned")
-    lam.delete_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier="$LATEST")
+    check(configs[0]["FunctionArn"].endswith(f":b3-echo:{pv}"), f"provisioned config ARN: {configs[0]}")
+    lam.delete_provisioned_concurrency_config(FunctionName="b3-echo", Qualifier=pv)
 
     # Asynchronous invocation: retries, age and destinations (a function).
     lam.create_function(FunctionName="b3-sink", Runtime="spore-uk", Role=role, Handler="fn-echo",

@@ -10,8 +10,11 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod provisioned;
 mod urls;
 mod versions;
+
+pub use provisioned::ProvisionedRecord;
 pub use urls::FunctionUrl;
 pub use versions::Alias;
 
@@ -142,6 +145,13 @@ CREATE TABLE IF NOT EXISTS provisioned (
     qualifier TEXT NOT NULL,
     count INTEGER NOT NULL,
     last_modified TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS provisioned_configs (
+    function TEXT NOT NULL,
+    qualifier TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    last_modified TEXT NOT NULL,
+    PRIMARY KEY (function, qualifier)
 );
 CREATE TABLE IF NOT EXISTS event_invoke_configs (
     function TEXT PRIMARY KEY,
@@ -337,59 +347,6 @@ impl Catalog {
     }
 }
 
-/// A function's provisioned concurrency (HyperFork's throughput mode).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProvisionedRecord {
-    pub function: String,
-    pub qualifier: String,
-    pub count: u32,
-    pub last_modified: String,
-}
-
-impl Catalog {
-    pub fn put_provisioned(&self, p: &ProvisionedRecord) -> Result<(), CatalogError> {
-        self.db().execute(
-            "INSERT OR REPLACE INTO provisioned (function, qualifier, count, last_modified)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![p.function, p.qualifier, p.count, p.last_modified],
-        )?;
-        Ok(())
-    }
-
-    pub fn provisioned(&self, function: &str) -> Result<Option<ProvisionedRecord>, CatalogError> {
-        Ok(self
-            .all_provisioned()?
-            .into_iter()
-            .find(|p| p.function == function))
-    }
-
-    pub fn all_provisioned(&self) -> Result<Vec<ProvisionedRecord>, CatalogError> {
-        let db = self.db();
-        let mut st = db.prepare_cached(
-            "SELECT function, qualifier, count, last_modified FROM provisioned ORDER BY function",
-        )?;
-        let rows = st
-            .query_map([], |r| {
-                Ok(ProvisionedRecord {
-                    function: r.get(0)?,
-                    qualifier: r.get(1)?,
-                    count: r.get(2)?,
-                    last_modified: r.get(3)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
-    }
-
-    /// Whether a record was deleted.
-    pub fn delete_provisioned(&self, function: &str) -> Result<bool, CatalogError> {
-        let n = self
-            .db()
-            .execute("DELETE FROM provisioned WHERE function = ?1", [function])?;
-        Ok(n > 0)
-    }
-}
-
 /// How a function's `Event` invocations are retried and where their records
 /// go (`PutFunctionEventInvokeConfig`). Unset fields take the daemon's
 /// `--event-*` defaults.
@@ -535,6 +492,20 @@ fn row_to_snapshot(r: &rusqlite::Row) -> rusqlite::Result<SnapshotRecord> {
 const ADDED_COLUMNS: &[(&str, &str)] = &[("network", "INTEGER NOT NULL DEFAULT 0")];
 
 fn migrate(db: &Connection) -> Result<(), CatalogError> {
+    // Provisioned concurrency was one `$LATEST` record per function
+    // (`provisioned`); it is one per function and qualifier now.
+    // Only when there is something to move: a daemon must start on a full
+    // disk, where even an empty write transaction can fail.
+    let old: i64 = db.query_row("SELECT COUNT(*) FROM provisioned", [], |r| r.get(0))?;
+    if old > 0 {
+        db.execute_batch(
+            "BEGIN;
+             INSERT OR IGNORE INTO provisioned_configs (function, qualifier, count, last_modified)
+                 SELECT function, qualifier, count, last_modified FROM provisioned;
+             DELETE FROM provisioned;
+             COMMIT;",
+        )?;
+    }
     // `versions` holds the same columns as `functions`: both get them.
     for table in ["functions", "versions"] {
         let mut st = db.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;

@@ -142,10 +142,8 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             instances.set_reserved(&f.name, Some(n));
         }
     }
-    for p in catalog.all_provisioned()? {
-        if let Some(f) = catalog.get(&p.function)? {
-            instances.set_provisioned(&f, Some(p.count)).await;
-        }
+    for name in catalog.provisioned_functions()? {
+        instances.sync_provisioned(&name).await;
     }
     let (events, found) =
         events::EventQueue::open(&state_dir.join("events"), config.events.clone())

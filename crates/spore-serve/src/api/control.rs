@@ -409,7 +409,7 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
     daemon.catalog.delete(name).map_err(catalog_err)?;
     daemon
         .catalog
-        .delete_provisioned(name)
+        .delete_all_provisioned(name)
         .map_err(catalog_err)?;
     daemon
         .catalog

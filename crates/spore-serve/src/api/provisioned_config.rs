@@ -1,8 +1,8 @@
 //! Provisioned concurrency (`2019-09-30`): Put, Get, Delete and List of
-//! `ProvisionedConcurrencyConfig`, in Lambda's shapes. spore has no published
-//! versions or aliases, so the one qualifier is `$LATEST` (Lambda itself
-//! refuses `$LATEST` here; spore accepts it because it is all there is).
-//! What a provisioned instance is: `instances::provisioned`.
+//! `ProvisionedConcurrencyConfig`, in Lambda's shapes. As in Lambda, it is
+//! set on a published version or an alias (the version the alias points
+//! to), never on `$LATEST`; a configuration follows its alias when the alias
+//! moves. What a provisioned instance is: `instances::provisioned`.
 
 use std::sync::Arc;
 
@@ -22,67 +22,101 @@ struct ProvisionedBody {
     provisioned_concurrent_executions: i64,
 }
 
-/// The `Qualifier` query parameter, which must name `$LATEST`.
-fn qualifier(req: &Req) -> Result<String, LambdaError> {
-    let q = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("Qualifier="))
-        .and_then(super::percent_decode)
+/// The `Qualifier` query parameter: required, a version or an alias of
+/// function `name` that exists and reaches a published version.
+fn qualifier(daemon: &Daemon, name: &str, req: &Req) -> Result<String, LambdaError> {
+    let q = super::query_qualifier(req)?
         .ok_or_else(|| LambdaError::invalid("Qualifier is required"))?;
-    if q != "$LATEST" {
-        return Err(LambdaError::new(
-            StatusCode::NOT_FOUND,
-            "ResourceNotFoundException",
-            format!("Qualifier {q} does not exist: spore serve has only $LATEST"),
-        ));
+    if q == "$LATEST" {
+        return Err(unpublished());
+    }
+    existing(daemon, name)?;
+    if q.parse::<u32>().is_err() {
+        // An alias: it must exist, and point to a published version.
+        let alias = daemon
+            .catalog
+            .alias(name, &q)
+            .map_err(catalog_err)?
+            .ok_or_else(|| missing_qualifier(name, &q))?;
+        if alias.version == "$LATEST" {
+            return Err(unpublished());
+        }
+    }
+    if daemon.instances.provisioned_target(name, &q).is_none() {
+        return Err(missing_qualifier(name, &q));
     }
     Ok(q)
+}
+
+fn unpublished() -> LambdaError {
+    LambdaError::invalid(
+        "Provisioned Concurrency Configs cannot be applied to unpublished function versions.",
+    )
+}
+
+fn missing_qualifier(name: &str, q: &str) -> LambdaError {
+    LambdaError::new(
+        StatusCode::NOT_FOUND,
+        "ResourceNotFoundException",
+        format!("Function not found: {}:{q}", function_arn(name)),
+    )
 }
 
 fn not_configured(name: &str) -> LambdaError {
     LambdaError::new(
         StatusCode::NOT_FOUND,
         "ProvisionedConcurrencyConfigNotFoundException",
-        format!("No Provisioned Concurrency Config found for this function: {name}"),
+        format!(
+            "No Provisioned Concurrency Config found for this function: {}",
+            function_arn(name)
+        ),
     )
 }
 
 fn config_json(daemon: &Daemon, p: &ProvisionedRecord) -> serde_json::Value {
-    let status = daemon.instances.provisioned_status(&p.function);
-    let ready = status.available >= p.count;
+    let available = daemon
+        .instances
+        .provisioned_target(&p.function, &p.qualifier)
+        .map_or(0, |v| {
+            daemon
+                .instances
+                .provisioned_status(&p.function, v)
+                .available
+                .min(p.count)
+        });
     serde_json::json!({
         "RequestedProvisionedConcurrentExecutions": p.count,
-        "AvailableProvisionedConcurrentExecutions": status.available,
-        "AllocatedProvisionedConcurrentExecutions": status.available,
-        "Status": if ready { "READY" } else { "IN_PROGRESS" },
+        "AvailableProvisionedConcurrentExecutions": available,
+        "AllocatedProvisionedConcurrentExecutions": available,
+        "Status": if available >= p.count { "READY" } else { "IN_PROGRESS" },
         "LastModified": p.last_modified,
     })
 }
 
 pub async fn put(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp, LambdaError> {
-    let q = qualifier(&req)?;
     let body = super::body_within(&req, 64 * 1024, "PutProvisionedConcurrencyConfig")?;
     let b: ProvisionedBody = parse_json(&body)?;
-    let max = daemon.instances.max_concurrency();
+    let account = daemon.accounts.of_key(name);
+    let max = daemon
+        .instances
+        .max_concurrency()
+        .min(account.limits.concurrency as usize);
     let Some(count) = concurrency_within(b.provisioned_concurrent_executions, 1, max) else {
         return Err(LambdaError::invalid(format!(
-            "ProvisionedConcurrentExecutions must be between 1 and this host's limit ({max})"
+            "ProvisionedConcurrentExecutions must be between 1 and the account's concurrency limit on this host ({max})"
         )));
     };
     let _admin = daemon.admin.lock().await;
-    let f = existing(daemon, name)?;
+    let q = qualifier(daemon, name, &req)?;
     let rec = ProvisionedRecord {
-        function: f.name.clone(),
+        function: name.to_string(),
         qualifier: q,
         count,
         last_modified: lambda_now(),
     };
     daemon.catalog.put_provisioned(&rec).map_err(catalog_err)?;
-    daemon.instances.set_provisioned(&f, Some(rec.count)).await;
-    tracing::info!(function = %f.name, "provisioned concurrency {}", rec.count);
+    daemon.instances.sync_provisioned(name).await;
+    tracing::info!(function = %name, qualifier = %rec.qualifier, "provisioned concurrency {}", rec.count);
     Ok(json_response(
         StatusCode::ACCEPTED,
         &config_json(daemon, &rec),
@@ -90,28 +124,26 @@ pub async fn put(daemon: &Arc<Daemon>, name: &str, req: Req) -> Result<Resp, Lam
 }
 
 pub fn get(daemon: &Arc<Daemon>, name: &str, req: &Req) -> Result<Resp, LambdaError> {
-    qualifier(req)?;
-    existing(daemon, name)?;
+    let q = qualifier(daemon, name, req)?;
     let rec = daemon
         .catalog
-        .provisioned(name)
+        .provisioned(name, &q)
         .map_err(catalog_err)?
         .ok_or_else(|| not_configured(name))?;
     Ok(json_response(StatusCode::OK, &config_json(daemon, &rec)))
 }
 
 pub async fn delete(daemon: &Arc<Daemon>, name: &str, req: &Req) -> Result<Resp, LambdaError> {
-    qualifier(req)?;
     let _admin = daemon.admin.lock().await;
-    let f = existing(daemon, name)?;
+    let q = qualifier(daemon, name, req)?;
     if !daemon
         .catalog
-        .delete_provisioned(name)
+        .delete_provisioned(name, &q)
         .map_err(catalog_err)?
     {
         return Err(not_configured(name));
     }
-    daemon.instances.set_provisioned(&f, None).await;
+    daemon.instances.sync_provisioned(name).await;
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
@@ -120,7 +152,7 @@ pub fn list(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
     let f = existing(daemon, name)?;
     let configs: Vec<_> = daemon
         .catalog
-        .provisioned(name)
+        .provisioned_of(name)
         .map_err(catalog_err)?
         .into_iter()
         .map(|p| {

@@ -195,6 +195,11 @@ pub async fn delete_version(
         .catalog
         .delete_version(name, n)
         .map_err(catalog_err)?;
+    // Its provisioned concurrency goes with it.
+    daemon
+        .catalog
+        .delete_provisioned(name, &n_str)
+        .map_err(catalog_err)?;
     daemon.instances.forget(name).await;
     tracing::info!(function = %name, version = n, "version deleted");
     Ok(empty_response(StatusCode::NO_CONTENT))
@@ -379,6 +384,8 @@ pub async fn update_alias(
     };
     a.revision_id = super::random_uuid();
     daemon.catalog.put_alias(&a).map_err(catalog_err)?;
+    // Provisioned concurrency on the alias moves with it.
+    daemon.instances.sync_provisioned(name).await;
     Ok(json_response(StatusCode::OK, &alias_json(&a)))
 }
 
@@ -393,11 +400,16 @@ pub async fn delete_alias(
         .catalog
         .delete_alias(name, alias_name)
         .map_err(catalog_err)?;
-    // Its function URL goes with it.
+    // Its function URL and provisioned concurrency go with it.
     daemon
         .catalog
         .delete_url(name, alias_name)
         .map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_provisioned(name, alias_name)
+        .map_err(catalog_err)?;
+    daemon.instances.sync_provisioned(name).await;
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 

@@ -218,7 +218,7 @@ impl Instances {
             || !lock(&pool.fresh).is_empty()
             || pool.busy.load(Ordering::Relaxed) > 0;
         clones_alive
-            || lock(&self.provisioned).contains_key(&pool.function.name)
+            || lock(&self.provisioned).contains_key(&super::pool_key(&pool.function))
             || self.usable_snapshot_of(pool).is_none()
     }
 
@@ -238,17 +238,18 @@ impl Instances {
         for p in &pools {
             let name = p.function.name.clone();
             let idle = lock(&p.idle);
-            instances.insert((name.clone(), "idle"), idle.len() as u64);
+            // A function's versions each have a pool: their counts add up.
+            *instances.entry((name.clone(), "idle")).or_default() += idle.len() as u64;
             instance_bytes += idle.iter().map(|i| i.vmm.pss_bytes()).sum::<u64>();
             drop(idle);
-            instances.insert((name.clone(), "busy"), p.busy.load(Ordering::Relaxed));
+            *instances.entry((name.clone(), "busy")).or_default() += p.busy.load(Ordering::Relaxed);
             let fresh = lock(&p.fresh);
-            instances.insert((name.clone(), "provisioned"), fresh.len() as u64);
+            *instances.entry((name.clone(), "provisioned")).or_default() += fresh.len() as u64;
             instance_bytes += fresh.iter().map(|i| i.vmm.pss_bytes()).sum::<u64>();
             drop(fresh);
             if let Ok(z) = p.zygote.try_lock() {
                 if let Some(z) = z.as_ref() {
-                    instances.insert((name, "zygote"), 1);
+                    *instances.entry((name, "zygote")).or_default() += 1;
                     // Its whole tree (the factory, the clones started
                     // ahead) but the clones counted as instances above.
                     let clones: u64 = lock(&p.idle)

@@ -191,8 +191,9 @@ pub struct Instances {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
     reserved: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
-    /// Per function: its provisioned concurrency, if set.
-    provisioned: Mutex<HashMap<String, u32>>,
+    /// Per function version (a published one; `$LATEST` only as an older
+    /// daemon's catalogue left it): its provisioned concurrency, if set.
+    provisioned: Mutex<HashMap<PoolKey, u32>>,
     host_slots: Arc<Semaphore>,
     /// The last measurement of what every VMM process holds (`memory`).
     census: Mutex<memory::Census>,
@@ -484,16 +485,20 @@ impl Instances {
             self.retire(pool).await;
         }
         self.snapshots.prune(name, &live);
-        match current {
-            // The new version is provisioned like the old one.
-            Some(f) => {
-                if lock(&self.provisioned).contains_key(name) {
-                    let pool = self.pool_for(&f).await;
-                    self.refill(&pool);
+        // Versions gone are provisioned no more.
+        lock(&self.provisioned).retain(|(n, v), _| {
+            n != name
+                || match v {
+                    None => current.is_some(),
+                    Some(_) => published.contains(v),
                 }
-            }
-            None => {
-                lock(&self.provisioned).remove(name);
+        });
+        // A `$LATEST` kept provisioned (an older daemon's record) stays so
+        // at its new revision.
+        if let Some(f) = current {
+            if lock(&self.provisioned).contains_key(&(name.to_string(), None)) {
+                let pool = self.pool_for(&f).await;
+                self.refill(&pool);
             }
         }
     }
