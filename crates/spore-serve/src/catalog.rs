@@ -10,10 +10,12 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod event_configs;
 mod provisioned;
 mod urls;
 mod versions;
 
+pub use event_configs::EventInvokeConfig;
 pub use provisioned::ProvisionedRecord;
 pub use urls::FunctionUrl;
 pub use versions::Alias;
@@ -160,6 +162,16 @@ CREATE TABLE IF NOT EXISTS event_invoke_configs (
     on_success TEXT,
     on_failure TEXT,
     last_modified_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS event_configs (
+    function TEXT NOT NULL,
+    qualifier TEXT NOT NULL,
+    max_retries INTEGER,
+    max_age_s INTEGER,
+    on_success TEXT,
+    on_failure TEXT,
+    last_modified_ms INTEGER NOT NULL,
+    PRIMARY KEY (function, qualifier)
 );
 CREATE TABLE IF NOT EXISTS processes (
     pid INTEGER NOT NULL,
@@ -347,71 +359,6 @@ impl Catalog {
     }
 }
 
-/// How a function's `Event` invocations are retried and where their records
-/// go (`PutFunctionEventInvokeConfig`). Unset fields take the daemon's
-/// `--event-*` defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EventInvokeConfig {
-    pub function: String,
-    pub max_retries: Option<u32>,
-    pub max_age_s: Option<u32>,
-    /// Destination ARNs (always a function of this daemon's; checked on put).
-    pub on_success: Option<String>,
-    pub on_failure: Option<String>,
-    pub last_modified_ms: u64,
-}
-
-impl Catalog {
-    pub fn put_event_invoke_config(&self, c: &EventInvokeConfig) -> Result<(), CatalogError> {
-        self.db().execute(
-            "INSERT OR REPLACE INTO event_invoke_configs
-                (function, max_retries, max_age_s, on_success, on_failure, last_modified_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                c.function,
-                c.max_retries,
-                c.max_age_s,
-                c.on_success,
-                c.on_failure,
-                i64::try_from(c.last_modified_ms).unwrap_or(i64::MAX)
-            ],
-        )?;
-        Ok(())
-    }
-
-    pub fn event_invoke_config(
-        &self,
-        function: &str,
-    ) -> Result<Option<EventInvokeConfig>, CatalogError> {
-        let db = self.db();
-        let mut st = db.prepare_cached(
-            "SELECT function, max_retries, max_age_s, on_success, on_failure, last_modified_ms
-             FROM event_invoke_configs WHERE function = ?1",
-        )?;
-        Ok(st
-            .query_row([function], |r| {
-                Ok(EventInvokeConfig {
-                    function: r.get(0)?,
-                    max_retries: r.get(1)?,
-                    max_age_s: r.get(2)?,
-                    on_success: r.get(3)?,
-                    on_failure: r.get(4)?,
-                    last_modified_ms: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
-                })
-            })
-            .optional()?)
-    }
-
-    /// Whether a configuration was deleted.
-    pub fn delete_event_invoke_config(&self, function: &str) -> Result<bool, CatalogError> {
-        let n = self.db().execute(
-            "DELETE FROM event_invoke_configs WHERE function = ?1",
-            [function],
-        )?;
-        Ok(n > 0)
-    }
-}
-
 /// A function's tags (`TagResource`, CreateFunction's `Tags`), key → value.
 pub type Tags = BTreeMap<String, String>;
 
@@ -503,6 +450,22 @@ fn migrate(db: &Connection) -> Result<(), CatalogError> {
              INSERT OR IGNORE INTO provisioned_configs (function, qualifier, count, last_modified)
                  SELECT function, qualifier, count, last_modified FROM provisioned;
              DELETE FROM provisioned;
+             COMMIT;",
+        )?;
+    }
+    // Event invoke configuration was one per function (`$LATEST`'s); it is
+    // one per function and qualifier now.
+    let old: i64 = db.query_row("SELECT COUNT(*) FROM event_invoke_configs", [], |r| {
+        r.get(0)
+    })?;
+    if old > 0 {
+        db.execute_batch(
+            "BEGIN;
+             INSERT OR IGNORE INTO event_configs (function, qualifier, max_retries, max_age_s,
+                     on_success, on_failure, last_modified_ms)
+                 SELECT function, '$LATEST', max_retries, max_age_s, on_success, on_failure,
+                     last_modified_ms FROM event_invoke_configs;
+             DELETE FROM event_invoke_configs;
              COMMIT;",
         )?;
     }
@@ -646,28 +609,6 @@ mod tests {
         c.remove_snapshot("f", 1).unwrap();
         assert_eq!(c.snapshots().unwrap(), vec![rec(2)]);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn event_invoke_configs_are_kept_replaced_and_deleted() {
-        let db = Catalog::open(Path::new(":memory:")).unwrap();
-        assert_eq!(db.event_invoke_config("f").unwrap(), None);
-        let mut c = EventInvokeConfig {
-            function: "f".into(),
-            max_retries: Some(0),
-            max_age_s: None,
-            on_success: None,
-            on_failure: Some("arn:aws:lambda:us-east-1:000000000000:function:dlq".into()),
-            last_modified_ms: 1,
-        };
-        db.put_event_invoke_config(&c).unwrap();
-        assert_eq!(db.event_invoke_config("f").unwrap().as_ref(), Some(&c));
-        c.max_retries = None;
-        c.max_age_s = Some(60);
-        db.put_event_invoke_config(&c).unwrap();
-        assert_eq!(db.event_invoke_config("f").unwrap(), Some(c));
-        assert!(db.delete_event_invoke_config("f").unwrap());
-        assert!(!db.delete_event_invoke_config("f").unwrap());
     }
 
     #[test]

@@ -413,7 +413,7 @@ pub async fn delete(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaErro
         .map_err(catalog_err)?;
     daemon
         .catalog
-        .delete_event_invoke_config(name)
+        .delete_event_invoke_configs(name)
         .map_err(catalog_err)?;
     daemon.catalog.delete_tags(name).map_err(catalog_err)?;
     daemon.instances.set_reserved(name, None);

@@ -1,6 +1,7 @@
 //! Asynchronous invocation configuration (`2019-09-25`): Put, Update, Get,
-//! Delete and List of `FunctionEventInvokeConfig`, in Lambda's shapes. A
-//! function's configuration overrides the daemon's `--event-max-retries` and
+//! Delete and List of `FunctionEventInvokeConfig`, in Lambda's shapes, one
+//! per qualifier (`$LATEST` without one, a version or an alias): it applies
+//! to `Event` invocations made with that qualifier. A configuration overrides the daemon's `--event-max-retries` and
 //! `--event-max-age-s` for its `Event` invocations and names where their
 //! records go (`DestinationConfig`); the dispatcher that applies it is
 //! [`super::events`].
@@ -46,34 +47,40 @@ struct DestinationBody {
     destination: Option<String>,
 }
 
-/// The optional `Qualifier`: spore has only `$LATEST` (issue: versions).
-fn check_qualifier(req: &Req) -> Result<(), LambdaError> {
-    let q = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("Qualifier="));
-    match q.map(super::percent_decode) {
-        None => Ok(()),
-        Some(Some(q)) if q == "$LATEST" => Ok(()),
-        Some(q) => Err(LambdaError::new(
+/// The configuration's qualifier: the query's `Qualifier` (`$LATEST`
+/// without one), which must be `$LATEST`, a version or an alias of `name`.
+fn config_qualifier(daemon: &Daemon, name: &str, req: &Req) -> Result<String, LambdaError> {
+    existing(daemon, name)?;
+    let q = super::query_qualifier(req)?.unwrap_or_else(|| "$LATEST".to_string());
+    let exists = match q.parse::<u32>() {
+        _ if q == "$LATEST" => true,
+        Ok(n) => daemon
+            .catalog
+            .version(name, n)
+            .map_err(catalog_err)?
+            .is_some(),
+        Err(_) => daemon
+            .catalog
+            .alias(name, &q)
+            .map_err(catalog_err)?
+            .is_some(),
+    };
+    if !exists {
+        return Err(LambdaError::new(
             StatusCode::NOT_FOUND,
             "ResourceNotFoundException",
-            format!(
-                "Qualifier {} does not exist: spore serve has only $LATEST",
-                q.unwrap_or_default()
-            ),
-        )),
+            format!("Function not found: {}:{q}", function_arn(name)),
+        ));
     }
+    Ok(q)
 }
 
-fn not_configured(name: &str) -> LambdaError {
+fn not_configured(name: &str, qualifier: &str) -> LambdaError {
     LambdaError::new(
         StatusCode::NOT_FOUND,
         "ResourceNotFoundException",
         format!(
-            "The function {}:$LATEST doesn't have an EventInvokeConfig",
+            "The function {}:{qualifier} doesn't have an EventInvokeConfig",
             function_arn(name)
         ),
     )
@@ -85,7 +92,7 @@ fn config_json(c: &EventInvokeConfig) -> serde_json::Value {
         None => serde_json::json!({}),
     };
     let mut v = serde_json::json!({
-        "FunctionArn": format!("{}:$LATEST", function_arn(&c.function)),
+        "FunctionArn": format!("{}:{}", function_arn(&c.function), c.qualifier),
         // A REST-JSON timestamp: seconds since the epoch.
         "LastModified": c.last_modified_ms as f64 / 1000.0,
         "DestinationConfig": {
@@ -150,7 +157,6 @@ pub async fn put(
     req: Req,
     replace: bool,
 ) -> Result<Resp, LambdaError> {
-    check_qualifier(&req)?;
     let op = if replace {
         "PutFunctionEventInvokeConfig"
     } else {
@@ -180,15 +186,17 @@ pub async fn put(
     )?;
     let _admin = daemon.admin.lock().await;
     let f = existing(daemon, name)?;
+    let q = config_qualifier(daemon, name, &req)?;
     let old = daemon
         .catalog
-        .event_invoke_config(&f.name)
+        .event_invoke_config(&f.name, &q)
         .map_err(catalog_err)?;
     let mut c = match (replace, old) {
         (false, Some(old)) => old,
-        (false, None) => return Err(not_configured(&f.name)),
+        (false, None) => return Err(not_configured(&f.name, &q)),
         (true, _) => EventInvokeConfig {
             function: f.name.clone(),
+            qualifier: q,
             ..Default::default()
         },
     };
@@ -220,41 +228,39 @@ pub async fn put(
         .catalog
         .put_event_invoke_config(&c)
         .map_err(catalog_err)?;
-    tracing::info!(function = %f.name, "event invoke config set");
+    tracing::info!(function = %f.name, qualifier = %c.qualifier, "event invoke config set");
     Ok(json_response(StatusCode::OK, &config_json(&c)))
 }
 
 pub fn get(daemon: &Arc<Daemon>, name: &str, req: &Req) -> Result<Resp, LambdaError> {
-    check_qualifier(req)?;
-    let f = existing(daemon, name)?;
+    let q = config_qualifier(daemon, name, req)?;
     let c = daemon
         .catalog
-        .event_invoke_config(&f.name)
+        .event_invoke_config(name, &q)
         .map_err(catalog_err)?
-        .ok_or_else(|| not_configured(&f.name))?;
+        .ok_or_else(|| not_configured(name, &q))?;
     Ok(json_response(StatusCode::OK, &config_json(&c)))
 }
 
 pub async fn delete(daemon: &Arc<Daemon>, name: &str, req: &Req) -> Result<Resp, LambdaError> {
-    check_qualifier(req)?;
     let _admin = daemon.admin.lock().await;
-    let f = existing(daemon, name)?;
+    let q = config_qualifier(daemon, name, req)?;
     if !daemon
         .catalog
-        .delete_event_invoke_config(&f.name)
+        .delete_event_invoke_config(name, &q)
         .map_err(catalog_err)?
     {
-        return Err(not_configured(&f.name));
+        return Err(not_configured(name, &q));
     }
     Ok(empty_response(StatusCode::NO_CONTENT))
 }
 
-/// `ListFunctionEventInvokeConfigs`: at most one, the `$LATEST` one.
+/// `ListFunctionEventInvokeConfigs`: one per qualifier that has one.
 pub fn list(daemon: &Arc<Daemon>, name: &str) -> Result<Resp, LambdaError> {
-    let f = existing(daemon, name)?;
+    existing(daemon, name)?;
     let configs: Vec<serde_json::Value> = daemon
         .catalog
-        .event_invoke_config(&f.name)
+        .event_invoke_configs(name)
         .map_err(catalog_err)?
         .iter()
         .map(config_json)

@@ -45,9 +45,11 @@ async fn run_event(daemon: &Arc<Daemon>, ev: TakenEvent) {
     let (function, request_id) = (ev.meta.function.clone(), ev.meta.request_id.clone());
     let found =
         super::versions::resolve(daemon, &function, ev.meta.qualifier.as_deref()).and_then(|f| {
+            // The configuration of the qualifier the event was invoked with.
+            let qualifier = ev.meta.qualifier.as_deref().unwrap_or("$LATEST");
             let cfg = daemon
                 .catalog
-                .event_invoke_config(&function)
+                .event_invoke_config(&function, qualifier)
                 .map_err(super::error::catalog_err)?;
             Ok((f, cfg.unwrap_or_default()))
         });

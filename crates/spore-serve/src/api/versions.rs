@@ -195,10 +195,14 @@ pub async fn delete_version(
         .catalog
         .delete_version(name, n)
         .map_err(catalog_err)?;
-    // Its provisioned concurrency goes with it.
+    // Its provisioned concurrency and event configuration go with it.
     daemon
         .catalog
         .delete_provisioned(name, &n_str)
+        .map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_event_invoke_config(name, &n_str)
         .map_err(catalog_err)?;
     daemon.instances.forget(name).await;
     tracing::info!(function = %name, version = n, "version deleted");
@@ -400,7 +404,8 @@ pub async fn delete_alias(
         .catalog
         .delete_alias(name, alias_name)
         .map_err(catalog_err)?;
-    // Its function URL and provisioned concurrency go with it.
+    // Its function URL, provisioned concurrency and event configuration go
+    // with it.
     daemon
         .catalog
         .delete_url(name, alias_name)
@@ -408,6 +413,10 @@ pub async fn delete_alias(
     daemon
         .catalog
         .delete_provisioned(name, alias_name)
+        .map_err(catalog_err)?;
+    daemon
+        .catalog
+        .delete_event_invoke_config(name, alias_name)
         .map_err(catalog_err)?;
     daemon.instances.sync_provisioned(name).await;
     Ok(empty_response(StatusCode::NO_CONTENT))

@@ -425,3 +425,86 @@ fn expired_events_are_recorded_too(
         1.0
     );
 }
+
+/// An event invoke configuration belongs to one qualifier, as in Lambda:
+/// set on an alias, it applies to events invoked through that alias only,
+/// and goes when the alias goes.
+#[test]
+fn kvm_serve_event_configs_are_per_qualifier() {
+    require_kvm();
+    let dir = Scratch::new("ev-qual");
+    let state = dir.path("state");
+    let d = Daemon::start(&state, &["--event-retry-delay-ms", "100"]);
+    assert_eq!(d.create("src", "fn-echo", serde_json::json!({})).status, 201);
+    let sink = serde_json::json!({ "Environment": { "Variables": { "ECHO_SINK": "1" } } });
+    assert_eq!(d.create("sink", "fn-echo", sink).status, 201);
+    let r = d.request("POST", "/2015-03-31/functions/src/versions", b"{}", &[]);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = d.request(
+        "POST",
+        "/2015-03-31/functions/src/aliases",
+        br#"{"Name":"live","FunctionVersion":"1"}"#,
+        &[],
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let config = |method: &str, qualifier: &str, body: &serde_json::Value| {
+        let r = d.request(
+            method,
+            &format!("/2019-09-25/functions/src/event-invoke-config?Qualifier={qualifier}"),
+            body.to_string().as_bytes(),
+            &[],
+        );
+        let v = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+        (r.status, v)
+    };
+    let to_sink = serde_json::json!({ "DestinationConfig": { "OnSuccess": {
+        "Destination": "arn:aws:lambda:us-east-1:000000000000:function:sink" } } });
+    // A qualifier that does not exist has no configuration to set.
+    for missing in ["7", "nope"] {
+        let (status, v) = config("PUT", missing, &to_sink);
+        assert_eq!(status, 404, "{missing}: {v}");
+    }
+    let (status, v) = config("PUT", "live", &to_sink);
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["FunctionArn"].as_str().is_some_and(|a| a.ends_with(":src:live")),
+        "{v}"
+    );
+    assert_eq!(config("GET", "%24LATEST", &serde_json::json!({})).0, 404);
+    // Through the alias: a record. Through $LATEST or the version: none.
+    let (status, via_alias) = event(&d, "src:live", r#"{"via":"alias"}"#);
+    assert_eq!(status, 202);
+    assert_eq!(event(&d, "src", r#"{"via":"latest"}"#).0, 202);
+    assert_eq!(event(&d, "src:1", r#"{"via":"version"}"#).0, 202);
+    wait_until_queue_empty(&d, Duration::from_secs(60));
+    let got = records(&state, "sink");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["requestContext"]["requestId"], via_alias.as_str());
+    let r = d.request(
+        "GET",
+        "/2019-09-25/functions/src/event-invoke-config/list",
+        b"",
+        &[],
+    );
+    let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    assert_eq!(
+        list["FunctionEventInvokeConfigs"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+    // The alias deleted: its configuration with it.
+    let r = d.request("DELETE", "/2015-03-31/functions/src/aliases/live", b"", &[]);
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = d.request(
+        "GET",
+        "/2019-09-25/functions/src/event-invoke-config/list",
+        b"",
+        &[],
+    );
+    let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    assert_eq!(
+        list["FunctionEventInvokeConfigs"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+}
