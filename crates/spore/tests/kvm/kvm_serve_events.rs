@@ -435,7 +435,10 @@ fn kvm_serve_event_configs_are_per_qualifier() {
     let dir = Scratch::new("ev-qual");
     let state = dir.path("state");
     let d = Daemon::start(&state, &["--event-retry-delay-ms", "100"]);
-    assert_eq!(d.create("src", "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(
+        d.create("src", "fn-echo", serde_json::json!({})).status,
+        201
+    );
     let sink = serde_json::json!({ "Environment": { "Variables": { "ECHO_SINK": "1" } } });
     assert_eq!(d.create("sink", "fn-echo", sink).status, 201);
     let r = d.request("POST", "/2015-03-31/functions/src/versions", b"{}", &[]);
@@ -467,7 +470,9 @@ fn kvm_serve_event_configs_are_per_qualifier() {
     let (status, v) = config("PUT", "live", &to_sink);
     assert_eq!(status, 200, "{v}");
     assert!(
-        v["FunctionArn"].as_str().is_some_and(|a| a.ends_with(":src:live")),
+        v["FunctionArn"]
+            .as_str()
+            .is_some_and(|a| a.ends_with(":src:live")),
         "{v}"
     );
     assert_eq!(config("GET", "%24LATEST", &serde_json::json!({})).0, 404);
