@@ -111,6 +111,7 @@ pub fn run(state_dir: &Path, pool: NetPool, fd: i32) -> anyhow::Result<()> {
     };
     let report = crate::recovery::recover(state_dir)?;
     let net = Network::new(state_dir, pool).remove_leftovers();
+    crate::cgroups::remove_tree(&crate::network::prefix_of(state_dir));
     // The pid records go too (a full disk may refuse this: the next
     // daemon drops them then).
     match crate::catalog::Catalog::open(&state_dir.join("catalog.db")) {

@@ -26,6 +26,7 @@ pub mod api;
 pub mod auth;
 pub mod bases;
 pub mod catalog;
+pub mod cgroups;
 pub mod clock;
 pub mod code;
 pub mod config;

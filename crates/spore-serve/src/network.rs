@@ -136,11 +136,17 @@ pub struct Network {
     host_ready: Mutex<bool>,
 }
 
+/// The prefix of what a daemon of `state_dir` makes on the host (network
+/// namespaces, links, cgroups): `sp` and 6 hex digits of the path's hash.
+pub fn prefix_of(state_dir: &Path) -> String {
+    let hash = sha2::Sha256::digest(state_dir.as_os_str().as_encoded_bytes());
+    format!("sp{:02x}{:02x}{:02x}", hash[0], hash[1], hash[2])
+}
+
 impl Network {
     pub fn new(state_dir: &Path, pool: NetPool) -> Self {
-        let hash = sha2::Sha256::digest(state_dir.as_os_str().as_encoded_bytes());
         Network {
-            prefix: format!("sp{:02x}{:02x}{:02x}", hash[0], hash[1], hash[2]),
+            prefix: prefix_of(state_dir),
             pool,
             used: Mutex::new(BTreeSet::new()),
             host_ready: Mutex::new(false),

@@ -40,17 +40,20 @@ pub struct VmmProcess {
     /// The network namespace it runs in (a networked function's), removed
     /// when it ends.
     pub net: Option<InstanceNet>,
+    /// Its cgroup (memory, pids, CPU share), removed when it ends.
+    pub cgroup: Option<crate::cgroups::Leaf>,
 }
 
 impl VmmProcess {
     /// Starts `spore vmm --api-sock <run_dir>/api.sock`, its console and
     /// messages going to `<run_dir>/vmm.log`, in a process group of its own;
     /// with `net`, inside that network namespace (`--netns`), which the
-    /// process then owns.
+    /// process then owns; with `cgroup`, in that cgroup from before it runs.
     pub async fn spawn(
         spore_bin: &Path,
         run_dir: &Path,
         net: Option<InstanceNet>,
+        cgroup: Option<crate::cgroups::Leaf>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("creating {}", run_dir.display()))?;
@@ -60,6 +63,14 @@ impl VmmProcess {
         command.arg("vmm");
         if let Some(n) = &net {
             command.arg("--netns").arg(n.path());
+        }
+        if let Some(leaf) = &cgroup {
+            let files = leaf.procs_files();
+            // SAFETY: the closure only makes raw system calls on C strings
+            // prepared before the fork (cgroups::join_in_child).
+            unsafe {
+                command.pre_exec(move || crate::cgroups::join_in_child(&files));
+            }
         }
         let child = command
             .arg("--api-sock")
@@ -84,6 +95,7 @@ impl VmmProcess {
             ended: false,
             stop_cleanly: false,
             net,
+            cgroup,
         };
         vmm.wait_for_socket(Duration::from_secs(10)).await?;
         Ok(vmm)
@@ -100,6 +112,7 @@ impl VmmProcess {
             ended: false,
             stop_cleanly: false,
             net: None,
+            cgroup: None,
         }
     }
 
@@ -219,6 +232,22 @@ impl VmmProcess {
             // Removing runs `ip` commands: off the async threads.
             let _ = tokio::task::spawn_blocking(move || drop(net)).await;
         }
+        if let Some(leaf) = self.cgroup.take() {
+            leaf.remove().await;
+        }
+    }
+
+    /// Its cgroup's memory limit now, if it has a cgroup.
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.cgroup.as_ref()?.memory_limit()
+    }
+
+    /// Whether the kernel ended it (or a process of its cgroup) for going
+    /// past its cgroup's memory.
+    pub fn oom_killed(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(crate::cgroups::Leaf::oom_killed)
     }
 
     /// Host memory the process holds: its proportional set size (shared

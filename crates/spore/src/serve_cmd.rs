@@ -128,6 +128,14 @@ pub struct ServeArgs {
     /// not pause longer (ms); 408 otherwise.
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// Run instance VMMs in the daemon's own cgroup instead of one each
+    /// (development only: no memory, process or CPU bound per instance).
+    #[arg(long)]
+    no_cgroups: bool,
+    /// Memory an instance's cgroup allows besides the function's
+    /// MemorySize: the VMM's own (e.g. 64M).
+    #[arg(long, default_value = "64M")]
+    instance_memory_overhead: String,
     /// Internal: run as the daemon's guardian, waiting on this descriptor
     /// (spore_serve::guardian).
     #[arg(long, hide = true)]
@@ -154,6 +162,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         a.state_dir
     } else {
         std::env::current_dir()?.join(a.state_dir)
+    };
+    let overhead = spore_vmm::config::parse_size(&a.instance_memory_overhead)
+        .map_err(|e| anyhow::anyhow!("--instance-memory-overhead: {e}"))?;
+    let cgroups = if a.no_cgroups {
+        eprintln!("spore serve: --no-cgroups: instances share the daemon's cgroup, unbounded (development only)");
+        None
+    } else {
+        spore_serve::cgroups::Cgroups::set_up(
+            &spore_serve::network::prefix_of(&state_dir),
+            overhead,
+        )
     };
     let image_cache = spore_serve::images::cache_dir(a.image_cache);
     let linux_kernel = match a.linux_kernel {
@@ -207,6 +226,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             linux_kernel,
             image_cache,
             ready_limit: Duration::from_secs(a.ready_timeout_s.max(1)),
+            cgroups,
         },
     })?;
     Ok(0)

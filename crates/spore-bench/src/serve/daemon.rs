@@ -11,6 +11,13 @@ use serde_json::{json, Value};
 
 use crate::lambda_client::Conn;
 
+/// Flags every daemon of the bench gets (`--daemon-arg`), set once.
+static EXTRA_ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+pub(crate) fn set_extra_args(args: Vec<String>) {
+    let _ = EXTRA_ARGS.set(args);
+}
+
 /// A `spore serve` for the bench, ended on drop.
 pub(crate) struct Daemon {
     child: Child,
@@ -59,6 +66,7 @@ impl Daemon {
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .args(extra)
+            .args(EXTRA_ARGS.get().map_or(&[][..], Vec::as_slice))
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()?;

@@ -45,6 +45,10 @@ pub struct ServeBenchArgs {
     /// strategies compared cold and lukewarm; see `--linux-*` options.
     #[command(flatten)]
     pub linux: Box<linux::LinuxBenchArgs>,
+    /// A flag for every `spore serve` the bench starts (repeatable), e.g.
+    /// `--daemon-arg=--no-cgroups` to measure what instance cgroups cost.
+    #[arg(long = "daemon-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub daemon_args: Vec<String>,
 }
 
 fn stats_ms(v: &[f64]) -> Value {
@@ -77,6 +81,7 @@ fn path_figures(server: &[f64], client: &[f64]) -> Value {
 }
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
+    daemon::set_extra_args(a.daemon_args.clone());
     if a.linux.linux {
         return linux::run(*a.linux);
     }
@@ -91,7 +96,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
         }
     }
     let scratch = std::env::temp_dir().join(format!("spore-bench-serve-{}", std::process::id()));
-    let mut report = json!({"bench": "serve", "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get())});
+    let mut report = json!({"bench": "serve", "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "daemon_args": a.daemon_args});
 
     for (fname, image) in [("echo", &echo), ("touch32", &touch)] {
         report[fname] = start_paths(&a, &scratch, fname, image)?;

@@ -226,6 +226,26 @@ pub(super) async fn run(
                 logs::died_log(log, &console),
             )
         }
+        Outcome::OutOfMemory {
+            limit_bytes,
+            console,
+            log,
+        } => {
+            // Lambda's words for it, with the limit that was reached.
+            let msg = format!(
+                "RequestId: {request_id} Error: Runtime exited with error: signal: killed (the instance went past its memory limit of {} MiB, MemorySize {} MiB and the VMM's own)",
+                limit_bytes >> 20,
+                f.memory_mib
+            );
+            (
+                serde_json::json!({ "errorType": "Runtime.OutOfMemory", "errorMessage": msg })
+                    .to_string()
+                    .into_bytes(),
+                true,
+                "function_error",
+                logs::died_log(log, &console),
+            )
+        }
         Outcome::HostFault { why, console, log } => {
             // Not the function's fault: logged and counted as a service
             // error, answered 500 (an Event invocation goes back to its

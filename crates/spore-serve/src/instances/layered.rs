@@ -197,7 +197,13 @@ impl Instances {
         // mkfs.ext4 runs once per state directory: off the async threads.
         let placeholder = tokio::task::spawn_blocking(move || bases.placeholder()).await??;
         let tmp = self.bases.temp_dir(&base_runtime(f, rt), f.memory_mib)?;
-        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &self.run_dir(), None).await?;
+        let run_dir = self.run_dir();
+        let instance = run_dir
+            .file_name()
+            .map(|n| format!("base-{}", n.to_string_lossy()))
+            .unwrap_or_default();
+        let cgroup = self.cgroup_for(f, &instance).await?;
+        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, None, cgroup).await?;
         self.record(&vmm);
         let made = async {
             let boot = runtime::BootFiles {

@@ -90,6 +90,9 @@ pub struct InstancesConfig {
     /// How long a guest may take from `InstanceStart` (or a clone's start,
     /// or a restore) to `Ready`, a Linux function's init included.
     pub ready_limit: Duration,
+    /// Each instance VMM in a cgroup of its own (`None`: `--no-cgroups`,
+    /// or a host without a usable memory controller).
+    pub cgroups: Option<crate::cgroups::Cgroups>,
 }
 
 /// Why an invocation got no instance.
@@ -129,6 +132,13 @@ pub enum Outcome {
         log: Vec<u8>,
     },
     TimedOut {
+        log: Vec<u8>,
+    },
+    /// The kernel ended the instance for going past its cgroup's memory
+    /// (the function's doing: Lambda's `Runtime.OutOfMemory`).
+    OutOfMemory {
+        limit_bytes: u64,
+        console: String,
         log: Vec<u8>,
     },
 }
@@ -271,6 +281,24 @@ impl Instances {
         self.cfg.image_cache.clone()
     }
 
+    /// A new cgroup for instance `instance` of `f` (`None` without
+    /// cgroups); made off the async threads (cgroupfs writes can block).
+    async fn cgroup_for(
+        &self,
+        f: &Function,
+        instance: &str,
+    ) -> anyhow::Result<Option<crate::cgroups::Leaf>> {
+        let Some(cgroups) = self.cfg.cgroups.clone() else {
+            return Ok(None);
+        };
+        let limits = cgroups.limits(f.memory_mib);
+        let (group, instance) = (f.name.clone(), instance.to_string());
+        let leaf = tokio::task::spawn_blocking(move || cgroups.leaf(&group, &instance, limits))
+            .await?
+            .map_err(|e| anyhow::anyhow!("making the instance's cgroup: {e}"))?;
+        Ok(Some(leaf))
+    }
+
     pub fn max_concurrency(&self) -> usize {
         self.cfg.max_concurrency
     }
@@ -352,6 +380,15 @@ impl Instances {
                 let console = inst.vmm.log_lines(CRASH_LOG_LINES);
                 let log = inst.conn.take_streamed_log();
                 let outcome = match ending {
+                    _ if inst.vmm.oom_killed() => {
+                        tracing::warn!(function = %f.name, start = path.as_str(),
+                            "instance ended by the kernel: past its memory limit; its VMM log ends: {console}");
+                        Outcome::OutOfMemory {
+                            limit_bytes: inst.vmm.memory_limit().unwrap_or(0),
+                            console,
+                            log,
+                        }
+                    }
                     Ending::Guest(why) => {
                         tracing::warn!(function = %f.name, start = path.as_str(),
                             "instance failed ({why}); its VMM log ends: {console}");
@@ -565,6 +602,9 @@ impl Instances {
             network.remove_leftovers()
         })
         .await;
+        if let Some(c) = &self.cfg.cgroups {
+            c.remove_all();
+        }
     }
 }
 

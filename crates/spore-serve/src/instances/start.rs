@@ -412,7 +412,8 @@ impl Instances {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let net = self.instance_net(f, &instance).await?;
-        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net).await
+        let cgroup = self.cgroup_for(f, &instance).await?;
+        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup).await
     }
 
     /// For a networked zygote: the namespace of its next clone, whose
@@ -512,6 +513,16 @@ impl Instances {
         let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
+        // Out of its zygote's cgroup into its own, before it serves.
+        let joined = match self.cgroup_for(f, &format!("c{pid}")).await {
+            Ok(Some(leaf)) => leaf.add(pid).map(|()| vmm.cgroup = Some(leaf)),
+            Ok(None) => Ok(()),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        if let Err(e) = joined {
+            self.end(vmm).await;
+            anyhow::bail!("clone of {}: moving it into its cgroup: {e}", f.name);
+        }
         match self.connect(f, &vmm.vsock_uds).await {
             Ok(conn) => {
                 tracing::debug!(

@@ -54,6 +54,7 @@ mod kvm_net;
 mod kvm_net_device;
 mod kvm_seccomp;
 mod kvm_serve;
+mod kvm_serve_cgroups;
 mod kvm_serve_clients;
 mod kvm_serve_disk_full;
 mod kvm_serve_events;

@@ -1,0 +1,480 @@
+//! A cgroup of its own for every instance VMM: its memory bounded
+//! (`MemorySize` plus the VMM's own overhead), its processes and threads
+//! bounded, and its CPU share proportional to its memory as Lambda gives
+//! CPU (1,769 MB = one vCPU's share). A guest or VMM that goes past its
+//! memory is ended by the kernel in its own cgroup only, and the invoker is
+//! told `Runtime.OutOfMemory`.
+//!
+//! The tree is made under the daemon's own cgroup (so whatever bounds the
+//! daemon also bounds its instances): `<own>/<prefix>/<account>.<function>/
+//! <instance>`, in the cgroup v2 hierarchy when it offers the `memory` and
+//! `pids` controllers, else in the v1 hierarchies of `memory`, `pids` and
+//! `cpu` (each where /proc/mounts has it). A VMM the daemon starts joins its
+//! cgroup before it runs (`pre_exec`); a clone is moved into its own as soon
+//! as its zygote reports it. Leaves are removed when their VMM ends; a
+//! restarted daemon removes the empty ones its predecessor left.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Threads and processes one instance's cgroup may hold (a VMM has about
+/// five threads; a zygote also holds its clone factory and the clones it
+/// starts ahead until each is moved out).
+const PIDS_MAX: u32 = 512;
+
+/// Memory a VMM needs besides its guest's: its own heap, page tables,
+/// device buffers and the binary's pages it touches. Measured: a booted
+/// unikernel VMM holds ~12 MiB besides guest memory, a Linux one ~25 MiB.
+pub const DEFAULT_OVERHEAD: u64 = 64 << 20;
+
+/// Lambda's rule: a function gets one vCPU's worth of CPU at 1,769 MB.
+const MB_PER_VCPU: u64 = 1769;
+
+/// One hierarchy the instance cgroups are made in.
+#[derive(Debug, Clone)]
+struct Hierarchy {
+    /// `<mount>/<the daemon's own cgroup>/<prefix>`.
+    base: PathBuf,
+    v2: bool,
+    /// The controllers of ours it holds (`memory`, `pids`, `cpu`).
+    controllers: Vec<&'static str>,
+}
+
+/// Where instance cgroups are made, and how big they are.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    hierarchies: Vec<Hierarchy>,
+    overhead: u64,
+}
+
+/// The limits of one instance's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    /// v1 `cpu.shares` (v2 `cpu.weight` is derived from it).
+    pub cpu_shares: u64,
+}
+
+impl Cgroups {
+    /// Finds the hierarchies and makes `<prefix>` in each; `None` (logged)
+    /// when this host offers no memory controller the daemon may use.
+    pub fn set_up(prefix: &str, overhead: u64) -> Option<Cgroups> {
+        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let hierarchies = match find(&mounts, &own, prefix) {
+            Ok(h) => h,
+            Err(why) => {
+                tracing::warn!("instances get no cgroup of their own: {why}");
+                return None;
+            }
+        };
+        for h in &hierarchies {
+            if let Err(e) = make_base(h) {
+                tracing::warn!(
+                    "instances get no cgroup of their own: making {}: {e}",
+                    h.base.display()
+                );
+                return None;
+            }
+        }
+        let c = Cgroups {
+            hierarchies,
+            overhead,
+        };
+        c.remove_leftovers();
+        Some(c)
+    }
+
+    /// What an instance of `memory_mib` gets.
+    pub fn limits(&self, memory_mib: u32) -> Limits {
+        let mib = u64::from(memory_mib);
+        Limits {
+            memory_bytes: (mib << 20).saturating_add(self.overhead),
+            pids: PIDS_MAX,
+            cpu_shares: (1024 * mib / MB_PER_VCPU).max(2),
+        }
+    }
+
+    /// Makes the cgroup `<group>/<instance>` with `limits`. `group` and
+    /// `instance` are the daemon's own names (a function key with its `:`
+    /// made a `.`, an instance's run directory name).
+    pub fn leaf(&self, group: &str, instance: &str, limits: Limits) -> std::io::Result<Leaf> {
+        let group = group.replace(':', ".");
+        let mut leaf = Leaf { dirs: Vec::new() };
+        for h in &self.hierarchies {
+            // Made again if gone: a dead daemon's guardian removes the tree
+            // (under the state directory's lock, which this daemon took after
+            // set_up made it).
+            if !h.base.exists() {
+                make_base(h)?;
+            }
+            let parent = h.base.join(&group);
+            if !parent.exists() {
+                std::fs::create_dir(&parent).or_else(exists_is_fine)?;
+                if h.v2 {
+                    enable_controllers(&parent, &h.controllers)?;
+                }
+            }
+            let dir = parent.join(instance);
+            std::fs::create_dir(&dir).or_else(exists_is_fine)?;
+            leaf.dirs.push((dir.clone(), h.v2));
+            write_limits(&dir, h, limits)?;
+        }
+        Ok(leaf)
+    }
+
+    /// Removes the empty cgroups a previous daemon left (its instances were
+    /// ended by its guardian).
+    fn remove_leftovers(&self) {
+        for h in &self.hierarchies {
+            for group in subdirs(&h.base) {
+                for leaf in subdirs(&group) {
+                    let _ = std::fs::remove_dir(leaf);
+                }
+                let _ = std::fs::remove_dir(group);
+            }
+        }
+    }
+
+    /// Removes the daemon's tree (shutdown; only empty cgroups go).
+    pub fn remove_all(&self) {
+        self.remove_leftovers();
+        for h in &self.hierarchies {
+            let _ = std::fs::remove_dir(&h.base);
+        }
+    }
+}
+
+/// Removes the instance cgroups of the daemon of `prefix` (its guardian,
+/// once the daemon died and its VMMs were killed): each leaf as soon as its
+/// killed processes left it, then the groups and the daemon's tree.
+pub fn remove_tree(prefix: &str) -> usize {
+    let (Ok(mounts), Ok(own)) = (
+        std::fs::read_to_string("/proc/mounts"),
+        std::fs::read_to_string("/proc/self/cgroup"),
+    ) else {
+        return 0;
+    };
+    let Ok(hierarchies) = find(&mounts, &own, prefix) else {
+        return 0;
+    };
+    // The guardian holds the state directory's lock meanwhile, which a new
+    // daemon waits for: a leaf still busy after this is left to the next
+    // daemon's start (Cgroups::set_up removes empty ones).
+    let deadline = std::time::Instant::now() + Duration::from_millis(300);
+    let mut removed = 0;
+    for h in hierarchies {
+        for group in subdirs(&h.base) {
+            for leaf in subdirs(&group) {
+                while std::fs::remove_dir(&leaf).is_err() {
+                    if std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                removed += usize::from(!leaf.exists());
+            }
+            let _ = std::fs::remove_dir(&group);
+        }
+        let _ = std::fs::remove_dir(&h.base);
+    }
+    removed
+}
+
+/// One instance's cgroup, in every hierarchy used.
+#[derive(Debug)]
+pub struct Leaf {
+    dirs: Vec<(PathBuf, bool)>,
+}
+
+impl Leaf {
+    /// The `cgroup.procs` files a process writes `0` to, to join (prepared
+    /// before `fork`: the child may not allocate).
+    pub fn procs_files(&self) -> Vec<CString> {
+        self.dirs
+            .iter()
+            .filter_map(|(d, _)| {
+                CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()).ok()
+            })
+            .collect()
+    }
+
+    /// Moves process `pid` (a clone its zygote started) in.
+    pub fn add(&self, pid: i32) -> std::io::Result<()> {
+        for (d, _) in &self.dirs {
+            std::fs::write(d.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel ended a process of this cgroup for its memory.
+    pub fn oom_killed(&self) -> bool {
+        self.dirs.iter().any(|(d, v2)| {
+            let file = if *v2 {
+                "memory.events"
+            } else {
+                "memory.oom_control"
+            };
+            std::fs::read_to_string(d.join(file))
+                .ok()
+                .and_then(|t| count_of(&t, "oom_kill"))
+                .is_some_and(|n| n > 0)
+        })
+    }
+
+    /// The memory limit in force now (bytes; an operator may have changed
+    /// it since it was made).
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.dirs.iter().find_map(|(d, v2)| {
+            let file = if *v2 {
+                "memory.max"
+            } else {
+                "memory.limit_in_bytes"
+            };
+            std::fs::read_to_string(d.join(file))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    /// Removes it once its processes are gone (a killed process leaves its
+    /// cgroup a moment after the signal), and its group if that is empty.
+    pub async fn remove(self) {
+        for (d, _) in &self.dirs {
+            for _ in 0..50 {
+                match std::fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+            if let Some(group) = d.parent() {
+                let _ = std::fs::remove_dir(group);
+            }
+        }
+    }
+}
+
+/// Joins the cgroups of `files` (each a `cgroup.procs`): to be run in a
+/// forked child before `exec`, so only raw system calls.
+///
+/// # Safety
+/// Async-signal-safe: `open`, `write`, `close` on prepared C strings.
+pub unsafe fn join_in_child(files: &[CString]) -> std::io::Result<()> {
+    for f in files {
+        // SAFETY: a NUL-terminated path; the fd is closed below.
+        let fd = unsafe { libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: writing one byte from a static buffer.
+        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+        // SAFETY: the fd opened above.
+        unsafe { libc::close(fd) };
+        if n != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The hierarchies holding `memory`, `pids` and (if mounted) `cpu`: the
+/// v2 one if it offers memory and pids, else the v1 ones.
+fn find(mounts: &str, own: &str, prefix: &str) -> Result<Vec<Hierarchy>, String> {
+    let entries: Vec<(PathBuf, bool, Vec<&str>)> = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (target, fstype, opts) = (f.get(1)?, f.get(2)?, f.get(3)?);
+            let v2 = match *fstype {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => return None,
+            };
+            Some((PathBuf::from(target), v2, opts.split(',').collect()))
+        })
+        .collect();
+    if let Some((mount, _, _)) = entries.iter().find(|(_, v2, _)| *v2) {
+        let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let has = |c: &str| offered.split_whitespace().any(|x| x == c);
+        if has("memory") && has("pids") {
+            let mut controllers = vec!["memory", "pids"];
+            if has("cpu") {
+                controllers.push("cpu");
+            }
+            let path = own_path(own, None).ok_or("no cgroup v2 line in /proc/self/cgroup")?;
+            return Ok(vec![Hierarchy {
+                base: mount.join(path).join(prefix),
+                v2: true,
+                controllers,
+            }]);
+        }
+    }
+    let mut out = Vec::new();
+    for c in ["memory", "pids", "cpu"] {
+        let Some((mount, _, _)) = entries.iter().find(|(_, v2, o)| !*v2 && o.contains(&c)) else {
+            if c == "cpu" {
+                continue;
+            }
+            return Err(format!(
+                "neither the cgroup v2 hierarchy nor a v1 one offers the {c} controller"
+            ));
+        };
+        let path = own_path(own, Some(c)).unwrap_or("");
+        out.push(Hierarchy {
+            base: mount.join(path).join(prefix),
+            v2: false,
+            controllers: vec![c],
+        });
+    }
+    Ok(out)
+}
+
+/// This process's cgroup in a hierarchy (`None`: the v2 line).
+fn own_path<'a>(own: &'a str, controller: Option<&str>) -> Option<&'a str> {
+    own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, list, path) = (f.next()?, f.next()?, f.next()?);
+        let hit = match controller {
+            None => list.is_empty(),
+            Some(c) => list.split(',').any(|x| x == c),
+        };
+        hit.then(|| path.trim_start_matches('/'))
+    })
+}
+
+fn make_base(h: &Hierarchy) -> std::io::Result<()> {
+    if h.v2 {
+        // The daemon's own cgroup must pass the controllers down, which v2
+        // allows a cgroup holding processes only at the root: the daemon
+        // first moves into a leaf beside its instances' tree (as under
+        // systemd's `Delegate=yes`).
+        if let (Some(own), Some(prefix)) = (h.base.parent(), h.base.file_name()) {
+            if enable_controllers(own, &h.controllers).is_err() {
+                let daemon = own.join(format!("{}-daemon", prefix.to_string_lossy()));
+                std::fs::create_dir(&daemon).or_else(exists_is_fine)?;
+                std::fs::write(daemon.join("cgroup.procs"), "0")?;
+                enable_controllers(own, &h.controllers)?;
+            }
+        }
+        std::fs::create_dir_all(&h.base)?;
+        enable_controllers(&h.base, &h.controllers)?;
+    } else {
+        std::fs::create_dir_all(&h.base)?;
+    }
+    Ok(())
+}
+
+fn enable_controllers(dir: &Path, controllers: &[&str]) -> std::io::Result<()> {
+    let line: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
+    std::fs::write(dir.join("cgroup.subtree_control"), line.join(" "))
+}
+
+fn write_limits(dir: &Path, h: &Hierarchy, l: Limits) -> std::io::Result<()> {
+    let put = |file: &str, value: String| std::fs::write(dir.join(file), value);
+    for c in &h.controllers {
+        match (*c, h.v2) {
+            ("memory", false) => put("memory.limit_in_bytes", l.memory_bytes.to_string())?,
+            ("memory", true) => {
+                put("memory.max", l.memory_bytes.to_string())?;
+                // Swapping a guest's memory out would only hide the limit.
+                let _ = put("memory.swap.max", "0".into());
+            }
+            ("pids", _) => put("pids.max", l.pids.to_string())?,
+            ("cpu", false) => put("cpu.shares", l.cpu_shares.to_string())?,
+            // v2's weight: 1–10000, 100 the default (v1's 1024).
+            ("cpu", true) => put(
+                "cpu.weight",
+                (l.cpu_shares * 100 / 1024).clamp(1, 10_000).to_string(),
+            )?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn exists_is_fine(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::AlreadyExists {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `key N` in a flat-keyed cgroup file.
+fn count_of(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1_MOUNTS: &str = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+        cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n\
+        cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n\
+        cgroup2 /nonexistent-spore-test/unified cgroup2 rw 0 0\n";
+
+    #[test]
+    fn v1_hierarchies_are_under_the_daemons_own_cgroups() {
+        let own = "8:pids:/\n4:memory:/sandbox/x\n1:cpu:/\n0::/\n";
+        let h = find(V1_MOUNTS, own, "sp123456").unwrap();
+        let bases: Vec<_> = h.iter().map(|h| h.base.clone()).collect();
+        assert_eq!(
+            bases,
+            vec![
+                PathBuf::from("/sys/fs/cgroup/memory/sandbox/x/sp123456"),
+                PathBuf::from("/sys/fs/cgroup/pids/sp123456"),
+                PathBuf::from("/sys/fs/cgroup/cpu/sp123456"),
+            ]
+        );
+        assert!(h.iter().all(|h| !h.v2));
+    }
+
+    #[test]
+    fn without_a_memory_controller_there_are_no_instance_cgroups() {
+        let mounts = "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n";
+        let e = find(mounts, "0::/\n", "sp").unwrap_err();
+        assert!(e.contains("memory"), "{e}");
+    }
+
+    #[test]
+    fn limits_follow_lambdas_rules() {
+        let c = Cgroups {
+            hierarchies: Vec::new(),
+            overhead: 64 << 20,
+        };
+        let l = c.limits(128);
+        assert_eq!(l.memory_bytes, (128 + 64) << 20);
+        assert_eq!(l.cpu_shares, 74);
+        assert_eq!(c.limits(1769).cpu_shares, 1024);
+        assert_eq!(c.limits(1).cpu_shares, 2);
+    }
+
+    #[test]
+    fn oom_counts_are_read_from_flat_keyed_files() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(count_of(v1, "oom_kill"), Some(3));
+        let v2 = "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(count_of(v2, "oom_kill"), Some(1));
+        assert_eq!(count_of(v2, "nothing"), None);
+    }
+}
