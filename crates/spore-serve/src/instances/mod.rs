@@ -299,6 +299,21 @@ impl Instances {
         Ok(Some(leaf))
     }
 
+    /// Starts making a cgroup for a clone of `f` (`None` without cgroups),
+    /// named `c<n>`, for `start::join_cgroup` to move the clone into.
+    fn cgroup_ahead(
+        &self,
+        f: &Function,
+    ) -> Option<tokio::task::JoinHandle<std::io::Result<crate::cgroups::Leaf>>> {
+        let cgroups = self.cfg.cgroups.clone()?;
+        let limits = cgroups.limits(f.memory_mib);
+        let group = f.name.clone();
+        let instance = format!("c{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        Some(tokio::task::spawn_blocking(move || {
+            cgroups.leaf(&group, &instance, limits)
+        }))
+    }
+
     pub fn max_concurrency(&self) -> usize {
         self.cfg.max_concurrency
     }
