@@ -233,7 +233,7 @@ impl VmmProcess {
             let _ = tokio::task::spawn_blocking(move || drop(net)).await;
         }
         if let Some(leaf) = self.cgroup.take() {
-            leaf.remove().await;
+            leaf.release().await;
         }
     }
 

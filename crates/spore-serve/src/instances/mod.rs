@@ -90,8 +90,8 @@ pub struct InstancesConfig {
     /// How long a guest may take from `InstanceStart` (or a clone's start,
     /// or a restore) to `Ready`, a Linux function's init included.
     pub ready_limit: Duration,
-    /// Each instance VMM in a cgroup of its own (`None`: `--no-cgroups`,
-    /// or a host without a usable memory controller).
+    /// Each instance VMM in a cgroup of its own (`None`: without
+    /// `--cgroups`, or a host without a usable memory controller).
     pub cgroups: Option<crate::cgroups::Cgroups>,
 }
 

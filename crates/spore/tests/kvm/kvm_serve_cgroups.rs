@@ -43,7 +43,7 @@ fn kvm_serve_instances_get_their_own_cgroups() {
     let dir = Scratch::new("serve-cg");
     let state = dir.path("state");
     let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
-    let d = std::sync::Arc::new(Daemon::start(&state, &[]));
+    let d = std::sync::Arc::new(Daemon::start(&state, &["--cgroups"]));
     assert_eq!(
         d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}))
             .status,
@@ -110,7 +110,7 @@ fn kvm_serve_instances_get_their_own_cgroups() {
 fn kvm_serve_an_instance_past_its_memory_is_ended_alone() {
     require_kvm();
     let dir = Scratch::new("serve-oom");
-    let d = Daemon::start(&dir.path("state"), &["--no-clones"]);
+    let d = Daemon::start(&dir.path("state"), &["--no-clones", "--cgroups"]);
     for name in ["big", "other"] {
         let r = d.create(name, "fn-echo", serde_json::json!({"MemorySize": 128}));
         assert_eq!(r.status, 201, "{}", r.text());
