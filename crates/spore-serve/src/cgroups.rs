@@ -59,9 +59,12 @@ pub struct Cgroups {
     spare: Arc<Mutex<Spare>>,
 }
 
+/// A leaf's directory in each hierarchy, and whether that one is v2.
+type LeafDirs = Vec<(PathBuf, bool)>;
+
 #[derive(Debug, Default)]
 struct Spare {
-    by_kind: HashMap<(String, Limits), Vec<Vec<(PathBuf, bool)>>>,
+    by_kind: HashMap<(String, Limits), Vec<LeafDirs>>,
     count: usize,
 }
 
@@ -234,7 +237,7 @@ pub fn remove_tree(prefix: &str) -> usize {
 /// One instance's cgroup, in every hierarchy used.
 #[derive(Debug)]
 pub struct Leaf {
-    dirs: Vec<(PathBuf, bool)>,
+    dirs: LeafDirs,
     /// Its group and limits: what it can be reused for.
     kind: (String, Limits),
     /// Where it goes back when its VMM ends (`None`: removed then).
