@@ -42,7 +42,10 @@ use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 /// seccompiler's name for the architecture this spore runs on (filters
 /// check it: a syscall number means something else on another one).
@@ -161,9 +164,10 @@ impl Filters {
                 .try_into()
                 .map_err(|e: seccompiler::BackendError| SeccompError::Builtin(e.to_string()))
         };
-        let vmm_rules: BTreeMap<_, _> = vmm::rules().into_iter().collect();
-        let api_rules: BTreeMap<_, _> = api::rules().into_iter().collect();
-        let vcpu_rules = vcpu::rules().map_err(|e| SeccompError::Builtin(e.to_string()))?;
+        let builtin = |e: seccompiler::Error| SeccompError::Builtin(e.to_string());
+        let vmm_rules: BTreeMap<_, _> = vmm::rules().map_err(builtin)?.into_iter().collect();
+        let api_rules: BTreeMap<_, _> = api::rules().map_err(builtin)?.into_iter().collect();
+        let vcpu_rules = vcpu::rules().map_err(builtin)?;
         // The API list is the VMM list today: compiled once (every VMM
         // process compiles its filters at start-up).
         let api = (api_rules != vmm_rules)
@@ -205,6 +209,14 @@ impl Filters {
             source,
         })
     }
+}
+
+/// A rule that lets the syscall through when its argument `index` equals
+/// `value` (compared as a 32-bit word: request numbers, signals, families,
+/// namespace types).
+pub(super) fn arg_is(index: u8, value: u64) -> seccompiler::Result<SeccompRule> {
+    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)?;
+    Ok(SeccompRule::new(vec![cond])?)
 }
 
 /// This process's choice and filters, set once by [`configure`].
