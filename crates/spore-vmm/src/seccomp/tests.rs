@@ -160,30 +160,37 @@ fn a_syscall_outside_the_vcpu_list_kills_the_process() {
 /// make other namespaces, open without reading): killed under every kind.
 #[test]
 fn narrowed_calls_kill_under_every_thread_kind() {
-    // SAFETY (each body): raw syscalls on constant arguments in the child.
     let denied: &[(&str, fn())] = &[
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an IPv4 socket", || unsafe {
             libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an IPv6 socket", || unsafe {
             libc::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("a netlink socket", || unsafe {
             libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an IPv4 socket pair", || unsafe {
             let mut fds = [0; 2];
             libc::socketpair(libc::AF_INET, libc::SOCK_STREAM, 0, fds.as_mut_ptr());
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("setns into a mount namespace", || unsafe {
             libc::setns(-1, libc::CLONE_NEWNS);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("setns into any namespace", || unsafe {
             libc::setns(-1, 0);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("unshare", || unsafe {
             libc::unshare(libc::CLONE_NEWNS);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("mount", || unsafe {
             let none = c"none".as_ptr();
             libc::mount(
@@ -194,9 +201,11 @@ fn narrowed_calls_kill_under_every_thread_kind() {
                 std::ptr::null(),
             );
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an O_PATH open", || unsafe {
             libc::openat(libc::AT_FDCWD, c"/".as_ptr(), libc::O_PATH);
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an O_TMPFILE open", || unsafe {
             libc::openat(
                 libc::AT_FDCWD,
@@ -221,13 +230,14 @@ fn narrowed_calls_kill_under_every_thread_kind() {
 /// API filters (a child exits 4 where a call failed otherwise than expected).
 #[test]
 fn the_narrowed_calls_pass_with_a_vmms_arguments() {
-    // SAFETY (each body): raw syscalls on constant arguments in the child.
     let allowed: &[(&str, fn())] = &[
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("a Unix socket", || unsafe {
             if libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) < 0 {
                 libc::_exit(4);
             }
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("a Unix socket pair", || unsafe {
             let mut fds = [0; 2];
             if libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) < 0 {
@@ -235,17 +245,20 @@ fn the_narrowed_calls_pass_with_a_vmms_arguments() {
             }
         }),
         // A bad fd: refused by the kernel (EBADF), not by the filter.
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("setns into a network namespace", || unsafe {
             if libc::setns(-1, libc::CLONE_NEWNET) == 0 {
                 libc::_exit(4);
             }
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("a directory opened to fsync it", || unsafe {
             let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
             if libc::openat(libc::AT_FDCWD, c"/".as_ptr(), flags) < 0 {
                 libc::_exit(4);
             }
         }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("a file created for writing", || unsafe {
             let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
             if libc::openat(libc::AT_FDCWD, c"/dev/null".as_ptr(), flags, 0o600) < 0 {
