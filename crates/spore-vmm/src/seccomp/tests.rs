@@ -206,6 +206,20 @@ fn narrowed_calls_kill_under_every_thread_kind() {
             libc::openat(libc::AT_FDCWD, c"/".as_ptr(), libc::O_PATH);
         }),
         // SAFETY: a raw syscall on constant arguments, in the forked child.
+        ("execve of a program", || unsafe {
+            let argv = [c"true".as_ptr(), std::ptr::null()];
+            let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+            libc::execve(c"/bin/true".as_ptr(), argv.as_ptr(), envp.as_ptr());
+        }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
+        ("execveat of a descriptor that is not spore's", || unsafe {
+            let argv = [c"x".as_ptr(), std::ptr::null()];
+            let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+            let empty = c"".as_ptr();
+            let (a, e) = (argv.as_ptr(), envp.as_ptr());
+            libc::syscall(libc::SYS_execveat, 0, empty, a, e, libc::AT_EMPTY_PATH);
+        }),
+        // SAFETY: a raw syscall on constant arguments, in the forked child.
         ("an O_TMPFILE open", || unsafe {
             libc::openat(
                 libc::AT_FDCWD,

@@ -11,7 +11,8 @@
 //! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...); the
 //! older names exist on x86_64 only ([`X86_ONLY`]). A few are allowed only
 //! with the arguments a VMM passes ([`conditional`]): Unix and vsock sockets,
-//! network namespaces, the open flags it uses.
+//! network namespaces, the open flags it uses, and no exec but of spore's
+//! own executable by its descriptor.
 
 use libc::*;
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
@@ -144,10 +145,10 @@ pub(super) const SYSCALLS: &[i64] = &[
     // Each new thread installs its own filter (stacked on this one).
     SYS_prctl,
     SYS_seccomp,
-    // Clone processes: posix_spawn (or fork and exec) of `spore vmm`, its
-    // process group, waiting for it; and the new process's own start
-    // (dynamic loader, libc and Rust runtime set-up) under this filter.
-    SYS_execve,
+    // Clone processes: a vfork-like clone that execs `spore vmm` by
+    // descriptor (`execveat`: [`conditional`]), its process group, waiting
+    // for it; and the new process's own start (dynamic loader, libc and
+    // Rust runtime set-up) under this filter.
     SYS_setpgid,
     SYS_wait4,
     SYS_waitid,
@@ -285,6 +286,23 @@ fn conditional() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
         ),
         (SYS_openat, vec![flags_within(2)?]),
     ];
+    // No `execve`: only spore itself, by the descriptor opened before the
+    // filter (`clone::exec`), and never a path.
+    if let Some(fd) = crate::clone::exec::fd() {
+        let fd = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            u64::from(fd.cast_unsigned()),
+        )?;
+        let empty_path = SeccompCondition::new(
+            4,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            u64::from(AT_EMPTY_PATH.cast_unsigned()),
+        )?;
+        rules.push((SYS_execveat, vec![SeccompRule::new(vec![fd, empty_path])?]));
+    }
     #[cfg(target_arch = "x86_64")]
     rules.push((SYS_open, vec![flags_within(1)?]));
     Ok(rules)
