@@ -25,17 +25,17 @@
 //! Forked clones show the factory's command line; they name their main
 //! thread [`CLONE_COMM`], which is how `limits` counts them.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use super::args::ClonedProcessArgs;
+use super::exec::{self, Spawned};
 use super::handoff::{recv, send, HandoffError};
 use super::sys::{clone_exe, poll_readable, set_inheritable};
 use super::CloneError;
@@ -80,7 +80,7 @@ pub struct Forked {
 /// The source's handle on its factory.
 struct Factory {
     sock: UnixStream,
-    child: Child,
+    child: Spawned,
 }
 
 /// This process's factory, started at its first clone process.
@@ -174,31 +174,26 @@ impl Factory {
 }
 
 /// Starts the factory: `spore vmm --clone-factory FD`, spawned like a clone
-/// process (its own process group, stdin a closed pipe); its stderr is
-/// this process's. `dir` (where this VMM's clones go) is on its command
+/// process (its own process group, stdin a closed pipe); its stdout and
+/// stderr are this process's. `dir` (where this VMM's clones go) is on its command
 /// line only so that `ps` and `spore serve`'s recovery see whose it is.
 fn start(dir: &Path) -> Result<Factory, CloneError> {
-    let (exe, exe_name) = clone_exe()?;
+    let (_, exe_name) = clone_exe()?;
     let io = |what| move |source| CloneError::Io { what, source };
     let (sock, theirs) = UnixStream::pair().map_err(io("create the clone factory socket"))?;
     // A factory that stops answering is replaced, not waited for forever.
     sock.set_read_timeout(Some(super::READY_TIMEOUT))
         .map_err(io("create the clone factory socket"))?;
-    let mut cmd = Command::new(&exe);
-    cmd.arg0(&exe_name)
-        .arg("vmm")
-        .arg(FACTORY_FLAG)
-        .arg(theirs.as_raw_fd().to_string())
-        .arg("--clone-dir")
-        .arg(dir)
-        .args(crate::seccomp::setting().to_args())
-        .stdin(Stdio::piped())
-        .process_group(0);
+    let mut args: Vec<OsString> = vec![
+        "vmm".into(),
+        FACTORY_FLAG.into(),
+        theirs.as_raw_fd().to_string().into(),
+        "--clone-dir".into(),
+        dir.into(),
+    ];
+    args.extend(crate::seccomp::setting().to_args());
     set_inheritable(&theirs, true).map_err(io("pass the clone factory socket"))?;
-    let child = cmd.spawn().map(|mut c| {
-        drop(c.stdin.take());
-        c
-    });
+    let child = exec::spawn(&exe_name, &args, 1, 2);
     drop(theirs);
     let child = child.map_err(|e| {
         CloneError::Spawn(format!("the clone factory ({}): {e}", exe_name.display()))

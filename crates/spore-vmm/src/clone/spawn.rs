@@ -6,21 +6,20 @@
 //! They are forked by this VMM's clone factory ([`super::factory`]), a
 //! process that maps no guest memory, so a clone skips spore's `execve` and
 //! start-up; with `SPORE_CLONE_FACTORY=off` (or `SPORE_CLONE_EXE` set) each
-//! is spawned with `posix_spawn` (std's path when no `pre_exec` is given).
-//! Never with `fork()` of this process: that would copy the source's page
-//! tables and write-protect its private guest pages, exactly the cost a
-//! template avoids. Each clone gets its own process group, so a terminal's
+//! is spawned as `posix_spawn` would, but exec'd by descriptor
+//! ([`super::exec`]: the VMM's filter allows no other exec). Never with
+//! `fork()` of this process: that would copy the source's page tables and
+//! write-protect its private guest pages, exactly the cost a template avoids. Each clone gets its own process group, so a terminal's
 //! Ctrl-C to the source does not reach it, and its stdout/stderr (the
 //! guest's serial console) go to `<name>.log` beside its socket.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 use super::args::ClonedProcessArgs;
+use super::exec::{self, Spawned};
 use super::factory::{self, ForkOrder, ForkedProcess};
 use super::handoff::{recv_ready, Ready};
 use super::sys::{clone_exe, poll_readable, set_inheritable};
@@ -75,8 +74,7 @@ pub fn spawn(
             prepared_for: prepare,
         });
     }
-    let (exe, exe_name) = clone_exe()?;
-    let err = out.try_clone().map_err(io("create a clone log"))?;
+    let (_, exe_name) = clone_exe()?;
     let args = ClonedProcessArgs {
         api_sock: socket.clone(),
         id: name.to_string(),
@@ -85,22 +83,10 @@ pub fn spawn(
         marks_file,
         seccomp: crate::seccomp::setting(),
     };
-    let mut cmd = Command::new(&exe);
-    cmd.arg0(&exe_name)
-        .args(args.to_args())
-        // A pipe closed at once reads like /dev/null, which a jail lacks.
-        .stdin(Stdio::piped())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
-    // The child end must survive exec. Clearing CLOEXEC (instead of a
-    // pre_exec hook, which would force fork()) is safe: this VMM spawns
-    // processes only here, one request at a time.
+    // The child end must survive exec. Clearing CLOEXEC is safe: this VMM
+    // spawns processes only here, one request at a time.
     set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
-    let child = cmd.spawn().map(|mut c| {
-        drop(c.stdin.take());
-        c
-    });
+    let child = exec::spawn(&exe_name, &args.to_args(), out.as_raw_fd(), out.as_raw_fd());
     drop(theirs);
     let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe_name.display())))?;
     Ok(CloneProcess {
@@ -181,7 +167,7 @@ impl CloneProcess {
 /// A clone process: spawned (this process's child) or forked by the
 /// factory (watched through its pidfd; the factory reaps it).
 pub enum ProcessHandle {
-    Spawned(Child),
+    Spawned(Spawned),
     Forked(ForkedProcess),
 }
 

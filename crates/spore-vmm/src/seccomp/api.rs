@@ -13,6 +13,6 @@
 use seccompiler::SeccompRule;
 
 /// The API kind's rules: the VMM kind's, which hold serving the API too.
-pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
+pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
     super::vmm::rules()
 }

@@ -42,7 +42,10 @@ use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 /// seccompiler's name for the architecture this spore runs on (filters
 /// check it: a syscall number means something else on another one).
@@ -161,9 +164,10 @@ impl Filters {
                 .try_into()
                 .map_err(|e: seccompiler::BackendError| SeccompError::Builtin(e.to_string()))
         };
-        let vmm_rules: BTreeMap<_, _> = vmm::rules().into_iter().collect();
-        let api_rules: BTreeMap<_, _> = api::rules().into_iter().collect();
-        let vcpu_rules = vcpu::rules().map_err(|e| SeccompError::Builtin(e.to_string()))?;
+        let builtin = |e: seccompiler::Error| SeccompError::Builtin(e.to_string());
+        let vmm_rules: BTreeMap<_, _> = vmm::rules().map_err(builtin)?.into_iter().collect();
+        let api_rules: BTreeMap<_, _> = api::rules().map_err(builtin)?.into_iter().collect();
+        let vcpu_rules = vcpu::rules().map_err(builtin)?;
         // The API list is the VMM list today: compiled once (every VMM
         // process compiles its filters at start-up).
         let api = (api_rules != vmm_rules)
@@ -207,6 +211,14 @@ impl Filters {
     }
 }
 
+/// A rule that lets the syscall through when its argument `index` equals
+/// `value` (compared as a 32-bit word: request numbers, signals, families,
+/// namespace types).
+pub(super) fn arg_is(index: u8, value: u64) -> seccompiler::Result<SeccompRule> {
+    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)?;
+    Ok(SeccompRule::new(vec![cond])?)
+}
+
 /// This process's choice and filters, set once by [`configure`].
 struct Config {
     setting: SeccompSetting,
@@ -240,6 +252,9 @@ thread_local! {
 /// starting any thread. Compiles the filters (a bad `--seccomp-filter` file
 /// fails here).
 pub fn configure(setting: SeccompSetting) -> Result<(), SeccompError> {
+    // The one executable the VMM filter lets this process exec, opened
+    // before the filter names its descriptor.
+    crate::clone::exec::open_at_start();
     let filters = Filters::for_setting(&setting)?;
     // SAFETY: PR_GET_SECCOMP takes no pointer; it returns the calling
     // thread's mode (2 under a filter).

@@ -12,12 +12,14 @@
 use std::mem::size_of;
 
 use libc::*;
-use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+use seccompiler::SeccompRule;
 use vmm_sys_util::ioctl::ioctl_expr;
 #[cfg(target_arch = "x86_64")]
 use vmm_sys_util::ioctl::_IOC_READ;
 #[cfg(target_arch = "aarch64")]
 use vmm_sys_util::ioctl::_IOC_WRITE;
+
+use super::arg_is;
 
 /// `_IO(KVMIO, 0x80)`: KVM_RUN.
 const KVM_RUN: u64 = 0xAE80;
@@ -102,13 +104,6 @@ const SYSCALLS: &[i64] = &[
     SYS_exit,
     SYS_exit_group,
 ];
-
-/// A rule that lets the syscall through when its argument `index` equals
-/// `value` (compared as a 32-bit word: request numbers, signals, flags).
-fn arg_is(index: u8, value: u64) -> seccompiler::Result<SeccompRule> {
-    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)?;
-    Ok(SeccompRule::new(vec![cond])?)
-}
 
 /// The vCPU kind's rules: [`SYSCALLS`], `ioctl` on KVM_RUN and the
 /// [`CRASH_REPORT`] reads only, and `rt_sigaction` on SIGSEGV and SIGBUS.

@@ -2,17 +2,22 @@
 //! workers and the helper threads (host-signals, guest-fork, standby-refill,
 //! clone-reaper, source-watch, uffd, ws-record, serial-in, the spawner).
 //!
-//! Syscall level, no argument filtering: these threads build and restore VMs
+//! Mostly syscall level: these threads build and restore VMs
 //! (KVM ioctls on every kind of fd), write snapshots, serve devices' I/O and
 //! start clone processes, and a clone process inherits the filter of the
 //! thread that started it (guest-fork, standby-refill), so this list holds
 //! what a whole VMM process needs outside its vCPU loops, its API server
 //! included ([`SERVING`]). Both glibc's and musl's names are
 //! listed where they differ (`open`/`openat`, `poll`/`ppoll`, ...); the
-//! older names exist on x86_64 only ([`X86_ONLY`]).
+//! older names exist on x86_64 only ([`X86_ONLY`]). A few are allowed only
+//! with the arguments a VMM passes ([`conditional`]): Unix and vsock sockets,
+//! network namespaces, the open flags it uses, and no exec but of spore's
+//! own executable by its descriptor.
 
 use libc::*;
-use seccompiler::SeccompRule;
+use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+
+use super::arg_is;
 
 /// Allowed without conditions, grouped by why.
 pub(super) const SYSCALLS: &[i64] = &[
@@ -27,7 +32,6 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_pwritev,
     SYS_preadv2,
     SYS_pwritev2,
-    SYS_openat,
     SYS_close,
     SYS_close_range,
     SYS_fstat,
@@ -104,9 +108,9 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_gettimeofday,
     SYS_sched_yield,
     SYS_sched_getaffinity,
-    // Unix sockets: vsock's host side, the clone handoff (SCM_RIGHTS).
-    SYS_socket,
-    SYS_socketpair,
+    // Unix sockets: vsock's host side, the clone handoff (SCM_RIGHTS);
+    // `socket` and `socketpair` themselves only for Unix (and vsock) sockets
+    // ([`conditional`]).
     SYS_bind,
     SYS_listen,
     SYS_accept,
@@ -141,10 +145,10 @@ pub(super) const SYSCALLS: &[i64] = &[
     // Each new thread installs its own filter (stacked on this one).
     SYS_prctl,
     SYS_seccomp,
-    // Clone processes: posix_spawn (or fork and exec) of `spore vmm`, its
-    // process group, waiting for it; and the new process's own start
-    // (dynamic loader, libc and Rust runtime set-up) under this filter.
-    SYS_execve,
+    // Clone processes: a vfork-like clone that execs `spore vmm` by
+    // descriptor (`execveat`: [`conditional`]), its process group, waiting
+    // for it; and the new process's own start (dynamic loader, libc and
+    // Rust runtime set-up) under this filter.
     SYS_setpgid,
     SYS_wait4,
     SYS_waitid,
@@ -163,9 +167,6 @@ pub(super) const SYSCALLS: &[i64] = &[
     SYS_getgid,
     SYS_getegid,
     SYS_getpgid,
-    // A clone process enters its network namespace before opening its taps
-    // (`clone::network`), under the filter it inherited.
-    SYS_setns,
 ];
 
 /// The syscalls x86_64 keeps beside their successors (`open` beside
@@ -173,7 +174,6 @@ pub(super) const SYSCALLS: &[i64] = &[
 /// glibc and musl still call there; aarch64 never had them.
 #[cfg(target_arch = "x86_64")]
 pub(super) const X86_ONLY: &[i64] = &[
-    SYS_open,
     SYS_stat,
     SYS_lstat,
     SYS_rename,
@@ -225,13 +225,99 @@ pub(super) const SERVING: &[i64] = &[
     SYS_futex,
 ];
 
+/// The kernel's `O_LARGEFILE` (libc's constant is 0 on 64-bit targets,
+/// but musl passes the kernel's bit on every open).
+#[cfg(target_arch = "x86_64")]
+const KERNEL_O_LARGEFILE: i32 = 0o100_000;
+#[cfg(target_arch = "aarch64")]
+const KERNEL_O_LARGEFILE: i32 = 0o400_000;
+
+/// The open flags a VMM uses: access modes, creating and truncating its
+/// snapshot files and logs, appending, non-blocking terminals and taps,
+/// synchronous and direct disk I/O, directories (to fsync them), no
+/// following of links, close-on-exec. Left out: `O_PATH` (an fd for `*at`
+/// calls and `execveat` without opening the file) and `O_TMPFILE`.
+const OPEN_FLAGS: i32 = O_ACCMODE
+    | O_CREAT
+    | O_EXCL
+    | O_NOCTTY
+    | O_TRUNC
+    | O_APPEND
+    | O_NONBLOCK
+    | O_SYNC
+    | O_DSYNC
+    | O_DIRECT
+    | O_DIRECTORY
+    | O_NOFOLLOW
+    | O_NOATIME
+    | O_CLOEXEC
+    | KERNEL_O_LARGEFILE;
+
+/// A rule that lets the syscall through when its argument `index` (open
+/// flags) has no bit outside [`OPEN_FLAGS`].
+fn flags_within(index: u8) -> seccompiler::Result<SeccompRule> {
+    let outside = u64::from(!OPEN_FLAGS.cast_unsigned());
+    let cond = SeccompCondition::new(
+        index,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(outside),
+        0,
+    )?;
+    Ok(SeccompRule::new(vec![cond])?)
+}
+
+/// The syscalls allowed only with some arguments, as Firecracker's filters
+/// narrow theirs: a compromised VMM thread cannot reach the network or the
+/// host's other namespaces through them.
+fn conditional() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
+    let unix = u64::from(AF_UNIX.cast_unsigned());
+    let vsock = u64::from(AF_VSOCK.cast_unsigned());
+    let mut rules = vec![
+        // Unix sockets (API, vsock's host side, clone handoffs) and vsock:
+        // never an IP or netlink socket.
+        (SYS_socket, vec![arg_is(0, unix)?, arg_is(0, vsock)?]),
+        (SYS_socketpair, vec![arg_is(0, unix)?]),
+        // A clone process enters its function's network namespace before
+        // opening its taps (`clone::network`), under the filter it
+        // inherited: network namespaces only, never mount, user or pid ones.
+        (
+            SYS_setns,
+            vec![arg_is(1, u64::from(CLONE_NEWNET.cast_unsigned()))?],
+        ),
+        (SYS_openat, vec![flags_within(2)?]),
+    ];
+    // No `execve`: only spore itself, by the descriptor opened before the
+    // filter (`clone::exec`), and never a path.
+    if let Some(fd) = crate::clone::exec::fd() {
+        let fd = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            u64::from(fd.cast_unsigned()),
+        )?;
+        let empty_path = SeccompCondition::new(
+            4,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            u64::from(AT_EMPTY_PATH.cast_unsigned()),
+        )?;
+        rules.push((SYS_execveat, vec![SeccompRule::new(vec![fd, empty_path])?]));
+    }
+    #[cfg(target_arch = "x86_64")]
+    rules.push((SYS_open, vec![flags_within(1)?]));
+    Ok(rules)
+}
+
 /// The VMM kind's rules: every syscall in [`SYSCALLS`] (and [`X86_ONLY`]
-/// there) and the API server's ([`SERVING`]).
-pub(super) fn rules() -> Vec<(i64, Vec<SeccompRule>)> {
-    SYSCALLS
+/// there) and the API server's ([`SERVING`]) without conditions, and the
+/// [`conditional`] ones.
+pub(super) fn rules() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
+    let mut rules: Vec<(i64, Vec<SeccompRule>)> = SYSCALLS
         .iter()
         .chain(X86_ONLY)
         .chain(SERVING)
         .map(|&n| (n, Vec::new()))
-        .collect()
+        .collect();
+    rules.extend(conditional()?);
+    Ok(rules)
 }
