@@ -116,6 +116,16 @@ impl VmmProcess {
         }
     }
 
+    /// Caps its CPU at its memory's share, once it serves as an instance
+    /// (not as a zygote); a failure is logged, the instance still serves.
+    pub fn cap_cpu(&self) {
+        if let Some(leaf) = &self.cgroup {
+            if let Err(e) = leaf.cap_cpu() {
+                tracing::warn!("VMM {}: capping its CPU: {e}", self.pid);
+            }
+        }
+    }
+
     async fn wait_for_socket(&mut self, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         loop {
