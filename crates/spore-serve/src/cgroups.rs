@@ -12,17 +12,18 @@
 //! daemon also bounds its instances): `<own>/<prefix>/<account>.<function>/
 //! <instance>`, in the cgroup v2 hierarchy when it offers the `memory` and
 //! `pids` controllers, else in the v1 hierarchies of `memory`, `pids` and
-//! `cpu` (each where /proc/mounts has it). A VMM the daemon starts joins its
-//! cgroup before it runs (`pre_exec`); a clone is moved into its own as soon
-//! as its zygote reports it. A leaf whose VMM ended is kept for the next
-//! instance of the same function and size (making and removing cgroups
+//! `cpu` (each where /proc/mounts has it). A VMM the daemon starts is moved
+//! into its cgroup while it starts, before it is configured (a `pre_exec`
+//! join would make std fork the daemon instead of `posix_spawn`); a clone
+//! is moved into its own as soon as its zygote reports it. A leaf whose VMM
+//! ended is kept for the next instance of the same function and size
+//! (making and removing cgroups
 //! takes the kernel's cgroup lock, and a memory cgroup's removal can take
 //! milliseconds: measured, that alone cost the clone path ~1 ms at the
 //! median and ~10 ms at p99); the tree goes when the daemon stops, and a
 //! restarted daemon removes the empty ones its predecessor left.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -272,14 +273,11 @@ pub struct Leaf {
 }
 
 impl Leaf {
-    /// The `cgroup.procs` files a process writes `0` to, to join (prepared
-    /// before `fork`: the child may not allocate).
-    pub fn procs_files(&self) -> Vec<CString> {
+    /// Its `cgroup.procs` files, one per hierarchy.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
-            .filter_map(|(d, _)| {
-                CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()).ok()
-            })
+            .map(|(d, _)| d.join("cgroup.procs"))
             .collect()
     }
 
@@ -301,10 +299,7 @@ impl Leaf {
 
     /// Moves process `pid` (a clone its zygote started) in.
     pub fn add(&self, pid: i32) -> std::io::Result<()> {
-        for (d, _) in &self.dirs {
-            std::fs::write(d.join("cgroup.procs"), pid.to_string())?;
-        }
-        Ok(())
+        add_pid(&self.procs_files(), pid)
     }
 
     /// Whether the kernel ended a process of this cgroup for its memory
@@ -379,25 +374,10 @@ impl Leaf {
     }
 }
 
-/// Joins the cgroups of `files` (each a `cgroup.procs`): to be run in a
-/// forked child before `exec`, so only raw system calls.
-///
-/// # Safety
-/// Async-signal-safe: `open`, `write`, `close` on prepared C strings.
-pub unsafe fn join_in_child(files: &[CString]) -> std::io::Result<()> {
+/// Moves process `pid` into the cgroups of `files` (each a `cgroup.procs`).
+pub fn add_pid(files: &[PathBuf], pid: i32) -> std::io::Result<()> {
     for f in files {
-        // SAFETY: a NUL-terminated path; the fd is closed below.
-        let fd = unsafe { libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: writing one byte from a static buffer.
-        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        // SAFETY: the fd opened above.
-        unsafe { libc::close(fd) };
-        if n != 1 {
-            return Err(std::io::Error::last_os_error());
-        }
+        std::fs::write(f, pid.to_string())?;
     }
     Ok(())
 }
