@@ -1,7 +1,10 @@
 //! A cgroup of its own for every instance VMM: its memory bounded
 //! (`MemorySize` plus the VMM's own overhead), its processes and threads
-//! bounded, and its CPU share proportional to its memory as Lambda gives
-//! CPU (1,769 MB = one vCPU's share). A guest or VMM that goes past its
+//! bounded, and its CPU share and cap proportional to its memory as Lambda
+//! gives CPU (1,769 MB = one vCPU). The cap comes once the instance is
+//! ready ([`Leaf::cap_cpu`]): its start is on its invoker's path and runs
+//! unthrottled, and a zygote (which clones on every invoker's path) is
+//! never capped. A guest or VMM that goes past its
 //! memory is ended by the kernel in its own cgroup only, and the invoker is
 //! told `Runtime.OutOfMemory`.
 //!
@@ -9,17 +12,18 @@
 //! daemon also bounds its instances): `<own>/<prefix>/<account>.<function>/
 //! <instance>`, in the cgroup v2 hierarchy when it offers the `memory` and
 //! `pids` controllers, else in the v1 hierarchies of `memory`, `pids` and
-//! `cpu` (each where /proc/mounts has it). A VMM the daemon starts joins its
-//! cgroup before it runs (`pre_exec`); a clone is moved into its own as soon
-//! as its zygote reports it. A leaf whose VMM ended is kept for the next
-//! instance of the same function and size (making and removing cgroups
+//! `cpu` (each where /proc/mounts has it). A VMM the daemon starts is moved
+//! into its cgroup while it starts, before it is configured (a `pre_exec`
+//! join would make std fork the daemon instead of `posix_spawn`); a clone
+//! is moved into its own as soon as its zygote reports it. A leaf whose VMM
+//! ended is kept for the next instance of the same function and size
+//! (making and removing cgroups
 //! takes the kernel's cgroup lock, and a memory cgroup's removal can take
 //! milliseconds: measured, that alone cost the clone path ~1 ms at the
 //! median and ~10 ms at p99); the tree goes when the daemon stops, and a
 //! restarted daemon removes the empty ones its predecessor left.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +40,13 @@ pub const DEFAULT_OVERHEAD: u64 = 64 << 20;
 
 /// Lambda's rule: a function gets one vCPU's worth of CPU at 1,769 MB.
 const MB_PER_VCPU: u64 = 1769;
+
+/// The CPU cap's period (v1 `cpu.cfs_period_us`, v2 `cpu.max`'s second
+/// field): the kernel's default.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// The smallest quota the kernel takes (1 ms a period).
+const MIN_CPU_QUOTA_US: u64 = 1_000;
 
 /// One hierarchy the instance cgroups are made in.
 #[derive(Debug, Clone)]
@@ -75,6 +86,8 @@ pub struct Limits {
     pub pids: u32,
     /// v1 `cpu.shares` (v2 `cpu.weight` is derived from it).
     pub cpu_shares: u64,
+    /// CPU time a [`CPU_PERIOD_US`] period once capped ([`Leaf::cap_cpu`]).
+    pub cpu_quota_us: u64,
 }
 
 impl Cgroups {
@@ -115,6 +128,7 @@ impl Cgroups {
             memory_bytes: (mib << 20).saturating_add(self.overhead),
             pids: PIDS_MAX,
             cpu_shares: (1024 * mib / MB_PER_VCPU).max(2),
+            cpu_quota_us: (CPU_PERIOD_US * mib / MB_PER_VCPU).max(MIN_CPU_QUOTA_US),
         }
     }
 
@@ -178,24 +192,50 @@ impl Cgroups {
     /// Removes the empty cgroups a previous daemon left (its instances were
     /// ended by its guardian).
     fn remove_leftovers(&self) {
-        for h in &self.hierarchies {
-            for group in subdirs(&h.base) {
-                for leaf in subdirs(&group) {
-                    let _ = std::fs::remove_dir(leaf);
-                }
-                let _ = std::fs::remove_dir(group);
-            }
-        }
+        remove_leaves(&self.hierarchies, std::time::Instant::now());
     }
 
-    /// Removes the daemon's tree (shutdown; only empty cgroups go).
+    /// Removes the daemon's tree (shutdown, its VMMs just killed): each leaf
+    /// as soon as its processes left it (at most 2 s in all), then the rest.
     pub fn remove_all(&self) {
         *crate::mutex::lock(&self.spare) = Spare::default();
-        self.remove_leftovers();
-        for h in &self.hierarchies {
-            let _ = std::fs::remove_dir(&h.base);
-        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        remove_leaves(&self.hierarchies, deadline);
     }
+}
+
+/// Removes every leaf, group and base of `hierarchies`, retrying a busy leaf
+/// until `deadline`. A leaf's CPU cap is lifted first: a killed process
+/// still runs its exit in its cgroup, and a throttled one would wait for
+/// the next period to leave it.
+fn remove_leaves(hierarchies: &[Hierarchy], deadline: std::time::Instant) -> usize {
+    let mut removed = 0;
+    for h in hierarchies {
+        for group in subdirs(&h.base) {
+            for leaf in subdirs(&group) {
+                uncap_cpu(&leaf, h.v2);
+                while std::fs::remove_dir(&leaf).is_err() {
+                    if std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                removed += usize::from(!leaf.exists());
+            }
+            let _ = std::fs::remove_dir(&group);
+        }
+        let _ = std::fs::remove_dir(&h.base);
+    }
+    removed
+}
+
+/// Lifts a leaf's CPU cap (where its hierarchy has the `cpu` controller).
+fn uncap_cpu(dir: &Path, v2: bool) {
+    let _ = if v2 {
+        std::fs::write(dir.join("cpu.max"), format!("max {CPU_PERIOD_US}"))
+    } else {
+        std::fs::write(dir.join("cpu.cfs_quota_us"), "-1")
+    };
 }
 
 /// Removes the instance cgroups of the daemon of `prefix` (its guardian,
@@ -214,24 +254,10 @@ pub fn remove_tree(prefix: &str) -> usize {
     // The guardian holds the state directory's lock meanwhile, which a new
     // daemon waits for: a leaf still busy after this is left to the next
     // daemon's start (Cgroups::set_up removes empty ones).
-    let deadline = std::time::Instant::now() + Duration::from_millis(300);
-    let mut removed = 0;
-    for h in hierarchies {
-        for group in subdirs(&h.base) {
-            for leaf in subdirs(&group) {
-                while std::fs::remove_dir(&leaf).is_err() {
-                    if std::time::Instant::now() > deadline {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                removed += usize::from(!leaf.exists());
-            }
-            let _ = std::fs::remove_dir(&group);
-        }
-        let _ = std::fs::remove_dir(&h.base);
-    }
-    removed
+    remove_leaves(
+        &hierarchies,
+        std::time::Instant::now() + Duration::from_millis(300),
+    )
 }
 
 /// One instance's cgroup, in every hierarchy used.
@@ -247,23 +273,33 @@ pub struct Leaf {
 }
 
 impl Leaf {
-    /// The `cgroup.procs` files a process writes `0` to, to join (prepared
-    /// before `fork`: the child may not allocate).
-    pub fn procs_files(&self) -> Vec<CString> {
+    /// Its `cgroup.procs` files, one per hierarchy.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
-            .filter_map(|(d, _)| {
-                CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()).ok()
-            })
+            .map(|(d, _)| d.join("cgroup.procs"))
             .collect()
+    }
+
+    /// Caps its CPU at its memory's share (Lambda's rule), once its
+    /// instance is ready: in the v1 `cpu` hierarchy `cpu.cfs_quota_us` a
+    /// `cpu.cfs_period_us`, in v2 `cpu.max`.
+    pub fn cap_cpu(&self) -> std::io::Result<()> {
+        let quota = self.kind.1.cpu_quota_us;
+        for (dir, v2) in &self.dirs {
+            if *v2 && dir.join("cpu.max").exists() {
+                std::fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
+            } else if !*v2 && dir.join("cpu.cfs_quota_us").exists() {
+                std::fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+                std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+            }
+        }
+        Ok(())
     }
 
     /// Moves process `pid` (a clone its zygote started) in.
     pub fn add(&self, pid: i32) -> std::io::Result<()> {
-        for (d, _) in &self.dirs {
-            std::fs::write(d.join("cgroup.procs"), pid.to_string())?;
-        }
-        Ok(())
+        add_pid(&self.procs_files(), pid)
     }
 
     /// Whether the kernel ended a process of this cgroup for its memory
@@ -322,7 +358,8 @@ impl Leaf {
     /// Removes it once its processes are gone (a killed process leaves its
     /// cgroup a moment after the signal), and its group if that is empty.
     pub async fn remove(self) {
-        for (d, _) in &self.dirs {
+        for (d, v2) in &self.dirs {
+            uncap_cpu(d, *v2);
             for _ in 0..50 {
                 match std::fs::remove_dir(d) {
                     Ok(()) => break,
@@ -337,25 +374,10 @@ impl Leaf {
     }
 }
 
-/// Joins the cgroups of `files` (each a `cgroup.procs`): to be run in a
-/// forked child before `exec`, so only raw system calls.
-///
-/// # Safety
-/// Async-signal-safe: `open`, `write`, `close` on prepared C strings.
-pub unsafe fn join_in_child(files: &[CString]) -> std::io::Result<()> {
+/// Moves process `pid` into the cgroups of `files` (each a `cgroup.procs`).
+pub fn add_pid(files: &[PathBuf], pid: i32) -> std::io::Result<()> {
     for f in files {
-        // SAFETY: a NUL-terminated path; the fd is closed below.
-        let fd = unsafe { libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: writing one byte from a static buffer.
-        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        // SAFETY: the fd opened above.
-        unsafe { libc::close(fd) };
-        if n != 1 {
-            return Err(std::io::Error::last_os_error());
-        }
+        std::fs::write(f, pid.to_string())?;
     }
     Ok(())
 }
@@ -463,12 +485,20 @@ fn write_limits(dir: &Path, h: &Hierarchy, l: Limits) -> std::io::Result<()> {
                 let _ = put("memory.swap.max", "0".into());
             }
             ("pids", _) => put("pids.max", l.pids.to_string())?,
-            ("cpu", false) => put("cpu.shares", l.cpu_shares.to_string())?,
+            // Uncapped until the instance is ready (a reused leaf's cap
+            // undone).
+            ("cpu", false) => {
+                put("cpu.shares", l.cpu_shares.to_string())?;
+                put("cpu.cfs_quota_us", "-1".into())?;
+            }
             // v2's weight: 1–10000, 100 the default (v1's 1024).
-            ("cpu", true) => put(
-                "cpu.weight",
-                (l.cpu_shares * 100 / 1024).clamp(1, 10_000).to_string(),
-            )?,
+            ("cpu", true) => {
+                put(
+                    "cpu.weight",
+                    (l.cpu_shares * 100 / 1024).clamp(1, 10_000).to_string(),
+                )?;
+                put("cpu.max", format!("max {CPU_PERIOD_US}"))?;
+            }
             _ => {}
         }
     }
@@ -544,8 +574,12 @@ mod tests {
         let l = c.limits(128);
         assert_eq!(l.memory_bytes, (128 + 64) << 20);
         assert_eq!(l.cpu_shares, 74);
+        assert_eq!(l.cpu_quota_us, 7235);
         assert_eq!(c.limits(1769).cpu_shares, 1024);
+        assert_eq!(c.limits(1769).cpu_quota_us, 100_000);
+        assert_eq!(c.limits(10_240).cpu_quota_us, 578_858);
         assert_eq!(c.limits(1).cpu_shares, 2);
+        assert_eq!(c.limits(1).cpu_quota_us, 1_000);
     }
 
     #[test]

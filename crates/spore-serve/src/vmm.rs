@@ -48,7 +48,8 @@ impl VmmProcess {
     /// Starts `spore vmm --api-sock <run_dir>/api.sock`, its console and
     /// messages going to `<run_dir>/vmm.log`, in a process group of its own;
     /// with `net`, inside that network namespace (`--netns`), which the
-    /// process then owns; with `cgroup`, in that cgroup from before it runs.
+    /// process then owns; with `cgroup`, in that cgroup before it is
+    /// configured.
     pub async fn spawn(
         spore_bin: &Path,
         run_dir: &Path,
@@ -64,14 +65,6 @@ impl VmmProcess {
         if let Some(n) = &net {
             command.arg("--netns").arg(n.path());
         }
-        if let Some(leaf) = &cgroup {
-            let files = leaf.procs_files();
-            // SAFETY: the closure only makes raw system calls on C strings
-            // prepared before the fork (cgroups::join_in_child).
-            unsafe {
-                command.pre_exec(move || crate::cgroups::join_in_child(&files));
-            }
-        }
         let child = command
             .arg("--api-sock")
             .arg(&api_sock)
@@ -86,6 +79,14 @@ impl VmmProcess {
         let pid = child
             .id()
             .ok_or_else(|| anyhow!("the VMM exited at once"))? as i32;
+        // Into its cgroup while it starts (it allocates its guest's memory
+        // only when configured, after this returns). Moved, not joined
+        // before exec: a `pre_exec` hook would make std fork the daemon
+        // instead of `posix_spawn`, which costs a cold start milliseconds.
+        let joined = cgroup.as_ref().map(|leaf| {
+            let files = leaf.procs_files();
+            tokio::task::spawn_blocking(move || crate::cgroups::add_pid(&files, pid))
+        });
         let mut vmm = VmmProcess {
             pid,
             vsock_uds: run_dir.join("v.sock"),
@@ -97,7 +98,18 @@ impl VmmProcess {
             net,
             cgroup,
         };
-        vmm.wait_for_socket(Duration::from_secs(10)).await?;
+        let serving = vmm.wait_for_socket(Duration::from_secs(10)).await;
+        if let Some(joined) = joined {
+            let joined = joined
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r.map_err(|e| anyhow!("moving the VMM into its cgroup: {e}")));
+            if let Err(e) = joined {
+                vmm.kill().await;
+                return Err(e);
+            }
+        }
+        serving?;
         Ok(vmm)
     }
 
@@ -113,6 +125,16 @@ impl VmmProcess {
             stop_cleanly: false,
             net: None,
             cgroup: None,
+        }
+    }
+
+    /// Caps its CPU at its memory's share, once it serves as an instance
+    /// (not as a zygote); a failure is logged, the instance still serves.
+    pub fn cap_cpu(&self) {
+        if let Some(leaf) = &self.cgroup {
+            if let Err(e) = leaf.cap_cpu() {
+                tracing::warn!("VMM {}: capping its CPU: {e}", self.pid);
+            }
         }
     }
 

@@ -363,6 +363,10 @@ impl Instances {
             }
             Err(e) => return Err(e),
         };
+        if path != StartPath::Warm {
+            // Started unthrottled; from its first invocation on, its share.
+            inst.vmm.cap_cpu();
+        }
         let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let deadline_ms = unix_ms().saturating_add(timeout_ms);

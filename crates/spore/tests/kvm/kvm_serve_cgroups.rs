@@ -1,6 +1,6 @@
 //! `spore serve` puts every instance VMM in a cgroup of its own (issue 30
 //! item 2, its cgroup part): memory bounded by MemorySize and the VMM's
-//! overhead, processes bounded, a CPU share by memory; a clone moved out of
+//! overhead, processes bounded, a CPU share and cap by memory; a clone moved out of
 //! its zygote's; an instance past its memory ended alone and reported as
 //! `Runtime.OutOfMemory`; the tree removed when the daemon stops.
 
@@ -86,6 +86,21 @@ fn kvm_serve_instances_get_their_own_cgroups() {
         leaves.len() >= 2,
         "a clone has a cgroup of its own: {leaves:?}"
     );
+    // The instances that served are capped at their memory's share of a CPU
+    // (100,000 µs × 128 / 1,769 a 100 ms period); the zygote, which clones
+    // on every invoker's path, is not.
+    let quotas: Vec<String> = pids
+        .iter()
+        .map(|pid| cgroup_file(*pid, "cpu", "cpu.cfs_quota_us"))
+        .collect();
+    assert!(
+        quotas.iter().all(|q| q == "7235" || q == "-1"),
+        "{quotas:?}"
+    );
+    assert!(quotas.iter().any(|q| q == "7235"), "{quotas:?}");
+    for pid in &pids {
+        assert_eq!(cgroup_file(*pid, "cpu", "cpu.cfs_period_us"), "100000");
+    }
     // The daemon stopped: its tree is gone.
     let tree: PathBuf = PathBuf::from(format!(
         "/sys/fs/cgroup/memory{}",
@@ -111,8 +126,11 @@ fn kvm_serve_an_instance_past_its_memory_is_ended_alone() {
     require_kvm();
     let dir = Scratch::new("serve-oom");
     let d = Daemon::start(&dir.path("state"), &["--no-clones", "--cgroups"]);
+    // 1,769 MB: a whole CPU once capped, so that touching 100 MiB (page
+    // faults under this host's KVM are slow) is not throttled past the
+    // function's timeout.
     for name in ["big", "other"] {
-        let r = d.create(name, "fn-echo", serde_json::json!({"MemorySize": 128}));
+        let r = d.create(name, "fn-echo", serde_json::json!({"MemorySize": 1769}));
         assert_eq!(r.status, 201, "{}", r.text());
     }
     let r = d.invoke("other", br#"{"sleep_ms":10}"#);
