@@ -35,10 +35,10 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::args::ClonedProcessArgs;
-use super::exec::{self, Spawned};
 use super::handoff::{recv, send, HandoffError};
 use super::sys::{clone_exe, poll_readable, set_inheritable};
 use super::CloneError;
+use crate::own_exe::{self, Spawned};
 
 const ORDER_MAGIC: &[u8; 8] = b"SPOREFRK";
 const FORKED_MAGIC: &[u8; 8] = b"SPOREFKD";
@@ -193,7 +193,7 @@ fn start(dir: &Path) -> Result<Factory, CloneError> {
     ];
     args.extend(crate::seccomp::setting().to_args());
     set_inheritable(&theirs, true).map_err(io("pass the clone factory socket"))?;
-    let child = exec::spawn(&exe_name, &args, 1, 2);
+    let child = own_exe::spawn(&exe_name, &args, 1, 2);
     drop(theirs);
     let child = child.map_err(|e| {
         CloneError::Spawn(format!("the clone factory ({}): {e}", exe_name.display()))

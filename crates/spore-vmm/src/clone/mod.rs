@@ -44,7 +44,6 @@
 
 pub mod args;
 pub mod child;
-pub mod exec;
 pub mod factory;
 pub mod handoff;
 pub mod identity;

@@ -7,7 +7,7 @@
 //! process that maps no guest memory, so a clone skips spore's `execve` and
 //! start-up; with `SPORE_CLONE_FACTORY=off` (or `SPORE_CLONE_EXE` set) each
 //! is spawned as `posix_spawn` would, but exec'd by descriptor
-//! ([`super::exec`]: the VMM's filter allows no other exec). Never with
+//! ([`crate::own_exe`]: the VMM's filter allows no other exec). Never with
 //! `fork()` of this process: that would copy the source's page tables and
 //! write-protect its private guest pages, exactly the cost a template avoids. Each clone gets its own process group, so a terminal's
 //! Ctrl-C to the source does not reach it, and its stdout/stderr (the
@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::args::ClonedProcessArgs;
-use super::exec::{self, Spawned};
 use super::factory::{self, ForkOrder, ForkedProcess};
 use super::handoff::{recv_ready, Ready};
 use super::sys::{clone_exe, poll_readable, set_inheritable};
 use super::{CloneError, READY_TIMEOUT};
+use crate::own_exe::{self, Spawned};
 
 /// A started `spore vmm --clone-handoff` process.
 pub struct CloneProcess {
@@ -86,7 +86,7 @@ pub fn spawn(
     // The child end must survive exec. Clearing CLOEXEC is safe: this VMM
     // spawns processes only here, one request at a time.
     set_inheritable(&theirs, true).map_err(io("pass the handoff socket"))?;
-    let child = exec::spawn(&exe_name, &args.to_args(), out.as_raw_fd(), out.as_raw_fd());
+    let child = own_exe::spawn(&exe_name, &args.to_args(), out.as_raw_fd(), out.as_raw_fd());
     drop(theirs);
     let child = child.map_err(|e| CloneError::Spawn(format!("{}: {e}", exe_name.display())))?;
     Ok(CloneProcess {

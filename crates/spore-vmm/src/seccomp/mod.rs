@@ -254,7 +254,7 @@ thread_local! {
 pub fn configure(setting: SeccompSetting) -> Result<(), SeccompError> {
     // The one executable the VMM filter lets this process exec, opened
     // before the filter names its descriptor.
-    crate::clone::exec::open_at_start();
+    crate::own_exe::open_at_start();
     let filters = Filters::for_setting(&setting)?;
     // SAFETY: PR_GET_SECCOMP takes no pointer; it returns the calling
     // thread's mode (2 under a filter).

@@ -287,8 +287,8 @@ fn conditional() -> seccompiler::Result<Vec<(i64, Vec<SeccompRule>)>> {
         (SYS_openat, vec![flags_within(2)?]),
     ];
     // No `execve`: only spore itself, by the descriptor opened before the
-    // filter (`clone::exec`), and never a path.
-    if let Some(fd) = crate::clone::exec::fd() {
+    // filter (`own_exe`), and never a path.
+    if let Some(fd) = crate::own_exe::fd() {
         let fd = SeccompCondition::new(
             0,
             SeccompCmpArgLen::Dword,

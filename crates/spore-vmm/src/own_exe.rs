@@ -1,5 +1,7 @@
-//! Starting `spore vmm` (a clone process, a clone factory) from a VMM whose
-//! seccomp filter has no `execve`.
+//! spore's own executable, which a clone source runs again (its clone
+//! processes, its clone factory): which file it is, opened before the
+//! seccomp filter, and started by descriptor, since the filter has no
+//! `execve`.
 //!
 //! A compromised VMM thread must not run another program. Yet a clone
 //! source starts processes of spore itself, under the filter it runs, after
@@ -22,7 +24,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
@@ -30,6 +32,39 @@ use std::sync::OnceLock;
 /// The environment variable that tells a spawned process which descriptor
 /// holds the executable (the number its inherited filter names).
 pub const EXE_FD_ENV: &str = "SPORE_VMM_EXE_FD";
+
+/// The program clones run and the name they run under (their `argv[0]`):
+/// this very executable, through `/proc/self/exe`, so that a clone runs the
+/// source's own version of spore even after the file was replaced on disk
+/// (an upgrade): the handoff between them is not a stable format. The name
+/// stays the executable's path (what `ps` and `spore serve`'s recovery
+/// look for). `SPORE_CLONE_EXE` names another program instead. Without
+/// /proc (in a jail) it is `argv[0]`, the absolute path the jailer ran.
+pub fn path_and_name() -> io::Result<(PathBuf, PathBuf)> {
+    if let Some(p) = std::env::var_os("SPORE_CLONE_EXE") {
+        return Ok((PathBuf::from(&p), PathBuf::from(p)));
+    }
+    let path = match std::env::current_exe() {
+        Ok(p) => p,
+        // No /proc (a jail: spore's or Firecracker's jailer mounts none):
+        // the jailer ran the binary by its absolute path inside the jail.
+        Err(source) => match std::env::args_os().next().map(PathBuf::from) {
+            Some(p) if p.is_absolute() && p.is_file() => p,
+            _ => return Err(source),
+        },
+    };
+    // A replaced executable reads as "PATH (deleted)": the name is PATH.
+    let name = path
+        .to_str()
+        .and_then(|p| p.strip_suffix(" (deleted)"))
+        .map_or_else(|| path.clone(), PathBuf::from);
+    let program = Path::new("/proc/self/exe");
+    if program.exists() {
+        Ok((program.to_path_buf(), name))
+    } else {
+        Ok((path, name))
+    }
+}
 
 /// The executable's descriptor, or why there is none.
 static EXE: OnceLock<Result<RawFd, String>> = OnceLock::new();
@@ -59,7 +94,7 @@ fn inherited() -> Option<RawFd> {
 /// Opens the executable read-only and inheritable (execveat needs read or
 /// `O_PATH` access; `O_PATH` is not among the filter's open flags).
 fn open() -> Result<RawFd, String> {
-    let (path, _) = super::sys::clone_exe().map_err(|e| e.to_string())?;
+    let (path, _) = path_and_name().map_err(|e| format!("finding it: {e}"))?;
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: open on a NUL-terminated path; the result is checked.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY) };
