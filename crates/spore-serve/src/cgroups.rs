@@ -152,6 +152,7 @@ impl Cgroups {
                 write_limits(dir, h, limits)?;
             }
             let mut leaf = Leaf {
+                cpu_cap: self.cpu_cap_file(&dirs),
                 dirs,
                 kind,
                 spare: Some(self.spare.clone()),
@@ -166,6 +167,7 @@ impl Cgroups {
             kind,
             spare: Some(self.spare.clone()),
             oom_base: 0,
+            cpu_cap: None,
         };
         for h in &self.hierarchies {
             // Made again if gone: a dead daemon's guardian removes the tree
@@ -186,7 +188,20 @@ impl Cgroups {
             leaf.dirs.push((dir.clone(), h.v2));
             write_limits(&dir, h, limits)?;
         }
+        leaf.cpu_cap = self.cpu_cap_file(&leaf.dirs);
         Ok(leaf)
+    }
+
+    /// The file that caps a leaf's CPU, and whether it is v2's `cpu.max`
+    /// (else v1's `cpu.cfs_quota_us`): in the hierarchy holding `cpu`.
+    fn cpu_cap_file(&self, dirs: &LeafDirs) -> Option<(PathBuf, bool)> {
+        dirs.iter()
+            .zip(&self.hierarchies)
+            .find(|(_, h)| h.controllers.contains(&"cpu"))
+            .map(|((dir, v2), _)| {
+                let file = if *v2 { "cpu.max" } else { "cpu.cfs_quota_us" };
+                (dir.join(file), *v2)
+            })
     }
 
     /// Removes the empty cgroups a previous daemon left (its instances were
@@ -270,6 +285,8 @@ pub struct Leaf {
     spare: Option<Arc<Mutex<Spare>>>,
     /// The memory cgroup's OOM kills before this use of it.
     oom_base: u64,
+    /// Where its CPU cap is written ([`Cgroups::cpu_cap_file`]).
+    cpu_cap: Option<(PathBuf, bool)>,
 }
 
 impl Leaf {
@@ -282,19 +299,19 @@ impl Leaf {
     }
 
     /// Caps its CPU at its memory's share (Lambda's rule), once its
-    /// instance is ready: in the v1 `cpu` hierarchy `cpu.cfs_quota_us` a
-    /// `cpu.cfs_period_us`, in v2 `cpu.max`.
+    /// instance is ready: one write on the invocation's path (v1's
+    /// `cpu.cfs_period_us` is set with the leaf's limits).
     pub fn cap_cpu(&self) -> std::io::Result<()> {
+        let Some((file, v2)) = &self.cpu_cap else {
+            return Ok(());
+        };
         let quota = self.kind.1.cpu_quota_us;
-        for (dir, v2) in &self.dirs {
-            if *v2 && dir.join("cpu.max").exists() {
-                std::fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
-            } else if !*v2 && dir.join("cpu.cfs_quota_us").exists() {
-                std::fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
-                std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
-            }
-        }
-        Ok(())
+        let value = if *v2 {
+            format!("{quota} {CPU_PERIOD_US}")
+        } else {
+            quota.to_string()
+        };
+        std::fs::write(file, value)
     }
 
     /// Moves process `pid` (a clone its zygote started) in.
@@ -490,6 +507,7 @@ fn write_limits(dir: &Path, h: &Hierarchy, l: Limits) -> std::io::Result<()> {
             ("cpu", false) => {
                 put("cpu.shares", l.cpu_shares.to_string())?;
                 put("cpu.cfs_quota_us", "-1".into())?;
+                put("cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
             }
             // v2's weight: 1–10000, 100 the default (v1's 1024).
             ("cpu", true) => {
