@@ -195,6 +195,23 @@ impl Jail {
     }
 }
 
+/// At the daemon's start: with a uid range, checks it may jail and makes
+/// the state directory ready; without (`--no-jail`), says what that means.
+pub fn set_up(range: Option<UidRange>, catalog: &Arc<Catalog>, state: &Path) -> anyhow::Result<()> {
+    let Some(range) = range else {
+        tracing::warn!(
+            "--no-jail: instance VMMs run as the daemon's own user; for development only"
+        );
+        return Ok(());
+    };
+    if !can_jail() {
+        anyhow::bail!(
+            "spore serve runs every instance's VMM as a user of its own, which needs root: run it as root, or pass --no-jail (development only: the VMMs then run as this user)"
+        );
+    }
+    Jail::new(range, catalog.clone()).prepare_state_dir(state)
+}
+
 /// Whether this process can jail VMMs (it must be root to start them as
 /// other users and open `/dev/kvm` for them).
 pub fn can_jail() -> bool {

@@ -107,18 +107,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
     );
     recovery::forget_processes(&catalog)?;
-    if let Some(range) = config.instances.jail {
-        if !jail::can_jail() {
-            anyhow::bail!(
-                "spore serve runs every instance's VMM as a user of its own, which needs root: run it as root, or pass --no-jail (development only: the VMMs then run as this user)"
-            );
-        }
-        jail::Jail::new(range, catalog.clone()).prepare_state_dir(&state_dir)?;
-    } else {
-        tracing::warn!(
-            "--no-jail: instance VMMs run as the daemon's own user; for development only"
-        );
-    }
+    jail::set_up(config.instances.jail, &catalog, &state_dir)?;
     if report.killed > 0 || report.removed > 0 {
         tracing::info!(
             "recovered from a previous daemon: {} VMM processes ended, {} leftovers removed",

@@ -56,8 +56,8 @@ pub fn adopt_inherited() {
 }
 
 /// Opens `/dev/kvm` (required), `/dev/userfaultfd` (if the kernel has it),
-/// `/dev/net/tun` if `tap` (for one tap) and the executable clones run,
-/// then becomes `who` for good: no
+/// `/dev/net/tun` if `tap` (for one tap), then becomes `who` for good (the
+/// caller opens the executable clones run first, `own_exe`): no
 /// supplementary groups but `who.groups`, real, effective and saved ids all
 /// changed (no way back to root; every capability gone). The process stays
 /// dumpable, as after an exec, so that its own `/proc/self` files stay its.
@@ -85,7 +85,6 @@ pub fn drop_to(who: &Identity, tap: bool) -> io::Result<()> {
     {
         return Err(io::Error::other("the privileged handles were taken twice"));
     }
-    crate::own_exe::open_at_start();
     // SAFETY: plain id syscalls on values and a slice that outlives them.
     unsafe {
         check(

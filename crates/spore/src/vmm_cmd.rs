@@ -78,8 +78,13 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
         enter_netns(path)?;
     }
     match &args.user {
-        Some(who) => spore_vmm::privilege::drop_to(who, args.netns.is_some())
-            .with_context(|| format!("--user {}:{}: becoming that user", who.uid, who.gid))?,
+        // The executable too: after the drop, /proc/self/exe is no longer
+        // this process's to open.
+        Some(who) => {
+            spore_vmm::own_exe::open_at_start();
+            spore_vmm::privilege::drop_to(who, args.netns.is_some())
+                .with_context(|| format!("--user {}:{}: becoming that user", who.uid, who.gid))?;
+        }
         None => spore_vmm::privilege::adopt_inherited(),
     }
     if let Some(fd) = args.clone_handoff {
