@@ -31,7 +31,7 @@ impl BenchVmm {
             .build()
             .context("starting a runtime for the VMM handle")?;
         let _ = std::fs::remove_dir_all(run_dir);
-        let process = runtime.block_on(VmmProcess::spawn(spore, run_dir, None, None))?;
+        let process = runtime.block_on(VmmProcess::spawn(spore, run_dir, None, None, None))?;
         Ok(BenchVmm {
             process,
             runtime,

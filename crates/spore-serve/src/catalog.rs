@@ -11,11 +11,13 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 mod event_configs;
+mod jail_uids;
 mod provisioned;
 mod urls;
 mod versions;
 
 pub use event_configs::EventInvokeConfig;
+pub use jail_uids::JailUidError;
 pub use provisioned::ProvisionedRecord;
 pub use urls::FunctionUrl;
 pub use versions::Alias;
@@ -178,6 +180,10 @@ CREATE TABLE IF NOT EXISTS processes (
     run_dir TEXT NOT NULL,
     PRIMARY KEY (pid, run_dir)
 );
+CREATE TABLE IF NOT EXISTS jail_uids (
+    function TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS tags (
     function TEXT NOT NULL,
     tag_key TEXT NOT NULL,
@@ -186,10 +192,24 @@ CREATE TABLE IF NOT EXISTS tags (
 );
 ";
 
+/// The catalogue holds every account's configuration (environment
+/// secrets among it): owner-only, made so before SQLite opens it, since
+/// its journal files take the database file's mode.
+fn make_private(path: &Path) {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path);
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+}
+
 impl Catalog {
     /// Opens (creating if needed) the catalogue at `path`, in WAL mode so a
     /// daemon killed mid-write loses at most the write in flight.
     pub fn open(path: &Path) -> Result<Self, CatalogError> {
+        make_private(path);
         let db = Connection::open(path)?;
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
@@ -251,6 +271,7 @@ impl Catalog {
         tx.execute("DELETE FROM version_counters WHERE function = ?1", [name])?;
         tx.execute("DELETE FROM aliases WHERE function = ?1", [name])?;
         tx.execute("DELETE FROM function_urls WHERE function = ?1", [name])?;
+        tx.execute("DELETE FROM jail_uids WHERE function = ?1", [name])?;
         tx.commit()?;
         Ok(n == 1)
     }

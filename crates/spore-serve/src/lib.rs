@@ -37,6 +37,7 @@ pub mod guardian;
 pub mod images;
 pub mod instance_conn;
 pub mod instances;
+pub mod jail;
 pub mod logs;
 pub mod metrics;
 pub mod mutex;
@@ -91,9 +92,13 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let state_dir: PathBuf = config.instances.state_dir.clone();
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
-    restrict(&state_dir);
     check_socket_room(&state_dir)?;
     let _lock = lock_state_dir(&state_dir)?;
+    // After the lock: a daemon refused the directory changes nothing in
+    // it (a jailed daemon's VMMs pass through it; `Jail` sets its mode).
+    if config.instances.jail.is_none() {
+        restrict(&state_dir);
+    }
     // First, as it needs no disk room: a full disk must not keep a dead
     // daemon's VMMs running, and removing its leftovers frees room.
     let report = recovery::recover(&state_dir)?;
@@ -102,6 +107,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
     );
     recovery::forget_processes(&catalog)?;
+    jail::set_up(config.instances.jail, &catalog, &state_dir)?;
     if report.killed > 0 || report.removed > 0 {
         tracing::info!(
             "recovered from a previous daemon: {} VMM processes ended, {} leftovers removed",

@@ -80,7 +80,7 @@ pub fn append(state: &Path, function: &str, text: Vec<u8>) {
 fn append_now(file: &Path, text: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::fs::create_private_dir(dir)?;
     }
     if std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) > ROTATE_BYTES {
         std::fs::rename(file, file.with_extension("log.1"))?;

@@ -195,8 +195,14 @@ impl Network {
 
     /// Makes the network of `instance` of `function`: its namespace (tap,
     /// veth, forwarding, NAT) and the host's end. On failure nothing made
-    /// is left.
-    pub fn make(self: &Arc<Self>, function: &str, instance: &str) -> Result<InstanceNet, NetError> {
+    /// is left. With `tap_owner` (a jailed VMM's uid and gid), the tap is
+    /// that user's, which lets the VMM open it without any capability.
+    pub fn make(
+        self: &Arc<Self>,
+        function: &str,
+        instance: &str,
+        tap_owner: Option<(u32, u32)>,
+    ) -> Result<InstanceNet, NetError> {
         self.ensure_host()?;
         let slot = self.take_slot()?;
         let name = self.namespace_name(function, instance);
@@ -213,7 +219,7 @@ impl Network {
             let _ = run("ip", &["netns", "del", &name], None);
         }
         run("ip", &["netns", "add", &name], None)?;
-        let made = self.configure(&net);
+        let made = self.configure(&net, tap_owner);
         match made {
             Ok(()) => Ok(net),
             Err(e) => {
@@ -223,7 +229,7 @@ impl Network {
         }
     }
 
-    fn configure(&self, net: &InstanceNet) -> Result<(), NetError> {
+    fn configure(&self, net: &InstanceNet, tap_owner: Option<(u32, u32)>) -> Result<(), NetError> {
         let (host, inner) = self.pool.addresses(net.slot);
         let _ = run("ip", &["link", "del", &net.veth], None);
         let host_side = format!(
@@ -234,9 +240,10 @@ impl Network {
             ns = net.name,
         );
         run("ip", &["-batch", "-"], Some(&host_side))?;
+        let owner = tap_owner.map_or_else(String::new, |(u, g)| format!(" user {u} group {g}"));
         let inside = format!(
             "link set lo up\n\
-             tuntap add dev {TAP_NAME} mode tap\n\
+             tuntap add dev {TAP_NAME} mode tap{owner}\n\
              addr add {GATEWAY}/30 dev {TAP_NAME}\n\
              link set {TAP_NAME} up\n\
              addr add {inner}/30 dev {NS_VETH}\n\

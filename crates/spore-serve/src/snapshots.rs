@@ -251,6 +251,9 @@ impl SnapshotStore {
         create_private_dir(&self.root)?;
         let _ = std::fs::remove_dir_all(&tmp);
         create_private_dir(&tmp)?;
+        if let Some(user) = &vmm.user {
+            crate::jail::own_tree(&tmp, user)?;
+        }
         let written = async {
             vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
                 .await?;
@@ -407,6 +410,16 @@ impl SnapshotStore {
                 &tmp.join(MERGED_RECORD),
                 &serde_json::to_vec_pretty(&record)?,
             )?;
+            // Made by this daemon on the diff's behalf: given to whoever
+            // owns the diff (a jailed function's uid restores it, and
+            // records its working set beside it).
+            let (uid, gid) = crate::jail::owner_of(&snap.dir)?;
+            let owner = crate::jail::User {
+                uid,
+                gid,
+                groups: Vec::new(),
+            };
+            crate::jail::own_tree(&tmp, &owner)?;
             std::fs::remove_dir_all(&snap.dir)
                 .with_context(|| format!("removing the diff {}", snap.dir.display()))?;
             std::fs::rename(&tmp, &snap.dir)

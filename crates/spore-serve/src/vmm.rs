@@ -42,6 +42,9 @@ pub struct VmmProcess {
     pub net: Option<InstanceNet>,
     /// Its cgroup (memory, pids, CPU share), removed when it ends.
     pub cgroup: Option<crate::cgroups::Leaf>,
+    /// The user it runs as (`crate::jail`); `None` when unjailed, and for
+    /// clones (they run as their zygote's).
+    pub user: Option<crate::jail::User>,
 }
 
 impl VmmProcess {
@@ -49,21 +52,26 @@ impl VmmProcess {
     /// messages going to `<run_dir>/vmm.log`, in a process group of its own;
     /// with `net`, inside that network namespace (`--netns`), which the
     /// process then owns; with `cgroup`, in that cgroup before it is
-    /// configured.
+    /// configured; with `user`, as that user (its run directory that
+    /// user's).
     pub async fn spawn(
         spore_bin: &Path,
         run_dir: &Path,
         net: Option<InstanceNet>,
         cgroup: Option<crate::cgroups::Leaf>,
+        user: Option<crate::jail::User>,
     ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("creating {}", run_dir.display()))?;
+        crate::fs::create_private_dir(run_dir)?;
         let api_sock = run_dir.join("api.sock");
         let log = std::fs::File::create(run_dir.join("vmm.log"))?;
         let mut command = tokio::process::Command::new(spore_bin);
         command.arg("vmm");
         if let Some(n) = &net {
             command.arg("--netns").arg(n.path());
+        }
+        if let Some(u) = &user {
+            crate::jail::own_tree(run_dir, u)?;
+            command.arg("--user").arg(u.arg());
         }
         let child = command
             .arg("--api-sock")
@@ -97,6 +105,7 @@ impl VmmProcess {
             stop_cleanly: false,
             net,
             cgroup,
+            user,
         };
         let serving = vmm.wait_for_socket(Duration::from_secs(10)).await;
         if let Some(joined) = joined {
@@ -125,6 +134,7 @@ impl VmmProcess {
             stop_cleanly: false,
             net: None,
             cgroup: None,
+            user: None,
         }
     }
 

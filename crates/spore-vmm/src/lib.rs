@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod own_exe;
 pub mod persist;
 pub mod phase;
+pub mod privilege;
 pub mod rate_limiter;
 pub mod seccomp;
 pub mod snapshot;

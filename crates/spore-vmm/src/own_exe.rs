@@ -207,7 +207,7 @@ pub fn spawn(arg0: &Path, args: &[OsString], stdout: RawFd, stderr: RawFd) -> io
         .map(cstr)
         .collect::<io::Result<_>>()?;
     let mut envp: Vec<CString> = std::env::vars_os()
-        .filter(|(k, _)| k != EXE_FD_ENV)
+        .filter(|(k, _)| k != EXE_FD_ENV && !crate::privilege::is_handle_env(k))
         .map(|(k, v)| {
             let mut kv = k;
             kv.push("=");
@@ -216,6 +216,9 @@ pub fn spawn(arg0: &Path, args: &[OsString], stdout: RawFd, stderr: RawFd) -> io
         })
         .collect::<io::Result<_>>()?;
     envp.push(cstr(OsStr::new(&format!("{EXE_FD_ENV}={exe}")))?);
+    for kv in crate::privilege::child_env() {
+        envp.push(cstr(OsStr::new(&kv))?);
+    }
     let stdin = StdinPipe::new()?;
     let mut plan = ChildPlan {
         exe,

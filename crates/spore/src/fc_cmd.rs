@@ -268,6 +268,7 @@ fn vmm_args(fc: &FcArgs) -> VmmArgs {
         clone_factory: None,
         clone_dir: None,
         netns: None,
+        user: None,
         seccomp: SeccompArgs {
             no_seccomp: fc.no_seccomp,
             seccomp_filter: fc.seccomp_filter.clone(),

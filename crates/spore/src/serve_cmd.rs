@@ -134,6 +134,15 @@ pub struct ServeArgs {
     /// of host (docs/serve/operations.md#instance-cgroups).
     #[arg(long)]
     cgroups: bool,
+    /// Run instance VMMs as the daemon's own user instead of a uid per
+    /// function (development only; jailing needs root).
+    #[arg(long)]
+    no_jail: bool,
+    /// The ids jailed VMMs run as, `FIRST:COUNT`: FIRST is the group of
+    /// files every instance may read (code, runtime bases), the rest one
+    /// uid per function (docs/serve/operations.md#instance-users).
+    #[arg(long, default_value = "100000:65536")]
+    uid_range: spore_serve::jail::UidRange,
     /// Memory an instance's cgroup allows besides the function's
     /// MemorySize: the VMM's own (e.g. 64M).
     #[arg(long, default_value = "64M")]
@@ -228,6 +237,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             image_cache,
             ready_limit: Duration::from_secs(a.ready_timeout_s.max(1)),
             cgroups,
+            jail: (!a.no_jail).then_some(a.uid_range),
         },
     })?;
     Ok(0)

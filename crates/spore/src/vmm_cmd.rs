@@ -51,6 +51,14 @@ pub struct VmmArgs {
     /// networked functions this way; clones this VMM starts begin in it too.
     #[arg(long, value_name = "PATH")]
     pub netns: Option<PathBuf>,
+    /// Become this user (`UID:GID[:GROUP,…]`, supplementary groups after
+    /// the second colon) right after entering `--netns`, keeping only the
+    /// handles a VMM needs (`/dev/kvm`, `/dev/userfaultfd`, its own
+    /// executable), before the seccomp filter. Needs root; `spore serve`
+    /// starts every instance's VMM this way. Clones it starts run as that
+    /// user too.
+    #[arg(long, value_name = "UID:GID[:GROUPS]", value_parser = spore_vmm::privilege::parse_identity)]
+    pub user: Option<spore_vmm::privilege::Identity>,
     #[command(flatten)]
     pub seccomp: host::SeccompArgs,
     /// The API's request body limit (set by `firecracker
@@ -68,6 +76,16 @@ pub struct VmmArgs {
 pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
     if let Some(path) = &args.netns {
         enter_netns(path)?;
+    }
+    match &args.user {
+        // The executable too: after the drop, /proc/self/exe is no longer
+        // this process's to open.
+        Some(who) => {
+            spore_vmm::own_exe::open_at_start();
+            spore_vmm::privilege::drop_to(who, args.netns.is_some())
+                .with_context(|| format!("--user {}:{}: becoming that user", who.uid, who.gid))?;
+        }
+        None => spore_vmm::privilege::adopt_inherited(),
     }
     if let Some(fd) = args.clone_handoff {
         return run_clone(args, fd);

@@ -25,6 +25,9 @@
 # instances draw different os.urandom bytes (the generation notice reseeds
 # them), and a third function reuses the base recorded by the first daemon.
 #
+# Jailed (issue 30, item 2): every instance VMM runs as its function's uid,
+# without capabilities.
+#
 # Idle memory (issue 17, item 3): an instance that held 96 MiB and let it go
 # gives it back to the host (free page reporting through the balloon).
 . "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
@@ -73,6 +76,30 @@ case "$body" in
 *'"greeting": "hi"'*'"function": "hello"'*) t python3-env-and-context PASS ;;
 *) t python3-env-and-context FAIL "$body" ;;
 esac
+
+# Every instance VMM (zygote, clone factory, clones) runs as a uid of its
+# function's (spore serve --uid-range's default), none as root, without
+# capabilities.
+jailed="" root=""
+for d in /proc/[0-9]*; do
+    case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
+    *" vmm "*"$tmp/s/"*) ;;
+    *) continue ;;
+    esac
+    status=$(cat "$d/status" 2>/dev/null) || continue # (it ended meanwhile)
+    uid=$(echo "$status" | awk '/^Uid:/ {print $2}')
+    cap=$(echo "$status" | awk '/^CapEff:/ {print $2}')
+    if [ "$uid" -ge 100001 ] 2>/dev/null && [ "$cap" = 0000000000000000 ]; then
+        jailed="$jailed ${d#/proc/}:$uid"
+    else
+        root="$root ${d#/proc/}:$uid:$cap"
+    fi
+done
+if [ -n "$jailed" ] && [ -z "$root" ]; then
+    t instances-jailed PASS "pid:uid$jailed"
+else
+    t instances-jailed FAIL "jailed:${jailed:- none} other:$root"
+fi
 
 deploy shell provided unused /fns/provided.zip
 invoke3 shell '"provided": true, "event": {"n": @N@}'

@@ -203,9 +203,22 @@ impl Instances {
             .map(|n| format!("base-{}", n.to_string_lossy()))
             .unwrap_or_default();
         let cgroup = self.cgroup_for(f, &instance).await?;
-        let vmm = VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, None, cgroup).await?;
+        let vmm = VmmProcess::spawn(
+            &self.cfg.spore_bin,
+            &run_dir,
+            None,
+            cgroup,
+            self.base_user(),
+        )
+        .await?;
         self.record(&vmm);
         let made = async {
+            // Jailed: written by the base VMM's user (the shared id), read
+            // by every function's restores through the shared group.
+            if let Some(user) = &vmm.user {
+                crate::jail::share_file(&placeholder, user.gid)?;
+                crate::jail::own_tree(&tmp, user)?;
+            }
             let boot = runtime::BootFiles {
                 code: &placeholder,
                 vsock_uds: &vmm.vsock_uds,
@@ -265,7 +278,11 @@ impl Instances {
                 mem_disk_bytes: crate::fs::disk_bytes(&tmp.join("vm.mem")),
                 created_unix_ms: crate::clock::unix_ms(),
             };
-            self.bases.commit(&tmp, &record)
+            let base = self.bases.commit(&tmp, &record)?;
+            if let Some(user) = &vmm.user {
+                crate::jail::share_tree(&base.dir, user.gid)?;
+            }
+            anyhow::Ok(base)
         }
         .await;
         let tail = vmm.log_tail();

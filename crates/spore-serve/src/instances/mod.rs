@@ -93,6 +93,9 @@ pub struct InstancesConfig {
     /// Each instance VMM in a cgroup of its own (`None`: without
     /// `--cgroups`, or a host without a usable memory controller).
     pub cgroups: Option<crate::cgroups::Cgroups>,
+    /// The uid range instances' VMMs run in (`crate::jail`); `None` with
+    /// `--no-jail`: they run as the daemon's user.
+    pub jail: Option<crate::jail::UidRange>,
 }
 
 /// Why an invocation got no instance.
@@ -216,10 +219,15 @@ pub struct Instances {
     next_id: AtomicU64,
     /// Networked functions' namespaces (made on their first instance).
     network: Arc<Network>,
+    /// Who each function's VMMs run as (`None`: unjailed).
+    jail: Option<crate::jail::Jail>,
 }
 
 impl Instances {
     pub fn new(cfg: InstancesConfig, catalog: Arc<Catalog>) -> Arc<Self> {
+        let jail = cfg
+            .jail
+            .map(|range| crate::jail::Jail::new(range, catalog.clone()));
         Arc::new(Instances {
             host_slots: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             snapshots: SnapshotStore::new(
@@ -239,6 +247,7 @@ impl Instances {
             census_skip: std::sync::atomic::AtomicI32::new(0),
             account_gates: Mutex::new(HashMap::new()),
             network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
+            jail,
             cfg,
         })
     }
@@ -266,14 +275,27 @@ impl Instances {
         &self,
         f: &Function,
         instance: &str,
+        user: Option<&crate::jail::User>,
     ) -> anyhow::Result<Option<InstanceNet>> {
         if !f.network {
             return Ok(None);
         }
         let (network, name, instance) =
             (self.network.clone(), f.name.clone(), instance.to_string());
-        let net = tokio::task::spawn_blocking(move || network.make(&name, &instance)).await??;
+        let owner = user.map(|u| (u.uid, u.gid));
+        let net =
+            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??;
         Ok(Some(net))
+    }
+
+    /// The user `f`'s VMMs run as (`None`: unjailed).
+    fn user_of(&self, f: &Function) -> anyhow::Result<Option<crate::jail::User>> {
+        self.jail.as_ref().map(|j| j.user_of(&f.name)).transpose()
+    }
+
+    /// The user of the VMMs that build runtime bases (`None`: unjailed).
+    fn base_user(&self) -> Option<crate::jail::User> {
+        self.jail.as_ref().map(crate::jail::Jail::base_user)
     }
 
     /// Where Linux runtimes' images are looked up.

@@ -71,7 +71,7 @@ impl Instances {
             self.end(inst.vmm).await;
         }
         let f = &pool.function;
-        let zygotes = !self.cfg.no_clones && !pool.demoted();
+        let zygotes = !self.cfg.no_clones && !pool.demoted() && self.may_clone(f);
         if !zygotes {
             // Every start is its own VM: restored if the version has a
             // snapshot, else booted (which makes the snapshot).
@@ -270,6 +270,9 @@ impl Instances {
         conn: InstanceConn,
         zygote_slot: &mut Option<Zygote>,
     ) -> Result<Instance, AcquireError> {
+        if !self.may_clone(f) {
+            return Ok(instance(vmm, conn));
+        }
         let started = Instant::now();
         // The guest goes back to accepting when this connection closes; the
         // zygote is paused there.
@@ -285,7 +288,10 @@ impl Instances {
             "socket_dir": z.clone_dir, "clones_outlive_source": true,
         });
         let made = async {
-            std::fs::create_dir_all(&z.clone_dir)?;
+            crate::fs::create_private_dir(&z.clone_dir)?;
+            if let Some(user) = &z.vmm.user {
+                crate::jail::own_tree(&z.clone_dir, user)?;
+            }
             z.vmm
                 .api("PUT", "/clone/config", Some(config.to_string()))
                 .await?;
@@ -308,6 +314,13 @@ impl Instances {
                 Ok(instance(z.vmm, conn))
             }
         }
+    }
+
+    /// Whether `f`'s instances may start as clones of a zygote. Not a
+    /// networked function's when jailed: each clone enters a network
+    /// namespace of its own, which takes a capability its uid has not.
+    fn may_clone(&self, f: &Function) -> bool {
+        !(f.network && self.jail.is_some())
     }
 
     /// A fresh VMM booted with the function, connected and ready. A Linux
@@ -336,6 +349,10 @@ impl Instances {
         } else {
             code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
         };
+        if let Some(jail) = &self.jail {
+            jail.share(&code)
+                .map_err(|e| anyhow::anyhow!("letting {}'s VMMs read its code: {e}", f.name))?;
+        }
         if let (Some((kernel, root_image)), false) = (&linux, self.cfg.no_snapshots) {
             let files = super::layered::LinuxBoot {
                 kernel,
@@ -411,9 +428,10 @@ impl Instances {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let net = self.instance_net(f, &instance).await?;
+        let user = self.user_of(f)?;
+        let net = self.instance_net(f, &instance, user.as_ref()).await?;
         let cgroup = self.cgroup_for(f, &instance).await?;
-        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup).await
+        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup, user).await
     }
 
     /// For a networked zygote: the namespace of its next clone, whose
@@ -441,7 +459,7 @@ impl Instances {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let net = self
-            .instance_net(f, &format!("{zygote}c{}", served + 1))
+            .instance_net(f, &format!("{zygote}c{}", served + 1), z.vmm.user.as_ref())
             .await?
             .ok_or_else(|| anyhow::anyhow!("no network made"))?;
         let template = crate::network::Network::namespace_path(

@@ -92,7 +92,7 @@ pub(super) fn create_vm() -> MadeVm {
 }
 
 fn make_vm() -> MadeVm {
-    let kvm = Kvm::new().map_err(BuildError::Kvm)?;
+    let kvm = crate::privilege::kvm().map_err(BuildError::Kvm)?;
     let vm_fd = kvm.create_vm().map_err(kvm_setup("KVM_CREATE_VM"))?;
     arch::prepare_vm(&vm_fd)?;
     Ok((kvm, vm_fd))

@@ -20,7 +20,9 @@ impl SmallFs {
                 "-t",
                 "tmpfs",
                 "-o",
-                &format!("size={size},mode=0700"),
+                // Others may pass through (not list): the daemon's jailed
+                // VMMs reach the state directory under it.
+                &format!("size={size},mode=0711"),
                 "tmpfs",
             ])
             .arg(dir)

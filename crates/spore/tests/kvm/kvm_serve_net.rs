@@ -142,13 +142,28 @@ fn fetch(d: &Daemon, f: &str, url: &str, body: &str) -> String {
     r.header("x-spore-start-path").unwrap_or("?").to_string()
 }
 
+/// Jailed (the default), a networked function's instances start by
+/// restore where they would be clones: a clone enters a network namespace
+/// of its own, which its unprivileged uid cannot. Unjailed, they are clones
+/// of the zygote, each in a namespace of its own. One after the other: the
+/// two daemons would share the address pool.
 #[test]
 fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
+    net_function_on_every_start_path(true);
+    net_function_on_every_start_path(false);
+}
+
+fn net_function_on_every_start_path(jailed: bool) {
     require_kvm();
     require_tap();
     let dir = Scratch::new("serve-net");
     let state = dir.path("state");
-    let args = ["--keep-alive-ms", "0", "--net-pool", POOL];
+    let mut args = vec!["--keep-alive-ms", "0", "--net-pool", POOL];
+    if !jailed {
+        args.push("--no-jail");
+    }
+    let args = &args[..];
+    let warm_path = if jailed { "restore" } else { "clone" };
     let pid = std::process::id();
     let f = format!("fetch{pid}");
     let plain = format!("plain{pid}");
@@ -156,7 +171,7 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     let (port, served) = host_server(body.clone());
     let url = format!("http://{}:{port}/hello", host_address());
 
-    let mut d = Daemon::start(&state, &args);
+    let mut d = Daemon::start(&state, args);
     let r = d.create(
         &f,
         "fn-fetch",
@@ -177,9 +192,10 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
         "no host veth of {prefix}"
     );
     assert!(nft_tables().contains(&format!("spore_{}", &prefix[2..])));
-    // Clone: a new namespace for clone 2, the same guest address.
-    assert_eq!(fetch(&d, &f, &url, &body), "clone");
-    assert_eq!(fetch(&d, &f, &url, &body), "clone");
+    // Clone: a new namespace for clone 2, the same guest address (or a
+    // restore, jailed).
+    assert_eq!(fetch(&d, &f, &url, &body), warm_path);
+    assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(served.load(Ordering::SeqCst), 3);
     // Nothing listens there: an error result, not a hung instance.
     let closed = TcpListener::bind("0.0.0.0:0")
@@ -198,16 +214,18 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     // answers: the zygote is a paused template) must not land in the
     // memory its later clones map from.
     wait_for_snapshot(&state, &f, 1, Duration::from_secs(15));
-    let zygote_ns = namespaces_of(&f)
-        .into_iter()
-        .find(|n| !n.rsplit('.').next().unwrap_or("c").contains('c'))
-        .expect("the zygote's namespace");
-    let _ = Command::new("ip")
-        .args(["netns", "exec", &zygote_ns, "curl", "-s", "--max-time", "1"])
-        .arg("http://172.16.0.2:9/")
-        .output();
-    assert_eq!(fetch(&d, &f, &url, &body), "clone");
-    assert_eq!(fetch(&d, &f, &url, &body), "clone");
+    if !jailed {
+        let zygote_ns = namespaces_of(&f)
+            .into_iter()
+            .find(|n| !n.rsplit('.').next().unwrap_or("c").contains('c'))
+            .expect("the zygote's namespace");
+        let _ = Command::new("ip")
+            .args(["netns", "exec", &zygote_ns, "curl", "-s", "--max-time", "1"])
+            .arg("http://172.16.0.2:9/")
+            .output();
+    }
+    assert_eq!(fetch(&d, &f, &url, &body), warm_path);
+    assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(served.load(Ordering::SeqCst), 5);
 
     // A function without network gets no namespace.
@@ -227,11 +245,12 @@ fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     // A killed daemon leaves its namespaces; the next one removes them at
     // start, and restores the snapshot in a fresh namespace.
     d.kill9();
+    // (Jailed, with no keep-alive, no instance of f is left to hold one.)
     assert!(
-        !namespaces_of(&f).is_empty(),
+        jailed || !namespaces_of(&f).is_empty(),
         "a killed daemon cannot clean up"
     );
-    let d = Daemon::start(&state, &args);
+    let d = Daemon::start(&state, args);
     assert!(
         namespaces_of(&f).is_empty(),
         "leftovers after restart: {:?}",

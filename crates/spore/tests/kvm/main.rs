@@ -59,6 +59,7 @@ mod kvm_serve_clients;
 mod kvm_serve_disk_full;
 mod kvm_serve_events;
 mod kvm_serve_guardian;
+mod kvm_serve_jail;
 mod kvm_serve_net;
 mod kvm_serve_provisioned;
 mod kvm_serve_urls;

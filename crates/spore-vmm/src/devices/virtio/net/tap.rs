@@ -80,18 +80,24 @@ impl Tap {
         if name.len() > MAX_TAP_NAME_LEN {
             return Err(TapError::NameTooLong(name.into()));
         }
-        // SAFETY: a constant NUL-terminated path; the result is checked.
-        let fd = unsafe {
-            libc::open(
-                c"/dev/net/tun".as_ptr(),
-                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
+        let file = match crate::privilege::take_tun() {
+            // A VMM that became an unprivileged user opened it before.
+            Some(file) => file,
+            None => {
+                // SAFETY: a constant NUL-terminated path; the result is checked.
+                let fd = unsafe {
+                    libc::open(
+                        c"/dev/net/tun".as_ptr(),
+                        libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    return Err(TapError::OpenTun(io::Error::last_os_error()));
+                }
+                // SAFETY: `fd` is a fresh fd owned by nobody else.
+                unsafe { File::from_raw_fd(fd) }
+            }
         };
-        if fd < 0 {
-            return Err(TapError::OpenTun(io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a fresh fd owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
         #[allow(
             clippy::cast_possible_truncation,
             reason = "IFF_TAP | IFF_NO_PI | IFF_VNET_HDR is 0x5002"

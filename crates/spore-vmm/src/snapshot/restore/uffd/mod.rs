@@ -187,12 +187,18 @@ impl Uffd {
             let first = std::io::Error::last_os_error();
             // Kernels ≥ 6.1 also hand them out through /dev/userfaultfd,
             // governed by its file permissions instead of the sysctl.
-            match File::open("/dev/userfaultfd") {
-                Ok(dev) => {
+            // A VMM that dropped its privileges opened it before.
+            let held = crate::privilege::userfaultfd_device();
+            let opened = match held {
+                Some(_) => None,
+                None => File::open("/dev/userfaultfd").ok(),
+            };
+            match held.or(opened.as_ref().map(AsRawFd::as_raw_fd)) {
+                Some(dev) => {
                     // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value.
                     let r = unsafe {
                         libc::ioctl(
-                            dev.as_raw_fd(),
+                            dev,
                             USERFAULTFD_IOC_NEW as _,
                             libc::O_CLOEXEC | libc::O_NONBLOCK,
                         )
@@ -202,7 +208,7 @@ impl Uffd {
                     }
                     r
                 }
-                Err(_) => return Err(UffdError::Unavailable(first)),
+                None => return Err(UffdError::Unavailable(first)),
             }
         };
         // SAFETY: raw is a new fd owned by nobody else.

@@ -1,0 +1,187 @@
+//! `spore serve` runs every instance's VMM as a user of its own function
+//! (issue 30 item 2, its uid part): a uid per function from `--uid-range`,
+//! no capability, the shared group as its one supplementary group; clones
+//! run as their zygote. What that user can reach is checked by doing it as
+//! that user: its own snapshot yes; another function's snapshot, the
+//! catalogue, a listing of the state directory, a signal to the daemon no.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::serve::{wait_for_snapshot, Daemon};
+use crate::common::{require_kvm, Scratch};
+
+/// A line of `/proc/PID/status` after its key, e.g. `Uid`.
+fn status_field(pid: i32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// The real uid of `pid`.
+fn uid_of(pid: i32) -> u32 {
+    status_field(pid, "Uid")
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `program args` as `uid` (its gid the same) with `groups`.
+fn run_as(uid: u32, groups: &[u32], program: &str, args: &[&str]) -> std::process::Output {
+    let groups = groups.to_vec();
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    // SAFETY: only async-signal-safe id syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setresgid(uid, uid, uid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().expect("running a command as the VMM's user")
+}
+
+fn can_read(uid: u32, groups: &[u32], path: &Path) -> bool {
+    run_as(uid, groups, "head", &["-c", "1", path.to_str().unwrap()])
+        .status
+        .success()
+}
+
+#[test]
+fn kvm_serve_each_functions_vmms_run_as_its_own_user() {
+    require_kvm();
+    let dir = Scratch::new("serve-jail");
+    let state = dir.path("state");
+    let d = Daemon::start(&state, &["--uid-range", "200000:100"]);
+    for f in ["a", "b"] {
+        assert_eq!(d.create(f, "fn-echo", serde_json::json!({})).status, 201);
+        let r = d.invoke(f, b"{\"x\":1}");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-spore-start-path"), Some("cold"));
+    }
+    wait_for_snapshot(&state, "a", 1, Duration::from_secs(20));
+    wait_for_snapshot(&state, "b", 1, Duration::from_secs(20));
+    // Zygotes and clones of both functions: none is root, none has a
+    // capability, each function's are one uid, the two functions' differ.
+    let pids = d.vmm_pids();
+    assert!(pids.len() >= 4, "zygote and clone of each: {pids:?}");
+    let snap_owner = |f: &str| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(state.join(format!("snapshots/{f}-v1")))
+            .unwrap()
+            .uid()
+    };
+    let (ua, ub) = (snap_owner("a"), snap_owner("b"));
+    assert!((200_001..200_100).contains(&ua), "a's uid {ua}");
+    assert!((200_001..200_100).contains(&ub), "b's uid {ub}");
+    assert_ne!(ua, ub, "two functions share a uid");
+    for pid in &pids {
+        let uid = uid_of(*pid);
+        assert!(uid == ua || uid == ub, "VMM {pid} runs as {uid}");
+        assert_eq!(
+            status_field(*pid, "CapEff"),
+            "0000000000000000",
+            "VMM {pid}"
+        );
+        assert_eq!(status_field(*pid, "Groups"), "200000", "VMM {pid}");
+        assert_eq!(status_field(*pid, "Seccomp"), "2", "VMM {pid}");
+    }
+    assert!(pids.iter().any(|p| uid_of(*p) == ua));
+    assert!(pids.iter().any(|p| uid_of(*p) == ub));
+
+    // What a's user reaches: its own snapshot, nothing of b's or the daemon's.
+    let shared = [200_000];
+    assert!(can_read(
+        ua,
+        &shared,
+        &state.join("snapshots/a-v1/vm.state")
+    ));
+    assert!(!can_read(
+        ua,
+        &shared,
+        &state.join("snapshots/b-v1/vm.state")
+    ));
+    assert!(!can_read(ua, &shared, &state.join("catalog.db")));
+    assert!(!can_read(ua, &shared, &state.join("logs/a.log")));
+    let listing = run_as(ua, &shared, "ls", &[state.to_str().unwrap()]);
+    assert!(
+        !listing.status.success(),
+        "a's user lists the state directory"
+    );
+    let signal = run_as(ua, &shared, "kill", &["-0", &d.child.id().to_string()]);
+    assert!(!signal.status.success(), "a's user may signal the daemon");
+
+    // The uids are kept across a restart (the snapshots are their files):
+    // a restore of each function runs as its uid again.
+    drop(d);
+    let d = Daemon::start(&state, &["--uid-range", "200000:100"]);
+    for f in ["a", "b"] {
+        let r = d.invoke(f, b"{\"x\":2}");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-spore-start-path"), Some("restore"), "{f}");
+    }
+}
+
+#[test]
+fn kvm_serve_no_jail_runs_vmms_as_the_daemons_user_and_says_so() {
+    require_kvm();
+    let dir = Scratch::new("serve-nojail");
+    let d = Daemon::start(&dir.path("state"), &["--no-jail"]);
+    assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(d.invoke("f", b"{}").status, 200);
+    let pids = d.vmm_pids();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        assert_eq!(uid_of(pid), 0, "VMM {pid}");
+    }
+}
+
+#[test]
+fn serve_refuses_to_jail_without_root_and_an_unreachable_state_dir() {
+    let dir = Scratch::new("jail-no");
+    // Not root: a clear error, not VMMs that fail later.
+    let state = dir.path("n");
+    std::fs::create_dir_all(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+    let out = run_as(
+        65534,
+        &[],
+        env!("CARGO_BIN_EXE_spore"),
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("needs root") && err.contains("--no-jail"),
+        "{err}"
+    );
+    // A state directory under one only root may enter.
+    let closed = dir.path("closed");
+    std::fs::create_dir_all(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let out = crate::common::spore()
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(closed.join("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("chmod o+x"), "{err}");
+}
