@@ -169,11 +169,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         }
         None => 0,
     };
-    let state_dir = if a.state_dir.is_absolute() {
-        a.state_dir
-    } else {
-        std::env::current_dir()?.join(a.state_dir)
-    };
+    let state_dir = std::env::current_dir()?.join(a.state_dir);
     let overhead = spore_vmm::config::parse_size(&a.instance_memory_overhead)
         .map_err(|e| anyhow::anyhow!("--instance-memory-overhead: {e}"))?;
     let cgroups = if a.cgroups {
@@ -184,10 +180,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
-    let image_cache = spore_serve::images::cache_dir(a.image_cache);
+    // Absolute: the paths are given to VMMs, whose roots show them at the
+    // same paths.
+    let cwd = std::env::current_dir()?;
+    let image_cache = cwd.join(spore_serve::images::cache_dir(a.image_cache));
     let linux_kernel = match a.linux_kernel {
         Some(k) if !k.is_file() => anyhow::bail!("--linux-kernel: no file at {}", k.display()),
-        Some(k) => Some(k),
+        Some(k) => Some(cwd.join(k)),
         None => spore_serve::images::newest_kernel(&image_cache),
     };
     if let Some(d) = &a.url_domain {
