@@ -15,12 +15,12 @@
 
 mod root;
 
-pub use root::Bind;
-
 use std::io;
 use std::os::fd::{FromRawFd as _, RawFd};
 use std::path::Path;
 use std::sync::OnceLock;
+
+pub use root::Bind;
 
 /// The environment variable naming the inherited `/dev/kvm` descriptor.
 pub const KVM_FD_ENV: &str = "SPORE_VMM_KVM_FD";

@@ -297,10 +297,7 @@ impl Instances {
         };
         let state = &self.cfg.state_dir;
         let linux = crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux());
-        let mut read_only = vec![
-            crate::code::dir(state, &f.code_sha256),
-            state.join("bases"),
-        ];
+        let mut read_only = vec![crate::code::dir(state, &f.code_sha256), state.join("bases")];
         read_only.extend(self.shared_files(linux));
         Ok(Some(crate::jail::Jailed {
             user: jail.user_of(&f.name)?,

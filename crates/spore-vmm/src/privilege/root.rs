@@ -26,7 +26,13 @@ pub fn enter(dir: &Path, binds: &[Bind]) -> io::Result<()> {
     // SAFETY: unshare with a flag; affects this (single-threaded) process.
     check(unsafe { libc::unshare(libc::CLONE_NEWNS) }, "unshare")?;
     // Nothing mounted from here on reaches the host's namespace.
-    mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
     mount(
         Some(OsStr::new("tmpfs")),
         dir,
@@ -60,8 +66,9 @@ pub fn enter(dir: &Path, binds: &[Bind]) -> io::Result<()> {
         None,
     )?;
     let c = cstr(dir)?;
-    // SAFETY: chroot and chdir on NUL-terminated paths.
+    // SAFETY: chroot on a NUL-terminated path.
     check(unsafe { libc::chroot(c.as_ptr()) }, "chroot")?;
+    // SAFETY: chdir on a NUL-terminated path.
     check(unsafe { libc::chdir(c"/".as_ptr()) }, "chdir /")
 }
 
@@ -110,7 +117,10 @@ fn mount(
 ) -> io::Result<()> {
     let opt = |s: Option<&[u8]>| s.map(CString::new).transpose().map_err(io::Error::other);
     let source = opt(source.map(OsStr::as_bytes))?;
-    let (fstype, data) = (opt(fstype.map(str::as_bytes))?, opt(data.map(str::as_bytes))?);
+    let (fstype, data) = (
+        opt(fstype.map(str::as_bytes))?,
+        opt(data.map(str::as_bytes))?,
+    );
     let target_c = cstr(target)?;
     let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: NUL-terminated strings (or null) that outlive the call.
