@@ -159,8 +159,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         spore_serve::guardian::run(&a.state_dir, pool, fd)?;
         return Ok(0);
     }
+    // Absolute: jailed VMMs' roots show it at its own path.
     let spore_bin = match std::env::var_os("SPORE_BIN") {
-        Some(p) => PathBuf::from(p),
+        Some(p) => std::env::current_dir()?.join(p),
         None => std::env::current_exe().context("finding the spore binary")?,
     };
     let memory_budget = match &a.memory_budget {

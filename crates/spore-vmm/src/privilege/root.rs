@@ -38,7 +38,7 @@ pub fn enter(dir: &Path, binds: &[Bind]) -> io::Result<()> {
         dir,
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        Some("mode=0755,size=64k"),
+        Some("mode=0755,size=256k"),
     )?;
     let mut binds = binds.to_vec();
     // A parent before what it holds.
