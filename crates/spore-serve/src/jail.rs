@@ -90,6 +90,40 @@ impl User {
     }
 }
 
+/// How a jailed VMM is started: its user, and the host paths its root
+/// shows (`spore vmm --chroot`), each at its own path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Jailed {
+    pub user: User,
+    /// Paths it writes into (besides its run directory, always writable).
+    pub writable: Vec<PathBuf>,
+    /// Paths it reads.
+    pub read_only: Vec<PathBuf>,
+}
+
+impl Jailed {
+    /// `spore vmm`'s arguments for it, its root at `<run_dir>/root`.
+    pub fn args(&self, run_dir: &Path) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--user".into(),
+            self.user.arg().into(),
+            "--chroot".into(),
+            run_dir.join("root").into(),
+            "--bind".into(),
+            run_dir.into(),
+        ];
+        for p in &self.writable {
+            args.push("--bind".into());
+            args.push(p.into());
+        }
+        for p in &self.read_only {
+            args.push("--bind-ro".into());
+            args.push(p.into());
+        }
+        args
+    }
+}
+
 /// The daemon's jail: its uid range and the uids it gave out.
 pub struct Jail {
     range: UidRange,

@@ -52,14 +52,14 @@ impl VmmProcess {
     /// messages going to `<run_dir>/vmm.log`, in a process group of its own;
     /// with `net`, inside that network namespace (`--netns`), which the
     /// process then owns; with `cgroup`, in that cgroup before it is
-    /// configured; with `user`, as that user (its run directory that
-    /// user's).
+    /// configured; `jailed`, as that user in a root of its own (its run
+    /// directory that user's).
     pub async fn spawn(
         spore_bin: &Path,
         run_dir: &Path,
         net: Option<InstanceNet>,
         cgroup: Option<crate::cgroups::Leaf>,
-        user: Option<crate::jail::User>,
+        jailed: Option<crate::jail::Jailed>,
     ) -> anyhow::Result<Self> {
         crate::fs::create_private_dir(run_dir)?;
         let api_sock = run_dir.join("api.sock");
@@ -69,9 +69,12 @@ impl VmmProcess {
         if let Some(n) = &net {
             command.arg("--netns").arg(n.path());
         }
-        if let Some(u) = &user {
-            crate::jail::own_tree(run_dir, u)?;
-            command.arg("--user").arg(u.arg());
+        let user = jailed.as_ref().map(|j| j.user.clone());
+        if let Some(j) = &jailed {
+            // Its root's mount point: empty on the host, always.
+            crate::fs::create_private_dir(&run_dir.join("root"))?;
+            crate::jail::own_tree(run_dir, &j.user)?;
+            command.args(j.args(run_dir));
         }
         let child = command
             .arg("--api-sock")

@@ -13,9 +13,14 @@
 //! factory and clones, which never are root): not close-on-exec, at the
 //! same numbers, told in [`KVM_FD_ENV`] and [`UFFD_FD_ENV`].
 
+mod root;
+
 use std::io;
 use std::os::fd::{FromRawFd as _, RawFd};
+use std::path::Path;
 use std::sync::OnceLock;
+
+pub use root::Bind;
 
 /// The environment variable naming the inherited `/dev/kvm` descriptor.
 pub const KVM_FD_ENV: &str = "SPORE_VMM_KVM_FD";
@@ -56,13 +61,15 @@ pub fn adopt_inherited() {
 }
 
 /// Opens `/dev/kvm` (required), `/dev/userfaultfd` (if the kernel has it),
-/// `/dev/net/tun` if `tap` (for one tap), then becomes `who` for good (the
-/// caller opens the executable clones run first, `own_exe`): no
+/// `/dev/net/tun` if `tap` (for one tap), enters `root` if given (a
+/// directory and the host paths it shows, [`root::enter`]), then becomes
+/// `who` for good (the caller opens the executable clones run first,
+/// `own_exe`): no
 /// supplementary groups but `who.groups`, real, effective and saved ids all
 /// changed (no way back to root; every capability gone). The process stays
 /// dumpable, as after an exec, so that its own `/proc/self` files stay its.
 /// Call while the process has one thread.
-pub fn drop_to(who: &Identity, tap: bool) -> io::Result<()> {
+pub fn drop_to(who: &Identity, tap: bool, root: Option<(&Path, &[Bind])>) -> io::Result<()> {
     let kvm = open_inheritable(c"/dev/kvm")
         .map_err(|e| io::Error::new(e.kind(), format!("opening /dev/kvm: {e}")))?;
     let uffd = open_inheritable(c"/dev/userfaultfd").ok();
@@ -84,6 +91,9 @@ pub fn drop_to(who: &Identity, tap: bool) -> io::Result<()> {
         .is_err()
     {
         return Err(io::Error::other("the privileged handles were taken twice"));
+    }
+    if let Some((dir, binds)) = root {
+        root::enter(dir, binds)?;
     }
     // SAFETY: plain id syscalls on values and a slice that outlives them.
     unsafe {

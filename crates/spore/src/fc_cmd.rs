@@ -269,6 +269,9 @@ fn vmm_args(fc: &FcArgs) -> VmmArgs {
         clone_dir: None,
         netns: None,
         user: None,
+        chroot: None,
+        bind: Vec::new(),
+        bind_ro: Vec::new(),
         seccomp: SeccompArgs {
             no_seccomp: fc.no_seccomp,
             seccomp_filter: fc.seccomp_filter.clone(),

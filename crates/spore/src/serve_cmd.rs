@@ -159,8 +159,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         spore_serve::guardian::run(&a.state_dir, pool, fd)?;
         return Ok(0);
     }
+    // Absolute: jailed VMMs' roots show it at its own path.
     let spore_bin = match std::env::var_os("SPORE_BIN") {
-        Some(p) => PathBuf::from(p),
+        Some(p) => std::env::current_dir()?.join(p),
         None => std::env::current_exe().context("finding the spore binary")?,
     };
     let memory_budget = match &a.memory_budget {
@@ -169,11 +170,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         }
         None => 0,
     };
-    let state_dir = if a.state_dir.is_absolute() {
-        a.state_dir
-    } else {
-        std::env::current_dir()?.join(a.state_dir)
-    };
+    let state_dir = std::env::current_dir()?.join(a.state_dir);
     let overhead = spore_vmm::config::parse_size(&a.instance_memory_overhead)
         .map_err(|e| anyhow::anyhow!("--instance-memory-overhead: {e}"))?;
     let cgroups = if a.cgroups {
@@ -184,10 +181,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
-    let image_cache = spore_serve::images::cache_dir(a.image_cache);
+    // Absolute: the paths are given to VMMs, whose roots show them at the
+    // same paths.
+    let cwd = std::env::current_dir()?;
+    let image_cache = cwd.join(spore_serve::images::cache_dir(a.image_cache));
     let linux_kernel = match a.linux_kernel {
         Some(k) if !k.is_file() => anyhow::bail!("--linux-kernel: no file at {}", k.display()),
-        Some(k) => Some(k),
+        Some(k) => Some(cwd.join(k)),
         None => spore_serve::images::newest_kernel(&image_cache),
     };
     if let Some(d) = &a.url_domain {

@@ -59,6 +59,18 @@ pub struct VmmArgs {
     /// user too.
     #[arg(long, value_name = "UID:GID[:GROUPS]", value_parser = spore_vmm::privilege::parse_identity)]
     pub user: Option<spore_vmm::privilege::Identity>,
+    /// With --user: before becoming that user, enter a root of its own at
+    /// this empty directory (a private mount namespace, a read-only tmpfs
+    /// showing only the --bind and --bind-ro paths, each at its own path,
+    /// and a /proc of its own processes). Clones it starts share it.
+    #[arg(long, value_name = "DIR", requires = "user")]
+    pub chroot: Option<PathBuf>,
+    /// With --chroot: a host path the root shows, writable (repeatable).
+    #[arg(long, value_name = "PATH", requires = "chroot")]
+    pub bind: Vec<PathBuf>,
+    /// With --chroot: a host path the root shows, read-only (repeatable).
+    #[arg(long, value_name = "PATH", requires = "chroot")]
+    pub bind_ro: Vec<PathBuf>,
     #[command(flatten)]
     pub seccomp: host::SeccompArgs,
     /// The API's request body limit (set by `firecracker
@@ -82,7 +94,15 @@ pub fn run(mut args: VmmArgs) -> anyhow::Result<u8> {
         // this process's to open.
         Some(who) => {
             spore_vmm::own_exe::open_at_start();
-            spore_vmm::privilege::drop_to(who, args.netns.is_some())
+            let binds: Vec<spore_vmm::privilege::Bind> = (args.bind.iter().map(|p| (p, true)))
+                .chain(args.bind_ro.iter().map(|p| (p, false)))
+                .map(|(path, writable)| spore_vmm::privilege::Bind {
+                    path: path.clone(),
+                    writable,
+                })
+                .collect();
+            let root = args.chroot.as_deref().map(|dir| (dir, &binds[..]));
+            spore_vmm::privilege::drop_to(who, args.netns.is_some(), root)
                 .with_context(|| format!("--user {}:{}: becoming that user", who.uid, who.gid))?;
         }
         None => spore_vmm::privilege::adopt_inherited(),

@@ -26,7 +26,7 @@
 # them), and a third function reuses the base recorded by the first daemon.
 #
 # Jailed (issue 30, item 2): every instance VMM runs as its function's uid,
-# without capabilities.
+# without capabilities, in a root of its own.
 #
 # Idle memory (issue 17, item 3): an instance that held 96 MiB and let it go
 # gives it back to the host (free page reporting through the balloon).
@@ -79,7 +79,7 @@ esac
 
 # Every instance VMM (zygote, clone factory, clones) runs as a uid of its
 # function's (spore serve --uid-range's default), none as root, without
-# capabilities.
+# capabilities, in a root of its own.
 jailed="" root=""
 for d in /proc/[0-9]*; do
     case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
@@ -89,7 +89,9 @@ for d in /proc/[0-9]*; do
     status=$(cat "$d/status" 2>/dev/null) || continue # (it ended meanwhile)
     uid=$(echo "$status" | awk '/^Uid:/ {print $2}')
     cap=$(echo "$status" | awk '/^CapEff:/ {print $2}')
-    if [ "$uid" -ge 100001 ] 2>/dev/null && [ "$cap" = 0000000000000000 ]; then
+    # In a root of its own: the L1's /etc is not there, its state is.
+    if [ "$uid" -ge 100001 ] 2>/dev/null && [ "$cap" = 0000000000000000 ] &&
+        [ ! -e "$d/root/etc" ] && [ -d "$d/root$tmp/s/snapshots" ]; then
         jailed="$jailed ${d#/proc/}:$uid"
     else
         root="$root ${d#/proc/}:$uid:$cap"

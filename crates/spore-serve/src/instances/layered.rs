@@ -208,7 +208,7 @@ impl Instances {
             &run_dir,
             None,
             cgroup,
-            self.base_user(),
+            self.base_jailed(),
         )
         .await?;
         self.record(&vmm);

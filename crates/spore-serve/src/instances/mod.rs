@@ -288,14 +288,60 @@ impl Instances {
         Ok(Some(net))
     }
 
-    /// The user `f`'s VMMs run as (`None`: unjailed).
-    fn user_of(&self, f: &Function) -> anyhow::Result<Option<crate::jail::User>> {
-        self.jail.as_ref().map(|j| j.user_of(&f.name)).transpose()
+    /// How `f`'s VMMs are jailed (`None`: unjailed): its uid, a root
+    /// showing its snapshots (to write), its code, the runtime bases and,
+    /// for a Linux runtime, the image cache and the guest kernel.
+    fn jailed(&self, f: &Function) -> anyhow::Result<Option<crate::jail::Jailed>> {
+        let Some(jail) = &self.jail else {
+            return Ok(None);
+        };
+        let state = &self.cfg.state_dir;
+        let linux = crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux());
+        let mut read_only = vec![crate::code::dir(state, &f.code_sha256), state.join("bases")];
+        read_only.extend(self.shared_files(linux));
+        Ok(Some(crate::jail::Jailed {
+            user: jail.user_of(&f.name)?,
+            writable: vec![state.join("snapshots")],
+            read_only,
+        }))
     }
 
-    /// The user of the VMMs that build runtime bases (`None`: unjailed).
-    fn base_user(&self) -> Option<crate::jail::User> {
-        self.jail.as_ref().map(crate::jail::Jail::base_user)
+    /// How the VMMs that build runtime bases are jailed (`None`:
+    /// unjailed): as the shared id, writing the bases.
+    fn base_jailed(&self) -> Option<crate::jail::Jailed> {
+        let jail = self.jail.as_ref()?;
+        Some(crate::jail::Jailed {
+            user: jail.base_user(),
+            writable: vec![self.cfg.state_dir.join("bases")],
+            read_only: self.shared_files(true),
+        })
+    }
+
+    /// What every jailed VMM may read outside the state directory: spore
+    /// itself and the system's libraries (a zygote starts clone processes
+    /// of it, which a dynamically linked build loads them for), and for
+    /// Linux the image cache and kernel.
+    fn shared_files(&self, linux: bool) -> Vec<PathBuf> {
+        let mut files = vec![self.cfg.spore_bin.clone()];
+        // (A merged /usr's /lib links to usr/lib: the root shows the link's
+        // target at the link's path, where the loader looks.)
+        for lib in ["/lib", "/lib64", "/usr/lib", "/usr/lib64"] {
+            let lib = PathBuf::from(lib);
+            if lib.is_dir() {
+                files.push(lib);
+            }
+        }
+        if linux {
+            if self.cfg.image_cache.is_dir() {
+                files.push(self.cfg.image_cache.clone());
+            }
+            if let Some(k) = &self.cfg.linux_kernel {
+                if !k.starts_with(&self.cfg.image_cache) {
+                    files.push(k.clone());
+                }
+            }
+        }
+        files
     }
 
     /// Where Linux runtimes' images are looked up.

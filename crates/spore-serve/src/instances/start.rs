@@ -428,10 +428,12 @@ impl Instances {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let user = self.user_of(f)?;
-        let net = self.instance_net(f, &instance, user.as_ref()).await?;
+        let jailed = self.jailed(f)?;
+        let net = self
+            .instance_net(f, &instance, jailed.as_ref().map(|j| &j.user))
+            .await?;
         let cgroup = self.cgroup_for(f, &instance).await?;
-        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup, user).await
+        VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup, jailed).await
     }
 
     /// For a networked zygote: the namespace of its next clone, whose

@@ -1,7 +1,8 @@
 //! `spore serve` runs every instance's VMM as a user of its own function
-//! (issue 30 item 2, its uid part): a uid per function from `--uid-range`,
-//! no capability, the shared group as its one supplementary group; clones
-//! run as their zygote. What that user can reach is checked by doing it as
+//! (issue 30 item 2, its uid and chroot parts): a uid per function from
+//! `--uid-range`, no capability, the shared group as its one supplementary
+//! group, a root of its own showing only what it needs; clones run as
+//! their zygote, in its root. What that user can reach is checked by doing it as
 //! that user: its own snapshot yes; another function's snapshot, the
 //! catalogue, a listing of the state directory, a signal to the daemon no.
 
@@ -99,6 +100,19 @@ fn kvm_serve_each_functions_vmms_run_as_its_own_user() {
     }
     assert!(pids.iter().any(|p| uid_of(*p) == ua));
     assert!(pids.iter().any(|p| uid_of(*p) == ub));
+    // Each in a root of its own: the host's files are not there, nor the
+    // daemon's; its snapshots and its run directory are, at their paths.
+    let in_state = state.strip_prefix("/").unwrap();
+    for pid in &pids {
+        let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+        for hidden in ["etc", "root", "home", "var"] {
+            assert!(!root.join(hidden).exists(), "VMM {pid} sees /{hidden}");
+        }
+        assert!(!root.join(in_state).join("catalog.db").exists());
+        assert!(!root.join(in_state).join("logs").exists());
+        assert!(root.join(in_state).join("snapshots").is_dir());
+        assert!(root.join(in_state).join("run").is_dir());
+    }
 
     // What a's user reaches: its own snapshot, nothing of b's or the daemon's.
     let shared = [200_000];
