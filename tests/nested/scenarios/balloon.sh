@@ -35,6 +35,21 @@ fresh_mem() {
     n0=$(mem_lines "$1") i=0
     while [ "$(mem_lines "$1")" -lt $((n0 + 2)) ] && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
 }
+# MemAvailable once it holds still (two fresh readings within 2 MiB): just
+# after the guest's fill it still climbs for a while as the kernel frees
+# (one run read 18 MiB too low, and the inflate's drop looked short).
+settled_avail() {
+    prev=-1 i=0 cur=0
+    while [ $i -lt 15 ]; do
+        fresh_mem "$1"
+        cur=$(guest_mem "$1" avail)
+        if [ "$prev" -ge 0 ] && [ $((cur - prev)) -lt 2048 ] && [ $((prev - cur)) -lt 2048 ]; then
+            break
+        fi
+        prev=$cur i=$((i + 1))
+    done
+    echo "$cur"
+}
 wait_for() { # FILE PATTERN TIMEOUT_S
     i=0
     while ! grep -q "$2" "$1" && [ $i -lt $(($3 * 5)) ]; do sleep 0.2; i=$((i + 1)); done
@@ -104,8 +119,7 @@ fi
 bad=$(A PATCH /balloon '{"amount_mib":513}' 2>&1) && t balloon-refuses-too-large FAIL ||
     { echo "$bad" | grep -q fault_message && t balloon-refuses-too-large PASS || t balloon-refuses-too-large FAIL "$bad"; }
 
-sleep 2
-avail0=$(guest_mem "$console" avail) rss0=$(rss_kb "$vmm")
+avail0=$(settled_avail "$console") rss0=$(rss_kb "$vmm")
 inflate_ms=$(set_balloon 256)
 if [ -n "$inflate_ms" ]; then t balloon-inflate-256 PASS "${inflate_ms} ms"; else t balloon-inflate-256 FAIL "$(A GET /balloon)"; fi
 fresh_mem "$console"
