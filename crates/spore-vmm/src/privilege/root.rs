@@ -12,6 +12,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
+use super::check;
+
 /// A host path the root shows at the same path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bind {
@@ -145,12 +147,4 @@ fn mount(
 
 fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
-}
-
-fn check(r: libc::c_int, what: &str) -> io::Result<()> {
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
-    }
-    Ok(())
 }
