@@ -9,6 +9,9 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+# cgroup v2 where a systemd host has it: spore serve makes a cgroup per
+# instance VMM there.
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || echo "SPORE-L1 no cgroup v2"
 ip link set lo up 2>/dev/null
 
 read -r up _ </proc/uptime

@@ -30,7 +30,7 @@ use crate::fs::{create_private_dir, sync_dir, write_private};
 /// The record file inside a base directory.
 const RECORD: &str = "base.json";
 /// The placeholder code disk every base boots with.
-const PLACEHOLDER: &str = "placeholder.ext4";
+pub const PLACEHOLDER: &str = "placeholder.ext4";
 
 /// What a base directory's `base.json` says.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -99,6 +99,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     if config.instances.jail.is_none() {
         restrict(&state_dir);
     }
+    if let Some(cgroups) = &config.instances.cgroups {
+        cgroups.remove_leftovers();
+    }
     // First, as it needs no disk room: a full disk must not keep a dead
     // daemon's VMMs running, and removing its leftovers frees room.
     let report = recovery::recover(&state_dir)?;

@@ -141,8 +141,8 @@ impl VmmProcess {
         }
     }
 
-    /// Caps its CPU at its memory's share, once it serves as an instance
-    /// (not as a zygote); a failure is logged, the instance still serves.
+    /// Caps its CPU at its memory's share, once it served as an instance
+    /// (never as a zygote); a failure is logged, the instance still serves.
     pub fn cap_cpu(&self) {
         if let Some(leaf) = &self.cgroup {
             if let Err(e) = leaf.cap_cpu() {

@@ -128,12 +128,20 @@ pub struct ServeArgs {
     /// not pause longer (ms); 408 otherwise.
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
-    /// Run each instance VMM in a cgroup of its own (memory, processes, a
-    /// CPU share by MemorySize). Off by default for now: measured, it costs
-    /// the clone path ~1 ms at the median and ~10 ms at p99 on this kind
-    /// of host (docs/serve/operations.md#instance-cgroups).
+    /// Run instance VMMs in the daemon's own cgroup instead of a cgroup
+    /// each (memory, processes and CPU by MemorySize:
+    /// docs/serve/operations.md#instance-cgroups); development only.
     #[arg(long)]
+    no_cgroups: bool,
+    /// The default since 2026-11-30 (kept so scripts that passed it work).
+    #[arg(long, hide = true, conflicts_with = "no_cgroups")]
     cgroups: bool,
+    /// Give instances their CPU share by MemorySize only as a weight when
+    /// CPUs are contended, not as a cap (by default an instance, once its
+    /// first invocation is under way, runs at most its share: 1,769 MB =
+    /// one CPU, at least 1 ms every 10 ms).
+    #[arg(long, conflicts_with = "no_cgroups")]
+    no_cpu_cap: bool,
     /// Run instance VMMs as the daemon's own user instead of a uid per
     /// function (development only; jailing needs root).
     #[arg(long)]
@@ -173,13 +181,18 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     let state_dir = std::env::current_dir()?.join(a.state_dir);
     let overhead = spore_vmm::config::parse_size(&a.instance_memory_overhead)
         .map_err(|e| anyhow::anyhow!("--instance-memory-overhead: {e}"))?;
-    let cgroups = if a.cgroups {
+    let cgroups = if a.no_cgroups {
+        tracing::warn!(
+            "--no-cgroups: instance VMMs share the daemon's cgroup, unbounded in memory, \
+             processes and CPU (for development only)"
+        );
+        None
+    } else {
         spore_serve::cgroups::Cgroups::set_up(
             &spore_serve::network::prefix_of(&state_dir),
             overhead,
+            !a.no_cpu_cap,
         )
-    } else {
-        None
     };
     // Absolute: the paths are given to VMMs, whose roots show them at the
     // same paths.

@@ -46,7 +46,7 @@ pub struct ServeBenchArgs {
     #[command(flatten)]
     pub linux: Box<linux::LinuxBenchArgs>,
     /// A flag for every `spore serve` the bench starts (repeatable), e.g.
-    /// `--daemon-arg=--cgroups` to measure what instance cgroups cost.
+    /// `--daemon-arg=--no-cgroups` to measure what instance cgroups cost.
     #[arg(long = "daemon-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub daemon_args: Vec<String>,
 }

@@ -300,7 +300,7 @@ impl Instances {
 /// What a base is made for: its runtime, and for any account but the
 /// default one the account too (`111122223333-python3`): accounts never
 /// share a snapshot.
-fn base_runtime(f: &Function, rt: &dyn Runtime) -> String {
+pub(super) fn base_runtime(f: &Function, rt: &dyn Runtime) -> String {
     match crate::accounts::split_key(&f.name) {
         (crate::accounts::DEFAULT_ACCOUNT, _) => rt.name().to_string(),
         (account, _) => format!("{account}-{}", rt.name()),

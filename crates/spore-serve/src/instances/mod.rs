@@ -90,8 +90,8 @@ pub struct InstancesConfig {
     /// How long a guest may take from `InstanceStart` (or a clone's start,
     /// or a restore) to `Ready`, a Linux function's init included.
     pub ready_limit: Duration,
-    /// Each instance VMM in a cgroup of its own (`None`: without
-    /// `--cgroups`, or a host without a usable memory controller).
+    /// Each instance VMM in a cgroup of its own (`None`: with
+    /// `--no-cgroups`, or a host without a usable memory controller).
     pub cgroups: Option<crate::cgroups::Cgroups>,
     /// The uid range instances' VMMs run in (`crate::jail`); `None` with
     /// `--no-jail`: they run as the daemon's user.
@@ -296,8 +296,20 @@ impl Instances {
             return Ok(None);
         };
         let state = &self.cfg.state_dir;
-        let linux = crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux());
-        let mut read_only = vec![crate::code::dir(state, &f.code_sha256), state.join("bases")];
+        let runtime = crate::runtime::find(&f.runtime);
+        let linux = runtime.is_some_and(|rt| rt.linux());
+        let mut read_only = vec![crate::code::dir(state, &f.code_sha256)];
+        // Its own runtime base only (bases are per account), if it has one
+        // yet (it is made before the first instance restores it), and the
+        // placeholder code disk a restored base opens before it gets the
+        // function's.
+        if let Some(rt) = runtime.filter(|rt| rt.linux()) {
+            let base = self
+                .bases
+                .dir_of(&layered::base_runtime(f, rt), f.memory_mib);
+            let placeholder = self.bases.root().join(crate::bases::PLACEHOLDER);
+            read_only.extend([base, placeholder].into_iter().filter(|p| p.exists()));
+        }
         read_only.extend(self.shared_files(linux));
         Ok(Some(crate::jail::Jailed {
             user: jail.user_of(&f.name)?,
@@ -431,15 +443,12 @@ impl Instances {
             }
             Err(e) => return Err(e),
         };
-        if path != StartPath::Warm {
-            // Started unthrottled; from its first invocation on, its share.
-            inst.vmm.cap_cpu();
-        }
         let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let deadline_ms = unix_ms().saturating_add(timeout_ms);
+        let first = path != StartPath::Warm;
         let result =
-            tokio::time::timeout(timeout, inst.conn.invoke(request_id, payload, deadline_ms)).await;
+            invoke_capped(&mut inst, first, timeout, request_id, payload, deadline_ms).await;
         pool.busy.fetch_sub(1, Ordering::Relaxed);
         if path == StartPath::Provisioned {
             // Throughput mode: a provisioned instance serves once, and a
@@ -735,6 +744,37 @@ async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
 /// clone whose zygote was killed stops in order, which takes a while on a
 /// loaded host; only a failed invocation waits).
 const ENDING_WAIT_STEPS: u32 = 400;
+
+/// How long a new instance's first invocation runs before its CPU is capped
+/// at its share (what is left of its start — copy-on-write faults, a
+/// restore's working set — runs unthrottled, as Lambda's init does; a long
+/// first invocation is capped from then on).
+const UNCAPPED_FIRST_INVOCATION: Duration = Duration::from_millis(100);
+
+/// Runs one invocation on `inst` within `timeout`. A new instance (`first`)
+/// gets its CPU cap after this invocation or [`UNCAPPED_FIRST_INVOCATION`]
+/// into it, whichever comes first; a warm one already has it.
+async fn invoke_capped(
+    inst: &mut Instance,
+    first: bool,
+    timeout: Duration,
+    request_id: &str,
+    payload: &[u8],
+    deadline_ms: u64,
+) -> Result<Result<InvokeResult, InvokeError>, tokio::time::error::Elapsed> {
+    let started = Instant::now();
+    let invoke = inst.conn.invoke(request_id, payload, deadline_ms);
+    tokio::pin!(invoke);
+    if first {
+        let boost = UNCAPPED_FIRST_INVOCATION.min(timeout);
+        let early = tokio::time::timeout(boost, &mut invoke).await;
+        inst.vmm.cap_cpu();
+        if let Ok(done) = early {
+            return Ok(done);
+        }
+    }
+    tokio::time::timeout(timeout.saturating_sub(started.elapsed()), invoke).await
+}
 
 /// Whether an error body names a runtime failure (`Runtime.*`), after which
 /// the instance is not reused.

@@ -1,5 +1,5 @@
-//! `spore serve` puts every instance VMM in a cgroup of its own (issue 30
-//! item 2, its cgroup part): memory bounded by MemorySize and the VMM's
+//! `spore serve` puts every instance VMM in a cgroup of its own by default
+//! (issue 30 item 2, its cgroup part): memory bounded by MemorySize and the VMM's
 //! overhead, processes bounded, a CPU share and cap by memory; a clone moved out of
 //! its zygote's; an instance past its memory ended alone and reported as
 //! `Runtime.OutOfMemory`; the tree removed when the daemon stops.
@@ -43,7 +43,7 @@ fn kvm_serve_instances_get_their_own_cgroups() {
     let dir = Scratch::new("serve-cg");
     let state = dir.path("state");
     let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
-    let d = std::sync::Arc::new(Daemon::start(&state, &["--cgroups"]));
+    let d = std::sync::Arc::new(Daemon::start(&state, &[]));
     assert_eq!(
         d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}))
             .status,
@@ -87,19 +87,19 @@ fn kvm_serve_instances_get_their_own_cgroups() {
         "a clone has a cgroup of its own: {leaves:?}"
     );
     // The instances that served are capped at their memory's share of a CPU
-    // (100,000 µs × 128 / 1,769 a 100 ms period); the zygote, which clones
-    // on every invoker's path, is not.
+    // (10,000 µs × 128 / 1,769 a 10 ms period, raised to the kernel's
+    // least, 1 ms); the zygote, which clones on every invoker's path, is not.
     let quotas: Vec<String> = pids
         .iter()
         .map(|pid| cgroup_file(*pid, "cpu", "cpu.cfs_quota_us"))
         .collect();
     assert!(
-        quotas.iter().all(|q| q == "7235" || q == "-1"),
+        quotas.iter().all(|q| q == "1000" || q == "-1"),
         "{quotas:?}"
     );
-    assert!(quotas.iter().any(|q| q == "7235"), "{quotas:?}");
+    assert!(quotas.iter().any(|q| q == "1000"), "{quotas:?}");
     for pid in &pids {
-        assert_eq!(cgroup_file(*pid, "cpu", "cpu.cfs_period_us"), "100000");
+        assert_eq!(cgroup_file(*pid, "cpu", "cpu.cfs_period_us"), "10000");
     }
     // The daemon stopped: its tree is gone.
     let tree: PathBuf = PathBuf::from(format!(
@@ -125,7 +125,7 @@ fn kvm_serve_instances_get_their_own_cgroups() {
 fn kvm_serve_an_instance_past_its_memory_is_ended_alone() {
     require_kvm();
     let dir = Scratch::new("serve-oom");
-    let d = Daemon::start(&dir.path("state"), &["--no-clones", "--cgroups"]);
+    let d = Daemon::start(&dir.path("state"), &["--no-clones"]);
     // 1,769 MB: a whole CPU once capped, so that touching 100 MiB (page
     // faults under this host's KVM are slow) is not throttled past the
     // function's timeout.
@@ -175,4 +175,33 @@ fn kvm_serve_an_instance_past_its_memory_is_ended_alone() {
     let r = d.invoke("big", br#"{"hold_mib":100}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.header("x-amz-function-error").is_none(), "{}", r.text());
+}
+
+/// `--no-cpu-cap` keeps each instance's cgroup and CPU weight but no cap;
+/// `--no-cgroups` leaves instance VMMs in the daemon's own cgroup.
+#[test]
+fn kvm_serve_cgroups_without_a_cpu_cap_or_at_all() {
+    require_kvm();
+    let dir = Scratch::new("serve-cg-opts");
+    let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
+    let d = Daemon::start(&dir.path("uncapped"), &["--no-cpu-cap"]);
+    let r = d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}));
+    assert_eq!(r.status, 201);
+    assert_eq!(d.invoke("f", b"{}").status, 200);
+    let pids = d.vmm_pids();
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        assert_ne!(memory_cgroup(*pid).as_deref(), Some(me.as_str()), "{pid}");
+        assert_eq!(cgroup_file(*pid, "cpu", "cpu.cfs_quota_us"), "-1", "{pid}");
+        assert_eq!(cgroup_file(*pid, "cpu", "cpu.shares"), "74", "{pid}");
+    }
+    drop(d);
+    let d = Daemon::start(&dir.path("shared"), &["--no-cgroups"]);
+    assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
+    assert_eq!(d.invoke("f", b"{}").status, 200);
+    let pids = d.vmm_pids();
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        assert_eq!(memory_cgroup(*pid).as_deref(), Some(me.as_str()), "{pid}");
+    }
 }
