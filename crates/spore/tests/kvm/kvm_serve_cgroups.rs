@@ -13,7 +13,7 @@ use crate::common::{require_kvm, Scratch};
 
 /// Process `pid`'s cgroup path in the v1 hierarchy of `controller` (this
 /// host's hierarchies are v1, each at /sys/fs/cgroup/<controller>).
-fn cgroup_of(pid: i32, controller: &str) -> Option<String> {
+pub(crate) fn cgroup_of(pid: i32, controller: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     text.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
@@ -25,7 +25,7 @@ fn cgroup_of(pid: i32, controller: &str) -> Option<String> {
 }
 
 /// A file of `pid`'s cgroup of `controller`.
-fn cgroup_file(pid: i32, controller: &str, file: &str) -> String {
+pub(crate) fn cgroup_file(pid: i32, controller: &str, file: &str) -> String {
     let cg = cgroup_of(pid, controller).unwrap_or_default();
     std::fs::read_to_string(format!("/sys/fs/cgroup/{controller}{cg}/{file}"))
         .unwrap_or_default()
@@ -182,9 +182,9 @@ fn kvm_serve_an_instance_past_its_memory_is_ended_alone() {
 #[test]
 fn kvm_serve_cgroups_without_a_cpu_cap_or_at_all() {
     require_kvm();
-    let dir = Scratch::new("serve-cg-opts");
+    let dir = Scratch::new("serve-cgo");
     let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
-    let d = Daemon::start(&dir.path("uncapped"), &["--no-cpu-cap"]);
+    let d = Daemon::start(&dir.path("u"), &["--no-cpu-cap"]);
     let r = d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}));
     assert_eq!(r.status, 201);
     assert_eq!(d.invoke("f", b"{}").status, 200);
@@ -196,7 +196,7 @@ fn kvm_serve_cgroups_without_a_cpu_cap_or_at_all() {
         assert_eq!(cgroup_file(*pid, "cpu", "cpu.shares"), "74", "{pid}");
     }
     drop(d);
-    let d = Daemon::start(&dir.path("shared"), &["--no-cgroups"]);
+    let d = Daemon::start(&dir.path("s"), &["--no-cgroups"]);
     assert_eq!(d.create("f", "fn-echo", serde_json::json!({})).status, 201);
     assert_eq!(d.invoke("f", b"{}").status, 200);
     let pids = d.vmm_pids();

@@ -147,6 +147,129 @@ fn kvm_serve_each_functions_vmms_run_as_its_own_user() {
     }
 }
 
+/// What every VMM of function `f` (MemorySize 128) must show on any start
+/// path: a uid of the range and no capability, seccomp with no new
+/// privileges, a root without the host's files, and a cgroup leaf of its
+/// own under `f`'s group with `f`'s limits. Returns its memory cgroup.
+fn assert_jailed(pid: i32, range: std::ops::Range<u32>, what: &str) -> String {
+    use super::kvm_serve_cgroups::{cgroup_file, cgroup_of};
+    let uid = uid_of(pid);
+    assert!(range.contains(&uid), "{what}: VMM {pid} runs as {uid}");
+    assert_eq!(
+        status_field(pid, "CapEff"),
+        "0000000000000000",
+        "{what}: {pid}"
+    );
+    assert_eq!(status_field(pid, "Seccomp"), "2", "{what}: {pid}");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1", "{what}: {pid}");
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    assert!(!root.join("etc").exists(), "{what}: VMM {pid} sees /etc");
+    let leaf = cgroup_of(pid, "memory").unwrap_or_default();
+    assert!(leaf.contains("/f/"), "{what}: VMM {pid} is in {leaf}");
+    assert_eq!(
+        cgroup_file(pid, "memory", "memory.limit_in_bytes"),
+        ((128u64 + 64) << 20).to_string(),
+        "{what}: {pid}"
+    );
+    assert_eq!(cgroup_file(pid, "pids", "pids.max"), "512", "{what}: {pid}");
+    leaf
+}
+
+/// Every start path's VMM — cold boot, zygote and clone, provisioned,
+/// restore — runs jailed in a cgroup of its own (issue 30's scenario).
+#[test]
+fn kvm_serve_every_start_path_runs_jailed_in_a_cgroup_of_its_own() {
+    require_kvm();
+    let dir = Scratch::new("serve-jp");
+    let state = dir.path("state");
+    let range = 210_001..210_100;
+    let d = std::sync::Arc::new(Daemon::start(&state, &["--uid-range", "210000:100"]));
+    let check_all = |d: &Daemon, what: &str| {
+        let pids = d.vmm_pids();
+        assert!(!pids.is_empty(), "{what}: no VMM");
+        // One leaf per instance: a zygote's shares its own only with the
+        // processes it starts ahead (through its clone factory: its
+        // grandchildren), each moved into a leaf of its own when it becomes
+        // an instance.
+        let mut by_leaf: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+        for pid in &pids {
+            by_leaf
+                .entry(assert_jailed(*pid, range.clone(), what))
+                .or_default()
+                .push(*pid);
+        }
+        for (leaf, group) in &by_leaf {
+            let parents: Vec<i32> = group
+                .iter()
+                .filter(|p| {
+                    let parent = |pid: i32| status_field(pid, "PPid").parse().unwrap_or(0);
+                    let (up, up2) = (parent(**p), parent(parent(**p)));
+                    !group.contains(&up) && !group.contains(&up2)
+                })
+                .copied()
+                .collect();
+            assert_eq!(parents.len(), 1, "{what}: VMMs {group:?} share {leaf}");
+        }
+    };
+    let r = d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = d.invoke("f", b"{}");
+    assert_eq!(r.header("x-spore-start-path"), Some("cold"), "{}", r.text());
+    check_all(&d, "cold");
+    wait_for_snapshot(&state, "f", 1, Duration::from_secs(20));
+    // Two at once: the warm instance and a clone of the zygote.
+    let paths: Vec<String> = (0..2)
+        .map(|_| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                let r = d.invoke("f", br#"{"sleep_ms":300}"#);
+                r.header("x-spore-start-path").unwrap_or("").to_string()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(paths.iter().any(|p| p == "clone"), "{paths:?}");
+    check_all(&d, "clone");
+    let r = d.request("POST", "/2015-03-31/functions/f/versions", b"{}", &[]);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = d.request(
+        "PUT",
+        "/2019-09-30/functions/f/provisioned-concurrency?Qualifier=1",
+        br#"{"ProvisionedConcurrentExecutions":2}"#,
+        &[],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while d.metric("spore_instances{function=\"f\",state=\"provisioned\"}") < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no provisioned instances"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = d.invoke("f:1", b"{}");
+    assert_eq!(
+        r.header("x-spore-start-path"),
+        Some("provisioned"),
+        "{}",
+        r.text()
+    );
+    check_all(&d, "provisioned");
+    // A new daemon without clones: a restore.
+    drop(std::sync::Arc::into_inner(d));
+    let d = Daemon::start(&state, &["--uid-range", "210000:100", "--no-clones"]);
+    let r = d.invoke("f", b"{}");
+    assert_eq!(
+        r.header("x-spore-start-path"),
+        Some("restore"),
+        "{}",
+        r.text()
+    );
+    check_all(&d, "restore");
+}
+
 #[test]
 fn kvm_serve_no_jail_runs_vmms_as_the_daemons_user_and_says_so() {
     require_kvm();
