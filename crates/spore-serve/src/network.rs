@@ -34,6 +34,7 @@
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -476,6 +477,35 @@ fn set_sysctl(key: &str, required: bool) -> Result<(), NetError> {
         Err(e) => Err(NetError::Namespace {
             name: String::new(),
             detail: format!("writing 1 to {}: {e}", path.display()),
+        }),
+    }
+}
+
+/// `/dev/net/tun` opened in namespace `name` (by a thread that entered
+/// it): a process outside it, given this descriptor, opens the namespace's
+/// tap by its name (`TUNSETIFF` looks the device up in the namespace the
+/// descriptor was opened in). For a clone whose user may not enter the
+/// namespace. Blocking.
+pub fn open_tun_in(name: &str) -> Result<std::fs::File, NetError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_namespace(name, move || {
+        let tun = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/net/tun");
+        let _ = tx.send(tun);
+        Ok(())
+    })?;
+    match rx.recv() {
+        Ok(Ok(tun)) => Ok(tun),
+        Ok(Err(e)) => Err(NetError::Namespace {
+            name: name.to_string(),
+            detail: format!("opening /dev/net/tun in it: {e}"),
+        }),
+        Err(_) => Err(NetError::Namespace {
+            name: name.to_string(),
+            detail: "opening /dev/net/tun in it: no answer".into(),
         }),
     }
 }

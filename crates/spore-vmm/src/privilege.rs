@@ -36,9 +36,11 @@ struct Handles {
 
 static HANDLES: OnceLock<Handles> = OnceLock::new();
 
-/// `/dev/net/tun`, opened before the drop for the VMM's one tap (each tap
-/// needs an open of its own; `spore serve` gives a networked instance one).
-static TUN: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+/// `/dev/net/tun` descriptors opened for this VMM's taps, in the order its
+/// taps open: one opened before the drop (`spore serve` gives a networked
+/// instance one tap), or those a clone received opened in its namespace
+/// ([`give_tuns`]). Each tap needs an open of its own.
+static TUN: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
 
 /// A user and groups to become.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +83,7 @@ pub fn drop_to(who: &Identity, tap: bool, root: Option<(&Path, &[Bind])>) -> io:
             .custom_flags(libc::O_NONBLOCK)
             .open("/dev/net/tun")
             .map_err(|e| io::Error::new(e.kind(), format!("opening /dev/net/tun: {e}")))?;
-        *crate::host::lock(&TUN) = Some(tun);
+        *crate::host::lock(&TUN) = vec![tun];
     }
     if HANDLES
         .set(Handles {
@@ -131,10 +133,28 @@ pub fn kvm() -> Result<kvm_ioctls::Kvm, kvm_ioctls::Error> {
     }
 }
 
-/// The `/dev/net/tun` opened before the drop (once), if any: the tap
-/// open then needs no permission on the device.
+/// The next `/dev/net/tun` opened for this VMM, if any: the tap open then
+/// needs no permission on the device, and finds the tap in the namespace
+/// the descriptor was opened in.
 pub fn take_tun() -> Option<std::fs::File> {
-    crate::host::lock(&TUN).take()
+    let mut tuns = crate::host::lock(&TUN);
+    (!tuns.is_empty()).then(|| tuns.remove(0))
+}
+
+/// Whether the taps must use descriptors given to this VMM (a clone that
+/// received them): its own open of `/dev/net/tun` would be in the wrong
+/// namespace.
+pub fn tuns_given() -> bool {
+    TUNS_GIVEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static TUNS_GIVEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Descriptors of `/dev/net/tun` opened in this clone's namespace, one per
+/// tap in the order the taps open.
+pub fn give_tuns(tuns: Vec<std::fs::File>) {
+    *crate::host::lock(&TUN) = tuns;
+    TUNS_GIVEN.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The `/dev/userfaultfd` descriptor opened before the drop, if any.

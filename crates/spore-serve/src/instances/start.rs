@@ -7,7 +7,7 @@
 //! while a boot remakes the zygote in the background.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{AcquireError, Instance, Instances, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
@@ -71,7 +71,7 @@ impl Instances {
             self.end(inst.vmm).await;
         }
         let f = &pool.function;
-        let zygotes = !self.cfg.no_clones && !pool.demoted() && self.may_clone(f);
+        let zygotes = !self.cfg.no_clones && !pool.demoted();
         if !zygotes {
             // Every start is its own VM: restored if the version has a
             // snapshot, else booted (which makes the snapshot).
@@ -270,9 +270,6 @@ impl Instances {
         conn: InstanceConn,
         zygote_slot: &mut Option<Zygote>,
     ) -> Result<Instance, AcquireError> {
-        if !self.may_clone(f) {
-            return Ok(instance(vmm, conn));
-        }
         let started = Instant::now();
         // The guest goes back to accepting when this connection closes; the
         // zygote is paused there.
@@ -314,13 +311,6 @@ impl Instances {
                 Ok(instance(z.vmm, conn))
             }
         }
-    }
-
-    /// Whether `f`'s instances may start as clones of a zygote. Not a
-    /// networked function's when jailed: each clone enters a network
-    /// namespace of its own, which takes a capability its uid has not.
-    fn may_clone(&self, f: &Function) -> bool {
-        !(f.network && self.jail.is_some())
     }
 
     /// A fresh VMM booted with the function, connected and ready. A Linux
@@ -469,10 +459,20 @@ impl Instances {
                 .network
                 .namespace_name(&f.name, &format!("{zygote}c{{n}}")),
         );
-        Ok(Some((
-            net,
-            serde_json::json!({ "netns_template": template }),
-        )))
+        let mut network = serde_json::json!({ "netns_template": template });
+        // A jailed clone may not enter its namespace: it is given its tap's
+        // /dev/net/tun, opened there, over a socket it connects to.
+        if let Some(user) = &z.vmm.user {
+            let n = served + 1;
+            let name = net.name.clone();
+            let tun =
+                tokio::task::spawn_blocking(move || crate::network::open_tun_in(&name)).await??;
+            let sock = z.clone_dir.join(format!("tun-{n}.sock"));
+            give_tun(&sock, tun, user)?;
+            network["tun_socket_template"] =
+                serde_json::json!(z.clone_dir.join("tun-{n}.sock").display().to_string());
+        }
+        Ok(Some((net, network)))
     }
 
     /// The started VMM and its connection, or the VMM ended and the error
@@ -622,4 +622,54 @@ fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {
         conn,
         last_used: Instant::now(),
     }
+}
+
+/// How long a clone has to fetch its tap's descriptor.
+const TUN_HANDOFF_LIMIT: Duration = Duration::from_secs(30);
+
+/// Listens on `sock` (owned by the clone's `user`, so that it may connect)
+/// for one connection, which gets `tun` with `SCM_RIGHTS`; the socket goes
+/// when it was served or after [`TUN_HANDOFF_LIMIT`].
+fn give_tun(
+    sock: &std::path::Path,
+    tun: std::fs::File,
+    user: &crate::jail::User,
+) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(sock);
+    let listener = tokio::net::UnixListener::bind(sock)
+        .map_err(|e| anyhow::anyhow!("listening on {}: {e}", sock.display()))?;
+    std::os::unix::fs::chown(sock, Some(user.uid), Some(user.gid))
+        .map_err(|e| anyhow::anyhow!("giving {} to the clone's user: {e}", sock.display()))?;
+    let sock = sock.to_path_buf();
+    tokio::spawn(async move {
+        let sent = match tokio::time::timeout(TUN_HANDOFF_LIMIT, listener.accept()).await {
+            Ok(Ok((stream, _))) => send_fd(stream, &tun),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no clone came for it",
+            )),
+        };
+        if let Err(e) = sent {
+            tracing::warn!(
+                "{}: the clone's tap descriptor was not given: {e}",
+                sock.display()
+            );
+        }
+        let _ = std::fs::remove_file(&sock);
+    });
+    Ok(())
+}
+
+/// Sends `file`'s descriptor over `stream` (one byte, `SCM_RIGHTS`).
+fn send_fd(stream: tokio::net::UnixStream, file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket as _;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    stream
+        .send_with_fd(&[1u8][..], file.as_raw_fd())
+        .map(|_| ())
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
 }

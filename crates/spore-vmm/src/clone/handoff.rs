@@ -243,6 +243,31 @@ mod tests {
 
     use super::*;
 
+    /// The network part goes as bincode too: fields left out would shift
+    /// the rest (an interface with no new MAC, a clone given its taps).
+    #[test]
+    fn handoff_carries_the_network_whatever_is_left_unset() {
+        use crate::clone::network::{CloneInterface, CloneNetwork};
+        let network = CloneNetwork {
+            netns_template: "/run/netns/x-{n}".into(),
+            tun_socket_template: None,
+            interfaces: vec![CloneInterface {
+                iface_id: "eth0".into(),
+                guest_mac_template: None,
+                ipv4: Some("10.0.0.{n}/24".into()),
+                gateway: None,
+            }],
+        };
+        for tun in [None, Some("/run/t-{n}.sock".to_string())] {
+            let n = CloneNetwork {
+                tun_socket_template: tun,
+                ..network.clone()
+            };
+            let bytes = bincode::serialize(&n).unwrap();
+            assert_eq!(bincode::deserialize::<CloneNetwork>(&bytes).unwrap(), n);
+        }
+    }
+
     #[test]
     fn handoff_carries_memfds_and_state() {
         let (a, b) = UnixStream::pair().unwrap();

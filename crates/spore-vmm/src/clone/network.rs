@@ -29,6 +29,13 @@ use crate::config::{MacAddr, VmConfig};
 pub struct CloneNetwork {
     /// The namespace file each clone enters before opening its taps.
     pub netns_template: String,
+    /// Instead of entering its namespace (which an unprivileged clone may
+    /// not): the Unix socket (`{n}` its number) clone n connects to, to be
+    /// given one `/dev/net/tun` descriptor per tap (in the VM's interface
+    /// order) opened in its namespace, where a tap finds its device.
+    /// (Always serialized: the handoff's bincode needs every field.)
+    #[serde(default)]
+    pub tun_socket_template: Option<String>,
     /// New identities per interface (interfaces left out keep theirs).
     #[serde(default)]
     pub interfaces: Vec<CloneInterface>,
@@ -36,14 +43,16 @@ pub struct CloneNetwork {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// (Every field always serialized: the clone handoff carries it as bincode,
+/// which has no field names to skip by.)
 pub struct CloneInterface {
     pub iface_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub guest_mac_template: Option<String>,
     /// `A.B.C.D/P`, with `{n}` for the clone number.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ipv4: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub gateway: Option<Ipv4Addr>,
 }
 
@@ -85,6 +94,10 @@ pub enum CloneNetworkError {
     OpenNetns { path: PathBuf, detail: String },
     #[error("cannot enter the clone's network namespace {path}: {detail}")]
     Setns { path: PathBuf, detail: String },
+    #[error("network.tun_socket_template must contain {{n}} (each clone has its own), got {0:?}")]
+    NoNumberInTunSocket(String),
+    #[error("cannot receive the clone's /dev/net/tun descriptors from {path}: {detail}")]
+    TunSocket { path: PathBuf, detail: String },
 }
 
 impl CloneNetwork {
@@ -99,6 +112,13 @@ impl CloneNetwork {
             return Err(CloneNetworkError::NoNumberInNetns(
                 self.netns_template.clone(),
             ));
+        }
+        if let Some(t) = self
+            .tun_socket_template
+            .as_ref()
+            .filter(|t| !t.contains("{n}"))
+        {
+            return Err(CloneNetworkError::NoNumberInTunSocket(t.clone()));
         }
         for i in &self.interfaces {
             if !config
@@ -161,6 +181,16 @@ impl CloneNetwork {
             .collect()
     }
 
+    /// Gets clone `n` onto its network before its taps open: its
+    /// `/dev/net/tun` descriptors from its socket (`taps` of them), or else
+    /// its namespace entered.
+    pub fn join(&self, n: u64, taps: usize) -> Result<(), CloneNetworkError> {
+        match &self.tun_socket_template {
+            Some(t) => receive_tuns(&PathBuf::from(t.replace("{n}", &n.to_string())), taps),
+            None => self.enter_netns(n),
+        }
+    }
+
     /// Moves the calling thread (the clone process's main thread, which
     /// then opens the taps) into clone `n`'s network namespace.
     pub fn enter_netns(&self, n: u64) -> Result<(), CloneNetworkError> {
@@ -179,6 +209,57 @@ impl CloneNetwork {
         tracing::info!("clone {n}: in network namespace {}", path.display());
         Ok(())
     }
+}
+
+/// Connects to `path` and receives `taps` descriptors of `/dev/net/tun`
+/// (checked to be character devices), kept for the taps to open.
+fn receive_tuns(path: &std::path::Path, taps: usize) -> Result<(), CloneNetworkError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    use std::os::unix::net::UnixStream;
+
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket as _;
+    let failed = |detail: String| CloneNetworkError::TunSocket {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let sock = UnixStream::connect(path).map_err(|e| failed(format!("connecting: {e}")))?;
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .map_err(|e| failed(e.to_string()))?;
+    let mut byte = [0u8; 1];
+    let mut iov = [libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: byte.len(),
+    }];
+    // At most a few more than asked: extra ones are closed, and counted.
+    let mut fds = [-1; 8];
+    // SAFETY: the iovec points into `byte`, which outlives the call; the
+    // descriptors received are new, owned by this process, and wrapped in
+    // `File`s right below.
+    let (_, got) = unsafe { sock.recv_with_fds(&mut iov, &mut fds) }
+        .map_err(|e| failed(format!("receiving: {e}")))?;
+    let files: Vec<File> = fds[..got]
+        .iter()
+        // SAFETY: each is a fresh descriptor received above, owned by nobody else.
+        .map(|&fd| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        .collect();
+    if files.len() != taps {
+        return Err(failed(format!(
+            "{} descriptors for {taps} taps",
+            files.len()
+        )));
+    }
+    for f in &files {
+        let is_tun = f.metadata().is_ok_and(|m| m.file_type().is_char_device());
+        if !is_tun {
+            return Err(failed("a descriptor that is not a device".into()));
+        }
+    }
+    crate::privilege::give_tuns(files);
+    tracing::info!(
+        "clone: {taps} /dev/net/tun descriptor(s) received from {}",
+        path.display()
+    );
+    Ok(())
 }
 
 /// `A.B.C.D/P` with P ≤ 32.

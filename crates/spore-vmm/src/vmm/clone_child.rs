@@ -33,8 +33,9 @@ impl Vmm {
     ) -> Result<u64, CloneError> {
         if let Some(n) = &handoff.network {
             // Before the restore opens the taps: they are this
-            // namespace's (the main thread's, which opens them).
-            n.enter_netns(handoff.index)
+            // namespace's (the main thread's, which opens them), or come
+            // from descriptors opened there.
+            n.join(handoff.index, taps_of(&handoff.config_json))
                 .map_err(|e| CloneError::Capture(e.to_string()))?;
         }
         self.restore_clone(handoff, layers)?;
@@ -108,4 +109,10 @@ impl Vmm {
             .map_err(|e| CloneError::Capture(format!("cannot start the clone: {e}")))?;
         Ok(start_ns)
     }
+}
+
+/// How many taps the clone's configuration has (its network interfaces).
+fn taps_of(config_json: &str) -> usize {
+    serde_json::from_str::<crate::config::VmConfig>(config_json)
+        .map_or(0, |c| c.network_interfaces.len())
 }

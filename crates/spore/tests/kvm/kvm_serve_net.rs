@@ -142,11 +142,11 @@ fn fetch(d: &Daemon, f: &str, url: &str, body: &str) -> String {
     r.header("x-spore-start-path").unwrap_or("?").to_string()
 }
 
-/// Jailed (the default), a networked function's instances start by
-/// restore where they would be clones: a clone enters a network namespace
-/// of its own, which its unprivileged uid cannot. Unjailed, they are clones
-/// of the zygote, each in a namespace of its own. One after the other: the
-/// two daemons would share the address pool.
+/// Jailed (the default) and unjailed, a networked function's instances are
+/// clones of its zygote, each in a namespace of its own: unjailed, a clone
+/// enters it; jailed (its uid may not), it is given its tap's
+/// `/dev/net/tun` opened there. One after the other: the two daemons would
+/// share the address pool.
 #[test]
 fn kvm_serve_net_function_fetches_from_the_host_on_every_start_path() {
     net_function_on_every_start_path(true);
@@ -163,7 +163,7 @@ fn net_function_on_every_start_path(jailed: bool) {
         args.push("--no-jail");
     }
     let args = &args[..];
-    let warm_path = if jailed { "restore" } else { "clone" };
+    let warm_path = "clone";
     let pid = std::process::id();
     let f = format!("fetch{pid}");
     let plain = format!("plain{pid}");
@@ -192,8 +192,7 @@ fn net_function_on_every_start_path(jailed: bool) {
         "no host veth of {prefix}"
     );
     assert!(nft_tables().contains(&format!("spore_{}", &prefix[2..])));
-    // Clone: a new namespace for clone 2, the same guest address (or a
-    // restore, jailed).
+    // Clone: a new namespace for clone 2, the same guest address.
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(served.load(Ordering::SeqCst), 3);
@@ -214,16 +213,14 @@ fn net_function_on_every_start_path(jailed: bool) {
     // answers: the zygote is a paused template) must not land in the
     // memory its later clones map from.
     wait_for_snapshot(&state, &f, 1, Duration::from_secs(15));
-    if !jailed {
-        let zygote_ns = namespaces_of(&f)
-            .into_iter()
-            .find(|n| !n.rsplit('.').next().unwrap_or("c").contains('c'))
-            .expect("the zygote's namespace");
-        let _ = Command::new("ip")
-            .args(["netns", "exec", &zygote_ns, "curl", "-s", "--max-time", "1"])
-            .arg("http://172.16.0.2:9/")
-            .output();
-    }
+    let zygote_ns = namespaces_of(&f)
+        .into_iter()
+        .find(|n| !n.rsplit('.').next().unwrap_or("c").contains('c'))
+        .expect("the zygote's namespace");
+    let _ = Command::new("ip")
+        .args(["netns", "exec", &zygote_ns, "curl", "-s", "--max-time", "1"])
+        .arg("http://172.16.0.2:9/")
+        .output();
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
     assert_eq!(served.load(Ordering::SeqCst), 5);
@@ -245,9 +242,8 @@ fn net_function_on_every_start_path(jailed: bool) {
     // A killed daemon leaves its namespaces; the next one removes them at
     // start, and restores the snapshot in a fresh namespace.
     d.kill9();
-    // (Jailed, with no keep-alive, no instance of f is left to hold one.)
     assert!(
-        jailed || !namespaces_of(&f).is_empty(),
+        !namespaces_of(&f).is_empty(),
         "a killed daemon cannot clean up"
     );
     let d = Daemon::start(&state, args);

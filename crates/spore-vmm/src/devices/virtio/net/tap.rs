@@ -37,6 +37,10 @@ pub enum TapError {
     OpenTun(#[source] io::Error),
     #[error("tap name {0:?} is longer than {MAX_TAP_NAME_LEN} bytes")]
     NameTooLong(String),
+    #[error(
+        "tap device {0}: this clone was given fewer /dev/net/tun descriptors than it has taps"
+    )]
+    NoTunGiven(String),
     #[error("tap device {name} is in use by another process or interface (EBUSY)")]
     Busy { name: String },
     #[error("not allowed to open tap device {name} (needs CAP_NET_ADMIN, or a tap owned by this user): {source}")]
@@ -81,8 +85,12 @@ impl Tap {
             return Err(TapError::NameTooLong(name.into()));
         }
         let file = match crate::privilege::take_tun() {
-            // A VMM that became an unprivileged user opened it before.
+            // A VMM that became an unprivileged user opened it before, or a
+            // clone was given it, opened in its namespace.
             Some(file) => file,
+            None if crate::privilege::tuns_given() => {
+                return Err(TapError::NoTunGiven(name.into()))
+            }
             None => {
                 // SAFETY: a constant NUL-terminated path; the result is checked.
                 let fd = unsafe {
