@@ -322,11 +322,6 @@ impl Leaf {
         std::fs::write(file, value)
     }
 
-    /// Moves process `pid` (a clone its zygote started) in.
-    pub fn add(&self, pid: i32) -> std::io::Result<()> {
-        add_pid(&self.procs_files(), pid)
-    }
-
     /// Whether the kernel ended a process of this cgroup for its memory
     /// since this instance got it.
     pub fn oom_killed(&self) -> bool {

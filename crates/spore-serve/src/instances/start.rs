@@ -592,18 +592,15 @@ async fn join_cgroup(pid: i32, job: LeafJob) -> anyhow::Result<Option<crate::cgr
     };
     let leaf = job.await??;
     let files = leaf.procs_files();
-    let moved = tokio::task::spawn_blocking(move || crate::cgroups::add_pid(&files, pid)).await;
-    match moved {
-        Ok(Ok(())) => Ok(Some(leaf)),
-        Ok(Err(e)) => {
-            leaf.remove().await;
-            Err(e.into())
-        }
-        Err(e) => {
-            leaf.remove().await;
-            Err(e.into())
-        }
+    let moved = tokio::task::spawn_blocking(move || crate::cgroups::add_pid(&files, pid))
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|r| r.map_err(anyhow::Error::from));
+    if let Err(e) = moved {
+        leaf.remove().await;
+        return Err(e);
     }
+    Ok(Some(leaf))
 }
 
 /// Removes a cgroup made ahead for a clone that did not come.
