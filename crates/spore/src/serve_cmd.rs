@@ -133,7 +133,7 @@ pub struct ServeArgs {
     /// docs/serve/operations.md#instance-cgroups); development only.
     #[arg(long)]
     no_cgroups: bool,
-    /// The default since 2026-11-30 (kept so scripts that passed it work).
+    /// Cgroups are the default now (kept so scripts that passed it work).
     #[arg(long, hide = true, conflicts_with = "no_cgroups")]
     cgroups: bool,
     /// Give instances their CPU share by MemorySize only as a weight when
