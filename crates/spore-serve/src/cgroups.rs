@@ -403,68 +403,36 @@ pub fn add_pid(files: &[PathBuf], pid: i32) -> std::io::Result<()> {
 }
 
 /// The hierarchies holding `memory`, `pids` and (if mounted) `cpu`: the
-/// v2 one if it offers memory and pids, else the v1 ones.
+/// v2 one if it offers memory and pids, else the v1 ones (as
+/// [`spore_cgroup::place`] finds them for the jailer too), each at the
+/// daemon's own cgroup in it.
 fn find(mounts: &str, own: &str, prefix: &str) -> Result<Vec<Hierarchy>, String> {
-    let entries: Vec<(PathBuf, bool, Vec<&str>)> = mounts
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (target, fstype, opts) = (f.get(1)?, f.get(2)?, f.get(3)?);
-            let v2 = match *fstype {
-                "cgroup2" => true,
-                "cgroup" => false,
-                _ => return None,
+    let placed = spore_cgroup::place(
+        mounts,
+        &["memory", "pids"],
+        &["cpu"],
+        spore_cgroup::v2_controllers,
+    )?;
+    placed
+        .into_iter()
+        .map(|p| {
+            let key = if p.v2 {
+                None
+            } else {
+                p.controllers.first().copied()
             };
-            Some((PathBuf::from(target), v2, opts.split(',').collect()))
+            let path = match spore_cgroup::own_cgroup(own, key) {
+                Some(path) => path,
+                None if p.v2 => return Err("no cgroup v2 line in /proc/self/cgroup".to_string()),
+                None => "",
+            };
+            Ok(Hierarchy {
+                base: p.mount.join(path).join(prefix),
+                v2: p.v2,
+                controllers: p.controllers,
+            })
         })
-        .collect();
-    if let Some((mount, _, _)) = entries.iter().find(|(_, v2, _)| *v2) {
-        let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
-        let has = |c: &str| offered.split_whitespace().any(|x| x == c);
-        if has("memory") && has("pids") {
-            let mut controllers = vec!["memory", "pids"];
-            if has("cpu") {
-                controllers.push("cpu");
-            }
-            let path = own_path(own, None).ok_or("no cgroup v2 line in /proc/self/cgroup")?;
-            return Ok(vec![Hierarchy {
-                base: mount.join(path).join(prefix),
-                v2: true,
-                controllers,
-            }]);
-        }
-    }
-    let mut out = Vec::new();
-    for c in ["memory", "pids", "cpu"] {
-        let Some((mount, _, _)) = entries.iter().find(|(_, v2, o)| !*v2 && o.contains(&c)) else {
-            if c == "cpu" {
-                continue;
-            }
-            return Err(format!(
-                "neither the cgroup v2 hierarchy nor a v1 one offers the {c} controller"
-            ));
-        };
-        let path = own_path(own, Some(c)).unwrap_or("");
-        out.push(Hierarchy {
-            base: mount.join(path).join(prefix),
-            v2: false,
-            controllers: vec![c],
-        });
-    }
-    Ok(out)
-}
-
-/// This process's cgroup in a hierarchy (`None`: the v2 line).
-fn own_path<'a>(own: &'a str, controller: Option<&str>) -> Option<&'a str> {
-    own.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, list, path) = (f.next()?, f.next()?, f.next()?);
-        let hit = match controller {
-            None => list.is_empty(),
-            Some(c) => list.split(',').any(|x| x == c),
-        };
-        hit.then(|| path.trim_start_matches('/'))
-    })
+        .collect()
 }
 
 fn make_base(h: &Hierarchy) -> std::io::Result<()> {
@@ -477,7 +445,7 @@ fn make_base(h: &Hierarchy) -> std::io::Result<()> {
             if enable_controllers(own, &h.controllers).is_err() {
                 let daemon = own.join(format!("{}-daemon", prefix.to_string_lossy()));
                 std::fs::create_dir(&daemon).or_else(exists_is_fine)?;
-                std::fs::write(daemon.join("cgroup.procs"), "0")?;
+                spore_cgroup::join(&daemon, 0)?;
                 enable_controllers(own, &h.controllers)?;
             }
         }
@@ -490,8 +458,7 @@ fn make_base(h: &Hierarchy) -> std::io::Result<()> {
 }
 
 fn enable_controllers(dir: &Path, controllers: &[&str]) -> std::io::Result<()> {
-    let line: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
-    std::fs::write(dir.join("cgroup.subtree_control"), line.join(" "))
+    spore_cgroup::enable_controllers(dir, controllers)
 }
 
 fn write_limits(dir: &Path, h: &Hierarchy, l: Limits) -> std::io::Result<()> {

@@ -93,13 +93,29 @@ impl Daemon {
     }
 
     pub(crate) fn deploy(&self, name: &str, image: &Path, memory_mib: u32) -> anyhow::Result<()> {
+        self.deploy_configured(name, image, memory_mib, json!({}))
+    }
+
+    /// Deploys a unikernel function with more configuration (`config`'s
+    /// fields added to CreateFunction's body, e.g. `SporeNetwork`).
+    pub(crate) fn deploy_configured(
+        &self,
+        name: &str,
+        image: &Path,
+        memory_mib: u32,
+        config: Value,
+    ) -> anyhow::Result<()> {
         let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
         zip.start_file("fn", zip::write::SimpleFileOptions::default())?;
         zip.write_all(
             &std::fs::read(image).with_context(|| format!("reading {}", image.display()))?,
         )?;
         let zip = zip.finish()?.into_inner();
-        self.deploy_zip(name, "spore-uk", "fn", &zip, memory_mib, 60)
+        let mut body = function_body(name, "spore-uk", "fn", &zip, memory_mib, 60);
+        if let (Some(body), Value::Object(more)) = (body.as_object_mut(), config) {
+            body.extend(more);
+        }
+        self.create(name, &body)
     }
 
     /// Deploys a function from a zip (its bytes).
@@ -112,11 +128,11 @@ impl Daemon {
         memory_mib: u32,
         timeout_s: u32,
     ) -> anyhow::Result<()> {
-        let body = json!({
-            "FunctionName": name, "Runtime": runtime, "Handler": handler, "Role": "bench",
-            "MemorySize": memory_mib, "Timeout": timeout_s,
-            "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
-        });
+        let body = function_body(name, runtime, handler, zip, memory_mib, timeout_s);
+        self.create(name, &body)
+    }
+
+    fn create(&self, name: &str, body: &Value) -> anyhow::Result<()> {
         let mut c = Conn::open(&self.addr)?;
         let r = c.request("POST", "/2015-03-31/functions", body.to_string().as_bytes())?;
         if r.status != 201 {
@@ -128,6 +144,22 @@ impl Daemon {
         }
         Ok(())
     }
+}
+
+/// CreateFunction's body for a function from `zip`.
+fn function_body(
+    name: &str,
+    runtime: &str,
+    handler: &str,
+    zip: &[u8],
+    memory_mib: u32,
+    timeout_s: u32,
+) -> Value {
+    json!({
+        "FunctionName": name, "Runtime": runtime, "Handler": handler, "Role": "bench",
+        "MemorySize": memory_mib, "Timeout": timeout_s,
+        "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(zip)},
+    })
 }
 
 impl Drop for Daemon {

@@ -45,6 +45,11 @@ pub struct ServeBenchArgs {
     /// strategies compared cold and lukewarm; see `--linux-*` options.
     #[command(flatten)]
     pub linux: Box<linux::LinuxBenchArgs>,
+    /// Also measure the clone path of a networked function (fn-echo with
+    /// `SporeNetwork`: a tap and a network namespace per instance), the
+    /// daemon's `--net-pool` (needs root, `ip` and `nft`).
+    #[arg(long, value_name = "CIDR")]
+    pub net_pool: Option<String>,
     /// A flag for every `spore serve` the bench starts (repeatable), e.g.
     /// `--daemon-arg=--no-cgroups` to measure what instance cgroups cost.
     #[arg(long = "daemon-arg", allow_hyphen_values = true, value_name = "ARG")]
@@ -101,6 +106,9 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<u8> {
     for (fname, image) in [("echo", &echo), ("touch32", &touch)] {
         report[fname] = start_paths(&a, &scratch, fname, image)?;
     }
+    if let Some(pool) = &a.net_pool {
+        report["echo_net"] = json!({"clone": net_clones(&a, &scratch.join("net"), &echo, pool)?});
+    }
     eprintln!("bench serve: throughput, clones against cold boots");
     report["throughput"] = Value::Array(throughput(&a, &scratch, &echo)?);
     if a.idle_instances > 0 {
@@ -153,6 +161,23 @@ fn start_paths(
         figures[label] = restores(a.runs.min(100), &state(mode), fname, image, mode)?;
     }
     Ok(figures)
+}
+
+/// The clone path of a networked function: every invocation a clone in a
+/// network namespace of its own (its tap made there; under the jail, opened
+/// by the daemon and passed to the clone).
+fn net_clones(a: &ServeBenchArgs, state: &Path, image: &Path, pool: &str) -> anyhow::Result<Value> {
+    eprintln!("bench serve: echo with a network: clone (keep-alive 0)");
+    let d = Daemon::start(state, &["--keep-alive-ms", "0", "--net-pool", pool])?;
+    let network = json!({"SporeNetwork": {"Enabled": true}});
+    d.deploy_configured("echo-net", image, 64, network)?;
+    let mut conn = Conn::open(&d.addr)?;
+    conn.invoke("echo-net", b"{}")?;
+    let (server, client) = measure(&mut conn, "echo-net", a.runs, "clone")?;
+    if server.is_empty() {
+        bail!("no invocation of the networked function took the clone path");
+    }
+    Ok(path_figures(&server, &client))
 }
 
 /// Cold starts (a function deployed for each) and warm invocations of one

@@ -5,7 +5,8 @@
 //! and its clones, follow). `--cgroup-version 1` looks for each controller's
 //! own v1 hierarchy (`v1`), `2` for the one unified hierarchy (`v2`).
 //!
-//! Both look the hierarchies up in /proc/mounts, check every controller
+//! Both look the hierarchies up in /proc/mounts (with `spore_cgroup`, as
+//! `spore serve` does for its instances), check every controller
 //! before creating anything, and record what they made and where this
 //! process was ([`Joined`]) so that a later failure can undo it.
 
@@ -32,75 +33,13 @@ pub fn setup(
     }
 }
 
-/// One cgroup filesystem mounted: where, v1 or v2, and (v1) the
-/// controllers its hierarchy holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupMount {
-    pub path: PathBuf,
-    pub v2: bool,
-    /// The mount options: a v1 hierarchy's controllers are among them.
-    pub options: Vec<String>,
-}
-
-/// The cgroup (v1 and v2) mounts in a /proc/mounts text, in its order.
-pub fn cgroup_mounts(mounts: &str) -> Vec<CgroupMount> {
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_src, target, fstype, opts) = (f.next()?, f.next()?, f.next()?, f.next()?);
-            let v2 = match fstype {
-                "cgroup2" => true,
-                "cgroup" => false,
-                _ => return None,
-            };
-            Some(CgroupMount {
-                path: PathBuf::from(unescape(target)),
-                v2,
-                options: opts.split(',').map(str::to_string).collect(),
-            })
-        })
-        .collect()
-}
-
-/// /proc/mounts escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
-/// A `--cgroup` file's controller: its name up to the first `.` (the
-/// file was checked to have one).
-pub fn controller_of(file: &str) -> &str {
-    file.split('.').next().unwrap_or(file)
-}
-
-/// This process's cgroup in one hierarchy, from a /proc/self/cgroup text:
-/// the v2 line (`0::/path`) for `None`, else the v1 line whose controller
-/// list holds the controller. The path is relative to the hierarchy's root.
-pub fn own_cgroup<'a>(proc_cgroup: &'a str, controller: Option<&str>) -> Option<&'a str> {
-    proc_cgroup.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_id, list, path) = (f.next()?, f.next()?, f.next()?);
-        let hit = match controller {
-            None => list.is_empty(),
-            Some(c) => list.split(',').any(|x| x == c),
-        };
-        hit.then(|| path.trim_start_matches('/'))
-    })
-}
-
 fn write(path: &Path, value: &str) -> anyhow::Result<()> {
-    // Cgroup files take one write; no temp file or rename is possible.
-    std::fs::write(path, value).with_context(|| format!("write {value:?} to {}", path.display()))
+    Ok(spore_cgroup::write(path, value)?)
 }
 
-/// Moves this process into the cgroup `dir` (the whole process: v1's
-/// `tasks` would move one thread; the jailer has one anyway).
+/// Moves this process into the cgroup `dir`.
 fn join(dir: &Path) -> anyhow::Result<()> {
-    write(&dir.join("cgroup.procs"), &std::process::id().to_string())
+    Ok(spore_cgroup::join(dir, std::process::id())?)
 }
 
 /// The cgroups this jailer made (or joined), undone on a later failure.
@@ -141,33 +80,4 @@ fn create_levels(root: &Path, leaf: &Path, joined: &mut Joined) -> anyhow::Resul
         joined.created.push(d.clone());
     }
     Ok(levels)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cgroup_mounts_lists_v1_and_v2_hierarchies() {
-        let m = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\n\
-                 cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0\n\
-                 cgroup2 /sys/fs/cgroup/unified\\040x cgroup2 rw 0 0\n";
-        let got = cgroup_mounts(m);
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[0].path, PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"));
-        assert!(!got[0].v2);
-        assert!(got[0].options.iter().any(|o| o == "cpuacct"));
-        assert_eq!(got[1].path, PathBuf::from("/sys/fs/cgroup/unified x"));
-        assert!(got[1].v2);
-    }
-
-    #[test]
-    fn own_cgroup_reads_the_v1_and_v2_lines() {
-        let t = "9:name=systemd:/\n4:memory:/a/b\n2:cpu,cpuacct:/c\n0::/d/e\n";
-        assert_eq!(own_cgroup(t, Some("memory")), Some("a/b"));
-        assert_eq!(own_cgroup(t, Some("cpuacct")), Some("c"));
-        assert_eq!(own_cgroup(t, None), Some("d/e"));
-        assert_eq!(own_cgroup(t, Some("pids")), None);
-        assert_eq!(controller_of("cpuset.mems"), "cpuset");
-    }
 }

@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use spore_cgroup::{controller_of, find_v1_mount, inherit_cpuset, kernel_controllers, own_cgroup};
 
-use super::{cgroup_mounts, controller_of, create_levels, join, own_cgroup, write, Joined};
+use super::{create_levels, join, write, Joined};
 
 /// One `--cgroup` value and the v1 hierarchy its controller is in.
 #[derive(Debug, PartialEq, Eq)]
@@ -22,25 +23,6 @@ pub struct Placed<'a> {
     pub controller: &'a str,
     pub file: &'a str,
     pub value: &'a str,
-}
-
-/// The v1 controllers this kernel has: the first column of /proc/cgroups.
-/// A mount's options hold its controllers among plain options (`rw`,
-/// `relatime`, ...): only a name listed here counts as one.
-fn kernel_controllers(proc_cgroups: &str) -> Vec<&str> {
-    proc_cgroups
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_whitespace().next())
-        .collect()
-}
-
-/// The mount of `controller`'s v1 hierarchy in a /proc/mounts text.
-pub fn find_v1_mount(mounts: &str, controller: &str) -> Option<PathBuf> {
-    cgroup_mounts(mounts)
-        .into_iter()
-        .find(|m| !m.v2 && m.options.iter().any(|o| o == controller))
-        .map(|m| m.path)
 }
 
 /// Finds the v1 hierarchy of each value's controller; fails, naming the
@@ -88,27 +70,11 @@ pub fn resolve<'a>(
 
 /// The v2 hierarchy's mount if its root offers `controller`.
 fn in_v2(mounts: &str, controller: &str) -> Option<PathBuf> {
-    let m = cgroup_mounts(mounts).into_iter().find(|m| m.v2)?;
-    let have = std::fs::read_to_string(m.path.join("cgroup.controllers")).ok()?;
-    have.split_whitespace()
+    let m = spore_cgroup::find_v2_mount(mounts)?;
+    spore_cgroup::v2_controllers(&m)
+        .iter()
         .any(|c| c == controller)
-        .then_some(m.path)
-}
-
-/// Gives `dir`'s cpuset file `name` its parent's value when it is empty
-/// (a new v1 cpuset starts with none, and takes no task until it has one).
-fn inherit_cpuset(dir: &Path, name: &str) -> anyhow::Result<()> {
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
-    let own = dir.join(name);
-    if !read(&own)?.trim().is_empty() {
-        return Ok(());
-    }
-    let Some(up) = dir.parent() else {
-        return Ok(());
-    };
-    let from_parent = read(&up.join(name))?;
-    write(&own, from_parent.trim())
+        .then_some(m)
 }
 
 /// Sets up the v1 cgroups for `id` under `parent` and moves this process
@@ -242,22 +208,5 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains('\n'), "{e}");
-    }
-
-    #[test]
-    fn cgroup_v1_cpuset_levels_inherit_empty_cpus_and_mems() {
-        let dir = std::env::temp_dir().join(format!("spore-cpuset-{}", std::process::id()));
-        let leaf = dir.join("a");
-        std::fs::create_dir_all(&leaf).unwrap();
-        std::fs::write(dir.join("cpuset.cpus"), "0-3\n").unwrap();
-        std::fs::write(dir.join("cpuset.mems"), "0\n").unwrap();
-        std::fs::write(leaf.join("cpuset.cpus"), "\n").unwrap();
-        std::fs::write(leaf.join("cpuset.mems"), "1\n").unwrap();
-        inherit_cpuset(&leaf, "cpuset.cpus").unwrap();
-        inherit_cpuset(&leaf, "cpuset.mems").unwrap();
-        let cpus = std::fs::read_to_string(leaf.join("cpuset.cpus")).unwrap();
-        let mems = std::fs::read_to_string(leaf.join("cpuset.mems")).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!((cpus.as_str(), mems.as_str()), ("0-3", "1\n"));
     }
 }

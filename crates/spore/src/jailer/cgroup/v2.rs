@@ -9,16 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use spore_cgroup::{cgroup_mounts, controller_of, find_v2_mount, own_cgroup};
 
-use super::{cgroup_mounts, controller_of, create_levels, join, own_cgroup, write, Joined};
-
-/// Finds the cgroup v2 mount in a /proc/mounts text.
-pub fn find_v2_mount(mounts: &str) -> Option<PathBuf> {
-    cgroup_mounts(mounts)
-        .into_iter()
-        .find(|m| m.v2)
-        .map(|m| m.path)
-}
+use super::{create_levels, join, write, Joined};
 
 /// Why `controller` cannot be used on v2: the root's controller list, and
 /// where the controller is instead (a v1 hierarchy holds it).
@@ -31,7 +24,7 @@ fn missing(file: &str, controller: &str, mount: &Path, available: &str, mounts: 
     );
     let v1 = cgroup_mounts(mounts)
         .into_iter()
-        .find(|m| !m.v2 && m.options.iter().any(|o| o == controller));
+        .find(|m| m.holds(controller));
     if let Some(m) = v1 {
         why += &format!(
             "; it is mounted as cgroup v1 at {}: use --cgroup-version 1",
@@ -77,33 +70,11 @@ pub fn setup(
     let leaf = parent_dir.join(id);
     create_levels(&mount, &leaf, joined)?;
     for (file, value) in values {
-        enable_controller(&mount, &parent_dir, controller_of(file))?;
+        spore_cgroup::enable_down(&mount, &parent_dir, controller_of(file))?;
         write(&leaf.join(file), value)?;
     }
     joined.previous.extend(current(&mount));
     join(&leaf)
-}
-
-/// Enables `controller` in `cgroup.subtree_control` from the mount down to
-/// `dir` (the leaf's parent), top first: a level can only enable what its
-/// parent passes down.
-fn enable_controller(mount: &Path, dir: &Path, controller: &str) -> anyhow::Result<()> {
-    let rel = dir.strip_prefix(mount).unwrap_or(Path::new(""));
-    let mut level = mount.to_path_buf();
-    let mut levels = vec![level.clone()];
-    for c in rel.components() {
-        level.push(c);
-        levels.push(level.clone());
-    }
-    for l in levels {
-        let ctl = l.join("cgroup.subtree_control");
-        let on = std::fs::read_to_string(&ctl).unwrap_or_default();
-        if on.split_whitespace().any(|c| c == controller) {
-            continue;
-        }
-        write(&ctl, &format!("+{controller}"))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -113,15 +84,6 @@ mod tests {
     const MOUNTS: &str = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\n\
                           cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n\
                           cgroup2 /sys/fs/cgroup/unified\\040x cgroup2 rw 0 0\n";
-
-    #[test]
-    fn cgroup_v2_mount_is_found_in_proc_mounts() {
-        assert_eq!(
-            find_v2_mount(MOUNTS),
-            Some(PathBuf::from("/sys/fs/cgroup/unified x"))
-        );
-        assert_eq!(find_v2_mount("cgroup /a cgroup rw,cpu 0 0\n"), None);
-    }
 
     #[test]
     fn cgroup_v2_missing_controller_names_the_hierarchy_and_the_v1_mount() {
