@@ -283,8 +283,12 @@ impl Instances {
         let (network, name, instance) =
             (self.network.clone(), f.name.clone(), instance.to_string());
         let owner = user.map(|u| (u.uid, u.gid));
-        let net =
-            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??;
+        let net = {
+            let network = network.clone();
+            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??
+        };
+        // The next networked start's namespace, made off this one's path.
+        tokio::task::spawn_blocking(move || network.refill());
         Ok(Some(net))
     }
 
