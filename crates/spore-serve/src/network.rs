@@ -136,10 +136,12 @@ pub struct Network {
     used: Mutex<BTreeSet<u32>>,
     /// The host's table and forwarding are set up (on first use).
     host_ready: Mutex<bool>,
-    /// Namespaces made ahead ([`SPARE_NETWORKS`]), taken by the next
+    /// Namespaces made ahead (`spare_target`), taken by the next
     /// instances: making one runs four commands (~25–45 ms measured), which
     /// would otherwise be on every networked start's path.
     spares: Mutex<Vec<InstanceNet>>,
+    /// How many spares to keep (`--net-spares`, default [`SPARE_NETWORKS`]).
+    spare_target: usize,
     /// A thread is making spares.
     refilling: AtomicBool,
     /// The daemon stops: no more spares.
@@ -147,7 +149,7 @@ pub struct Network {
 }
 
 /// Networks kept made ahead once a networked instance was started (each
-/// holds a /30 of the pool).
+/// holds a /30 of the pool): the default `--net-spares`.
 pub const SPARE_NETWORKS: usize = 2;
 
 /// The prefix of what a daemon of `state_dir` makes on the host (network
@@ -165,9 +167,16 @@ impl Network {
             used: Mutex::new(BTreeSet::new()),
             host_ready: Mutex::new(false),
             spares: Mutex::new(Vec::new()),
+            spare_target: SPARE_NETWORKS,
             refilling: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
+    }
+
+    /// Keeps `n` networks made ahead instead of [`SPARE_NETWORKS`].
+    pub fn keeping_spares(mut self, n: usize) -> Self {
+        self.spare_target = n;
+        self
     }
 
     /// The prefix of every namespace and host link this daemon makes.
@@ -233,14 +242,14 @@ impl Network {
         self.make_named(name, tap_owner)
     }
 
-    /// Makes spares until [`SPARE_NETWORKS`] are ready (one thread at a
+    /// Makes spares until `--net-spares` are ready (one thread at a
     /// time; a full pool or a failure just leaves fewer). Blocking.
     pub fn refill(self: &Arc<Self>) {
         if self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
         let mut made = 0u32;
-        while !self.closed.load(Ordering::Acquire) && lock(&self.spares).len() < SPARE_NETWORKS {
+        while !self.closed.load(Ordering::Acquire) && lock(&self.spares).len() < self.spare_target {
             // A name no instance's has: function names are never empty.
             let name = format!("{}..spare{made}-{}", self.prefix, crate::clock::unix_ms());
             made += 1;
