@@ -304,7 +304,10 @@ impl Network {
 
     fn configure(&self, net: &InstanceNet, tap_owner: Option<(u32, u32)>) -> Result<(), NetError> {
         let (host, inner) = self.pool.addresses(net.slot);
-        let _ = run("ip", &["link", "del", &net.veth], None);
+        // A veth of this slot left by a killed predecessor goes first.
+        if Path::new("/sys/class/net").join(&net.veth).exists() {
+            let _ = run("ip", &["link", "del", &net.veth], None);
+        }
         let host_side = format!(
             "link add {veth} type veth peer name {NS_VETH} netns {ns}\n\
              addr add {host}/30 dev {veth}\n\
