@@ -84,6 +84,12 @@ pub struct ServeArgs {
     /// host's end .1 (P from 14 to 30).
     #[arg(long, value_name = "A.B.C.D/P", default_value = spore_serve::network::DEFAULT_POOL)]
     net_pool: String,
+    /// Networks (namespace, veth, tap, NAT) kept made ahead for the next
+    /// networked instances, so that making one (~25-45 ms of ip and nft
+    /// commands) is off their start's path; each holds a /30 of the pool.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(0..=256))]
+    net_spares: u16,
     /// The guest kernel of Linux functions (python3, provided). Default: the
     /// newest guest/build-kernel.sh kernel in the image cache.
     #[arg(long, value_name = "VMLINUX")]
@@ -246,6 +252,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             linux_snapshots: spore_serve::snapshots::LinuxSnapshots::parse(&a.linux_snapshots)
                 .context("--linux-snapshots")?,
             net_pool: spore_serve::network::NetPool::parse(&a.net_pool)?,
+            net_spares: usize::from(a.net_spares),
             linux_kernel,
             image_cache,
             ready_limit: Duration::from_secs(a.ready_timeout_s.max(1)),

@@ -82,6 +82,8 @@ pub struct InstancesConfig {
     pub working_set_record_ms: u64,
     /// The /30s of networked instances' veth pairs (`--net-pool`).
     pub net_pool: NetPool,
+    /// Networks made ahead for the next networked starts (`--net-spares`).
+    pub net_spares: usize,
     /// The guest kernel of Linux functions (`--linux-kernel`, else the
     /// newest cached one); `None`: Linux functions cannot start.
     pub linux_kernel: Option<PathBuf>,
@@ -246,7 +248,9 @@ impl Instances {
             census: Mutex::new(memory::Census::default()),
             census_skip: std::sync::atomic::AtomicI32::new(0),
             account_gates: Mutex::new(HashMap::new()),
-            network: Arc::new(Network::new(&cfg.state_dir, cfg.net_pool)),
+            network: Arc::new(
+                Network::new(&cfg.state_dir, cfg.net_pool).keeping_spares(cfg.net_spares),
+            ),
             jail,
             cfg,
         })
@@ -283,8 +287,12 @@ impl Instances {
         let (network, name, instance) =
             (self.network.clone(), f.name.clone(), instance.to_string());
         let owner = user.map(|u| (u.uid, u.gid));
-        let net =
-            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??;
+        let net = {
+            let network = network.clone();
+            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??
+        };
+        // The next networked start's namespace, made off this one's path.
+        tokio::task::spawn_blocking(move || network.refill());
         Ok(Some(net))
     }
 

@@ -93,6 +93,19 @@ fn namespaces_of(f: &str) -> Vec<String> {
         .collect()
 }
 
+/// The daemon's (`prefix`) spare namespaces, made ahead for its next
+/// networked instances.
+fn spares_of(prefix: &str) -> Vec<String> {
+    let marker = format!("{prefix}..spare");
+    std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&marker))
+        .collect()
+}
+
 /// Host links whose name starts with `prefix`.
 fn links_with(prefix: &str) -> Vec<String> {
     std::fs::read_dir("/sys/class/net")
@@ -159,8 +172,11 @@ fn net_function_on_every_start_path(jailed: bool) {
     let dir = Scratch::new("serve-net");
     let state = dir.path("state");
     let mut args = vec!["--keep-alive-ms", "0", "--net-pool", POOL];
+    // Jailed, with networks made ahead (the default); unjailed, with none
+    // (`--net-spares 0`): every namespace made on its start's path.
+    let spares = jailed;
     if !jailed {
-        args.push("--no-jail");
+        args.extend(["--no-jail", "--net-spares", "0"]);
     }
     let args = &args[..];
     let warm_path = "clone";
@@ -194,7 +210,24 @@ fn net_function_on_every_start_path(jailed: bool) {
     assert!(nft_tables().contains(&format!("spore_{}", &prefix[2..])));
     // Clone: a new namespace for clone 2, the same guest address.
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
+    // Namespaces are made ahead, off the start path: two spares wait, each
+    // with its host veth, and the next clone takes one (renamed its own).
+    let want = if spares { 2 } else { 0 };
+    assert!(
+        eventually(Duration::from_secs(10), || spares_of(&prefix).len() == want),
+        "spares: {:?}",
+        spares_of(&prefix)
+    );
+    let before = spares_of(&prefix);
     assert_eq!(fetch(&d, &f, &url, &body), warm_path);
+    if spares {
+        assert!(
+            spares_of(&prefix).len() < 2 || spares_of(&prefix) != before,
+            "the clone took no spare: {before:?}"
+        );
+    } else {
+        assert!(spares_of(&prefix).is_empty());
+    }
     assert_eq!(served.load(Ordering::SeqCst), 3);
     // Nothing listens there: an error result, not a hung instance.
     let closed = TcpListener::bind("0.0.0.0:0")
@@ -256,12 +289,15 @@ fn net_function_on_every_start_path(jailed: bool) {
     assert_eq!(fetch(&d, &f, &url, &body), "restore");
     assert_eq!(served.load(Ordering::SeqCst), 6);
 
-    // Deleting the function removes its namespaces and veths.
+    // Deleting the function removes its namespaces and veths (the host
+    // veths left are the daemon's spares').
     let r = d.request("DELETE", &format!("/2015-03-31/functions/{f}"), b"", &[]);
     assert_eq!(r.status, 204);
     assert!(
         eventually(Duration::from_secs(10), || namespaces_of(&f).is_empty()
-            && links_with(&format!("{prefix}v")).is_empty()),
+            && links_with(&format!("{prefix}v")).len()
+                == spares_of(&prefix).len()
+            && spares_of(&prefix).len() <= 2),
         "after delete: {:?} {:?}",
         namespaces_of(&f),
         links_with(&format!("{prefix}v"))
@@ -279,9 +315,10 @@ fn net_function_on_every_start_path(jailed: bool) {
     assert!(!namespaces_of(&again).is_empty());
     drop(d); // SIGTERM: the daemon ends its instances.
     assert!(
-        namespaces_of(&again).is_empty(),
-        "after stop: {:?}",
-        namespaces_of(&again)
+        namespaces_of(&again).is_empty() && spares_of(&prefix).is_empty(),
+        "after stop: {:?} {:?}",
+        namespaces_of(&again),
+        spares_of(&prefix)
     );
     assert!(links_with(&format!("{prefix}v")).is_empty());
     assert!(!nft_tables().contains(&format!("spore_{}", &prefix[2..])));
