@@ -223,23 +223,30 @@ impl Network {
     /// forwarding, NAT) and the host's end, a spare renamed when one is
     /// ready, else made now. On failure nothing made is left. With
     /// `tap_owner` (a jailed VMM's uid and gid), the tap is that user's,
-    /// which lets the VMM open it without any capability. Start
-    /// [`Network::refill`] afterwards, off the start's path.
+    /// which lets the VMM open it without any capability; with `handoff`
+    /// (a jailed clone, which may not enter the namespace) a tun descriptor
+    /// opened there is kept for it ([`InstanceNet::take_handoff_tun`]).
+    /// Start [`Network::refill`] afterwards, off the start's path.
     pub fn make(
         self: &Arc<Self>,
         function: &str,
         instance: &str,
         tap_owner: Option<(u32, u32)>,
+        handoff: bool,
     ) -> Result<InstanceNet, NetError> {
         let name = self.namespace_name(function, instance);
         let spare = lock(&self.spares).pop();
         if let Some(mut net) = spare {
-            match net.adopt(&name, tap_owner) {
+            match net.adopt(&name, tap_owner, handoff) {
                 Ok(()) => return Ok(net),
                 Err(e) => tracing::warn!("network: a spare namespace could not be used: {e}"),
             }
         }
-        self.make_named(name, tap_owner)
+        let mut net = self.make_named(name, tap_owner)?;
+        if handoff {
+            net.handoff_tun = Some(open_tun_in(&net.name)?);
+        }
+        Ok(net)
     }
 
     /// Makes spares until `--net-spares` are ready (one thread at a
@@ -285,6 +292,7 @@ impl Network {
             veth: format!("{}v{slot}", self.prefix),
             slot,
             removed: false,
+            handoff_tun: None,
         };
         // A namespace of that name left by a daemon that died (or an
         // earlier instance whose removal failed) goes first.
@@ -467,6 +475,8 @@ pub struct InstanceNet {
     veth: String,
     slot: u32,
     removed: bool,
+    /// A tun descriptor opened in it for a jailed clone.
+    handoff_tun: Option<std::fs::File>,
 }
 
 impl InstanceNet {
@@ -481,9 +491,14 @@ impl InstanceNet {
     }
 
     /// Makes this spare `name`'s: its namespace renamed (bound at the new
-    /// name, unbound at the old, as `ip netns` keeps names) and its tap
-    /// given to `tap_owner`.
-    fn adopt(&mut self, name: &str, tap_owner: Option<(u32, u32)>) -> Result<(), NetError> {
+    /// name, unbound at the old, as `ip netns` keeps names), its tap given
+    /// to `tap_owner` and, with `handoff`, a tun descriptor opened there.
+    fn adopt(
+        &mut self,
+        name: &str,
+        tap_owner: Option<(u32, u32)>,
+        handoff: bool,
+    ) -> Result<(), NetError> {
         let spare = self.name.clone();
         let failed = |detail: String| NetError::Namespace {
             name: spare.clone(),
@@ -495,12 +510,16 @@ impl InstanceNet {
         );
         rename_namespace(&old, &new).map_err(|e| failed(format!("renaming to {name}: {e}")))?;
         self.name = name.to_string();
-        if let Some((uid, gid)) = tap_owner {
-            let tun = open_tun_in(name)?;
-            give_tap(&tun, uid, gid)
-                .map_err(|e| failed(format!("giving {TAP_NAME} to uid {uid}: {e}")))?;
+        if tap_owner.is_some() || handoff {
+            self.handoff_tun = tap_in(name, tap_owner, handoff)?;
         }
         Ok(())
+    }
+
+    /// The `/dev/net/tun` opened in its namespace for a jailed clone
+    /// ([`Network::make`] with `handoff`).
+    pub fn take_handoff_tun(&mut self) -> Option<std::fs::File> {
+        self.handoff_tun.take()
     }
 
     /// Deletes the veth pair (both ends go with the host's) and the
@@ -587,26 +606,50 @@ fn set_sysctl(key: &str, required: bool) -> Result<(), NetError> {
 /// tap by its name (`TUNSETIFF` looks the device up in the namespace the
 /// descriptor was opened in). For a clone whose user may not enter the
 /// namespace. Blocking.
-pub fn open_tun_in(name: &str) -> Result<std::fs::File, NetError> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    in_namespace(name, move || {
-        let tun = std::fs::OpenOptions::new()
+fn open_tun_in(name: &str) -> Result<std::fs::File, NetError> {
+    tap_in(name, None, true)?.ok_or_else(|| NetError::Namespace {
+        name: name.to_string(),
+        detail: "opening /dev/net/tun in it: no descriptor".into(),
+    })
+}
+
+/// In one visit of namespace `name`: its tap given to `owner` (uid, gid),
+/// and with `handoff` a `/dev/net/tun` opened there and returned (see
+/// [`open_tun_in`]). Blocking.
+fn tap_in(
+    name: &str,
+    owner: Option<(u32, u32)>,
+    handoff: bool,
+) -> Result<Option<std::fs::File>, NetError> {
+    let open = || {
+        std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
-            .open("/dev/net/tun");
-        let _ = tx.send(tun);
+            .open("/dev/net/tun")
+            .map_err(|e| format!("opening /dev/net/tun in it: {e}"))
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_namespace(name, move || {
+        let done = (|| {
+            if let Some((uid, gid)) = owner {
+                give_tap(&open()?, uid, gid)
+                    .map_err(|e| format!("giving {TAP_NAME} to uid {uid}: {e}"))?;
+            }
+            handoff.then(open).transpose()
+        })();
+        let _ = tx.send(done);
         Ok(())
     })?;
     match rx.recv() {
         Ok(Ok(tun)) => Ok(tun),
-        Ok(Err(e)) => Err(NetError::Namespace {
+        Ok(Err(detail)) => Err(NetError::Namespace {
             name: name.to_string(),
-            detail: format!("opening /dev/net/tun in it: {e}"),
+            detail,
         }),
         Err(_) => Err(NetError::Namespace {
             name: name.to_string(),
-            detail: "opening /dev/net/tun in it: no answer".into(),
+            detail: "no answer from its thread".into(),
         }),
     }
 }

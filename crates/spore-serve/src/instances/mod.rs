@@ -280,6 +280,7 @@ impl Instances {
         f: &Function,
         instance: &str,
         user: Option<&crate::jail::User>,
+        handoff: bool,
     ) -> anyhow::Result<Option<InstanceNet>> {
         if !f.network {
             return Ok(None);
@@ -289,7 +290,8 @@ impl Instances {
         let owner = user.map(|u| (u.uid, u.gid));
         let net = {
             let network = network.clone();
-            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner)).await??
+            tokio::task::spawn_blocking(move || network.make(&name, &instance, owner, handoff))
+                .await??
         };
         // The next networked start's namespace, made off this one's path.
         tokio::task::spawn_blocking(move || network.refill());

@@ -420,7 +420,7 @@ impl Instances {
             .unwrap_or_default();
         let jailed = self.jailed(f)?;
         let net = self
-            .instance_net(f, &instance, jailed.as_ref().map(|j| &j.user))
+            .instance_net(f, &instance, jailed.as_ref().map(|j| &j.user), false)
             .await?;
         let cgroup = self.cgroup_for(f, &instance).await?;
         VmmProcess::spawn(&self.cfg.spore_bin, &run_dir, net, cgroup, jailed).await
@@ -450,8 +450,9 @@ impl Instances {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let net = self
-            .instance_net(f, &format!("{zygote}c{}", served + 1), z.vmm.user.as_ref())
+        let user = z.vmm.user.as_ref();
+        let mut net = self
+            .instance_net(f, &format!("{zygote}c{}", served + 1), user, user.is_some())
             .await?
             .ok_or_else(|| anyhow::anyhow!("no network made"))?;
         let template = crate::network::Network::namespace_path(
@@ -464,9 +465,9 @@ impl Instances {
         // /dev/net/tun, opened there, over a socket it connects to.
         if let Some(user) = &z.vmm.user {
             let n = served + 1;
-            let name = net.name.clone();
-            let tun =
-                tokio::task::spawn_blocking(move || crate::network::open_tun_in(&name)).await??;
+            let tun = net
+                .take_handoff_tun()
+                .ok_or_else(|| anyhow::anyhow!("no tun descriptor opened for the clone"))?;
             let sock = z.clone_dir.join(format!("tun-{n}.sock"));
             give_tun(&sock, tun, user)?;
             network["tun_socket_template"] =
