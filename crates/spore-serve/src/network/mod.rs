@@ -277,11 +277,6 @@ impl Network {
         }
     }
 
-    /// How many spares are ready now.
-    pub fn spares_ready(&self) -> usize {
-        lock(&self.spares).len()
-    }
-
     fn make_named(
         self: &Arc<Self>,
         name: String,
