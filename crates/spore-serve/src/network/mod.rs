@@ -413,26 +413,12 @@ impl Network {
     /// Namespaces whose name starts with `prefix` (e.g. this daemon's, or
     /// one function's: `<prefix>.<function>.`).
     pub fn namespaces_with(prefix: &str) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with(prefix))
-            .collect()
+        names_with(Path::new(NETNS_DIR), prefix)
     }
 
     /// Host links whose name starts with `prefix`.
     pub fn links_with(prefix: &str) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with(prefix))
-            .collect()
+        names_with(Path::new("/sys/class/net"), prefix)
     }
 
     /// Removes what a previous daemon of this state directory left (killed
@@ -545,6 +531,19 @@ impl Drop for InstanceNet {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// The entries of `dir` whose name starts with `prefix` (none if `dir`
+/// cannot be read).
+fn names_with(dir: &Path, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
 }
 
 /// Runs `program args…` (with `stdin` piped in if given) and waits; a

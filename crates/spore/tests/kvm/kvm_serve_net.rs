@@ -84,12 +84,17 @@ fn host_address() -> String {
 /// The daemon's network namespaces of function `f` (`sp<hash>.<f>.<instance>`).
 fn namespaces_of(f: &str) -> Vec<String> {
     let marker = format!(".{f}.");
+    namespaces_where(|n| n.starts_with("sp") && n.contains(&marker))
+}
+
+/// The named network namespaces (`/run/netns`) whose name passes `keep`.
+fn namespaces_where(keep: impl Fn(&str) -> bool) -> Vec<String> {
     std::fs::read_dir("/run/netns")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with("sp") && n.contains(&marker))
+        .filter(|n| keep(n))
         .collect()
 }
 
@@ -97,13 +102,7 @@ fn namespaces_of(f: &str) -> Vec<String> {
 /// networked instances.
 fn spares_of(prefix: &str) -> Vec<String> {
     let marker = format!("{prefix}..spare");
-    std::fs::read_dir("/run/netns")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&marker))
-        .collect()
+    namespaces_where(|n| n.starts_with(&marker))
 }
 
 /// Host links whose name starts with `prefix`.
