@@ -275,7 +275,11 @@ impl Instances {
         // zygote is paused there.
         drop(conn);
         let clone_dir = vmm.run_dir.join("clones");
-        let mut z = Zygote { vmm, clone_dir };
+        let mut z = Zygote {
+            vmm,
+            clone_dir,
+            standby_leaves: Arc::default(),
+        };
         // The daemon ends every VMM it started itself (and recovery those of
         // a killed daemon), and a retired version's zygote must not take
         // its clones' invocations in flight with it: clones outlive it.
@@ -503,9 +507,8 @@ impl Instances {
             }
             None => None,
         };
-        // The clone's cgroup is made while the zygote clones (it costs
-        // ~0.3 ms, which the clone path would otherwise wait for).
-        let leaf_job = self.cgroup_ahead(f);
+        // The clone's cgroup: placed ahead, or made while the zygote clones.
+        let leaf_ahead = self.clone_leaf_ahead(f, z);
         let asked = Instant::now();
         // On failure `net` drops here, removing the namespace.
         let answered = match z.vmm.api("PUT", "/clone", Some(body.to_string())).await {
@@ -515,28 +518,30 @@ impl Instances {
         let (sock, name, pid) = match answered {
             Ok(clone) => clone,
             Err(e) => {
-                discard(leaf_job).await;
+                leaf_ahead.discard().await;
                 return Err(e);
             }
         };
         let cloned_us = asked.elapsed().as_micros();
+        let leaf = self.clone_leaf(f, z, leaf_ahead, &name, pid).await;
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
         let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
-        // Out of its zygote's cgroup into its own while its guest answers
-        // (the move waits for the kernel's cgroup lock, ~0.3 ms here, which
-        // the clone path would otherwise wait for); in before it serves.
+        // In its own cgroup before it serves: moved there while its guest
+        // answers unless it was a standby process placed ahead.
         let vsock = vmm.vsock_uds.clone();
-        let (joined, connected) =
-            tokio::join!(join_cgroup(vmm.pid, leaf_job), self.connect(f, &vsock));
-        match joined {
+        let (entered, connected) = tokio::join!(leaf.enter(vmm.pid), self.connect(f, &vsock));
+        match entered {
             Ok(leaf) => vmm.cgroup = leaf,
             Err(e) => {
                 self.end(vmm).await;
-                anyhow::bail!("clone of {}: moving it into its cgroup: {e}", f.name);
+                anyhow::bail!("clone of {}: {e:#}", f.name);
             }
         }
+        // The standby process the zygote started in this one's place gets
+        // its cgroup now, off the next clone's path.
+        self.place_standby(f, z);
         match connected {
             Ok(conn) => {
                 tracing::debug!(
@@ -557,6 +562,7 @@ impl Instances {
     /// keep their mapped template; the kernel frees it with the last).
     pub(super) async fn end_zygote(&self, z: Zygote) {
         self.end(z.vmm).await;
+        z.standby_leaves.close().await;
         let _ = std::fs::remove_dir_all(&z.clone_dir);
     }
 }
@@ -581,37 +587,6 @@ fn parse_clone(resp: &str) -> anyhow::Result<(std::path::PathBuf, String, i32)> 
         anyhow::bail!("PUT /clone answered a pid that is no process's: {pid}");
     };
     Ok((sock.into(), name.to_string(), pid))
-}
-
-type LeafJob = Option<tokio::task::JoinHandle<std::io::Result<crate::cgroups::Leaf>>>;
-
-/// Moves clone `pid` into the cgroup made for it ahead (none without
-/// cgroups), on a blocking thread.
-async fn join_cgroup(pid: i32, job: LeafJob) -> anyhow::Result<Option<crate::cgroups::Leaf>> {
-    let Some(job) = job else {
-        return Ok(None);
-    };
-    let leaf = job.await??;
-    let files = leaf.procs_files();
-    let moved = tokio::task::spawn_blocking(move || crate::cgroups::add_pid(&files, pid))
-        .await
-        .map_err(anyhow::Error::from)
-        .and_then(|r| r.map_err(anyhow::Error::from));
-    if let Err(e) = moved {
-        leaf.remove().await;
-        return Err(e);
-    }
-    Ok(Some(leaf))
-}
-
-/// Removes a cgroup made ahead for a clone that did not come.
-async fn discard(job: LeafJob) {
-    if let Some(Ok(Ok(leaf))) = match job {
-        Some(j) => Some(j.await),
-        None => None,
-    } {
-        leaf.remove().await;
-    }
 }
 
 fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {

@@ -32,6 +32,17 @@ pub struct CloneStatus {
     pub template: Option<String>,
     pub template_layers: usize,
     pub standby: usize,
+    /// The standby processes by name and pid: a host may move each into
+    /// its own cgroup before a request hands it out (the name a clone
+    /// report gives tells which one a request used).
+    pub standby_processes: Vec<StandbyProcess>,
+}
+
+/// One standby process in [`CloneStatus`].
+#[derive(Debug, serde::Serialize)]
+pub struct StandbyProcess {
+    pub name: String,
+    pub pid: u32,
 }
 
 impl Vmm {
@@ -118,6 +129,14 @@ impl Vmm {
             template: s.template.as_ref().map(|t| t.id.clone()),
             template_layers: s.template.as_ref().map_or(0, |t| t.layers.len()),
             standby: s.standby.len(),
+            standby_processes: s
+                .standby
+                .iter()
+                .map(|p| StandbyProcess {
+                    name: p.name.clone(),
+                    pid: p.child.pid(),
+                })
+                .collect(),
         }
     }
 

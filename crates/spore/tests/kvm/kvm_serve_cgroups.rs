@@ -115,6 +115,71 @@ fn kvm_serve_instances_get_their_own_cgroups() {
     assert!(!tree.exists(), "{} left behind", tree.display());
 }
 
+/// The processes in each cgroup of the memory hierarchy under `base` (a
+/// path as /proc/PID/cgroup gives it), by cgroup.
+fn processes_under(base: &str) -> std::collections::BTreeMap<String, Vec<i32>> {
+    let mut by_leaf = std::collections::BTreeMap::<String, Vec<i32>>::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(cg) = memory_cgroup(pid).filter(|cg| cg.starts_with(base)) {
+            by_leaf.entry(cg).or_default().push(pid);
+        }
+    }
+    by_leaf
+}
+
+/// The clone processes a zygote starts ahead (its standby pool) are each
+/// moved into a cgroup of their own off the clone path, so that a clone
+/// request that hands one out finds it there (moving a process when no
+/// move came for a while costs milliseconds): clones 150 ms apart each run
+/// in a leaf of their own, and the zygote's leaf holds only the zygote and
+/// its clone factory.
+#[test]
+fn kvm_serve_standby_clones_get_their_cgroups_ahead() {
+    require_kvm();
+    let dir = Scratch::new("serve-cga");
+    let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
+    let d = std::sync::Arc::new(Daemon::start(&dir.path("state"), &["--keep-alive-ms", "0"]));
+    let r = d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}));
+    assert_eq!(r.status, 201);
+    // The cgroups VMMs were in while a clone served.
+    let mut clone_leaves = BTreeSet::new();
+    for _ in 0..4 {
+        let h = {
+            let d = d.clone();
+            thread::spawn(move || d.invoke("f", br#"{"sleep_ms":200}"#).status)
+        };
+        thread::sleep(std::time::Duration::from_millis(100));
+        let serving: Vec<String> = d
+            .vmm_pids()
+            .iter()
+            .filter_map(|pid| memory_cgroup(*pid))
+            .collect();
+        assert_eq!(h.join().unwrap(), 200);
+        clone_leaves.extend(serving);
+        thread::sleep(std::time::Duration::from_millis(150));
+    }
+    let base = format!("{}/sp", me.trim_end_matches('/'));
+    let by_leaf = processes_under(&base);
+    let crowded: Vec<_> = by_leaf.iter().filter(|(_, p)| p.len() > 2).collect();
+    assert!(
+        crowded.is_empty(),
+        "standby processes left in their zygote's cgroup: {crowded:?} (all: {by_leaf:?})"
+    );
+    // The zygote's leaf (zygote and factory) and one per standby process.
+    let singles = by_leaf.values().filter(|p| p.len() == 1).count();
+    assert!(
+        singles >= 2,
+        "standby processes in their own leaves: {by_leaf:?}"
+    );
+    assert!(
+        clone_leaves.len() >= 4,
+        "each clone in a leaf of its own: {clone_leaves:?}"
+    );
+}
+
 /// An instance whose VMM goes past its cgroup's memory is ended by the
 /// kernel, alone; the invoker gets `Runtime.OutOfMemory`; the function's
 /// next invocation, and another function's, run. A guest alone cannot pass
