@@ -7,10 +7,11 @@
 //! clones come back to back but 7.5 ms at the median when they come 100 ms
 //! apart. So the zygote's standby processes (clone processes it starts
 //! ahead; a clone request hands one out) are each moved into a leaf of
-//! their own as soon as the zygote reports them, off any request's path
-//! ([`Instances::place_standby`]); a clone request that got one finds it
-//! already placed ([`CloneLeaf::Placed`]). A clone that was no standby
-//! process (the zygote had none ready) is moved while its guest answers
+//! their own as soon as a clone report lists them, in the background
+//! ([`Instances::place_standby`]); a later clone request that hands one out
+//! finds it already placed ([`CloneLeaf::Placed`]). A clone that was no
+//! standby process placed before (the zygote's first, or one that came
+//! while its pool was refilled) is moved while its guest answers
 //! ([`CloneLeaf::Join`]), as every clone was before.
 
 use std::collections::HashMap;
@@ -147,9 +148,9 @@ async fn place(
     move_into(leaf, pid).await
 }
 
-/// One standby process as `GET /clone` lists it.
+/// One standby process as a clone report lists it.
 #[derive(serde::Deserialize)]
-struct StandbyProcess {
+pub(super) struct StandbyProcess {
     name: String,
     pid: i32,
 }
@@ -200,79 +201,52 @@ impl Instances {
         }
     }
 
-    /// Moves each standby process of `z` without a leaf into one of its
-    /// own, in the background: once the zygote's refill of its standby
-    /// pool is done (`GET /clone` waits for it), off the clone path.
-    pub(super) fn place_standby(&self, f: &Function, z: &Zygote) {
-        let Some(cgroups) = self.cfg.cgroups.clone() else {
+    /// Moves each standby process of `z` in `listed` (what its last clone
+    /// report left in its pool) without a leaf into one of its own, in the
+    /// background: a later clone request hands it out already placed.
+    pub(super) fn place_standby(&self, f: &Function, z: &Zygote, listed: Vec<StandbyProcess>) {
+        let Some(cgroups) = self.cfg.cgroups.as_ref() else {
             return;
         };
         let limits = cgroups.limits(f.memory_mib);
-        let group = f.name.clone();
-        let sock = z.vmm.api_sock.clone();
         let zygote = z
             .vmm
             .run_dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let leaves = z.standby_leaves.clone();
-        tokio::spawn(async move {
-            let listed = match standby_processes(&sock).await {
-                Ok(listed) => listed,
-                Err(e) => {
-                    tracing::debug!(function = %group, "standby processes not placed: {e:#}");
-                    return;
-                }
-            };
-            let mut placed = lock(&leaves.inner);
-            if placed.closed {
-                return;
+        let mut placed = lock(&z.standby_leaves.inner);
+        if placed.closed {
+            return;
+        }
+        // Leaves of standby processes that died unused go back.
+        let gone: Vec<String> = placed
+            .by_name
+            .iter()
+            .filter(|(name, (pid, _))| {
+                !listed.iter().any(|p| &p.name == *name)
+                    && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            if let Some((_, job)) = placed.by_name.remove(&name) {
+                tokio::spawn(release(job));
             }
-            // Leaves of standby processes that died unused go back.
-            let gone: Vec<String> = placed
-                .by_name
-                .iter()
-                .filter(|(name, (pid, _))| {
-                    !listed.iter().any(|p| &p.name == *name)
-                        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                })
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in gone {
-                if let Some((_, job)) = placed.by_name.remove(&name) {
-                    tokio::spawn(release(job));
-                }
+        }
+        for p in listed {
+            if p.pid <= 0 || placed.by_name.contains_key(&p.name) {
+                continue;
             }
-            for p in listed {
-                if placed.by_name.contains_key(&p.name) {
-                    continue;
-                }
-                let instance = format!("{zygote}.{}", p.name.replace('/', "_"));
-                let job = tokio::spawn(place(
-                    cgroups.clone(),
-                    group.clone(),
-                    instance,
-                    limits,
-                    p.pid,
-                ));
-                placed.by_name.insert(p.name, (p.pid, job));
-            }
-        });
+            let instance = format!("{zygote}.{}", p.name.replace('/', "_"));
+            let job = tokio::spawn(place(
+                cgroups.clone(),
+                f.name.clone(),
+                instance,
+                limits,
+                p.pid,
+            ));
+            placed.by_name.insert(p.name, (p.pid, job));
+        }
     }
-}
-
-/// The standby processes a zygote lists (`GET /clone`).
-async fn standby_processes(sock: &std::path::Path) -> anyhow::Result<Vec<StandbyProcess>> {
-    #[derive(serde::Deserialize)]
-    struct Status {
-        standby_processes: Vec<StandbyProcess>,
-    }
-    let text = crate::vmm::api_call(sock, "GET", "/clone", None).await?;
-    let status: Status = serde_json::from_str(&text)?;
-    Ok(status
-        .standby_processes
-        .into_iter()
-        .filter(|p| p.pid > 0)
-        .collect())
 }

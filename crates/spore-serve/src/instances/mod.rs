@@ -166,7 +166,7 @@ struct Zygote {
     vmm: VmmProcess,
     clone_dir: PathBuf,
     /// The cgroups its standby processes were moved into ahead.
-    standby_leaves: Arc<clone_leaves::StandbyLeaves>,
+    standby_leaves: clone_leaves::StandbyLeaves,
 }
 
 /// The instances of one function version.

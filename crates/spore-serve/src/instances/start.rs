@@ -278,7 +278,7 @@ impl Instances {
         let mut z = Zygote {
             vmm,
             clone_dir,
-            standby_leaves: Arc::default(),
+            standby_leaves: Default::default(),
         };
         // The daemon ends every VMM it started itself (and recovery those of
         // a killed daemon), and a retired version's zygote must not take
@@ -515,7 +515,12 @@ impl Instances {
             Ok(resp) => parse_clone(&resp),
             Err(e) => Err(e),
         };
-        let (sock, name, pid) = match answered {
+        let Cloned {
+            sock,
+            name,
+            pid,
+            standby,
+        } = match answered {
             Ok(clone) => clone,
             Err(e) => {
                 leaf_ahead.discard().await;
@@ -524,6 +529,9 @@ impl Instances {
         };
         let cloned_us = asked.elapsed().as_micros();
         let leaf = self.clone_leaf(f, z, leaf_ahead, &name, pid).await;
+        // The standby processes left get their cgroups now, while this
+        // clone's guest answers: off the path of the clones that take them.
+        self.place_standby(f, z, standby);
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
         let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
@@ -539,9 +547,6 @@ impl Instances {
                 anyhow::bail!("clone of {}: {e:#}", f.name);
             }
         }
-        // The standby process the zygote started in this one's place gets
-        // its cgroup now, off the next clone's path.
-        self.place_standby(f, z);
         match connected {
             Ok(conn) => {
                 tracing::debug!(
@@ -567,10 +572,19 @@ impl Instances {
     }
 }
 
+/// What a `PUT /clone` answer says: the clone and the standby processes
+/// left in the zygote's pool.
+struct Cloned {
+    sock: std::path::PathBuf,
+    name: String,
+    pid: i32,
+    standby: Vec<super::clone_leaves::StandbyProcess>,
+}
+
 /// The clone a `PUT /clone` answer names: its socket, name and pid (one
 /// that is not a single process's is refused, never truncated: it is
 /// signalled later).
-fn parse_clone(resp: &str) -> anyhow::Result<(std::path::PathBuf, String, i32)> {
+fn parse_clone(resp: &str) -> anyhow::Result<Cloned> {
     let report: serde_json::Value = serde_json::from_str(resp)?;
     let clone = report
         .get("clones")
@@ -586,7 +600,17 @@ fn parse_clone(resp: &str) -> anyhow::Result<(std::path::PathBuf, String, i32)> 
     let Some(pid) = i32::try_from(pid).ok().filter(|&pid| pid > 0) else {
         anyhow::bail!("PUT /clone answered a pid that is no process's: {pid}");
     };
-    Ok((sock.into(), name.to_string(), pid))
+    // An older VMM lists none: its clones are moved on their path.
+    let standby = report
+        .get("standby_processes")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    Ok(Cloned {
+        sock: sock.into(),
+        name: name.to_string(),
+        pid,
+        standby,
+    })
 }
 
 fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {
