@@ -210,7 +210,16 @@ impl Catalog {
     /// daemon killed mid-write loses at most the write in flight.
     pub fn open(path: &Path) -> Result<Self, CatalogError> {
         make_private(path);
-        let db = Connection::open(path)?;
+        Self::with_connection(Connection::open(path)?)
+    }
+
+    /// A catalogue held in memory only (tests: nothing is written).
+    #[cfg(test)]
+    pub fn in_memory() -> Result<Self, CatalogError> {
+        Self::with_connection(Connection::open_in_memory()?)
+    }
+
+    fn with_connection(db: Connection) -> Result<Self, CatalogError> {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         db.execute_batch(SCHEMA)?;

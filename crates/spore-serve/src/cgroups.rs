@@ -15,7 +15,8 @@
 //! `cpu` (each where /proc/mounts has it). A VMM the daemon starts is moved
 //! into its cgroup while it starts, before it is configured (a `pre_exec`
 //! join would make std fork the daemon instead of `posix_spawn`); a clone
-//! is moved into its own as soon as its zygote reports it. A leaf whose VMM
+//! is moved into its own ahead, as a standby process of its zygote, or
+//! while its guest answers (`instances::clone_leaves`). A leaf whose VMM
 //! ended is kept for the next instance of the same function and size
 //! (making and removing cgroups
 //! takes the kernel's cgroup lock, and a memory cgroup's removal can take
@@ -80,8 +81,16 @@ type LeafDirs = Vec<(PathBuf, bool)>;
 
 #[derive(Debug, Default)]
 struct Spare {
-    by_kind: HashMap<(String, Limits), Vec<LeafDirs>>,
+    by_kind: HashMap<(String, Limits), Vec<SpareLeaf>>,
     count: usize,
+}
+
+/// A leaf kept for reuse: its limits are its kind's; only a CPU cap its
+/// last instance got is undone when it is reused.
+#[derive(Debug)]
+struct SpareLeaf {
+    dirs: LeafDirs,
+    capped: bool,
 }
 
 /// The limits of one instance's cgroup.
@@ -129,7 +138,8 @@ impl Cgroups {
     pub fn limits(&self, memory_mib: u32) -> Limits {
         let mib = u64::from(memory_mib);
         Limits {
-            memory_bytes: (mib << 20).saturating_add(self.overhead),
+            // In whole pages, as the kernel keeps it.
+            memory_bytes: (mib << 20).saturating_add(self.overhead) & !4095,
             pids: PIDS_MAX,
             cpu_shares: (1024 * mib / MB_PER_VCPU).max(2),
             cpu_quota_us: (CPU_PERIOD_US * mib / MB_PER_VCPU).max(MIN_CPU_QUOTA_US),
@@ -150,10 +160,19 @@ impl Cgroups {
             }
             dirs
         };
-        if let Some(dirs) = reused {
-            // Its limits as they should be (someone may have changed them).
-            for ((dir, _), h) in dirs.iter().zip(&self.hierarchies) {
-                write_limits(dir, h, limits)?;
+        if let Some(SpareLeaf { dirs, capped }) = reused {
+            // Uncapped until its instance is ready. Its other limits are
+            // its kind's already: a reuse writes nothing else (each write
+            // is CPU on some invocation's way on a busy host).
+            if capped {
+                if let Some((file, v2)) = self.cpu_cap_file(&dirs) {
+                    let value = if v2 {
+                        format!("max {CPU_PERIOD_US}")
+                    } else {
+                        "-1".to_string()
+                    };
+                    std::fs::write(file, value)?;
+                }
             }
             let mut leaf = Leaf {
                 cpu_cap: self.cpu_cap_file(&dirs),
@@ -161,6 +180,7 @@ impl Cgroups {
                 kind,
                 spare: Some(self.spare.clone()),
                 oom_base: 0,
+                capped: false,
             };
             // The kernel's count is the cgroup's whole life's.
             leaf.oom_base = leaf.oom_count();
@@ -172,6 +192,7 @@ impl Cgroups {
             spare: Some(self.spare.clone()),
             oom_base: 0,
             cpu_cap: None,
+            capped: false,
         };
         for h in &self.hierarchies {
             // Made again if gone: a dead daemon's guardian removes the tree
@@ -295,6 +316,8 @@ pub struct Leaf {
     oom_base: u64,
     /// Where its CPU cap is written ([`Cgroups::cpu_cap_file`]).
     cpu_cap: Option<(PathBuf, bool)>,
+    /// Its CPU cap was asked for ([`Leaf::cpu_cap_write`]).
+    capped: bool,
 }
 
 impl Leaf {
@@ -306,20 +329,19 @@ impl Leaf {
             .collect()
     }
 
-    /// Caps its CPU at its memory's share (Lambda's rule), once its
-    /// instance is ready: one write on the invocation's path (v1's
+    /// What caps its CPU at its memory's share (Lambda's rule), once its
+    /// instance is ready: the file and the value to write (v1's
     /// `cpu.cfs_period_us` is set with the leaf's limits).
-    pub fn cap_cpu(&self) -> std::io::Result<()> {
-        let Some((file, v2)) = &self.cpu_cap else {
-            return Ok(());
-        };
+    pub fn cpu_cap_write(&mut self) -> Option<(PathBuf, String)> {
+        let (file, v2) = self.cpu_cap.as_ref()?;
+        self.capped = true;
         let quota = self.kind.1.cpu_quota_us;
         let value = if *v2 {
             format!("{quota} {CPU_PERIOD_US}")
         } else {
             quota.to_string()
         };
-        std::fs::write(file, value)
+        Some((file.clone(), value))
     }
 
     /// Whether the kernel ended a process of this cgroup for its memory
@@ -363,12 +385,20 @@ impl Leaf {
     /// process leaves it a moment later, harmlessly), or removed when
     /// enough are kept.
     pub async fn release(mut self) {
+        // One whose memory limit someone changed (as for a test of the
+        // kernel's OOM kill) is not kept: a reuse rewrites no limits.
+        if self.memory_limit() != Some(self.kind.1.memory_bytes) {
+            self.remove().await;
+            return;
+        }
         if let Some(spare) = self.spare.take() {
             let mut s = crate::mutex::lock(&spare);
             if s.count < SPARE_LEAVES {
                 s.count += 1;
                 let dirs = std::mem::take(&mut self.dirs);
-                s.by_kind.entry(self.kind.clone()).or_default().push(dirs);
+                let capped = self.capped;
+                let kept = SpareLeaf { dirs, capped };
+                s.by_kind.entry(self.kind.clone()).or_default().push(kept);
                 return;
             }
         }
@@ -472,8 +502,7 @@ fn write_limits(dir: &Path, h: &Hierarchy, l: Limits) -> std::io::Result<()> {
                 let _ = put("memory.swap.max", "0".into());
             }
             ("pids", _) => put("pids.max", l.pids.to_string())?,
-            // Uncapped until the instance is ready (a reused leaf's cap
-            // undone).
+            // Uncapped until the instance is ready.
             ("cpu", false) => {
                 put("cpu.shares", l.cpu_shares.to_string())?;
                 put("cpu.cfs_quota_us", "-1".into())?;

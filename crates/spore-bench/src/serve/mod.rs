@@ -145,10 +145,12 @@ fn start_paths(
     let mut conn = Conn::open(&d.addr)?;
     conn.invoke(fname, b"{}")?;
     let (clone_s, clone_c) = measure(&mut conn, fname, a.runs, "clone")?;
+    let (spaced_s, spaced_c) = measure_spaced(&mut conn, fname, a.runs.min(100), "clone")?;
     drop(d);
     let mut figures = json!({
         "warm": warm,
         "clone": path_figures(&clone_s, &clone_c),
+        "clone_spaced": path_figures(&spaced_s, &spaced_c),
         "cold": cold,
     });
     for (label, mode) in [
@@ -163,14 +165,34 @@ fn start_paths(
     Ok(figures)
 }
 
-/// Pause between the invocations of `clone_spaced`: longer than making a
-/// network takes, so that the one made ahead is ready for each.
-const NET_SPACING: Duration = Duration::from_millis(100);
+/// Pause between the invocations of `clone_spaced`: traffic that pauses,
+/// as most functions see (what the kernel does lazily, such as the RCU
+/// grace period a cgroup move may wait for, is then on each start), and
+/// longer than making a network takes, so that the one made ahead is
+/// ready for each.
+const SPACING: Duration = Duration::from_millis(100);
+
+/// Like [`measure`], each invocation [`SPACING`] after the previous one.
+fn measure_spaced(
+    conn: &mut Conn,
+    name: &str,
+    runs: usize,
+    want: &str,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let (mut server, mut client) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        std::thread::sleep(SPACING);
+        let (s, c) = measure(conn, name, 1, want)?;
+        server.extend(s);
+        client.extend(c);
+    }
+    Ok((server, client))
+}
 
 /// The clone path of a networked function: every invocation a clone in a
 /// network namespace of its own (its tap made there; under the jail, opened
 /// by the daemon and passed to the clone), back to back (`clone`: faster
-/// than networks are made ahead) and [`NET_SPACING`] apart (`clone_spaced`).
+/// than networks are made ahead) and [`SPACING`] apart (`clone_spaced`).
 fn net_clones(a: &ServeBenchArgs, state: &Path, image: &Path, pool: &str) -> anyhow::Result<Value> {
     eprintln!("bench serve: echo with a network: clone (keep-alive 0)");
     let d = Daemon::start(state, &["--keep-alive-ms", "0", "--net-pool", pool])?;
@@ -179,20 +201,14 @@ fn net_clones(a: &ServeBenchArgs, state: &Path, image: &Path, pool: &str) -> any
     let mut conn = Conn::open(&d.addr)?;
     conn.invoke("echo-net", b"{}")?;
     let (server, client) = measure(&mut conn, "echo-net", a.runs, "clone")?;
-    let (mut spaced_s, mut spaced_c) = (Vec::new(), Vec::new());
-    for _ in 0..a.runs.min(100) {
-        std::thread::sleep(NET_SPACING);
-        let (s, c) = measure(&mut conn, "echo-net", 1, "clone")?;
-        spaced_s.extend(s);
-        spaced_c.extend(c);
-    }
+    let (spaced_s, spaced_c) = measure_spaced(&mut conn, "echo-net", a.runs.min(100), "clone")?;
     if server.is_empty() || spaced_s.is_empty() {
         bail!("no invocation of the networked function took the clone path");
     }
     Ok(json!({
         "clone": path_figures(&server, &client),
         "clone_spaced": path_figures(&spaced_s, &spaced_c),
-        "spacing_ms": NET_SPACING.as_millis(),
+        "spacing_ms": SPACING.as_millis(),
     }))
 }
 

@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn configurations_are_per_function_and_qualifier() {
-        let c = Catalog::open(std::path::Path::new(":memory:")).unwrap();
+        let c = Catalog::in_memory().unwrap();
         c.put_event_invoke_config(&config("f", "$LATEST", 0))
             .unwrap();
         c.put_event_invoke_config(&config("f", "live", 1)).unwrap();
@@ -139,7 +139,7 @@ mod tests {
 
     #[test]
     fn a_configuration_is_kept_replaced_and_deleted() {
-        let db = Catalog::open(std::path::Path::new(":memory:")).unwrap();
+        let db = Catalog::in_memory().unwrap();
         assert_eq!(db.event_invoke_config("f", "$LATEST").unwrap(), None);
         let mut c = EventInvokeConfig {
             function: "f".into(),

@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn records_are_per_function_and_qualifier() {
-        let c = Catalog::open(std::path::Path::new(":memory:")).unwrap();
+        let c = Catalog::in_memory().unwrap();
         c.put_provisioned(&record("f", "1", 2)).unwrap();
         c.put_provisioned(&record("f", "live", 3)).unwrap();
         c.put_provisioned(&record("g", "1", 1)).unwrap();

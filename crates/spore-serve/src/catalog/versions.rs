@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn versions_are_numbered_once_and_kept_apart_from_latest() {
-        let db = Catalog::open(std::path::Path::new(":memory:")).unwrap();
+        let db = Catalog::in_memory().unwrap();
         let mut f = sample("f");
         db.insert(&f).unwrap();
         let v1 = db.publish(&f, "first").unwrap();

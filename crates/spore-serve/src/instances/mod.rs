@@ -17,6 +17,8 @@
 //! retired only when the version is deleted.
 
 mod account_memory;
+mod clone_leaves;
+mod cpu_cap;
 mod layered;
 mod memory;
 mod provisioned;
@@ -28,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cpu_cap::{invoke_capped, Cap};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::catalog::{Catalog, Function, ProcessRecord};
@@ -162,6 +165,8 @@ struct Instance {
 struct Zygote {
     vmm: VmmProcess,
     clone_dir: PathBuf,
+    /// The cgroups its standby processes were moved into ahead.
+    standby_leaves: clone_leaves::StandbyLeaves,
 }
 
 /// The instances of one function version.
@@ -389,21 +394,6 @@ impl Instances {
         Ok(Some(leaf))
     }
 
-    /// Starts making a cgroup for a clone of `f` (`None` without cgroups),
-    /// named `c<n>`, for `start::join_cgroup` to move the clone into.
-    fn cgroup_ahead(
-        &self,
-        f: &Function,
-    ) -> Option<tokio::task::JoinHandle<std::io::Result<crate::cgroups::Leaf>>> {
-        let cgroups = self.cfg.cgroups.clone()?;
-        let limits = cgroups.limits(f.memory_mib);
-        let group = f.name.clone();
-        let instance = format!("c{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        Some(tokio::task::spawn_blocking(move || {
-            cgroups.leaf(&group, &instance, limits)
-        }))
-    }
-
     pub fn max_concurrency(&self) -> usize {
         self.cfg.max_concurrency
     }
@@ -456,9 +446,13 @@ impl Instances {
         let timeout = Duration::from_secs(u64::from(f.timeout_s.max(1)));
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let deadline_ms = unix_ms().saturating_add(timeout_ms);
-        let first = path != StartPath::Warm;
-        let result =
-            invoke_capped(&mut inst, first, timeout, request_id, payload, deadline_ms).await;
+        let cap = match path {
+            StartPath::Warm => Cap::Capped,
+            StartPath::Provisioned => Cap::IfLong,
+            _ if self.cfg.keep_alive.is_zero() => Cap::IfLong,
+            _ => Cap::AfterFirst,
+        };
+        let result = invoke_capped(&mut inst, cap, timeout, request_id, payload, deadline_ms).await;
         pool.busy.fetch_sub(1, Ordering::Relaxed);
         if path == StartPath::Provisioned {
             // Throughput mode: a provisioned instance serves once, and a
@@ -653,8 +647,7 @@ impl Instances {
             self.end(inst.vmm).await;
         }
         if let Some(z) = pool.zygote.lock().await.take() {
-            self.end(z.vmm).await;
-            let _ = std::fs::remove_dir_all(&z.clone_dir);
+            self.end_zygote(z).await;
         }
     }
 
@@ -754,37 +747,6 @@ async fn crash_reason(e: &InvokeError, inst: &mut Instance) -> Ending {
 /// clone whose zygote was killed stops in order, which takes a while on a
 /// loaded host; only a failed invocation waits).
 const ENDING_WAIT_STEPS: u32 = 400;
-
-/// How long a new instance's first invocation runs before its CPU is capped
-/// at its share (what is left of its start — copy-on-write faults, a
-/// restore's working set — runs unthrottled, as Lambda's init does; a long
-/// first invocation is capped from then on).
-const UNCAPPED_FIRST_INVOCATION: Duration = Duration::from_millis(100);
-
-/// Runs one invocation on `inst` within `timeout`. A new instance (`first`)
-/// gets its CPU cap after this invocation or [`UNCAPPED_FIRST_INVOCATION`]
-/// into it, whichever comes first; a warm one already has it.
-async fn invoke_capped(
-    inst: &mut Instance,
-    first: bool,
-    timeout: Duration,
-    request_id: &str,
-    payload: &[u8],
-    deadline_ms: u64,
-) -> Result<Result<InvokeResult, InvokeError>, tokio::time::error::Elapsed> {
-    let started = Instant::now();
-    let invoke = inst.conn.invoke(request_id, payload, deadline_ms);
-    tokio::pin!(invoke);
-    if first {
-        let boost = UNCAPPED_FIRST_INVOCATION.min(timeout);
-        let early = tokio::time::timeout(boost, &mut invoke).await;
-        inst.vmm.cap_cpu();
-        if let Ok(done) = early {
-            return Ok(done);
-        }
-    }
-    tokio::time::timeout(timeout.saturating_sub(started.elapsed()), invoke).await
-}
 
 /// Whether an error body names a runtime failure (`Runtime.*`), after which
 /// the instance is not reused.

@@ -275,7 +275,11 @@ impl Instances {
         // zygote is paused there.
         drop(conn);
         let clone_dir = vmm.run_dir.join("clones");
-        let mut z = Zygote { vmm, clone_dir };
+        let mut z = Zygote {
+            vmm,
+            clone_dir,
+            standby_leaves: Default::default(),
+        };
         // The daemon ends every VMM it started itself (and recovery those of
         // a killed daemon), and a retired version's zygote must not take
         // its clones' invocations in flight with it: clones outlive it.
@@ -503,38 +507,44 @@ impl Instances {
             }
             None => None,
         };
-        // The clone's cgroup is made while the zygote clones (it costs
-        // ~0.3 ms, which the clone path would otherwise wait for).
-        let leaf_job = self.cgroup_ahead(f);
+        // The clone's cgroup: placed ahead, or made while the zygote clones.
+        let leaf_ahead = self.clone_leaf_ahead(f, z);
         let asked = Instant::now();
         // On failure `net` drops here, removing the namespace.
         let answered = match z.vmm.api("PUT", "/clone", Some(body.to_string())).await {
             Ok(resp) => parse_clone(&resp),
             Err(e) => Err(e),
         };
-        let (sock, name, pid) = match answered {
+        let Cloned {
+            sock,
+            name,
+            pid,
+            standby,
+        } = match answered {
             Ok(clone) => clone,
             Err(e) => {
-                discard(leaf_job).await;
+                leaf_ahead.discard().await;
                 return Err(e);
             }
         };
         let cloned_us = asked.elapsed().as_micros();
+        let leaf = self.clone_leaf(f, z, leaf_ahead, &name, pid).await;
+        // The standby processes left get their cgroups now, while this
+        // clone's guest answers: off the path of the clones that take them.
+        self.place_standby(f, z, standby);
         let vsock = z.clone_dir.join(format!("{name}.vsock"));
         let mut vmm = VmmProcess::adopt(pid, sock, vsock, z.clone_dir.clone());
         vmm.net = net;
         self.record(&vmm);
-        // Out of its zygote's cgroup into its own while its guest answers
-        // (the move waits for the kernel's cgroup lock, ~0.3 ms here, which
-        // the clone path would otherwise wait for); in before it serves.
+        // In its own cgroup before it serves: moved there while its guest
+        // answers unless it was a standby process placed ahead.
         let vsock = vmm.vsock_uds.clone();
-        let (joined, connected) =
-            tokio::join!(join_cgroup(vmm.pid, leaf_job), self.connect(f, &vsock));
-        match joined {
+        let (entered, connected) = tokio::join!(leaf.enter(vmm.pid), self.connect(f, &vsock));
+        match entered {
             Ok(leaf) => vmm.cgroup = leaf,
             Err(e) => {
                 self.end(vmm).await;
-                anyhow::bail!("clone of {}: moving it into its cgroup: {e}", f.name);
+                anyhow::bail!("clone of {}: {e:#}", f.name);
             }
         }
         match connected {
@@ -557,14 +567,24 @@ impl Instances {
     /// keep their mapped template; the kernel frees it with the last).
     pub(super) async fn end_zygote(&self, z: Zygote) {
         self.end(z.vmm).await;
+        z.standby_leaves.close().await;
         let _ = std::fs::remove_dir_all(&z.clone_dir);
     }
+}
+
+/// What a `PUT /clone` answer says: the clone and the standby processes
+/// left in the zygote's pool.
+struct Cloned {
+    sock: std::path::PathBuf,
+    name: String,
+    pid: i32,
+    standby: Vec<super::clone_leaves::StandbyProcess>,
 }
 
 /// The clone a `PUT /clone` answer names: its socket, name and pid (one
 /// that is not a single process's is refused, never truncated: it is
 /// signalled later).
-fn parse_clone(resp: &str) -> anyhow::Result<(std::path::PathBuf, String, i32)> {
+fn parse_clone(resp: &str) -> anyhow::Result<Cloned> {
     let report: serde_json::Value = serde_json::from_str(resp)?;
     let clone = report
         .get("clones")
@@ -580,38 +600,17 @@ fn parse_clone(resp: &str) -> anyhow::Result<(std::path::PathBuf, String, i32)> 
     let Some(pid) = i32::try_from(pid).ok().filter(|&pid| pid > 0) else {
         anyhow::bail!("PUT /clone answered a pid that is no process's: {pid}");
     };
-    Ok((sock.into(), name.to_string(), pid))
-}
-
-type LeafJob = Option<tokio::task::JoinHandle<std::io::Result<crate::cgroups::Leaf>>>;
-
-/// Moves clone `pid` into the cgroup made for it ahead (none without
-/// cgroups), on a blocking thread.
-async fn join_cgroup(pid: i32, job: LeafJob) -> anyhow::Result<Option<crate::cgroups::Leaf>> {
-    let Some(job) = job else {
-        return Ok(None);
-    };
-    let leaf = job.await??;
-    let files = leaf.procs_files();
-    let moved = tokio::task::spawn_blocking(move || crate::cgroups::add_pid(&files, pid))
-        .await
-        .map_err(anyhow::Error::from)
-        .and_then(|r| r.map_err(anyhow::Error::from));
-    if let Err(e) = moved {
-        leaf.remove().await;
-        return Err(e);
-    }
-    Ok(Some(leaf))
-}
-
-/// Removes a cgroup made ahead for a clone that did not come.
-async fn discard(job: LeafJob) {
-    if let Some(Ok(Ok(leaf))) = match job {
-        Some(j) => Some(j.await),
-        None => None,
-    } {
-        leaf.remove().await;
-    }
+    // An older VMM lists none: its clones are moved on their path.
+    let standby = report
+        .get("standby_processes")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    Ok(Cloned {
+        sock: sock.into(),
+        name: name.to_string(),
+        pid,
+        standby,
+    })
 }
 
 fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {

@@ -210,6 +210,31 @@ pub struct CloneReport {
     pub served: u64,
     pub max_clones: u64,
     pub clones: Vec<CloneInfo>,
+    /// The standby processes left once this request took its own (before
+    /// the pool is refilled): a host may set each up (`spore serve` moves
+    /// each into its own cgroup) before a later request hands it out.
+    #[serde(default)]
+    pub standby_processes: Vec<StandbyProcess>,
+}
+
+/// A standby process (a clone process started ahead) by name and pid.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StandbyProcess {
+    pub name: String,
+    pub pid: u32,
+}
+
+impl StandbyProcess {
+    /// The standby pool of `st` as it is now.
+    pub fn pool(st: &SourceState) -> Vec<StandbyProcess> {
+        st.standby
+            .iter()
+            .map(|p| StandbyProcess {
+                name: p.name.clone(),
+                pid: p.child.pid(),
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -309,6 +309,7 @@ pub fn clone_vm(
                 served: st.served,
                 max_clones: st.cap(),
                 clones,
+                standby_processes: super::StandbyProcess::pool(st),
             })
         }
         Err(e) => {

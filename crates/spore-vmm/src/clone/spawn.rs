@@ -172,6 +172,14 @@ pub enum ProcessHandle {
 }
 
 impl ProcessHandle {
+    /// Its process id (in this VMM's pid namespace).
+    pub fn pid(&self) -> u32 {
+        match self {
+            ProcessHandle::Spawned(c) => c.id(),
+            ProcessHandle::Forked(f) => f.pid,
+        }
+    }
+
     /// Whether it still runs (a spawned child that ended is reaped here).
     pub fn running(&mut self) -> bool {
         match self {

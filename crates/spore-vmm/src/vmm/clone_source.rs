@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use super::{Inner, Vmm};
 use crate::clone::source::{clone_vm, fill_standby, CloneOrder};
-use crate::clone::{CloneConfig, CloneError, CloneReport, CloneRequest, SourceState};
+use crate::clone::{
+    CloneConfig, CloneError, CloneReport, CloneRequest, SourceState, StandbyProcess,
+};
 use crate::host::{lock, monotonic_ns};
 use crate::vm::Vm;
 
@@ -32,6 +34,10 @@ pub struct CloneStatus {
     pub template: Option<String>,
     pub template_layers: usize,
     pub standby: usize,
+    /// The standby processes by name and pid: a host may set each up
+    /// before a request hands it out (the name a clone report gives tells
+    /// which one a request used).
+    pub standby_processes: Vec<StandbyProcess>,
 }
 
 impl Vmm {
@@ -118,6 +124,7 @@ impl Vmm {
             template: s.template.as_ref().map(|t| t.id.clone()),
             template_layers: s.template.as_ref().map_or(0, |t| t.layers.len()),
             standby: s.standby.len(),
+            standby_processes: StandbyProcess::pool(s),
         }
     }
 

@@ -115,6 +115,68 @@ fn kvm_serve_instances_get_their_own_cgroups() {
     assert!(!tree.exists(), "{} left behind", tree.display());
 }
 
+/// The processes in each cgroup of the memory hierarchy under `base` (a
+/// path as /proc/PID/cgroup gives it), by cgroup.
+fn processes_under(base: &str) -> std::collections::BTreeMap<String, Vec<i32>> {
+    let mut by_leaf = std::collections::BTreeMap::<String, Vec<i32>>::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(cg) = memory_cgroup(pid).filter(|cg| cg.starts_with(base)) {
+            by_leaf.entry(cg).or_default().push(pid);
+        }
+    }
+    by_leaf
+}
+
+/// The clone processes a zygote starts ahead (its standby pool) are each
+/// moved into a cgroup of their own once a clone report lists them, off the
+/// clone path, so that a clone request that hands one out finds it there
+/// (moving a process when no move came for a while costs milliseconds):
+/// clones 150 ms apart each run in a leaf of their own, and the zygote's
+/// leaf holds only the zygote, its clone factory and at most the one
+/// standby process started after the last clone (no report listed it yet).
+#[test]
+fn kvm_serve_standby_clones_get_their_cgroups_ahead() {
+    require_kvm();
+    let dir = Scratch::new("serve-cga");
+    let me = memory_cgroup(std::process::id() as i32).expect("this process's memory cgroup");
+    let d = std::sync::Arc::new(Daemon::start(&dir.path("state"), &["--keep-alive-ms", "0"]));
+    let r = d.create("f", "fn-echo", serde_json::json!({"MemorySize": 128}));
+    assert_eq!(r.status, 201);
+    let base = format!("{}/sp", me.trim_end_matches('/'));
+    // No leaf holds more than the zygote, its factory and one standby
+    // process; while a clone serves, it is in a leaf of its own.
+    let check = |when: &str| {
+        let by_leaf = processes_under(&base);
+        let crowded: Vec<_> = by_leaf.iter().filter(|(_, p)| p.len() > 3).collect();
+        assert!(
+            crowded.is_empty(),
+            "{when}: standby processes left in their zygote's cgroup: {crowded:?} (all: {by_leaf:?})"
+        );
+        by_leaf
+    };
+    for i in 0..4 {
+        let h = {
+            let d = d.clone();
+            thread::spawn(move || d.invoke("f", br#"{"sleep_ms":200}"#).status)
+        };
+        thread::sleep(std::time::Duration::from_millis(100));
+        let by_leaf = check(&format!("invocation {i}"));
+        assert!(by_leaf.len() >= 2, "invocation {i}: {by_leaf:?}");
+        assert_eq!(h.join().unwrap(), 200);
+        thread::sleep(std::time::Duration::from_millis(150));
+    }
+    // The standby process the last report listed, in a leaf of its own.
+    let by_leaf = check("after the clones");
+    let singles = by_leaf.values().filter(|p| p.len() == 1).count();
+    assert!(
+        singles >= 1,
+        "a standby process in its own leaf: {by_leaf:?}"
+    );
+}
+
 /// An instance whose VMM goes past its cgroup's memory is ended by the
 /// kernel, alone; the invoker gets `Runtime.OutOfMemory`; the function's
 /// next invocation, and another function's, run. A guest alone cannot pass
