@@ -209,12 +209,7 @@ impl Instances {
             return;
         };
         let limits = cgroups.limits(f.memory_mib);
-        let zygote = z
-            .vmm
-            .run_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let zygote = z.name();
         let mut placed = lock(&z.standby_leaves.inner);
         if placed.closed {
             return;

@@ -169,6 +169,18 @@ struct Zygote {
     standby_leaves: clone_leaves::StandbyLeaves,
 }
 
+impl Zygote {
+    /// Its run directory's name, which names its clones' networks and
+    /// cgroups.
+    fn name(&self) -> String {
+        self.vmm
+            .run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
 /// The instances of one function version.
 struct Pool {
     function: Function,

@@ -448,12 +448,7 @@ impl Instances {
             .get("served")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| anyhow::anyhow!("GET /clone answered no served count: {status}"))?;
-        let zygote = z
-            .vmm
-            .run_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let zygote = z.name();
         let user = z.vmm.user.as_ref();
         let mut net = self
             .instance_net(f, &format!("{zygote}c{}", served + 1), user, user.is_some())
