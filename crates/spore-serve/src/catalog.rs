@@ -274,6 +274,13 @@ impl Catalog {
         Self::with_connection(Connection::open(path)?)
     }
 
+    /// Opens the catalogue for its node-local records only (the guardian:
+    /// VMM processes), whether a single daemon's or a cluster member's copy.
+    pub fn open_local(path: &Path) -> Result<Self, CatalogError> {
+        make_private(path);
+        Self::prepared(Connection::open(path)?)
+    }
+
     /// A catalogue held in memory only (tests: nothing is written).
     #[cfg(test)]
     pub fn in_memory() -> Result<Self, CatalogError> {

@@ -39,6 +39,13 @@ pub async fn invoke(
     req: super::Req,
 ) -> Result<Resp, LambdaError> {
     let received = Instant::now();
+    if daemon.cluster.as_ref().is_some_and(|n| n.is_fenced()) {
+        return Err(LambdaError::new(
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceException",
+            "this node lost its cluster lease and is fenced: retry through another node",
+        ));
+    }
     let header = |k: &str| {
         req.headers()
             .get(k)

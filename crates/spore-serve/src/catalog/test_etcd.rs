@@ -59,12 +59,11 @@ fn start() -> String {
                 Ok(())
             });
         }
-        let child = cmd.spawn().expect("starting etcd");
+        let mut child = cmd.spawn().expect("starting etcd");
         tx.send(child.id()).expect("the test waits for etcd");
-        // The parent-death signal follows this thread: it must not end.
-        loop {
-            std::thread::park();
-        }
+        // The parent-death signal follows this thread: it lasts as long
+        // as etcd does.
+        let _ = child.wait();
     });
     rx.recv().expect("etcd started");
     let addr = format!("127.0.0.1:{client}");

@@ -240,6 +240,8 @@ pub struct Instances {
     network: Arc<Network>,
     /// Who each function's VMMs run as (`None`: unjailed).
     jail: Option<crate::jail::Jail>,
+    /// In a cluster: this node (code this node lacks is fetched from peers).
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
 }
 
 impl Instances {
@@ -269,8 +271,14 @@ impl Instances {
                 Network::new(&cfg.state_dir, cfg.net_pool).keeping_spares(cfg.net_spares),
             ),
             jail,
+            cluster: std::sync::OnceLock::new(),
             cfg,
         })
+    }
+
+    /// Makes this daemon a cluster node: code it lacks comes from peers.
+    pub fn join_cluster(&self, node: Arc<crate::cluster::Node>) {
+        let _ = self.cluster.set(node);
     }
 
     /// After a restart: removes snapshots that are half-written, of old
@@ -700,12 +708,17 @@ impl Instances {
         }
     }
 
-    /// Ends every instance and zygote (daemon shutdown).
-    pub async fn shutdown(&self) {
+    /// Ends every instance and zygote (a fenced cluster node; shutdown).
+    pub async fn end_all(&self) {
         let pools: Vec<Arc<Pool>> = lock(&self.pools).drain().map(|(_, p)| p).collect();
         for p in pools {
             self.retire(p).await;
         }
+    }
+
+    /// Ends every instance and zygote, and their networks (daemon shutdown).
+    pub async fn shutdown(&self) {
+        self.end_all().await;
         let network = self.network.clone();
         let _ = tokio::task::spawn_blocking(move || {
             network.teardown();

@@ -23,8 +23,13 @@ impl Daemon {
     /// Starts `spore serve --listen 127.0.0.1:0 --state-dir DIR EXTRA...`
     /// and reads the address it prints.
     pub fn start(state_dir: &Path, extra: &[&str]) -> Daemon {
+        Self::start_on("127.0.0.1:0", state_dir, extra)
+    }
+
+    /// [`Daemon::start`] listening on `listen`.
+    pub fn start_on(listen: &str, state_dir: &Path, extra: &[&str]) -> Daemon {
         let mut child = super::spore()
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .args(["serve", "--listen", listen, "--state-dir"])
             .arg(state_dir)
             .args(extra)
             .stdout(Stdio::piped())

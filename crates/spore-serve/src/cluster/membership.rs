@@ -1,0 +1,267 @@
+//! Membership: each node holds a lease in etcd (TTL [`LEASE_TTL_S`]) and,
+//! under it, `<prefix>nodes/<node-id>`: its address and capacity. A node
+//! whose lease lapses is out (etcd deletes its record). A node that cannot
+//! renew its lease fences itself a second before the lease can lapse at
+//! etcd: it takes no invocations and ends its instances, so no two nodes
+//! both believe they hold what the lapsed lease held; it comes back with a
+//! new lease once etcd answers again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::{Node, NodeError};
+use crate::catalog::ClusterConfig;
+
+/// A node's lease lasts this long without a renewal (s).
+pub const LEASE_TTL_S: i64 = 5;
+/// Renewals this often.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// A node fences itself this long after its last renewal: a second before
+/// its lease can lapse at etcd (which counts from the renewal's arrival,
+/// before its answer came back here).
+const FENCE_AFTER: Duration = Duration::from_secs(LEASE_TTL_S as u64 - 1);
+
+/// What a node offers (its record in etcd).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Capacity {
+    pub cpus: u32,
+    /// `--memory-budget` (0: none).
+    pub memory_budget_bytes: u64,
+    /// The host's memory (`MemTotal`).
+    pub memory_total_bytes: u64,
+}
+
+impl Capacity {
+    /// This host's CPUs and memory, with the daemon's budget.
+    pub fn of_this_host(memory_budget_bytes: u64) -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
+        let memory_total_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib * 1024);
+        Capacity {
+            cpus,
+            memory_budget_bytes,
+            memory_total_bytes,
+        }
+    }
+}
+
+/// One live node, as `<prefix>nodes/<id>` holds it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeRecord {
+    pub node_id: String,
+    /// Where its API is reached (`--advertise`).
+    pub advertise: String,
+    pub capacity: Capacity,
+    pub started_unix_ms: u64,
+    /// The etcd lease the record lives under.
+    pub lease_id: i64,
+}
+
+fn node_key(cluster: &ClusterConfig, id: &str) -> String {
+    format!("{}nodes/{id}", cluster.prefix)
+}
+
+/// Registers the node (waiting out the lease of a predecessor with the same
+/// id that was killed, at most one TTL), then keeps its lease alive.
+pub(super) async fn start(node: Arc<Node>, capacity: Capacity) -> Result<(), NodeError> {
+    let started_unix_ms = crate::clock::unix_ms();
+    let mut client = node.client.clone();
+    let deadline = Instant::now() + Duration::from_secs(LEASE_TTL_S as u64 + 2);
+    let lease = loop {
+        match register(&mut client, &node, &capacity, started_unix_ms).await {
+            Ok(lease) => break lease,
+            Err(Registration::Taken(other)) if Instant::now() < deadline => {
+                tracing::info!(
+                    "cluster: node id {} is still held by {other}; waiting for its lease",
+                    node.cluster.node_id
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(Registration::Taken(other)) => {
+                return Err(NodeError::Etcd(format!(
+                "node id {} is in use by a live node at {other}: give each node its own --node-id",
+                node.cluster.node_id
+            )))
+            }
+            Err(Registration::Etcd(e)) => return Err(NodeError::Etcd(e)),
+        }
+    };
+    tokio::spawn(keep_alive(node, capacity, started_unix_ms, lease));
+    Ok(())
+}
+
+enum Registration {
+    /// Another live lease holds the id: that node's address.
+    Taken(String),
+    Etcd(String),
+}
+
+async fn register(
+    client: &mut Client,
+    node: &Node,
+    capacity: &Capacity,
+    started_unix_ms: u64,
+) -> Result<i64, Registration> {
+    let etcd = |e: etcd_client::Error| Registration::Etcd(e.to_string());
+    let lease = client
+        .lease_grant(LEASE_TTL_S, None)
+        .await
+        .map_err(etcd)?
+        .id();
+    let record = NodeRecord {
+        node_id: node.cluster.node_id.clone(),
+        advertise: node.advertise.to_string(),
+        capacity: capacity.clone(),
+        started_unix_ms,
+        lease_id: lease,
+    };
+    let json = serde_json::to_vec(&record).map_err(|e| Registration::Etcd(e.to_string()))?;
+    let key = node_key(&node.cluster, &node.cluster.node_id);
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.as_str(),
+            json,
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key.as_str(), None)]);
+    let resp = client.txn(txn).await.map_err(etcd)?;
+    if resp.succeeded() {
+        return Ok(lease);
+    }
+    let _ = client.lease_revoke(lease).await;
+    let holder = client
+        .get(key.as_str(), None)
+        .await
+        .ok()
+        .and_then(|r| {
+            r.kvs()
+                .first()
+                .and_then(|kv| serde_json::from_slice::<NodeRecord>(kv.value()).ok())
+        })
+        .map_or_else(|| "an unknown address".to_string(), |r| r.advertise);
+    Err(Registration::Taken(holder))
+}
+
+/// Renews the lease every second; fences the node when renewals stop
+/// arriving, and registers it again (a new lease) once etcd answers.
+async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, mut lease: i64) {
+    let mut client = node.client.clone();
+    let mut renewed = Instant::now();
+    loop {
+        let mut lapsed = false;
+        if let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await {
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match tokio::time::timeout(RENEW_EVERY, stream.message()).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                        renewed = Instant::now();
+                        node.set_fenced(false);
+                    }
+                    // etcd says the lease is gone: a new one is needed.
+                    Ok(Ok(Some(_))) => {
+                        lapsed = true;
+                        break;
+                    }
+                    Ok(Ok(None)) | Ok(Err(_)) => break,
+                    Err(_) => {}
+                }
+                fence_if_stale(&node, renewed);
+                tokio::time::sleep(RENEW_EVERY).await;
+            }
+        }
+        fence_if_stale(&node, renewed);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if lapsed || renewed.elapsed() >= Duration::from_secs(LEASE_TTL_S as u64) {
+            match register(&mut client, &node, &capacity, started_unix_ms).await {
+                Ok(l) => {
+                    tracing::info!("cluster: registered again with a new lease");
+                    lease = l;
+                    renewed = Instant::now();
+                    node.set_fenced(false);
+                }
+                Err(Registration::Taken(other)) => {
+                    tracing::error!(
+                        "cluster: node id {} was taken by {other} while this node was away",
+                        node.cluster.node_id
+                    );
+                }
+                Err(Registration::Etcd(_)) => {}
+            }
+        }
+    }
+}
+
+fn fence_if_stale(node: &Node, renewed: Instant) {
+    if renewed.elapsed() >= FENCE_AFTER && !node.is_fenced() {
+        tracing::warn!(
+            "cluster: the lease was not renewed for {} ms: fenced (no invocations taken, instances ended) until etcd answers",
+            renewed.elapsed().as_millis()
+        );
+        node.set_fenced(true);
+    }
+}
+
+/// Every node registered under the cluster's prefix (their leases alive).
+pub(super) async fn nodes(
+    client: &mut Client,
+    cluster: &ClusterConfig,
+) -> Result<Vec<NodeRecord>, NodeError> {
+    let resp = client
+        .get(
+            format!("{}nodes/", cluster.prefix),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .map_err(|e| NodeError::Etcd(format!("listing nodes: {e}")))?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect())
+}
+
+/// `spore cluster status`: every live node with the seconds left on its
+/// lease, and the catalogue log's length.
+pub async fn status(cluster: &ClusterConfig) -> Result<serde_json::Value, NodeError> {
+    let mut client = cluster
+        .connect()
+        .await
+        .map_err(|e| NodeError::Etcd(e.to_string()))?;
+    let mut nodes = Vec::new();
+    for record in self::nodes(&mut client, cluster).await? {
+        let ttl = client
+            .lease_time_to_live(record.lease_id, None)
+            .await
+            .map_or(-1, |r| r.ttl());
+        let mut v = serde_json::to_value(&record).unwrap_or_default();
+        v["lease_ttl_remaining_s"] = ttl.into();
+        nodes.push(v);
+    }
+    let head = client
+        .get(format!("{}catalog/head", cluster.prefix), None)
+        .await
+        .map_err(|e| NodeError::Etcd(format!("reading the catalogue's log: {e}")))?;
+    let log_entries: u64 = head
+        .kvs()
+        .first()
+        .and_then(|kv| kv.value_str().ok()?.parse().ok())
+        .unwrap_or(0);
+    Ok(serde_json::json!({
+        "prefix": cluster.prefix,
+        "nodes": nodes,
+        "catalog_log_entries": log_entries,
+    }))
+}
