@@ -346,6 +346,13 @@ impl Catalog {
         }
     }
 
+    /// In a cluster: applies everything etcd holds now, so that what this
+    /// node reads next is no older than this call. Nothing for a single
+    /// daemon.
+    pub fn sync(&self) -> Result<(), CatalogError> {
+        self.cluster.as_ref().map_or(Ok(()), etcd::Member::sync)
+    }
+
     /// In a cluster: the functions other members' changes wrote, as this
     /// node applies them (each name once per change). `None` for a single
     /// daemon, or once taken.

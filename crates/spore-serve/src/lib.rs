@@ -132,7 +132,7 @@ async fn join_cluster(
     state_dir: &std::path::Path,
 ) -> anyhow::Result<Arc<cluster::Node>> {
     let capacity = cluster::Capacity::of_this_host(memory_budget);
-    let node = cluster::Node::start(options, capacity).await?;
+    let node = cluster::Node::start(options, capacity, catalog.clone()).await?;
     instances.join_cluster(node.clone());
     cluster_follow::spawn(&node, catalog, instances, state_dir);
     tracing::info!(node = %node.cluster.node_id, advertise = %node.advertise, "joined the cluster");

@@ -76,7 +76,14 @@ pub async fn handle(
         path.starts_with(crate::cluster::INTERNAL_PREFIX),
     ) {
         // Another node's request: the cluster key, not SigV4.
-        return Ok(crate::cluster::serve_code(
+        let forwarded = path
+            .strip_prefix(crate::cluster::INTERNAL_PREFIX)
+            .and_then(|p| p.strip_prefix("invoke/"));
+        if let Some(function) = forwarded {
+            let function = function.to_string();
+            return Ok(invoke::forwarded(&daemon, node, &function, req, body_timeout).await);
+        }
+        return Ok(crate::cluster::serve_internal(
             node,
             &daemon.state_dir,
             req.headers(),

@@ -7,12 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use hyper::{Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use sha2::{Digest as _, Sha256};
 
-use super::{Node, INTERNAL_PREFIX, KEY_HEADER};
+use super::{Node, INTERNAL_PREFIX};
 use crate::code::{self, MAX_ZIP_BYTES};
 
 /// How long one peer may take to send a zip.
@@ -24,9 +23,10 @@ fn is_sha256_hex(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Serves `GET /spore-cluster/v1/code/<sha256>` to another node: the zip,
-/// 404 if this node does not hold it, 403 without the cluster key.
-pub fn serve_code(
+/// Serves the node-to-node API to another node (403 without the cluster
+/// key): `GET code/<sha256>` (the zip; 404 if this node does not hold it)
+/// and `GET lease` (whether this node's lease is fresh).
+pub fn serve_internal(
     node: &Node,
     state_dir: &Path,
     headers: &hyper::HeaderMap,
@@ -42,6 +42,13 @@ pub fn serve_code(
             StatusCode::FORBIDDEN,
             b"cluster key missing or wrong".to_vec(),
         );
+    }
+    if path.strip_prefix(INTERNAL_PREFIX) == Some("lease") {
+        let body = serde_json::json!({
+            "node_id": node.cluster.node_id,
+            "renewed_ms_ago": node.renewed_ms_ago(),
+        });
+        return reply(StatusCode::OK, body.to_string().into_bytes());
     }
     let Some(sha) = path
         .strip_prefix(INTERNAL_PREFIX)
@@ -122,27 +129,8 @@ pub async fn fetch_code(
 }
 
 async fn get_zip(node: &Node, addr: &str, sha256_hex: &str) -> Result<Vec<u8>, String> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    let driver = tokio::spawn(conn);
-    let req = hyper::Request::get(format!("{INTERNAL_PREFIX}code/{sha256_hex}"))
-        .header(hyper::header::HOST, addr)
-        .header(KEY_HEADER, node.key.as_str())
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), MAX_ZIP_BYTES + 1)
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    driver.abort();
+    let (status, body) =
+        super::peer_http::get(node, addr, &format!("code/{sha256_hex}"), MAX_ZIP_BYTES + 1).await?;
     if status != StatusCode::OK {
         return Err(format!(
             "{status}: {}",

@@ -1,10 +1,16 @@
 //! Membership: each node holds a lease in etcd (TTL [`LEASE_TTL_S`]) and,
 //! under it, `<prefix>nodes/<node-id>`: its address and capacity. A node
-//! whose lease lapses is out (etcd deletes its record). A node that cannot
-//! renew its lease fences itself a second before the lease can lapse at
-//! etcd: it takes no invocations and ends its instances, so no two nodes
-//! both believe they hold what the lapsed lease held; it comes back with a
-//! new lease once etcd answers again.
+//! whose lease lapses is out (etcd deletes its record).
+//!
+//! A node that cannot renew its lease asks the other nodes it last knew
+//! whether theirs are fresh. If one is, etcd works for the others and this
+//! node is cut off: it fences itself a second before its lease can lapse at
+//! etcd (no invocations, its instances ended), so that it never serves what
+//! the others may have changed meanwhile. If it reaches a majority of the
+//! nodes and none has a fresh lease, etcd is down for the whole cluster: no
+//! node can change anything, so this node keeps serving (writes fail with
+//! 503 until etcd is back) rather than the whole cluster stopping. It comes
+//! back with a new lease once etcd answers again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +29,12 @@ const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// its lease can lapse at etcd (which counts from the renewal's arrival,
 /// before its answer came back here).
 const FENCE_AFTER: Duration = Duration::from_secs(LEASE_TTL_S as u64 - 1);
+/// A peer whose last renewal is this much more recent than this node's
+/// renewed while this node could not: etcd works for it. (When etcd is down
+/// for all, their last renewals lie within about one renewal period.)
+const RENEWED_SINCE_MS: u64 = 2_000;
+/// How long a peer may take to say whether its lease is fresh.
+const PEER_ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What a node offers (its record in etcd).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -78,7 +90,7 @@ pub(super) async fn start(node: Arc<Node>, capacity: Capacity) -> Result<(), Nod
     let mut client = node.client.clone();
     let deadline = Instant::now() + Duration::from_secs(LEASE_TTL_S as u64 + 2);
     let lease = loop {
-        match register(&mut client, &node, &capacity, started_unix_ms).await {
+        match register(&mut client, &node, &capacity, started_unix_ms, None).await {
             Ok(lease) => break lease,
             Err(Registration::Taken(other)) if Instant::now() < deadline => {
                 tracing::info!(
@@ -111,6 +123,7 @@ async fn register(
     node: &Node,
     capacity: &Capacity,
     started_unix_ms: u64,
+    previous: Option<i64>,
 ) -> Result<i64, Registration> {
     let etcd = |e: etcd_client::Error| Registration::Etcd(e.to_string());
     let lease = client
@@ -140,17 +153,18 @@ async fn register(
         return Ok(lease);
     }
     let _ = client.lease_revoke(lease).await;
-    let holder = client
-        .get(key.as_str(), None)
-        .await
-        .ok()
-        .and_then(|r| {
-            r.kvs()
-                .first()
-                .and_then(|kv| serde_json::from_slice::<NodeRecord>(kv.value()).ok())
-        })
-        .map_or_else(|| "an unknown address".to_string(), |r| r.advertise);
-    Err(Registration::Taken(holder))
+    let holder = client.get(key.as_str(), None).await.ok().and_then(|r| {
+        r.kvs()
+            .first()
+            .and_then(|kv| serde_json::from_slice::<NodeRecord>(kv.value()).ok())
+    });
+    match holder {
+        // Still this node's record, under the lease it had (etcd keeps
+        // leases across its own restarts): that lease goes on.
+        Some(h) if Some(h.lease_id) == previous => Ok(h.lease_id),
+        Some(h) => Err(Registration::Taken(h.advertise)),
+        None => Err(Registration::Taken("an unknown address".into())),
+    }
 }
 
 /// Renews the lease every second; fences the node when renewals stop
@@ -158,6 +172,7 @@ async fn register(
 async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, mut lease: i64) {
     let mut client = node.client.clone();
     let mut renewed = Instant::now();
+    let mut renewals: u64 = 0;
     loop {
         let mut lapsed = false;
         if let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await {
@@ -168,7 +183,14 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                 match tokio::time::timeout(RENEW_EVERY, stream.message()).await {
                     Ok(Ok(Some(r))) if r.ttl() > 0 => {
                         renewed = Instant::now();
-                        node.set_fenced(false);
+                        renewal(&node).await;
+                        // Whom to ask when etcd is away: read every few seconds.
+                        if renewals % 3 == 0 {
+                            if let Ok(all) = nodes(&mut client, &node.cluster).await {
+                                *lock(&node.known_nodes) = all;
+                            }
+                        }
+                        renewals += 1;
                     }
                     // etcd says the lease is gone: a new one is needed.
                     Ok(Ok(Some(_))) => {
@@ -178,19 +200,19 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                     Ok(Ok(None)) | Ok(Err(_)) => break,
                     Err(_) => {}
                 }
-                fence_if_stale(&node, renewed);
+                on_stale(&node, renewed).await;
                 tokio::time::sleep(RENEW_EVERY).await;
             }
         }
-        fence_if_stale(&node, renewed);
+        on_stale(&node, renewed).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
         if lapsed || renewed.elapsed() >= Duration::from_secs(LEASE_TTL_S as u64) {
-            match register(&mut client, &node, &capacity, started_unix_ms).await {
+            match register(&mut client, &node, &capacity, started_unix_ms, Some(lease)).await {
                 Ok(l) => {
                     tracing::info!("cluster: registered again with a new lease");
                     lease = l;
                     renewed = Instant::now();
-                    node.set_fenced(false);
+                    renewal(&node).await;
                 }
                 Err(Registration::Taken(other)) => {
                     tracing::error!(
@@ -204,14 +226,103 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
     }
 }
 
-fn fence_if_stale(node: &Node, renewed: Instant) {
-    if renewed.elapsed() >= FENCE_AFTER && !node.is_fenced() {
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lease was renewed: the node serves (again; a fenced node first
+/// applies what the catalogue's log gained meanwhile, so that it serves
+/// nothing the others changed while it was away).
+async fn renewal(node: &Node) {
+    node.renewed_unix_ms.store(
+        crate::clock::unix_ms(),
+        std::sync::atomic::Ordering::Release,
+    );
+    node.degraded
+        .store(false, std::sync::atomic::Ordering::Release);
+    if !node.is_fenced() {
+        return;
+    }
+    let catalog = node.catalog.clone();
+    match tokio::task::spawn_blocking(move || catalog.sync()).await {
+        Ok(Ok(())) => {
+            tracing::info!(
+                "cluster: the lease is renewed and the catalogue caught up: serving again"
+            );
+            node.set_fenced(false);
+        }
+        Ok(Err(e)) => tracing::warn!("cluster: still fenced: catching up the catalogue: {e}"),
+        Err(e) => tracing::warn!("cluster: still fenced: {e}"),
+    }
+}
+
+/// The lease was not renewed for a while: fence the node, unless etcd is
+/// down for the whole cluster (module doc).
+async fn on_stale(node: &Arc<Node>, renewed: Instant) {
+    if renewed.elapsed() < FENCE_AFTER || node.is_fenced() {
+        return;
+    }
+    let (reached, fresh, of) = ask_peers(node, node.renewed_ms_ago()).await;
+    if fresh == 0 && 2 * (reached + 1) > of + 1 {
+        if node
+            .degraded
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
         tracing::warn!(
-            "cluster: the lease was not renewed for {} ms: fenced (no invocations taken, instances ended) until etcd answers",
+            "cluster: no lease renewed for {} ms, and {reached} of the {of} other nodes reached have none either: etcd is down for the whole cluster; serving on (writes get 503)",
             renewed.elapsed().as_millis()
         );
-        node.set_fenced(true);
+        return;
     }
+    tracing::warn!(
+        "cluster: the lease was not renewed for {} ms while {fresh} of the {of} other nodes renewed theirs since ({reached} reached): fenced (no invocations taken, instances ended) until etcd answers",
+        renewed.elapsed().as_millis()
+    );
+    node.set_fenced(true);
+}
+
+/// Asks every other node last known, side by side, when it last renewed
+/// its lease: (nodes that answered, of them those that renewed since this
+/// node could not, nodes asked).
+async fn ask_peers(node: &Arc<Node>, my_ago_ms: u64) -> (usize, usize, usize) {
+    let peers: Vec<NodeRecord> = lock(&node.known_nodes)
+        .iter()
+        .filter(|n| n.node_id != node.cluster.node_id)
+        .cloned()
+        .collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for peer in &peers {
+        let (node, addr) = (node.clone(), peer.advertise.clone());
+        asks.spawn(async move {
+            let got = tokio::time::timeout(
+                PEER_ASK_TIMEOUT,
+                super::peer_http::get(&node, &addr, "lease", 4096),
+            )
+            .await;
+            match got {
+                Ok(Ok((hyper::StatusCode::OK, body))) => Some(
+                    serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["renewed_ms_ago"].as_u64())
+                        .is_some_and(|ago| ago.saturating_add(RENEWED_SINCE_MS) < my_ago_ms),
+                ),
+                _ => None,
+            }
+        });
+    }
+    let (mut reached, mut fresh) = (0, 0);
+    while let Some(answer) = asks.join_next().await {
+        match answer {
+            Ok(Some(f)) => {
+                reached += 1;
+                fresh += usize::from(f);
+            }
+            Ok(None) | Err(_) => {}
+        }
+    }
+    (reached, fresh, peers.len())
 }
 
 /// Every node registered under the cluster's prefix (their leases alive).

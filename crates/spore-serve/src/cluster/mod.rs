@@ -5,14 +5,17 @@
 //! The catalogue itself is shared through `crate::catalog` (its etcd log).
 
 mod code;
+mod forward;
 mod membership;
+mod peer_http;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub use code::{fetch_code, serve_code};
+pub use code::{fetch_code, serve_internal};
+pub use forward::{ranked, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
 pub use membership::{status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};
 
@@ -43,8 +46,20 @@ pub struct Node {
     key: String,
     client: etcd_client::Client,
     fenced: AtomicBool,
+    /// etcd is down for the whole cluster as far as this node can tell: it
+    /// serves on (said once per outage).
+    degraded: AtomicBool,
     /// Told when this node fences itself (true) or is back (false).
     fence_tx: tokio::sync::watch::Sender<bool>,
+    /// When the lease was last renewed (ms since the Unix epoch).
+    renewed_unix_ms: std::sync::atomic::AtomicU64,
+    /// The cluster's nodes as last read from etcd (asked when etcd is away).
+    known_nodes: std::sync::Mutex<Vec<NodeRecord>>,
+    /// This node's copy of the catalogue: brought up to date before a
+    /// fenced node serves again.
+    catalog: Arc<crate::catalog::Catalog>,
+    /// Kept-alive connections to the nodes invocations are forwarded to.
+    connections: forward::Connections,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +77,7 @@ impl Node {
     pub async fn start(
         options: NodeOptions,
         capacity: membership::Capacity,
+        catalog: Arc<crate::catalog::Catalog>,
     ) -> Result<Arc<Node>, NodeError> {
         let key = read_key(&options.key_file)?;
         let client = options
@@ -77,7 +93,12 @@ impl Node {
             advertise: options.advertise,
             client,
             fenced: AtomicBool::new(false),
+            degraded: AtomicBool::new(false),
             fence_tx,
+            renewed_unix_ms: std::sync::atomic::AtomicU64::new(crate::clock::unix_ms()),
+            known_nodes: std::sync::Mutex::new(Vec::new()),
+            catalog,
+            connections: forward::Connections::default(),
         });
         membership::start(node.clone(), capacity).await?;
         Ok(node)
@@ -92,6 +113,12 @@ impl Node {
         if self.fenced.swap(fenced, Ordering::AcqRel) != fenced {
             let _ = self.fence_tx.send(fenced);
         }
+    }
+
+    /// How long ago this node last renewed its lease (ms).
+    pub fn renewed_ms_ago(&self) -> u64 {
+        let renewed = self.renewed_unix_ms.load(Ordering::Acquire);
+        crate::clock::unix_ms().saturating_sub(renewed)
     }
 
     /// Changes of the fence (true: fenced).

@@ -82,3 +82,66 @@ impl Drop for Etcd {
         self.kill();
     }
 }
+
+/// A TCP forwarder to `upstream` that a test can cut (a network partition
+/// between whoever connects through it and etcd) and mend.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    pub fn start(upstream: String) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a proxy port");
+        let port = listener.local_addr().expect("its address").port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, o) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                if c.load(Ordering::Acquire) {
+                    continue; // dropped: refused while cut
+                }
+                let Ok(up) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for s in [&conn, &up] {
+                    if let Ok(s) = s.try_clone() {
+                        o.lock().unwrap().push(s);
+                    }
+                }
+                for (mut from, mut to) in [
+                    (conn.try_clone(), up.try_clone()),
+                    (up.try_clone(), conn.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, cut, open }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Closes every connection through it and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Release);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn mend(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Release);
+    }
+}

@@ -3,14 +3,16 @@
 //! other within a second (its code fetched from the first node, checked by
 //! hash); a change through either ends the other's stale instances; the
 //! nodes' leases show in `spore cluster status` and a killed node drops
-//! out; with etcd gone, writes get 503 and a node fences itself (no
-//! invocations, its instances ended) until etcd is back.
+//! out; a node cut off from etcd while another renews its lease fences
+//! itself (no invocations, its instances ended) until it is back, then
+//! serves what changed meanwhile; with etcd down for all, writes get 503
+//! and every node serves on.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::etcd::Etcd;
+use crate::common::etcd::{Etcd, Proxy};
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
 
@@ -53,6 +55,17 @@ fn stage(d: &Daemon, name: &str) -> (u16, String) {
     (r.status, v)
 }
 
+fn set_stage(d: &Daemon, name: &str, stage: &str) {
+    let body = serde_json::json!({ "Environment": { "Variables": { "STAGE": stage } } });
+    let r = d.request(
+        "PUT",
+        &format!("/2015-03-31/functions/{name}/configuration"),
+        body.to_string().as_bytes(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 fn status(url: &str) -> serde_json::Value {
     let out = common::spore()
         .args(["cluster", "status", "--cluster", url])
@@ -67,18 +80,22 @@ fn status(url: &str) -> serde_json::Value {
 }
 
 #[test]
-fn kvm_serve_cluster_shares_one_catalogue_and_fences_without_etcd() {
+fn kvm_serve_cluster_shares_one_catalogue_and_fences_a_cut_off_node() {
     require_kvm();
     let dir = Scratch::new("cluster");
     let mut etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    // a reaches etcd through a proxy the test cuts (a partition); b directly.
+    let proxy = Proxy::start(etcd.endpoint());
+    let prefix = format!("t{}", std::process::id());
+    let url = format!("etcd://{}/{prefix}", etcd.endpoint());
+    let url_a = format!("etcd://{}/{prefix}", proxy.endpoint());
     let key = dir.path("cluster.key");
     std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
     {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let a = node(&dir, &url, "a", &key);
+    let a = node(&dir, &url_a, "a", &key);
     let mut b = node(&dir, &url, "b", &key);
 
     // Created through a, seen and run through b (its code fetched from a).
@@ -103,15 +120,7 @@ fn kvm_serve_cluster_shares_one_catalogue_and_fences_without_etcd() {
 
     // Changed through b: a's instance of the old version ends, its next
     // invocation runs the new one.
-    let r = b.request(
-        "PUT",
-        "/2015-03-31/functions/app/configuration",
-        serde_json::json!({ "Environment": { "Variables": { "STAGE": "two" } } })
-            .to_string()
-            .as_bytes(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    set_stage(&b, "app", "two");
     until("a runs b's new version", Duration::from_secs(2), || {
         stage(&a, "app") == (200, "two".into())
     });
@@ -121,7 +130,7 @@ fn kvm_serve_cluster_shares_one_catalogue_and_fences_without_etcd() {
         sha_b64.as_str()
     );
 
-    // Both nodes hold a lease; a killed node drops out after its TTL.
+    // Both nodes hold a lease.
     let st = status(&url);
     let ids: Vec<_> = st["nodes"]
         .as_array()
@@ -134,48 +143,163 @@ fn kvm_serve_cluster_shares_one_catalogue_and_fences_without_etcd() {
         st["nodes"][0]["lease_ttl_remaining_s"].as_i64().unwrap() > 0,
         "{st}"
     );
+
+    // a cut off from etcd while b renews: a fences itself (its instances
+    // end, invocations get 503); b serves and takes writes meanwhile.
+    assert!(!a.vmm_pids().is_empty());
+    proxy.cut();
+    let r = a.create("third", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["Type"], "Service", "{}", r.text());
+    let fenced = until("a fences itself", Duration::from_secs(8), || {
+        a.invoke("app", b"{}").status == 503
+    });
+    eprintln!("a fenced {fenced:?} after it was cut off");
+    until("a's instances end", Duration::from_secs(5), || {
+        a.vmm_pids().is_empty()
+    });
+    assert!(a.invoke("app", b"{}").text().contains("fenced"));
+    set_stage(&b, "app", "three");
+    assert_eq!(stage(&b, "app"), (200, "three".into()));
+
+    // Mended: a registers again and serves b's change, nothing stale.
+    proxy.mend();
+    let back = until("a serves again", Duration::from_secs(15), || {
+        a.invoke("app", b"{}").status == 200
+    });
+    eprintln!("a served again {back:?} after the partition mended");
+    assert_eq!(stage(&a, "app"), (200, "three".into()));
+
+    // etcd down for everyone: no node can change anything, so both keep
+    // serving (no fence) while writes get 503.
+    etcd.kill();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(stage(&a, "app"), (200, "three".into()));
+    assert_eq!(stage(&b, "app"), (200, "three".into()));
+    let r = b.create("fourth", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    etcd.restart();
+    until("writes are taken again", Duration::from_secs(15), || {
+        b.create("fourth", "fn-echo", serde_json::json!({})).status == 201
+    });
+    until("a sees b's write", Duration::from_secs(5), || {
+        a.request("GET", "/2015-03-31/functions/fourth", b"", &[])
+            .status
+            == 200
+    });
+
+    // A killed node drops out after its lease's TTL.
     b.kill9();
     let gone = until("b's lease lapses", Duration::from_secs(10), || {
         status(&url)["nodes"].as_array().map_or(0, Vec::len) == 1
     });
     eprintln!("b out of the cluster {gone:?} after kill -9");
-
-    // Deleted through a: gone for the cluster.
     assert_eq!(
         a.request("DELETE", "/2015-03-31/functions/app", b"", &[])
             .status,
         204
     );
-    let created = a.create("other", "fn-echo", serde_json::json!({}));
-    assert_eq!(created.status, 201, "{}", created.text());
-    assert_eq!(a.invoke("other", b"{}").status, 200);
-    assert!(!a.vmm_pids().is_empty());
+    assert_eq!(stage(&a, "fourth").0, 200);
+}
 
-    // etcd gone: writes fail with a 503 at once, and within the lease's
-    // TTL the node fences itself: no invocations, its instances ended.
-    etcd.kill();
-    let r = a.create("third", "fn-echo", serde_json::json!({}));
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.json()["Type"], "Service", "{}", r.text());
-    let fenced = until("a fences itself", Duration::from_secs(8), || {
-        a.invoke("other", b"{}").status == 503
-    });
-    eprintln!("a fenced {fenced:?} after etcd went away");
-    until("a's instances end", Duration::from_secs(5), || {
-        a.vmm_pids().is_empty()
-    });
-    let r = a.invoke("other", b"{}");
-    assert!(r.text().contains("fenced"), "{}", r.text());
+/// The node ids that own `function` (its first two by rendezvous weight),
+/// as every node computes them.
+fn owners(function: &str, ids: &[&str]) -> Vec<String> {
+    let records: Vec<spore_serve::cluster::NodeRecord> = ids
+        .iter()
+        .map(|id| spore_serve::cluster::NodeRecord {
+            node_id: (*id).to_string(),
+            advertise: String::new(),
+            capacity: spore_serve::cluster::Capacity {
+                cpus: 1,
+                memory_budget_bytes: 0,
+                memory_total_bytes: 0,
+            },
+            started_unix_ms: 0,
+            lease_id: 0,
+        })
+        .collect();
+    spore_serve::cluster::ranked(function, &records)
+        .iter()
+        .take(spore_serve::cluster::OWNERS)
+        .map(|n| n.node_id.clone())
+        .collect()
+}
 
-    // etcd back: a registers again and serves.
-    etcd.restart();
-    let back = until("a serves again", Duration::from_secs(15), || {
-        a.invoke("other", b"{}").status == 200
-    });
-    eprintln!("a served again {back:?} after etcd came back");
-    assert_eq!(
-        a.request("GET", "/2015-03-31/functions/app", b"", &[])
-            .status,
-        404
+#[test]
+fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
+    require_kvm();
+    let dir = Scratch::new("cluster3");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<Daemon> = ids.iter().map(|id| node(&dir, &url, id, &key)).collect();
+    // Each node reads the membership every few seconds.
+    until(
+        "every node knows the three",
+        Duration::from_secs(10),
+        || status(&url)["nodes"].as_array().map_or(0, Vec::len) == 3,
     );
+    std::thread::sleep(Duration::from_secs(4));
+    let created = nodes[0].create("app", "fn-echo", serde_json::json!({}));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let owner_ids = owners("app", &ids);
+    let outsider = ids
+        .iter()
+        .position(|id| !owner_ids.iter().any(|o| o == id))
+        .unwrap();
+    eprintln!("owners of app: {owner_ids:?}; outsider {}", ids[outsider]);
+
+    // 300 invocations through all three: every answer right, and the
+    // function's instances only on its owners.
+    for i in 0..300 {
+        let d = &nodes[i % 3];
+        let payload = format!(r#"{{"n":{i}}}"#);
+        let r = d.invoke("app", payload.as_bytes());
+        assert_eq!(r.status, 200, "through {}: {}", ids[i % 3], r.text());
+        assert!(r.text().contains(&format!(r#""n":{i}"#)), "{}", r.text());
+    }
+    assert!(
+        nodes[outsider].vmm_pids().is_empty(),
+        "the outsider ran no instance"
+    );
+    let holding = nodes.iter().filter(|d| !d.vmm_pids().is_empty()).count();
+    assert!((1..=2).contains(&holding), "{holding} nodes hold instances");
+
+    // kill -9 of the first owner: invocations through the others succeed
+    // again (the second owner, or where they arrive) and none is answered
+    // wrongly.
+    let first = ids.iter().position(|id| *id == owner_ids[0]).unwrap();
+    nodes[first].kill9();
+    let t = Instant::now();
+    let mut failed = 0;
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let mut ok_in_a_row = 0;
+    while ok_in_a_row < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "not recovered in 30 s"
+        );
+        let d = &nodes[survivors[ok_in_a_row % 2]];
+        let r = d.invoke("app", br#"{"after":1}"#);
+        if r.status == 200 {
+            assert!(r.text().contains(r#""after":1"#), "{}", r.text());
+            ok_in_a_row += 1;
+        } else {
+            failed += 1;
+            ok_in_a_row = 0;
+        }
+    }
+    eprintln!(
+        "after kill -9 of owner {}: served again in {:?}, {failed} failed meanwhile",
+        owner_ids[0],
+        t.elapsed()
+    );
+    drop(etcd);
 }

@@ -226,16 +226,19 @@ struct Shared {
     remote_rx: Mutex<Option<UnboundedReceiver<String>>>,
 }
 
-struct Append {
-    id: u64,
-    entry: Vec<u8>,
+/// What the etcd thread is asked for.
+enum Request {
+    /// Append this entry (a write with this id).
+    Append { id: u64, entry: Vec<u8> },
+    /// Apply everything etcd has now, then answer this id.
+    Sync { id: u64 },
 }
 
 /// This node's part in the cluster's catalogue: the thread that appends
 /// its writes to the log and applies everyone's.
 pub(super) struct Member {
     shared: Arc<Shared>,
-    appends: UnboundedSender<Append>,
+    appends: UnboundedSender<Request>,
 }
 
 impl Member {
@@ -302,9 +305,21 @@ impl Member {
             change,
         })
         .map_err(|e| cluster_err("encoding a change", e))?;
+        self.ask(Request::Append { id, entry }, id)
+    }
+
+    /// Applies everything etcd holds now (a node back from a partition
+    /// reads nothing stale).
+    pub(super) fn sync(&self) -> Result<(), CatalogError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.ask(Request::Sync { id }, id).map(drop)
+    }
+
+    fn ask(&self, request: Request, id: u64) -> Result<Outcome, CatalogError> {
+        let s = &self.shared;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         lock(&s.waiters).insert(id, tx);
-        if self.appends.send(Append { id, entry }).is_err() {
+        if self.appends.send(request).is_err() {
             lock(&s.waiters).remove(&id);
             return Err(CatalogError::Cluster("the etcd thread has ended".into()));
         }
@@ -348,7 +363,7 @@ fn wait<T>(rx: &std::sync::mpsc::Receiver<T>, timeout: Duration) -> Option<T> {
 /// watches again.
 async fn follow(
     shared: Arc<Shared>,
-    mut appends: UnboundedReceiver<Append>,
+    mut appends: UnboundedReceiver<Request>,
     ready: std::sync::mpsc::SyncSender<Result<(), CatalogError>>,
 ) {
     let cluster = &shared.cluster;
@@ -373,8 +388,21 @@ async fn follow(
             watch = start_watch(&mut client, cluster, revision + 1).await;
         }
         tokio::select! {
-            append = appends.recv() => {
-                let Some(Append { id, entry }) = append else { return };
+            request = appends.recv() => {
+                let (id, entry) = match request {
+                    None => return,
+                    Some(Request::Append { id, entry }) => (id, entry),
+                    Some(Request::Sync { id }) => {
+                        match catch_up(&mut client, &shared).await {
+                            Ok(r) => {
+                                revision = revision.max(r);
+                                shared.answer(id, Ok(Outcome::Done));
+                            }
+                            Err(e) => shared.answer(id, Err(e.to_string())),
+                        }
+                        continue;
+                    }
+                };
                 match append_entry(&mut client, cluster, entry).await {
                     Ok(()) => {
                         // Apply up to (at least) the new entry now, rather than
