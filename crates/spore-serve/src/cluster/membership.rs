@@ -185,7 +185,7 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                         renewed = Instant::now();
                         renewal(&node).await;
                         // Whom to ask when etcd is away: read every few seconds.
-                        if renewals % 3 == 0 {
+                        if renewals.is_multiple_of(3) {
                             if let Ok(all) = nodes(&mut client, &node.cluster).await {
                                 *lock(&node.known_nodes) = all;
                             }
@@ -314,12 +314,9 @@ async fn ask_peers(node: &Arc<Node>, my_ago_ms: u64) -> (usize, usize, usize) {
     }
     let (mut reached, mut fresh) = (0, 0);
     while let Some(answer) = asks.join_next().await {
-        match answer {
-            Ok(Some(f)) => {
-                reached += 1;
-                fresh += usize::from(f);
-            }
-            Ok(None) | Err(_) => {}
+        if let Ok(Some(f)) = answer {
+            reached += 1;
+            fresh += usize::from(f);
         }
     }
     (reached, fresh, peers.len())
