@@ -145,6 +145,12 @@ pub async fn invoke(
             if let Ok(v) = HeaderValue::from_str(&done.micros.to_string()) {
                 h.insert("x-spore-duration-us", v);
             }
+            // In a cluster: the node that ran it (a forwarded one's owner).
+            if let Some(node) = &daemon.cluster {
+                if let Ok(v) = HeaderValue::from_str(&node.cluster.node_id) {
+                    h.insert("x-spore-node", v);
+                }
+            }
             if done.function_error {
                 h.insert(
                     "x-amz-function-error",

@@ -172,7 +172,6 @@ async fn register(
 async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, mut lease: i64) {
     let mut client = node.client.clone();
     let mut renewed = Instant::now();
-    let mut renewals: u64 = 0;
     loop {
         let mut lapsed = false;
         if let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await {
@@ -184,13 +183,11 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                     Ok(Ok(Some(r))) if r.ttl() > 0 => {
                         renewed = Instant::now();
                         renewal(&node).await;
-                        // Whom to ask when etcd is away: read every few seconds.
-                        if renewals.is_multiple_of(3) {
-                            if let Ok(all) = nodes(&mut client, &node.cluster).await {
-                                *lock(&node.known_nodes) = all;
-                            }
+                        // Whom to ask when etcd is away, and where
+                        // functions are placed: read at every renewal.
+                        if let Ok(all) = nodes(&mut client, &node.cluster).await {
+                            *lock(&node.known_nodes) = all;
                         }
-                        renewals += 1;
                     }
                     // etcd says the lease is gone: a new one is needed.
                     Ok(Ok(Some(_))) => {

@@ -13,6 +13,9 @@ pub struct Etcd {
     pub client_port: u16,
     peer_port: u16,
     data: PathBuf,
+    /// This member's name and the whole cluster's `--initial-cluster`.
+    name: String,
+    initial_cluster: Option<String>,
 }
 
 fn free_port() -> u16 {
@@ -29,9 +32,55 @@ impl Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             data: data.to_path_buf(),
+            name: "t".into(),
+            initial_cluster: None,
         };
         etcd.restart();
         etcd
+    }
+
+    /// `n` members forming one etcd cluster, each with its data under
+    /// `dir/mI`.
+    pub fn start_cluster(dir: &Path, n: usize) -> Vec<Etcd> {
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| Etcd {
+                child: None,
+                client_port: free_port(),
+                peer_port: free_port(),
+                data: dir.join(format!("m{i}")),
+                name: format!("m{i}"),
+                initial_cluster: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        // All start before any is waited for: a member listens for clients
+        // only once a quorum formed.
+        for m in &mut members {
+            m.initial_cluster = Some(initial.clone());
+            m.spawn();
+        }
+        for m in &members {
+            m.wait_listening();
+        }
+        members
+    }
+
+    /// Whether this member is its cluster's leader now (etcd's JSON gateway).
+    pub fn is_leader(&self) -> bool {
+        let r = super::serve::http(
+            &self.endpoint(),
+            "POST",
+            "/v3/maintenance/status",
+            b"{}",
+            &[],
+        );
+        let v = r.json();
+        let member = v["header"]["member_id"].as_str().unwrap_or("-");
+        v["leader"].as_str() == Some(member)
     }
 
     /// `host:port` of its client API.
@@ -41,13 +90,22 @@ impl Etcd {
 
     /// Starts it (again), on its ports and data, and waits until it listens.
     pub fn restart(&mut self) {
+        self.spawn();
+        self.wait_listening();
+    }
+
+    fn spawn(&mut self) {
         assert!(
             Path::new("/usr/bin/etcd").exists(),
             "etcd not found: `make deps` installs Debian's etcd-server"
         );
         let (client, peer) = (self.client_port, self.peer_port);
+        let initial = self
+            .initial_cluster
+            .clone()
+            .unwrap_or_else(|| format!("{}=http://127.0.0.1:{peer}", self.name));
         let child = Command::new("/usr/bin/etcd")
-            .args(["--name", "t", "--data-dir"])
+            .args(["--name", &self.name, "--data-dir"])
             .arg(&self.data)
             .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
             .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
@@ -55,12 +113,15 @@ impl Etcd {
             .arg(format!(
                 "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
             ))
-            .arg(format!("--initial-cluster=t=http://127.0.0.1:{peer}"))
+            .arg(format!("--initial-cluster={initial}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting etcd");
         self.child = Some(child);
+    }
+
+    fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(self.endpoint()).is_err() {
             assert!(Instant::now() < deadline, "etcd did not listen within 20 s");

@@ -303,3 +303,74 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     );
     drop(etcd);
 }
+
+#[test]
+fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quorum() {
+    require_kvm();
+    let dir = Scratch::new("cluster-etcd3");
+    let mut members = Etcd::start_cluster(&dir.path("etcd"), 3);
+    let endpoints: Vec<String> = members.iter().map(Etcd::endpoint).collect();
+    let url = format!("etcd://{}/t{}", endpoints.join(","), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    let r = a.create("app", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    until("b has it", Duration::from_secs(1), || {
+        b.request("GET", "/2015-03-31/functions/app", b"", &[])
+            .status
+            == 200
+    });
+    assert_eq!(a.invoke("app", b"{}").status, 200);
+    assert_eq!(b.invoke("app", b"{}").status, 200);
+
+    // The leader killed: the two others elect one, writes go on (a few
+    // may fail with 503 during the election).
+    let leader = members.iter().position(Etcd::is_leader).expect("a leader");
+    members[leader].kill();
+    let t = Instant::now();
+    let mut refused = 0;
+    loop {
+        let r = b.create("after-leader", "fn-echo", serde_json::json!({}));
+        if r.status == 201 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        refused += 1;
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no write within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "writes taken again {:?} after the leader's kill ({refused} refused)",
+        t.elapsed()
+    );
+    until("a has it", Duration::from_secs(2), || {
+        a.request("GET", "/2015-03-31/functions/after-leader", b"", &[])
+            .status
+            == 200
+    });
+
+    // Two of three gone: no quorum. Writes get 503 ServiceException; warm
+    // invocations go on through both nodes, past the fence's delay.
+    let second = (0..3).find(|&i| i != leader).unwrap();
+    members[second].kill();
+    let r = a.create("no-quorum", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-amzn-errortype"), Some("ServiceException"));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(8) {
+        for d in [&a, &b] {
+            let r = d.invoke("app", br#"{"k":1}"#);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
