@@ -22,6 +22,7 @@ pub fn spawn(
     if let Some(changes) = catalog.take_remote_changes() {
         tokio::spawn(follow_changes(
             changes,
+            node.clone(),
             catalog.clone(),
             instances.clone(),
             state_dir.to_path_buf(),
@@ -41,6 +42,7 @@ pub fn spawn(
 
 async fn follow_changes(
     mut changes: tokio::sync::mpsc::UnboundedReceiver<String>,
+    node: Arc<Node>,
     catalog: Arc<Catalog>,
     instances: Arc<Instances>,
     state_dir: PathBuf,
@@ -81,8 +83,31 @@ async fn follow_changes(
                 let _ = std::fs::remove_dir_all(crate::code::dir(&state_dir, &sha));
             }
         }
-        if now.is_some() {
+        if let Some(f) = now {
             instances.sync_provisioned(&name).await;
+            keep_code(&node, &state_dir, &f);
         }
     }
+}
+
+/// An owner of a function keeps its code from the moment it is deployed
+/// (fetched in the background from the node it was deployed through): the
+/// code is then on at least two nodes, and survives the loss of either.
+fn keep_code(node: &Arc<Node>, state_dir: &Path, f: &crate::catalog::Function) {
+    let held = if crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux()) {
+        crate::code::disk_path(state_dir, &f.code_sha256).exists()
+    } else {
+        crate::code::image_path(state_dir, &f.code_sha256, &f.handler).exists()
+    };
+    if held || !node.is_owner(&f.name) {
+        return;
+    }
+    let (node, state, f) = (node.clone(), state_dir.to_path_buf(), f.clone());
+    tokio::spawn(async move {
+        let fetched =
+            crate::cluster::fetch_code(&node, &state, &f.code_sha256, &f.runtime, &f.handler).await;
+        if let Err(e) = fetched {
+            tracing::warn!(function = %f.name, "keeping a copy of its code: {e}");
+        }
+    });
 }

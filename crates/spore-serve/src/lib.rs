@@ -213,6 +213,11 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         );
     }
     let events = Arc::new(events);
+    if let Some(node) = &node {
+        // Accepted events also in etcd: another node runs them if this dies.
+        events.set_replica(Box::new(cluster::EtcdEvents::new(node.clone())));
+        cluster::spawn_takeover(node.clone(), events.clone());
+    }
     let auth = match &config.auth_keys {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,

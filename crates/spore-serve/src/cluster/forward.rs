@@ -124,6 +124,15 @@ impl Node {
         Some(owners.iter().map(|n| n.advertise.clone()).collect())
     }
 
+    /// Whether this node is one of `function`'s owners (it keeps its code).
+    pub fn is_owner(&self, function: &str) -> bool {
+        let nodes = lock(&self.known_nodes);
+        ranked(function, &nodes)
+            .iter()
+            .take(OWNERS)
+            .any(|n| n.node_id == self.cluster.node_id)
+    }
+
     /// Forwards an Invoke of `function` (its key) at `qualifier` to the
     /// first owner that answers; `Err` when none did (the caller runs it).
     pub async fn forward_invoke(

@@ -320,7 +320,7 @@ async fn ask_peers(node: &Arc<Node>, my_ago_ms: u64) -> (usize, usize, usize) {
 }
 
 /// Every node registered under the cluster's prefix (their leases alive).
-pub(super) async fn nodes(
+pub(crate) async fn nodes(
     client: &mut Client,
     cluster: &ClusterConfig,
 ) -> Result<Vec<NodeRecord>, NodeError> {

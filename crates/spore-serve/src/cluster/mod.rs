@@ -5,6 +5,7 @@
 //! The catalogue itself is shared through `crate::catalog` (its etcd log).
 
 mod code;
+mod events;
 mod forward;
 mod membership;
 mod peer_http;
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use code::{fetch_code, serve_internal};
+pub use events::{spawn_takeover, EtcdEvents};
 pub use forward::{ranked, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
 pub use membership::{status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};

@@ -374,3 +374,54 @@ fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quoru
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+#[test]
+fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
+    require_kvm();
+    let dir = Scratch::new("cluster-events");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let mut a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    assert_eq!(a.create("ev", "fn-echo", serde_json::json!({})).status, 201);
+    // Reserved concurrency 0: every attempt is throttled, so a's accepted
+    // events are still queued when it is killed.
+    let r = a.request(
+        "PUT",
+        "/2017-10-31/functions/ev/concurrency",
+        br#"{"ReservedConcurrentExecutions":0}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    const EVENTS: usize = 20;
+    for i in 0..EVENTS {
+        let r = a.request(
+            "POST",
+            "/2015-03-31/functions/ev/invocations",
+            format!(r#"{{"i":{i}}}"#).as_bytes(),
+            &[("X-Amz-Invocation-Type", "Event")],
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert_eq!(a.metric("spore_events_succeeded_total"), 0.0);
+    a.kill9();
+    let r = b.request("DELETE", "/2017-10-31/functions/ev/concurrency", b"", &[]);
+    assert_eq!(r.status, 204, "{}", r.text());
+    let ran = until("b ran a's events", Duration::from_secs(40), || {
+        b.metric("spore_events_succeeded_total") >= EVENTS as f64
+    });
+    eprintln!("a's {EVENTS} events ran on b {ran:?} after a's kill -9");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        b.metric("spore_events_succeeded_total"),
+        EVENTS as f64,
+        "each ran once"
+    );
+    drop(etcd);
+}
