@@ -69,10 +69,6 @@ impl Function {
     }
 }
 
-fn lock_db(db: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
-    db.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn insert(db: &Connection, f: &Function) -> Result<bool, CatalogError> {
     let n = db.execute(
         "INSERT OR IGNORE INTO functions (name, runtime, handler, memory_mib, timeout_s,
@@ -327,7 +323,7 @@ impl Catalog {
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
-        lock_db(&self.db)
+        crate::mutex::lock(&self.db)
     }
 
     /// Writes a change: applied here at once, or, in a cluster, appended to

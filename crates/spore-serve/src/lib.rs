@@ -122,6 +122,20 @@ async fn set_concurrency(
     Ok(())
 }
 
+/// Accepted events also in etcd (another node runs them if this one
+/// dies), this node's queue squared with its copies there first.
+async fn replicate_events(
+    node: &Arc<cluster::Node>,
+    events: &Arc<events::EventQueue>,
+) -> anyhow::Result<()> {
+    events.set_replica(Box::new(cluster::EtcdEvents::new(node.clone())));
+    cluster::reconcile_events(node, events)
+        .await
+        .map_err(|e| anyhow::anyhow!("cluster: this node's events in etcd: {e}"))?;
+    cluster::spawn_takeover(node.clone(), events.clone());
+    Ok(())
+}
+
 /// Registers this daemon as a cluster node and follows what other nodes
 /// change (`--cluster`).
 async fn join_cluster(
@@ -214,9 +228,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     let events = Arc::new(events);
     if let Some(node) = &node {
-        // Accepted events also in etcd: another node runs them if this dies.
-        events.set_replica(Box::new(cluster::EtcdEvents::new(node.clone())));
-        cluster::spawn_takeover(node.clone(), events.clone());
+        replicate_events(node, &events).await?;
     }
     let auth = match &config.auth_keys {
         Some(path) => Some(auth::Keys::load(path)?),
@@ -291,6 +303,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     reaper.abort();
     instances.shutdown().await;
+    if let Some(node) = &daemon.cluster {
+        node.leave().await;
+    }
     Ok(())
 }
 

@@ -76,14 +76,43 @@ impl EventReplica for EtcdEvents {
     }
 }
 
-/// Adopts this node's own copies its disk lost (a node started again on a
-/// new disk), then takes over dead nodes' events every few seconds.
+/// Before this node's dispatcher starts: its waiting events that another
+/// node took over while it was away are dropped here (they run there), and
+/// its copies in etcd its disk lost are queued again.
+pub async fn reconcile_events(node: &Node, queue: &EventQueue) -> Result<(), String> {
+    let mut client = node.client.clone();
+    let mine = format!("{}{}/", dir(node), node.cluster.node_id);
+    let resp = client
+        .get(mine.as_str(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut in_etcd = HashSet::new();
+    for kv in resp.kvs() {
+        let Some(name) = kv.key_str().ok().and_then(|k| k.strip_prefix(&mine)) else {
+            continue;
+        };
+        in_etcd.insert(name.to_string());
+        if !queue.holds(name) {
+            match queue.adopt(name, kv.value()) {
+                Ok(()) => tracing::info!("cluster: event {name} kept in etcd queued again"),
+                Err(e) => tracing::warn!("cluster: event {name} in etcd is unreadable: {e}"),
+            }
+        }
+    }
+    for name in queue.waiting_names() {
+        if !in_etcd.contains(&name) && queue.disown(&name) {
+            tracing::info!(
+                "cluster: event {name} was taken over by another node while this one was away: it runs there"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Takes over dead nodes' events every few seconds.
 pub fn spawn_takeover(node: Arc<Node>, queue: Arc<EventQueue>) {
     tokio::spawn(async move {
         let mut client = node.client.clone();
-        if let Err(e) = adopt_own(&mut client, &node, &queue).await {
-            tracing::warn!("cluster: reading this node's events in etcd: {e}");
-        }
         let mut absent_before: HashSet<String> = HashSet::new();
         loop {
             tokio::time::sleep(TAKEOVER_EVERY).await;
@@ -96,26 +125,6 @@ pub fn spawn_takeover(node: Arc<Node>, queue: Arc<EventQueue>) {
             }
         }
     });
-}
-
-async fn adopt_own(client: &mut Client, node: &Node, queue: &EventQueue) -> Result<(), String> {
-    let mine = format!("{}{}/", dir(node), node.cluster.node_id);
-    let resp = client
-        .get(mine.as_str(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| e.to_string())?;
-    for kv in resp.kvs() {
-        let Some(name) = kv.key_str().ok().and_then(|k| k.strip_prefix(&mine)) else {
-            continue;
-        };
-        if !queue.holds(name) {
-            match queue.adopt(name, kv.value()) {
-                Ok(()) => tracing::info!("cluster: event {name} kept in etcd queued again"),
-                Err(e) => tracing::warn!("cluster: event {name} in etcd is unreadable: {e}"),
-            }
-        }
-    }
-    Ok(())
 }
 
 /// One pass: claims and queues the events of nodes absent now and in the

@@ -22,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest as _, Sha256};
 
 use super::{Node, NodeRecord, INTERNAL_PREFIX, KEY_HEADER};
+use crate::mutex::lock;
 
 /// How many nodes a function's instances run on.
 pub const OWNERS: usize = 2;
@@ -56,14 +57,19 @@ fn weight(function: &str, node_id: &str) -> u64 {
     u64::from_be_bytes(first)
 }
 
-/// The nodes by their weight for `function`, heaviest first.
+/// The nodes by their weight for `function`, heaviest first; nodes being
+/// drained only after every other (they own nothing while others live).
 pub fn ranked<'a>(function: &str, nodes: &'a [NodeRecord]) -> Vec<&'a NodeRecord> {
-    let mut by_weight: Vec<(u64, &NodeRecord)> = nodes
+    let mut by_weight: Vec<(bool, u64, &NodeRecord)> = nodes
         .iter()
-        .map(|n| (weight(function, &n.node_id), n))
+        .map(|n| (!n.draining, weight(function, &n.node_id), n))
         .collect();
-    by_weight.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.node_id.cmp(&b.1.node_id)));
-    by_weight.into_iter().map(|(_, n)| n).collect()
+    by_weight.sort_by(|a, b| {
+        (b.0, b.1)
+            .cmp(&(a.0, a.1))
+            .then_with(|| a.2.node_id.cmp(&b.2.node_id))
+    });
+    by_weight.into_iter().map(|(_, _, n)| n).collect()
 }
 
 /// Kept-alive HTTP/1.1 connections to other nodes, by address.
@@ -104,10 +110,6 @@ impl Connections {
             kept.push(c);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Node {
@@ -224,6 +226,7 @@ mod tests {
             },
             started_unix_ms: 0,
             lease_id: 0,
+            draining: false,
         }
     }
 
@@ -243,6 +246,14 @@ mod tests {
         }
         // About a tenth of the functions ranked n3 first.
         assert!((50..=150).contains(&moved), "{moved}");
+        // A drained node owns nothing while others live.
+        let mut drained = all.clone();
+        let first = ranked("x", &all)[0].node_id.clone();
+        drained
+            .iter_mut()
+            .for_each(|n| n.draining = n.node_id == first);
+        assert_ne!(ranked("x", &drained)[0].node_id, first);
+        assert_eq!(ranked("x", &drained).last().unwrap().node_id, first);
         // The same order on every call (and every node).
         assert_eq!(
             ranked("x", &all)

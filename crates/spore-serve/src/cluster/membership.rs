@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Node, NodeError};
 use crate::catalog::ClusterConfig;
+use crate::mutex::lock;
 
 /// A node's lease lasts this long without a renewal (s).
 pub const LEASE_TTL_S: i64 = 5;
@@ -77,6 +78,10 @@ pub struct NodeRecord {
     pub started_unix_ms: u64,
     /// The etcd lease the record lives under.
     pub lease_id: i64,
+    /// `spore cluster drain`: no function is placed here (not stored in
+    /// the record: read from `<prefix>drain/<node-id>`).
+    #[serde(default)]
+    pub draining: bool,
 }
 
 fn node_key(cluster: &ClusterConfig, id: &str) -> String {
@@ -137,6 +142,7 @@ async fn register(
         capacity: capacity.clone(),
         started_unix_ms,
         lease_id: lease,
+        draining: false,
     };
     let json = serde_json::to_vec(&record).map_err(|e| Registration::Etcd(e.to_string()))?;
     let key = node_key(&node.cluster, &node.cluster.node_id);
@@ -150,6 +156,8 @@ async fn register(
         .or_else([TxnOp::get(key.as_str(), None)]);
     let resp = client.txn(txn).await.map_err(etcd)?;
     if resp.succeeded() {
+        node.lease_id
+            .store(lease, std::sync::atomic::Ordering::Release);
         return Ok(lease);
     }
     let _ = client.lease_revoke(lease).await;
@@ -221,10 +229,6 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
             }
         }
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The lease was renewed: the node serves (again; a fenced node first
@@ -319,23 +323,61 @@ async fn ask_peers(node: &Arc<Node>, my_ago_ms: u64) -> (usize, usize, usize) {
     (reached, fresh, peers.len())
 }
 
-/// Every node registered under the cluster's prefix (their leases alive).
+/// Every node registered under the cluster's prefix (their leases alive),
+/// with whether it is being drained.
 pub(crate) async fn nodes(
     client: &mut Client,
     cluster: &ClusterConfig,
 ) -> Result<Vec<NodeRecord>, NodeError> {
+    let etcd = |e: etcd_client::Error| NodeError::Etcd(format!("listing nodes: {e}"));
+    let prefixed = || Some(GetOptions::new().with_prefix());
     let resp = client
+        .get(format!("{}nodes/", cluster.prefix), prefixed())
+        .await
+        .map_err(etcd)?;
+    let drain_dir = format!("{}drain/", cluster.prefix);
+    let drained = client
         .get(
-            format!("{}nodes/", cluster.prefix),
-            Some(GetOptions::new().with_prefix()),
+            drain_dir.as_str(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
         )
         .await
-        .map_err(|e| NodeError::Etcd(format!("listing nodes: {e}")))?;
+        .map_err(etcd)?;
+    let draining: Vec<&str> = drained
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&drain_dir))
+        .collect();
     Ok(resp
         .kvs()
         .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .filter_map(|kv| serde_json::from_slice::<NodeRecord>(kv.value()).ok())
+        .map(|mut n| {
+            n.draining = draining.contains(&n.node_id.as_str());
+            n
+        })
         .collect())
+}
+
+/// `spore cluster drain` (or, `false`, `undrain`): no function is placed on
+/// the node from the next membership read of every node (a second); its
+/// warm instances finish and end when idle.
+pub async fn set_draining(
+    cluster: &ClusterConfig,
+    node_id: &str,
+    draining: bool,
+) -> Result<(), NodeError> {
+    let mut client = cluster
+        .connect()
+        .await
+        .map_err(|e| NodeError::Etcd(e.to_string()))?;
+    let key = format!("{}drain/{node_id}", cluster.prefix);
+    let done = if draining {
+        client.put(key, "1", None).await.map(drop)
+    } else {
+        client.delete(key, None).await.map(drop)
+    };
+    done.map_err(|e| NodeError::Etcd(format!("marking {node_id}: {e}")))
 }
 
 /// `spore cluster status`: every live node with the seconds left on its

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use code::{fetch_code, serve_internal};
-pub use events::{spawn_takeover, EtcdEvents};
+pub use events::{reconcile_events, spawn_takeover, EtcdEvents};
 pub use forward::{ranked, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
-pub use membership::{status, Capacity, NodeRecord, LEASE_TTL_S};
+pub use membership::{set_draining, status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};
 
 use crate::catalog::ClusterConfig;
@@ -53,6 +53,8 @@ pub struct Node {
     degraded: AtomicBool,
     /// Told when this node fences itself (true) or is back (false).
     fence_tx: tokio::sync::watch::Sender<bool>,
+    /// The lease this node's record lives under (0: none yet).
+    lease_id: std::sync::atomic::AtomicI64,
     /// When the lease was last renewed (ms since the Unix epoch).
     renewed_unix_ms: std::sync::atomic::AtomicU64,
     /// The cluster's nodes as last read from etcd (asked when etcd is away).
@@ -98,6 +100,7 @@ impl Node {
             degraded: AtomicBool::new(false),
             fence_tx,
             renewed_unix_ms: std::sync::atomic::AtomicU64::new(crate::clock::unix_ms()),
+            lease_id: std::sync::atomic::AtomicI64::new(0),
             known_nodes: std::sync::Mutex::new(Vec::new()),
             catalog,
             connections: forward::Connections::default(),
@@ -123,9 +126,53 @@ impl Node {
         crate::clock::unix_ms().saturating_sub(renewed)
     }
 
+    /// `spore_cluster_*` in Prometheus' text format: this node's id, its
+    /// fence, and the nodes it knows.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let id = &self.cluster.node_id;
+        let nodes = crate::mutex::lock(&self.known_nodes);
+        let draining = nodes.iter().filter(|n| n.draining).count();
+        let _ = write!(
+            out,
+            "# HELP spore_cluster_node_info This daemon's node id in its cluster.\n\
+             # TYPE spore_cluster_node_info gauge\nspore_cluster_node_info{{node=\"{id}\"}} 1\n\
+             # HELP spore_cluster_fenced 1 while this node is fenced (its lease not renewed).\n\
+             # TYPE spore_cluster_fenced gauge\nspore_cluster_fenced{{node=\"{id}\"}} {}\n\
+             # HELP spore_cluster_lease_renewed_ms_ago Time since this node last renewed its lease.\n\
+             # TYPE spore_cluster_lease_renewed_ms_ago gauge\nspore_cluster_lease_renewed_ms_ago{{node=\"{id}\"}} {}\n\
+             # HELP spore_cluster_nodes Live nodes this node knows, and of them those being drained.\n\
+             # TYPE spore_cluster_nodes gauge\nspore_cluster_nodes{{node=\"{id}\",state=\"live\"}} {}\n\
+             spore_cluster_nodes{{node=\"{id}\",state=\"draining\"}} {draining}\n",
+            u8::from(self.is_fenced()),
+            self.renewed_ms_ago(),
+            nodes.len(),
+        );
+    }
+
     /// Changes of the fence (true: fenced).
     pub fn fence_changes(&self) -> tokio::sync::watch::Receiver<bool> {
         self.fence_tx.subscribe()
+    }
+
+    /// Leaves the cluster (a daemon's orderly stop): its lease is revoked,
+    /// so its record goes at once and a restarted node takes its id again
+    /// without waiting for the lease to lapse.
+    pub async fn leave(&self) {
+        let lease = self.lease_id.load(Ordering::Acquire);
+        if lease != 0 {
+            let mut client = self.client.clone();
+            let revoked = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                client.lease_revoke(lease),
+            )
+            .await;
+            if !matches!(revoked, Ok(Ok(_))) {
+                tracing::warn!(
+                    "cluster: this node's lease could not be revoked: it lapses in {LEASE_TTL_S} s"
+                );
+            }
+        }
     }
 
     /// Whether a node-to-node request carries the cluster key.
@@ -139,6 +186,19 @@ impl Node {
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, NodeError> {
         membership::nodes(&mut self.client.clone(), &self.cluster).await
     }
+}
+
+/// [`set_draining`] from outside any async runtime (`spore cluster drain`).
+pub fn set_draining_blocking(
+    cluster: &ClusterConfig,
+    node_id: &str,
+    draining: bool,
+) -> Result<(), NodeError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| NodeError::Etcd(e.to_string()))?
+        .block_on(set_draining(cluster, node_id, draining))
 }
 
 /// [`status`] from outside any async runtime (`spore cluster status`).

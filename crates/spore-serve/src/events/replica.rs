@@ -34,6 +34,31 @@ impl EventQueue {
         }
     }
 
+    /// The file names of the events waiting here (a node's start compares
+    /// them with its copies in etcd).
+    pub fn waiting_names(&self) -> Vec<String> {
+        lock(&self.inner)
+            .waiting
+            .values()
+            .filter_map(|w| w.file.file_name()?.to_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Removes a waiting event that another node took over while this one
+    /// was away (it runs there); true if it was here.
+    pub fn disown(&self, name: &str) -> bool {
+        let mut g = lock(&self.inner);
+        let before = g.waiting.len();
+        g.waiting
+            .retain(|_, w| w.file.file_name().and_then(|n| n.to_str()) != Some(name));
+        let removed = g.waiting.len() < before;
+        drop(g);
+        if removed && is_event_name(name) {
+            let _ = std::fs::remove_file(self.dir.join(name));
+        }
+        removed
+    }
+
     /// Whether an event file of this name is queued here (on disk).
     pub fn holds(&self, name: &str) -> bool {
         is_event_name(name) && self.dir.join(name).exists()

@@ -32,7 +32,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::{lock_db, CatalogError, Change, Outcome};
+use super::{CatalogError, Change, Outcome};
+use crate::mutex::lock;
 
 /// How long a write waits for etcd (append and apply) before it is
 /// reported as failed: long enough for a leader election (etcd's default
@@ -248,7 +249,7 @@ impl Member {
         db: Arc<Mutex<Connection>>,
         cluster: &ClusterConfig,
     ) -> Result<Self, CatalogError> {
-        let applied = copy_value(&lock_db(&db), "applied")?
+        let applied = copy_value(&lock(&db), "applied")?
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         let mut nonce = [0u8; 8];
@@ -338,10 +339,6 @@ impl Member {
     pub(super) fn take_remote_changes(&self) -> Option<UnboundedReceiver<String>> {
         lock(&self.shared.remote_rx).take()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Waits on a channel without stalling the daemon's async runtime: a
@@ -628,7 +625,7 @@ impl Shared {
     /// change that fails (every member fails it alike) is rolled back and
     /// its index recorded alone.
     fn apply_change(&self, index: u64, change: &Change) -> Answer {
-        let mut db = lock_db(&self.db);
+        let mut db = lock(&self.db);
         let attempt = (|| -> Result<Outcome, CatalogError> {
             let tx = db.transaction()?;
             let outcome = change.apply(&tx)?;
@@ -648,7 +645,7 @@ impl Shared {
     }
 
     fn record_applied(&self, index: u64) -> Result<(), CatalogError> {
-        set_applied(&lock_db(&self.db), index)
+        set_applied(&lock(&self.db), index)
     }
 }
 
