@@ -263,6 +263,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
                 tick.tick().await;
                 instances.reap_idle().await;
                 instances.refill_all();
+                instances.release_idle_slots().await;
             }
         })
     };

@@ -9,6 +9,7 @@ mod events;
 mod forward;
 mod membership;
 mod peer_http;
+mod slots;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -18,6 +18,7 @@
 
 mod account_memory;
 mod clone_leaves;
+mod cluster_slots;
 mod cpu_cap;
 mod layered;
 mod memory;
@@ -222,7 +223,7 @@ pub struct Instances {
     /// revision: it outlives `$LATEST`'s changes.
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
-    reserved: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    reserved: Mutex<HashMap<String, cluster_slots::Reserved>>,
     /// Per function version (a published one; `$LATEST` only as an older
     /// daemon's catalogue left it): its provisioned concurrency, if set.
     provisioned: Mutex<HashMap<PoolKey, u32>>,
@@ -540,9 +541,9 @@ impl Instances {
         &self,
         f: &Function,
     ) -> Result<(Option<OwnedSemaphorePermit>, OwnedSemaphorePermit), AcquireError> {
-        let reserved = lock(&self.reserved).get(&f.name).map(|(_, s)| s.clone());
+        let reserved = lock(&self.reserved).get(&f.name).cloned();
         let fn_permit = match reserved {
-            Some(sem) => Some(self.take(sem).await.ok_or_else(|| {
+            Some(r) => Some(self.take_reserved(&f.name, &r).await.ok_or_else(|| {
                 self.metrics.throttled(&f.name);
                 AcquireError::Throttled { reserved: true }
             })?),
@@ -567,14 +568,19 @@ impl Instances {
 
     /// Sets (or with `None` removes) a function's reserved concurrency.
     pub fn set_reserved(&self, name: &str, n: Option<u32>) {
-        let mut r = lock(&self.reserved);
-        match n {
-            Some(n) => {
-                r.insert(name.to_string(), (n, Arc::new(Semaphore::new(n as usize))));
+        let in_cluster = self.cluster.get().is_some();
+        let old = {
+            let mut r = lock(&self.reserved);
+            match n {
+                Some(n) => r.insert(
+                    name.to_string(),
+                    cluster_slots::Reserved::new(n, in_cluster),
+                ),
+                None => r.remove(name),
             }
-            None => {
-                r.remove(name);
-            }
+        };
+        if let Some(old) = old {
+            self.give_back_slots(name, &old);
         }
     }
 
@@ -714,6 +720,7 @@ impl Instances {
         for p in pools {
             self.retire(p).await;
         }
+        self.forget_slots();
     }
 
     /// Ends every instance and zygote, and their networks (daemon shutdown).

@@ -503,3 +503,55 @@ fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
     );
     drop(etcd);
 }
+
+#[test]
+fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
+    require_kvm();
+    let dir = Scratch::new("cluster-slots");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    assert_eq!(a.create("r", "fn-echo", serde_json::json!({})).status, 201);
+    let r = a.request(
+        "PUT",
+        "/2017-10-31/functions/r/concurrency",
+        br#"{"ReservedConcurrentExecutions":2}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    until("b has the limit", Duration::from_secs(2), || {
+        b.request("GET", "/2019-09-30/functions/r/concurrency", b"", &[])
+            .text()
+            .contains("2")
+    });
+    // An instance on each node: each holds one slot while it lives.
+    assert_eq!(a.invoke("r", b"{}").status, 200);
+    assert_eq!(b.invoke("r", b"{}").status, 200);
+    // Three slow invocations through each node at once: two run in the
+    // whole cluster, the rest are throttled (429).
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..6)
+            .map(|i| {
+                let d = if i % 2 == 0 { &a } else { &b };
+                s.spawn(move || d.invoke("r", br#"{"sleep_ms":1500}"#).status)
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let ran = statuses.iter().filter(|&&s| s == 200).count();
+    let throttled = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((ran, throttled), (2, 4), "{statuses:?}");
+    // Afterwards the slots serve again.
+    for d in [&a, &b, &a, &b] {
+        assert_eq!(d.invoke("r", b"{}").status, 200);
+    }
+    drop((a, b));
+    drop(etcd);
+}
