@@ -34,6 +34,9 @@ const FENCE_AFTER: Duration = Duration::from_secs(LEASE_TTL_S as u64 - 1);
 /// renewed while this node could not: etcd works for it. (When etcd is down
 /// for all, their last renewals lie within about one renewal period.)
 const RENEWED_SINCE_MS: u64 = 2_000;
+/// How long a renewal may go unanswered before the stream is given up for
+/// a new connection.
+const STREAM_PATIENCE: Duration = Duration::from_secs(2);
 /// How long a peer may take to say whether its lease is fresh.
 const PEER_ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -113,6 +116,7 @@ pub(super) async fn start(node: Arc<Node>, capacity: Capacity) -> Result<(), Nod
             Err(Registration::Etcd(e)) => return Err(NodeError::Etcd(e)),
         }
     };
+    tokio::spawn(fence_watch(node.clone()));
     tokio::spawn(keep_alive(node, capacity, started_unix_ms, lease));
     Ok(())
 }
@@ -203,14 +207,19 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                         break;
                     }
                     Ok(Ok(None)) | Ok(Err(_)) => break,
+                    // No answer: the member this stream goes to may be cut
+                    // off; after a while a new connection tries the others.
+                    Err(_) if renewed.elapsed() >= STREAM_PATIENCE => break,
                     Err(_) => {}
                 }
-                on_stale(&node, renewed).await;
                 tokio::time::sleep(RENEW_EVERY).await;
             }
         }
-        on_stale(&node, renewed).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
+        // A fresh connection: its channel picks the members that answer.
+        if let Ok(c) = node.cluster.connect().await {
+            client = c;
+        }
         if lapsed || renewed.elapsed() >= Duration::from_secs(LEASE_TTL_S as u64) {
             match register(&mut client, &node, &capacity, started_unix_ms, Some(lease)).await {
                 Ok(l) => {
@@ -257,10 +266,20 @@ async fn renewal(node: &Node) {
     }
 }
 
+/// Checks the lease's age four times a second, whatever the renewals are
+/// waiting on (a member that does not answer holds them for seconds).
+async fn fence_watch(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        on_stale(&node).await;
+    }
+}
+
 /// The lease was not renewed for a while: fence the node, unless etcd is
 /// down for the whole cluster (module doc).
-async fn on_stale(node: &Arc<Node>, renewed: Instant) {
-    if renewed.elapsed() < FENCE_AFTER || node.is_fenced() {
+async fn on_stale(node: &Arc<Node>) {
+    let since = Duration::from_millis(node.renewed_ms_ago());
+    if since < FENCE_AFTER || node.is_fenced() {
         return;
     }
     let (reached, fresh, of) = ask_peers(node, node.renewed_ms_ago()).await;
@@ -273,13 +292,13 @@ async fn on_stale(node: &Arc<Node>, renewed: Instant) {
         }
         tracing::warn!(
             "cluster: no lease renewed for {} ms, and {reached} of the {of} other nodes reached have none either: etcd is down for the whole cluster; serving on (writes get 503)",
-            renewed.elapsed().as_millis()
+            since.as_millis()
         );
         return;
     }
     tracing::warn!(
         "cluster: the lease was not renewed for {} ms while {fresh} of the {of} other nodes renewed theirs since ({reached} reached): fenced (no invocations taken, instances ended) until etcd answers",
-        renewed.elapsed().as_millis()
+        since.as_millis()
     );
     node.set_fenced(true);
 }

@@ -16,6 +16,9 @@ pub struct Etcd {
     /// This member's name and the whole cluster's `--initial-cluster`.
     name: String,
     initial_cluster: Option<String>,
+    /// The address it listens on, and the network namespace it runs in.
+    host: String,
+    netns: Option<String>,
 }
 
 fn free_port() -> u16 {
@@ -34,6 +37,8 @@ impl Etcd {
             data: data.to_path_buf(),
             name: "t".into(),
             initial_cluster: None,
+            host: "127.0.0.1".into(),
+            netns: None,
         };
         etcd.restart();
         etcd
@@ -42,7 +47,7 @@ impl Etcd {
     /// `n` members forming one etcd cluster, each with its data under
     /// `dir/mI`.
     pub fn start_cluster(dir: &Path, n: usize) -> Vec<Etcd> {
-        let mut members: Vec<Etcd> = (0..n)
+        let members: Vec<Etcd> = (0..n)
             .map(|i| Etcd {
                 child: None,
                 client_port: free_port(),
@@ -50,11 +55,37 @@ impl Etcd {
                 data: dir.join(format!("m{i}")),
                 name: format!("m{i}"),
                 initial_cluster: None,
+                host: "127.0.0.1".into(),
+                netns: None,
             })
             .collect();
+        Self::form(members)
+    }
+
+    /// One member in each network namespace `(netns, address)`, on etcd's
+    /// usual ports there.
+    pub fn start_cluster_in(dir: &Path, hosts: &[(&str, &str)]) -> Vec<Etcd> {
+        let members: Vec<Etcd> = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, (ns, addr))| Etcd {
+                child: None,
+                client_port: 2379,
+                peer_port: 2380,
+                data: dir.join(format!("m{i}")),
+                name: format!("m{i}"),
+                initial_cluster: None,
+                host: (*addr).to_string(),
+                netns: Some((*ns).to_string()),
+            })
+            .collect();
+        Self::form(members)
+    }
+
+    fn form(mut members: Vec<Etcd>) -> Vec<Etcd> {
         let initial = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{}:{}", m.name, m.host, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         // All start before any is waited for: a member listens for clients
@@ -85,7 +116,7 @@ impl Etcd {
 
     /// `host:port` of its client API.
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.host, self.client_port)
     }
 
     /// Starts it (again), on its ports and data, and waits until it listens.
@@ -99,19 +130,28 @@ impl Etcd {
             Path::new("/usr/bin/etcd").exists(),
             "etcd not found: `make deps` installs Debian's etcd-server"
         );
-        let (client, peer) = (self.client_port, self.peer_port);
+        let (client, peer, host) = (self.client_port, self.peer_port, &self.host);
         let initial = self
             .initial_cluster
             .clone()
-            .unwrap_or_else(|| format!("{}=http://127.0.0.1:{peer}", self.name));
-        let child = Command::new("/usr/bin/etcd")
+            .unwrap_or_else(|| format!("{}=http://{host}:{peer}", self.name));
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{ns}"))
+                    .arg("/usr/bin/etcd");
+                c
+            }
+            None => Command::new("/usr/bin/etcd"),
+        };
+        let child = cmd
             .args(["--name", &self.name, "--data-dir"])
             .arg(&self.data)
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!("--listen-client-urls=http://{host}:{client}"))
+            .arg(format!("--advertise-client-urls=http://{host}:{client}"))
+            .arg(format!("--listen-peer-urls=http://{host}:{peer}"))
             .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                "--initial-advertise-peer-urls=http://{host}:{peer}"
             ))
             .arg(format!("--initial-cluster={initial}"))
             .stdout(Stdio::null())

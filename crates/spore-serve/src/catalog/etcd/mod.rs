@@ -41,6 +41,8 @@ use crate::mutex::lock;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a member's start waits to reach etcd and replay the log.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// A silent watch is backed by a range read this often.
+const QUIET_CATCH_UP: Duration = Duration::from_secs(2);
 /// Log entries read per range request while catching up.
 const CATCH_UP_PAGE: i64 = 500;
 
@@ -129,7 +131,10 @@ impl ClusterConfig {
         let options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
             .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+            // A member cut off (no RST: packets dropped) is noticed within
+            // about 4 s, and requests go to the others.
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
         Client::connect(&self.endpoints, Some(options))
             .await
             .map_err(|e| cluster_err(&format!("reaching etcd at {}", self.endpoints.join(",")), e))
@@ -371,11 +376,20 @@ async fn follow(
             return;
         }
     };
-    let mut revision = match catch_up(&mut client, &shared).await {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
+    // Retried while etcd settles (a member starting, an election), within
+    // the joiner's patience.
+    let started = std::time::Instant::now();
+    let mut revision = loop {
+        match catch_up(&mut client, &shared).await {
+            Ok(r) => break r,
+            Err(e) if started.elapsed() + Duration::from_secs(1) < JOIN_TIMEOUT => {
+                tracing::debug!("cluster catalogue: catching up, again: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
         }
     };
     let _ = ready.send(Ok(()));
@@ -410,6 +424,13 @@ async fn follow(
                         }
                     }
                     Err(e) => shared.answer(id, Err(e.to_string())),
+                }
+            }
+            () = tokio::time::sleep(QUIET_CATCH_UP) => {
+                // Nothing from the watch for a while: it may be held by a
+                // member that was cut off; a range read catches up anyway.
+                if let Ok(r) = catch_up(&mut client, &shared).await {
+                    revision = revision.max(r);
                 }
             }
             message = next_message(&mut watch) => {
