@@ -11,6 +11,7 @@ use clap::Subcommand;
 
 mod boot;
 mod clone;
+mod cluster_forwarding;
 mod cluster_sim;
 mod host;
 pub mod lambda_client;

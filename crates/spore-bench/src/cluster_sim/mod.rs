@@ -126,10 +126,20 @@ const MAX_PAIRS: u64 = 1 << 24;
 
 #[derive(Args, Debug)]
 pub struct ClusterBenchArgs {
-    /// Run the placement simulation (required: it is the only cluster bench
-    /// so far).
-    #[arg(long)]
+    /// Run the placement simulation.
+    #[arg(long, conflicts_with = "forwarding")]
     pub simulate: bool,
+    /// Measure what forwarding an invocation to its function's owner costs:
+    /// three live nodes on this machine and one etcd.
+    #[arg(long)]
+    pub forwarding: bool,
+    /// --forwarding: invocations through each of the two nodes measured.
+    #[arg(long, default_value_t = 2000)]
+    pub runs: usize,
+    /// --forwarding: directory of the unikernel function images (default:
+    /// SPORE_UK_DIR).
+    #[arg(long)]
+    pub uk_dir: Option<std::path::PathBuf>,
     /// Hosts in the cluster.
     #[arg(long, default_value_t = 100)]
     pub hosts: u32,
@@ -267,10 +277,20 @@ impl Config {
 }
 
 pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
+    if a.forwarding {
+        let t0 = Instant::now();
+        let mut report = crate::cluster_forwarding::run(&crate::host::uk_dir(&a.uk_dir), a.runs)?;
+        report["benchmark"] = json!("cluster-forwarding");
+        report["machine"] = machine();
+        report["loadavg_1m"] = json!(loadavg());
+        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(0);
+    }
     if !a.simulate {
         bail!(
-            "only the simulation exists: run `spore bench cluster --simulate` \
-             (a live multi-node bench is future work)"
+            "say which: `spore bench cluster --simulate` (the placement model) or \
+             `--forwarding` (what forwarding costs, on live nodes)"
         );
     }
     let cfg = Config::of(&a)?;
