@@ -22,6 +22,9 @@ need_pkgs=(redis-tools curl iputils-ping iproute2 nftables python3)
 # `spore image`): mmdebstrap builds the tree, e2fsprogs' mkfs.ext4 -d makes
 # the image without a loop device, debugfs reads it back in the tests.
 need_pkgs+=(mmdebstrap e2fsprogs)
+# spore serve --cluster: the etcd-client crate compiles etcd's .proto files
+# with protoc; the cluster tests run a real etcd of their own (etcd-server).
+need_pkgs+=(protobuf-compiler etcd-server)
 if [[ $tier == nested ]]; then
     # The guest kernel, the guest initramfs and the nested harness.
     # musl-tools: the static spore links SQLite (spore serve's catalogue), built
@@ -100,4 +103,11 @@ if ((${#missing[@]})); then
     [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
     "${sudo_cmd[@]}" apt-get update -q >&2
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >&2
+    # Debian starts the packaged etcd as a service on 127.0.0.1:2379; the tests
+    # run their own, and nothing of spore's needs that one: stopped again.
+    if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null &&
+        systemctl is-active --quiet etcd 2>/dev/null; then
+        echo "ensure-deps: stopping and disabling the etcd service etcd-server started" >&2
+        "${sudo_cmd[@]}" systemctl disable --now etcd >&2 || true
+    fi
 fi

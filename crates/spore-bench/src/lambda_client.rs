@@ -27,6 +27,8 @@ pub struct Reply {
     pub error_type: String,
     /// `X-Amz-Log-Result` (base64 of the log's tail), if the reply has one.
     pub log_result: Option<String>,
+    /// spore's `X-Spore-Node`: the cluster node that ran it (empty if absent).
+    pub node: String,
 }
 
 /// Bodies larger than this are not read (a daemon never sends them).
@@ -88,6 +90,7 @@ impl Conn {
             function_error: false,
             error_type: String::new(),
             log_result: None,
+            node: String::new(),
         };
         let mut len = 0usize;
         loop {
@@ -108,6 +111,7 @@ impl Conn {
                     "x-amz-function-error" => reply.function_error = true,
                     "x-amzn-errortype" => reply.error_type = v.to_string(),
                     "x-amz-log-result" => reply.log_result = Some(v.to_string()),
+                    "x-spore-node" => reply.node = v.to_string(),
                     _ => {}
                 }
             }

@@ -11,6 +11,8 @@ use clap::Subcommand;
 
 mod boot;
 mod clone;
+mod cluster_forwarding;
+mod cluster_sim;
 mod host;
 pub mod lambda_client;
 mod net;
@@ -26,6 +28,7 @@ mod vmm_api;
 
 pub use boot::BootArgs;
 pub use clone::CloneBenchArgs;
+pub use cluster_sim::{ClusterBenchArgs, Policy as ClusterPolicy};
 pub use net::NetBenchArgs;
 pub use reclaim::ReclaimArgs;
 pub use report::ReportArgs;
@@ -60,6 +63,11 @@ pub enum BenchCommand {
     /// both ways, 1-byte ping-pong latency, HTTP keep-alive requests/s
     /// (root: it makes its own tap).
     Net(NetBenchArgs),
+    /// Function placement on a cluster of `spore serve` nodes, simulated
+    /// (`--simulate`): rendezvous hashing per function against random and
+    /// best-of-two-random placement; warm, clone, restore and cold start
+    /// rates, start latency, memory per host, hosts per function.
+    Cluster(ClusterBenchArgs),
     /// One HTML page with plots from the bench JSON saved in a directory.
     Report(ReportArgs),
 }
@@ -74,6 +82,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Reclaim(a) => reclaim::run(a),
         BenchCommand::Serve(a) => serve::run(a),
         BenchCommand::Net(a) => net::run(a),
+        BenchCommand::Cluster(a) => cluster_sim::run(a),
         BenchCommand::Report(a) => report::run(a),
     }
 }

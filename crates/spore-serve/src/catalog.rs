@@ -10,20 +10,28 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod change;
+mod etcd;
 mod event_configs;
 mod jail_uids;
 mod provisioned;
+mod tags;
+#[cfg(test)]
+pub mod test_etcd;
 mod urls;
 mod versions;
 
+pub use change::{Change, Outcome};
+pub use etcd::{ClusterConfig, ClusterError};
 pub use event_configs::EventInvokeConfig;
 pub use jail_uids::JailUidError;
 pub use provisioned::ProvisionedRecord;
+pub use tags::Tags;
 pub use urls::FunctionUrl;
 pub use versions::Alias;
 
 /// One function as deployed: its current version's code and configuration.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Function {
     pub name: String,
     pub runtime: String,
@@ -61,6 +69,45 @@ impl Function {
     }
 }
 
+fn insert(db: &Connection, f: &Function) -> Result<bool, CatalogError> {
+    let n = db.execute(
+        "INSERT OR IGNORE INTO functions (name, runtime, handler, memory_mib, timeout_s,
+            env_json, description, role, code_sha256, code_size, version, revision_id,
+            last_modified, reserved_concurrency, network)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+        row_params(f, &env_json(&f.env)),
+    )?;
+    Ok(n == 1)
+}
+
+fn update(db: &Connection, f: &Function) -> Result<(), CatalogError> {
+    db.execute(
+        "UPDATE functions SET runtime = ?2, handler = ?3, memory_mib = ?4, timeout_s = ?5,
+            env_json = ?6, description = ?7, role = ?8, code_sha256 = ?9, code_size = ?10,
+            version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14,
+            network = ?15
+         WHERE name = ?1",
+        row_params(f, &env_json(&f.env)),
+    )?;
+    Ok(())
+}
+
+/// A function's rows, all of them (the caller's transaction). Its jail uid
+/// is this node's and goes too: every member frees its own.
+fn delete(db: &Connection, name: &str) -> Result<bool, CatalogError> {
+    let n = db.execute("DELETE FROM functions WHERE name = ?1", [name])?;
+    for sql in [
+        "DELETE FROM versions WHERE name = ?1",
+        "DELETE FROM version_counters WHERE function = ?1",
+        "DELETE FROM aliases WHERE function = ?1",
+        "DELETE FROM function_urls WHERE function = ?1",
+        "DELETE FROM jail_uids WHERE function = ?1",
+    ] {
+        db.execute(sql, [name])?;
+    }
+    Ok(n == 1)
+}
+
 /// A VMM process the daemon started.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessRecord {
@@ -68,13 +115,23 @@ pub struct ProcessRecord {
     pub run_dir: String,
 }
 
+/// The catalogue: read from SQLite; written through SQLite alone (one
+/// daemon) or through the log in etcd that every member of a cluster
+/// applies to its SQLite (`--cluster`).
 pub struct Catalog {
-    db: Mutex<Connection>,
+    db: std::sync::Arc<Mutex<Connection>>,
+    cluster: Option<etcd::Member>,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("catalogue: {0}")]
-pub struct CatalogError(#[from] rusqlite::Error);
+pub enum CatalogError {
+    #[error("catalogue: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The cluster's etcd could not take or confirm a write: nothing can be
+    /// written now (reads still answer from this node's copy).
+    #[error("catalogue: {0}")]
+    Cluster(String),
+}
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS functions (
@@ -213,48 +270,109 @@ impl Catalog {
         Self::with_connection(Connection::open(path)?)
     }
 
+    /// Opens the catalogue for its node-local records only (the guardian:
+    /// VMM processes), whether a single daemon's or a cluster member's copy.
+    pub fn open_local(path: &Path) -> Result<Self, CatalogError> {
+        make_private(path);
+        Self::prepared(Connection::open(path)?)
+    }
+
     /// A catalogue held in memory only (tests: nothing is written).
     #[cfg(test)]
     pub fn in_memory() -> Result<Self, CatalogError> {
         Self::with_connection(Connection::open_in_memory()?)
     }
 
+    /// Opens the catalogue at `path` as this node's copy of a cluster's
+    /// (`--cluster`): catches up with the log in etcd before it returns,
+    /// then follows it. A catalogue that held a single daemon's functions,
+    /// or another cluster's, is refused.
+    pub fn open_member(path: &Path, cluster: &ClusterConfig) -> Result<Self, CatalogError> {
+        make_private(path);
+        Self::member_of(Connection::open(path)?, cluster)
+    }
+
+    /// A member's copy held in memory (tests).
+    #[cfg(test)]
+    pub fn in_memory_member(cluster: &ClusterConfig) -> Result<Self, CatalogError> {
+        Self::member_of(Connection::open_in_memory()?, cluster)
+    }
+
+    fn member_of(db: Connection, cluster: &ClusterConfig) -> Result<Self, CatalogError> {
+        let mut c = Self::prepared(db)?;
+        etcd::claim_copy(&c.db(), cluster)?;
+        c.cluster = Some(etcd::Member::join(c.db.clone(), cluster)?);
+        Ok(c)
+    }
+
     fn with_connection(db: Connection) -> Result<Self, CatalogError> {
+        let c = Self::prepared(db)?;
+        etcd::refuse_member_copy(&c.db())?;
+        Ok(c)
+    }
+
+    fn prepared(db: Connection) -> Result<Self, CatalogError> {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         db.execute_batch(SCHEMA)?;
         migrate(&db)?;
-        Ok(Catalog { db: Mutex::new(db) })
+        Ok(Catalog {
+            db: std::sync::Arc::new(Mutex::new(db)),
+            cluster: None,
+        })
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
+        crate::mutex::lock(&self.db)
+    }
+
+    /// Writes a change: applied here at once, or, in a cluster, appended to
+    /// the log and returned once this node applied it (so that what the
+    /// writer reads next has it).
+    pub fn write(&self, change: Change) -> Result<Outcome, CatalogError> {
+        match &self.cluster {
+            Some(member) => member.write(change),
+            None => {
+                let mut db = self.db();
+                let tx = db.transaction()?;
+                let outcome = change.apply(&tx)?;
+                tx.commit()?;
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// In a cluster: applies everything etcd holds now, so that what this
+    /// node reads next is no older than this call. Nothing for a single
+    /// daemon.
+    pub fn sync(&self) -> Result<(), CatalogError> {
+        self.cluster.as_ref().map_or(Ok(()), etcd::Member::sync)
+    }
+
+    /// In a cluster: the functions other members' changes wrote, as this
+    /// node applies them (each name once per change). `None` for a single
+    /// daemon, or once taken.
+    pub fn take_remote_changes(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.cluster
+            .as_ref()
+            .and_then(etcd::Member::take_remote_changes)
     }
 
     /// Inserts a new function; false if the name is taken.
     pub fn insert(&self, f: &Function) -> Result<bool, CatalogError> {
-        let db = self.db();
-        let n = db.execute(
-            "INSERT OR IGNORE INTO functions (name, runtime, handler, memory_mib, timeout_s,
-                env_json, description, role, code_sha256, code_size, version, revision_id,
-                last_modified, reserved_concurrency, network)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            row_params(f, &env_json(&f.env)),
-        )?;
-        Ok(n == 1)
+        Ok(self
+            .write(Change::InsertFunction {
+                function: f.clone(),
+            })?
+            .changed())
     }
 
     /// Replaces a function's row (code, configuration, version).
     pub fn update(&self, f: &Function) -> Result<(), CatalogError> {
-        self.db().execute(
-            "UPDATE functions SET runtime = ?2, handler = ?3, memory_mib = ?4, timeout_s = ?5,
-                env_json = ?6, description = ?7, role = ?8, code_sha256 = ?9, code_size = ?10,
-                version = ?11, revision_id = ?12, last_modified = ?13, reserved_concurrency = ?14,
-                network = ?15
-             WHERE name = ?1",
-            row_params(f, &env_json(&f.env)),
-        )?;
-        Ok(())
+        self.write(Change::UpdateFunction {
+            function: f.clone(),
+        })
+        .map(drop)
     }
 
     pub fn get(&self, name: &str) -> Result<Option<Function>, CatalogError> {
@@ -273,16 +391,9 @@ impl Catalog {
     /// Deletes a function with its published versions and aliases (one
     /// transaction); false if there was none.
     pub fn delete(&self, name: &str) -> Result<bool, CatalogError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        let n = tx.execute("DELETE FROM functions WHERE name = ?1", [name])?;
-        tx.execute("DELETE FROM versions WHERE name = ?1", [name])?;
-        tx.execute("DELETE FROM version_counters WHERE function = ?1", [name])?;
-        tx.execute("DELETE FROM aliases WHERE function = ?1", [name])?;
-        tx.execute("DELETE FROM function_urls WHERE function = ?1", [name])?;
-        tx.execute("DELETE FROM jail_uids WHERE function = ?1", [name])?;
-        tx.commit()?;
-        Ok(n == 1)
+        Ok(self
+            .write(Change::DeleteFunction { name: name.into() })?
+            .changed())
     }
 
     /// Whether any function's current version, or any published version,
@@ -385,73 +496,6 @@ impl Catalog {
             "DELETE FROM snapshots WHERE function = ?1 AND version = ?2",
             params![function, version],
         )?;
-        Ok(())
-    }
-}
-
-/// A function's tags (`TagResource`, CreateFunction's `Tags`), key → value.
-pub type Tags = BTreeMap<String, String>;
-
-impl Catalog {
-    pub fn tags(&self, function: &str) -> Result<Tags, CatalogError> {
-        let db = self.db();
-        let mut st =
-            db.prepare_cached("SELECT tag_key, tag_value FROM tags WHERE function = ?1")?;
-        let rows = st
-            .query_map([function], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
-    }
-
-    /// Adds `tags` to a function's, replacing the values of keys it has.
-    /// One transaction: all are stored or none.
-    pub fn add_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        for (k, v) in tags {
-            tx.execute(
-                "INSERT OR REPLACE INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
-                params![function, k, v],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// A new function's tags: replaces whatever a function of that name left
-    /// (a delete cut short) in the same transaction.
-    pub fn replace_tags(&self, function: &str, tags: &Tags) -> Result<(), CatalogError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        tx.execute("DELETE FROM tags WHERE function = ?1", [function])?;
-        for (k, v) in tags {
-            tx.execute(
-                "INSERT INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
-                params![function, k, v],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Removes these keys (those the function does not have are no error).
-    pub fn remove_tags(&self, function: &str, keys: &[String]) -> Result<(), CatalogError> {
-        let mut db = self.db();
-        let tx = db.transaction()?;
-        for k in keys {
-            tx.execute(
-                "DELETE FROM tags WHERE function = ?1 AND tag_key = ?2",
-                params![function, k],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Removes every tag of a function (it is being deleted).
-    pub fn delete_tags(&self, function: &str) -> Result<(), CatalogError> {
-        self.db()
-            .execute("DELETE FROM tags WHERE function = ?1", [function])?;
         Ok(())
     }
 }
@@ -589,6 +633,33 @@ mod tests {
             reserved_concurrency: None,
             network: false,
             published: None,
+        }
+    }
+
+    #[test]
+    fn functions_and_tags_are_written_alike_on_both_backends() {
+        for (backend, c) in test_etcd::backends() {
+            assert!(c.insert(&sample("a")).unwrap(), "{backend}");
+            assert!(
+                !c.insert(&sample("a")).unwrap(),
+                "{backend}: a name is taken once"
+            );
+            let mut a = sample("a");
+            a.version = 2;
+            a.env.insert("K".into(), "v".into());
+            c.update(&a).unwrap();
+            assert_eq!(c.get("a").unwrap(), Some(a.clone()), "{backend}");
+            c.replace_tags("a", &Tags::from([("k".into(), "1".into())]))
+                .unwrap();
+            c.add_tags("a", &Tags::from([("j".into(), "2".into())]))
+                .unwrap();
+            c.remove_tags("a", &["k".into()]).unwrap();
+            assert_eq!(c.tags("a").unwrap().len(), 1, "{backend}");
+            assert!(c.code_in_use("00").unwrap());
+            assert!(c.delete("a").unwrap(), "{backend}");
+            assert!(!c.delete("a").unwrap(), "{backend}");
+            c.delete_tags("a").unwrap();
+            assert!(c.list().unwrap().is_empty() && c.tags("a").unwrap().is_empty());
         }
     }
 

@@ -114,7 +114,7 @@ pub fn run(state_dir: &Path, pool: NetPool, fd: i32) -> anyhow::Result<()> {
     crate::cgroups::remove_tree(&crate::network::prefix_of(state_dir));
     // The pid records go too (a full disk may refuse this: the next
     // daemon drops them then).
-    match crate::catalog::Catalog::open(&state_dir.join("catalog.db")) {
+    match crate::catalog::Catalog::open_local(&state_dir.join("catalog.db")) {
         Ok(catalog) => {
             if let Err(e) = crate::recovery::forget_processes(&catalog) {
                 tracing::warn!("spore serve's guardian: VMM records kept: {e:#}");

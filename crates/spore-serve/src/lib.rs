@@ -28,6 +28,8 @@ pub mod bases;
 pub mod catalog;
 pub mod cgroups;
 pub mod clock;
+pub mod cluster;
+pub mod cluster_follow;
 pub mod code;
 pub mod config;
 pub mod connections;
@@ -75,6 +77,8 @@ pub struct ServeConfig {
     /// `--url-domain`: function URLs as `<url-id>.lambda-url.<region>.<domain>`
     /// host names instead of path prefixes.
     pub url_domain: Option<String>,
+    /// `--cluster`: the catalogue in etcd, this daemon one node of many.
+    pub cluster: Option<cluster::NodeOptions>,
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
@@ -86,6 +90,67 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
         .thread_name("spore-serve")
         .build()?;
     runtime.block_on(serve(config))
+}
+
+/// A single daemon's catalogue, or this node's copy of the cluster's.
+fn open_catalog(
+    state_dir: &std::path::Path,
+    cluster: Option<&cluster::NodeOptions>,
+) -> anyhow::Result<Arc<catalog::Catalog>> {
+    let path = state_dir.join("catalog.db");
+    let catalog = match cluster {
+        Some(node) => catalog::Catalog::open_member(&path, &node.cluster),
+        None => catalog::Catalog::open(&path),
+    }
+    .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?;
+    Ok(Arc::new(catalog))
+}
+
+/// Reserved and provisioned concurrency as the catalogue sets them.
+async fn set_concurrency(
+    catalog: &catalog::Catalog,
+    instances: &Arc<instances::Instances>,
+) -> anyhow::Result<()> {
+    for f in catalog.list()? {
+        if let Some(n) = f.reserved_concurrency {
+            instances.set_reserved(&f.name, Some(n));
+        }
+    }
+    for name in catalog.provisioned_functions()? {
+        instances.sync_provisioned(&name).await;
+    }
+    Ok(())
+}
+
+/// Accepted events also in etcd (another node runs them if this one
+/// dies), this node's queue squared with its copies there first.
+async fn replicate_events(
+    node: &Arc<cluster::Node>,
+    events: &Arc<events::EventQueue>,
+) -> anyhow::Result<()> {
+    events.set_replica(Box::new(cluster::EtcdEvents::new(node.clone())));
+    cluster::reconcile_events(node, events)
+        .await
+        .map_err(|e| anyhow::anyhow!("cluster: this node's events in etcd: {e}"))?;
+    cluster::spawn_takeover(node.clone(), events.clone());
+    Ok(())
+}
+
+/// Registers this daemon as a cluster node and follows what other nodes
+/// change (`--cluster`).
+async fn join_cluster(
+    options: cluster::NodeOptions,
+    memory_budget: u64,
+    catalog: &Arc<catalog::Catalog>,
+    instances: &Arc<instances::Instances>,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<Arc<cluster::Node>> {
+    let capacity = cluster::Capacity::of_this_host(memory_budget);
+    let node = cluster::Node::start(options, capacity, catalog.clone()).await?;
+    instances.join_cluster(node.clone());
+    cluster_follow::spawn(&node, catalog, instances, state_dir);
+    tracing::info!(node = %node.cluster.node_id, advertise = %node.advertise, "joined the cluster");
+    Ok(node)
 }
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
@@ -105,10 +170,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // First, as it needs no disk room: a full disk must not keep a dead
     // daemon's VMMs running, and removing its leftovers frees room.
     let report = recovery::recover(&state_dir)?;
-    let catalog = Arc::new(
-        catalog::Catalog::open(&state_dir.join("catalog.db"))
-            .with_context(|| format!("opening the catalogue in {}", state_dir.display()))?,
-    );
+    let catalog = open_catalog(&state_dir, config.cluster.as_ref())?;
     recovery::forget_processes(&catalog)?;
     jail::set_up(config.instances.jail, &catalog, &state_dir)?;
     if report.killed > 0 || report.removed > 0 {
@@ -133,7 +195,14 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             None
         }
     };
+    let memory_budget = config.instances.memory_budget;
     let instances = instances::Instances::new(config.instances, catalog.clone());
+    let node = match config.cluster.clone() {
+        Some(options) => {
+            Some(join_cluster(options, memory_budget, &catalog, &instances, &state_dir).await?)
+        }
+        None => None,
+    };
     if let Some(g) = &_guardian {
         instances.census_skip(g.pid());
     }
@@ -147,14 +216,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     if stale > 0 {
         tracing::info!("{stale} stale or half-written snapshots removed");
     }
-    for f in catalog.list()? {
-        if let Some(n) = f.reserved_concurrency {
-            instances.set_reserved(&f.name, Some(n));
-        }
-    }
-    for name in catalog.provisioned_functions()? {
-        instances.sync_provisioned(&name).await;
-    }
+    set_concurrency(&catalog, &instances).await?;
     let (events, found) =
         events::EventQueue::open(&state_dir.join("events"), config.events.clone())
             .with_context(|| format!("opening the event queue in {}", state_dir.display()))?;
@@ -165,6 +227,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         );
     }
     let events = Arc::new(events);
+    if let Some(node) = &node {
+        replicate_events(node, &events).await?;
+    }
     let auth = match &config.auth_keys {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,
@@ -180,6 +245,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         events: events.clone(),
         connections: Arc::new(connections::Connections::default()),
         url_base: std::sync::OnceLock::new(),
+        cluster: node,
     });
     let dispatcher = api::spawn_event_dispatcher(daemon.clone());
     let (listener, url_listener) = listen_and_announce(
@@ -197,6 +263,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
                 tick.tick().await;
                 instances.reap_idle().await;
                 instances.refill_all();
+                instances.release_idle_slots().await;
             }
         })
     };
@@ -237,6 +304,9 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     reaper.abort();
     instances.shutdown().await;
+    if let Some(node) = &daemon.cluster {
+        node.leave().await;
+    }
     Ok(())
 }
 

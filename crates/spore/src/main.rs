@@ -3,6 +3,7 @@
 
 mod api_client;
 mod clone_cmd;
+mod cluster_cmd;
 mod fc_cmd;
 mod fn_cmd;
 mod host;
@@ -136,6 +137,9 @@ enum Command {
     /// The serverless daemon: functions deployed and invoked through the
     /// AWS Lambda API (boto3, the AWS CLI), each instance a spore microVM.
     Serve(serve_cmd::ServeArgs),
+    /// A spore serve cluster (--cluster): its nodes and catalogue.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Deploy, invoke, list and remove spore serve functions, read their
     /// logs and statistics (the same Lambda API the AWS CLI uses).
     Fn(fn_cmd::FnArgs),
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
         Command::Snapshot(s) => snapshot_cmd::run(s),
         Command::Clone(a) => clone_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
+        Command::Cluster(c) => cluster_cmd::run(c),
         Command::Fn(a) => fn_cmd::run(a),
         Command::Image(c) => image_cmd::run(c),
         Command::Firecracker { args } => {

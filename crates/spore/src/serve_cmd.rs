@@ -161,6 +161,23 @@ pub struct ServeArgs {
     /// MemorySize: the VMM's own (e.g. 64M).
     #[arg(long, default_value = "64M")]
     instance_memory_overhead: String,
+    /// Join a cluster whose catalogue lives in etcd:
+    /// etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (prefix default: spore).
+    /// Every node of one cluster gives the same URL (docs/serve/cluster.md).
+    #[arg(long, value_name = "etcd://HOST:PORT,...")]
+    cluster: Option<String>,
+    /// This node's id in the cluster: letters, digits, '-' and '_'
+    /// (default: the host name).
+    #[arg(long, requires = "cluster")]
+    node_id: Option<String>,
+    /// Where the other nodes reach this node's API (default: --listen,
+    /// which must then name an address and a port).
+    #[arg(long, requires = "cluster")]
+    advertise: Option<SocketAddr>,
+    /// A file (mode 0600) holding the key the nodes' requests to each other
+    /// carry; the same on every node. Required with --cluster.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    cluster_key: Option<PathBuf>,
     /// Internal: run as the daemon's guardian, waiting on this descriptor
     /// (spore_serve::guardian).
     #[arg(long, hide = true)]
@@ -177,6 +194,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
     let spore_bin = match std::env::var_os("SPORE_BIN") {
         Some(p) => std::env::current_dir()?.join(p),
         None => std::env::current_exe().context("finding the spore binary")?,
+    };
+    // First: a cluster misconfigured stops the daemon before it touches anything.
+    let cluster = match &a.cluster {
+        Some(url) => Some(cluster_options(url, &a)?),
+        None => None,
     };
     let memory_budget = match &a.memory_budget {
         Some(s) => {
@@ -221,6 +243,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         }
     }
     spore_serve::run(spore_serve::ServeConfig {
+        cluster,
         listen: a.listen,
         url_listen: a.url_listen,
         url_domain: a.url_domain,
@@ -261,4 +284,31 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
         },
     })?;
     Ok(0)
+}
+
+/// `--cluster` with its companions, checked before anything starts.
+fn cluster_options(url: &str, a: &ServeArgs) -> anyhow::Result<spore_serve::cluster::NodeOptions> {
+    let node_id = match &a.node_id {
+        Some(id) => id.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .context("--node-id: none given and no host name")?,
+    };
+    let cluster = spore_serve::catalog::ClusterConfig::parse(url, &node_id)?;
+    let advertise = match a.advertise {
+        Some(addr) => addr,
+        None if a.listen.ip().is_unspecified() || a.listen.port() == 0 => anyhow::bail!(
+            "--cluster: --listen {} is no address other nodes can reach: give --advertise",
+            a.listen
+        ),
+        None => a.listen,
+    };
+    let key_file = a.cluster_key.clone().context(
+        "--cluster needs --cluster-key FILE (the key nodes' requests to each other carry)",
+    )?;
+    Ok(spore_serve::cluster::NodeOptions {
+        cluster,
+        advertise,
+        key_file,
+    })
 }

@@ -30,7 +30,14 @@ pub(crate) struct Daemon {
 impl Daemon {
     pub(crate) fn start(state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
         let log = std::env::var_os("SPORE_BENCH_DAEMON_LOG").map(PathBuf::from);
-        Self::spawn(state, extra, false, log.as_deref(), false)
+        Self::spawn("127.0.0.1:0", state, extra, false, log.as_deref(), false)
+    }
+
+    /// [`Daemon::start`] listening on `listen` (a cluster node's address
+    /// is known before it starts).
+    pub(crate) fn start_on(listen: &str, state: &Path, extra: &[&str]) -> anyhow::Result<Daemon> {
+        let log = std::env::var_os("SPORE_BENCH_DAEMON_LOG").map(PathBuf::from);
+        Self::spawn(listen, state, extra, false, log.as_deref(), false)
     }
 
     /// A daemon on `state` that leaves it in place when ended; its messages
@@ -40,10 +47,11 @@ impl Daemon {
         extra: &[&str],
         log: Option<&Path>,
     ) -> anyhow::Result<Daemon> {
-        Self::spawn(state, extra, true, log, true)
+        Self::spawn("127.0.0.1:0", state, extra, true, log, true)
     }
 
     fn spawn(
+        listen: &str,
         state: &Path,
         extra: &[&str],
         keep_state: bool,
@@ -63,7 +71,7 @@ impl Daemon {
             None => Stdio::null(),
         };
         let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .args(["serve", "--listen", listen, "--state-dir"])
             .arg(state)
             .args(extra)
             .args(EXTRA_ARGS.get().map_or(&[][..], Vec::as_slice))

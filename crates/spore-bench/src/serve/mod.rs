@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use crate::lambda_client::Conn;
 use crate::procfs::{pss_kib, rss_kib};
 
-mod daemon;
+pub(crate) mod daemon;
 mod linux;
 
 #[derive(Args, Debug)]

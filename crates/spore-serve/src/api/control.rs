@@ -573,6 +573,9 @@ pub async fn metrics(daemon: &Arc<Daemon>, caller: &Account) -> Resp {
     let gauges = daemon.instances.gauges().await;
     let mut text = daemon.instances.metrics.render(&gauges);
     daemon.events.render_metrics(&mut text);
+    if let Some(node) = &daemon.cluster {
+        node.render_metrics(&mut text);
+    }
     let (open, refused, evicted) = daemon.connections.counts();
     text.push_str(&format!(
         "# HELP spore_api_connections Open connections to the Lambda API.\n\

@@ -100,6 +100,15 @@ impl LambdaError {
 }
 
 /// A catalogue failure, as the service error it is to the caller.
+/// A catalogue error: a cluster's etcd that cannot take a write is a
+/// 503 (try again), anything else a 500.
 pub fn catalog_err(e: crate::catalog::CatalogError) -> LambdaError {
-    LambdaError::service(e.to_string())
+    match e {
+        crate::catalog::CatalogError::Cluster(_) => LambdaError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceException",
+            e.to_string(),
+        ),
+        e => LambdaError::service(e.to_string()),
+    }
 }

@@ -30,6 +30,11 @@ pub fn spawn_dispatcher(daemon: Arc<Daemon>) -> tokio::task::JoinHandle<()> {
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return;
             };
+            // A fenced cluster node runs nothing: another node may take
+            // over its events.
+            while daemon.cluster.as_ref().is_some_and(|n| n.is_fenced()) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             let ev = daemon.events.next_due().await;
             let daemon = daemon.clone();
             tokio::spawn(async move {

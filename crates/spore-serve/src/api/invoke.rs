@@ -39,6 +39,13 @@ pub async fn invoke(
     req: super::Req,
 ) -> Result<Resp, LambdaError> {
     let received = Instant::now();
+    if daemon.cluster.as_ref().is_some_and(|n| n.is_fenced()) {
+        return Err(LambdaError::new(
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceException",
+            "this node lost its cluster lease and is fenced: retry through another node",
+        ));
+    }
     let header = |k: &str| {
         req.headers()
             .get(k)
@@ -112,6 +119,9 @@ pub async fn invoke(
             Ok(resp)
         }
         InvocationType::RequestResponse => {
+            if let Some(resp) = forward(daemon, &f, &req).await {
+                return Ok(resp);
+            }
             let request_id = super::random_uuid();
             let done = run(daemon, &f, &request_id, &payload, received).await?;
             let mut resp = hyper::Response::new(http_body_util::Full::new(Bytes::from(done.body)));
@@ -134,6 +144,12 @@ pub async fn invoke(
             );
             if let Ok(v) = HeaderValue::from_str(&done.micros.to_string()) {
                 h.insert("x-spore-duration-us", v);
+            }
+            // In a cluster: the node that ran it (a forwarded one's owner).
+            if let Some(node) = &daemon.cluster {
+                if let Ok(v) = HeaderValue::from_str(&node.cluster.node_id) {
+                    h.insert("x-spore-node", v);
+                }
             }
             if done.function_error {
                 h.insert(
@@ -285,4 +301,66 @@ pub(super) async fn run(
         // Saturates only after 584,000 years.
         micros: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
     })
+}
+
+/// In a cluster, an invocation of a function this node does not own goes
+/// to an owner (`crate::cluster`'s placement); `None`: run it here (a
+/// single daemon, an owner, a forwarded request, or no owner answered).
+async fn forward(daemon: &Daemon, f: &Function, req: &super::Req) -> Option<Resp> {
+    let node = daemon.cluster.as_ref()?;
+    if req.headers().contains_key(crate::cluster::FORWARDED_HEADER) {
+        return None;
+    }
+    let owners = node.owners_elsewhere(&f.name)?;
+    let forwarded = node
+        .forward_invoke(
+            &owners,
+            &f.name,
+            &f.qualifier(),
+            req.headers(),
+            req.body().clone(),
+        )
+        .await;
+    match forwarded {
+        Ok(resp) => Some(resp),
+        Err(e) => {
+            tracing::warn!(function = %f.name, "no owner took the invocation ({e}): run here");
+            None
+        }
+    }
+}
+
+/// An invocation another node forwarded (`crate::cluster`): checked by the
+/// cluster key, then run as any Invoke, never forwarded again.
+pub async fn forwarded(
+    daemon: &Arc<Daemon>,
+    node: &crate::cluster::Node,
+    function: &str,
+    req: hyper::Request<hyper::body::Incoming>,
+    body_timeout: std::time::Duration,
+) -> Resp {
+    if !node.authorised(req.headers()) {
+        return LambdaError::new(
+            StatusCode::FORBIDDEN,
+            crate::cluster::REFUSED_KIND,
+            "the cluster key is missing or wrong",
+        )
+        .into_response();
+    }
+    let result = async {
+        let valid = !function.is_empty()
+            && function
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_:".contains(&b));
+        if !valid {
+            return Err(LambdaError::invalid(
+                "a forwarded invocation names no function key",
+            ));
+        }
+        let req = super::read_whole(req, body_timeout).await?;
+        let qualifier = super::query_qualifier(&req)?;
+        invoke(daemon, function, qualifier, req).await
+    }
+    .await;
+    result.unwrap_or_else(LambdaError::into_response)
 }

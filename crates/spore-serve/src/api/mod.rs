@@ -47,6 +47,8 @@ pub struct Daemon {
     pub connections: Arc<crate::connections::Connections>,
     /// Where function URLs are served, once listening (`--url-listen`).
     pub url_base: std::sync::OnceLock<UrlBase>,
+    /// In a cluster: this node (`--cluster`).
+    pub cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 pub use events::spawn_dispatcher as spawn_event_dispatcher;
@@ -69,6 +71,25 @@ pub async fn handle(
 ) -> Result<Resp, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    if let (Some(node), true) = (
+        &daemon.cluster,
+        path.starts_with(crate::cluster::INTERNAL_PREFIX),
+    ) {
+        // Another node's request: the cluster key, not SigV4.
+        let forwarded = path
+            .strip_prefix(crate::cluster::INTERNAL_PREFIX)
+            .and_then(|p| p.strip_prefix("invoke/"));
+        if let Some(function) = forwarded {
+            let function = function.to_string();
+            return Ok(invoke::forwarded(&daemon, node, &function, req, body_timeout).await);
+        }
+        return Ok(crate::cluster::serve_internal(
+            node,
+            &daemon.state_dir,
+            req.headers(),
+            &path,
+        ));
+    }
     let result = async {
         let req = read_whole(req, body_timeout).await?;
         let caller = match &daemon.auth {

@@ -2,14 +2,14 @@
 //! function and qualifier (`$LATEST`, a version number or an alias), as
 //! Lambda keeps it.
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{Catalog, CatalogError};
+use super::{Catalog, CatalogError, Change};
 
 /// How a qualifier's `Event` invocations are retried and where their
 /// records go (`PutFunctionEventInvokeConfig`). Unset fields take the
 /// daemon's `--event-*` defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EventInvokeConfig {
     pub function: String,
     /// `$LATEST`, a version number or an alias name.
@@ -40,19 +40,8 @@ fn row_to_config(r: &rusqlite::Row) -> rusqlite::Result<EventInvokeConfig> {
 impl Catalog {
     /// Creates or replaces the configuration of its function and qualifier.
     pub fn put_event_invoke_config(&self, c: &EventInvokeConfig) -> Result<(), CatalogError> {
-        self.db().execute(
-            &format!("INSERT OR REPLACE INTO event_configs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
-            params![
-                c.function,
-                c.qualifier,
-                c.max_retries,
-                c.max_age_s,
-                c.on_success,
-                c.on_failure,
-                i64::try_from(c.last_modified_ms).unwrap_or(i64::MAX)
-            ],
-        )?;
-        Ok(())
+        self.write(Change::PutEventConfig { config: c.clone() })
+            .map(drop)
     }
 
     pub fn event_invoke_config(
@@ -90,19 +79,56 @@ impl Catalog {
         function: &str,
         qualifier: &str,
     ) -> Result<bool, CatalogError> {
-        let n = self.db().execute(
-            "DELETE FROM event_configs WHERE function = ?1 AND qualifier = ?2",
-            params![function, qualifier],
-        )?;
-        Ok(n > 0)
+        Ok(self
+            .write(Change::DeleteEventConfig {
+                function: function.into(),
+                qualifier: qualifier.into(),
+            })?
+            .changed())
     }
 
     /// Deletes every configuration of `function` (the function is deleted).
     pub fn delete_event_invoke_configs(&self, function: &str) -> Result<(), CatalogError> {
-        self.db()
-            .execute("DELETE FROM event_configs WHERE function = ?1", [function])?;
-        Ok(())
+        self.write(Change::DeleteEventConfigs {
+            function: function.into(),
+        })
+        .map(drop)
     }
+}
+
+pub(super) fn put(db: &Connection, c: &EventInvokeConfig) -> Result<(), CatalogError> {
+    db.execute(
+        &format!(
+            "INSERT OR REPLACE INTO event_configs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+        ),
+        params![
+            c.function,
+            c.qualifier,
+            c.max_retries,
+            c.max_age_s,
+            c.on_success,
+            c.on_failure,
+            i64::try_from(c.last_modified_ms).unwrap_or(i64::MAX)
+        ],
+    )?;
+    Ok(())
+}
+
+pub(super) fn delete(
+    db: &Connection,
+    function: &str,
+    qualifier: &str,
+) -> Result<bool, CatalogError> {
+    let n = db.execute(
+        "DELETE FROM event_configs WHERE function = ?1 AND qualifier = ?2",
+        params![function, qualifier],
+    )?;
+    Ok(n > 0)
+}
+
+pub(super) fn delete_all(db: &Connection, function: &str) -> Result<(), CatalogError> {
+    db.execute("DELETE FROM event_configs WHERE function = ?1", [function])?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -120,47 +146,51 @@ mod tests {
 
     #[test]
     fn configurations_are_per_function_and_qualifier() {
-        let c = Catalog::in_memory().unwrap();
-        c.put_event_invoke_config(&config("f", "$LATEST", 0))
-            .unwrap();
-        c.put_event_invoke_config(&config("f", "live", 1)).unwrap();
-        c.put_event_invoke_config(&config("f", "live", 2)).unwrap();
-        c.put_event_invoke_config(&config("g", "$LATEST", 1))
-            .unwrap();
-        let live = c.event_invoke_config("f", "live").unwrap();
-        assert_eq!(live.and_then(|l| l.max_retries), Some(2));
-        assert_eq!(c.event_invoke_configs("f").unwrap().len(), 2);
-        assert!(c.delete_event_invoke_config("f", "live").unwrap());
-        assert!(!c.delete_event_invoke_config("f", "live").unwrap());
-        c.delete_event_invoke_configs("f").unwrap();
-        assert!(c.event_invoke_configs("f").unwrap().is_empty());
-        assert_eq!(c.event_invoke_configs("g").unwrap().len(), 1);
+        for (backend, c) in crate::catalog::test_etcd::backends() {
+            eprintln!("backend: {backend}");
+            c.put_event_invoke_config(&config("f", "$LATEST", 0))
+                .unwrap();
+            c.put_event_invoke_config(&config("f", "live", 1)).unwrap();
+            c.put_event_invoke_config(&config("f", "live", 2)).unwrap();
+            c.put_event_invoke_config(&config("g", "$LATEST", 1))
+                .unwrap();
+            let live = c.event_invoke_config("f", "live").unwrap();
+            assert_eq!(live.and_then(|l| l.max_retries), Some(2));
+            assert_eq!(c.event_invoke_configs("f").unwrap().len(), 2);
+            assert!(c.delete_event_invoke_config("f", "live").unwrap());
+            assert!(!c.delete_event_invoke_config("f", "live").unwrap());
+            c.delete_event_invoke_configs("f").unwrap();
+            assert!(c.event_invoke_configs("f").unwrap().is_empty());
+            assert_eq!(c.event_invoke_configs("g").unwrap().len(), 1);
+        }
     }
 
     #[test]
     fn a_configuration_is_kept_replaced_and_deleted() {
-        let db = Catalog::in_memory().unwrap();
-        assert_eq!(db.event_invoke_config("f", "$LATEST").unwrap(), None);
-        let mut c = EventInvokeConfig {
-            function: "f".into(),
-            qualifier: "$LATEST".into(),
-            max_retries: Some(0),
-            max_age_s: None,
-            on_success: None,
-            on_failure: Some("arn:aws:lambda:us-east-1:000000000000:function:dlq".into()),
-            last_modified_ms: 1,
-        };
-        db.put_event_invoke_config(&c).unwrap();
-        assert_eq!(
-            db.event_invoke_config("f", "$LATEST").unwrap().as_ref(),
-            Some(&c)
-        );
-        c.max_retries = None;
-        c.max_age_s = Some(60);
-        db.put_event_invoke_config(&c).unwrap();
-        assert_eq!(db.event_invoke_config("f", "$LATEST").unwrap(), Some(c));
-        assert!(db.delete_event_invoke_config("f", "$LATEST").unwrap());
-        assert!(!db.delete_event_invoke_config("f", "$LATEST").unwrap());
+        for (backend, db) in crate::catalog::test_etcd::backends() {
+            eprintln!("backend: {backend}");
+            assert_eq!(db.event_invoke_config("f", "$LATEST").unwrap(), None);
+            let mut c = EventInvokeConfig {
+                function: "f".into(),
+                qualifier: "$LATEST".into(),
+                max_retries: Some(0),
+                max_age_s: None,
+                on_success: None,
+                on_failure: Some("arn:aws:lambda:us-east-1:000000000000:function:dlq".into()),
+                last_modified_ms: 1,
+            };
+            db.put_event_invoke_config(&c).unwrap();
+            assert_eq!(
+                db.event_invoke_config("f", "$LATEST").unwrap().as_ref(),
+                Some(&c)
+            );
+            c.max_retries = None;
+            c.max_age_s = Some(60);
+            db.put_event_invoke_config(&c).unwrap();
+            assert_eq!(db.event_invoke_config("f", "$LATEST").unwrap(), Some(c));
+            assert!(db.delete_event_invoke_config("f", "$LATEST").unwrap());
+            assert!(!db.delete_event_invoke_config("f", "$LATEST").unwrap());
+        }
     }
 
     #[test]

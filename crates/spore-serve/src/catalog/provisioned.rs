@@ -2,12 +2,12 @@
 //! record per function and qualifier (a version number or an alias; a
 //! `$LATEST` record only as an older daemon left it).
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{Catalog, CatalogError};
+use super::{Catalog, CatalogError, Change};
 
 /// A qualifier's provisioned concurrency (HyperFork's throughput mode).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProvisionedRecord {
     pub function: String,
     pub qualifier: String,
@@ -27,12 +27,8 @@ fn row_to_record(r: &rusqlite::Row) -> rusqlite::Result<ProvisionedRecord> {
 impl Catalog {
     /// Creates or replaces the record of its function and qualifier.
     pub fn put_provisioned(&self, p: &ProvisionedRecord) -> Result<(), CatalogError> {
-        self.db().execute(
-            "INSERT OR REPLACE INTO provisioned_configs (function, qualifier, count, last_modified)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![p.function, p.qualifier, p.count, p.last_modified],
-        )?;
-        Ok(())
+        self.write(Change::PutProvisioned { record: p.clone() })
+            .map(drop)
     }
 
     pub fn provisioned(
@@ -81,21 +77,50 @@ impl Catalog {
         function: &str,
         qualifier: &str,
     ) -> Result<bool, CatalogError> {
-        let n = self.db().execute(
-            "DELETE FROM provisioned_configs WHERE function = ?1 AND qualifier = ?2",
-            params![function, qualifier],
-        )?;
-        Ok(n > 0)
+        Ok(self
+            .write(Change::DeleteProvisioned {
+                function: function.into(),
+                qualifier: qualifier.into(),
+            })?
+            .changed())
     }
 
     /// Deletes every record of `function` (the function is deleted).
     pub fn delete_all_provisioned(&self, function: &str) -> Result<(), CatalogError> {
-        self.db().execute(
-            "DELETE FROM provisioned_configs WHERE function = ?1",
-            [function],
-        )?;
-        Ok(())
+        self.write(Change::DeleteAllProvisioned {
+            function: function.into(),
+        })
+        .map(drop)
     }
+}
+
+pub(super) fn put(db: &Connection, p: &ProvisionedRecord) -> Result<(), CatalogError> {
+    db.execute(
+        "INSERT OR REPLACE INTO provisioned_configs (function, qualifier, count, last_modified)
+         VALUES (?1, ?2, ?3, ?4)",
+        params![p.function, p.qualifier, p.count, p.last_modified],
+    )?;
+    Ok(())
+}
+
+pub(super) fn delete(
+    db: &Connection,
+    function: &str,
+    qualifier: &str,
+) -> Result<bool, CatalogError> {
+    let n = db.execute(
+        "DELETE FROM provisioned_configs WHERE function = ?1 AND qualifier = ?2",
+        params![function, qualifier],
+    )?;
+    Ok(n > 0)
+}
+
+pub(super) fn delete_all(db: &Connection, function: &str) -> Result<(), CatalogError> {
+    db.execute(
+        "DELETE FROM provisioned_configs WHERE function = ?1",
+        [function],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -113,18 +138,20 @@ mod tests {
 
     #[test]
     fn records_are_per_function_and_qualifier() {
-        let c = Catalog::in_memory().unwrap();
-        c.put_provisioned(&record("f", "1", 2)).unwrap();
-        c.put_provisioned(&record("f", "live", 3)).unwrap();
-        c.put_provisioned(&record("g", "1", 1)).unwrap();
-        c.put_provisioned(&record("f", "1", 4)).unwrap();
-        assert_eq!(c.provisioned("f", "1").unwrap().map(|r| r.count), Some(4));
-        assert_eq!(c.provisioned_of("f").unwrap().len(), 2);
-        assert_eq!(c.provisioned_functions().unwrap(), vec!["f", "g"]);
-        assert!(c.delete_provisioned("f", "live").unwrap());
-        assert!(!c.delete_provisioned("f", "live").unwrap());
-        c.delete_all_provisioned("f").unwrap();
-        assert!(c.provisioned_of("f").unwrap().is_empty());
+        for (backend, c) in crate::catalog::test_etcd::backends() {
+            eprintln!("backend: {backend}");
+            c.put_provisioned(&record("f", "1", 2)).unwrap();
+            c.put_provisioned(&record("f", "live", 3)).unwrap();
+            c.put_provisioned(&record("g", "1", 1)).unwrap();
+            c.put_provisioned(&record("f", "1", 4)).unwrap();
+            assert_eq!(c.provisioned("f", "1").unwrap().map(|r| r.count), Some(4));
+            assert_eq!(c.provisioned_of("f").unwrap().len(), 2);
+            assert_eq!(c.provisioned_functions().unwrap(), vec!["f", "g"]);
+            assert!(c.delete_provisioned("f", "live").unwrap());
+            assert!(!c.delete_provisioned("f", "live").unwrap());
+            c.delete_all_provisioned("f").unwrap();
+            assert!(c.provisioned_of("f").unwrap().is_empty());
+        }
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Function URLs in the catalogue (`function_urls`): which function and
 //! qualifier each URL id reaches, and how it is authorised.
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{Catalog, CatalogError};
+use super::{Catalog, CatalogError, Change};
 
 /// A function URL (`CreateFunctionUrlConfig`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionUrl {
     /// 32 lowercase letters and digits: the URL's host label or path prefix.
     pub url_id: String,
@@ -36,21 +36,7 @@ fn row_to_url(r: &rusqlite::Row) -> rusqlite::Result<FunctionUrl> {
 impl Catalog {
     /// Creates or replaces a URL configuration (by its id).
     pub fn put_url(&self, u: &FunctionUrl) -> Result<(), CatalogError> {
-        self.db().execute(
-            "INSERT OR REPLACE INTO function_urls (url_id, function, qualifier, auth_type,
-                cors_json, creation_time, last_modified_time)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                u.url_id,
-                u.function,
-                u.qualifier,
-                u.auth_type,
-                u.cors_json,
-                u.creation_time,
-                u.last_modified_time
-            ],
-        )?;
-        Ok(())
+        self.write(Change::PutUrl { url: u.clone() }).map(drop)
     }
 
     /// The URL a request's id names (the serving path: one indexed lookup).
@@ -81,9 +67,40 @@ impl Catalog {
 
     /// Whether a URL configuration was deleted.
     pub fn delete_url(&self, function: &str, qualifier: &str) -> Result<bool, CatalogError> {
-        Ok(self.db().execute(
-            "DELETE FROM function_urls WHERE function = ?1 AND qualifier = ?2",
-            [function, qualifier],
-        )? == 1)
+        Ok(self
+            .write(Change::DeleteUrl {
+                function: function.into(),
+                qualifier: qualifier.into(),
+            })?
+            .changed())
     }
+}
+
+pub(super) fn put(db: &Connection, u: &FunctionUrl) -> Result<(), CatalogError> {
+    db.execute(
+        "INSERT OR REPLACE INTO function_urls (url_id, function, qualifier, auth_type,
+            cors_json, creation_time, last_modified_time)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            u.url_id,
+            u.function,
+            u.qualifier,
+            u.auth_type,
+            u.cors_json,
+            u.creation_time,
+            u.last_modified_time
+        ],
+    )?;
+    Ok(())
+}
+
+pub(super) fn delete(
+    db: &Connection,
+    function: &str,
+    qualifier: &str,
+) -> Result<bool, CatalogError> {
+    Ok(db.execute(
+        "DELETE FROM function_urls WHERE function = ?1 AND qualifier = ?2",
+        [function, qualifier],
+    )? == 1)
 }

@@ -18,6 +18,7 @@
 
 mod account_memory;
 mod clone_leaves;
+mod cluster_slots;
 mod cpu_cap;
 mod layered;
 mod memory;
@@ -222,7 +223,7 @@ pub struct Instances {
     /// revision: it outlives `$LATEST`'s changes.
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Per function: its reserved concurrency, if set.
-    reserved: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
+    reserved: Mutex<HashMap<String, cluster_slots::Reserved>>,
     /// Per function version (a published one; `$LATEST` only as an older
     /// daemon's catalogue left it): its provisioned concurrency, if set.
     provisioned: Mutex<HashMap<PoolKey, u32>>,
@@ -240,6 +241,8 @@ pub struct Instances {
     network: Arc<Network>,
     /// Who each function's VMMs run as (`None`: unjailed).
     jail: Option<crate::jail::Jail>,
+    /// In a cluster: this node (code this node lacks is fetched from peers).
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
 }
 
 impl Instances {
@@ -269,8 +272,14 @@ impl Instances {
                 Network::new(&cfg.state_dir, cfg.net_pool).keeping_spares(cfg.net_spares),
             ),
             jail,
+            cluster: std::sync::OnceLock::new(),
             cfg,
         })
+    }
+
+    /// Makes this daemon a cluster node: code it lacks comes from peers.
+    pub fn join_cluster(&self, node: Arc<crate::cluster::Node>) {
+        let _ = self.cluster.set(node);
     }
 
     /// After a restart: removes snapshots that are half-written, of old
@@ -532,9 +541,9 @@ impl Instances {
         &self,
         f: &Function,
     ) -> Result<(Option<OwnedSemaphorePermit>, OwnedSemaphorePermit), AcquireError> {
-        let reserved = lock(&self.reserved).get(&f.name).map(|(_, s)| s.clone());
+        let reserved = lock(&self.reserved).get(&f.name).cloned();
         let fn_permit = match reserved {
-            Some(sem) => Some(self.take(sem).await.ok_or_else(|| {
+            Some(r) => Some(self.take_reserved(&f.name, &r).await.ok_or_else(|| {
                 self.metrics.throttled(&f.name);
                 AcquireError::Throttled { reserved: true }
             })?),
@@ -559,14 +568,19 @@ impl Instances {
 
     /// Sets (or with `None` removes) a function's reserved concurrency.
     pub fn set_reserved(&self, name: &str, n: Option<u32>) {
-        let mut r = lock(&self.reserved);
-        match n {
-            Some(n) => {
-                r.insert(name.to_string(), (n, Arc::new(Semaphore::new(n as usize))));
+        let in_cluster = self.cluster.get().is_some();
+        let old = {
+            let mut r = lock(&self.reserved);
+            match n {
+                Some(n) => r.insert(
+                    name.to_string(),
+                    cluster_slots::Reserved::new(n, in_cluster),
+                ),
+                None => r.remove(name),
             }
-            None => {
-                r.remove(name);
-            }
+        };
+        if let Some(old) = old {
+            self.give_back_slots(name, &old);
         }
     }
 
@@ -700,12 +714,18 @@ impl Instances {
         }
     }
 
-    /// Ends every instance and zygote (daemon shutdown).
-    pub async fn shutdown(&self) {
+    /// Ends every instance and zygote (a fenced cluster node; shutdown).
+    pub async fn end_all(&self) {
         let pools: Vec<Arc<Pool>> = lock(&self.pools).drain().map(|(_, p)| p).collect();
         for p in pools {
             self.retire(p).await;
         }
+        self.forget_slots();
+    }
+
+    /// Ends every instance and zygote, and their networks (daemon shutdown).
+    pub async fn shutdown(&self) {
+        self.end_all().await;
         let network = self.network.clone();
         let _ = tokio::task::spawn_blocking(move || {
             network.teardown();

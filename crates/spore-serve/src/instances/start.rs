@@ -343,6 +343,18 @@ impl Instances {
         } else {
             code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
         };
+        if let Some(node) = self.cluster.get().filter(|_| !code.exists()) {
+            // Deployed through another node: its code comes from a peer.
+            crate::cluster::fetch_code(
+                node,
+                &self.cfg.state_dir,
+                &f.code_sha256,
+                &f.runtime,
+                &f.handler,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("fetching {}'s code from the cluster: {e}", f.name))?;
+        }
         if let Some(jail) = &self.jail {
             jail.share(&code)
                 .map_err(|e| anyhow::anyhow!("letting {}'s VMMs read its code: {e}", f.name))?;

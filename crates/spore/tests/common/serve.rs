@@ -23,8 +23,29 @@ impl Daemon {
     /// Starts `spore serve --listen 127.0.0.1:0 --state-dir DIR EXTRA...`
     /// and reads the address it prints.
     pub fn start(state_dir: &Path, extra: &[&str]) -> Daemon {
-        let mut child = super::spore()
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        Self::start_on("127.0.0.1:0", state_dir, extra)
+    }
+
+    /// [`Daemon::start`] listening on `listen`.
+    pub fn start_on(listen: &str, state_dir: &Path, extra: &[&str]) -> Daemon {
+        Self::start_in(None, listen, state_dir, extra)
+    }
+
+    /// [`Daemon::start_on`] in network namespace `netns` (`nsenter`, which
+    /// becomes the daemon: the child is the daemon's process; unlike `ip
+    /// netns exec` it leaves /sys, and so the cgroup mounts, as they are).
+    pub fn start_in(netns: Option<&str>, listen: &str, state_dir: &Path, extra: &[&str]) -> Daemon {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = std::process::Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{ns}"))
+                    .arg(env!("CARGO_BIN_EXE_spore"));
+                c
+            }
+            None => super::spore(),
+        };
+        let mut child = cmd
+            .args(["serve", "--listen", listen, "--state-dir"])
             .arg(state_dir)
             .args(extra)
             .stdout(Stdio::piped())

@@ -56,6 +56,8 @@ mod kvm_seccomp;
 mod kvm_serve;
 mod kvm_serve_cgroups;
 mod kvm_serve_clients;
+mod kvm_serve_cluster;
+mod kvm_serve_cluster_hosts;
 mod kvm_serve_disk_full;
 mod kvm_serve_events;
 mod kvm_serve_guardian;

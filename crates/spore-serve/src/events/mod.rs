@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod replica;
+pub use replica::EventReplica;
+
 use crate::fs::{create_private_dir, write_private};
 use crate::mutex::lock;
 
@@ -187,6 +190,9 @@ pub struct EventQueue {
     cfg: EventsConfig,
     inner: Mutex<Inner>,
     wake: tokio::sync::Notify,
+    /// In a cluster: where every accepted event is also kept, so that
+    /// another node runs it if this one dies (`replica`).
+    replica: std::sync::OnceLock<Box<dyn replica::EventReplica>>,
 }
 
 impl EventQueue {
@@ -244,6 +250,7 @@ impl EventQueue {
             cfg,
             inner: Mutex::new(inner),
             wake: tokio::sync::Notify::new(),
+            replica: std::sync::OnceLock::new(),
         };
         Ok((queue, found))
     }
@@ -335,12 +342,18 @@ impl EventQueue {
             attempts: 0,
             depth,
         };
-        let file = self.dir.join(format!(
+        let name = format!(
             "{:016x}-{}{SUFFIX}",
             meta.received_unix_ms,
             file_safe(request_id)
-        ));
-        write_private(&file, &encode(&meta, payload))?;
+        );
+        let file = self.dir.join(&name);
+        let bytes = encode(&meta, payload);
+        // Replicated first: an event a dead node accepted is in etcd.
+        if let Some(r) = self.replica.get() {
+            r.keep(&name, &bytes)?;
+        }
+        write_private(&file, &bytes)?;
         let mut g = lock(&self.inner);
         g.accepted += 1;
         g.push(
@@ -398,6 +411,7 @@ impl EventQueue {
 
     /// `ev` ran: its file goes.
     pub fn done(&self, ev: TakenEvent) {
+        self.forget_replica(&ev.file);
         remove_event_file(&ev.file);
         let mut g = lock(&self.inner);
         g.running = g.running.saturating_sub(1);
@@ -460,6 +474,7 @@ impl EventQueue {
     /// `ev` will not run: its file goes, and the drop is counted (the
     /// caller logs why, with its request id).
     pub fn drop_event(&self, ev: TakenEvent, reason: DropReason) {
+        self.forget_replica(&ev.file);
         remove_event_file(&ev.file);
         let mut g = lock(&self.inner);
         g.running = g.running.saturating_sub(1);

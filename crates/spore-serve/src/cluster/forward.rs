@@ -1,0 +1,269 @@
+//! Placement and forwarding: which nodes a function's invocations run on,
+//! and the hop to them.
+//!
+//! A function's owners are the first [`OWNERS`] live nodes by rendezvous
+//! (highest-random-weight) hashing of the function's key with each node's
+//! id: every node computes the same owners from the same membership, a
+//! function's instances concentrate on them (and stay warm), and a node's
+//! arrival or loss moves only the functions it ranks first for. An
+//! invocation reaching another node is forwarded to the first owner (the
+//! second if the first does not answer), over a kept-alive connection; if
+//! no owner answers it runs where it arrived.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use sha2::{Digest as _, Sha256};
+
+use super::{Node, NodeRecord, INTERNAL_PREFIX, KEY_HEADER};
+use crate::mutex::lock;
+
+/// How many nodes a function's instances run on.
+pub const OWNERS: usize = 2;
+/// The header a forwarded invocation carries: it is run, never forwarded
+/// again.
+pub const FORWARDED_HEADER: &str = "x-spore-forwarded-by";
+/// The request headers of an Invoke that travel with it.
+const INVOKE_HEADERS: &[&str] = &[
+    "x-amz-invocation-type",
+    "x-amz-log-type",
+    "x-amz-client-context",
+    "content-type",
+];
+/// The error kind of a forwarded invocation refused for its cluster key.
+pub const REFUSED_KIND: &str = "ClusterKeyRefused";
+/// Kept-alive connections per peer, at most.
+const POOL_PER_PEER: usize = 32;
+/// A forwarded invocation's longest wait for its answer: Lambda's longest
+/// timeout, plus a margin.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(15 * 60 + 30);
+
+/// A node's weight for a function (rendezvous hashing): the first 8 bytes
+/// of SHA-256(function key, 0, node id), the same on every node and build.
+fn weight(function: &str, node_id: &str) -> u64 {
+    let mut h = Sha256::new();
+    h.update(function.as_bytes());
+    h.update([0]);
+    h.update(node_id.as_bytes());
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// The nodes by their weight for `function`, heaviest first; nodes being
+/// drained only after every other (they own nothing while others live).
+pub fn ranked<'a>(function: &str, nodes: &'a [NodeRecord]) -> Vec<&'a NodeRecord> {
+    let mut by_weight: Vec<(bool, u64, &NodeRecord)> = nodes
+        .iter()
+        .map(|n| (!n.draining, weight(function, &n.node_id), n))
+        .collect();
+    by_weight.sort_by(|a, b| {
+        (b.0, b.1)
+            .cmp(&(a.0, a.1))
+            .then_with(|| a.2.node_id.cmp(&b.2.node_id))
+    });
+    by_weight.into_iter().map(|(_, _, n)| n).collect()
+}
+
+/// Kept-alive HTTP/1.1 connections to other nodes, by address.
+#[derive(Default)]
+pub(super) struct Connections {
+    idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
+}
+
+impl Connections {
+    async fn take(&self, addr: &str) -> Result<SendRequest<Full<Bytes>>, String> {
+        loop {
+            let kept = lock(&self.idle).get_mut(addr).and_then(Vec::pop);
+            match kept {
+                Some(mut c) if !c.is_closed() => {
+                    if c.ready().await.is_ok() {
+                        return Ok(c);
+                    }
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok(sender)
+    }
+
+    fn give_back(&self, addr: &str, c: SendRequest<Full<Bytes>>) {
+        let mut idle = lock(&self.idle);
+        let kept = idle.entry(addr.to_string()).or_default();
+        if kept.len() < POOL_PER_PEER && !c.is_closed() {
+            kept.push(c);
+        }
+    }
+}
+
+impl Node {
+    /// Where an invocation of `function` arriving here should run: `None`
+    /// here (this node is an owner, or the membership is not known yet),
+    /// else the owners' addresses in order.
+    pub fn owners_elsewhere(&self, function: &str) -> Option<Vec<String>> {
+        let nodes = lock(&self.known_nodes);
+        let ranked = ranked(function, &nodes);
+        let owners = &ranked[..ranked.len().min(OWNERS)];
+        if owners.is_empty() || owners.iter().any(|n| n.node_id == self.cluster.node_id) {
+            return None;
+        }
+        Some(owners.iter().map(|n| n.advertise.clone()).collect())
+    }
+
+    /// Whether this node is one of `function`'s owners (it keeps its code).
+    pub fn is_owner(&self, function: &str) -> bool {
+        let nodes = lock(&self.known_nodes);
+        ranked(function, &nodes)
+            .iter()
+            .take(OWNERS)
+            .any(|n| n.node_id == self.cluster.node_id)
+    }
+
+    /// Forwards an Invoke of `function` (its key) at `qualifier` to the
+    /// first owner that answers; `Err` when none did (the caller runs it).
+    pub async fn forward_invoke(
+        &self,
+        owners: &[String],
+        function: &str,
+        qualifier: &str,
+        headers: &hyper::HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Full<Bytes>>, String> {
+        let mut failures = Vec::new();
+        for addr in owners {
+            match self
+                .forward_to(addr, function, qualifier, headers, body.clone())
+                .await
+            {
+                Ok(resp) => return Ok(resp),
+                Err(e) => failures.push(format!("{addr}: {e}")),
+            }
+        }
+        Err(failures.join("; "))
+    }
+
+    async fn forward_to(
+        &self,
+        addr: &str,
+        function: &str,
+        qualifier: &str,
+        headers: &hyper::HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Full<Bytes>>, String> {
+        let q: String = qualifier
+            .bytes()
+            .map(|b| match b {
+                b'$' => "%24".to_string(),
+                b => char::from(b).to_string(),
+            })
+            .collect();
+        let mut req =
+            hyper::Request::post(format!("{INTERNAL_PREFIX}invoke/{function}?Qualifier={q}"))
+                .header(hyper::header::HOST, addr)
+                .header(KEY_HEADER, self.key.as_str())
+                .header(FORWARDED_HEADER, self.cluster.node_id.as_str());
+        for name in INVOKE_HEADERS {
+            if let Some(v) = headers.get(*name) {
+                req = req.header(*name, v);
+            }
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let mut conn = self.connections.take(addr).await?;
+        let resp = tokio::time::timeout(FORWARD_TIMEOUT, conn.send_request(req))
+            .await
+            .map_err(|_| "no answer in time".to_string())?
+            .map_err(|e| e.to_string())?;
+        let (parts, incoming) = resp.into_parts();
+        let body = incoming
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        self.connections.give_back(addr, conn);
+        let refused = parts
+            .headers
+            .get("x-amzn-errortype")
+            .is_some_and(|v| v == REFUSED_KIND);
+        if refused {
+            return Err("the node refused the cluster key".into());
+        }
+        // A fenced owner (or one without room): the next one, or here.
+        if parts.status == StatusCode::SERVICE_UNAVAILABLE {
+            return Err("the node is fenced".into());
+        }
+        Ok(Response::from_parts(parts, Full::new(body)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> NodeRecord {
+        NodeRecord {
+            node_id: id.into(),
+            advertise: format!("{id}:1"),
+            capacity: super::super::Capacity {
+                cpus: 1,
+                memory_budget_bytes: 0,
+                memory_total_bytes: 0,
+            },
+            started_unix_ms: 0,
+            lease_id: 0,
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn rendezvous_moves_only_what_a_lost_node_ranked_first() {
+        let all: Vec<_> = (0..10).map(|i| record(&format!("n{i}"))).collect();
+        let without: Vec<_> = all.iter().filter(|n| n.node_id != "n3").cloned().collect();
+        let mut moved = 0;
+        for f in 0..1000 {
+            let name = format!("f{f}");
+            let before = ranked(&name, &all)[0].node_id.clone();
+            let after = ranked(&name, &without)[0].node_id.clone();
+            if before != after {
+                assert_eq!(before, "n3", "{name} moved off a node that is still there");
+                moved += 1;
+            }
+        }
+        // About a tenth of the functions ranked n3 first.
+        assert!((50..=150).contains(&moved), "{moved}");
+        // A drained node owns nothing while others live.
+        let mut drained = all.clone();
+        let first = ranked("x", &all)[0].node_id.clone();
+        drained
+            .iter_mut()
+            .for_each(|n| n.draining = n.node_id == first);
+        assert_ne!(ranked("x", &drained)[0].node_id, first);
+        assert_eq!(ranked("x", &drained).last().unwrap().node_id, first);
+        // The same order on every call (and every node).
+        assert_eq!(
+            ranked("x", &all)
+                .iter()
+                .map(|n| &n.node_id)
+                .collect::<Vec<_>>(),
+            ranked("x", &all)
+                .iter()
+                .map(|n| &n.node_id)
+                .collect::<Vec<_>>()
+        );
+    }
+}

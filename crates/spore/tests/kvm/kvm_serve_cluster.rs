@@ -1,0 +1,559 @@
+//! `spore serve --cluster`: two nodes on one etcd share one catalogue. A
+//! function deployed through one node is listed and invoked through the
+//! other within a second (its code fetched from the first node, checked by
+//! hash); a change through either ends the other's stale instances; the
+//! nodes' leases show in `spore cluster status` and a killed node drops
+//! out; a node cut off from etcd while another renews its lease fences
+//! itself (no invocations, its instances ended) until it is back, then
+//! serves what changed meanwhile; with etcd down for all, writes get 503
+//! and every node serves on.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::common::etcd::{Etcd, Proxy};
+use crate::common::serve::Daemon;
+use crate::common::{require_kvm, Scratch};
+
+fn free_addr() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    format!("127.0.0.1:{port}")
+}
+
+fn node(dir: &Scratch, url: &str, id: &str, key: &std::path::Path) -> Daemon {
+    let listen = free_addr();
+    Daemon::start_on(
+        &listen,
+        &dir.path(id),
+        &[
+            "--cluster",
+            url,
+            "--node-id",
+            id,
+            "--cluster-key",
+            key.to_str().expect("utf-8 path"),
+        ],
+    )
+}
+
+fn until(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !check() {
+        assert!(t.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.elapsed()
+}
+
+fn stage(d: &Daemon, name: &str) -> (u16, String) {
+    let r = d.invoke(name, br#"{"env":"STAGE"}"#);
+    let v = r.json()["value"].as_str().unwrap_or_default().to_string();
+    (r.status, v)
+}
+
+fn set_stage(d: &Daemon, name: &str, stage: &str) {
+    let body = serde_json::json!({ "Environment": { "Variables": { "STAGE": stage } } });
+    let r = d.request(
+        "PUT",
+        &format!("/2015-03-31/functions/{name}/configuration"),
+        body.to_string().as_bytes(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+fn status(url: &str) -> serde_json::Value {
+    let out = common::spore()
+        .args(["cluster", "status", "--cluster", url])
+        .output()
+        .expect("spore cluster status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+#[test]
+fn kvm_serve_cluster_shares_one_catalogue_and_fences_a_cut_off_node() {
+    require_kvm();
+    let dir = Scratch::new("cluster");
+    let mut etcd = Etcd::start(&dir.path("etcd"));
+    // a reaches etcd through a proxy the test cuts (a partition); b directly.
+    let proxy = Proxy::start(etcd.endpoint());
+    let prefix = format!("t{}", std::process::id());
+    let url = format!("etcd://{}/{prefix}", etcd.endpoint());
+    let url_a = format!("etcd://{}/{prefix}", proxy.endpoint());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url_a, "a", &key);
+    let mut b = node(&dir, &url, "b", &key);
+
+    // Created through a, seen and run through b (its code fetched from a).
+    let extra = serde_json::json!({ "Environment": { "Variables": { "STAGE": "one" } } });
+    let created = a.create("app", "fn-echo", extra);
+    assert_eq!(created.status, 201, "{}", created.text());
+    let sha_b64 = created.json()["CodeSha256"].as_str().unwrap().to_string();
+    let seen = until("b lists the function", Duration::from_secs(1), || {
+        b.request("GET", "/2015-03-31/functions", b"", &[])
+            .text()
+            .contains("\"app\"")
+    });
+    eprintln!("a's create seen through b after {seen:?}");
+    assert_eq!(stage(&b, "app"), (200, "one".into()));
+    let code_dirs: Vec<_> = std::fs::read_dir(dir.path("b").join("code"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("code.zip").exists())
+        .collect();
+    assert_eq!(code_dirs.len(), 1, "b holds the code it fetched");
+    assert_eq!(stage(&a, "app"), (200, "one".into()));
+
+    // Changed through b: a's instance of the old version ends, its next
+    // invocation runs the new one.
+    set_stage(&b, "app", "two");
+    until("a runs b's new version", Duration::from_secs(2), || {
+        stage(&a, "app") == (200, "two".into())
+    });
+    assert_eq!(
+        a.request("GET", "/2015-03-31/functions/app", b"", &[])
+            .json()["Configuration"]["CodeSha256"],
+        sha_b64.as_str()
+    );
+
+    // Both nodes hold a lease.
+    let st = status(&url);
+    let ids: Vec<_> = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["a", "b"], "{st}");
+    assert!(
+        st["nodes"][0]["lease_ttl_remaining_s"].as_i64().unwrap() > 0,
+        "{st}"
+    );
+
+    // a cut off from etcd while b renews: a fences itself (its instances
+    // end, invocations get 503); b serves and takes writes meanwhile.
+    assert!(!a.vmm_pids().is_empty());
+    proxy.cut();
+    let r = a.create("third", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["Type"], "Service", "{}", r.text());
+    let fenced = until("a fences itself", Duration::from_secs(8), || {
+        a.invoke("app", b"{}").status == 503
+    });
+    eprintln!("a fenced {fenced:?} after it was cut off");
+    until("a's instances end", Duration::from_secs(5), || {
+        a.vmm_pids().is_empty()
+    });
+    assert!(a.invoke("app", b"{}").text().contains("fenced"));
+    set_stage(&b, "app", "three");
+    assert_eq!(stage(&b, "app"), (200, "three".into()));
+
+    // Mended: a registers again and serves b's change, nothing stale.
+    proxy.mend();
+    let back = until("a serves again", Duration::from_secs(15), || {
+        a.invoke("app", b"{}").status == 200
+    });
+    eprintln!("a served again {back:?} after the partition mended");
+    assert_eq!(stage(&a, "app"), (200, "three".into()));
+
+    // etcd down for everyone: no node can change anything, so both keep
+    // serving (no fence) while writes get 503.
+    etcd.kill();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(stage(&a, "app"), (200, "three".into()));
+    assert_eq!(stage(&b, "app"), (200, "three".into()));
+    let r = b.create("fourth", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    etcd.restart();
+    until("writes are taken again", Duration::from_secs(15), || {
+        b.create("fourth", "fn-echo", serde_json::json!({})).status == 201
+    });
+    until("a sees b's write", Duration::from_secs(5), || {
+        a.request("GET", "/2015-03-31/functions/fourth", b"", &[])
+            .status
+            == 200
+    });
+
+    // A killed node drops out after its lease's TTL.
+    b.kill9();
+    let gone = until("b's lease lapses", Duration::from_secs(10), || {
+        status(&url)["nodes"].as_array().map_or(0, Vec::len) == 1
+    });
+    eprintln!("b out of the cluster {gone:?} after kill -9");
+    assert_eq!(
+        a.request("DELETE", "/2015-03-31/functions/app", b"", &[])
+            .status,
+        204
+    );
+    assert_eq!(stage(&a, "fourth").0, 200);
+}
+
+/// The node ids that own `function` (its first two by rendezvous weight),
+/// as every node computes them.
+fn owners(function: &str, ids: &[&str]) -> Vec<String> {
+    let records: Vec<spore_serve::cluster::NodeRecord> = ids
+        .iter()
+        .map(|id| spore_serve::cluster::NodeRecord {
+            node_id: (*id).to_string(),
+            advertise: String::new(),
+            capacity: spore_serve::cluster::Capacity {
+                cpus: 1,
+                memory_budget_bytes: 0,
+                memory_total_bytes: 0,
+            },
+            started_unix_ms: 0,
+            lease_id: 0,
+            draining: false,
+        })
+        .collect();
+    spore_serve::cluster::ranked(function, &records)
+        .iter()
+        .take(spore_serve::cluster::OWNERS)
+        .map(|n| n.node_id.clone())
+        .collect()
+}
+
+#[test]
+fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
+    require_kvm();
+    let dir = Scratch::new("cluster3");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<Daemon> = ids.iter().map(|id| node(&dir, &url, id, &key)).collect();
+    // Each node reads the membership every few seconds.
+    until(
+        "every node knows the three",
+        Duration::from_secs(10),
+        || status(&url)["nodes"].as_array().map_or(0, Vec::len) == 3,
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let created = nodes[0].create("app", "fn-echo", serde_json::json!({}));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let owner_ids = owners("app", &ids);
+    let outsider = ids
+        .iter()
+        .position(|id| !owner_ids.iter().any(|o| o == id))
+        .unwrap();
+    eprintln!("owners of app: {owner_ids:?}; outsider {}", ids[outsider]);
+
+    // 300 invocations through all three: every answer right, and the
+    // function's instances only on its owners.
+    for i in 0..300 {
+        let d = &nodes[i % 3];
+        let payload = format!(r#"{{"n":{i}}}"#);
+        let r = d.invoke("app", payload.as_bytes());
+        assert_eq!(r.status, 200, "through {}: {}", ids[i % 3], r.text());
+        assert!(r.text().contains(&format!(r#""n":{i}"#)), "{}", r.text());
+    }
+    assert!(
+        nodes[outsider].vmm_pids().is_empty(),
+        "the outsider ran no instance"
+    );
+    let holding = nodes.iter().filter(|d| !d.vmm_pids().is_empty()).count();
+    assert!((1..=2).contains(&holding), "{holding} nodes hold instances");
+
+    // A rolling restart: the first owner drained, restarted, undrained,
+    // while a client invokes through the two others: nothing fails.
+    let first = ids.iter().position(|id| *id == owner_ids[0]).unwrap();
+    let cluster_cmd = |verb: &str| {
+        let out = common::spore()
+            .args(["cluster", verb, "--cluster", &url, ids[first]])
+            .output()
+            .expect("spore cluster");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cluster_cmd("drain");
+    until("the drain shows", Duration::from_secs(5), || {
+        status(&url)["nodes"][first]["draining"] == true
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let others: Vec<String> = (0..3)
+        .filter(|&i| i != first)
+        .map(|i| nodes[i].addr.clone())
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (served, failed) = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            let (mut served, mut failed) = (0, 0);
+            let t = Instant::now();
+            // Bounded, so that a failing test never waits on it.
+            while !stop.load(std::sync::atomic::Ordering::Acquire)
+                && t.elapsed() < Duration::from_secs(60)
+            {
+                let addr = &others[served % 2];
+                let r = common::serve::http(
+                    addr,
+                    "POST",
+                    "/2015-03-31/functions/app/invocations",
+                    b"{}",
+                    &[],
+                );
+                if r.status == 200 {
+                    served += 1
+                } else {
+                    failed += 1
+                }
+            }
+            (served, failed)
+        });
+        let dir_of = dir.path(ids[first]);
+        // The old process first: the state directory is one daemon's.
+        drop(nodes.remove(first));
+        let restarted = Daemon::start_on(
+            &free_addr(),
+            &dir_of,
+            &[
+                "--cluster",
+                &url,
+                "--node-id",
+                ids[first],
+                "--cluster-key",
+                key.to_str().unwrap(),
+            ],
+        );
+        nodes.insert(first, restarted);
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        client.join().unwrap()
+    });
+    eprintln!(
+        "rolling restart of {}: {served} served, {failed} failed",
+        ids[first]
+    );
+    assert_eq!(failed, 0);
+    assert!(served > 0);
+    cluster_cmd("undrain");
+
+    // kill -9 of the first owner: invocations through the others succeed
+    // again (the second owner, or where they arrive) and none is answered
+    // wrongly.
+    std::thread::sleep(Duration::from_secs(2));
+    nodes[first].kill9();
+    let t = Instant::now();
+    let mut failed = 0;
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let mut ok_in_a_row = 0;
+    while ok_in_a_row < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "not recovered in 30 s"
+        );
+        let d = &nodes[survivors[ok_in_a_row % 2]];
+        let r = d.invoke("app", br#"{"after":1}"#);
+        if r.status == 200 {
+            assert!(r.text().contains(r#""after":1"#), "{}", r.text());
+            ok_in_a_row += 1;
+        } else {
+            failed += 1;
+            ok_in_a_row = 0;
+        }
+    }
+    eprintln!(
+        "after kill -9 of owner {}: served again in {:?}, {failed} failed meanwhile",
+        owner_ids[0],
+        t.elapsed()
+    );
+    drop(nodes);
+    drop(etcd);
+}
+
+#[test]
+fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quorum() {
+    require_kvm();
+    let dir = Scratch::new("cluster-etcd3");
+    let mut members = Etcd::start_cluster(&dir.path("etcd"), 3);
+    let endpoints: Vec<String> = members.iter().map(Etcd::endpoint).collect();
+    let url = format!("etcd://{}/t{}", endpoints.join(","), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    let r = a.create("app", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    until("b has it", Duration::from_secs(1), || {
+        b.request("GET", "/2015-03-31/functions/app", b"", &[])
+            .status
+            == 200
+    });
+    assert_eq!(a.invoke("app", b"{}").status, 200);
+    assert_eq!(b.invoke("app", b"{}").status, 200);
+
+    // The leader killed: the two others elect one, writes go on (a few
+    // may fail with 503 during the election).
+    let leader = members.iter().position(Etcd::is_leader).expect("a leader");
+    members[leader].kill();
+    let t = Instant::now();
+    let mut refused = 0;
+    loop {
+        let r = b.create("after-leader", "fn-echo", serde_json::json!({}));
+        // 409: an attempt answered 503 (its confirmation lost in the
+        // election) was applied after all.
+        if r.status == 201 || (r.status == 409 && refused > 0) {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        refused += 1;
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no write within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "writes taken again {:?} after the leader's kill ({refused} refused)",
+        t.elapsed()
+    );
+    until("a has it", Duration::from_secs(2), || {
+        a.request("GET", "/2015-03-31/functions/after-leader", b"", &[])
+            .status
+            == 200
+    });
+
+    // Two of three gone: no quorum. Writes get 503 ServiceException; warm
+    // invocations go on through both nodes, past the fence's delay.
+    let second = (0..3).find(|&i| i != leader).unwrap();
+    members[second].kill();
+    let r = a.create("no-quorum", "fn-echo", serde_json::json!({}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-amzn-errortype"), Some("ServiceException"));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(8) {
+        for d in [&a, &b] {
+            let r = d.invoke("app", br#"{"k":1}"#);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
+    require_kvm();
+    let dir = Scratch::new("cluster-events");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let mut a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    assert_eq!(a.create("ev", "fn-echo", serde_json::json!({})).status, 201);
+    // Reserved concurrency 0: every attempt is throttled, so a's accepted
+    // events are still queued when it is killed.
+    let r = a.request(
+        "PUT",
+        "/2017-10-31/functions/ev/concurrency",
+        br#"{"ReservedConcurrentExecutions":0}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    const EVENTS: usize = 20;
+    for i in 0..EVENTS {
+        let r = a.request(
+            "POST",
+            "/2015-03-31/functions/ev/invocations",
+            format!(r#"{{"i":{i}}}"#).as_bytes(),
+            &[("X-Amz-Invocation-Type", "Event")],
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert_eq!(a.metric("spore_events_succeeded_total"), 0.0);
+    a.kill9();
+    let r = b.request("DELETE", "/2017-10-31/functions/ev/concurrency", b"", &[]);
+    assert_eq!(r.status, 204, "{}", r.text());
+    let ran = until("b ran a's events", Duration::from_secs(40), || {
+        b.metric("spore_events_succeeded_total") >= EVENTS as f64
+    });
+    eprintln!("a's {EVENTS} events ran on b {ran:?} after a's kill -9");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        b.metric("spore_events_succeeded_total"),
+        EVENTS as f64,
+        "each ran once"
+    );
+    drop(etcd);
+}
+
+#[test]
+fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
+    require_kvm();
+    let dir = Scratch::new("cluster-slots");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    assert_eq!(a.create("r", "fn-echo", serde_json::json!({})).status, 201);
+    let r = a.request(
+        "PUT",
+        "/2017-10-31/functions/r/concurrency",
+        br#"{"ReservedConcurrentExecutions":2}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    until("b has the limit", Duration::from_secs(2), || {
+        b.request("GET", "/2019-09-30/functions/r/concurrency", b"", &[])
+            .text()
+            .contains("2")
+    });
+    // An instance on each node: each holds one slot while it lives.
+    assert_eq!(a.invoke("r", b"{}").status, 200);
+    assert_eq!(b.invoke("r", b"{}").status, 200);
+    // Three slow invocations through each node at once: two run in the
+    // whole cluster, the rest are throttled (429).
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..6)
+            .map(|i| {
+                let d = if i % 2 == 0 { &a } else { &b };
+                s.spawn(move || d.invoke("r", br#"{"sleep_ms":1500}"#).status)
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let ran = statuses.iter().filter(|&&s| s == 200).count();
+    let throttled = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((ran, throttled), (2, 4), "{statuses:?}");
+    // Afterwards the slots serve again.
+    for d in [&a, &b, &a, &b] {
+        assert_eq!(d.invoke("r", b"{}").status, 200);
+    }
+    drop((a, b));
+    drop(etcd);
+}
