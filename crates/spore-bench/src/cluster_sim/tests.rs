@@ -157,7 +157,7 @@ fn the_workload_has_the_published_shape() {
 }
 
 #[test]
-fn without_simulate_it_says_only_the_simulation_exists() {
+fn without_a_mode_it_asks_for_one() {
     use clap::Parser;
     #[derive(Parser)]
     struct Cli {
@@ -165,7 +165,11 @@ fn without_simulate_it_says_only_the_simulation_exists() {
         a: ClusterBenchArgs,
     }
     let err = run(Cli::parse_from(["x"]).a).unwrap_err().to_string();
-    assert!(err.contains("only the simulation"), "{err}");
+    assert!(
+        err.contains("--simulate") && err.contains("--forwarding"),
+        "{err}"
+    );
+    assert!(Cli::try_parse_from(["x", "--simulate", "--forwarding"]).is_err());
     let a = Cli::parse_from(["x", "--simulate", "--spread", "0"]).a;
     assert!(Config::of(&a).is_err());
     let a = Cli::parse_from(["x", "--simulate", "--policy", "two-choices"]).a;

@@ -39,6 +39,9 @@ use crate::mutex::lock;
 /// reported as failed: long enough for a leader election (etcd's default
 /// election timeout is 1 s), short enough for an API client's patience.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a member's start retries reading the log while etcd settles
+/// (a member just started, an election) before it gives up.
+const JOIN_RETRY: Duration = Duration::from_secs(8);
 /// How long a member's start waits to reach etcd and replay the log.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// A silent watch is backed by a range read this often.
@@ -382,7 +385,7 @@ async fn follow(
     let mut revision = loop {
         match catch_up(&mut client, &shared).await {
             Ok(r) => break r,
-            Err(e) if started.elapsed() + Duration::from_secs(1) < JOIN_TIMEOUT => {
+            Err(e) if started.elapsed() < JOIN_RETRY => {
                 tracing::debug!("cluster catalogue: catching up, again: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
