@@ -213,6 +213,14 @@ impl Proxy {
                         o.lock().unwrap().push(s);
                     }
                 }
+                // A cut between the check above and the push: this one too
+                // (checked after the push, so that `cut` either sees it in
+                // the list or is seen here).
+                if c.load(Ordering::Acquire) {
+                    let _ = conn.shutdown(std::net::Shutdown::Both);
+                    let _ = up.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
                 for (mut from, mut to) in [
                     (conn.try_clone(), up.try_clone()),
                     (up.try_clone(), conn.try_clone()),
@@ -236,8 +244,11 @@ impl Proxy {
 
     /// Closes every connection through it and refuses new ones.
     pub fn cut(&self) {
+        // Under the list's lock: a connection being set up is either in the
+        // list now or sees the flag after adding itself.
+        let mut open = self.open.lock().unwrap();
         self.cut.store(true, std::sync::atomic::Ordering::Release);
-        for s in self.open.lock().unwrap().drain(..) {
+        for s in open.drain(..) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
