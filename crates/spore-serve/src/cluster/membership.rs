@@ -267,10 +267,10 @@ async fn renewal(node: &Node) {
 async fn read_membership(node: Arc<Node>) {
     let mut client = node.client.clone();
     loop {
-        if let Ok(Ok(all)) =
-            tokio::time::timeout(STREAM_PATIENCE, nodes(&mut client, &node.cluster)).await
-        {
-            *lock(&node.known_nodes) = all;
+        match tokio::time::timeout(STREAM_PATIENCE, nodes(&mut client, &node.cluster)).await {
+            Ok(Ok(all)) => *lock(&node.known_nodes) = all,
+            Ok(Err(e)) => tracing::debug!("cluster: reading the membership: {e}"),
+            Err(_) => tracing::debug!("cluster: reading the membership: no answer in time"),
         }
         tokio::time::sleep(RENEW_EVERY).await;
     }
