@@ -34,8 +34,8 @@ const FENCE_AFTER: Duration = Duration::from_secs(LEASE_TTL_S as u64 - 1);
 /// renewed while this node could not: etcd works for it. (When etcd is down
 /// for all, their last renewals lie within about one renewal period.)
 const RENEWED_SINCE_MS: u64 = 2_000;
-/// How long a renewal may go unanswered before the stream is given up for
-/// a new connection.
+/// How long a renewal (or a membership read) may go unanswered before the
+/// stream is given up for a new connection.
 const STREAM_PATIENCE: Duration = Duration::from_secs(2);
 /// How long a peer may take to say whether its lease is fresh.
 const PEER_ASK_TIMEOUT: Duration = Duration::from_millis(500);
@@ -117,6 +117,7 @@ pub(super) async fn start(node: Arc<Node>, capacity: Capacity) -> Result<(), Nod
         }
     };
     tokio::spawn(fence_watch(node.clone()));
+    tokio::spawn(read_membership(node.clone()));
     tokio::spawn(keep_alive(node, capacity, started_unix_ms, lease));
     Ok(())
 }
@@ -191,15 +192,10 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                 if keeper.keep_alive().await.is_err() {
                     break;
                 }
-                match tokio::time::timeout(RENEW_EVERY, stream.message()).await {
+                match tokio::time::timeout(STREAM_PATIENCE, stream.message()).await {
                     Ok(Ok(Some(r))) if r.ttl() > 0 => {
                         renewed = Instant::now();
                         renewal(&node).await;
-                        // Whom to ask when etcd is away, and where
-                        // functions are placed: read at every renewal.
-                        if let Ok(all) = nodes(&mut client, &node.cluster).await {
-                            *lock(&node.known_nodes) = all;
-                        }
                     }
                     // etcd says the lease is gone: a new one is needed.
                     Ok(Ok(Some(_))) => {
@@ -208,9 +204,8 @@ async fn keep_alive(node: Arc<Node>, capacity: Capacity, started_unix_ms: u64, m
                     }
                     Ok(Ok(None)) | Ok(Err(_)) => break,
                     // No answer: the member this stream goes to may be cut
-                    // off; after a while a new connection tries the others.
-                    Err(_) if renewed.elapsed() >= STREAM_PATIENCE => break,
-                    Err(_) => {}
+                    // off; a new connection tries the others.
+                    Err(_) => break,
                 }
                 tokio::time::sleep(RENEW_EVERY).await;
             }
@@ -263,6 +258,21 @@ async fn renewal(node: &Node) {
         }
         Ok(Err(e)) => tracing::warn!("cluster: still fenced: catching up the catalogue: {e}"),
         Err(e) => tracing::warn!("cluster: still fenced: {e}"),
+    }
+}
+
+/// Reads the membership every second, apart from the renewals (which a
+/// slow member can hold up): where functions are placed, and whom the fence
+/// asks.
+async fn read_membership(node: Arc<Node>) {
+    let mut client = node.client.clone();
+    loop {
+        match tokio::time::timeout(STREAM_PATIENCE, nodes(&mut client, &node.cluster)).await {
+            Ok(Ok(all)) => *lock(&node.known_nodes) = all,
+            Ok(Err(e)) => tracing::debug!("cluster: reading the membership: {e}"),
+            Err(_) => tracing::debug!("cluster: reading the membership: no answer in time"),
+        }
+        tokio::time::sleep(RENEW_EVERY).await;
     }
 }
 

@@ -3,16 +3,14 @@
 //! other within a second (its code fetched from the first node, checked by
 //! hash); a change through either ends the other's stale instances; the
 //! nodes' leases show in `spore cluster status` and a killed node drops
-//! out; a node cut off from etcd while another renews its lease fences
-//! itself (no invocations, its instances ended) until it is back, then
-//! serves what changed meanwhile; with etcd down for all, writes get 503
-//! and every node serves on.
+//! out; with etcd down for all, writes get 503 and every node serves on.
+//! (A node cut off from etcd while the others renew: kvm_serve_cluster_hosts.)
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::etcd::{Etcd, Proxy};
+use crate::common::etcd::Etcd;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
 
@@ -80,22 +78,18 @@ fn status(url: &str) -> serde_json::Value {
 }
 
 #[test]
-fn kvm_serve_cluster_shares_one_catalogue_and_fences_a_cut_off_node() {
+fn kvm_serve_cluster_shares_one_catalogue_and_serves_on_without_etcd() {
     require_kvm();
     let dir = Scratch::new("cluster");
     let mut etcd = Etcd::start(&dir.path("etcd"));
-    // a reaches etcd through a proxy the test cuts (a partition); b directly.
-    let proxy = Proxy::start(etcd.endpoint());
-    let prefix = format!("t{}", std::process::id());
-    let url = format!("etcd://{}/{prefix}", etcd.endpoint());
-    let url_a = format!("etcd://{}/{prefix}", proxy.endpoint());
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
     let key = dir.path("cluster.key");
     std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
     {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let a = node(&dir, &url_a, "a", &key);
+    let a = node(&dir, &url, "a", &key);
     let mut b = node(&dir, &url, "b", &key);
 
     // Created through a, seen and run through b (its code fetched from a).
@@ -144,31 +138,13 @@ fn kvm_serve_cluster_shares_one_catalogue_and_fences_a_cut_off_node() {
         "{st}"
     );
 
-    // a cut off from etcd while b renews: a fences itself (its instances
-    // end, invocations get 503); b serves and takes writes meanwhile.
-    assert!(!a.vmm_pids().is_empty());
-    proxy.cut();
-    let r = a.create("third", "fn-echo", serde_json::json!({}));
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.json()["Type"], "Service", "{}", r.text());
-    let fenced = until("a fences itself", Duration::from_secs(8), || {
-        a.invoke("app", b"{}").status == 503
-    });
-    eprintln!("a fenced {fenced:?} after it was cut off");
-    until("a's instances end", Duration::from_secs(5), || {
-        a.vmm_pids().is_empty()
-    });
-    assert!(a.invoke("app", b"{}").text().contains("fenced"));
+    // (A node cut off from etcd while the others renew fences itself:
+    // kvm_serve_cluster_hosts cuts a host's link.) A write through one node
+    // is run by the other's next invocation.
     set_stage(&b, "app", "three");
-    assert_eq!(stage(&b, "app"), (200, "three".into()));
-
-    // Mended: a registers again and serves b's change, nothing stale.
-    proxy.mend();
-    let back = until("a serves again", Duration::from_secs(15), || {
-        a.invoke("app", b"{}").status == 200
+    until("a runs three", Duration::from_secs(2), || {
+        stage(&a, "app") == (200, "three".into())
     });
-    eprintln!("a served again {back:?} after the partition mended");
-    assert_eq!(stage(&a, "app"), (200, "three".into()));
 
     // etcd down for everyone: no node can change anything, so both keep
     // serving (no fence) while writes get 503.
