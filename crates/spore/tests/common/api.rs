@@ -36,7 +36,7 @@ fn exchange(
     body: Option<&str>,
     answer: Answer,
 ) -> (u16, String) {
-    let mut s = UnixStream::connect(sock).expect("connect to API socket");
+    let mut s = connect(sock);
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let body = body.unwrap_or("");
     let (accept, connection) = match answer {
@@ -115,4 +115,24 @@ pub fn api_ok(sock: &Path, method: &str, path: &str, body: &str) {
 #[track_caller]
 pub fn put(sock: &Path, path: &str, body: &str) {
     api_ok(sock, "PUT", path, body);
+}
+
+/// Connects to an API socket. A socket file appears at bind(2), a moment
+/// before its process listens: a loaded host can show the file to a test
+/// that then finds nobody listening yet, so a refused connection is tried
+/// again for a few seconds.
+fn connect(sock: &Path) -> UnixStream {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match UnixStream::connect(sock) {
+            Ok(s) => return s,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("connect to API socket {}: {e}", sock.display()),
+        }
+    }
 }
