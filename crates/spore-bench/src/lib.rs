@@ -12,6 +12,8 @@ use clap::Subcommand;
 mod boot;
 mod clone;
 mod cluster_forwarding;
+mod cluster_live;
+mod cluster_shipping;
 mod cluster_sim;
 mod host;
 pub mod lambda_client;

@@ -62,6 +62,8 @@ struct Inner {
     diffs: BTreeMap<String, DiffStat>,
     /// function → snapshots written (full or diff) and recorded.
     snapshots_written: BTreeMap<String, u64>,
+    /// function → snapshots fetched from another node of the cluster.
+    snapshots_fetched: BTreeMap<String, u64>,
 }
 
 /// A runtime base snapshot: its id and size, and how often it was built and
@@ -155,6 +157,15 @@ impl Metrics {
         *self
             .inner()
             .snapshots_written
+            .entry(function.to_string())
+            .or_default() += 1;
+    }
+
+    /// A function's snapshot was fetched from another node and recorded.
+    pub fn snapshot_fetched(&self, function: &str) {
+        *self
+            .inner()
+            .snapshots_fetched
             .entry(function.to_string())
             .or_default() += 1;
     }
@@ -294,6 +305,17 @@ fn render_snapshots(m: &Inner, out: &mut String) {
         let _ = writeln!(
             out,
             "spore_snapshots_written_total{{function=\"{}\"}} {n}",
+            escape(f)
+        );
+    }
+    if !m.snapshots_fetched.is_empty() {
+        out.push_str("# HELP spore_snapshots_fetched_total Function snapshots fetched from another node of the cluster.\n");
+        out.push_str("# TYPE spore_snapshots_fetched_total counter\n");
+    }
+    for (f, n) in &m.snapshots_fetched {
+        let _ = writeln!(
+            out,
+            "spore_snapshots_fetched_total{{function=\"{}\"}} {n}",
             escape(f)
         );
     }

@@ -133,10 +133,16 @@ pub struct ClusterBenchArgs {
     /// three live nodes on this machine and one etcd.
     #[arg(long)]
     pub forwarding: bool,
-    /// --forwarding: invocations through each of the two nodes measured.
-    #[arg(long, default_value_t = 2000)]
-    pub runs: usize,
-    /// --forwarding: directory of the unikernel function images (default:
+    /// The first answer on a node that never ran a function: its snapshot
+    /// fetched from the node that made it and restored, against a cold
+    /// boot. Two live nodes on this machine and one etcd.
+    #[arg(long, conflicts_with_all = ["simulate", "forwarding"])]
+    pub shipping: bool,
+    /// --forwarding: invocations through each of the two nodes measured
+    /// (default 2000); --shipping: functions restored and booted (default 20).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// --forwarding, --shipping: directory of the unikernel function images (default:
     /// SPORE_UK_DIR).
     #[arg(long)]
     pub uk_dir: Option<std::path::PathBuf>,
@@ -279,8 +285,22 @@ impl Config {
 pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
     if a.forwarding {
         let t0 = Instant::now();
-        let mut report = crate::cluster_forwarding::run(&crate::host::uk_dir(&a.uk_dir), a.runs)?;
+        let mut report = crate::cluster_forwarding::run(
+            &crate::host::uk_dir(&a.uk_dir),
+            a.runs.unwrap_or(2000),
+        )?;
         report["benchmark"] = json!("cluster-forwarding");
+        report["machine"] = machine();
+        report["loadavg_1m"] = json!(loadavg());
+        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(0);
+    }
+    if a.shipping {
+        let t0 = Instant::now();
+        let mut report =
+            crate::cluster_shipping::run(&crate::host::uk_dir(&a.uk_dir), a.runs.unwrap_or(20))?;
+        report["benchmark"] = json!("cluster-shipping");
         report["machine"] = machine();
         report["loadavg_1m"] = json!(loadavg());
         report["wall_s"] = json!(t0.elapsed().as_secs_f64());
@@ -290,7 +310,8 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
     if !a.simulate {
         bail!(
             "say which: `spore bench cluster --simulate` (the placement model) or \
-             `--forwarding` (what forwarding costs, on live nodes)"
+             `--forwarding` (what forwarding costs, on live nodes) or `--shipping` (a \
+             snapshot from another node against a cold boot)"
         );
     }
     let cfg = Config::of(&a)?;

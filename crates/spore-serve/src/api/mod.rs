@@ -83,6 +83,19 @@ pub async fn handle(
             let function = function.to_string();
             return Ok(invoke::forwarded(&daemon, node, &function, req, body_timeout).await);
         }
+        let snapshot = path
+            .strip_prefix(crate::cluster::INTERNAL_PREFIX)
+            .and_then(|p| p.strip_prefix("snapshot/"));
+        if let Some(rest) = snapshot {
+            return Ok(crate::cluster::serve_snapshot(
+                node,
+                daemon.instances.snapshot_store(),
+                &daemon.catalog,
+                req.headers(),
+                rest,
+            )
+            .await);
+        }
         return Ok(crate::cluster::serve_internal(
             node,
             &daemon.state_dir,

@@ -6,10 +6,12 @@
 
 mod code;
 mod events;
+mod extents;
 mod forward;
 mod membership;
 mod peer_http;
 mod slots;
+mod snapshots;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,6 +23,7 @@ pub use events::{reconcile_events, spawn_takeover, EtcdEvents};
 pub use forward::{ranked, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
 pub use membership::{set_draining, status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};
+pub use snapshots::{fetch_snapshot, serve_snapshot, Fetched};
 
 use crate::catalog::ClusterConfig;
 

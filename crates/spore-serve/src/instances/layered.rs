@@ -76,7 +76,7 @@ impl Instances {
             // The guest goes back to accepting when this connection closes.
             drop(conn);
             let t = Instant::now();
-            match self.snapshots.create_diff(f, &vmm, &base).await {
+            match self.snapshots.create_diff(f, &vmm, &base, files.kernel).await {
                 Ok(snap) => {
                     let bytes = snap.layer.as_ref().map_or(0, |l| l.diff_disk_bytes);
                     tracing::info!(function = %f.name, version = f.version,

@@ -282,6 +282,11 @@ impl Instances {
         let _ = self.cluster.set(node);
     }
 
+    /// This node's function snapshots (served to peers in a cluster).
+    pub fn snapshot_store(&self) -> &SnapshotStore {
+        &self.snapshots
+    }
+
     /// After a restart: removes snapshots that are half-written, of old
     /// versions or of deleted functions; returns how many.
     pub fn recover_snapshots(&self) -> usize {

@@ -6,6 +6,7 @@
 //! afterwards (once per version). A restore serves its invocation itself
 //! while a boot remakes the zygote in the background.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use crate::catalog::Function;
 use crate::instance_conn::{InstanceConn, InvokeError};
 use crate::metrics::StartPath;
 use crate::network::InstanceNet;
-use crate::snapshots::FunctionSnapshot;
+use crate::snapshots::{FunctionSnapshot, Origin};
 use crate::vmm::VmmProcess;
 use crate::{code, runtime};
 
@@ -75,7 +76,7 @@ impl Instances {
         if !zygotes {
             // Every start is its own VM: restored if the version has a
             // snapshot, else booted (which makes the snapshot).
-            if let Some(snap) = self.usable_snapshot(f) {
+            if let Some(snap) = self.usable_snapshot(f).await {
                 match self.restore(f, &snap).await {
                     Ok((vmm, conn)) => return Ok((instance(vmm, conn), StartPath::Restore)),
                     Err(e) => self.snapshot_failed(f, e),
@@ -102,7 +103,7 @@ impl Instances {
                 }
             }
         }
-        if let Some(snap) = self.usable_snapshot(f) {
+        if let Some(snap) = self.usable_snapshot(f).await {
             let started = Instant::now();
             match self.restore(f, &snap).await {
                 Ok((vmm, conn)) => {
@@ -149,7 +150,7 @@ impl Instances {
                 }
             }
         }
-        let (vmm, conn) = match self.usable_snapshot(f) {
+        let (vmm, conn) = match self.usable_snapshot(f).await {
             Some(snap) => self.restore(f, &snap).await.map_err(start_err)?,
             None => {
                 let (vmm, conn) = self.boot(f).await.map_err(start_err)?;
@@ -180,12 +181,73 @@ impl Instances {
         }
     }
 
-    /// The version's snapshot, when snapshots are on and one was made.
-    fn usable_snapshot(&self, f: &Function) -> Option<FunctionSnapshot> {
+    /// The version's snapshot, when snapshots are on and one was made here,
+    /// or (in a cluster) fetched from a node that made it.
+    async fn usable_snapshot(&self, f: &Function) -> Option<FunctionSnapshot> {
         if self.cfg.no_snapshots {
             return None;
         }
-        self.snapshots.find(f)
+        if let Some(snap) = self.snapshots.find(f) {
+            return Some(snap);
+        }
+        self.snapshot_from_peers(f).await
+    }
+
+    /// A unikernel function's snapshot from another node (Linux functions
+    /// start from this node's runtime base: diffs are not shipped), if one
+    /// was made on a CPU and kernel like this node's; `None` boots cold.
+    async fn snapshot_from_peers(&self, f: &Function) -> Option<FunctionSnapshot> {
+        let node = self.cluster.get()?;
+        if runtime::find(&f.runtime).is_none_or(|rt| rt.linux()) {
+            return None;
+        }
+        // The kernel to compare with is the function's image: its code.
+        if let Err(e) = self.ensure_code(f).await {
+            tracing::info!(function = %f.name, "no snapshot from the cluster: {e:#}");
+            return None;
+        }
+        let kernel = self.guest_kernel(f);
+        let here = match tokio::task::spawn_blocking(move || Origin::of_this_host(&kernel)).await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
+                tracing::warn!(function = %f.name, "no snapshot from the cluster: {e}");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(function = %f.name, "no snapshot from the cluster: {e}");
+                return None;
+            }
+        };
+        let user = match self.jailed(f) {
+            Ok(j) => j.map(|j| j.user),
+            Err(e) => {
+                tracing::warn!(function = %f.name, "no snapshot from the cluster: {e:#}");
+                return None;
+            }
+        };
+        match crate::cluster::fetch_snapshot(node, &self.snapshots, f, &here, user.as_ref()).await {
+            Ok(got) => {
+                tracing::info!(function = %f.name, version = f.version, from = %got.from,
+                    "snapshot fetched ({} bytes sent) in {:.1} ms", got.bytes,
+                    got.elapsed.as_secs_f64() * 1e3);
+                self.metrics.snapshot_fetched(&f.name);
+                Some(got.snapshot)
+            }
+            Err(e) => {
+                tracing::info!(function = %f.name, version = f.version,
+                    "no snapshot from the cluster, booting: {e}");
+                None
+            }
+        }
+    }
+
+    /// The guest kernel `f` boots: its unikernel image, or the Linux
+    /// kernel.
+    pub(super) fn guest_kernel(&self, f: &Function) -> PathBuf {
+        match runtime::find(&f.runtime).filter(|rt| rt.linux()) {
+            Some(_) => self.cfg.linux_kernel.clone().unwrap_or_default(),
+            None => code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler),
+        }
     }
 
     /// A snapshot that does not restore is deleted: the next cold boot
@@ -205,7 +267,11 @@ impl Instances {
         let zygote = pool.zygote.lock().await;
         let Some(z) = zygote.as_ref() else { return };
         let started = Instant::now();
-        match self.snapshots.create(f, &z.vmm).await {
+        match self
+            .snapshots
+            .create(f, &z.vmm, &self.guest_kernel(f))
+            .await
+        {
             Ok(snap) => {
                 self.metrics.snapshot_written(&f.name);
                 tracing::info!(function = %f.name, version = f.version,
@@ -232,7 +298,7 @@ impl Instances {
         // restore resets vsock connections anyway.
         drop(conn);
         let started = Instant::now();
-        match self.snapshots.create(f, &vmm).await {
+        match self.snapshots.create(f, &vmm, &self.guest_kernel(f)).await {
             Ok(snap) => {
                 self.metrics.snapshot_written(&f.name);
                 tracing::info!(function = %f.name, version = f.version,
@@ -317,6 +383,30 @@ impl Instances {
         }
     }
 
+    /// `f`'s code stored on this node: in a cluster, code deployed through
+    /// another node is fetched from a peer.
+    async fn ensure_code(&self, f: &Function) -> anyhow::Result<()> {
+        let rt = runtime::find(&f.runtime)
+            .ok_or_else(|| anyhow::anyhow!("unknown runtime {}", f.runtime))?;
+        let code = if rt.linux() {
+            code::disk_path(&self.cfg.state_dir, &f.code_sha256)
+        } else {
+            code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
+        };
+        if let Some(node) = self.cluster.get().filter(|_| !code.exists()) {
+            crate::cluster::fetch_code(
+                node,
+                &self.cfg.state_dir,
+                &f.code_sha256,
+                &f.runtime,
+                &f.handler,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("fetching {}'s code from the cluster: {e}", f.name))?;
+        }
+        Ok(())
+    }
+
     /// A fresh VMM booted with the function, connected and ready. A Linux
     /// function (snapshots on) starts from its runtime's base instead, which
     /// also writes its version's snapshot as a diff on the base; if that
@@ -343,18 +433,7 @@ impl Instances {
         } else {
             code::image_path(&self.cfg.state_dir, &f.code_sha256, &f.handler)
         };
-        if let Some(node) = self.cluster.get().filter(|_| !code.exists()) {
-            // Deployed through another node: its code comes from a peer.
-            crate::cluster::fetch_code(
-                node,
-                &self.cfg.state_dir,
-                &f.code_sha256,
-                &f.runtime,
-                &f.handler,
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("fetching {}'s code from the cluster: {e}", f.name))?;
-        }
+        self.ensure_code(f).await?;
         if let Some(jail) = &self.jail {
             jail.share(&code)
                 .map_err(|e| anyhow::anyhow!("letting {}'s VMMs read its code: {e}", f.name))?;

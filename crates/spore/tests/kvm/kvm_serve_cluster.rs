@@ -533,3 +533,97 @@ fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
     drop((a, b));
     drop(etcd);
 }
+
+/// A node that never ran a function restores the snapshot another node
+/// made instead of booting it (fetched, sparse, in its own jail); a
+/// snapshot made on another CPU is not restored there: it boots cold.
+#[test]
+fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
+    require_kvm();
+    let dir = Scratch::new("cluster-ship");
+    let etcd = Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    let key = dir.path("cluster.key");
+    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = node(&dir, &url, "a", &key);
+    let b = node(&dir, &url, "b", &key);
+    until("both nodes are members", Duration::from_secs(10), || {
+        status(&url)["nodes"].as_array().map_or(0, Vec::len) == 2
+    });
+    // Each node reads the membership every second.
+    std::thread::sleep(Duration::from_secs(2));
+    let first_answer = |d: &Daemon, name: &str| {
+        let t = Instant::now();
+        let r = d.invoke(name, br#"{"first":1}"#);
+        let took = t.elapsed();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.text().contains(r#""first":1"#), "{}", r.text());
+        // With two nodes both own every function: each runs it itself.
+        let me = if std::ptr::eq(d, &a) { "a" } else { "b" };
+        assert_eq!(r.header("x-spore-node"), Some(me), "not forwarded");
+        (
+            r.header("x-spore-start-path").unwrap_or("").to_string(),
+            took,
+        )
+    };
+    for name in ["ship", "elsewhere"] {
+        let created = a.create(name, "fn-echo", serde_json::json!({}));
+        assert_eq!(created.status, 201, "{}", created.text());
+        let (path, _) = first_answer(&a, name);
+        assert_eq!(path, "cold");
+        common::serve::wait_for_snapshot(&a.state_dir, name, 1, Duration::from_secs(20));
+    }
+    let cold = {
+        let created = b.create("cold-here", "fn-echo", serde_json::json!({}));
+        assert_eq!(created.status, 201, "{}", created.text());
+        first_answer(&b, "cold-here")
+    };
+
+    let (path, restored) = first_answer(&b, "ship");
+    assert_eq!(path, "restore", "b restored a's snapshot");
+    assert_eq!(
+        b.metric("spore_snapshots_fetched_total{function=\"ship\"}"),
+        1.0
+    );
+    let fetched = b.state_dir.join("snapshots/ship-v1");
+    let made = a.state_dir.join("snapshots/ship-v1");
+    assert_eq!(
+        std::fs::read(fetched.join("vm.mem")).unwrap(),
+        std::fs::read(made.join("vm.mem")).unwrap()
+    );
+    let disk = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    assert!(
+        disk(&fetched.join("vm.mem")) <= disk(&made.join("vm.mem")) + (1 << 20),
+        "the fetched memory file stays sparse"
+    );
+    eprintln!(
+        "first answer on a node that never ran the function: fetch + restore {restored:?}, cold boot {:?}",
+        cold.1
+    );
+    for i in 0..20 {
+        let r = b.invoke("ship", format!(r#"{{"n":{i}}}"#).as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+
+    // A snapshot that says it was made on another CPU model: b boots cold.
+    let origin = a.state_dir.join("snapshots/elsewhere-v1/origin.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&origin).unwrap()).unwrap();
+    record["cpu"] = "vendor_id=SomeOtherVendor cpu family=99".into();
+    std::fs::write(&origin, serde_json::to_vec(&record).unwrap()).unwrap();
+    let (path, _) = first_answer(&b, "elsewhere");
+    assert_eq!(path, "cold", "not restored on another CPU");
+    assert_eq!(
+        b.metric("spore_snapshots_fetched_total{function=\"elsewhere\"}"),
+        0.0
+    );
+    drop((a, b));
+    drop(etcd);
+}

@@ -19,11 +19,14 @@
 //! renamed), so a daemon killed mid-write leaves a `.tmp-` directory that
 //! [`SnapshotStore::recover`] removes.
 
+mod origin;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+pub use origin::{Origin, ORIGIN_RECORD};
 
 use crate::bases::{read_base, Base};
 use crate::catalog::{Catalog, Function, SnapshotRecord};
@@ -221,8 +224,14 @@ impl SnapshotStore {
 
     /// Pauses `vmm` (a zygote, or a booted instance whose guest has said
     /// `Ready`), writes its snapshot and records it. The VM is left paused.
-    pub async fn create(&self, f: &Function, vmm: &VmmProcess) -> anyhow::Result<FunctionSnapshot> {
-        self.write(f, vmm, None).await
+    /// `kernel` (the guest kernel it booted) is named in its origin record.
+    pub async fn create(
+        &self,
+        f: &Function,
+        vmm: &VmmProcess,
+        kernel: &Path,
+    ) -> anyhow::Result<FunctionSnapshot> {
+        self.write(f, vmm, None, kernel).await
     }
 
     /// Like [`Self::create`], but a Diff on top of `base`, which `vmm` was
@@ -234,8 +243,9 @@ impl SnapshotStore {
         f: &Function,
         vmm: &VmmProcess,
         base: &Base,
+        kernel: &Path,
     ) -> anyhow::Result<FunctionSnapshot> {
-        self.write(f, vmm, Some(base)).await
+        self.write(f, vmm, Some(base), kernel).await
     }
 
     async fn write(
@@ -243,6 +253,7 @@ impl SnapshotStore {
         f: &Function,
         vmm: &VmmProcess,
         base: Option<&Base>,
+        kernel: &Path,
     ) -> anyhow::Result<FunctionSnapshot> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self
@@ -287,6 +298,7 @@ impl SnapshotStore {
                 }
                 None => None,
             };
+            write_origin(&tmp, kernel).await;
             let dir = self.dir_of(&f.name, f.version);
             // A snapshot of this version made by an earlier daemon that died
             // before recording it: replaced.
@@ -311,6 +323,77 @@ impl SnapshotStore {
         };
         self.catalog.put_snapshot(&rec, unix_ms())?;
         Ok(FunctionSnapshot { dir, layer })
+    }
+
+    /// A new directory (private, empty) to fill with the files of `f`'s
+    /// snapshot fetched from another node, then given to [`Self::adopt`].
+    pub fn import_dir(&self, f: &Function) -> anyhow::Result<PathBuf> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .root
+            .join(format!(".tmp-{}-v{}-{n}", f.name, f.version));
+        create_private_dir(&self.root)?;
+        let _ = std::fs::remove_dir_all(&tmp);
+        create_private_dir(&tmp)?;
+        Ok(tmp)
+    }
+
+    /// Makes the fetched snapshot in `tmp` (from [`Self::import_dir`]) `f`'s
+    /// snapshot on this node: owned by `user` (the function's jailed uid),
+    /// renamed into place and recorded. `tmp` is removed if that fails.
+    pub fn adopt(
+        &self,
+        f: &Function,
+        tmp: &Path,
+        user: Option<&crate::jail::User>,
+    ) -> anyhow::Result<FunctionSnapshot> {
+        let adopted = (|| {
+            let snap = FunctionSnapshot::open(tmp.to_path_buf())
+                .filter(|s| s.layer.is_none() && s.is_complete())
+                .ok_or_else(|| anyhow::anyhow!("the fetched snapshot is incomplete"))?;
+            drop(snap);
+            if let Some(user) = user {
+                crate::jail::own_tree(tmp, user)?;
+            }
+            let dir = self.dir_of(&f.name, f.version);
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::rename(tmp, &dir)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+            let _ = sync_dir(&self.root);
+            let rec = SnapshotRecord {
+                function: f.name.clone(),
+                version: f.version,
+                dir: dir.display().to_string(),
+            };
+            self.catalog.put_snapshot(&rec, unix_ms())?;
+            anyhow::Ok(FunctionSnapshot { dir, layer: None })
+        })();
+        if adopted.is_err() {
+            let _ = std::fs::remove_dir_all(tmp);
+        }
+        adopted
+    }
+
+    /// `f`'s snapshot as another node may fetch it: a Full snapshot with an
+    /// origin record (a Diff needs its base, which is not shipped).
+    pub fn shippable(
+        &self,
+        name: &str,
+        version: i64,
+    ) -> Result<(FunctionSnapshot, Origin), String> {
+        let rec = self
+            .catalog
+            .snapshot(name, version)
+            .map_err(|e| e.to_string())?
+            .ok_or("no snapshot of that version here")?;
+        let snap = FunctionSnapshot::open(PathBuf::from(&rec.dir))
+            .filter(|s| s.is_complete())
+            .ok_or("the snapshot here is incomplete")?;
+        if snap.layer.is_some() {
+            return Err("a diff on a runtime base: not shipped".into());
+        }
+        let origin = Origin::read(&snap.dir).ok_or("the snapshot here has no origin record")?;
+        Ok((snap, origin))
     }
 
     /// Restores `snap` into the fresh VMM `vmm` (nothing loaded yet) and
@@ -443,6 +526,11 @@ impl SnapshotStore {
         }
     }
 
+    /// The files a snapshot is made of that another node needs (the working
+    /// set only once recorded).
+    pub const SHIPPED_FILES: [&'static str; 4] =
+        ["vm.state", "vm.mem", "vm.state.ws", ORIGIN_RECORD];
+
     /// Deletes the snapshot of one version (record and files).
     pub fn drop_snapshot(&self, name: &str, version: i64) {
         if let Err(e) = self.catalog.remove_snapshot(name, version) {
@@ -498,6 +586,24 @@ impl SnapshotStore {
             }
         }
         removed
+    }
+}
+
+/// Writes `origin.json` into the snapshot being made in `dir`. A kernel
+/// that cannot be read leaves the snapshot without one: it restores here
+/// but is never shipped.
+async fn write_origin(dir: &Path, kernel: &Path) {
+    let (dir, kernel) = (dir.to_path_buf(), kernel.to_path_buf());
+    let written = tokio::task::spawn_blocking(move || {
+        let origin = Origin::of_this_host(&kernel)?;
+        let bytes = serde_json::to_vec_pretty(&origin).map_err(std::io::Error::other)?;
+        write_private(&dir.join(ORIGIN_RECORD), &bytes)
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("snapshot without an origin record (not shipped): {e}"),
+        Err(e) => tracing::warn!("snapshot without an origin record (not shipped): {e}"),
     }
 }
 
