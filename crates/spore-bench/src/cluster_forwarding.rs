@@ -32,11 +32,12 @@ pub(crate) fn run(uk_dir: &Path, runs: usize) -> anyhow::Result<serde_json::Valu
 }
 
 fn measure(scratch: &Path, echo: &Path, runs: usize) -> anyhow::Result<serde_json::Value> {
-    let (_etcd, nodes) = LiveCluster::start(scratch, &["n1", "n2", "n3"])?;
+    let cluster = LiveCluster::start(scratch, &["n1", "n2", "n3"])?;
+    let nodes = &cluster.nodes;
     nodes[0].1.deploy("fwd", echo, 64)?;
     let mut conns = Vec::new();
     let mut ran_on = Vec::new();
-    for (_, d) in &nodes {
+    for (_, d) in nodes {
         let mut c = Conn::open(&d.addr)?;
         let mut last = String::new();
         for _ in 0..50 {

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use spore_serve::catalog::ClusterConfig;
 
 use crate::serve::daemon::Daemon;
 
@@ -86,16 +87,19 @@ fn write_key(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) struct LiveCluster;
+/// The nodes and their etcd (ended in that order on drop).
+pub(crate) struct LiveCluster {
+    pub(crate) nodes: Vec<(&'static str, Daemon)>,
+    /// What `spore cluster` commands need to reach it.
+    pub(crate) config: ClusterConfig,
+    _etcd: Etcd,
+}
 
 impl LiveCluster {
     /// etcd and one node per id (state in `scratch/<id>`), each told the
     /// others by the time this returns (nodes read the membership once a
     /// second).
-    pub(crate) fn start(
-        scratch: &Path,
-        ids: &[&'static str],
-    ) -> anyhow::Result<(Etcd, Vec<(&'static str, Daemon)>)> {
+    pub(crate) fn start(scratch: &Path, ids: &[&'static str]) -> anyhow::Result<LiveCluster> {
         let (etcd, etcd_addr) = start_etcd(&scratch.join("etcd"))?;
         let key = scratch.join("cluster.key");
         write_key(&key)?;
@@ -116,6 +120,10 @@ impl LiveCluster {
             nodes.push((*id, Daemon::start_on(&listen, &scratch.join(id), &extra)?));
         }
         std::thread::sleep(Duration::from_secs(3));
-        Ok((etcd, nodes))
+        Ok(LiveCluster {
+            nodes,
+            config: ClusterConfig::parse(&url, "bench")?,
+            _etcd: etcd,
+        })
     }
 }

@@ -1,12 +1,14 @@
 //! `spore bench cluster --shipping`: the first answer of a function on a
 //! node that never ran it, when another node already made its snapshot
 //! (fetched from that node and restored) against when none did (booted
-//! cold). Two `spore serve --cluster` nodes, a and b, on this machine; per
-//! round one fn-echo function deployed and first run on a (cold; its
-//! snapshot written), then first invoked on b (fetch + restore), and
-//! another deployed and first invoked on b with no snapshot anywhere (cold
-//! boot, after asking a). Times are the client's, request sent to answer
-//! read, on a fresh connection.
+//! cold). Two `spore serve --cluster` nodes, a and b, on this machine.
+//! First, b drained (so that a runs everything), `--runs` fn-echo
+//! functions deployed and first run on a (cold; snapshots written). Then a
+//! drained instead (b runs everything, a still serves its snapshots), and
+//! per round one of them first invoked on b (fetch + restore) and another
+//! function deployed and first invoked on b with no snapshot anywhere
+//! (cold boot, after asking a). Times are the client's, request sent to
+//! answer read, on a fresh connection.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -56,16 +58,32 @@ pub(crate) fn run(uk_dir: &Path, rounds: usize) -> anyhow::Result<serde_json::Va
 }
 
 fn measure(scratch: &Path, echo: &Path, rounds: usize) -> anyhow::Result<serde_json::Value> {
-    let (_etcd, nodes) = LiveCluster::start(scratch, &["a", "b"])?;
-    let (a, b) = (&nodes[0].1, &nodes[1].1);
+    let cluster = LiveCluster::start(scratch, &["a", "b"])?;
+    let (a, b) = (&cluster.nodes[0].1, &cluster.nodes[1].1);
+    let drain = |node: &str, draining: bool| -> anyhow::Result<()> {
+        spore_serve::cluster::set_draining_blocking(&cluster.config, node, draining)?;
+        Ok(())
+    };
+    drain("b", true)?;
+    // Every node reads the membership once a second.
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..rounds {
+        let shipped = format!("ship-{i}");
+        a.deploy(&shipped, echo, 64)?;
+        let (_, _, path) = first_invoke(a, &shipped)?;
+        if path != "cold" {
+            bail!("{shipped}'s first start on a was {path:?}, not cold");
+        }
+        wait_for_snapshot(&a.state, &shipped)?;
+    }
+    drain("b", false)?;
+    drain("a", true)?;
+    std::thread::sleep(Duration::from_secs(2));
     let (mut restored, mut restored_server) = (Vec::new(), Vec::new());
     let (mut cold, mut cold_server) = (Vec::new(), Vec::new());
     let mut not_restored = 0;
     for i in 0..rounds {
         let shipped = format!("ship-{i}");
-        a.deploy(&shipped, echo, 64)?;
-        first_invoke(a, &shipped)?;
-        wait_for_snapshot(&a.state, &shipped)?;
         let (ms, server_ms, path) = first_invoke(b, &shipped)?;
         if path == "restore" {
             restored.push(ms);

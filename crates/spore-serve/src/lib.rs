@@ -149,6 +149,15 @@ async fn join_cluster(
     let node = cluster::Node::start(options, capacity, catalog.clone()).await?;
     instances.join_cluster(node.clone());
     cluster_follow::spawn(&node, catalog, instances, state_dir);
+    // What this node holds, for every node's placement: once a second,
+    // published when it changed.
+    let (publisher, held_of) = (node.clone(), instances.clone());
+    tokio::spawn(async move {
+        loop {
+            publisher.publish_held(held_of.held().await).await;
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
     tracing::info!(node = %node.cluster.node_id, advertise = %node.advertise, "joined the cluster");
     Ok(node)
 }

@@ -303,29 +303,43 @@ pub(super) async fn run(
     })
 }
 
-/// In a cluster, an invocation of a function this node does not own goes
-/// to an owner (`crate::cluster`'s placement); `None`: run it here (a
-/// single daemon, an owner, a forwarded request, or no owner answered).
+/// In a cluster, an invocation goes to the node placement names
+/// (`crate::cluster`: one holding a warm instance, zygote or snapshot of
+/// its revision, else an owner); `None`: run it here (a single daemon, the
+/// best place, a forwarded request, or no node named answered).
 async fn forward(daemon: &Daemon, f: &Function, req: &super::Req) -> Option<Resp> {
     let node = daemon.cluster.as_ref()?;
     if req.headers().contains_key(crate::cluster::FORWARDED_HEADER) {
         return None;
     }
-    let owners = node.owners_elsewhere(&f.name)?;
+    let nodes = node.placement(&f.name, f.version)?;
     let forwarded = node
         .forward_invoke(
-            &owners,
+            &nodes,
             &f.name,
             &f.qualifier(),
+            std::time::Duration::from_secs(u64::from(f.timeout_s)),
             req.headers(),
             req.body().clone(),
         )
         .await;
     match forwarded {
         Ok(resp) => Some(resp),
-        Err(e) => {
-            tracing::warn!(function = %f.name, "no owner took the invocation ({e}): run here");
+        Err(crate::cluster::ForwardError::NotTaken(e)) => {
+            tracing::warn!(function = %f.name, "no node took the invocation ({e}): run here");
             None
+        }
+        // It may be running there: never run it twice.
+        Err(crate::cluster::ForwardError::Abandoned(e)) => {
+            tracing::warn!(function = %f.name, "forwarded invocation abandoned: {e}");
+            Some(
+                LambdaError::new(
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceException",
+                    format!("the node running the invocation did not answer ({e}): retry"),
+                )
+                .into_response(),
+            )
         }
     }
 }

@@ -40,9 +40,24 @@ const INVOKE_HEADERS: &[&str] = &[
 pub const REFUSED_KIND: &str = "ClusterKeyRefused";
 /// Kept-alive connections per peer, at most.
 const POOL_PER_PEER: usize = 32;
-/// A forwarded invocation's longest wait for its answer: Lambda's longest
-/// timeout, plus a margin.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(15 * 60 + 30);
+/// How long a node may take to accept a connection (a partitioned or
+/// powered-off host never refuses one).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// What a forwarded invocation may take beyond the function's timeout (a
+/// start on the other node, queueing there).
+const FORWARD_MARGIN: Duration = Duration::from_secs(30);
+
+/// Why an invocation was not answered by another node.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// No node took it (refused, unreachable, fenced, the key refused): it
+    /// may run here.
+    NotTaken(String),
+    /// A node took it and gave no answer in time, or this node fenced
+    /// itself meanwhile: it may be running there, so it must not run here
+    /// too.
+    Abandoned(String),
+}
 
 /// A node's weight for a function (rendezvous hashing): the first 8 bytes
 /// of SHA-256(function key, 0, node id), the same on every node and build.
@@ -92,8 +107,9 @@ impl Connections {
                 None => break,
             }
         }
-        let stream = tokio::net::TcpStream::connect(addr)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
             .await
+            .map_err(|_| format!("connecting to {addr}: no answer in {CONNECT_TIMEOUT:?}"))?
             .map_err(|e| format!("connecting to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -113,19 +129,6 @@ impl Connections {
 }
 
 impl Node {
-    /// Where an invocation of `function` arriving here should run: `None`
-    /// here (this node is an owner, or the membership is not known yet),
-    /// else the owners' addresses in order.
-    pub fn owners_elsewhere(&self, function: &str) -> Option<Vec<String>> {
-        let nodes = lock(&self.known_nodes);
-        let ranked = ranked(function, &nodes);
-        let owners = &ranked[..ranked.len().min(OWNERS)];
-        if owners.is_empty() || owners.iter().any(|n| n.node_id == self.cluster.node_id) {
-            return None;
-        }
-        Some(owners.iter().map(|n| n.advertise.clone()).collect())
-    }
-
     /// Whether this node is one of `function`'s owners (it keeps its code).
     pub fn is_owner(&self, function: &str) -> bool {
         let nodes = lock(&self.known_nodes);
@@ -135,27 +138,46 @@ impl Node {
             .any(|n| n.node_id == self.cluster.node_id)
     }
 
-    /// Forwards an Invoke of `function` (its key) at `qualifier` to the
-    /// first owner that answers; `Err` when none did (the caller runs it).
+    /// Forwards an Invoke of `function` (its key) at `qualifier`, whose
+    /// timeout is `timeout`, to the first of `nodes` that takes it.
     pub async fn forward_invoke(
         &self,
-        owners: &[String],
+        nodes: &[String],
         function: &str,
         qualifier: &str,
+        timeout: Duration,
         headers: &hyper::HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Full<Bytes>>, String> {
+    ) -> Result<Response<Full<Bytes>>, ForwardError> {
         let mut failures = Vec::new();
-        for addr in owners {
-            match self
-                .forward_to(addr, function, qualifier, headers, body.clone())
-                .await
-            {
-                Ok(resp) => return Ok(resp),
-                Err(e) => failures.push(format!("{addr}: {e}")),
+        for addr in nodes {
+            let sent = self.forward_to(addr, function, qualifier, headers, body.clone());
+            let mut fence = self.fence_changes();
+            let fenced = async move {
+                let _ = fence.wait_for(|fenced| *fenced).await;
+            };
+            let outcome = tokio::select! {
+                r = tokio::time::timeout(timeout + FORWARD_MARGIN, sent) => r,
+                () = fenced => {
+                    return Err(ForwardError::Abandoned(
+                        "this node fenced itself while another ran the invocation".into(),
+                    ))
+                }
+            };
+            match outcome {
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(Handover::NotTaken(e))) => failures.push(format!("{addr}: {e}")),
+                Ok(Err(Handover::Lost(e))) => {
+                    return Err(ForwardError::Abandoned(format!("{addr}: {e}")))
+                }
+                Err(_) => {
+                    return Err(ForwardError::Abandoned(format!(
+                        "{addr}: no answer within the function's timeout and {FORWARD_MARGIN:?}"
+                    )))
+                }
             }
         }
-        Err(failures.join("; "))
+        Err(ForwardError::NotTaken(failures.join("; ")))
     }
 
     async fn forward_to(
@@ -165,7 +187,7 @@ impl Node {
         qualifier: &str,
         headers: &hyper::HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Full<Bytes>>, String> {
+    ) -> Result<Response<Full<Bytes>>, Handover> {
         let q: String = qualifier
             .bytes()
             .map(|b| match b {
@@ -183,17 +205,22 @@ impl Node {
                 req = req.header(*name, v);
             }
         }
-        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-        let mut conn = self.connections.take(addr).await?;
-        let resp = tokio::time::timeout(FORWARD_TIMEOUT, conn.send_request(req))
+        let not_taken = |e: String| Handover::NotTaken(e);
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| not_taken(e.to_string()))?;
+        let mut conn = self.connections.take(addr).await.map_err(not_taken)?;
+        // A connection that breaks now lost the request with the node (a
+        // killed node runs nothing more): it may run elsewhere.
+        let resp = conn
+            .send_request(req)
             .await
-            .map_err(|_| "no answer in time".to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| not_taken(e.to_string()))?;
         let (parts, incoming) = resp.into_parts();
         let body = incoming
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| Handover::Lost(format!("its answer broke off: {e}")))?
             .to_bytes();
         self.connections.give_back(addr, conn);
         let refused = parts
@@ -201,14 +228,21 @@ impl Node {
             .get("x-amzn-errortype")
             .is_some_and(|v| v == REFUSED_KIND);
         if refused {
-            return Err("the node refused the cluster key".into());
+            return Err(not_taken("the node refused the cluster key".into()));
         }
-        // A fenced owner (or one without room): the next one, or here.
+        // A fenced node (or one without room): the next one, or here.
         if parts.status == StatusCode::SERVICE_UNAVAILABLE {
-            return Err("the node is fenced".into());
+            return Err(not_taken("the node is fenced".into()));
         }
         Ok(Response::from_parts(parts, Full::new(body)))
     }
+}
+
+/// How handing an invocation to one node failed.
+enum Handover {
+    NotTaken(String),
+    /// It was taken and its answer lost.
+    Lost(String),
 }
 
 #[cfg(test)]

@@ -272,6 +272,16 @@ async fn read_membership(node: Arc<Node>) {
             Ok(Err(e)) => tracing::debug!("cluster: reading the membership: {e}"),
             Err(_) => tracing::debug!("cluster: reading the membership: no answer in time"),
         }
+        match tokio::time::timeout(
+            STREAM_PATIENCE,
+            super::holdings::read_held(&mut client, &node),
+        )
+        .await
+        {
+            Ok(Ok(held)) => *lock(&node.known_held) = held,
+            Ok(Err(e)) => tracing::debug!("cluster: reading what nodes hold: {e}"),
+            Err(_) => tracing::debug!("cluster: reading what nodes hold: no answer in time"),
+        }
         tokio::time::sleep(RENEW_EVERY).await;
     }
 }
@@ -410,7 +420,7 @@ pub async fn set_draining(
 }
 
 /// `spore cluster status`: every live node with the seconds left on its
-/// lease, and the catalogue log's length.
+/// lease and what it holds, and the catalogue log's length.
 pub async fn status(cluster: &ClusterConfig) -> Result<serde_json::Value, NodeError> {
     let mut client = cluster
         .connect()
@@ -422,8 +432,15 @@ pub async fn status(cluster: &ClusterConfig) -> Result<serde_json::Value, NodeEr
             .lease_time_to_live(record.lease_id, None)
             .await
             .map_or(-1, |r| r.ttl());
+        let held = client
+            .get(format!("{}held/{}", cluster.prefix, record.node_id), None)
+            .await
+            .ok()
+            .and_then(|r| serde_json::from_slice(r.kvs().first()?.value()).ok())
+            .unwrap_or_default();
         let mut v = serde_json::to_value(&record).unwrap_or_default();
         v["lease_ttl_remaining_s"] = ttl.into();
+        v["holds"] = super::holdings::summary(&held);
         nodes.push(v);
     }
     let head = client

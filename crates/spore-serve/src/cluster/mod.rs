@@ -8,6 +8,7 @@ mod code;
 mod events;
 mod extents;
 mod forward;
+mod holdings;
 mod membership;
 mod peer_http;
 mod slots;
@@ -20,7 +21,8 @@ use std::sync::Arc;
 
 pub use code::{fetch_code, serve_internal};
 pub use events::{reconcile_events, spawn_takeover, EtcdEvents};
-pub use forward::{ranked, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
+pub use forward::{ranked, ForwardError, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
+pub use holdings::{place, revision_key, Held, SNAPSHOT, WARM, ZYGOTE};
 pub use membership::{set_draining, status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};
 pub use snapshots::{fetch_snapshot, serve_snapshot, Fetched};
@@ -68,6 +70,10 @@ pub struct Node {
     catalog: Arc<crate::catalog::Catalog>,
     /// Kept-alive connections to the nodes invocations are forwarded to.
     connections: forward::Connections,
+    /// Every node's holdings as last read (placement).
+    known_held: std::sync::Mutex<std::collections::HashMap<String, Held>>,
+    /// What this node last published of its own, when, under which lease.
+    published_held: std::sync::Mutex<Option<(std::time::Instant, i64, Held)>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +114,8 @@ impl Node {
             known_nodes: std::sync::Mutex::new(Vec::new()),
             catalog,
             connections: forward::Connections::default(),
+            known_held: Default::default(),
+            published_held: Default::default(),
         });
         membership::start(node.clone(), capacity).await?;
         Ok(node)

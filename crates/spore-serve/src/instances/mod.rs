@@ -20,6 +20,7 @@ mod account_memory;
 mod clone_leaves;
 mod cluster_slots;
 mod cpu_cap;
+mod held;
 mod layered;
 mod memory;
 mod provisioned;

@@ -203,6 +203,18 @@ fn owners(function: &str, ids: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The nodes that ran `n` invocations of `function` sent through `nodes`
+/// in turn.
+fn ran_on(nodes: &[Daemon], function: &str, n: usize) -> std::collections::BTreeSet<String> {
+    (0..n)
+        .map(|i| {
+            let r = nodes[i % nodes.len()].invoke(function, b"{}");
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.header("x-spore-node").unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     require_kvm();
@@ -248,6 +260,11 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     );
     let holding = nodes.iter().filter(|d| !d.vmm_pids().is_empty()).count();
     assert!((1..=2).contains(&holding), "{holding} nodes hold instances");
+    // Once every node has read what the others hold (a second or two),
+    // invocations through any node run where the warm instances are.
+    std::thread::sleep(Duration::from_secs(3));
+    let warm_on = ran_on(&nodes, "app", 30);
+    assert_eq!(warm_on.len(), 1, "all ran on the warm node: {warm_on:?}");
 
     // A rolling restart: the first owner drained, restarted, undrained,
     // while a client invokes through the two others: nothing fails.
@@ -325,14 +342,19 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     assert!(served > 0);
     cluster_cmd("undrain");
 
-    // kill -9 of the first owner: invocations through the others succeed
-    // again (the second owner, or where they arrive) and none is answered
-    // wrongly.
-    std::thread::sleep(Duration::from_secs(2));
-    nodes[first].kill9();
+    // kill -9 of the node holding the warm instances: invocations through
+    // the others succeed again (where they arrive, or the other owner) and
+    // none is answered wrongly.
+    std::thread::sleep(Duration::from_secs(3));
+    let holder_id = ran_on(&nodes, "app", 9)
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let holder = ids.iter().position(|id| *id == holder_id).unwrap();
+    nodes[holder].kill9();
     let t = Instant::now();
     let mut failed = 0;
-    let survivors: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
     let mut ok_in_a_row = 0;
     while ok_in_a_row < 20 {
         assert!(
@@ -350,8 +372,7 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
         }
     }
     eprintln!(
-        "after kill -9 of owner {}: served again in {:?}, {failed} failed meanwhile",
-        owner_ids[0],
+        "after kill -9 of {holder_id}, which held the warm instances: served again in {:?}, {failed} failed meanwhile",
         t.elapsed()
     );
     drop(nodes);
@@ -537,6 +558,7 @@ fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
 /// A node that never ran a function restores the snapshot another node
 /// made instead of booting it (fetched, sparse, in its own jail); a
 /// snapshot made on another CPU is not restored there: it boots cold.
+/// `spore cluster status` shows what each node holds.
 #[test]
 fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     require_kvm();
@@ -554,6 +576,20 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     until("both nodes are members", Duration::from_secs(10), || {
         status(&url)["nodes"].as_array().map_or(0, Vec::len) == 2
     });
+    // Placement sends an invocation to the node holding the function, or
+    // to its owner: one node drained at a time makes the other run all.
+    let drain = |node: &str, verb: &str| {
+        let out = common::spore()
+            .args(["cluster", verb, "--cluster", &url, node])
+            .output()
+            .expect("spore cluster drain");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    drain("b", "drain");
     // Each node reads the membership every second.
     std::thread::sleep(Duration::from_secs(2));
     let first_answer = |d: &Daemon, name: &str| {
@@ -562,7 +598,6 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
         let took = t.elapsed();
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(r.text().contains(r#""first":1"#), "{}", r.text());
-        // With two nodes both own every function: each runs it itself.
         let me = if std::ptr::eq(d, &a) { "a" } else { "b" };
         assert_eq!(r.header("x-spore-node"), Some(me), "not forwarded");
         (
@@ -577,12 +612,27 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
         assert_eq!(path, "cold");
         common::serve::wait_for_snapshot(&a.state_dir, name, 1, Duration::from_secs(20));
     }
+    // Now a drained: b runs everything itself (a still answers for its
+    // snapshots), rather than forwarding to a's warm instances.
+    drain("b", "undrain");
+    drain("a", "drain");
+    std::thread::sleep(Duration::from_secs(2));
     let cold = {
         let created = b.create("cold-here", "fn-echo", serde_json::json!({}));
         assert_eq!(created.status, 201, "{}", created.text());
         first_answer(&b, "cold-here")
     };
 
+    let holds = &status(&url)["nodes"];
+    let a_holds = holds
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["node_id"] == "a"))
+        .map(|n| n["holds"].clone())
+        .unwrap_or_default();
+    assert_eq!(
+        a_holds["functions"]["ship:1"], 3,
+        "a holds ship warm: {a_holds}"
+    );
     let (path, restored) = first_answer(&b, "ship");
     assert_eq!(path, "restore", "b restored a's snapshot");
     assert_eq!(

@@ -1,0 +1,61 @@
+//! What this node holds, as cluster placement reads it (published by
+//! `crate::cluster`): per function revision its fastest start here, and
+//! the memory instances may still take.
+
+use super::Instances;
+use crate::cluster::{revision_key, Held, SNAPSHOT, WARM, ZYGOTE};
+use crate::mutex::lock;
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (0 if unreadable).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib << 10)
+        })
+        .unwrap_or(0)
+}
+
+impl Instances {
+    /// This node's holdings: idle instances (warm), zygotes, and the
+    /// snapshots recorded here, per revision; free memory is the budget
+    /// left (the last census) or the host's available memory, whichever
+    /// is less.
+    pub async fn held(&self) -> Held {
+        let mut functions = std::collections::BTreeMap::new();
+        for r in self.catalog.snapshots().unwrap_or_default() {
+            functions.insert(revision_key(&r.function, r.version), SNAPSHOT);
+        }
+        let pools: Vec<_> = lock(&self.pools).values().cloned().collect();
+        for pool in pools {
+            let f = &pool.function;
+            // A zygote lock held means one is being cloned or made.
+            let zygote = pool.zygote.try_lock().map_or(true, |z| z.is_some());
+            let level = if !lock(&pool.idle).is_empty() {
+                WARM
+            } else if zygote {
+                ZYGOTE
+            } else {
+                continue;
+            };
+            let held = functions
+                .entry(revision_key(&f.name, f.version))
+                .or_insert(level);
+            *held = (*held).max(level);
+        }
+        let mut free = mem_available();
+        if self.cfg.memory_budget > 0 {
+            free = free.min(
+                self.cfg
+                    .memory_budget
+                    .saturating_sub(self.held_bytes().await),
+            );
+        }
+        Held {
+            free_memory_bytes: free,
+            functions,
+        }
+    }
+}
