@@ -12,7 +12,7 @@
 //! functions cannot be named, let alone probed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The account of a daemon without `--auth` and of keys that name none.
@@ -53,6 +53,11 @@ pub struct Account {
     pub id: String,
     pub limits: Limits,
     running: AtomicU32,
+    /// In a cluster, the account's concurrency is bounded on all nodes
+    /// together: this node runs at most as many of its invocations as it
+    /// holds of its slots in etcd (`crate::account_slots`).
+    clustered: AtomicBool,
+    held_slots: AtomicU32,
 }
 
 impl Account {
@@ -61,6 +66,8 @@ impl Account {
             id: id.to_string(),
             limits,
             running: AtomicU32::new(0),
+            clustered: AtomicBool::new(false),
+            held_slots: AtomicU32::new(0),
         })
     }
 
@@ -80,11 +87,27 @@ impl Account {
     }
 
     /// Takes one of the account's concurrency slots for an invocation, or
-    /// `None` when all are taken (the caller answers 429).
+    /// `None` when all are taken (the caller answers 429; in a cluster, it
+    /// first claims one more slot).
     pub fn start_invocation(self: &Arc<Self>) -> Option<Running> {
+        let limit = if self.is_clustered() {
+            self.held_slots.load(Ordering::Acquire)
+        } else {
+            self.limits.concurrency
+        };
+        self.start_within(limit)
+    }
+
+    /// [`Self::start_invocation`] bounded by the account's limit on this
+    /// node alone (a cluster node that cannot reach etcd serves on).
+    pub fn start_invocation_here(self: &Arc<Self>) -> Option<Running> {
+        self.start_within(self.limits.concurrency)
+    }
+
+    fn start_within(self: &Arc<Self>, limit: u32) -> Option<Running> {
         self.running
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.limits.concurrency).then_some(n + 1)
+                (n < limit).then_some(n + 1)
             })
             .ok()?;
         Some(Running {
@@ -95,6 +118,45 @@ impl Account {
     /// Invocations of the account running now.
     pub fn running(&self) -> u32 {
         self.running.load(Ordering::Acquire)
+    }
+
+    pub fn is_clustered(&self) -> bool {
+        self.clustered.load(Ordering::Acquire)
+    }
+
+    /// The key its concurrency slots are counted under in a cluster.
+    pub fn slot_scope(&self) -> String {
+        format!("account/{}", self.id)
+    }
+
+    /// Slots this node holds in the cluster.
+    pub fn held_slots(&self) -> u32 {
+        self.held_slots.load(Ordering::Acquire)
+    }
+
+    /// One more slot claimed in the cluster.
+    pub fn add_slot(&self) {
+        self.held_slots.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Lowers the slots held to what `instances` (the account's instances
+    /// on this node) and the invocations running need; returns how many to
+    /// give back to the cluster.
+    pub fn surplus_slots(&self, instances: u32) -> u32 {
+        let keep = self.running().max(instances);
+        match self
+            .held_slots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                (h > keep).then_some(keep)
+            }) {
+            Ok(before) => before - keep,
+            Err(_) => 0,
+        }
+    }
+
+    /// The slots went with this node's lease (it fenced itself).
+    pub fn forget_slots(&self) {
+        self.held_slots.store(0, Ordering::Release);
     }
 }
 
@@ -115,6 +177,8 @@ impl Drop for Running {
 #[derive(Debug)]
 pub struct Accounts {
     by_id: Mutex<HashMap<String, Arc<Account>>>,
+    /// A cluster node's: every account's concurrency is cluster-wide.
+    clustered: AtomicBool,
 }
 
 impl Accounts {
@@ -126,15 +190,35 @@ impl Accounts {
             .or_insert_with(Account::default_account);
         Accounts {
             by_id: Mutex::new(by_id),
+            clustered: AtomicBool::new(false),
         }
+    }
+
+    /// This daemon is a cluster node: every account's concurrency is
+    /// counted in slots held in etcd (those known now and those met later).
+    pub fn set_clustered(&self) {
+        self.clustered.store(true, Ordering::Release);
+        for a in crate::mutex::lock(&self.by_id).values() {
+            a.clustered.store(true, Ordering::Release);
+        }
+    }
+
+    /// Every account known so far.
+    pub fn all(&self) -> Vec<Arc<Account>> {
+        crate::mutex::lock(&self.by_id).values().cloned().collect()
     }
 
     /// The account of `id`.
     pub fn get(&self, id: &str) -> Arc<Account> {
         let mut by_id = crate::mutex::lock(&self.by_id);
+        let clustered = self.clustered.load(Ordering::Acquire);
         by_id
             .entry(id.to_string())
-            .or_insert_with(|| Account::new(id, Limits::default()))
+            .or_insert_with(|| {
+                let a = Account::new(id, Limits::default());
+                a.clustered.store(clustered, Ordering::Release);
+                a
+            })
             .clone()
     }
 
@@ -233,6 +317,32 @@ mod tests {
         assert!(a.start_invocation().is_some());
         drop(two);
         assert_eq!(a.running(), 0);
+    }
+
+    #[test]
+    fn a_cluster_nodes_account_runs_as_many_as_it_holds_slots() {
+        let accounts = Accounts::new([Account::new("111111111111", Limits::default())]);
+        accounts.set_clustered();
+        let (known, met_later) = (accounts.get("111111111111"), accounts.get("222222222222"));
+        for a in [&known, &met_later] {
+            assert!(a.is_clustered());
+            assert!(a.start_invocation().is_none(), "no slot held yet");
+        }
+        known.add_slot();
+        known.add_slot();
+        let one = known.start_invocation().expect("a held slot");
+        let _two = known.start_invocation().expect("the other");
+        assert!(known.start_invocation().is_none());
+        // Two running: nothing to give back; one instance and none running:
+        // one slot back.
+        assert_eq!(known.surplus_slots(0), 0);
+        drop(one);
+        assert_eq!(known.surplus_slots(1), 0);
+        drop(_two);
+        assert_eq!(known.surplus_slots(1), 1);
+        assert_eq!(known.held_slots(), 1);
+        known.forget_slots();
+        assert!(known.start_invocation().is_none());
     }
 
     #[test]

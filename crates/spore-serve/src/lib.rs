@@ -21,6 +21,7 @@
 //! [`vmm`] (VMM processes; [`vmm_exit`]: how one ended), [`instance_conn`] (the invoke protocol over
 //! vsock), [`network`] → [`fs`], [`clock`], [`mutex`], [`config`].
 
+pub mod account_slots;
 pub mod accounts;
 pub mod api;
 pub mod auth;
@@ -162,6 +163,25 @@ async fn join_cluster(
     Ok(node)
 }
 
+/// Every 250 ms: idle instances past their keep-alive ended, provisioned
+/// pools refilled, and (in a cluster) concurrency slots no instance needs
+/// given back.
+fn spawn_reaper(daemon: Arc<api::Daemon>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let instances = &daemon.instances;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            instances.reap_idle().await;
+            instances.refill_all();
+            instances.release_idle_slots().await;
+            if let Some(node) = &daemon.cluster {
+                account_slots::release_idle(node, &daemon.accounts, instances).await;
+            }
+        }
+    })
+}
+
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let state_dir: PathBuf = config.instances.state_dir.clone();
     std::fs::create_dir_all(&state_dir)
@@ -243,7 +263,13 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Some(path) => Some(auth::Keys::load(path)?),
         None => None,
     };
-    let accounts = accounts::Accounts::new(auth.iter().flat_map(auth::Keys::accounts));
+    let accounts = Arc::new(accounts::Accounts::new(
+        auth.iter().flat_map(auth::Keys::accounts),
+    ));
+    if let Some(node) = &node {
+        accounts.set_clustered();
+        account_slots::spawn_fence_follower(node, accounts.clone());
+    }
     let daemon = Arc::new(api::Daemon {
         state_dir,
         catalog,
@@ -264,18 +290,7 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         &daemon,
     )?;
 
-    let reaper = {
-        let instances = instances.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            loop {
-                tick.tick().await;
-                instances.reap_idle().await;
-                instances.refill_all();
-                instances.release_idle_slots().await;
-            }
-        })
-    };
+    let reaper = spawn_reaper(daemon.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut limits = config.connections;
     limits.max_connections = server::fit_descriptor_limit(limits.max_connections);

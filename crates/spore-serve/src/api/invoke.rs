@@ -188,8 +188,8 @@ pub(super) async fn run(
     // The account's concurrency first: one tenant's burst cannot take the
     // whole host's.
     let account = daemon.accounts.of_key(&f.name);
-    let _slot = account
-        .start_invocation()
+    let _slot = crate::account_slots::start_invocation(daemon.cluster.as_deref(), &account)
+        .await
         .ok_or_else(|| LambdaError::throttled("ConcurrentInvocationLimitExceeded"))?;
     let started = daemon
         .instances

@@ -40,7 +40,7 @@ pub struct Daemon {
     /// With `--auth`: the access keys requests must be signed with.
     pub auth: Option<crate::auth::Keys>,
     /// Every account: the keys file's and the default one.
-    pub accounts: Accounts,
+    pub accounts: Arc<Accounts>,
     /// Accepted `Event` invocations, on disk until they ran.
     pub events: Arc<crate::events::EventQueue>,
     /// The API's open connections (served by `crate::server`).

@@ -1,13 +1,14 @@
-//! Reserved concurrency across the cluster. A function's reserved
-//! concurrency R bounds its instances on all nodes together: each node
-//! holds a number of the function's slots in etcd
-//! (`<prefix>slots/<function>/<node-id>`, under the node's lease, so a dead
-//! node's slots go with it) and runs at most that many invocations of it at
-//! once. A node claims one more slot when all of its own are busy, in a
-//! transaction that succeeds only if no node claimed one since it counted
-//! (`<prefix>slots/<function>` is bumped by every claim), and gives slots
-//! back once no instance of its holds them. A warm invocation on a node with
-//! a free slot makes no etcd round trip.
+//! Concurrency across the cluster. A function's reserved concurrency, and
+//! an account's concurrency, bound invocations on all nodes together: each
+//! node holds a number of the scope's slots in etcd
+//! (`<prefix>slots/<scope>/<node-id>`, under the node's lease, so a dead
+//! node's slots go with it; the scope is `fn/<function key>` or
+//! `account/<id>`) and runs at most that many of its invocations at once. A
+//! node claims one more slot when all of its own are busy, in a transaction
+//! that succeeds only if no node claimed one since it counted
+//! (`<prefix>slots/<scope>` is bumped by every claim), and gives slots back
+//! once no instance of its holds them. A warm invocation on a node with a
+//! free slot makes no etcd round trip.
 
 use std::sync::atomic::Ordering;
 
@@ -15,23 +16,23 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::Node;
 
-fn guard_key(node: &Node, function: &str) -> String {
-    format!("{}slots/{function}", node.cluster.prefix)
+fn guard_key(node: &Node, scope: &str) -> String {
+    format!("{}slots/{scope}", node.cluster.prefix)
 }
 
-fn own_key(node: &Node, function: &str) -> String {
+fn own_key(node: &Node, scope: &str) -> String {
     format!(
-        "{}slots/{function}/{}",
+        "{}slots/{scope}/{}",
         node.cluster.prefix, node.cluster.node_id
     )
 }
 
 impl Node {
-    /// Claims one more slot of `function`, whose reserved concurrency is
-    /// `limit` cluster-wide: false when every slot is held.
-    pub async fn claim_slot(&self, function: &str, limit: u32) -> Result<bool, String> {
+    /// Claims one more slot of `scope` (`fn/<key>`, `account/<id>`), whose
+    /// limit is `limit` cluster-wide: false when every slot is held.
+    pub async fn claim_slot(&self, scope: &str, limit: u32) -> Result<bool, String> {
         let lease = self.lease_id.load(Ordering::Acquire);
-        let (guard, mine) = (guard_key(self, function), own_key(self, function));
+        let (guard, mine) = (guard_key(self, scope), own_key(self, scope));
         let mut client = self.client.clone();
         for _ in 0..20 {
             let held = client
@@ -86,10 +87,10 @@ impl Node {
         Err("other nodes' claims kept winning".into())
     }
 
-    /// Gives `n` of this node's slots of `function` back.
-    pub async fn release_slots(&self, function: &str, n: u32) -> Result<(), String> {
+    /// Gives `n` of this node's slots of `scope` back.
+    pub async fn release_slots(&self, scope: &str, n: u32) -> Result<(), String> {
         let lease = self.lease_id.load(Ordering::Acquire);
-        let (guard, mine) = (guard_key(self, function), own_key(self, function));
+        let (guard, mine) = (guard_key(self, scope), own_key(self, scope));
         let mut client = self.client.clone();
         for _ in 0..20 {
             let own = client

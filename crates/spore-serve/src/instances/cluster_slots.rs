@@ -14,6 +14,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::Instances;
 use crate::mutex::lock;
 
+/// The slot scope of a function's reserved concurrency.
+fn reserved_scope(function_key: &str) -> String {
+    format!("fn/{function_key}")
+}
+
 /// A function's reserved concurrency, as this node enforces it.
 #[derive(Clone)]
 pub(super) struct Reserved {
@@ -48,7 +53,7 @@ impl Instances {
             return Some(p);
         }
         if let (true, Some(node)) = (r.cluster, self.cluster.get()) {
-            match node.claim_slot(name, r.limit).await {
+            match node.claim_slot(&reserved_scope(name), r.limit).await {
                 Ok(true) => {
                     r.claimed.fetch_add(1, Ordering::AcqRel);
                     r.sem.add_permits(1);
@@ -66,7 +71,7 @@ impl Instances {
         if let (true, Some(node)) = (n > 0, self.cluster.get()) {
             let (node, name) = (node.clone(), name.to_string());
             tokio::spawn(async move {
-                if let Err(e) = node.release_slots(&name, n).await {
+                if let Err(e) = node.release_slots(&reserved_scope(&name), n).await {
                     tracing::warn!(function = %name, "giving back concurrency slots: {e}");
                 }
             });
@@ -96,7 +101,7 @@ impl Instances {
             }
             r.sem.forget_permits(surplus as usize);
             r.claimed.fetch_sub(surplus, Ordering::AcqRel);
-            if let Err(e) = node.release_slots(&name, surplus).await {
+            if let Err(e) = node.release_slots(&reserved_scope(&name), surplus).await {
                 tracing::warn!(function = %name, "giving back concurrency slots: {e}");
             }
         }
@@ -109,6 +114,16 @@ impl Instances {
                 *r = Reserved::new(r.limit, true);
             }
         }
+    }
+
+    /// Instances here of `account`'s functions, busy or idle.
+    pub fn account_instances(&self, account: &str) -> u32 {
+        let n: u64 = lock(&self.pools)
+            .iter()
+            .filter(|((key, _), _)| crate::accounts::split_key(key).0 == account)
+            .map(|(_, p)| p.busy.load(Ordering::Acquire) + lock(&p.idle).len() as u64)
+            .sum();
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// Instances of a function here, busy or idle, over all its versions.

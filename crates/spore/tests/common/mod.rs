@@ -6,6 +6,7 @@
 pub mod api;
 pub mod bench;
 pub mod clone;
+pub mod cluster;
 pub mod etcd;
 pub mod fc;
 pub mod fixture;

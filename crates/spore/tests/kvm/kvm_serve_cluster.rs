@@ -6,46 +6,13 @@
 //! out; with etcd down for all, writes get 503 and every node serves on.
 //! (A node cut off from etcd while the others renew: kvm_serve_cluster_hosts.)
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::cluster::{cluster_key, free_addr, node, status, until};
 use crate::common::etcd::Etcd;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
-
-fn free_addr() -> String {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    format!("127.0.0.1:{port}")
-}
-
-fn node(dir: &Scratch, url: &str, id: &str, key: &std::path::Path) -> Daemon {
-    let listen = free_addr();
-    Daemon::start_on(
-        &listen,
-        &dir.path(id),
-        &[
-            "--cluster",
-            url,
-            "--node-id",
-            id,
-            "--cluster-key",
-            key.to_str().expect("utf-8 path"),
-        ],
-    )
-}
-
-fn until(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while !check() {
-        assert!(t.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    t.elapsed()
-}
 
 fn stage(d: &Daemon, name: &str) -> (u16, String) {
     let r = d.invoke(name, br#"{"env":"STAGE"}"#);
@@ -64,31 +31,13 @@ fn set_stage(d: &Daemon, name: &str, stage: &str) {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-fn status(url: &str) -> serde_json::Value {
-    let out = common::spore()
-        .args(["cluster", "status", "--cluster", url])
-        .output()
-        .expect("spore cluster status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status JSON")
-}
-
 #[test]
 fn kvm_serve_cluster_shares_one_catalogue_and_serves_on_without_etcd() {
     require_kvm();
     let dir = Scratch::new("cluster");
     let mut etcd = Etcd::start(&dir.path("etcd"));
     let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let key = cluster_key(&dir);
     let a = node(&dir, &url, "a", &key);
     let mut b = node(&dir, &url, "b", &key);
 
@@ -221,12 +170,7 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     let dir = Scratch::new("cluster3");
     let etcd = Etcd::start(&dir.path("etcd"));
     let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let key = cluster_key(&dir);
     let ids = ["a", "b", "c"];
     let mut nodes: Vec<Daemon> = ids.iter().map(|id| node(&dir, &url, id, &key)).collect();
     // Each node reads the membership every few seconds.
@@ -386,12 +330,7 @@ fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quoru
     let mut members = Etcd::start_cluster(&dir.path("etcd"), 3);
     let endpoints: Vec<String> = members.iter().map(Etcd::endpoint).collect();
     let url = format!("etcd://{}/t{}", endpoints.join(","), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let key = cluster_key(&dir);
     let a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     let r = a.create("app", "fn-echo", serde_json::json!({}));
@@ -458,12 +397,7 @@ fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
     let dir = Scratch::new("cluster-events");
     let etcd = Etcd::start(&dir.path("etcd"));
     let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let key = cluster_key(&dir);
     let mut a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     assert_eq!(a.create("ev", "fn-echo", serde_json::json!({})).status, 201);
@@ -503,58 +437,6 @@ fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
     drop(etcd);
 }
 
-#[test]
-fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
-    require_kvm();
-    let dir = Scratch::new("cluster-slots");
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let a = node(&dir, &url, "a", &key);
-    let b = node(&dir, &url, "b", &key);
-    assert_eq!(a.create("r", "fn-echo", serde_json::json!({})).status, 201);
-    let r = a.request(
-        "PUT",
-        "/2017-10-31/functions/r/concurrency",
-        br#"{"ReservedConcurrentExecutions":2}"#,
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    until("b has the limit", Duration::from_secs(2), || {
-        b.request("GET", "/2019-09-30/functions/r/concurrency", b"", &[])
-            .text()
-            .contains("2")
-    });
-    // An instance on each node: each holds one slot while it lives.
-    assert_eq!(a.invoke("r", b"{}").status, 200);
-    assert_eq!(b.invoke("r", b"{}").status, 200);
-    // Three slow invocations through each node at once: two run in the
-    // whole cluster, the rest are throttled (429).
-    let statuses: Vec<u16> = std::thread::scope(|s| {
-        let calls: Vec<_> = (0..6)
-            .map(|i| {
-                let d = if i % 2 == 0 { &a } else { &b };
-                s.spawn(move || d.invoke("r", br#"{"sleep_ms":1500}"#).status)
-            })
-            .collect();
-        calls.into_iter().map(|c| c.join().unwrap()).collect()
-    });
-    let ran = statuses.iter().filter(|&&s| s == 200).count();
-    let throttled = statuses.iter().filter(|&&s| s == 429).count();
-    assert_eq!((ran, throttled), (2, 4), "{statuses:?}");
-    // Afterwards the slots serve again.
-    for d in [&a, &b, &a, &b] {
-        assert_eq!(d.invoke("r", b"{}").status, 200);
-    }
-    drop((a, b));
-    drop(etcd);
-}
-
 /// A node that never ran a function restores the snapshot another node
 /// made instead of booting it (fetched, sparse, in its own jail); a
 /// snapshot made on another CPU is not restored there: it boots cold.
@@ -565,12 +447,7 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     let dir = Scratch::new("cluster-ship");
     let etcd = Etcd::start(&dir.path("etcd"));
     let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = dir.path("cluster.key");
-    std::fs::write(&key, "a-cluster-key-for-tests-0123\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let key = cluster_key(&dir);
     let a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     until("both nodes are members", Duration::from_secs(10), || {

@@ -58,6 +58,7 @@ mod kvm_serve_cgroups;
 mod kvm_serve_clients;
 mod kvm_serve_cluster;
 mod kvm_serve_cluster_hosts;
+mod kvm_serve_cluster_limits;
 mod kvm_serve_disk_full;
 mod kvm_serve_events;
 mod kvm_serve_guardian;
