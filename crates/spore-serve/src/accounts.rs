@@ -331,14 +331,15 @@ mod tests {
         known.add_slot();
         known.add_slot();
         let one = known.start_invocation().expect("a held slot");
-        let _two = known.start_invocation().expect("the other");
+        let two = known.start_invocation().expect("the other");
         assert!(known.start_invocation().is_none());
-        // Two running: nothing to give back; one instance and none running:
-        // one slot back.
+        // Two running: nothing to give back. One running on one of two
+        // instances: nothing either. None running, one instance left: one
+        // slot back.
         assert_eq!(known.surplus_slots(0), 0);
         drop(one);
-        assert_eq!(known.surplus_slots(1), 0);
-        drop(_two);
+        assert_eq!(known.surplus_slots(2), 0);
+        drop(two);
         assert_eq!(known.surplus_slots(1), 1);
         assert_eq!(known.held_slots(), 1);
         known.forget_slots();
