@@ -357,6 +357,32 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Every sample of `text` labelled `node="ID"`: a cluster node's series,
+/// which one scrape of all nodes must tell apart. Samples that name their
+/// node already (`spore_cluster_*`) are left as they are.
+pub fn with_node(text: &str, node: &str) -> String {
+    let label = format!("node=\"{}\"", escape(node));
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for line in text.lines() {
+        let labelled = match (line.starts_with('#') || line.is_empty(), line.find('{')) {
+            (true, _) => None,
+            (false, Some(open)) => {
+                let labels =
+                    &line[open + 1..line[open..].find('}').map_or(line.len(), |c| open + c)];
+                let comma = if labels.is_empty() { "" } else { "," };
+                (!labels.split(',').any(|l| l.starts_with("node=\"")))
+                    .then(|| format!("{}{{{label}{comma}{}", &line[..open], &line[open + 1..]))
+            }
+            (false, None) => line
+                .split_once(' ')
+                .map(|(name, value)| format!("{name}{{{label}}} {value}")),
+        };
+        out.push_str(labelled.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 /// The lines of a rendered `/metrics` text that `caller` may see: the
 /// series of its own functions (labelled with their plain names), and for
 /// the default account (the operator's) the host-wide ones too. Comments
@@ -393,6 +419,17 @@ pub fn for_account(text: &str, caller: &crate::accounts::Account) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_nodes_samples_carry_its_id() {
+        let text = "# HELP a A.\n# TYPE a gauge\na 1\nb{function=\"f\"} 2\nc{} 3\n\
+                    spore_cluster_fenced{node=\"n1\"} 0\n";
+        assert_eq!(
+            with_node(text, "n1"),
+            "# HELP a A.\n# TYPE a gauge\na{node=\"n1\"} 1\nb{node=\"n1\",function=\"f\"} 2\n\
+             c{node=\"n1\"} 3\nspore_cluster_fenced{node=\"n1\"} 0\n"
+        );
+    }
 
     #[test]
     fn renders_counters_and_histograms() {

@@ -585,7 +585,10 @@ pub async fn metrics(daemon: &Arc<Daemon>, caller: &Account) -> Resp {
          # HELP spore_api_connections_evicted_total Idle connections closed to make room for a new one.\n\
          # TYPE spore_api_connections_evicted_total counter\nspore_api_connections_evicted_total {evicted}\n"
     ));
-    let text = crate::metrics::for_account(&text, caller);
+    let mut text = crate::metrics::for_account(&text, caller);
+    if let Some(node) = &daemon.cluster {
+        text = crate::metrics::with_node(&text, &node.cluster.node_id);
+    }
     let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -513,7 +513,12 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     let (path, restored) = first_answer(&b, "ship");
     assert_eq!(path, "restore", "b restored a's snapshot");
     assert_eq!(
-        b.metric("spore_snapshots_fetched_total{function=\"ship\"}"),
+        b.metric("spore_snapshots_fetched_total{node=\"b\",function=\"ship\"}"),
+        1.0
+    );
+    // Every series of a node carries its id.
+    assert_eq!(
+        a.metric("spore_snapshots_written_total{node=\"a\",function=\"ship\"}"),
         1.0
     );
     let fetched = b.state_dir.join("snapshots/ship-v1");
@@ -548,7 +553,7 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     let (path, _) = first_answer(&b, "elsewhere");
     assert_eq!(path, "cold", "not restored on another CPU");
     assert_eq!(
-        b.metric("spore_snapshots_fetched_total{function=\"elsewhere\"}"),
+        b.metric("spore_snapshots_fetched_total{node=\"b\",function=\"elsewhere\"}"),
         0.0
     );
     drop((a, b));
