@@ -70,8 +70,8 @@ fn start_etcd(data: &Path) -> anyhow::Result<(Etcd, String)> {
     Ok((etcd, addr))
 }
 
-/// Writes a fresh random cluster key (mode 0600) to `path`.
-fn write_key(path: &Path) -> anyhow::Result<()> {
+/// Writes a fresh random cluster key (mode 0600) to `path`; returns it.
+fn write_key(path: &Path) -> anyhow::Result<String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new()
@@ -84,7 +84,7 @@ fn write_key(path: &Path) -> anyhow::Result<()> {
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut secret)?;
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     writeln!(f, "{hex}")?;
-    Ok(())
+    Ok(hex)
 }
 
 /// The nodes and their etcd (ended in that order on drop).
@@ -92,6 +92,8 @@ pub(crate) struct LiveCluster {
     pub(crate) nodes: Vec<(&'static str, Daemon)>,
     /// What `spore cluster` commands need to reach it.
     pub(crate) config: ClusterConfig,
+    /// The cluster key (what a node sends another).
+    pub(crate) key: String,
     _etcd: Etcd,
 }
 
@@ -102,7 +104,7 @@ impl LiveCluster {
     pub(crate) fn start(scratch: &Path, ids: &[&'static str]) -> anyhow::Result<LiveCluster> {
         let (etcd, etcd_addr) = start_etcd(&scratch.join("etcd"))?;
         let key = scratch.join("cluster.key");
-        write_key(&key)?;
+        let secret = write_key(&key)?;
         let url = format!("etcd://{etcd_addr}/bench");
         let key_arg = key.to_str().context("a UTF-8 scratch path")?;
         let mut nodes = Vec::new();
@@ -123,6 +125,7 @@ impl LiveCluster {
         Ok(LiveCluster {
             nodes,
             config: ClusterConfig::parse(&url, "bench")?,
+            key: secret,
             _etcd: etcd,
         })
     }

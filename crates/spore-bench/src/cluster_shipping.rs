@@ -3,12 +3,14 @@
 //! (fetched from that node and restored) against when none did (booted
 //! cold). Two `spore serve --cluster` nodes, a and b, on this machine.
 //! First, b drained (so that a runs everything), `--runs` fn-echo
-//! functions deployed and first run on a (cold; snapshots written). Then a
-//! drained instead (b runs everything, a still serves its snapshots), and
-//! per round one of them first invoked on b (fetch + restore) and another
-//! function deployed and first invoked on b with no snapshot anywhere
-//! (cold boot, after asking a). Times are the client's, request sent to
-//! answer read, on a fresh connection.
+//! functions deployed and first run on a (cold; snapshots written). Then,
+//! b undrained, per round one of them first invoked on b (fetch +
+//! restore) and another function deployed and first invoked on b with no
+//! snapshot anywhere (cold boot, after asking a). b's invocations are sent
+//! as a forwarding node sends them (the node-to-node endpoint with the
+//! cluster key), so that they run on b, not where placement would put
+//! them. Times are the client's, request sent to answer read, on a fresh
+//! connection.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -22,10 +24,26 @@ use crate::serve::daemon::Daemon;
 use crate::stats::summary;
 
 /// One first invocation: client ms, the daemon's ms, its start path.
-fn first_invoke(d: &Daemon, name: &str) -> anyhow::Result<(f64, f64, String)> {
+/// With a cluster key: sent as a forwarding node sends it (run on `d`).
+fn first_invoke(
+    d: &Daemon,
+    name: &str,
+    run_here_with_key: Option<&str>,
+) -> anyhow::Result<(f64, f64, String)> {
     let mut c = Conn::open(&d.addr)?;
     let t = Instant::now();
-    let r = c.invoke(name, b"{}")?;
+    let r = match run_here_with_key {
+        None => c.invoke(name, b"{}")?,
+        Some(key) => c.request_with(
+            "POST",
+            &format!("/spore-cluster/v1/invoke/{name}?Qualifier=%24LATEST"),
+            &[
+                ("x-spore-cluster-key", key),
+                ("x-spore-forwarded-by", "bench"),
+            ],
+            b"{}",
+        )?,
+    };
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if r.status != 200 {
         bail!("invoke {name}: {}", crate::lambda_client::error_text(&r));
@@ -70,21 +88,21 @@ fn measure(scratch: &Path, echo: &Path, rounds: usize) -> anyhow::Result<serde_j
     for i in 0..rounds {
         let shipped = format!("ship-{i}");
         a.deploy(&shipped, echo, 64)?;
-        let (_, _, path) = first_invoke(a, &shipped)?;
+        let (_, _, path) = first_invoke(a, &shipped, None)?;
         if path != "cold" {
             bail!("{shipped}'s first start on a was {path:?}, not cold");
         }
         wait_for_snapshot(&a.state, &shipped)?;
     }
     drain("b", false)?;
-    drain("a", true)?;
     std::thread::sleep(Duration::from_secs(2));
+    let here = Some(cluster.key.as_str());
     let (mut restored, mut restored_server) = (Vec::new(), Vec::new());
     let (mut cold, mut cold_server) = (Vec::new(), Vec::new());
     let mut not_restored = 0;
     for i in 0..rounds {
         let shipped = format!("ship-{i}");
-        let (ms, server_ms, path) = first_invoke(b, &shipped)?;
+        let (ms, server_ms, path) = first_invoke(b, &shipped, here)?;
         if path == "restore" {
             restored.push(ms);
             restored_server.push(server_ms);
@@ -93,7 +111,7 @@ fn measure(scratch: &Path, echo: &Path, rounds: usize) -> anyhow::Result<serde_j
         }
         let booted = format!("cold-{i}");
         b.deploy(&booted, echo, 64)?;
-        let (ms, server_ms, path) = first_invoke(b, &booted)?;
+        let (ms, server_ms, path) = first_invoke(b, &booted, here)?;
         if path != "cold" {
             bail!("{booted}'s first start on b was {path:?}, not cold");
         }

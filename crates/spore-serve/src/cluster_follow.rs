@@ -2,7 +2,9 @@
 //! log brings another node's write, this node's instances follow it as the
 //! writer's did (a function updated or deleted elsewhere ends its instances
 //! here too; reserved and provisioned concurrency are set again); when the
-//! node fences itself, its instances end.
+//! node fences itself, its instances end; as the membership changes, the
+//! node keeps copies of the code (and a drained node's snapshots) of the
+//! functions it now owns.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -90,16 +92,82 @@ async fn follow_changes(
     }
 }
 
+/// How often a node looks for code and snapshots it should keep.
+const REPLICATION_PERIOD: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a copy that failed waits before it is tried again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Keeps copies where they belong as the membership changes: every few
+/// seconds, for each function this node now owns (a node joined, left or
+/// is being drained), its code if missing, and the snapshot of its current
+/// revision if a node being drained holds one (so that the drained node's
+/// snapshots outlive it).
+pub fn spawn_replication(
+    node: &Arc<Node>,
+    catalog: &Arc<Catalog>,
+    instances: &Arc<Instances>,
+    state_dir: &Path,
+) {
+    let (node, catalog, instances, state_dir) = (
+        node.clone(),
+        catalog.clone(),
+        instances.clone(),
+        state_dir.to_path_buf(),
+    );
+    tokio::spawn(async move {
+        // What could not be copied, and when: tried again after a while,
+        // not every period.
+        let mut failed: HashMap<String, std::time::Instant> = HashMap::new();
+        loop {
+            tokio::time::sleep(REPLICATION_PERIOD).await;
+            if node.is_fenced() {
+                continue;
+            }
+            failed.retain(|_, at| at.elapsed() < RETRY_AFTER);
+            for f in catalog.list().unwrap_or_default() {
+                if !node.is_owner(&f.name) {
+                    continue;
+                }
+                if !has_code(&state_dir, &f) && !failed.contains_key(&f.code_sha256) {
+                    let fetched = crate::cluster::fetch_code(
+                        &node,
+                        &state_dir,
+                        &f.code_sha256,
+                        &f.runtime,
+                        &f.handler,
+                    )
+                    .await;
+                    if let Err(e) = fetched {
+                        tracing::warn!(function = %f.name, "keeping a copy of its code: {e}");
+                        failed.insert(f.code_sha256.clone(), std::time::Instant::now());
+                    }
+                }
+                let key = crate::cluster::revision_key(&f.name, f.version);
+                if !failed.contains_key(&key)
+                    && node.snapshot_on_a_draining_node(&key)
+                    && !instances.keep_snapshot(&f).await
+                {
+                    failed.insert(key, std::time::Instant::now());
+                }
+            }
+        }
+    });
+}
+
+/// Whether `f`'s code is stored here.
+fn has_code(state_dir: &Path, f: &crate::catalog::Function) -> bool {
+    if crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux()) {
+        crate::code::disk_path(state_dir, &f.code_sha256).exists()
+    } else {
+        crate::code::image_path(state_dir, &f.code_sha256, &f.handler).exists()
+    }
+}
+
 /// An owner of a function keeps its code from the moment it is deployed
 /// (fetched in the background from the node it was deployed through): the
 /// code is then on at least two nodes, and survives the loss of either.
 fn keep_code(node: &Arc<Node>, state_dir: &Path, f: &crate::catalog::Function) {
-    let held = if crate::runtime::find(&f.runtime).is_some_and(|rt| rt.linux()) {
-        crate::code::disk_path(state_dir, &f.code_sha256).exists()
-    } else {
-        crate::code::image_path(state_dir, &f.code_sha256, &f.handler).exists()
-    };
-    if held || !node.is_owner(&f.name) {
+    if has_code(state_dir, f) || !node.is_owner(&f.name) {
         return;
     }
     let (node, state, f) = (node.clone(), state_dir.to_path_buf(), f.clone());

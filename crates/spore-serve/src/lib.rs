@@ -150,6 +150,7 @@ async fn join_cluster(
     let node = cluster::Node::start(options, capacity, catalog.clone()).await?;
     instances.join_cluster(node.clone());
     cluster_follow::spawn(&node, catalog, instances, state_dir);
+    cluster_follow::spawn_replication(&node, catalog, instances, state_dir);
     // What this node holds, for every node's placement: once a second,
     // published when it changed.
     let (publisher, held_of) = (node.clone(), instances.clone());

@@ -46,6 +46,9 @@ pub struct Held {
     pub free_memory_bytes: u64,
     /// `<function>:<revision>` → [`WARM`], [`ZYGOTE`] or [`SNAPSHOT`].
     pub functions: BTreeMap<String, u8>,
+    /// The revisions this node has a snapshot of (whatever else it holds).
+    #[serde(default)]
+    pub snapshots: std::collections::BTreeSet<String>,
 }
 
 /// The key a revision is held under.
@@ -133,6 +136,20 @@ impl Node {
         }
     }
 
+    /// Whether a node being drained holds a snapshot of revision `key`:
+    /// the function's owners then keep a copy of it.
+    pub fn snapshot_on_a_draining_node(&self, key: &str) -> bool {
+        let nodes = lock(&self.known_nodes);
+        let held = lock(&self.known_held);
+        nodes.iter().any(|n| {
+            n.draining
+                && n.node_id != self.cluster.node_id
+                && held
+                    .get(&n.node_id)
+                    .is_some_and(|h| h.snapshots.contains(key))
+        })
+    }
+
     /// Where an invocation of `function`'s revision `version` arriving here
     /// should run: `None` here (this node is the best place, or the
     /// membership is not known yet), else the nodes to try, in order.
@@ -202,6 +219,7 @@ mod tests {
         Held {
             free_memory_bytes: free_mib << 20,
             functions: pairs.iter().map(|(k, l)| (k.to_string(), *l)).collect(),
+            snapshots: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! the memory instances may still take.
 
 use super::Instances;
+use crate::catalog::Function;
 use crate::cluster::{revision_key, Held, SNAPSHOT, WARM, ZYGOTE};
 use crate::mutex::lock;
 
@@ -25,8 +26,11 @@ impl Instances {
     /// is less.
     pub async fn held(&self) -> Held {
         let mut functions = std::collections::BTreeMap::new();
+        let mut snapshots = std::collections::BTreeSet::new();
         for r in self.catalog.snapshots().unwrap_or_default() {
-            functions.insert(revision_key(&r.function, r.version), SNAPSHOT);
+            let key = revision_key(&r.function, r.version);
+            functions.insert(key.clone(), SNAPSHOT);
+            snapshots.insert(key);
         }
         let pools: Vec<_> = lock(&self.pools).values().cloned().collect();
         for pool in pools {
@@ -56,6 +60,17 @@ impl Instances {
         Held {
             free_memory_bytes: free,
             functions,
+            snapshots,
         }
+    }
+
+    /// Fetches `f`'s snapshot from another node if this node has none (a
+    /// drained node's snapshots kept by the functions' owners); whether it
+    /// has one now.
+    pub async fn keep_snapshot(&self, f: &Function) -> bool {
+        if self.cfg.no_snapshots {
+            return false;
+        }
+        self.snapshots.find(f).is_some() || self.snapshot_from_peers(f).await.is_some()
     }
 }

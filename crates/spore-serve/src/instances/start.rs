@@ -196,7 +196,7 @@ impl Instances {
     /// A unikernel function's snapshot from another node (Linux functions
     /// start from this node's runtime base: diffs are not shipped), if one
     /// was made on a CPU and kernel like this node's; `None` boots cold.
-    async fn snapshot_from_peers(&self, f: &Function) -> Option<FunctionSnapshot> {
+    pub(super) async fn snapshot_from_peers(&self, f: &Function) -> Option<FunctionSnapshot> {
         let node = self.cluster.get()?;
         if runtime::find(&f.runtime).is_none_or(|rt| rt.linux()) {
             return None;
@@ -235,7 +235,7 @@ impl Instances {
             }
             Err(e) => {
                 tracing::info!(function = %f.name, version = f.version,
-                    "no snapshot from the cluster, booting: {e}");
+                    "no snapshot from the cluster: {e}");
                 None
             }
         }

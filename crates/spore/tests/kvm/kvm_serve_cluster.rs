@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::cluster::{cluster_key, free_addr, node, status, until};
+use crate::common::cluster::{cluster_key, free_addr, invoke_here, node, status, until};
 use crate::common::etcd::Etcd;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
@@ -440,7 +440,8 @@ fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
 /// A node that never ran a function restores the snapshot another node
 /// made instead of booting it (fetched, sparse, in its own jail); a
 /// snapshot made on another CPU is not restored there: it boots cold.
-/// `spore cluster status` shows what each node holds.
+/// `spore cluster status` shows what each node holds. A node being drained
+/// has its snapshots copied to the functions' other owners.
 #[test]
 fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     require_kvm();
@@ -453,8 +454,6 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     until("both nodes are members", Duration::from_secs(10), || {
         status(&url)["nodes"].as_array().map_or(0, Vec::len) == 2
     });
-    // Placement sends an invocation to the node holding the function, or
-    // to its owner: one node drained at a time makes the other run all.
     let drain = |node: &str, verb: &str| {
         let out = common::spore()
             .args(["cluster", verb, "--cluster", &url, node])
@@ -466,42 +465,53 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    // b drained: a runs what is sent to either (nodes read the membership
+    // every second).
     drain("b", "drain");
-    // Each node reads the membership every second.
     std::thread::sleep(Duration::from_secs(2));
+    // b's invocations are sent as a forwarding node sends them: they run
+    // on b, wherever placement would put them.
     let first_answer = |d: &Daemon, name: &str| {
         let t = Instant::now();
-        let r = d.invoke(name, br#"{"first":1}"#);
+        let here = std::ptr::eq(d, &b);
+        let r = if here {
+            invoke_here(d, name, br#"{"first":1}"#)
+        } else {
+            d.invoke(name, br#"{"first":1}"#)
+        };
         let took = t.elapsed();
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(r.text().contains(r#""first":1"#), "{}", r.text());
-        let me = if std::ptr::eq(d, &a) { "a" } else { "b" };
+        let me = if here { "b" } else { "a" };
         assert_eq!(r.header("x-spore-node"), Some(me), "not forwarded");
         (
             r.header("x-spore-start-path").unwrap_or("").to_string(),
             took,
         )
     };
-    for name in ["ship", "elsewhere"] {
+    for name in ["ship", "elsewhere", "moved"] {
         let created = a.create(name, "fn-echo", serde_json::json!({}));
         assert_eq!(created.status, 201, "{}", created.text());
         let (path, _) = first_answer(&a, name);
         assert_eq!(path, "cold");
         common::serve::wait_for_snapshot(&a.state_dir, name, 1, Duration::from_secs(20));
     }
-    // Now a drained: b runs everything itself (a still answers for its
-    // snapshots), rather than forwarding to a's warm instances.
+    // One snapshot says it was made on another CPU model.
+    let origin = a.state_dir.join("snapshots/elsewhere-v1/origin.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&origin).unwrap()).unwrap();
+    record["cpu"] = "vendor_id=SomeOtherVendor cpu family=99".into();
+    std::fs::write(&origin, serde_json::to_vec(&record).unwrap()).unwrap();
     drain("b", "undrain");
-    drain("a", "drain");
     std::thread::sleep(Duration::from_secs(2));
+
     let cold = {
         let created = b.create("cold-here", "fn-echo", serde_json::json!({}));
         assert_eq!(created.status, 201, "{}", created.text());
         first_answer(&b, "cold-here")
     };
-
-    let holds = &status(&url)["nodes"];
-    let a_holds = holds
+    assert_eq!(cold.0, "cold");
+    let a_holds = status(&url)["nodes"]
         .as_array()
         .and_then(|n| n.iter().find(|n| n["node_id"] == "a"))
         .map(|n| n["holds"].clone())
@@ -512,10 +522,12 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     );
     let (path, restored) = first_answer(&b, "ship");
     assert_eq!(path, "restore", "b restored a's snapshot");
-    assert_eq!(
-        b.metric("spore_snapshots_fetched_total{node=\"b\",function=\"ship\"}"),
-        1.0
-    );
+    let fetched_metric = |f: &str| {
+        b.metric(&format!(
+            "spore_snapshots_fetched_total{{node=\"b\",function=\"{f}\"}}"
+        ))
+    };
+    assert_eq!(fetched_metric("ship"), 1.0);
     // Every series of a node carries its id.
     assert_eq!(
         a.metric("spore_snapshots_written_total{node=\"a\",function=\"ship\"}"),
@@ -540,22 +552,22 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
         cold.1
     );
     for i in 0..20 {
-        let r = b.invoke("ship", format!(r#"{{"n":{i}}}"#).as_bytes());
+        let r = invoke_here(&b, "ship", format!(r#"{{"n":{i}}}"#).as_bytes());
         assert_eq!(r.status, 200, "{}", r.text());
     }
-
-    // A snapshot that says it was made on another CPU model: b boots cold.
-    let origin = a.state_dir.join("snapshots/elsewhere-v1/origin.json");
-    let mut record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&origin).unwrap()).unwrap();
-    record["cpu"] = "vendor_id=SomeOtherVendor cpu family=99".into();
-    std::fs::write(&origin, serde_json::to_vec(&record).unwrap()).unwrap();
     let (path, _) = first_answer(&b, "elsewhere");
     assert_eq!(path, "cold", "not restored on another CPU");
-    assert_eq!(
-        b.metric("spore_snapshots_fetched_total{node=\"b\",function=\"elsewhere\"}"),
-        0.0
-    );
+    assert_eq!(fetched_metric("elsewhere"), 0.0);
+
+    // a drained: b, the other owner of everything, keeps a copy of a's
+    // snapshot of the function it never ran, without an invocation.
+    assert_eq!(fetched_metric("moved"), 0.0);
+    drain("a", "drain");
+    let took = until("b copies moved's snapshot", Duration::from_secs(15), || {
+        fetched_metric("moved") == 1.0
+    });
+    assert!(b.state_dir.join("snapshots/moved-v1/vm.state").is_file());
+    eprintln!("a drained: its snapshot copied to b within {took:?}");
     drop((a, b));
     drop(etcd);
 }
