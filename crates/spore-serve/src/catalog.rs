@@ -349,6 +349,15 @@ impl Catalog {
         self.cluster.as_ref().map_or(Ok(()), etcd::Member::sync)
     }
 
+    /// In a cluster: writes a base of the log now and deletes the log
+    /// before it (whatever its length); whether it did.
+    #[cfg(test)]
+    pub fn compact_log(&self) -> Result<bool, CatalogError> {
+        self.cluster
+            .as_ref()
+            .map_or(Ok(false), etcd::Member::compact)
+    }
+
     /// In a cluster: the functions other members' changes wrote, as this
     /// node applies them (each name once per change). `None` for a single
     /// daemon, or once taken.

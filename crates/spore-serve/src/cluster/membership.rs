@@ -447,14 +447,27 @@ pub async fn status(cluster: &ClusterConfig) -> Result<serde_json::Value, NodeEr
         .get(format!("{}catalog/head", cluster.prefix), None)
         .await
         .map_err(|e| NodeError::Etcd(format!("reading the catalogue's log: {e}")))?;
-    let log_entries: u64 = head
+    let log_head: u64 = head
         .kvs()
         .first()
         .and_then(|kv| kv.value_str().ok()?.parse().ok())
         .unwrap_or(0);
+    // The log before the base is compacted away.
+    let base = client
+        .get(format!("{}catalog/base", cluster.prefix), None)
+        .await
+        .map_err(|e| NodeError::Etcd(format!("reading the catalogue's base: {e}")))?;
+    let base_index = base
+        .kvs()
+        .first()
+        .and_then(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).ok())
+        .and_then(|b| b["index"].as_u64())
+        .unwrap_or(0);
     Ok(serde_json::json!({
         "prefix": cluster.prefix,
         "nodes": nodes,
-        "catalog_log_entries": log_entries,
+        "catalog_log_head": log_head,
+        "catalog_base_index": base_index,
+        "catalog_log_entries": log_head.saturating_sub(base_index),
     }))
 }

@@ -16,8 +16,9 @@
 //! applied here within one round trip); the writer itself applies up to its
 //! own entry before answering, so what it reads next has it.
 //!
-//! The log is never compacted yet: a member's first start replays all of
-//! it (documented in docs/serve/cluster.md).
+//! Once the log is long, a member writes the catalogue as of an index as a
+//! base in etcd and deletes the log before it ([`compaction`]): a new member
+//! loads the base, then applies the log after it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::{CatalogError, Change, Outcome};
 use crate::mutex::lock;
+
+mod compaction;
 
 /// How long a write waits for etcd (append and apply) before it is
 /// reported as failed: long enough for a leader election (etcd's default
@@ -230,6 +233,8 @@ struct Shared {
     next_id: AtomicU64,
     /// The last log index applied to the copy.
     applied: AtomicU64,
+    /// The index of the base in etcd, as last read (0: none).
+    base_index: AtomicU64,
     waiters: Mutex<HashMap<u64, std::sync::mpsc::SyncSender<Answer>>>,
     remote_tx: UnboundedSender<String>,
     remote_rx: Mutex<Option<UnboundedReceiver<String>>>,
@@ -241,6 +246,9 @@ enum Request {
     Append { id: u64, entry: Vec<u8> },
     /// Apply everything etcd has now, then answer this id.
     Sync { id: u64 },
+    /// Write a base now and compact the log before it (tests).
+    #[cfg(test)]
+    Compact { id: u64 },
 }
 
 /// This node's part in the cluster's catalogue: the thread that appends
@@ -269,6 +277,7 @@ impl Member {
             writer: format!("{}/{:016x}", cluster.node_id, u64::from_le_bytes(nonce)),
             next_id: AtomicU64::new(1),
             applied: AtomicU64::new(applied),
+            base_index: AtomicU64::new(0),
             waiters: Mutex::new(HashMap::new()),
             remote_tx,
             remote_rx: Mutex::new(Some(remote_rx)),
@@ -322,6 +331,17 @@ impl Member {
     pub(super) fn sync(&self) -> Result<(), CatalogError> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         self.ask(Request::Sync { id }, id).map(drop)
+    }
+
+    /// Compacts the log now (whatever its length): whether a base was
+    /// written.
+    #[cfg(test)]
+    pub(super) fn compact(&self) -> Result<bool, CatalogError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        Ok(matches!(
+            self.ask(Request::Compact { id }, id)?,
+            Outcome::Changed(true)
+        ))
     }
 
     fn ask(&self, request: Request, id: u64) -> Result<Outcome, CatalogError> {
@@ -416,6 +436,12 @@ async fn follow(
                         }
                         continue;
                     }
+                    #[cfg(test)]
+                    Some(Request::Compact { id }) => {
+                        let done = compaction::compact(&mut client, &shared).await;
+                        shared.answer(id, done.map(|i| Outcome::Changed(i.is_some())).map_err(|e| e.to_string()));
+                        continue;
+                    }
                 };
                 match append_entry(&mut client, cluster, entry).await {
                     Ok(()) => {
@@ -434,6 +460,13 @@ async fn follow(
                 // member that was cut off; a range read catches up anyway.
                 if let Ok(r) = catch_up(&mut client, &shared).await {
                     revision = revision.max(r);
+                }
+                let behind = shared.applied.load(Ordering::Acquire)
+                    .saturating_sub(shared.base_index.load(Ordering::Acquire));
+                if behind >= compaction::COMPACT_AFTER {
+                    if let Err(e) = compaction::compact(&mut client, &shared).await {
+                        tracing::warn!("cluster catalogue: compacting the log: {e}");
+                    }
                 }
             }
             message = next_message(&mut watch) => {
@@ -557,11 +590,13 @@ async fn append_entry(
     ))
 }
 
-/// Applies every entry after the last applied one, by range reads; the
-/// etcd revision it read at.
+/// Applies every entry after the last applied one, by range reads (first
+/// the base, if the copy is behind it); the etcd revision it read at.
 async fn catch_up(client: &mut Client, shared: &Shared) -> Result<i64, CatalogError> {
     let cluster = &shared.cluster;
     let mut revision = 0;
+    compaction::load_if_behind(client, shared).await?;
+    let mut bases_loaded = 0;
     loop {
         let from = cluster.log_key(shared.applied.load(Ordering::Acquire) + 1);
         let options = GetOptions::new()
@@ -574,13 +609,22 @@ async fn catch_up(client: &mut Client, shared: &Shared) -> Result<i64, CatalogEr
         if let Some(h) = resp.header() {
             revision = h.revision();
         }
+        let mut gap = None;
         for kv in resp.kvs() {
             if !shared.apply_kv(kv) {
-                return Err(CatalogError::Cluster(format!(
-                    "the log in etcd has a gap before {}",
-                    kv.key_str().unwrap_or("?")
-                )));
+                gap = Some(kv.key_str().unwrap_or("?").to_string());
+                break;
             }
+        }
+        if let Some(at) = gap {
+            // Compacted meanwhile: a newer base holds what is missing.
+            if bases_loaded < 3 && compaction::load_if_behind(client, shared).await? {
+                bases_loaded += 1;
+                continue;
+            }
+            return Err(CatalogError::Cluster(format!(
+                "the log in etcd has a gap before {at}"
+            )));
         }
         if !resp.more() {
             return Ok(revision);

@@ -125,6 +125,80 @@ fn a_restarted_member_resumes_from_its_copy() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Keys under `dir` in etcd.
+fn keys_under(cluster: &ClusterConfig, dir: &str) -> i64 {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut client = cluster.connect().await.unwrap();
+            let opts = GetOptions::new().with_prefix().with_count_only();
+            client.get(dir, Some(opts)).await.unwrap().count()
+        })
+}
+
+#[test]
+fn a_compacted_log_still_brings_every_member_everything() {
+    let dir = std::env::temp_dir().join(format!("spore-etcd-compact-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = fresh_cluster("a");
+    let a = member(&cluster, "a");
+    let mut behind_cfg = cluster.clone();
+    behind_cfg.node_id = "behind".into();
+    let behind_path = dir.join("behind.db");
+    // A member that stops early (a snapshot of its own recorded), and
+    // comes back after the compaction.
+    let own = crate::catalog::SnapshotRecord {
+        function: "f1".into(),
+        version: 1,
+        dir: "/x".into(),
+    };
+    Catalog::open_member(&behind_path, &behind_cfg)
+        .unwrap()
+        .put_snapshot(&own, 1)
+        .unwrap();
+    for i in 0..30 {
+        assert!(a.insert(&sample(&format!("f{i}"))).unwrap());
+    }
+    a.publish(&sample("f3"), "v1").unwrap();
+    assert!(a.delete("f5").unwrap());
+    assert_eq!(keys_under(&cluster, &cluster.log_dir()), 32);
+    assert!(a.compact_log().unwrap());
+    assert_eq!(
+        keys_under(&cluster, &cluster.log_dir()),
+        0,
+        "the log before the base is gone"
+    );
+    assert!(!a.compact_log().unwrap(), "nothing new to compact");
+    assert!(a.insert(&sample("after")).unwrap());
+    let names =
+        |c: &Catalog| -> Vec<String> { c.list().unwrap().into_iter().map(|f| f.name).collect() };
+    // A new member loads the base, then the log after it.
+    let fresh = member(&cluster, "fresh");
+    assert_eq!(names(&fresh), names(&a));
+    assert_eq!(fresh.versions("f3").unwrap(), a.versions("f3").unwrap());
+    // One that was behind the base too, keeping its own tables.
+    let behind = Catalog::open_member(&behind_path, &behind_cfg).unwrap();
+    assert_eq!(names(&behind), names(&a));
+    assert_eq!(behind.snapshots().unwrap(), vec![own]);
+    assert_eq!(names(&a).len(), 30);
+    // And they follow what comes next.
+    assert!(a.delete("f0").unwrap());
+    assert!(within_a_second(
+        || fresh.get("f0").unwrap().is_none() && behind.get("f0").unwrap().is_none()
+    ));
+    // A second compaction replaces the first base.
+    assert!(a.compact_log().unwrap());
+    assert_eq!(
+        keys_under(&cluster, &format!("{}catalog/chunks/", cluster.prefix)),
+        1
+    );
+    drop(behind);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn an_unreachable_etcd_is_a_clear_error() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
