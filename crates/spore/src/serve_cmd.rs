@@ -178,6 +178,11 @@ pub struct ServeArgs {
     /// carry; the same on every node. Required with --cluster.
     #[arg(long, value_name = "FILE", requires = "cluster")]
     cluster_key: Option<PathBuf>,
+    /// How many nodes own each function: its instances run there, and its
+    /// code (and a drained node's snapshots of it) are kept there.
+    #[arg(long, requires = "cluster", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    replicas: u16,
     /// Internal: run as the daemon's guardian, waiting on this descriptor
     /// (spore_serve::guardian).
     #[arg(long, hide = true)]
@@ -310,5 +315,6 @@ fn cluster_options(url: &str, a: &ServeArgs) -> anyhow::Result<spore_serve::clus
         cluster,
         advertise,
         key_file,
+        replicas: usize::from(a.replicas),
     })
 }

@@ -24,8 +24,10 @@ use sha2::{Digest as _, Sha256};
 use super::{Node, NodeRecord, INTERNAL_PREFIX, KEY_HEADER};
 use crate::mutex::lock;
 
-/// How many nodes a function's instances run on.
-pub const OWNERS: usize = 2;
+/// How many nodes own each function by default (`--replicas`): its
+/// instances run there, and its code and a drained node's snapshots are
+/// kept there.
+pub const DEFAULT_REPLICAS: usize = 2;
 /// The header a forwarded invocation carries: it is run, never forwarded
 /// again.
 pub const FORWARDED_HEADER: &str = "x-spore-forwarded-by";
@@ -134,7 +136,7 @@ impl Node {
         let nodes = lock(&self.known_nodes);
         ranked(function, &nodes)
             .iter()
-            .take(OWNERS)
+            .take(self.replicas)
             .any(|n| n.node_id == self.cluster.node_id)
     }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, PutOptions};
 
-use super::forward::{ranked, OWNERS};
+use super::forward::ranked;
 use super::{Node, NodeRecord};
 use crate::mutex::lock;
 
@@ -61,12 +61,13 @@ fn held_prefix(node: &Node) -> String {
 }
 
 /// Where an invocation of `function`'s revision `key` should run: the
-/// candidate nodes, best first (at most the holders and the two owners).
+/// candidate nodes, best first (the holders, then the `replicas` owners).
 pub fn place<'a>(
     function: &str,
     key: &str,
     nodes: &'a [NodeRecord],
     held: &HashMap<String, Held>,
+    replicas: usize,
 ) -> Vec<&'a NodeRecord> {
     let ranked = ranked(function, nodes);
     let level = |n: &NodeRecord| {
@@ -83,11 +84,11 @@ pub fn place<'a>(
     // Fastest start first; the stable sort keeps rendezvous order within.
     holders.sort_by_key(|(_, n)| std::cmp::Reverse(level(n)));
     let free = |n: &NodeRecord| held.get(&n.node_id).map_or(0, |h| h.free_memory_bytes);
-    let mut owners: Vec<&NodeRecord> = ranked.iter().take(OWNERS).copied().collect();
+    let mut owners: Vec<&NodeRecord> = ranked.iter().take(replicas.max(1)).copied().collect();
     // Best of two: the second owner first if it has clearly more free
     // memory (a quarter more, at least [`CLEARLY_MORE`]: nodes sharing a
     // host, or alike, must not flip on noise); never a drained one.
-    if let [first, second] = owners[..] {
+    if let [first, second, ..] = owners[..] {
         let margin = (free(first) / 4).max(CLEARLY_MORE);
         if !second.draining && free(second) > free(first).saturating_add(margin) {
             owners.swap(0, 1);
@@ -156,7 +157,13 @@ impl Node {
     pub fn placement(&self, function: &str, version: i64) -> Option<Vec<String>> {
         let nodes = lock(&self.known_nodes);
         let held = lock(&self.known_held);
-        let candidates = place(function, &revision_key(function, version), &nodes, &held);
+        let candidates = place(
+            function,
+            &revision_key(function, version),
+            &nodes,
+            &held,
+            self.replicas,
+        );
         let first = candidates.first()?;
         if first.node_id == self.cluster.node_id {
             return None;
@@ -236,27 +243,34 @@ mod tests {
         // Nobody holds anything: the owners, more free memory first.
         held.insert(first.to_string(), holding(100, &[]));
         held.insert(second.to_string(), holding(900, &[]));
-        assert_eq!(ids(&place("f", "f:1", &nodes, &held)), [second, first]);
+        assert_eq!(ids(&place("f", "f:1", &nodes, &held, 2)), [second, first]);
         // Alike (less than a quarter and 256 MiB apart): rendezvous order.
         held.insert(second.to_string(), holding(300, &[]));
-        assert_eq!(ids(&place("f", "f:1", &nodes, &held)), [first, second]);
+        assert_eq!(ids(&place("f", "f:1", &nodes, &held, 2)), [first, second]);
         // A snapshot on the outsider beats owners holding nothing.
         held.insert(outsider.to_string(), holding(10, &[("f:1", SNAPSHOT)]));
-        assert_eq!(ids(&place("f", "f:1", &nodes, &held))[0], outsider);
+        assert_eq!(ids(&place("f", "f:1", &nodes, &held, 2))[0], outsider);
         // A warm instance beats a zygote beats a snapshot.
         held.insert(first.to_string(), holding(10, &[("f:1", ZYGOTE)]));
         held.insert(second.to_string(), holding(10, &[("f:1", WARM)]));
         assert_eq!(
-            ids(&place("f", "f:1", &nodes, &held)),
+            ids(&place("f", "f:1", &nodes, &held, 2)),
             [second, first, outsider]
         );
+        // One replica: no second owner to choose.
+        held.insert(second.to_string(), holding(900, &[]));
+        held.insert(first.to_string(), holding(10, &[]));
+        assert_eq!(ids(&place("f", "f:9", &nodes, &held, 1)), [first]);
+        assert_eq!(ids(&place("f", "f:9", &nodes, &held, 3)).len(), 3);
+        held.insert(first.to_string(), holding(10, &[("f:1", ZYGOTE)]));
+        held.insert(second.to_string(), holding(10, &[("f:1", WARM)]));
         // Another revision's holdings do not count.
-        assert_eq!(ids(&place("f", "f:2", &nodes, &held)), [first, second]);
+        assert_eq!(ids(&place("f", "f:2", &nodes, &held, 2)), [first, second]);
         // A drained holder is not chosen for what it holds.
         let mut drained = nodes.clone();
         for n in &mut drained {
             n.draining = n.node_id == second;
         }
-        assert_eq!(ids(&place("f", "f:1", &drained, &held))[0], first);
+        assert_eq!(ids(&place("f", "f:1", &drained, &held, 2))[0], first);
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 pub use code::{fetch_code, serve_internal};
 pub use events::{reconcile_events, spawn_takeover, EtcdEvents};
-pub use forward::{ranked, ForwardError, FORWARDED_HEADER, OWNERS, REFUSED_KIND};
+pub use forward::{ranked, ForwardError, DEFAULT_REPLICAS, FORWARDED_HEADER, REFUSED_KIND};
 pub use holdings::{place, revision_key, Held, SNAPSHOT, WARM, ZYGOTE};
 pub use membership::{set_draining, status, Capacity, NodeRecord, LEASE_TTL_S};
 use sha2::{Digest as _, Sha256};
@@ -42,6 +42,8 @@ pub struct NodeOptions {
     pub advertise: SocketAddr,
     /// `--cluster-key FILE`: the secret nodes' requests to each other carry.
     pub key_file: PathBuf,
+    /// `--replicas`: how many nodes own each function.
+    pub replicas: usize,
 }
 
 /// This node, while the daemon runs.
@@ -70,6 +72,8 @@ pub struct Node {
     catalog: Arc<crate::catalog::Catalog>,
     /// Kept-alive connections to the nodes invocations are forwarded to.
     connections: forward::Connections,
+    /// How many nodes own each function (`--replicas`).
+    replicas: usize,
     /// Every node's holdings as last read (placement).
     known_held: std::sync::Mutex<std::collections::HashMap<String, Held>>,
     /// What this node last published of its own, when, under which lease.
@@ -114,6 +118,7 @@ impl Node {
             known_nodes: std::sync::Mutex::new(Vec::new()),
             catalog,
             connections: forward::Connections::default(),
+            replicas: options.replicas.max(1),
             known_held: Default::default(),
             published_held: Default::default(),
         });

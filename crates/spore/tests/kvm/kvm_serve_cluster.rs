@@ -147,7 +147,7 @@ fn owners(function: &str, ids: &[&str]) -> Vec<String> {
         .collect();
     spore_serve::cluster::ranked(function, &records)
         .iter()
-        .take(spore_serve::cluster::OWNERS)
+        .take(spore_serve::cluster::DEFAULT_REPLICAS)
         .map(|n| n.node_id.clone())
         .collect()
 }
