@@ -15,6 +15,7 @@ mod etcd;
 mod event_configs;
 mod jail_uids;
 mod provisioned;
+mod rows;
 mod tags;
 #[cfg(test)]
 pub mod test_etcd;

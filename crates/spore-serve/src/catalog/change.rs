@@ -13,7 +13,7 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    event_configs, provisioned, tags, urls, versions, Alias, CatalogError, EventInvokeConfig,
+    event_configs, provisioned, rows, tags, urls, versions, Alias, CatalogError, EventInvokeConfig,
     Function, FunctionUrl, ProvisionedRecord, Tags,
 };
 
@@ -153,22 +153,37 @@ impl Change {
             Change::DeleteUrl {
                 function,
                 qualifier,
-            } => Changed(urls::delete(db, function, qualifier)?),
+            } => Changed(rows::delete_qualified(
+                db,
+                "function_urls",
+                function,
+                qualifier,
+            )?),
             Change::PutEventConfig { config } => event_configs::put(db, config).map(|()| Done)?,
             Change::DeleteEventConfig {
                 function,
                 qualifier,
-            } => Changed(event_configs::delete(db, function, qualifier)?),
+            } => Changed(rows::delete_qualified(
+                db,
+                "event_configs",
+                function,
+                qualifier,
+            )?),
             Change::DeleteEventConfigs { function } => {
-                event_configs::delete_all(db, function).map(|()| Done)?
+                rows::delete_of_function(db, "event_configs", function).map(|()| Done)?
             }
             Change::PutProvisioned { record } => provisioned::put(db, record).map(|()| Done)?,
             Change::DeleteProvisioned {
                 function,
                 qualifier,
-            } => Changed(provisioned::delete(db, function, qualifier)?),
+            } => Changed(rows::delete_qualified(
+                db,
+                "provisioned_configs",
+                function,
+                qualifier,
+            )?),
             Change::DeleteAllProvisioned { function } => {
-                provisioned::delete_all(db, function).map(|()| Done)?
+                rows::delete_of_function(db, "provisioned_configs", function).map(|()| Done)?
             }
             Change::AddTags { function, tags } => tags::add(db, function, tags).map(|()| Done)?,
             Change::ReplaceTags { function, tags } => {
@@ -177,7 +192,9 @@ impl Change {
             Change::RemoveTags { function, keys } => {
                 tags::remove(db, function, keys).map(|()| Done)?
             }
-            Change::DeleteTags { function } => tags::delete_all(db, function).map(|()| Done)?,
+            Change::DeleteTags { function } => {
+                rows::delete_of_function(db, "tags", function).map(|()| Done)?
+            }
         })
     }
 }

@@ -114,23 +114,6 @@ pub(super) fn put(db: &Connection, c: &EventInvokeConfig) -> Result<(), CatalogE
     Ok(())
 }
 
-pub(super) fn delete(
-    db: &Connection,
-    function: &str,
-    qualifier: &str,
-) -> Result<bool, CatalogError> {
-    let n = db.execute(
-        "DELETE FROM event_configs WHERE function = ?1 AND qualifier = ?2",
-        params![function, qualifier],
-    )?;
-    Ok(n > 0)
-}
-
-pub(super) fn delete_all(db: &Connection, function: &str) -> Result<(), CatalogError> {
-    db.execute("DELETE FROM event_configs WHERE function = ?1", [function])?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

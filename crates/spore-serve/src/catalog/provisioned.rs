@@ -103,26 +103,6 @@ pub(super) fn put(db: &Connection, p: &ProvisionedRecord) -> Result<(), CatalogE
     Ok(())
 }
 
-pub(super) fn delete(
-    db: &Connection,
-    function: &str,
-    qualifier: &str,
-) -> Result<bool, CatalogError> {
-    let n = db.execute(
-        "DELETE FROM provisioned_configs WHERE function = ?1 AND qualifier = ?2",
-        params![function, qualifier],
-    )?;
-    Ok(n > 0)
-}
-
-pub(super) fn delete_all(db: &Connection, function: &str) -> Result<(), CatalogError> {
-    db.execute(
-        "DELETE FROM provisioned_configs WHERE function = ?1",
-        [function],
-    )?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

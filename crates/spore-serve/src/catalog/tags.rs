@@ -70,7 +70,7 @@ pub(super) fn add(db: &Connection, function: &str, tags: &Tags) -> Result<(), Ca
 }
 
 pub(super) fn replace(db: &Connection, function: &str, tags: &Tags) -> Result<(), CatalogError> {
-    delete_all(db, function)?;
+    super::rows::delete_of_function(db, "tags", function)?;
     for (k, v) in tags {
         db.execute(
             "INSERT INTO tags (function, tag_key, tag_value) VALUES (?1, ?2, ?3)",
@@ -87,10 +87,5 @@ pub(super) fn remove(db: &Connection, function: &str, keys: &[String]) -> Result
             params![function, k],
         )?;
     }
-    Ok(())
-}
-
-pub(super) fn delete_all(db: &Connection, function: &str) -> Result<(), CatalogError> {
-    db.execute("DELETE FROM tags WHERE function = ?1", [function])?;
     Ok(())
 }

@@ -93,14 +93,3 @@ pub(super) fn put(db: &Connection, u: &FunctionUrl) -> Result<(), CatalogError> 
     )?;
     Ok(())
 }
-
-pub(super) fn delete(
-    db: &Connection,
-    function: &str,
-    qualifier: &str,
-) -> Result<bool, CatalogError> {
-    Ok(db.execute(
-        "DELETE FROM function_urls WHERE function = ?1 AND qualifier = ?2",
-        [function, qualifier],
-    )? == 1)
-}

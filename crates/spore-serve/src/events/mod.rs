@@ -354,6 +354,13 @@ impl EventQueue {
             r.keep(&name, &bytes)?;
         }
         write_private(&file, &bytes)?;
+        self.enqueue(meta, file);
+        Ok(())
+    }
+
+    /// Queues an accepted event whose file is written, and wakes the
+    /// dispatcher.
+    pub(super) fn enqueue(&self, meta: EventMeta, file: PathBuf) {
         let mut g = lock(&self.inner);
         g.accepted += 1;
         g.push(
@@ -366,7 +373,6 @@ impl EventQueue {
         );
         drop(g);
         self.wake.notify_one();
-        Ok(())
     }
 
     /// Waits until an event is due and hands it out.

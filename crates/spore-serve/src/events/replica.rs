@@ -5,9 +5,8 @@
 //! its own queue.
 
 use std::path::Path;
-use std::time::Instant;
 
-use super::{decode, lock, write_private, EventQueue, Waiting, SUFFIX};
+use super::{decode, lock, write_private, EventQueue, SUFFIX};
 
 /// Where a cluster node keeps copies of its accepted events.
 pub trait EventReplica: Send + Sync {
@@ -78,18 +77,7 @@ impl EventQueue {
         } else {
             return Ok(());
         }
-        let mut g = lock(&self.inner);
-        g.accepted += 1;
-        g.push(
-            Instant::now(),
-            Waiting {
-                meta,
-                file,
-                throttles: 0,
-            },
-        );
-        drop(g);
-        self.wake.notify_one();
+        self.enqueue(meta, file);
         Ok(())
     }
 }

@@ -127,6 +127,19 @@ impl Daemon {
         )
     }
 
+    /// UpdateFunctionConfiguration: the environment variable `STAGE` (which
+    /// fn-echo reports for `{"env":"STAGE"}`) set to `stage`.
+    pub fn set_stage(&self, name: &str, stage: &str) {
+        let body = serde_json::json!({ "Environment": { "Variables": { "STAGE": stage } } });
+        let r = self.request(
+            "PUT",
+            &format!("/2015-03-31/functions/{name}/configuration"),
+            body.to_string().as_bytes(),
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+
     /// The value of a Prometheus sample line starting with `prefix`.
     pub fn metric(&self, prefix: &str) -> f64 {
         let m = self.request("GET", "/metrics", b"", &[]);

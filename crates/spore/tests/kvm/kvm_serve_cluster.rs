@@ -20,17 +20,6 @@ fn stage(d: &Daemon, name: &str) -> (u16, String) {
     (r.status, v)
 }
 
-fn set_stage(d: &Daemon, name: &str, stage: &str) {
-    let body = serde_json::json!({ "Environment": { "Variables": { "STAGE": stage } } });
-    let r = d.request(
-        "PUT",
-        &format!("/2015-03-31/functions/{name}/configuration"),
-        body.to_string().as_bytes(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-}
-
 #[test]
 fn kvm_serve_cluster_shares_one_catalogue_and_serves_on_without_etcd() {
     require_kvm();
@@ -63,7 +52,7 @@ fn kvm_serve_cluster_shares_one_catalogue_and_serves_on_without_etcd() {
 
     // Changed through b: a's instance of the old version ends, its next
     // invocation runs the new one.
-    set_stage(&b, "app", "two");
+    b.set_stage("app", "two");
     until("a runs b's new version", Duration::from_secs(2), || {
         stage(&a, "app") == (200, "two".into())
     });
@@ -90,7 +79,7 @@ fn kvm_serve_cluster_shares_one_catalogue_and_serves_on_without_etcd() {
     // (A node cut off from etcd while the others renew fences itself:
     // kvm_serve_cluster_hosts cuts a host's link.) A write through one node
     // is run by the other's next invocation.
-    set_stage(&b, "app", "three");
+    b.set_stage("app", "three");
     until("a runs three", Duration::from_secs(2), || {
         stage(&a, "app") == (200, "three".into())
     });

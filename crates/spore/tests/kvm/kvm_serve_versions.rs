@@ -33,17 +33,6 @@ fn stage_of(d: &Daemon, target: &str) -> (String, String) {
     )
 }
 
-fn set_stage(d: &Daemon, name: &str, stage: &str) {
-    let body = serde_json::json!({ "Environment": { "Variables": { "STAGE": stage } } });
-    let r = d.request(
-        "PUT",
-        &format!("/2015-03-31/functions/{name}/configuration"),
-        body.to_string().as_bytes(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-}
-
 fn post(d: &Daemon, path: &str, body: serde_json::Value) -> Response {
     d.request("POST", path, body.to_string().as_bytes(), &[])
 }
@@ -69,9 +58,9 @@ fn kvm_serve_versions_and_aliases() {
     assert_eq!(publish(&d, "app"), "1");
     // Nothing changed since: publishing again gives version 1 again.
     assert_eq!(publish(&d, "app"), "1");
-    set_stage(&d, "app", "two");
+    d.set_stage("app", "two");
     assert_eq!(publish(&d, "app"), "2");
-    set_stage(&d, "app", "three");
+    d.set_stage("app", "three");
 
     // Each qualifier runs its own version; $LATEST moved on.
     assert_eq!(stage_of(&d, "app"), ("three".into(), "$LATEST".into()));
@@ -90,7 +79,7 @@ fn kvm_serve_versions_and_aliases() {
         ("two".into(), "2".into())
     );
     // A version keeps its warm instance while $LATEST changes.
-    set_stage(&d, "app", "four");
+    d.set_stage("app", "four");
     let r = d.invoke("app:1", br#"{"env":"STAGE"}"#);
     assert_eq!(
         r.header("x-spore-start-path"),
