@@ -363,6 +363,16 @@ fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quoru
             == 200
     });
 
+    // Both nodes renewing again (a node whose lease stream went to the
+    // killed leader reconnects within a few seconds): otherwise the one that
+    // lagged would rightly fence itself below, having seen the other renew
+    // while it could not.
+    until("both nodes renew again", Duration::from_secs(10), || {
+        [&a, &b].iter().all(|d| {
+            let ago = d.metric("spore_cluster_lease_renewed_ms_ago");
+            ago > 0.0 && ago < 1500.0
+        })
+    });
     // Two of three gone: no quorum. Writes get 503 ServiceException; warm
     // invocations go on through both nodes, past the fence's delay.
     let second = (0..3).find(|&i| i != leader).unwrap();
