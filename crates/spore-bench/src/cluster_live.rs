@@ -94,6 +94,8 @@ pub(crate) struct LiveCluster {
     pub(crate) config: ClusterConfig,
     /// The cluster key (what a node sends another).
     pub(crate) key: String,
+    key_file: PathBuf,
+    url: String,
     _etcd: Etcd,
 }
 
@@ -109,24 +111,37 @@ impl LiveCluster {
         let key_arg = key.to_str().context("a UTF-8 scratch path")?;
         let mut nodes = Vec::new();
         for id in ids {
-            let listen = format!("127.0.0.1:{}", free_port()?);
-            let extra = [
-                "--cluster",
-                &url,
-                "--node-id",
-                id,
-                "--cluster-key",
-                key_arg,
-                "--no-cpu-cap",
-            ];
-            nodes.push((*id, Daemon::start_on(&listen, &scratch.join(id), &extra)?));
+            nodes.push((*id, start_node(&url, key_arg, id, &scratch.join(id))?));
         }
         std::thread::sleep(Duration::from_secs(3));
         Ok(LiveCluster {
             nodes,
             config: ClusterConfig::parse(&url, "bench")?,
             key: secret,
+            key_file: key,
+            url,
             _etcd: etcd,
         })
     }
+
+    /// Node `id` started again on its state directory `state` (after a
+    /// kill: it waits out its predecessor's lease first).
+    pub(crate) fn restart(&self, id: &str, state: &Path) -> anyhow::Result<Daemon> {
+        let key = self.key_file.to_str().context("a UTF-8 scratch path")?;
+        start_node(&self.url, key, id, state)
+    }
+}
+
+fn start_node(url: &str, key: &str, id: &str, state: &Path) -> anyhow::Result<Daemon> {
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let extra = [
+        "--cluster",
+        url,
+        "--node-id",
+        id,
+        "--cluster-key",
+        key,
+        "--no-cpu-cap",
+    ];
+    Daemon::start_on(&listen, state, &extra)
 }

@@ -11,6 +11,7 @@ use clap::Subcommand;
 
 mod boot;
 mod clone;
+mod cluster_failover;
 mod cluster_forwarding;
 mod cluster_live;
 mod cluster_shipping;

@@ -138,8 +138,14 @@ pub struct ClusterBenchArgs {
     /// boot. Two live nodes on this machine and one etcd.
     #[arg(long, conflicts_with_all = ["simulate", "forwarding"])]
     pub shipping: bool,
+    /// What a node's death costs: the warm node of a function killed
+    /// (SIGKILL) while a client invokes it through the others. Three live
+    /// nodes on this machine and one etcd.
+    #[arg(long, conflicts_with_all = ["simulate", "forwarding", "shipping"])]
+    pub failover: bool,
     /// --forwarding: invocations through each of the two nodes measured
-    /// (default 2000); --shipping: functions restored and booted (default 20).
+    /// (default 2000); --shipping: functions restored and booted (default 20);
+    /// --failover: nodes killed (default 3).
     #[arg(long)]
     pub runs: Option<usize>,
     /// --forwarding, --shipping: directory of the unikernel function images (default:
@@ -296,6 +302,17 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
+    if a.failover {
+        let t0 = Instant::now();
+        let mut report =
+            crate::cluster_failover::run(&crate::host::uk_dir(&a.uk_dir), a.runs.unwrap_or(3))?;
+        report["benchmark"] = json!("cluster-failover");
+        report["machine"] = machine();
+        report["loadavg_1m"] = json!(loadavg());
+        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(0);
+    }
     if a.shipping {
         let t0 = Instant::now();
         let mut report =
@@ -310,8 +327,8 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
     if !a.simulate {
         bail!(
             "say which: `spore bench cluster --simulate` (the placement model) or \
-             `--forwarding` (what forwarding costs, on live nodes) or `--shipping` (a \
-             snapshot from another node against a cold boot)"
+             `--forwarding` (what forwarding costs, on live nodes), `--shipping` (a \
+             snapshot from another node against a cold boot) or `--failover` (a node killed)"
         );
     }
     let cfg = Config::of(&a)?;

@@ -170,6 +170,17 @@ fn function_body(
     })
 }
 
+impl Daemon {
+    /// Kills the daemon with SIGKILL (its guardian ends its instances) and
+    /// leaves its state directory for a successor.
+    pub(crate) fn kill9(mut self) -> PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.keep_state = true;
+        self.state.clone()
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SAFETY: signalling our own child: SIGTERM ends its instances.
