@@ -40,11 +40,13 @@ fn reply(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     r
 }
 
+/// A function key (`[ACCOUNT:]NAME`) or a revision id, as the catalogue
+/// makes them.
 fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            .all(|b| b.is_ascii_alphanumeric() || b"-_:".contains(&b))
 }
 
 /// Whether `name`'s version `version` here is revision `revision` (its
@@ -252,4 +254,17 @@ async fn fetch_files(
     };
     let snap = store.adopt(f, &tmp, user).map_err(|e| format!("{e:#}"))?;
     Ok((snap, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn function_keys_and_revisions_are_names_paths_are_not() {
+        for ok in ["f", "111111111111:f-1_x", "3f2a-9c"] {
+            assert!(super::is_name(ok), "{ok}");
+        }
+        for bad in ["", "..", "a/b", "a b", "%2e", &"x".repeat(129)] {
+            assert!(!super::is_name(bad), "{bad}");
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! a function's reserved concurrency and an account's concurrency (the keys
 //! file's `concurrency`), with invocations running on two nodes at once
 //! (sent to each as a forwarding node sends them, so that placement does
-//! not gather them on one).
+//! not gather them on one). An account's function's snapshot is shipped
+//! like the default account's.
 
 use std::process::Command;
 use std::time::Duration;
@@ -141,6 +142,12 @@ fn kvm_serve_cluster_bounds_account_concurrency_across_nodes() {
     for (d, k) in [(&a, t1), (&b, t2), (&a, t1), (&b, t2)] {
         assert_eq!(invoke_here(d, k, b"{}").status, 200);
     }
+    // An account's function's snapshot travels too: b, which never ran t1,
+    // restores the one a made.
+    common::serve::wait_for_snapshot(&a.state_dir, t1, 1, Duration::from_secs(20));
+    let r = invoke_here(&b, t1, br#"{"on":"b"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-spore-start-path"), Some("restore"));
     drop((a, b));
     drop(etcd);
 }
