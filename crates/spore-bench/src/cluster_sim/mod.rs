@@ -288,41 +288,41 @@ impl Config {
     }
 }
 
+/// Runs one of the live-cluster benches (`bench(uk_dir, runs)`) and prints
+/// its report with the machine, the load and the wall time.
+fn live(
+    name: &str,
+    a: &ClusterBenchArgs,
+    default_runs: usize,
+    bench: fn(&std::path::Path, usize) -> anyhow::Result<serde_json::Value>,
+) -> anyhow::Result<u8> {
+    let t0 = Instant::now();
+    let mut report = bench(
+        &crate::host::uk_dir(&a.uk_dir),
+        a.runs.unwrap_or(default_runs),
+    )?;
+    report["benchmark"] = json!(name);
+    report["machine"] = machine();
+    report["loadavg_1m"] = json!(loadavg());
+    report["wall_s"] = json!(t0.elapsed().as_secs_f64());
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
+
 pub fn run(a: ClusterBenchArgs) -> anyhow::Result<u8> {
     if a.forwarding {
-        let t0 = Instant::now();
-        let mut report = crate::cluster_forwarding::run(
-            &crate::host::uk_dir(&a.uk_dir),
-            a.runs.unwrap_or(2000),
-        )?;
-        report["benchmark"] = json!("cluster-forwarding");
-        report["machine"] = machine();
-        report["loadavg_1m"] = json!(loadavg());
-        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(0);
+        return live(
+            "cluster-forwarding",
+            &a,
+            2000,
+            crate::cluster_forwarding::run,
+        );
     }
     if a.failover {
-        let t0 = Instant::now();
-        let mut report =
-            crate::cluster_failover::run(&crate::host::uk_dir(&a.uk_dir), a.runs.unwrap_or(3))?;
-        report["benchmark"] = json!("cluster-failover");
-        report["machine"] = machine();
-        report["loadavg_1m"] = json!(loadavg());
-        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(0);
+        return live("cluster-failover", &a, 3, crate::cluster_failover::run);
     }
     if a.shipping {
-        let t0 = Instant::now();
-        let mut report =
-            crate::cluster_shipping::run(&crate::host::uk_dir(&a.uk_dir), a.runs.unwrap_or(20))?;
-        report["benchmark"] = json!("cluster-shipping");
-        report["machine"] = machine();
-        report["loadavg_1m"] = json!(loadavg());
-        report["wall_s"] = json!(t0.elapsed().as_secs_f64());
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(0);
+        return live("cluster-shipping", &a, 20, crate::cluster_shipping::run);
     }
     if !a.simulate {
         bail!(

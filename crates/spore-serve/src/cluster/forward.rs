@@ -248,10 +248,11 @@ enum Handover {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn record(id: &str) -> NodeRecord {
+    /// A live node `id` at `id:1` (for placement tests).
+    pub(in crate::cluster) fn record(id: &str) -> NodeRecord {
         NodeRecord {
             node_id: id.into(),
             advertise: format!("{id}:1"),

@@ -205,22 +205,8 @@ pub fn summary(held: &Held) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
+    use super::super::forward::tests::record;
     use super::*;
-
-    fn record(id: &str) -> NodeRecord {
-        NodeRecord {
-            node_id: id.into(),
-            advertise: format!("{id}:1"),
-            capacity: super::super::Capacity {
-                cpus: 1,
-                memory_budget_bytes: 0,
-                memory_total_bytes: 0,
-            },
-            started_unix_ms: 0,
-            lease_id: 0,
-            draining: false,
-        }
-    }
 
     fn holding(free_mib: u64, pairs: &[(&str, u8)]) -> Held {
         Held {

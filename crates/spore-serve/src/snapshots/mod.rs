@@ -255,13 +255,7 @@ impl SnapshotStore {
         base: Option<&Base>,
         kernel: &Path,
     ) -> anyhow::Result<FunctionSnapshot> {
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .root
-            .join(format!(".tmp-{}-v{}-{n}", f.name, f.version));
-        create_private_dir(&self.root)?;
-        let _ = std::fs::remove_dir_all(&tmp);
-        create_private_dir(&tmp)?;
+        let tmp = self.temp_dir(f)?;
         if let Some(user) = &vmm.user {
             crate::jail::own_tree(&tmp, user)?;
         }
@@ -328,6 +322,13 @@ impl SnapshotStore {
     /// A new directory (private, empty) to fill with the files of `f`'s
     /// snapshot fetched from another node, then given to [`Self::adopt`].
     pub fn import_dir(&self, f: &Function) -> anyhow::Result<PathBuf> {
+        self.temp_dir(f)
+    }
+
+    /// A new private, empty directory beside the snapshots for one of
+    /// `f`'s being written (a `.tmp-` name, which [`Self::recover`] removes
+    /// if the daemon dies before renaming it into place).
+    fn temp_dir(&self, f: &Function) -> anyhow::Result<PathBuf> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self
             .root
@@ -452,12 +453,7 @@ impl SnapshotStore {
             .layer
             .clone()
             .ok_or_else(|| anyhow::anyhow!("{} is not a diff", snap.dir.display()))?;
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .root
-            .join(format!(".tmp-{}-v{}-{n}", f.name, f.version));
-        let _ = std::fs::remove_dir_all(&tmp);
-        create_private_dir(&tmp)?;
+        let tmp = self.temp_dir(f)?;
         let merged = async {
             let base = Path::new(&layer.base_dir);
             let out = tokio::process::Command::new(spore_bin)
