@@ -223,15 +223,12 @@ fn render_invocations(m: &Inner, out: &mut String) {
     for (f, n) in errors {
         let _ = writeln!(out, "spore_errors_total{{function=\"{}\"}} {n}", escape(f));
     }
-    out.push_str("# HELP spore_throttles_total Requests refused with 429.\n");
-    out.push_str("# TYPE spore_throttles_total counter\n");
-    for (f, n) in &m.throttles {
-        let _ = writeln!(
-            out,
-            "spore_throttles_total{{function=\"{}\"}} {n}",
-            escape(f)
-        );
-    }
+    per_function_counter(
+        out,
+        "spore_throttles_total",
+        "Requests refused with 429.",
+        &m.throttles,
+    );
     out.push_str(
         "# HELP spore_invoke_duration_seconds Request received to response ready, by start path.\n",
     );
@@ -299,25 +296,29 @@ fn render_snapshots(m: &Inner, out: &mut String) {
             d.disk_bytes
         );
     }
-    out.push_str("# HELP spore_snapshots_written_total Function snapshots written and recorded (they survive a daemon restart).\n");
-    out.push_str("# TYPE spore_snapshots_written_total counter\n");
-    for (f, n) in &m.snapshots_written {
-        let _ = writeln!(
-            out,
-            "spore_snapshots_written_total{{function=\"{}\"}} {n}",
-            escape(f)
-        );
-    }
+    per_function_counter(
+        out,
+        "spore_snapshots_written_total",
+        "Function snapshots written and recorded (they survive a daemon restart).",
+        &m.snapshots_written,
+    );
+    // Only a cluster node fetches: a single daemon's text goes without it.
     if !m.snapshots_fetched.is_empty() {
-        out.push_str("# HELP spore_snapshots_fetched_total Function snapshots fetched from another node of the cluster.\n");
-        out.push_str("# TYPE spore_snapshots_fetched_total counter\n");
-    }
-    for (f, n) in &m.snapshots_fetched {
-        let _ = writeln!(
+        per_function_counter(
             out,
-            "spore_snapshots_fetched_total{{function=\"{}\"}} {n}",
-            escape(f)
+            "spore_snapshots_fetched_total",
+            "Function snapshots fetched from another node of the cluster.",
+            &m.snapshots_fetched,
         );
+    }
+}
+
+/// A counter labelled by function: its HELP and TYPE lines and a sample
+/// per function.
+fn per_function_counter(out: &mut String, name: &str, help: &str, counts: &BTreeMap<String, u64>) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (f, n) in counts {
+        let _ = writeln!(out, "{name}{{function=\"{}\"}} {n}", escape(f));
     }
 }
 

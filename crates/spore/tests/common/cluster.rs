@@ -12,6 +12,27 @@ use super::Scratch;
 /// The cluster key every test node shares.
 pub const KEY: &str = "a-cluster-key-for-tests-0123";
 
+/// A cluster on one fresh etcd (in `dir/etcd`): the etcd, its URL (a
+/// prefix of this test process) and the cluster key's file.
+pub fn one_etcd_cluster(dir: &Scratch) -> (super::etcd::Etcd, String, PathBuf) {
+    let etcd = super::etcd::Etcd::start(&dir.path("etcd"));
+    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
+    (etcd, url, cluster_key(dir))
+}
+
+/// `spore cluster VERB --cluster URL NODE` (`drain`, `undrain`).
+pub fn cluster_cmd(url: &str, verb: &str, node: &str) {
+    let out = super::spore()
+        .args(["cluster", verb, "--cluster", url, node])
+        .output()
+        .expect("spore cluster");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Writes the cluster key (mode 0600) into `dir`.
 pub fn cluster_key(dir: &Scratch) -> PathBuf {
     use std::os::unix::fs::PermissionsExt as _;

@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::cluster::{cluster_key, free_addr, invoke_here, node, status, until};
+use crate::common::cluster::{
+    cluster_cmd, cluster_key, free_addr, invoke_here, node, one_etcd_cluster, status, until,
+};
 use crate::common::etcd::Etcd;
 use crate::common::serve::Daemon;
 use crate::common::{require_kvm, Scratch};
@@ -157,9 +159,7 @@ fn ran_on(nodes: &[Daemon], function: &str, n: usize) -> std::collections::BTree
 fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     require_kvm();
     let dir = Scratch::new("cluster3");
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = cluster_key(&dir);
+    let (etcd, url, key) = one_etcd_cluster(&dir);
     let ids = ["a", "b", "c"];
     let mut nodes: Vec<Daemon> = ids.iter().map(|id| node(&dir, &url, id, &key)).collect();
     // Each node reads the membership every few seconds.
@@ -202,18 +202,7 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     // A rolling restart: the first owner drained, restarted, undrained,
     // while a client invokes through the two others: nothing fails.
     let first = ids.iter().position(|id| *id == owner_ids[0]).unwrap();
-    let cluster_cmd = |verb: &str| {
-        let out = common::spore()
-            .args(["cluster", verb, "--cluster", &url, ids[first]])
-            .output()
-            .expect("spore cluster");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    cluster_cmd("drain");
+    cluster_cmd(&url, "drain", ids[first]);
     until("the drain shows", Duration::from_secs(5), || {
         status(&url)["nodes"][first]["draining"] == true
     });
@@ -273,7 +262,7 @@ fn kvm_serve_cluster_runs_a_function_on_its_two_owners() {
     );
     assert_eq!(failed, 0);
     assert!(served > 0);
-    cluster_cmd("undrain");
+    cluster_cmd(&url, "undrain", ids[first]);
 
     // kill -9 of the node holding the warm instances: invocations through
     // the others succeed again (where they arrive, or the other owner) and
@@ -394,9 +383,7 @@ fn kvm_serve_cluster_writes_through_an_etcd_leader_kill_and_serves_without_quoru
 fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
     require_kvm();
     let dir = Scratch::new("cluster-events");
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = cluster_key(&dir);
+    let (etcd, url, key) = one_etcd_cluster(&dir);
     let mut a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     assert_eq!(a.create("ev", "fn-echo", serde_json::json!({})).status, 201);
@@ -445,28 +432,15 @@ fn kvm_serve_cluster_runs_a_dead_nodes_accepted_events_elsewhere() {
 fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     require_kvm();
     let dir = Scratch::new("cluster-ship");
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = cluster_key(&dir);
+    let (etcd, url, key) = one_etcd_cluster(&dir);
     let a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     until("both nodes are members", Duration::from_secs(10), || {
         status(&url)["nodes"].as_array().map_or(0, Vec::len) == 2
     });
-    let drain = |node: &str, verb: &str| {
-        let out = common::spore()
-            .args(["cluster", verb, "--cluster", &url, node])
-            .output()
-            .expect("spore cluster drain");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     // b drained: a runs what is sent to either (nodes read the membership
     // every second).
-    drain("b", "drain");
+    cluster_cmd(&url, "drain", "b");
     std::thread::sleep(Duration::from_secs(2));
     // b's invocations are sent as a forwarding node sends them: they run
     // on b, wherever placement would put them.
@@ -501,7 +475,7 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
         serde_json::from_slice(&std::fs::read(&origin).unwrap()).unwrap();
     record["cpu"] = "vendor_id=SomeOtherVendor cpu family=99".into();
     std::fs::write(&origin, serde_json::to_vec(&record).unwrap()).unwrap();
-    drain("b", "undrain");
+    cluster_cmd(&url, "undrain", "b");
     std::thread::sleep(Duration::from_secs(2));
 
     let cold = {
@@ -561,7 +535,7 @@ fn kvm_serve_cluster_restores_a_snapshot_made_on_another_node() {
     // a drained: b, the other owner of everything, keeps a copy of a's
     // snapshot of the function it never ran, without an invocation.
     assert_eq!(fetched_metric("moved"), 0.0);
-    drain("a", "drain");
+    cluster_cmd(&url, "drain", "a");
     let took = until("b copies moved's snapshot", Duration::from_secs(15), || {
         fetched_metric("moved") == 1.0
     });

@@ -9,8 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
-use crate::common::cluster::{cluster_key, invoke_here, node, node_with, until};
-use crate::common::etcd::Etcd;
+use crate::common::cluster::{invoke_here, node, node_with, one_etcd_cluster, until};
 use crate::common::fc::repo_root;
 use crate::common::{require_kvm, Scratch};
 
@@ -43,9 +42,7 @@ fn six_slow(
 fn kvm_serve_cluster_bounds_reserved_concurrency_across_nodes() {
     require_kvm();
     let dir = Scratch::new("cluster-slots");
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = cluster_key(&dir);
+    let (etcd, url, key) = one_etcd_cluster(&dir);
     let a = node(&dir, &url, "a", &key);
     let b = node(&dir, &url, "b", &key);
     assert_eq!(a.create("r", "fn-echo", serde_json::json!({})).status, 201);
@@ -88,9 +85,7 @@ fn kvm_serve_cluster_bounds_account_concurrency_across_nodes() {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o711)).unwrap();
     }
-    let etcd = Etcd::start(&dir.path("etcd"));
-    let url = format!("etcd://{}/t{}", etcd.endpoint(), std::process::id());
-    let key = cluster_key(&dir);
+    let (etcd, url, key) = one_etcd_cluster(&dir);
     let keys = dir.path("keys.toml");
     std::fs::write(
         &keys,
