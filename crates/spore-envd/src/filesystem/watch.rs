@@ -1,0 +1,5 @@
+//! Directory watchers (WatchDir, CreateWatcher…). (Being written.)
+
+/// The polled watchers (CreateWatcher / GetWatcherEvents / RemoveWatcher).
+#[derive(Default)]
+pub struct Watchers {}
