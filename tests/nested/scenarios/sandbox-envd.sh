@@ -1,0 +1,83 @@
+#!/bin/sh
+# Tier 3, issue 32 (sandboxes): spore-envd in a real Linux sandbox guest,
+# driven by the e2b SDK. L1 boots the `sandbox-base` image (guest/runtimes/
+# sandbox-base: Debian, Python 3, a `user` account, spore-agent as PID 1 in
+# sandbox mode keeping spore-envd up) from the scratch disk, read-only under a
+# copy-on-write overlay in memory, with vsock. It waits for envd's /health
+# over vsock, gives it its access token through /init (as the sandbox API
+# does), exposes vsock port 49983 on L1's TCP 49983 (`spore vsock forward`),
+# and says SPORE-HOST-GO: the host driver (tests/nested/host/sandbox-envd.sh)
+# then runs the envd scenarios of tests/sandbox/ with the SDK on the host,
+# through run.sh's --hostfwd, and sends its SPORE-TEST lines back to port 7000.
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
+tmp=${SPORE_TMP:-/tmp}
+cd "$tmp" || exit 1
+img="${SPORE_SCRATCH:-/scratch}/sandbox-base.ext4"
+token=spore-nested-envd-token
+if [ ! -f "$img" ]; then
+    t sandbox-boot FAIL "no sandbox image at $img"
+    exit 0
+fi
+api="$tmp/api.sock"
+"$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
+vmm=$!
+wait_for_socket "$api"
+A() { "$SPORE" api "$api" "$@" >/dev/null; }
+boot_args="console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 init=/sbin/spore-agent spore.mode=sandbox spore.user=user"
+if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"boot_args\":\"$boot_args\"}" &&
+    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":768}' &&
+    A PUT /drives/rootfs "{\"drive_id\":\"rootfs\",\"path_on_host\":\"$img\",\"is_root_device\":true,\"is_read_only\":false,\"cow_overlay\":{\"in_memory\":true}}" &&
+    A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" &&
+    A PUT /actions '{"action_type":"InstanceStart"}'; then
+    :
+else
+    t sandbox-boot FAIL "$(cat "$tmp/vmm.err")"
+    exit 0
+fi
+
+# envd_http REQUEST: one HTTP/1.0 exchange with envd over vsock.
+envd_http() {
+    printf '%b' "$1" | timeout 20 "$SPORE" vsock connect --uds "$tmp/v.sock" --port 49983 --timeout 5 2>/dev/null
+}
+i=0
+until envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; do
+    i=$((i + 1))
+    if [ $i -ge 120 ] || ! kill -0 "$vmm" 2>/dev/null; then
+        t sandbox-boot FAIL "envd never answered /health; console: $(tail -n 8 "$tmp/console.txt" | tr '\n' '|')"
+        kill "$vmm" 2>/dev/null
+        exit 0
+    fi
+    sleep 1
+done
+t sandbox-boot PASS "envd answered /health over vsock after ~${i} s"
+
+body="{\"accessToken\":\"$token\",\"envVars\":{\"SPORE_SANDBOX\":\"nested\"}}"
+len=$(printf '%s' "$body" | wc -c)
+if envd_http "POST /init HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: $len\r\n\r\n$body" |
+    head -n1 | grep -q ' 204'; then
+    t envd-init PASS
+else
+    t envd-init FAIL
+fi
+# Without the token now: 401.
+if envd_http 'GET /envs HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 401'; then
+    t envd-token-required PASS
+else
+    t envd-token-required FAIL
+fi
+
+"$SPORE" vsock forward --uds "$tmp/v.sock" --port 49983 --listen tcp:0.0.0.0:49983 2>"$tmp/forward.err" &
+fwd=$!
+sleep 1
+echo "SPORE-HOST-GO sandbox-envd"
+# The host driver's results (it runs the SDK for minutes; bounded).
+timeout 1500 busybox nc -l -p 7000 >"$tmp/host-results.txt" 2>"$tmp/nc.err"
+if grep -q '^SPORE-TEST ' "$tmp/host-results.txt"; then
+    grep '^SPORE-TEST ' "$tmp/host-results.txt"
+else
+    t host-driver FAIL "no results from the host driver ($(cat "$tmp/nc.err"))"
+fi
+kill "$fwd" "$vmm" 2>/dev/null
+wait 2>/dev/null
+cp "$tmp/console.txt" "$SPORE_OUT/console.txt" 2>/dev/null
+exit 0
