@@ -20,16 +20,24 @@ ENVD_VERSION = "0.5.7"
 
 def sandbox(token=None):
     """A Sandbox on the envd under test; `token` overrides ENVD_TOKEN."""
+    token = os.environ["ENVD_TOKEN"] if token is None else token
+    # As Sandbox.create/connect build it: the access token and the sandbox's
+    # id and port travel as extra headers on every envd request.
     config = ConnectionConfig(
         sandbox_url=os.environ["E2B_SANDBOX_URL"],
         api_key="e2b_" + "0" * 40,
         request_timeout=30,
+        extra_sandbox_headers={
+            "X-Access-Token": token,
+            "E2b-Sandbox-Id": "envd-test",
+            "E2b-Sandbox-Port": str(ConnectionConfig.envd_port),
+        },
     )
     return Sandbox(
         sandbox_id="envd-test",
         sandbox_domain=None,
         envd_version=Version(ENVD_VERSION),
-        envd_access_token=os.environ["ENVD_TOKEN"] if token is None else token,
+        envd_access_token=token,
         connection_config=config,
     )
 

@@ -27,6 +27,8 @@ use tokio::sync::mpsc;
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// Messages a server stream buffers before its producer waits for the client.
 const STREAM_DEPTH: usize = 16;
+/// How long a finished server stream waits for the end of its request.
+const BODY_END_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Envelope flag: the end-of-stream message (JSON, with the error if any).
 const FLAG_END_STREAM: u8 = 0x02;
 /// Envelope flag: the message is compressed.
@@ -420,6 +422,12 @@ where
             Ok(request) => handler(request, stream).await,
             Err(e) => Err(e),
         };
+        // The request read to its end before the response ends: hyper
+        // closes an HTTP/1.1 connection whose request body was dropped
+        // unread (the client's closing chunk may not have arrived when a
+        // short call is done), and the client's next call on it then fails.
+        let rest = async { while let Some(Ok(_)) = next_envelope(&mut body, &mut buf).await {} };
+        let _ = tokio::time::timeout(BODY_END_WAIT, rest).await;
         // The client may be gone: nothing to tell it then.
         let _ = end_tx.send(end_of_stream(&result)).await;
     });

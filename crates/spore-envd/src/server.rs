@@ -79,10 +79,12 @@ where
             let state = state.clone();
             async move { Ok::<_, std::convert::Infallible>(route(state, req, manage_clock).await) }
         });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        // A client that shuts down its write side once its request is sent
+        // (`spore vsock connect`, shell tools) still gets its answer.
+        builder.http1().half_close(true);
         // A connection that fails (the client went away) ends here.
-        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-            .serve_connection(TokioIo::new(stream), service)
-            .await;
+        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
     });
 }
 

@@ -2,6 +2,7 @@
 //! installed into the cache by scripts/ensure-pyclients.sh): each scenario in
 //! tests/sandbox/envd_*.py runs against a fresh envd on the host, listening on
 //! loopback, its users' homes in a temporary directory.
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate")]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
