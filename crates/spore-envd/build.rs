@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/process/process.proto", "proto/filesystem/filesystem.proto"];
+    let protos = [
+        "proto/process/process.proto",
+        "proto/filesystem/filesystem.proto",
+    ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
     }

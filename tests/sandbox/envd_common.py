@@ -1,5 +1,9 @@
 """Shared by the envd scenarios: the e2b SDK's own Sandbox, pointed at an envd.
 
+The scenarios look at the sandbox only through the SDK (never at this host's
+files): the same scenarios run against spore-envd on this host and against
+spore-envd in a Linux guest (tests/nested/host/sandbox-envd.sh).
+
 The harness (crates/spore-envd/tests/envd_sdk.rs) starts spore-envd on the host
 and runs each scenario with E2B_SANDBOX_URL (envd's address), ENVD_TOKEN (its
 access token) and ENVD_HOME (the directory its users' homes are, and every
@@ -8,6 +12,7 @@ builds one after the control API created it; everything after that is the
 SDK's unmodified envd client code.
 """
 import os
+import shlex
 import sys
 
 from packaging.version import Version
@@ -51,3 +56,36 @@ def check(cond, what):
         print(f"FAIL: {what}", file=sys.stderr)
         sys.exit(1)
     print(f"ok: {what}")
+
+
+def sh(sbx, command, user=None):
+    """The stdout of a shell command run in the sandbox (through the SDK)."""
+    return sbx.commands.run(command, user=user, cwd="/").stdout
+
+
+def q(path):
+    return shlex.quote(path)
+
+
+def exists(sbx, path):
+    return sh(sbx, f"test -e {q(path)} || test -L {q(path)}; echo $?") == "0\n"
+
+
+def isfile(sbx, path):
+    return sh(sbx, f"test -f {q(path)}; echo $?") == "0\n"
+
+
+def isdir(sbx, path):
+    return sh(sbx, f"test -d {q(path)}; echo $?") == "0\n"
+
+
+def listdir(sbx, path):
+    return sorted(sh(sbx, f"ls -A {q(path)}").split("\n")[:-1])
+
+
+def envd_is_root(sbx):
+    """Whether envd may act as other users (it runs as root)."""
+    try:
+        return sh(sbx, "id -u", user="root") == "0\n"
+    except Exception:  # a non-root envd refuses another user
+        return False

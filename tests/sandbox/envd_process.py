@@ -6,42 +6,19 @@ import os
 import time
 
 from connectrpc.code import Code
-from packaging.version import Version
 from protobuf import Oneof
 
 from e2b import (
     AuthenticationException,
     CommandExitException,
-    ConnectionConfig,
     InvalidArgumentException,
     NotFoundException,
     PtySize,
-    Sandbox,
     SandboxException,
 )
 from e2b.envd.process import process_pb
 
-from envd_common import ENVD_VERSION, check, home
-
-
-def sandbox(token=None):
-    """envd_common.sandbox(), with the access token also in the headers the
-    SDK sends it in (X-Access-Token, set by Sandbox.create/connect as an extra
-    sandbox header; envd_common's Sandbox does not send it)."""
-    token = os.environ["ENVD_TOKEN"] if token is None else token
-    config = ConnectionConfig(
-        sandbox_url=os.environ["E2B_SANDBOX_URL"],
-        api_key="e2b_" + "0" * 40,
-        request_timeout=30,
-        extra_sandbox_headers={"X-Access-Token": token},
-    )
-    return Sandbox(
-        sandbox_id="envd-test",
-        sandbox_domain=None,
-        envd_version=Version(ENVD_VERSION),
-        envd_access_token=token,
-        connection_config=config,
-    )
+from envd_common import check, envd_is_root, home, q, sandbox, sh
 
 
 sbx = sandbox()
@@ -73,7 +50,7 @@ except CommandExitException as e:
 
 # -- working directory and environment ----------------------------------------
 sub = os.path.join(home(), "sub dir")
-os.makedirs(sub, exist_ok=True)
+sh(sbx, f"mkdir -p {q(sub)}")
 r = sbx.commands.run('pwd; echo "$FOO $HOME"', cwd=sub, envs={"FOO": "bar"})
 check(r.stdout == f"{sub}\nbar {home()}\n", f"cwd= and envs= ({r.stdout!r})")
 r = sbx.commands.run("pwd", cwd="sub dir")
@@ -241,7 +218,7 @@ except SandboxException as e:
 h.kill()
 
 # -- other users ---------------------------------------------------------------
-if os.geteuid() == 0:
+if envd_is_root(sbx):
     r = sbx.commands.run("id -un", user="nobody", cwd="/")
     check(r.stdout == "nobody\n", f"user= runs as that user ({r.stdout!r})")
 

@@ -18,15 +18,19 @@ const MAX_INIT_BYTES: usize = 1 << 20;
 pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
 /// An error in E2B's shape for the HTTP API.
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
-    json_response(status, &serde_json::json!({ "message": message.into(), "code": status.as_u16() }))
+    json_response(
+        status,
+        &serde_json::json!({ "message": message.into(), "code": status.as_u16() }),
+    )
 }
 
 pub fn no_content() -> Response<Body> {
@@ -63,7 +67,12 @@ pub async fn init(state: &State, req: Request<Incoming>, manage_clock: bool) -> 
     } else {
         match serde_json::from_slice(&body) {
             Ok(init) => init,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("malformed /init body: {e}")),
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("malformed /init body: {e}"),
+                )
+            }
         }
     };
     if manage_clock {
@@ -99,7 +108,13 @@ pub fn envs(state: &State) -> Response<Body> {
 pub async fn metrics() -> Response<Body> {
     match tokio::task::spawn_blocking(crate::metrics::sample).await {
         Ok(Ok(m)) => json_response(StatusCode::OK, &m),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading metrics: {e}")),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading metrics: {e}")),
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading metrics: {e}"),
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading metrics: {e}"),
+        ),
     }
 }

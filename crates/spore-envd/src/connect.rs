@@ -113,7 +113,10 @@ pub struct RpcError {
 
 impl RpcError {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into() }
+        RpcError {
+            code,
+            message: message.into(),
+        }
     }
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, message)
@@ -156,7 +159,11 @@ pub enum Codec {
 impl Codec {
     /// The codec a request names; `streaming` for the `connect+` types.
     fn of(req: &Request<Incoming>, streaming: bool) -> Option<Codec> {
-        let content_type = req.headers().get(hyper::header::CONTENT_TYPE)?.to_str().ok()?;
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)?
+            .to_str()
+            .ok()?;
         let media = content_type.split(';').next()?.trim().to_ascii_lowercase();
         let name = if streaming {
             media.strip_prefix("application/connect+")?
@@ -182,8 +189,9 @@ impl Codec {
             Codec::Json if data.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
             Codec::Json => serde_json::from_slice(data)
                 .map_err(|e| RpcError::invalid_argument(format!("malformed JSON message: {e}"))),
-            Codec::Proto => M::decode(data)
-                .map_err(|e| RpcError::invalid_argument(format!("malformed protobuf message: {e}"))),
+            Codec::Proto => M::decode(data).map_err(|e| {
+                RpcError::invalid_argument(format!("malformed protobuf message: {e}"))
+            }),
         }
     }
 
@@ -191,7 +199,9 @@ impl Codec {
         match self {
             // A generated message always serializes; an empty object is the
             // safe answer should that ever change.
-            Codec::Json => serde_json::to_vec(message).unwrap_or_else(|_| b"{}".to_vec()).into(),
+            Codec::Json => serde_json::to_vec(message)
+                .unwrap_or_else(|_| b"{}".to_vec())
+                .into(),
             Codec::Proto => message.encode_to_vec().into(),
         }
     }
@@ -211,14 +221,20 @@ fn full(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Full::new(body).boxed());
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {
-        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
 }
 
 /// A unary error, or any error before a stream's response has started.
 pub fn error_response(error: &RpcError) -> Response<Body> {
-    full(error.code.http_status(), "application/json", error.json().to_string().into())
+    full(
+        error.code.http_status(),
+        "application/json",
+        error.json().to_string().into(),
+    )
 }
 
 fn unsupported_media() -> Response<Body> {
@@ -237,7 +253,10 @@ fn unsupported_media() -> Response<Body> {
 fn compression_refused(req: &Request<Incoming>, header: &str) -> Option<RpcError> {
     let encoding = req.headers().get(header)?.to_str().unwrap_or("?");
     (encoding != "identity").then(|| {
-        RpcError::new(Code::Unimplemented, format!("compression {encoding:?} is not supported"))
+        RpcError::new(
+            Code::Unimplemented,
+            format!("compression {encoding:?} is not supported"),
+        )
     })
 }
 
@@ -250,7 +269,10 @@ pub async fn read_body(body: Incoming, limit: usize) -> RpcResult<Bytes> {
             Code::ResourceExhausted,
             format!("message larger than {limit} bytes"),
         )),
-        Err(e) => Err(RpcError::new(Code::Canceled, format!("reading the request: {e}"))),
+        Err(e) => Err(RpcError::new(
+            Code::Canceled,
+            format!("reading the request: {e}"),
+        )),
     }
 }
 
@@ -275,9 +297,11 @@ where
     }
     .await;
     match result {
-        Ok(message) => {
-            full(StatusCode::OK, &format!("application/{}", codec.name()), codec.encode(&message))
-        }
+        Ok(message) => full(
+            StatusCode::OK,
+            &format!("application/{}", codec.name()),
+            codec.encode(&message),
+        ),
         Err(e) => error_response(&e),
     }
 }
@@ -297,7 +321,10 @@ impl<M: RpcMessage> ServerStream<M> {
     /// Sends one message, waiting while the client is slow to read.
     pub async fn send(&self, message: &M) -> Result<(), StreamClosed> {
         let payload = self.codec.encode(message);
-        self.tx.send(envelope(0, &payload)).await.map_err(|_| StreamClosed)
+        self.tx
+            .send(envelope(0, &payload))
+            .await
+            .map_err(|_| StreamClosed)
     }
 
     /// Resolves when the client has gone away.
@@ -308,10 +335,7 @@ impl<M: RpcMessage> ServerStream<M> {
 
 /// Reads one envelope (flags, payload) from a request body, buffering in
 /// `buf`; `None` at the body's clean end.
-async fn next_envelope(
-    body: &mut Incoming,
-    buf: &mut BytesMut,
-) -> Option<RpcResult<(u8, Bytes)>> {
+async fn next_envelope(body: &mut Incoming, buf: &mut BytesMut) -> Option<RpcResult<(u8, Bytes)>> {
     loop {
         if buf.len() >= 5 {
             let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
@@ -330,10 +354,15 @@ async fn next_envelope(
         match body.frame().await {
             None if buf.is_empty() => return None,
             None => {
-                return Some(Err(RpcError::invalid_argument("the request ended inside a message")))
+                return Some(Err(RpcError::invalid_argument(
+                    "the request ended inside a message",
+                )))
             }
             Some(Err(e)) => {
-                return Some(Err(RpcError::new(Code::Canceled, format!("reading the request: {e}"))))
+                return Some(Err(RpcError::new(
+                    Code::Canceled,
+                    format!("reading the request: {e}"),
+                )))
             }
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
@@ -357,9 +386,10 @@ impl<M: RpcMessage> ClientStream<M> {
     pub async fn next(&mut self) -> Option<RpcResult<M>> {
         match next_envelope(&mut self.body, &mut self.buf).await? {
             Err(e) => Some(Err(e)),
-            Ok((flags, _)) if flags & FLAG_COMPRESSED != 0 => {
-                Some(Err(RpcError::new(Code::Unimplemented, "compressed messages")))
-            }
+            Ok((flags, _)) if flags & FLAG_COMPRESSED != 0 => Some(Err(RpcError::new(
+                Code::Unimplemented,
+                "compressed messages",
+            ))),
             Ok((flags, _)) if flags & FLAG_END_STREAM != 0 => None,
             Ok((_, payload)) => Some(self.codec.decode(&payload)),
         }
@@ -373,7 +403,9 @@ fn streaming_response(codec: Codec, rx: mpsc::Receiver<Bytes>) -> Response<Body>
     });
     let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
     if let Ok(value) = format!("application/connect+{}", codec.name()).parse() {
-        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
 }
@@ -416,7 +448,11 @@ where
     };
     let (tx, rx) = mpsc::channel(STREAM_DEPTH);
     let end_tx = tx.clone();
-    let stream = ServerStream { tx, codec, _message: PhantomData };
+    let stream = ServerStream {
+        tx,
+        codec,
+        _message: PhantomData,
+    };
     tokio::spawn(async move {
         let result = match request {
             Ok(request) => handler(request, stream).await,
@@ -452,8 +488,12 @@ where
     if let Some(e) = compression_refused(&req, "connect-content-encoding") {
         return error_response(&e);
     }
-    let stream =
-        ClientStream { body: req.into_body(), buf: BytesMut::new(), codec, _message: PhantomData };
+    let stream = ClientStream {
+        body: req.into_body(),
+        buf: BytesMut::new(),
+        codec,
+        _message: PhantomData,
+    };
     let result = handler(stream).await;
     let (tx, rx) = mpsc::channel(2);
     if let Ok(message) = &result {
@@ -486,17 +526,23 @@ mod tests {
     #[test]
     fn codes_map_to_the_protocols_http_statuses() {
         assert_eq!(Code::NotFound.http_status(), StatusCode::NOT_FOUND);
-        assert_eq!(Code::Unauthenticated.http_status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            Code::Unauthenticated.http_status(),
+            StatusCode::UNAUTHORIZED
+        );
         assert_eq!(Code::InvalidArgument.http_status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]
     fn json_messages_use_proto3_names() {
-        use crate::proto::process::{process_selector::Selector, ProcessSelector};
+        use crate::proto::process::process_selector::Selector;
+        use crate::proto::process::ProcessSelector;
         let m: ProcessSelector = Codec::Json.decode(br#"{"pid": 42}"#).unwrap();
         assert_eq!(m.selector, Some(Selector::Pid(42)));
         let empty: ProcessSelector = Codec::Json.decode(b"").unwrap();
         assert_eq!(empty.selector, None);
-        assert!(Codec::Json.decode::<ProcessSelector>(b"{\"pid\": \"x\"}").is_err());
+        assert!(Codec::Json
+            .decode::<ProcessSelector>(b"{\"pid\": \"x\"}")
+            .is_err());
     }
 }

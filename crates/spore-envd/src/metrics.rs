@@ -10,7 +10,11 @@ pub fn sample() -> std::io::Result<serde_json::Value> {
     let total = after.0.saturating_sub(before.0);
     let idle = after.1.saturating_sub(before.1);
     #[allow(clippy::cast_precision_loss, reason = "a percentage")]
-    let cpu_used_pct = if total == 0 { 0.0 } else { 100.0 * (total - idle) as f64 / total as f64 };
+    let cpu_used_pct = if total == 0 {
+        0.0
+    } else {
+        100.0 * (total - idle) as f64 / total as f64
+    };
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
     let kib = |key: &str| -> u64 {
         meminfo
@@ -23,8 +27,13 @@ pub fn sample() -> std::io::Result<serde_json::Value> {
     let mem_total = kib("MemTotal");
     let mem_used = mem_total.saturating_sub(kib("MemAvailable"));
     let (disk_total, disk_used) = disk("/")?;
-    let ts = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let cpu_count = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let cpu_count = std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(1);
     Ok(serde_json::json!({
         "ts": ts,
         "cpu_count": cpu_count,
@@ -63,7 +72,10 @@ fn disk(path: &str) -> std::io::Result<(u64, u64)> {
     if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    #[allow(clippy::useless_conversion, reason = "the field widths differ between libcs")]
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the field widths differ between libcs"
+    )]
     let frsize = u64::from(st.f_frsize);
     #[allow(clippy::useless_conversion, reason = "as above")]
     let (blocks, free) = (u64::from(st.f_blocks), u64::from(st.f_bfree));

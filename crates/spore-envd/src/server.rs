@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::connect::{error_response, Body, Code, RpcError};
 use crate::state::{Ctx, State};
-use crate::{api, filesystem, files, process};
+use crate::{api, files, filesystem, process};
 
 /// Where envd listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +29,14 @@ impl std::str::FromStr for Listen {
             return Ok(Listen::Tcp(addr.to_owned()));
         }
         if let Some(port) = s.strip_prefix("vsock:") {
-            return port.parse().map(Listen::Vsock).map_err(|_| format!("invalid vsock port {port:?}"));
+            return port
+                .parse()
+                .map(Listen::Vsock)
+                .map_err(|_| format!("invalid vsock port {port:?}"));
         }
-        Err(format!("--listen takes tcp:HOST:PORT or vsock:PORT, not {s:?}"))
+        Err(format!(
+            "--listen takes tcp:HOST:PORT or vsock:PORT, not {s:?}"
+        ))
     }
 }
 
@@ -84,7 +89,9 @@ where
         // (`spore vsock connect`, shell tools) still gets its answer.
         builder.http1().half_close(true);
         // A connection that fails (the client went away) ends here.
-        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+        let _ = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
     });
 }
 
@@ -123,13 +130,17 @@ fn percent_decode(s: &str) -> String {
 
 async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) -> Response<Body> {
     let path = req.uri().path().to_owned();
-    let is_rpc = path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
+    let is_rpc =
+        path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
     if path == "/health" {
         return api::no_content();
     }
     if !state.authorized(req.headers()) {
         return if is_rpc {
-            error_response(&RpcError::new(Code::Unauthenticated, "invalid access token"))
+            error_response(&RpcError::new(
+                Code::Unauthenticated,
+                "invalid access token",
+            ))
         } else {
             api::error(StatusCode::UNAUTHORIZED, "invalid access token")
         };
@@ -146,7 +157,10 @@ async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) ->
         Err(e) if is_rpc => return error_response(&e),
         Err(e) => return api::error(StatusCode::UNAUTHORIZED, e.message),
     };
-    let ctx = Ctx { state: state.clone(), user };
+    let ctx = Ctx {
+        state: state.clone(),
+        user,
+    };
     match (req.method(), path.as_str()) {
         (&Method::GET, "/files") => return files::download(ctx, req).await,
         (&Method::POST, "/files") => return files::upload(ctx, req).await,
@@ -168,11 +182,17 @@ async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) ->
             return unknown_method(&path);
         }
     }
-    api::error(StatusCode::NOT_FOUND, format!("no route {} {path}", req.method()))
+    api::error(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {path}", req.method()),
+    )
 }
 
 fn unknown_method(path: &str) -> Response<Body> {
-    error_response(&RpcError::new(Code::Unimplemented, format!("{path} is not implemented")))
+    error_response(&RpcError::new(
+        Code::Unimplemented,
+        format!("{path} is not implemented"),
+    ))
 }
 
 #[cfg(test)]
@@ -181,7 +201,10 @@ mod tests {
 
     #[test]
     fn listen_addresses_parse() {
-        assert_eq!("tcp:127.0.0.1:0".parse(), Ok(Listen::Tcp("127.0.0.1:0".into())));
+        assert_eq!(
+            "tcp:127.0.0.1:0".parse(),
+            Ok(Listen::Tcp("127.0.0.1:0".into()))
+        );
         assert_eq!("vsock:49983".parse(), Ok(Listen::Vsock(49983)));
         assert!("vsock:x".parse::<Listen>().is_err());
         assert!("udp:1".parse::<Listen>().is_err());
@@ -189,7 +212,10 @@ mod tests {
 
     #[test]
     fn percent_decoding() {
-        assert_eq!(percent_decode("%2Fhome%2Fuser%2Fa+b.txt"), "/home/user/a b.txt");
+        assert_eq!(
+            percent_decode("%2Fhome%2Fuser%2Fa+b.txt"),
+            "/home/user/a b.txt"
+        );
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%zz"), "%zz");
         assert_eq!(percent_decode("%41%"), "A%");

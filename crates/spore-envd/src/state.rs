@@ -71,7 +71,12 @@ impl User {
                 CStr::from_ptr(pwd.pw_dir).to_string_lossy().into_owned(),
             )
         };
-        Ok(Some(User { name, uid: pwd.pw_uid, gid: pwd.pw_gid, home: PathBuf::from(home) }))
+        Ok(Some(User {
+            name,
+            uid: pwd.pw_uid,
+            gid: pwd.pw_gid,
+            home: PathBuf::from(home),
+        }))
     }
 
     /// Resolves a path a client gave: `~` and relative paths from the user's home.
@@ -144,7 +149,9 @@ impl State {
     }
 
     pub fn settings(&self) -> MutexGuard<'_, Settings> {
-        self.settings.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.settings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether a request's headers carry the access token (when one is set).
@@ -167,7 +174,11 @@ impl State {
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Basic "))
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+            .and_then(|b| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(b.trim())
+                    .ok()
+            })
             .and_then(|raw| String::from_utf8(raw).ok())
             .map(|pair| pair.split(':').next().unwrap_or_default().to_owned())
             .filter(|name| !name.is_empty());
@@ -202,17 +213,28 @@ mod tests {
 
     #[test]
     fn paths_resolve_from_the_users_home() {
-        let user = User { name: "u".into(), uid: 1, gid: 1, home: "/home/u".into() };
+        let user = User {
+            name: "u".into(),
+            uid: 1,
+            gid: 1,
+            home: "/home/u".into(),
+        };
         assert_eq!(user.resolve("a/b").unwrap(), PathBuf::from("/home/u/a/b"));
         assert_eq!(user.resolve("~/x").unwrap(), PathBuf::from("/home/u/x"));
-        assert_eq!(user.resolve("/etc/../tmp/./f").unwrap(), PathBuf::from("/tmp/f"));
+        assert_eq!(
+            user.resolve("/etc/../tmp/./f").unwrap(),
+            PathBuf::from("/tmp/f")
+        );
         assert_eq!(user.resolve("").unwrap(), PathBuf::from("/home/u"));
         assert!(user.resolve("a\0b").is_err());
     }
 
     #[test]
     fn the_access_token_is_checked_when_set() {
-        let state = State::new(Settings { access_token: Some("t0k".into()), ..Settings::default() });
+        let state = State::new(Settings {
+            access_token: Some("t0k".into()),
+            ..Settings::default()
+        });
         let mut headers = HeaderMap::new();
         assert!(!state.authorized(&headers));
         headers.insert("x-access-token", "nope".parse().unwrap());

@@ -2,7 +2,10 @@
 //! installed into the cache by scripts/ensure-pyclients.sh): each scenario in
 //! tests/sandbox/envd_*.py runs against a fresh envd on the host, listening on
 //! loopback, its users' homes in a temporary directory.
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate")]
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test crate"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,7 +23,13 @@ fn venv() -> PathBuf {
         .output()
         .expect("run ensure-pyclients.sh");
     assert!(out.status.success(), "ensure-pyclients.sh failed");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().expect("a venv path").trim())
+    PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .expect("a venv path")
+            .trim(),
+    )
 }
 
 /// An envd on loopback; killed when dropped.
@@ -49,9 +58,17 @@ fn start_envd(home: &Path, token: &str) -> Envd {
         .expect("start spore-envd");
     let stdout = child.stdout.take().expect("envd's stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("envd's first line");
-    let addr = line.trim().strip_prefix("listening on tcp:").unwrap_or_else(|| panic!("envd said {line:?}"));
-    Envd { child, url: format!("http://{addr}") }
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("envd's first line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on tcp:")
+        .unwrap_or_else(|| panic!("envd said {line:?}"));
+    Envd {
+        child,
+        url: format!("http://{addr}"),
+    }
 }
 
 fn scenario(name: &str) {

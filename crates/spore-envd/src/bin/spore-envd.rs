@@ -14,11 +14,18 @@ const USAGE: &str = "usage: spore-envd [--listen tcp:HOST:PORT|vsock:PORT] [--ac
 [--default-user USER] [--default-workdir DIR] [--home DIR] [--manage-clock]";
 
 fn parse(args: &[String]) -> Result<(Options, Settings), String> {
-    let mut options = Options { listen: Listen::Vsock(ENVD_PORT), manage_clock: false };
+    let mut options = Options {
+        listen: Listen::Vsock(ENVD_PORT),
+        manage_clock: false,
+    };
     let mut settings = Settings::default();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| format!("{arg} needs a value"));
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{arg} needs a value"))
+        };
         match arg.as_str() {
             "--listen" => options.listen = value()?.parse()?,
             "--access-token" => settings.access_token = Some(value()?),
@@ -42,7 +49,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("spore-envd: starting the runtime: {e}");

@@ -21,7 +21,9 @@ pub fn run(cmdline: &str) -> ! {
     }
     pid1::start_generation_watcher();
     start_stop_handler();
-    let envd = cmdline_value(cmdline, "spore.envd").unwrap_or(DEFAULT_ENVD).to_owned();
+    let envd = cmdline_value(cmdline, "spore.envd")
+        .unwrap_or(DEFAULT_ENVD)
+        .to_owned();
     let default_user = cmdline_value(cmdline, "spore.user").map(str::to_owned);
     let mut child = start_envd(&envd, default_user.as_deref());
     loop {
@@ -35,7 +37,10 @@ pub fn run(cmdline: &str) -> ! {
             }
             continue;
         }
-        if child.as_ref().is_some_and(|c| u32::try_from(pid).ok() == Some(c.id())) {
+        if child
+            .as_ref()
+            .is_some_and(|c| u32::try_from(pid).ok() == Some(c.id()))
+        {
             eprintln!("spore-agent: spore-envd ended (wait status {status}); restarting it");
             // Not in a tight loop should it fail at once.
             std::thread::sleep(Duration::from_millis(200));
@@ -54,7 +59,10 @@ fn start_envd(envd: &str, default_user: Option<&str>) -> Option<Child> {
     }
     match command.spawn() {
         Ok(child) => {
-            eprintln!("spore-agent: sandbox mode, spore-envd is pid {}", child.id());
+            eprintln!(
+                "spore-agent: sandbox mode, spore-envd is pid {}",
+                child.id()
+            );
             Some(child)
         }
         Err(e) => {
