@@ -292,6 +292,17 @@ struct ChildSetup {
 
 impl ChildSetup {
     fn apply(&self) -> io::Result<()> {
+        // A command starts with no signal blocked, whatever envd inherited
+        // (PID 1 blocks its stop signals, and a mask survives exec).
+        // SAFETY: sigemptyset and sigprocmask are async-signal-safe and
+        // touch only this forked process.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         if self.session {
             // SAFETY: setsid and ioctl have no memory preconditions; fd 0 is
             // the terminal's slave (std set up stdio before this hook).

@@ -5,6 +5,7 @@
 //! powers off on a stop signal.
 
 use std::io;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -54,6 +55,10 @@ pub fn run(cmdline: &str) -> ! {
 fn start_envd(envd: &str, default_user: Option<&str>) -> Option<Child> {
     let mut command = Command::new(envd);
     command.arg("--manage-clock");
+    // SAFETY: the hook only resets the signal mask (async-signal-safe).
+    unsafe {
+        command.pre_exec(pid1::unblock_signals_in_child);
+    }
     if let Some(user) = default_user {
         command.args(["--default-user", user]);
     }
