@@ -23,13 +23,14 @@ from e2b import ConnectionConfig, Sandbox
 ENVD_VERSION = "0.5.7"
 
 
-def sandbox(token=None):
-    """A Sandbox on the envd under test; `token` overrides ENVD_TOKEN."""
+def sandbox(token=None, url=None):
+    """A Sandbox on the envd under test; `token` overrides ENVD_TOKEN, `url`
+    E2B_SANDBOX_URL."""
     token = os.environ["ENVD_TOKEN"] if token is None else token
     # As Sandbox.create/connect build it: the access token and the sandbox's
     # id and port travel as extra headers on every envd request.
     config = ConnectionConfig(
-        sandbox_url=os.environ["E2B_SANDBOX_URL"],
+        sandbox_url=url or os.environ["E2B_SANDBOX_URL"],
         api_key="e2b_" + "0" * 40,
         request_timeout=30,
         extra_sandbox_headers={

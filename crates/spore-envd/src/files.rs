@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 use crate::api;
 use crate::connect::{Body, Code, RpcError};
 use crate::filesystem::atomic::AtomicFile;
-use crate::filesystem::{ensure_dirs, io_text, new_owner, resolve, EnsureDirsError};
-use crate::server::query_param;
+use crate::filesystem::paths::{ensure_dirs, io_text, new_owner, resolve, EnsureDirsError};
+use crate::query::query_param;
 use crate::state::Ctx;
 
 /// Bytes read from disk at a time for a download.

@@ -7,6 +7,7 @@
 //!   e2b SDK's own descriptors);
 //! - [`connect`]: the Connect protocol (unary, server and client streams);
 //! - [`server`]: routes, the access token, the listeners;
+//! - [`query`]: a request's query parameters;
 //! - [`state`]: `/init`'s settings and who a request acts as;
 //! - [`api`]: `/health`, `/init`, `/envs`, `/metrics`;
 //! - [`files`]: `/files` downloads and uploads;
@@ -20,6 +21,7 @@ pub mod files;
 pub mod filesystem;
 pub mod metrics;
 pub mod process;
+pub mod query;
 pub mod server;
 pub mod state;
 

@@ -10,8 +10,8 @@ use base64::Engine as _;
 use hyper::HeaderMap;
 
 use crate::connect::{Code, RpcError, RpcResult};
-use crate::filesystem::watch::Watchers;
-use crate::process::Processes;
+use crate::filesystem::watchers::Watchers;
+use crate::process::table::Processes;
 
 /// A user of the guest, from its passwd entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,38 +3,76 @@
 # the envd scenarios of tests/sandbox/ with the pinned e2b SDK on this host,
 # against spore-envd in L1's sandbox guest (L1's port 49983, forwarded to
 # 127.0.0.1:$SPORE_FWD_49983), and sends one SPORE-TEST line per scenario to
-# the L1 scenario on its port 7000 ($SPORE_FWD_7000).
+# the L1 scenario on its port 7000. Then the lifecycle: before the pause
+# (envd_lifecycle.py prepare, with the results), and once L1 says READY on
+# port 7001, after the resume and the fork (the forks on 49984 and 49985).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
+logs=/tmp/spore-nested
 venv="$(bash "$repo/scripts/ensure-pyclients.sh")" || venv=""
+export E2B_SANDBOX_URL="http://127.0.0.1:${SPORE_FWD_49983:?}" ENVD_TOKEN=spore-nested-envd-token \
+    ENVD_HOME=/home/user PYTHONPATH="$repo/tests/sandbox" PYTHONUNBUFFERED=1 \
+    LIFECYCLE_STATE="$(mktemp)"
+trap 'rm -f "$LIFECYCLE_STATE"' EXIT
+
+# scenario NAME ARGS...: runs tests/sandbox/<first word of NAME>.py ARGS, adds
+# its result line to $results.
 results=""
-for s in envd_process envd_files; do
+scenario() {
+    local name=$1 script=$2
+    shift 2
+    local log="$logs/sandbox-envd.$name.txt" start=$SECONDS
     if [[ -z $venv ]]; then
-        results+="SPORE-TEST $s FAIL the e2b SDK could not be installed"$'\n'
-        continue
+        results+="SPORE-TEST $name FAIL the e2b SDK could not be installed"$'\n'
+        return
     fi
-    start=$SECONDS
-    if E2B_SANDBOX_URL="http://127.0.0.1:${SPORE_FWD_49983:?}" ENVD_TOKEN=spore-nested-envd-token \
-        ENVD_HOME=/home/user ENVD_IN_GUEST=1 PYTHONPATH="$repo/tests/sandbox" PYTHONUNBUFFERED=1 \
-        timeout 900 "$venv/bin/python" "$repo/tests/sandbox/$s.py" >"/tmp/spore-nested/sandbox-envd.$s.txt" 2>&1; then
-        results+="SPORE-TEST $s PASS e2b SDK against envd in the guest ($((SECONDS - start)) s)"$'\n'
+    if timeout 900 "$venv/bin/python" "$repo/tests/sandbox/$script.py" "$@" >"$log" 2>&1; then
+        results+="SPORE-TEST $name PASS e2b SDK against envd in the guest ($((SECONDS - start)) s, $(grep -c '^ok:' "$log") checks)"$'\n'
     else
-        results+="SPORE-TEST $s FAIL $(grep -m1 -E 'FAIL|Error|Exception' "/tmp/spore-nested/sandbox-envd.$s.txt" | cut -c1-200) (log /tmp/spore-nested/sandbox-envd.$s.txt)"$'\n'
+        results+="SPORE-TEST $name FAIL $(grep -m1 -E '^FAIL|Error|Exception' "$log" | cut -c1-200) (log $log)"$'\n'
     fi
-    cat "/tmp/spore-nested/sandbox-envd.$s.txt"
-done
-printf '%s' "$results"
-# The L1 scenario listens on 7000 once it said SPORE-HOST-GO: retry briefly.
-python3 - "${SPORE_FWD_7000:?}" "$results" <<'PY'
+    cat "$log"
+}
+
+# send PORT: sends $results to the L1 scenario (listening once it is ready).
+send() {
+    printf '%s' "$results"
+    python3 - "$1" "$results" <<'PY'
 import socket, sys, time
 port, text = int(sys.argv[1]), sys.argv[2]
-for _ in range(60):
+for _ in range(120):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(text.encode())
         sys.exit(0)
     except OSError:
         time.sleep(1)
-sys.exit("could not reach the L1 scenario's port 7000")
+sys.exit(f"could not reach the L1 scenario's port {port}")
 PY
+    results=""
+}
+
+scenario envd_process envd_process
+scenario envd_files envd_files
+scenario lifecycle-prepare envd_lifecycle prepare
+send "${SPORE_FWD_7000:?}"
+
+# L1 pauses, resumes and forks the sandbox, then answers READY on 7001.
+python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST lifecycle-ready FAIL L1 never said READY"$'\n'
+import socket, sys, time
+port = int(sys.argv[1])
+deadline = time.time() + 900
+while time.time() < deadline:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            if s.recv(16).startswith(b"READY"):
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PY
+scenario lifecycle-after-resume-and-fork envd_lifecycle check \
+    "http://127.0.0.1:${SPORE_FWD_49984:?}" "http://127.0.0.1:${SPORE_FWD_49985:?}"
+send "$SPORE_FWD_7000"

@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::connect::{Code, RpcError, RpcResult};
-use crate::filesystem::io_text;
+use crate::filesystem::paths::io_text;
 use crate::proto::filesystem::{EntryInfo, FileType};
 
 /// Owner and group names by id, looked up once per call (a ListDir of a big

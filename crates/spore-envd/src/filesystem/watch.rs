@@ -9,21 +9,22 @@
 //! added is reported as created (it was, after the watch started). Uploads'
 //! temporary files (see [`super::atomic`]) are left out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use inotify::{EventMask, EventOwned, EventStream, Inotify, WatchDescriptor, WatchMask, Watches};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::connect::{self, Body, Code, RpcError, RpcResult, ServerStream};
 use crate::filesystem::atomic::TEMP_PREFIX;
-use crate::filesystem::{entry, io_text, resolve};
+use crate::filesystem::entry;
+use crate::filesystem::paths::{io_text, resolve};
+use crate::filesystem::watchers::{locked, Buffer, PolledWatcher};
 use crate::proto::filesystem::watch_dir_response::{Event, KeepAlive, StartEvent};
 use crate::proto::filesystem::{
     CreateWatcherRequest, CreateWatcherResponse, EventType, FilesystemEvent,
@@ -390,47 +391,6 @@ async fn stream_events(
                 }
             }
         }
-    }
-}
-
-/// What a polled watcher collected since it was last read.
-#[derive(Default)]
-struct Buffer {
-    events: VecDeque<FilesystemEvent>,
-    /// Whether dropping events has been logged (once per watcher).
-    overflow_logged: bool,
-    /// Why the watch stopped, reported on every later read.
-    error: Option<RpcError>,
-}
-
-struct PolledWatcher {
-    buffer: Arc<Mutex<Buffer>>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for PolledWatcher {
-    fn drop(&mut self) {
-        // Ends the task, which drops the inotify instance and its watches.
-        self.task.abort();
-    }
-}
-
-/// The polled watchers, by id.
-#[derive(Default)]
-pub struct Watchers {
-    by_id: Mutex<HashMap<String, PolledWatcher>>,
-}
-
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Watchers {
-    fn buffer(&self, id: &str) -> RpcResult<Arc<Mutex<Buffer>>> {
-        locked(&self.by_id)
-            .get(id)
-            .map(|w| w.buffer.clone())
-            .ok_or_else(|| RpcError::not_found(format!("watcher with id {id} not found")))
     }
 }
 

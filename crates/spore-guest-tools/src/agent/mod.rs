@@ -3,6 +3,7 @@
 //! to a language runtime speaking the AWS Lambda Runtime API on
 //! 127.0.0.1:9001 inside the guest.
 //!
+//! - [`child`]: what every child gets between fork and exec;
 //! - [`config`]: the agent's options and the Configure JSON;
 //! - [`host_link`]: the host's socket and its frames;
 //! - [`state`]: where the host link and the Runtime API meet;
@@ -19,6 +20,7 @@
 //! the current one (a clone or restored VM reconnects while the old
 //! connection may never see its end).
 
+pub mod child;
 pub mod config;
 pub mod host_link;
 pub mod meminfo;

@@ -204,7 +204,7 @@ pub fn spawn(
     // prctl) and touches only the child.
     unsafe {
         cmd.pre_exec(move || {
-            super::pid1::unblock_signals_in_child()?;
+            super::child::unblock_signals_in_child()?;
             // Host mode: the runtime dies with the agent (tests kill the
             // agent). PDEATHSIG follows the thread that forked; every runtime
             // is started from the agent's main thread (start, Configure,

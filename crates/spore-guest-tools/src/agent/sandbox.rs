@@ -10,7 +10,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use super::config::cmdline_value;
-use super::pid1;
+use super::{child, pid1};
 
 /// Where the images put spore-envd (`spore.envd=` overrides).
 const DEFAULT_ENVD: &str = "/usr/local/bin/spore-envd";
@@ -57,7 +57,7 @@ fn start_envd(envd: &str, default_user: Option<&str>) -> Option<Child> {
     command.arg("--manage-clock");
     // SAFETY: the hook only resets the signal mask (async-signal-safe).
     unsafe {
-        command.pre_exec(pid1::unblock_signals_in_child);
+        command.pre_exec(child::unblock_signals_in_child);
     }
     if let Some(user) = default_user {
         command.args(["--default-user", user]);
