@@ -22,6 +22,9 @@
 # kernel; deploy, three invocations each, an init error; the runtime base
 # snapshot shared by two Python functions, each with its own diff, restored as
 # a chain after a daemon restart, instances drawing different random bytes).
+# sandbox-envd (the sandbox-base image with spore-envd in a Linux guest, driven
+# from this host by the e2b SDK through forwarded ports: commands, PTYs, files,
+# then the sandbox paused (full snapshot), resumed and forked).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,

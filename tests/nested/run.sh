@@ -216,7 +216,7 @@ qemu_pid=""
 driver_pids=()
 cleanup() {
     [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null
-    for p in "${driver_pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done
+    stop_host_drivers
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -282,6 +282,11 @@ start_host_driver() {
     driver_pids+=($!)
 }
 driver_started=()
+stop_host_drivers() {
+    local p
+    for p in "${driver_pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
+    driver_pids=()
+}
 
 # --- direct: each scenario runs on this host with the same environment an
 # L1 gives it (files under $SPORE_ROOT instead of /, scratch in $SPORE_TMP).
@@ -505,6 +510,9 @@ run_qemu() {
     local qemu_rc=0
     wait "$qemu_pid" || qemu_rc=$?
     qemu_pid=""
+    # L1 is gone: so is what its host drivers talk to (and `wait` below
+    # would wait for them).
+    stop_host_drivers
     [[ -f $work/qemu-state.txt ]] && cat "$work/qemu-state.txt" >>"$l1_log"
     wait 2>/dev/null || true # the log follower
     local clean="$work/serial.txt"

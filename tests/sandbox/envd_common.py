@@ -32,7 +32,7 @@ def sandbox(token=None, url=None):
     config = ConnectionConfig(
         sandbox_url=url or os.environ["E2B_SANDBOX_URL"],
         api_key="e2b_" + "0" * 40,
-        request_timeout=30,
+        request_timeout=float(os.environ.get("ENVD_REQUEST_TIMEOUT", "30")),
         extra_sandbox_headers={
             "X-Access-Token": token,
             "E2b-Sandbox-Id": "envd-test",

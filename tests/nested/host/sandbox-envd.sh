@@ -13,6 +13,7 @@ logs=/tmp/spore-nested
 venv="$(bash "$repo/scripts/ensure-pyclients.sh")" || venv=""
 export E2B_SANDBOX_URL="http://127.0.0.1:${SPORE_FWD_49983:?}" ENVD_TOKEN=spore-nested-envd-token \
     ENVD_HOME=/home/user PYTHONPATH="$repo/tests/sandbox" PYTHONUNBUFFERED=1 \
+    ENVD_BIG_MIB=2 ENVD_REQUEST_TIMEOUT=120 \
     LIFECYCLE_STATE="$(mktemp)"
 trap 'rm -f "$LIFECYCLE_STATE"' EXIT
 

@@ -32,7 +32,7 @@ wait_for_socket "$api"
 A() { "$SPORE" api "$api" "$@" >/dev/null; }
 boot_args="console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 init=/sbin/spore-agent spore.mode=sandbox spore.user=user"
 if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"boot_args\":\"$boot_args\"}" &&
-    A PUT /machine-config '{"vcpu_count":2,"mem_size_mib":768}' &&
+    A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
     A PUT /drives/rootfs "{\"drive_id\":\"rootfs\",\"path_on_host\":\"$img\",\"is_root_device\":true,\"is_read_only\":false,\"cow_overlay\":{\"path\":\"$tmp/rootfs.cow\"}}" &&
     A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" &&
     A PUT /actions '{"action_type":"InstanceStart"}'; then
@@ -104,10 +104,9 @@ t0=$(ms)
 "$SPORE" snapshot restore --state "$tmp/pause.state" --mem "$tmp/pause.mem" --api-sock "$tmp/api2.sock" \
     >"$tmp/console-resumed.txt" 2>"$tmp/resume.err" &
 vmm=$!
-i=0
+# Up to 120 s (a vsock connect the guest does not accept waits its 5 s).
 until envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; do
-    i=$((i + 1))
-    if [ $i -ge 300 ] || ! kill -0 "$vmm" 2>/dev/null; then break; fi
+    if [ $(($(ms) - t0)) -ge 120000 ] || ! kill -0 "$vmm" 2>/dev/null; then break; fi
     sleep 0.1
 done
 if envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; then
@@ -136,7 +135,10 @@ fi
 "$SPORE" vsock forward --uds "$tmp/v.sock" --port 49983 --listen tcp:0.0.0.0:49983 2>"$tmp/forward.err" &
 fwds=$!
 for n in 1 2; do
-    "$SPORE" vsock forward --uds "$tmp/clones/api2-c$n.vsock" --port 49983 --listen "tcp:0.0.0.0:$((49983 + n))" \
+    # Clone n's vsock socket is in the clones' directory, named after it.
+    vs=$(ls "$tmp"/clones/*-c$n.vsock 2>/dev/null | head -n1)
+    [ -S "$vs" ] || t "fork-$n-vsock" FAIL "no vsock socket for clone $n in $(ls "$tmp/clones" | tr '\n' ' ')"
+    "$SPORE" vsock forward --uds "$vs" --port 49983 --listen "tcp:0.0.0.0:$((49983 + n))" \
         2>"$tmp/forward-c$n.err" &
     fwds="$fwds $!"
 done
