@@ -96,7 +96,34 @@ where
     });
 }
 
+/// A response sent before the request's body was read closes the connection:
+/// the unread body would otherwise be taken for the next request, and a
+/// client that reused the connection (the SDK's pool does) would find it
+/// closed under its next request.
+fn closing(mut response: Response<Body>) -> Response<Body> {
+    response.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) -> Response<Body> {
+    let has_body = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let response = route_request(state, req, manage_clock).await;
+    // Early refusals (a wrong token, an unknown user or method) leave the
+    // body unread; they are answered with 4xx/5xx before any handler ran.
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        return closing(response);
+    }
+    response
+}
+
+async fn route_request(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    manage_clock: bool,
+) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let is_rpc =
         path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");

@@ -100,3 +100,28 @@ fn envd_process() {
 fn envd_files() {
     scenario("envd_files");
 }
+
+/// A request refused before its body was read (here: a wrong access token)
+/// is answered with `Connection: close`, so that no client reuses a
+/// connection whose unread body hyper is about to drop it for.
+#[test]
+fn envd_refusal_closes_the_connection() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let envd = start_envd(dir.path(), "right");
+    let addr = envd.url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to envd");
+    let body = b"\x00\x00\x00\x00\x02{}";
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nX-Access-Token: wrong\r\n\
+         Content-Type: application/connect+json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("send the head");
+    s.write_all(body).expect("send the body");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read until envd closes");
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 401"), "{answer}");
+    assert!(lower.contains("connection: close"), "{answer}");
+}

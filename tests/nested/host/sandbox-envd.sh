@@ -31,7 +31,8 @@ scenario() {
     if timeout 900 "$venv/bin/python" "$repo/tests/sandbox/$script.py" "$@" >"$log" 2>&1; then
         results+="SPORE-TEST $name PASS e2b SDK against envd in the guest ($((SECONDS - start)) s, $(grep -c '^ok:' "$log") checks)"$'\n'
     else
-        results+="SPORE-TEST $name FAIL $(grep -m1 -E '^FAIL|Error|Exception' "$log" | cut -c1-200) (log $log)"$'\n'
+        why="$(grep -m1 '^FAIL' "$log" || grep -v '^ok:' "$log" | tail -n1)"
+        results+="SPORE-TEST $name FAIL ${why:0:300} (log $log)"$'\n'
     fi
     cat "$log"
 }
