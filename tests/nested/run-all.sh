@@ -22,9 +22,9 @@
 # kernel; deploy, three invocations each, an init error; the runtime base
 # snapshot shared by two Python functions, each with its own diff, restored as
 # a chain after a daemon restart, instances drawing different random bytes).
-# Opt-in: sandbox-envd (the sandbox-base image with spore-envd in a Linux guest,
-# driven from this host by the e2b SDK through forwarded ports: commands, PTYs,
-# files, then the sandbox paused (full snapshot), resumed and forked).
+# sandbox-envd (the sandbox-base image with spore-envd in a Linux guest, driven
+# from this host by the e2b SDK through forwarded ports: commands, PTYs, files,
+# then the sandbox paused (full snapshot), resumed and forked).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -473,10 +473,7 @@ if [[ -z $only || $only == tmem ]]; then
         --guest-scenario "$here/scenarios/guest/tmem.sh" \
         --guest-file "$tmem_bin:/bin/spore-tmem"
 fi
-# Opt-in (--only sandbox-envd) for now: in 2 of 4 runs the SDK's request after
-# a failed command found its connection closed (through the forward and vsock;
-# not seen on the host tier), an open bug.
-if [[ $only == sandbox-envd ]]; then
+if [[ -z $only || $only == sandbox-envd ]]; then
     # The `base` sandbox image with this tree's spore-agent and spore-envd
     # (static musl; the image is cached by content), on a scratch disk: its
     # file system is 2 GiB, sparse. Its own L1: the host drives it (the e2b
