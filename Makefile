@@ -68,6 +68,8 @@ test-unit: deps
 	# spore-agent in host mode (a Unix socket for vsock): the Runtime API,
 	# spore's Python bootstrap and shell bootstraps, no VM needed.
 	$(CARGO) test -p spore-guest-tools --test 'agent_*'
+	# spore-envd (E2B's envd for sandboxes) on the host, driven by the e2b SDK.
+	$(CARGO) test -p spore-envd --test envd_sdk
 
 # Tier 2: the unikernel on /dev/kvm through the real binary: one test binary, a
 # module per scenario (crates/spore/tests/kvm/). Without /dev/kvm the tests named

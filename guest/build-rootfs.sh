@@ -9,15 +9,19 @@
 #      `strip:` paths;
 #   3. the spore layout: /var/task (the code disk's mount point), /var/runtime
 #      (bootstrap.py when the runtime has one), /opt, /tmp, /sbin/spore-agent
-#      (with --agent);
+#      (with --agent), /usr/local/bin/spore-envd (with --envd), the recipe's
+#      `user:` account;
 #   4. the recipe's `check:` runs in the tree (chroot) and must pass;
-#   5. mkfs.ext4 -d (no loop device, no mount), no journal, shrunk to fit.
+#   5. mkfs.ext4 -d (no loop device, no mount), no journal, shrunk to fit; or,
+#      with the recipe's `size:` (a sandbox's writable root, used through a
+#      copy-on-write overlay), a journalled file system of that many MiB
+#      (sparse: the free space costs no disk).
 # The result is cached as
 #   ${SPORE_CACHE:-/var/cache/spore}/rootfs-RUNTIME-<sha256>/{rootfs.ext4,manifest.json,build.log}
 # keyed by this script, lib.sh, the recipe, the agent, bootstrap.py, the Debian
 # release and the mirrors' InRelease files (which change whenever the archive
 # does, so a rerun on the same archive is a cache hit).
-# Usage: guest/build-rootfs.sh RUNTIME [--agent PATH]   (prints the image path last)
+# Usage: guest/build-rootfs.sh RUNTIME [--agent PATH] [--envd PATH]   (prints the image path last)
 # Env:   SPORE_CACHE, SPORE_VERBOSE=1 (stream mmdebstrap's output to stderr),
 #        SPORE_RELEASE (default: the host's Debian release).
 set -euo pipefail
@@ -26,15 +30,18 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=guest/lib.sh
 source "$here/lib.sh"
 
-usage() { die "usage: $0 RUNTIME [--agent PATH]   (runtimes: $(known_runtimes))"; }
+usage() { die "usage: $0 RUNTIME [--agent PATH] [--envd PATH]   (runtimes: $(known_runtimes))"; }
 known_runtimes() { (cd "$here/runtimes" && ls -d -- */ 2>/dev/null | tr -d / | tr '\n' ' ' | sed 's/ $//'); }
 
 runtime=""
 agent=""
+envd=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --agent) [[ $# -ge 2 ]] || usage; agent="$2"; shift 2 ;;
         --agent=*) agent="${1#--agent=}"; shift ;;
+        --envd) [[ $# -ge 2 ]] || usage; envd="$2"; shift 2 ;;
+        --envd=*) envd="${1#--envd=}"; shift ;;
         -h|--help) usage ;;
         -*) usage ;;
         *) [[ -z $runtime ]] || usage; runtime="$1"; shift ;;
@@ -48,6 +55,10 @@ if [[ -n $agent ]]; then
     [[ -f $agent ]] || die "agent binary not found: $agent"
     agent="$(cd "$(dirname "$agent")" && pwd)/$(basename "$agent")"
 fi
+if [[ -n $envd ]]; then
+    [[ -f $envd ]] || die "spore-envd binary not found: $envd"
+    envd="$(cd "$(dirname "$envd")" && pwd)/$(basename "$envd")"
+fi
 bootstrap="$here/runtimes/$runtime/bootstrap.py"
 [[ -f $bootstrap ]] || bootstrap=""
 
@@ -58,6 +69,9 @@ recipe_values() {
 mapfile -t packages < <(recipe_values packages)
 mapfile -t build_only < <(recipe_values build-only)
 mapfile -t strip_globs < <(recipe_values strip)
+mapfile -t users < <(recipe_values user)
+fs_size_mib="$(recipe_values size | tail -n1)"
+[[ -z $fs_size_mib || $fs_size_mib =~ ^[1-9][0-9]*$ ]] || die "size: '$fs_size_mib' is not a number of MiB"
 check_cmd="$(sed -n 's/^[[:space:]]*check:[[:space:]]*//p' "$recipe" | tail -n1)"
 [[ ${#packages[@]} -gt 0 ]] || die "$recipe names no packages"
 
@@ -118,6 +132,7 @@ trap - EXIT
 
 key="$(hash_inputs "$here/build-rootfs.sh" "$here/lib.sh" "$recipe" \
     "agent=${agent:+$(sha256sum <"$agent" | cut -d' ' -f1)}" \
+    "envd=${envd:+$(sha256sum <"$envd" | cut -d' ' -f1)}" \
     "bootstrap=${bootstrap:+$(sha256sum <"$bootstrap" | cut -d' ' -f1)}" \
     "release=$release/$arch" "${mirrors[@]}" "$aptopts" "${archive_state[@]}")"
 dest="$SPORE_CACHE/rootfs-$runtime-$key"
@@ -333,6 +348,24 @@ fi
 if [[ -n $agent ]]; then
     install -m 0755 "$agent" "$tree/usr/sbin/spore-agent"
 fi
+if [[ -n $envd ]]; then
+    install -m 0755 "$envd" "$tree/usr/local/bin/spore-envd"
+fi
+# The recipe's user accounts (uid 1000 up, a home of their own, bash when the
+# image has it), written straight into the databases: no useradd in the tree.
+uid=1000
+for u in "${users[@]}"; do
+    [[ $u =~ ^[a-z_][a-z0-9_-]*$ ]] || die "user: '$u' is not a valid user name"
+    shell=/bin/sh
+    [[ -x $tree/bin/bash || -x $tree/usr/bin/bash ]] && shell=/bin/bash
+    printf '%s:x:%d:%d::/home/%s:%s\n' "$u" "$uid" "$uid" "$u" "$shell" >>"$tree/etc/passwd"
+    printf '%s:x:%d:\n' "$u" "$uid" >>"$tree/etc/group"
+    [[ -f $tree/etc/shadow ]] && printf '%s:!:19000:0:99999:7:::\n' "$u" >>"$tree/etc/shadow"
+    mkdir -p "$tree/home/$u"
+    chown "$uid:$uid" "$tree/home/$u"
+    chmod 0750 "$tree/home/$u"
+    uid=$((uid + 1))
+done
 # busybox's applets where the image has no program of that name (the usual
 # small tools for shell bootstraps, without coreutils' 18 MB).
 if [[ -x $tree/usr/bin/busybox ]]; then
@@ -372,11 +405,19 @@ uuid="$(sed -E 's/^(.{8})(.{4})(.{4})(.{4})(.{12}).*/\1-\2-\3-\4-\5/' <<<"$key")
 tree_kib=$(du -sx --block-size=1K "$tree" | cut -f1)
 inodes=$((files + files / 10 + 64))
 size_kib=$((tree_kib + tree_kib / 5 + inodes / 4 + 8192))
+journal="^has_journal"
+if [[ -n $fs_size_mib ]]; then
+    # A writable root: the recipe's size (never less than the tree needs), a
+    # journal, inodes for a user's files too.
+    ((fs_size_mib * 1024 > size_kib)) && size_kib=$((fs_size_mib * 1024))
+    inodes=$((size_kib / 16))
+    journal="has_journal"
+fi
 img="$out/rootfs.ext4"
 for attempt in 1 2 3; do
     rm -f "$img"
     truncate -s "${size_kib}K" "$img"
-    if mkfs.ext4 -q -F -b 4096 -N "$inodes" -m 0 -O ^has_journal -L "spore-$runtime" \
+    if mkfs.ext4 -q -F -b 4096 -N "$inodes" -m 0 -O "$journal" -L "spore-$runtime" \
         -U "$uuid" -E "hash_seed=$uuid,root_owner=0:0" -d "$tree" "$img" >>"$buildlog" 2>&1; then
         break
     fi
@@ -385,12 +426,14 @@ for attempt in 1 2 3; do
     log "mkfs.ext4 ran out of room; retrying with ${size_kib} KiB"
 done
 step "e2fsck" e2fsck -fy "$img"
-step "resize2fs -M (shrink to fit)" resize2fs -M "$img"
-step "e2fsck after the shrink" e2fsck -fn "$img"
-# resize2fs leaves the file at its old length when shrinking a regular file.
-blocks=$(dumpe2fs -h "$img" 2>/dev/null | sed -n 's/^Block count:[[:space:]]*//p')
-[[ -n $blocks ]] || die "cannot read the image's block count"
-truncate -s $((blocks * 4096)) "$img"
+if [[ -z $fs_size_mib ]]; then
+    step "resize2fs -M (shrink to fit)" resize2fs -M "$img"
+    step "e2fsck after the shrink" e2fsck -fn "$img"
+    # resize2fs leaves the file at its old length when shrinking a regular file.
+    blocks=$(dumpe2fs -h "$img" 2>/dev/null | sed -n 's/^Block count:[[:space:]]*//p')
+    [[ -n $blocks ]] || die "cannot read the image's block count"
+    truncate -s $((blocks * 4096)) "$img"
+fi
 chmod 0644 "$img"
 
 size=$(stat -c %s "$img")
@@ -413,6 +456,9 @@ elapsed=$(($(date +%s) - started))
         printf '  "agent": {"present": true, "path": "/sbin/spore-agent", "sha256": "%s"},\n' "$(sha256sum <"$agent" | cut -d' ' -f1)"
     else
         printf '  "agent": {"present": false},\n'
+    fi
+    if [[ -n $envd ]]; then
+        printf '  "envd": {"present": true, "path": "/usr/local/bin/spore-envd", "sha256": "%s"},\n' "$(sha256sum <"$envd" | cut -d' ' -f1)"
     fi
     if [[ -n $bootstrap ]]; then
         printf '  "bootstrap": {"path": "/var/runtime/bootstrap.py", "sha256": "%s"},\n' "$(sha256sum <"$bootstrap" | cut -d' ' -f1)"

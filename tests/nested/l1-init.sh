@@ -42,6 +42,18 @@ if grep -qw spore.scratch=1 /proc/cmdline; then
     fi
 fi
 
+# run.sh --hostfwd: L1's NIC on QEMU's user network (its forwarded ports
+# come in to 10.0.2.15).
+if grep -qw spore.l1net=1 /proc/cmdline; then
+    i=0
+    while [ ! -d /sys/class/net/eth0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    if ip addr add 10.0.2.15/24 dev eth0 && ip link set eth0 up; then
+        echo "SPORE-L1 network up (10.0.2.15)"
+    else
+        echo "SPORE-L1 network: no eth0"
+    fi
+fi
+
 # An open bug (guest/README.md): now and then a run stalls. If nothing
 # progressed for $1 seconds, print what every spore process is doing (threads,
 # wait channels, kernel stacks), the scenario's console and error files, and

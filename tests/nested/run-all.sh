@@ -22,6 +22,9 @@
 # kernel; deploy, three invocations each, an init error; the runtime base
 # snapshot shared by two Python functions, each with its own diff, restored as
 # a chain after a daemon restart, instances drawing different random bytes).
+# sandbox-envd (the sandbox-base image with spore-envd in a Linux guest, driven
+# from this host by the e2b SDK through forwarded ports: commands, PTYs, files,
+# then the sandbox paused (full snapshot), resumed and forked).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -49,7 +52,7 @@ while (($#)); do
         --spore) spore="${2:?}"; shift 2 ;;
         --only) only="${2:?}"; shift 2 ;;
         --arch) arch="${2:?}"; shift 2 ;;
-        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|bench-serve-linux|bench-arch]
+        *) die "usage: $0 --spore STATIC_SPORE [--only foundation|demo|balloon|virtio-mem|virtio-mem-snapshot|bench|bench-reclaim|tmem|snapshot|snapshot-diff|clone|fc-sdk|net|serve-linux|sandbox-envd|bench-serve-linux|bench-arch]
        $0 --arch arm64 --spore STATIC_AARCH64_SPORE [--only boot|foundation|snapshot|snapshot-diff|chain|clone|virtio-mem|balloon|net|bad-input|bench-arch|l1-kvm]" ;;
     esac
 done
@@ -469,6 +472,25 @@ if [[ -z $only || $only == tmem ]]; then
     run_one tmem --scenario "$here/scenarios/tmem.sh" \
         --guest-scenario "$here/scenarios/guest/tmem.sh" \
         --guest-file "$tmem_bin:/bin/spore-tmem"
+fi
+if [[ -z $only || $only == sandbox-envd ]]; then
+    # The `base` sandbox image with this tree's spore-agent and spore-envd
+    # (static musl; the image is cached by content), on a scratch disk: its
+    # file system is 2 GiB, sparse. Its own L1: the host drives it (the e2b
+    # SDK is Python, on this host) through two forwarded ports.
+    envd_bin="$(cd "$repo" && cargo build --release -q -p spore-envd --bin spore-envd \
+        --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
+        sed -n 's/.*"executable":"\([^"]*spore-envd\)".*/\1/p' | tail -n1)"
+    [[ -x $envd_bin ]] || die "spore-envd was not built"
+    sbx_img="$("$repo/guest/build-rootfs.sh" sandbox-base --agent "$(agent_binary)" --envd "$envd_bin" | tail -n1)"
+    [[ -f $sbx_img ]] || die "the sandbox-base image was not built"
+    mkdir -p "$work/sbx-scratch"
+    cp --sparse=always "$sbx_img" "$work/sbx-scratch/sandbox-base.ext4"
+    run_one sandbox-envd --own-l1 --memory 3072 --timeout 1800 --stall-timeout 600 \
+        --scratch-disk "2400:$work/sbx-scratch" --hostfwd 49983 --hostfwd 49984 --hostfwd 49985 \
+        --hostfwd 7000 --hostfwd 7001 \
+        --host-driver "$here/host/sandbox-envd.sh" \
+        --scenario "$here/scenarios/sandbox-envd.sh" --out-dir "$work/out-sandbox-envd"
 fi
 
 run_queue

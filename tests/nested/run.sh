@@ -58,6 +58,13 @@ usage: tests/nested/run.sh --scenario FILE [scenario options] [--scenario FILE .
                              open bug of the emulated stack, see
                              guest/README.md); run-all.sh runs it again
     --out-dir DIR            unpack the files it left in $SPORE_OUT here
+    --host-driver FILE       a script run on this host when the scenario
+                             prints `SPORE-HOST-GO <name>`: it reaches L1's
+                             --hostfwd ports at 127.0.0.1:$SPORE_FWD_<port>
+                             (clients that live on the host, the e2b SDK's
+                             Python say, drive what runs in L1); its output
+                             goes to <log>.host; it reports to the scenario
+                             through a forwarded port of the scenario's own
     --log FILE               its part of the serial log (default
                              /tmp/spore-nested/<name>.log)
   --spore PATH             static spore binary, installed in L1 as /bin/spore
@@ -74,6 +81,10 @@ usage: tests/nested/run.sh --scenario FILE [scenario options] [--scenario FILE .
                            be dropped (the initramfs's cannot); QEMU opens it
                            with cache=none, so reads after a drop go to disk
   --append ARGS            extra L1 kernel command line
+  --hostfwd PORT           forward a free port of this host's loopback to L1's
+                           TCP PORT (repeatable; L1 gets a virtio-net NIC,
+                           10.0.2.15/24, under QEMU's user network, which
+                           reaches nothing else); direct mode: PORT itself
   --quiet                  do not stream the serial console to stdout
   --mode auto|qemu|direct  direct: run the scenarios on this host, without QEMU
                            (needs a KVM that runs Linux guests: kvm_intel or
@@ -87,11 +98,12 @@ USAGE
 }
 
 spore="" l1_log="" report_dir="" append=""
+hostfwd_ports=()
 memory=3072 smp=2 quiet=0 mode=auto scratch_mib="" scratch_dir="" arch=x86_64
 l1_files=()
 # Per scenario (index i): file, name, guest scenario, guest files (one spec
 # a line), output dir, log, timeout, stall timeout.
-sc_file=() sc_name=() sc_guest=() sc_gfiles=() sc_out=() sc_log=() sc_timeout=() sc_stall=()
+sc_file=() sc_name=() sc_guest=() sc_gfiles=() sc_out=() sc_log=() sc_timeout=() sc_stall=() sc_driver=()
 cur=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -104,6 +116,10 @@ while [[ $# -gt 0 ]]; do
     --timeout) sc_timeout[cur]="${2:?}"; shift 2 ;;
     --stall-timeout) sc_stall[cur]="${2:?}"; shift 2 ;;
     --out-dir) sc_out[cur]="${2:?}"; shift 2 ;;
+    --host-driver) sc_driver[cur]="${2:?}"; shift 2 ;;
+    --hostfwd)
+        [[ $2 =~ ^[0-9]+$ ]] || die "--hostfwd takes a TCP port"
+        hostfwd_ports+=("$2"); shift 2 ;;
     --log) sc_log[cur]="${2:?}"; shift 2 ;;
     --spore) spore="${2:?}"; shift 2 ;;
     --file) l1_files+=("${2:?}"); shift 2 ;;
@@ -134,6 +150,7 @@ for ((i = 0; i < nsc; i++)); do
     [[ ${sc_timeout[i]} =~ ^[0-9]+$ && ${sc_stall[i]} =~ ^[0-9]+$ ]] ||
         die "--timeout and --stall-timeout take whole numbers"
     [[ -z ${sc_guest[i]-} || -f ${sc_guest[i]} ]] || die "guest scenario not found: ${sc_guest[i]}"
+    [[ -z ${sc_driver[i]-} || -f ${sc_driver[i]} ]] || die "host driver not found: ${sc_driver[i]}"
     mkdir -p "$(dirname "${sc_log[i]}")"
 done
 if [[ -z $l1_log ]]; then
@@ -196,8 +213,10 @@ fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/spore-nested.XXXXXX")"
 qemu_pid=""
+driver_pids=()
 cleanup() {
     [[ -n $qemu_pid ]] && kill "$qemu_pid" 2>/dev/null
+    stop_host_drivers
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -224,6 +243,26 @@ for ((i = 0; i < nsc; i++)); do
 done
 l1_modules=()
 [[ -n $scratch_mib ]] && l1_modules=(virtio_pci virtio_blk)
+# --hostfwd: L1's NIC on QEMU's user network, and the host ports forwarded
+# (SPORE_FWD_<L1 port>=<host port>, for the host drivers).
+net_args=()
+if ((${#hostfwd_ports[@]})); then
+    l1_modules+=(virtio_pci virtio_net)
+    fwd=""
+    for p in "${hostfwd_ports[@]}"; do
+        if [[ $mode == direct ]]; then
+            hp=$p
+        else
+            hp="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+            fwd="$fwd,hostfwd=tcp:127.0.0.1:$hp-10.0.2.15:$p"
+        fi
+        export "SPORE_FWD_$p=$hp"
+    done
+    # restrict=on: L1 reaches nothing outside; the forwards still come in.
+    # shellcheck disable=SC2054 # the commas are QEMU option syntax
+    [[ $mode == direct ]] || net_args=(-netdev "user,id=n0,restrict=on$fwd" -device virtio-net-pci,netdev=n0)
+    append="$append spore.l1net=1"
+fi
 l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 
 # What one scenario's run left, for report_scenario: sc_section[i] (its part
@@ -231,6 +270,23 @@ l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 # (1 if it started), sc_problem[i] (newline-separated: what stopped L1 while
 # it ran, or what kept it from starting).
 sc_section=() sc_elapsed=() sc_begun=() sc_problem=()
+
+# start_host_driver I: runs scenario I's --host-driver in the background (its
+# own process group, killed at exit), once.
+start_host_driver() {
+    local i=$1
+    [[ -n ${sc_driver[i]-} && -z ${driver_started[i]-} ]] || return 0
+    driver_started[i]=1
+    log "scenario ${sc_name[i]} is ready: starting its host driver ${sc_driver[i]} (log ${sc_log[i]}.host)"
+    setsid bash "${sc_driver[i]}" >"${sc_log[i]}.host" 2>&1 &
+    driver_pids+=($!)
+}
+driver_started=()
+stop_host_drivers() {
+    local p
+    for p in "${driver_pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
+    driver_pids=()
+}
 
 # --- direct: each scenario runs on this host with the same environment an
 # L1 gives it (files under $SPORE_ROOT instead of /, scratch in $SPORE_TMP).
@@ -246,7 +302,17 @@ run_direct_one() {
     fi
     for spec in "${l1_files[@]}" "$scenario_lib"; do add_file_spec "$root" "$spec"; done
     log "running $name directly on this host's KVM (timeout ${sc_timeout[i]}s, log $log_file)"
-    local start=$EPOCHREALTIME rc=0
+    local start=$EPOCHREALTIME rc=0 watcher=""
+    : >"$log_file"
+    if [[ -n ${sc_driver[i]-} ]]; then
+        # The host driver starts when the scenario says it is ready.
+        (
+            until grep -aq "^SPORE-HOST-GO $name\$" "$log_file" 2>/dev/null; do sleep 0.5; done
+            start_host_driver "$i"
+            wait
+        ) &
+        watcher=$!
+    fi
     {
         echo "NESTED-KVM ok (direct, $(uname -r))"
         (
@@ -258,7 +324,11 @@ run_direct_one() {
         ) || rc=$?
         ((rc == 124 || rc == 137)) && echo "SPORE-DIRECT timeout"
         echo "SPORE-L1 scenario exit $rc"
-    } >"$log_file" 2>&1
+    } >>"$log_file" 2>&1
+    if [[ -n $watcher ]]; then
+        kill "$watcher" 2>/dev/null || true
+        pkill -P "$watcher" 2>/dev/null || true
+    fi
     [[ $quiet == 1 ]] || cat "$log_file"
     sc_begun[i]=1
     sc_section[i]="$(tr -d '\r' <"$log_file")"
@@ -331,7 +401,7 @@ start_qemu() {
     # shellcheck disable=SC2054 # the commas are QEMU option syntax
     local qemu=(qemu-system-x86_64 -machine q35,accel=tcg -cpu EPYC,+svm -m "$memory" -smp "$smp"
         -nographic -no-reboot -net none -monitor "unix:$monitor,server=on,wait=off"
-        -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}"
+        -kernel "$l1/vmlinuz" -initrd "$work/l1.cpio" "${scratch_args[@]}" "${net_args[@]}"
         -append "console=ttyS0 quiet panic=-1 audit=1 print-fatal-signals=1 no_timer_check nokaslr $append")
     # arm64: the machine of tests/nested-arm64/probe.sh (EL2 for L1's KVM,
     # GICv3); its console is the PL011, ttyAMA0.
@@ -390,6 +460,10 @@ watch_l1() {
             begun=$((begun + 1))
         done
         while ((ended < e)); do sc_t1[ended]=$EPOCHREALTIME ended=$((ended + 1)); done
+        if ((begun > ended)) && [[ -n ${sc_driver[begun - 1]-} && -z ${driver_started[begun - 1]-} ]] &&
+            grep -aq "SPORE-HOST-GO ${sc_name[begun - 1]}" "$l1_log"; then
+            start_host_driver $((begun - 1))
+        fi
         # The window of the scenario running (or about to).
         local cur=$((begun > ended ? begun - 1 : (ended < nsc ? ended : nsc - 1)))
         if ((n != seen)); then
@@ -436,6 +510,9 @@ run_qemu() {
     local qemu_rc=0
     wait "$qemu_pid" || qemu_rc=$?
     qemu_pid=""
+    # L1 is gone: so is what its host drivers talk to (and `wait` below
+    # would wait for them).
+    stop_host_drivers
     [[ -f $work/qemu-state.txt ]] && cat "$work/qemu-state.txt" >>"$l1_log"
     wait 2>/dev/null || true # the log follower
     local clean="$work/serial.txt"

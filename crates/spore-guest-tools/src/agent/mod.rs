@@ -3,13 +3,15 @@
 //! to a language runtime speaking the AWS Lambda Runtime API on
 //! 127.0.0.1:9001 inside the guest.
 //!
+//! - [`child`]: what every child gets between fork and exec;
 //! - [`config`]: the agent's options and the Configure JSON;
 //! - [`host_link`]: the host's socket and its frames;
 //! - [`state`]: where the host link and the Runtime API meet;
 //! - [`runtime_api`]: the HTTP server the runtime calls;
 //! - [`runtime`]: the runtime process, its environment and its output;
 //! - [`pid1`]: mounts, reaping, code device, reseed, power-off;
-//! - [`meminfo`]: what a function's init cost in memory (logged at Ready).
+//! - [`meminfo`]: what a function's init cost in memory (logged at Ready);
+//! - [`sandbox`]: sandbox mode (`spore.mode=sandbox`): PID 1 keeping spore-envd up.
 //!
 //! Per host connection ([`session`]): an agent without a function sends
 //! `Standby` once the runtime's pre-init is done and waits for `Configure`;
@@ -18,12 +20,14 @@
 //! the current one (a clone or restored VM reconnects while the old
 //! connection may never see its end).
 
+pub mod child;
 pub mod config;
 pub mod host_link;
 pub mod meminfo;
 pub mod pid1;
 pub mod runtime;
 pub mod runtime_api;
+pub mod sandbox;
 pub mod state;
 
 use std::net::TcpListener;
@@ -51,6 +55,9 @@ pub fn main() -> ExitCode {
     } else {
         String::new()
     };
+    if as_pid1 && config::cmdline_value(&cmdline, "spore.mode") == Some("sandbox") {
+        sandbox::run(&cmdline);
+    }
     let result = Options::parse(&args, as_pid1, &cmdline).and_then(run);
     match result {
         Ok(()) => ExitCode::SUCCESS,

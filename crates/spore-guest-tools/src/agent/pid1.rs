@@ -124,7 +124,7 @@ pub fn loopback_up() -> io::Result<()> {
 /// `reboot` send USR2, USR1 and TERM). Blocked in every thread (call before
 /// starting any) so that one thread takes them with sigwait; std's spawn
 /// clears the mask in children.
-fn stop_signals() -> libc::sigset_t {
+pub fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, initialised by sigemptyset.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

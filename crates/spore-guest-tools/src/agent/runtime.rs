@@ -199,20 +199,22 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if !opts.pid1 {
-        // Host mode: the runtime dies with the agent (tests kill the agent).
-        // PDEATHSIG follows the thread that forked; every runtime is started
-        // from the agent's main thread (start, Configure, restarts in the
-        // host link's session), which lives as long as the agent.
-        // SAFETY: prctl is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    let host_mode = !opts.pid1;
+    // SAFETY: the hook makes only async-signal-safe calls (sigprocmask,
+    // prctl) and touches only the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            super::child::unblock_signals_in_child()?;
+            // Host mode: the runtime dies with the agent (tests kill the
+            // agent). PDEATHSIG follows the thread that forked; every runtime
+            // is started from the agent's main thread (start, Configure,
+            // restarts in the host link's session), which lives as long as
+            // the agent.
+            if host_mode && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
     let spawning = lock(&SPAWNING);
     let spawned = cmd.spawn();

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Host driver of the sandbox-envd nested scenario (run.sh --host-driver): runs
+# the envd scenarios of tests/sandbox/ with the pinned e2b SDK on this host,
+# against spore-envd in L1's sandbox guest (L1's port 49983, forwarded to
+# 127.0.0.1:$SPORE_FWD_49983), and sends one SPORE-TEST line per scenario to
+# the L1 scenario on its port 7000. Then the lifecycle: before the pause
+# (envd_lifecycle.py prepare, with the results), and once L1 says READY on
+# port 7001, after the resume and the fork (the forks on 49984 and 49985).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../../.." && pwd)"
+logs=/tmp/spore-nested
+venv="$(bash "$repo/scripts/ensure-pyclients.sh")" || venv=""
+export E2B_SANDBOX_URL="http://127.0.0.1:${SPORE_FWD_49983:?}" ENVD_TOKEN=spore-nested-envd-token \
+    ENVD_HOME=/home/user PYTHONPATH="$repo/tests/sandbox" PYTHONUNBUFFERED=1 \
+    ENVD_BIG_MIB=2 ENVD_REQUEST_TIMEOUT=120 \
+    LIFECYCLE_STATE="$(mktemp)"
+trap 'rm -f "$LIFECYCLE_STATE"' EXIT
+
+# scenario NAME ARGS...: runs tests/sandbox/<first word of NAME>.py ARGS, adds
+# its result line to $results.
+results=""
+scenario() {
+    local name=$1 script=$2
+    shift 2
+    local log="$logs/sandbox-envd.$name.txt" start=$SECONDS
+    if [[ -z $venv ]]; then
+        results+="SPORE-TEST $name FAIL the e2b SDK could not be installed"$'\n'
+        return
+    fi
+    if timeout 900 "$venv/bin/python" "$repo/tests/sandbox/$script.py" "$@" >"$log" 2>&1; then
+        results+="SPORE-TEST $name PASS e2b SDK against envd in the guest ($((SECONDS - start)) s, $(grep -c '^ok:' "$log") checks)"$'\n'
+    else
+        why="$(grep -m1 '^FAIL' "$log" || grep -v '^ok:' "$log" | tail -n1)"
+        results+="SPORE-TEST $name FAIL ${why:0:300} (log $log)"$'\n'
+    fi
+    cat "$log"
+}
+
+# send PORT: sends $results to the L1 scenario (listening once it is ready).
+send() {
+    printf '%s' "$results"
+    python3 - "$1" "$results" <<'PY'
+import socket, sys, time
+port, text = int(sys.argv[1]), sys.argv[2]
+for _ in range(120):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(text.encode())
+        sys.exit(0)
+    except OSError:
+        time.sleep(1)
+sys.exit(f"could not reach the L1 scenario's port {port}")
+PY
+    results=""
+}
+
+scenario envd_process envd_process
+scenario envd_files envd_files
+scenario lifecycle-prepare envd_lifecycle prepare
+send "${SPORE_FWD_7000:?}"
+
+# L1 pauses, resumes and forks the sandbox, then answers READY on 7001.
+python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST lifecycle-ready FAIL L1 never said READY"$'\n'
+import socket, sys, time
+port = int(sys.argv[1])
+deadline = time.time() + 900
+while time.time() < deadline:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            if s.recv(16).startswith(b"READY"):
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PY
+scenario lifecycle-after-resume-and-fork envd_lifecycle check \
+    "http://127.0.0.1:${SPORE_FWD_49984:?}" "http://127.0.0.1:${SPORE_FWD_49985:?}"
+send "$SPORE_FWD_7000"

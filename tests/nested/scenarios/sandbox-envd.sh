@@ -1,0 +1,158 @@
+#!/bin/sh
+# Tier 3, issue 32 (sandboxes): spore-envd in a real Linux sandbox guest,
+# driven by the e2b SDK. L1 boots the `sandbox-base` image (guest/runtimes/
+# sandbox-base: Debian, Python 3, a `user` account, spore-agent as PID 1 in
+# sandbox mode keeping spore-envd up) from the scratch disk, read-only under a
+# copy-on-write overlay in memory, with vsock. It waits for envd's /health
+# over vsock, gives it its access token through /init (as the sandbox API
+# does), exposes vsock port 49983 on L1's TCP 49983 (`spore vsock forward`),
+# and says SPORE-HOST-GO: the host driver (tests/nested/host/sandbox-envd.sh)
+# then runs the envd scenarios of tests/sandbox/ with the SDK on the host,
+# through run.sh's --hostfwd, and sends its SPORE-TEST lines back to port 7000.
+# Then the mechanisms of a sandbox's lifecycle, on the VMM (the sandbox API
+# will drive the same calls): pause = a full snapshot of the running sandbox
+# (the VMM stops), resume = its restore in a new VMM process (envd's clock set
+# again through /init), fork = two clones of the resumed sandbox (`spore
+# clone --mode continue`), each forwarded on a port of its own; the host
+# driver checks through the SDK that a file and a background command made
+# before the pause are there after the resume, and that the forks diverge.
+. "${SPORE_ROOT:-}/lib/spore/scenario-lib.sh"
+tmp=${SPORE_TMP:-/tmp}
+cd "$tmp" || exit 1
+img="${SPORE_SCRATCH:-/scratch}/sandbox-base.ext4"
+token=spore-nested-envd-token
+if [ ! -f "$img" ]; then
+    t sandbox-boot FAIL "no sandbox image at $img"
+    exit 0
+fi
+api="$tmp/api.sock"
+"$SPORE" vmm --api-sock "$api" >"$tmp/console.txt" 2>"$tmp/vmm.err" &
+vmm=$!
+wait_for_socket "$api"
+A() { "$SPORE" api "$api" "$@" >/dev/null; }
+boot_args="console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 init=/sbin/spore-agent spore.mode=sandbox spore.user=user"
+if A PUT /boot-source "{\"kernel_image_path\":\"$GUEST_KERNEL\",\"boot_args\":\"$boot_args\"}" &&
+    A PUT /machine-config '{"vcpu_count":1,"mem_size_mib":512}' &&
+    A PUT /drives/rootfs "{\"drive_id\":\"rootfs\",\"path_on_host\":\"$img\",\"is_root_device\":true,\"is_read_only\":false,\"cow_overlay\":{\"path\":\"$tmp/rootfs.cow\"}}" &&
+    A PUT /vsock "{\"guest_cid\":3,\"uds_path\":\"$tmp/v.sock\"}" &&
+    A PUT /actions '{"action_type":"InstanceStart"}'; then
+    :
+else
+    t sandbox-boot FAIL "$(cat "$tmp/vmm.err")"
+    exit 0
+fi
+
+# envd_http REQUEST [UDS]: one HTTP/1.0 exchange with envd over vsock.
+envd_http() {
+    printf '%b' "$1" | timeout 20 "$SPORE" vsock connect --uds "${2:-$tmp/v.sock}" --port 49983 --timeout 5 2>/dev/null
+}
+# ms: milliseconds since the epoch (busybox date has no %N: /proc/uptime).
+ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
+i=0
+until envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; do
+    i=$((i + 1))
+    if [ $i -ge 120 ] || ! kill -0 "$vmm" 2>/dev/null; then
+        t sandbox-boot FAIL "envd never answered /health; console: $(tail -n 8 "$tmp/console.txt" | tr '\n' '|'); VMM: $(tail -n 5 "$tmp/vmm.err" | tr '\n' '|')"
+        kill "$vmm" 2>/dev/null
+        cp "$tmp/console.txt" "$tmp/vmm.err" "$SPORE_OUT/" 2>/dev/null
+        exit 0
+    fi
+    sleep 1
+done
+t sandbox-boot PASS "envd answered /health over vsock after ~${i} s"
+
+body="{\"accessToken\":\"$token\",\"envVars\":{\"SPORE_SANDBOX\":\"nested\"}}"
+len=$(printf '%s' "$body" | wc -c)
+if envd_http "POST /init HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: $len\r\n\r\n$body" |
+    head -n1 | grep -q ' 204'; then
+    t envd-init PASS
+else
+    t envd-init FAIL
+fi
+# Without the token now: 401.
+if envd_http 'GET /envs HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 401'; then
+    t envd-token-required PASS
+else
+    t envd-token-required FAIL
+fi
+
+"$SPORE" vsock forward --uds "$tmp/v.sock" --port 49983 --listen tcp:0.0.0.0:49983 2>"$tmp/forward.err" &
+fwd=$!
+sleep 1
+echo "SPORE-HOST-GO sandbox-envd"
+# The host driver's results (it runs the SDK for minutes; bounded).
+timeout 1500 busybox nc -l -p 7000 >"$tmp/host-results.txt" 2>"$tmp/nc.err"
+if grep -q '^SPORE-TEST ' "$tmp/host-results.txt"; then
+    grep '^SPORE-TEST ' "$tmp/host-results.txt"
+else
+    t host-driver FAIL "no results from the host driver ($(cat "$tmp/nc.err"))"
+fi
+kill "$fwd" 2>/dev/null
+
+# --- pause: a full snapshot of the running sandbox; the VMM stops.
+t0=$(ms)
+if "$SPORE" snapshot create "$api" --state "$tmp/pause.state" --mem "$tmp/pause.mem" --stop \
+    >/dev/null 2>"$tmp/pause.err"; then
+    t sandbox-pause PASS "$(($(ms) - t0)) ms; memory file $(du -k "$tmp/pause.mem" | cut -f1) KiB on disk of $(($(stat -c %s "$tmp/pause.mem") / 1024)) KiB, disk overlay $(du -k "$tmp/rootfs.cow" | cut -f1) KiB"
+else
+    t sandbox-pause FAIL "$(cat "$tmp/pause.err")"
+fi
+wait "$vmm" 2>/dev/null
+
+# --- resume: restored in a new VMM process; envd answers, its clock is set.
+t0=$(ms)
+"$SPORE" snapshot restore --state "$tmp/pause.state" --mem "$tmp/pause.mem" --api-sock "$tmp/api2.sock" \
+    >"$tmp/console-resumed.txt" 2>"$tmp/resume.err" &
+vmm=$!
+# Up to 120 s (a vsock connect the guest does not accept waits its 5 s).
+until envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; do
+    if [ $(($(ms) - t0)) -ge 120000 ] || ! kill -0 "$vmm" 2>/dev/null; then break; fi
+    sleep 0.1
+done
+if envd_http 'GET /health HTTP/1.0\r\n\r\n' | head -n1 | grep -q ' 204'; then
+    t sandbox-resume PASS "envd answered $(($(ms) - t0)) ms after the restore began"
+else
+    t sandbox-resume FAIL "$(tail -n 3 "$tmp/resume.err")"
+fi
+now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+body="{\"timestamp\":\"$now\"}"
+len=$(printf '%s' "$body" | wc -c)
+if envd_http "POST /init HTTP/1.0\r\nX-Access-Token: $token\r\nContent-Length: $len\r\n\r\n$body" |
+    head -n1 | grep -q ' 204'; then
+    t envd-init-after-resume PASS
+else
+    t envd-init-after-resume FAIL
+fi
+
+# --- fork: two clones of the resumed sandbox, which runs on.
+mkdir -p "$tmp/clones"
+t0=$(ms)
+if "$SPORE" clone "$tmp/api2.sock" -n 2 --mode continue --dir "$tmp/clones" >"$tmp/clone.json" 2>"$tmp/clone.err"; then
+    t sandbox-fork-2 PASS "$(($(ms) - t0)) ms for 2 clones"
+else
+    t sandbox-fork-2 FAIL "$(cat "$tmp/clone.err")"
+fi
+"$SPORE" vsock forward --uds "$tmp/v.sock" --port 49983 --listen tcp:0.0.0.0:49983 2>"$tmp/forward.err" &
+fwds=$!
+for n in 1 2; do
+    # Clone n's vsock socket is in the clones' directory, named after it.
+    vs=$(ls "$tmp"/clones/*-c$n.vsock 2>/dev/null | head -n1)
+    [ -S "$vs" ] || t "fork-$n-vsock" FAIL "no vsock socket for clone $n in $(ls "$tmp/clones" | tr '\n' ' ')"
+    "$SPORE" vsock forward --uds "$vs" --port 49983 --listen "tcp:0.0.0.0:$((49983 + n))" \
+        2>"$tmp/forward-c$n.err" &
+    fwds="$fwds $!"
+done
+sleep 1
+# The driver connects to 7001 until it reads READY, then reports on 7000.
+echo READY | timeout 600 busybox nc -l -p 7001 >/dev/null 2>&1
+timeout 900 busybox nc -l -p 7000 >"$tmp/host-results-2.txt" 2>"$tmp/nc.err"
+if grep -q '^SPORE-TEST ' "$tmp/host-results-2.txt"; then
+    grep '^SPORE-TEST ' "$tmp/host-results-2.txt"
+else
+    t host-driver-lifecycle FAIL "no results from the host driver ($(cat "$tmp/nc.err"))"
+fi
+for p in $fwds $(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$tmp/clone.json"); do kill "$p" 2>/dev/null; done
+kill "$vmm" 2>/dev/null
+wait 2>/dev/null
+cp "$tmp/console.txt" "$tmp/console-resumed.txt" "$tmp/vmm.err" "$tmp/resume.err" "$tmp"/clones/*.log "$SPORE_OUT/" 2>/dev/null
+exit 0

@@ -1,0 +1,59 @@
+"""A sandbox's lifecycle on spore's mechanisms, seen through the unmodified
+e2b SDK (the nested tier's sandbox-envd scenario; tests/nested/host/).
+
+    envd_lifecycle.py prepare     before the pause: a file, a background command
+    envd_lifecycle.py check URL1 URL2
+                                  after the resume (E2B_SANDBOX_URL) and the
+                                  fork (URL1, URL2: the two forks' envd)
+"""
+import os
+import sys
+import time
+
+from envd_common import check, sandbox, sh
+
+MARKER = "/home/user/before-pause.txt"
+COUNTER = "/home/user/counter"
+
+
+def prepare():
+    sbx = sandbox()
+    sbx.files.write(MARKER, "written before the pause\n")
+    h = sbx.commands.run(
+        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}; sleep 0.2; done",
+        background=True, timeout=0)
+    time.sleep(1)
+    check(int(sbx.files.read(COUNTER)) > 0, "a background command counts before the pause")
+    with open(os.environ["LIFECYCLE_STATE"], "w") as f:
+        f.write(str(h.pid))
+
+
+def counter(sbx):
+    return int(sbx.files.read(COUNTER).strip() or 0)
+
+
+def check_after():
+    url1, url2 = sys.argv[2], sys.argv[3]
+    pid = int(open(os.environ["LIFECYCLE_STATE"]).read())
+    resumed = sandbox()
+    check(resumed.files.read(MARKER) == "written before the pause\n", "after the resume: the file is there")
+    check(pid in {p.pid for p in resumed.commands.list()}, "after the resume: the background command is listed")
+    first = counter(resumed)
+    time.sleep(1.5)
+    check(counter(resumed) > first, f"after the resume: the background command counts on ({first} -> {counter(resumed)})")
+    check(resumed.commands.run("echo resumed").stdout == "resumed\n", "after the resume: a new command runs")
+
+    forks = [sandbox(url=url1), sandbox(url=url2)]
+    for n, fork in enumerate(forks, 1):
+        check(fork.files.read(MARKER) == "written before the pause\n", f"fork {n}: has the sandbox's file")
+        check(fork.commands.run("echo fork").stdout == "fork\n", f"fork {n}: runs a command")
+    forks[0].files.write("/home/user/only-in-fork-1.txt", "1")
+    check(forks[0].files.exists("/home/user/only-in-fork-1.txt"), "fork 1 wrote its file")
+    check(not forks[1].files.exists("/home/user/only-in-fork-1.txt"), "fork 2 does not see fork 1's file")
+    check(not resumed.files.exists("/home/user/only-in-fork-1.txt"), "the source does not see fork 1's file")
+    ids = {sh(s, "cat /proc/sys/kernel/random/uuid") for s in [resumed] + forks}
+    check(len(ids) == 3, "the three draw different random numbers")
+
+
+if __name__ == "__main__":
+    {"prepare": prepare, "check": check_after}[sys.argv[1]]()
