@@ -260,6 +260,37 @@ fn compression_refused(req: &Request<Incoming>, header: &str) -> Option<RpcError
     })
 }
 
+/// Why a call's request is refused before it is read.
+enum Refusal {
+    /// Not a codec envd speaks (415).
+    MediaType,
+    /// Compressed (Connect's `unimplemented`).
+    Compressed(RpcError),
+}
+
+impl Refusal {
+    fn response(self) -> Response<Body> {
+        match self {
+            Refusal::MediaType => unsupported_media(),
+            Refusal::Compressed(e) => error_response(&e),
+        }
+    }
+}
+
+/// The codec a call's request names, unless it is refused.
+fn accept(req: &Request<Incoming>, streaming: bool) -> Result<Codec, Refusal> {
+    let codec = Codec::of(req, streaming).ok_or(Refusal::MediaType)?;
+    let header = if streaming {
+        "connect-content-encoding"
+    } else {
+        "content-encoding"
+    };
+    match compression_refused(req, header) {
+        Some(e) => Err(Refusal::Compressed(e)),
+        None => Ok(codec),
+    }
+}
+
 /// Reads a whole body, refusing one over `limit` bytes.
 pub async fn read_body(body: Incoming, limit: usize) -> RpcResult<Bytes> {
     let limited = http_body_util::Limited::new(body, limit);
@@ -284,12 +315,10 @@ where
     F: FnOnce(Req) -> Fut,
     Fut: Future<Output = RpcResult<Res>>,
 {
-    let Some(codec) = Codec::of(&req, false) else {
-        return unsupported_media();
+    let codec = match accept(&req, false) {
+        Ok(codec) => codec,
+        Err(refusal) => return refusal.response(),
     };
-    if let Some(e) = compression_refused(&req, "content-encoding") {
-        return error_response(&e);
-    }
     let result = async {
         let body = read_body(req.into_body(), MAX_MESSAGE_BYTES).await?;
         let request = codec.decode::<Req>(&body)?;
@@ -430,12 +459,10 @@ where
     F: FnOnce(Req, ServerStream<Res>) -> Fut + Send + 'static,
     Fut: Future<Output = RpcResult<()>> + Send + 'static,
 {
-    let Some(codec) = Codec::of(&req, true) else {
-        return unsupported_media();
+    let codec = match accept(&req, true) {
+        Ok(codec) => codec,
+        Err(refusal) => return refusal.response(),
     };
-    if let Some(e) = compression_refused(&req, "connect-content-encoding") {
-        return error_response(&e);
-    }
     let mut body = req.into_body();
     let mut buf = BytesMut::new();
     let request = match next_envelope(&mut body, &mut buf).await {
@@ -482,12 +509,10 @@ where
     F: FnOnce(ClientStream<Req>) -> Fut,
     Fut: Future<Output = RpcResult<Res>>,
 {
-    let Some(codec) = Codec::of(&req, true) else {
-        return unsupported_media();
+    let codec = match accept(&req, true) {
+        Ok(codec) => codec,
+        Err(refusal) => return refusal.response(),
     };
-    if let Some(e) = compression_refused(&req, "connect-content-encoding") {
-        return error_response(&e);
-    }
     let stream = ClientStream {
         body: req.into_body(),
         buf: BytesMut::new(),

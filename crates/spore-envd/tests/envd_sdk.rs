@@ -120,7 +120,8 @@ fn envd_refusal_closes_the_connection() {
     s.write_all(head.as_bytes()).expect("send the head");
     s.write_all(body).expect("send the body");
     let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read until envd closes");
+    s.read_to_string(&mut answer)
+        .expect("read until envd closes");
     let lower = answer.to_ascii_lowercase();
     assert!(lower.starts_with("http/1.1 401"), "{answer}");
     assert!(lower.contains("connection: close"), "{answer}");
