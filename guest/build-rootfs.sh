@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a read-only ext4 root filesystem for Linux function guests of one
-# runtime (guest/runtimes/RUNTIME/recipe) from Debian packages:
+# runtime (guest/runtimes/RUNTIME/recipe), or a sandbox template's
+# (guest/templates/TEMPLATE/recipe), from Debian packages:
 #   1. mmdebstrap --variant=essential + the recipe's packages into a tree (the
 #      essential set is there so that maintainer scripts run as in Debian);
 #   2. everything outside the Depends/Pre-Depends closure of the recipe's
@@ -30,8 +31,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=guest/lib.sh
 source "$here/lib.sh"
 
-usage() { die "usage: $0 RUNTIME [--agent PATH] [--envd PATH]   (runtimes: $(known_runtimes))"; }
+usage() { die "usage: $0 RUNTIME|TEMPLATE [--agent PATH] [--envd PATH]   (runtimes: $(known_runtimes); sandbox templates: $(known_templates))"; }
 known_runtimes() { (cd "$here/runtimes" && ls -d -- */ 2>/dev/null | tr -d / | tr '\n' ' ' | sed 's/ $//'); }
+known_templates() { (cd "$here/templates" && ls -d -- */ 2>/dev/null | tr -d / | tr '\n' ' ' | sed 's/ $//'); }
 
 runtime=""
 agent=""
@@ -49,8 +51,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $runtime ]] || usage
 [[ $runtime =~ ^[a-z0-9][a-z0-9._-]*$ ]] || die "bad runtime name '$runtime'"
+# A function runtime (guest/runtimes/) or a sandbox template (guest/templates/).
 recipe="$here/runtimes/$runtime/recipe"
-[[ -f $recipe ]] || die "unknown runtime '$runtime' (known: $(known_runtimes))"
+[[ -f $recipe ]] || recipe="$here/templates/$runtime/recipe"
+[[ -f $recipe ]] || die "unknown runtime or template '$runtime' (runtimes: $(known_runtimes); templates: $(known_templates))"
 if [[ -n $agent ]]; then
     [[ -f $agent ]] || die "agent binary not found: $agent"
     agent="$(cd "$(dirname "$agent")" && pwd)/$(basename "$agent")"
