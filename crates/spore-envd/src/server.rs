@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -96,34 +97,28 @@ where
     });
 }
 
-/// A response sent before the request's body was read closes the connection:
-/// the unread body would otherwise be taken for the next request, and a
-/// client that reused the connection (the SDK's pool does) would find it
-/// closed under its next request.
-fn closing(mut response: Response<Body>) -> Response<Body> {
-    response.headers_mut().insert(
-        hyper::header::CONNECTION,
-        hyper::header::HeaderValue::from_static("close"),
-    );
-    response
-}
+/// How much of a refused request's body is read (and dropped) before the
+/// refusal, and for how long: the client finishes sending and then reads the
+/// answer, instead of finding its connection closed under its upload.
+const REFUSED_BODY_DRAIN_BYTES: usize = 1 << 20;
+const REFUSED_BODY_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) -> Response<Body> {
-    let has_body = !matches!(*req.method(), Method::GET | Method::HEAD);
-    let response = route_request(state, req, manage_clock).await;
-    // Early refusals (a wrong token, an unknown user or method) leave the
-    // body unread; they are answered with 4xx/5xx before any handler ran.
-    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
-        return closing(response);
+/// A refusal of a request whose body was not read: the body is drained (up to
+/// a bound) and the connection closes after the answer, so that no client
+/// reuses a connection with unread bytes on it.
+async fn refuse(req: Request<Incoming>, mut response: Response<Body>) -> Response<Body> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let body = http_body_util::Limited::new(req.into_body(), REFUSED_BODY_DRAIN_BYTES);
+        let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIME, body.collect()).await;
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
     }
     response
 }
 
-async fn route_request(
-    state: Arc<State>,
-    req: Request<Incoming>,
-    manage_clock: bool,
-) -> Response<Body> {
+async fn route(state: Arc<State>, req: Request<Incoming>, manage_clock: bool) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let is_rpc =
         path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/");
@@ -131,7 +126,7 @@ async fn route_request(
         return api::no_content();
     }
     if !state.authorized(req.headers()) {
-        return if is_rpc {
+        let response = if is_rpc {
             error_response(&RpcError::new(
                 Code::Unauthenticated,
                 "invalid access token",
@@ -139,6 +134,7 @@ async fn route_request(
         } else {
             api::error(StatusCode::UNAUTHORIZED, "invalid access token")
         };
+        return refuse(req, response).await;
     }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/init") => return api::init(&state, req, manage_clock).await,
@@ -149,8 +145,11 @@ async fn route_request(
     let query_user = query_param(&req, "username");
     let user = match state.user_of(req.headers(), query_user.as_deref()) {
         Ok(user) => user,
-        Err(e) if is_rpc => return error_response(&e),
-        Err(e) => return api::error(StatusCode::UNAUTHORIZED, e.message),
+        Err(e) if is_rpc => return refuse(req, error_response(&e)).await,
+        Err(e) => {
+            let response = api::error(StatusCode::UNAUTHORIZED, e.message);
+            return refuse(req, response).await;
+        }
     };
     let ctx = Ctx {
         state: state.clone(),
@@ -164,23 +163,28 @@ async fn route_request(
     if req.method() == Method::POST {
         if let Some(method) = path.strip_prefix("/process.Process/") {
             let method = method.to_owned();
-            if let Some(response) = process::route(ctx, &method, req).await {
-                return response;
-            }
-            return unknown_method(&path);
+            return match process::has_method(&method) {
+                true => process::route(ctx, &method, req)
+                    .await
+                    .unwrap_or_else(|| unknown_method(&path)),
+                false => refuse(req, unknown_method(&path)).await,
+            };
         }
         if let Some(method) = path.strip_prefix("/filesystem.Filesystem/") {
             let method = method.to_owned();
-            if let Some(response) = filesystem::route(ctx, &method, req).await {
-                return response;
-            }
-            return unknown_method(&path);
+            return match filesystem::has_method(&method) {
+                true => filesystem::route(ctx, &method, req)
+                    .await
+                    .unwrap_or_else(|| unknown_method(&path)),
+                false => refuse(req, unknown_method(&path)).await,
+            };
         }
     }
-    api::error(
+    let response = api::error(
         StatusCode::NOT_FOUND,
         format!("no route {} {path}", req.method()),
-    )
+    );
+    refuse(req, response).await
 }
 
 fn unknown_method(path: &str) -> Response<Body> {

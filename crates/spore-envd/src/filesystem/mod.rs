@@ -23,6 +23,24 @@ use crate::proto::filesystem::{
 };
 use crate::state::Ctx;
 
+/// The service's methods (the arms of [`route`]).
+const METHODS: &[&str] = &[
+    "Stat",
+    "MakeDir",
+    "Move",
+    "ListDir",
+    "Remove",
+    "WatchDir",
+    "CreateWatcher",
+    "GetWatcherEvents",
+    "RemoveWatcher",
+];
+
+/// Whether the service has `method`.
+pub fn has_method(method: &str) -> bool {
+    METHODS.contains(&method)
+}
+
 /// Serves `/filesystem.Filesystem/<method>`; `None` for a method it does not have.
 pub async fn route(ctx: Ctx, method: &str, req: Request<Incoming>) -> Option<Response<Body>> {
     let response = match method {

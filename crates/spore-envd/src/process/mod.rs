@@ -32,6 +32,23 @@ use crate::proto::process::{
 };
 use crate::state::{Ctx, State};
 
+/// The service's methods (the arms of [`route`]).
+const METHODS: &[&str] = &[
+    "Start",
+    "Connect",
+    "List",
+    "Update",
+    "SendInput",
+    "StreamInput",
+    "SendSignal",
+    "CloseStdin",
+];
+
+/// Whether the service has `method`.
+pub fn has_method(method: &str) -> bool {
+    METHODS.contains(&method)
+}
+
 /// Serves `/process.Process/<method>`; `None` for a method it does not have.
 pub async fn route(ctx: Ctx, method: &str, req: Request<Incoming>) -> Option<Response<Body>> {
     let state = ctx.state.clone();
