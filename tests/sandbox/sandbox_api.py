@@ -6,14 +6,22 @@ Like the envd scenarios (envd_common.py) it looks at the sandboxes only through
 the SDK. It runs on the host against a server in a nested VM, where everything
 is slow: every call gets a generous timeout, and nothing sleeps long.
 
+    sandbox_api.py                 the scenarios
+    sandbox_api.py persist-prepare a sandbox with a file, paused (its id in
+                                   $SANDBOX_PERSIST_STATE), before the daemon
+                                   is killed with SIGKILL and started again
+    sandbox_api.py persist-check   after the restart: it resumes, with its file
+
 Environment:
     E2B_API_URL, E2B_SANDBOX_URL  spore serve's address (read by the SDK itself)
     E2B_API_KEY                   a key of account A (read by the SDK itself)
     SANDBOX_OTHER_API_KEY         a key of another account B
     SANDBOX_TEMPLATE              the template to create from (default "base")
+    SANDBOX_PERSIST_STATE         a file the two persist steps share
 """
 import os
 import secrets
+import sys
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -250,5 +258,26 @@ def main():
                 print(f"cleanup: kill {sandbox_id}: {e}")
 
 
+PERSISTED = "/home/user/kept-across-a-restart.txt"
+
+
+def persist_prepare():
+    sbx = create()
+    sbx.files.write(PERSISTED, RUN)
+    check(sbx.pause(**API) is True, "paused before the daemon's restart")
+    with open(os.environ["SANDBOX_PERSIST_STATE"], "w") as f:
+        f.write(f"{sbx.sandbox_id} {RUN}")
+
+
+def persist_check():
+    sandbox_id, run = open(os.environ["SANDBOX_PERSIST_STATE"]).read().split()
+    found = listed(SandboxQuery(state=[SandboxState.PAUSED]))
+    check(sandbox_id in {s.sandbox_id for s in found}, "after SIGKILL and a restart of the daemon: still listed, paused")
+    sbx = timed("resume-after-restart", lambda: Sandbox.connect(sandbox_id, timeout=600, **API))
+    check(sbx.files.read(PERSISTED) == run, "after the restart: resumed with its file")
+    check(sbx.kill(**API) is True, "killed")
+
+
 if __name__ == "__main__":
-    main()
+    step = sys.argv[1] if len(sys.argv) > 1 else "all"
+    {"all": main, "persist-prepare": persist_prepare, "persist-check": persist_check}[step]()

@@ -309,8 +309,8 @@ impl ListQuery {
                     q.limit = v
                         .parse()
                         .ok()
-                        .filter(|l| (1..=100).contains(l))
-                        .ok_or_else(|| bad("limit is 1 to 100"))?;
+                        .filter(|l| (1..=1000).contains(l))
+                        .ok_or_else(|| bad("limit is 1 to 1000"))?;
                 }
                 "nextToken" => q.offset = v.parse().map_err(|_| bad("nextToken"))?,
                 _ => {}
