@@ -30,19 +30,14 @@ impl Sandboxes {
     pub async fn create(&self, account: &str, new: NewSandbox) -> Result<Record, SandboxError> {
         let template = self.template(&new.template)?;
         let started = Instant::now();
-        let zygote = self.zygote(&template).await?;
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let cloned = {
-            let z = zygote.lock().await;
-            clone_of(&z.vmm, &dir, "zygote").await
-        };
-        let vmm = match cloned {
+        let vmm = match self.clone_zygote(&template, &dir).await {
             Ok(vmm) => vmm,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
-                return Err(SandboxError::internal(e));
+                return Err(e);
             }
         };
         let token = new_token()?;
@@ -314,7 +309,11 @@ impl Sandboxes {
 
 /// One clone of `source` (`mode`: "zygote" freezes it as the template,
 /// "continue" lets it run on), its sockets and disk overlay in `dir`.
-async fn clone_of(source: &VmmProcess, dir: &Path, mode: &str) -> anyhow::Result<VmmProcess> {
+pub(super) async fn clone_of(
+    source: &VmmProcess,
+    dir: &Path,
+    mode: &str,
+) -> anyhow::Result<VmmProcess> {
     let body = serde_json::json!({ "count": 1, "mode": mode, "socket_dir": dir });
     let resp = source.api("PUT", "/clone", Some(body.to_string())).await?;
     let report: serde_json::Value = serde_json::from_str(&resp)?;

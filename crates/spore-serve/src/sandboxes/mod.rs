@@ -74,7 +74,8 @@ fn not_found(id: &str) -> SandboxError {
 /// A template and, once booted, its zygote.
 pub struct Template {
     pub spec: TemplateSpec,
-    zygote: tokio::sync::OnceCell<Result<tokio::sync::Mutex<template::Zygote>, String>>,
+    /// Its zygote once booted (again after it failed or died).
+    zygote: tokio::sync::Mutex<Option<template::Zygote>>,
 }
 
 /// One sandbox: its record, and its VMM while it runs.
@@ -148,7 +149,7 @@ impl Sandboxes {
                     spec.name.clone(),
                     Arc::new(Template {
                         spec,
-                        zygote: tokio::sync::OnceCell::new(),
+                        zygote: tokio::sync::Mutex::new(None),
                     }),
                 )
             })
@@ -169,7 +170,8 @@ impl Sandboxes {
         for t in self.templates.values() {
             let (me, t) = (self.clone(), t.clone());
             tokio::spawn(async move {
-                if let Err(e) = me.zygote(&t).await {
+                let mut slot = t.zygote.lock().await;
+                if let Err(e) = me.ensure_zygote(&t, &mut slot).await {
                     tracing::error!(template = %t.spec.name, "sandbox template: {e}");
                 }
             });
@@ -184,27 +186,44 @@ impl Sandboxes {
         })
     }
 
-    /// A template's zygote, booted on first use.
-    async fn zygote<'a>(
+    /// A clone of the template's zygote with its files in `dir`; the
+    /// zygote is booted first if it is not running (first use, a boot that
+    /// failed, a zygote that died). Creates of one template take turns.
+    async fn clone_zygote(&self, t: &Template, dir: &Path) -> Result<VmmProcess, SandboxError> {
+        let mut slot = t.zygote.lock().await;
+        self.ensure_zygote(t, &mut slot).await?;
+        let Some(z) = slot.as_ref() else {
+            return Err(SandboxError::Internal("no zygote".into()));
+        };
+        lifecycle::clone_of(&z.vmm, dir, "zygote")
+            .await
+            .map_err(SandboxError::internal)
+    }
+
+    async fn ensure_zygote(
         &self,
-        t: &'a Template,
-    ) -> Result<&'a tokio::sync::Mutex<template::Zygote>, SandboxError> {
+        t: &Template,
+        slot: &mut Option<template::Zygote>,
+    ) -> Result<(), SandboxError> {
+        if let Some(z) = slot.as_mut() {
+            if z.vmm.is_alive() {
+                return Ok(());
+            }
+            tracing::warn!(template = %t.spec.name, "sandbox template: its zygote ended; booting it again");
+            z.vmm.kill().await;
+            *slot = None;
+        }
         let run_dir = self
             .state_dir
             .join("run")
             .join(format!("sbx-{}", t.spec.name));
-        let booted = t
-            .zygote
-            .get_or_init(|| async {
-                template::boot_zygote(&self.spore_bin, &t.spec, &run_dir)
-                    .await
-                    .map(tokio::sync::Mutex::new)
-                    .map_err(|e| format!("{e:#}"))
-            })
-            .await;
-        booted.as_ref().map_err(|e| {
-            SandboxError::Internal(format!("template {} could not start: {e}", t.spec.name))
-        })
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, &run_dir)
+            .await
+            .map_err(|e| {
+                SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
+            })?;
+        *slot = Some(z);
+        Ok(())
     }
 
     fn template(&self, name: &str) -> Result<Arc<Template>, SandboxError> {
@@ -295,8 +314,8 @@ impl Sandboxes {
             }
         }
         for t in self.templates.values() {
-            if let Some(Ok(z)) = t.zygote.get() {
-                z.lock().await.vmm.kill().await;
+            if let Some(mut z) = t.zygote.lock().await.take() {
+                z.vmm.kill().await;
             }
         }
     }
