@@ -97,6 +97,16 @@ if "$SPORE" snapshot create "$api" --state "$tmp/pause.state" --mem "$tmp/pause.
 else
     t sandbox-pause FAIL "$(cat "$tmp/pause.err")"
 fi
+# --stop ends the VMM: bounded, with its threads' states if it does not.
+i=0
+while kill -0 "$vmm" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$vmm" 2>/dev/null; then
+    threads=$(for t in /proc/"$vmm"/task/*; do
+        printf '%s:%s:%s ' "$(cat "$t/comm")" "$(cut -d' ' -f3 "$t/stat")" "$(cat "$t/wchan" 2>/dev/null)"
+    done)
+    t sandbox-pause-vmm-exit FAIL "the VMM did not exit 30 s after its snapshot with --stop; threads: $threads; log: $(tail -n 3 "$tmp/vmm.err" | tr '\n' '|')"
+    kill -9 "$vmm" 2>/dev/null
+fi
 wait "$vmm" 2>/dev/null
 
 # --- resume: restored in a new VMM process; envd answers, its clock is set.
@@ -220,5 +230,18 @@ else
 fi
 grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready" "$tmp"/serve-*.err | tail -n 20
 cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
+
+# --- spore bench sandbox (its own daemon and state; the JSON kept in the
+# scenario's output for docs/bench/sandboxes.md).
+rm -rf "$state"
+forks=${SPORE_SANDBOX_BENCH_FORKS:-1,20,100}
+if SPORE_BENCH_DAEMON_LOG="$tmp/bench-serve.err" "$SPORE" bench sandbox --template "$tmp/base.toml" \
+    --runs "${SPORE_SANDBOX_BENCH_RUNS:-5}" --forks "$forks" \
+    --state-dir "${SPORE_SCRATCH:-/scratch}/bench" >"$SPORE_OUT/bench-sandbox.json" 2>"$tmp/bench.err"; then
+    t bench-sandbox PASS "$(tail -n 1 "$tmp/bench.err")"
+else
+    t bench-sandbox FAIL "$(tail -n 3 "$tmp/bench.err" | tr '\n' '|') serve: $(tail -n 3 "$tmp/bench-serve.err" | tr '\n' '|')"
+fi
+cp "$tmp/bench-serve.err" "$SPORE_OUT/" 2>/dev/null
 exit 0
 

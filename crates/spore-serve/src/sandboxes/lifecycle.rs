@@ -56,6 +56,7 @@ impl Sandboxes {
             memory_mib: template.spec.memory_mib,
             disk_mib: template.spec.disk_mib(),
             pause_generation: 0,
+            vm_dir: None,
         };
         let settings = serde_json::json!({
             "accessToken": token,
@@ -105,7 +106,9 @@ impl Sandboxes {
     }
 
     /// `count` forks of a running sandbox, each a clone of it with its own
-    /// id, access token, disk overlay and vsock; one result per fork.
+    /// id, access token, disk overlay and vsock; one result per fork. One
+    /// `PUT /clone` makes them all (one template of the source), their VMM
+    /// files in one directory they share (`Record::vm_dir`).
     pub async fn fork(
         &self,
         account: &str,
@@ -119,20 +122,24 @@ impl Sandboxes {
                 "sandbox \"{id}\" is paused: resume it before forking it"
             )));
         };
+        let group = format!("f-{}", new_id()?);
+        let vm_dir = self.dir.join(&group);
+        crate::fs::create_private_dir(&vm_dir)
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let clones = match clones_of(vmm, &vm_dir, "continue", count).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&vm_dir);
+                return Err(SandboxError::internal(e));
+            }
+        };
         let mut results = Vec::new();
-        for _ in 0..count {
+        for clone in clones {
             let forked = async {
                 let fork_id = new_id()?;
                 let dir = self.dir.join(&fork_id);
                 crate::fs::create_private_dir(&dir)
                     .map_err(|e| SandboxError::Internal(e.to_string()))?;
-                let clone = match clone_of(vmm, &dir, "continue").await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&dir);
-                        return Err(SandboxError::internal(e));
-                    }
-                };
                 let now = crate::clock::unix_ms();
                 let token = new_token()?;
                 let rec = Record {
@@ -142,6 +149,7 @@ impl Sandboxes {
                     end_at_ms: timeout_s.map_or(source.rec.end_at_ms, |t| now + t * 1000),
                     state: State::Running,
                     pause_generation: 0,
+                    vm_dir: Some(group.clone()),
                     ..source.rec.clone()
                 };
                 let settings = serde_json::json!({
@@ -156,6 +164,9 @@ impl Sandboxes {
             results.push(forked);
         }
         drop(source);
+        if results.iter().all(Result::is_err) {
+            let _ = std::fs::remove_dir_all(&vm_dir);
+        }
         let mut out = Vec::new();
         for r in results {
             out.push(match r {
@@ -288,6 +299,9 @@ impl Sandboxes {
             vmm.kill().await;
         }
         let _ = std::fs::remove_dir_all(self.dir.join(id));
+        if let Some(group) = &entry.rec.vm_dir {
+            self.release_group(group);
+        }
         Ok(())
     }
 
@@ -307,38 +321,56 @@ impl Sandboxes {
     }
 }
 
-/// One clone of `source` (`mode`: "zygote" freezes it as the template,
-/// "continue" lets it run on), its sockets and disk overlay in `dir`.
-pub(super) async fn clone_of(
+/// `count` clones of `source` (`mode`: "zygote" freezes it as the
+/// template, "continue" lets it run on), their sockets and disk overlays in
+/// `dir`. A clone that is not all there is ended, never half-adopted.
+pub(super) async fn clones_of(
     source: &VmmProcess,
     dir: &Path,
     mode: &str,
-) -> anyhow::Result<VmmProcess> {
-    let body = serde_json::json!({ "count": 1, "mode": mode, "socket_dir": dir });
+    count: u32,
+) -> anyhow::Result<Vec<VmmProcess>> {
+    let body = serde_json::json!({ "count": count, "mode": mode, "socket_dir": dir });
     let resp = source.api("PUT", "/clone", Some(body.to_string())).await?;
     let report: serde_json::Value = serde_json::from_str(&resp)?;
-    let clone = report
+    let listed = report
         .get("clones")
-        .and_then(|c| c.get(0))
-        .ok_or_else(|| anyhow::anyhow!("PUT /clone answered no clone: {resp}"))?;
-    let (Some(sock), Some(name), Some(pid)) = (
-        clone.get("socket").and_then(|v| v.as_str()),
-        clone.get("name").and_then(|v| v.as_str()),
-        clone
-            .get("pid")
-            .and_then(|v| v.as_i64())
-            .and_then(|p| i32::try_from(p).ok())
-            .filter(|&p| p > 0),
-    ) else {
-        anyhow::bail!("PUT /clone answered an incomplete clone: {clone}");
-    };
-    let vsock: PathBuf = dir.join(format!("{name}.vsock"));
-    Ok(VmmProcess::adopt(
-        pid,
-        sock.into(),
-        vsock,
-        dir.to_path_buf(),
-    ))
+        .and_then(|c| c.as_array())
+        .ok_or_else(|| anyhow::anyhow!("PUT /clone answered no clones: {resp}"))?;
+    let mut clones = Vec::new();
+    let mut incomplete = None;
+    for clone in listed {
+        let (Some(sock), Some(name), Some(pid)) = (
+            clone.get("socket").and_then(|v| v.as_str()),
+            clone.get("name").and_then(|v| v.as_str()),
+            clone
+                .get("pid")
+                .and_then(|v| v.as_i64())
+                .and_then(|p| i32::try_from(p).ok())
+                .filter(|&p| p > 0),
+        ) else {
+            incomplete = Some(clone.to_string());
+            continue;
+        };
+        let vsock: PathBuf = dir.join(format!("{name}.vsock"));
+        clones.push(VmmProcess::adopt(
+            pid,
+            sock.into(),
+            vsock,
+            dir.to_path_buf(),
+        ));
+    }
+    if incomplete.is_some() || clones.len() != count as usize {
+        for mut c in clones {
+            c.kill().await;
+        }
+        anyhow::bail!(
+            "PUT /clone answered {} clones of {count}{}",
+            listed.len(),
+            incomplete.map_or(String::new(), |c| format!(", one incomplete: {c}"))
+        );
+    }
+    Ok(clones)
 }
 
 /// A full snapshot of the running VM: paused, then written.

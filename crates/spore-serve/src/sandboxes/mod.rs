@@ -93,6 +93,9 @@ pub struct Sandboxes {
     dir: PathBuf,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+    /// Forks' shared VMM directories (`Record::vm_dir`) and how many
+    /// sandboxes use each: removed with the last.
+    groups: Mutex<HashMap<String, usize>>,
     pub domain: Option<String>,
 }
 
@@ -115,12 +118,15 @@ impl Sandboxes {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
         let mut table = HashMap::new();
-        let (mut kept, mut removed) = (0, 0);
+        let mut groups: HashMap<String, usize> = HashMap::new();
+        let mut others = Vec::new();
         for e in std::fs::read_dir(&dir)?.flatten() {
             let path = e.path();
             match Record::load(&path) {
                 Ok(rec) if rec.state == State::Paused && paused_files_exist(&path, &rec) => {
-                    kept += 1;
+                    if let Some(g) = &rec.vm_dir {
+                        *groups.entry(g.clone()).or_default() += 1;
+                    }
                     table.insert(
                         rec.id.clone(),
                         Arc::new(tokio::sync::Mutex::new(Entry {
@@ -130,11 +136,20 @@ impl Sandboxes {
                         })),
                     );
                 }
-                _ => {
-                    removed += 1;
-                    let _ = std::fs::remove_dir_all(&path);
-                }
+                _ => others.push(path),
             }
+        }
+        // Sandboxes that were running, and fork directories no paused
+        // sandbox needs.
+        let kept = table.len();
+        let mut removed = 0;
+        for path in others {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.is_some_and(|n| groups.contains_key(&n)) {
+                continue;
+            }
+            removed += 1;
+            let _ = std::fs::remove_dir_all(&path);
         }
         if kept + removed > 0 {
             tracing::info!(
@@ -160,6 +175,7 @@ impl Sandboxes {
             dir,
             templates,
             table: Mutex::new(table),
+            groups: Mutex::new(groups),
             domain: config.domain,
         }))
     }
@@ -195,9 +211,11 @@ impl Sandboxes {
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
-        lifecycle::clone_of(&z.vmm, dir, "zygote")
+        lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
             .await
-            .map_err(SandboxError::internal)
+            .map_err(SandboxError::internal)?
+            .pop()
+            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))
     }
 
     async fn ensure_zygote(
@@ -292,6 +310,9 @@ impl Sandboxes {
     }
 
     fn insert(&self, rec: Record, vmm: VmmProcess) {
+        if let Some(g) = &rec.vm_dir {
+            *lock(&self.groups).entry(g.clone()).or_default() += 1;
+        }
         let id = rec.id.clone();
         lock(&self.table).insert(
             id,
@@ -301,6 +322,22 @@ impl Sandboxes {
                 gone: false,
             })),
         );
+    }
+
+    /// One sandbox less uses fork directory `group`; the last removes it.
+    fn release_group(&self, group: &str) {
+        let mut groups = lock(&self.groups);
+        let last = match groups.get_mut(group) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        };
+        if last {
+            groups.remove(group);
+            let _ = std::fs::remove_dir_all(self.dir.join(group));
+        }
     }
 
     /// Ends every running sandbox and the zygotes (the daemon stops;

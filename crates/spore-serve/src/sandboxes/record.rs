@@ -45,6 +45,11 @@ pub struct Record {
     pub disk_mib: u64,
     /// The newest pause's snapshot (`pause-<n>.state`, `pause-<n>.mem`).
     pub pause_generation: u32,
+    /// A fork's: the directory (under `<state>/sbx/`) its VMM files and
+    /// disk overlay are in, shared with the forks made beside it; `None`:
+    /// its own directory.
+    #[serde(default)]
+    pub vm_dir: Option<String>,
 }
 
 /// The file a sandbox's record is in.
@@ -101,6 +106,7 @@ mod tests {
             memory_mib: 512,
             disk_mib: 2048,
             pause_generation: 3,
+            vm_dir: Some("f-x".into()),
         };
         rec.save(&dir).unwrap();
         let back = Record::load(&dir).unwrap();
