@@ -186,7 +186,7 @@ async fn serve_one(
                         )
                         .await
                     }
-                    None => crate::sandboxes::api::error(404, "no sandbox API here"),
+                    None => crate::sandboxes::reply::error(404, "no sandbox API here"),
                 },
             };
             drop(in_flight);

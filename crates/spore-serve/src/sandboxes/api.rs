@@ -14,18 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
 use super::lifecycle::NewSandbox;
+use super::reply::{empty, error, json, Body};
 use super::{envd, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S};
 use crate::accounts::DEFAULT_ACCOUNT;
 use crate::auth::Keys;
-
-/// A response: the API's own JSON, or a sandbox's streamed answer.
-pub type Body = Either<Full<Bytes>, Incoming>;
 
 /// Largest control request body (metadata and environment variables).
 const MAX_BODY: usize = 1 << 20;
@@ -422,30 +420,6 @@ fn parse_or_default<T: serde::de::DeserializeOwned + Default>(
         return Ok(T::default());
     }
     parse(body)
-}
-
-fn json(status: u16, value: serde_json::Value) -> Response<Body> {
-    let mut resp = Response::new(Either::Left(Full::new(Bytes::from(value.to_string()))));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-fn empty(status: u16) -> Response<Body> {
-    let mut resp = Response::new(Either::Left(Full::new(Bytes::new())));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    resp
-}
-
-/// E2B's error body: `{"code": 404, "message": "..."}`.
-pub fn error(status: u16, message: &str) -> Response<Body> {
-    json(
-        status,
-        serde_json::json!({ "code": status, "message": message }),
-    )
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod envd;
 mod lifecycle;
 pub mod proxy;
 mod record;
+pub mod reply;
 pub mod template;
 
 use std::collections::HashMap;

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-use super::api::{error, Body};
+use super::reply::{error, Body};
 use super::{envd, Sandboxes};
 
 /// Request headers that are the proxy's, not the guest's.
