@@ -268,38 +268,7 @@ pub fn run(a: SandboxBenchArgs) -> anyhow::Result<u8> {
         run_true(&api.addr, &s)?;
     }
 
-    // Forks: a request whose forks did not all start is not timed; its
-    // errors are reported.
-    let mut forks = serde_json::Map::new();
-    let mut fork_errors = Vec::new();
-    for &count in &a.forks {
-        let mut times = Vec::new();
-        for _ in 0..runs.min(if count > 1 { 2 } else { runs }) {
-            let t = Instant::now();
-            let v = api.expect(
-                "POST",
-                &format!("/sandboxes/{}/fork", s.id),
-                &json!({ "count": count, "timeout": 3600 }),
-                201,
-            )?;
-            let took = ms(t);
-            let list = v.as_array().context("fork answered no list")?;
-            let mut all = true;
-            for r in list {
-                match sbx_of(&r["sandbox"]) {
-                    Ok(f) => api.kill(&f.id)?,
-                    Err(_) => {
-                        all = false;
-                        fork_errors.push(r["error"].clone());
-                    }
-                }
-            }
-            if all {
-                times.push(took);
-            }
-        }
-        forks.insert(format!("x{count}"), summary(&times));
-    }
+    let (forks, fork_errors) = time_forks(&mut api, &s, &a.forks, runs)?;
     api.kill(&s.id)?;
     drop(daemon);
     if a.state_dir.is_none() {
@@ -345,6 +314,48 @@ pub fn run(a: SandboxBenchArgs) -> anyhow::Result<u8> {
         per_running_kib
     );
     Ok(0)
+}
+
+/// Fork requests of each count (`runs` of a single fork, two of more):
+/// their times, and the errors of forks that did not start (a request
+/// whose forks did not all start is not timed).
+fn time_forks(
+    api: &mut Api,
+    s: &Sbx,
+    counts: &[u32],
+    runs: usize,
+) -> anyhow::Result<(serde_json::Map<String, Value>, Vec<Value>)> {
+    let mut forks = serde_json::Map::new();
+    let mut fork_errors = Vec::new();
+    for &count in counts {
+        let mut times = Vec::new();
+        for _ in 0..runs.min(if count > 1 { 2 } else { runs }) {
+            let t = Instant::now();
+            let v = api.expect(
+                "POST",
+                &format!("/sandboxes/{}/fork", s.id),
+                &json!({ "count": count, "timeout": 3600 }),
+                201,
+            )?;
+            let took = ms(t);
+            let list = v.as_array().context("fork answered no list")?;
+            let mut all = true;
+            for r in list {
+                match sbx_of(&r["sandbox"]) {
+                    Ok(f) => api.kill(&f.id)?,
+                    Err(_) => {
+                        all = false;
+                        fork_errors.push(r["error"].clone());
+                    }
+                }
+            }
+            if all {
+                times.push(took);
+            }
+        }
+        forks.insert(format!("x{count}"), summary(&times));
+    }
+    Ok((forks, fork_errors))
 }
 
 /// The last lines of the VMM logs in a sandbox's directory.
