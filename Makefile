@@ -123,7 +123,7 @@ images-test: deps
 # the longer run, outside CI.
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
-.PHONY: fuzz-smoke
+.PHONY: fuzz-smoke bench-sandbox
 fuzz:
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 fuzz-smoke:
@@ -173,6 +173,14 @@ bench-serve-linux: deps-nested static
 	SPORE_BSL_STRATEGIES=$(BSL_STRATEGIES) SPORE_BSL_TEMPERATURES=$(BSL_TEMPERATURES) \
 	SPORE_BENCH_OUT=$(BENCH_OUT)/serve-linux \
 	    tests/nested/run-all.sh --spore $(STATIC_SPORE) --only bench-serve-linux
+# Sandboxes (issue 32), nested: the sandbox-envd scenario, then spore bench
+# sandbox with $(SANDBOX_BENCH_ARGS); its JSON in $(BENCH_OUT)/bench-sandbox.json.
+SANDBOX_BENCH_ARGS ?= --runs 10 --forks 1,20,100
+bench-sandbox: deps-nested static
+	SPORE_SANDBOX_BENCH="$(SANDBOX_BENCH_ARGS)" \
+	    tests/nested/run-all.sh --spore $(STATIC_SPORE) --only sandbox-envd
+	mkdir -p $(BENCH_OUT)
+	cp /tmp/spore-nested/out-sandbox-envd/bench-sandbox.json $(BENCH_OUT)/
 bench: build uk
 	mkdir -p $(BENCH_OUT)
 	$(SPORE) bench boot --uk $(UK_OUT)/boot-mark > $(BENCH_OUT)/boot.json

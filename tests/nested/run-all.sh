@@ -486,9 +486,14 @@ if [[ -z $only || $only == sandbox-envd ]]; then
     [[ -f $sbx_img ]] || die "the sandbox-base image was not built"
     mkdir -p "$work/sbx-scratch"
     cp --sparse=always "$sbx_img" "$work/sbx-scratch/sandbox-base.ext4"
-    run_one sandbox-envd --own-l1 --memory 3072 --timeout 1800 --stall-timeout 600 \
-        --scratch-disk "2400:$work/sbx-scratch" --hostfwd 49983 --hostfwd 49984 --hostfwd 49985 \
-        --hostfwd 7000 --hostfwd 7001 \
+    # SPORE_SANDBOX_BENCH="ARGS" (make bench-sandbox): the scenario also runs
+    # spore bench sandbox ARGS.
+    if [[ -n ${SPORE_SANDBOX_BENCH:-} ]]; then
+        printf '%s\n' "$SPORE_SANDBOX_BENCH" >"$work/sbx-scratch/bench-sandbox.args"
+    fi
+    run_one sandbox-envd --own-l1 --memory 3072 --timeout 3000 --stall-timeout 1200 \
+        --scratch-disk "3600:$work/sbx-scratch" --hostfwd 49983 --hostfwd 49984 --hostfwd 49985 \
+        --hostfwd 7000 --hostfwd 7001 --hostfwd 3000 \
         --host-driver "$here/host/sandbox-envd.sh" \
         --scenario "$here/scenarios/sandbox-envd.sh" --out-dir "$work/out-sandbox-envd"
 fi

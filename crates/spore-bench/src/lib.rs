@@ -22,6 +22,7 @@ mod net;
 mod procfs;
 mod reclaim;
 mod report;
+mod sandbox;
 mod serve;
 mod snapshot;
 pub mod stats;
@@ -35,6 +36,7 @@ pub use cluster_sim::{ClusterBenchArgs, Policy as ClusterPolicy};
 pub use net::NetBenchArgs;
 pub use reclaim::ReclaimArgs;
 pub use report::ReportArgs;
+pub use sandbox::SandboxBenchArgs;
 pub use serve::ServeBenchArgs;
 pub use snapshot::SnapshotBenchArgs;
 pub use tmem::TmemArgs;
@@ -62,6 +64,11 @@ pub enum BenchCommand {
     /// merged full snapshot, layered base + diff, layered + working set,
     /// clone; cold and lukewarm page cache).
     Serve(ServeBenchArgs),
+    /// Sandboxes (E2B's API on `spore serve --sandbox-listen`): create (a
+    /// clone of the template's zygote), a command's round trip, pause,
+    /// resume, fork xN beside the snapshot + restore E2B forks with, host
+    /// memory per running and per paused sandbox.
+    Sandbox(SandboxBenchArgs),
     /// virtio-net on a tap against the `httpd` unikernel: TCP throughput
     /// both ways, 1-byte ping-pong latency, HTTP keep-alive requests/s
     /// (root: it makes its own tap).
@@ -84,6 +91,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<u8> {
         BenchCommand::Clone(a) => clone::run(a),
         BenchCommand::Reclaim(a) => reclaim::run(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Sandbox(a) => sandbox::run(a),
         BenchCommand::Net(a) => net::run(a),
         BenchCommand::Cluster(a) => cluster_sim::run(a),
         BenchCommand::Report(a) => report::run(a),

@@ -17,6 +17,7 @@
 //! memory = "8G"
 //! code_storage = "10G"
 //! functions = 50
+//! sandbox_api_key = "e2b_0123456789abcdef0123456789abcdef01234567"  # optional: the sandbox API's X-API-Key
 //! ```
 //!
 //! A key's signature proves its account: every request is served as that
@@ -48,6 +49,9 @@ struct Key {
     memory: Option<Size>,
     code_storage: Option<Size>,
     functions: Option<u32>,
+    /// The sandbox API's `X-API-Key` for this key's account (E2B's form:
+    /// `e2b_` and hex digits).
+    sandbox_api_key: Option<String>,
 }
 
 /// A size as a number of bytes or a string with a unit (`"8G"`).
@@ -95,9 +99,18 @@ impl Key {
     }
 }
 
+/// E2B's API key form: `e2b_` then hex digits.
+fn valid_sandbox_api_key(key: &str) -> bool {
+    key.strip_prefix("e2b_").is_some_and(|hex| {
+        (20..=128).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
 /// The configured access keys, each with its account.
 pub struct Keys {
     secrets: HashMap<String, (String, Arc<Account>)>,
+    /// `sandbox_api_key` → its account.
+    sandbox_keys: HashMap<String, Arc<Account>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,11 +179,26 @@ impl Keys {
             .map(|(id, (l, _))| (id.clone(), Account::new(&id, l)))
             .collect();
         let mut secrets = HashMap::new();
+        let mut sandbox_keys = HashMap::new();
         for k in file.keys {
             if k.access_key_id.is_empty() || k.secret_access_key.is_empty() {
                 anyhow::bail!("a key has an empty access_key_id or secret_access_key");
             }
             let account = accounts[k.account_id.as_deref().unwrap_or(DEFAULT_ACCOUNT)].clone();
+            if let Some(api_key) = k.sandbox_api_key {
+                if !valid_sandbox_api_key(&api_key) {
+                    anyhow::bail!(
+                        "key {}: sandbox_api_key is not e2b_ and 20 to 128 hex digits",
+                        k.access_key_id
+                    );
+                }
+                if sandbox_keys.insert(api_key, account.clone()).is_some() {
+                    anyhow::bail!(
+                        "key {}: its sandbox_api_key is given twice",
+                        k.access_key_id
+                    );
+                }
+            }
             if secrets
                 .insert(k.access_key_id.clone(), (k.secret_access_key, account))
                 .is_some()
@@ -178,7 +206,20 @@ impl Keys {
                 anyhow::bail!("access key {} is given twice", k.access_key_id);
             }
         }
-        Ok(Keys { secrets })
+        Ok(Keys {
+            secrets,
+            sandbox_keys,
+        })
+    }
+
+    /// The account a sandbox API key (`X-API-Key`) belongs to, if any.
+    pub fn sandbox_account(&self, api_key: &str) -> Option<Arc<Account>> {
+        // Compared in constant time: a key's prefix must not be guessable
+        // from how long a refusal took.
+        self.sandbox_keys
+            .iter()
+            .find(|(k, _)| constant_time_eq(k.as_bytes(), api_key.as_bytes()))
+            .map(|(_, a)| a.clone())
     }
 
     /// Every account the keys name.
@@ -412,6 +453,7 @@ mod tests {
                     Account::default_account(),
                 ),
             )]),
+            sandbox_keys: HashMap::new(),
         }
     }
 
@@ -471,6 +513,27 @@ mod tests {
             "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\nmemory = \"lots\"\n",
         );
         assert!(size.err().is_some_and(|e| e.contains("not a size")));
+    }
+
+    #[test]
+    fn sandbox_api_keys_name_their_account() {
+        let key_a = format!("e2b_{}", "a1".repeat(20));
+        let k = parse(&format!(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\naccount_id = \"111111111111\"\nsandbox_api_key = \"{key_a}\"\n[[keys]]\naccess_key_id = \"B\"\nsecret_access_key = \"s\"\n"
+        ))
+        .expect("a valid keys file");
+        assert_eq!(
+            k.sandbox_account(&key_a).map(|a| a.id.clone()),
+            Some("111111111111".to_string())
+        );
+        assert!(k
+            .sandbox_account(&format!("e2b_{}", "b2".repeat(20)))
+            .is_none());
+        assert!(k.sandbox_account("").is_none());
+        let bad = parse(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"s\"\nsandbox_api_key = \"sk_123\"\n",
+        );
+        assert!(bad.err().is_some_and(|e| e.contains("e2b_")));
     }
 
     /// AWS's published SigV4 test vector `get-vanilla` (service "service").

@@ -45,6 +45,11 @@ pub fn iso_now() -> String {
     lambda_now().replace("+0000", "Z")
 }
 
+/// Milliseconds since the epoch as RFC 3339 in UTC (`2026-11-24T22:30:00.123Z`).
+pub fn iso_ms(unix_ms: u64) -> String {
+    lambda_time(UNIX_EPOCH + std::time::Duration::from_millis(unix_ms)).replace("+0000", "Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

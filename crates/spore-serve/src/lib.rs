@@ -48,6 +48,7 @@ pub mod network;
 pub mod recovery;
 pub mod runtime;
 pub mod runtime_image;
+pub mod sandboxes;
 pub mod server;
 pub mod snapshots;
 pub mod vmm;
@@ -80,6 +81,8 @@ pub struct ServeConfig {
     pub url_domain: Option<String>,
     /// `--cluster`: the catalogue in etcd, this daemon one node of many.
     pub cluster: Option<cluster::NodeOptions>,
+    /// `--sandbox-listen`: E2B's sandbox API and proxy, and its templates.
+    pub sandboxes: Option<sandboxes::SandboxConfig>,
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: recovers from a previous
@@ -164,6 +167,22 @@ async fn join_cluster(
     Ok(node)
 }
 
+/// The keys file's keys (`--auth`) and every account.
+fn open_accounts(
+    keys_file: Option<&std::path::Path>,
+    node: Option<&Arc<cluster::Node>>,
+) -> anyhow::Result<(Option<auth::Keys>, Arc<accounts::Accounts>)> {
+    let auth = keys_file.map(auth::Keys::load).transpose()?;
+    let accounts = Arc::new(accounts::Accounts::new(
+        auth.iter().flat_map(auth::Keys::accounts),
+    ));
+    if let Some(node) = node {
+        accounts.set_clustered();
+        account_slots::spawn_fence_follower(node, accounts.clone());
+    }
+    Ok((auth, accounts))
+}
+
 /// Every 250 ms: idle instances past their keep-alive ended, provisioned
 /// pools refilled, and (in a cluster) concurrency slots no instance needs
 /// given back.
@@ -183,17 +202,12 @@ fn spawn_reaper(daemon: Arc<api::Daemon>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
     let state_dir: PathBuf = config.instances.state_dir.clone();
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
-    check_socket_room(&state_dir)?;
-    let _lock = lock_state_dir(&state_dir)?;
-    // After the lock: a daemon refused the directory changes nothing in
-    // it (a jailed daemon's VMMs pass through it; `Jail` sets its mode).
-    if config.instances.jail.is_none() {
-        restrict(&state_dir);
-    }
+    let spore_bin = config.instances.spore_bin.clone();
+    let sandbox_config = config.sandboxes.take();
+    let sandbox_listen = sandbox_config.as_ref().map(|c| c.listen);
+    let _lock = take_state_dir(&state_dir, config.instances.jail.is_none())?;
     if let Some(cgroups) = &config.instances.cgroups {
         cgroups.remove_leftovers();
     }
@@ -260,17 +274,10 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     if let Some(node) = &node {
         replicate_events(node, &events).await?;
     }
-    let auth = match &config.auth_keys {
-        Some(path) => Some(auth::Keys::load(path)?),
-        None => None,
-    };
-    let accounts = Arc::new(accounts::Accounts::new(
-        auth.iter().flat_map(auth::Keys::accounts),
-    ));
-    if let Some(node) = &node {
-        accounts.set_clustered();
-        account_slots::spawn_fence_follower(node, accounts.clone());
-    }
+    let (auth, accounts) = open_accounts(config.auth_keys.as_deref(), node.as_ref())?;
+    let sandboxes = sandbox_config
+        .map(|c| sandboxes::Sandboxes::open(&spore_bin, &state_dir, c))
+        .transpose()?;
     let daemon = Arc::new(api::Daemon {
         state_dir,
         catalog,
@@ -282,14 +289,19 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         connections: Arc::new(connections::Connections::default()),
         url_base: std::sync::OnceLock::new(),
         cluster: node,
+        sandboxes,
     });
     let dispatcher = api::spawn_event_dispatcher(daemon.clone());
-    let (listener, url_listener) = listen_and_announce(
-        config.listen,
-        config.url_listen,
-        config.url_domain.clone(),
+    let (listener, url_listener, sandbox_listener) = listen_and_announce(
+        Listens {
+            api: config.listen,
+            urls: config.url_listen,
+            url_domain: config.url_domain.clone(),
+            sandboxes: sandbox_listen,
+        },
         &daemon,
     )?;
+    let sandbox_background = daemon.sandboxes.as_ref().map(|s| s.spawn_background());
 
     let reaper = spawn_reaper(daemon.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -301,15 +313,22 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             _ = term.recv() => {}
         }
     };
-    let url_server = url_listener.map(|l| {
-        tokio::spawn(server::serve(
+    let side_servers: Vec<_> = [
+        (url_listener, server::Endpoint::FunctionUrls),
+        (sandbox_listener, server::Endpoint::Sandboxes),
+    ]
+    .into_iter()
+    .filter_map(|(l, endpoint)| {
+        let l = l?;
+        Some(tokio::spawn(server::serve(
             l,
             daemon.clone(),
             limits,
-            server::Endpoint::FunctionUrls,
+            endpoint,
             std::future::pending(),
-        ))
-    });
+        )))
+    })
+    .collect();
     server::serve(
         listener,
         daemon.clone(),
@@ -318,8 +337,11 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         stop,
     )
     .await;
-    if let Some(s) = url_server {
+    for s in side_servers.into_iter().chain(sandbox_background) {
         s.abort();
+    }
+    if let Some(sandboxes) = &daemon.sandboxes {
+        sandboxes.shutdown().await;
     }
     tracing::info!("spore serve: stopping; ending every instance");
     dispatcher.abort();
@@ -335,24 +357,36 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds the API's listener (and `--url-listen`'s), then prints
-/// `{"listen":ADDR[,"url_listen":ADDR]}` on stdout: the daemon serves from
-/// here on.
-fn listen_and_announce(
-    listen: SocketAddr,
-    url_listen: Option<SocketAddr>,
+/// The addresses `spore serve` listens on.
+struct Listens {
+    api: SocketAddr,
+    urls: Option<SocketAddr>,
     url_domain: Option<String>,
-    daemon: &api::Daemon,
-) -> anyhow::Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
-    let listener = server::listen(listen).with_context(|| format!("listening on {listen}"))?;
+    sandboxes: Option<SocketAddr>,
+}
+
+type Listeners = (
+    tokio::net::TcpListener,
+    Option<tokio::net::TcpListener>,
+    Option<tokio::net::TcpListener>,
+);
+
+/// Binds the API's listener (and `--url-listen`'s, `--sandbox-listen`'s),
+/// then prints `{"listen":ADDR[,"url_listen":ADDR][,"sandbox_listen":ADDR]}`
+/// on stdout: the daemon serves from here on.
+fn listen_and_announce(at: Listens, daemon: &api::Daemon) -> anyhow::Result<Listeners> {
+    let bind = |a: SocketAddr| server::listen(a).with_context(|| format!("listening on {a}"));
+    let listener = bind(at.api)?;
     let addr = listener.local_addr()?;
-    let url_listener = match url_listen {
-        Some(a) => Some(server::listen(a).with_context(|| format!("listening on {a}"))?),
-        None => None,
-    };
+    let url_listener = at.urls.map(bind).transpose()?;
+    let sandbox_listener = at.sandboxes.map(bind).transpose()?;
     let url_addr = url_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    let sandbox_addr = sandbox_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()?;
     if let Some(a) = url_addr {
-        let _ = daemon.url_base.set(api::UrlBase::new(a, url_domain));
+        let _ = daemon.url_base.set(api::UrlBase::new(a, at.url_domain));
     }
     {
         use std::io::Write;
@@ -361,6 +395,9 @@ fn listen_and_announce(
         if let Some(a) = url_addr {
             line["url_listen"] = a.to_string().into();
         }
+        if let Some(a) = sandbox_addr {
+            line["sandbox_listen"] = a.to_string().into();
+        }
         writeln!(out, "{line}")?;
         out.flush()?;
     }
@@ -368,7 +405,24 @@ fn listen_and_announce(
     if let Some(a) = url_addr {
         tracing::info!("spore serve: function URLs on http://{a}");
     }
-    Ok((listener, url_listener))
+    if let Some(a) = sandbox_addr {
+        tracing::info!("spore serve: sandbox API and proxy on http://{a}");
+    }
+    Ok((listener, url_listener, sandbox_listener))
+}
+
+/// Makes and locks the state directory; `restricted`: owner only.
+fn take_state_dir(state_dir: &std::path::Path, restricted: bool) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
+    check_socket_room(state_dir)?;
+    let lock = lock_state_dir(state_dir)?;
+    // After the lock: a daemon refused the directory changes nothing in
+    // it (a jailed daemon's VMMs pass through it; `Jail` sets its mode).
+    if restricted {
+        restrict(state_dir);
+    }
+    Ok(lock)
 }
 
 /// Longest state directory path: VMM sockets go under `<state>/run/r<n>/clones/`

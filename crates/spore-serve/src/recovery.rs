@@ -27,13 +27,18 @@ pub struct RecoveryReport {
 pub fn recover(state: &Path) -> anyhow::Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
     let run = state.join("run");
-    let marker = run.display().to_string();
+    // VMMs run under `run/`, and restored sandboxes' under `sbx/` (whose
+    // paused sandboxes stay: `crate::sandboxes`).
+    let markers = [
+        run.display().to_string(),
+        format!("{}/", state.join("sbx").display()),
+    ];
     // SIGKILL takes effect asynchronously, and a zygote being ended may still
     // start a standby clone: scan and kill until a scan finds none, so that
     // no VMM of the old daemon is left once this returns.
     let mut killed = std::collections::BTreeSet::new();
     for _ in 0..250 {
-        let alive = our_vmms(&marker);
+        let alive = our_vmms(&markers);
         if alive.is_empty() {
             break;
         }
@@ -47,7 +52,7 @@ pub fn recover(state: &Path) -> anyhow::Result<RecoveryReport> {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     report.killed = killed.len();
-    if let Some(pid) = our_vmms(&marker).first() {
+    if let Some(pid) = our_vmms(&markers).first() {
         anyhow::bail!("VMM process {pid} of a previous daemon does not end");
     }
     if run.exists() {
@@ -81,7 +86,7 @@ pub fn forget_processes(catalog: &Catalog) -> anyhow::Result<()> {
 
 /// Running (not zombie) processes of the spore binary with an argument under
 /// `run_dir`, other than this one.
-fn our_vmms(run_dir: &str) -> Vec<i32> {
+fn our_vmms(markers: &[String]) -> Vec<i32> {
     let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -89,7 +94,7 @@ fn our_vmms(run_dir: &str) -> Vec<i32> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != me && is_our_vmm(pid, run_dir) && !is_zombie(pid))
+        .filter(|&pid| pid != me && markers.iter().any(|m| is_our_vmm(pid, m)) && !is_zombie(pid))
         .collect()
 }
 

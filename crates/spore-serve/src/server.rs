@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -97,6 +98,8 @@ pub enum Endpoint {
     Api,
     /// Function URLs (`--url-listen`): plain HTTP requests to functions.
     FunctionUrls,
+    /// The sandbox API and proxy (`--sandbox-listen`).
+    Sandboxes,
 }
 
 /// The address a request came from (an extension of function URL requests:
@@ -163,19 +166,39 @@ async fn serve_one(
         req.extensions_mut().insert(peer);
         async move {
             let resp = match endpoint {
-                Endpoint::Api => api::handle(daemon, req, limits.request_timeout).await,
+                Endpoint::Api => api::handle(daemon, req, limits.request_timeout)
+                    .await
+                    .unwrap_or_else(|never| match never {})
+                    .map(Either::Left),
                 Endpoint::FunctionUrls => {
-                    api::handle_function_url(daemon, req, limits.request_timeout).await
+                    api::handle_function_url(daemon, req, limits.request_timeout)
+                        .await
+                        .unwrap_or_else(|never| match never {})
+                        .map(Either::Left)
                 }
+                Endpoint::Sandboxes => match &daemon.sandboxes {
+                    Some(sbx) => {
+                        crate::sandboxes::api::handle(
+                            sbx.clone(),
+                            daemon.auth.as_ref(),
+                            req,
+                            limits.request_timeout,
+                        )
+                        .await
+                    }
+                    None => crate::sandboxes::reply::error(404, "no sandbox API here"),
+                },
             };
             drop(in_flight);
-            resp
+            Ok::<_, std::convert::Infallible>(resp)
         }
     });
+    // With upgrades: the sandbox proxy carries WebSockets.
     let served = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.request_timeout)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(served);
     let mut closing = false;
     loop {

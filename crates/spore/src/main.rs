@@ -136,7 +136,7 @@ enum Command {
     Clone(clone_cmd::CloneArgs),
     /// The serverless daemon: functions deployed and invoked through the
     /// AWS Lambda API (boto3, the AWS CLI), each instance a spore microVM.
-    Serve(serve_cmd::ServeArgs),
+    Serve(Box<serve_cmd::ServeArgs>),
     /// A spore serve cluster (--cluster): its nodes and catalogue.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
@@ -221,7 +221,7 @@ fn main() -> ExitCode {
         Command::Mem(a) => mem_cmd::run(a),
         Command::Snapshot(s) => snapshot_cmd::run(s),
         Command::Clone(a) => clone_cmd::run(a),
-        Command::Serve(a) => serve_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(*a),
         Command::Cluster(c) => cluster_cmd::run(c),
         Command::Fn(a) => fn_cmd::run(a),
         Command::Image(c) => image_cmd::run(c),

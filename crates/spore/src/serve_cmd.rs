@@ -24,6 +24,20 @@ pub struct ServeArgs {
     /// http://<url-listen>/<url-id>/.
     #[arg(long)]
     url_domain: Option<String>,
+    /// Serve E2B's sandbox API and sandbox proxy here (the e2b SDK's
+    /// E2B_API_URL and E2B_SANDBOX_URL; port 0 picks a free one, printed
+    /// as "sandbox_listen"). Needs at least one --sandbox-template.
+    #[arg(long, requires = "sandbox_template")]
+    sandbox_listen: Option<SocketAddr>,
+    /// A sandbox template (TOML: name, kernel, rootfs, vcpus, memory_mib,
+    /// user); repeat for more.
+    #[arg(long, requires = "sandbox_listen")]
+    sandbox_template: Vec<PathBuf>,
+    /// Also proxy requests addressed to <port>-<sandbox-id>.<DOMAIN> (a
+    /// wildcard DNS name pointing at --sandbox-listen) to that port of
+    /// that sandbox.
+    #[arg(long, requires = "sandbox_listen")]
+    sandbox_domain: Option<String>,
     /// Where the catalogue (SQLite), code, logs and instances' sockets live.
     #[arg(long, default_value = "/var/lib/spore")]
     state_dir: PathBuf,
@@ -247,7 +261,32 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
             );
         }
     }
+    let sandboxes = match a.sandbox_listen {
+        Some(listen) => {
+            let mut templates = Vec::new();
+            for t in &a.sandbox_template {
+                let spec = spore_serve::sandboxes::TemplateSpec::load(&cwd.join(t))?;
+                if templates
+                    .iter()
+                    .any(|s: &spore_serve::sandboxes::TemplateSpec| s.name == spec.name)
+                {
+                    anyhow::bail!(
+                        "--sandbox-template: two templates are named {:?}",
+                        spec.name
+                    );
+                }
+                templates.push(spec);
+            }
+            Some(spore_serve::sandboxes::SandboxConfig {
+                listen,
+                templates,
+                domain: a.sandbox_domain,
+            })
+        }
+        None => None,
+    };
     spore_serve::run(spore_serve::ServeConfig {
+        sandboxes,
         cluster,
         listen: a.listen,
         url_listen: a.url_listen,

@@ -78,3 +78,35 @@ PY
 scenario lifecycle-after-resume-and-fork envd_lifecycle check \
     "http://127.0.0.1:${SPORE_FWD_49984:?}" "http://127.0.0.1:${SPORE_FWD_49985:?}"
 send "$SPORE_FWD_7000"
+
+# The sandbox API (spore serve in L1, on its port 3000): the SDK as an agent
+# uses it, then a paused sandbox across a SIGKILL and restart of the daemon.
+wait_ready() {
+    python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST $1-ready FAIL L1 never said READY"$'\n'
+import socket, sys, time
+port = int(sys.argv[1])
+deadline = time.time() + 900
+while time.time() < deadline:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            if s.recv(16).startswith(b"READY"):
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PY
+}
+# The keys L1's keys.toml gives accounts 111111111111 and 222222222222.
+export E2B_API_URL="http://127.0.0.1:${SPORE_FWD_3000:?}" E2B_SANDBOX_URL="http://127.0.0.1:$SPORE_FWD_3000" \
+    E2B_API_KEY=e2b_0000000000000000000000000000000000000a11 \
+    SANDBOX_OTHER_API_KEY=e2b_0000000000000000000000000000000000000b22 \
+    SANDBOX_TEMPLATE=base SANDBOX_PERSIST_STATE="$(mktemp)"
+trap 'rm -f "$LIFECYCLE_STATE" "$SANDBOX_PERSIST_STATE"' EXIT
+wait_ready sandbox-api
+scenario sandbox-api sandbox_api
+scenario sandbox-persist-prepare sandbox_api persist-prepare
+send "$SPORE_FWD_7000"
+wait_ready sandbox-persist
+scenario sandbox-persist-after-restart sandbox_api persist-check
+send "$SPORE_FWD_7000"

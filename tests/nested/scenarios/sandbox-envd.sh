@@ -97,6 +97,16 @@ if "$SPORE" snapshot create "$api" --state "$tmp/pause.state" --mem "$tmp/pause.
 else
     t sandbox-pause FAIL "$(cat "$tmp/pause.err")"
 fi
+# --stop ends the VMM: bounded, with its threads' states if it does not.
+i=0
+while kill -0 "$vmm" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$vmm" 2>/dev/null; then
+    threads=$(for t in /proc/"$vmm"/task/*; do
+        printf '%s:%s:%s ' "$(cat "$t/comm")" "$(cut -d' ' -f3 "$t/stat")" "$(cat "$t/wchan" 2>/dev/null)"
+    done)
+    t sandbox-pause-vmm-exit FAIL "the VMM did not exit 30 s after its snapshot with --stop; threads: $threads; log: $(tail -n 3 "$tmp/vmm.err" | tr '\n' '|')"
+    kill -9 "$vmm" 2>/dev/null
+fi
 wait "$vmm" 2>/dev/null
 
 # --- resume: restored in a new VMM process; envd answers, its clock is set.
@@ -155,4 +165,86 @@ for p in $fwds $(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$tmp/clone.json"); do k
 kill "$vmm" 2>/dev/null
 wait 2>/dev/null
 cp "$tmp/console.txt" "$tmp/console-resumed.txt" "$tmp/vmm.err" "$tmp/resume.err" "$tmp"/clones/*.log "$SPORE_OUT/" 2>/dev/null
+rm -rf "$tmp/pause.state" "$tmp/pause.mem" "$tmp/rootfs.cow" "$tmp/clones"
+
+# --- The sandbox API: spore serve with the image as template "base", the
+# SDK on the host creating, using, pausing, resuming, forking and killing
+# sandboxes through it (tests/sandbox/sandbox_api.py), with two accounts'
+# keys. Its state on the scratch disk: paused sandboxes' memory goes there.
+state="${SPORE_SCRATCH:-/scratch}/serve"
+printf 'name = "base"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\n' \
+    "$GUEST_KERNEL" "$img" >"$tmp/base.toml"
+# The same API keys as the host driver's.
+cat >"$tmp/keys.toml" <<'KEYS'
+[[keys]]
+access_key_id = "AKIDSANDBOXA"
+secret_access_key = "secret-a"
+account_id = "111111111111"
+sandbox_api_key = "e2b_0000000000000000000000000000000000000a11"
+[[keys]]
+access_key_id = "AKIDSANDBOXB"
+secret_access_key = "secret-b"
+account_id = "222222222222"
+sandbox_api_key = "e2b_0000000000000000000000000000000000000b22"
+KEYS
+export SPORE_LOG=spore_serve=info,warn
+# start_serve N: spore serve with the sandbox API on L1's port 3000.
+start_serve() {
+    "$SPORE" serve --listen 127.0.0.1:0 --state-dir "$state" --auth "$tmp/keys.toml" \
+        --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" \
+        >"$tmp/serve-$1.out" 2>"$tmp/serve-$1.err" &
+    serve=$!
+    i=0
+    until grep -q sandbox_listen "$tmp/serve-$1.out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+    if grep -q sandbox_listen "$tmp/serve-$1.out"; then
+        t "sandbox-api-up-$1" PASS
+    else
+        t "sandbox-api-up-$1" FAIL "$(tail -n 5 "$tmp/serve-$1.err")"
+    fi
+}
+# host_turn NAME: READY to the host driver on 7001, then its results on 7000.
+host_turn() {
+    echo READY | timeout 600 busybox nc -l -p 7001 >/dev/null 2>&1
+    timeout 1500 busybox nc -l -p 7000 >"$tmp/host-results-$1.txt" 2>"$tmp/nc.err"
+    if grep -q '^SPORE-TEST ' "$tmp/host-results-$1.txt"; then
+        grep '^SPORE-TEST ' "$tmp/host-results-$1.txt"
+    else
+        t "host-driver-$1" FAIL "no results from the host driver ($(cat "$tmp/nc.err"))"
+    fi
+}
+start_serve 1
+host_turn sandbox-api
+# kill -9 of the daemon: its guardian ends the VMMs; the paused sandbox stays.
+kill -9 "$serve" 2>/dev/null
+wait "$serve" 2>/dev/null
+start_serve 2
+host_turn sandbox-persist
+kill -TERM "$serve" 2>/dev/null
+wait "$serve" 2>/dev/null
+sleep 1
+left=$(pgrep -f "$state/" | tr '\n' ' ')
+if [ -z "$left" ]; then
+    t sandbox-api-no-leftovers PASS "no VMM of the daemon's left after SIGTERM"
+else
+    t sandbox-api-no-leftovers FAIL "processes left: $left"
+fi
+grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready" "$tmp"/serve-*.err | tail -n 20
+cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
+
+# --- spore bench sandbox, when asked (make bench-sandbox: a marker on the
+# scratch disk; not in make test): its own daemon and state, the JSON kept
+# in the scenario's output.
+if [ -f "${SPORE_SCRATCH:-/scratch}/bench-sandbox.args" ]; then
+    rm -rf "$state"
+    # shellcheck disable=SC2046 # the marker holds the bench's arguments
+    if SPORE_BENCH_DAEMON_LOG="$tmp/bench-serve.err" "$SPORE" bench sandbox --template "$tmp/base.toml" \
+        $(cat "${SPORE_SCRATCH:-/scratch}/bench-sandbox.args") \
+        --state-dir "${SPORE_SCRATCH:-/scratch}/bench" >"$SPORE_OUT/bench-sandbox.json" 2>"$tmp/bench.err"; then
+        t bench-sandbox PASS "$(tail -n 2 "$tmp/bench.err" | tr '\n' ' ')"
+    else
+        t bench-sandbox FAIL "$(tail -n 3 "$tmp/bench.err" | tr '\n' '|') serve: $(tail -n 3 "$tmp/bench-serve.err" | tr '\n' '|')"
+    fi
+fi
+cp "$tmp/bench-serve.err" "$SPORE_OUT/" 2>/dev/null
 exit 0
+

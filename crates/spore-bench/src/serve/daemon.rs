@@ -22,6 +22,8 @@ pub(crate) fn set_extra_args(args: Vec<String>) {
 pub(crate) struct Daemon {
     child: Child,
     pub(crate) addr: String,
+    /// The sandbox API's address, when started with `--sandbox-listen`.
+    pub(crate) sandbox_addr: Option<String>,
     pub(crate) state: PathBuf,
     /// Leave the state directory when ended (a later daemon reuses it).
     keep_state: bool,
@@ -95,6 +97,7 @@ impl Daemon {
         Ok(Daemon {
             child,
             addr,
+            sandbox_addr: v["sandbox_listen"].as_str().map(str::to_string),
             state: state.to_path_buf(),
             keep_state,
         })

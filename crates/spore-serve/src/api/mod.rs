@@ -49,6 +49,8 @@ pub struct Daemon {
     pub url_base: std::sync::OnceLock<UrlBase>,
     /// In a cluster: this node (`--cluster`).
     pub cluster: Option<Arc<crate::cluster::Node>>,
+    /// With `--sandbox-listen`: the sandboxes.
+    pub sandboxes: Option<Arc<crate::sandboxes::Sandboxes>>,
 }
 
 pub use events::spawn_dispatcher as spawn_event_dispatcher;
@@ -447,7 +449,7 @@ pub fn check_name(name: &str) -> Result<(), LambdaError> {
     }
 }
 
-pub(super) fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

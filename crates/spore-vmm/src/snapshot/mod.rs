@@ -271,8 +271,15 @@ pub fn capture_state(
         .map_err(|e| capture("CPU state")(e.to_string()))?;
     drop(fds);
     drop(guards);
+    // A clone's configuration names its source's vsock CID, its device
+    // another: the state carries the device's, so that a restore of a
+    // clone's snapshot (a paused sandbox) finds the two agree.
+    let mut config = config.clone();
+    if let (Some(v), Some(dev)) = (config.vsock.as_mut(), vm.vsock()) {
+        v.guest_cid = u32::try_from(dev.guest_cid()).unwrap_or(v.guest_cid);
+    }
     Ok(MicrovmState {
-        config_json: serde_json::to_string(config)
+        config_json: serde_json::to_string(&config)
             .map_err(|e| capture("the configuration")(e.to_string()))?,
         kind: vm.kind(),
         mem_size: vm.ram().size(),

@@ -16,6 +16,8 @@ pub struct Daemon {
     pub addr: String,
     /// Where function URLs are served, with `--url-listen`.
     pub url_addr: Option<String>,
+    /// The sandbox API's address, with `--sandbox-listen`.
+    pub sandbox_addr: Option<String>,
     pub state_dir: PathBuf,
 }
 
@@ -69,6 +71,7 @@ impl Daemon {
             child,
             addr,
             url_addr: v["url_listen"].as_str().map(str::to_string),
+            sandbox_addr: v["sandbox_listen"].as_str().map(str::to_string),
             state_dir: state_dir.to_path_buf(),
         }
     }

@@ -323,5 +323,31 @@ fn kvm_put_clone_reseeds_each_clone_and_gives_it_a_cid_and_a_disk() {
     let after = std::fs::read(&base).unwrap();
     assert_eq!(&after[..6], b"source");
     assert_eq!(&after[512..525], b"base sector 1", "a clone wrote the base");
+
+    // A clone's snapshot restores, and runs on: its state carries the
+    // clone's CID (its configuration derives from the source's).
+    let c2_sock = std::path::PathBuf::from(clones[1]["socket"].as_str().unwrap());
+    let (code, reply) = http(&c2_sock, "PATCH", "/vm", Some(r#"{"state": "Paused"}"#));
+    assert_eq!(code, 204, "{reply}");
+    let (state, mem) = (s.path("c2.state"), s.path("c2.mem"));
+    let create = format!(
+        r#"{{"snapshot_type": "Full", "snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        state.display(),
+        mem.display()
+    );
+    let (code, reply) = http(&c2_sock, "PUT", "/snapshot/create", Some(&create));
+    assert_eq!(code, 204, "{reply}");
+    let restored_sock = s.path("restored.sock");
+    let restored = spawn_vmm_lines(&restored_sock);
+    let load = format!(
+        r#"{{"snapshot_path": "{}", "mem_file_path": "{}", "resume_vm": true, "vsock_override": {{"uds_path": "{}"}}}}"#,
+        state.display(),
+        mem.display(),
+        s.path("restored.vsock").display()
+    );
+    let (code, reply) = http(&restored_sock, "PUT", "/snapshot/load", Some(&load));
+    assert_eq!(code, 204, "a clone's snapshot restores: {reply}");
+    until(&restored, "rand gen=1 ");
+    drop(restored);
     drop(src);
 }

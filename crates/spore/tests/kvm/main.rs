@@ -75,5 +75,6 @@ mod kvm_tmem_accounting;
 mod kvm_uk_mem;
 mod kvm_uk_tmem;
 mod serve_connections;
+mod serve_sandboxes;
 mod snapshot;
 mod snapshot_restore;

@@ -1,0 +1,470 @@
+//! The sandbox API on `--sandbox-listen`: E2B's control API (the shapes of
+//! its public OpenAPI description, which the `e2b` SDK's client is generated
+//! from) and, on the same port, the sandbox proxy: a request carrying
+//! `E2b-Sandbox-Id` (the SDK's `E2B_SANDBOX_URL` mode), or addressed to
+//! `<port>-<id>.<domain>` (`--sandbox-domain`), goes to that port of that
+//! sandbox (`super::proxy`).
+//!
+//! Authentication: `X-API-Key`, one of the keys file's `sandbox_api_key`s
+//! (its account's sandboxes only); without `--auth`, every request is the
+//! default account's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+use serde::Deserialize;
+
+use super::lifecycle::NewSandbox;
+use super::reply::{empty, error, json, Body};
+use super::{envd, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S};
+use crate::accounts::DEFAULT_ACCOUNT;
+use crate::auth::Keys;
+
+/// Largest control request body (metadata and environment variables).
+const MAX_BODY: usize = 1 << 20;
+
+/// Serves one request on the sandbox listener.
+pub async fn handle(
+    sandboxes: Arc<Sandboxes>,
+    keys: Option<&Keys>,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Response<Body> {
+    if let Some((id, port)) = proxy_target(&req, sandboxes.domain.as_deref()) {
+        return super::proxy::forward(&sandboxes, &id, port, req).await;
+    }
+    let account = match account_of(keys, &req) {
+        Some(a) => a,
+        None => return error(401, "Invalid API key"),
+    };
+    match route(&sandboxes, &account, req, body_timeout).await {
+        Ok(resp) => resp,
+        Err(e) => error(e.status(), &e.to_string()),
+    }
+}
+
+/// The account a request's `X-API-Key` names.
+fn account_of(keys: Option<&Keys>, req: &Request<Incoming>) -> Option<String> {
+    let Some(keys) = keys else {
+        return Some(DEFAULT_ACCOUNT.to_string());
+    };
+    let key = req.headers().get("x-api-key")?.to_str().ok()?;
+    keys.sandbox_account(key).map(|a| a.id.clone())
+}
+
+/// Where the proxy sends a request: `E2b-Sandbox-Id`/`E2b-Sandbox-Port`,
+/// else a `Host` of `<port>-<id>.<domain>`.
+fn proxy_target(req: &Request<Incoming>, domain: Option<&str>) -> Option<(String, u16)> {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Some(id) = header("e2b-sandbox-id") {
+        let port = header("e2b-sandbox-port")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(envd::ENVD_PORT);
+        return Some((id.to_string(), port));
+    }
+    let host = header("host")?;
+    host_target(host, domain?)
+}
+
+/// `<port>-<id>.<domain>[:port]` → `(id, port)`.
+fn host_target(host: &str, domain: &str) -> Option<(String, u16)> {
+    let host = host.rsplit_once(':').map_or(host, |(h, p)| {
+        if p.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
+    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    if id.is_empty() || id.contains('.') {
+        return None;
+    }
+    Some((id.to_string(), port.parse().ok()?))
+}
+
+async fn route(
+    sbx: &Sandboxes,
+    account: &str,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Result<Response<Body>, SandboxError> {
+    let method = req.method().clone();
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    let body = read_body(req, body_timeout).await?;
+    match (&method, parts.as_slice()) {
+        (&Method::GET, ["health"]) => Ok(empty(204)),
+        (&Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => {
+            let new: CreateBody = parse(&body)?;
+            let rec = sbx.create(account, new.into_new()?).await?;
+            Ok(json(201, sandbox_json(sbx, &rec)))
+        }
+        (&Method::GET, ["sandboxes"]) => {
+            let q = ListQuery::parse(&query)?;
+            let recs = sbx.list(account).await;
+            let listed: Vec<_> = recs
+                .iter()
+                .filter(|r| r.state == State::Running && r.matches(&q.metadata))
+                .map(listed_json)
+                .collect();
+            Ok(json(200, listed.into()))
+        }
+        (&Method::GET, ["v2", "sandboxes"]) => {
+            let q = ListQuery::parse(&query)?;
+            Ok(list_v2(sbx.list(account).await, &q))
+        }
+        (&Method::GET, ["sandboxes", id]) => {
+            let rec = sbx.get(account, id).await?;
+            Ok(json(200, detail_json(sbx, &rec)))
+        }
+        (&Method::DELETE, ["sandboxes", id]) => {
+            sbx.kill(account, id).await?;
+            Ok(empty(204))
+        }
+        (&Method::POST, ["sandboxes", id, "timeout"]) => {
+            let t: TimeoutBody = parse(&body)?;
+            sbx.set_timeout(account, id, timeout_s(Some(t.timeout))?)
+                .await?;
+            Ok(empty(204))
+        }
+        (&Method::POST, ["sandboxes", id, "refreshes"]) => {
+            let r: RefreshBody = parse_or_default(&body)?;
+            sbx.set_timeout(
+                account,
+                id,
+                timeout_s(r.duration.or(Some(DEFAULT_TIMEOUT_S)))?,
+            )
+            .await?;
+            Ok(empty(204))
+        }
+        (&Method::POST, ["sandboxes", id, "pause"]) => {
+            sbx.pause(account, id).await?;
+            Ok(empty(204))
+        }
+        (&Method::POST, ["sandboxes", id, "resume"]) => {
+            let r: ResumeBody = parse_or_default(&body)?;
+            let t = timeout_s(r.timeout.or(Some(DEFAULT_TIMEOUT_S)))?;
+            if !sbx.resume(account, id, t, r.auto_pause).await? {
+                return Err(SandboxError::Conflict(format!(
+                    "sandbox \"{id}\" is already running"
+                )));
+            }
+            Ok(json(201, sandbox_json(sbx, &sbx.get(account, id).await?)))
+        }
+        (&Method::POST, ["sandboxes", id, "connect"] | ["v2", "sandboxes", id, "connect"]) => {
+            let c: ConnectBody = parse_or_default(&body)?;
+            let t = timeout_s(c.timeout.or(Some(CONNECT_DEFAULT_TIMEOUT_S)))?;
+            let resumed = sbx.resume(account, id, t, None).await?;
+            let rec = sbx.get(account, id).await?;
+            Ok(json(
+                if resumed { 201 } else { 200 },
+                sandbox_json(sbx, &rec),
+            ))
+        }
+        (&Method::POST, ["sandboxes", id, "fork"]) => {
+            let f: ForkBody = parse_or_default(&body)?;
+            let count = f.count.unwrap_or(1);
+            if !(1..=MAX_FORKS).contains(&count) {
+                return Err(SandboxError::BadRequest(format!(
+                    "count must be 1 to {MAX_FORKS}"
+                )));
+            }
+            let timeout = f.timeout.map(|t| timeout_s(Some(t))).transpose()?;
+            let results = sbx.fork(account, id, count, timeout).await?;
+            let out: Vec<serde_json::Value> = results
+                .iter()
+                .map(|r| match r {
+                    Ok(rec) => serde_json::json!({ "sandbox": sandbox_json(sbx, rec) }),
+                    Err(e) => serde_json::json!({
+                        "error": { "code": e.status(), "message": e.to_string() }
+                    }),
+                })
+                .collect();
+            Ok(json(201, out.into()))
+        }
+        (&Method::GET, ["sandboxes", id, "logs"]) => {
+            sbx.get(account, id).await?;
+            Ok(json(
+                200,
+                serde_json::json!({ "logs": [], "logEntries": [] }),
+            ))
+        }
+        _ => Err(SandboxError::NotFound(format!(
+            "no route for {method} {path}"
+        ))),
+    }
+}
+
+/// The most forks one request may ask for.
+const MAX_FORKS: u32 = 100;
+/// What `connect` gives a sandbox when it names no timeout (E2B's).
+const CONNECT_DEFAULT_TIMEOUT_S: u64 = 300;
+
+fn timeout_s(t: Option<u64>) -> Result<u64, SandboxError> {
+    let t = t.unwrap_or(DEFAULT_TIMEOUT_S);
+    if t > MAX_TIMEOUT_S {
+        return Err(SandboxError::BadRequest(format!(
+            "timeout {t} s is longer than the most a sandbox may run, {MAX_TIMEOUT_S} s"
+        )));
+    }
+    Ok(t)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateBody {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    auto_pause: Option<bool>,
+    metadata: Option<BTreeMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+impl CreateBody {
+    fn into_new(self) -> Result<NewSandbox, SandboxError> {
+        Ok(NewSandbox {
+            template: self.template_id,
+            timeout_s: timeout_s(self.timeout)?,
+            auto_pause: self.auto_pause.unwrap_or(false),
+            metadata: self.metadata.unwrap_or_default(),
+            env_vars: self.env_vars.unwrap_or_default(),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct TimeoutBody {
+    timeout: u64,
+}
+
+#[derive(Deserialize, Default)]
+struct RefreshBody {
+    duration: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ResumeBody {
+    timeout: Option<u64>,
+    auto_pause: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+struct ConnectBody {
+    timeout: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+struct ForkBody {
+    timeout: Option<u64>,
+    count: Option<u32>,
+}
+
+/// `GET /sandboxes` and `/v2/sandboxes`' query: `metadata` (itself a
+/// form-encoded `k=v&...`), `state` (comma-separated), `limit`, `nextToken`
+/// (the offset where the last page ended).
+struct ListQuery {
+    metadata: Vec<(String, String)>,
+    states: Option<Vec<State>>,
+    limit: usize,
+    offset: usize,
+}
+
+impl ListQuery {
+    fn parse(query: &str) -> Result<ListQuery, SandboxError> {
+        let bad = |what: &str| SandboxError::BadRequest(format!("invalid query: {what}"));
+        let mut q = ListQuery {
+            metadata: Vec::new(),
+            states: None,
+            limit: 100,
+            offset: 0,
+        };
+        for (k, v) in form_pairs(query).ok_or_else(|| bad("not form-encoded"))? {
+            match k.as_str() {
+                "metadata" => {
+                    q.metadata = form_pairs(&v).ok_or_else(|| bad("metadata"))?;
+                }
+                "state" => {
+                    let mut states = Vec::new();
+                    for s in v.split(',').filter(|s| !s.is_empty()) {
+                        states.push(match s {
+                            "running" => State::Running,
+                            "paused" => State::Paused,
+                            _ => return Err(bad("state is running or paused")),
+                        });
+                    }
+                    q.states = Some(states);
+                }
+                "limit" => {
+                    q.limit = v
+                        .parse()
+                        .ok()
+                        .filter(|l| (1..=1000).contains(l))
+                        .ok_or_else(|| bad("limit is 1 to 1000"))?;
+                }
+                "nextToken" => q.offset = v.parse().map_err(|_| bad("nextToken"))?,
+                _ => {}
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// `a=b&c=d`, each part percent-decoded ('+' a space).
+fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
+    let decode = |p: &str| crate::api::percent_decode(&p.replace('+', " "));
+    s.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            Some((decode(k)?, decode(v)?))
+        })
+        .collect()
+}
+
+fn list_v2(recs: Vec<Record>, q: &ListQuery) -> Response<Body> {
+    let matching: Vec<&Record> = recs
+        .iter()
+        .filter(|r| q.states.as_ref().is_none_or(|s| s.contains(&r.state)))
+        .filter(|r| r.matches(&q.metadata))
+        .collect();
+    let page: Vec<serde_json::Value> = matching
+        .iter()
+        .skip(q.offset)
+        .take(q.limit)
+        .map(|r| listed_json(r))
+        .collect();
+    let mut resp = json(200, page.into());
+    let next = q.offset + q.limit;
+    if next < matching.len() {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&next.to_string()) {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    resp
+}
+
+/// E2B's `Sandbox` (create, connect, resume, fork).
+fn sandbox_json(sbx: &Sandboxes, r: &Record) -> serde_json::Value {
+    serde_json::json!({
+        "templateID": r.template,
+        "sandboxID": r.id,
+        "clientID": "spore",
+        "alias": r.template,
+        "envdVersion": envd::ENVD_VERSION,
+        "envdAccessToken": r.access_token,
+        "trafficAccessToken": null,
+        "domain": sbx.domain,
+    })
+}
+
+/// E2B's `ListedSandbox`.
+fn listed_json(r: &Record) -> serde_json::Value {
+    serde_json::json!({
+        "templateID": r.template,
+        "sandboxID": r.id,
+        "clientID": "spore",
+        "alias": r.template,
+        "startedAt": crate::clock::iso_ms(r.started_at_ms),
+        "endAt": crate::clock::iso_ms(r.end_at_ms),
+        "cpuCount": r.cpu_count,
+        "memoryMB": r.memory_mib,
+        "diskSizeMB": r.disk_mib,
+        "state": r.state.as_str(),
+        "envdVersion": envd::ENVD_VERSION,
+        "metadata": r.metadata,
+    })
+}
+
+/// E2B's `SandboxDetail`.
+fn detail_json(sbx: &Sandboxes, r: &Record) -> serde_json::Value {
+    let mut v = listed_json(r);
+    v["envdAccessToken"] = r.access_token.clone().into();
+    v["domain"] = serde_json::json!(sbx.domain);
+    v["lifecycle"] = serde_json::json!({
+        "autoResume": false,
+        "onTimeout": if r.auto_pause { "pause" } else { "kill" },
+    });
+    v
+}
+
+async fn read_body(req: Request<Incoming>, pause_limit: Duration) -> Result<Bytes, SandboxError> {
+    let collected = tokio::time::timeout(
+        pause_limit,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    .map_err(|_| SandboxError::BadRequest("the request body did not arrive in time".into()))?
+    .map_err(|e| SandboxError::BadRequest(format!("reading the request body: {e}")))?;
+    Ok(collected.to_bytes())
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SandboxError> {
+    serde_json::from_slice(body)
+        .map_err(|e| SandboxError::BadRequest(format!("invalid request body: {e}")))
+}
+
+/// An empty body is every field's default.
+fn parse_or_default<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, SandboxError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_name_a_port_and_a_sandbox() {
+        assert_eq!(
+            host_target("8080-abc123.sbx.example.com", "sbx.example.com"),
+            Some(("abc123".into(), 8080))
+        );
+        assert_eq!(
+            host_target("49983-abc.sbx.test:3000", "sbx.test"),
+            Some(("abc".into(), 49983))
+        );
+        assert_eq!(host_target("api.sbx.test", "sbx.test"), None);
+        assert_eq!(host_target("x-abc.sbx.test", "sbx.test"), None);
+        assert_eq!(host_target("80-a.b.sbx.test", "sbx.test"), None);
+        assert_eq!(host_target("80-abc.other.test", "sbx.test"), None);
+    }
+
+    #[test]
+    fn list_queries_are_parsed_as_the_sdk_sends_them() {
+        // The SDK form-encodes the metadata, then the whole query again.
+        let q = ListQuery::parse("metadata=run%3Dab%26suite%3Dspore&state=running,paused&limit=5")
+            .unwrap();
+        assert_eq!(
+            q.metadata,
+            vec![
+                ("run".into(), "ab".into()),
+                ("suite".into(), "spore".into())
+            ]
+        );
+        assert_eq!(q.states, Some(vec![State::Running, State::Paused]));
+        assert_eq!(q.limit, 5);
+        assert!(ListQuery::parse("state=gone").is_err());
+        assert!(ListQuery::parse("limit=0").is_err());
+        assert!(ListQuery::parse("metadata=%zz").is_err());
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert_eq!(timeout_s(None).unwrap(), DEFAULT_TIMEOUT_S);
+        assert_eq!(timeout_s(Some(60)).unwrap(), 60);
+        assert!(timeout_s(Some(MAX_TIMEOUT_S + 1)).is_err());
+    }
+}

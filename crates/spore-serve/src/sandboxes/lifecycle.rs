@@ -1,0 +1,396 @@
+//! A sandbox's life on spore's mechanisms: created as a clone of its
+//! template's zygote, forked as clones of itself while it runs (`PUT /clone`
+//! in continue mode), paused as a full snapshot in its directory (then the
+//! VMM ends and its memory is the host's again), resumed by restoring that
+//! snapshot in a new VMM, killed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{envd, new_id, new_token, Record, SandboxError, Sandboxes, State};
+use crate::vmm::VmmProcess;
+
+/// How long a new clone's or a restored sandbox's envd may take to answer
+/// (a Linux guest under emulation is slow to get its vCPUs going).
+const READY_LIMIT: Duration = Duration::from_secs(120);
+
+/// What a create asks for.
+pub struct NewSandbox {
+    pub template: String,
+    pub timeout_s: u64,
+    pub auto_pause: bool,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+impl Sandboxes {
+    /// A new sandbox of `account`: a clone of the template's zygote, its
+    /// envd given a fresh access token, the environment, and the time.
+    pub async fn create(&self, account: &str, new: NewSandbox) -> Result<Record, SandboxError> {
+        let template = self.template(&new.template)?;
+        let started = Instant::now();
+        let id = new_id()?;
+        let dir = self.dir.join(&id);
+        crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let vmm = match self.clone_zygote(&template, &dir).await {
+            Ok(vmm) => vmm,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let token = new_token()?;
+        let now = crate::clock::unix_ms();
+        let rec = Record {
+            id: id.clone(),
+            account: account.to_string(),
+            template: template.spec.name.clone(),
+            metadata: new.metadata,
+            access_token: token.clone(),
+            started_at_ms: now,
+            end_at_ms: now + new.timeout_s * 1000,
+            auto_pause: new.auto_pause,
+            state: State::Running,
+            cpu_count: u32::from(template.spec.vcpus),
+            memory_mib: template.spec.memory_mib,
+            disk_mib: template.spec.disk_mib(),
+            pause_generation: 0,
+            vm_dir: None,
+        };
+        let settings = serde_json::json!({
+            "accessToken": token,
+            "envVars": new.env_vars,
+            "defaultUser": template.spec.user,
+            "timestamp": crate::clock::iso_ms(crate::clock::unix_ms()),
+        });
+        self.start_serving(rec, vmm, None, &settings, &dir).await?;
+        tracing::info!(
+            sandbox = %id,
+            template = %template.spec.name,
+            "sandbox created in {} ms",
+            started.elapsed().as_millis()
+        );
+        self.get(account, &id).await
+    }
+
+    /// Waits for a new VMM's envd, gives it `settings`, saves the record
+    /// and enters the sandbox in the table; on failure the VMM ends and the
+    /// directory goes.
+    async fn start_serving(
+        &self,
+        rec: Record,
+        mut vmm: VmmProcess,
+        current_token: Option<&str>,
+        settings: &serde_json::Value,
+        dir: &Path,
+    ) -> Result<(), SandboxError> {
+        let ready = async {
+            envd::wait_healthy(&vmm.vsock_uds, READY_LIMIT).await?;
+            envd::init(&vmm.vsock_uds, current_token, settings).await?;
+            rec.save(dir)?;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = ready {
+            // A clone's messages are in `<name>.log` beside its socket.
+            let tail = if vmm.is_clone() {
+                let text =
+                    std::fs::read_to_string(vmm.api_sock.with_extension("log")).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().rev().take(5).collect();
+                lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            } else {
+                vmm.log_tail()
+            };
+            vmm.kill().await;
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(SandboxError::Internal(format!(
+                "sandbox {}: {e:#} (VMM log: {tail})",
+                rec.id
+            )));
+        }
+        self.insert(rec, vmm);
+        Ok(())
+    }
+
+    /// `count` forks of a running sandbox, each a clone of it with its own
+    /// id, access token, disk overlay and vsock; one result per fork. One
+    /// `PUT /clone` makes them all (one template of the source), their VMM
+    /// files in one directory they share (`Record::vm_dir`).
+    pub async fn fork(
+        &self,
+        account: &str,
+        id: &str,
+        count: u32,
+        timeout_s: Option<u64>,
+    ) -> Result<Vec<Result<Record, SandboxError>>, SandboxError> {
+        let source = self.entry(account, id).await?;
+        let Some(vmm) = &source.vmm else {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox \"{id}\" is paused: resume it before forking it"
+            )));
+        };
+        let group = format!("f-{}", new_id()?);
+        let vm_dir = self.dir.join(&group);
+        crate::fs::create_private_dir(&vm_dir)
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let clones = match clones_of(vmm, &vm_dir, "continue", count).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&vm_dir);
+                return Err(SandboxError::internal(e));
+            }
+        };
+        let mut results = Vec::new();
+        for clone in clones {
+            let forked = async {
+                let fork_id = new_id()?;
+                let dir = self.dir.join(&fork_id);
+                crate::fs::create_private_dir(&dir)
+                    .map_err(|e| SandboxError::Internal(e.to_string()))?;
+                let now = crate::clock::unix_ms();
+                let token = new_token()?;
+                let rec = Record {
+                    id: fork_id.clone(),
+                    access_token: token.clone(),
+                    started_at_ms: now,
+                    end_at_ms: timeout_s.map_or(source.rec.end_at_ms, |t| now + t * 1000),
+                    state: State::Running,
+                    pause_generation: 0,
+                    vm_dir: Some(group.clone()),
+                    ..source.rec.clone()
+                };
+                let settings = serde_json::json!({
+                    "accessToken": token,
+                    "timestamp": crate::clock::iso_ms(now),
+                });
+                self.start_serving(rec, clone, Some(&source.rec.access_token), &settings, &dir)
+                    .await?;
+                Ok(fork_id)
+            }
+            .await;
+            results.push(forked);
+        }
+        drop(source);
+        if results.iter().all(Result::is_err) {
+            let _ = std::fs::remove_dir_all(&vm_dir);
+        }
+        let mut out = Vec::new();
+        for r in results {
+            out.push(match r {
+                Ok(fork_id) => self.get(account, &fork_id).await,
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Pauses a running sandbox: a full snapshot in its directory, then its
+    /// VMM ends. A paused sandbox holds no memory and survives a daemon
+    /// restart.
+    pub async fn pause(&self, account: &str, id: &str) -> Result<(), SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        let Some(mut vmm) = entry.vmm.take() else {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox \"{id}\" is already paused"
+            )));
+        };
+        let dir = self.dir.join(id);
+        let generation = entry.rec.pause_generation + 1;
+        let (state, mem) = Record::snapshot_files(&dir, generation);
+        let started = Instant::now();
+        if let Err(e) = snapshot(&vmm, &state, &mem).await {
+            // It runs on as it was: resumed if the pause got that far.
+            let _ = vmm
+                .api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
+                .await;
+            entry.vmm = Some(vmm);
+            let _ = std::fs::remove_file(&state);
+            let _ = std::fs::remove_file(&mem);
+            return Err(SandboxError::Internal(format!(
+                "pausing sandbox {id}: {e:#}"
+            )));
+        }
+        vmm.kill().await;
+        let previous = entry.rec.pause_generation;
+        entry.rec.state = State::Paused;
+        entry.rec.pause_generation = generation;
+        if let Err(e) = entry.rec.save(&dir) {
+            return Err(SandboxError::Internal(format!(
+                "sandbox {id}: its record: {e}"
+            )));
+        }
+        if previous > 0 {
+            let (s, m) = Record::snapshot_files(&dir, previous);
+            let _ = std::fs::remove_file(s);
+            let _ = std::fs::remove_file(m);
+        }
+        tracing::info!(
+            sandbox = %id,
+            "sandbox paused in {} ms ({} MiB of memory on disk)",
+            started.elapsed().as_millis(),
+            crate::fs::disk_bytes(&mem) >> 20
+        );
+        Ok(())
+    }
+
+    /// Resumes a paused sandbox (its snapshot restored in a new VMM, envd's
+    /// clock set); `Ok(false)` when it was running already. Either way its
+    /// timeout starts again from now.
+    pub async fn resume(
+        &self,
+        account: &str,
+        id: &str,
+        timeout_s: u64,
+        auto_pause: Option<bool>,
+    ) -> Result<bool, SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        let dir = self.dir.join(id);
+        entry.rec.end_at_ms = crate::clock::unix_ms() + timeout_s * 1000;
+        if let Some(a) = auto_pause {
+            entry.rec.auto_pause = a;
+        }
+        if entry.vmm.is_some() {
+            entry
+                .rec
+                .save(&dir)
+                .map_err(|e| SandboxError::Internal(e.to_string()))?;
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let generation = entry.rec.pause_generation;
+        let (state, mem) = Record::snapshot_files(&dir, generation);
+        let run_dir = dir.join(format!("vm{generation}"));
+        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, None, None, None)
+            .await
+            .map_err(SandboxError::internal)?;
+        let load = serde_json::json!({
+            "snapshot_path": state,
+            "mem_file_path": mem,
+            "resume_vm": true,
+            "vsock_override": { "uds_path": vmm.vsock_uds },
+        });
+        let restored = async {
+            vmm.api("PUT", "/snapshot/load", Some(load.to_string()))
+                .await?;
+            envd::wait_healthy(&vmm.vsock_uds, READY_LIMIT).await?;
+            // The guest's clock stood still while it was paused.
+            let clock =
+                serde_json::json!({ "timestamp": crate::clock::iso_ms(crate::clock::unix_ms()) });
+            envd::init(&vmm.vsock_uds, Some(&entry.rec.access_token), &clock).await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = restored {
+            let tail = vmm.log_tail();
+            vmm.kill().await;
+            return Err(SandboxError::Internal(format!(
+                "resuming sandbox {id}: {e:#} (VMM log: {tail})"
+            )));
+        }
+        entry.rec.state = State::Running;
+        entry.vmm = Some(vmm);
+        entry
+            .rec
+            .save(&dir)
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        tracing::info!(sandbox = %id, "sandbox resumed in {} ms", started.elapsed().as_millis());
+        Ok(true)
+    }
+
+    /// Kills a sandbox, running or paused: its VMM ends, its directory goes.
+    pub async fn kill(&self, account: &str, id: &str) -> Result<(), SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        entry.gone = true;
+        crate::mutex::lock(&self.table).remove(id);
+        if let Some(mut vmm) = entry.vmm.take() {
+            vmm.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join(id));
+        if let Some(group) = &entry.rec.vm_dir {
+            self.release_group(group);
+        }
+        Ok(())
+    }
+
+    /// Its timeout, from now.
+    pub async fn set_timeout(
+        &self,
+        account: &str,
+        id: &str,
+        timeout_s: u64,
+    ) -> Result<(), SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        entry.rec.end_at_ms = crate::clock::unix_ms() + timeout_s * 1000;
+        entry
+            .rec
+            .save(&self.dir.join(id))
+            .map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+}
+
+/// `count` clones of `source` (`mode`: "zygote" freezes it as the
+/// template, "continue" lets it run on), their sockets and disk overlays in
+/// `dir`. A clone that is not all there is ended, never half-adopted.
+pub(super) async fn clones_of(
+    source: &VmmProcess,
+    dir: &Path,
+    mode: &str,
+    count: u32,
+) -> anyhow::Result<Vec<VmmProcess>> {
+    let body = serde_json::json!({ "count": count, "mode": mode, "socket_dir": dir });
+    let resp = source.api("PUT", "/clone", Some(body.to_string())).await?;
+    let report: serde_json::Value = serde_json::from_str(&resp)?;
+    let listed = report
+        .get("clones")
+        .and_then(|c| c.as_array())
+        .ok_or_else(|| anyhow::anyhow!("PUT /clone answered no clones: {resp}"))?;
+    let mut clones = Vec::new();
+    let mut incomplete = None;
+    for clone in listed {
+        let (Some(sock), Some(name), Some(pid)) = (
+            clone.get("socket").and_then(|v| v.as_str()),
+            clone.get("name").and_then(|v| v.as_str()),
+            clone
+                .get("pid")
+                .and_then(|v| v.as_i64())
+                .and_then(|p| i32::try_from(p).ok())
+                .filter(|&p| p > 0),
+        ) else {
+            incomplete = Some(clone.to_string());
+            continue;
+        };
+        let vsock: PathBuf = dir.join(format!("{name}.vsock"));
+        clones.push(VmmProcess::adopt(
+            pid,
+            sock.into(),
+            vsock,
+            dir.to_path_buf(),
+        ));
+    }
+    if incomplete.is_some() || clones.len() != count as usize {
+        for mut c in clones {
+            c.kill().await;
+        }
+        anyhow::bail!(
+            "PUT /clone answered {} clones of {count}{}",
+            listed.len(),
+            incomplete.map_or(String::new(), |c| format!(", one incomplete: {c}"))
+        );
+    }
+    Ok(clones)
+}
+
+/// A full snapshot of the running VM: paused, then written.
+async fn snapshot(vmm: &VmmProcess, state: &Path, mem: &Path) -> anyhow::Result<()> {
+    vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
+        .await?;
+    let body = serde_json::json!({
+        "snapshot_type": "Full",
+        "snapshot_path": state,
+        "mem_file_path": mem,
+    });
+    vmm.api("PUT", "/snapshot/create", Some(body.to_string()))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,414 @@
+//! Sandboxes for agents: E2B's sandbox API on spore's clones and snapshots
+//! (`spore serve --sandbox-listen ADDR --sandbox-template FILE`).
+//!
+//! A sandbox is a Linux microVM running spore-envd (E2B's in-guest daemon on
+//! the wire). It is created as a clone of its template's zygote
+//! (`template`), paused as a snapshot in its directory (the VM ends, its
+//! memory goes back to the host), resumed by restoring it, and forked by
+//! cloning it while it runs. The daemon reaches envd, and any port the
+//! guest listens on, over the VMM's vsock socket (`envd`, `proxy`).
+//!
+//! Files: `<state>/sbx/<id>/` holds a sandbox's record, its disk overlay,
+//! its paused snapshot and (while it runs) its VMM's sockets; a template's
+//! zygote runs in `<state>/run/sbx-<template>/`.
+
+pub mod api;
+mod envd;
+mod lifecycle;
+pub mod proxy;
+mod record;
+pub mod reply;
+pub mod template;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use record::{Record, State};
+pub use template::TemplateSpec;
+
+use crate::mutex::lock;
+use crate::vmm::VmmProcess;
+
+/// `spore serve`'s sandbox options.
+#[derive(Debug)]
+pub struct SandboxConfig {
+    pub listen: std::net::SocketAddr,
+    pub templates: Vec<TemplateSpec>,
+    /// Host-name mode for the proxy: `<port>-<id>.<domain>`.
+    pub domain: Option<String>,
+}
+
+/// A refusal of the sandbox API, with E2B's status codes.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl SandboxError {
+    pub fn status(&self) -> u16 {
+        match self {
+            SandboxError::BadRequest(_) => 400,
+            SandboxError::NotFound(_) => 404,
+            SandboxError::Conflict(_) => 409,
+            SandboxError::Internal(_) => 500,
+        }
+    }
+
+    fn internal(e: anyhow::Error) -> SandboxError {
+        SandboxError::Internal(format!("{e:#}"))
+    }
+}
+
+fn not_found(id: &str) -> SandboxError {
+    SandboxError::NotFound(format!("sandbox \"{id}\" not found"))
+}
+
+/// A template and, once booted, its zygote.
+pub struct Template {
+    pub spec: TemplateSpec,
+    /// Its zygote once booted (again after it failed or died).
+    zygote: tokio::sync::Mutex<Option<template::Zygote>>,
+}
+
+/// One sandbox: its record, and its VMM while it runs.
+pub struct Entry {
+    pub rec: Record,
+    pub vmm: Option<VmmProcess>,
+    /// Killed: whoever waited for its lock finds it gone.
+    pub gone: bool,
+}
+
+pub struct Sandboxes {
+    spore_bin: PathBuf,
+    state_dir: PathBuf,
+    /// `<state>/sbx`.
+    dir: PathBuf,
+    templates: HashMap<String, Arc<Template>>,
+    table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+    /// Forks' shared VMM directories (`Record::vm_dir`) and how many
+    /// sandboxes use each: removed with the last.
+    groups: Mutex<HashMap<String, usize>>,
+    pub domain: Option<String>,
+}
+
+/// A sandbox's default timeout (E2B's: 15 s when create names none).
+pub const DEFAULT_TIMEOUT_S: u64 = 15;
+/// The longest timeout a sandbox may be given (E2B's Pro tier: 24 h).
+pub const MAX_TIMEOUT_S: u64 = 24 * 3600;
+/// How often timeouts are checked.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+impl Sandboxes {
+    /// The sandboxes of `state_dir`: paused ones a previous daemon left are
+    /// found again; whatever else is there (sandboxes that were running)
+    /// is removed.
+    pub fn open(
+        spore_bin: &Path,
+        state_dir: &Path,
+        config: SandboxConfig,
+    ) -> anyhow::Result<Arc<Sandboxes>> {
+        let dir = state_dir.join("sbx");
+        crate::fs::create_private_dir(&dir)?;
+        let mut table = HashMap::new();
+        let mut groups: HashMap<String, usize> = HashMap::new();
+        let mut others = Vec::new();
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let path = e.path();
+            match Record::load(&path) {
+                Ok(rec) if rec.state == State::Paused && paused_files_exist(&path, &rec) => {
+                    if let Some(g) = &rec.vm_dir {
+                        *groups.entry(g.clone()).or_default() += 1;
+                    }
+                    table.insert(
+                        rec.id.clone(),
+                        Arc::new(tokio::sync::Mutex::new(Entry {
+                            rec,
+                            vmm: None,
+                            gone: false,
+                        })),
+                    );
+                }
+                _ => others.push(path),
+            }
+        }
+        // Sandboxes that were running, and fork directories no paused
+        // sandbox needs.
+        let kept = table.len();
+        let mut removed = 0;
+        for path in others {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.is_some_and(|n| groups.contains_key(&n)) {
+                continue;
+            }
+            removed += 1;
+            let _ = std::fs::remove_dir_all(&path);
+        }
+        if kept + removed > 0 {
+            tracing::info!(
+                "sandboxes: {kept} paused sandboxes found again, {removed} left by a daemon that ended removed"
+            );
+        }
+        let templates = config
+            .templates
+            .into_iter()
+            .map(|spec| {
+                (
+                    spec.name.clone(),
+                    Arc::new(Template {
+                        spec,
+                        zygote: tokio::sync::Mutex::new(None),
+                    }),
+                )
+            })
+            .collect();
+        Ok(Arc::new(Sandboxes {
+            spore_bin: spore_bin.to_path_buf(),
+            state_dir: state_dir.to_path_buf(),
+            dir,
+            templates,
+            table: Mutex::new(table),
+            groups: Mutex::new(groups),
+            domain: config.domain,
+        }))
+    }
+
+    /// Boots every template's zygote in the background, and ends sandboxes
+    /// whose timeout passed (pausing those with `autoPause`).
+    pub fn spawn_background(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        for t in self.templates.values() {
+            let (me, t) = (self.clone(), t.clone());
+            tokio::spawn(async move {
+                let mut slot = t.zygote.lock().await;
+                if let Err(e) = me.ensure_zygote(&t, &mut slot).await {
+                    tracing::error!(template = %t.spec.name, "sandbox template: {e}");
+                }
+            });
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REAP_EVERY);
+            loop {
+                tick.tick().await;
+                me.end_timed_out().await;
+            }
+        })
+    }
+
+    /// A clone of the template's zygote with its files in `dir`; the
+    /// zygote is booted first if it is not running (first use, a boot that
+    /// failed, a zygote that died). Creates of one template take turns.
+    async fn clone_zygote(&self, t: &Template, dir: &Path) -> Result<VmmProcess, SandboxError> {
+        let mut slot = t.zygote.lock().await;
+        self.ensure_zygote(t, &mut slot).await?;
+        let Some(z) = slot.as_ref() else {
+            return Err(SandboxError::Internal("no zygote".into()));
+        };
+        lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
+            .await
+            .map_err(SandboxError::internal)?
+            .pop()
+            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))
+    }
+
+    async fn ensure_zygote(
+        &self,
+        t: &Template,
+        slot: &mut Option<template::Zygote>,
+    ) -> Result<(), SandboxError> {
+        if let Some(z) = slot.as_mut() {
+            if z.vmm.is_alive() {
+                return Ok(());
+            }
+            tracing::warn!(template = %t.spec.name, "sandbox template: its zygote ended; booting it again");
+            z.vmm.kill().await;
+            *slot = None;
+        }
+        let run_dir = self
+            .state_dir
+            .join("run")
+            .join(format!("sbx-{}", t.spec.name));
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, &run_dir)
+            .await
+            .map_err(|e| {
+                SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
+            })?;
+        *slot = Some(z);
+        Ok(())
+    }
+
+    fn template(&self, name: &str) -> Result<Arc<Template>, SandboxError> {
+        // E2B's templates may be named `name:tag` or `team/name`: the last
+        // path part without its tag names the template here.
+        let plain = name.rsplit('/').next().unwrap_or(name);
+        let plain = plain.split(':').next().unwrap_or(plain);
+        self.templates
+            .get(plain)
+            .cloned()
+            .ok_or_else(|| SandboxError::NotFound(format!("template \"{name}\" not found")))
+    }
+
+    /// The sandbox `id` of `account`, locked (another account's is
+    /// "not found", as a missing one).
+    async fn entry(
+        &self,
+        account: &str,
+        id: &str,
+    ) -> Result<tokio::sync::OwnedMutexGuard<Entry>, SandboxError> {
+        let entry = lock(&self.table)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_found(id))?;
+        let guard = entry.lock_owned().await;
+        if guard.gone || guard.rec.account != account {
+            return Err(not_found(id));
+        }
+        Ok(guard)
+    }
+
+    /// Records of `account`'s sandboxes.
+    pub async fn list(&self, account: &str) -> Vec<Record> {
+        let entries: Vec<_> = lock(&self.table).values().cloned().collect();
+        let mut out = Vec::new();
+        for e in entries {
+            let g = e.lock().await;
+            if !g.gone && g.rec.account == account {
+                out.push(g.rec.clone());
+            }
+        }
+        out.sort_by_key(|r| std::cmp::Reverse(r.started_at_ms));
+        out
+    }
+
+    pub async fn get(&self, account: &str, id: &str) -> Result<Record, SandboxError> {
+        Ok(self.entry(account, id).await?.rec.clone())
+    }
+
+    /// The vsock socket of a running sandbox, for the proxy; `Err` names
+    /// why there is none. Any account's: the proxy is reached with the
+    /// sandbox's id, and envd checks its own access token.
+    pub async fn vsock_of(&self, id: &str) -> Result<PathBuf, SandboxError> {
+        let entry = lock(&self.table)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_found(id))?;
+        let g = entry.lock().await;
+        match (&g.vmm, g.gone) {
+            (Some(vmm), false) => Ok(vmm.vsock_uds.clone()),
+            (None, false) => Err(SandboxError::Conflict(format!(
+                "sandbox \"{id}\" is paused: resume it (Sandbox.connect) first"
+            ))),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    fn insert(&self, rec: Record, vmm: VmmProcess) {
+        if let Some(g) = &rec.vm_dir {
+            *lock(&self.groups).entry(g.clone()).or_default() += 1;
+        }
+        let id = rec.id.clone();
+        lock(&self.table).insert(
+            id,
+            Arc::new(tokio::sync::Mutex::new(Entry {
+                rec,
+                vmm: Some(vmm),
+                gone: false,
+            })),
+        );
+    }
+
+    /// One sandbox less uses fork directory `group`; the last removes it.
+    fn release_group(&self, group: &str) {
+        let mut groups = lock(&self.groups);
+        let last = match groups.get_mut(group) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        };
+        if last {
+            groups.remove(group);
+            let _ = std::fs::remove_dir_all(self.dir.join(group));
+        }
+    }
+
+    /// Ends every running sandbox and the zygotes (the daemon stops;
+    /// paused sandboxes stay on disk).
+    pub async fn shutdown(&self) {
+        let entries: Vec<_> = lock(&self.table).drain().map(|(_, e)| e).collect();
+        for e in entries {
+            let mut g = e.lock().await;
+            if let Some(mut vmm) = g.vmm.take() {
+                vmm.kill().await;
+            }
+        }
+        for t in self.templates.values() {
+            if let Some(mut z) = t.zygote.lock().await.take() {
+                z.vmm.kill().await;
+            }
+        }
+    }
+
+    async fn end_timed_out(&self) {
+        let now = crate::clock::unix_ms();
+        let entries: Vec<_> = lock(&self.table).values().cloned().collect();
+        for e in entries {
+            let (id, account, auto_pause) = {
+                let g = e.lock().await;
+                if g.gone || g.rec.state != State::Running || g.rec.end_at_ms > now {
+                    continue;
+                }
+                (g.rec.id.clone(), g.rec.account.clone(), g.rec.auto_pause)
+            };
+            let ended = if auto_pause {
+                self.pause(&account, &id).await
+            } else {
+                self.kill(&account, &id).await
+            };
+            match ended {
+                Ok(()) => tracing::info!(
+                    sandbox = %id,
+                    "timeout: {}",
+                    if auto_pause { "paused" } else { "killed" }
+                ),
+                Err(e) => tracing::warn!(sandbox = %id, "timeout: {e}"),
+            }
+        }
+    }
+}
+
+fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
+    let (state, mem) = Record::snapshot_files(dir, rec.pause_generation);
+    state.is_file() && mem.is_file()
+}
+
+/// A new sandbox id: 20 lower-case letters and digits (E2B's form).
+fn new_id() -> Result<String, SandboxError> {
+    random_chars(20, b"abcdefghijklmnopqrstuvwxyz0123456789")
+}
+
+/// A new envd access token.
+fn new_token() -> Result<String, SandboxError> {
+    random_chars(40, b"0123456789abcdef")
+}
+
+/// `n` random characters of `alphabet`; without the OS generator, an error
+/// rather than a guessable id or token.
+fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
+    let mut raw = vec![0u8; n];
+    getrandom::fill(&mut raw)
+        .map_err(|e| SandboxError::Internal(format!("the OS random number generator: {e}")))?;
+    Ok(raw
+        .iter()
+        .map(|b| alphabet[usize::from(*b) % alphabet.len()] as char)
+        .collect())
+}

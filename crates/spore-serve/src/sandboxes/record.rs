@@ -1,0 +1,120 @@
+//! What the daemon keeps of a sandbox, on disk in its directory
+//! (`<state>/sbx/<id>/sandbox.json`, written atomically, mode 0600): enough
+//! to list it and to resume it after a daemon restart once it is paused. A
+//! running sandbox's VMM does not outlive the daemon, so only paused ones are
+//! found again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where a sandbox is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Running,
+    Paused,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Paused => "paused",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    /// The account it belongs to (12 digits).
+    pub account: String,
+    pub template: String,
+    pub metadata: BTreeMap<String, String>,
+    /// envd's access token (the SDK sends it as `X-Access-Token`).
+    pub access_token: String,
+    pub started_at_ms: u64,
+    /// When its timeout ends it (or pauses it, with `auto_pause`).
+    pub end_at_ms: u64,
+    pub auto_pause: bool,
+    pub state: State,
+    pub cpu_count: u32,
+    pub memory_mib: u32,
+    pub disk_mib: u64,
+    /// The newest pause's snapshot (`pause-<n>.state`, `pause-<n>.mem`).
+    pub pause_generation: u32,
+    /// A fork's: the directory (under `<state>/sbx/`) its VMM files and
+    /// disk overlay are in, shared with the forks made beside it; `None`:
+    /// its own directory.
+    #[serde(default)]
+    pub vm_dir: Option<String>,
+}
+
+/// The file a sandbox's record is in.
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join("sandbox.json")
+}
+
+impl Record {
+    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        crate::fs::write_private(&path(dir), &json)
+    }
+
+    pub fn load(dir: &Path) -> anyhow::Result<Record> {
+        let bytes = std::fs::read(path(dir))?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// The snapshot files of pause `generation`.
+    pub fn snapshot_files(dir: &Path, generation: u32) -> (PathBuf, PathBuf) {
+        (
+            dir.join(format!("pause-{generation}.state")),
+            dir.join(format!("pause-{generation}.mem")),
+        )
+    }
+
+    /// Whether its metadata has every `(key, value)` of `wanted`.
+    pub fn matches(&self, wanted: &[(String, String)]) -> bool {
+        wanted
+            .iter()
+            .all(|(k, v)| self.metadata.get(k).is_some_and(|m| m == v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_and_matches_metadata() {
+        let dir = std::env::temp_dir().join(format!("spore-sbx-rec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = Record {
+            id: "abc".into(),
+            account: "000000000000".into(),
+            template: "base".into(),
+            metadata: [("a".to_string(), "1".to_string())].into(),
+            access_token: "t".into(),
+            started_at_ms: 1,
+            end_at_ms: 2,
+            auto_pause: true,
+            state: State::Paused,
+            cpu_count: 1,
+            memory_mib: 512,
+            disk_mib: 2048,
+            pause_generation: 3,
+            vm_dir: Some("f-x".into()),
+        };
+        rec.save(&dir).unwrap();
+        let back = Record::load(&dir).unwrap();
+        assert_eq!(back.state, State::Paused);
+        assert_eq!(back.pause_generation, 3);
+        assert!(back.matches(&[("a".into(), "1".into())]));
+        assert!(!back.matches(&[("a".into(), "2".into())]));
+        assert!(back.matches(&[]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,243 @@
+//! Sandbox templates: what a sandbox is made from (a guest kernel, a root
+//! image with spore-agent and spore-envd, memory and vCPUs), given to `spore
+//! serve --sandbox-template FILE` as TOML:
+//!
+//! ```toml
+//! name = "base"                       # what Sandbox.create("base") names
+//! kernel = "/var/lib/spore/vmlinux"
+//! rootfs = "/var/lib/spore/sandbox-base.ext4"
+//! vcpus = 1                           # default 1
+//! memory_mib = 512                    # default 512
+//! user = "user"                       # commands' default user, default "user"
+//! ```
+//!
+//! Each template has a **zygote**: one VM booted from it until its envd
+//! answers, then frozen as the template of its sandboxes, each a clone of it
+//! (its memory shared copy-on-write, the image read-only under a private
+//! overlay). The zygote boots when the daemon starts, in the background; a
+//! create that comes first waits for it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use serde::Deserialize;
+
+use super::envd;
+use crate::vmm::VmmProcess;
+
+/// How long a template's zygote may take to boot until its envd answers (a
+/// Linux guest under emulation takes tens of seconds).
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateSpec {
+    pub name: String,
+    pub kernel: PathBuf,
+    pub rootfs: PathBuf,
+    #[serde(default = "default_vcpus")]
+    pub vcpus: u8,
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u32,
+    #[serde(default = "default_user")]
+    pub user: String,
+}
+
+fn default_vcpus() -> u8 {
+    1
+}
+fn default_memory_mib() -> u32 {
+    512
+}
+fn default_user() -> String {
+    "user".into()
+}
+
+impl TemplateSpec {
+    /// Reads and checks a template file.
+    pub fn load(path: &Path) -> anyhow::Result<TemplateSpec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the sandbox template {}", path.display()))?;
+        let spec: TemplateSpec =
+            toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        spec.check()
+            .with_context(|| format!("sandbox template {}", path.display()))?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if !valid_name(&self.name) {
+            bail!(
+                "name {:?}: 1 to 24 lower-case letters, digits, '-' or '_'",
+                self.name
+            );
+        }
+        for (what, p) in [("kernel", &self.kernel), ("rootfs", &self.rootfs)] {
+            if !p.is_file() {
+                bail!("{what} {} is not a file", p.display());
+            }
+        }
+        if !(1..=32).contains(&self.vcpus) {
+            bail!("vcpus = {}: 1 to 32", self.vcpus);
+        }
+        if !(128..=65_536).contains(&self.memory_mib) {
+            bail!("memory_mib = {}: 128 to 65536", self.memory_mib);
+        }
+        if self.user.is_empty()
+            || !self
+                .user
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            bail!("user {:?} is not a user name", self.user);
+        }
+        Ok(())
+    }
+
+    /// The image's size in MiB (what E2B reports as the disk size).
+    pub fn disk_mib(&self) -> u64 {
+        std::fs::metadata(&self.rootfs).map_or(0, |m| m.len() >> 20)
+    }
+}
+
+/// Template names (in socket paths: kept short).
+fn valid_name(name: &str) -> bool {
+    (1..=24).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// A template's zygote: booted, its envd answering; frozen as the clones'
+/// template by the first clone asked of it.
+pub struct Zygote {
+    pub vmm: VmmProcess,
+}
+
+/// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
+/// that a later daemon ends it as a leftover) and waits for its envd.
+pub async fn boot_zygote(
+    spore_bin: &Path,
+    spec: &TemplateSpec,
+    run_dir: &Path,
+) -> anyhow::Result<Zygote> {
+    let started = Instant::now();
+    let _ = std::fs::remove_dir_all(run_dir);
+    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, None, None, None).await?;
+    match configure(&vmm, spec, run_dir).await {
+        Ok(()) => {}
+        Err(e) => {
+            let tail = vmm.log_tail();
+            vmm.kill().await;
+            return Err(e.context(format!("VMM log: {tail}")));
+        }
+    }
+    if let Err(e) = envd::wait_healthy(&vmm.vsock_uds, BOOT_LIMIT).await {
+        let tail = vmm.log_lines(8);
+        vmm.kill().await;
+        return Err(e.context(format!("template {}: console: {tail}", spec.name)));
+    }
+    tracing::info!(
+        template = %spec.name,
+        "sandbox template ready: its zygote's envd answered {} ms after the VMM started",
+        started.elapsed().as_millis()
+    );
+    Ok(Zygote { vmm })
+}
+
+/// The zygote's configuration: its image read-only under an overlay in its
+/// run directory (which each clone copies), vsock for envd.
+async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> anyhow::Result<()> {
+    let boot_args = format!(
+        "console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 \
+         init=/sbin/spore-agent spore.mode=sandbox spore.user={}",
+        spec.user
+    );
+    let calls = [
+        (
+            "/boot-source",
+            serde_json::json!({
+                "kernel_image_path": spec.kernel,
+                "boot_args": boot_args,
+            }),
+        ),
+        (
+            "/machine-config",
+            serde_json::json!({
+                "vcpu_count": spec.vcpus,
+                "mem_size_mib": spec.memory_mib,
+            }),
+        ),
+        (
+            "/drives/rootfs",
+            serde_json::json!({
+                "drive_id": "rootfs",
+                "path_on_host": spec.rootfs,
+                "is_root_device": true,
+                "is_read_only": false,
+                "cow_overlay": { "path": run_dir.join("zygote.rootfs.cow") },
+            }),
+        ),
+        (
+            "/vsock",
+            serde_json::json!({ "guest_cid": 3, "uds_path": vmm.vsock_uds }),
+        ),
+        (
+            "/actions",
+            serde_json::json!({ "action_type": "InstanceStart" }),
+        ),
+    ];
+    for (path, body) in calls {
+        vmm.api("PUT", path, Some(body.to_string())).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_short_and_plain() {
+        assert!(valid_name("base"));
+        assert!(valid_name("py-3_12"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("Base"));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name(&"x".repeat(25)));
+    }
+
+    #[test]
+    fn a_spec_is_checked() {
+        let dir = std::env::temp_dir().join(format!("spore-tpl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (k, r) = (dir.join("vmlinux"), dir.join("rootfs.ext4"));
+        std::fs::write(&k, b"k").unwrap();
+        std::fs::write(&r, b"r").unwrap();
+        let file = dir.join("base.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"base\"\nkernel = {:?}\nrootfs = {:?}\n",
+                k.display().to_string(),
+                r.display().to_string()
+            ),
+        )
+        .unwrap();
+        let spec = TemplateSpec::load(&file).unwrap();
+        assert_eq!(
+            (spec.vcpus, spec.memory_mib, spec.user.as_str()),
+            (1, 512, "user")
+        );
+        std::fs::write(
+            &file,
+            "name = \"base\"\nkernel = \"/nonexistent\"\nrootfs = \"/x\"\n",
+        )
+        .unwrap();
+        assert!(TemplateSpec::load(&file).is_err());
+        std::fs::write(&file, "name = \"base\"\nunknown = 1\n").unwrap();
+        assert!(TemplateSpec::load(&file).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

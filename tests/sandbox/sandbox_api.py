@@ -1,0 +1,283 @@
+"""spore serve's E2B-compatible sandbox control API and sandbox proxy, driven by
+the unmodified e2b Python SDK (2.63.0): create, commands, files, list, timeout,
+pause and resume, fork, kill, and the errors for a wrong key or template.
+
+Like the envd scenarios (envd_common.py) it looks at the sandboxes only through
+the SDK. It runs on the host against a server in a nested VM, where everything
+is slow: every call gets a generous timeout, and nothing sleeps long.
+
+    sandbox_api.py                 the scenarios
+    sandbox_api.py persist-prepare a sandbox with a file, paused (its id in
+                                   $SANDBOX_PERSIST_STATE), before the daemon
+                                   is killed with SIGKILL and started again
+    sandbox_api.py persist-check   after the restart: it resumes, with its file
+
+Environment:
+    E2B_API_URL, E2B_SANDBOX_URL  spore serve's address (read by the SDK itself)
+    E2B_API_KEY                   a key of account A (read by the SDK itself)
+    SANDBOX_OTHER_API_KEY         a key of another account B
+    SANDBOX_TEMPLATE              the template to create from (default "base")
+    SANDBOX_PERSIST_STATE         a file the two persist steps share
+"""
+import os
+import secrets
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
+
+from envd_common import check
+
+API = {"request_timeout": 180}  # every control-API (and envd) request
+CMD = 120  # seconds a command may take
+TEMPLATE = os.environ.get("SANDBOX_TEMPLATE", "base")
+RUN = secrets.token_hex(8)
+MARKER = "/home/user/before-pause.txt"
+COUNTER = "/home/user/counter"
+
+created = []  # ids of every sandbox made here, killed at the end
+
+
+def timed(what, fn):
+    start = time.monotonic()
+    result = fn()
+    print(f"time: {what} {int((time.monotonic() - start) * 1000)} ms")
+    return result
+
+
+def sh(sbx, command):
+    return sbx.commands.run(command, timeout=CMD).stdout
+
+
+def listed(query, **opts):
+    """Every sandbox Sandbox.list yields for `query`, all pages."""
+    paginator = Sandbox.list(query=query, **{**API, **opts})
+    items = []
+    while paginator.has_next:
+        items += paginator.next_items()
+    return items
+
+
+def raises(exc, fn):
+    """The exception of type `exc` fn raised, or None if it raised nothing."""
+    try:
+        fn()
+    except exc as e:
+        return e
+    return None
+
+
+def utc(dt):
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def create():
+    sbx = timed("create", lambda: Sandbox.create(
+        TEMPLATE, metadata={"suite": "spore", "run": RUN},
+        envs={"SPORE_VAR": "hello"}, timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    check(bool(sbx.sandbox_id), f"create: sandbox {sbx.sandbox_id}")
+    return sbx
+
+
+def commands(sbx):
+    r = sbx.commands.run("echo hi", timeout=CMD)
+    check(r.stdout == "hi\n" and r.exit_code == 0, "a command runs: echo hi")
+    check(sh(sbx, "echo $SPORE_VAR") == "hello\n", "the create's env vars reach commands")
+    e = raises(CommandExitException, lambda: sbx.commands.run("exit 3", timeout=CMD))
+    check(e is not None and e.exit_code == 3, "a failing command raises CommandExitException, exit code 3")
+
+
+def background(sbx):
+    h = sbx.commands.run("cat", background=True, stdin=True, timeout=CMD)
+    check(h.pid in {p.pid for p in sbx.commands.list()}, "a background command is listed")
+    sbx.commands.send_stdin(h.pid, "ping\n")
+    out = ""
+    for stdout, _, _ in h:  # until cat echoes the line (bounded by timeout=CMD)
+        out += stdout or ""
+        if "ping\n" in out:
+            break
+    check(out == "ping\n", "stdin sent to a background command reaches it")
+    check(sbx.commands.kill(h.pid), "the background command is killed")
+    deadline = time.monotonic() + 20
+    while h.pid in {p.pid for p in sbx.commands.list()} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    check(h.pid not in {p.pid for p in sbx.commands.list()}, "the killed command is no longer listed")
+
+
+def files(sbx):
+    sbx.files.write("/home/user/a.txt", "some text\n")
+    check(sbx.files.read("/home/user/a.txt") == "some text\n", "a written file reads back")
+    check("a.txt" in {e.name for e in sbx.files.list("/home/user")}, "the file is listed")
+    sbx.files.remove("/home/user/a.txt")
+    check(not sbx.files.exists("/home/user/a.txt"), "the removed file is gone")
+
+    sbx.files.make_dir("/home/user/w")
+    watch = sbx.files.watch_dir("/home/user/w")
+    try:
+        sbx.files.write("/home/user/w/new.txt", "x")
+        seen, deadline = [], time.monotonic() + 20
+        while time.monotonic() < deadline:
+            seen += [e.name for e in watch.get_new_events()]
+            if any(name.endswith("new.txt") for name in seen):
+                break
+            time.sleep(0.5)
+        check(any(name.endswith("new.txt") for name in seen), f"the watch sees the new file ({seen})")
+    finally:
+        watch.stop()
+
+
+def big_output(sbx):
+    r = sbx.commands.run("head -c 10485760 /dev/zero | tr '\\0' 'a'", timeout=CMD)
+    check(len(r.stdout) == 10485760, f"10 MB of stdout streams whole ({len(r.stdout)} bytes)")
+
+
+def set_timeout(sbx):
+    before = utc(sbx.get_info().end_at)
+    sbx.set_timeout(900)
+    after = utc(sbx.get_info().end_at)
+    # Created with 600 s, now 900 s from later on: at least 300 s more (either
+    # side of the server's rounding); independent of the two hosts' clocks.
+    check(after - before >= timedelta(seconds=280), f"set_timeout moves end_at later ({before} -> {after})")
+
+
+def listing(sbx):
+    found = listed(SandboxQuery(metadata={"run": RUN}))
+    check([s.sandbox_id for s in found] == [sbx.sandbox_id], "list by metadata: exactly the sandbox")
+    check(found[0].metadata.get("suite") == "spore", "the listed sandbox has its metadata")
+    check(listed(SandboxQuery(metadata={"run": "no-such-run"})) == [], "list by metadata matching nothing: empty")
+    other = os.environ["SANDBOX_OTHER_API_KEY"]
+    check(sbx.sandbox_id not in {s.sandbox_id for s in listed(None, api_key=other)},
+          "another account's list does not show it")
+    e = raises(NotFoundException, lambda: Sandbox.connect(sbx.sandbox_id, api_key=other, **API))
+    check(e is not None, f"another account cannot connect to it ({type(e).__name__})")
+
+
+def pause_resume(sbx):
+    sbx.files.write(MARKER, "written before the pause\n")
+    h = sbx.commands.run(
+        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}; sleep 0.2; done",
+        background=True, timeout=0)
+    time.sleep(1)
+    check(int(sbx.files.read(COUNTER).strip() or 0) > 0, "the background counter counts")
+    check(timed("pause", lambda: sbx.pause(**API)) is True, "pause")
+    paused = listed(SandboxQuery(metadata={"run": RUN}, state=[SandboxState.PAUSED]))
+    check([s.sandbox_id for s in paused] == [sbx.sandbox_id] and paused[0].state == SandboxState.PAUSED,
+          "list with state paused: the sandbox, paused")
+    check(listed(SandboxQuery(metadata={"run": RUN}, state=[SandboxState.RUNNING])) == [],
+          "list with state running: not there")
+
+    resumed = timed("resume", lambda: Sandbox.connect(sbx.sandbox_id, timeout=900, **API))
+    check(resumed.files.read(MARKER) == "written before the pause\n", "after the resume: the file is there")
+    first = int(resumed.files.read(COUNTER).strip() or 0)
+    time.sleep(1.5)
+    second = int(resumed.files.read(COUNTER).strip() or 0)
+    check(second > first, f"after the resume: the counter counts on ({first} -> {second})")
+    check(h.pid in {p.pid for p in resumed.commands.list()}, "after the resume: the background command is listed")
+    return resumed
+
+
+def fork(sbx):
+    results = timed("fork-2", lambda: sbx.fork(count=2, timeout=600))
+    forks = [f for f in results if isinstance(f, Sandbox)]
+    created.extend(f.sandbox_id for f in forks)
+    check(len(results) == 2 and len(forks) == 2, f"fork into 2: {results}")
+    ids = {sbx.sandbox_id} | {f.sandbox_id for f in forks}
+    check(len(ids) == 3, "the forks have ids of their own")
+    for n, f in enumerate(forks, 1):
+        check(f.files.read(MARKER) == "written before the pause\n", f"fork {n}: has the sandbox's file")
+    forks[0].files.write("/home/user/only-in-fork-1.txt", "1")
+    check(forks[0].files.exists("/home/user/only-in-fork-1.txt"), "fork 1 wrote its file")
+    check(not forks[1].files.exists("/home/user/only-in-fork-1.txt"), "fork 2 does not see fork 1's file")
+    check(not sbx.files.exists("/home/user/only-in-fork-1.txt"), "the source does not see fork 1's file")
+    uuids = {sh(s, "cat /proc/sys/kernel/random/uuid") for s in [sbx] + forks}
+    check(len(uuids) == 3, "the three draw different random numbers")
+    for n, f in enumerate(forks, 1):
+        check(f.kill(**API) is True, f"fork {n} killed")
+
+
+def kill(sbx):
+    check(sbx.kill(**API) is True, "kill the sandbox")
+    e = raises(NotFoundException, lambda: Sandbox.connect(sbx.sandbox_id, **API))
+    check(e is not None, f"connect to the killed sandbox: not found ({type(e).__name__})")
+    # The SDK documents kill's False as "the sandbox was not found" (a 404).
+    check(Sandbox.kill(sbx.sandbox_id, **API) is False, "kill the killed sandbox again: False")
+    check(Sandbox.kill("no-such-sandbox-" + RUN, **API) is False, "kill an unknown id: False")
+
+
+def wrong_key():
+    wrong = "e2b_" + "f" * 40
+
+    def create_wrong():
+        sbx = Sandbox.create(TEMPLATE, api_key=wrong, **API)
+        created.append(sbx.sandbox_id)
+    check(raises(AuthenticationException, create_wrong) is not None,
+          "a wrong key: create raises AuthenticationException")
+    paginator = Sandbox.list(api_key=wrong, **API)
+    check(raises(AuthenticationException, paginator.next_items) is not None,
+          "a wrong key: list raises AuthenticationException")
+
+
+def missing_template():
+    try:
+        sbx = Sandbox.create("no-such-template", **API)
+    except Exception as e:
+        check("no-such-template" in str(e), f"a missing template raises, naming it ({type(e).__name__}: {e})")
+        return
+    created.append(sbx.sandbox_id)
+    check(False, "a missing template raises")
+
+
+def main():
+    try:
+        sbx = create()
+        commands(sbx)
+        background(sbx)
+        files(sbx)
+        big_output(sbx)
+        set_timeout(sbx)
+        listing(sbx)
+        sbx = pause_resume(sbx)
+        fork(sbx)
+        kill(sbx)
+        wrong_key()
+        missing_template()
+    finally:
+        for sandbox_id in created:
+            try:
+                Sandbox.kill(sandbox_id, **API)
+            except Exception as e:
+                print(f"cleanup: kill {sandbox_id}: {e}")
+
+
+PERSISTED = "/home/user/kept-across-a-restart.txt"
+
+
+def persist_prepare():
+    sbx = create()
+    sbx.files.write(PERSISTED, RUN)
+    check(sbx.pause(**API) is True, "paused before the daemon's restart")
+    with open(os.environ["SANDBOX_PERSIST_STATE"], "w") as f:
+        f.write(f"{sbx.sandbox_id} {RUN}")
+
+
+def persist_check():
+    sandbox_id, run = open(os.environ["SANDBOX_PERSIST_STATE"]).read().split()
+    found = listed(SandboxQuery(state=[SandboxState.PAUSED]))
+    check(sandbox_id in {s.sandbox_id for s in found}, "after SIGKILL and a restart of the daemon: still listed, paused")
+    sbx = timed("resume-after-restart", lambda: Sandbox.connect(sandbox_id, timeout=600, **API))
+    check(sbx.files.read(PERSISTED) == run, "after the restart: resumed with its file")
+    check(sbx.kill(**API) is True, "killed")
+
+
+if __name__ == "__main__":
+    step = sys.argv[1] if len(sys.argv) > 1 else "all"
+    {"all": main, "persist-prepare": persist_prepare, "persist-check": persist_check}[step]()
