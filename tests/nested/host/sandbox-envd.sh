@@ -55,32 +55,7 @@ PY
     results=""
 }
 
-scenario envd_process envd_process
-scenario envd_files envd_files
-scenario lifecycle-prepare envd_lifecycle prepare
-send "${SPORE_FWD_7000:?}"
-
-# L1 pauses, resumes and forks the sandbox, then answers READY on 7001.
-python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST lifecycle-ready FAIL L1 never said READY"$'\n'
-import socket, sys, time
-port = int(sys.argv[1])
-deadline = time.time() + 900
-while time.time() < deadline:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            if s.recv(16).startswith(b"READY"):
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(1)
-sys.exit(1)
-PY
-scenario lifecycle-after-resume-and-fork envd_lifecycle check \
-    "http://127.0.0.1:${SPORE_FWD_49984:?}" "http://127.0.0.1:${SPORE_FWD_49985:?}"
-send "$SPORE_FWD_7000"
-
-# The sandbox API (spore serve in L1, on its port 3000): the SDK as an agent
-# uses it, then a paused sandbox across a SIGKILL and restart of the daemon.
+# wait_ready NAME: until L1 answers READY on its port 7001 (at most 900 s).
 wait_ready() {
     python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST $1-ready FAIL L1 never said READY"$'\n'
 import socket, sys, time
@@ -97,6 +72,20 @@ while time.time() < deadline:
 sys.exit(1)
 PY
 }
+
+scenario envd_process envd_process
+scenario envd_files envd_files
+scenario lifecycle-prepare envd_lifecycle prepare
+send "${SPORE_FWD_7000:?}"
+
+# L1 pauses, resumes and forks the sandbox, then answers READY on 7001.
+wait_ready lifecycle
+scenario lifecycle-after-resume-and-fork envd_lifecycle check \
+    "http://127.0.0.1:${SPORE_FWD_49984:?}" "http://127.0.0.1:${SPORE_FWD_49985:?}"
+send "$SPORE_FWD_7000"
+
+# The sandbox API (spore serve in L1, on its port 3000): the SDK as an agent
+# uses it, then a paused sandbox across a SIGKILL and restart of the daemon.
 # The keys L1's keys.toml gives accounts 111111111111 and 222222222222.
 export E2B_API_URL="http://127.0.0.1:${SPORE_FWD_3000:?}" E2B_SANDBOX_URL="http://127.0.0.1:$SPORE_FWD_3000" \
     E2B_API_KEY=e2b_0000000000000000000000000000000000000a11 \
