@@ -491,7 +491,7 @@ if [[ -z $only || $only == sandbox-envd ]]; then
     if [[ -n ${SPORE_SANDBOX_BENCH:-} ]]; then
         printf '%s\n' "$SPORE_SANDBOX_BENCH" >"$work/sbx-scratch/bench-sandbox.args"
     fi
-    run_one sandbox-envd --own-l1 --memory 3072 --timeout 3000 --stall-timeout 1200 \
+    run_one sandbox-envd --own-l1 --memory 3072 --timeout 3000 --stall-timeout 600 \
         --scratch-disk "3600:$work/sbx-scratch" --hostfwd 49983 --hostfwd 49984 --hostfwd 49985 \
         --hostfwd 7000 --hostfwd 7001 --hostfwd 3000 \
         --host-driver "$here/host/sandbox-envd.sh" \
