@@ -214,6 +214,13 @@ host_turn() {
 }
 start_serve 1
 host_turn sandbox-api
+# sandbox_api.py paused sandboxes cloned from the template: their pauses are
+# diffs on the template base.
+if grep -q "sandbox paused in .*a diff snapshot" "$tmp/serve-1.err"; then
+    t sandbox-pause-is-a-diff PASS "$(grep -o 'sandbox template base written.*\|sandbox paused in .*' "$tmp/serve-1.err" | head -n 2 | tr -d '\033' | sed 's/\[[0-9;]*m//g' | tr '\n' ' ')"
+else
+    t sandbox-pause-is-a-diff FAIL "$(grep -i 'paus\|base' "$tmp/serve-1.err" | tail -n 3 | tr '\n' ' ')"
+fi
 # kill -9 of the daemon: its guardian ends the VMMs; the paused sandbox stays.
 kill -9 "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null

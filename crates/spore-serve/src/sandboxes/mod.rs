@@ -20,7 +20,7 @@ mod record;
 pub mod reply;
 pub mod template;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +92,8 @@ pub struct Sandboxes {
     state_dir: PathBuf,
     /// `<state>/sbx`.
     dir: PathBuf,
+    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`).
+    bases: PathBuf,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -157,6 +159,12 @@ impl Sandboxes {
                 "sandboxes: {kept} paused sandboxes found again, {removed} left by a daemon that ended removed"
             );
         }
+        let bases = state_dir.join("sbx-bases");
+        let needed: HashSet<PathBuf> = table
+            .values()
+            .filter_map(|e| e.try_lock().ok().and_then(|e| e.rec.base.clone()))
+            .collect();
+        remove_bases_but(&bases, &needed);
         let templates = config
             .templates
             .into_iter()
@@ -174,6 +182,7 @@ impl Sandboxes {
             spore_bin: spore_bin.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             dir,
+            bases,
             templates,
             table: Mutex::new(table),
             groups: Mutex::new(groups),
@@ -206,17 +215,23 @@ impl Sandboxes {
     /// A clone of the template's zygote with its files in `dir`; the
     /// zygote is booted first if it is not running (first use, a boot that
     /// failed, a zygote that died). Creates of one template take turns.
-    async fn clone_zygote(&self, t: &Template, dir: &Path) -> Result<VmmProcess, SandboxError> {
+    /// Returns the clone and the template base its memory is a diff on.
+    async fn clone_zygote(
+        &self,
+        t: &Template,
+        dir: &Path,
+    ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
         let mut slot = t.zygote.lock().await;
         self.ensure_zygote(t, &mut slot).await?;
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
-        lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
+        let clone = lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
             .await
             .map_err(SandboxError::internal)?
             .pop()
-            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))
+            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))?;
+        Ok((clone, z.base.clone()))
     }
 
     async fn ensure_zygote(
@@ -236,7 +251,37 @@ impl Sandboxes {
             .state_dir
             .join("run")
             .join(format!("sbx-{}", t.spec.name));
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, &run_dir)
+        // The bases no sandbox's chain and no other zygote needs go before
+        // a new one is made.
+        if let Some(needed) = self.bases_needed(t) {
+            remove_bases_but(&self.bases, &needed);
+        }
+        self.boot_zygote(t, slot, &run_dir).await
+    }
+
+    /// The template bases sandboxes and the zygotes of templates other
+    /// than `except` use; `None` when one is busy (it may need any).
+    fn bases_needed(&self, except: &Template) -> Option<HashSet<PathBuf>> {
+        let mut needed = HashSet::new();
+        for e in crate::mutex::lock(&self.table).values() {
+            needed.extend(e.try_lock().ok()?.rec.base.clone());
+        }
+        for t in self.templates.values() {
+            if t.spec.name != except.spec.name {
+                let z = t.zygote.try_lock().ok()?;
+                needed.extend(z.as_ref().and_then(|z| z.base.clone()));
+            }
+        }
+        Some(needed)
+    }
+
+    async fn boot_zygote(
+        &self,
+        t: &Template,
+        slot: &mut Option<template::Zygote>,
+        run_dir: &Path,
+    ) -> Result<(), SandboxError> {
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases)
             .await
             .map_err(|e| {
                 SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
@@ -388,7 +433,20 @@ impl Sandboxes {
 
 fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     let (state, mem) = Record::snapshot_files(dir, rec.pause_generation);
-    state.is_file() && mem.is_file()
+    state.is_file() && mem.is_file() && rec.chain_files(dir).iter().all(|f| f.is_file())
+}
+
+/// Removes the template bases in `bases` but those in `needed` (state
+/// files; each goes with its memory file).
+fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
+    for e in std::fs::read_dir(bases).into_iter().flatten().flatten() {
+        let path = e.path();
+        let state = path.with_extension("state");
+        if !needed.contains(&state) {
+            tracing::debug!("removing template base file {}", path.display());
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// A new sandbox id: 20 lower-case letters and digits (E2B's form).

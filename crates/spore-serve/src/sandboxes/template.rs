@@ -113,6 +113,10 @@ fn valid_name(name: &str) -> bool {
 /// template by the first clone asked of it.
 pub struct Zygote {
     pub vmm: VmmProcess,
+    /// The template base: a full snapshot of the zygote once its envd
+    /// answered (its state file), which its clones' pauses are diffs on;
+    /// `None` where it could not be written (their pauses are full).
+    pub base: Option<PathBuf>,
 }
 
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
@@ -121,6 +125,7 @@ pub async fn boot_zygote(
     spore_bin: &Path,
     spec: &TemplateSpec,
     run_dir: &Path,
+    bases: &Path,
 ) -> anyhow::Result<Zygote> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(run_dir);
@@ -143,7 +148,49 @@ pub async fn boot_zygote(
         "sandbox template ready: its zygote's envd answered {} ms after the VMM started",
         started.elapsed().as_millis()
     );
-    Ok(Zygote { vmm })
+    let base = match write_base(&vmm, bases, &spec.name).await {
+        Ok(state) => {
+            tracing::info!(
+                template = %spec.name,
+                "sandbox template base written: {} MiB of memory on disk",
+                crate::fs::disk_bytes(&state.with_extension("mem")) >> 20
+            );
+            Some(state)
+        }
+        Err(e) => {
+            tracing::warn!(template = %spec.name, "sandbox template: no base (its sandboxes' pauses will be full snapshots): {e:#}");
+            None
+        }
+    };
+    Ok(Zygote { vmm, base })
+}
+
+/// Writes the zygote's memory as a full snapshot in `bases`
+/// (`<template>-<n>.state`, `.mem`, a new `n` per boot: paused sandboxes
+/// of an earlier zygote keep theirs), then lets it run on.
+async fn write_base(vmm: &VmmProcess, bases: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    crate::fs::create_private_dir(bases)?;
+    let stamp = crate::clock::unix_ms();
+    let state = bases.join(format!("{name}-{stamp}.state"));
+    let mem = state.with_extension("mem");
+    vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
+        .await?;
+    let body = serde_json::json!({
+        "snapshot_type": "Full",
+        "snapshot_path": state,
+        "mem_file_path": mem,
+    });
+    let written = vmm
+        .api("PUT", "/snapshot/create", Some(body.to_string()))
+        .await;
+    vmm.api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
+        .await?;
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&state);
+        let _ = std::fs::remove_file(&mem);
+        return Err(e);
+    }
+    Ok(state)
 }
 
 /// The zygote's configuration: its image read-only under an overlay in its
@@ -167,6 +214,8 @@ async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> any
             serde_json::json!({
                 "vcpu_count": spec.vcpus,
                 "mem_size_mib": spec.memory_mib,
+                // Its clones' pauses are diffs on the template base.
+                "track_dirty_pages": true,
             }),
         ),
         (
