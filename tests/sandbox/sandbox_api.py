@@ -17,12 +17,15 @@ Environment:
     E2B_API_KEY                   a key of account A (read by the SDK itself)
     SANDBOX_OTHER_API_KEY         a key of another account B
     SANDBOX_TEMPLATE              the template to create from (default "base")
+    SANDBOX_WEB_TEMPLATE          a template whose start command serves
+                                  tests/sandbox/web/app.py on port 8000
     SANDBOX_PERSIST_STATE         a file the two persist steps share
 """
 import os
 import secrets
 import sys
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 
 from e2b import (
@@ -236,8 +239,28 @@ def missing_template():
     check(False, "a missing template raises")
 
 
+def web_template():
+    """A template built by `spore sandbox template build` with a start
+    command: its sandboxes start with the server already running."""
+    name = os.environ.get("SANDBOX_WEB_TEMPLATE")
+    if not name:
+        return
+    sbx = timed("create-web", lambda: Sandbox.create(name, timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    url = os.environ["E2B_SANDBOX_URL"]
+    req = urllib.request.Request(url + "/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = r.read().decode()
+    check(body == "hello from the web template\n",
+          f"the template's start command serves port 8000 through the proxy ({body!r})")
+    check(sh(sbx, "grep -c serve_forever /home/user/app.py") == "1\n",
+          "the template's file is in the image, as the spec put it")
+    check(sbx.kill(**API) is True, "the web sandbox is killed")
+
+
 def main():
     try:
+        web_template()
         sbx = create()
         commands(sbx)
         background(sbx)

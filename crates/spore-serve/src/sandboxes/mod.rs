@@ -13,7 +13,7 @@
 //! zygote runs in `<state>/run/sbx-<template>/`.
 
 pub mod api;
-mod envd;
+pub mod envd;
 mod lifecycle;
 pub mod proxy;
 mod record;
