@@ -99,6 +99,19 @@ def commands(sbx):
     check(e is not None and e.exit_code == 3, "a failing command raises CommandExitException, exit code 3")
 
 
+def metrics(sbx):
+    got = sbx.get_metrics(**API)
+    check(len(got) == 1, f"get_metrics: one sample, taken now ({len(got)})")
+    m = got[0]
+    check(m.cpu_count >= 1 and m.mem_total > 256 << 20 and 0 < m.mem_used < m.mem_total,
+          f"the sample is the guest's: {m.cpu_count} vCPUs, {m.mem_used >> 20} of {m.mem_total >> 20} MiB")
+    check(m.disk_total > 1 << 30 and 0 < m.disk_used < m.disk_total,
+          f"and its disk: {m.disk_used >> 20} of {m.disk_total >> 20} MiB")
+    past = datetime.now(timezone.utc) - timedelta(hours=2)
+    check(sbx.get_metrics(start=past, end=past + timedelta(hours=1), **API) == [],
+          "get_metrics of a past window: none (no history is kept)")
+
+
 def background(sbx):
     h = sbx.commands.run("cat", background=True, stdin=True, timeout=CMD)
     check(h.pid in {p.pid for p in sbx.commands.list()}, "a background command is listed")
@@ -263,6 +276,7 @@ def main():
         web_template()
         sbx = create()
         commands(sbx)
+        metrics(sbx)
         background(sbx)
         files(sbx)
         big_output(sbx)

@@ -96,15 +96,7 @@ impl Sandboxes {
         }
         .await;
         if let Err(e) = ready {
-            // A clone's messages are in `<name>.log` beside its socket.
-            let tail = if vmm.is_clone() {
-                let text =
-                    std::fs::read_to_string(vmm.api_sock.with_extension("log")).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().rev().take(5).collect();
-                lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            } else {
-                vmm.log_tail()
-            };
+            let tail = vmm.log_lines(5);
             vmm.kill().await;
             let _ = std::fs::remove_dir_all(dir);
             return Err(SandboxError::Internal(format!(

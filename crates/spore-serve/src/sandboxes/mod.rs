@@ -337,6 +337,33 @@ impl Sandboxes {
         Ok(self.entry(account, id).await?.rec.clone())
     }
 
+    /// A running sandbox's metrics now, in E2B's `SandboxMetric` shape
+    /// (from its envd's `/metrics`); `None` for a paused sandbox.
+    pub async fn metrics(
+        &self,
+        account: &str,
+        id: &str,
+    ) -> Result<Option<serde_json::Value>, SandboxError> {
+        let (uds, token) = {
+            let entry = self.entry(account, id).await?;
+            match &entry.vmm {
+                Some(vmm) => (vmm.vsock_uds.clone(), entry.rec.access_token.clone()),
+                None => return Ok(None),
+            }
+        };
+        let (status, body) = envd::request(&uds, "GET", "/metrics", Some(&token), None)
+            .await
+            .map_err(SandboxError::internal)?;
+        if !status.is_success() {
+            return Err(SandboxError::Internal(format!(
+                "sandbox {id}: envd's /metrics answered {status}"
+            )));
+        }
+        let m: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: envd's /metrics: {e}")))?;
+        Ok(Some(metric_json(&m, crate::clock::unix_ms())))
+    }
+
     /// The vsock socket of a running sandbox, for the proxy; `Err` names
     /// why there is none. Any account's: the proxy is reached with the
     /// sandbox's id, and envd checks its own access token.
@@ -436,6 +463,22 @@ fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     state.is_file() && mem.is_file() && rec.chain_files(dir).iter().all(|f| f.is_file())
 }
 
+/// E2B's `SandboxMetric` from envd's `/metrics` sample taken at `now_ms`.
+fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
+    let n = |k: &str| m[k].as_u64().unwrap_or(0);
+    serde_json::json!({
+        "timestamp": crate::clock::iso_ms(now_ms),
+        "timestampUnix": now_ms / 1000,
+        "cpuCount": n("cpu_count"),
+        "cpuUsedPct": m["cpu_used_pct"].as_f64().unwrap_or(0.0),
+        "memUsed": n("mem_used"),
+        "memTotal": n("mem_total"),
+        "memCache": n("mem_cache"),
+        "diskUsed": n("disk_used"),
+        "diskTotal": n("disk_total"),
+    })
+}
+
 /// Removes the template bases in `bases` but those in `needed` (state
 /// files; each goes with its memory file).
 fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
@@ -469,4 +512,31 @@ fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
         .iter()
         .map(|b| alphabet[usize::from(*b) % alphabet.len()] as char)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envds_sample_becomes_e2bs_metric() {
+        let m = serde_json::json!({
+            "ts": 1, "cpu_count": 2, "cpu_used_pct": 12.5, "mem_total": 536_870_912u64,
+            "mem_used": 100, "mem_cache": 7, "disk_total": 2048, "disk_used": 1024,
+        });
+        let e = metric_json(&m, 1_700_000_000_123);
+        assert_eq!(e["timestampUnix"], 1_700_000_000);
+        assert_eq!(e["timestamp"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            (e["cpuCount"].as_u64(), e["cpuUsedPct"].as_f64()),
+            (Some(2), Some(12.5))
+        );
+        assert_eq!(e["memTotal"], 536_870_912u64);
+        assert_eq!(
+            (e["diskUsed"].as_u64(), e["diskTotal"].as_u64()),
+            (Some(1024), Some(2048))
+        );
+        // A field envd left out reads as zero, never a failure.
+        assert_eq!(metric_json(&serde_json::json!({}), 0)["memCache"], 0);
+    }
 }
