@@ -25,6 +25,7 @@ import os
 import secrets
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 
@@ -262,8 +263,17 @@ def web_template():
     created.append(sbx.sandbox_id)
     url = os.environ["E2B_SANDBOX_URL"]
     req = urllib.request.Request(url + "/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        body = r.read().decode()
+    # envd forwards a listening port to vsock within a second of seeing it
+    # (the clone's envd looks again when it starts): 502 until then.
+    body, deadline = None, time.monotonic() + 20
+    while body is None:
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                body = r.read().decode()
+        except urllib.error.HTTPError as e:
+            if e.code != 502 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     check(body == "hello from the web template\n",
           f"the template's start command serves port 8000 through the proxy ({body!r})")
     check(sh(sbx, "grep -c serve_forever /home/user/app.py") == "1\n",

@@ -175,7 +175,7 @@ pub async fn boot_zygote(
     }
     tracing::info!(
         template = %spec.name,
-        "sandbox template ready: its zygote's envd answered {} ms after the VMM started",
+        "sandbox template ready {} ms after its zygote's VMM started (booted, envd answering, its start and ready commands run)",
         started.elapsed().as_millis()
     );
     let base = match write_base(&vmm, bases, &spec.name).await {
