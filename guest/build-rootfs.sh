@@ -11,7 +11,9 @@
 #   3. the spore layout: /var/task (the code disk's mount point), /var/runtime
 #      (bootstrap.py when the runtime has one), /opt, /tmp, /sbin/spore-agent
 #      (with --agent), /usr/local/bin/spore-envd (with --envd), the recipe's
-#      `user:` account;
+#      `user:` account, and its `copy: SRC DEST` files (SRC relative to the
+#      recipe's directory; DEST absolute, owned by the user whose home it is
+#      in, else by root);
 #   4. the recipe's `check:` runs in the tree (chroot) and must pass;
 #   5. mkfs.ext4 -d (no loop device, no mount), no journal, shrunk to fit; or,
 #      with the recipe's `size:` (a sandbox's writable root, used through a
@@ -19,10 +21,12 @@
 #      (sparse: the free space costs no disk).
 # The result is cached as
 #   ${SPORE_CACHE:-/var/cache/spore}/rootfs-RUNTIME-<sha256>/{rootfs.ext4,manifest.json,build.log}
-# keyed by this script, lib.sh, the recipe, the agent, bootstrap.py, the Debian
+# keyed by this script, lib.sh, the recipe, the copied files, the agent, bootstrap.py, the Debian
 # release and the mirrors' InRelease files (which change whenever the archive
 # does, so a rerun on the same archive is a cache hit).
-# Usage: guest/build-rootfs.sh RUNTIME [--agent PATH] [--envd PATH]   (prints the image path last)
+# Usage: guest/build-rootfs.sh RUNTIME [--agent PATH] [--envd PATH] [--recipe FILE]
+#        (prints the image path last; --recipe: a sandbox template's recipe
+#        from elsewhere, named RUNTIME: `spore sandbox template build` writes one)
 # Env:   SPORE_CACHE, SPORE_VERBOSE=1 (stream mmdebstrap's output to stderr),
 #        SPORE_RELEASE (default: the host's Debian release).
 set -euo pipefail
@@ -31,19 +35,22 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=guest/lib.sh
 source "$here/lib.sh"
 
-usage() { die "usage: $0 RUNTIME|TEMPLATE [--agent PATH] [--envd PATH]   (runtimes: $(known_runtimes); sandbox templates: $(known_templates))"; }
+usage() { die "usage: $0 RUNTIME|TEMPLATE [--agent PATH] [--envd PATH] [--recipe FILE]   (runtimes: $(known_runtimes); sandbox templates: $(known_templates))"; }
 known_runtimes() { (cd "$here/runtimes" && ls -d -- */ 2>/dev/null | tr -d / | tr '\n' ' ' | sed 's/ $//'); }
 known_templates() { (cd "$here/templates" && ls -d -- */ 2>/dev/null | tr -d / | tr '\n' ' ' | sed 's/ $//'); }
 
 runtime=""
 agent=""
 envd=""
+recipe=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --agent) [[ $# -ge 2 ]] || usage; agent="$2"; shift 2 ;;
         --agent=*) agent="${1#--agent=}"; shift ;;
         --envd) [[ $# -ge 2 ]] || usage; envd="$2"; shift 2 ;;
         --envd=*) envd="${1#--envd=}"; shift ;;
+        --recipe) [[ $# -ge 2 ]] || usage; recipe="$2"; shift 2 ;;
+        --recipe=*) recipe="${1#--recipe=}"; shift ;;
         -h|--help) usage ;;
         -*) usage ;;
         *) [[ -z $runtime ]] || usage; runtime="$1"; shift ;;
@@ -51,10 +58,17 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $runtime ]] || usage
 [[ $runtime =~ ^[a-z0-9][a-z0-9._-]*$ ]] || die "bad runtime name '$runtime'"
-# A function runtime (guest/runtimes/) or a sandbox template (guest/templates/).
-recipe="$here/runtimes/$runtime/recipe"
-[[ -f $recipe ]] || recipe="$here/templates/$runtime/recipe"
-[[ -f $recipe ]] || die "unknown runtime or template '$runtime' (runtimes: $(known_runtimes); templates: $(known_templates))"
+# A function runtime (guest/runtimes/), a sandbox template (guest/templates/),
+# or a recipe given.
+if [[ -n $recipe ]]; then
+    [[ -f $recipe ]] || die "recipe not found: $recipe"
+    [[ -f $here/runtimes/$runtime/recipe ]] && die "'$runtime' is a runtime's name: name the template otherwise"
+else
+    recipe="$here/runtimes/$runtime/recipe"
+    [[ -f $recipe ]] || recipe="$here/templates/$runtime/recipe"
+    [[ -f $recipe ]] || die "unknown runtime or template '$runtime' (runtimes: $(known_runtimes); templates: $(known_templates))"
+fi
+recipe_dir="$(cd "$(dirname "$recipe")" && pwd)"
 if [[ -n $agent ]]; then
     [[ -f $agent ]] || die "agent binary not found: $agent"
     agent="$(cd "$(dirname "$agent")" && pwd)/$(basename "$agent")"
@@ -78,6 +92,19 @@ fs_size_mib="$(recipe_values size | tail -n1)"
 [[ -z $fs_size_mib || $fs_size_mib =~ ^[1-9][0-9]*$ ]] || die "size: '$fs_size_mib' is not a number of MiB"
 check_cmd="$(sed -n 's/^[[:space:]]*check:[[:space:]]*//p' "$recipe" | tail -n1)"
 [[ ${#packages[@]} -gt 0 ]] || die "$recipe names no packages"
+# copy: SRC DEST — files put into the image (SRC relative to the recipe's
+# directory), each line's two words.
+copies=()
+copy_hashes=()
+while read -r src dst extra; do
+    [[ -n $src ]] || continue
+    [[ -n $dst && -z $extra ]] || die "copy: '$src $dst $extra': want SRC DEST"
+    [[ $src == /* ]] || src="$recipe_dir/$src"
+    [[ -f $src ]] || die "copy: $src is not a file"
+    [[ $dst == /* && $dst != */../* && $dst != */.. ]] || die "copy: $dst: want an absolute path inside the image"
+    copies+=("$src" "$dst")
+    copy_hashes+=("copy=$dst:$(sha256sum <"$src" | cut -d' ' -f1):$(stat -c %a "$src")")
+done < <(sed -e 's/#.*//' "$recipe" | sed -n 's/^[[:space:]]*copy:[[:space:]]*//p')
 
 # --- Debian release and mirrors: the host's own (so this works wherever the
 # host's apt does, closed networks included). apt itself says which sources
@@ -134,7 +161,7 @@ done
 rm -rf "$work_key"
 trap - EXIT
 
-key="$(hash_inputs "$here/build-rootfs.sh" "$here/lib.sh" "$recipe" \
+key="$(hash_inputs "$here/build-rootfs.sh" "$here/lib.sh" "$recipe" "${copy_hashes[@]}" \
     "agent=${agent:+$(sha256sum <"$agent" | cut -d' ' -f1)}" \
     "envd=${envd:+$(sha256sum <"$envd" | cut -d' ' -f1)}" \
     "bootstrap=${bootstrap:+$(sha256sum <"$bootstrap" | cut -d' ' -f1)}" \
@@ -369,6 +396,23 @@ for u in "${users[@]}"; do
     chown "$uid:$uid" "$tree/home/$u"
     chmod 0750 "$tree/home/$u"
     uid=$((uid + 1))
+done
+# The recipe's files; one in a user's home is that user's.
+for ((i = 0; i < ${#copies[@]}; i += 2)); do
+    src="${copies[i]}" dst="${copies[i + 1]}"
+    install -D -m "$(stat -c %a "$src")" "$src" "$tree$dst"
+    owner=0
+    if [[ $dst =~ ^/home/([^/]+)/ ]]; then
+        owner="$(awk -F: -v u="${BASH_REMATCH[1]}" '$1 == u { print $3 }' "$tree/etc/passwd")"
+        [[ -n $owner ]] || owner=0
+    fi
+    chown "$owner:$owner" "$tree$dst"
+    # Directories made for it in a home belong to its owner too.
+    d="$(dirname "$dst")"
+    while [[ $owner != 0 && $d =~ ^/home/[^/]+/ ]]; do
+        chown "$owner:$owner" "$tree$d"
+        d="$(dirname "$d")"
+    done
 done
 # busybox's applets where the image has no program of that name (the usual
 # small tools for shell bootstraps, without coreutils' 18 MB).

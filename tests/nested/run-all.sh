@@ -474,18 +474,29 @@ if [[ -z $only || $only == tmem ]]; then
         --guest-file "$tmem_bin:/bin/spore-tmem"
 fi
 if [[ -z $only || $only == sandbox-envd ]]; then
-    # The `base` sandbox image with this tree's spore-agent and spore-envd
-    # (static musl; the image is cached by content), on a scratch disk: its
-    # file system is 2 GiB, sparse. Its own L1: the host drives it (the e2b
-    # SDK is Python, on this host) through two forwarded ports.
+    # The `base` and `web` sandbox templates (spore sandbox template build;
+    # web: tests/sandbox/web/spec.toml) with this tree's spore-agent and
+    # spore-envd (static musl; the images are cached by content), on a
+    # scratch disk: their file systems are 2 GiB, sparse. Its own L1: the
+    # host drives it (the e2b SDK is Python, on this host) through
+    # forwarded ports.
     envd_bin="$(cd "$repo" && cargo build --release -q -p spore-envd --bin spore-envd \
         --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
         sed -n 's/.*"executable":"\([^"]*spore-envd\)".*/\1/p' | tail -n1)"
     [[ -x $envd_bin ]] || die "spore-envd was not built"
-    sbx_img="$("$repo/guest/build-rootfs.sh" sandbox-base --agent "$(agent_binary)" --envd "$envd_bin" | tail -n1)"
-    [[ -f $sbx_img ]] || die "the sandbox-base image was not built"
+    tpl_args=(--kernel "$("$repo/guest/build-kernel.sh" | tail -n1)" --agent "$(agent_binary)" --envd "$envd_bin")
+    for t in base web; do
+        spec=()
+        [[ $t == base ]] || spec=(--spec "$repo/tests/sandbox/$t/spec.toml")
+        SPORE_GUEST_DIR="$repo/guest" "$spore" sandbox template build "$t" "${spec[@]}" "${tpl_args[@]}" \
+            --out "$work/$t.toml" >/dev/null || die "the $t sandbox template was not built"
+    done
+    rootfs_of() { sed -n 's/^rootfs = "\(.*\)"$/\1/p' "$1"; }
     mkdir -p "$work/sbx-scratch"
-    cp --sparse=always "$sbx_img" "$work/sbx-scratch/sandbox-base.ext4"
+    cp --sparse=always "$(rootfs_of "$work/base.toml")" "$work/sbx-scratch/sandbox-base.ext4"
+    cp --sparse=always "$(rootfs_of "$work/web.toml")" "$work/sbx-scratch/sandbox-web.ext4"
+    # The web template's commands, for L1's own template file (its paths are L1's).
+    grep -E '^(start_cmd|ready_cmd) = ' "$work/web.toml" >"$work/sbx-scratch/web.cmds"
     # SPORE_SANDBOX_BENCH="ARGS" (make bench-sandbox): the scenario also runs
     # spore bench sandbox ARGS.
     if [[ -n ${SPORE_SANDBOX_BENCH:-} ]]; then

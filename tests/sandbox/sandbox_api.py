@@ -17,12 +17,16 @@ Environment:
     E2B_API_KEY                   a key of account A (read by the SDK itself)
     SANDBOX_OTHER_API_KEY         a key of another account B
     SANDBOX_TEMPLATE              the template to create from (default "base")
+    SANDBOX_WEB_TEMPLATE          a template whose start command serves
+                                  tests/sandbox/web/app.py on port 8000
     SANDBOX_PERSIST_STATE         a file the two persist steps share
 """
 import os
 import secrets
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime, timedelta, timezone
 
 from e2b import (
@@ -94,6 +98,19 @@ def commands(sbx):
     check(sh(sbx, "echo $SPORE_VAR") == "hello\n", "the create's env vars reach commands")
     e = raises(CommandExitException, lambda: sbx.commands.run("exit 3", timeout=CMD))
     check(e is not None and e.exit_code == 3, "a failing command raises CommandExitException, exit code 3")
+
+
+def metrics(sbx):
+    got = sbx.get_metrics(**API)
+    check(len(got) == 1, f"get_metrics: one sample, taken now ({len(got)})")
+    m = got[0]
+    check(m.cpu_count >= 1 and m.mem_total > 256 << 20 and 0 < m.mem_used < m.mem_total,
+          f"the sample is the guest's: {m.cpu_count} vCPUs, {m.mem_used >> 20} of {m.mem_total >> 20} MiB")
+    check(m.disk_total > 1 << 30 and 0 < m.disk_used < m.disk_total,
+          f"and its disk: {m.disk_used >> 20} of {m.disk_total >> 20} MiB")
+    past = datetime.now(timezone.utc) - timedelta(hours=2)
+    check(sbx.get_metrics(start=past, end=past + timedelta(hours=1), **API) == [],
+          "get_metrics of a past window: none (no history is kept)")
 
 
 def background(sbx):
@@ -236,10 +253,40 @@ def missing_template():
     check(False, "a missing template raises")
 
 
+def web_template():
+    """A template built by `spore sandbox template build` with a start
+    command: its sandboxes start with the server already running."""
+    name = os.environ.get("SANDBOX_WEB_TEMPLATE")
+    if not name:
+        return
+    sbx = timed("create-web", lambda: Sandbox.create(name, timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    url = os.environ["E2B_SANDBOX_URL"]
+    req = urllib.request.Request(url + "/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
+    # envd forwards a listening port to vsock within a second of seeing it
+    # (the clone's envd looks again when it starts): 502 until then.
+    body, deadline = None, time.monotonic() + 20
+    while body is None:
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                body = r.read().decode()
+        except urllib.error.HTTPError as e:
+            if e.code != 502 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    check(body == "hello from the web template\n",
+          f"the template's start command serves port 8000 through the proxy ({body!r})")
+    check(sh(sbx, "grep -c serve_forever /home/user/app.py") == "1\n",
+          "the template's file is in the image, as the spec put it")
+    check(sbx.kill(**API) is True, "the web sandbox is killed")
+
+
 def main():
     try:
+        web_template()
         sbx = create()
         commands(sbx)
+        metrics(sbx)
         background(sbx)
         files(sbx)
         big_output(sbx)

@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 use crate::lambda_client::Conn;
 use crate::serve::daemon::Daemon;
 use crate::stats::summary;
+use crate::vmm::BenchVmm;
 
 #[derive(Args, Debug)]
 pub struct SandboxBenchArgs {
@@ -243,30 +244,9 @@ pub fn run(a: SandboxBenchArgs) -> anyhow::Result<u8> {
         round_trip.push(ms(t));
     }
 
-    let (mut pause, mut resume, mut paused_disk, mut paused_pss) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
-        let before = vmm_pss_kib(&state);
-        let t = Instant::now();
-        api.expect(
-            "POST",
-            &format!("/sandboxes/{}/pause", s.id),
-            &Value::Null,
-            204,
-        )?;
-        pause.push(ms(t));
-        paused_pss.push(before.saturating_sub(vmm_pss_kib(&state)) as f64);
-        paused_disk.push(paused_bytes(&state.join("sbx").join(&s.id)) as f64 / 1024.0);
-        let t = Instant::now();
-        api.expect(
-            "POST",
-            &format!("/v2/sandboxes/{}/connect", s.id),
-            &json!({ "timeout": 3600 }),
-            201,
-        )?;
-        resume.push(ms(t));
-        run_true(&api.addr, &s)?;
-    }
+    let p = time_pauses(&mut api, &state, &s, runs)?;
+    let (pause, resume) = (&p.all_ms, &p.resume_ms);
+    let restore = time_restores(&state, runs)?;
 
     let (forks, fork_errors) = time_forks(&mut api, &s, &a.forks, runs)?;
     api.kill(&s.id)?;
@@ -280,7 +260,7 @@ pub fn run(a: SandboxBenchArgs) -> anyhow::Result<u8> {
         .get("x1")
         .and_then(|v| v["p50"].as_f64())
         .unwrap_or(f64::NAN);
-    let snapshot_restore = p50(&pause) + p50(&resume);
+    let snapshot_restore = p50(pause) + p50(resume);
     let report = json!({
         "bench": "sandbox",
         "template": name,
@@ -288,27 +268,33 @@ pub fn run(a: SandboxBenchArgs) -> anyhow::Result<u8> {
         "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "first_create_ms": first_create_ms,
         "create_clone_ms": summary(&create),
+        "e2b_way_create_as_restore_of_the_template_ms": summary(&restore),
         "command_round_trip_ms": summary(&round_trip),
-        "pause_ms": summary(&pause),
-        "resume_ms": summary(&resume),
+        "pause_ms": summary(pause),
+        "pause_diff_ms": summary(&p.diff_ms),
+        "pause_full_ms": summary(&p.full_ms),
+        "resume_ms": summary(resume),
         "fork_ms": forks,
         "fork_errors": fork_errors,
         "e2b_way_fork_as_snapshot_restore_ms": snapshot_restore,
         "fork_x1_speedup_over_snapshot_restore": snapshot_restore / fork1,
-        "paused_memory_file_kib_on_disk": summary(&paused_disk),
+        "pause_diff_kib_on_disk": summary(&p.diff_kib),
+        "pause_full_kib_on_disk": summary(&p.full_kib),
+        "template_base_kib_on_disk": base_kib(&state),
         "host_pss_kib_per_running_sandbox": per_running_kib,
-        "host_pss_kib_freed_by_a_pause": summary(&paused_pss),
+        "host_pss_kib_freed_by_a_pause": summary(&p.freed_pss_kib),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     if !report["fork_errors"].as_array().is_none_or(Vec::is_empty) {
         eprintln!("sandbox: forks failed: {}", report["fork_errors"]);
     }
     eprintln!(
-        "sandbox: create {:.0} ms, command {:.1} ms, pause {:.0} ms, resume {:.0} ms, fork x1 {:.0} ms (snapshot+restore {:.0} ms), {:.0} KiB per running sandbox (p50)",
+        "sandbox: create {:.0} ms (restore of the base {:.0} ms), command {:.1} ms, pause {:.0} ms, resume {:.0} ms, fork x1 {:.0} ms (snapshot+restore {:.0} ms), {:.0} KiB per running sandbox (p50)",
         p50(&create),
+        p50(&restore),
         p50(&round_trip),
-        p50(&pause),
-        p50(&resume),
+        p50(pause),
+        p50(resume),
         fork1,
         snapshot_restore,
         per_running_kib
@@ -371,17 +357,113 @@ fn sandbox_log(dir: &Path) -> String {
     out
 }
 
-/// Bytes on disk of a paused sandbox's snapshot memory files.
-fn paused_bytes(dir: &Path) -> u64 {
+/// Pauses and resumes of one sandbox: times, what each wrote, what each
+/// gave back.
+#[derive(Default)]
+struct Pauses {
+    all_ms: Vec<f64>,
+    /// Diffs (on the template base or the sandbox's last pause) and full
+    /// snapshots (every 5th pause in a row, the way E2B pauses every time).
+    diff_ms: Vec<f64>,
+    full_ms: Vec<f64>,
+    diff_kib: Vec<f64>,
+    full_kib: Vec<f64>,
+    resume_ms: Vec<f64>,
+    freed_pss_kib: Vec<f64>,
+}
+
+fn time_pauses(api: &mut Api, state: &Path, s: &Sbx, runs: usize) -> anyhow::Result<Pauses> {
+    let mut p = Pauses::default();
+    let dir = state.join("sbx").join(&s.id);
+    for _ in 0..runs {
+        let before = vmm_pss_kib(state);
+        let t = Instant::now();
+        api.expect(
+            "POST",
+            &format!("/sandboxes/{}/pause", s.id),
+            &Value::Null,
+            204,
+        )?;
+        let took = ms(t);
+        p.all_ms.push(took);
+        p.freed_pss_kib
+            .push(before.saturating_sub(vmm_pss_kib(state)) as f64);
+        // The record says which pause this was (a full one starts the
+        // chain again: no base, one layer).
+        let rec: Value = serde_json::from_slice(&std::fs::read(dir.join("sandbox.json"))?)?;
+        let generation = rec["pause_generation"].as_u64().unwrap_or(0);
+        let kib = disk_kib(&dir.join(format!("pause-{generation}.mem")));
+        let full = rec["base"].is_null() && rec["layers"].as_array().is_some_and(|l| l.len() == 1);
+        if full {
+            p.full_ms.push(took);
+            p.full_kib.push(kib);
+        } else {
+            p.diff_ms.push(took);
+            p.diff_kib.push(kib);
+        }
+        let t = Instant::now();
+        api.expect(
+            "POST",
+            &format!("/v2/sandboxes/{}/connect", s.id),
+            &json!({ "timeout": 3600 }),
+            201,
+        )?;
+        p.resume_ms.push(ms(t));
+        run_true(&api.addr, s)?;
+    }
+    Ok(p)
+}
+
+/// Creates the way E2B does, for comparison: the template base (the
+/// snapshot of the zygote the daemon wrote) restored in a new VMM, its
+/// disk as a clone's and a fresh identity, timed from the VMM's start to
+/// envd's answer over vsock.
+fn time_restores(state: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
+    let base = newest_base(state).context("no template base was written")?;
+    let spore = std::env::current_exe().context("locating the spore binary")?;
+    let mut times = Vec::new();
+    for i in 1..=runs {
+        let dir = state.join("bench-restore");
+        let t = Instant::now();
+        let vmm = BenchVmm::spawn(&spore, &dir)?;
+        let load = json!({
+            "snapshot_path": base,
+            "mem_file_path": base.with_extension("mem"),
+            "resume_vm": true,
+            "vsock_override": { "uds_path": vmm.vsock_uds() },
+            "clone_disks": { "dir": dir, "name": "restored" },
+            "clone_generation": i,
+        });
+        vmm.api("PUT", "/snapshot/load", &load.to_string())?;
+        vmm.block_on(spore_serve::sandboxes::envd::wait_healthy(
+            vmm.vsock_uds(),
+            Duration::from_secs(120),
+        ))?;
+        times.push(ms(t));
+        drop(vmm);
+    }
+    Ok(times)
+}
+
+/// The template base written last (`<state>/sbx-bases/*.state`).
+fn newest_base(state: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(state.join("sbx-bases"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+}
+
+/// KiB on disk of the newest template base's memory file.
+fn base_kib(state: &Path) -> f64 {
+    newest_base(state).map_or(0.0, |b| disk_kib(&b.with_extension("mem")))
+}
+
+/// KiB a file holds on disk (sparse files: their data only).
+fn disk_kib(path: &Path) -> f64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".mem"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.blocks() * 512)
-        .sum()
+    std::fs::metadata(path).map_or(0.0, |m| (m.blocks() * 512) as f64 / 1024.0)
 }
 
 /// A private temporary directory (short: the daemon's socket paths must fit).

@@ -50,6 +50,11 @@ impl BenchVmm {
         Ok(serde_json::from_str(&self.api("GET", path, "")?)?)
     }
 
+    /// Runs `f` (spore-serve's async calls about this VMM) to its end.
+    pub(crate) fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
     /// Where the VM's vsock device is to put its host socket.
     pub(crate) fn vsock_uds(&self) -> &Path {
         &self.process.vsock_uds

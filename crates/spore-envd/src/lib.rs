@@ -12,6 +12,8 @@
 //! - [`api`]: `/health`, `/init`, `/envs`, `/metrics`;
 //! - [`files`]: `/files` downloads and uploads;
 //! - [`process`]: the `process.Process` service (commands, PTYs, stdin, signals);
+//! - [`ports`]: the guest's TCP servers forwarded to vsock (what the sandbox
+//!   proxy reaches);
 //! - [`filesystem`]: the `filesystem.Filesystem` service and its watchers.
 
 pub mod api;
@@ -20,6 +22,7 @@ pub mod connect;
 pub mod files;
 pub mod filesystem;
 pub mod metrics;
+pub mod ports;
 pub mod process;
 pub mod query;
 pub mod server;

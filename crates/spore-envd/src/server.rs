@@ -69,6 +69,10 @@ pub async fn serve(state: Arc<State>, options: Options) -> std::io::Result<()> {
                 port,
             ))?;
             println!("listening on vsock:{port}");
+            // In a guest: its TCP servers reachable from the host too.
+            tokio::spawn(crate::ports::forward_listening_ports(
+                u16::try_from(port).unwrap_or(u16::MAX),
+            ));
             loop {
                 let (stream, _) = listener.accept().await?;
                 spawn_connection(stream, state.clone(), manage_clock);

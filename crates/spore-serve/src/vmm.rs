@@ -203,10 +203,21 @@ impl VmmProcess {
         self.log_lines(3)
     }
 
-    /// The last `n` lines of its run directory's `vmm.log`, joined with
-    /// ` | ` (a clone's is its zygote's).
+    /// Where its console and messages go: `vmm.log` in its run directory,
+    /// or a clone's own `<name>.log` beside its API socket (the run
+    /// directory of a clone is its zygote's).
+    pub fn log_path(&self) -> PathBuf {
+        if self.is_clone() {
+            self.api_sock.with_extension("log")
+        } else {
+            self.run_dir.join("vmm.log")
+        }
+    }
+
+    /// The last `n` lines of its log ([`VmmProcess::log_path`]), joined
+    /// with ` | `.
     pub fn log_lines(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(self.run_dir.join("vmm.log")).unwrap_or_default();
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().rev().take(n).collect();
         lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }

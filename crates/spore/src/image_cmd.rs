@@ -70,7 +70,12 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<u8> {
             cache,
         } => {
             check_runtime(&runtime)?;
-            let path = build(&runtime, agent.as_deref(), &cache_dir(cache))?;
+            let flags: Vec<(&str, &Path)> = agent
+                .as_deref()
+                .map(|a| ("--agent", a))
+                .into_iter()
+                .collect();
+            let path = build(&runtime, &flags, &cache_dir(cache))?;
             println!("{}", path.display());
         }
         ImageCommand::List { cache, json } => {
@@ -207,7 +212,7 @@ fn check_runtime(runtime: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
+pub(crate) fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
     flag.or_else(|| {
         std::env::var_os("SPORE_CACHE")
             .filter(|v| !v.is_empty())
@@ -220,7 +225,7 @@ fn cache_dir(flag: Option<PathBuf>) -> PathBuf {
 /// ancestor of the binary (`target/release/spore`,
 /// `target/<triple>/release/spore`) or of the working directory that holds
 /// `guest/build-rootfs.sh`.
-fn guest_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn guest_dir() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("SPORE_GUEST_DIR").filter(|v| !v.is_empty()) {
         let dir = PathBuf::from(dir);
         if dir.join("build-rootfs.sh").is_file() {
@@ -246,19 +251,28 @@ fn guest_dir() -> anyhow::Result<PathBuf> {
     bail!("cannot find guest/build-rootfs.sh near the spore binary or the working directory (set SPORE_GUEST_DIR to the repository's guest/ directory)")
 }
 
-/// Runs `build-rootfs.sh`; its progress goes to our stderr, its last stdout
-/// line is the image. The script's own `error:` line is held back and becomes
-/// spore's one error line.
-fn build(runtime: &str, agent: Option<&Path>, cache: &Path) -> anyhow::Result<PathBuf> {
+/// Runs `build-rootfs.sh NAME` with `flags` (`--agent`, `--envd`,
+/// `--recipe`, each a file); its progress goes to our stderr, its last
+/// stdout line is the image. The script's own `error:` line is held back
+/// and becomes spore's one error line.
+pub(crate) fn build(
+    runtime: &str,
+    flags: &[(&str, &Path)],
+    cache: &Path,
+) -> anyhow::Result<PathBuf> {
     use std::io::BufRead;
     let script = guest_dir()?.join("build-rootfs.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg(runtime);
-    if let Some(agent) = agent {
-        if !agent.is_file() {
-            bail!("agent binary not found: {}", agent.display());
+    for (flag, file) in flags {
+        if !file.is_file() {
+            bail!(
+                "{} not found: {}",
+                flag.trim_start_matches("--"),
+                file.display()
+            );
         }
-        cmd.arg("--agent").arg(agent);
+        cmd.arg(flag).arg(file);
     }
     let mut child = cmd
         .env("SPORE_CACHE", cache)

@@ -11,6 +11,7 @@ mod image_cmd;
 mod jailer;
 mod mem_cmd;
 mod run;
+mod sandbox_cmd;
 mod serve_cmd;
 mod snapshot_cmd;
 mod vmm_cmd;
@@ -147,6 +148,10 @@ enum Command {
     /// from Debian packages, cached by content hash) and function code disks.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
+    /// Sandboxes for agents (E2B's API in `spore serve --sandbox-listen`):
+    /// their templates.
+    #[command(subcommand)]
+    Sandbox(sandbox_cmd::SandboxCommand),
     /// Benchmarks; print JSON.
     #[command(subcommand)]
     Bench(spore_bench::BenchCommand),
@@ -225,6 +230,7 @@ fn main() -> ExitCode {
         Command::Cluster(c) => cluster_cmd::run(c),
         Command::Fn(a) => fn_cmd::run(a),
         Command::Image(c) => image_cmd::run(c),
+        Command::Sandbox(c) => sandbox_cmd::run(c),
         Command::Firecracker { args } => {
             let argv = std::iter::once("firecracker".into()).chain(args).collect();
             return ExitCode::from(fc_cmd::main(argv));

@@ -174,6 +174,11 @@ rm -rf "$tmp/pause.state" "$tmp/pause.mem" "$tmp/rootfs.cow" "$tmp/clones"
 state="${SPORE_SCRATCH:-/scratch}/serve"
 printf 'name = "base"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\n' \
     "$GUEST_KERNEL" "$img" >"$tmp/base.toml"
+# The web template (built on the host by spore sandbox template build from
+# tests/sandbox/web/spec.toml): its image and its start and ready commands.
+printf 'name = "web"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\n' \
+    "$GUEST_KERNEL" "${SPORE_SCRATCH:-/scratch}/sandbox-web.ext4" >"$tmp/web.toml"
+cat "${SPORE_SCRATCH:-/scratch}/web.cmds" >>"$tmp/web.toml"
 # The same API keys as the host driver's.
 cat >"$tmp/keys.toml" <<'KEYS'
 [[keys]]
@@ -191,7 +196,7 @@ export SPORE_LOG=spore_serve=info,warn
 # start_serve N: spore serve with the sandbox API on L1's port 3000.
 start_serve() {
     "$SPORE" serve --listen 127.0.0.1:0 --state-dir "$state" --auth "$tmp/keys.toml" \
-        --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" \
+        --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" --sandbox-template "$tmp/web.toml" \
         >"$tmp/serve-$1.out" 2>"$tmp/serve-$1.err" &
     serve=$!
     i=0
@@ -214,6 +219,13 @@ host_turn() {
 }
 start_serve 1
 host_turn sandbox-api
+# sandbox_api.py paused sandboxes cloned from the template: their pauses are
+# diffs on the template base.
+if grep -q "sandbox paused in .*a diff snapshot" "$tmp/serve-1.err"; then
+    t sandbox-pause-is-a-diff PASS "$(grep -o 'sandbox paused in [^)]*)' "$tmp/serve-1.err" | head -n 2 | tr '\n' ' ')"
+else
+    t sandbox-pause-is-a-diff FAIL "$(grep -i 'paus\|base' "$tmp/serve-1.err" | tail -n 3 | tr '\n' ' ')"
+fi
 # kill -9 of the daemon: its guardian ends the VMMs; the paused sandbox stays.
 kill -9 "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
@@ -222,13 +234,17 @@ host_turn sandbox-persist
 kill -TERM "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 sleep 1
-left=$(pgrep -f "$state/" | tr '\n' ' ')
+# (L1's busybox has no pgrep.)
+left=""
+for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "$state/" && left="$left ${p#/proc/}"
+done
 if [ -z "$left" ]; then
     t sandbox-api-no-leftovers PASS "no VMM of the daemon's left after SIGTERM"
 else
     t sandbox-api-no-leftovers FAIL "processes left: $left"
 fi
-grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready" "$tmp"/serve-*.err | tail -n 20
+grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready\|template base\|ready_cmd" "$tmp"/serve-*.err | tail -n 20
 cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
 
 # --- spore bench sandbox, when asked (make bench-sandbox: a marker on the

@@ -189,6 +189,31 @@ async fn route(
                 .collect();
             Ok(json(201, out.into()))
         }
+        (&Method::GET, ["sandboxes", id, "metrics"]) => {
+            // One sample, taken now (no history is kept): inside the
+            // asked window (`start`, `end`: Unix seconds), else none.
+            let now_s = crate::clock::unix_ms() / 1000;
+            let pairs = form_pairs(&query).ok_or_else(|| {
+                SandboxError::BadRequest("invalid query: not form-encoded".into())
+            })?;
+            let bound = |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v.parse::<u64>())
+                    .transpose()
+                    .map_err(|_| {
+                        SandboxError::BadRequest(format!(
+                            "invalid query: {k} is not a number of seconds"
+                        ))
+                    })
+            };
+            let (start, end) = (bound("start")?, bound("end")?);
+            let inside = start.is_none_or(|s| s <= now_s) && end.is_none_or(|e| now_s <= e);
+            let sample = sbx.metrics(account, id).await?;
+            let list: Vec<serde_json::Value> = sample.filter(|_| inside).into_iter().collect();
+            Ok(json(200, list.into()))
+        }
         (&Method::GET, ["sandboxes", id, "logs"]) => {
             sbx.get(account, id).await?;
             Ok(json(

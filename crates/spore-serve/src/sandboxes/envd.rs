@@ -123,3 +123,147 @@ pub async fn init(
     }
     Ok(())
 }
+
+/// Most bytes of a command's answer [`run`] reads.
+const RUN_ANSWER_LIMIT: usize = 1 << 20;
+
+/// What a command run in the guest ended with.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Ran {
+    /// `-1` when a signal ended it.
+    pub exit_code: i32,
+    /// The end of its stdout and stderr (at most 2 KiB), for messages.
+    pub output: String,
+}
+
+/// Runs `cmd` in the guest as `user` (`/bin/bash -l -c CMD` with `env`
+/// added to its environment, through envd's `process.Process/Start`, a
+/// Connect JSON server stream) to its end.
+pub async fn run(uds: &Path, user: &str, cmd: &str, env: &[(&str, &str)]) -> anyhow::Result<Ran> {
+    use base64::Engine as _;
+    let envs: serde_json::Map<String, serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).into()))
+        .collect();
+    let msg = serde_json::json!({
+        "process": { "cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": envs }
+    })
+    .to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(msg.len())?.to_be_bytes());
+    body.extend_from_slice(msg.as_bytes());
+    let stream = connect(uds, ENVD_PORT).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/process.Process/Start")
+        .header("host", "envd")
+        .header("content-type", "application/connect+json")
+        .header("connect-protocol-version", "1")
+        .header("authorization", format!("Basic {basic}"));
+    let resp = sender
+        .send_request(req.body(Full::new(Bytes::from(body)))?)
+        .await?;
+    let status = resp.status();
+    let answer = http_body_util::Limited::new(resp.into_body(), RUN_ANSWER_LIMIT)
+        .collect()
+        .await
+        .map_err(|e| anyhow!("reading the command's stream: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        bail!(
+            "envd refused to start the command: {status}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    parse_run(&answer)
+}
+
+/// The exit code and output of a `process.Process/Start` stream's
+/// messages (5-byte envelopes: flags, big-endian length).
+fn parse_run(mut answer: &[u8]) -> anyhow::Result<Ran> {
+    use base64::Engine as _;
+    let mut output = Vec::new();
+    let mut exit_code = None;
+    while answer.len() >= 5 {
+        let flags = answer[0];
+        let len = u32::from_be_bytes([answer[1], answer[2], answer[3], answer[4]]) as usize;
+        let Some(payload) = answer.get(5..5 + len) else {
+            bail!("the command's stream ended inside a message");
+        };
+        answer = &answer[5 + len..];
+        let v: serde_json::Value = serde_json::from_slice(payload)?;
+        if flags & 0x02 != 0 {
+            // The stream's end: an error, or nothing.
+            if let Some(e) = v.get("error") {
+                bail!("envd: {}", e["message"].as_str().unwrap_or("an error"));
+            }
+            break;
+        }
+        let event = &v["event"];
+        for key in ["stdout", "stderr"] {
+            if let Some(b) = event["data"][key].as_str() {
+                output.extend(base64::engine::general_purpose::STANDARD.decode(b)?);
+            }
+        }
+        if event["end"].is_object() {
+            // proto3 JSON leaves a zero exit code out.
+            let code = event["end"]["exitCode"].as_i64().unwrap_or(0);
+            exit_code = Some(i32::try_from(code).unwrap_or(-1));
+        }
+    }
+    let exit_code = exit_code.context("the command's stream had no end")?;
+    let tail = output.len().saturating_sub(2048);
+    Ok(Ran {
+        exit_code,
+        output: String::from_utf8_lossy(&output[tail..]).trim().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(flags: u8, v: &serde_json::Value) -> Vec<u8> {
+        let p = v.to_string();
+        let mut out = vec![flags];
+        out.extend_from_slice(&u32::try_from(p.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(p.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_commands_stream_gives_its_exit_code_and_output() {
+        let mut s = envelope(0, &serde_json::json!({"event": {"start": {"pid": 7}}}));
+        s.extend(envelope(
+            0,
+            &serde_json::json!({"event": {"data": {"stdout": "aGkK"}}}),
+        ));
+        s.extend(envelope(
+            0,
+            &serde_json::json!({"event": {"end": {"exitCode": 3, "exited": true}}}),
+        ));
+        s.extend(envelope(2, &serde_json::json!({})));
+        assert_eq!(
+            parse_run(&s).unwrap(),
+            Ran {
+                exit_code: 3,
+                output: "hi".into()
+            }
+        );
+        // A zero exit code is left out.
+        let ok = envelope(0, &serde_json::json!({"event": {"end": {"exited": true}}}));
+        assert_eq!(parse_run(&ok).unwrap().exit_code, 0);
+        // An error ending the stream, a stream cut short, no end at all.
+        let err = envelope(
+            2,
+            &serde_json::json!({"error": {"code": "internal", "message": "boom"}}),
+        );
+        assert!(format!("{:#}", parse_run(&err).unwrap_err()).contains("boom"));
+        // (The end message cut short: 7 bytes are the final envelope.)
+        assert!(parse_run(&s[..s.len() - 7 - 3]).is_err());
+        assert!(parse_run(&[]).is_err());
+    }
+}

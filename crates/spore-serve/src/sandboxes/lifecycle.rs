@@ -33,8 +33,8 @@ impl Sandboxes {
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let vmm = match self.clone_zygote(&template, &dir).await {
-            Ok(vmm) => vmm,
+        let (vmm, base) = match self.clone_zygote(&template, &dir).await {
+            Ok(cloned) => cloned,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
@@ -57,6 +57,9 @@ impl Sandboxes {
             disk_mib: template.spec.disk_mib(),
             pause_generation: 0,
             vm_dir: None,
+            diff_ready: base.is_some(),
+            base,
+            layers: Vec::new(),
         };
         let settings = serde_json::json!({
             "accessToken": token,
@@ -93,15 +96,7 @@ impl Sandboxes {
         }
         .await;
         if let Err(e) = ready {
-            // A clone's messages are in `<name>.log` beside its socket.
-            let tail = if vmm.is_clone() {
-                let text =
-                    std::fs::read_to_string(vmm.api_sock.with_extension("log")).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().rev().take(5).collect();
-                lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            } else {
-                vmm.log_tail()
-            };
+            let tail = vmm.log_lines(5);
             vmm.kill().await;
             let _ = std::fs::remove_dir_all(dir);
             return Err(SandboxError::Internal(format!(
@@ -158,6 +153,16 @@ impl Sandboxes {
                     state: State::Running,
                     pause_generation: 0,
                     vm_dir: Some(group.clone()),
+                    // Its memory continues the source's chain: a diff on
+                    // the template base while the source never paused,
+                    // else on the source's own layers (not the fork's).
+                    base: source
+                        .rec
+                        .base
+                        .clone()
+                        .filter(|_| source.rec.layers.is_empty()),
+                    layers: Vec::new(),
+                    diff_ready: source.rec.diff_ready && source.rec.layers.is_empty(),
                     ..source.rec.clone()
                 };
                 let settings = serde_json::json!({
@@ -185,8 +190,10 @@ impl Sandboxes {
         Ok(out)
     }
 
-    /// Pauses a running sandbox: a full snapshot in its directory, then its
-    /// VMM ends. A paused sandbox holds no memory and survives a daemon
+    /// Pauses a running sandbox: a snapshot in its directory, then its VMM
+    /// ends. The snapshot is a diff on its chain (the template base and
+    /// its own pauses since: only the pages it changed) where it has one,
+    /// else full. A paused sandbox holds no memory and survives a daemon
     /// restart.
     pub async fn pause(&self, account: &str, id: &str) -> Result<(), SandboxError> {
         let mut entry = self.entry(account, id).await?;
@@ -199,7 +206,15 @@ impl Sandboxes {
         let generation = entry.rec.pause_generation + 1;
         let (state, mem) = Record::snapshot_files(&dir, generation);
         let started = Instant::now();
-        if let Err(e) = snapshot(&vmm, &state, &mem).await {
+        let mut diff = entry.rec.pause_is_diff();
+        let mut written = snapshot(&vmm, diff, &state, &mem).await;
+        if diff && written.is_err() {
+            // A chain that cannot be continued (its base gone, say): full.
+            tracing::warn!(sandbox = %id, "a diff pause failed, pausing with a full snapshot: {:#}", written.as_ref().err().map_or_else(String::new, ToString::to_string));
+            diff = false;
+            written = snapshot(&vmm, false, &state, &mem).await;
+        }
+        if let Err(e) = written {
             // It runs on as it was: resumed if the pause got that far.
             let _ = vmm
                 .api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
@@ -212,24 +227,29 @@ impl Sandboxes {
             )));
         }
         vmm.kill().await;
-        let previous = entry.rec.pause_generation;
         entry.rec.state = State::Paused;
         entry.rec.pause_generation = generation;
+        entry.rec.diff_ready = true;
+        if diff {
+            entry.rec.layers.push(generation);
+        } else {
+            entry.rec.base = None;
+            entry.rec.layers = vec![generation];
+        }
         if let Err(e) = entry.rec.save(&dir) {
             return Err(SandboxError::Internal(format!(
                 "sandbox {id}: its record: {e}"
             )));
         }
-        if previous > 0 {
-            let (s, m) = Record::snapshot_files(&dir, previous);
-            let _ = std::fs::remove_file(s);
-            let _ = std::fs::remove_file(m);
+        if !diff {
+            remove_pauses_before(&dir, generation);
         }
         tracing::info!(
             sandbox = %id,
-            "sandbox paused in {} ms ({} MiB of memory on disk)",
+            "sandbox paused in {} ms ({} snapshot, {} KiB of memory on disk)",
             started.elapsed().as_millis(),
-            crate::fs::disk_bytes(&mem) >> 20
+            if diff { "a diff" } else { "a full" },
+            crate::fs::disk_bytes(&mem) >> 10
         );
         Ok(())
     }
@@ -381,16 +401,34 @@ pub(super) async fn clones_of(
     Ok(clones)
 }
 
-/// A full snapshot of the running VM: paused, then written.
-async fn snapshot(vmm: &VmmProcess, state: &Path, mem: &Path) -> anyhow::Result<()> {
+/// A snapshot of the running VM (a diff on its last, or full): paused,
+/// then written.
+async fn snapshot(vmm: &VmmProcess, diff: bool, state: &Path, mem: &Path) -> anyhow::Result<()> {
     vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
         .await?;
     let body = serde_json::json!({
-        "snapshot_type": "Full",
+        "snapshot_type": if diff { "Diff" } else { "Full" },
         "snapshot_path": state,
         "mem_file_path": mem,
     });
     vmm.api("PUT", "/snapshot/create", Some(body.to_string()))
         .await?;
     Ok(())
+}
+
+/// Removes a sandbox's pause snapshots older than `generation` (a full
+/// pause needs none of them).
+fn remove_pauses_before(dir: &Path, generation: u32) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let older = name
+            .strip_prefix("pause-")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n < generation);
+        if older {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }

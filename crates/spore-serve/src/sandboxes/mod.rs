@@ -13,14 +13,14 @@
 //! zygote runs in `<state>/run/sbx-<template>/`.
 
 pub mod api;
-mod envd;
+pub mod envd;
 mod lifecycle;
 pub mod proxy;
 mod record;
 pub mod reply;
 pub mod template;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +92,8 @@ pub struct Sandboxes {
     state_dir: PathBuf,
     /// `<state>/sbx`.
     dir: PathBuf,
+    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`).
+    bases: PathBuf,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -157,6 +159,12 @@ impl Sandboxes {
                 "sandboxes: {kept} paused sandboxes found again, {removed} left by a daemon that ended removed"
             );
         }
+        let bases = state_dir.join("sbx-bases");
+        let needed: HashSet<PathBuf> = table
+            .values()
+            .filter_map(|e| e.try_lock().ok().and_then(|e| e.rec.base.clone()))
+            .collect();
+        remove_bases_but(&bases, &needed);
         let templates = config
             .templates
             .into_iter()
@@ -174,6 +182,7 @@ impl Sandboxes {
             spore_bin: spore_bin.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             dir,
+            bases,
             templates,
             table: Mutex::new(table),
             groups: Mutex::new(groups),
@@ -206,17 +215,23 @@ impl Sandboxes {
     /// A clone of the template's zygote with its files in `dir`; the
     /// zygote is booted first if it is not running (first use, a boot that
     /// failed, a zygote that died). Creates of one template take turns.
-    async fn clone_zygote(&self, t: &Template, dir: &Path) -> Result<VmmProcess, SandboxError> {
+    /// Returns the clone and the template base its memory is a diff on.
+    async fn clone_zygote(
+        &self,
+        t: &Template,
+        dir: &Path,
+    ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
         let mut slot = t.zygote.lock().await;
         self.ensure_zygote(t, &mut slot).await?;
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
-        lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
+        let clone = lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
             .await
             .map_err(SandboxError::internal)?
             .pop()
-            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))
+            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))?;
+        Ok((clone, z.base.clone()))
     }
 
     async fn ensure_zygote(
@@ -236,7 +251,37 @@ impl Sandboxes {
             .state_dir
             .join("run")
             .join(format!("sbx-{}", t.spec.name));
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, &run_dir)
+        // The bases no sandbox's chain and no other zygote needs go before
+        // a new one is made.
+        if let Some(needed) = self.bases_needed(t) {
+            remove_bases_but(&self.bases, &needed);
+        }
+        self.boot_zygote(t, slot, &run_dir).await
+    }
+
+    /// The template bases sandboxes and the zygotes of templates other
+    /// than `except` use; `None` when one is busy (it may need any).
+    fn bases_needed(&self, except: &Template) -> Option<HashSet<PathBuf>> {
+        let mut needed = HashSet::new();
+        for e in crate::mutex::lock(&self.table).values() {
+            needed.extend(e.try_lock().ok()?.rec.base.clone());
+        }
+        for t in self.templates.values() {
+            if t.spec.name != except.spec.name {
+                let z = t.zygote.try_lock().ok()?;
+                needed.extend(z.as_ref().and_then(|z| z.base.clone()));
+            }
+        }
+        Some(needed)
+    }
+
+    async fn boot_zygote(
+        &self,
+        t: &Template,
+        slot: &mut Option<template::Zygote>,
+        run_dir: &Path,
+    ) -> Result<(), SandboxError> {
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases)
             .await
             .map_err(|e| {
                 SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
@@ -290,6 +335,33 @@ impl Sandboxes {
 
     pub async fn get(&self, account: &str, id: &str) -> Result<Record, SandboxError> {
         Ok(self.entry(account, id).await?.rec.clone())
+    }
+
+    /// A running sandbox's metrics now, in E2B's `SandboxMetric` shape
+    /// (from its envd's `/metrics`); `None` for a paused sandbox.
+    pub async fn metrics(
+        &self,
+        account: &str,
+        id: &str,
+    ) -> Result<Option<serde_json::Value>, SandboxError> {
+        let (uds, token) = {
+            let entry = self.entry(account, id).await?;
+            match &entry.vmm {
+                Some(vmm) => (vmm.vsock_uds.clone(), entry.rec.access_token.clone()),
+                None => return Ok(None),
+            }
+        };
+        let (status, body) = envd::request(&uds, "GET", "/metrics", Some(&token), None)
+            .await
+            .map_err(SandboxError::internal)?;
+        if !status.is_success() {
+            return Err(SandboxError::Internal(format!(
+                "sandbox {id}: envd's /metrics answered {status}"
+            )));
+        }
+        let m: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: envd's /metrics: {e}")))?;
+        Ok(Some(metric_json(&m, crate::clock::unix_ms())))
     }
 
     /// The vsock socket of a running sandbox, for the proxy; `Err` names
@@ -388,7 +460,36 @@ impl Sandboxes {
 
 fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     let (state, mem) = Record::snapshot_files(dir, rec.pause_generation);
-    state.is_file() && mem.is_file()
+    state.is_file() && mem.is_file() && rec.chain_files(dir).iter().all(|f| f.is_file())
+}
+
+/// E2B's `SandboxMetric` from envd's `/metrics` sample taken at `now_ms`.
+fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
+    let n = |k: &str| m[k].as_u64().unwrap_or(0);
+    serde_json::json!({
+        "timestamp": crate::clock::iso_ms(now_ms),
+        "timestampUnix": now_ms / 1000,
+        "cpuCount": n("cpu_count"),
+        "cpuUsedPct": m["cpu_used_pct"].as_f64().unwrap_or(0.0),
+        "memUsed": n("mem_used"),
+        "memTotal": n("mem_total"),
+        "memCache": n("mem_cache"),
+        "diskUsed": n("disk_used"),
+        "diskTotal": n("disk_total"),
+    })
+}
+
+/// Removes the template bases in `bases` but those in `needed` (state
+/// files; each goes with its memory file).
+fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
+    for e in std::fs::read_dir(bases).into_iter().flatten().flatten() {
+        let path = e.path();
+        let state = path.with_extension("state");
+        if !needed.contains(&state) {
+            tracing::debug!("removing template base file {}", path.display());
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// A new sandbox id: 20 lower-case letters and digits (E2B's form).
@@ -411,4 +512,31 @@ fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
         .iter()
         .map(|b| alphabet[usize::from(*b) % alphabet.len()] as char)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envds_sample_becomes_e2bs_metric() {
+        let m = serde_json::json!({
+            "ts": 1, "cpu_count": 2, "cpu_used_pct": 12.5, "mem_total": 536_870_912u64,
+            "mem_used": 100, "mem_cache": 7, "disk_total": 2048, "disk_used": 1024,
+        });
+        let e = metric_json(&m, 1_700_000_000_123);
+        assert_eq!(e["timestampUnix"], 1_700_000_000);
+        assert_eq!(e["timestamp"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            (e["cpuCount"].as_u64(), e["cpuUsedPct"].as_f64()),
+            (Some(2), Some(12.5))
+        );
+        assert_eq!(e["memTotal"], 536_870_912u64);
+        assert_eq!(
+            (e["diskUsed"].as_u64(), e["diskTotal"].as_u64()),
+            (Some(1024), Some(2048))
+        );
+        // A field envd left out reads as zero, never a failure.
+        assert_eq!(metric_json(&serde_json::json!({}), 0)["memCache"], 0);
+    }
 }

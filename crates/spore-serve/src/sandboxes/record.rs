@@ -50,7 +50,24 @@ pub struct Record {
     /// its own directory.
     #[serde(default)]
     pub vm_dir: Option<String>,
+    /// The snapshot chain its memory continues, which its next pause is a
+    /// diff on: the template base it was cloned from (its state file), then
+    /// its own pauses since (`layers`, oldest first). A full pause starts
+    /// the chain again: no base, and itself the only layer.
+    #[serde(default)]
+    pub base: Option<PathBuf>,
+    #[serde(default)]
+    pub layers: Vec<u32>,
+    /// Whether its VMM's last snapshot is the top of that chain (a fork of
+    /// a sandbox that was paused continues the other sandbox's chain, which
+    /// it does not own: its first pause is full).
+    #[serde(default)]
+    pub diff_ready: bool,
 }
+
+/// The most diffs a sandbox's chain grows to before a pause is full again
+/// (every resume reads the whole chain).
+pub const MAX_DIFF_LAYERS: usize = 4;
 
 /// The file a sandbox's record is in.
 pub fn path(dir: &Path) -> PathBuf {
@@ -74,6 +91,28 @@ impl Record {
             dir.join(format!("pause-{generation}.state")),
             dir.join(format!("pause-{generation}.mem")),
         )
+    }
+
+    /// Whether its next pause may be a diff on its chain.
+    pub fn pause_is_diff(&self) -> bool {
+        self.diff_ready
+            && (self.base.is_some() || !self.layers.is_empty())
+            && self.layers.len() < MAX_DIFF_LAYERS
+    }
+
+    /// Every snapshot file its paused memory needs (base, then layers).
+    pub fn chain_files(&self, dir: &Path) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        if let Some(b) = &self.base {
+            files.push(b.clone());
+            files.push(b.with_extension("mem"));
+        }
+        for g in &self.layers {
+            let (s, m) = Record::snapshot_files(dir, *g);
+            files.push(s);
+            files.push(m);
+        }
+        files
     }
 
     /// Whether its metadata has every `(key, value)` of `wanted`.
@@ -107,6 +146,9 @@ mod tests {
             disk_mib: 2048,
             pause_generation: 3,
             vm_dir: Some("f-x".into()),
+            base: None,
+            layers: Vec::new(),
+            diff_ready: false,
         };
         rec.save(&dir).unwrap();
         let back = Record::load(&dir).unwrap();
@@ -115,6 +157,31 @@ mod tests {
         assert!(back.matches(&[("a".into(), "1".into())]));
         assert!(!back.matches(&[("a".into(), "2".into())]));
         assert!(back.matches(&[]));
+        // A record written before diff pauses: its next pause is full.
+        let mut old: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path(&dir)).unwrap()).unwrap();
+        for k in ["base", "layers", "diff_ready"] {
+            old.as_object_mut().unwrap().remove(k);
+        }
+        let old: Record = serde_json::from_value(old).unwrap();
+        assert!(!old.pause_is_diff());
+        let chained = Record {
+            base: Some("/s/bases/base-x.state".into()),
+            layers: vec![1, 2],
+            diff_ready: true,
+            ..old.clone()
+        };
+        assert!(chained.pause_is_diff());
+        assert_eq!(chained.chain_files(&dir).len(), 6);
+        assert_eq!(
+            chained.chain_files(&dir)[1],
+            PathBuf::from("/s/bases/base-x.mem")
+        );
+        let long = Record {
+            layers: (1..=4).collect(),
+            ..chained
+        };
+        assert!(!long.pause_is_diff());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

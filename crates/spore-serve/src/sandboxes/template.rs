@@ -9,13 +9,18 @@
 //! vcpus = 1                           # default 1
 //! memory_mib = 512                    # default 512
 //! user = "user"                       # commands' default user, default "user"
+//! start_cmd = "python3 -m http.server 8000"   # optional: started in the zygote
+//! ready_cmd = "curl -sf localhost:8000"       # optional: until it exits 0
 //! ```
 //!
 //! Each template has a **zygote**: one VM booted from it until its envd
 //! answers, then frozen as the template of its sandboxes, each a clone of it
 //! (its memory shared copy-on-write, the image read-only under a private
 //! overlay). The zygote boots when the daemon starts, in the background; a
-//! create that comes first waits for it.
+//! create that comes first waits for it. A template's start command runs in
+//! the zygote (E2B's: a server its sandboxes start with, already running),
+//! and its ready command is run until it succeeds, before the zygote is
+//! snapshotted as the template base and cloned.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -42,7 +47,18 @@ pub struct TemplateSpec {
     pub memory_mib: u32,
     #[serde(default = "default_user")]
     pub user: String,
+    /// Started in the background in the zygote once its envd answers (as
+    /// `user`, `bash -l -c`; its output in `/tmp/spore-start.log`).
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    /// Run (as `user`) until it exits 0, every second for up to
+    /// [`READY_LIMIT`], before the zygote becomes the template.
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
 }
+
+/// How long a template's ready command may take to succeed.
+pub const READY_LIMIT: Duration = Duration::from_secs(300);
 
 fn default_vcpus() -> u8 {
     1
@@ -84,6 +100,16 @@ impl TemplateSpec {
         if !(128..=65_536).contains(&self.memory_mib) {
             bail!("memory_mib = {}: 128 to 65536", self.memory_mib);
         }
+        for (what, c) in [
+            ("start_cmd", &self.start_cmd),
+            ("ready_cmd", &self.ready_cmd),
+        ] {
+            if c.as_ref()
+                .is_some_and(|c| c.trim().is_empty() || c.len() > 4096)
+            {
+                bail!("{what}: a command of 1 to 4096 bytes");
+            }
+        }
         if self.user.is_empty()
             || !self
                 .user
@@ -113,6 +139,10 @@ fn valid_name(name: &str) -> bool {
 /// template by the first clone asked of it.
 pub struct Zygote {
     pub vmm: VmmProcess,
+    /// The template base: a full snapshot of the zygote once its envd
+    /// answered (its state file), which its clones' pauses are diffs on;
+    /// `None` where it could not be written (their pauses are full).
+    pub base: Option<PathBuf>,
 }
 
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
@@ -121,6 +151,7 @@ pub async fn boot_zygote(
     spore_bin: &Path,
     spec: &TemplateSpec,
     run_dir: &Path,
+    bases: &Path,
 ) -> anyhow::Result<Zygote> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(run_dir);
@@ -138,12 +169,116 @@ pub async fn boot_zygote(
         vmm.kill().await;
         return Err(e.context(format!("template {}: console: {tail}", spec.name)));
     }
+    if let Err(e) = start(&vmm, spec).await {
+        vmm.kill().await;
+        return Err(e.context(format!("template {}", spec.name)));
+    }
     tracing::info!(
         template = %spec.name,
-        "sandbox template ready: its zygote's envd answered {} ms after the VMM started",
+        "sandbox template ready {} ms after its zygote's VMM started (booted, envd answering, its start and ready commands run)",
         started.elapsed().as_millis()
     );
-    Ok(Zygote { vmm })
+    let base = match write_base(&vmm, bases, &spec.name).await {
+        Ok(state) => {
+            tracing::info!(
+                template = %spec.name,
+                "sandbox template base written: {} MiB of memory on disk",
+                crate::fs::disk_bytes(&state.with_extension("mem")) >> 20
+            );
+            Some(state)
+        }
+        Err(e) => {
+            tracing::warn!(template = %spec.name, "sandbox template: no base (its sandboxes' pauses will be full snapshots): {e:#}");
+            None
+        }
+    };
+    Ok(Zygote { vmm, base })
+}
+
+/// The template's start command, in the background, then its ready
+/// command until it succeeds.
+async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
+    if let Some(cmd) = &spec.start_cmd {
+        // The command reaches bash through the environment (never quoted
+        // into a string); in the background with its output in a file, so
+        // that envd's stream ends when the wrapper does.
+        let ran = envd::run(
+            &vmm.vsock_uds,
+            &spec.user,
+            "nohup /bin/bash -l -c \"$SPORE_START_CMD\" </dev/null >/tmp/spore-start.log 2>&1 &",
+            &[("SPORE_START_CMD", cmd)],
+        )
+        .await
+        .context("starting its start_cmd")?;
+        if ran.exit_code != 0 {
+            bail!("its start_cmd could not be started: {}", ran.output);
+        }
+    }
+    let Some(ready) = &spec.ready_cmd else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    loop {
+        let ran = envd::run(&vmm.vsock_uds, &spec.user, ready, &[])
+            .await
+            .context("running its ready_cmd")?;
+        if ran.exit_code == 0 {
+            tracing::info!(
+                template = %spec.name,
+                "sandbox template: its ready_cmd passed after {} ms",
+                started.elapsed().as_millis()
+            );
+            return Ok(());
+        }
+        if started.elapsed() >= READY_LIMIT {
+            let log = envd::run(
+                &vmm.vsock_uds,
+                &spec.user,
+                "tail -n 5 /tmp/spore-start.log",
+                &[],
+            )
+            .await
+            .map(|r| r.output)
+            .unwrap_or_default();
+            bail!(
+                "its ready_cmd did not pass within {READY_LIMIT:?} (exit code {}: {}; the start_cmd's output ends: {log})",
+                ran.exit_code,
+                ran.output
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Writes the zygote's memory as a full snapshot in `bases`
+/// (`<template>-<n>.state`, `.mem`, a new `n` per boot: paused sandboxes
+/// of an earlier zygote keep theirs). The zygote stays paused until its
+/// first clone freezes it: its memory is then exactly the base, and its
+/// disk overlay (frozen by that clone as its clones' base) exactly what
+/// the base's state expects, so that the base can be restored too.
+async fn write_base(vmm: &VmmProcess, bases: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    crate::fs::create_private_dir(bases)?;
+    let stamp = crate::clock::unix_ms();
+    let state = bases.join(format!("{name}-{stamp}.state"));
+    let mem = state.with_extension("mem");
+    vmm.api("PATCH", "/vm", Some(r#"{"state":"Paused"}"#.into()))
+        .await?;
+    let body = serde_json::json!({
+        "snapshot_type": "Full",
+        "snapshot_path": state,
+        "mem_file_path": mem,
+    });
+    if let Err(e) = vmm
+        .api("PUT", "/snapshot/create", Some(body.to_string()))
+        .await
+    {
+        let _ = std::fs::remove_file(&state);
+        let _ = std::fs::remove_file(&mem);
+        vmm.api("PATCH", "/vm", Some(r#"{"state":"Resumed"}"#.into()))
+            .await?;
+        return Err(e);
+    }
+    Ok(state)
 }
 
 /// The zygote's configuration: its image read-only under an overlay in its
@@ -167,6 +302,8 @@ async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> any
             serde_json::json!({
                 "vcpu_count": spec.vcpus,
                 "mem_size_mib": spec.memory_mib,
+                // Its clones' pauses are diffs on the template base.
+                "track_dirty_pages": true,
             }),
         ),
         (
@@ -238,6 +375,22 @@ mod tests {
         assert!(TemplateSpec::load(&file).is_err());
         std::fs::write(&file, "name = \"base\"\nunknown = 1\n").unwrap();
         assert!(TemplateSpec::load(&file).is_err());
+        let with = |extra: &str| {
+            std::fs::write(
+                &file,
+                format!(
+                    "name = \"web\"\nkernel = {:?}\nrootfs = {:?}\n{extra}\n",
+                    k.display().to_string(),
+                    r.display().to_string()
+                ),
+            )
+            .unwrap();
+            TemplateSpec::load(&file)
+        };
+        let web = with("start_cmd = \"python3 -m http.server\"\nready_cmd = \"true\"").unwrap();
+        assert_eq!(web.start_cmd.as_deref(), Some("python3 -m http.server"));
+        assert!(with("start_cmd = \"  \"").is_err());
+        assert!(with(&format!("ready_cmd = \"{}\"", "x".repeat(5000))).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

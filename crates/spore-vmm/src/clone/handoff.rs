@@ -63,6 +63,8 @@ pub struct Handoff {
     /// The clone's network namespace and addresses (`PUT /clone`'s
     /// `network`); never for a clone restored ahead.
     pub network: Option<super::network::CloneNetwork>,
+    /// Its template's [`super::Template::chain`].
+    pub chain: crate::snapshot::ChainState,
 }
 
 /// Starts a clone restored ahead (`prestart`).
@@ -268,6 +270,26 @@ mod tests {
         }
     }
 
+    /// A chain as a source's last Full snapshot leaves it, with pages
+    /// written since.
+    fn chain_with_a_head() -> crate::snapshot::ChainState {
+        let mut pending = crate::snapshot::dirty::DirtyPages::new();
+        pending.merge_region(0, &[0b1010, 1 << 63]);
+        crate::snapshot::ChainState {
+            head: Some(crate::snapshot::ChainHead {
+                id: "base".into(),
+                state_hash: "ab".into(),
+                paths: crate::snapshot::LayerPaths {
+                    state: "/s/base.state".into(),
+                    mem: "/s/base.mem".into(),
+                },
+                mem_size: 1 << 20,
+                vcpu_count: 1,
+            }),
+            pending,
+        }
+    }
+
     #[test]
     fn handoff_carries_memfds_and_state() {
         let (a, b) = UnixStream::pair().unwrap();
@@ -292,6 +314,7 @@ mod tests {
             request_ns: 5,
             prestart: false,
             network: None,
+            chain: chain_with_a_head(),
         };
         send_handoff(&a, &h, &layers).unwrap();
         let Message::Handoff(got, got_layers) = recv_message(&b).unwrap() else {
@@ -299,6 +322,8 @@ mod tests {
         };
         assert_eq!(got.state.len(), 100_000);
         assert_eq!((got.fork_vcpu, got.budget), (Some(0), 3));
+        assert_eq!(got.chain.head, h.chain.head);
+        assert_eq!(got.chain.pending, h.chain.pending);
         let mut buf = [0u8; 5];
         got_layers[0].file.read_exact_at(&mut buf, 4096).unwrap();
         assert_eq!(&buf, b"hello");

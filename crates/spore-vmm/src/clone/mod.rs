@@ -315,6 +315,9 @@ pub struct Template {
     /// The vCPU that signalled `FORK`, if a guest made this template: its
     /// clones read their clone number there.
     pub fork_vcpu: Option<u8>,
+    /// The snapshot its memory is a diff on, and the pages changed since:
+    /// a clone's Diff snapshots apply to its source's last snapshot.
+    pub chain: crate::snapshot::ChainState,
 }
 
 /// The source side: what this VM is and has done as a clone source. A

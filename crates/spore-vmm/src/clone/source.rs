@@ -21,7 +21,7 @@ use crate::config::VmConfig;
 use crate::device_manager::PausedDevices;
 use crate::host::{lock, monotonic_ns, random_id};
 use crate::memory::template::MemoryLayer;
-use crate::snapshot::capture_state;
+use crate::snapshot::{capture_state, ChainState};
 use crate::vm::{RunState, Vm};
 
 /// One clone request, after the API or a guest `FORK` asked for it.
@@ -171,7 +171,7 @@ pub fn next_name(st: &mut SourceState) -> String {
 fn make_template(
     vm: &Vm,
     config: &mut VmConfig,
-    st: &mut SourceState,
+    (st, chain): (&mut SourceState, &mut ChainState),
     mode: CloneMode,
     fork_vcpu: Option<u8>,
     dir: &Path,
@@ -223,12 +223,16 @@ fn make_template(
         if ram.is_private() {
             st.ram_layers = layers.clone();
         }
+        let chain = chain
+            .for_clone(vm, config)
+            .map_err(|e| CloneError::Capture(e.to_string()))?;
         Ok(Arc::new(Template {
             id: random_id(),
             layers,
             state: Arc::new(state),
             mem_size: ram.size(),
             fork_vcpu,
+            chain,
         }))
     })();
     if result.is_ok() && mode == CloneMode::Zygote {
@@ -242,7 +246,7 @@ fn make_template(
 pub fn clone_vm(
     vm: &Vm,
     config: &mut VmConfig,
-    st: &mut SourceState,
+    (st, chain): (&mut SourceState, &mut ChainState),
     order: CloneOrder,
 ) -> Result<CloneReport, CloneError> {
     let mode = match check(vm, config, st, &order) {
@@ -270,7 +274,7 @@ pub fn clone_vm(
     let t0 = Instant::now();
     let (template, fresh) = match (&st.template, st.zygote) {
         (Some(t), true) => (t.clone(), false),
-        _ => match make_template(vm, config, st, mode, order.fork_vcpu, &dir) {
+        _ => match make_template(vm, config, (st, chain), mode, order.fork_vcpu, &dir) {
             Ok(t) => (t, true),
             Err(e) => {
                 if let Some(v) = order.fork_vcpu {
@@ -483,6 +487,7 @@ fn clone_handoff(
         request_ns,
         prestart,
         network: None,
+        chain: template.chain.clone(),
     })
 }
 

@@ -25,7 +25,7 @@ use crate::memory::layers::MemoryLayers;
 pub const MAX_LAYERS: usize = 256;
 
 /// A layer's two files.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerPaths {
     pub state: PathBuf,
     pub mem: PathBuf,
@@ -79,7 +79,7 @@ impl Chain {
 
 /// What a VM's next diff applies to: the snapshot it last wrote or was
 /// restored from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChainHead {
     pub id: String,
     pub state_hash: String,

@@ -31,7 +31,7 @@ pub const PAGE: u64 = 4096;
 /// file offset `sum of the lengths of regions before it` in a memory file).
 /// Bit `j` of a region's bitmap is its page `j` (word `j / 64`, bit `j % 64`:
 /// KVM's layout, and vm-memory's).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DirtyPages {
     regions: Vec<Vec<u64>>,
     /// The hotplug region's pages written (bit `i` = its page `i`).

@@ -164,8 +164,10 @@ fn capture(what: &'static str) -> impl Fn(String) -> SnapshotError {
 
 /// What a VM remembers between snapshots to write its next diff: the
 /// snapshot it last wrote or was restored from, and the pages collected
-/// from the dirty logs that are not yet in a snapshot on disk.
-#[derive(Debug, Default)]
+/// from the dirty logs that are not yet in a snapshot on disk. A clone
+/// starts with its template's (its memory is the template's), so that its
+/// first diff applies to the snapshot its source last wrote.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct ChainState {
     pub head: Option<ChainHead>,
     pub pending: DirtyPages,
@@ -178,6 +180,23 @@ impl ChainState {
             head: Some(head),
             pending: DirtyPages::new(),
         }
+    }
+
+    /// What a clone of this paused VM starts with: its head and every page
+    /// changed since (collected now, and kept here as well, so that this
+    /// VM's own next diff still holds them). Nothing where no diff could
+    /// follow: no dirty tracking, no head, or a hotplug region (whose
+    /// released ranges a clone does not inherit).
+    pub fn for_clone(&mut self, vm: &Vm, config: &VmConfig) -> Result<ChainState, SnapshotError> {
+        if !config.machine.track_dirty_pages
+            || config.memory_hotplug.is_some()
+            || self.head.is_none()
+        {
+            return Ok(ChainState::default());
+        }
+        let dirty = dirty::collect(vm.vm_fd(), vm.ram())?;
+        self.pending.merge(&dirty);
+        Ok(self.clone())
     }
 }
 

@@ -78,7 +78,10 @@ impl Vmm {
             network: handoff.network.clone(),
         });
         *config = restored.config;
-        *phase = Phase::Built(BuiltVm::new(restored.vm));
+        let mut built = BuiltVm::new(restored.vm);
+        // Its memory is its template's: a diff continues the source's chain.
+        built.chain = handoff.chain.clone();
+        *phase = Phase::Built(built);
         Ok(())
     }
 

@@ -86,7 +86,7 @@ impl Vmm {
                 .map_err(CloneError::Capture)?;
         }
         let order = order(source);
-        let report = clone_vm(&built.vm, config, source, order)?;
+        let report = clone_vm(&built.vm, config, (source, &mut built.chain), order)?;
         drop(inner);
         self.refill_standby();
         Ok(report)
