@@ -195,6 +195,25 @@ pub async fn boot_zygote(
     Ok(Zygote { vmm, base })
 }
 
+/// How long the start command's wrapper (which puts it in the background)
+/// and other quick commands may take.
+const WRAPPER_LIMIT: Duration = Duration::from_secs(60);
+
+/// A command in the zygote that ran past its limit.
+#[derive(Debug, thiserror::Error)]
+#[error("it ran past {0:?}")]
+struct Overran(Duration);
+
+/// `run` (a command in the zygote), ended after `limit`.
+async fn bounded(
+    limit: Duration,
+    run: impl std::future::Future<Output = anyhow::Result<envd::Ran>>,
+) -> anyhow::Result<envd::Ran> {
+    tokio::time::timeout(limit, run)
+        .await
+        .map_err(|_| anyhow::Error::new(Overran(limit)))?
+}
+
 /// The template's start command, in the background, then its ready
 /// command until it succeeds.
 async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
@@ -202,11 +221,14 @@ async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
         // The command reaches bash through the environment (never quoted
         // into a string); in the background with its output in a file, so
         // that envd's stream ends when the wrapper does.
-        let ran = envd::run(
-            &vmm.vsock_uds,
-            &spec.user,
-            "nohup /bin/bash -l -c \"$SPORE_START_CMD\" </dev/null >/tmp/spore-start.log 2>&1 &",
-            &[("SPORE_START_CMD", cmd)],
+        let ran = bounded(
+            WRAPPER_LIMIT,
+            envd::run(
+                &vmm.vsock_uds,
+                &spec.user,
+                "nohup /bin/bash -l -c \"$SPORE_START_CMD\" </dev/null >/tmp/spore-start.log 2>&1 &",
+                &[("SPORE_START_CMD", cmd)],
+            ),
         )
         .await
         .context("starting its start_cmd")?;
@@ -219,9 +241,18 @@ async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     loop {
-        let ran = envd::run(&vmm.vsock_uds, &spec.user, ready, &[])
-            .await
-            .context("running its ready_cmd")?;
+        // A ready_cmd that never ends fails like one that exits non-zero.
+        let left = READY_LIMIT
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        let ran = match bounded(left, envd::run(&vmm.vsock_uds, &spec.user, ready, &[])).await {
+            Ok(ran) => ran,
+            Err(e) if e.is::<Overran>() => envd::Ran {
+                exit_code: -1,
+                output: format!("still running after {left:?}"),
+            },
+            Err(e) => return Err(e.context("running its ready_cmd")),
+        };
         if ran.exit_code == 0 {
             tracing::info!(
                 template = %spec.name,
@@ -231,11 +262,14 @@ async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
             return Ok(());
         }
         if started.elapsed() >= READY_LIMIT {
-            let log = envd::run(
-                &vmm.vsock_uds,
-                &spec.user,
-                "tail -n 5 /tmp/spore-start.log",
-                &[],
+            let log = bounded(
+                WRAPPER_LIMIT,
+                envd::run(
+                    &vmm.vsock_uds,
+                    &spec.user,
+                    "tail -n 5 /tmp/spore-start.log",
+                    &[],
+                ),
             )
             .await
             .map(|r| r.output)
@@ -343,6 +377,32 @@ mod tests {
         assert!(!valid_name("Base"));
         assert!(!valid_name("a/b"));
         assert!(!valid_name(&"x".repeat(25)));
+    }
+
+    #[tokio::test]
+    async fn a_command_past_its_limit_is_ended() {
+        let quick = async {
+            Ok(envd::Ran {
+                exit_code: 0,
+                output: String::new(),
+            })
+        };
+        assert_eq!(
+            bounded(Duration::from_secs(5), quick)
+                .await
+                .unwrap()
+                .exit_code,
+            0
+        );
+        let stuck = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(envd::Ran {
+                exit_code: 0,
+                output: String::new(),
+            })
+        };
+        let e = bounded(Duration::from_millis(10), stuck).await.unwrap_err();
+        assert!(e.is::<Overran>(), "{e:#}");
     }
 
     #[test]
