@@ -210,12 +210,9 @@ fn load_spec(path: &Path) -> anyhow::Result<BuildSpec> {
     Ok(spec)
 }
 
+/// The daemon's rule for template names (`spore serve` refuses others).
 fn check_name(name: &str) -> anyhow::Result<()> {
-    let ok = (1..=24).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if !ok {
+    if !spore_serve::sandboxes::template::valid_name(name) {
         bail!("template name {name:?}: 1 to 24 lower-case letters, digits, '-' or '_'");
     }
     Ok(())

@@ -128,7 +128,7 @@ impl TemplateSpec {
 }
 
 /// Template names (in socket paths: kept short).
-fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     (1..=24).contains(&name.len())
         && name
             .bytes()
