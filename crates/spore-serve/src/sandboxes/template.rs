@@ -250,6 +250,8 @@ async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
             Err(e) if e.is::<Overran>() => envd::Ran {
                 exit_code: -1,
                 output: format!("still running after {left:?}"),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
             },
             Err(e) => return Err(e.context("running its ready_cmd")),
         };
