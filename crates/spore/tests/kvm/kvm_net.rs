@@ -341,7 +341,11 @@ fn kvm_net_the_mmds_store_and_config_survive_a_snapshot() {
         guest_ip(k)
     );
     put(&sock, "/boot-source", &boot);
-    put(&sock, "/machine-config", r#"{"vcpu_count": 1, "mem_size_mib": 64}"#);
+    put(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
     let iface = format!(r#"{{"iface_id": "eth0", "host_dev_name": "{}"}}"#, tap.name);
     put(&sock, "/network-interfaces/eth0", &iface);
     put(
