@@ -10,7 +10,7 @@
 #   mmds-boot          both guests up, eth0 addressed, MMDS routed to eth0
 #   mmds-spore         spore's answers: 401 without a token, a V2 session
 #                      token, IMDS and JSON formats, a string leaf, 404, 405,
-#                      a PUT without its TTL, an invalid token
+#                      a PUT without its TTL, an invalid token, methods
 #   mmds-firecracker   the same requests under Firecracker give the same
 #                      status, Content-Type and body, one by one
 #   mmds-restored      after a snapshot and a restore in a new VMM process,
@@ -89,6 +89,9 @@ ask -X PUT $m/latest/api/token
 ask -X PUT -H "X-metadata-token-ttl-seconds: 0" $m/latest/api/token
 ask -X PUT -H "X-metadata-token-ttl-seconds: 60" $m/latest/meta-data
 ask -X POST -H "X-metadata-token: $T" $m/latest/meta-data
+ask -X DELETE -H "X-metadata-token: $T" $m/latest/meta-data
+ask -H "X-metadata-token: $T" "$m/latest/meta-data?x=1"
+ask -H "X-metadata-token: $T" $m
 '
 
 cleanup() {
@@ -126,7 +129,7 @@ r mmds-boot PASS "spore's guest up${fcpid:+, Firecracker's guest up: $fc_up}"
 run_in "$tmp/v.sock" "$requests" >"$tmp/spore.out" 2>"$tmp/spore.err"
 cp "$tmp/spore.out" "$SPORE_OUT/spore-answers.txt" 2>/dev/null
 # What spore must answer, whatever Firecracker says (status and content type).
-expect="401 text/plain|token issued|200 text/plain|200 text/plain|200 application/json|200 text/plain|200 application/json|501 text/plain|404 text/plain|401 text/plain|400 text/plain|400 text/plain|404 text/plain|405 text/plain"
+expect="401 text/plain|token issued|200 text/plain|200 text/plain|200 application/json|200 text/plain|200 application/json|501 text/plain|404 text/plain|401 text/plain|400 text/plain|400 text/plain|404 text/plain|501 application/json|405 text/plain|404 text/plain|200 text/plain"
 got=$(cut -d' ' -f1-2 "$tmp/spore.out" | tr '\n' '|' | sed 's/|$//')
 bodies_ok=yes
 grep -q '^200 text/plain ami-id|instance-id|local-hostname|network/$' "$tmp/spore.out" || bodies_ok="IMDS listing"

@@ -128,7 +128,7 @@ pub async fn init(
 const RUN_ANSWER_LIMIT: usize = 1 << 20;
 
 /// What a command run in the guest ended with.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Ran {
     /// `-1` when a signal ended it.
     pub exit_code: i32,

@@ -9,7 +9,12 @@
 //!   `X-aws-ec2-metadata-token`) is required; V1 takes a GET without one.
 //! - `PUT /latest/api/token` with `X-metadata-token-ttl-seconds` (or the
 //!   `X-aws-ec2-…` name): a session token; refused with `X-Forwarded-For`.
-//! - any other method: 405 with `Allow: GET, PUT`.
+//! - PATCH, DELETE: 405 with `Allow: GET, PUT`; a method Firecracker's
+//!   HTTP parser does not know (POST, HEAD, ...): 501.
+//!
+//! A request that cannot be read is answered as Firecracker's parser
+//! answers it (its content type says JSON, its body is text, as there) and
+//! the connection closes.
 
 use serde_json::Value;
 
@@ -129,8 +134,7 @@ pub fn exchange(mmds: &Mmds, buf: &[u8]) -> Exchange {
     let http_10 = req.version == Some(0);
     let close =
         http_10 || header("connection").is_some_and(|(_, v)| v.eq_ignore_ascii_case("close"));
-    let path = req.path.unwrap_or("");
-    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let path = abs_path(req.path.unwrap_or(""));
     let token = TOKEN_HEADERS.iter().find_map(|h| header(h)).map(|(_, v)| v);
     let response = match req.method.unwrap_or("") {
         _ if path.is_empty() => Response::text(400, "Invalid URI."),
@@ -141,11 +145,15 @@ pub fn exchange(mmds: &Mmds, buf: &[u8]) -> Exchange {
             accepts_json(&header("accept")),
         ),
         "PUT" => put_token(mmds, path, &headers),
-        _ => {
+        "PATCH" | "DELETE" => {
             let mut r = Response::text(405, "Not allowed HTTP method.");
             r.extra.push(("Allow".into(), "GET, PUT".into()));
             r
         }
+        _ => Response {
+            json: true,
+            ..Response::text(501, "Unsupported HTTP method.")
+        },
     };
     Exchange::Answered {
         response: response.encode(http_10, close),
@@ -154,9 +162,27 @@ pub fn exchange(mmds: &Mmds, buf: &[u8]) -> Exchange {
     }
 }
 
+/// The request target as Firecracker reads it: an absolute-form URI loses
+/// its scheme and host; anything not starting with `/` is empty (refused);
+/// a query stays part of the path (and so names no value).
+fn abs_path(target: &str) -> &str {
+    if let Some(rest) = target.strip_prefix("http://") {
+        return rest.find('/').map_or("", |i| &rest[i..]);
+    }
+    if target.starts_with('/') {
+        target
+    } else {
+        ""
+    }
+}
+
 fn refuse(status: u16, msg: &str, consumed: usize) -> Exchange {
+    let response = Response {
+        json: true,
+        ..Response::text(status, msg)
+    };
     Exchange::Answered {
-        response: Response::text(status, msg).encode(false, true),
+        response: response.encode(false, true),
         consumed,
         close: true,
     }
@@ -368,9 +394,17 @@ mod tests {
         );
         let (s, _, body, _) = ask(&m, "GET /nope HTTP/1.1\r\n\r\n");
         assert_eq!((s, body.as_str()), (404, "Resource not found: /nope."));
-        let (s, _, _, head) = ask(&m, "POST / HTTP/1.1\r\n\r\n");
+        let (s, _, body, _) = ask(&m, "GET /n?x=1 HTTP/1.1\r\n\r\n");
+        assert_eq!((s, body.as_str()), (404, "Resource not found: /n?x=1."));
+        let (s, _, body, _) = ask(&m, "GET http://169.254.169.254/latest HTTP/1.1\r\n\r\n");
+        assert_eq!((s, body.as_str()), (200, "meta-data/"));
+        let (s, _, body, _) = ask(&m, "GET * HTTP/1.1\r\n\r\n");
+        assert_eq!((s, body.as_str()), (400, "Invalid URI."));
+        let (s, _, _, head) = ask(&m, "DELETE / HTTP/1.1\r\n\r\n");
         assert_eq!(s, 405);
         assert!(head.contains("Allow: GET, PUT"), "{head}");
+        let (s, ct, body, _) = ask(&m, "POST / HTTP/1.1\r\n\r\n");
+        assert_eq!((s, ct.as_str(), body.as_str()), (501, "application/json", "Unsupported HTTP method."));
     }
 
     #[test]
