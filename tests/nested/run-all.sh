@@ -24,7 +24,9 @@
 # a chain after a daemon restart, instances drawing different random bytes).
 # sandbox-envd (the sandbox-base image with spore-envd in a Linux guest, driven
 # from this host by the e2b SDK through forwarded ports: commands, PTYs, files,
-# then the sandbox paused (full snapshot), resumed and forked).
+# then the sandbox paused (full snapshot), resumed and forked). mmds (the web
+# template's Debian guest asks the MMDS with curl under spore and under the
+# reference Firecracker: the same answers; then after a snapshot restore).
 # Opt-in (only with --only NAME, not in `make test`): snapshot-diff (a diff chain over
 # a guest whose page cache was filled by virtio-blk; an intermittent hang, see above),
 # bench-reclaim (`spore bench reclaim` on the Linux guest: virtio-mem and balloon,
@@ -478,13 +480,11 @@ if [[ -z $only || $only == tmem ]]; then
         --guest-scenario "$here/scenarios/guest/tmem.sh" \
         --guest-file "$tmem_bin:/bin/spore-tmem"
 fi
-if [[ -z $only || $only == sandbox-envd ]]; then
-    # The `base` and `web` sandbox templates (spore sandbox template build;
-    # web: tests/sandbox/web/spec.toml) with this tree's spore-agent and
-    # spore-envd (static musl; the images are cached by content), on a
-    # scratch disk: their file systems are 2 GiB, sparse. Its own L1: the
-    # host drives it (the e2b SDK is Python, on this host) through
-    # forwarded ports.
+# The `base` and `web` sandbox templates (spore sandbox template build;
+# web: tests/sandbox/web/spec.toml) with this tree's spore-agent and
+# spore-envd (static musl; the images are cached by content); their
+# file systems are 2 GiB, sparse. Built for sandbox-envd and mmds.
+if [[ -z $only || $only == sandbox-envd || $only == mmds ]]; then
     envd_bin="$(cd "$repo" && cargo build --release -q -p spore-envd --bin spore-envd \
         --target x86_64-unknown-linux-musl --message-format json-render-diagnostics |
         sed -n 's/.*"executable":"\([^"]*spore-envd\)".*/\1/p' | tail -n1)"
@@ -497,6 +497,10 @@ if [[ -z $only || $only == sandbox-envd ]]; then
             --out "$work/$t.toml" >/dev/null || die "the $t sandbox template was not built"
     done
     rootfs_of() { sed -n 's/^rootfs = "\(.*\)"$/\1/p' "$1"; }
+fi
+if [[ -z $only || $only == sandbox-envd ]]; then
+    # On a scratch disk; its own L1: the host drives it (the e2b SDK is
+    # Python, on this host) through forwarded ports.
     mkdir -p "$work/sbx-scratch"
     cp --sparse=always "$(rootfs_of "$work/base.toml")" "$work/sbx-scratch/sandbox-base.ext4"
     cp --sparse=always "$(rootfs_of "$work/web.toml")" "$work/sbx-scratch/sandbox-web.ext4"
@@ -512,6 +516,21 @@ if [[ -z $only || $only == sandbox-envd ]]; then
         --hostfwd 7000 --hostfwd 7001 --hostfwd 3000 \
         --host-driver "$here/host/sandbox-envd.sh" \
         --scenario "$here/scenarios/sandbox-envd.sh" --out-dir "$work/out-sandbox-envd"
+fi
+if [[ -z $only || $only == mmds ]]; then
+    # The web image twice (one copy per VMM: spore's guest writes through a
+    # copy-on-write overlay, Firecracker's to its own copy), and the
+    # reference Firecracker beside the repository, to compare answers.
+    mkdir -p "$work/mmds-scratch"
+    cp --sparse=always "$(rootfs_of "$work/web.toml")" "$work/mmds-scratch/sandbox-web.ext4"
+    cp --sparse=always "$(rootfs_of "$work/web.toml")" "$work/mmds-scratch/sandbox-web-fc.ext4"
+    fc_args=()
+    for cand in "$repo/../shared/reference/firecracker/firecracker" /work/shared/reference/firecracker/firecracker; do
+        [[ -x $cand ]] && { fc_args=(--file "$cand:/bin/firecracker"); break; }
+    done
+    run_one mmds --own-l1 --memory 2048 --timeout 900 --stall-timeout 600 \
+        --scratch-disk "1500:$work/mmds-scratch" "${fc_args[@]}" \
+        --scenario "$here/scenarios/mmds.sh" --out-dir "$work/out-mmds"
 fi
 
 run_queue

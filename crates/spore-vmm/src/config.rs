@@ -58,6 +58,8 @@ pub enum ConfigError {
     Unsupported { field: &'static str, detail: String },
     #[error("{0} must not be empty")]
     Empty(&'static str),
+    #[error(transparent)]
+    Mmds(MmdsConfigError),
     #[error("drive id in the path ({path}) differs from drive_id in the body ({body})")]
     DriveIdMismatch { path: String, body: String },
     #[error("guest_cid must be at least 3 (0-2 are reserved), got {0}")]
@@ -549,21 +551,13 @@ impl MemoryHotplugConfig {
 }
 
 /// An MMDS configuration checked as Firecracker checks it against the
-/// interfaces, then refused: spore's network device does not route MMDS
-/// requests (169.254.169.254) yet.
+/// interfaces.
 pub fn check_mmds_config(
     m: &MmdsConfig,
     ifaces: &[NetworkInterfaceConfig],
 ) -> Result<(), ConfigError> {
     let ids: Vec<&str> = ifaces.iter().map(|i| i.iface_id.as_str()).collect();
-    let unsupported = |detail: String| ConfigError::Unsupported {
-        field: "mmds-config",
-        detail,
-    };
-    m.validate(&ids).map_err(|e| unsupported(e.to_string()))?;
-    Err(unsupported(
-        "the network device does not route MMDS requests yet".into(),
-    ))
+    m.validate(&ids).map_err(ConfigError::Mmds)
 }
 
 /// The whole VM as a `--config-file` describes it (Firecracker's layout).
@@ -629,8 +623,8 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub cpu_config: Option<CpuConfig>,
-    /// `PUT /mmds/config` (checked against the network interfaces, then
-    /// refused: the network device does not route MMDS requests yet).
+    /// `PUT /mmds/config`: which interfaces route the guest's MMDS
+    /// requests, at which address, in which version and format.
     #[serde(
         rename = "mmds-config",
         default,

@@ -21,6 +21,7 @@ pub mod log_limit;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod mmds;
 pub mod own_exe;
 pub mod persist;
 pub mod phase;

@@ -1,5 +1,6 @@
 //! `spore sandbox template build NAME`: a sandbox template's image and the
-//! template file `spore serve --sandbox-template` reads.
+//! template file `spore serve --sandbox-template` reads. `spore sandbox
+//! exec`: a command in a sandbox guest, through its envd over vsock.
 //!
 //! Without `--spec`, NAME is a template of the repository's
 //! `guest/templates/` (`base`: the `sandbox-base` recipe). With `--spec`, a
@@ -25,6 +26,27 @@ pub enum SandboxCommand {
     /// Sandbox templates.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Run a command in a sandbox guest (a VM booted from a template's
+    /// image, by spore or Firecracker) through its envd, reached by the
+    /// VM's vsock socket; prints its stdout and stderr and exits with its
+    /// exit code.
+    Exec {
+        /// The VM's vsock Unix socket (its `uds_path`).
+        #[arg(long, value_name = "PATH")]
+        vsock: PathBuf,
+        /// The user the command runs as.
+        #[arg(long, default_value = "user")]
+        user: String,
+        /// envd's access token, if `/init` gave it one.
+        #[arg(long, value_name = "TOKEN")]
+        token: Option<String>,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// The command (run by `bash -l -c`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -82,15 +104,53 @@ struct BuildSpec {
 }
 
 pub fn run(cmd: SandboxCommand) -> anyhow::Result<u8> {
-    let SandboxCommand::Template(TemplateCommand::Build {
-        name,
-        spec,
-        out,
-        kernel,
-        agent,
-        envd,
-        cache,
-    }) = cmd;
+    match cmd {
+        SandboxCommand::Template(TemplateCommand::Build {
+            name,
+            spec,
+            out,
+            kernel,
+            agent,
+            envd,
+            cache,
+        }) => build(name, spec, out, kernel, agent, envd, cache),
+        SandboxCommand::Exec {
+            vsock,
+            user,
+            token,
+            timeout,
+            command,
+        } => exec(&vsock, &user, token.as_deref(), timeout, &command.join(" ")),
+    }
+}
+
+fn exec(
+    vsock: &Path,
+    user: &str,
+    token: Option<&str>,
+    timeout: u64,
+    command: &str,
+) -> anyhow::Result<u8> {
+    use std::io::Write as _;
+    let limit = std::time::Duration::from_secs(timeout.max(1));
+    let ran = spore_serve::sandboxes::envd::run_blocking(vsock, user, command, token, limit)
+        .with_context(|| format!("running it through the envd behind {}", vsock.display()))?;
+    std::io::stdout().write_all(&ran.stdout)?;
+    std::io::stderr().write_all(&ran.stderr)?;
+    // A signal (-1) or a code past 255 still fails.
+    Ok(u8::try_from(ran.exit_code).unwrap_or(255))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    name: String,
+    spec: Option<PathBuf>,
+    out: Option<PathBuf>,
+    kernel: Option<PathBuf>,
+    agent: Option<PathBuf>,
+    envd: Option<PathBuf>,
+    cache: Option<PathBuf>,
+) -> anyhow::Result<u8> {
     let cache = image_cmd::cache_dir(cache);
     let spec = match &spec {
         Some(path) => load_spec(path)?,

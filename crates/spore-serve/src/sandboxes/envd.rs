@@ -128,18 +128,32 @@ pub async fn init(
 const RUN_ANSWER_LIMIT: usize = 1 << 20;
 
 /// What a command run in the guest ended with.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Ran {
     /// `-1` when a signal ended it.
     pub exit_code: i32,
     /// The end of its stdout and stderr (at most 2 KiB), for messages.
     pub output: String,
+    /// All it wrote to each (within the answer's 1 MiB limit).
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
 }
 
 /// Runs `cmd` in the guest as `user` (`/bin/bash -l -c CMD` with `env`
 /// added to its environment, through envd's `process.Process/Start`, a
 /// Connect JSON server stream) to its end.
 pub async fn run(uds: &Path, user: &str, cmd: &str, env: &[(&str, &str)]) -> anyhow::Result<Ran> {
+    run_with_token(uds, user, cmd, env, None).await
+}
+
+/// [`run`] on an envd that holds an access token (`/init` gave it one).
+pub async fn run_with_token(
+    uds: &Path,
+    user: &str,
+    cmd: &str,
+    env: &[(&str, &str)],
+    token: Option<&str>,
+) -> anyhow::Result<Ran> {
     use base64::Engine as _;
     let envs: serde_json::Map<String, serde_json::Value> = env
         .iter()
@@ -156,13 +170,16 @@ pub async fn run(uds: &Path, user: &str, cmd: &str, env: &[(&str, &str)]) -> any
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
-    let req = hyper::Request::builder()
+    let mut req = hyper::Request::builder()
         .method("POST")
         .uri("/process.Process/Start")
         .header("host", "envd")
         .header("content-type", "application/connect+json")
         .header("connect-protocol-version", "1")
         .header("authorization", format!("Basic {basic}"));
+    if let Some(t) = token {
+        req = req.header("x-access-token", t);
+    }
     let resp = sender
         .send_request(req.body(Full::new(Bytes::from(body)))?)
         .await?;
@@ -181,11 +198,32 @@ pub async fn run(uds: &Path, user: &str, cmd: &str, env: &[(&str, &str)]) -> any
     parse_run(&answer)
 }
 
+/// [`run_with_token`] from synchronous code (`spore sandbox exec`), given
+/// up after `limit`.
+pub fn run_blocking(
+    uds: &Path,
+    user: &str,
+    cmd: &str,
+    token: Option<&str>,
+    limit: Duration,
+) -> anyhow::Result<Ran> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting an async runtime")?;
+    rt.block_on(async {
+        tokio::time::timeout(limit, run_with_token(uds, user, cmd, &[], token))
+            .await
+            .map_err(|_| anyhow!("the command did not end within {limit:?}"))?
+    })
+}
+
 /// The exit code and output of a `process.Process/Start` stream's
 /// messages (5-byte envelopes: flags, big-endian length).
 fn parse_run(mut answer: &[u8]) -> anyhow::Result<Ran> {
     use base64::Engine as _;
     let mut output = Vec::new();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let mut exit_code = None;
     while answer.len() >= 5 {
         let flags = answer[0];
@@ -203,9 +241,11 @@ fn parse_run(mut answer: &[u8]) -> anyhow::Result<Ran> {
             break;
         }
         let event = &v["event"];
-        for key in ["stdout", "stderr"] {
+        for (key, all) in [("stdout", &mut stdout), ("stderr", &mut stderr)] {
             if let Some(b) = event["data"][key].as_str() {
-                output.extend(base64::engine::general_purpose::STANDARD.decode(b)?);
+                let bytes = base64::engine::general_purpose::STANDARD.decode(b)?;
+                output.extend_from_slice(&bytes);
+                all.extend(bytes);
             }
         }
         if event["end"].is_object() {
@@ -219,6 +259,8 @@ fn parse_run(mut answer: &[u8]) -> anyhow::Result<Ran> {
     Ok(Ran {
         exit_code,
         output: String::from_utf8_lossy(&output[tail..]).trim().to_string(),
+        stdout,
+        stderr,
     })
 }
 
@@ -250,7 +292,9 @@ mod tests {
             parse_run(&s).unwrap(),
             Ran {
                 exit_code: 3,
-                output: "hi".into()
+                output: "hi".into(),
+                stdout: b"hi\n".to_vec(),
+                stderr: Vec::new(),
             }
         );
         // A zero exit code is left out.

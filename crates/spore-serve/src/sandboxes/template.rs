@@ -250,6 +250,7 @@ async fn start(vmm: &VmmProcess, spec: &TemplateSpec) -> anyhow::Result<()> {
             Err(e) if e.is::<Overran>() => envd::Ran {
                 exit_code: -1,
                 output: format!("still running after {left:?}"),
+                ..Default::default()
             },
             Err(e) => return Err(e.context("running its ready_cmd")),
         };
@@ -382,10 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_past_its_limit_is_ended() {
         let quick = async {
-            Ok(envd::Ran {
-                exit_code: 0,
-                output: String::new(),
-            })
+            Ok(envd::Ran::default())
         };
         assert_eq!(
             bounded(Duration::from_secs(5), quick)
@@ -396,10 +394,7 @@ mod tests {
         );
         let stuck = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            Ok(envd::Ran {
-                exit_code: 0,
-                output: String::new(),
-            })
+            Ok(envd::Ran::default())
         };
         let e = bounded(Duration::from_millis(10), stuck).await.unwrap_err();
         assert!(e.is::<Overran>(), "{e:#}");

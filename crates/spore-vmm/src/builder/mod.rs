@@ -87,6 +87,8 @@ pub struct BuildOptions {
     pub serial_out: SerialOut,
     /// Run control of the VM-to-be; the caller may already wait on it.
     pub control: Arc<RunControl>,
+    /// The VMM's MMDS data store (a restore puts the snapshot's in it).
+    pub mmds: crate::mmds::SharedMmds,
 }
 
 fn open(what: &'static str, path: &str) -> Result<File, BuildError> {
@@ -157,6 +159,7 @@ pub fn build_for_boot(config: &VmConfig, opts: BuildOptions) -> Result<Vm, Build
         serial_out: opts.serial_out,
         on_reset: reset_hook(&opts.control),
         device_mem: device_memory(&ram, mem_device.as_ref())?,
+        mmds: opts.mmds.clone(),
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, None)?;
     crate::phase::mark("build: devices attached");
@@ -272,6 +275,7 @@ pub fn build_from_state(
         serial_out: opts.serial_out,
         on_reset: reset_hook(&opts.control),
         device_mem: device_memory(&ram, mem_device.as_ref())?,
+        mmds: opts.mmds.clone(),
     };
     let (devices, buses) = VmDevices::attach(ctx, config, mem_device, Some(&mut saved))?;
     saved.finish()?;

@@ -1,7 +1,6 @@
 //! `PUT /mmds/config`: which network interfaces forward MMDS requests, the
 //! MMDS version and address. Checked as Firecracker checks it, in its order:
-//! the address, an empty list, then interfaces that do not exist (spore
-//! has no network device yet, so every named interface is unknown).
+//! the address, an empty list, then interfaces that do not exist.
 
 use std::net::Ipv4Addr;
 

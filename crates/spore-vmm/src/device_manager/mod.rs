@@ -13,6 +13,7 @@
 //! vCPUs or reads guest memory.
 
 pub mod legacy;
+pub mod mmds;
 pub mod mmio;
 pub mod pause;
 pub mod persist;
@@ -43,6 +44,7 @@ use crate::devices::virtio::vsock::{VsockError, VsockHandle};
 use crate::devices::wake::GuestWake;
 use crate::host::lock;
 use crate::memory::{GuestMemoryMmap, MemoryError};
+use crate::mmds::SharedMmds;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -113,6 +115,8 @@ pub struct AttachContext<'a> {
     pub on_reset: ResetHook,
     /// What devices may address: boot RAM, plus the hotplug region if any.
     pub device_mem: GuestMemoryMmap,
+    /// The MMDS data store the interfaces named by `mmds-config` serve.
+    pub mmds: SharedMmds,
 }
 
 /// The buses the vCPUs dispatch port I/O and MMIO exits to.
@@ -132,6 +136,10 @@ pub struct VmDevices {
     /// The same transports, for callers that only need those.
     transports: Vec<Arc<Mutex<MmioTransport>>>,
     handles: VirtioHandles,
+    /// The MMDS data store, saved with the devices when the VM has MMDS
+    /// configured or a store was put.
+    mmds: SharedMmds,
+    mmds_configured: bool,
 }
 
 impl VmDevices {
@@ -164,7 +172,8 @@ impl VmDevices {
             bus: mmio_bus,
             attached: Vec::new(),
         };
-        let handles = virtio::attach_virtio(&mut slots, config, mem_device, saved)?;
+        let mmds = mmds::attach(&ctx.mmds, config, saved.as_deref_mut())?;
+        let handles = virtio::attach_virtio(&mut slots, config, mem_device, saved, mmds.as_ref())?;
         let mut attached = slots.attached;
         attached.sort_by_key(|a| a.slot);
         let devices = VmDevices {
@@ -175,6 +184,8 @@ impl VmDevices {
             transports: attached.iter().map(|a| a.transport.clone()).collect(),
             virtio: attached,
             handles,
+            mmds: ctx.mmds.clone(),
+            mmds_configured: mmds.is_some(),
         };
         let buses = Buses {
             pio: legacy.pio,

@@ -92,6 +92,10 @@ impl<'a> PausedDevices<'a> {
                 DeviceState::Virtio(save_virtio(&v.id, v.slot, t)?),
             );
         }
+        let mmds = lock(&d.mmds);
+        if d.mmds_configured || mmds.is_initialized() {
+            states.push(DeviceId::mmds(), DeviceState::Mmds(mmds.save()));
+        }
         Ok(states)
     }
 

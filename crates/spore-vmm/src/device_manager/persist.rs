@@ -25,10 +25,12 @@ use crate::devices::virtio::net::{Net, NetState};
 use crate::devices::virtio::rng::{Rng, RngState};
 use crate::devices::virtio::vsock::{Vsock, VsockState};
 use crate::devices::virtio::{device_type, VirtioDevice};
+use crate::mmds::MmdsState;
 use crate::persist::Persist;
 
 /// A device's stable name in a snapshot: `serial`, `i8042`, `rtc`, `tmem`,
-/// `drive:<drive_id>`, `net:<iface_id>`, `rng`, `vsock`, `balloon`, `mem`.
+/// `drive:<drive_id>`, `net:<iface_id>`, `rng`, `vsock`, `balloon`, `mem`,
+/// `mmds`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct DeviceId(String);
 
@@ -63,6 +65,9 @@ impl DeviceId {
     pub fn mem() -> Self {
         Self("mem".into())
     }
+    pub fn mmds() -> Self {
+        Self("mmds".into())
+    }
 
     pub fn as_str(&self) -> &str {
         &self.0
@@ -85,6 +90,8 @@ pub enum DeviceState {
     /// After the others: bincode numbers the cases (x86 snapshots taken
     /// before it existed must still decode). aarch64's PL031.
     Rtc(RtcSnapshot),
+    /// The MMDS data store (last, for the same reason).
+    Mmds(MmdsState),
 }
 
 impl DeviceState {
@@ -95,6 +102,7 @@ impl DeviceState {
             Self::Tmem(_) => "tmem",
             Self::Virtio(_) => "virtio",
             Self::Rtc(_) => "rtc",
+            Self::Mmds(_) => "mmds",
         }
     }
 }
@@ -180,6 +188,19 @@ impl<'a> StateLookup<'a> {
                 Ok(state)
             }
             None => Err(DeviceError::MissingState(id.clone())),
+        }
+    }
+
+    /// The MMDS store, if the snapshot has one (snapshots of VMs without
+    /// MMDS, and older ones, do not).
+    pub fn mmds(&mut self) -> Result<Option<&'a MmdsState>, DeviceError> {
+        let id = DeviceId::mmds();
+        if !self.states.0.iter().any(|(sid, _)| *sid == id) {
+            return Ok(None);
+        }
+        match self.take(&id)? {
+            DeviceState::Mmds(s) => Ok(Some(s)),
+            other => Err(wrong_kind(id, other)),
         }
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kvm_ioctls::{Kvm, VmFd};
 
+use super::mmds::MmdsRoute;
 use super::mmio::MmioSlots;
 use super::persist::{make_virtio, DeviceId, StateLookup, VirtioState};
 use super::{DeviceError, VirtioHandles};
@@ -23,6 +24,7 @@ use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::memory::hotplug::HotplugMemory;
 use crate::memory::{GuestRam, GuestRegionMmap};
+use crate::mmds::stack::MmdsStack;
 
 /// The virtio-mem device, made ahead of the other devices, and its region.
 pub struct MemDevice<'s> {
@@ -94,6 +96,7 @@ pub(super) fn attach_virtio(
     config: &VmConfig,
     mem_device: Option<MemDevice<'_>>,
     mut saved: Option<&mut StateLookup<'_>>,
+    mmds: Option<&MmdsRoute>,
 ) -> Result<VirtioHandles, DeviceError> {
     let mut handles = VirtioHandles::default();
     let mut drives: Vec<_> = config.drives.iter().collect();
@@ -116,7 +119,10 @@ pub(super) fn attach_virtio(
     for n in &config.network_interfaces {
         let id = DeviceId::net(&n.iface_id);
         let state = take(&mut saved, &id)?;
-        let net = make_virtio::<Net>(&id, state, n.clone(), |n| Ok(Net::open(&n)?))?;
+        let mut net = make_virtio::<Net>(&id, state, n.clone(), |n| Ok(Net::open(&n)?))?;
+        if let Some(route) = mmds.filter(|r| r.serves(&n.iface_id)) {
+            net.set_mmds(MmdsStack::new(route.ipv4, route.store.clone()));
+        }
         handles.nets.push(net.handle());
         slots.attach(id, Box::new(net), state)?;
     }

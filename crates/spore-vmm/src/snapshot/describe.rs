@@ -15,8 +15,8 @@ pub fn devices(config: &VmConfig, state: &MicrovmState) -> Vec<DeviceInfo> {
             DeviceState::Serial(_) => ("serial", crate::arch::layout::SERIAL_NAME.to_string()),
             DeviceState::I8042(_) => ("i8042", String::new()),
             DeviceState::Rtc(_) => ("rtc", "PL031".to_string()),
-            // Not a device the guest enumerates: the manifest never listed it.
-            DeviceState::Tmem(_) => continue,
+            // Not devices the guest enumerates: the manifest never listed them.
+            DeviceState::Tmem(_) | DeviceState::Mmds(_) => continue,
             DeviceState::Virtio(v) => {
                 let (kind, detail) = virtio_detail(config, &v.device);
                 let detail = match (detail.is_empty(), v.transport.activated) {

@@ -57,6 +57,7 @@ impl Vmm {
         let opts = BuildOptions {
             serial_out,
             control: self.control.clone(),
+            mmds: inner.mmds.clone(),
         };
         let prepared = inner.child.prepared.take();
         let restored = child::restore(handoff, layers, prepared, opts)?;

@@ -86,8 +86,9 @@ struct Inner {
     child: ChildState,
     /// The manifest of the last snapshot this VMM wrote (`GET /snapshot/last`).
     last_snapshot: Option<snapshot::format::Manifest>,
-    /// The MMDS data store (`/mmds`).
-    mmds: mmds::MmdsStore,
+    /// The MMDS data store (`/mmds`), shared with the network interfaces
+    /// that route the guest's MMDS requests.
+    mmds: crate::mmds::SharedMmds,
 }
 
 /// Whether a VM exists. Requests that need one go through [`Inner::built`].
@@ -196,7 +197,7 @@ impl Vmm {
                 source: SourceState::default(),
                 child: ChildState::default(),
                 last_snapshot: None,
-                mmds: Default::default(),
+                mmds: crate::mmds::Mmds::shared(),
             }),
             fork_tx: Mutex::new(None),
             fork_thread: Mutex::new(None),

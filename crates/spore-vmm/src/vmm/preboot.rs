@@ -27,6 +27,7 @@ impl Vmm {
         let opts = BuildOptions {
             serial_out,
             control: self.control.clone(),
+            mmds: inner.mmds.clone(),
         };
         let mut vm = match build_for_boot(&inner.config, opts) {
             Ok(vm) => vm,

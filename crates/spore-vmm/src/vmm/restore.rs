@@ -185,6 +185,7 @@ impl Vmm {
         let opts = BuildOptions {
             serial_out,
             control: self.control.clone(),
+            mmds: inner.mmds.clone(),
         };
         let mut vm = match build_from_state(&config, &state, prepared.ram, None, opts) {
             Ok(vm) => vm,

@@ -320,3 +320,16 @@ fn vsock_forward_to_a_missing_vm_closes_the_client() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(!sock.exists());
 }
+
+#[test]
+fn sandbox_exec_without_a_vm_behind_the_socket() {
+    let dir = Scratch::new("sbx-exec-missing");
+    let out = spore()
+        .args(["sandbox", "exec", "--vsock"])
+        .arg(dir.path("none.vsock"))
+        .args(["--timeout", "5", "--", "true"])
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, "running it through the envd behind");
+    assert_eq!(stderr_of(&out).trim().lines().count(), 1, "one line");
+}

@@ -37,8 +37,6 @@ const EXPECTED_MISMATCHES: &[(&str, &str, &str, &str)] = &[
     ("PUT", "/metrics", "valid",
      "follows from the line above: the reference's metrics were already configured by the body with the unknown field"),
     // Not part of issue 13.
-    ("PUT", "/mmds/config", "valid",
-     "the body names the network interface the replay configured, and spore's network device does not route MMDS requests yet"),
     ("PUT", "/pmem/{id}", "valid", "spore has no pmem device"),
     ("PATCH", "/pmem/{id}", "post:valid",
      "spore has no pmem device (Firecracker answers 204 to a PATCH of a pmem id it does not have)"),

@@ -4,7 +4,7 @@
 //! memory of 100 clones, and refused bad input.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::clone::*;
@@ -542,4 +542,40 @@ fn kvm_clone_of_a_vm_with_a_balloon_has_the_balloon_too() {
         let (_, info) = http(clone_sock, "GET", "/", None);
         assert!(info.contains("Running"), "{info}");
     }
+}
+
+#[test]
+fn kvm_clone_each_clone_starts_with_its_own_copy_of_the_mmds_store() {
+    require_kvm();
+    let s = Scratch::new("clone-mmds");
+    let data = r#"{"latest":{"meta-data":{"instance-id":"template"}}}"#;
+    let (sock, mut reaper) =
+        start_source_calls(&s.0, 64, "clones=0 after=stay", None, &[("/mmds", data)]);
+    let (code, report) = put_clone(&sock, r#"{"count": 2}"#);
+    assert_eq!(code, 200, "{report}");
+    reaper.add_from(&report);
+    let socks: Vec<PathBuf> = report["clones"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| PathBuf::from(c["socket"].as_str().unwrap()))
+        .collect();
+    assert_eq!(socks.len(), 2);
+    for c in &socks {
+        assert_eq!(http(c, "GET", "/mmds", None), (200, data.to_string()));
+    }
+    // A clone's change is its own: neither the source nor the other clone sees it.
+    let (code, body) = http(
+        &socks[0],
+        "PATCH",
+        "/mmds",
+        Some(r#"{"latest":{"meta-data":{"instance-id":"clone-1"}}}"#),
+    );
+    assert_eq!(code, 204, "{body}");
+    assert!(http(&socks[0], "GET", "/mmds", None).1.contains("clone-1"));
+    assert_eq!(
+        http(&socks[1], "GET", "/mmds", None),
+        (200, data.to_string())
+    );
+    assert_eq!(http(&sock, "GET", "/mmds", None), (200, data.to_string()));
 }

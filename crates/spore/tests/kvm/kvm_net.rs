@@ -2,7 +2,8 @@
 //! virtio-net driver and smoltcp) on a tap device answers `curl` from the
 //! host; a snapshot of it restored in a new process answers again; clones
 //! keep the guest's address, each in a network namespace of its own; a
-//! PATCHed rate limiter holds the interface to 10 MiB/s.
+//! PATCHed rate limiter holds the interface to 10 MiB/s; an MMDS store
+//! and its configuration survive a snapshot restored in a new process.
 //!
 //! Each test uses its own tap name and /24, so the tests of this file run
 //! in parallel. They need root (taps, namespaces) like the rest of the
@@ -323,4 +324,59 @@ fn kvm_net_a_clone_given_a_new_mac_and_address_readdresses_itself() {
     // The old address is not the clone's any more.
     assert!(curl(Some(&ns.0), 1, &[&format!("http://{}/", guest_ip(k))]).is_err());
     drop(reaper);
+}
+
+#[test]
+fn kvm_net_the_mmds_store_and_config_survive_a_snapshot() {
+    require_kvm();
+    require_tap();
+    let k = 16;
+    let s = Scratch::new("net-mmds");
+    let tap = Tap::new(None, &tap_name(k), &format!("10.77.{k}.1/24"));
+    let sock = s.path("api.sock");
+    let (mut vmm, _rx) = spawn_vmm_lines(&sock);
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "ip={}/24 gw=10.77.{k}.1"}}"#,
+        uk_image("httpd").display(),
+        guest_ip(k)
+    );
+    put(&sock, "/boot-source", &boot);
+    put(
+        &sock,
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
+    let iface = format!(r#"{{"iface_id": "eth0", "host_dev_name": "{}"}}"#, tap.name);
+    put(&sock, "/network-interfaces/eth0", &iface);
+    put(
+        &sock,
+        "/mmds/config",
+        r#"{"version": "V2", "network_interfaces": ["eth0"], "ipv4_address": "169.254.170.2"}"#,
+    );
+    let data = r#"{"latest":{"meta-data":{"instance-id":"i-7"}}}"#;
+    put(&sock, "/mmds", data);
+    put(&sock, "/actions", r#"{"action_type": "InstanceStart"}"#);
+    let (state, mem) = (s.path("vm.state"), s.path("vm.mem"));
+    snapshot_create(&sock, &state, &mem, false, true);
+    let _ = vmm.wait();
+
+    let sock2 = s.path("api2.sock");
+    let (_vmm2, _rx2) = spawn_vmm_lines(&sock2);
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
+        state.display(),
+        mem.display()
+    );
+    put(&sock2, "/snapshot/load", &body);
+    assert_eq!(http(&sock2, "GET", "/mmds", None), (200, data.to_string()));
+    let (code, config) = http(&sock2, "GET", "/vm/config", None);
+    assert_eq!(code, 200);
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(
+        config["mmds-config"],
+        serde_json::json!({"version": "V2", "network_interfaces": ["eth0"], "ipv4_address": "169.254.170.2", "imds_compat": false})
+    );
+    // The restored store takes PATCHes as the first one did.
+    let (code, _) = http(&sock2, "PATCH", "/mmds", Some(r#"{"latest": {"x": "y"}}"#));
+    assert_eq!(code, 204);
 }

@@ -25,6 +25,7 @@ use crate::devices::virtio::{
     device_type, ActivateContext, ActivateError, VirtioDevice, VirtioInterrupt,
 };
 use crate::host::lock;
+use crate::mmds::stack::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 
 /// `struct virtio_net_config` up to `mtu`: mac[6], status, max_virtqueue_pairs, mtu.
@@ -76,6 +77,8 @@ pub struct Net {
     /// The tap, lent to the worker while the device is active.
     backend: Option<Box<dyn NetBackend>>,
     worker: Option<Worker<WorkerState>>,
+    /// Where the guest's MMDS requests go, if this interface routes them.
+    mmds: Option<Arc<Mutex<MmdsStack>>>,
 }
 
 /// The features every interface offers; MAC and MTU are added when configured.
@@ -141,7 +144,13 @@ impl Net {
             },
             backend: Some(backend),
             worker: None,
+            mmds: None,
         })
+    }
+
+    /// Routes the guest's MMDS requests on this interface to `stack`.
+    pub fn set_mmds(&mut self, stack: MmdsStack) {
+        self.mmds = Some(Arc::new(Mutex::new(stack)));
     }
 
     pub fn iface_id(&self) -> &str {
@@ -247,6 +256,7 @@ impl VirtioDevice for Net {
             counters: self.shared.counters.clone(),
             acked_features: ctx.acked_features,
             tag: format!("virtio-net {}", self.iface_id),
+            mmds: self.mmds.clone(),
         };
         let mut name = format!("net-{}", self.iface_id);
         while name.len() > 15 {

@@ -490,3 +490,54 @@ fn snapshot_state_round_trips_and_the_device_resumes() {
         0
     );
 }
+
+/// An ARP request from the guest's MAC (06:00:ac:10:00:02, 172.16.0.2)
+/// for `target`.
+fn arp_request(target: [u8; 4]) -> Vec<u8> {
+    let mac = [6, 0, 0xac, 0x10, 0, 2];
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&[172, 16, 0, 2, 0, 0, 0, 0, 0, 0]);
+    f.extend_from_slice(&target);
+    f
+}
+
+#[test]
+fn mmds_frames_are_answered_in_the_rx_queue_and_others_reach_the_tap() {
+    use crate::mmds::stack::{MmdsStack, DEFAULT_MMDS_IPV4, MMDS_MAC};
+    let mem = memory();
+    let mut d = Driver::new(&mem);
+    let (mut net, host) = device(&iface());
+    net.set_mmds(MmdsStack::new(
+        DEFAULT_MMDS_IPV4,
+        crate::mmds::Mmds::shared(),
+    ));
+    let mut t = d.activate(net, features(true));
+    let rx = d.offer_rx(&mut t, 2048);
+    d.send(&mut t, &arp_request([169, 254, 169, 254]));
+    d.send(&mut t, &arp_request([172, 16, 0, 1]));
+    assert_eq!(d.wait_used(TX_QUEUE, 2), vec![0, 0]);
+    // The MMDS's answer: an ARP reply from its MAC, to the guest's.
+    let lens = d.wait_used(RX_QUEUE, 1);
+    let reply = d.read(rx, lens[0] as usize);
+    let frame = &reply[VNET_HDR_LEN..];
+    assert_eq!(&frame[..6], &[6, 0, 0xac, 0x10, 0, 2]);
+    assert_eq!(&frame[6..12], &MMDS_MAC);
+    assert_eq!(&frame[20..22], &[0, 2], "an ARP reply");
+    assert_eq!(&frame[22..28], &MMDS_MAC, "sender MAC");
+    assert_eq!(&frame[28..32], &[169, 254, 169, 254], "sender IP");
+    // Only the other request reached the tap.
+    let mut buf = vec![0u8; 4096];
+    let n = host.recv(&mut buf).unwrap();
+    assert_eq!(
+        &buf[..n],
+        tap_frame(&arp_request([172, 16, 0, 1])).as_slice()
+    );
+    host.set_nonblocking(true).unwrap();
+    assert!(
+        host.recv(&mut buf).is_err(),
+        "the MMDS request left for the tap"
+    );
+}

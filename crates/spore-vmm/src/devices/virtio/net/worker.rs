@@ -15,6 +15,12 @@
 //!   frame may span several chains (`num_buffers`); without, a frame that
 //!   does not fit its chain is dropped.
 //!
+//! - MMDS: on an interface that routes MMDS requests, a tx frame for the
+//!   MMDS address goes to its [`MmdsStack`] instead of the tap (not charged
+//!   to the tx limiter, as in Firecracker), and the stack's answers go into
+//!   the rx queue ahead of the tap's frames; epoll waits no longer than the
+//!   stack's next TCP timer.
+//!
 //! Rounds are bounded (a guest that keeps its rings full is served in
 //! batches, the stop event is always seen); the driver is interrupted once
 //! per round per used queue, when it asks to be.
@@ -34,6 +40,7 @@ use super::tap::{tun_offload_flags, NetBackend};
 use super::{RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::{GuestMemoryMmap, VirtioInterrupt};
 use crate::host::lock;
+use crate::mmds::stack::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 
 /// What the device counts (dropped frames are the guest's or the host's
@@ -133,6 +140,8 @@ pub struct NetWorker {
     pub acked_features: u64,
     /// Names the interface in log messages.
     pub tag: String,
+    /// The MMDS endpoint, where this interface routes MMDS requests.
+    pub mmds: Option<Arc<Mutex<MmdsStack>>>,
 }
 
 /// The loop's own state beside what it owns.
@@ -189,7 +198,7 @@ impl NetWorker {
         self.round(&mut bufs);
         let mut events = [EpollEvent::default(); 8];
         loop {
-            let n = match epoll.wait(-1, &mut events) {
+            let n = match epoll.wait(self.mmds_timeout_ms(), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -242,9 +251,23 @@ impl NetWorker {
         Ok(epoll)
     }
 
+    /// How long epoll may wait: until the MMDS stack's next TCP timer, or
+    /// for ever.
+    fn mmds_timeout_ms(&self) -> i32 {
+        let Some(m) = &self.mmds else { return -1 };
+        match lock(m).poll_delay() {
+            None => -1,
+            // At least 1 ms (0 would spin), at most 1 s (rechecked then).
+            Some(d) => i32::try_from(d.as_millis().clamp(1, 1000)).unwrap_or(1000),
+        }
+    }
+
     /// Serves tx, then rx, then interrupts the driver for what was used.
     fn round(&mut self, bufs: &mut Buffers) {
         let tx_used = self.process_tx(bufs);
+        if let Some(m) = &self.mmds {
+            lock(m).poll();
+        }
         let rx_used = self.process_rx(bufs);
         let mut notify = false;
         for (q, used) in [(RX_QUEUE, rx_used), (TX_QUEUE, tx_used)] {
@@ -267,6 +290,7 @@ impl NetWorker {
             tx_limiter,
             counters,
             tag,
+            mmds,
             ..
         } = self;
         let queue = &mut queues[TX_QUEUE];
@@ -281,16 +305,22 @@ impl NetWorker {
                     tracing::debug!("{tag}: tx chain dropped: {e}");
                     counters.count(Event::BadTxChain);
                 }
-                Ok(total) => {
-                    // Firecracker's accounting: one op and the frame's bytes.
-                    let bytes = (total - VNET_HDR_LEN) as u64;
-                    if !lock(tx_limiter).consume(bytes) {
-                        // Sent once the limiter's timer fires.
-                        queue.go_to_previous_position();
-                        return used;
+                Ok(total) => match header::gather(mem, &bufs.segments, &mut bufs.tx) {
+                    Ok(n) if n == total => {
+                        let frame = &bufs.tx[VNET_HDR_LEN..total];
+                        if !to_mmds(mmds.as_ref(), frame) {
+                            // Firecracker's accounting: one op and the frame's bytes.
+                            let bytes = (total - VNET_HDR_LEN) as u64;
+                            if !lock(tx_limiter).consume(bytes) {
+                                // Sent once the limiter's timer fires.
+                                queue.go_to_previous_position();
+                                return used;
+                            }
+                            send_frame(backend.as_mut(), &bufs.tx[..total], counters, tag);
+                        }
                     }
-                    send_frame(mem, backend.as_mut(), bufs, total, counters, tag);
-                }
+                    Ok(_) | Err(_) => counters.count(Event::BadTxChain),
+                },
             }
             if let Err(e) = queue.add_used(&*mem, head, 0) {
                 tracing::warn!("{tag}: cannot return tx chain {head}: {e}");
@@ -306,6 +336,16 @@ impl NetWorker {
     fn process_rx(&mut self, bufs: &mut Buffers) -> bool {
         let mut used = false;
         for _ in 0..ROUND {
+            if bufs.rx_pending.is_none() {
+                match self.deliver_mmds(bufs) {
+                    Some(Delivery::NoBuffers) => return used,
+                    Some(_) => {
+                        used = true;
+                        continue;
+                    }
+                    None => {}
+                }
+            }
             let (len, charged) = match bufs.rx_pending {
                 Some(p) => p,
                 None => {
@@ -366,6 +406,32 @@ impl NetWorker {
         // More than a round's worth: come back after the other events.
         let _ = self.queue_events[RX_QUEUE].write(1);
         used
+    }
+
+    /// Puts the MMDS stack's next frame (if any) in the rx queue; `None`
+    /// when it has none.
+    fn deliver_mmds(&mut self, bufs: &mut Buffers) -> Option<Delivery> {
+        let m = self.mmds.clone()?;
+        let frame = lock(&m).next_frame()?;
+        let len = VNET_HDR_LEN + frame.len();
+        if len > bufs.rx.len() {
+            self.counters.count(Event::RxDropped);
+            return Some(Delivery::Dropped);
+        }
+        if !self.rx_has_buffers() {
+            lock(&m).unread(frame);
+            return Some(Delivery::NoBuffers);
+        }
+        // No offloads: a zeroed virtio-net header.
+        bufs.rx[..VNET_HDR_LEN].fill(0);
+        bufs.rx[VNET_HDR_LEN..len].copy_from_slice(&frame);
+        let delivery = self.deliver(bufs, len);
+        match delivery {
+            Delivery::Delivered => self.counters.count(Event::RxFrame(frame.len() as u64)),
+            Delivery::Dropped => self.counters.count(Event::RxDropped),
+            Delivery::NoBuffers => lock(&m).unread(frame),
+        }
+        Some(delivery)
     }
 
     /// Whether the driver has made rx buffers available that we have not used.
@@ -457,24 +523,21 @@ impl NetWorker {
     }
 }
 
-/// Copies a checked tx chain into the host buffer and writes it to the tap.
-fn send_frame(
-    mem: &GuestMemoryMmap,
-    backend: &mut dyn NetBackend,
-    bufs: &mut Buffers,
-    total: usize,
-    counters: &NetCounters,
-    tag: &str,
-) {
-    let frame = match header::gather(mem, &bufs.segments, &mut bufs.tx) {
-        Ok(n) if n == total => &bufs.tx[..n],
-        Ok(_) | Err(_) => {
-            counters.count(Event::BadTxChain);
-            return;
-        }
-    };
+/// Hands `frame` to the MMDS stack if it is for the MMDS; whether it was.
+fn to_mmds(mmds: Option<&Arc<Mutex<MmdsStack>>>, frame: &[u8]) -> bool {
+    let Some(m) = mmds else { return false };
+    let mut m = lock(m);
+    if !m.is_mmds_frame(frame) {
+        return false;
+    }
+    m.receive(frame);
+    true
+}
+
+/// Writes a gathered tx frame (virtio header first) to the tap.
+fn send_frame(backend: &mut dyn NetBackend, frame: &[u8], counters: &NetCounters, tag: &str) {
     match backend.write_frame(frame) {
-        Ok(_) => counters.count(Event::TxFrame((total - VNET_HDR_LEN) as u64)),
+        Ok(_) => counters.count(Event::TxFrame((frame.len() - VNET_HDR_LEN) as u64)),
         Err(e) => {
             // A full tap queue, or a frame the kernel refused (a bad
             // header): dropped, as a congested wire would.
