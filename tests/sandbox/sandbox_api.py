@@ -181,7 +181,8 @@ def listing(sbx):
 def pause_resume(sbx):
     sbx.files.write(MARKER, "written before the pause\n")
     h = sbx.commands.run(
-        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}; sleep 0.2; done",
+        # Written to a new file and renamed: a read never sees it half written.
+        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}.new; mv {COUNTER}.new {COUNTER}; sleep 0.2; done",
         background=True, timeout=0)
     time.sleep(1)
     check(int(sbx.files.read(COUNTER).strip() or 0) > 0, "the background counter counts")
