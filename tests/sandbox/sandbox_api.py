@@ -181,7 +181,8 @@ def listing(sbx):
 def pause_resume(sbx):
     sbx.files.write(MARKER, "written before the pause\n")
     h = sbx.commands.run(
-        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}; sleep 0.2; done",
+        # Written to a new file and renamed: a read never sees it half written.
+        f"i=0; while true; do i=$((i + 1)); echo $i > {COUNTER}.new; mv {COUNTER}.new {COUNTER}; sleep 0.2; done",
         background=True, timeout=0)
     time.sleep(1)
     check(int(sbx.files.read(COUNTER).strip() or 0) > 0, "the background counter counts")
@@ -200,6 +201,30 @@ def pause_resume(sbx):
     check(second > first, f"after the resume: the counter counts on ({first} -> {second})")
     check(h.pid in {p.pid for p in resumed.commands.list()}, "after the resume: the background command is listed")
     return resumed
+
+
+def auto_resume():
+    """A sandbox created with lifecycle auto_resume: a request through the
+    proxy while it is paused wakes it, as E2B's does on inbound traffic."""
+    sbx = timed("create-auto-resume", lambda: Sandbox.create(
+        TEMPLATE, timeout=600, lifecycle={"on_timeout": "pause", "auto_resume": True}, **API))
+    created.append(sbx.sandbox_id)
+    info = sbx.get_info(**API)
+    check(info.lifecycle == {"on_timeout": "pause", "auto_resume": True},
+          f"its info says auto_resume, pause on timeout ({info.lifecycle})")
+    sbx.files.write("/home/user/auto.txt", "before the pause\n")
+    check(sbx.pause(**API) is True, "auto-resume sandbox paused")
+    check(Sandbox.get_info(sbx.sandbox_id, **API).state == SandboxState.PAUSED, "it is paused")
+    # No connect: the next envd request through the proxy resumes it.
+    body = timed("auto-resume", lambda: sbx.files.read("/home/user/auto.txt", request_timeout=900))
+    check(body == "before the pause\n", "a request to the paused sandbox resumed it: the file is there")
+    check(Sandbox.get_info(sbx.sandbox_id, **API).state == SandboxState.RUNNING, "it runs again")
+    check(sbx.kill(**API) is True, "auto-resume sandbox killed")
+    plain = Sandbox.create(TEMPLATE, timeout=600, **API)
+    created.append(plain.sandbox_id)
+    check(plain.get_info(**API).lifecycle == {"on_timeout": "kill", "auto_resume": False},
+          "a sandbox created without a lifecycle: kill on timeout, no auto-resume")
+    check(plain.kill(**API) is True, "plain sandbox killed")
 
 
 def fork(sbx):
@@ -295,6 +320,7 @@ def main():
         sbx = pause_resume(sbx)
         fork(sbx)
         kill(sbx)
+        auto_resume()
         wrong_key()
         missing_template()
     finally:

@@ -249,16 +249,31 @@ struct CreateBody {
     template_id: String,
     timeout: Option<u64>,
     auto_pause: Option<bool>,
+    auto_resume: Option<AutoResume>,
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
 }
 
+/// E2B's `SandboxAutoResumeConfig`.
+#[derive(Deserialize)]
+struct AutoResume {
+    enabled: bool,
+}
+
 impl CreateBody {
     fn into_new(self) -> Result<NewSandbox, SandboxError> {
+        let auto_pause = self.auto_pause.unwrap_or(false);
+        let auto_resume = self.auto_resume.is_some_and(|a| a.enabled);
+        if auto_resume && !auto_pause {
+            return Err(SandboxError::BadRequest(
+                "autoResume needs autoPause: only a sandbox its timeout pauses can be resumed by a request".into(),
+            ));
+        }
         Ok(NewSandbox {
             template: self.template_id,
             timeout_s: timeout_s(self.timeout)?,
-            auto_pause: self.auto_pause.unwrap_or(false),
+            auto_pause,
+            auto_resume,
             metadata: self.metadata.unwrap_or_default(),
             env_vars: self.env_vars.unwrap_or_default(),
         })
@@ -415,7 +430,7 @@ fn detail_json(sbx: &Sandboxes, r: &Record) -> serde_json::Value {
     v["envdAccessToken"] = r.access_token.clone().into();
     v["domain"] = serde_json::json!(sbx.domain);
     v["lifecycle"] = serde_json::json!({
-        "autoResume": false,
+        "autoResume": r.auto_resume,
         "onTimeout": if r.auto_pause { "pause" } else { "kill" },
     });
     v

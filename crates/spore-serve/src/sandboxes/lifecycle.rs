@@ -20,6 +20,8 @@ pub struct NewSandbox {
     pub template: String,
     pub timeout_s: u64,
     pub auto_pause: bool,
+    /// Resume on a request through the proxy while paused (needs auto_pause).
+    pub auto_resume: bool,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
 }
@@ -60,6 +62,8 @@ impl Sandboxes {
             diff_ready: base.is_some(),
             base,
             layers: Vec::new(),
+            auto_resume: new.auto_resume,
+            timeout_s: new.timeout_s,
         };
         let settings = serde_json::json!({
             "accessToken": token,

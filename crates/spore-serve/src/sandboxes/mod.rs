@@ -367,6 +367,37 @@ impl Sandboxes {
     /// The vsock socket of a running sandbox, for the proxy; `Err` names
     /// why there is none. Any account's: the proxy is reached with the
     /// sandbox's id, and envd checks its own access token.
+    /// The vsock socket of a sandbox the proxy sends a request to; a paused
+    /// one with `autoResume` is resumed first (with the timeout it was
+    /// created with), as E2B wakes a sandbox on inbound traffic.
+    pub async fn vsock_for_request(&self, id: &str) -> Result<PathBuf, SandboxError> {
+        match self.vsock_of(id).await {
+            Err(SandboxError::Conflict(paused)) => {
+                let wake = {
+                    let entry = lock(&self.table).get(id).cloned();
+                    match entry {
+                        Some(e) => {
+                            let g = e.lock().await;
+                            g.rec.auto_resume.then(|| {
+                                (g.rec.account.clone(), g.rec.timeout_s)
+                            })
+                        }
+                        None => None,
+                    }
+                };
+                let Some((account, timeout_s)) = wake else {
+                    return Err(SandboxError::Conflict(paused));
+                };
+                let timeout_s = if timeout_s == 0 { 300 } else { timeout_s };
+                if self.resume(&account, id, timeout_s, None).await? {
+                    tracing::info!(sandbox = %id, "sandbox resumed by a request (autoResume)");
+                }
+                self.vsock_of(id).await
+            }
+            other => other,
+        }
+    }
+
     pub async fn vsock_of(&self, id: &str) -> Result<PathBuf, SandboxError> {
         let entry = lock(&self.table)
             .get(id)

@@ -20,7 +20,7 @@ pub async fn forward(
     port: u16,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    let vsock = match sandboxes.vsock_of(id).await {
+    let vsock = match sandboxes.vsock_for_request(id).await {
         Ok(v) => v,
         Err(e) => {
             return error(

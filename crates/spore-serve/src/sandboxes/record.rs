@@ -63,6 +63,14 @@ pub struct Record {
     /// it does not own: its first pause is full).
     #[serde(default)]
     pub diff_ready: bool,
+    /// E2B's `autoResume`: a request through the proxy for it while it is
+    /// paused resumes it first.
+    #[serde(default)]
+    pub auto_resume: bool,
+    /// The timeout it was created with (seconds; 0 in records older than
+    /// this field): what an automatic resume gives it again.
+    #[serde(default)]
+    pub timeout_s: u64,
 }
 
 /// The most diffs a sandbox's chain grows to before a pause is full again
@@ -149,6 +157,8 @@ mod tests {
             base: None,
             layers: Vec::new(),
             diff_ready: false,
+            auto_resume: false,
+            timeout_s: 300,
         };
         rec.save(&dir).unwrap();
         let back = Record::load(&dir).unwrap();

@@ -104,6 +104,18 @@ fn serve_sandbox_api_refuses_what_it_must() {
         &call(&d, "POST", "/v2/sandboxes", too_long, Some(KEY_A)),
         400,
     );
+    // autoResume wakes only a sandbox its timeout pauses.
+    let m = refused(
+        &call(
+            &d,
+            "POST",
+            "/v2/sandboxes",
+            r#"{"templateID": "base", "autoResume": {"enabled": true}}"#,
+            Some(KEY_A),
+        ),
+        400,
+    );
+    assert!(m.contains("autoResume needs autoPause"), "{m}");
     refused(
         &call(&d, "GET", "/v2/sandboxes?state=asleep", "", Some(KEY_A)),
         400,
