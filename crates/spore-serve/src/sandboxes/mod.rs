@@ -378,9 +378,9 @@ impl Sandboxes {
                     match entry {
                         Some(e) => {
                             let g = e.lock().await;
-                            g.rec.auto_resume.then(|| {
-                                (g.rec.account.clone(), g.rec.timeout_s)
-                            })
+                            g.rec
+                                .auto_resume
+                                .then(|| (g.rec.account.clone(), g.rec.timeout_s))
                         }
                         None => None,
                     }

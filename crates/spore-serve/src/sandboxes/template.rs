@@ -382,9 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_past_its_limit_is_ended() {
-        let quick = async {
-            Ok(envd::Ran::default())
-        };
+        let quick = async { Ok(envd::Ran::default()) };
         assert_eq!(
             bounded(Duration::from_secs(5), quick)
                 .await

@@ -404,7 +404,10 @@ mod tests {
         assert_eq!(s, 405);
         assert!(head.contains("Allow: GET, PUT"), "{head}");
         let (s, ct, body, _) = ask(&m, "POST / HTTP/1.1\r\n\r\n");
-        assert_eq!((s, ct.as_str(), body.as_str()), (501, "application/json", "Unsupported HTTP method."));
+        assert_eq!(
+            (s, ct.as_str(), body.as_str()),
+            (501, "application/json", "Unsupported HTTP method.")
+        );
     }
 
     #[test]
