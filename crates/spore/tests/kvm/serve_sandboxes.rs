@@ -30,6 +30,21 @@ fn refused(r: &Response, status: u16) -> String {
     v["message"].as_str().expect("a message").to_string()
 }
 
+/// autoResume wakes only a sandbox its timeout pauses.
+fn auto_resume_needs_auto_pause(d: &Daemon) {
+    let m = refused(
+        &call(
+            d,
+            "POST",
+            "/v2/sandboxes",
+            r#"{"templateID": "base", "autoResume": {"enabled": true}}"#,
+            Some(KEY_A),
+        ),
+        400,
+    );
+    assert!(m.contains("autoResume needs autoPause"), "{m}");
+}
+
 #[test]
 fn serve_sandbox_api_refuses_what_it_must() {
     let dir = Scratch::new("serve-sbx");
@@ -104,18 +119,7 @@ fn serve_sandbox_api_refuses_what_it_must() {
         &call(&d, "POST", "/v2/sandboxes", too_long, Some(KEY_A)),
         400,
     );
-    // autoResume wakes only a sandbox its timeout pauses.
-    let m = refused(
-        &call(
-            &d,
-            "POST",
-            "/v2/sandboxes",
-            r#"{"templateID": "base", "autoResume": {"enabled": true}}"#,
-            Some(KEY_A),
-        ),
-        400,
-    );
-    assert!(m.contains("autoResume needs autoPause"), "{m}");
+    auto_resume_needs_auto_pause(&d);
     refused(
         &call(&d, "GET", "/v2/sandboxes?state=asleep", "", Some(KEY_A)),
         400,
