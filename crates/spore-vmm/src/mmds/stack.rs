@@ -72,11 +72,22 @@ struct Conn {
     closing: bool,
 }
 
-/// smoltcp's device: IPv4 packets from the guest, and for it.
-#[derive(Default)]
+/// smoltcp's device: packets from the guest, and for it (raw IPv4 here;
+/// the tests' guest-like client uses the same queues with Ethernet).
 struct Packets {
+    medium: Medium,
     from_guest: VecDeque<Vec<u8>>,
     to_guest: VecDeque<Vec<u8>>,
+}
+
+impl Packets {
+    fn new(medium: Medium) -> Self {
+        Self {
+            medium,
+            from_guest: VecDeque::new(),
+            to_guest: VecDeque::new(),
+        }
+    }
 }
 
 struct RxPacket(Vec<u8>);
@@ -115,8 +126,11 @@ impl Device for Packets {
 
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
-        caps.medium = Medium::Ip;
-        caps.max_transmission_unit = IP_MTU;
+        caps.medium = self.medium;
+        caps.max_transmission_unit = match self.medium {
+            Medium::Ip => IP_MTU,
+            _ => IP_MTU + ETH_HEADER,
+        };
         // The guest may leave checksums to the device (VIRTIO_NET_F_CSUM):
         // nothing it sends is verified; what we send is complete.
         let mut sums = ChecksumCapabilities::default();
@@ -262,7 +276,7 @@ fn ethertype(frame: &[u8]) -> Option<u16> {
 
 impl Tcp {
     fn new(ip: Ipv4Addr) -> Self {
-        let mut device = Packets::default();
+        let mut device = Packets::new(Medium::Ip);
         let mut config = Config::new(HardwareAddress::Ip);
         config.random_seed = {
             let mut seed = [0u8; 8];

@@ -50,6 +50,18 @@ fn boot_httpd(sock: &Path, tap: &str, k: u32, extra_args: &str) -> (VmmChild, Re
     (vmm, rx)
 }
 
+/// A new VMM at `sock` running the snapshot `state` + `mem`.
+fn restore_in_new_process(sock: &Path, state: &Path, mem: &Path) -> (VmmChild, Receiver<String>) {
+    let (vmm, rx) = spawn_vmm_lines(sock);
+    let body = format!(
+        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
+        state.display(),
+        mem.display()
+    );
+    put(sock, "/snapshot/load", &body);
+    (vmm, rx)
+}
+
 /// A booted `httpd` on its own tap (test `k`), answering at `base`.
 struct Httpd {
     s: Scratch,
@@ -152,13 +164,7 @@ fn kvm_net_a_snapshot_restored_in_a_new_process_answers_again() {
     assert!(curl(None, 1, &[&format!("{base}/")]).is_err());
 
     let sock2 = s.path("api2.sock");
-    let (_vmm2, _rx2) = spawn_vmm_lines(&sock2);
-    let body = format!(
-        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
-        state.display(),
-        mem.display()
-    );
-    put(&sock2, "/snapshot/load", &body);
+    let (_vmm2, _rx2) = restore_in_new_process(&sock2, &state, &mem);
     // A new TCP connection works right after the restore: the tap was
     // reopened by its name and the guest's stack goes on.
     let t = Instant::now();
@@ -361,13 +367,7 @@ fn kvm_net_the_mmds_store_and_config_survive_a_snapshot() {
     let _ = vmm.wait();
 
     let sock2 = s.path("api2.sock");
-    let (_vmm2, _rx2) = spawn_vmm_lines(&sock2);
-    let body = format!(
-        r#"{{"snapshot_path": "{}", "mem_backend": {{"backend_type": "File", "backend_path": "{}"}}, "resume_vm": true}}"#,
-        state.display(),
-        mem.display()
-    );
-    put(&sock2, "/snapshot/load", &body);
+    let (_vmm2, _rx2) = restore_in_new_process(&sock2, &state, &mem);
     assert_eq!(http(&sock2, "GET", "/mmds", None), (200, data.to_string()));
     let (code, config) = http(&sock2, "GET", "/vm/config", None);
     assert_eq!(code, 200);

@@ -1,11 +1,9 @@
 //! The endpoint driven by a real TCP/IP client (smoltcp, Ethernet medium,
 //! as a guest's kernel would be) through frames only.
 
-use std::collections::VecDeque;
-
 use serde_json::json;
 use smoltcp::iface::{Config, Interface, SocketSet};
-use smoltcp::phy::{Device, DeviceCapabilities, Medium};
+use smoltcp::phy::Medium;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
@@ -13,36 +11,11 @@ use super::*;
 use crate::config::{MmdsConfig, MmdsVersion};
 use crate::mmds::Mmds;
 
-#[derive(Default)]
-struct Wire {
-    rx: VecDeque<Vec<u8>>,
-    tx: VecDeque<Vec<u8>>,
-}
-
-impl Device for Wire {
-    type RxToken<'a> = RxPacket;
-    type TxToken<'a> = TxPacket<'a>;
-    fn receive(
-        &mut self,
-        _: smoltcp::time::Instant,
-    ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        let p = self.rx.pop_front()?;
-        Some((RxPacket(p), TxPacket(&mut self.tx)))
-    }
-    fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
-        Some(TxPacket(&mut self.tx))
-    }
-    fn capabilities(&self) -> DeviceCapabilities {
-        let mut c = DeviceCapabilities::default();
-        c.medium = Medium::Ethernet;
-        c.max_transmission_unit = 1514;
-        c
-    }
-}
-
 struct Guest {
     iface: Interface,
-    wire: Wire,
+    /// What the guest sends is `to_guest` here, what it gets `from_guest`:
+    /// the stack's device seen from the other end.
+    wire: Packets,
     sockets: SocketSet<'static>,
     now: i64,
 }
@@ -51,7 +24,7 @@ const GUEST_MAC: [u8; 6] = [0x06, 0, 0xa, 0, 0, 2];
 
 impl Guest {
     fn new() -> Self {
-        let mut wire = Wire::default();
+        let mut wire = Packets::new(Medium::Ethernet);
         let config = Config::new(HardwareAddress::Ethernet(EthernetAddress(GUEST_MAC)));
         let mut iface = Interface::new(config, &mut wire, smoltcp::time::Instant::ZERO);
         iface.update_ip_addrs(|a| {
@@ -74,7 +47,7 @@ impl Guest {
             let t = smoltcp::time::Instant::from_millis(self.now);
             self.iface.poll(t, &mut self.wire, &mut self.sockets);
             let mut moved = false;
-            while let Some(f) = self.wire.tx.pop_front() {
+            while let Some(f) = self.wire.to_guest.pop_front() {
                 moved = true;
                 if stack.is_mmds_frame(&f) {
                     stack.receive(&f);
@@ -85,9 +58,9 @@ impl Guest {
             stack.poll();
             while let Some(f) = stack.next_frame() {
                 moved = true;
-                self.wire.rx.push_back(f);
+                self.wire.from_guest.push_back(f);
             }
-            if !moved && self.wire.rx.is_empty() {
+            if !moved && self.wire.from_guest.is_empty() {
                 break;
             }
         }
