@@ -278,6 +278,11 @@ impl Instances {
         })
     }
 
+    /// The daemon's instance networks (sandboxes make theirs there too).
+    pub fn network(&self) -> Arc<Network> {
+        self.network.clone()
+    }
+
     /// Makes this daemon a cluster node: code it lacks comes from peers.
     pub fn join_cluster(&self, node: Arc<crate::cluster::Node>) {
         let _ = self.cluster.set(node);

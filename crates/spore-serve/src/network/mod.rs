@@ -500,6 +500,20 @@ impl InstanceNet {
         Ok(())
     }
 
+    /// Cuts its guest off from everything beyond its namespace (a sandbox
+    /// without `allow_internet_access`): nothing is forwarded out of the
+    /// namespace, so the guest reaches neither the host nor the world. Its
+    /// tap stays: a clone or a restored snapshot of a VM with `eth0` needs
+    /// one to open.
+    pub fn deny_outbound(&self) -> Result<(), NetError> {
+        let rules = "table ip spore_isolated {\n\
+               chain forward {\n\
+                 type filter hook forward priority filter; policy drop;\n\
+               }\n\
+             }\n";
+        in_namespace(&self.name, move || run("nft", &["-f", "-"], Some(rules)))
+    }
+
     /// The `/dev/net/tun` opened in its namespace for a jailed clone
     /// ([`Network::make`] with `handoff`).
     pub fn take_handoff_tun(&mut self) -> Option<std::fs::File> {
