@@ -200,7 +200,8 @@ export SPORE_LOG=spore_serve=info,warn
 # host's (L1's) own address, port 7002, answering one line per connection
 # (the host driver is told where, in the READY line). iproute2 and nftables
 # are in /usr/local/sbin in L1 (run-all.sh), first in spore serve's PATH.
-probe_ip=$(ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+probe_ip=$(ip -o -f inet addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+[ -n "$probe_ip" ] || probe_ip=10.0.2.15 # L1's address on QEMU's user network
 (while [ ! -f "$tmp/probe.stop" ]; do
     echo spore-net-ok | timeout 900 busybox nc -l -p 7002 >/dev/null 2>&1 || sleep 0.2
 done) &
