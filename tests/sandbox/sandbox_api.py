@@ -121,6 +121,10 @@ def network():
     check(not reaches_probe(offline), f"with allow_internet_access=False it cannot reach {PROBE}")
     check(sh(offline, "echo still here") == "still here\n", "and commands still run in it (over vsock)")
     check(offline.get_info(**API).allow_internet_access is False, "its info says no internet access")
+    offline.update_network({"allow_internet_access": True}, **API)
+    check(reaches_probe(offline), "update_network(allow_internet_access=True) opens it while it runs")
+    offline.update_network({"deny_out": ["0.0.0.0/0"]}, **API)
+    check(not reaches_probe(offline), "update_network(deny_out=[0.0.0.0/0]) closes it again")
     for s in (online, offline):
         check(s.kill(**API) is True, "networked sandbox killed")
 

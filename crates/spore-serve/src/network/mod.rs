@@ -506,12 +506,13 @@ impl InstanceNet {
     /// tap stays: a clone or a restored snapshot of a VM with `eth0` needs
     /// one to open.
     pub fn deny_outbound(&self) -> Result<(), NetError> {
-        let rules = "table ip spore_isolated {\n\
-               chain forward {\n\
-                 type filter hook forward priority filter; policy drop;\n\
-               }\n\
-             }\n";
-        in_namespace(&self.name, move || run("nft", &["-f", "-"], Some(rules)))
+        self.set_outbound(false)
+    }
+
+    /// Denies ([`InstanceNet::deny_outbound`]) or allows again what its
+    /// guest sends beyond the namespace; either is a no-op when already so.
+    pub fn set_outbound(&self, allowed: bool) -> Result<(), NetError> {
+        set_outbound_in(&self.name, allowed)
     }
 
     /// The `/dev/net/tun` opened in its namespace for a jailed clone
@@ -539,6 +540,34 @@ impl InstanceNet {
         }
         lock(&self.network.used).remove(&self.slot);
     }
+}
+
+/// [`InstanceNet::set_outbound`] for namespace `name` (blocking; for a
+/// caller that cannot lend the `InstanceNet` to another thread).
+pub fn set_outbound_in(name: &str, allowed: bool) -> Result<(), NetError> {
+    const TABLE: &str = "spore_isolated";
+    in_namespace(name, move || {
+        let present = Command::new("nft")
+            .args(["list", "table", "ip", TABLE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        match (allowed, present) {
+            (true, true) => run("nft", &["delete", "table", "ip", TABLE], None),
+            (false, false) => {
+                let rules = format!(
+                    "table ip {TABLE} {{\n\
+                       chain forward {{\n\
+                         type filter hook forward priority filter; policy drop;\n\
+                       }}\n\
+                     }}\n"
+                );
+                run("nft", &["-f", "-"], Some(&rules))
+            }
+            _ => Ok(()),
+        }
+    })
 }
 
 impl Drop for InstanceNet {

@@ -214,6 +214,13 @@ async fn route(
             let list: Vec<serde_json::Value> = sample.filter(|_| inside).into_iter().collect();
             Ok(json(200, list.into()))
         }
+        (&Method::PUT, ["sandboxes", id, "network"]) => {
+            // The SDK's update_network: the whole egress configuration,
+            // what it leaves out cleared (so {} allows everything again).
+            let u: NetworkUpdateBody = parse_or_default(&body)?;
+            sbx.set_internet(account, id, u.internet()?).await?;
+            Ok(empty(204))
+        }
         (&Method::GET, ["sandboxes", id, "logs"]) => {
             sbx.get(account, id).await?;
             Ok(json(
@@ -261,13 +268,27 @@ struct CreateBody {
 /// E2B's `SandboxNetworkConfig`: of its egress rules, spore honours
 /// denying everything; finer rules are refused rather than ignored (a
 /// sandbox must never have more network than its creator asked for).
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct NetworkBody {
     #[serde(default)]
     allow_out: Vec<String>,
     #[serde(default)]
     deny_out: Vec<String>,
+}
+
+/// E2B's `SandboxNetworkUpdateConfig`.
+#[derive(Deserialize, Default)]
+struct NetworkUpdateBody {
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    rules: NetworkBody,
+}
+
+impl NetworkUpdateBody {
+    fn internet(&self) -> Result<bool, SandboxError> {
+        Ok(self.allow_internet_access.unwrap_or(true) && self.rules.internet()?.unwrap_or(true))
+    }
 }
 
 impl NetworkBody {
@@ -561,6 +582,15 @@ mod tests {
         assert!(
             internet(r#"{"templateID":"base","network":{"allowPublicTraffic":true}}"#).unwrap()
         );
+        let update = |body: &str| {
+            serde_json::from_str::<NetworkUpdateBody>(body)
+                .unwrap()
+                .internet()
+        };
+        assert!(update("{}").unwrap());
+        assert!(!update(r#"{"allow_internet_access":false}"#).unwrap());
+        assert!(!update(r#"{"denyOut":["0.0.0.0/0"]}"#).unwrap());
+        assert!(update(r#"{"allowOut":["8.8.8.8"]}"#).is_err());
         // Rules spore cannot enforce are refused, never ignored.
         for finer in [
             r#"{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}"#,

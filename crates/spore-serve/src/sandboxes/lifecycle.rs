@@ -368,6 +368,39 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// E2B's `update_network`: whether it may reach beyond its namespace,
+    /// applied to its namespace now if it runs, and kept for its resumes
+    /// (its forks take it from it). 409 for a sandbox without a network.
+    pub async fn set_internet(
+        &self,
+        account: &str,
+        id: &str,
+        internet: bool,
+    ) -> Result<(), SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        if !entry.rec.networked {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox \"{id}\" has no network: its template {} has network = false",
+                entry.rec.template
+            )));
+        }
+        if let Some(net) = entry.vmm.as_ref().and_then(|v| v.net.as_ref()) {
+            let name = net.name.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::network::set_outbound_in(&name, internet)
+                    .map_err(|e| format!("its namespace {name}: {e}"))
+            })
+            .await
+            .map_err(|e| SandboxError::Internal(e.to_string()))?
+            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e}")))?;
+        }
+        entry.rec.internet = internet;
+        entry
+            .rec
+            .save(&self.dir.join(id))
+            .map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+
     /// Its timeout, from now.
     pub async fn set_timeout(
         &self,
