@@ -75,6 +75,9 @@ fn name_servers_in(resolv_conf: &str) -> Vec<Ipv4Addr> {
         .collect()
 }
 
+/// How many clones' namespaces are made at once.
+const MAKE_AT_ONCE: usize = 8;
+
 /// The daemon's networks, as sandboxes use them.
 #[derive(Clone)]
 pub struct SandboxNetwork {
@@ -99,16 +102,19 @@ impl SandboxNetwork {
             owner.to_string(),
             instance.to_string(),
         );
-        let net = tokio::task::spawn_blocking(move || {
-            let net = network.make(&owner, &instance, None, false)?;
-            if !internet {
-                net.deny_outbound()?;
-            }
-            // The next one made ahead, off this start's path.
-            network.refill();
-            anyhow::Ok(net)
-        })
-        .await??;
+        let net = {
+            let network = network.clone();
+            tokio::task::spawn_blocking(move || {
+                let net = network.make(&owner, &instance, None, false)?;
+                if !internet {
+                    net.deny_outbound()?;
+                }
+                anyhow::Ok(net)
+            })
+            .await??
+        };
+        // The next ones made ahead, off this start's path.
+        tokio::task::spawn_blocking(move || network.refill());
         Ok(net)
     }
 
@@ -131,11 +137,22 @@ impl SandboxNetwork {
             .get("served")
             .and_then(serde_json::Value::as_u64)
             .ok_or_else(|| anyhow::anyhow!("GET /clone answered no served count: {status}"))?;
+        // A few at a time (each is a handful of `ip`/`nft` commands, tens
+        // of milliseconds): a fork of 100 is not a hundred in a row. On
+        // failure the ones made are dropped, which removes them.
         let mut nets = HashMap::new();
-        for n in served + 1..=served + u64::from(count) {
-            // On failure the ones made are dropped, which removes them.
-            let net = self.make(owner, &format!("{stem}c{n}"), internet).await?;
-            nets.insert(n, net);
+        let numbers: Vec<u64> = (served + 1..=served + u64::from(count)).collect();
+        for batch in numbers.chunks(MAKE_AT_ONCE) {
+            let mut made = tokio::task::JoinSet::new();
+            for &n in batch {
+                let (me, owner, instance) =
+                    (self.clone(), owner.to_string(), format!("{stem}c{n}"));
+                made.spawn(async move { (n, me.make(&owner, &instance, internet).await) });
+            }
+            while let Some(joined) = made.join_next().await {
+                let (n, net) = joined?;
+                nets.insert(n, net?);
+            }
         }
         let template =
             Network::namespace_path(&self.network.namespace_name(owner, &format!("{stem}c{{n}}")));
