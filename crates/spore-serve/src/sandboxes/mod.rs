@@ -305,7 +305,7 @@ impl Sandboxes {
             let owner = template_net_owner(&t.spec.name);
             let made = self.network.make(&owner, &stem, true).await.map_err(|e| {
                 SandboxError::Internal(format!(
-                    "template {}: its network namespace: {e:#}",
+                    "template {} could not start: its network namespace: {e:#}",
                     t.spec.name
                 ))
             })?;
