@@ -291,8 +291,9 @@ def fork(sbx):
     uuids = {sh(s, "cat /proc/sys/kernel/random/uuid") for s in [sbx] + forks}
     check(len(uuids) == 3, "the three draw different random numbers")
     if PROBE:
-        check(all(reaches_probe(s) for s in [sbx] + forks),
-              "the source and both forks reach the network (each fork in a namespace of its own)")
+        reached = [reaches_probe(s) for s in [sbx] + forks]
+        check(all(reached), "the source and both forks reach the network at once (each fork in a "
+              f"namespace of its own; source, fork 1, fork 2: {reached})")
     for n, f in enumerate(forks, 1):
         check(f.kill(**API) is True, f"fork {n} killed")
 
