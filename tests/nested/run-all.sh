@@ -364,14 +364,21 @@ runtime_images() {
         echo "$img"
     done
 }
+# with_libs SRC DEST: --file arguments for this host's binary SRC at DEST in
+# L1 and the shared libraries it loads (L1's userland is static busybox).
+with_libs() {
+    local lib
+    printf '%s\n' --file "$1:$2"
+    while read -r lib; do
+        printf '%s\n' --file "$lib:$lib"
+    done < <(ldd "$1" | grep -o '/[^ ]*' | sort -u)
+}
 mkfs_files=()
 add_mkfs_files() {
-    local mke2fs_bin lib
+    local mke2fs_bin
     mke2fs_bin="$(command -v mke2fs || echo /usr/sbin/mke2fs)"
-    mkfs_files=(--file "$mke2fs_bin:/sbin/mkfs.ext4" --file /etc/mke2fs.conf:/etc/mke2fs.conf)
-    while read -r lib; do
-        mkfs_files+=(--file "$lib:$lib")
-    done < <(ldd "$mke2fs_bin" | grep -o '/[^ ]*' | sort -u)
+    mapfile -t mkfs_files < <(with_libs "$mke2fs_bin" /sbin/mkfs.ext4)
+    mkfs_files+=(--file /etc/mke2fs.conf:/etc/mke2fs.conf)
 }
 
 if [[ -z $only || $only == serve-linux ]]; then
@@ -511,7 +518,16 @@ if [[ -z $only || $only == sandbox-envd ]]; then
     if [[ -n ${SPORE_SANDBOX_BENCH:-} ]]; then
         printf '%s\n' "$SPORE_SANDBOX_BENCH" >"$work/sbx-scratch/bench-sandbox.args"
     fi
+    # Sandboxes' networks (spore serve's namespaces, veths and NAT): iproute2
+    # and nftables in L1's /usr/local/sbin (the scenario puts it first in
+    # spore serve's PATH; busybox's ip has no netns), and the netfilter
+    # modules their rules need.
+    ensure_packages iproute2 nftables
+    mapfile -t sbx_net_files < <(with_libs "$(command -v ip)" /usr/local/sbin/ip
+        with_libs "$(command -v nft)" /usr/local/sbin/nft)
     run_one sandbox-envd --own-l1 --memory 3072 --timeout 3000 --stall-timeout 600 \
+        "${sbx_net_files[@]}" --l1-module nf_tables --l1-module nft_chain_nat \
+        --l1-module nft_masq --l1-module nft_ct \
         --scratch-disk "3600:$work/sbx-scratch" --hostfwd 49983 --hostfwd 49984 --hostfwd 49985 \
         --hostfwd 7000 --hostfwd 7001 --hostfwd 3000 \
         --host-driver "$here/host/sandbox-envd.sh" \

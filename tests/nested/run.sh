@@ -69,6 +69,8 @@ usage: tests/nested/run.sh --scenario FILE [scenario options] [--scenario FILE .
                              /tmp/spore-nested/<name>.log)
   --spore PATH             static spore binary, installed in L1 as /bin/spore
   --file SRC[:DEST]        extra file for the L1 initramfs (repeatable)
+  --l1-module NAME         a kernel module L1 loads, with its dependencies
+                           (repeatable; e.g. nf_tables for spore serve's NAT)
   --l1-log FILE            the whole serial log (default: the scenario's log
                            when there is one scenario, else
                            /tmp/spore-nested/l1-<first name>.log)
@@ -101,6 +103,7 @@ spore="" l1_log="" report_dir="" append=""
 hostfwd_ports=()
 memory=3072 smp=2 quiet=0 mode=auto scratch_mib="" scratch_dir="" arch=x86_64
 l1_files=()
+extra_modules=()
 # Per scenario (index i): file, name, guest scenario, guest files (one spec
 # a line), output dir, log, timeout, stall timeout.
 sc_file=() sc_name=() sc_guest=() sc_gfiles=() sc_out=() sc_log=() sc_timeout=() sc_stall=() sc_driver=()
@@ -123,6 +126,7 @@ while [[ $# -gt 0 ]]; do
     --log) sc_log[cur]="${2:?}"; shift 2 ;;
     --spore) spore="${2:?}"; shift 2 ;;
     --file) l1_files+=("${2:?}"); shift 2 ;;
+    --l1-module) extra_modules+=("${2:?}"); shift 2 ;;
     --l1-log) l1_log="${2:?}"; shift 2 ;;
     --report-dir) report_dir="${2:?}"; shift 2 ;;
     --memory)
@@ -263,6 +267,7 @@ if ((${#hostfwd_ports[@]})); then
     [[ $mode == direct ]] || net_args=(-netdev "user,id=n0,restrict=on$fwd" -device virtio-net-pci,netdev=n0)
     append="$append spore.l1net=1"
 fi
+l1_modules+=("${extra_modules[@]}")
 l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 
 # What one scenario's run left, for report_scenario: sc_section[i] (its part

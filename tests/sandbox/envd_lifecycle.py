@@ -6,9 +6,11 @@ e2b SDK (the nested tier's sandbox-envd scenario; tests/nested/host/).
                                   after the resume (E2B_SANDBOX_URL) and the
                                   fork (URL1, URL2: the two forks' envd)
 """
+import http.client
 import os
 import sys
 import time
+import urllib.request
 
 from envd_common import check, sandbox, sh
 
@@ -32,9 +34,27 @@ def counter(sbx):
     return int(sbx.files.read(COUNTER).strip() or 0)
 
 
+def wait_healthy(url, limit=60):
+    """Until envd answers /health through `url` (a forward that L1 started
+    just before it said READY may take a moment to reach the guest)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=10) as r:
+                if r.status == 204:
+                    return
+        except (OSError, http.client.HTTPException):
+            pass
+        if time.monotonic() > deadline:
+            check(False, f"envd answers /health through {url} within {limit} s")
+        time.sleep(0.5)
+
+
 def check_after():
     url1, url2 = sys.argv[2], sys.argv[3]
     pid = int(open(os.environ["LIFECYCLE_STATE"]).read())
+    for url in (os.environ["E2B_SANDBOX_URL"], url1, url2):
+        wait_healthy(url)
     resumed = sandbox()
     check(resumed.files.read(MARKER) == "written before the pause\n", "after the resume: the file is there")
     check(pid in {p.pid for p in resumed.commands.list()}, "after the resume: the background command is listed")

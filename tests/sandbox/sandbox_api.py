@@ -20,9 +20,13 @@ Environment:
     SANDBOX_WEB_TEMPLATE          a template whose start command serves
                                   tests/sandbox/web/app.py on port 8000
     SANDBOX_PERSIST_STATE         a file the two persist steps share
+    SANDBOX_NET_PROBE             HOST:PORT a networked sandbox reaches through
+                                  spore serve's NAT (a TCP server there sends
+                                  "spore-net-ok"); unset: no network checks
 """
 import os
 import secrets
+import shlex
 import sys
 import time
 import urllib.error
@@ -81,6 +85,48 @@ def raises(exc, fn):
 
 def utc(dt):
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+PROBE = os.environ.get("SANDBOX_NET_PROBE", "")
+
+
+def reaches_probe(sbx):
+    """Whether the sandbox opens a TCP connection to $SANDBOX_NET_PROBE and
+    reads the server's line (5 s to connect)."""
+    host, _, port = PROBE.rpartition(":")
+    code = (f"import socket; s = socket.create_connection(({host!r}, {int(port)}), 5); "
+            "s.settimeout(10); print(s.recv(64).decode().strip())")
+    try:
+        out = sbx.commands.run(f"python3 -c {shlex.quote(code)}", timeout=CMD).stdout
+    except CommandExitException:
+        return False
+    return out == "spore-net-ok\n"
+
+
+def network():
+    """allow_internet_access: on by default (the sandbox reaches a server
+    outside its VM through its namespace and the NAT, and has the template's
+    name server), off on request (no route out, while envd still answers)."""
+    if not PROBE:
+        return
+    online = timed("create-networked", lambda: Sandbox.create(TEMPLATE, timeout=600, **API))
+    created.append(online.sandbox_id)
+    check(reaches_probe(online), f"a sandbox reaches {PROBE} outside its VM (allow_internet_access by default)")
+    check(online.get_info(**API).allow_internet_access is True, "its info says allow_internet_access")
+    check("nameserver 10.0.2.3" in sh(online, "cat /etc/resolv.conf"),
+          "its resolv.conf names the template's name server")
+    offline = timed("create-offline", lambda: Sandbox.create(
+        TEMPLATE, timeout=600, allow_internet_access=False, **API))
+    created.append(offline.sandbox_id)
+    check(not reaches_probe(offline), f"with allow_internet_access=False it cannot reach {PROBE}")
+    check(sh(offline, "echo still here") == "still here\n", "and commands still run in it (over vsock)")
+    check(offline.get_info(**API).allow_internet_access is False, "its info says no internet access")
+    offline.update_network({"allow_internet_access": True}, **API)
+    check(reaches_probe(offline), "update_network(allow_internet_access=True) opens it while it runs")
+    offline.update_network({"deny_out": ["0.0.0.0/0"]}, **API)
+    check(not reaches_probe(offline), "update_network(deny_out=[0.0.0.0/0]) closes it again")
+    for s in (online, offline):
+        check(s.kill(**API) is True, "networked sandbox killed")
 
 
 def create():
@@ -200,6 +246,8 @@ def pause_resume(sbx):
     second = int(resumed.files.read(COUNTER).strip() or 0)
     check(second > first, f"after the resume: the counter counts on ({first} -> {second})")
     check(h.pid in {p.pid for p in resumed.commands.list()}, "after the resume: the background command is listed")
+    if PROBE:
+        check(reaches_probe(resumed), "after the resume: the network works (its tap reopened in a new namespace)")
     return resumed
 
 
@@ -242,6 +290,10 @@ def fork(sbx):
     check(not sbx.files.exists("/home/user/only-in-fork-1.txt"), "the source does not see fork 1's file")
     uuids = {sh(s, "cat /proc/sys/kernel/random/uuid") for s in [sbx] + forks}
     check(len(uuids) == 3, "the three draw different random numbers")
+    if PROBE:
+        reached = [reaches_probe(s) for s in [sbx] + forks]
+        check(all(reached), "the source and both forks reach the network at once (each fork in a "
+              f"namespace of its own; source, fork 1, fork 2: {reached})")
     for n, f in enumerate(forks, 1):
         check(f.kill(**API) is True, f"fork {n} killed")
 
@@ -309,6 +361,7 @@ def web_template():
 def main():
     try:
         web_template()
+        network()
         sbx = create()
         commands(sbx)
         metrics(sbx)
@@ -348,6 +401,8 @@ def persist_check():
     check(sandbox_id in {s.sandbox_id for s in found}, "after SIGKILL and a restart of the daemon: still listed, paused")
     sbx = timed("resume-after-restart", lambda: Sandbox.connect(sandbox_id, timeout=600, **API))
     check(sbx.files.read(PERSISTED) == run, "after the restart: resumed with its file")
+    if PROBE:
+        check(reaches_probe(sbx), "after the restart: resumed with its network")
     check(sbx.kill(**API) is True, "killed")
 
 

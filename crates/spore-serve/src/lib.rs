@@ -276,7 +276,7 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
     }
     let (auth, accounts) = open_accounts(config.auth_keys.as_deref(), node.as_ref())?;
     let sandboxes = sandbox_config
-        .map(|c| sandboxes::Sandboxes::open(&spore_bin, &state_dir, c))
+        .map(|c| sandboxes::Sandboxes::open(&spore_bin, &state_dir, c, instances.network.clone()))
         .transpose()?;
     let daemon = Arc::new(api::Daemon {
         state_dir,

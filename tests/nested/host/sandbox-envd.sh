@@ -61,21 +61,30 @@ PY
 }
 
 # wait_ready NAME: until L1 answers READY on its port 7001 (at most 900 s).
+# wait_ready NAME: until L1 says READY on 7001; what follows READY on its
+# line (the sandbox API's turns: the address a networked sandbox can reach
+# in L1) becomes $SANDBOX_NET_PROBE.
 wait_ready() {
-    python3 - "${SPORE_FWD_7001:?}" <<'PY' || results+="SPORE-TEST $1-ready FAIL L1 never said READY"$'\n'
+    local said
+    said="$(python3 - "${SPORE_FWD_7001:?}" <<'PY'
 import socket, sys, time
 port = int(sys.argv[1])
 deadline = time.time() + 900
 while time.time() < deadline:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            if s.recv(16).startswith(b"READY"):
+            line = s.recv(128)
+            if line.startswith(b"READY"):
+                print(line.decode(errors="replace").strip())
                 sys.exit(0)
     except OSError:
         pass
     time.sleep(1)
 sys.exit(1)
 PY
+)" || results+="SPORE-TEST $1-ready FAIL L1 never said READY"$'\n'
+    export SANDBOX_NET_PROBE="${said#READY}"
+    SANDBOX_NET_PROBE="${SANDBOX_NET_PROBE# }"
 }
 
 scenario envd_process envd_process

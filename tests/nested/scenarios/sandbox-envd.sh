@@ -172,11 +172,14 @@ rm -rf "$tmp/pause.state" "$tmp/pause.mem" "$tmp/rootfs.cow" "$tmp/clones"
 # sandboxes through it (tests/sandbox/sandbox_api.py), with two accounts'
 # keys. Its state on the scratch disk: paused sandboxes' memory goes there.
 state="${SPORE_SCRATCH:-/scratch}/serve"
-printf 'name = "base"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\n' \
+# base has a network (the default): each sandbox's VMM in a namespace of its
+# own behind spore serve's NAT, with QEMU's resolver as its name server.
+printf 'name = "base"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\ndns = ["10.0.2.3"]\n' \
     "$GUEST_KERNEL" "$img" >"$tmp/base.toml"
 # The web template (built on the host by spore sandbox template build from
 # tests/sandbox/web/spec.toml): its image and its start and ready commands.
-printf 'name = "web"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\n' \
+# web has none: vsock only.
+printf 'name = "web"\nkernel = "%s"\nrootfs = "%s"\nmemory_mib = 512\nnetwork = false\n' \
     "$GUEST_KERNEL" "${SPORE_SCRATCH:-/scratch}/sandbox-web.ext4" >"$tmp/web.toml"
 cat "${SPORE_SCRATCH:-/scratch}/web.cmds" >>"$tmp/web.toml"
 # The same API keys as the host driver's.
@@ -193,9 +196,19 @@ account_id = "222222222222"
 sandbox_api_key = "e2b_0000000000000000000000000000000000000b22"
 KEYS
 export SPORE_LOG=spore_serve=info,warn
+# What a networked sandbox reaches through the NAT: a TCP server on this
+# host's (L1's) own address, port 7002, answering one line per connection
+# (the host driver is told where, in the READY line). iproute2 and nftables
+# are in /usr/local/sbin in L1 (run-all.sh), first in spore serve's PATH.
+probe_ip=$(ip -o -f inet addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+[ -n "$probe_ip" ] || probe_ip=10.0.2.15 # L1's address on QEMU's user network
+(while [ ! -f "$tmp/probe.stop" ]; do
+    echo spore-net-ok | timeout 900 busybox nc -l -p 7002 >/dev/null 2>&1 || sleep 0.2
+done) &
+probe=$!
 # start_serve N: spore serve with the sandbox API on L1's port 3000.
 start_serve() {
-    "$SPORE" serve --listen 127.0.0.1:0 --state-dir "$state" --auth "$tmp/keys.toml" \
+    PATH="/usr/local/sbin:$PATH" "$SPORE" serve --listen 127.0.0.1:0 --state-dir "$state" --auth "$tmp/keys.toml" \
         --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" --sandbox-template "$tmp/web.toml" \
         >"$tmp/serve-$1.out" 2>"$tmp/serve-$1.err" &
     serve=$!
@@ -209,7 +222,7 @@ start_serve() {
 }
 # host_turn NAME: READY to the host driver on 7001, then its results on 7000.
 host_turn() {
-    echo READY | timeout 600 busybox nc -l -p 7001 >/dev/null 2>&1
+    echo "READY $probe_ip:7002" | timeout 600 busybox nc -l -p 7001 >/dev/null 2>&1
     timeout 1500 busybox nc -l -p 7000 >"$tmp/host-results-$1.txt" 2>"$tmp/nc.err"
     if grep -q '^SPORE-TEST ' "$tmp/host-results-$1.txt"; then
         grep '^SPORE-TEST ' "$tmp/host-results-$1.txt"
@@ -239,11 +252,15 @@ left=""
 for p in /proc/[0-9]*; do
     tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "$state/" && left="$left ${p#/proc/}"
 done
-if [ -z "$left" ]; then
-    t sandbox-api-no-leftovers PASS "no VMM of the daemon's left after SIGTERM"
+# Nor a sandbox's network namespace (`<prefix>.sbx...`) or host veth.
+nets_left=$(ls /run/netns 2>/dev/null | grep '\.sbx' | tr '\n' ' ')
+if [ -z "$left" ] && [ -z "$nets_left" ]; then
+    t sandbox-api-no-leftovers PASS "no VMM and no network namespace of the daemon's left after SIGTERM"
 else
-    t sandbox-api-no-leftovers FAIL "processes left: $left"
+    t sandbox-api-no-leftovers FAIL "processes left: ${left:-none}; namespaces left: ${nets_left:-none}"
 fi
+touch "$tmp/probe.stop"
+kill "$probe" 2>/dev/null
 grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready\|template base\|ready_cmd" "$tmp"/serve-*.err | tail -n 20
 cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
 

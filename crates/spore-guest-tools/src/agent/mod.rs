@@ -11,7 +11,8 @@
 //! - [`runtime`]: the runtime process, its environment and its output;
 //! - [`pid1`]: mounts, reaping, code device, reseed, power-off;
 //! - [`meminfo`]: what a function's init cost in memory (logged at Ready);
-//! - [`sandbox`]: sandbox mode (`spore.mode=sandbox`): PID 1 keeping spore-envd up.
+//! - [`sandbox`]: sandbox mode (`spore.mode=sandbox`): PID 1 keeping spore-envd up;
+//! - [`guest_net`]: a sandbox's `eth0`, from the kernel command line.
 //!
 //! Per host connection ([`session`]): an agent without a function sends
 //! `Standby` once the runtime's pre-init is done and waits for `Configure`;
@@ -22,6 +23,7 @@
 
 pub mod child;
 pub mod config;
+pub mod guest_net;
 pub mod host_link;
 pub mod meminfo;
 pub mod pid1;

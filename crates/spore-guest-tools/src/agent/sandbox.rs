@@ -2,7 +2,8 @@
 //! Linux sandbox guest. Instead of relaying function invocations it keeps
 //! spore-envd running (E2B's envd: the sandbox's API, on vsock port 49983),
 //! restarting it should it die, reaps orphans, reseeds after a clone, and
-//! powers off on a stop signal.
+//! powers off on a stop signal. Its network, if the kernel command line
+//! names one, is configured first ([`guest_net`]).
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -10,7 +11,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use super::config::cmdline_value;
-use super::{child, pid1};
+use super::{child, guest_net, pid1};
 
 /// Where the images put spore-envd (`spore.envd=` overrides).
 const DEFAULT_ENVD: &str = "/usr/local/bin/spore-envd";
@@ -19,6 +20,15 @@ const DEFAULT_ENVD: &str = "/usr/local/bin/spore-envd";
 pub fn run(cmdline: &str) -> ! {
     if let Err(e) = pid1::loopback_up() {
         eprintln!("spore-agent: bringing lo up: {e}");
+    }
+    // Before envd starts: the commands it runs find the network there.
+    match guest_net::from_cmdline(cmdline) {
+        Ok(Some(net)) => match guest_net::apply(&net) {
+            Ok(()) => eprintln!("spore-agent: {} is {}/{}", net.iface, net.addr, net.prefix),
+            Err(e) => eprintln!("spore-agent: configuring the network: {e}"),
+        },
+        Ok(None) => {}
+        Err(e) => eprintln!("spore-agent: {e}"),
     }
     pid1::start_generation_watcher();
     start_stop_handler();

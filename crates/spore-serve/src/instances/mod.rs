@@ -238,8 +238,8 @@ pub struct Instances {
     /// the room each takes is counted before the next looks.
     account_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_id: AtomicU64,
-    /// Networked functions' namespaces (made on their first instance).
-    network: Arc<Network>,
+    /// Networked functions' and sandboxes' namespaces (made on first use).
+    pub(crate) network: Arc<Network>,
     /// Who each function's VMMs run as (`None`: unjailed).
     jail: Option<crate::jail::Jail>,
     /// In a cluster: this node (code this node lacks is fetched from peers).

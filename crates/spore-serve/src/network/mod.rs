@@ -2,10 +2,10 @@
 //! every VMM process of such a function (a cold boot, a restore, each clone
 //! of the zygote) runs in a network namespace of its own, where
 //!
-//! - a tap `tap0` holds the guest's gateway address [`GATEWAY`]`/30`; the
-//!   guest is [`GUEST_ADDR`] in every namespace (the same address
-//!   everywhere, which is what lets a clone keep its source's address and a
-//!   snapshot reopen `tap0` by name);
+//! - a tap `tap0` holds the guest's gateway address [`GATEWAY`]`/30` (and
+//!   the same MAC address everywhere); the guest is [`GUEST_ADDR`] in every
+//!   namespace (the same address everywhere, which is what lets a clone keep
+//!   its source's address and a snapshot reopen `tap0` by name);
 //! - a veth pair joins it to the host: one /30 of the pool
 //!   (`--net-pool`, default [`DEFAULT_POOL`]) per instance, the host's end
 //!   `.1`, the namespace's end (`veth0`) `.2` and its default route;
@@ -53,6 +53,12 @@ pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
 /// The tap every instance's VMM opens, in its own namespace.
 pub const TAP_NAME: &str = "tap0";
+/// The tap's MAC address, the same in every namespace as [`GATEWAY`] is: a
+/// clone or a restored guest keeps its neighbour entry for its gateway, and
+/// a tap drops frames sent to any other address (with a new random MAC per
+/// namespace, such a guest would be cut off until its entry went stale,
+/// 15 to 45 s later).
+const GATEWAY_MAC: &str = "02:73:70:00:00:01";
 /// The namespace's end of its veth pair.
 const NS_VETH: &str = "veth0";
 /// Where `ip netns` keeps named namespaces.
@@ -326,6 +332,7 @@ impl Network {
         let inside = format!(
             "link set lo up\n\
              tuntap add dev {TAP_NAME} mode tap{owner}\n\
+             link set {TAP_NAME} address {GATEWAY_MAC}\n\
              addr add {GATEWAY}/30 dev {TAP_NAME}\n\
              link set {TAP_NAME} up\n\
              addr add {inner}/30 dev {NS_VETH}\n\
@@ -500,6 +507,21 @@ impl InstanceNet {
         Ok(())
     }
 
+    /// Cuts its guest off from everything beyond its namespace (a sandbox
+    /// without `allow_internet_access`): nothing is forwarded out of the
+    /// namespace, so the guest reaches neither the host nor the world. Its
+    /// tap stays: a clone or a restored snapshot of a VM with `eth0` needs
+    /// one to open.
+    pub fn deny_outbound(&self) -> Result<(), NetError> {
+        self.set_outbound(false)
+    }
+
+    /// Denies ([`InstanceNet::deny_outbound`]) or allows again what its
+    /// guest sends beyond the namespace; either is a no-op when already so.
+    pub fn set_outbound(&self, allowed: bool) -> Result<(), NetError> {
+        set_outbound_in(&self.name, allowed)
+    }
+
     /// The `/dev/net/tun` opened in its namespace for a jailed clone
     /// ([`Network::make`] with `handoff`).
     pub fn take_handoff_tun(&mut self) -> Option<std::fs::File> {
@@ -525,6 +547,34 @@ impl InstanceNet {
         }
         lock(&self.network.used).remove(&self.slot);
     }
+}
+
+/// [`InstanceNet::set_outbound`] for namespace `name` (blocking; for a
+/// caller that cannot lend the `InstanceNet` to another thread).
+pub fn set_outbound_in(name: &str, allowed: bool) -> Result<(), NetError> {
+    const TABLE: &str = "spore_isolated";
+    in_namespace(name, move || {
+        let present = Command::new("nft")
+            .args(["list", "table", "ip", TABLE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        match (allowed, present) {
+            (true, true) => run("nft", &["delete", "table", "ip", TABLE], None),
+            (false, false) => {
+                let rules = format!(
+                    "table ip {TABLE} {{\n\
+                       chain forward {{\n\
+                         type filter hook forward priority filter; policy drop;\n\
+                       }}\n\
+                     }}\n"
+                );
+                run("nft", &["-f", "-"], Some(&rules))
+            }
+            _ => Ok(()),
+        }
+    })
 }
 
 impl Drop for InstanceNet {

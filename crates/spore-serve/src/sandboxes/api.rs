@@ -214,6 +214,13 @@ async fn route(
             let list: Vec<serde_json::Value> = sample.filter(|_| inside).into_iter().collect();
             Ok(json(200, list.into()))
         }
+        (&Method::PUT, ["sandboxes", id, "network"]) => {
+            // The SDK's update_network: the whole egress configuration,
+            // what it leaves out cleared (so {} allows everything again).
+            let u: NetworkUpdateBody = parse_or_default(&body)?;
+            sbx.set_internet(account, id, u.internet()?).await?;
+            Ok(empty(204))
+        }
         (&Method::GET, ["sandboxes", id, "logs"]) => {
             sbx.get(account, id).await?;
             Ok(json(
@@ -252,6 +259,52 @@ struct CreateBody {
     auto_resume: Option<AutoResume>,
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
+    /// E2B's name is in snake case here, unlike the others.
+    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    network: Option<NetworkBody>,
+}
+
+/// E2B's `SandboxNetworkConfig`: of its egress rules, spore honours
+/// denying everything; finer rules are refused rather than ignored (a
+/// sandbox must never have more network than its creator asked for).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NetworkBody {
+    #[serde(default)]
+    allow_out: Vec<String>,
+    #[serde(default)]
+    deny_out: Vec<String>,
+}
+
+/// E2B's `SandboxNetworkUpdateConfig`.
+#[derive(Deserialize, Default)]
+struct NetworkUpdateBody {
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    rules: NetworkBody,
+}
+
+impl NetworkUpdateBody {
+    fn internet(&self) -> Result<bool, SandboxError> {
+        Ok(self.allow_internet_access.unwrap_or(true) && self.rules.internet()?.unwrap_or(true))
+    }
+}
+
+impl NetworkBody {
+    /// Whether it denies all outbound traffic (`Some(false)`), says nothing
+    /// about it (`None`), or asks for what spore cannot enforce.
+    fn internet(&self) -> Result<Option<bool>, SandboxError> {
+        match (self.allow_out.is_empty(), self.deny_out.as_slice()) {
+            (true, []) => Ok(None),
+            (true, [all]) if all == "0.0.0.0/0" => Ok(Some(false)),
+            _ => Err(SandboxError::BadRequest(
+                "network.allowOut/denyOut: spore enforces only denying all outbound traffic \
+                 (denyOut [\"0.0.0.0/0\"] or allow_internet_access: false), not per-destination rules"
+                    .into(),
+            )),
+        }
+    }
 }
 
 /// E2B's `SandboxAutoResumeConfig`.
@@ -269,6 +322,12 @@ impl CreateBody {
                 "autoResume needs autoPause: only a sandbox its timeout pauses can be resumed by a request".into(),
             ));
         }
+        let denied = match &self.network {
+            Some(n) => n.internet()?,
+            None => None,
+        };
+        // Either way of saying "no internet" wins.
+        let internet = self.allow_internet_access.unwrap_or(true) && denied.unwrap_or(true);
         Ok(NewSandbox {
             template: self.template_id,
             timeout_s: timeout_s(self.timeout)?,
@@ -276,6 +335,7 @@ impl CreateBody {
             auto_resume,
             metadata: self.metadata.unwrap_or_default(),
             env_vars: self.env_vars.unwrap_or_default(),
+            internet,
         })
     }
 }
@@ -433,6 +493,8 @@ fn detail_json(sbx: &Sandboxes, r: &Record) -> serde_json::Value {
         "autoResume": r.auto_resume,
         "onTimeout": if r.auto_pause { "pause" } else { "kill" },
     });
+    // Whether it can reach beyond its own VM: a network and the NAT.
+    v["allowInternetAccess"] = (r.networked && r.internet).into();
     v
 }
 
@@ -499,6 +561,46 @@ mod tests {
         assert!(ListQuery::parse("state=gone").is_err());
         assert!(ListQuery::parse("limit=0").is_err());
         assert!(ListQuery::parse("metadata=%zz").is_err());
+    }
+
+    #[test]
+    fn internet_access_is_on_unless_either_way_of_denying_it_says_so() {
+        let internet = |body: &str| {
+            serde_json::from_str::<CreateBody>(body)
+                .unwrap()
+                .into_new()
+                .map(|n| n.internet)
+        };
+        assert!(internet(r#"{"templateID":"base"}"#).unwrap());
+        assert!(internet(r#"{"templateID":"base","allow_internet_access":true}"#).unwrap());
+        assert!(!internet(r#"{"templateID":"base","allow_internet_access":false}"#).unwrap());
+        assert!(!internet(r#"{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}"#).unwrap());
+        assert!(!internet(
+            r#"{"templateID":"base","allow_internet_access":true,"network":{"denyOut":["0.0.0.0/0"]}}"#
+        )
+        .unwrap());
+        assert!(
+            internet(r#"{"templateID":"base","network":{"allowPublicTraffic":true}}"#).unwrap()
+        );
+        let update = |body: &str| {
+            serde_json::from_str::<NetworkUpdateBody>(body)
+                .unwrap()
+                .internet()
+        };
+        assert!(update("{}").unwrap());
+        assert!(!update(r#"{"allow_internet_access":false}"#).unwrap());
+        assert!(!update(r#"{"denyOut":["0.0.0.0/0"]}"#).unwrap());
+        assert!(update(r#"{"allowOut":["8.8.8.8"]}"#).is_err());
+        // Rules spore cannot enforce are refused, never ignored.
+        for finer in [
+            r#"{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}"#,
+            r#"{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]}}"#,
+        ] {
+            assert!(
+                matches!(internet(finer), Err(SandboxError::BadRequest(_))),
+                "{finer}"
+            );
+        }
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! VMM ends and its memory is the host's again), resumed by restoring that
 //! snapshot in a new VMM, killed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{envd, new_id, new_token, Record, SandboxError, Sandboxes, State};
+use crate::network::InstanceNet;
 use crate::vmm::VmmProcess;
 
 /// How long a new clone's or a restored sandbox's envd may take to answer
@@ -24,6 +25,9 @@ pub struct NewSandbox {
     pub auto_resume: bool,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
+    /// E2B's `allow_internet_access` (default true): whether a networked
+    /// template's sandbox may reach beyond its namespace.
+    pub internet: bool,
 }
 
 impl Sandboxes {
@@ -35,7 +39,7 @@ impl Sandboxes {
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let (vmm, base) = match self.clone_zygote(&template, &dir).await {
+        let (vmm, base) = match self.clone_zygote(&template, &dir, new.internet).await {
             Ok(cloned) => cloned,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -64,6 +68,8 @@ impl Sandboxes {
             layers: Vec::new(),
             auto_resume: new.auto_resume,
             timeout_s: new.timeout_s,
+            networked: template.spec.network,
+            internet: new.internet,
         };
         let settings = serde_json::json!({
             "accessToken": token,
@@ -133,7 +139,20 @@ impl Sandboxes {
         let vm_dir = self.dir.join(&group);
         crate::fs::create_private_dir(&vm_dir)
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let clones = match clones_of(vmm, &vm_dir, "continue", count).await {
+        let made = async {
+            let nets = if source.rec.networked {
+                let internet = source.rec.internet;
+                Some(
+                    self.network
+                        .for_clones(vmm, super::SANDBOX_NET_OWNER, &group, count, internet)
+                        .await?,
+                )
+            } else {
+                None
+            };
+            clones_of(vmm, &vm_dir, "continue", count, nets).await
+        };
+        let clones = match made.await {
             Ok(c) => c,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&vm_dir);
@@ -285,7 +304,19 @@ impl Sandboxes {
         let generation = entry.rec.pause_generation;
         let (state, mem) = Record::snapshot_files(&dir, generation);
         let run_dir = dir.join(format!("vm{generation}"));
-        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, None, None, None)
+        // A networked sandbox's snapshot reopens `tap0` by name, in a new
+        // namespace.
+        let net = if entry.rec.networked {
+            let instance = format!("{id}r{generation}");
+            let made = self
+                .network
+                .make(super::SANDBOX_NET_OWNER, &instance, entry.rec.internet)
+                .await;
+            Some(made.map_err(SandboxError::internal)?)
+        } else {
+            None
+        };
+        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, None, None)
             .await
             .map_err(SandboxError::internal)?;
         let load = serde_json::json!({
@@ -337,6 +368,39 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// E2B's `update_network`: whether it may reach beyond its namespace,
+    /// applied to its namespace now if it runs, and kept for its resumes
+    /// (its forks take it from it). 409 for a sandbox without a network.
+    pub async fn set_internet(
+        &self,
+        account: &str,
+        id: &str,
+        internet: bool,
+    ) -> Result<(), SandboxError> {
+        let mut entry = self.entry(account, id).await?;
+        if !entry.rec.networked {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox \"{id}\" has no network: its template {} has network = false",
+                entry.rec.template
+            )));
+        }
+        if let Some(net) = entry.vmm.as_ref().and_then(|v| v.net.as_ref()) {
+            let name = net.name.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::network::set_outbound_in(&name, internet)
+                    .map_err(|e| format!("its namespace {name}: {e}"))
+            })
+            .await
+            .map_err(|e| SandboxError::Internal(e.to_string()))?
+            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e}")))?;
+        }
+        entry.rec.internet = internet;
+        entry
+            .rec
+            .save(&self.dir.join(id))
+            .map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+
     /// Its timeout, from now.
     pub async fn set_timeout(
         &self,
@@ -355,14 +419,24 @@ impl Sandboxes {
 
 /// `count` clones of `source` (`mode`: "zygote" freezes it as the
 /// template, "continue" lets it run on), their sockets and disk overlays in
-/// `dir`. A clone that is not all there is ended, never half-adopted.
+/// `dir`; with `nets` (a networked source's: [`super::net::SandboxNetwork::
+/// for_clones`]), each in its namespace, which it then holds. A clone that
+/// is not all there is ended, never half-adopted.
 pub(super) async fn clones_of(
     source: &VmmProcess,
     dir: &Path,
     mode: &str,
     count: u32,
+    nets: Option<(HashMap<u64, InstanceNet>, serde_json::Value)>,
 ) -> anyhow::Result<Vec<VmmProcess>> {
-    let body = serde_json::json!({ "count": count, "mode": mode, "socket_dir": dir });
+    let mut body = serde_json::json!({ "count": count, "mode": mode, "socket_dir": dir });
+    let mut nets = match nets {
+        Some((nets, network)) => {
+            body["network"] = network;
+            Some(nets)
+        }
+        None => None,
+    };
     let resp = source.api("PUT", "/clone", Some(body.to_string())).await?;
     let report: serde_json::Value = serde_json::from_str(&resp)?;
     let listed = report
@@ -385,12 +459,16 @@ pub(super) async fn clones_of(
             continue;
         };
         let vsock: PathBuf = dir.join(format!("{name}.vsock"));
-        clones.push(VmmProcess::adopt(
-            pid,
-            sock.into(),
-            vsock,
-            dir.to_path_buf(),
-        ));
+        let mut vmm = VmmProcess::adopt(pid, sock.into(), vsock, dir.to_path_buf());
+        if let Some(nets) = nets.as_mut() {
+            let index = clone.get("index").and_then(serde_json::Value::as_u64);
+            vmm.net = index.and_then(|i| nets.remove(&i));
+            if vmm.net.is_none() {
+                // Adopted all the same, so that it is ended below.
+                incomplete = Some(clone.to_string());
+            }
+        }
+        clones.push(vmm);
     }
     if incomplete.is_some() || clones.len() != count as usize {
         for mut c in clones {

@@ -15,6 +15,7 @@
 pub mod api;
 pub mod envd;
 mod lifecycle;
+pub mod net;
 pub mod proxy;
 mod record;
 pub mod reply;
@@ -100,6 +101,8 @@ pub struct Sandboxes {
     /// sandboxes use each: removed with the last.
     groups: Mutex<HashMap<String, usize>>,
     pub domain: Option<String>,
+    /// The namespaces networked templates' VMMs run in.
+    network: net::SandboxNetwork,
 }
 
 /// A sandbox's default timeout (E2B's: 15 s when create names none).
@@ -117,6 +120,7 @@ impl Sandboxes {
         spore_bin: &Path,
         state_dir: &Path,
         config: SandboxConfig,
+        network: Arc<crate::network::Network>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
@@ -187,6 +191,7 @@ impl Sandboxes {
             table: Mutex::new(table),
             groups: Mutex::new(groups),
             domain: config.domain,
+            network: net::SandboxNetwork::new(network),
         }))
     }
 
@@ -216,17 +221,31 @@ impl Sandboxes {
     /// zygote is booted first if it is not running (first use, a boot that
     /// failed, a zygote that died). Creates of one template take turns.
     /// Returns the clone and the template base its memory is a diff on.
+    /// A networked template's clone runs in a namespace of its own, its
+    /// outbound traffic denied unless `internet`.
     async fn clone_zygote(
         &self,
         t: &Template,
         dir: &Path,
+        internet: bool,
     ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
         let mut slot = t.zygote.lock().await;
         self.ensure_zygote(t, &mut slot).await?;
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
-        let clone = lifecycle::clones_of(&z.vmm, dir, "zygote", 1)
+        let nets = if t.spec.network {
+            let owner = template_net_owner(&t.spec.name);
+            Some(
+                self.network
+                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet)
+                    .await
+                    .map_err(SandboxError::internal)?,
+            )
+        } else {
+            None
+        };
+        let clone = lifecycle::clones_of(&z.vmm, dir, "zygote", 1, nets)
             .await
             .map_err(SandboxError::internal)?
             .pop()
@@ -281,7 +300,20 @@ impl Sandboxes {
         slot: &mut Option<template::Zygote>,
         run_dir: &Path,
     ) -> Result<(), SandboxError> {
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases)
+        let net = if t.spec.network {
+            let stem = format!("z{}", crate::clock::unix_ms());
+            let owner = template_net_owner(&t.spec.name);
+            let made = self.network.make(&owner, &stem, true).await.map_err(|e| {
+                SandboxError::Internal(format!(
+                    "template {} could not start: its network namespace: {e:#}",
+                    t.spec.name
+                ))
+            })?;
+            Some((made, stem))
+        } else {
+            None
+        };
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases, net)
             .await
             .map_err(|e| {
                 SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
@@ -488,6 +520,15 @@ impl Sandboxes {
         }
     }
 }
+
+/// The owner part of a template's namespaces' names (its zygote's and its
+/// clones'); forks and resumed sandboxes are [`SANDBOX_NET_OWNER`]'s.
+fn template_net_owner(template: &str) -> String {
+    format!("sbx-{template}")
+}
+
+/// The owner part of the namespaces of forks and resumed sandboxes.
+const SANDBOX_NET_OWNER: &str = "sbx";
 
 fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     let (state, mem) = Record::snapshot_files(dir, rec.pause_generation);

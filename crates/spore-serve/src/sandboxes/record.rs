@@ -71,6 +71,14 @@ pub struct Record {
     /// this field): what an automatic resume gives it again.
     #[serde(default)]
     pub timeout_s: u64,
+    /// Its VM has `eth0` (its template's `network`): each of its VMMs runs
+    /// in a network namespace of its own (`super::net`).
+    #[serde(default)]
+    pub networked: bool,
+    /// E2B's `allow_internet_access`: a networked sandbox's traffic may
+    /// leave its namespace.
+    #[serde(default)]
+    pub internet: bool,
 }
 
 /// The most diffs a sandbox's chain grows to before a pause is full again
@@ -159,6 +167,8 @@ mod tests {
             diff_ready: false,
             auto_resume: false,
             timeout_s: 300,
+            networked: true,
+            internet: false,
         };
         rec.save(&dir).unwrap();
         let back = Record::load(&dir).unwrap();

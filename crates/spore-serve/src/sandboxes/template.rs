@@ -11,6 +11,8 @@
 //! user = "user"                       # commands' default user, default "user"
 //! start_cmd = "python3 -m http.server 8000"   # optional: started in the zygote
 //! ready_cmd = "curl -sf localhost:8000"       # optional: until it exits 0
+//! network = true                      # default true: eth0, see `super::net`
+//! dns = ["1.1.1.1"]                   # default: the host's name servers
 //! ```
 //!
 //! Each template has a **zygote**: one VM booted from it until its envd
@@ -29,6 +31,7 @@ use anyhow::{bail, Context as _};
 use serde::Deserialize;
 
 use super::envd;
+use crate::network::InstanceNet;
 use crate::vmm::VmmProcess;
 
 /// How long a template's zygote may take to boot until its envd answers (a
@@ -55,6 +58,14 @@ pub struct TemplateSpec {
     /// [`READY_LIMIT`], before the zygote becomes the template.
     #[serde(default)]
     pub ready_cmd: Option<String>,
+    /// Its VMs get a network interface (`eth0`, each in a namespace of its
+    /// own with the host's NAT: [`super::net`]); without, they have only
+    /// vsock and `allow_internet_access` changes nothing.
+    #[serde(default = "default_network")]
+    pub network: bool,
+    /// The guest's name servers (`/etc/resolv.conf`); empty: the host's.
+    #[serde(default)]
+    pub dns: Vec<std::net::Ipv4Addr>,
 }
 
 /// How long a template's ready command may take to succeed.
@@ -68,6 +79,9 @@ fn default_memory_mib() -> u32 {
 }
 fn default_user() -> String {
     "user".into()
+}
+fn default_network() -> bool {
+    true
 }
 
 impl TemplateSpec {
@@ -118,6 +132,9 @@ impl TemplateSpec {
         {
             bail!("user {:?} is not a user name", self.user);
         }
+        if self.dns.len() > 3 {
+            bail!("dns: at most 3 name servers (what a guest's resolv.conf uses)");
+        }
         Ok(())
     }
 
@@ -139,6 +156,9 @@ pub fn valid_name(name: &str) -> bool {
 /// template by the first clone asked of it.
 pub struct Zygote {
     pub vmm: VmmProcess,
+    /// What its clones' network namespaces are named after (`<stem>c<n>`),
+    /// unique per boot; its VM has `eth0` when the template has a network.
+    pub net_stem: String,
     /// The template base: a full snapshot of the zygote once its envd
     /// answered (its state file), which its clones' pauses are diffs on;
     /// `None` where it could not be written (their pauses are full).
@@ -147,15 +167,19 @@ pub struct Zygote {
 
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
 /// that a later daemon ends it as a leftover) and waits for its envd.
+/// `net` is its network namespace (named after `net_stem`) when the
+/// template has a network.
 pub async fn boot_zygote(
     spore_bin: &Path,
     spec: &TemplateSpec,
     run_dir: &Path,
     bases: &Path,
+    net: Option<(InstanceNet, String)>,
 ) -> anyhow::Result<Zygote> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(run_dir);
-    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, None, None, None).await?;
+    let (net, net_stem) = net.map_or((None, String::new()), |(n, s)| (Some(n), s));
+    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, None).await?;
     match configure(&vmm, spec, run_dir).await {
         Ok(()) => {}
         Err(e) => {
@@ -192,7 +216,11 @@ pub async fn boot_zygote(
             None
         }
     };
-    Ok(Zygote { vmm, base })
+    Ok(Zygote {
+        vmm,
+        net_stem,
+        base,
+    })
 }
 
 /// How long the start command's wrapper (which puts it in the background)
@@ -319,11 +347,21 @@ async fn write_base(vmm: &VmmProcess, bases: &Path, name: &str) -> anyhow::Resul
 /// The zygote's configuration: its image read-only under an overlay in its
 /// run directory (which each clone copies), vsock for envd.
 async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> anyhow::Result<()> {
-    let boot_args = format!(
+    let mut boot_args = format!(
         "console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 \
          init=/sbin/spore-agent spore.mode=sandbox spore.user={}",
         spec.user
     );
+    if spec.network {
+        boot_args.push(' ');
+        boot_args.push_str(&super::net::guest_args(&spec.dns));
+        vmm.api(
+            "PUT",
+            "/network-interfaces/eth0",
+            Some(super::net::interface().to_string()),
+        )
+        .await?;
+    }
     let calls = [
         (
             "/boot-source",
