@@ -244,6 +244,11 @@ kill -9 "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 start_serve 2
 host_turn sandbox-persist
+# The sandboxes' VMM logs, before the daemon's end removes them (a VMM that
+# died says why there).
+find "$state/sbx" -name '*.log' 2>/dev/null | while read -r f; do
+    cp "$f" "$SPORE_OUT/sbx$(echo "${f#"$state/sbx"}" | tr '/' '_')" 2>/dev/null
+done
 kill -TERM "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 sleep 1
