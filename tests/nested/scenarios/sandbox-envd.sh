@@ -164,7 +164,8 @@ fi
 for p in $fwds $(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$tmp/clone.json"); do kill "$p" 2>/dev/null; done
 kill "$vmm" 2>/dev/null
 wait 2>/dev/null
-cp "$tmp/console.txt" "$tmp/console-resumed.txt" "$tmp/vmm.err" "$tmp/resume.err" "$tmp"/clones/*.log "$SPORE_OUT/" 2>/dev/null
+cp "$tmp/console.txt" "$tmp/console-resumed.txt" "$tmp/vmm.err" "$tmp/resume.err" "$tmp"/forward*.err \
+    "$tmp"/clones/*.log "$SPORE_OUT/" 2>/dev/null
 rm -rf "$tmp/pause.state" "$tmp/pause.mem" "$tmp/rootfs.cow" "$tmp/clones"
 
 # --- The sandbox API: spore serve with the image as template "base", the
