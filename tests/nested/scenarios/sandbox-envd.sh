@@ -245,10 +245,29 @@ kill -9 "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 start_serve 2
 host_turn sandbox-persist
+# Every VMM of the daemon (zygotes, sandboxes, the resumed one) is jailed:
+# a uid of its own per template, never root (processes whose command line
+# names a path in the state directory; the daemon and its guardian name
+# the directory itself).
+vmm_uids=""
+root_vmms=""
+for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "$state/" || continue
+    uid=$(awk '/^Uid:/ {print $2}' "$p/status" 2>/dev/null)
+    [ -n "$uid" ] || continue
+    vmm_uids="$vmm_uids $uid"
+    [ "$uid" = 0 ] && root_vmms="$root_vmms ${p#/proc/}"
+done
+distinct=$(echo "$vmm_uids" | tr ' ' '\n' | sed '/^$/d' | sort -u | tr '\n' ' ')
+if [ -n "$vmm_uids" ] && [ -z "$root_vmms" ] && [ "$(echo "$distinct" | wc -w)" -ge 2 ]; then
+    t sandbox-vmms-jailed PASS "$(echo "$vmm_uids" | wc -w) VMM processes, uids: $distinct(one per template)"
+else
+    t sandbox-vmms-jailed FAIL "VMM uids:${vmm_uids:- none}; running as root:${root_vmms:- none}"
+fi
 # The sandboxes' VMM logs, before the daemon's end removes them (a VMM that
 # died says why there).
-find "$state/sbx" -name '*.log' 2>/dev/null | while read -r f; do
-    cp "$f" "$SPORE_OUT/sbx$(echo "${f#"$state/sbx"}" | tr '/' '_')" 2>/dev/null
+find "$state/sbx" "$state/run" -name '*.log' 2>/dev/null | while read -r f; do
+    cp "$f" "$SPORE_OUT/$(echo "${f#"$state/"}" | tr '/' '_')" 2>/dev/null
 done
 kill -TERM "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null

@@ -10,10 +10,14 @@
 //!
 //! Files: `<state>/sbx/<id>/` holds a sandbox's record, its disk overlay,
 //! its paused snapshot and (while it runs) its VMM's sockets; a template's
-//! zygote runs in `<state>/run/sbx-<template>/`.
+//! zygote runs in `<state>/run/sbx-<template>/`, a resumed sandbox's VMM in
+//! `<state>/run/sbx-<id>-r<n>/`; template bases are in
+//! `<state>/sbx-bases/<template>/`. Every VMM is jailed as its template's
+//! user unless the daemon runs with `--no-jail` (`jail`).
 
 pub mod api;
 pub mod envd;
+mod jail;
 mod lifecycle;
 pub mod net;
 pub mod proxy;
@@ -93,8 +97,11 @@ pub struct Sandboxes {
     state_dir: PathBuf,
     /// `<state>/sbx`.
     dir: PathBuf,
-    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`).
+    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`),
+    /// a directory per template.
     bases: PathBuf,
+    /// How VMMs are jailed; `None` with `--no-jail`.
+    jail: Option<jail::SandboxJail>,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -121,6 +128,7 @@ impl Sandboxes {
         state_dir: &Path,
         config: SandboxConfig,
         network: Arc<crate::network::Network>,
+        jail: Option<crate::jail::Jail>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
@@ -192,6 +200,7 @@ impl Sandboxes {
             groups: Mutex::new(groups),
             domain: config.domain,
             network: net::SandboxNetwork::new(network),
+            jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
         }))
     }
 
@@ -234,11 +243,17 @@ impl Sandboxes {
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
+        let user = self.user_of(&t.spec.name)?;
+        if let (Some(j), Some(u)) = (&self.jail, &user) {
+            j.give_sandbox_dir(dir, u)
+                .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        }
         let nets = if t.spec.network {
             let owner = template_net_owner(&t.spec.name);
+            let jailed = user.as_ref().map(|u| (u, dir));
             Some(
                 self.network
-                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet)
+                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet, jailed)
                     .await
                     .map_err(SandboxError::internal)?,
             )
@@ -300,10 +315,20 @@ impl Sandboxes {
         slot: &mut Option<template::Zygote>,
         run_dir: &Path,
     ) -> Result<(), SandboxError> {
+        let could_not = |e: anyhow::Error| {
+            SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
+        };
+        let bases = self.bases.join(&t.spec.name);
+        let user = self.user_of(&t.spec.name)?;
+        let jailed = match (&self.jail, &user) {
+            (Some(j), Some(u)) => Some(j.zygote(&t.spec, u, &bases).map_err(could_not)?),
+            _ => None,
+        };
         let net = if t.spec.network {
             let stem = format!("z{}", crate::clock::unix_ms());
             let owner = template_net_owner(&t.spec.name);
-            let made = self.network.make(&owner, &stem, true).await.map_err(|e| {
+            let made = self.network.make(&owner, &stem, true, user.as_ref()).await;
+            let made = made.map_err(|e| {
                 SandboxError::Internal(format!(
                     "template {} could not start: its network namespace: {e:#}",
                     t.spec.name
@@ -313,13 +338,20 @@ impl Sandboxes {
         } else {
             None
         };
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases, net)
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &bases, net, jailed)
             .await
-            .map_err(|e| {
-                SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
-            })?;
+            .map_err(could_not)?;
         *slot = Some(z);
         Ok(())
+    }
+
+    /// The user template `template`'s VMMs run as; `None` unjailed.
+    fn user_of(&self, template: &str) -> Result<Option<crate::jail::User>, SandboxError> {
+        self.jail
+            .as_ref()
+            .map(|j| j.user(template))
+            .transpose()
+            .map_err(|e| SandboxError::Internal(format!("template {template}'s user: {e:#}")))
     }
 
     fn template(&self, name: &str) -> Result<Arc<Template>, SandboxError> {
@@ -551,11 +583,16 @@ fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
     })
 }
 
-/// Removes the template bases in `bases` but those in `needed` (state
-/// files; each goes with its memory file).
+/// Removes the template bases in `bases` (a directory per template; an
+/// older daemon's directly in it) but those in `needed` (state files;
+/// each goes with its memory file).
 fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
     for e in std::fs::read_dir(bases).into_iter().flatten().flatten() {
         let path = e.path();
+        if path.is_dir() {
+            remove_bases_but(&path, needed);
+            continue;
+        }
         let state = path.with_extension("state");
         if !needed.contains(&state) {
             tracing::debug!("removing template base file {}", path.display());
@@ -589,6 +626,29 @@ fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bases_no_sandbox_needs_go_in_every_templates_directory() {
+        let bases = std::env::temp_dir().join(format!("spore-sbx-bases-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&bases);
+        std::fs::create_dir_all(bases.join("base")).unwrap();
+        let files = [
+            bases.join("old-1.state"),
+            bases.join("old-1.mem"),
+            bases.join("base/base-2.state"),
+            bases.join("base/base-2.mem"),
+            bases.join("base/base-3.state"),
+            bases.join("base/base-3.mem"),
+        ];
+        for f in &files {
+            std::fs::write(f, b"x").unwrap();
+        }
+        let needed: HashSet<PathBuf> = [files[0].clone(), files[4].clone()].into();
+        remove_bases_but(&bases, &needed);
+        let left: Vec<bool> = files.iter().map(|f| f.exists()).collect();
+        assert_eq!(left, [true, true, false, false, true, true]);
+        let _ = std::fs::remove_dir_all(bases);
+    }
 
     #[test]
     fn envds_sample_becomes_e2bs_metric() {
