@@ -163,11 +163,11 @@ impl Jail {
         })
     }
 
-    /// The user of the VMMs of sandbox template `template` (its zygote,
-    /// the sandboxes cloned from it, their forks and resumes). The key
-    /// cannot be a function's: function names have no `/`.
-    pub fn user_of_template(&self, template: &str) -> anyhow::Result<User> {
-        self.user_of(&format!("sandbox-template/{template}"))
+    /// The user of `account`'s VMMs of sandbox template `template` (its
+    /// zygote, the sandboxes cloned from it, their forks and resumes). The
+    /// key cannot be a function's: function names have no `/`.
+    pub fn user_of_template(&self, account: &str, template: &str) -> anyhow::Result<User> {
+        self.user_of(&format!("sandbox-template/{account}/{template}"))
     }
 
     /// Makes the state directory reachable by jailed VMMs: its ancestors

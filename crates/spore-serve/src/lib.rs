@@ -328,7 +328,8 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
         },
         &daemon,
     )?;
-    let sandbox_background = daemon.sandboxes.as_ref().map(|s| s.spawn_background());
+    let sandbox_background =
+        (daemon.sandboxes.as_ref()).map(|s| s.spawn_background(daemon.auth.is_none()));
 
     let reaper = spawn_reaper(daemon.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -1,15 +1,16 @@
 //! Sandbox VMMs jailed as function instances are (`crate::jail`): every VMM
-//! of a template (its zygote, the sandboxes cloned from it, their forks,
-//! resumed sandboxes) runs as the template's own uid, in a root that shows
-//! only what it needs: spore and the system's libraries, the template's
-//! kernel and image (read-only), the sandboxes' directory `<state>/sbx`
-//! and, for a zygote, its template's bases directory (to write its base).
+//! of an account's zygote of a template (the zygote, the sandboxes cloned
+//! from it, their forks, resumed sandboxes) runs as a uid of that account's
+//! and template's own, in a root that shows only what it needs: spore and
+//! the system's libraries, the template's kernel and image (read-only), the
+//! sandboxes' directory `<state>/sbx` and, for a zygote, its bases
+//! directory (to write its base).
 //!
-//! Who may touch what: a sandbox's directory is root's with the template's
+//! Who may touch what: a sandbox's directory is root's with its uid's
 //! group, mode 01770 (its VMMs write their sockets, overlays and snapshots
 //! there and cannot replace the daemon's record beside them); a fork
-//! group's directory and a template's bases directory are the template
-//! user's. Other templates' VMMs run as other uids and reach none of it.
+//! group's directory and a zygote's bases directory are its uid's. Other
+//! accounts' and templates' VMMs run as other uids and reach none of it.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +34,9 @@ impl SandboxJail {
         }
     }
 
-    /// The user of template `template`'s VMMs.
-    pub fn user(&self, template: &str) -> anyhow::Result<User> {
-        self.jail.user_of_template(template)
+    /// The user of `account`'s VMMs of template `template`.
+    pub fn user(&self, account: &str, template: &str) -> anyhow::Result<User> {
+        self.jail.user_of_template(account, template)
     }
 
     /// How a template's zygote is jailed: it reads the template's kernel

@@ -39,7 +39,10 @@ impl Sandboxes {
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let (vmm, base) = match self.clone_zygote(&template, &dir, new.internet).await {
+        let (vmm, base) = match self
+            .clone_zygote(&template, account, &dir, new.internet)
+            .await
+        {
             Ok(cloned) => cloned,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -135,7 +138,7 @@ impl Sandboxes {
                 "sandbox \"{id}\" is paused: resume it before forking it"
             )));
         };
-        let user = self.user_of(&source.rec.template)?;
+        let user = self.user_of(account, &source.rec.template)?;
         let group = format!("f-{}", new_id()?);
         let vm_dir = self.dir.join(&group);
         crate::fs::create_private_dir(&vm_dir)
@@ -324,7 +327,7 @@ impl Sandboxes {
             .state_dir
             .join("run")
             .join(format!("sbx-{id}-r{generation}"));
-        let user = self.user_of(&entry.rec.template)?;
+        let user = self.user_of(account, &entry.rec.template)?;
         let jailed =
             match (&self.jail, &user) {
                 (Some(j), Some(u)) => {
