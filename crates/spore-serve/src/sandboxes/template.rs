@@ -15,11 +15,11 @@
 //! dns = ["1.1.1.1"]                   # default: the host's name servers
 //! ```
 //!
-//! Each template has a **zygote**: one VM booted from it until its envd
-//! answers, then frozen as the template of its sandboxes, each a clone of it
-//! (its memory shared copy-on-write, the image read-only under a private
-//! overlay). The zygote boots when the daemon starts, in the background; a
-//! create that comes first waits for it. A template's start command runs in
+//! Each template has a **zygote** per account: one VM booted from it until
+//! its envd answers, then frozen as the template of the account's sandboxes,
+//! each a clone of it (its memory shared copy-on-write, the image read-only
+//! under a private overlay). It boots on the account's first create, which
+//! waits for it (a local daemon's, when the daemon starts). A template's start command runs in
 //! the zygote (E2B's: a server its sandboxes start with, already running),
 //! and its ready command is run until it succeeds, before the zygote is
 //! snapshotted as the template base and cloned.
