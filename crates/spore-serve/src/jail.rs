@@ -27,8 +27,9 @@ use crate::catalog::Catalog;
 pub const DEFAULT_FIRST: u32 = 100_000;
 pub const DEFAULT_COUNT: u32 = 65_536;
 
-/// The state directory's subdirectories jailed VMMs pass through.
-const VMM_REACHABLE: [&str; 4] = ["run", "code", "snapshots", "bases"];
+/// The state directory's subdirectories jailed VMMs pass through (`sbx`
+/// and `sbx-bases`: sandboxes', `crate::sandboxes`).
+const VMM_REACHABLE: [&str; 6] = ["run", "code", "snapshots", "bases", "sbx", "sbx-bases"];
 
 /// `FIRST:COUNT`: the shared group's id, then the functions' uids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +163,13 @@ impl Jail {
         })
     }
 
+    /// The user of `account`'s VMMs of sandbox template `template` (its
+    /// zygote, the sandboxes cloned from it, their forks and resumes). The
+    /// key cannot be a function's: function names have no `/`.
+    pub fn user_of_template(&self, account: &str, template: &str) -> anyhow::Result<User> {
+        self.user_of(&format!("sandbox-template/{account}/{template}"))
+    }
+
     /// Makes the state directory reachable by jailed VMMs: its ancestors
     /// must let others through (refused with what to change, else), and
     /// the directories VMMs reach into (`run`, `code`, `snapshots`,
@@ -251,6 +259,86 @@ pub fn set_up(range: Option<UidRange>, catalog: &Arc<Catalog>, state: &Path) -> 
 pub fn can_jail() -> bool {
     // SAFETY: geteuid takes no arguments.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// What every jailed VMM reads outside the state directory: spore itself
+/// and the system's libraries (a zygote starts clone processes of it,
+/// which a dynamically linked build loads them for).
+pub fn system_paths(spore_bin: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![spore_bin.to_path_buf()];
+    // (A merged /usr's /lib links to usr/lib: the root shows the link's
+    // target at the link's path, where the loader looks.)
+    for lib in ["/lib", "/lib64", "/usr/lib", "/usr/lib64"] {
+        let lib = PathBuf::from(lib);
+        if lib.is_dir() {
+            paths.push(lib);
+        }
+    }
+    paths
+}
+
+/// `dir` root's with `user`'s group, mode 01770: its VMMs make files in
+/// it, and cannot remove or replace the daemon's own (a sandbox's record
+/// beside its snapshots: the sticky bit).
+pub fn share_dir_with(dir: &Path, user: &User) -> std::io::Result<()> {
+    chown(dir, Some(0), Some(user.gid))?;
+    chmod(dir, 0o1770)
+}
+
+/// Gives `files` that exist to `user` (files an unjailed daemon wrote,
+/// which a jailed VMM now reads).
+pub fn give_files(files: &[PathBuf], user: &User) -> std::io::Result<()> {
+    for f in files {
+        match std::fs::symlink_metadata(f) {
+            Ok(m) if m.is_file() && (m.uid(), m.gid()) != (user.uid, user.gid) => {
+                chown(f, Some(user.uid), Some(user.gid))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether `user` may read `file` (a path a user gave, such as a sandbox
+/// template's image): its mode and its directories', by owner, group
+/// (its own or a supplementary one) or others; `Err` says what to change.
+pub fn check_readable(file: &Path, user: &User) -> Result<(), String> {
+    let may = |p: &Path, bits: u32| -> Result<bool, String> {
+        let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mode = m.mode();
+        Ok(if m.uid() == user.uid {
+            mode & (bits << 6) != 0
+        } else if m.gid() == user.gid || user.groups.contains(&m.gid()) {
+            mode & (bits << 3) != 0
+        } else {
+            mode & bits != 0
+        })
+    };
+    let file = std::fs::canonicalize(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    for dir in file.ancestors().skip(1) {
+        if !may(dir, 0o1)? {
+            return Err(format!(
+                "{} is not reachable by the jailed VMMs (uid {}, groups {} and {:?}): its directory {} lets them not through (chmod o+x, or g+x with group {})",
+                file.display(),
+                user.uid,
+                user.gid,
+                user.groups,
+                dir.display(),
+                user.groups.first().copied().unwrap_or(user.gid)
+            ));
+        }
+    }
+    if !may(&file, 0o4)? {
+        return Err(format!(
+            "{} is not readable by the jailed VMMs (uid {}, groups {} and {:?}): make it readable (chmod o+r, or chgrp {} and chmod g+r), or run spore serve with --no-jail",
+            file.display(),
+            user.uid,
+            user.gid,
+            user.groups,
+            user.groups.first().copied().unwrap_or(user.gid)
+        ));
+    }
+    Ok(())
 }
 
 fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> std::io::Result<()> {
@@ -355,6 +443,59 @@ mod tests {
             groups: vec![5],
         };
         assert_eq!(u.arg(), "7:7:5");
+    }
+
+    #[test]
+    fn readability_for_a_jailed_user_follows_owner_group_and_others() {
+        let dir = std::env::temp_dir().join(format!("spore-jail-read-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        chmod(&dir, 0o755).unwrap();
+        let file = dir.join("rootfs.ext4");
+        std::fs::write(&file, b"x").unwrap();
+        // SAFETY: getegid takes no arguments.
+        let my_gid = unsafe { libc::getegid() };
+        let stranger = User {
+            uid: 4_000_001,
+            gid: 4_000_001,
+            groups: vec![4_000_000],
+        };
+        chmod(&file, 0o644).unwrap();
+        assert!(check_readable(&file, &stranger).is_ok());
+        chmod(&file, 0o640).unwrap();
+        let e = check_readable(&file, &stranger).unwrap_err();
+        assert!(e.contains("not readable") && e.contains("--no-jail"), "{e}");
+        // Its group is one of the user's supplementary groups.
+        let member = User {
+            groups: vec![my_gid],
+            ..stranger.clone()
+        };
+        assert!(check_readable(&file, &member).is_ok());
+        // A directory on the way that lets others not through.
+        chmod(&file, 0o644).unwrap();
+        chmod(&dir, 0o700).unwrap();
+        let e = check_readable(&file, &stranger).unwrap_err();
+        assert!(e.contains("not reachable"), "{e}");
+        assert!(check_readable(&dir.join("missing"), &stranger).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_shared_dir_is_sticky_and_group_writable() {
+        let dir = std::env::temp_dir().join(format!("spore-jail-sticky-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // SAFETY: getegid takes no arguments.
+        let gid = unsafe { libc::getegid() };
+        let user = User {
+            uid: 0,
+            gid,
+            groups: Vec::new(),
+        };
+        share_dir_with(&dir, &user).unwrap();
+        let m = std::fs::metadata(&dir).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.gid()), (0o1770, gid));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

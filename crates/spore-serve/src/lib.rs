@@ -55,7 +55,7 @@ pub mod vmm;
 pub mod vmm_exit;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,6 +202,40 @@ fn spawn_reaper(daemon: Arc<api::Daemon>) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// The event queue a previous daemon left, found again.
+fn open_events(
+    state_dir: &Path,
+    config: events::EventsConfig,
+) -> anyhow::Result<Arc<events::EventQueue>> {
+    let (events, found) = events::EventQueue::open(&state_dir.join("events"), config)
+        .with_context(|| format!("opening the event queue in {}", state_dir.display()))?;
+    if found.events > 0 || found.temp_removed > 0 || found.corrupt > 0 {
+        tracing::info!(
+            "event queue: {} events from a previous daemon queued again, {} half-written files removed, {} unreadable set aside (*.corrupt)",
+            found.events, found.temp_removed, found.corrupt
+        );
+    }
+    Ok(Arc::new(events))
+}
+
+/// The sandbox API's state: its VMMs jailed as instances' are (`jail`,
+/// `None` with `--no-jail`), on the instances' networks.
+fn open_sandboxes(
+    spore_bin: &Path,
+    state_dir: &Path,
+    config: sandboxes::SandboxConfig,
+    instances: &instances::Instances,
+    jail: Option<jail::Jail>,
+) -> anyhow::Result<Arc<sandboxes::Sandboxes>> {
+    sandboxes::Sandboxes::open(
+        spore_bin,
+        state_dir,
+        config,
+        instances.network.clone(),
+        jail,
+    )
+}
+
 async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
     let state_dir: PathBuf = config.instances.state_dir.clone();
     let spore_bin = config.instances.spore_bin.clone();
@@ -240,6 +274,7 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
         }
     };
     let memory_budget = config.instances.memory_budget;
+    let uid_range = config.instances.jail;
     let instances = instances::Instances::new(config.instances, catalog.clone());
     let node = match config.cluster.clone() {
         Some(options) => {
@@ -261,22 +296,14 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
         tracing::info!("{stale} stale or half-written snapshots removed");
     }
     set_concurrency(&catalog, &instances).await?;
-    let (events, found) =
-        events::EventQueue::open(&state_dir.join("events"), config.events.clone())
-            .with_context(|| format!("opening the event queue in {}", state_dir.display()))?;
-    if found.events > 0 || found.temp_removed > 0 || found.corrupt > 0 {
-        tracing::info!(
-            "event queue: {} events from a previous daemon queued again, {} half-written files removed, {} unreadable set aside (*.corrupt)",
-            found.events, found.temp_removed, found.corrupt
-        );
-    }
-    let events = Arc::new(events);
+    let events = open_events(&state_dir, config.events.clone())?;
     if let Some(node) = &node {
         replicate_events(node, &events).await?;
     }
     let (auth, accounts) = open_accounts(config.auth_keys.as_deref(), node.as_ref())?;
+    let jail = uid_range.map(|r| jail::Jail::new(r, catalog.clone()));
     let sandboxes = sandbox_config
-        .map(|c| sandboxes::Sandboxes::open(&spore_bin, &state_dir, c, instances.network.clone()))
+        .map(|c| open_sandboxes(&spore_bin, &state_dir, c, &instances, jail))
         .transpose()?;
     let daemon = Arc::new(api::Daemon {
         state_dir,
@@ -301,7 +328,8 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
         },
         &daemon,
     )?;
-    let sandbox_background = daemon.sandboxes.as_ref().map(|s| s.spawn_background());
+    let sandbox_background =
+        (daemon.sandboxes.as_ref()).map(|s| s.spawn_background(daemon.auth.is_none()));
 
     let reaper = spawn_reaper(daemon.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

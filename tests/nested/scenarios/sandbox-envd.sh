@@ -231,6 +231,20 @@ host_turn() {
         t "host-driver-$1" FAIL "no results from the host driver ($(cat "$tmp/nc.err"))"
     fi
 }
+# The uids of the daemons' VMMs (zygotes, sandboxes, forks, resumed ones),
+# sampled every 3 s while the daemons run: every one is jailed, never root
+# (spore processes whose command line names a path in the state directory;
+# the daemon and its guardian name the directory itself).
+(while [ ! -f "$tmp/probe.stop" ]; do
+    for p in /proc/[0-9]*; do
+        read -r comm <"$p/comm" 2>/dev/null || continue
+        [ "$comm" = spore ] || continue
+        tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "$state/" || continue
+        awk '/^Uid:/ {print $2}' "$p/status" 2>/dev/null
+    done >>"$tmp/vmm-uids.txt"
+    sleep 3
+done) &
+uid_sampler=$!
 start_serve 1
 host_turn sandbox-api
 # sandbox_api.py paused sandboxes cloned from the template: their pauses are
@@ -247,8 +261,8 @@ start_serve 2
 host_turn sandbox-persist
 # The sandboxes' VMM logs, before the daemon's end removes them (a VMM that
 # died says why there).
-find "$state/sbx" -name '*.log' 2>/dev/null | while read -r f; do
-    cp "$f" "$SPORE_OUT/sbx$(echo "${f#"$state/sbx"}" | tr '/' '_')" 2>/dev/null
+find "$state/sbx" "$state/run" -name '*.log' 2>/dev/null | while read -r f; do
+    cp "$f" "$SPORE_OUT/$(echo "${f#"$state/"}" | tr '/' '_')" 2>/dev/null
 done
 kill -TERM "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
@@ -267,6 +281,15 @@ else
 fi
 touch "$tmp/probe.stop"
 kill "$probe" 2>/dev/null
+wait "$uid_sampler" 2>/dev/null
+samples=$(wc -l <"$tmp/vmm-uids.txt" 2>/dev/null || echo 0)
+as_root=$(grep -c '^0$' "$tmp/vmm-uids.txt" 2>/dev/null)
+distinct=$(sort -u "$tmp/vmm-uids.txt" 2>/dev/null | tr '\n' ' ')
+if [ "${samples:-0}" -gt 0 ] && [ "${as_root:-0}" = 0 ] && [ "$(echo "$distinct" | wc -w)" -ge 2 ]; then
+    t sandbox-vmms-jailed PASS "$samples samples of VMM processes, none root; uids: $distinct(one per account and template)"
+else
+    t sandbox-vmms-jailed FAIL "$samples samples of VMM processes, ${as_root:-0} as root; uids: ${distinct:-none}"
+fi
 grep -h "sandbox created\|sandbox paused\|sandbox resumed\|template ready\|template base\|ready_cmd" "$tmp"/serve-*.err | tail -n 20
 cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
 

@@ -371,20 +371,11 @@ impl Instances {
         })
     }
 
-    /// What every jailed VMM may read outside the state directory: spore
-    /// itself and the system's libraries (a zygote starts clone processes
-    /// of it, which a dynamically linked build loads them for), and for
-    /// Linux the image cache and kernel.
+    /// What every jailed VMM may read outside the state directory
+    /// ([`crate::jail::system_paths`]), and for Linux the image cache and
+    /// kernel.
     fn shared_files(&self, linux: bool) -> Vec<PathBuf> {
-        let mut files = vec![self.cfg.spore_bin.clone()];
-        // (A merged /usr's /lib links to usr/lib: the root shows the link's
-        // target at the link's path, where the loader looks.)
-        for lib in ["/lib", "/lib64", "/usr/lib", "/usr/lib64"] {
-            let lib = PathBuf::from(lib);
-            if lib.is_dir() {
-                files.push(lib);
-            }
-        }
+        let mut files = crate::jail::system_paths(&self.cfg.spore_bin);
         if linux {
             if self.cfg.image_cache.is_dir() {
                 files.push(self.cfg.image_cache.clone());

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{AcquireError, Instance, Instances, Pool, Zygote, STANDBY_CLONES};
 use crate::catalog::Function;
@@ -559,7 +559,7 @@ impl Instances {
                 .take_handoff_tun()
                 .ok_or_else(|| anyhow::anyhow!("no tun descriptor opened for the clone"))?;
             let sock = z.clone_dir.join(format!("tun-{n}.sock"));
-            give_tun(&sock, tun, user)?;
+            crate::network::handoff::give_tun(&sock, tun, user)?;
             network["tun_socket_template"] =
                 serde_json::json!(z.clone_dir.join("tun-{n}.sock").display().to_string());
         }
@@ -705,54 +705,4 @@ fn instance(vmm: VmmProcess, conn: InstanceConn) -> Instance {
         conn,
         last_used: Instant::now(),
     }
-}
-
-/// How long a clone has to fetch its tap's descriptor.
-const TUN_HANDOFF_LIMIT: Duration = Duration::from_secs(30);
-
-/// Listens on `sock` (owned by the clone's `user`, so that it may connect)
-/// for one connection, which gets `tun` with `SCM_RIGHTS`; the socket goes
-/// when it was served or after [`TUN_HANDOFF_LIMIT`].
-fn give_tun(
-    sock: &std::path::Path,
-    tun: std::fs::File,
-    user: &crate::jail::User,
-) -> anyhow::Result<()> {
-    let _ = std::fs::remove_file(sock);
-    let listener = tokio::net::UnixListener::bind(sock)
-        .map_err(|e| anyhow::anyhow!("listening on {}: {e}", sock.display()))?;
-    std::os::unix::fs::chown(sock, Some(user.uid), Some(user.gid))
-        .map_err(|e| anyhow::anyhow!("giving {} to the clone's user: {e}", sock.display()))?;
-    let sock = sock.to_path_buf();
-    tokio::spawn(async move {
-        let sent = match tokio::time::timeout(TUN_HANDOFF_LIMIT, listener.accept()).await {
-            Ok(Ok((stream, _))) => send_fd(stream, &tun),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no clone came for it",
-            )),
-        };
-        if let Err(e) = sent {
-            tracing::warn!(
-                "{}: the clone's tap descriptor was not given: {e}",
-                sock.display()
-            );
-        }
-        let _ = std::fs::remove_file(&sock);
-    });
-    Ok(())
-}
-
-/// Sends `file`'s descriptor over `stream` (one byte, `SCM_RIGHTS`).
-fn send_fd(stream: tokio::net::UnixStream, file: &std::fs::File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-
-    use vmm_sys_util::sock_ctrl_msg::ScmSocket as _;
-    let stream = stream.into_std()?;
-    stream.set_nonblocking(false)?;
-    stream
-        .send_with_fd(&[1u8][..], file.as_raw_fd())
-        .map(|_| ())
-        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
 }

@@ -43,6 +43,7 @@ use sha2::Digest as _;
 
 use crate::mutex::lock;
 
+pub(crate) mod handoff;
 mod namespace;
 
 use namespace::{in_namespace, open_tun_in, rename_namespace, set_sysctl, tap_in};

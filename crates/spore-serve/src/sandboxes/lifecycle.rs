@@ -39,7 +39,10 @@ impl Sandboxes {
         let id = new_id()?;
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
-        let (vmm, base) = match self.clone_zygote(&template, &dir, new.internet).await {
+        let (vmm, base) = match self
+            .clone_zygote(&template, account, &dir, new.internet)
+            .await
+        {
             Ok(cloned) => cloned,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -135,16 +138,28 @@ impl Sandboxes {
                 "sandbox \"{id}\" is paused: resume it before forking it"
             )));
         };
+        let user = self.user_of(account, &source.rec.template)?;
         let group = format!("f-{}", new_id()?);
         let vm_dir = self.dir.join(&group);
         crate::fs::create_private_dir(&vm_dir)
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
         let made = async {
+            if let Some(u) = &user {
+                crate::jail::own_tree(&vm_dir, u)?;
+            }
             let nets = if source.rec.networked {
                 let internet = source.rec.internet;
+                let jailed = user.as_ref().map(|u| (u, vm_dir.as_path()));
                 Some(
                     self.network
-                        .for_clones(vmm, super::SANDBOX_NET_OWNER, &group, count, internet)
+                        .for_clones(
+                            vmm,
+                            super::SANDBOX_NET_OWNER,
+                            &group,
+                            count,
+                            internet,
+                            jailed,
+                        )
                         .await?,
                 )
             } else {
@@ -166,6 +181,10 @@ impl Sandboxes {
                 let dir = self.dir.join(&fork_id);
                 crate::fs::create_private_dir(&dir)
                     .map_err(|e| SandboxError::Internal(e.to_string()))?;
+                if let Some(u) = &user {
+                    crate::jail::share_dir_with(&dir, u)
+                        .map_err(|e| SandboxError::Internal(e.to_string()))?;
+                }
                 let now = crate::clock::unix_ms();
                 let token = new_token()?;
                 let rec = Record {
@@ -303,20 +322,41 @@ impl Sandboxes {
         let started = Instant::now();
         let generation = entry.rec.pause_generation;
         let (state, mem) = Record::snapshot_files(&dir, generation);
-        let run_dir = dir.join(format!("vm{generation}"));
+        // Its sockets and log: under `run/`, which a later daemon clears.
+        let run_dir = self
+            .state_dir
+            .join("run")
+            .join(format!("sbx-{id}-r{generation}"));
+        let user = self.user_of(account, &entry.rec.template)?;
+        let jailed =
+            match (&self.jail, &user) {
+                (Some(j), Some(u)) => {
+                    let spec = &self.template(&entry.rec.template)?.spec;
+                    let jailed = j.resumed(spec, u, &entry.rec, &dir);
+                    Some(jailed.map_err(|e| {
+                        SandboxError::Internal(format!("resuming sandbox {id}: {e:#}"))
+                    })?)
+                }
+                _ => None,
+            };
         // A networked sandbox's snapshot reopens `tap0` by name, in a new
         // namespace.
         let net = if entry.rec.networked {
             let instance = format!("{id}r{generation}");
             let made = self
                 .network
-                .make(super::SANDBOX_NET_OWNER, &instance, entry.rec.internet)
+                .make(
+                    super::SANDBOX_NET_OWNER,
+                    &instance,
+                    entry.rec.internet,
+                    user.as_ref(),
+                )
                 .await;
             Some(made.map_err(SandboxError::internal)?)
         } else {
             None
         };
-        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, None, None)
+        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, None, jailed)
             .await
             .map_err(SandboxError::internal)?;
         let load = serde_json::json!({

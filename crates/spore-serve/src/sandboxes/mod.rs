@@ -10,10 +10,14 @@
 //!
 //! Files: `<state>/sbx/<id>/` holds a sandbox's record, its disk overlay,
 //! its paused snapshot and (while it runs) its VMM's sockets; a template's
-//! zygote runs in `<state>/run/sbx-<template>/`.
+//! zygote runs in `<state>/run/sbx-<template>/`, a resumed sandbox's VMM in
+//! `<state>/run/sbx-<id>-r<n>/`; template bases are in
+//! `<state>/sbx-bases/<template>/`. Every VMM is jailed as its template's
+//! user unless the daemon runs with `--no-jail` (`jail`).
 
 pub mod api;
 pub mod envd;
+mod jail;
 mod lifecycle;
 pub mod net;
 pub mod proxy;
@@ -29,6 +33,7 @@ use std::time::Duration;
 pub use record::{Record, State};
 pub use template::TemplateSpec;
 
+use crate::accounts::DEFAULT_ACCOUNT;
 use crate::mutex::lock;
 use crate::vmm::VmmProcess;
 
@@ -73,11 +78,32 @@ fn not_found(id: &str) -> SandboxError {
     SandboxError::NotFound(format!("sandbox \"{id}\" not found"))
 }
 
-/// A template and, once booted, its zygote.
+/// A template and its zygotes.
 pub struct Template {
     pub spec: TemplateSpec,
-    /// Its zygote once booted (again after it failed or died).
-    zygote: tokio::sync::Mutex<Option<template::Zygote>>,
+    /// Its zygote per account, once booted (again after it failed or
+    /// died): sandboxes of different accounts never share a zygote, a
+    /// template base or a uid.
+    zygotes: Mutex<HashMap<String, ZygoteSlot>>,
+}
+
+/// One account's zygote of a template; creates of it take turns.
+type ZygoteSlot = Arc<tokio::sync::Mutex<Option<template::Zygote>>>;
+
+impl Template {
+    fn zygote_of(&self, account: &str) -> ZygoteSlot {
+        lock(&self.zygotes)
+            .entry(account.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn zygote_slots(&self) -> Vec<(String, ZygoteSlot)> {
+        lock(&self.zygotes)
+            .iter()
+            .map(|(a, z)| (a.clone(), z.clone()))
+            .collect()
+    }
 }
 
 /// One sandbox: its record, and its VMM while it runs.
@@ -93,8 +119,11 @@ pub struct Sandboxes {
     state_dir: PathBuf,
     /// `<state>/sbx`.
     dir: PathBuf,
-    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`).
+    /// `<state>/sbx-bases`: the templates' bases (`template::Zygote::base`),
+    /// a directory per template.
     bases: PathBuf,
+    /// How VMMs are jailed; `None` with `--no-jail`.
+    jail: Option<jail::SandboxJail>,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -121,6 +150,7 @@ impl Sandboxes {
         state_dir: &Path,
         config: SandboxConfig,
         network: Arc<crate::network::Network>,
+        jail: Option<crate::jail::Jail>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
@@ -177,7 +207,7 @@ impl Sandboxes {
                     spec.name.clone(),
                     Arc::new(Template {
                         spec,
-                        zygote: tokio::sync::Mutex::new(None),
+                        zygotes: Mutex::default(),
                     }),
                 )
             })
@@ -192,20 +222,27 @@ impl Sandboxes {
             groups: Mutex::new(groups),
             domain: config.domain,
             network: net::SandboxNetwork::new(network),
+            jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
         }))
     }
 
-    /// Boots every template's zygote in the background, and ends sandboxes
-    /// whose timeout passed (pausing those with `autoPause`).
-    pub fn spawn_background(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Ends sandboxes whose timeout passed (pausing those with
+    /// `autoPause`) in the background. A `local` daemon's (no `--auth`: one
+    /// account) zygotes are booted now; with `--auth` each account's boots
+    /// on its first create of the template.
+    pub fn spawn_background(self: &Arc<Self>, local: bool) -> tokio::task::JoinHandle<()> {
+        let accounts: &[&str] = if local { &[DEFAULT_ACCOUNT] } else { &[] };
         for t in self.templates.values() {
-            let (me, t) = (self.clone(), t.clone());
-            tokio::spawn(async move {
-                let mut slot = t.zygote.lock().await;
-                if let Err(e) = me.ensure_zygote(&t, &mut slot).await {
-                    tracing::error!(template = %t.spec.name, "sandbox template: {e}");
-                }
-            });
+            for account in accounts {
+                let (me, t, account) = (self.clone(), t.clone(), account.to_string());
+                tokio::spawn(async move {
+                    let slot = t.zygote_of(&account);
+                    let mut slot = slot.lock().await;
+                    if let Err(e) = me.ensure_zygote(&t, &account, &mut slot).await {
+                        tracing::error!(template = %t.spec.name, "sandbox template: {e}");
+                    }
+                });
+            }
         }
         let me = self.clone();
         tokio::spawn(async move {
@@ -217,28 +254,37 @@ impl Sandboxes {
         })
     }
 
-    /// A clone of the template's zygote with its files in `dir`; the
-    /// zygote is booted first if it is not running (first use, a boot that
-    /// failed, a zygote that died). Creates of one template take turns.
+    /// A clone of `account`'s zygote of the template with its files in
+    /// `dir`; the zygote is booted first if it is not running (first use, a
+    /// boot that failed, a zygote that died). Creates of one account's
+    /// template take turns.
     /// Returns the clone and the template base its memory is a diff on.
     /// A networked template's clone runs in a namespace of its own, its
     /// outbound traffic denied unless `internet`.
     async fn clone_zygote(
         &self,
         t: &Template,
+        account: &str,
         dir: &Path,
         internet: bool,
     ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
-        let mut slot = t.zygote.lock().await;
-        self.ensure_zygote(t, &mut slot).await?;
+        let slot = t.zygote_of(account);
+        let mut slot = slot.lock().await;
+        self.ensure_zygote(t, account, &mut slot).await?;
         let Some(z) = slot.as_ref() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
+        let user = self.user_of(account, &t.spec.name)?;
+        if let (Some(j), Some(u)) = (&self.jail, &user) {
+            j.give_sandbox_dir(dir, u)
+                .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        }
         let nets = if t.spec.network {
-            let owner = template_net_owner(&t.spec.name);
+            let owner = template_net_owner(&t.spec.name, account);
+            let jailed = user.as_ref().map(|u| (u, dir));
             Some(
                 self.network
-                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet)
+                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet, jailed)
                     .await
                     .map_err(SandboxError::internal)?,
             )
@@ -256,6 +302,7 @@ impl Sandboxes {
     async fn ensure_zygote(
         &self,
         t: &Template,
+        account: &str,
         slot: &mut Option<template::Zygote>,
     ) -> Result<(), SandboxError> {
         if let Some(z) = slot.as_mut() {
@@ -269,25 +316,28 @@ impl Sandboxes {
         let run_dir = self
             .state_dir
             .join("run")
-            .join(format!("sbx-{}", t.spec.name));
+            .join(format!("sbx-{}.{account}", t.spec.name));
         // The bases no sandbox's chain and no other zygote needs go before
         // a new one is made.
-        if let Some(needed) = self.bases_needed(t) {
+        if let Some(needed) = self.bases_needed(t, account) {
             remove_bases_but(&self.bases, &needed);
         }
-        self.boot_zygote(t, slot, &run_dir).await
+        self.boot_zygote(t, account, slot, &run_dir).await
     }
 
-    /// The template bases sandboxes and the zygotes of templates other
-    /// than `except` use; `None` when one is busy (it may need any).
-    fn bases_needed(&self, except: &Template) -> Option<HashSet<PathBuf>> {
+    /// The template bases sandboxes and the zygotes other than `except`'s
+    /// zygote for `account` use; `None` when one is busy (it may need any).
+    fn bases_needed(&self, except: &Template, account: &str) -> Option<HashSet<PathBuf>> {
         let mut needed = HashSet::new();
         for e in crate::mutex::lock(&self.table).values() {
             needed.extend(e.try_lock().ok()?.rec.base.clone());
         }
         for t in self.templates.values() {
-            if t.spec.name != except.spec.name {
-                let z = t.zygote.try_lock().ok()?;
+            for (owner, slot) in t.zygote_slots() {
+                if t.spec.name == except.spec.name && owner == account {
+                    continue;
+                }
+                let z = slot.try_lock().ok()?;
                 needed.extend(z.as_ref().and_then(|z| z.base.clone()));
             }
         }
@@ -297,13 +347,24 @@ impl Sandboxes {
     async fn boot_zygote(
         &self,
         t: &Template,
+        account: &str,
         slot: &mut Option<template::Zygote>,
         run_dir: &Path,
     ) -> Result<(), SandboxError> {
+        let could_not = |e: anyhow::Error| {
+            SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
+        };
+        let bases = self.bases.join(format!("{}.{account}", t.spec.name));
+        let user = self.user_of(account, &t.spec.name)?;
+        let jailed = match (&self.jail, &user) {
+            (Some(j), Some(u)) => Some(j.zygote(&t.spec, u, &bases).map_err(could_not)?),
+            _ => None,
+        };
         let net = if t.spec.network {
             let stem = format!("z{}", crate::clock::unix_ms());
-            let owner = template_net_owner(&t.spec.name);
-            let made = self.network.make(&owner, &stem, true).await.map_err(|e| {
+            let owner = template_net_owner(&t.spec.name, account);
+            let made = self.network.make(&owner, &stem, true, user.as_ref()).await;
+            let made = made.map_err(|e| {
                 SandboxError::Internal(format!(
                     "template {} could not start: its network namespace: {e:#}",
                     t.spec.name
@@ -313,13 +374,25 @@ impl Sandboxes {
         } else {
             None
         };
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &self.bases, net)
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &bases, net, jailed)
             .await
-            .map_err(|e| {
-                SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
-            })?;
+            .map_err(could_not)?;
         *slot = Some(z);
         Ok(())
+    }
+
+    /// The user `account`'s VMMs of template `template` run as; `None`
+    /// unjailed.
+    fn user_of(
+        &self,
+        account: &str,
+        template: &str,
+    ) -> Result<Option<crate::jail::User>, SandboxError> {
+        self.jail
+            .as_ref()
+            .map(|j| j.user(account, template))
+            .transpose()
+            .map_err(|e| SandboxError::Internal(format!("template {template}'s user: {e:#}")))
     }
 
     fn template(&self, name: &str) -> Result<Arc<Template>, SandboxError> {
@@ -487,19 +560,43 @@ impl Sandboxes {
             }
         }
         for t in self.templates.values() {
-            if let Some(mut z) = t.zygote.lock().await.take() {
-                z.vmm.kill().await;
+            for (_, slot) in t.zygote_slots() {
+                if let Some(mut z) = slot.lock().await.take() {
+                    z.vmm.kill().await;
+                }
             }
         }
     }
 
+    /// Ends sandboxes whose timeout passed, and those whose VMM ended on
+    /// its own (the guest powered off or rebooted, the VMM crashed or was
+    /// killed): gone, as in E2B, with the end of its VMM's log logged.
     async fn end_timed_out(&self) {
         let now = crate::clock::unix_ms();
         let entries: Vec<_> = lock(&self.table).values().cloned().collect();
         for e in entries {
             let (id, account, auto_pause) = {
-                let g = e.lock().await;
-                if g.gone || g.rec.state != State::Running || g.rec.end_at_ms > now {
+                let mut g = e.lock().await;
+                if g.gone || g.rec.state != State::Running {
+                    continue;
+                }
+                let gone = g.vmm.as_mut().and_then(|vmm| {
+                    let ending = vmm.ending()?;
+                    Some((vmm.pid, ending, vmm.log_lines(30)))
+                });
+                if let Some((pid, ending, log)) = gone {
+                    tracing::warn!(
+                        sandbox = %g.rec.id,
+                        "sandbox ended: its VMM (pid {pid}) is gone ({ending:?}); its log ends: {log}"
+                    );
+                    let (id, account) = (g.rec.id.clone(), g.rec.account.clone());
+                    drop(g);
+                    if let Err(e) = self.kill(&account, &id).await {
+                        tracing::warn!(sandbox = %id, "removing it: {e}");
+                    }
+                    continue;
+                }
+                if g.rec.end_at_ms > now {
                     continue;
                 }
                 (g.rec.id.clone(), g.rec.account.clone(), g.rec.auto_pause)
@@ -521,10 +618,11 @@ impl Sandboxes {
     }
 }
 
-/// The owner part of a template's namespaces' names (its zygote's and its
-/// clones'); forks and resumed sandboxes are [`SANDBOX_NET_OWNER`]'s.
-fn template_net_owner(template: &str) -> String {
-    format!("sbx-{template}")
+/// The owner part of the names of the namespaces of `account`'s zygote of
+/// a template and its clones; forks and resumed sandboxes are
+/// [`SANDBOX_NET_OWNER`]'s.
+fn template_net_owner(template: &str, account: &str) -> String {
+    format!("sbx-{template}.{account}")
 }
 
 /// The owner part of the namespaces of forks and resumed sandboxes.
@@ -551,11 +649,16 @@ fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
     })
 }
 
-/// Removes the template bases in `bases` but those in `needed` (state
-/// files; each goes with its memory file).
+/// Removes the template bases in `bases` (a directory per template; an
+/// older daemon's directly in it) but those in `needed` (state files;
+/// each goes with its memory file).
 fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
     for e in std::fs::read_dir(bases).into_iter().flatten().flatten() {
         let path = e.path();
+        if path.is_dir() {
+            remove_bases_but(&path, needed);
+            continue;
+        }
         let state = path.with_extension("state");
         if !needed.contains(&state) {
             tracing::debug!("removing template base file {}", path.display());
@@ -589,6 +692,29 @@ fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bases_no_sandbox_needs_go_in_every_templates_directory() {
+        let bases = std::env::temp_dir().join(format!("spore-sbx-bases-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&bases);
+        std::fs::create_dir_all(bases.join("base")).unwrap();
+        let files = [
+            bases.join("old-1.state"),
+            bases.join("old-1.mem"),
+            bases.join("base/base-2.state"),
+            bases.join("base/base-2.mem"),
+            bases.join("base/base-3.state"),
+            bases.join("base/base-3.mem"),
+        ];
+        for f in &files {
+            std::fs::write(f, b"x").unwrap();
+        }
+        let needed: HashSet<PathBuf> = [files[0].clone(), files[4].clone()].into();
+        remove_bases_but(&bases, &needed);
+        let left: Vec<bool> = files.iter().map(|f| f.exists()).collect();
+        assert_eq!(left, [true, true, false, false, true, true]);
+        let _ = std::fs::remove_dir_all(bases);
+    }
 
     #[test]
     fn envds_sample_becomes_e2bs_metric() {

@@ -14,8 +14,10 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::sync::Arc;
 
+use crate::jail::User;
 use crate::network::{InstanceNet, Network, GATEWAY, GUEST_ADDR, TAP_NAME};
 use crate::vmm::VmmProcess;
 
@@ -90,22 +92,38 @@ impl SandboxNetwork {
     }
 
     /// A namespace named `<prefix>.<owner>.<instance>`, its outbound
-    /// traffic denied unless `internet`.
+    /// traffic denied unless `internet`; its tap `user`'s, for a jailed VMM.
     pub async fn make(
         &self,
         owner: &str,
         instance: &str,
         internet: bool,
+        user: Option<&User>,
+    ) -> anyhow::Result<InstanceNet> {
+        self.make_for(owner, instance, internet, user, false).await
+    }
+
+    /// [`Self::make`]; with `handoff`, a `/dev/net/tun` descriptor opened
+    /// in it for a jailed clone ([`crate::network::handoff`]).
+    async fn make_for(
+        &self,
+        owner: &str,
+        instance: &str,
+        internet: bool,
+        user: Option<&User>,
+        handoff: bool,
     ) -> anyhow::Result<InstanceNet> {
         let (network, owner, instance) = (
             self.network.clone(),
             owner.to_string(),
             instance.to_string(),
         );
+        // A jailed VMM opens its tap as its own user: the tap is its.
+        let tap_owner = user.map(|u| (u.uid, u.gid));
         let net = {
             let network = network.clone();
             tokio::task::spawn_blocking(move || {
-                let net = network.make(&owner, &instance, None, false)?;
+                let net = network.make(&owner, &instance, tap_owner, handoff)?;
                 if !internet {
                     net.deny_outbound()?;
                 }
@@ -122,7 +140,9 @@ impl SandboxNetwork {
     /// from its `served + 1`, as the VMM numbers them), keyed by clone
     /// number, and `PUT /clone`'s `network` naming them by template. The
     /// caller holds whatever keeps other clones of `source` from being
-    /// asked meanwhile.
+    /// asked meanwhile. A jailed source's clones (`jailed`: their user and
+    /// the directory their sockets go to) may not enter their namespaces:
+    /// each is handed its tap's descriptor at `<dir>/tun-<n>.sock`.
     pub async fn for_clones(
         &self,
         source: &VmmProcess,
@@ -130,6 +150,7 @@ impl SandboxNetwork {
         stem: &str,
         count: u32,
         internet: bool,
+        jailed: Option<(&User, &Path)>,
     ) -> anyhow::Result<(HashMap<u64, InstanceNet>, serde_json::Value)> {
         let status: serde_json::Value =
             serde_json::from_str(&source.api("GET", "/clone", None).await?)?;
@@ -147,7 +168,13 @@ impl SandboxNetwork {
             for &n in batch {
                 let (me, owner, instance) =
                     (self.clone(), owner.to_string(), format!("{stem}c{n}"));
-                made.spawn(async move { (n, me.make(&owner, &instance, internet).await) });
+                let user = jailed.map(|(u, _)| u.clone());
+                made.spawn(async move {
+                    let net = me
+                        .make_for(&owner, &instance, internet, user.as_ref(), user.is_some())
+                        .await;
+                    (n, net)
+                });
             }
             while let Some(joined) = made.join_next().await {
                 let (n, net) = joined?;
@@ -156,7 +183,18 @@ impl SandboxNetwork {
         }
         let template =
             Network::namespace_path(&self.network.namespace_name(owner, &format!("{stem}c{{n}}")));
-        Ok((nets, serde_json::json!({ "netns_template": template })))
+        let mut network = serde_json::json!({ "netns_template": template });
+        if let Some((user, dir)) = jailed {
+            for (n, net) in nets.iter_mut() {
+                let tun = net
+                    .take_handoff_tun()
+                    .ok_or_else(|| anyhow::anyhow!("no tun descriptor opened for clone {n}"))?;
+                crate::network::handoff::give_tun(&dir.join(format!("tun-{n}.sock")), tun, user)?;
+            }
+            network["tun_socket_template"] =
+                serde_json::json!(dir.join("tun-{n}.sock").display().to_string());
+        }
+        Ok((nets, network))
     }
 }
 

@@ -15,11 +15,11 @@
 //! dns = ["1.1.1.1"]                   # default: the host's name servers
 //! ```
 //!
-//! Each template has a **zygote**: one VM booted from it until its envd
-//! answers, then frozen as the template of its sandboxes, each a clone of it
-//! (its memory shared copy-on-write, the image read-only under a private
-//! overlay). The zygote boots when the daemon starts, in the background; a
-//! create that comes first waits for it. A template's start command runs in
+//! Each template has a **zygote** per account: one VM booted from it until
+//! its envd answers, then frozen as the template of the account's sandboxes,
+//! each a clone of it (its memory shared copy-on-write, the image read-only
+//! under a private overlay). It boots on the account's first create, which
+//! waits for it (a local daemon's, when the daemon starts). A template's start command runs in
 //! the zygote (E2B's: a server its sandboxes start with, already running),
 //! and its ready command is run until it succeeds, before the zygote is
 //! snapshotted as the template base and cloned.
@@ -168,18 +168,20 @@ pub struct Zygote {
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
 /// that a later daemon ends it as a leftover) and waits for its envd.
 /// `net` is its network namespace (named after `net_stem`) when the
-/// template has a network.
+/// template has a network; `jailed`, how its VMM is jailed (its clones are
+/// too: they are its children). Its base goes to `bases`.
 pub async fn boot_zygote(
     spore_bin: &Path,
     spec: &TemplateSpec,
     run_dir: &Path,
     bases: &Path,
     net: Option<(InstanceNet, String)>,
+    jailed: Option<crate::jail::Jailed>,
 ) -> anyhow::Result<Zygote> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(run_dir);
     let (net, net_stem) = net.map_or((None, String::new()), |(n, s)| (Some(n), s));
-    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, None).await?;
+    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, jailed).await?;
     match configure(&vmm, spec, run_dir).await {
         Ok(()) => {}
         Err(e) => {
