@@ -19,6 +19,7 @@ pub mod api;
 pub mod envd;
 mod jail;
 mod lifecycle;
+mod metrics;
 pub mod net;
 pub mod proxy;
 mod record;
@@ -112,6 +113,8 @@ pub struct Entry {
     pub vmm: Option<VmmProcess>,
     /// Killed: whoever waited for its lock finds it gone.
     pub gone: bool,
+    /// Its metrics while it ran (since the daemon started).
+    metrics: metrics::History,
 }
 
 pub struct Sandboxes {
@@ -170,6 +173,7 @@ impl Sandboxes {
                             rec,
                             vmm: None,
                             gone: false,
+                            metrics: metrics::History::default(),
                         })),
                     );
                 }
@@ -244,6 +248,15 @@ impl Sandboxes {
                 });
             }
         }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(metrics::SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                me.sample_metrics().await;
+            }
+        });
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(REAP_EVERY);
@@ -442,31 +455,63 @@ impl Sandboxes {
         Ok(self.entry(account, id).await?.rec.clone())
     }
 
-    /// A running sandbox's metrics now, in E2B's `SandboxMetric` shape
-    /// (from its envd's `/metrics`); `None` for a paused sandbox.
+    /// `account`'s sandbox `id`'s metrics (E2B's `SandboxMetric`s, oldest
+    /// first) taken in `start_s..=end_s` (Unix seconds; open ends when
+    /// `None`): those sampled every [`metrics::SAMPLE_EVERY`] while it ran,
+    /// and, if it runs, one taken now.
     pub async fn metrics(
         &self,
         account: &str,
         id: &str,
-    ) -> Result<Option<serde_json::Value>, SandboxError> {
-        let (uds, token) = {
+        start_s: Option<u64>,
+        end_s: Option<u64>,
+    ) -> Result<Vec<serde_json::Value>, SandboxError> {
+        let running = {
             let entry = self.entry(account, id).await?;
-            match &entry.vmm {
-                Some(vmm) => (vmm.vsock_uds.clone(), entry.rec.access_token.clone()),
-                None => return Ok(None),
-            }
+            entry
+                .vmm
+                .as_ref()
+                .map(|vmm| (vmm.vsock_uds.clone(), entry.rec.access_token.clone()))
         };
-        let (status, body) = envd::request(&uds, "GET", "/metrics", Some(&token), None)
-            .await
-            .map_err(SandboxError::internal)?;
-        if !status.is_success() {
-            return Err(SandboxError::Internal(format!(
-                "sandbox {id}: envd's /metrics answered {status}"
-            )));
+        if let Some((uds, token)) = running {
+            let now = metrics::sample(&uds, &token)
+                .await
+                .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e:#}")))?;
+            self.entry(account, id).await?.metrics.push(now);
         }
-        let m: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: envd's /metrics: {e}")))?;
-        Ok(Some(metric_json(&m, crate::clock::unix_ms())))
+        Ok(self
+            .entry(account, id)
+            .await?
+            .metrics
+            .between(start_s, end_s))
+    }
+
+    /// Samples every running sandbox's metrics into its history, a few at
+    /// a time (one that is busy or does not answer is skipped this round).
+    async fn sample_metrics(&self) {
+        let entries: Vec<_> = lock(&self.table).values().cloned().collect();
+        let mut running = Vec::new();
+        for e in entries {
+            // One being paused, resumed or forked is skipped this round.
+            let Ok(g) = e.try_lock() else { continue };
+            if let (Some(vmm), false) = (&g.vmm, g.gone) {
+                running.push((e.clone(), vmm.vsock_uds.clone(), g.rec.access_token.clone()));
+            }
+        }
+        for batch in running.chunks(metrics::SAMPLE_AT_ONCE) {
+            let mut taken = tokio::task::JoinSet::new();
+            for (e, uds, token) in batch.iter().cloned() {
+                taken.spawn(async move { (e, metrics::sample(&uds, &token).await) });
+            }
+            while let Some(joined) = taken.join_next().await {
+                if let Ok((e, Ok(sample))) = joined {
+                    let mut g = e.lock().await;
+                    if g.vmm.is_some() && !g.gone {
+                        g.metrics.push(sample);
+                    }
+                }
+            }
+        }
     }
 
     /// The vsock socket of a running sandbox, for the proxy; `Err` names
@@ -529,6 +574,7 @@ impl Sandboxes {
                 rec,
                 vmm: Some(vmm),
                 gone: false,
+                metrics: metrics::History::default(),
             })),
         );
     }
@@ -633,22 +679,6 @@ fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     state.is_file() && mem.is_file() && rec.chain_files(dir).iter().all(|f| f.is_file())
 }
 
-/// E2B's `SandboxMetric` from envd's `/metrics` sample taken at `now_ms`.
-fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
-    let n = |k: &str| m[k].as_u64().unwrap_or(0);
-    serde_json::json!({
-        "timestamp": crate::clock::iso_ms(now_ms),
-        "timestampUnix": now_ms / 1000,
-        "cpuCount": n("cpu_count"),
-        "cpuUsedPct": m["cpu_used_pct"].as_f64().unwrap_or(0.0),
-        "memUsed": n("mem_used"),
-        "memTotal": n("mem_total"),
-        "memCache": n("mem_cache"),
-        "diskUsed": n("disk_used"),
-        "diskTotal": n("disk_total"),
-    })
-}
-
 /// Removes the template bases in `bases` (a directory per template; an
 /// older daemon's directly in it) but those in `needed` (state files;
 /// each goes with its memory file).
@@ -714,27 +744,5 @@ mod tests {
         let left: Vec<bool> = files.iter().map(|f| f.exists()).collect();
         assert_eq!(left, [true, true, false, false, true, true]);
         let _ = std::fs::remove_dir_all(bases);
-    }
-
-    #[test]
-    fn envds_sample_becomes_e2bs_metric() {
-        let m = serde_json::json!({
-            "ts": 1, "cpu_count": 2, "cpu_used_pct": 12.5, "mem_total": 536_870_912u64,
-            "mem_used": 100, "mem_cache": 7, "disk_total": 2048, "disk_used": 1024,
-        });
-        let e = metric_json(&m, 1_700_000_000_123);
-        assert_eq!(e["timestampUnix"], 1_700_000_000);
-        assert_eq!(e["timestamp"], "2023-11-14T22:13:20.123Z");
-        assert_eq!(
-            (e["cpuCount"].as_u64(), e["cpuUsedPct"].as_f64()),
-            (Some(2), Some(12.5))
-        );
-        assert_eq!(e["memTotal"], 536_870_912u64);
-        assert_eq!(
-            (e["diskUsed"].as_u64(), e["diskTotal"].as_u64()),
-            (Some(1024), Some(2048))
-        );
-        // A field envd left out reads as zero, never a failure.
-        assert_eq!(metric_json(&serde_json::json!({}), 0)["memCache"], 0);
     }
 }
