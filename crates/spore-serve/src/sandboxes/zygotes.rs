@@ -130,9 +130,20 @@ impl Sandboxes {
         } else {
             None
         };
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &bases, net, jailed)
-            .await
-            .map_err(could_not)?;
+        let (spec, name) = (&t.spec, &t.spec.name);
+        let cgroup = self
+            .cgroup_for(account, name, spec.memory_mib, "zygote")
+            .await?;
+        let z = template::boot_zygote(
+            &self.spore_bin,
+            spec,
+            run_dir,
+            &bases,
+            net,
+            (cgroup, jailed),
+        )
+        .await
+        .map_err(could_not)?;
         *slot = Some(z);
         Ok(())
     }
