@@ -406,6 +406,16 @@ impl Sandboxes {
         entry.gone = true;
         crate::mutex::lock(&self.table).remove(id);
         if let Some(mut vmm) = entry.vmm.take() {
+            // One whose VMM had ended on its own says why, before its log
+            // goes with its directory.
+            if let Some(ending) = vmm.ending() {
+                tracing::warn!(
+                    sandbox = %id,
+                    "sandbox removed: its VMM (pid {}) had ended ({ending:?}); its log ends: {}",
+                    vmm.pid,
+                    vmm.log_lines(30)
+                );
+            }
             vmm.kill().await;
         }
         let _ = std::fs::remove_dir_all(self.dir.join(id));

@@ -505,15 +505,8 @@ impl Sandboxes {
                 if g.gone || g.rec.state != State::Running {
                     continue;
                 }
-                let gone = g.vmm.as_mut().and_then(|vmm| {
-                    let ending = vmm.ending()?;
-                    Some((vmm.pid, ending, vmm.log_lines(30)))
-                });
-                if let Some((pid, ending, log)) = gone {
-                    tracing::warn!(
-                        sandbox = %g.rec.id,
-                        "sandbox ended: its VMM (pid {pid}) is gone ({ending:?}); its log ends: {log}"
-                    );
+                // Its VMM ended on its own: the sandbox goes (`kill` logs why).
+                if g.vmm.as_mut().is_some_and(|vmm| !vmm.is_alive()) {
                     let (id, account) = (g.rec.id.clone(), g.rec.account.clone());
                     drop(g);
                     if let Err(e) = self.kill(&account, &id).await {
