@@ -310,6 +310,11 @@ def fork(sbx):
         reached = [reaches_probe(s) for s in [sbx] + forks]
         check(all(reached), "the source and both forks reach the network at once (each fork in a "
               f"namespace of its own; source, fork 1, fork 2: {reached})")
+    # A fork is a sandbox of its own: its source's pause ends the source's
+    # VMM, never the forks.
+    check(sbx.pause(**API) is True, "the source paused while its forks run")
+    check(all(sh(f, "echo alive") == "alive\n" for f in forks),
+          "both forks run on after their source is paused")
     for n, f in enumerate(forks, 1):
         check(f.kill(**API) is True, f"fork {n} killed")
 

@@ -169,6 +169,7 @@ impl Sandboxes {
             } else {
                 None
             };
+            outlive_source(vmm).await?;
             clones_of(vmm, &vm_dir, "continue", count, nets).await
         };
         let clones = match made.await {
@@ -538,6 +539,16 @@ pub(super) async fn clones_of(
         );
     }
     Ok(clones)
+}
+
+/// Lets `vmm`'s clones outlive it: a fork is a sandbox of its own, which
+/// its source's pause or kill must not end (a clone of a VMM without this
+/// ends with it). Its clones inherit the setting.
+pub(super) async fn outlive_source(vmm: &VmmProcess) -> anyhow::Result<()> {
+    let config = serde_json::json!({ "clones_outlive_source": true });
+    vmm.api("PUT", "/clone/config", Some(config.to_string()))
+        .await?;
+    Ok(())
 }
 
 /// A snapshot of the running VM (a diff on its last, or full): paused,

@@ -144,6 +144,12 @@ impl Sandboxes {
         )
         .await
         .map_err(could_not)?;
+        // Its clones (sandboxes) and theirs (forks) outlive their sources.
+        if let Err(e) = lifecycle::outlive_source(&z.vmm).await {
+            let mut vmm = z.vmm;
+            vmm.kill().await;
+            return Err(could_not(e));
+        }
         *slot = Some(z);
         Ok(())
     }
