@@ -148,15 +148,31 @@ def commands(sbx):
 
 def metrics(sbx):
     got = sbx.get_metrics(**API)
-    check(len(got) == 1, f"get_metrics: one sample, taken now ({len(got)})")
-    m = got[0]
+    check(len(got) >= 1, f"get_metrics: at least the sample taken now ({len(got)})")
+    m = got[-1]
     check(m.cpu_count >= 1 and m.mem_total > 256 << 20 and 0 < m.mem_used < m.mem_total,
           f"the sample is the guest's: {m.cpu_count} vCPUs, {m.mem_used >> 20} of {m.mem_total >> 20} MiB")
     check(m.disk_total > 1 << 30 and 0 < m.disk_used < m.disk_total,
           f"and its disk: {m.disk_used >> 20} of {m.disk_total >> 20} MiB")
     past = datetime.now(timezone.utc) - timedelta(hours=2)
     check(sbx.get_metrics(start=past, end=past + timedelta(hours=1), **API) == [],
-          "get_metrics of a past window: none (no history is kept)")
+          "get_metrics of a window before the sandbox: none")
+
+
+def metrics_history(sbx):
+    """Later: the samples the daemon took every 5 s since, oldest first,
+    and a window of them."""
+    got = sbx.get_metrics(**API)
+    at = [m.timestamp for m in got]
+    check(len(got) >= 3 and at == sorted(at),
+          f"get_metrics: the history, oldest first ({len(got)} samples over "
+          f"{(at[-1] - at[0]).total_seconds() if at else 0:.0f} s)")
+    start = at[-2].replace(microsecond=0) if len(at) >= 3 else None
+    if start is not None and at[0] < start:
+        window = sbx.get_metrics(start=start, **API)
+        check(len(window) >= 2 and all(m.timestamp >= start for m in window),
+              f"get_metrics from {start:%H:%M:%S}: only the samples since ({len(window)}, "
+              f"of {len(got)} in all)")
 
 
 def background(sbx):
@@ -294,6 +310,11 @@ def fork(sbx):
         reached = [reaches_probe(s) for s in [sbx] + forks]
         check(all(reached), "the source and both forks reach the network at once (each fork in a "
               f"namespace of its own; source, fork 1, fork 2: {reached})")
+    # A fork is a sandbox of its own: its source's pause ends the source's
+    # VMM, never the forks.
+    check(sbx.pause(**API) is True, "the source paused while its forks run")
+    check(all(sh(f, "echo alive") == "alive\n" for f in forks),
+          "both forks run on after their source is paused")
     for n, f in enumerate(forks, 1):
         check(f.kill(**API) is True, f"fork {n} killed")
 
@@ -370,6 +391,7 @@ def main():
         big_output(sbx)
         set_timeout(sbx)
         listing(sbx)
+        metrics_history(sbx)
         sbx = pause_resume(sbx)
         fork(sbx)
         kill(sbx)

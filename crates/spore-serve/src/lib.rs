@@ -227,13 +227,8 @@ fn open_sandboxes(
     instances: &instances::Instances,
     jail: Option<jail::Jail>,
 ) -> anyhow::Result<Arc<sandboxes::Sandboxes>> {
-    sandboxes::Sandboxes::open(
-        spore_bin,
-        state_dir,
-        config,
-        instances.network.clone(),
-        jail,
-    )
+    let (network, cgroups) = (instances.network.clone(), instances.cgroups());
+    sandboxes::Sandboxes::open(spore_bin, state_dir, config, network, jail, cgroups)
 }
 
 async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {

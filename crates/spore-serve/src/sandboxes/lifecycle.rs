@@ -90,9 +90,9 @@ impl Sandboxes {
         self.get(account, &id).await
     }
 
-    /// Waits for a new VMM's envd, gives it `settings`, saves the record
-    /// and enters the sandbox in the table; on failure the VMM ends and the
-    /// directory goes.
+    /// Puts a new clone in a cgroup of its own, waits for its envd, gives
+    /// it `settings`, saves the record and enters the sandbox in the
+    /// table; on failure the VMM ends and the directory goes.
     async fn start_serving(
         &self,
         rec: Record,
@@ -101,6 +101,10 @@ impl Sandboxes {
         settings: &serde_json::Value,
         dir: &Path,
     ) -> Result<(), SandboxError> {
+        if let Err(e) = self.confine_clone(&mut vmm, &rec).await {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
         let ready = async {
             envd::wait_healthy(&vmm.vsock_uds, READY_LIMIT).await?;
             envd::init(&vmm.vsock_uds, current_token, settings).await?;
@@ -165,6 +169,7 @@ impl Sandboxes {
             } else {
                 None
             };
+            outlive_source(vmm).await?;
             clones_of(vmm, &vm_dir, "continue", count, nets).await
         };
         let clones = match made.await {
@@ -356,7 +361,10 @@ impl Sandboxes {
         } else {
             None
         };
-        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, None, jailed)
+        let (rec, instance) = (&entry.rec, format!("{id}-r{generation}"));
+        let cgroup = self.cgroup_for(account, &rec.template, rec.memory_mib, &instance);
+        let cgroup = cgroup.await?;
+        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, cgroup, jailed)
             .await
             .map_err(SandboxError::internal)?;
         let load = serde_json::json!({
@@ -399,6 +407,16 @@ impl Sandboxes {
         entry.gone = true;
         crate::mutex::lock(&self.table).remove(id);
         if let Some(mut vmm) = entry.vmm.take() {
+            // One whose VMM had ended on its own says why, before its log
+            // goes with its directory.
+            if let Some(ending) = vmm.ending() {
+                tracing::warn!(
+                    sandbox = %id,
+                    "sandbox removed: its VMM (pid {}) had ended ({ending:?}); its log ends: {}",
+                    vmm.pid,
+                    vmm.log_lines(30)
+                );
+            }
             vmm.kill().await;
         }
         let _ = std::fs::remove_dir_all(self.dir.join(id));
@@ -521,6 +539,16 @@ pub(super) async fn clones_of(
         );
     }
     Ok(clones)
+}
+
+/// Lets `vmm`'s clones outlive it: a fork is a sandbox of its own, which
+/// its source's pause or kill must not end (a clone of a VMM without this
+/// ends with it). Its clones inherit the setting.
+pub(super) async fn outlive_source(vmm: &VmmProcess) -> anyhow::Result<()> {
+    let config = serde_json::json!({ "clones_outlive_source": true });
+    vmm.api("PUT", "/clone/config", Some(config.to_string()))
+        .await?;
+    Ok(())
 }
 
 /// A snapshot of the running VM (a diff on its last, or full): paused,

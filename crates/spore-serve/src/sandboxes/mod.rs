@@ -16,14 +16,17 @@
 //! user unless the daemon runs with `--no-jail` (`jail`).
 
 pub mod api;
+mod cgroup;
 pub mod envd;
 mod jail;
 mod lifecycle;
+mod metrics;
 pub mod net;
 pub mod proxy;
 mod record;
 pub mod reply;
 pub mod template;
+mod zygotes;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -112,6 +115,8 @@ pub struct Entry {
     pub vmm: Option<VmmProcess>,
     /// Killed: whoever waited for its lock finds it gone.
     pub gone: bool,
+    /// Its metrics while it ran (since the daemon started).
+    metrics: metrics::History,
 }
 
 pub struct Sandboxes {
@@ -124,6 +129,8 @@ pub struct Sandboxes {
     bases: PathBuf,
     /// How VMMs are jailed; `None` with `--no-jail`.
     jail: Option<jail::SandboxJail>,
+    /// Where VMMs get their cgroups (`cgroup`); `None` without.
+    cgroups: Option<crate::cgroups::Cgroups>,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -151,6 +158,7 @@ impl Sandboxes {
         config: SandboxConfig,
         network: Arc<crate::network::Network>,
         jail: Option<crate::jail::Jail>,
+        cgroups: Option<crate::cgroups::Cgroups>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
@@ -170,6 +178,7 @@ impl Sandboxes {
                             rec,
                             vmm: None,
                             gone: false,
+                            metrics: metrics::History::default(),
                         })),
                     );
                 }
@@ -198,7 +207,7 @@ impl Sandboxes {
             .values()
             .filter_map(|e| e.try_lock().ok().and_then(|e| e.rec.base.clone()))
             .collect();
-        remove_bases_but(&bases, &needed);
+        zygotes::remove_bases_but(&bases, &needed);
         let templates = config
             .templates
             .into_iter()
@@ -223,6 +232,7 @@ impl Sandboxes {
             domain: config.domain,
             network: net::SandboxNetwork::new(network),
             jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
+            cgroups,
         }))
     }
 
@@ -246,139 +256,21 @@ impl Sandboxes {
         }
         let me = self.clone();
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(metrics::SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                me.sample_metrics().await;
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
             let mut tick = tokio::time::interval(REAP_EVERY);
             loop {
                 tick.tick().await;
                 me.end_timed_out().await;
             }
         })
-    }
-
-    /// A clone of `account`'s zygote of the template with its files in
-    /// `dir`; the zygote is booted first if it is not running (first use, a
-    /// boot that failed, a zygote that died). Creates of one account's
-    /// template take turns.
-    /// Returns the clone and the template base its memory is a diff on.
-    /// A networked template's clone runs in a namespace of its own, its
-    /// outbound traffic denied unless `internet`.
-    async fn clone_zygote(
-        &self,
-        t: &Template,
-        account: &str,
-        dir: &Path,
-        internet: bool,
-    ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
-        let slot = t.zygote_of(account);
-        let mut slot = slot.lock().await;
-        self.ensure_zygote(t, account, &mut slot).await?;
-        let Some(z) = slot.as_ref() else {
-            return Err(SandboxError::Internal("no zygote".into()));
-        };
-        let user = self.user_of(account, &t.spec.name)?;
-        if let (Some(j), Some(u)) = (&self.jail, &user) {
-            j.give_sandbox_dir(dir, u)
-                .map_err(|e| SandboxError::Internal(e.to_string()))?;
-        }
-        let nets = if t.spec.network {
-            let owner = template_net_owner(&t.spec.name, account);
-            let jailed = user.as_ref().map(|u| (u, dir));
-            Some(
-                self.network
-                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet, jailed)
-                    .await
-                    .map_err(SandboxError::internal)?,
-            )
-        } else {
-            None
-        };
-        let clone = lifecycle::clones_of(&z.vmm, dir, "zygote", 1, nets)
-            .await
-            .map_err(SandboxError::internal)?
-            .pop()
-            .ok_or_else(|| SandboxError::Internal("PUT /clone answered no clone".into()))?;
-        Ok((clone, z.base.clone()))
-    }
-
-    async fn ensure_zygote(
-        &self,
-        t: &Template,
-        account: &str,
-        slot: &mut Option<template::Zygote>,
-    ) -> Result<(), SandboxError> {
-        if let Some(z) = slot.as_mut() {
-            if z.vmm.is_alive() {
-                return Ok(());
-            }
-            tracing::warn!(template = %t.spec.name, "sandbox template: its zygote ended; booting it again");
-            z.vmm.kill().await;
-            *slot = None;
-        }
-        let run_dir = self
-            .state_dir
-            .join("run")
-            .join(format!("sbx-{}.{account}", t.spec.name));
-        // The bases no sandbox's chain and no other zygote needs go before
-        // a new one is made.
-        if let Some(needed) = self.bases_needed(t, account) {
-            remove_bases_but(&self.bases, &needed);
-        }
-        self.boot_zygote(t, account, slot, &run_dir).await
-    }
-
-    /// The template bases sandboxes and the zygotes other than `except`'s
-    /// zygote for `account` use; `None` when one is busy (it may need any).
-    fn bases_needed(&self, except: &Template, account: &str) -> Option<HashSet<PathBuf>> {
-        let mut needed = HashSet::new();
-        for e in crate::mutex::lock(&self.table).values() {
-            needed.extend(e.try_lock().ok()?.rec.base.clone());
-        }
-        for t in self.templates.values() {
-            for (owner, slot) in t.zygote_slots() {
-                if t.spec.name == except.spec.name && owner == account {
-                    continue;
-                }
-                let z = slot.try_lock().ok()?;
-                needed.extend(z.as_ref().and_then(|z| z.base.clone()));
-            }
-        }
-        Some(needed)
-    }
-
-    async fn boot_zygote(
-        &self,
-        t: &Template,
-        account: &str,
-        slot: &mut Option<template::Zygote>,
-        run_dir: &Path,
-    ) -> Result<(), SandboxError> {
-        let could_not = |e: anyhow::Error| {
-            SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
-        };
-        let bases = self.bases.join(format!("{}.{account}", t.spec.name));
-        let user = self.user_of(account, &t.spec.name)?;
-        let jailed = match (&self.jail, &user) {
-            (Some(j), Some(u)) => Some(j.zygote(&t.spec, u, &bases).map_err(could_not)?),
-            _ => None,
-        };
-        let net = if t.spec.network {
-            let stem = format!("z{}", crate::clock::unix_ms());
-            let owner = template_net_owner(&t.spec.name, account);
-            let made = self.network.make(&owner, &stem, true, user.as_ref()).await;
-            let made = made.map_err(|e| {
-                SandboxError::Internal(format!(
-                    "template {} could not start: its network namespace: {e:#}",
-                    t.spec.name
-                ))
-            })?;
-            Some((made, stem))
-        } else {
-            None
-        };
-        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &bases, net, jailed)
-            .await
-            .map_err(could_not)?;
-        *slot = Some(z);
-        Ok(())
     }
 
     /// The user `account`'s VMMs of template `template` run as; `None`
@@ -442,31 +334,63 @@ impl Sandboxes {
         Ok(self.entry(account, id).await?.rec.clone())
     }
 
-    /// A running sandbox's metrics now, in E2B's `SandboxMetric` shape
-    /// (from its envd's `/metrics`); `None` for a paused sandbox.
+    /// `account`'s sandbox `id`'s metrics (E2B's `SandboxMetric`s, oldest
+    /// first) taken in `start_s..=end_s` (Unix seconds; open ends when
+    /// `None`): those sampled every [`metrics::SAMPLE_EVERY`] while it ran,
+    /// and, if it runs, one taken now.
     pub async fn metrics(
         &self,
         account: &str,
         id: &str,
-    ) -> Result<Option<serde_json::Value>, SandboxError> {
-        let (uds, token) = {
+        start_s: Option<u64>,
+        end_s: Option<u64>,
+    ) -> Result<Vec<serde_json::Value>, SandboxError> {
+        let running = {
             let entry = self.entry(account, id).await?;
-            match &entry.vmm {
-                Some(vmm) => (vmm.vsock_uds.clone(), entry.rec.access_token.clone()),
-                None => return Ok(None),
-            }
+            entry
+                .vmm
+                .as_ref()
+                .map(|vmm| (vmm.vsock_uds.clone(), entry.rec.access_token.clone()))
         };
-        let (status, body) = envd::request(&uds, "GET", "/metrics", Some(&token), None)
-            .await
-            .map_err(SandboxError::internal)?;
-        if !status.is_success() {
-            return Err(SandboxError::Internal(format!(
-                "sandbox {id}: envd's /metrics answered {status}"
-            )));
+        if let Some((uds, token)) = running {
+            let now = metrics::sample(&uds, &token)
+                .await
+                .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e:#}")))?;
+            self.entry(account, id).await?.metrics.push(now);
         }
-        let m: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| SandboxError::Internal(format!("sandbox {id}: envd's /metrics: {e}")))?;
-        Ok(Some(metric_json(&m, crate::clock::unix_ms())))
+        Ok(self
+            .entry(account, id)
+            .await?
+            .metrics
+            .between(start_s, end_s))
+    }
+
+    /// Samples every running sandbox's metrics into its history, a few at
+    /// a time (one that is busy or does not answer is skipped this round).
+    async fn sample_metrics(&self) {
+        let entries: Vec<_> = lock(&self.table).values().cloned().collect();
+        let mut running = Vec::new();
+        for e in entries {
+            // One being paused, resumed or forked is skipped this round.
+            let Ok(g) = e.try_lock() else { continue };
+            if let (Some(vmm), false) = (&g.vmm, g.gone) {
+                running.push((e.clone(), vmm.vsock_uds.clone(), g.rec.access_token.clone()));
+            }
+        }
+        for batch in running.chunks(metrics::SAMPLE_AT_ONCE) {
+            let mut taken = tokio::task::JoinSet::new();
+            for (e, uds, token) in batch.iter().cloned() {
+                taken.spawn(async move { (e, metrics::sample(&uds, &token).await) });
+            }
+            while let Some(joined) = taken.join_next().await {
+                if let Ok((e, Ok(sample))) = joined {
+                    let mut g = e.lock().await;
+                    if g.vmm.is_some() && !g.gone {
+                        g.metrics.push(sample);
+                    }
+                }
+            }
+        }
     }
 
     /// The vsock socket of a running sandbox, for the proxy; `Err` names
@@ -529,6 +453,7 @@ impl Sandboxes {
                 rec,
                 vmm: Some(vmm),
                 gone: false,
+                metrics: metrics::History::default(),
             })),
         );
     }
@@ -580,15 +505,8 @@ impl Sandboxes {
                 if g.gone || g.rec.state != State::Running {
                     continue;
                 }
-                let gone = g.vmm.as_mut().and_then(|vmm| {
-                    let ending = vmm.ending()?;
-                    Some((vmm.pid, ending, vmm.log_lines(30)))
-                });
-                if let Some((pid, ending, log)) = gone {
-                    tracing::warn!(
-                        sandbox = %g.rec.id,
-                        "sandbox ended: its VMM (pid {pid}) is gone ({ending:?}); its log ends: {log}"
-                    );
+                // Its VMM ended on its own: the sandbox goes (`kill` logs why).
+                if g.vmm.as_mut().is_some_and(|vmm| !vmm.is_alive()) {
                     let (id, account) = (g.rec.id.clone(), g.rec.account.clone());
                     drop(g);
                     if let Err(e) = self.kill(&account, &id).await {
@@ -618,53 +536,12 @@ impl Sandboxes {
     }
 }
 
-/// The owner part of the names of the namespaces of `account`'s zygote of
-/// a template and its clones; forks and resumed sandboxes are
-/// [`SANDBOX_NET_OWNER`]'s.
-fn template_net_owner(template: &str, account: &str) -> String {
-    format!("sbx-{template}.{account}")
-}
-
 /// The owner part of the namespaces of forks and resumed sandboxes.
 const SANDBOX_NET_OWNER: &str = "sbx";
 
 fn paused_files_exist(dir: &Path, rec: &Record) -> bool {
     let (state, mem) = Record::snapshot_files(dir, rec.pause_generation);
     state.is_file() && mem.is_file() && rec.chain_files(dir).iter().all(|f| f.is_file())
-}
-
-/// E2B's `SandboxMetric` from envd's `/metrics` sample taken at `now_ms`.
-fn metric_json(m: &serde_json::Value, now_ms: u64) -> serde_json::Value {
-    let n = |k: &str| m[k].as_u64().unwrap_or(0);
-    serde_json::json!({
-        "timestamp": crate::clock::iso_ms(now_ms),
-        "timestampUnix": now_ms / 1000,
-        "cpuCount": n("cpu_count"),
-        "cpuUsedPct": m["cpu_used_pct"].as_f64().unwrap_or(0.0),
-        "memUsed": n("mem_used"),
-        "memTotal": n("mem_total"),
-        "memCache": n("mem_cache"),
-        "diskUsed": n("disk_used"),
-        "diskTotal": n("disk_total"),
-    })
-}
-
-/// Removes the template bases in `bases` (a directory per template; an
-/// older daemon's directly in it) but those in `needed` (state files;
-/// each goes with its memory file).
-fn remove_bases_but(bases: &Path, needed: &HashSet<PathBuf>) {
-    for e in std::fs::read_dir(bases).into_iter().flatten().flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            remove_bases_but(&path, needed);
-            continue;
-        }
-        let state = path.with_extension("state");
-        if !needed.contains(&state) {
-            tracing::debug!("removing template base file {}", path.display());
-            let _ = std::fs::remove_file(&path);
-        }
-    }
 }
 
 /// A new sandbox id: 20 lower-case letters and digits (E2B's form).
@@ -687,54 +564,4 @@ fn random_chars(n: usize, alphabet: &[u8]) -> Result<String, SandboxError> {
         .iter()
         .map(|b| alphabet[usize::from(*b) % alphabet.len()] as char)
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bases_no_sandbox_needs_go_in_every_templates_directory() {
-        let bases = std::env::temp_dir().join(format!("spore-sbx-bases-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&bases);
-        std::fs::create_dir_all(bases.join("base")).unwrap();
-        let files = [
-            bases.join("old-1.state"),
-            bases.join("old-1.mem"),
-            bases.join("base/base-2.state"),
-            bases.join("base/base-2.mem"),
-            bases.join("base/base-3.state"),
-            bases.join("base/base-3.mem"),
-        ];
-        for f in &files {
-            std::fs::write(f, b"x").unwrap();
-        }
-        let needed: HashSet<PathBuf> = [files[0].clone(), files[4].clone()].into();
-        remove_bases_but(&bases, &needed);
-        let left: Vec<bool> = files.iter().map(|f| f.exists()).collect();
-        assert_eq!(left, [true, true, false, false, true, true]);
-        let _ = std::fs::remove_dir_all(bases);
-    }
-
-    #[test]
-    fn envds_sample_becomes_e2bs_metric() {
-        let m = serde_json::json!({
-            "ts": 1, "cpu_count": 2, "cpu_used_pct": 12.5, "mem_total": 536_870_912u64,
-            "mem_used": 100, "mem_cache": 7, "disk_total": 2048, "disk_used": 1024,
-        });
-        let e = metric_json(&m, 1_700_000_000_123);
-        assert_eq!(e["timestampUnix"], 1_700_000_000);
-        assert_eq!(e["timestamp"], "2023-11-14T22:13:20.123Z");
-        assert_eq!(
-            (e["cpuCount"].as_u64(), e["cpuUsedPct"].as_f64()),
-            (Some(2), Some(12.5))
-        );
-        assert_eq!(e["memTotal"], 536_870_912u64);
-        assert_eq!(
-            (e["diskUsed"].as_u64(), e["diskTotal"].as_u64()),
-            (Some(1024), Some(2048))
-        );
-        // A field envd left out reads as zero, never a failure.
-        assert_eq!(metric_json(&serde_json::json!({}), 0)["memCache"], 0);
-    }
 }
