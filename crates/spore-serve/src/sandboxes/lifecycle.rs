@@ -169,7 +169,7 @@ impl Sandboxes {
             } else {
                 None
             };
-            outlive_source(vmm).await?;
+            fork_settings(vmm, count).await?;
             clones_of(vmm, &vm_dir, "continue", count, nets).await
         };
         let clones = match made.await {
@@ -541,11 +541,45 @@ pub(super) async fn clones_of(
     Ok(clones)
 }
 
-/// Lets `vmm`'s clones outlive it: a fork is a sandbox of its own, which
-/// its source's pause or kill must not end (a clone of a VMM without this
-/// ends with it). Its clones inherit the setting.
-pub(super) async fn outlive_source(vmm: &VmmProcess) -> anyhow::Result<()> {
-    let config = serde_json::json!({ "clones_outlive_source": true });
+/// The most clones a sandbox VMM's tree may count (the VMM's own limit
+/// is 1,000 by default; a clone's tree is bounded by the budget its source
+/// gave it whatever this says).
+const MAX_CLONES: u64 = 1 << 62;
+/// The clone budget of each sandbox a zygote makes: what its forks, and
+/// theirs, may count in all (so that a zygote serves 2^32 sandboxes).
+const SANDBOX_CLONE_BUDGET: u64 = 1 << 30;
+
+/// A zygote's clone settings: its clones (sandboxes) outlive it and get
+/// [`SANDBOX_CLONE_BUDGET`] each, so that they can be forked (a clone of
+/// a VMM whose budget gives it none cannot be cloned).
+pub(super) async fn zygote_settings(vmm: &VmmProcess) -> anyhow::Result<()> {
+    clone_settings(vmm, Some(SANDBOX_CLONE_BUDGET)).await
+}
+
+/// A sandbox's clone settings before `count` forks of it: they outlive it
+/// (a fork is a sandbox of its own, which its source's pause or kill must
+/// not end) and each gets a share of what its tree may still count, half
+/// of it kept for the sandbox's later forks.
+async fn fork_settings(vmm: &VmmProcess, count: u32) -> anyhow::Result<()> {
+    clone_settings(vmm, None).await?;
+    let status: serde_json::Value = serde_json::from_str(&vmm.api("GET", "/clone", None).await?)?;
+    let left = status
+        .get("budget_left")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| anyhow::anyhow!("GET /clone answered no budget_left: {status}"))?;
+    let count = u64::from(count);
+    if left < count {
+        anyhow::bail!("this sandbox has been forked as often as its clone budget allows");
+    }
+    clone_settings(vmm, Some((left - count) / (2 * count))).await
+}
+
+/// `PUT /clone/config`: clones outlive `vmm`, each with `budget`.
+async fn clone_settings(vmm: &VmmProcess, budget: Option<u64>) -> anyhow::Result<()> {
+    let mut config = serde_json::json!({ "clones_outlive_source": true, "max_clones": MAX_CLONES });
+    if let Some(b) = budget {
+        config["clone_budget"] = b.into();
+    }
     vmm.api("PUT", "/clone/config", Some(config.to_string()))
         .await?;
     Ok(())

@@ -144,8 +144,9 @@ impl Sandboxes {
         )
         .await
         .map_err(could_not)?;
-        // Its clones (sandboxes) and theirs (forks) outlive their sources.
-        if let Err(e) = lifecycle::outlive_source(&z.vmm).await {
+        // Its clones (sandboxes) and theirs (forks) outlive their sources,
+        // and may be forked.
+        if let Err(e) = lifecycle::zygote_settings(&z.vmm).await {
             let mut vmm = z.vmm;
             vmm.kill().await;
             return Err(could_not(e));
