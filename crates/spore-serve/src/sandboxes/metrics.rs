@@ -44,9 +44,16 @@ impl History {
     }
 }
 
+/// How long envd may take to answer `/metrics` (a guest that accepts and
+/// never answers must not hold up every sandbox's sampling).
+const SAMPLE_LIMIT: Duration = Duration::from_secs(5);
+
 /// A sample of a running sandbox now, from its envd.
 pub async fn sample(uds: &Path, token: &str) -> anyhow::Result<serde_json::Value> {
-    let (status, body) = envd::request(uds, "GET", "/metrics", Some(token), None).await?;
+    let asked = envd::request(uds, "GET", "/metrics", Some(token), None);
+    let (status, body) = tokio::time::timeout(SAMPLE_LIMIT, asked)
+        .await
+        .map_err(|_| anyhow::anyhow!("envd's /metrics did not answer within {SAMPLE_LIMIT:?}"))??;
     if !status.is_success() {
         anyhow::bail!("envd's /metrics answered {status}");
     }
