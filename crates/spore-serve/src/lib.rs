@@ -227,8 +227,13 @@ fn open_sandboxes(
     instances: &instances::Instances,
     jail: Option<jail::Jail>,
 ) -> anyhow::Result<Arc<sandboxes::Sandboxes>> {
-    let (network, cgroups) = (instances.network.clone(), instances.cgroups());
-    sandboxes::Sandboxes::open(spore_bin, state_dir, config, network, jail, cgroups)
+    sandboxes::Sandboxes::open(
+        spore_bin,
+        state_dir,
+        config,
+        instances.network.clone(),
+        jail,
+    )
 }
 
 async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {

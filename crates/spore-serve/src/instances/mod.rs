@@ -389,11 +389,6 @@ impl Instances {
         files
     }
 
-    /// Where instance cgroups are made (`None` without), for sandboxes.
-    pub fn cgroups(&self) -> Option<crate::cgroups::Cgroups> {
-        self.cfg.cgroups.clone()
-    }
-
     /// Where Linux runtimes' images are looked up.
     pub fn image_cache(&self) -> PathBuf {
         self.cfg.image_cache.clone()

@@ -90,9 +90,9 @@ impl Sandboxes {
         self.get(account, &id).await
     }
 
-    /// Puts a new clone in a cgroup of its own, waits for its envd, gives
-    /// it `settings`, saves the record and enters the sandbox in the
-    /// table; on failure the VMM ends and the directory goes.
+    /// Waits for a new VMM's envd, gives it `settings`, saves the record
+    /// and enters the sandbox in the table; on failure the VMM ends and the
+    /// directory goes.
     async fn start_serving(
         &self,
         rec: Record,
@@ -101,10 +101,6 @@ impl Sandboxes {
         settings: &serde_json::Value,
         dir: &Path,
     ) -> Result<(), SandboxError> {
-        if let Err(e) = self.confine_clone(&mut vmm, &rec).await {
-            let _ = std::fs::remove_dir_all(dir);
-            return Err(e);
-        }
         let ready = async {
             envd::wait_healthy(&vmm.vsock_uds, READY_LIMIT).await?;
             envd::init(&vmm.vsock_uds, current_token, settings).await?;
@@ -361,10 +357,7 @@ impl Sandboxes {
         } else {
             None
         };
-        let (rec, instance) = (&entry.rec, format!("{id}-r{generation}"));
-        let cgroup = self.cgroup_for(account, &rec.template, rec.memory_mib, &instance);
-        let cgroup = cgroup.await?;
-        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, cgroup, jailed)
+        let mut vmm = VmmProcess::spawn(&self.spore_bin, &run_dir, net, None, jailed)
             .await
             .map_err(SandboxError::internal)?;
         let load = serde_json::json!({

@@ -16,7 +16,6 @@
 //! user unless the daemon runs with `--no-jail` (`jail`).
 
 pub mod api;
-mod cgroup;
 pub mod envd;
 mod jail;
 mod lifecycle;
@@ -129,8 +128,6 @@ pub struct Sandboxes {
     bases: PathBuf,
     /// How VMMs are jailed; `None` with `--no-jail`.
     jail: Option<jail::SandboxJail>,
-    /// Where VMMs get their cgroups (`cgroup`); `None` without.
-    cgroups: Option<crate::cgroups::Cgroups>,
     templates: HashMap<String, Arc<Template>>,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
@@ -158,7 +155,6 @@ impl Sandboxes {
         config: SandboxConfig,
         network: Arc<crate::network::Network>,
         jail: Option<crate::jail::Jail>,
-        cgroups: Option<crate::cgroups::Cgroups>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
         crate::fs::create_private_dir(&dir)?;
@@ -232,7 +228,6 @@ impl Sandboxes {
             domain: config.domain,
             network: net::SandboxNetwork::new(network),
             jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
-            cgroups,
         }))
     }
 

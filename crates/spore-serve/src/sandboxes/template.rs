@@ -168,21 +168,20 @@ pub struct Zygote {
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
 /// that a later daemon ends it as a leftover) and waits for its envd.
 /// `net` is its network namespace (named after `net_stem`) when the
-/// template has a network; `cgroup`, the cgroup it starts in; `jailed`, how
-/// its VMM is jailed (its clones are too: they are its children). Its base
-/// goes to `bases`.
+/// template has a network; `jailed`, how its VMM is jailed (its clones are
+/// too: they are its children). Its base goes to `bases`.
 pub async fn boot_zygote(
     spore_bin: &Path,
     spec: &TemplateSpec,
     run_dir: &Path,
     bases: &Path,
     net: Option<(InstanceNet, String)>,
-    (cgroup, jailed): (Option<crate::cgroups::Leaf>, Option<crate::jail::Jailed>),
+    jailed: Option<crate::jail::Jailed>,
 ) -> anyhow::Result<Zygote> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(run_dir);
     let (net, net_stem) = net.map_or((None, String::new()), |(n, s)| (Some(n), s));
-    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, cgroup, jailed).await?;
+    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, jailed).await?;
     match configure(&vmm, spec, run_dir).await {
         Ok(()) => {}
         Err(e) => {

@@ -130,20 +130,9 @@ impl Sandboxes {
         } else {
             None
         };
-        let (spec, name) = (&t.spec, &t.spec.name);
-        let cgroup = self
-            .cgroup_for(account, name, spec.memory_mib, "zygote")
-            .await?;
-        let z = template::boot_zygote(
-            &self.spore_bin,
-            spec,
-            run_dir,
-            &bases,
-            net,
-            (cgroup, jailed),
-        )
-        .await
-        .map_err(could_not)?;
+        let z = template::boot_zygote(&self.spore_bin, &t.spec, run_dir, &bases, net, jailed)
+            .await
+            .map_err(could_not)?;
         // Its clones (sandboxes) and theirs (forks) outlive their sources,
         // and may be forked.
         if let Err(e) = lifecycle::zygote_settings(&z.vmm).await {
