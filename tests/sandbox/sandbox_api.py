@@ -291,20 +291,6 @@ def auto_resume():
     check(plain.kill(**API) is True, "plain sandbox killed")
 
 
-def fork_fresh(sbx):
-    """A sandbox never paused (a clone of its template's zygote) forks, and
-    its fork forks in turn."""
-    child = sbx.fork(count=1, timeout=300)[0]
-    check(isinstance(child, Sandbox), f"a sandbox never paused forks ({child!r})")
-    created.append(child.sandbox_id)
-    check(sh(child, "echo child") == "child\n", "its fork runs a command")
-    grandchild = child.fork(count=1, timeout=300)[0]
-    check(isinstance(grandchild, Sandbox), f"and that fork forks in turn ({grandchild!r})")
-    created.append(grandchild.sandbox_id)
-    check(sh(grandchild, "echo grandchild") == "grandchild\n", "the fork's fork runs a command")
-    check(child.kill(**API) is True and grandchild.kill(**API) is True, "both killed")
-
-
 def fork(sbx):
     results = timed("fork-2", lambda: sbx.fork(count=2, timeout=600))
     forks = [f for f in results if isinstance(f, Sandbox)]
@@ -406,7 +392,6 @@ def main():
         set_timeout(sbx)
         listing(sbx)
         metrics_history(sbx)
-        fork_fresh(sbx)
         sbx = pause_resume(sbx)
         fork(sbx)
         kill(sbx)
