@@ -48,12 +48,25 @@ pub fn pss_bytes(pids: &[i32]) -> u64 {
 /// Sum of the private memory (`Private_Clean` + `Private_Dirty`, bytes) of
 /// these processes: what the host gets back when they end.
 pub fn private_bytes(pids: &[i32]) -> u64 {
+    smaps_bytes(pids, &["Private_Clean:", "Private_Dirty:"])
+}
+
+/// Sum of the shared memory (`Shared_Clean` + `Shared_Dirty`, bytes) of
+/// these processes: pages another process maps too, which become private
+/// to the last one left mapping them.
+pub fn shared_bytes(pids: &[i32]) -> u64 {
+    smaps_bytes(pids, &["Shared_Clean:", "Shared_Dirty:"])
+}
+
+/// Sum over `pids` of the `smaps_rollup` fields named (0 for a process that
+/// is gone).
+fn smaps_bytes(pids: &[i32], fields: &[&str]) -> u64 {
     pids.iter()
         .map(|pid| {
             let text =
                 std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
             text.lines()
-                .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+                .filter(|l| fields.iter().any(|f| l.starts_with(f)))
                 .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
                 .sum::<u64>()
                 * 1024
