@@ -270,11 +270,11 @@ host_turn sandbox-persist
 # Both of B's zygotes ended: the one the step's first create booted, and the
 # one its second create booted again (its VMM process gone too).
 i=0
-until [ "$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "account=222222222222")" -ge 2 ] || [ $i -ge 60 ]; do
+until [ "$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "222222222222")" -ge 2 ] || [ $i -ge 60 ]; do
     sleep 1
     i=$((i + 1))
 done
-ended=$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "account=222222222222")
+ended=$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "222222222222")
 zygote_left=""
 for p in /proc/[0-9]*; do
     tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "run/sbx-web.222222222222" && zygote_left="$zygote_left ${p#/proc/}"
