@@ -11,6 +11,10 @@ is slow: every call gets a generous timeout, and nothing sleeps long.
                                    $SANDBOX_PERSIST_STATE), before the daemon
                                    is killed with SIGKILL and started again
     sandbox_api.py persist-check   after the restart: it resumes, with its file
+    sandbox_api.py zygote-idle     account B creates from the web template,
+                                   waits past $SANDBOX_ZYGOTE_IDLE_S (the
+                                   daemon's --sandbox-zygote-idle), creates
+                                   again (its zygote booted again)
 
 Environment:
     E2B_API_URL, E2B_SANDBOX_URL  spore serve's address (read by the SDK itself)
@@ -291,6 +295,20 @@ def auto_resume():
     check(plain.kill(**API) is True, "plain sandbox killed")
 
 
+def fork_fresh(sbx):
+    """A sandbox never paused (a clone of its template's zygote) forks, and
+    its fork forks in turn."""
+    child = sbx.fork(count=1, timeout=300)[0]
+    check(isinstance(child, Sandbox), f"a sandbox never paused forks ({child!r})")
+    created.append(child.sandbox_id)
+    check(sh(child, "echo child") == "child\n", "its fork runs a command")
+    grandchild = child.fork(count=1, timeout=300)[0]
+    check(isinstance(grandchild, Sandbox), f"and that fork forks in turn ({grandchild!r})")
+    created.append(grandchild.sandbox_id)
+    check(sh(grandchild, "echo grandchild") == "grandchild\n", "the fork's fork runs a command")
+    check(child.kill(**API) is True and grandchild.kill(**API) is True, "both killed")
+
+
 def fork(sbx):
     results = timed("fork-2", lambda: sbx.fork(count=2, timeout=600))
     forks = [f for f in results if isinstance(f, Sandbox)]
@@ -392,6 +410,7 @@ def main():
         set_timeout(sbx)
         listing(sbx)
         metrics_history(sbx)
+        fork_fresh(sbx)
         sbx = pause_resume(sbx)
         fork(sbx)
         kill(sbx)
@@ -428,6 +447,24 @@ def persist_check():
     check(sbx.kill(**API) is True, "killed")
 
 
+def zygote_idle():
+    """Another account's zygote ends once it made no sandbox for the daemon's
+    --sandbox-zygote-idle; that account's next create boots it again (L1
+    checks the daemon's log and its processes)."""
+    idle = int(os.environ["SANDBOX_ZYGOTE_IDLE_S"])
+    other = {**API, "api_key": os.environ["SANDBOX_OTHER_API_KEY"]}
+    name = os.environ.get("SANDBOX_WEB_TEMPLATE", TEMPLATE)
+    for attempt in ("first", "again"):
+        sbx = timed(f"create-other-{attempt}", lambda: Sandbox.create(name, timeout=600, **other))
+        check(sh(sbx, f"echo {attempt}") == f"{attempt}\n",
+              f"account B's sandbox runs ({attempt}, its zygote booted for it)")
+        check(Sandbox.kill(sbx.sandbox_id, **other) is True, f"account B's sandbox killed ({attempt})")
+        if attempt == "first":
+            time.sleep(idle + 8)
+
+
 if __name__ == "__main__":
     step = sys.argv[1] if len(sys.argv) > 1 else "all"
-    {"all": main, "persist-prepare": persist_prepare, "persist-check": persist_check}[step]()
+    steps = {"all": main, "persist-prepare": persist_prepare, "persist-check": persist_check,
+             "zygote-idle": zygote_idle}
+    steps[step]()

@@ -38,6 +38,12 @@ pub struct ServeArgs {
     /// that sandbox.
     #[arg(long, requires = "sandbox_listen")]
     sandbox_domain: Option<String>,
+    /// End an account's zygote of a template after it made no sandbox for
+    /// this many seconds (its next create boots it again); 0 keeps
+    /// zygotes. Default: 900 with --auth, else 0 (the one account's
+    /// zygotes, booted at start, are kept).
+    #[arg(long, requires = "sandbox_listen", value_name = "SECONDS")]
+    sandbox_zygote_idle: Option<u64>,
     /// Where the catalogue (SQLite), code, logs and instances' sockets live.
     #[arg(long, default_value = "/var/lib/spore")]
     state_dir: PathBuf,
@@ -281,6 +287,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<u8> {
                 listen,
                 templates,
                 domain: a.sandbox_domain,
+                zygote_idle: match a.sandbox_zygote_idle {
+                    Some(0) => None,
+                    Some(s) => Some(std::time::Duration::from_secs(s)),
+                    None => a
+                        .auth
+                        .is_some()
+                        .then_some(spore_serve::sandboxes::DEFAULT_ZYGOTE_IDLE),
+                },
             })
         }
         None => None,

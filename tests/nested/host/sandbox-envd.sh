@@ -112,4 +112,6 @@ scenario sandbox-persist-prepare sandbox_api persist-prepare
 send "$SPORE_FWD_7000"
 wait_ready sandbox-persist
 scenario sandbox-persist-after-restart sandbox_api persist-check
+export SANDBOX_ZYGOTE_IDLE_S=20 # the second daemon's --sandbox-zygote-idle
+scenario sandbox-zygote-idle sandbox_api zygote-idle
 send "$SPORE_FWD_7000"

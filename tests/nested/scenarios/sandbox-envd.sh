@@ -207,18 +207,20 @@ probe_ip=$(ip -o -f inet addr show scope global | awk '{print $4}' | cut -d/ -f1
     echo spore-net-ok | timeout 900 busybox nc -l -p 7002 >/dev/null 2>&1 || sleep 0.2
 done) &
 probe=$!
-# start_serve N: spore serve with the sandbox API on L1's port 3000.
+# start_serve N [ARG...]: spore serve with the sandbox API on L1's port 3000.
 start_serve() {
+    n=$1
+    shift
     PATH="/usr/local/sbin:$PATH" "$SPORE" serve --listen 127.0.0.1:0 --state-dir "$state" --auth "$tmp/keys.toml" \
-        --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" --sandbox-template "$tmp/web.toml" \
-        >"$tmp/serve-$1.out" 2>"$tmp/serve-$1.err" &
+        --sandbox-listen 0.0.0.0:3000 --sandbox-template "$tmp/base.toml" --sandbox-template "$tmp/web.toml" "$@" \
+        >"$tmp/serve-$n.out" 2>"$tmp/serve-$n.err" &
     serve=$!
     i=0
-    until grep -q sandbox_listen "$tmp/serve-$1.out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
-    if grep -q sandbox_listen "$tmp/serve-$1.out"; then
-        t "sandbox-api-up-$1" PASS
+    until grep -q sandbox_listen "$tmp/serve-$n.out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+    if grep -q sandbox_listen "$tmp/serve-$n.out"; then
+        t "sandbox-api-up-$n" PASS
     else
-        t "sandbox-api-up-$1" FAIL "$(tail -n 5 "$tmp/serve-$1.err")"
+        t "sandbox-api-up-$n" FAIL "$(tail -n 5 "$tmp/serve-$n.err")"
     fi
 }
 # host_turn NAME: READY to the host driver on 7001, then its results on 7000.
@@ -261,8 +263,27 @@ fi
 # kill -9 of the daemon: its guardian ends the VMMs; the paused sandbox stays.
 kill -9 "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
-start_serve 2
+# The second daemon ends an account's zygote after 20 s without a create
+# (the host driver's zygote-idle step: account B's web zygote, twice).
+start_serve 2 --sandbox-zygote-idle 20
 host_turn sandbox-persist
+# Both of B's zygotes ended: the one the step's first create booted, and the
+# one its second create booted again (its VMM process gone too).
+i=0
+until [ "$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "222222222222")" -ge 2 ] || [ $i -ge 60 ]; do
+    sleep 1
+    i=$((i + 1))
+done
+ended=$(grep "zygote ended after 20 s" "$tmp/serve-2.err" | grep -c "222222222222")
+zygote_left=""
+for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "run/sbx-web.222222222222" && zygote_left="$zygote_left ${p#/proc/}"
+done
+if [ "$ended" -ge 2 ] && [ -z "$zygote_left" ]; then
+    t sandbox-idle-zygote-ends PASS "account B's web zygote ended twice after 20 s idle; no VMM of it left"
+else
+    t sandbox-idle-zygote-ends FAIL "$ended zygote ends logged for account B; its VMM processes left:${zygote_left:- none} ($(grep -i zygote "$tmp/serve-2.err" | tail -n 3 | tr '\n' ' '))"
+fi
 # The sandboxes' VMM logs, before the daemon's end removes them (a VMM that
 # died says why there).
 find "$state/sbx" "$state/run" -name '*.log' 2>/dev/null | while read -r f; do

@@ -46,7 +46,13 @@ pub struct SandboxConfig {
     pub templates: Vec<TemplateSpec>,
     /// Host-name mode for the proxy: `<port>-<id>.<domain>`.
     pub domain: Option<String>,
+    /// How long a zygote may go without making a sandbox before it ends;
+    /// `None` keeps them.
+    pub zygote_idle: Option<Duration>,
 }
+
+/// `--sandbox-zygote-idle`'s default with `--auth`.
+pub const DEFAULT_ZYGOTE_IDLE: Duration = Duration::from_secs(900);
 
 /// A refusal of the sandbox API, with E2B's status codes.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +142,8 @@ pub struct Sandboxes {
     pub domain: Option<String>,
     /// The namespaces networked templates' VMMs run in.
     network: net::SandboxNetwork,
+    /// See [`SandboxConfig::zygote_idle`].
+    zygote_idle: Option<Duration>,
 }
 
 /// A sandbox's default timeout (E2B's: 15 s when create names none).
@@ -226,6 +234,7 @@ impl Sandboxes {
             table: Mutex::new(table),
             groups: Mutex::new(groups),
             domain: config.domain,
+            zygote_idle: config.zygote_idle,
             network: net::SandboxNetwork::new(network),
             jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
         }))
@@ -264,6 +273,7 @@ impl Sandboxes {
             loop {
                 tick.tick().await;
                 me.end_timed_out().await;
+                me.end_idle_zygotes().await;
             }
         })
     }

@@ -163,6 +163,9 @@ pub struct Zygote {
     /// answered (its state file), which its clones' pauses are diffs on;
     /// `None` where it could not be written (their pauses are full).
     pub base: Option<PathBuf>,
+    /// When it last made a sandbox (or booted): see
+    /// [`super::SandboxConfig::zygote_idle`].
+    pub last_used: Instant,
 }
 
 /// Boots the template's zygote in `run_dir` (under the daemon's `run/`, so
@@ -222,6 +225,7 @@ pub async fn boot_zygote(
         vmm,
         net_stem,
         base,
+        last_used: Instant::now(),
     })
 }
 

@@ -27,9 +27,10 @@ impl Sandboxes {
         let slot = t.zygote_of(account);
         let mut slot = slot.lock().await;
         self.ensure_zygote(t, account, &mut slot).await?;
-        let Some(z) = slot.as_ref() else {
+        let Some(z) = slot.as_mut() else {
             return Err(SandboxError::Internal("no zygote".into()));
         };
+        z.last_used = std::time::Instant::now();
         let user = self.user_of(account, &t.spec.name)?;
         if let (Some(j), Some(u)) = (&self.jail, &user) {
             j.give_sandbox_dir(dir, u)
@@ -98,6 +99,37 @@ impl Sandboxes {
             }
         }
         Some(needed)
+    }
+
+    /// Ends the zygotes that made no sandbox for `--sandbox-zygote-idle`
+    /// (running sandboxes outlive them), and the template bases no
+    /// sandbox needs then. A zygote busy making one is left for later.
+    pub(super) async fn end_idle_zygotes(&self) {
+        let Some(idle) = self.zygote_idle else {
+            return;
+        };
+        for t in self.templates.values() {
+            for (account, slot) in t.zygote_slots() {
+                let Ok(mut slot) = slot.try_lock() else {
+                    continue;
+                };
+                let Some(z) = slot.as_mut().filter(|z| z.last_used.elapsed() >= idle) else {
+                    continue;
+                };
+                z.vmm.kill().await;
+                tracing::info!(
+                    template = %t.spec.name,
+                    account = %account,
+                    "sandbox template: this account's zygote ended after {} s without a create; its next create boots it again",
+                    idle.as_secs()
+                );
+                *slot = None;
+                drop(slot);
+                if let Some(needed) = self.bases_needed(t, &account) {
+                    remove_bases_but(&self.bases, &needed);
+                }
+            }
+        }
     }
 
     async fn boot_zygote(

@@ -318,6 +318,10 @@ pub struct Template {
     /// The snapshot its memory is a diff on, and the pages changed since:
     /// a clone's Diff snapshots apply to its source's last snapshot.
     pub chain: crate::snapshot::ChainState,
+    /// The vsock device's guest CID when the template was made. A clone's
+    /// configuration keeps its source's CID while its device has its own:
+    /// the clones of a clone take the device's, which its state carries.
+    pub vsock_cid: Option<u32>,
 }
 
 /// The source side: what this VM is and has done as a clone source. A

@@ -233,6 +233,9 @@ fn make_template(
             mem_size: ram.size(),
             fork_vcpu,
             chain,
+            vsock_cid: vm
+                .vsock()
+                .and_then(|dev| u32::try_from(dev.guest_cid()).ok()),
         }))
     })();
     if result.is_ok() && mode == CloneMode::Zygote {
@@ -462,6 +465,8 @@ fn clone_handoff(
     let mut cfg = config.clone();
     if let Some(v) = cfg.vsock.as_mut() {
         v.uds_path = dir.join(format!("{}.vsock", p.name)).display().to_string();
+        // The CID the template's device state carries (see `Template`).
+        v.guest_cid = template.vsock_cid.unwrap_or(v.guest_cid);
     }
     cfg.drives = config
         .drives

@@ -275,6 +275,14 @@ fn kvm_put_clone_reseeds_each_clone_and_gives_it_a_cid_and_a_disk() {
     let boot = until(&src, "rand gen=0 round=3 ");
     assert!(boot.iter().any(|l| l == "disk source wrote"), "{boot:?}");
 
+    // Each clone may make one clone of its own (below).
+    let (code, reply) = http(
+        &sock,
+        "PUT",
+        "/clone/config",
+        Some(r#"{"mode": "zygote", "clone_budget": 1}"#),
+    );
+    assert_eq!(code, 204, "{reply}");
     let body = format!(
         r#"{{"count": 2, "mode": "zygote", "socket_dir": "{}"}}"#,
         s.0.display()
@@ -323,6 +331,31 @@ fn kvm_put_clone_reseeds_each_clone_and_gives_it_a_cid_and_a_disk() {
     let after = std::fs::read(&base).unwrap();
     assert_eq!(&after[..6], b"source");
     assert_eq!(&after[512..525], b"base sector 1", "a clone wrote the base");
+
+    // A clone of a clone: its source's device has CID 4 while the source's
+    // configuration keeps the zygote's 3; the clone restores the device's
+    // and takes the next one.
+    let c1_sock = std::path::PathBuf::from(clones[0]["socket"].as_str().unwrap());
+    let nested_dir = s.path("nested");
+    std::fs::create_dir_all(&nested_dir).unwrap();
+    let body = format!(
+        r#"{{"count": 1, "mode": "continue", "socket_dir": "{}"}}"#,
+        nested_dir.display()
+    );
+    let (code, reply) = http(&c1_sock, "PUT", "/clone", Some(&body));
+    assert_eq!(code, 200, "a clone of a clone: {reply}");
+    let report: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let nested = &report["clones"][0];
+    let _nested_pid = ClonePids(
+        nested["pid"]
+            .as_i64()
+            .map(|p| i32::try_from(p).expect("a pid fits i32"))
+            .into_iter()
+            .collect(),
+    );
+    let log = std::path::PathBuf::from(nested["log"].as_str().unwrap());
+    assert_eq!(log_line(&log, "cloned gen="), "cloned gen=2 reseeds=3");
+    assert_eq!(log_line(&log, "vsock cid="), "vsock cid=5");
 
     // A clone's snapshot restores, and runs on: its state carries the
     // clone's CID (its configuration derives from the source's).
