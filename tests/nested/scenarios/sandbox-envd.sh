@@ -251,8 +251,17 @@ host_turn() {
     sleep 3
 done) &
 uid_sampler=$!
+# keep_vmm_logs N: the VMM logs of daemon N's sandboxes and zygotes (a VMM
+# that died says why there; run-all.sh looks for a triple fault in them),
+# copied before the daemon's end removes them.
+keep_vmm_logs() {
+    find "$state/sbx" "$state/run" -name '*.log' 2>/dev/null | while read -r f; do
+        cp "$f" "$SPORE_OUT/serve-$1_$(echo "${f#"$state/"}" | tr '/' '_')" 2>/dev/null
+    done
+}
 start_serve 1
 host_turn sandbox-api
+keep_vmm_logs 1
 # sandbox_api.py paused sandboxes cloned from the template: their pauses are
 # diffs on the template base.
 if grep -q "sandbox paused in .*a diff snapshot" "$tmp/serve-1.err"; then
@@ -284,11 +293,7 @@ if [ "$ended" -ge 2 ] && [ -z "$zygote_left" ]; then
 else
     t sandbox-idle-zygote-ends FAIL "$ended zygote ends logged for account B; its VMM processes left:${zygote_left:- none} ($(grep -i zygote "$tmp/serve-2.err" | tail -n 3 | tr '\n' ' '))"
 fi
-# The sandboxes' VMM logs, before the daemon's end removes them (a VMM that
-# died says why there).
-find "$state/sbx" "$state/run" -name '*.log' 2>/dev/null | while read -r f; do
-    cp "$f" "$SPORE_OUT/$(echo "${f#"$state/"}" | tr '/' '_')" 2>/dev/null
-done
+keep_vmm_logs 2
 kill -TERM "$serve" 2>/dev/null
 wait "$serve" 2>/dev/null
 sleep 1

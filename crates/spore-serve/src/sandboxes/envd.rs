@@ -20,41 +20,89 @@ pub const ENVD_PORT: u16 = 49983;
 /// The envd version spore-envd reports (the SDK enables features by it).
 pub const ENVD_VERSION: &str = "0.5.7";
 
-/// How long one connection attempt may take (a guest that does not accept
-/// on the port leaves the handshake unanswered).
+/// How long connecting may take in all, retries included (a guest that does
+/// not accept on the port leaves the handshake unanswered).
 const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 
+/// The pause before envd's port is tried again after the VMM closed a
+/// handshake. The VMM gives the guest 2 s to accept a connection, as
+/// Firecracker does; a guest busy past that (a loaded host) or an envd
+/// being restarted by the guest's PID 1 (200 ms) is worth another try.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// A stream to `port` in the guest behind the VMM's vsock socket `uds`.
+/// For envd's port a handshake the VMM closed is tried again until
+/// [`CONNECT_LIMIT`]: envd always listens, so a refusal is passing. Other
+/// ports answer at once: a closed one is the user's to open (502).
 pub async fn connect(uds: &Path, port: u16) -> anyhow::Result<UnixStream> {
-    tokio::time::timeout(CONNECT_LIMIT, handshake(uds, port))
+    tokio::time::timeout(CONNECT_LIMIT, connect_retrying(uds, port))
         .await
         .map_err(|_| anyhow!("the guest did not accept a connection to port {port}"))?
 }
 
-async fn handshake(uds: &Path, port: u16) -> anyhow::Result<UnixStream> {
+async fn connect_retrying(uds: &Path, port: u16) -> anyhow::Result<UnixStream> {
+    loop {
+        match handshake(uds, port).await {
+            Err(Handshake::Closed(e)) if port == ENVD_PORT => {
+                tracing::debug!("vsock port {port}: {e:#}; trying again");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(Handshake::Closed(e) | Handshake::Failed(e)) => return Err(e),
+            Ok(stream) => return Ok(stream),
+        }
+    }
+}
+
+/// Why a handshake failed.
+enum Handshake {
+    /// The VMM closed the connection before its answer: the guest refused
+    /// the port or did not answer in time.
+    Closed(anyhow::Error),
+    /// Anything else: the VMM is gone, or answered what it should not.
+    Failed(anyhow::Error),
+}
+
+async fn handshake(uds: &Path, port: u16) -> Result<UnixStream, Handshake> {
     let mut stream = UnixStream::connect(uds)
         .await
-        .with_context(|| format!("connecting to {}", uds.display()))?;
+        .with_context(|| format!("connecting to {}", uds.display()))
+        .map_err(Handshake::Failed)?;
     stream
         .write_all(format!("CONNECT {port}\n").as_bytes())
-        .await?;
+        .await
+        .context("vsock handshake")
+        .map_err(Handshake::Failed)?;
     // Byte by byte up to the newline: what follows it is the guest's.
     let mut line = Vec::with_capacity(16);
     loop {
-        let b = stream.read_u8().await.context("vsock handshake")?;
+        let b = match stream.read_u8().await {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && line.is_empty() => {
+                return Err(Handshake::Closed(
+                    anyhow::Error::new(e).context("vsock handshake"),
+                ))
+            }
+            Err(e) => {
+                return Err(Handshake::Failed(
+                    anyhow::Error::new(e).context("vsock handshake"),
+                ))
+            }
+        };
         if b == b'\n' {
             break;
         }
         line.push(b);
         if line.len() > 64 {
-            bail!("vsock handshake: an answer too long for the VMM's");
+            return Err(Handshake::Failed(anyhow!(
+                "vsock handshake: an answer too long for the VMM's"
+            )));
         }
     }
     if !line.starts_with(b"OK ") {
-        bail!(
+        return Err(Handshake::Failed(anyhow!(
             "vsock handshake: {:?}",
             String::from_utf8_lossy(&line).trim()
-        );
+        )));
     }
     Ok(stream)
 }
@@ -309,5 +357,69 @@ mod tests {
         // (The end message cut short: 7 bytes are the final envelope.)
         assert!(parse_run(&s[..s.len() - 7 - 3]).is_err());
         assert!(parse_run(&[]).is_err());
+    }
+
+    /// A directory of its own for one test, removed after it.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new() -> Scratch {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir =
+                std::env::temp_dir().join(format!("spore-envd-test-{}-{n}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A fake VMM socket: closes the first `refusals` connections after
+    /// reading the CONNECT line, then answers `OK`.
+    fn fake_vmm(refusals: usize) -> (Scratch, std::path::PathBuf) {
+        let dir = Scratch::new();
+        let uds = dir.0.join("v.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&uds).unwrap();
+        std::thread::spawn(move || {
+            for (n, stream) in listener.incoming().enumerate() {
+                let Ok(mut stream) = stream else { return };
+                let mut line = String::new();
+                let _ = std::io::BufRead::read_line(
+                    &mut std::io::BufReader::new(&mut stream),
+                    &mut line,
+                );
+                if n >= refusals {
+                    let _ = std::io::Write::write_all(&mut stream, b"OK 1024\n");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        });
+        (dir, uds)
+    }
+
+    #[tokio::test]
+    async fn envds_port_is_tried_again_when_the_vmm_closes_the_handshake() {
+        let (_dir, uds) = fake_vmm(2);
+        assert!(connect(&uds, ENVD_PORT).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn another_port_the_guest_refuses_fails_at_once() {
+        let (_dir, uds) = fake_vmm(1);
+        let err = connect(&uds, 8000).await.unwrap_err();
+        assert!(format!("{err:#}").contains("vsock handshake"), "{err:#}");
+    }
+
+    #[tokio::test]
+    async fn a_vmm_that_is_gone_fails_at_once() {
+        let dir = Scratch::new();
+        let started = Instant::now();
+        assert!(connect(&dir.0.join("none.sock"), ENVD_PORT).await.is_err());
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

@@ -432,6 +432,14 @@ impl Sandboxes {
         }
     }
 
+    /// The last `n` lines of a running sandbox's VMM log (its console and
+    /// messages), for a warning about it; `None` when it has no VMM.
+    pub async fn vmm_log_lines(&self, id: &str, n: usize) -> Option<String> {
+        let entry = lock(&self.table).get(id).cloned()?;
+        let g = entry.lock().await;
+        g.vmm.as_ref().map(|vmm| vmm.log_lines(n))
+    }
+
     pub async fn vsock_of(&self, id: &str) -> Result<PathBuf, SandboxError> {
         let entry = lock(&self.table)
             .get(id)

@@ -32,10 +32,19 @@ pub async fn forward(
     let stream = match envd::connect(&vsock, port).await {
         Ok(s) => s,
         Err(e) => {
+            if port == envd::ENVD_PORT {
+                // envd always listens: its guest is stuck or envd died.
+                // What the guest's console said is the operator's clue.
+                tracing::warn!(
+                    sandbox = %id,
+                    "envd does not answer ({e:#}); its VMM's log ends: {}",
+                    sandboxes.vmm_log_lines(id, 20).await.unwrap_or_default()
+                );
+            }
             return error(
                 502,
                 &format!("sandbox {id}: nothing answers on port {port}: {e:#}"),
-            )
+            );
         }
     };
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
