@@ -129,8 +129,35 @@ def network():
     check(reaches_probe(offline), "update_network(allow_internet_access=True) opens it while it runs")
     offline.update_network({"deny_out": ["0.0.0.0/0"]}, **API)
     check(not reaches_probe(offline), "update_network(deny_out=[0.0.0.0/0]) closes it again")
+    egress_rules(offline)
     for s in (online, offline):
         check(s.kill(**API) is True, "networked sandbox killed")
+
+
+def egress_rules(offline):
+    """Per-destination rules: allow_out wins over deny_out (E2B's
+    precedence), deny_out cuts off one address, and what spore cannot
+    enforce (a domain name) is refused rather than ignored."""
+    probe_ip = PROBE.rpartition(":")[0]
+    ruled = timed("create-allow-out", lambda: Sandbox.create(
+        TEMPLATE, timeout=600, network={"allow_out": [probe_ip], "deny_out": ["0.0.0.0/0"]}, **API))
+    created.append(ruled.sandbox_id)
+    check(reaches_probe(ruled), f"network allow_out=[{probe_ip}], deny_out=[0.0.0.0/0]: it reaches {PROBE}")
+    info = ruled.get_info(**API)
+    check(info.allow_internet_access is False and (info.network or {}).get("allow_out") == [f"{probe_ip}/32"],
+          f"its info: no internet access but allow_out {(info.network or {}).get('allow_out')}")
+    ruled.update_network({"deny_out": [f"{probe_ip}/32"]}, **API)
+    check(not reaches_probe(ruled), f"update_network(deny_out=[{probe_ip}/32]) cuts off that address")
+    check(ruled.get_info(**API).allow_internet_access is True, "while its info says internet access (one address denied)")
+    check(ruled.kill(**API) is True, "the sandbox with egress rules killed")
+    refused = raises(Exception, lambda: Sandbox.create(
+        TEMPLATE, timeout=600, network={"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]}, **API))
+    check(refused is not None and "domain names are not supported" in str(refused),
+          f"a domain in allow_out is refused: {str(refused)[:100]}")
+    refused = raises(Exception, lambda: offline.update_network({"deny_out": ["2001:db8::/32"]}, **API))
+    check(refused is not None and "not an IPv4 address" in str(refused),
+          f"an IPv6 block in update_network is refused: {str(refused)[:100]}")
+    check(not reaches_probe(offline), "and the refused update left the sandbox's rules as they were")
 
 
 def create():

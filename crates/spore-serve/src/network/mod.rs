@@ -43,6 +43,7 @@ use sha2::Digest as _;
 
 use crate::mutex::lock;
 
+pub mod egress;
 pub(crate) mod handoff;
 mod namespace;
 
@@ -508,19 +509,12 @@ impl InstanceNet {
         Ok(())
     }
 
-    /// Cuts its guest off from everything beyond its namespace (a sandbox
-    /// without `allow_internet_access`): nothing is forwarded out of the
-    /// namespace, so the guest reaches neither the host nor the world. Its
-    /// tap stays: a clone or a restored snapshot of a VM with `eth0` needs
-    /// one to open.
-    pub fn deny_outbound(&self) -> Result<(), NetError> {
-        self.set_outbound(false)
-    }
-
-    /// Denies ([`InstanceNet::deny_outbound`]) or allows again what its
-    /// guest sends beyond the namespace; either is a no-op when already so.
-    pub fn set_outbound(&self, allowed: bool) -> Result<(), NetError> {
-        set_outbound_in(&self.name, allowed)
+    /// Puts `egress` in force for its guest ([`egress::Egress`]): a
+    /// sandbox without `allow_internet_access` reaches neither the host nor
+    /// the world. Its tap stays: a clone or a restored snapshot of a VM
+    /// with `eth0` needs one to open.
+    pub fn set_egress(&self, egress: &egress::Egress) -> Result<(), NetError> {
+        egress.apply_in(&self.name)
     }
 
     /// The `/dev/net/tun` opened in its namespace for a jailed clone
@@ -548,34 +542,6 @@ impl InstanceNet {
         }
         lock(&self.network.used).remove(&self.slot);
     }
-}
-
-/// [`InstanceNet::set_outbound`] for namespace `name` (blocking; for a
-/// caller that cannot lend the `InstanceNet` to another thread).
-pub fn set_outbound_in(name: &str, allowed: bool) -> Result<(), NetError> {
-    const TABLE: &str = "spore_isolated";
-    in_namespace(name, move || {
-        let present = Command::new("nft")
-            .args(["list", "table", "ip", TABLE])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        match (allowed, present) {
-            (true, true) => run("nft", &["delete", "table", "ip", TABLE], None),
-            (false, false) => {
-                let rules = format!(
-                    "table ip {TABLE} {{\n\
-                       chain forward {{\n\
-                         type filter hook forward priority filter; policy drop;\n\
-                       }}\n\
-                     }}\n"
-                );
-                run("nft", &["-f", "-"], Some(&rules))
-            }
-            _ => Ok(()),
-        }
-    })
 }
 
 impl Drop for InstanceNet {

@@ -24,6 +24,7 @@ use super::reply::{empty, error, json, Body};
 use super::{envd, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S};
 use crate::accounts::DEFAULT_ACCOUNT;
 use crate::auth::Keys;
+use crate::network::egress::Egress;
 
 /// Largest control request body (metadata and environment variables).
 const MAX_BODY: usize = 1 << 20;
@@ -215,7 +216,7 @@ async fn route(
             // The SDK's update_network: the whole egress configuration,
             // what it leaves out cleared (so {} allows everything again).
             let u: NetworkUpdateBody = parse_or_default(&body)?;
-            sbx.set_internet(account, id, u.internet()?).await?;
+            sbx.set_egress(account, id, u.egress()?).await?;
             Ok(empty(204))
         }
         (&Method::GET, ["sandboxes", id, "logs"]) => {
@@ -262,9 +263,11 @@ struct CreateBody {
     network: Option<NetworkBody>,
 }
 
-/// E2B's `SandboxNetworkConfig`: of its egress rules, spore honours
-/// denying everything; finer rules are refused rather than ignored (a
-/// sandbox must never have more network than its creator asked for).
+/// E2B's `SandboxNetworkConfig` (and, flattened, the rules of its
+/// `SandboxNetworkUpdateConfig`): egress rules by IPv4 address and CIDR
+/// block. What spore cannot enforce (domain names, header rules, an egress
+/// proxy, sandbox URLs behind a traffic token) is refused, never ignored: a
+/// sandbox must never have more network than its creator asked for.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct NetworkBody {
@@ -272,35 +275,63 @@ struct NetworkBody {
     allow_out: Vec<String>,
     #[serde(default)]
     deny_out: Vec<String>,
+    /// Only used to resolve domain names in `allowOut`, which are refused.
+    #[serde(default, rename = "dnsServers")]
+    _dns_servers: Option<serde_json::Value>,
+    #[serde(default)]
+    rules: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    egress_proxy: Option<serde_json::Value>,
+    #[serde(default)]
+    allow_public_traffic: Option<bool>,
+    #[serde(default)]
+    mask_request_host: Option<String>,
 }
 
-/// E2B's `SandboxNetworkUpdateConfig`.
+impl NetworkBody {
+    fn egress(&self) -> Result<Egress, SandboxError> {
+        let unsupported = |what: &str| {
+            Err(SandboxError::BadRequest(format!(
+                "network.{what} is not supported by spore (its egress rules are IPv4 addresses \
+                 and CIDR blocks in allowOut/denyOut)"
+            )))
+        };
+        if self.rules.as_ref().is_some_and(|r| !r.is_empty()) {
+            return unsupported("rules");
+        }
+        if self.egress_proxy.as_ref().is_some_and(|p| !p.is_null()) {
+            return unsupported("egressProxy");
+        }
+        if self.allow_public_traffic == Some(false) {
+            return unsupported("allowPublicTraffic = false (sandbox URLs behind a token)");
+        }
+        if self.mask_request_host.is_some() {
+            return unsupported("maskRequestHost");
+        }
+        Egress::parse(&self.allow_out, &self.deny_out)
+            .map_err(|e| SandboxError::BadRequest(format!("network.{e}")))
+    }
+}
+
+/// E2B's `SandboxNetworkUpdateConfig`: the whole egress configuration, what
+/// it leaves out cleared.
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct NetworkUpdateBody {
+    #[serde(alias = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(flatten)]
     rules: NetworkBody,
 }
 
 impl NetworkUpdateBody {
-    fn internet(&self) -> Result<bool, SandboxError> {
-        Ok(self.allow_internet_access.unwrap_or(true) && self.rules.internet()?.unwrap_or(true))
-    }
-}
-
-impl NetworkBody {
-    /// Whether it denies all outbound traffic (`Some(false)`), says nothing
-    /// about it (`None`), or asks for what spore cannot enforce.
-    fn internet(&self) -> Result<Option<bool>, SandboxError> {
-        match (self.allow_out.is_empty(), self.deny_out.as_slice()) {
-            (true, []) => Ok(None),
-            (true, [all]) if all == "0.0.0.0/0" => Ok(Some(false)),
-            _ => Err(SandboxError::BadRequest(
-                "network.allowOut/denyOut: spore enforces only denying all outbound traffic \
-                 (denyOut [\"0.0.0.0/0\"] or allow_internet_access: false), not per-destination rules"
-                    .into(),
-            )),
-        }
+    fn egress(&self) -> Result<Egress, SandboxError> {
+        let egress = self.rules.egress()?;
+        Ok(if self.allow_internet_access == Some(false) {
+            egress.and_closed()
+        } else {
+            egress
+        })
     }
 }
 
@@ -319,12 +350,16 @@ impl CreateBody {
                 "autoResume needs autoPause: only a sandbox its timeout pauses can be resumed by a request".into(),
             ));
         }
-        let denied = match &self.network {
-            Some(n) => n.internet()?,
-            None => None,
+        let egress = match &self.network {
+            Some(n) => n.egress()?,
+            None => Egress::default(),
         };
-        // Either way of saying "no internet" wins.
-        let internet = self.allow_internet_access.unwrap_or(true) && denied.unwrap_or(true);
+        // `allow_internet_access: false` is `denyOut: ["0.0.0.0/0"]`.
+        let egress = if self.allow_internet_access == Some(false) {
+            egress.and_closed()
+        } else {
+            egress
+        };
         Ok(NewSandbox {
             template: self.template_id,
             timeout_s: timeout_s(self.timeout)?,
@@ -332,7 +367,7 @@ impl CreateBody {
             auto_resume,
             metadata: self.metadata.unwrap_or_default(),
             env_vars: self.env_vars.unwrap_or_default(),
-            internet,
+            egress,
         })
     }
 }
@@ -491,7 +526,16 @@ fn detail_json(sbx: &Sandboxes, r: &Record) -> serde_json::Value {
         "onTimeout": if r.auto_pause { "pause" } else { "kill" },
     });
     // Whether it can reach beyond its own VM: a network and the NAT.
-    v["allowInternetAccess"] = (r.networked && r.internet).into();
+    let egress = r.egress();
+    v["allowInternetAccess"] = (r.networked && egress.internet()).into();
+    if r.networked && egress != Egress::default() {
+        let list =
+            |nets: &[ipnet::Ipv4Net]| nets.iter().map(ToString::to_string).collect::<Vec<_>>();
+        v["network"] = serde_json::json!({
+            "allowOut": list(&egress.allow),
+            "denyOut": list(&egress.deny),
+        });
+    }
     v
 }
 
@@ -562,12 +606,13 @@ mod tests {
 
     #[test]
     fn internet_access_is_on_unless_either_way_of_denying_it_says_so() {
-        let internet = |body: &str| {
+        let egress = |body: &str| {
             serde_json::from_str::<CreateBody>(body)
                 .unwrap()
                 .into_new()
-                .map(|n| n.internet)
+                .map(|n| n.egress)
         };
+        let internet = |body: &str| egress(body).map(|e| e.internet());
         assert!(internet(r#"{"templateID":"base"}"#).unwrap());
         assert!(internet(r#"{"templateID":"base","allow_internet_access":true}"#).unwrap());
         assert!(!internet(r#"{"templateID":"base","allow_internet_access":false}"#).unwrap());
@@ -582,20 +627,43 @@ mod tests {
         let update = |body: &str| {
             serde_json::from_str::<NetworkUpdateBody>(body)
                 .unwrap()
-                .internet()
+                .egress()
         };
-        assert!(update("{}").unwrap());
-        assert!(!update(r#"{"allow_internet_access":false}"#).unwrap());
-        assert!(!update(r#"{"denyOut":["0.0.0.0/0"]}"#).unwrap());
-        assert!(update(r#"{"allowOut":["8.8.8.8"]}"#).is_err());
-        // Rules spore cannot enforce are refused, never ignored.
-        for finer in [
-            r#"{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}"#,
-            r#"{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]}}"#,
+        assert_eq!(update("{}").unwrap(), Egress::default());
+        assert_eq!(
+            update(r#"{"allow_internet_access":false}"#).unwrap(),
+            Egress::closed()
+        );
+        assert_eq!(
+            update(r#"{"denyOut":["0.0.0.0/0"]}"#).unwrap(),
+            Egress::closed()
+        );
+        let some = update(r#"{"allowOut":["8.8.8.8"],"denyOut":["0.0.0.0/0"]}"#).unwrap();
+        assert_eq!((some.allow.len(), some.internet()), (1, false));
+        let closed_but =
+            update(r#"{"allow_internet_access":false,"allowOut":["8.8.8.8"]}"#).unwrap();
+        assert_eq!((closed_but.allow.len(), closed_but.internet()), (1, false));
+        // Per-destination rules are taken.
+        let rules = egress(
+            r#"{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["10.0.0.0/8"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (rules.allow.len(), rules.deny.len(), rules.internet()),
+            (1, 1, true)
+        );
+        // What spore cannot enforce is refused, never ignored.
+        for refused in [
+            r#"{"templateID":"base","network":{"allowOut":["pypi.org"],"denyOut":["0.0.0.0/0"]}}"#,
+            r#"{"templateID":"base","network":{"denyOut":["::/0"]}}"#,
+            r#"{"templateID":"base","network":{"allowPublicTraffic":false}}"#,
+            r#"{"templateID":"base","network":{"rules":{"api.example.com":[{"headers":{}}]}}}"#,
+            r#"{"templateID":"base","network":{"egressProxy":{"address":"1.2.3.4:3128"}}}"#,
+            r#"{"templateID":"base","network":{"maskRequestHost":"${PORT}-x.example.com"}}"#,
         ] {
             assert!(
-                matches!(internet(finer), Err(SandboxError::BadRequest(_))),
-                "{finer}"
+                matches!(egress(refused), Err(SandboxError::BadRequest(_))),
+                "{refused}"
             );
         }
     }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{envd, new_id, new_token, Record, SandboxError, Sandboxes, State};
+use crate::network::egress::Egress;
 use crate::network::InstanceNet;
 use crate::vmm::VmmProcess;
 
@@ -25,9 +26,9 @@ pub struct NewSandbox {
     pub auto_resume: bool,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
-    /// E2B's `allow_internet_access` (default true): whether a networked
-    /// template's sandbox may reach beyond its namespace.
-    pub internet: bool,
+    /// E2B's `allow_internet_access` and `network.allowOut`/`denyOut`:
+    /// what a networked template's sandbox may reach beyond its namespace.
+    pub egress: Egress,
 }
 
 impl Sandboxes {
@@ -40,7 +41,7 @@ impl Sandboxes {
         let dir = self.dir.join(&id);
         crate::fs::create_private_dir(&dir).map_err(|e| SandboxError::Internal(e.to_string()))?;
         let (vmm, base) = match self
-            .clone_zygote(&template, account, &dir, new.internet)
+            .clone_zygote(&template, account, &dir, &new.egress)
             .await
         {
             Ok(cloned) => cloned,
@@ -72,7 +73,8 @@ impl Sandboxes {
             auto_resume: new.auto_resume,
             timeout_s: new.timeout_s,
             networked: template.spec.network,
-            internet: new.internet,
+            internet: new.egress.internet(),
+            egress: Some(new.egress),
         };
         let settings = serde_json::json!({
             "accessToken": token,
@@ -148,7 +150,7 @@ impl Sandboxes {
                 crate::jail::own_tree(&vm_dir, u)?;
             }
             let nets = if source.rec.networked {
-                let internet = source.rec.internet;
+                let egress = source.rec.egress();
                 let jailed = user.as_ref().map(|u| (u, vm_dir.as_path()));
                 Some(
                     self.network
@@ -157,7 +159,7 @@ impl Sandboxes {
                             super::SANDBOX_NET_OWNER,
                             &group,
                             count,
-                            internet,
+                            &egress,
                             jailed,
                         )
                         .await?,
@@ -349,7 +351,7 @@ impl Sandboxes {
                 .make(
                     super::SANDBOX_NET_OWNER,
                     &instance,
-                    entry.rec.internet,
+                    &entry.rec.egress(),
                     user.as_ref(),
                 )
                 .await;
@@ -419,14 +421,15 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// E2B's `update_network`: whether it may reach beyond its namespace,
-    /// applied to its namespace now if it runs, and kept for its resumes
-    /// (its forks take it from it). 409 for a sandbox without a network.
-    pub async fn set_internet(
+    /// E2B's `update_network`: what it may reach beyond its namespace,
+    /// put in force in its namespace now if it runs, and kept for its
+    /// resumes (its forks take it from it). 409 for a sandbox without a
+    /// network.
+    pub async fn set_egress(
         &self,
         account: &str,
         id: &str,
-        internet: bool,
+        egress: Egress,
     ) -> Result<(), SandboxError> {
         let mut entry = self.entry(account, id).await?;
         if !entry.rec.networked {
@@ -436,16 +439,17 @@ impl Sandboxes {
             )));
         }
         if let Some(net) = entry.vmm.as_ref().and_then(|v| v.net.as_ref()) {
-            let name = net.name.clone();
+            let (name, rules) = (net.name.clone(), egress.clone());
             tokio::task::spawn_blocking(move || {
-                crate::network::set_outbound_in(&name, internet)
+                rules
+                    .apply_in(&name)
                     .map_err(|e| format!("its namespace {name}: {e}"))
             })
             .await
             .map_err(|e| SandboxError::Internal(e.to_string()))?
             .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e}")))?;
         }
-        entry.rec.internet = internet;
+        entry.rec.set_egress(egress);
         entry
             .rec
             .save(&self.dir.join(id))

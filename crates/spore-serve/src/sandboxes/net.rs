@@ -5,9 +5,9 @@
 //! function's are (`crate::network`): the guest is 172.16.0.2/30 behind the
 //! tap's 172.16.0.1 in every namespace, so a clone or a restored snapshot
 //! keeps its address and reopens `tap0` by name, and the namespace's veth
-//! and the host's NAT take its traffic out. A sandbox created with
-//! `allow_internet_access: false` gets the same namespace with nothing
-//! forwarded out of it ([`crate::network::InstanceNet::deny_outbound`]).
+//! and the host's NAT take its traffic out. A sandbox's egress rules
+//! (`allow_internet_access: false`, `network.allowOut`/`denyOut`) are
+//! nftables rules in its namespace ([`crate::network::egress`]).
 //!
 //! The guest configures `eth0` itself from its kernel command line
 //! (`spore.ip=`, `spore.gw=`, `spore.dns=`: spore-agent's sandbox mode).
@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::jail::User;
+use crate::network::egress::Egress;
 use crate::network::{InstanceNet, Network, GATEWAY, GUEST_ADDR, TAP_NAME};
 use crate::vmm::VmmProcess;
 
@@ -92,15 +93,15 @@ impl SandboxNetwork {
     }
 
     /// A namespace named `<prefix>.<owner>.<instance>`, its outbound
-    /// traffic denied unless `internet`; its tap `user`'s, for a jailed VMM.
+    /// traffic as `egress` says; its tap `user`'s, for a jailed VMM.
     pub async fn make(
         &self,
         owner: &str,
         instance: &str,
-        internet: bool,
+        egress: &Egress,
         user: Option<&User>,
     ) -> anyhow::Result<InstanceNet> {
-        self.make_for(owner, instance, internet, user, false).await
+        self.make_for(owner, instance, egress, user, false).await
     }
 
     /// [`Self::make`]; with `handoff`, a `/dev/net/tun` descriptor opened
@@ -109,14 +110,15 @@ impl SandboxNetwork {
         &self,
         owner: &str,
         instance: &str,
-        internet: bool,
+        egress: &Egress,
         user: Option<&User>,
         handoff: bool,
     ) -> anyhow::Result<InstanceNet> {
-        let (network, owner, instance) = (
+        let (network, owner, instance, egress) = (
             self.network.clone(),
             owner.to_string(),
             instance.to_string(),
+            egress.clone(),
         );
         // A jailed VMM opens its tap as its own user: the tap is its.
         let tap_owner = user.map(|u| (u.uid, u.gid));
@@ -124,8 +126,8 @@ impl SandboxNetwork {
             let network = network.clone();
             tokio::task::spawn_blocking(move || {
                 let net = network.make(&owner, &instance, tap_owner, handoff)?;
-                if !internet {
-                    net.deny_outbound()?;
+                if egress != Egress::default() {
+                    net.set_egress(&egress)?;
                 }
                 anyhow::Ok(net)
             })
@@ -149,7 +151,7 @@ impl SandboxNetwork {
         owner: &str,
         stem: &str,
         count: u32,
-        internet: bool,
+        egress: &Egress,
         jailed: Option<(&User, &Path)>,
     ) -> anyhow::Result<(HashMap<u64, InstanceNet>, serde_json::Value)> {
         let status: serde_json::Value =
@@ -166,12 +168,16 @@ impl SandboxNetwork {
         for batch in numbers.chunks(MAKE_AT_ONCE) {
             let mut made = tokio::task::JoinSet::new();
             for &n in batch {
-                let (me, owner, instance) =
-                    (self.clone(), owner.to_string(), format!("{stem}c{n}"));
+                let (me, owner, instance, egress) = (
+                    self.clone(),
+                    owner.to_string(),
+                    format!("{stem}c{n}"),
+                    egress.clone(),
+                );
                 let user = jailed.map(|(u, _)| u.clone());
                 made.spawn(async move {
                     let net = me
-                        .make_for(&owner, &instance, internet, user.as_ref(), user.is_some())
+                        .make_for(&owner, &instance, &egress, user.as_ref(), user.is_some())
                         .await;
                     (n, net)
                 });

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::network::egress::Egress;
+
 /// Where a sandbox is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -75,10 +77,14 @@ pub struct Record {
     /// in a network namespace of its own (`super::net`).
     #[serde(default)]
     pub networked: bool,
-    /// E2B's `allow_internet_access`: a networked sandbox's traffic may
-    /// leave its namespace.
+    /// E2B's `allow_internet_access` as this sandbox has it (`egress`
+    /// denies no `0.0.0.0/0`); the whole rule when `egress` is absent (a
+    /// record older than it).
     #[serde(default)]
     pub internet: bool,
+    /// Its egress rules (`network.allowOut`/`denyOut`).
+    #[serde(default)]
+    pub egress: Option<Egress>,
 }
 
 /// The most diffs a sandbox's chain grows to before a pause is full again
@@ -91,6 +97,21 @@ pub fn path(dir: &Path) -> PathBuf {
 }
 
 impl Record {
+    /// What its guest may reach beyond its namespace.
+    pub fn egress(&self) -> Egress {
+        match &self.egress {
+            Some(e) => e.clone(),
+            None if self.internet => Egress::default(),
+            None => Egress::closed(),
+        }
+    }
+
+    /// Sets its egress rules (and `internet`, which older daemons read).
+    pub fn set_egress(&mut self, egress: Egress) {
+        self.internet = egress.internet();
+        self.egress = Some(egress);
+    }
+
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         crate::fs::write_private(&path(dir), &json)
@@ -169,6 +190,7 @@ mod tests {
             timeout_s: 300,
             networked: true,
             internet: false,
+            egress: None,
         };
         rec.save(&dir).unwrap();
         let back = Record::load(&dir).unwrap();

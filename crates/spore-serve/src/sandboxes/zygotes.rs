@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::{lifecycle, template, SandboxError, Sandboxes, Template};
+use crate::network::egress::Egress;
 use crate::vmm::VmmProcess;
 
 impl Sandboxes {
@@ -16,13 +17,13 @@ impl Sandboxes {
     /// template take turns.
     /// Returns the clone and the template base its memory is a diff on.
     /// A networked template's clone runs in a namespace of its own, its
-    /// outbound traffic denied unless `internet`.
+    /// outbound traffic as `egress` says.
     pub(super) async fn clone_zygote(
         &self,
         t: &Template,
         account: &str,
         dir: &Path,
-        internet: bool,
+        egress: &Egress,
     ) -> Result<(VmmProcess, Option<PathBuf>), SandboxError> {
         let slot = t.zygote_of(account);
         let mut slot = slot.lock().await;
@@ -41,7 +42,7 @@ impl Sandboxes {
             let jailed = user.as_ref().map(|u| (u, dir));
             Some(
                 self.network
-                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, internet, jailed)
+                    .for_clones(&z.vmm, &owner, &z.net_stem, 1, egress, jailed)
                     .await
                     .map_err(SandboxError::internal)?,
             )
@@ -151,7 +152,10 @@ impl Sandboxes {
         let net = if t.spec.network {
             let stem = format!("z{}", crate::clock::unix_ms());
             let owner = template_net_owner(&t.spec.name, account);
-            let made = self.network.make(&owner, &stem, true, user.as_ref()).await;
+            let made = self
+                .network
+                .make(&owner, &stem, &Egress::default(), user.as_ref())
+                .await;
             let made = made.map_err(|e| {
                 SandboxError::Internal(format!(
                     "template {} could not start: its network namespace: {e:#}",
