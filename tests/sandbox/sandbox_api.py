@@ -439,6 +439,7 @@ def main():
         metrics_history(sbx)
         fork_fresh(sbx)
         sbx = pause_resume(sbx)
+        logs(sbx)
         fork(sbx)
         kill(sbx)
         auto_resume()
@@ -450,6 +451,34 @@ def main():
                 Sandbox.kill(sandbox_id, **API)
             except Exception as e:
                 print(f"cleanup: kill {sandbox_id}: {e}")
+
+
+def logs(sbx):
+    """The sandbox's log, through the SDK's own generated API client (its
+    Sandbox class has no call for it): what happened to it, oldest first,
+    filtered and paged as E2B's v2 query says; the v1 form gives the same."""
+    from e2b.api.client.api.sandboxes import get_sandboxes_sandbox_id_logs as v1_logs
+    from e2b.api.client.api.sandboxes import get_v_2_sandboxes_sandbox_id_logs as v2_logs
+    from e2b.api.client.models import LogLevel, LogsDirection
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+
+    client = get_api_client(ConnectionConfig(**API))
+    got = v2_logs.sync(sbx.sandbox_id, client=client).logs
+    said = [e.message for e in got]
+    check(any(m.startswith("sandbox created from template") for m in said)
+          and any(m.startswith("sandbox paused in") for m in said)
+          and any(m.startswith("sandbox resumed in") for m in said)
+          and any(m.startswith("timeout set") for m in said),
+          f"its log: created, timeout set, paused, resumed ({len(said)} entries)")
+    check([e.timestamp for e in got] == sorted(e.timestamp for e in got), "oldest first")
+    newest = v2_logs.sync(sbx.sandbox_id, client=client, direction=LogsDirection.BACKWARD, limit=1).logs
+    check(len(newest) == 1 and newest[0].message == said[-1], f"direction=backward, limit=1: the newest ({said[-1][:40]})")
+    paused = v2_logs.sync(sbx.sandbox_id, client=client, search="PAUSED").logs
+    check(len(paused) >= 1 and all("paused" in e.message for e in paused), "search: the pauses")
+    check(v2_logs.sync(sbx.sandbox_id, client=client, level=LogLevel.ERROR).logs == [], "level=error: none")
+    old = v1_logs.sync(sbx.sandbox_id, client=client)
+    check([line.line for line in old.logs] == said, "the v1 form: the same lines")
 
 
 PERSISTED = "/home/user/kept-across-a-restart.txt"

@@ -21,7 +21,9 @@ use serde::Deserialize;
 
 use super::lifecycle::NewSandbox;
 use super::reply::{empty, error, json, Body};
-use super::{envd, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S};
+use super::{
+    envd, events, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S,
+};
 use crate::accounts::DEFAULT_ACCOUNT;
 use crate::auth::Keys;
 use crate::network::egress::Egress;
@@ -220,11 +222,30 @@ async fn route(
             Ok(empty(204))
         }
         (&Method::GET, ["sandboxes", id, "logs"]) => {
-            sbx.get(account, id).await?;
+            // E2B's older form: `start` (ms) and `limit`, oldest first, as
+            // lines and as entries.
+            let q = events::Query::parse(&query).map_err(SandboxError::BadRequest)?;
+            let got = sbx.log(account, id, &q).await?;
+            let lines: Vec<_> = got
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "timestamp": crate::clock::iso_ms(e.at_ms),
+                        "line": e.message,
+                    })
+                })
+                .collect();
+            let entries: Vec<_> = got.iter().map(log_entry_json).collect();
             Ok(json(
                 200,
-                serde_json::json!({ "logs": [], "logEntries": [] }),
+                serde_json::json!({ "logs": lines, "logEntries": entries }),
             ))
+        }
+        (&Method::GET, ["v2", "sandboxes", id, "logs"]) => {
+            let q = events::Query::parse(&query).map_err(SandboxError::BadRequest)?;
+            let got = sbx.log(account, id, &q).await?;
+            let entries: Vec<_> = got.iter().map(log_entry_json).collect();
+            Ok(json(200, serde_json::json!({ "logs": entries })))
         }
         _ => Err(SandboxError::NotFound(format!(
             "no route for {method} {path}"
@@ -451,7 +472,7 @@ impl ListQuery {
 }
 
 /// `a=b&c=d`, each part percent-decoded ('+' a space).
-fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
+pub(super) fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
     let decode = |p: &str| crate::api::percent_decode(&p.replace('+', " "));
     s.split('&')
         .filter(|p| !p.is_empty())
@@ -513,6 +534,16 @@ fn listed_json(r: &Record) -> serde_json::Value {
         "state": r.state.as_str(),
         "envdVersion": envd::ENVD_VERSION,
         "metadata": r.metadata,
+    })
+}
+
+/// E2B's `SandboxLogEntry`.
+fn log_entry_json(e: &events::Event) -> serde_json::Value {
+    serde_json::json!({
+        "timestamp": crate::clock::iso_ms(e.at_ms),
+        "level": e.level,
+        "message": e.message,
+        "fields": e.fields,
     })
 }
 

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::events::{self, Level};
 use super::{envd, new_id, new_token, Record, SandboxError, Sandboxes, State};
 use crate::network::egress::Egress;
 use crate::network::InstanceNet;
@@ -83,11 +84,20 @@ impl Sandboxes {
             "timestamp": crate::clock::iso_ms(crate::clock::unix_ms()),
         });
         self.start_serving(rec, vmm, None, &settings, &dir).await?;
+        let ms = started.elapsed().as_millis().to_string();
+        events::record(
+            &dir,
+            Level::Info,
+            &format!(
+                "sandbox created from template {} in {ms} ms",
+                template.spec.name
+            ),
+            &[("template", &template.spec.name), ("duration_ms", &ms)],
+        );
         tracing::info!(
             sandbox = %id,
             template = %template.spec.name,
-            "sandbox created in {} ms",
-            started.elapsed().as_millis()
+            "sandbox created in {ms} ms"
         );
         self.get(account, &id).await
     }
@@ -216,11 +226,36 @@ impl Sandboxes {
                 });
                 self.start_serving(rec, clone, Some(&source.rec.access_token), &settings, &dir)
                     .await?;
+                events::record(
+                    &dir,
+                    Level::Info,
+                    &format!("sandbox forked from {}", source.rec.id),
+                    &[("source", &source.rec.id)],
+                );
                 Ok(fork_id)
             }
             .await;
             results.push(forked);
         }
+        let made: Vec<&str> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(String::as_str))
+            .collect();
+        events::record(
+            &self.dir.join(&source.rec.id),
+            if made.len() == results.len() {
+                Level::Info
+            } else {
+                Level::Warn
+            },
+            &format!(
+                "forked: {} of {} asked made ({})",
+                made.len(),
+                results.len(),
+                made.join(", ")
+            ),
+            &[("forks", &made.join(","))],
+        );
         drop(source);
         if results.iter().all(Result::is_err) {
             let _ = std::fs::remove_dir_all(&vm_dir);
@@ -255,7 +290,17 @@ impl Sandboxes {
         let mut written = snapshot(&vmm, diff, &state, &mem).await;
         if diff && written.is_err() {
             // A chain that cannot be continued (its base gone, say): full.
-            tracing::warn!(sandbox = %id, "a diff pause failed, pausing with a full snapshot: {:#}", written.as_ref().err().map_or_else(String::new, ToString::to_string));
+            let why = written
+                .as_ref()
+                .err()
+                .map_or_else(String::new, |e| format!("{e:#}"));
+            tracing::warn!(sandbox = %id, "a diff pause failed, pausing with a full snapshot: {why}");
+            events::record(
+                &dir,
+                Level::Warn,
+                &format!("a diff pause failed, pausing with a full snapshot: {why}"),
+                &[],
+            );
             diff = false;
             written = snapshot(&vmm, false, &state, &mem).await;
         }
@@ -267,6 +312,12 @@ impl Sandboxes {
             entry.vmm = Some(vmm);
             let _ = std::fs::remove_file(&state);
             let _ = std::fs::remove_file(&mem);
+            events::record(
+                &dir,
+                Level::Error,
+                &format!("pause failed, running on: {e:#}"),
+                &[],
+            );
             return Err(SandboxError::Internal(format!(
                 "pausing sandbox {id}: {e:#}"
             )));
@@ -289,13 +340,14 @@ impl Sandboxes {
         if !diff {
             remove_pauses_before(&dir, generation);
         }
-        tracing::info!(
-            sandbox = %id,
+        let what = format!(
             "sandbox paused in {} ms ({} snapshot, {} KiB of memory on disk)",
             started.elapsed().as_millis(),
             if diff { "a diff" } else { "a full" },
             crate::fs::disk_bytes(&mem) >> 10
         );
+        events::record(&dir, Level::Info, &what, &[]);
+        tracing::info!(sandbox = %id, "{what}");
         Ok(())
     }
 
@@ -381,6 +433,15 @@ impl Sandboxes {
         .await;
         if let Err(e) = restored {
             let tail = vmm.log_tail();
+            events::record(
+                &self.dir.join(id),
+                Level::Error,
+                &format!(
+                    "resume failed: {e:#}; its VMM's log ends: {}",
+                    vmm.log_lines(20)
+                ),
+                &[],
+            );
             vmm.kill().await;
             return Err(SandboxError::Internal(format!(
                 "resuming sandbox {id}: {e:#} (VMM log: {tail})"
@@ -392,7 +453,9 @@ impl Sandboxes {
             .rec
             .save(&dir)
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
-        tracing::info!(sandbox = %id, "sandbox resumed in {} ms", started.elapsed().as_millis());
+        let what = format!("sandbox resumed in {} ms", started.elapsed().as_millis());
+        events::record(&dir, Level::Info, &what, &[]);
+        tracing::info!(sandbox = %id, "{what}");
         Ok(true)
     }
 
@@ -449,11 +512,25 @@ impl Sandboxes {
             .map_err(|e| SandboxError::Internal(e.to_string()))?
             .map_err(|e| SandboxError::Internal(format!("sandbox {id}: {e}")))?;
         }
+        let list = |nets: &[ipnet::Ipv4Net]| {
+            nets.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let (allow, deny) = (list(&egress.allow), list(&egress.deny));
         entry.rec.set_egress(egress);
         entry
             .rec
             .save(&self.dir.join(id))
-            .map_err(|e| SandboxError::Internal(e.to_string()))
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        events::record(
+            &self.dir.join(id),
+            Level::Info,
+            &format!("network updated: allow_out [{allow}], deny_out [{deny}]"),
+            &[("allow_out", &allow), ("deny_out", &deny)],
+        );
+        Ok(())
     }
 
     /// Its timeout, from now.
@@ -468,7 +545,17 @@ impl Sandboxes {
         entry
             .rec
             .save(&self.dir.join(id))
-            .map_err(|e| SandboxError::Internal(e.to_string()))
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        events::record(
+            &self.dir.join(id),
+            Level::Info,
+            &format!(
+                "timeout set: {timeout_s} s from now (ends at {})",
+                crate::clock::iso_ms(entry.rec.end_at_ms)
+            ),
+            &[],
+        );
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 //! cloning it while it runs. The daemon reaches envd, and any port the
 //! guest listens on, over the VMM's vsock socket (`envd`, `proxy`).
 //!
-//! Files: `<state>/sbx/<id>/` holds a sandbox's record, its disk overlay,
+//! Files: `<state>/sbx/<id>/` holds a sandbox's record, its log (`events`), its disk overlay,
 //! its paused snapshot and (while it runs) its VMM's sockets; a template's
 //! zygote runs in `<state>/run/sbx-<template>/`, a resumed sandbox's VMM in
 //! `<state>/run/sbx-<id>-r<n>/`; template bases are in
@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod envd;
+pub mod events;
 mod jail;
 mod lifecycle;
 mod metrics;
@@ -32,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use events::Level;
 pub use record::{Record, State};
 pub use template::TemplateSpec;
 
@@ -425,10 +427,34 @@ impl Sandboxes {
                 let timeout_s = if timeout_s == 0 { 300 } else { timeout_s };
                 if self.resume(&account, id, timeout_s, None).await? {
                     tracing::info!(sandbox = %id, "sandbox resumed by a request (autoResume)");
+                    events::record(
+                        &self.dir.join(id),
+                        Level::Info,
+                        "resumed by a request to it (autoResume)",
+                        &[],
+                    );
                 }
                 self.vsock_of(id).await
             }
             other => other,
+        }
+    }
+
+    /// Its log ([`events`]): the events `query` selects. 404 as for `get`.
+    pub async fn log(
+        &self,
+        account: &str,
+        id: &str,
+        query: &events::Query,
+    ) -> Result<Vec<events::Event>, SandboxError> {
+        self.get(account, id).await?;
+        Ok(query.select(events::read(&self.dir.join(id))))
+    }
+
+    /// Adds an event to a sandbox's log, if it is still there.
+    pub fn note(&self, id: &str, level: Level, message: &str) {
+        if lock(&self.table).contains_key(id) {
+            events::record(&self.dir.join(id), level, message, &[]);
         }
     }
 
@@ -538,11 +564,16 @@ impl Sandboxes {
                 self.kill(&account, &id).await
             };
             match ended {
-                Ok(()) => tracing::info!(
-                    sandbox = %id,
-                    "timeout: {}",
-                    if auto_pause { "paused" } else { "killed" }
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        sandbox = %id,
+                        "timeout: {}",
+                        if auto_pause { "paused" } else { "killed" }
+                    );
+                    if auto_pause {
+                        self.note(&id, Level::Info, "timeout: paused (autoPause)");
+                    }
+                }
                 Err(e) => tracing::warn!(sandbox = %id, "timeout: {e}"),
             }
         }

@@ -35,11 +35,12 @@ pub async fn forward(
             if port == envd::ENVD_PORT {
                 // envd always listens: its guest is stuck or envd died.
                 // What the guest's console said is the operator's clue.
-                tracing::warn!(
-                    sandbox = %id,
+                let what = format!(
                     "envd does not answer ({e:#}); its VMM's log ends: {}",
                     sandboxes.vmm_log_lines(id, 20).await.unwrap_or_default()
                 );
+                tracing::warn!(sandbox = %id, "{what}");
+                sandboxes.note(id, super::events::Level::Warn, &what);
             }
             return error(
                 502,

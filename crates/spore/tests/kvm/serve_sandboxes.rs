@@ -1,8 +1,9 @@
 //! The sandbox API's refusals, without a guest (Linux sandboxes boot in the
 //! nested tier: tests/nested/scenarios/sandbox-envd.sh): API keys per
 //! account, E2B's error bodies for a missing sandbox or template, malformed
-//! requests and bounds, a template whose zygote cannot boot, the proxy for a
-//! sandbox that is not there; nothing is left on disk by a failed create.
+//! requests and bounds (egress rules spore cannot enforce, a logs query), a
+//! template whose zygote cannot boot, the proxy for a sandbox that is not
+//! there; nothing is left on disk by a failed create.
 
 use crate::common::serve::{http, Daemon, Response};
 use crate::common::Scratch;
@@ -120,6 +121,33 @@ fn serve_sandbox_api_refuses_what_it_must() {
         400,
     );
     auto_resume_needs_auto_pause(&d);
+    // Egress rules spore cannot enforce are refused before anything starts.
+    for (network, says) in [
+        (
+            r#"{"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]}"#,
+            "domain names",
+        ),
+        (r#"{"denyOut": ["::/0"]}"#, "not an IPv4 address"),
+        (
+            r#"{"egressProxy": {"address": "10.0.0.1:3128"}}"#,
+            "egressProxy",
+        ),
+    ] {
+        let body = format!(r#"{{"templateID": "base", "network": {network}}}"#);
+        let m = refused(&call(&d, "POST", "/v2/sandboxes", &body, Some(KEY_A)), 400);
+        assert!(m.contains(says), "{network}: {m}");
+    }
+    // A logs query it cannot take.
+    refused(
+        &call(
+            &d,
+            "GET",
+            "/v2/sandboxes/x/logs?direction=sideways",
+            "",
+            Some(KEY_A),
+        ),
+        400,
+    );
     refused(
         &call(&d, "GET", "/v2/sandboxes?state=asleep", "", Some(KEY_A)),
         400,
@@ -174,6 +202,9 @@ fn serve_sandbox_api_refuses_what_it_must() {
             r#"{"timeout": 10}"#,
         ),
         ("POST", "/sandboxes/nosuchsandbox/fork", r#"{"count": 2}"#),
+        ("GET", "/sandboxes/nosuchsandbox/logs", ""),
+        ("GET", "/v2/sandboxes/nosuchsandbox/logs?limit=5", ""),
+        ("PUT", "/sandboxes/nosuchsandbox/network", "{}"),
     ] {
         let m = refused(&call(&d, method, path, body, Some(KEY_A)), 404);
         assert!(m.contains("nosuchsandbox"), "{method} {path}: {m}");
