@@ -46,6 +46,37 @@ fn auto_resume_needs_auto_pause(d: &Daemon) {
     assert!(m.contains("autoResume needs autoPause"), "{m}");
 }
 
+/// Egress rules spore cannot enforce are refused before anything starts,
+/// and so is a logs query it cannot take.
+fn refuses_what_it_cannot_enforce(d: &Daemon) {
+    for (network, says) in [
+        (
+            r#"{"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]}"#,
+            "domain names",
+        ),
+        (r#"{"denyOut": ["::/0"]}"#, "not an IPv4 address"),
+        (
+            r#"{"egressProxy": {"address": "10.0.0.1:3128"}}"#,
+            "egressProxy",
+        ),
+    ] {
+        let body = format!(r#"{{"templateID": "base", "network": {network}}}"#);
+        let m = refused(&call(d, "POST", "/v2/sandboxes", &body, Some(KEY_A)), 400);
+        assert!(m.contains(says), "{network}: {m}");
+    }
+    // A logs query it cannot take.
+    refused(
+        &call(
+            d,
+            "GET",
+            "/v2/sandboxes/x/logs?direction=sideways",
+            "",
+            Some(KEY_A),
+        ),
+        400,
+    );
+}
+
 #[test]
 fn serve_sandbox_api_refuses_what_it_must() {
     let dir = Scratch::new("serve-sbx");
@@ -121,33 +152,7 @@ fn serve_sandbox_api_refuses_what_it_must() {
         400,
     );
     auto_resume_needs_auto_pause(&d);
-    // Egress rules spore cannot enforce are refused before anything starts.
-    for (network, says) in [
-        (
-            r#"{"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]}"#,
-            "domain names",
-        ),
-        (r#"{"denyOut": ["::/0"]}"#, "not an IPv4 address"),
-        (
-            r#"{"egressProxy": {"address": "10.0.0.1:3128"}}"#,
-            "egressProxy",
-        ),
-    ] {
-        let body = format!(r#"{{"templateID": "base", "network": {network}}}"#);
-        let m = refused(&call(&d, "POST", "/v2/sandboxes", &body, Some(KEY_A)), 400);
-        assert!(m.contains(says), "{network}: {m}");
-    }
-    // A logs query it cannot take.
-    refused(
-        &call(
-            &d,
-            "GET",
-            "/v2/sandboxes/x/logs?direction=sideways",
-            "",
-            Some(KEY_A),
-        ),
-        400,
-    );
+    refuses_what_it_cannot_enforce(&d);
     refused(
         &call(&d, "GET", "/v2/sandboxes?state=asleep", "", Some(KEY_A)),
         400,
