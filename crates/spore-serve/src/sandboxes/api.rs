@@ -224,7 +224,7 @@ async fn route(
         (&Method::GET, ["sandboxes", id, "logs"]) => {
             // E2B's older form: `start` (ms) and `limit`, oldest first, as
             // lines and as entries.
-            let q = events::Query::parse(&query).map_err(SandboxError::BadRequest)?;
+            let q = logs_query(&query)?;
             let got = sbx.log(account, id, &q).await?;
             let lines: Vec<_> = got
                 .iter()
@@ -242,7 +242,7 @@ async fn route(
             ))
         }
         (&Method::GET, ["v2", "sandboxes", id, "logs"]) => {
-            let q = events::Query::parse(&query).map_err(SandboxError::BadRequest)?;
+            let q = logs_query(&query)?;
             let got = sbx.log(account, id, &q).await?;
             let entries: Vec<_> = got.iter().map(log_entry_json).collect();
             Ok(json(200, serde_json::json!({ "logs": entries })))
@@ -472,7 +472,7 @@ impl ListQuery {
 }
 
 /// `a=b&c=d`, each part percent-decoded ('+' a space).
-pub(super) fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
+fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
     let decode = |p: &str| crate::api::percent_decode(&p.replace('+', " "));
     s.split('&')
         .filter(|p| !p.is_empty())
@@ -535,6 +535,14 @@ fn listed_json(r: &Record) -> serde_json::Value {
         "envdVersion": envd::ENVD_VERSION,
         "metadata": r.metadata,
     })
+}
+
+/// A logs request's query ([`events::Query`]).
+fn logs_query(query: &str) -> Result<events::Query, SandboxError> {
+    let pairs = form_pairs(query)
+        .ok_or_else(|| SandboxError::BadRequest("invalid query: not form-encoded".into()))?;
+    events::Query::from_pairs(pairs)
+        .map_err(|e| SandboxError::BadRequest(format!("invalid query: {e}")))
 }
 
 /// E2B's `SandboxLogEntry`.
