@@ -105,8 +105,10 @@ impl StepRunner {
         env.push(("SPORE_WORKDIR", &wd));
         let tail = OUTPUT_TAIL.to_string();
         env.push(("SPORE_TAIL", &tail));
-        let wrapper = "out=$(mktemp); { if [ -n \"$SPORE_WORKDIR\" ]; then cd -- \"$SPORE_WORKDIR\" || exit 1; fi; \
-                       eval \"$SPORE_STEP_CMD\"; } >\"$out\" 2>&1 </dev/null; rc=$?; tail -c \"$SPORE_TAIL\" \"$out\"; rm -f \"$out\"; exit $rc";
+        // The command in a subshell: its `exit` ends it, not the wrapper
+        // that answers its output.
+        let wrapper = "out=$(mktemp); ( if [ -n \"$SPORE_WORKDIR\" ]; then cd -- \"$SPORE_WORKDIR\" || exit 1; fi; \
+                       eval \"$SPORE_STEP_CMD\" ) >\"$out\" 2>&1 </dev/null; rc=$?; tail -c \"$SPORE_TAIL\" \"$out\"; rm -f \"$out\"; exit $rc";
         let ran = envd::run(&self.vsock, user, wrapper, &env).await?;
         let output = String::from_utf8_lossy(&ran.stdout).into_owned();
         if ran.exit_code != 0 {
@@ -146,15 +148,20 @@ impl StepRunner {
         } else {
             arg(2)
         };
+        // Owner and mode are set in the unpacked copy, so that only what
+        // is copied gets them (`cp -a` keeps them); a destination directory
+        // the copy makes is the owner's too.
         let script = "set -e; t=$(mktemp -d); tar -xf \"$SPORE_TAR\" -C \"$t\"; rm -f \"$SPORE_TAR\"; \
             d=\"$SPORE_DEST\"; case \"$d\" in /*) ;; *) d=\"${SPORE_WORKDIR:-/}/$d\" ;; esac; \
             cd \"$t\"; shopt -s nullglob dotglob globstar; m=( $SPORE_SRC ); \
             [ ${#m[@]} -gt 0 ] || { echo \"no files match $SPORE_SRC\"; exit 1; }; \
-            if [ ${#m[@]} -eq 1 ] && [ -d \"${m[0]}\" ]; then mkdir -p -- \"$d\"; cp -a -- \"${m[0]}\"/. \"$d\"/; \
+            chown -R -- \"$SPORE_OWNER\": \"$t\"; \
+            if [ -n \"$SPORE_MODE\" ]; then find \"$t\" -type f -exec chmod -- \"$SPORE_MODE\" {} +; fi; \
+            new_dir() { if [ ! -e \"$1\" ]; then mkdir -p -- \"$1\"; chown -- \"$SPORE_OWNER\": \"$1\"; fi; }; \
+            if [ ${#m[@]} -eq 1 ] && [ -d \"${m[0]}\" ]; then new_dir \"$d\"; cp -a -- \"${m[0]}\"/. \"$d\"/; \
             elif [ ${#m[@]} -eq 1 ] && [ \"${d%/}\" = \"$d\" ] && [ ! -d \"$d\" ]; then mkdir -p -- \"$(dirname -- \"$d\")\"; cp -a -- \"${m[0]}\" \"$d\"; \
-            else mkdir -p -- \"$d\"; cp -a -- \"${m[@]}\" \"$d\"/; fi; \
-            chown -R -- \"$SPORE_OWNER\": \"$d\"; \
-            if [ -n \"$SPORE_MODE\" ]; then chmod -R -- \"$SPORE_MODE\" \"$d\"; fi; rm -rf \"$t\"";
+            else new_dir \"${d%/}\"; cp -a -- \"${m[@]}\" \"$d\"/; fi; \
+            cd /; rm -rf \"$t\"";
         let wd = self.workdir.clone().unwrap_or_default();
         self.root(
             script,
