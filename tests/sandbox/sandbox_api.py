@@ -427,6 +427,9 @@ def template_build():
     check(sh(sbx, "cat /home/user/hello.txt; stat -c %U /home/user/hello.txt") == f"copied {RUN}\nuser\n",
           "and the file its COPY uploaded, the user's")
     check(sbx.kill(**API) is True, "the built template's sandbox is killed")
+    # For persist-check, after kill -9 and a restart of the daemon.
+    with open(os.environ["SANDBOX_PERSIST_STATE"] + ".template", "w") as f:
+        f.write(name)
     failing = Template().from_template(TEMPLATE).run_cmd("echo about to fail; exit 7")
     e = raises(BuildException, lambda: Template.build(failing, f"{name}-bad", **API))
     check(e is not None and "exit code 7" in str(e) and "about to fail" in str(e),
@@ -543,6 +546,13 @@ def persist_check():
     if PROBE:
         check(reaches_probe(sbx), "after the restart: resumed with its network")
     check(sbx.kill(**API) is True, "killed")
+    built = os.environ["SANDBOX_PERSIST_STATE"] + ".template"
+    if os.path.exists(built):
+        name = open(built).read().strip()
+        sbx = timed("create-built-after-restart", lambda: Sandbox.create(name, timeout=600, **API))
+        check(sh(sbx, "cat /etc/spore-built.txt") == "from-run\n",
+              f"after the restart: the built template {name} still serves, with its RUN's file")
+        check(sbx.kill(**API) is True, "killed")
 
 
 def zygote_idle():
