@@ -396,6 +396,50 @@ def missing_template():
     check(False, "a missing template raises")
 
 
+def template_build():
+    """E2B's template-build API through the SDK's Template.build: a template
+    built from this one with a RUN, an ENV and a COPY of a local file, then
+    a sandbox of it that has all three; a failing step fails the build with
+    its step, and a container image is refused."""
+    import tempfile
+
+    from e2b import BuildException, Template
+
+    ctx = tempfile.mkdtemp()
+    with open(os.path.join(ctx, "hello.txt"), "w") as f:
+        f.write(f"copied {RUN}\n")
+    name = f"built-{RUN[:8]}"
+    logs = []
+    t = (Template(file_context_path=ctx)
+         .from_template(TEMPLATE)
+         .run_cmd("echo from-run > /etc/spore-built.txt", user="root")
+         .set_envs({"SPORE_BUILT": "yes"})
+         .copy("hello.txt", "/home/user/hello.txt"))
+    info = timed("template-build", lambda: Template.build(
+        t, name, cpu_count=1, memory_mb=512, on_build_logs=logs.append, **API))
+    check(info.template_id and info.build_id,
+          f"Template.build: template {info.template_id}, build {info.build_id} ({len(logs)} log lines)")
+    check(any("[1/3] RUN" in str(e.message) for e in logs), "its log names the steps as they run")
+    sbx = timed("create-built", lambda: Sandbox.create(name, timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    check(sh(sbx, "cat /etc/spore-built.txt") == "from-run\n", "a sandbox of it has what its RUN wrote")
+    check(sh(sbx, "echo $SPORE_BUILT") == "yes\n", "and its ENV")
+    check(sh(sbx, "cat /home/user/hello.txt; stat -c %U /home/user/hello.txt") == f"copied {RUN}\nuser\n",
+          "and the file its COPY uploaded, the user's")
+    check(sbx.kill(**API) is True, "the built template's sandbox is killed")
+    # For persist-check, after kill -9 and a restart of the daemon.
+    with open(os.environ["SANDBOX_PERSIST_STATE"] + ".template", "w") as f:
+        f.write(name)
+    failing = Template().from_template(TEMPLATE).run_cmd("echo about to fail; exit 7")
+    e = raises(BuildException, lambda: Template.build(failing, f"{name}-bad", **API))
+    check(e is not None and "exit code 7" in str(e) and "about to fail" in str(e),
+          f"a failing RUN fails the build, with its output: {str(e)[:120]}")
+    image = Template().from_image("python:3.12").run_cmd("true")
+    e = raises(Exception, lambda: Template.build(image, f"{name}-img", **API))
+    check(e is not None and "a container image is not pulled" in str(e),
+          f"a container image is refused: {str(e)[:100]}")
+
+
 def web_template():
     """A template built by `spore sandbox template build` with a start
     command: its sandboxes start with the server already running."""
@@ -445,6 +489,7 @@ def main():
         auto_resume()
         wrong_key()
         missing_template()
+        template_build()
     finally:
         for sandbox_id in created:
             try:
@@ -501,6 +546,13 @@ def persist_check():
     if PROBE:
         check(reaches_probe(sbx), "after the restart: resumed with its network")
     check(sbx.kill(**API) is True, "killed")
+    built = os.environ["SANDBOX_PERSIST_STATE"] + ".template"
+    if os.path.exists(built):
+        name = open(built).read().strip()
+        sbx = timed("create-built-after-restart", lambda: Sandbox.create(name, timeout=600, **API))
+        check(sh(sbx, "cat /etc/spore-built.txt") == "from-run\n",
+              f"after the restart: the built template {name} still serves, with its RUN's file")
+        check(sbx.kill(**API) is True, "killed")
 
 
 def zygote_idle():

@@ -29,7 +29,15 @@ pub const DEFAULT_COUNT: u32 = 65_536;
 
 /// The state directory's subdirectories jailed VMMs pass through (`sbx`
 /// and `sbx-bases`: sandboxes', `crate::sandboxes`).
-const VMM_REACHABLE: [&str; 6] = ["run", "code", "snapshots", "bases", "sbx", "sbx-bases"];
+const VMM_REACHABLE: [&str; 7] = [
+    "run",
+    "code",
+    "snapshots",
+    "bases",
+    "sbx",
+    "sbx-bases",
+    "sbx-templates",
+];
 
 /// `FIRST:COUNT`: the shared group's id, then the functions' uids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,6 +291,15 @@ pub fn system_paths(spore_bin: &Path) -> Vec<PathBuf> {
 pub fn share_dir_with(dir: &Path, user: &User) -> std::io::Result<()> {
     chown(dir, Some(0), Some(user.gid))?;
     chmod(dir, 0o1770)
+}
+
+/// `file` in `dir` readable, not writable, by `user`: both root's with
+/// its group, `dir` 0750 and `file` 0640 (a built template's image).
+pub fn share_read_only(dir: &Path, file: &Path, user: &User) -> std::io::Result<()> {
+    chown(dir, Some(0), Some(user.gid))?;
+    chmod(dir, 0o750)?;
+    chown(file, Some(0), Some(user.gid))?;
+    chmod(file, 0o640)
 }
 
 /// Gives `files` that exist to `user` (files an unjailed daemon wrote,

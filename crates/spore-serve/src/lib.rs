@@ -45,6 +45,7 @@ pub mod logs;
 pub mod metrics;
 pub mod mutex;
 pub mod network;
+pub mod percent;
 pub mod recovery;
 pub mod runtime;
 pub mod runtime_image;

@@ -260,30 +260,18 @@ pub fn command_line(f: &Function) -> String {
     let mut words = vec![
         format!(
             "env.AWS_LAMBDA_FUNCTION_NAME={}",
-            percent_encode(crate::accounts::plain_name(&f.name))
+            crate::percent::encode(crate::accounts::plain_name(&f.name))
         ),
         "env.AWS_LAMBDA_FUNCTION_VERSION=%24LATEST".to_string(),
         format!("env.AWS_LAMBDA_FUNCTION_MEMORY_SIZE={}", f.memory_mib),
     ];
     for (k, v) in &f.env {
-        words.push(format!("env.{k}={}", percent_encode(v)));
+        words.push(format!("env.{k}={}", crate::percent::encode(v)));
     }
     if f.network {
         words.push(crate::network::guest_cmdline());
     }
     words.join(" ")
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -426,7 +414,7 @@ mod tests {
 
     #[test]
     fn environment_is_percent_encoded() {
-        assert_eq!(percent_encode("a b/ü"), "a%20b%2F%C3%BC");
-        assert_eq!(percent_encode("A-z_0.~"), "A-z_0.~");
+        assert_eq!(crate::percent::encode("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(crate::percent::encode("A-z_0.~"), "A-z_0.~");
     }
 }

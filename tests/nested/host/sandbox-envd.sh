@@ -105,7 +105,7 @@ export E2B_API_URL="http://127.0.0.1:${SPORE_FWD_3000:?}" E2B_SANDBOX_URL="http:
     E2B_API_KEY=e2b_0000000000000000000000000000000000000a11 \
     SANDBOX_OTHER_API_KEY=e2b_0000000000000000000000000000000000000b22 \
     SANDBOX_TEMPLATE=base SANDBOX_WEB_TEMPLATE=web SANDBOX_PERSIST_STATE="$(mktemp)"
-trap 'rm -f "$LIFECYCLE_STATE" "$SANDBOX_PERSIST_STATE"' EXIT
+trap 'rm -f "$LIFECYCLE_STATE" "$SANDBOX_PERSIST_STATE" "$SANDBOX_PERSIST_STATE.template"' EXIT
 wait_ready sandbox-api
 scenario sandbox-api sandbox_api
 scenario sandbox-persist-prepare sandbox_api persist-prepare

@@ -21,6 +21,8 @@ use serde::Deserialize;
 
 use super::lifecycle::NewSandbox;
 use super::reply::{empty, error, json, Body};
+use super::request::{form_pairs, parse, parse_or_default};
+use super::template_api::{receive_upload, template_route};
 use super::{
     envd, events, Record, SandboxError, Sandboxes, State, DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S,
 };
@@ -40,6 +42,24 @@ pub async fn handle(
 ) -> Response<Body> {
     if let Some((id, port)) = proxy_target(&req, sandboxes.domain.as_deref()) {
         return super::proxy::forward(&sandboxes, &id, port, req).await;
+    }
+    // A template build's file upload: the link's token is its key (the
+    // SDK sends it without `X-API-Key`, as to a presigned URL).
+    if req.method() == Method::PUT {
+        let path = req.uri().path().to_string();
+        if let ["templates", template_id, "files", hash] =
+            path.split('/').skip(1).collect::<Vec<_>>().as_slice()
+        {
+            let token = form_pairs(req.uri().query().unwrap_or(""))
+                .and_then(|p| p.into_iter().find(|(k, _)| k == "token").map(|(_, v)| v))
+                .unwrap_or_default();
+            return match receive_upload(&sandboxes, template_id, hash, &token, req, body_timeout)
+                .await
+            {
+                Ok(()) => empty(200),
+                Err(e) => error(e.status(), &e.to_string()),
+            };
+        }
     }
     let account = match account_of(keys, &req) {
         Some(a) => a,
@@ -92,16 +112,28 @@ fn host_target(host: &str, domain: &str) -> Option<(String, u16)> {
 }
 
 async fn route(
-    sbx: &Sandboxes,
+    sbx: &Arc<Sandboxes>,
     account: &str,
     req: Request<Incoming>,
     body_timeout: Duration,
 ) -> Result<Response<Body>, SandboxError> {
+    // How the client reached this API (where a template's file uploads go).
+    let base_url = req
+        .headers()
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .map_or_else(String::new, |h| format!("http://{h}"));
     let method = req.method().clone();
     let path = req.uri().path().trim_end_matches('/').to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let parts: Vec<&str> = path.split('/').skip(1).collect();
     let body = read_body(req, body_timeout).await?;
+    if matches!(
+        parts.as_slice(),
+        ["templates", ..] | ["v2" | "v3", "templates", ..]
+    ) {
+        return template_route(sbx, account, &method, &parts, &query, &body, &base_url);
+    }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["health"]) => Ok(empty(204)),
         (&Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => {
@@ -221,31 +253,9 @@ async fn route(
             sbx.set_egress(account, id, u.egress()?).await?;
             Ok(empty(204))
         }
-        (&Method::GET, ["sandboxes", id, "logs"]) => {
-            // E2B's older form: `start` (ms) and `limit`, oldest first, as
-            // lines and as entries.
-            let q = logs_query(&query)?;
-            let got = sbx.log(account, id, &q).await?;
-            let lines: Vec<_> = got
-                .iter()
-                .map(|e| {
-                    serde_json::json!({
-                        "timestamp": crate::clock::iso_ms(e.at_ms),
-                        "line": e.message,
-                    })
-                })
-                .collect();
-            let entries: Vec<_> = got.iter().map(log_entry_json).collect();
-            Ok(json(
-                200,
-                serde_json::json!({ "logs": lines, "logEntries": entries }),
-            ))
-        }
+        (&Method::GET, ["sandboxes", id, "logs"]) => logs(sbx, account, id, &query, false).await,
         (&Method::GET, ["v2", "sandboxes", id, "logs"]) => {
-            let q = logs_query(&query)?;
-            let got = sbx.log(account, id, &q).await?;
-            let entries: Vec<_> = got.iter().map(log_entry_json).collect();
-            Ok(json(200, serde_json::json!({ "logs": entries })))
+            logs(sbx, account, id, &query, true).await
         }
         _ => Err(SandboxError::NotFound(format!(
             "no route for {method} {path}"
@@ -471,18 +481,6 @@ impl ListQuery {
     }
 }
 
-/// `a=b&c=d`, each part percent-decoded ('+' a space).
-fn form_pairs(s: &str) -> Option<Vec<(String, String)>> {
-    let decode = |p: &str| crate::api::percent_decode(&p.replace('+', " "));
-    s.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            Some((decode(k)?, decode(v)?))
-        })
-        .collect()
-}
-
 fn list_v2(recs: Vec<Record>, q: &ListQuery) -> Response<Body> {
     let matching: Vec<&Record> = recs
         .iter()
@@ -537,6 +535,35 @@ fn listed_json(r: &Record) -> serde_json::Value {
     })
 }
 
+/// A sandbox's log: E2B's v2 form (`logs`: entries) or its older one
+/// (`logs`: lines, `logEntries`: entries).
+async fn logs(
+    sbx: &Sandboxes,
+    account: &str,
+    id: &str,
+    query: &str,
+    v2: bool,
+) -> Result<Response<Body>, SandboxError> {
+    let got = sbx.log(account, id, &logs_query(query)?).await?;
+    let entries: Vec<_> = got.iter().map(log_entry_json).collect();
+    if v2 {
+        return Ok(json(200, serde_json::json!({ "logs": entries })));
+    }
+    let lines: Vec<_> = got
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "timestamp": crate::clock::iso_ms(e.at_ms),
+                "line": e.message,
+            })
+        })
+        .collect();
+    Ok(json(
+        200,
+        serde_json::json!({ "logs": lines, "logEntries": entries }),
+    ))
+}
+
 /// A logs request's query ([`events::Query`]).
 fn logs_query(query: &str) -> Result<events::Query, SandboxError> {
     let pairs = form_pairs(query)
@@ -587,21 +614,6 @@ async fn read_body(req: Request<Incoming>, pause_limit: Duration) -> Result<Byte
     .map_err(|_| SandboxError::BadRequest("the request body did not arrive in time".into()))?
     .map_err(|e| SandboxError::BadRequest(format!("reading the request body: {e}")))?;
     Ok(collected.to_bytes())
-}
-
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SandboxError> {
-    serde_json::from_slice(body)
-        .map_err(|e| SandboxError::BadRequest(format!("invalid request body: {e}")))
-}
-
-/// An empty body is every field's default.
-fn parse_or_default<T: serde::de::DeserializeOwned + Default>(
-    body: &[u8],
-) -> Result<T, SandboxError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    parse(body)
 }
 
 #[cfg(test)]

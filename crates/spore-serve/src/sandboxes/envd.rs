@@ -138,6 +138,30 @@ pub async fn request(
     Ok((status, bytes))
 }
 
+/// Writes `bytes` to `path` in the guest (envd's `POST /files`, as root).
+pub async fn upload(uds: &Path, path: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    let stream = connect(uds, ENVD_PORT).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let query = format!("/files?path={}&username=root", crate::percent::encode(path));
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(query)
+        .header("host", "envd")
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::copy_from_slice(bytes)))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    if !status.is_success() {
+        let body = resp.into_body().collect().await?.to_bytes();
+        bail!(
+            "envd answered {status} to the upload of {path}: {}",
+            String::from_utf8_lossy(&body).trim()
+        );
+    }
+    Ok(())
+}
+
 /// Waits until envd answers `/health` (a booting or restored guest), up to
 /// `limit`.
 pub async fn wait_healthy(uds: &Path, limit: Duration) -> anyhow::Result<()> {

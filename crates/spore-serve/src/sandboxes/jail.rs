@@ -58,6 +58,20 @@ impl SandboxJail {
         })
     }
 
+    /// How a template build's VM is jailed: it reads the parent's kernel
+    /// and writes the image being built, in `dir` (made its user's here).
+    pub fn builder(&self, spec: &TemplateSpec, user: &User, dir: &Path) -> anyhow::Result<Jailed> {
+        crate::jail::check_readable(&spec.kernel, user).map_err(anyhow::Error::msg)?;
+        crate::jail::own_tree(dir, user)?;
+        let mut read_only = vec![spec.kernel.clone()];
+        read_only.extend(self.system.iter().cloned());
+        Ok(Jailed {
+            user: user.clone(),
+            writable: vec![dir.to_path_buf()],
+            read_only,
+        })
+    }
+
     /// How a paused sandbox's VMM is jailed when it resumes: its snapshot
     /// chain readable (a template base outside `<state>/sbx` shown on its
     /// own), the sandboxes' directory writable (its next pause, its

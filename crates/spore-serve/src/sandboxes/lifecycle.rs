@@ -36,7 +36,7 @@ impl Sandboxes {
     /// A new sandbox of `account`: a clone of the template's zygote, its
     /// envd given a fresh access token, the environment, and the time.
     pub async fn create(&self, account: &str, new: NewSandbox) -> Result<Record, SandboxError> {
-        let template = self.template(&new.template)?;
+        let template = self.template_for(account, &new.template)?;
         let started = Instant::now();
         let id = new_id()?;
         let dir = self.dir.join(&id);
@@ -386,7 +386,7 @@ impl Sandboxes {
         let jailed =
             match (&self.jail, &user) {
                 (Some(j), Some(u)) => {
-                    let spec = &self.template(&entry.rec.template)?.spec;
+                    let spec = &self.template_for(account, &entry.rec.template)?.spec;
                     let jailed = j.resumed(spec, u, &entry.rec, &dir);
                     Some(jailed.map_err(|e| {
                         SandboxError::Internal(format!("resuming sandbox {id}: {e:#}"))

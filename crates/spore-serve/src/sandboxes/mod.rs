@@ -16,6 +16,7 @@
 //! user unless the daemon runs with `--no-jail` (`jail`).
 
 pub mod api;
+pub mod builds;
 pub mod envd;
 pub mod events;
 mod jail;
@@ -25,7 +26,9 @@ pub mod net;
 pub mod proxy;
 mod record;
 pub mod reply;
+mod request;
 pub mod template;
+mod template_api;
 mod zygotes;
 
 use std::collections::{HashMap, HashSet};
@@ -136,7 +139,13 @@ pub struct Sandboxes {
     bases: PathBuf,
     /// How VMMs are jailed; `None` with `--no-jail`.
     jail: Option<jail::SandboxJail>,
+    /// The daemon's templates (`--sandbox-template`), every account's.
     templates: HashMap<String, Arc<Template>>,
+    /// Templates accounts built (`builds`), by account and name: each
+    /// account's own.
+    built: Mutex<HashMap<(String, String), Arc<Template>>>,
+    /// Template builds (E2B's template-build API).
+    builds: builds::Builds,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
     /// Forks' shared VMM directories (`Record::vm_dir`) and how many
     /// sandboxes use each: removed with the last.
@@ -227,12 +236,27 @@ impl Sandboxes {
                 )
             })
             .collect();
+        let (builds, built) = builds::Builds::load(&state_dir.join("sbx-templates"))?;
+        let built = built
+            .into_iter()
+            .map(|b| {
+                (
+                    (b.account, b.spec.name.clone()),
+                    Arc::new(Template {
+                        spec: b.spec,
+                        zygotes: Mutex::default(),
+                    }),
+                )
+            })
+            .collect();
         Ok(Arc::new(Sandboxes {
             spore_bin: spore_bin.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             dir,
             bases,
             templates,
+            built: Mutex::new(built),
+            builds,
             table: Mutex::new(table),
             groups: Mutex::new(groups),
             domain: config.domain,
@@ -294,15 +318,25 @@ impl Sandboxes {
             .map_err(|e| SandboxError::Internal(format!("template {template}'s user: {e:#}")))
     }
 
-    fn template(&self, name: &str) -> Result<Arc<Template>, SandboxError> {
+    /// `account`'s template `name`: one it built, else the daemon's.
+    fn template_for(&self, account: &str, name: &str) -> Result<Arc<Template>, SandboxError> {
         // E2B's templates may be named `name:tag` or `team/name`: the last
         // path part without its tag names the template here.
         let plain = name.rsplit('/').next().unwrap_or(name);
         let plain = plain.split(':').next().unwrap_or(plain);
-        self.templates
-            .get(plain)
-            .cloned()
+        let built = lock(&self.built)
+            .get(&(account.to_string(), plain.to_string()))
+            .cloned();
+        built
+            .or_else(|| self.templates.get(plain).cloned())
             .ok_or_else(|| SandboxError::NotFound(format!("template \"{name}\" not found")))
+    }
+
+    /// Every template: the daemon's and those accounts built.
+    fn all_templates(&self) -> Vec<Arc<Template>> {
+        let mut all: Vec<Arc<Template>> = self.templates.values().cloned().collect();
+        all.extend(lock(&self.built).values().cloned());
+        all
     }
 
     /// The sandbox `id` of `account`, locked (another account's is
@@ -523,7 +557,7 @@ impl Sandboxes {
                 vmm.kill().await;
             }
         }
-        for t in self.templates.values() {
+        for t in self.all_templates() {
             for (_, slot) in t.zygote_slots() {
                 if let Some(mut z) = slot.lock().await.take() {
                     z.vmm.kill().await;

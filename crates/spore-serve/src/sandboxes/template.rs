@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::envd;
 use crate::network::InstanceNet;
@@ -38,7 +38,7 @@ use crate::vmm::VmmProcess;
 /// Linux guest under emulation takes tens of seconds).
 const BOOT_LIMIT: Duration = Duration::from_secs(300);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateSpec {
     pub name: String,
@@ -185,7 +185,7 @@ pub async fn boot_zygote(
     let _ = std::fs::remove_dir_all(run_dir);
     let (net, net_stem) = net.map_or((None, String::new()), |(n, s)| (Some(n), s));
     let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, jailed).await?;
-    match configure(&vmm, spec, run_dir).await {
+    match configure(&vmm, spec, run_dir, Disk::Overlay).await {
         Ok(()) => {}
         Err(e) => {
             let tail = vmm.log_tail();
@@ -227,6 +227,30 @@ pub async fn boot_zygote(
         base,
         last_used: Instant::now(),
     })
+}
+
+/// Boots a template build's VM from `spec` (its image a copy the build
+/// writes in place) in `run_dir` and waits for its envd.
+pub async fn boot_builder(
+    spore_bin: &Path,
+    spec: &TemplateSpec,
+    run_dir: &Path,
+    net: Option<InstanceNet>,
+    jailed: Option<crate::jail::Jailed>,
+) -> anyhow::Result<VmmProcess> {
+    let _ = std::fs::remove_dir_all(run_dir);
+    let mut vmm = VmmProcess::spawn(spore_bin, run_dir, net, None, jailed).await?;
+    let booted = async {
+        configure(&vmm, spec, run_dir, Disk::InPlace).await?;
+        envd::wait_healthy(&vmm.vsock_uds, BOOT_LIMIT).await
+    }
+    .await;
+    if let Err(e) = booted {
+        let tail = vmm.log_lines(8);
+        vmm.kill().await;
+        return Err(e.context(format!("the build VM: console: {tail}")));
+    }
+    Ok(vmm)
 }
 
 /// How long the start command's wrapper (which puts it in the background)
@@ -350,9 +374,24 @@ async fn write_base(vmm: &VmmProcess, bases: &Path, name: &str) -> anyhow::Resul
     Ok(state)
 }
 
-/// The zygote's configuration: its image read-only under an overlay in its
-/// run directory (which each clone copies), vsock for envd.
-async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> anyhow::Result<()> {
+/// How a VM writes its image.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Disk {
+    /// Under a copy-on-write overlay in its run directory (a zygote: each
+    /// clone copies the overlay; the image is never written).
+    Overlay,
+    /// In place (a template build's copy of its parent's image).
+    InPlace,
+}
+
+/// A VM's configuration from its template: its image (`disk`), vsock for
+/// envd, `eth0` if the template has a network.
+async fn configure(
+    vmm: &VmmProcess,
+    spec: &TemplateSpec,
+    run_dir: &Path,
+    disk: Disk,
+) -> anyhow::Result<()> {
     let mut boot_args = format!(
         "console=ttyS0 quiet reboot=k panic=1 pci=off root=/dev/vda rw rootfstype=ext4 \
          init=/sbin/spore-agent spore.mode=sandbox spore.user={}",
@@ -382,19 +421,22 @@ async fn configure(vmm: &VmmProcess, spec: &TemplateSpec, run_dir: &Path) -> any
                 "vcpu_count": spec.vcpus,
                 "mem_size_mib": spec.memory_mib,
                 // Its clones' pauses are diffs on the template base.
-                "track_dirty_pages": true,
+                "track_dirty_pages": disk == Disk::Overlay,
             }),
         ),
-        (
-            "/drives/rootfs",
-            serde_json::json!({
+        ("/drives/rootfs", {
+            let mut drive = serde_json::json!({
                 "drive_id": "rootfs",
                 "path_on_host": spec.rootfs,
                 "is_root_device": true,
                 "is_read_only": false,
-                "cow_overlay": { "path": run_dir.join("zygote.rootfs.cow") },
-            }),
-        ),
+            });
+            if disk == Disk::Overlay {
+                drive["cow_overlay"] =
+                    serde_json::json!({ "path": run_dir.join("zygote.rootfs.cow") });
+            }
+            drive
+        }),
         (
             "/vsock",
             serde_json::json!({ "guest_cid": 3, "uds_path": vmm.vsock_uds }),

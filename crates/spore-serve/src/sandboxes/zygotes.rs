@@ -90,7 +90,7 @@ impl Sandboxes {
         for e in crate::mutex::lock(&self.table).values() {
             needed.extend(e.try_lock().ok()?.rec.base.clone());
         }
-        for t in self.templates.values() {
+        for t in self.all_templates() {
             for (owner, slot) in t.zygote_slots() {
                 if t.spec.name == except.spec.name && owner == account {
                     continue;
@@ -109,7 +109,7 @@ impl Sandboxes {
         let Some(idle) = self.zygote_idle else {
             return;
         };
-        for t in self.templates.values() {
+        for t in self.all_templates() {
             for (account, slot) in t.zygote_slots() {
                 let Ok(mut slot) = slot.try_lock() else {
                     continue;
@@ -126,7 +126,7 @@ impl Sandboxes {
                 );
                 *slot = None;
                 drop(slot);
-                if let Some(needed) = self.bases_needed(t, &account) {
+                if let Some(needed) = self.bases_needed(&t, &account) {
                     remove_bases_but(&self.bases, &needed);
                 }
             }

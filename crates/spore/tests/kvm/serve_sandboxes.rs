@@ -238,3 +238,201 @@ fn serve_sandbox_api_refuses_what_it_must() {
     assert!(refused(&r, 404).contains("nosuchsandbox"));
     refused(&call(&d, "GET", "/no/such/route", "", Some(KEY_A)), 404);
 }
+
+/// E2B's template-build API up to the VM (the build's guest is Linux,
+/// tested in the nested tier): a build is asked for, its files uploaded
+/// through the link's token (not the key), checked before it starts, and
+/// a build whose parent cannot boot ends in `error` with its reason and
+/// log; another account sees none of it.
+#[test]
+fn serve_template_builds_are_checked_and_report_their_end() {
+    let dir = Scratch::new("sbx-bld");
+    std::fs::write(dir.path("vmlinux"), b"not a kernel").unwrap();
+    std::fs::write(dir.path("rootfs.ext4"), b"not an image").unwrap();
+    let template = dir.path("base.toml");
+    std::fs::write(
+        &template,
+        format!(
+            "name = \"base\"\nkernel = \"{}\"\nrootfs = \"{}\"\nnetwork = false\n",
+            dir.path("vmlinux").display(),
+            dir.path("rootfs.ext4").display()
+        ),
+    )
+    .unwrap();
+    let keys = dir.path("keys.toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"a\"\naccount_id = \"111111111111\"\nsandbox_api_key = \"{KEY_A}\"\n\
+             [[keys]]\naccess_key_id = \"B\"\nsecret_access_key = \"b\"\naccount_id = \"222222222222\"\nsandbox_api_key = \"{KEY_B}\"\n"
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(
+        &dir.path("state"),
+        &[
+            "--auth",
+            keys.to_str().unwrap(),
+            "--sandbox-listen",
+            "127.0.0.1:0",
+            "--sandbox-template",
+            template.to_str().unwrap(),
+        ],
+    );
+    let asked = call(
+        &d,
+        "POST",
+        "/v3/templates",
+        r#"{"name": "mine:v1", "cpuCount": 1, "memoryMB": 512}"#,
+        Some(KEY_A),
+    );
+    assert_eq!(asked.status, 202, "{}", asked.text());
+    let v = asked.json();
+    let (tid, bid) = (
+        v["templateID"].as_str().unwrap().to_string(),
+        v["buildID"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(v["names"], serde_json::json!(["mine"]));
+    refused(
+        &call(
+            &d,
+            "POST",
+            "/v3/templates",
+            r#"{"name": "base"}"#,
+            Some(KEY_A),
+        ),
+        409,
+    );
+    refused(
+        &call(
+            &d,
+            "POST",
+            "/v3/templates",
+            r#"{"name": "Not Valid"}"#,
+            Some(KEY_A),
+        ),
+        400,
+    );
+
+    let hash = upload_files(&d, &tid);
+    start_build_checked(&d, &tid, &bid, &hash);
+    // Its parent cannot boot: it ends in error, saying so, at `base`.
+    let status = format!("/templates/{tid}/builds/{bid}/status");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let end = loop {
+        let v = call(&d, "GET", &status, "", Some(KEY_A)).json();
+        if v["status"] != "building" && v["status"] != "waiting" {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {v}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(end["status"], "error", "{end}");
+    assert_eq!(end["reason"]["step"], "base", "{end}");
+    assert!(
+        end["reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("build VM"),
+        "{end}"
+    );
+    let entries = end["logEntries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(|e| e["message"]
+            .as_str()
+            .unwrap()
+            .contains("building template mine from base")),
+        "{end}"
+    );
+    let later = call(
+        &d,
+        "GET",
+        &format!("{status}?logsOffset={}", entries.len()),
+        "",
+        Some(KEY_A),
+    )
+    .json();
+    assert_eq!(later["logEntries"], serde_json::json!([]), "{later}");
+    refused(&call(&d, "GET", &status, "", Some(KEY_B)), 404);
+    // Nothing to create from: the template was never built.
+    refused(
+        &call(
+            &d,
+            "POST",
+            "/v2/sandboxes",
+            r#"{"templateID": "mine"}"#,
+            Some(KEY_A),
+        ),
+        404,
+    );
+}
+
+/// A COPY's files: the link, an upload with the link's token only; the
+/// files' hash.
+fn upload_files(d: &Daemon, tid: &str) -> String {
+    // A COPY's files: the link, an upload with the link's token only.
+    let hash = "ab".repeat(32);
+    let files = format!("/templates/{tid}/files/{hash}");
+    let link = call(d, "GET", &files, "", Some(KEY_A));
+    assert_eq!(link.status, 201, "{}", link.text());
+    assert_eq!(link.json()["present"], false);
+    let url = link.json()["url"].as_str().unwrap().to_string();
+    let upload_path = url
+        .split_once(d.sandbox_addr.as_deref().unwrap())
+        .unwrap()
+        .1;
+    assert!(upload_path.starts_with(&files), "{url}");
+    refused(&call(d, "GET", &files, "", Some(KEY_B)), 404);
+    let addr = d.sandbox_addr.as_deref().unwrap();
+    let wrong = format!("{files}?token={}", "0".repeat(64));
+    assert_eq!(http(addr, "PUT", &wrong, b"tar", &[]).status, 404);
+    assert_eq!(http(addr, "PUT", upload_path, b"tar", &[]).status, 200);
+    assert_eq!(
+        call(d, "GET", &files, "", Some(KEY_A)).json()["present"],
+        true
+    );
+
+    hash
+}
+
+/// A build's start is checked before it runs; then it runs, once.
+fn start_build_checked(d: &Daemon, tid: &str, bid: &str, hash: &str) {
+    // The build's start is checked first.
+    let start = format!("/v2/templates/{tid}/builds/{bid}");
+    for (body, says) in [
+        (r#"{"fromImage": "python:3.12"}"#, "not pulled"),
+        (
+            r#"{"fromTemplate": "base", "steps": [{"type": "COPY", "args": ["a", "/b"], "filesHash": "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"}]}"#,
+            "not uploaded",
+        ),
+        (
+            r#"{"fromTemplate": "base", "steps": [{"type": "FROM", "args": ["x"]}]}"#,
+            "not a step",
+        ),
+        (r#"{"fromTemplate": "nope"}"#, "not found"),
+    ] {
+        let r = call(d, "POST", &start, body, Some(KEY_A));
+        assert!(matches!(r.status, 400 | 404), "{body}: {}", r.text());
+        assert!(
+            r.json()["message"].as_str().unwrap().contains(says),
+            "{body}: {}",
+            r.text()
+        );
+    }
+    refused(
+        &call(
+            d,
+            "POST",
+            &start,
+            r#"{"fromTemplate": "base"}"#,
+            Some(KEY_B),
+        ),
+        404,
+    );
+    let body = format!(
+        r#"{{"fromTemplate": "base", "steps": [{{"type": "RUN", "args": ["true"]}}, {{"type": "COPY", "args": ["a", "/b"], "filesHash": "{hash}"}}]}}"#
+    );
+    let r = call(d, "POST", &start, &body, Some(KEY_A));
+    assert_eq!(r.status, 202, "{}", r.text());
+    refused(&call(d, "POST", &start, &body, Some(KEY_A)), 409);
+}

@@ -1,0 +1,315 @@
+//! A build's run: its parent's image copied, a VM booted from the copy
+//! (jailed as the template's user, on the parent's network), the steps run
+//! in it ([`super::steps`]), the image kept and served as the template's.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::steps::{shown_args, StepRunner};
+use super::{Build, BuildStart, Built, Step, STEP_LIMIT};
+use crate::mutex::lock;
+use crate::network::egress::Egress;
+use crate::sandboxes::events::Level;
+use crate::sandboxes::{envd, template, Sandboxes, Template, TemplateSpec};
+
+impl Sandboxes {
+    /// Runs a build: the parent's image copied, a VM booted from the copy,
+    /// the steps run in it, the image kept as the template's. An error is
+    /// its message and the step it names.
+    pub(super) async fn run_build(
+        &self,
+        build_id: &str,
+        parent: &Template,
+        start: &BuildStart,
+    ) -> Result<(), (String, Option<String>)> {
+        let b = lock(&self.builds.table)
+            .get(build_id)
+            .cloned()
+            .ok_or_else(|| ("the build is gone".to_string(), None))?;
+        let base = |e: String| (e, Some("base".to_string()));
+        let dir = self.builds.template_dir(&b.account, &b.name);
+        // The build VM writes only its work directory (its image copy).
+        let work = dir.join(format!(".work-{build_id}"));
+        crate::fs::create_private_dir(&work).map_err(|e| base(e.to_string()))?;
+        if self.jail.is_some() {
+            // Jailed VMMs of the account's templates pass through the
+            // account's directory to their images (and cannot list it).
+            pass_through(&self.builds.root.join(&b.account)).map_err(|e| base(e.to_string()))?;
+        }
+        let image = dir.join(format!("rootfs-{build_id}.ext4"));
+        let partial = work.join("rootfs.ext4");
+        let (from, to) = (parent.spec.rootfs.clone(), partial.clone());
+        let copied = tokio::task::spawn_blocking(move || copy_sparse(&from, &to))
+            .await
+            .map_err(|e| base(e.to_string()))?;
+        if let Err(e) = copied {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(base(format!(
+                "copying {}: {e}",
+                parent.spec.rootfs.display()
+            )));
+        }
+        self.builds.log(
+            build_id,
+            Level::Info,
+            &format!("image copied from template {}", parent.spec.name),
+            Some("base"),
+        );
+        let spec = TemplateSpec {
+            name: b.name.clone(),
+            kernel: parent.spec.kernel.clone(),
+            rootfs: partial.clone(),
+            vcpus: b.cpu_count.unwrap_or(parent.spec.vcpus),
+            memory_mib: b.memory_mib.unwrap_or(parent.spec.memory_mib),
+            user: parent.spec.user.clone(),
+            start_cmd: start.start_cmd.clone(),
+            ready_cmd: start.ready_cmd.clone(),
+            network: parent.spec.network,
+            dns: parent.spec.dns.clone(),
+        };
+        let ran = self
+            .run_steps(build_id, &b, &spec, &work, &start.steps)
+            .await;
+        let user = match ran {
+            Ok(user) => user,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work);
+                return Err(e);
+            }
+        };
+        let fin = |e: String| (e, Some("finalize".to_string()));
+        let (from, to) = (partial.clone(), image.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&from)?.sync_all()?;
+            std::fs::rename(&from, &to)?;
+            crate::fs::sync_dir(to.parent().unwrap_or(Path::new(".")))
+        })
+        .await
+        .map_err(|e| fin(e.to_string()))?
+        .map_err(|e| fin(format!("keeping the image: {e}")))?;
+        let _ = std::fs::remove_dir_all(&work);
+        let spec = TemplateSpec {
+            rootfs: image,
+            user,
+            ..spec
+        };
+        self.share_built_image(&b, &spec).map_err(fin)?;
+        let built = Built {
+            template_id: b.template_id.clone(),
+            account: b.account.clone(),
+            build_id: build_id.to_string(),
+            spec,
+        };
+        let json = serde_json::to_vec_pretty(&built).map_err(|e| fin(e.to_string()))?;
+        crate::fs::write_private(&dir.join("template.json"), &json)
+            .map_err(|e| fin(format!("template.json: {e}")))?;
+        self.serve_built(built).await;
+        Ok(())
+    }
+
+    /// Boots the build VM from `spec`'s image (a copy, written in place)
+    /// and runs the steps in it; returns the user the template's commands
+    /// run as (its last `USER`, else its parent's).
+    async fn run_steps(
+        &self,
+        build_id: &str,
+        b: &Build,
+        spec: &TemplateSpec,
+        dir: &Path,
+        steps: &[Step],
+    ) -> Result<String, (String, Option<String>)> {
+        let base = |e: String| (e, Some("base".to_string()));
+        let user = self
+            .user_of(&b.account, &b.name)
+            .map_err(|e| base(e.to_string()))?;
+        let jailed = match (&self.jail, &user) {
+            (Some(j), Some(u)) => Some(
+                j.builder(spec, u, dir)
+                    .map_err(|e| base(format!("{e:#}")))?,
+            ),
+            _ => None,
+        };
+        let net = if spec.network {
+            let owner = format!("sbx-build.{}", b.account);
+            let stem = format!("b{}", &build_id[..8.min(build_id.len())]);
+            Some(
+                self.network
+                    .make(&owner, &stem, &Egress::default(), user.as_ref())
+                    .await
+                    .map_err(|e| base(format!("its network namespace: {e:#}")))?,
+            )
+        } else {
+            None
+        };
+        // (Short: its API socket's path must fit a Unix socket address.)
+        let run_dir = self
+            .state_dir
+            .join("run")
+            .join(format!("build-{}", &build_id[..8.min(build_id.len())]));
+        let booted = template::boot_builder(&self.spore_bin, spec, &run_dir, net, jailed).await;
+        let mut vmm = match booted {
+            Ok(vmm) => vmm,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run_dir);
+                return Err(base(format!("{e:#}")));
+            }
+        };
+        self.builds
+            .log(build_id, Level::Info, "build VM booted", Some("base"));
+        let mut runner = StepRunner {
+            vsock: vmm.vsock_uds.clone(),
+            user: spec.user.clone(),
+            template_user: spec.user.clone(),
+            env: Vec::new(),
+            workdir: None,
+            files: self.builds.files_dir(&b.account),
+        };
+        let mut result = Ok(());
+        for (i, step) in steps.iter().enumerate() {
+            let n = (i + 1).to_string();
+            self.builds.log(
+                build_id,
+                Level::Info,
+                &format!("[{n}/{}] {} {}", steps.len(), step.kind, shown_args(step)),
+                Some(&n),
+            );
+            match tokio::time::timeout(STEP_LIMIT, runner.run(i, step)).await {
+                Ok(Ok(output)) => {
+                    if !output.trim().is_empty() {
+                        self.builds
+                            .log(build_id, Level::Info, output.trim_end(), Some(&n));
+                    }
+                }
+                Ok(Err(e)) => {
+                    result = Err((format!("step {n} ({}): {e:#}", step.kind), Some(n)));
+                    break;
+                }
+                Err(_) => {
+                    result = Err((
+                        format!("step {n} ({}): ran past {STEP_LIMIT:?}", step.kind),
+                        Some(n),
+                    ));
+                    break;
+                }
+            }
+            self.builds.update(build_id, |_| {});
+        }
+        if result.is_ok() {
+            // What the steps wrote reaches the image before the VM ends.
+            if let Err(e) = envd::run(&runner.vsock, "root", "sync", &[]).await {
+                result = Err((format!("sync: {e:#}"), Some("finalize".into())));
+            }
+        }
+        vmm.kill().await;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        result.map(|()| runner.template_user)
+    }
+
+    /// The built image made readable (not writable) by the template's
+    /// jailed VMMs.
+    fn share_built_image(&self, b: &Build, spec: &TemplateSpec) -> Result<(), String> {
+        let Some(user) = self
+            .user_of(&b.account, &b.name)
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let dir = self.builds.template_dir(&b.account, &b.name);
+        crate::jail::share_read_only(&dir, &spec.rootfs, &user).map_err(|e| e.to_string())
+    }
+
+    /// Serves a built template (replacing an earlier build of it: its
+    /// zygotes end, the sandboxes made from them run on).
+    pub(super) async fn serve_built(&self, built: Built) {
+        let key = (built.account.clone(), built.spec.name.clone());
+        let t = Arc::new(Template {
+            spec: built.spec,
+            zygotes: Mutex::default(),
+        });
+        let old = lock(&self.built).insert(key, t);
+        if let Some(old) = old {
+            for (_, slot) in old.zygote_slots() {
+                if let Some(mut z) = slot.lock().await.take() {
+                    z.vmm.kill().await;
+                }
+            }
+        }
+    }
+}
+
+/// `dir` mode 0711: others pass through, cannot list.
+fn pass_through(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+}
+
+/// Copies `from` to `to` keeping its holes: only the data extents
+/// (`SEEK_DATA`/`SEEK_HOLE`) are read and written, so a 2 GiB image with
+/// 200 MiB in it costs 200 MiB. Where the file system cannot say, all of
+/// it is copied.
+fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+    use std::os::unix::io::AsRawFd as _;
+    let mut src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(to)?;
+    dst.set_len(len)?;
+    let seek = |fd: i32, offset: u64, whence: i32| -> Option<u64> {
+        let offset = libc::off_t::try_from(offset).ok()?;
+        // SAFETY: lseek on an open descriptor has no memory effects.
+        let at = unsafe { libc::lseek(fd, offset, whence) };
+        u64::try_from(at).ok()
+    };
+    let fd = src.as_raw_fd();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < len {
+        // No data after `pos` (ENXIO): the rest is a hole. A file system
+        // without SEEK_DATA (EINVAL) has its data everywhere.
+        let start = match seek(fd, pos, libc::SEEK_DATA) {
+            Some(at) => at,
+            None if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) => break,
+            None => pos,
+        };
+        let end = seek(fd, start, libc::SEEK_HOLE).unwrap_or(len).min(len);
+        src.seek(SeekFrom::Start(start))?;
+        dst.seek(SeekFrom::Start(start))?;
+        let mut left = end - start;
+        while left > 0 {
+            let n = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+            src.read_exact(&mut buf[..n])?;
+            dst.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        pos = end.max(start + 1);
+    }
+    dst.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_copy_keeps_the_data_and_the_holes() {
+        use std::os::unix::fs::FileExt as _;
+        let dir = std::env::temp_dir().join(format!("spore-sparse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let f = std::fs::File::create(&a).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(b"start", 0).unwrap();
+        f.write_all_at(&[7u8; 5000], 20 << 20).unwrap();
+        f.write_all_at(b"end", (64 << 20) - 3).unwrap();
+        copy_sparse(&a, &b).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        use std::os::unix::fs::MetadataExt as _;
+        let blocks = std::fs::metadata(&b).unwrap().blocks() * 512;
+        assert!(blocks < 8 << 20, "the copy holds {blocks} bytes");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
