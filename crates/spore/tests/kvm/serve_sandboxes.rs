@@ -77,17 +77,16 @@ fn refuses_what_it_cannot_enforce(d: &Daemon) {
     );
 }
 
-#[test]
-fn serve_sandbox_api_refuses_what_it_must() {
-    let dir = Scratch::new("serve-sbx");
-    // A template whose kernel is no kernel: its zygote cannot boot.
+/// A daemon with accounts A and B and a template `base` whose kernel is no
+/// kernel (its zygote cannot boot); `extra` is more of the template's TOML.
+fn daemon_with_unbootable_base(dir: &Scratch, extra: &str) -> Daemon {
     std::fs::write(dir.path("vmlinux"), b"not a kernel").unwrap();
     std::fs::write(dir.path("rootfs.ext4"), b"not an image").unwrap();
     let template = dir.path("base.toml");
     std::fs::write(
         &template,
         format!(
-            "name = \"base\"\nkernel = \"{}\"\nrootfs = \"{}\"\n",
+            "name = \"base\"\nkernel = \"{}\"\nrootfs = \"{}\"\n{extra}",
             dir.path("vmlinux").display(),
             dir.path("rootfs.ext4").display()
         ),
@@ -102,9 +101,8 @@ fn serve_sandbox_api_refuses_what_it_must() {
         ),
     )
     .unwrap();
-    let state = dir.path("state");
-    let d = Daemon::start(
-        &state,
+    Daemon::start(
+        &dir.path("state"),
         &[
             "--auth",
             keys.to_str().unwrap(),
@@ -113,7 +111,15 @@ fn serve_sandbox_api_refuses_what_it_must() {
             "--sandbox-template",
             template.to_str().unwrap(),
         ],
-    );
+    )
+}
+
+#[test]
+fn serve_sandbox_api_refuses_what_it_must() {
+    let dir = Scratch::new("serve-sbx");
+    // A template whose kernel is no kernel: its zygote cannot boot.
+    let d = daemon_with_unbootable_base(&dir, "");
+    let state = dir.path("state");
 
     // Keys: none or a wrong one is 401; a right one sees its (no) sandboxes.
     refused(&call(&d, "GET", "/v2/sandboxes", "", None), 401);
@@ -247,38 +253,7 @@ fn serve_sandbox_api_refuses_what_it_must() {
 #[test]
 fn serve_template_builds_are_checked_and_report_their_end() {
     let dir = Scratch::new("sbx-bld");
-    std::fs::write(dir.path("vmlinux"), b"not a kernel").unwrap();
-    std::fs::write(dir.path("rootfs.ext4"), b"not an image").unwrap();
-    let template = dir.path("base.toml");
-    std::fs::write(
-        &template,
-        format!(
-            "name = \"base\"\nkernel = \"{}\"\nrootfs = \"{}\"\nnetwork = false\n",
-            dir.path("vmlinux").display(),
-            dir.path("rootfs.ext4").display()
-        ),
-    )
-    .unwrap();
-    let keys = dir.path("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"a\"\naccount_id = \"111111111111\"\nsandbox_api_key = \"{KEY_A}\"\n\
-             [[keys]]\naccess_key_id = \"B\"\nsecret_access_key = \"b\"\naccount_id = \"222222222222\"\nsandbox_api_key = \"{KEY_B}\"\n"
-        ),
-    )
-    .unwrap();
-    let d = Daemon::start(
-        &dir.path("state"),
-        &[
-            "--auth",
-            keys.to_str().unwrap(),
-            "--sandbox-listen",
-            "127.0.0.1:0",
-            "--sandbox-template",
-            template.to_str().unwrap(),
-        ],
-    );
+    let d = daemon_with_unbootable_base(&dir, "network = false\n");
     let asked = call(
         &d,
         "POST",

@@ -168,8 +168,8 @@ impl Builds {
             secret,
         };
         let mut built = Vec::new();
-        for account in read_dirs(root) {
-            for dir in read_dirs(&account) {
+        for account in entries(root, true) {
+            for dir in entries(&account, true) {
                 if dir.file_name().is_some_and(|n| n == "files") {
                     continue;
                 }
@@ -180,7 +180,7 @@ impl Builds {
                     );
                     built.push(t);
                 }
-                for file in read_files(&dir) {
+                for file in entries(&dir, false) {
                     let is_build = file
                         .file_name()
                         .and_then(|n| n.to_str())
@@ -262,23 +262,15 @@ fn line(level: Level, message: &str, step: Option<&str>) -> LogLine {
     }
 }
 
-fn read_dirs(dir: &Path) -> Vec<PathBuf> {
+/// The directories (`dirs`) or the files in `dir`; none if it cannot be
+/// read.
+fn entries(dir: &Path, dirs: bool) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect()
-}
-
-fn read_files(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
+        .filter(|p| if dirs { p.is_dir() } else { p.is_file() })
         .collect()
 }
 
