@@ -28,6 +28,20 @@ if [ ! -c /dev/net/tun ] && grep -qw tun /proc/misc 2>/dev/null; then
 fi
 [ -c /dev/net/tun ] || echo "SPORE-L1 no /dev/net/tun (tun module missing?)"
 
+# An L2 guest's triple fault (the open "fourth shape", guest/README.md):
+# AMD's KVM resets the vCPU at the SHUTDOWN exit, so the VMM reads only the
+# reset state; KVM's kvm_exit tracepoint still records the guest's rip at
+# that exit. Only SHUTDOWN exits (SVM_EXIT_SHUTDOWN, 0x7f) are traced, so
+# nothing else pays for it; run_scenario keeps what fired.
+kvm_trace=/sys/kernel/tracing
+if [ -d /sys/module/kvm_amd ] && { [ -f $kvm_trace/trace ] || mount -t tracefs tracefs $kvm_trace 2>/dev/null; } &&
+    echo 'exit_reason == 127' >$kvm_trace/events/kvm/kvm_exit/filter 2>/dev/null &&
+    echo 1 >$kvm_trace/events/kvm/kvm_exit/enable 2>/dev/null; then
+    echo "SPORE-L1 tracing L2 guests' triple faults (kvm_exit SHUTDOWN)"
+else
+    kvm_trace=
+fi
+
 # run.sh --scratch-disk: an ext4 disk (virtio-blk) mounted at /scratch, for
 # files whose page cache a scenario drops (the initramfs's cannot be).
 if grep -qw spore.scratch=1 /proc/cmdline; then
@@ -142,6 +156,12 @@ run_scenario() {
     dmesg | grep -E -A 30 'cut here|type=1326|fatal signal' | head -n 160 | sed 's/^/SPORE-L1-KERNEL /'
     dmesg -c >/dev/null
     kill_leftovers
+    # A triple fault's rip (see kvm_trace above), also in the outputs.
+    if [ -n "$kvm_trace" ] && grep -q 'kvm_exit' $kvm_trace/trace 2>/dev/null; then
+        grep 'kvm_exit' $kvm_trace/trace | tee "$SPORE_OUT/l1-kvm-shutdown-exits.txt" |
+            head -n 20 | sed 's/^/SPORE-L1-KERNEL L2 triple fault: /'
+        echo >$kvm_trace/trace
+    fi
     cd /
     if [ -n "$(ls -A "$SPORE_OUT")" ]; then
         echo "SPORE-OUT-BEGIN"

@@ -134,6 +134,18 @@ retries() {
 # then, in a fresh L1, whatever that boot did not finish: the scenario that
 # stopped L1 when it is one of the retried shapes below (logged, never
 # hidden), and the scenarios L1 had not started yet.
+# triple_fault_where DIR: where the L2 guests that triple-faulted were, from
+# L1's trace of KVM's SHUTDOWN exits among DIR's outputs (l1-init.sh): each
+# rip with the guest kernel's function there (x86's guest vmlinux).
+triple_fault_where() {
+    local exits vmlinux rip
+    exits="$(find "$1" -name l1-kvm-shutdown-exits.txt 2>/dev/null | head -n 1)"
+    [[ -n $exits ]] || { log "  (no SHUTDOWN exit was traced in L1)"; return 0; }
+    vmlinux="$("$repo/guest/build-kernel.sh" 2>/dev/null | tail -n 1)"
+    for rip in $(grep -o 'rip 0x[0-9a-f]*' "$exits" | awk '{print $2}' | sort -u | head -n 8); do
+        log "  triple fault at rip $rip: $(addr2line -f -e "$vmlinux" "$rip" 2>/dev/null | head -n 1)"
+    done
+}
 run_queue() {
     # A scenario past its --timeout while L1 kept making progress is one too:
     # seen once (snapshot, 2026-11-30: its L2 guest booted and never answered
@@ -208,6 +220,7 @@ run_queue() {
                     mv "${q_out[$name]}" "${saved%.log}.out" 2>/dev/null || true
                 fi
                 log "RETRY $name (attempt ${attempt[$name]}): $shape (open bug of the emulated stack, see guest/README.md; log of that run: $saved)"
+                [[ $shape == "L2 guest triple fault" ]] && triple_fault_where "${saved%.log}.out"
                 again+=("$name")
             else
                 count "$name" "$out"

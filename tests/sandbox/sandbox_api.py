@@ -409,6 +409,8 @@ def template_build():
     with open(os.path.join(ctx, "hello.txt"), "w") as f:
         f.write(f"copied {RUN}\n")
     name = f"built-{RUN[:8]}"
+    check(Template.exists(name, **API) is False, "Template.exists: not before its build")
+    check(Template.exists(TEMPLATE, **API) is True, f"Template.exists: the daemon's {TEMPLATE}")
     logs = []
     t = (Template(file_context_path=ctx)
          .from_template(TEMPLATE)
@@ -420,6 +422,7 @@ def template_build():
     check(info.template_id and info.build_id,
           f"Template.build: template {info.template_id}, build {info.build_id} ({len(logs)} log lines)")
     check(any("[1/3] RUN" in str(e.message) for e in logs), "its log names the steps as they run")
+    check(Template.exists(name, **API) is True, "Template.exists: after its build")
     sbx = timed("create-built", lambda: Sandbox.create(name, timeout=600, **API))
     created.append(sbx.sandbox_id)
     check(sh(sbx, "cat /etc/spore-built.txt") == "from-run\n", "a sandbox of it has what its RUN wrote")

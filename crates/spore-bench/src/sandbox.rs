@@ -445,11 +445,18 @@ fn time_restores(state: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
     Ok(times)
 }
 
-/// The template base written last (`<state>/sbx-bases/*.state`).
+/// The template base written last: the daemon keeps them in
+/// `<state>/sbx-bases/<template>.<account>/*.state`.
 fn newest_base(state: &Path) -> Option<PathBuf> {
     std::fs::read_dir(state.join("sbx-bases"))
         .ok()?
         .flatten()
+        .flat_map(|dir| {
+            std::fs::read_dir(dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "state"))
         .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())

@@ -330,7 +330,8 @@ cp "$tmp"/serve-*.err "$SPORE_OUT/" 2>/dev/null
 if [ -f "${SPORE_SCRATCH:-/scratch}/bench-sandbox.args" ]; then
     rm -rf "$state"
     # shellcheck disable=SC2046 # the marker holds the bench's arguments
-    if SPORE_BENCH_DAEMON_LOG="$tmp/bench-serve.err" "$SPORE" bench sandbox --template "$tmp/base.toml" \
+    # Its daemon's sandboxes are networked: ip and nft from /usr/local/sbin.
+    if PATH="/usr/local/sbin:$PATH" SPORE_BENCH_DAEMON_LOG="$tmp/bench-serve.err" "$SPORE" bench sandbox --template "$tmp/base.toml" \
         $(cat "${SPORE_SCRATCH:-/scratch}/bench-sandbox.args") \
         --state-dir "${SPORE_SCRATCH:-/scratch}/bench" >"$SPORE_OUT/bench-sandbox.json" 2>"$tmp/bench.err"; then
         t bench-sandbox PASS "$(tail -n 2 "$tmp/bench.err" | tr '\n' ' ')"

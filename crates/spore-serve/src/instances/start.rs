@@ -559,7 +559,8 @@ impl Instances {
                 .take_handoff_tun()
                 .ok_or_else(|| anyhow::anyhow!("no tun descriptor opened for the clone"))?;
             let sock = z.clone_dir.join(format!("tun-{n}.sock"));
-            crate::network::handoff::give_tun(&sock, tun, user)?;
+            let limit = crate::network::handoff::TUN_HANDOFF_LIMIT;
+            crate::network::handoff::give_tun(&sock, tun, user, limit)?;
             network["tun_socket_template"] =
                 serde_json::json!(z.clone_dir.join("tun-{n}.sock").display().to_string());
         }

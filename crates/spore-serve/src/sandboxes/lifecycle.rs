@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
+
 use super::events::{self, Level};
 use super::{envd, new_id, new_token, Record, SandboxError, Sandboxes, State};
 use crate::network::egress::Egress;
@@ -187,14 +189,17 @@ impl Sandboxes {
                 return Err(SandboxError::internal(e));
             }
         };
-        let mut results = Vec::new();
-        for clone in clones {
-            let forked = async {
+        // Each fork's envd is waited for and given its settings at the same
+        // time as the others': one after another, every fork waited for
+        // the round trips of those before it.
+        let starts = clones.into_iter().map(|clone| {
+            let (source, user, group) = (&source, &user, &group);
+            async move {
                 let fork_id = new_id()?;
                 let dir = self.dir.join(&fork_id);
                 crate::fs::create_private_dir(&dir)
                     .map_err(|e| SandboxError::Internal(e.to_string()))?;
-                if let Some(u) = &user {
+                if let Some(u) = user {
                     crate::jail::share_dir_with(&dir, u)
                         .map_err(|e| SandboxError::Internal(e.to_string()))?;
                 }
@@ -234,9 +239,8 @@ impl Sandboxes {
                 );
                 Ok(fork_id)
             }
-            .await;
-            results.push(forked);
-        }
+        });
+        let results: Vec<Result<String, SandboxError>> = join_all(starts).await;
         let made: Vec<&str> = results
             .iter()
             .filter_map(|r| r.as_ref().ok().map(String::as_str))

@@ -191,11 +191,13 @@ impl SandboxNetwork {
             Network::namespace_path(&self.network.namespace_name(owner, &format!("{stem}c{{n}}")));
         let mut network = serde_json::json!({ "netns_template": template });
         if let Some((user, dir)) = jailed {
+            use crate::network::handoff::handoff_limit;
             for (n, net) in nets.iter_mut() {
                 let tun = net
                     .take_handoff_tun()
                     .ok_or_else(|| anyhow::anyhow!("no tun descriptor opened for clone {n}"))?;
-                crate::network::handoff::give_tun(&dir.join(format!("tun-{n}.sock")), tun, user)?;
+                let sock = dir.join(format!("tun-{n}.sock"));
+                crate::network::handoff::give_tun(&sock, tun, user, handoff_limit(count))?;
             }
             network["tun_socket_template"] =
                 serde_json::json!(dir.join("tun-{n}.sock").display().to_string());

@@ -27,6 +27,14 @@ pub fn template_route(
             let asked: super::builds::BuildRequest = parse(body)?;
             Ok(json(202, sbx.request_build(account, asked)?))
         }
+        // `Template.exists(name)`: 404 for a name this account cannot use
+        // (another account's templates are as unknown as missing ones).
+        (&Method::GET, ["templates", "aliases", alias]) => {
+            let alias = crate::api::percent_decode(alias).ok_or_else(|| {
+                SandboxError::BadRequest("alias: invalid percent-encoding".into())
+            })?;
+            Ok(json(200, sbx.template_alias(account, &alias)?))
+        }
         (&Method::GET, ["templates", template_id, "files", hash]) => Ok(json(
             201,
             sbx.file_upload_link(account, template_id, hash, base_url)?,

@@ -268,6 +268,30 @@ fn serve_template_builds_are_checked_and_report_their_end() {
         v["buildID"].as_str().unwrap().to_string(),
     );
     assert_eq!(v["names"], serde_json::json!(["mine"]));
+    // Template.exists: its account's name (tag and team ignored), the
+    // daemon's templates; not another account's, not a missing one.
+    for alias in ["mine", "mine%3Av2", "team%2Fmine"] {
+        let got = call(
+            &d,
+            "GET",
+            &format!("/templates/aliases/{alias}"),
+            "",
+            Some(KEY_A),
+        );
+        assert_eq!(got.status, 200, "{alias}: {}", got.text());
+        assert_eq!(got.json()["templateID"], tid.as_str(), "{alias}");
+    }
+    let daemons = call(&d, "GET", "/templates/aliases/base", "", Some(KEY_B));
+    assert_eq!(daemons.status, 200, "{}", daemons.text());
+    assert_eq!(daemons.json()["public"], true);
+    refused(
+        &call(&d, "GET", "/templates/aliases/mine", "", Some(KEY_B)),
+        404,
+    );
+    refused(
+        &call(&d, "GET", "/templates/aliases/nothing", "", Some(KEY_A)),
+        404,
+    );
     refused(
         &call(
             &d,

@@ -449,6 +449,29 @@ impl Sandboxes {
         Ok(answer)
     }
 
+    /// `GET /templates/aliases/{alias}`: the template `alias` names for
+    /// `account` (one it registered with a build, finished or not, or one of
+    /// the daemon's); 404 otherwise.
+    pub fn template_alias(
+        &self,
+        account: &str,
+        alias: &str,
+    ) -> Result<serde_json::Value, SandboxError> {
+        let not_found = || SandboxError::NotFound(format!("template alias {alias:?} not found"));
+        let name = template_name(alias).map_err(|_| not_found())?;
+        let own = lock(&self.builds.ids)
+            .iter()
+            .find(|(_, (a, n))| a == account && *n == name)
+            .map(|(id, _)| id.clone());
+        match own {
+            Some(id) => Ok(serde_json::json!({ "templateID": id, "public": false })),
+            None if self.templates.contains_key(&name) => {
+                Ok(serde_json::json!({ "templateID": name, "public": true }))
+            }
+            None => Err(not_found()),
+        }
+    }
+
     /// The (account, name) of `account`'s template `template_id`.
     fn built_name(&self, account: &str, template_id: &str) -> Result<String, SandboxError> {
         match lock(&self.builds.ids).get(template_id) {
