@@ -146,9 +146,9 @@ impl Layers {
         let tmp = self.dir.join(format!(".tmp-{key}.ext4"));
         let _ = std::fs::remove_file(&tmp);
         let kept = if link {
-            std::fs::hard_link(image, &tmp).or_else(|_| super::run::copy_sparse(image, &tmp))
+            std::fs::hard_link(image, &tmp).or_else(|_| crate::fs::copy_sparse(image, &tmp))
         } else {
-            super::run::copy_sparse(image, &tmp)
+            crate::fs::copy_sparse(image, &tmp)
         };
         if let Err(e) = kept.and_then(|()| std::fs::rename(&tmp, &to)) {
             let _ = std::fs::remove_file(&tmp);
