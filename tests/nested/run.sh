@@ -214,6 +214,16 @@ elif [[ $mode == qemu ]]; then
 else
     ensure_packages busybox-static cpio
 fi
+# L1 runs under the pinned QEMU of qemu.sh where it can be fetched (Debian
+# 12's own 7.2 has emulator bugs this stack meets; the system's QEMU stays
+# installed for its firmware and option ROMs, and runs L1 otherwise).
+if [[ $mode == qemu ]]; then
+    qemu_bin="$("$here/qemu.sh" | tail -n1)"
+    if [[ -n $qemu_bin ]]; then
+        PATH="$qemu_bin:$PATH"
+    fi
+    log "L1 runs under $(qemu-system-x86_64 --version | head -n1)"
+fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/spore-nested.XXXXXX")"
 qemu_pid=""
