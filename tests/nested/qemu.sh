@@ -26,7 +26,8 @@ source "$here/../../guest/lib.sh"
 version="1:10.0.2+ds-2+deb13u1~bpo12+1"
 seabios_version="1.16.3-2~bpo12+1"
 dest="$SPORE_CACHE/qemu-${version//[:+~]/_}"
-if [[ -x $dest/bin/qemu-system-x86_64 && -x $dest/bin/qemu-system-aarch64 ]]; then
+if [[ -x $dest/bin/qemu-system-x86_64 && -x $dest/bin/qemu-system-aarch64 ]] &&
+    grep -q -- '-audio none' "$dest/bin/qemu-system-x86_64"; then
     echo "$dest/bin"
     exit 0
 fi
@@ -61,11 +62,15 @@ rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/bin"
 mv "$tmp/root" "$dest.tmp/root"
 # Its own firmware first (-L, searched in order), then the system's
-# (option ROMs of ipxe-qemu, which the system's QEMU package brings).
+# (option ROMs of ipxe-qemu, which the system's QEMU package brings). Its
+# own modules first too; and no audio: probing for it loads the system
+# QEMU's audio modules, which QEMU refuses from another build by aborting.
+modules="$(cd "$dest.tmp/root" && dirname "$(find usr/lib -name "hw-*.so" | head -n1)")"
 for q in qemu-system-x86_64 qemu-system-aarch64; do
     cat >"$dest.tmp/bin/$q" <<WRAPPER
 #!/bin/sh
-exec "$dest/root/usr/bin/$q" -L "$dest/root/usr/share/qemu" -L "$dest/root/usr/share/seabios" -L /usr/lib/ipxe/qemu "\$@"
+QEMU_MODULE_DIR="$dest/root/$modules" exec "$dest/root/usr/bin/$q" \\
+    -L "$dest/root/usr/share/qemu" -L "$dest/root/usr/share/seabios" -L /usr/lib/ipxe/qemu -audio none "\$@"
 WRAPPER
     chmod 0755 "$dest.tmp/bin/$q"
 done
