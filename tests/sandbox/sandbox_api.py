@@ -430,6 +430,36 @@ def template_build():
     check(sh(sbx, "cat /home/user/hello.txt; stat -c %U /home/user/hello.txt") == f"copied {RUN}\nuser\n",
           "and the file its COPY uploaded, the user's")
     check(sbx.kill(**API) is True, "the built template's sandbox is killed")
+    # The build cache: the same build again runs no step and boots no VM.
+    again = []
+    timed("template-build-cached", lambda: Template.build(
+        t, name, cpu_count=1, memory_mb=512, on_build_logs=again.append, **API))
+    said = [str(e.message) for e in again]
+    check(sum("(cached)" in m for m in said) == 3 and any("no build VM" in m for m in said),
+          f"the same build again: its 3 steps cached, no build VM ({len(said)} log lines)")
+    # A build sharing its first step starts from the image after it, and
+    # skip_cache() runs the steps after it although the cache holds them.
+    more = []
+    t2 = (Template(file_context_path=ctx)
+          .from_template(TEMPLATE)
+          .run_cmd("echo from-run > /etc/spore-built.txt", user="root")
+          .set_envs({"SPORE_BUILT": "yes"})
+          .skip_cache()
+          .copy("hello.txt", "/home/user/hello.txt")
+          .run_cmd("echo second > /etc/spore-second.txt", user="root"))
+    timed("template-build-layered", lambda: Template.build(
+        t2, name, cpu_count=1, memory_mb=512, on_build_logs=more.append, **API))
+    said = [str(e.message) for e in more]
+    check(sum("(cached)" in m for m in said) == 1 and any("[1/4] RUN" in m and "(cached)" in m for m in said)
+          and any("from the build cache (after step 1)" in m for m in said),
+          "a build sharing its first step: that step cached, the ones after skip_cache() run: "
+          + "; ".join(m for m in said if "cached" in m or "copied" in m)[:300])
+    sbx = timed("create-layered", lambda: Sandbox.create(name, timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    check(sh(sbx, "cat /etc/spore-built.txt /etc/spore-second.txt /home/user/hello.txt; echo $SPORE_BUILT")
+          == f"from-run\nsecond\ncopied {RUN}\nyes\n",
+          "a sandbox of that build has every step's work, the cached one's too")
+    check(sbx.kill(**API) is True, "its sandbox is killed")
     # For persist-check, after kill -9 and a restart of the daemon.
     with open(os.environ["SANDBOX_PERSIST_STATE"] + ".template", "w") as f:
         f.write(name)

@@ -99,6 +99,54 @@ pub fn disk_bytes(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }
 
+/// Copies `from` to `to` keeping its holes: only the data extents
+/// (`SEEK_DATA`/`SEEK_HOLE`) are read and written, so a 2 GiB image with
+/// 200 MiB in it costs 200 MiB. Where the file system cannot say, all of
+/// it is copied.
+pub fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+    use std::os::unix::io::AsRawFd as _;
+    let mut src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(to)?;
+    dst.set_len(len)?;
+    let seek = |fd: i32, offset: u64, whence: i32| -> Option<u64> {
+        let offset = libc::off_t::try_from(offset).ok()?;
+        // SAFETY: lseek on an open descriptor has no memory effects.
+        let at = unsafe { libc::lseek(fd, offset, whence) };
+        u64::try_from(at).ok()
+    };
+    let fd = src.as_raw_fd();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < len {
+        // No data after `pos` (ENXIO): the rest is a hole. A file system
+        // without SEEK_DATA (EINVAL) has its data everywhere.
+        let start = match seek(fd, pos, libc::SEEK_DATA) {
+            Some(at) => at,
+            None if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) => break,
+            None => pos,
+        };
+        let end = seek(fd, start, libc::SEEK_HOLE).unwrap_or(len).min(len);
+        src.seek(SeekFrom::Start(start))?;
+        dst.seek(SeekFrom::Start(start))?;
+        let mut left = end - start;
+        while left > 0 {
+            let n = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+            src.read_exact(&mut buf[..n])?;
+            dst.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        pos = end.max(start + 1);
+    }
+    dst.sync_all()
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -125,6 +173,25 @@ mod tests {
         assert!(write_private(&dir.join("missing/x"), b"").is_err());
         assert!(disk_bytes(&file) > 0);
         assert_eq!(disk_bytes(&dir.join("missing")), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_sparse_copy_keeps_the_data_and_the_holes() {
+        use std::os::unix::fs::FileExt as _;
+        let dir = std::env::temp_dir().join(format!("spore-sparse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let f = std::fs::File::create(&a).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(b"start", 0).unwrap();
+        f.write_all_at(&[7u8; 5000], 20 << 20).unwrap();
+        f.write_all_at(b"end", (64 << 20) - 3).unwrap();
+        copy_sparse(&a, &b).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        use std::os::unix::fs::MetadataExt as _;
+        let blocks = std::fs::metadata(&b).unwrap().blocks() * 512;
+        assert!(blocks < 8 << 20, "the copy holds {blocks} bytes");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -49,6 +49,7 @@ pub mod percent;
 pub mod recovery;
 pub mod runtime;
 pub mod runtime_image;
+pub mod sandbox_memory;
 pub mod sandboxes;
 pub mod server;
 pub mod snapshots;
@@ -225,16 +226,11 @@ fn open_sandboxes(
     spore_bin: &Path,
     state_dir: &Path,
     config: sandboxes::SandboxConfig,
-    instances: &instances::Instances,
+    (instances, accounts): (&Arc<instances::Instances>, &Arc<accounts::Accounts>),
     jail: Option<jail::Jail>,
 ) -> anyhow::Result<Arc<sandboxes::Sandboxes>> {
-    sandboxes::Sandboxes::open(
-        spore_bin,
-        state_dir,
-        config,
-        instances.network.clone(),
-        jail,
-    )
+    let shared = (instances.clone(), accounts.clone());
+    sandboxes::Sandboxes::open(spore_bin, state_dir, config, shared, jail)
 }
 
 async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
@@ -304,7 +300,7 @@ async fn serve(mut config: ServeConfig) -> anyhow::Result<()> {
     let (auth, accounts) = open_accounts(config.auth_keys.as_deref(), node.as_ref())?;
     let jail = uid_range.map(|r| jail::Jail::new(r, catalog.clone()));
     let sandboxes = sandbox_config
-        .map(|c| open_sandboxes(&spore_bin, &state_dir, c, &instances, jail))
+        .map(|c| open_sandboxes(&spore_bin, &state_dir, c, (&instances, &accounts), jail))
         .transpose()?;
     let daemon = Arc::new(api::Daemon {
         state_dir,

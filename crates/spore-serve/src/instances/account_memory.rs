@@ -1,6 +1,7 @@
 //! An account's memory limit (`memory` in the keys file): the memory
 //! (MemorySize) of the account's live VMs (instances busy, idle or
-//! provisioned, and zygotes) stays within it. A start that would pass it
+//! provisioned, and zygotes, and its running sandboxes:
+//! `crate::sandbox_memory`) stays within it. A start that would pass it
 //! first ends the account's least recently used idle instances; when none
 //! is left, the invocation is throttled. Other accounts' instances are never
 //! ended for it: one tenant's burst does not evict another's warm instances.
@@ -15,10 +16,26 @@ use crate::catalog::Function;
 impl Instances {
     /// The gate serialising starts of the account owning function `key`.
     pub(super) fn account_gate(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.account_gate_of(split_key(key).0)
+    }
+
+    /// The gate serialising `account`'s starts (its sandboxes' too).
+    pub(crate) fn account_gate_of(&self, account: &str) -> Arc<tokio::sync::Mutex<()>> {
         lock(&self.account_gates)
-            .entry(split_key(key).0.to_string())
+            .entry(account.to_string())
             .or_default()
             .clone()
+    }
+
+    /// Memory (MemorySize) of `account`'s live function VMs and its
+    /// sandboxes, in bytes.
+    pub(crate) fn account_memory_in_use(&self, account: &str) -> u64 {
+        let functions: u64 = lock(&self.pools)
+            .values()
+            .filter(|p| split_key(&p.function.name).0 == account)
+            .map(|p| pool_memory(p))
+            .sum();
+        functions.saturating_add(self.sandbox_memory.of(account))
     }
 
     /// Makes room under `limit` (bytes) for one more instance of `f`, in
@@ -43,7 +60,8 @@ impl Instances {
                 .filter(|p| split_key(&p.function.name).0 == account)
                 .cloned()
                 .collect();
-            let used: u64 = pools.iter().map(|p| pool_memory(p)).sum();
+            let used: u64 =
+                pools.iter().map(|p| pool_memory(p)).sum::<u64>() + self.sandbox_memory.of(account);
             if used.saturating_add(wanted) <= limit {
                 return Ok(());
             }

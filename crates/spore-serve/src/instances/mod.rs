@@ -237,6 +237,9 @@ pub struct Instances {
     /// Per account with a memory limit: serialises its starts, so that
     /// the room each takes is counted before the next looks.
     account_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// What accounts' sandboxes hold: counted with their instances against
+    /// their memory limits.
+    pub(crate) sandbox_memory: Arc<crate::sandbox_memory::SandboxMemory>,
     next_id: AtomicU64,
     /// Networked functions' and sandboxes' namespaces (made on first use).
     pub(crate) network: Arc<Network>,
@@ -269,6 +272,7 @@ impl Instances {
             census: Mutex::new(memory::Census::default()),
             census_skip: std::sync::atomic::AtomicI32::new(0),
             account_gates: Mutex::new(HashMap::new()),
+            sandbox_memory: Arc::default(),
             network: Arc::new(
                 Network::new(&cfg.state_dir, cfg.net_pool).keeping_spares(cfg.net_spares),
             ),

@@ -39,6 +39,7 @@ impl Sandboxes {
     /// envd given a fresh access token, the environment, and the time.
     pub async fn create(&self, account: &str, new: NewSandbox) -> Result<Record, SandboxError> {
         let template = self.template_for(account, &new.template)?;
+        let _room = self.admit(account, template.spec.memory_mib, 1).await?;
         let started = Instant::now();
         let id = new_id()?;
         let dir = self.dir.join(&id);
@@ -152,6 +153,7 @@ impl Sandboxes {
                 "sandbox \"{id}\" is paused: resume it before forking it"
             )));
         };
+        let _room = self.admit(account, source.rec.memory_mib, count).await?;
         let user = self.user_of(account, &source.rec.template)?;
         let group = format!("f-{}", new_id()?);
         let vm_dir = self.dir.join(&group);
@@ -327,6 +329,7 @@ impl Sandboxes {
             )));
         }
         vmm.kill().await;
+        self.stopped_running(id);
         entry.rec.state = State::Paused;
         entry.rec.pause_generation = generation;
         entry.rec.diff_ready = true;
@@ -378,6 +381,7 @@ impl Sandboxes {
                 .map_err(|e| SandboxError::Internal(e.to_string()))?;
             return Ok(false);
         }
+        let _room = self.admit(account, entry.rec.memory_mib, 1).await?;
         let started = Instant::now();
         let generation = entry.rec.pause_generation;
         let (state, mem) = Record::snapshot_files(&dir, generation);
@@ -453,6 +457,9 @@ impl Sandboxes {
         }
         entry.rec.state = State::Running;
         entry.vmm = Some(vmm);
+        let bytes = u64::from(entry.rec.memory_mib) << 20;
+        let sandboxes = &self.instances.sandbox_memory;
+        sandboxes.running(id, account, bytes);
         entry
             .rec
             .save(&dir)
@@ -468,6 +475,7 @@ impl Sandboxes {
         let mut entry = self.entry(account, id).await?;
         entry.gone = true;
         crate::mutex::lock(&self.table).remove(id);
+        self.stopped_running(id);
         if let Some(mut vmm) = entry.vmm.take() {
             // One whose VMM had ended on its own says why, before its log
             // goes with its directory.

@@ -21,6 +21,7 @@ pub mod envd;
 pub mod events;
 mod jail;
 mod lifecycle;
+mod memory;
 mod metrics;
 pub mod net;
 pub mod proxy;
@@ -40,7 +41,8 @@ use events::Level;
 pub use record::{Record, State};
 pub use template::TemplateSpec;
 
-use crate::accounts::DEFAULT_ACCOUNT;
+use crate::accounts::{Accounts, DEFAULT_ACCOUNT};
+use crate::instances::Instances;
 use crate::mutex::lock;
 use crate::vmm::VmmProcess;
 
@@ -70,6 +72,9 @@ pub enum SandboxError {
     Conflict(String),
     #[error("{0}")]
     Internal(String),
+    /// Past a limit of the account's (E2B answers 429 past a team's).
+    #[error("{0}")]
+    TooMany(String),
 }
 
 impl SandboxError {
@@ -79,6 +84,7 @@ impl SandboxError {
             SandboxError::NotFound(_) => 404,
             SandboxError::Conflict(_) => 409,
             SandboxError::Internal(_) => 500,
+            SandboxError::TooMany(_) => 429,
         }
     }
 
@@ -155,6 +161,11 @@ pub struct Sandboxes {
     network: net::SandboxNetwork,
     /// See [`SandboxConfig::zygote_idle`].
     zygote_idle: Option<Duration>,
+    /// The function instances: an account's memory limit covers both
+    /// (`memory`).
+    instances: Arc<Instances>,
+    /// Accounts' limits.
+    accounts: Arc<Accounts>,
 }
 
 /// A sandbox's default timeout (E2B's: 15 s when create names none).
@@ -172,7 +183,7 @@ impl Sandboxes {
         spore_bin: &Path,
         state_dir: &Path,
         config: SandboxConfig,
-        network: Arc<crate::network::Network>,
+        (instances, accounts): (Arc<Instances>, Arc<Accounts>),
         jail: Option<crate::jail::Jail>,
     ) -> anyhow::Result<Arc<Sandboxes>> {
         let dir = state_dir.join("sbx");
@@ -261,8 +272,10 @@ impl Sandboxes {
             groups: Mutex::new(groups),
             domain: config.domain,
             zygote_idle: config.zygote_idle,
-            network: net::SandboxNetwork::new(network),
+            network: net::SandboxNetwork::new(instances.network.clone()),
             jail: jail.map(|j| jail::SandboxJail::new(j, spore_bin, &state_dir.join("sbx"))),
+            instances,
+            accounts,
         }))
     }
 
@@ -520,6 +533,10 @@ impl Sandboxes {
             *lock(&self.groups).entry(g.clone()).or_default() += 1;
         }
         let id = rec.id.clone();
+        let bytes = u64::from(rec.memory_mib) << 20;
+        self.instances
+            .sandbox_memory
+            .running(&id, &rec.account, bytes);
         lock(&self.table).insert(
             id,
             Arc::new(tokio::sync::Mutex::new(Entry {
@@ -551,6 +568,7 @@ impl Sandboxes {
     /// paused sandboxes stay on disk).
     pub async fn shutdown(&self) {
         let entries: Vec<_> = lock(&self.table).drain().map(|(_, e)| e).collect();
+        self.instances.sandbox_memory.clear();
         for e in entries {
             let mut g = e.lock().await;
             if let Some(mut vmm) = g.vmm.take() {

@@ -80,6 +80,12 @@ fn refuses_what_it_cannot_enforce(d: &Daemon) {
 /// A daemon with accounts A and B and a template `base` whose kernel is no
 /// kernel (its zygote cannot boot); `extra` is more of the template's TOML.
 fn daemon_with_unbootable_base(dir: &Scratch, extra: &str) -> Daemon {
+    daemon_with_limits(dir, extra, "")
+}
+
+/// As [`daemon_with_unbootable_base`], account A with `limits_a` (lines of
+/// its `[[keys]]` entry).
+fn daemon_with_limits(dir: &Scratch, extra: &str, limits_a: &str) -> Daemon {
     std::fs::write(dir.path("vmlinux"), b"not a kernel").unwrap();
     std::fs::write(dir.path("rootfs.ext4"), b"not an image").unwrap();
     let template = dir.path("base.toml");
@@ -96,7 +102,7 @@ fn daemon_with_unbootable_base(dir: &Scratch, extra: &str) -> Daemon {
     std::fs::write(
         &keys,
         format!(
-            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"a\"\naccount_id = \"111111111111\"\nsandbox_api_key = \"{KEY_A}\"\n\
+            "[[keys]]\naccess_key_id = \"A\"\nsecret_access_key = \"a\"\naccount_id = \"111111111111\"\nsandbox_api_key = \"{KEY_A}\"\n{limits_a}\
              [[keys]]\naccess_key_id = \"B\"\nsecret_access_key = \"b\"\naccount_id = \"222222222222\"\nsandbox_api_key = \"{KEY_B}\"\n"
         ),
     )
@@ -112,6 +118,28 @@ fn daemon_with_unbootable_base(dir: &Scratch, extra: &str) -> Daemon {
             template.to_str().unwrap(),
         ],
     )
+}
+
+/// An account's memory limit covers its sandboxes: a create past it is
+/// refused with 429 before anything starts.
+#[test]
+fn serve_sandbox_past_its_accounts_memory_limit_is_refused() {
+    let dir = Scratch::new("serve-sbx-mem");
+    let d = daemon_with_limits(&dir, "memory_mib = 512\n", "memory = \"256M\"\n");
+    let body = r#"{"templateID": "base", "timeout": 60}"#;
+    let refused_create = call(&d, "POST", "/sandboxes", body, Some(KEY_A));
+    let message = refused(&refused_create, 429);
+    assert!(message.contains("account memory limit"), "{message}");
+    assert!(message.contains("of 256 MiB"), "{message}");
+    // Nothing was started for it: no sandbox directory, no VMM.
+    let sandboxes = std::fs::read_dir(dir.path("state").join("sbx"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(sandboxes, 0);
+    // Another account, without a limit, gets as far as its template (which
+    // cannot boot here).
+    let other = call(&d, "POST", "/sandboxes", body, Some(KEY_B));
+    assert_eq!(other.status, 500, "{}", other.text());
 }
 
 #[test]

@@ -22,9 +22,9 @@
 //! On disk, `<state>/sbx-templates/<account>/`: `files/<hash>` (uploads)
 //! and `<name>/` per template: `template.json` (its spec and ids, written
 //! when a build succeeds), `build-<id>.json` (each build's status and log)
-//! and `rootfs-<build>.ext4` (the image of each build that succeeded). A
-//! build the daemon was running when it stopped is marked failed when it
-//! starts again.
+//! and `rootfs-<build>.ext4` (the image of each build that succeeded);
+//! `.layers/` holds the build cache ([`layers`]). A build the daemon was
+//! running when it stopped is marked failed when it starts again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +38,7 @@ use super::events::Level;
 use super::{template, SandboxError, Sandboxes, TemplateSpec};
 use crate::mutex::lock;
 
+mod layers;
 mod run;
 mod steps;
 
@@ -77,6 +78,9 @@ pub struct BuildStart {
     steps: Vec<Step>,
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
+    /// Run every step, whatever the build cache holds ([`layers`]).
+    #[serde(default)]
+    force: bool,
 }
 
 /// One step (`TemplateStep`).
@@ -88,6 +92,10 @@ pub struct Step {
     #[serde(default)]
     args: Vec<String>,
     files_hash: Option<String>,
+    /// Run this step and the ones after it, whatever the build cache
+    /// holds (the SDK's `skip_cache()`).
+    #[serde(default)]
+    force: bool,
 }
 
 /// A build's status (`TemplateBuildStatus`).
@@ -170,7 +178,10 @@ impl Builds {
         let mut built = Vec::new();
         for account in entries(root, true) {
             for dir in entries(&account, true) {
-                if dir.file_name().is_some_and(|n| n == "files") {
+                if dir
+                    .file_name()
+                    .is_some_and(|n| n == "files" || n == ".layers")
+                {
                     continue;
                 }
                 if let Some(t) = read_json::<Built>(&dir.join("template.json")) {
@@ -669,6 +680,7 @@ mod tests {
             kind: kind.into(),
             args: args.iter().map(|s| s.to_string()).collect(),
             files_hash: None,
+            force: false,
         }
     }
 

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::layers::{self, Cached, StepState};
 use super::steps::{shown_args, StepRunner};
 use super::{Build, BuildStart, Built, Step, STEP_LIMIT};
 use crate::mutex::lock;
@@ -28,37 +29,34 @@ impl Sandboxes {
             .ok_or_else(|| ("the build is gone".to_string(), None))?;
         let base = |e: String| (e, Some("base".to_string()));
         let dir = self.builds.template_dir(&b.account, &b.name);
-        // The build VM writes only its work directory (its image copy).
-        let work = dir.join(format!(".work-{build_id}"));
-        crate::fs::create_private_dir(&work).map_err(|e| base(e.to_string()))?;
+        let steps = &start.steps;
+        let keys = layers::keys(&parent.spec, steps)
+            .map_err(|e| base(format!("{}: {e}", parent.spec.rootfs.display())))?;
+        let cached = self
+            .builds
+            .layers(&b.account)
+            .longest_cached(&keys, steps, start.force);
+        let done = cached.as_ref().map_or(0, |c| c.steps);
+        for (i, step) in steps.iter().enumerate().take(done) {
+            let n = (i + 1).to_string();
+            let msg = format!(
+                "[{n}/{}] {} {} (cached)",
+                steps.len(),
+                step.kind,
+                shown_args(step)
+            );
+            self.builds.log(build_id, Level::Info, &msg, Some(&n));
+        }
         if self.jail.is_some() {
             // Jailed VMMs of the account's templates pass through the
             // account's directory to their images (and cannot list it).
             pass_through(&self.builds.root.join(&b.account)).map_err(|e| base(e.to_string()))?;
         }
         let image = dir.join(format!("rootfs-{build_id}.ext4"));
-        let partial = work.join("rootfs.ext4");
-        let (from, to) = (parent.spec.rootfs.clone(), partial.clone());
-        let copied = tokio::task::spawn_blocking(move || copy_sparse(&from, &to))
-            .await
-            .map_err(|e| base(e.to_string()))?;
-        if let Err(e) = copied {
-            let _ = std::fs::remove_dir_all(&work);
-            return Err(base(format!(
-                "copying {}: {e}",
-                parent.spec.rootfs.display()
-            )));
-        }
-        self.builds.log(
-            build_id,
-            Level::Info,
-            &format!("image copied from template {}", parent.spec.name),
-            Some("base"),
-        );
         let spec = TemplateSpec {
             name: b.name.clone(),
             kernel: parent.spec.kernel.clone(),
-            rootfs: partial.clone(),
+            rootfs: image.clone(),
             vcpus: b.cpu_count.unwrap_or(parent.spec.vcpus),
             memory_mib: b.memory_mib.unwrap_or(parent.spec.memory_mib),
             user: parent.spec.user.clone(),
@@ -67,30 +65,51 @@ impl Sandboxes {
             network: parent.spec.network,
             dns: parent.spec.dns.clone(),
         };
-        let ran = self
-            .run_steps(build_id, &b, &spec, &work, &start.steps)
-            .await;
-        let user = match ran {
-            Ok(user) => user,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&work);
-                return Err(e);
+        let fin = |e: String| (e, Some("finalize".to_string()));
+        let state = match cached {
+            // Every step cached: the layer is the image, no VM boots.
+            Some(c) if c.steps == steps.len() => {
+                let (from, to) = (c.image.clone(), image.clone());
+                tokio::task::spawn_blocking(move || link_or_copy(&from, &to))
+                    .await
+                    .map_err(|e| fin(e.to_string()))?
+                    .map_err(|e| fin(format!("keeping the image: {e}")))?;
+                self.builds.log(
+                    build_id,
+                    Level::Info,
+                    "every step was cached: no build VM",
+                    Some("finalize"),
+                );
+                c.state
+            }
+            cached => {
+                let state = self
+                    .build_in_vm(build_id, &b, parent, &spec, steps, (&keys, cached))
+                    .await?;
+                // The final image is the last step's layer (a link).
+                if let Some(key) = keys.last() {
+                    let (layers, key, at, st) = (
+                        self.builds.layers(&b.account),
+                        key.clone(),
+                        image.clone(),
+                        state.clone(),
+                    );
+                    let kept =
+                        tokio::task::spawn_blocking(move || layers.keep(&key, &at, &st, true))
+                            .await
+                            .map_err(std::io::Error::other)
+                            .and_then(|r| r);
+                    if let Err(e) = kept {
+                        let msg = format!("the build cache could not keep the image: {e}");
+                        self.builds
+                            .log(build_id, Level::Warn, &msg, Some("finalize"));
+                    }
+                }
+                state
             }
         };
-        let fin = |e: String| (e, Some("finalize".to_string()));
-        let (from, to) = (partial.clone(), image.clone());
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            std::fs::File::open(&from)?.sync_all()?;
-            std::fs::rename(&from, &to)?;
-            crate::fs::sync_dir(to.parent().unwrap_or(Path::new(".")))
-        })
-        .await
-        .map_err(|e| fin(e.to_string()))?
-        .map_err(|e| fin(format!("keeping the image: {e}")))?;
-        let _ = std::fs::remove_dir_all(&work);
         let spec = TemplateSpec {
-            rootfs: image,
-            user,
+            user: state.template_user,
             ..spec
         };
         self.share_built_image(&b, &spec).map_err(fin)?;
@@ -107,9 +126,87 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Copies the image the steps start from (the parent's, or the cached
+    /// layer's) to a work directory, runs the steps after the cached ones in
+    /// a VM booted from the copy, and keeps the copy as `spec.rootfs`;
+    /// returns what the steps set.
+    async fn build_in_vm(
+        &self,
+        build_id: &str,
+        b: &Build,
+        parent: &Template,
+        spec: &TemplateSpec,
+        steps: &[Step],
+        (keys, cached): (&[String], Option<Cached>),
+    ) -> Result<StepState, (String, Option<String>)> {
+        let base = |e: String| (e, Some("base".to_string()));
+        let dir = self.builds.template_dir(&b.account, &b.name);
+        // The build VM writes only its work directory (its image copy).
+        let work = dir.join(format!(".work-{build_id}"));
+        crate::fs::create_private_dir(&work).map_err(|e| base(e.to_string()))?;
+        let partial = work.join("rootfs.ext4");
+        let (source, copied_from) = match &cached {
+            Some(c) => (
+                c.image.clone(),
+                format!("the build cache (after step {})", c.steps),
+            ),
+            None => (
+                parent.spec.rootfs.clone(),
+                format!("template {}", parent.spec.name),
+            ),
+        };
+        let (from, to) = (source.clone(), partial.clone());
+        let copied = tokio::task::spawn_blocking(move || crate::fs::copy_sparse(&from, &to))
+            .await
+            .map_err(|e| base(e.to_string()))?;
+        if let Err(e) = copied {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(base(format!("copying {}: {e}", source.display())));
+        }
+        self.builds.log(
+            build_id,
+            Level::Info,
+            &format!("image copied from {copied_from}"),
+            Some("base"),
+        );
+        let vm_spec = TemplateSpec {
+            rootfs: partial.clone(),
+            ..spec.clone()
+        };
+        let resume = Resume {
+            from: cached.as_ref().map_or(0, |c| c.steps),
+            state: cached.map(|c| c.state),
+            keys,
+        };
+        let ran = self
+            .run_steps(build_id, b, &vm_spec, &work, steps, resume)
+            .await;
+        let state = match ran {
+            Ok(state) => state,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work);
+                return Err(e);
+            }
+        };
+        let fin = |e: String| (e, Some("finalize".to_string()));
+        let (from, to) = (partial, spec.rootfs.clone());
+        let kept = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&from)?.sync_all()?;
+            std::fs::rename(&from, &to)?;
+            crate::fs::sync_dir(to.parent().unwrap_or(Path::new(".")))
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(&work);
+        kept.map_err(|e| fin(e.to_string()))?
+            .map_err(|e| fin(format!("keeping the image: {e}")))?;
+        Ok(state)
+    }
+
     /// Boots the build VM from `spec`'s image (a copy, written in place)
-    /// and runs the steps in it; returns the user the template's commands
-    /// run as (its last `USER`, else its parent's).
+    /// and runs the steps from `resume.from` in it; the image after each
+    /// `RUN` and `COPY` but the last is kept in the build cache. Returns
+    /// what the steps set (the template's user: its last `USER`, else its
+    /// parent's).
     async fn run_steps(
         &self,
         build_id: &str,
@@ -117,7 +214,8 @@ impl Sandboxes {
         spec: &TemplateSpec,
         dir: &Path,
         steps: &[Step],
-    ) -> Result<String, (String, Option<String>)> {
+        resume: Resume<'_>,
+    ) -> Result<StepState, (String, Option<String>)> {
         let base = |e: String| (e, Some("base".to_string()));
         let user = self
             .user_of(&b.account, &b.name)
@@ -156,16 +254,21 @@ impl Sandboxes {
         };
         self.builds
             .log(build_id, Level::Info, "build VM booted", Some("base"));
-        let mut runner = StepRunner {
-            vsock: vmm.vsock_uds.clone(),
+        let state = resume.state.unwrap_or_else(|| StepState {
             user: spec.user.clone(),
             template_user: spec.user.clone(),
-            env: Vec::new(),
-            workdir: None,
+            ..StepState::default()
+        });
+        let mut runner = StepRunner {
+            vsock: vmm.vsock_uds.clone(),
+            user: state.user,
+            template_user: state.template_user,
+            env: state.env,
+            workdir: state.workdir,
             files: self.builds.files_dir(&b.account),
         };
         let mut result = Ok(());
-        for (i, step) in steps.iter().enumerate() {
+        for (i, step) in steps.iter().enumerate().skip(resume.from) {
             let n = (i + 1).to_string();
             self.builds.log(
                 build_id,
@@ -193,6 +296,11 @@ impl Sandboxes {
                 }
             }
             self.builds.update(build_id, |_| {});
+            if i + 1 < steps.len() && layers::worth_keeping(step) {
+                let n = (i + 1).to_string();
+                self.keep_layer(build_id, b, &runner, &spec.rootfs, (&resume.keys[i], &n))
+                    .await;
+            }
         }
         if result.is_ok() {
             // What the steps wrote reaches the image before the VM ends.
@@ -202,7 +310,39 @@ impl Sandboxes {
         }
         vmm.kill().await;
         let _ = std::fs::remove_dir_all(&run_dir);
-        result.map(|()| runner.template_user)
+        result.map(|()| runner.state())
+    }
+
+    /// Keeps the build VM's image as layer `key` between two steps: synced
+    /// in the guest first, copied while the VM waits. A failure only costs
+    /// the cache (logged as a warning).
+    async fn keep_layer(
+        &self,
+        build_id: &str,
+        b: &Build,
+        runner: &StepRunner,
+        image: &Path,
+        (key, n): (&str, &str),
+    ) {
+        let kept = match envd::run(&runner.vsock, "root", "sync", &[]).await {
+            Err(e) => Err(format!("sync: {e:#}")),
+            Ok(_) => {
+                let (layers, key, at, st) = (
+                    self.builds.layers(&b.account),
+                    key.to_string(),
+                    image.to_path_buf(),
+                    runner.state(),
+                );
+                tokio::task::spawn_blocking(move || layers.keep(&key, &at, &st, false))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+        };
+        if let Err(e) = kept {
+            let msg = format!("the build cache could not keep this step's image: {e}");
+            self.builds.log(build_id, Level::Warn, &msg, Some(n));
+        }
     }
 
     /// The built image made readable (not writable) by the template's
@@ -237,79 +377,23 @@ impl Sandboxes {
     }
 }
 
+/// Where a build resumes: after its first `from` steps (cached), with what
+/// they set; `keys` name the image after each step ([`layers::keys`]).
+struct Resume<'a> {
+    from: usize,
+    state: Option<StepState>,
+    keys: &'a [String],
+}
+
+/// `to` as another name of `from` (a final image, never written again),
+/// or a sparse copy where a link cannot be made.
+fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::hard_link(from, to).or_else(|_| crate::fs::copy_sparse(from, to))?;
+    crate::fs::sync_dir(to.parent().unwrap_or(Path::new(".")))
+}
+
 /// `dir` mode 0711: others pass through, cannot list.
 fn pass_through(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-}
-
-/// Copies `from` to `to` keeping its holes: only the data extents
-/// (`SEEK_DATA`/`SEEK_HOLE`) are read and written, so a 2 GiB image with
-/// 200 MiB in it costs 200 MiB. Where the file system cannot say, all of
-/// it is copied.
-fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
-    use std::os::unix::io::AsRawFd as _;
-    let mut src = std::fs::File::open(from)?;
-    let len = src.metadata()?.len();
-    let mut dst = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(to)?;
-    dst.set_len(len)?;
-    let seek = |fd: i32, offset: u64, whence: i32| -> Option<u64> {
-        let offset = libc::off_t::try_from(offset).ok()?;
-        // SAFETY: lseek on an open descriptor has no memory effects.
-        let at = unsafe { libc::lseek(fd, offset, whence) };
-        u64::try_from(at).ok()
-    };
-    let fd = src.as_raw_fd();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = 0u64;
-    while pos < len {
-        // No data after `pos` (ENXIO): the rest is a hole. A file system
-        // without SEEK_DATA (EINVAL) has its data everywhere.
-        let start = match seek(fd, pos, libc::SEEK_DATA) {
-            Some(at) => at,
-            None if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) => break,
-            None => pos,
-        };
-        let end = seek(fd, start, libc::SEEK_HOLE).unwrap_or(len).min(len);
-        src.seek(SeekFrom::Start(start))?;
-        dst.seek(SeekFrom::Start(start))?;
-        let mut left = end - start;
-        while left > 0 {
-            let n = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
-            src.read_exact(&mut buf[..n])?;
-            dst.write_all(&buf[..n])?;
-            left -= n as u64;
-        }
-        pos = end.max(start + 1);
-    }
-    dst.sync_all()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sparse_copy_keeps_the_data_and_the_holes() {
-        use std::os::unix::fs::FileExt as _;
-        let dir = std::env::temp_dir().join(format!("spore-sparse-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, b) = (dir.join("a"), dir.join("b"));
-        let f = std::fs::File::create(&a).unwrap();
-        f.set_len(64 << 20).unwrap();
-        f.write_all_at(b"start", 0).unwrap();
-        f.write_all_at(&[7u8; 5000], 20 << 20).unwrap();
-        f.write_all_at(b"end", (64 << 20) - 3).unwrap();
-        copy_sparse(&a, &b).unwrap();
-        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-        use std::os::unix::fs::MetadataExt as _;
-        let blocks = std::fs::metadata(&b).unwrap().blocks() * 512;
-        assert!(blocks < 8 << 20, "the copy holds {blocks} bytes");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use super::layers::StepState;
 use super::{Step, OUTPUT_TAIL};
 use crate::sandboxes::envd;
 
@@ -41,6 +42,16 @@ pub(super) struct StepRunner {
 const ENV_FILE: &str = "/etc/profile.d/zz-spore-template-env.sh";
 
 impl StepRunner {
+    /// What the steps so far set (kept with a cached layer).
+    pub(super) fn state(&self) -> StepState {
+        StepState {
+            user: self.user.clone(),
+            template_user: self.template_user.clone(),
+            env: self.env.clone(),
+            workdir: self.workdir.clone(),
+        }
+    }
+
     /// One step; its output's end.
     pub(super) async fn run(&mut self, index: usize, step: &Step) -> anyhow::Result<String> {
         let arg = |i: usize| step.args.get(i).map(String::as_str).unwrap_or("");
