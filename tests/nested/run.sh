@@ -222,7 +222,8 @@ if [[ $mode == qemu ]]; then
     if [[ -n $qemu_bin ]]; then
         PATH="$qemu_bin:$PATH"
     fi
-    log "L1 runs under $(qemu-system-x86_64 --version | head -n1)"
+    if [[ $arch == arm64 ]]; then qemu_name=qemu-system-aarch64; else qemu_name=qemu-system-x86_64; fi
+    log "L1 runs under $($qemu_name --version | head -n1)"
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/spore-nested.XXXXXX")"
