@@ -261,10 +261,7 @@ impl Sandboxes {
         });
         let mut runner = StepRunner {
             vsock: vmm.vsock_uds.clone(),
-            user: state.user,
-            template_user: state.template_user,
-            env: state.env,
-            workdir: state.workdir,
+            state,
             files: self.builds.files_dir(&b.account),
         };
         let mut result = Ok(());
@@ -310,7 +307,7 @@ impl Sandboxes {
         }
         vmm.kill().await;
         let _ = std::fs::remove_dir_all(&run_dir);
-        result.map(|()| runner.state())
+        result.map(|()| runner.state)
     }
 
     /// Keeps the build VM's image as layer `key` between two steps: synced
@@ -331,7 +328,7 @@ impl Sandboxes {
                     self.builds.layers(&b.account),
                     key.to_string(),
                     image.to_path_buf(),
-                    runner.state(),
+                    runner.state.clone(),
                 );
                 tokio::task::spawn_blocking(move || layers.keep(&key, &at, &st, false))
                     .await

@@ -24,16 +24,8 @@ pub(super) fn shown_args(step: &Step) -> String {
 /// Runs steps in the build VM, keeping what they set for the next ones.
 pub(super) struct StepRunner {
     pub(super) vsock: PathBuf,
-    /// Who the next `RUN` runs as, whom a `COPY` gives its files: the
-    /// last `USER`, else the parent template's user (as E2B's builds,
-    /// whose `apt_install` asks for root).
-    pub(super) user: String,
-    /// The template's default user (its last `USER`, else its parent's).
-    pub(super) template_user: String,
-    /// `ENV` so far: given to every later `RUN`, and written to
-    /// `/etc/profile.d` for the template's sandboxes.
-    pub(super) env: Vec<(String, String)>,
-    pub(super) workdir: Option<String>,
+    /// What the steps so far set ([`StepState`]): kept with a cached layer.
+    pub(super) state: StepState,
     pub(super) files: PathBuf,
 }
 
@@ -42,23 +34,13 @@ pub(super) struct StepRunner {
 const ENV_FILE: &str = "/etc/profile.d/zz-spore-template-env.sh";
 
 impl StepRunner {
-    /// What the steps so far set (kept with a cached layer).
-    pub(super) fn state(&self) -> StepState {
-        StepState {
-            user: self.user.clone(),
-            template_user: self.template_user.clone(),
-            env: self.env.clone(),
-            workdir: self.workdir.clone(),
-        }
-    }
-
     /// One step; its output's end.
     pub(super) async fn run(&mut self, index: usize, step: &Step) -> anyhow::Result<String> {
         let arg = |i: usize| step.args.get(i).map(String::as_str).unwrap_or("");
         match step.kind.as_str() {
             "RUN" => {
                 let user = if arg(1).is_empty() {
-                    self.user.clone()
+                    self.state.user.clone()
                 } else {
                     arg(1).to_string()
                 };
@@ -70,8 +52,8 @@ impl StepRunner {
                     if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                         anyhow::bail!("{k:?} is not a variable name");
                     }
-                    self.env.retain(|(name, _)| name != k);
-                    self.env.push((k.clone(), v.clone()));
+                    self.state.env.retain(|(name, _)| name != k);
+                    self.state.env.push((k.clone(), v.clone()));
                     self.root(
                         "printf 'export %s=%q\\n' \"$SPORE_K\" \"$SPORE_V\" >> \"$SPORE_FILE\"",
                         &[("SPORE_K", k), ("SPORE_V", v), ("SPORE_FILE", ENV_FILE)],
@@ -83,7 +65,7 @@ impl StepRunner {
             "WORKDIR" => {
                 self.root("mkdir -p -- \"$SPORE_DIR\"", &[("SPORE_DIR", arg(0))])
                     .await?;
-                self.workdir = Some(arg(0).to_string());
+                self.state.workdir = Some(arg(0).to_string());
                 Ok(String::new())
             }
             "USER" => {
@@ -92,8 +74,8 @@ impl StepRunner {
                     &[("SPORE_USER", arg(0))],
                 )
                 .await?;
-                self.user = arg(0).to_string();
-                self.template_user = arg(0).to_string();
+                self.state.user = arg(0).to_string();
+                self.state.template_user = arg(0).to_string();
                 Ok(String::new())
             }
             "COPY" => self.copy(index, step).await,
@@ -106,13 +88,14 @@ impl StepRunner {
     /// loud command never overflows the answer.
     async fn shell(&self, user: &str, cmd: &str, extra: &[(&str, &str)]) -> anyhow::Result<String> {
         let mut env: Vec<(&str, &str)> = self
+            .state
             .env
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         env.extend_from_slice(extra);
         env.push(("SPORE_STEP_CMD", cmd));
-        let wd = self.workdir.clone().unwrap_or_default();
+        let wd = self.state.workdir.clone().unwrap_or_default();
         env.push(("SPORE_WORKDIR", &wd));
         let tail = OUTPUT_TAIL.to_string();
         env.push(("SPORE_TAIL", &tail));
@@ -155,7 +138,7 @@ impl StepRunner {
         envd::upload(&self.vsock, &in_guest, &tar).await?;
         let arg = |i: usize| step.args.get(i).map(String::as_str).unwrap_or("");
         let owner = if arg(2).is_empty() {
-            self.user.as_str()
+            self.state.user.as_str()
         } else {
             arg(2)
         };
@@ -173,7 +156,7 @@ impl StepRunner {
             elif [ ${#m[@]} -eq 1 ] && [ \"${d%/}\" = \"$d\" ] && [ ! -d \"$d\" ]; then mkdir -p -- \"$(dirname -- \"$d\")\"; cp -a -- \"${m[0]}\" \"$d\"; \
             else new_dir \"${d%/}\"; cp -a -- \"${m[@]}\" \"$d\"/; fi; \
             cd /; rm -rf \"$t\"";
-        let wd = self.workdir.clone().unwrap_or_default();
+        let wd = self.state.workdir.clone().unwrap_or_default();
         self.root(
             script,
             &[
