@@ -279,6 +279,9 @@ if ((${#hostfwd_ports[@]})); then
     [[ $mode == direct ]] || net_args=(-netdev "user,id=n0,restrict=on$fwd" -device virtio-net-pci,netdev=n0)
     append="$append spore.l1net=1"
 fi
+# SPORE_NESTED_KVM_AMD=P1,P2: L1's kvm_amd parameters (l1-init.sh), e.g.
+# npt=0 for shadow paging of L2 guests instead of emulated nested paging.
+[[ -n ${SPORE_NESTED_KVM_AMD:-} ]] && append="$append spore.kvm_amd=$SPORE_NESTED_KVM_AMD"
 l1_modules+=("${extra_modules[@]}")
 l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 
