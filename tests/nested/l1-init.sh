@@ -17,9 +17,17 @@ ip link set lo up 2>/dev/null
 read -r up _ </proc/uptime
 echo "SPORE-L1 up ${up}s"
 
+# spore.kvm_amd=P1,P2 on the command line (run.sh): kvm_amd's parameters
+# (npt=0: L1's KVM shadows L2's page tables instead of nested paging).
+kvm_amd_params=$(sed -n 's/.*spore\.kvm_amd=\([^ ]*\).*/\1/p' /proc/cmdline | tr ',' ' ')
 while read -r m; do
-    insmod "/lib/modules/$m" || echo "SPORE-L1 insmod $m failed"
+    case $m in
+    kvm_amd.ko | kvm-amd.ko) set -- $kvm_amd_params ;;
+    *) set -- ;;
+    esac
+    insmod "/lib/modules/$m" "$@" || echo "SPORE-L1 insmod $m failed"
 done </lib/modules/load-order
+[ -n "$kvm_amd_params" ] && echo "SPORE-L1 kvm_amd $kvm_amd_params: npt $(cat /sys/module/kvm_amd/parameters/npt 2>/dev/null)"
 # tun (tap devices for virtio-net): devtmpfs makes /dev/net/tun when the
 # module registers it; make it by hand where that did not happen (or tun is
 # built in and devtmpfs was mounted late).

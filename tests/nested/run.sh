@@ -214,13 +214,12 @@ elif [[ $mode == qemu ]]; then
 else
     ensure_packages busybox-static cpio
 fi
-# SPORE_NESTED_QEMU=10: L1 runs under the pinned QEMU 10.0 of qemu.sh (Debian
-# 12's own 7.2, the default, has emulator bugs this stack meets; 10.0 is not
-# the default yet: under it a clone of a resumed sandbox lost its envd
-# listener once, not understood yet, guest/README.md).
+# L1 runs under the pinned QEMU 10.0 of qemu.sh (Debian 12's own 7.2 has
+# emulator bugs this stack meets, guest/README.md); SPORE_NESTED_QEMU=system
+# runs the system's QEMU instead, as does a machine that cannot fetch 10.0.
 if [[ $mode == qemu ]]; then
     qemu_bin=""
-    if [[ ${SPORE_NESTED_QEMU:-} == 10 ]]; then qemu_bin="$("$here/qemu.sh" | tail -n1)"; fi
+    if [[ ${SPORE_NESTED_QEMU:-} != system ]]; then qemu_bin="$("$here/qemu.sh" | tail -n1)"; fi
     if [[ -n $qemu_bin ]]; then
         PATH="$qemu_bin:$PATH"
     fi
@@ -280,6 +279,9 @@ if ((${#hostfwd_ports[@]})); then
     [[ $mode == direct ]] || net_args=(-netdev "user,id=n0,restrict=on$fwd" -device virtio-net-pci,netdev=n0)
     append="$append spore.l1net=1"
 fi
+# SPORE_NESTED_KVM_AMD=P1,P2: L1's kvm_amd parameters (l1-init.sh), e.g.
+# npt=0 for shadow paging of L2 guests instead of emulated nested paging.
+[[ -n ${SPORE_NESTED_KVM_AMD:-} ]] && append="$append spore.kvm_amd=$SPORE_NESTED_KVM_AMD"
 l1_modules+=("${extra_modules[@]}")
 l1="$("$here/l1-kernel.sh" "${arch_args[@]}" "${l1_modules[@]}" | tail -n1)"
 

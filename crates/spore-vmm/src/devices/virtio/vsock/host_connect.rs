@@ -22,7 +22,7 @@ pub enum HandshakeError {
         #[source]
         source: io::Error,
     },
-    #[error("guest port {port}: connection refused (nobody listening)")]
+    #[error("guest port {port}: connection refused (nobody listening, or the guest did not answer in time)")]
     Refused { port: u32 },
     /// The reply did not come (timeout or read error); the cause is in the
     /// message, as users read it on one line.
@@ -104,7 +104,7 @@ mod tests {
         let e = connect(&path, 5000, 5).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "guest port 5000: connection refused (nobody listening)"
+            "guest port 5000: connection refused (nobody listening, or the guest did not answer in time)"
         );
         let (_dir, path) = answer(b"NO\n");
         let e = connect(&path, 5000, 5).unwrap_err();

@@ -25,7 +25,7 @@ use spore_abi::vsock::EVENT_TRANSPORT_RESET;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use super::connection::{ConnKey, Connection, RxOutcome, Verdict};
+use super::connection::{ConnKey, ConnState, Connection, RxOutcome, Verdict, CONNECT_TIMEOUT};
 use super::identity::{Notice, VsockIdentity};
 use super::listener::{Handshake, HostListener, ListenerError};
 use super::packet::{parse_tx, Header, Op, RxBuffer, TxPacket, HOST_CID, MAX_PAYLOAD, TYPE_STREAM};
@@ -249,7 +249,17 @@ impl VsockMuxer {
             .map(Connection::key)
             .collect();
         for key in expired {
-            tracing::debug!("vsock {key:?}: timed out");
+            // A host client whose OP_REQUEST the guest never answered sees
+            // its socket closed, as for a refusal: say which it was here.
+            if self.conns.get(&key).map(Connection::state) == Some(ConnState::LocalInit) {
+                tracing::warn!(
+                    "vsock: guest port {} did not answer a host connection within {:?}; closed",
+                    key.peer_port,
+                    CONNECT_TIMEOUT
+                );
+            } else {
+                tracing::debug!("vsock {key:?}: timed out");
+            }
             self.reset_conn(key);
         }
         // Closing a handshake's socket also removes it from the epoll set.
