@@ -120,9 +120,13 @@ impl Sandboxes {
             spec,
         };
         let json = serde_json::to_vec_pretty(&built).map_err(|e| fin(e.to_string()))?;
-        crate::fs::write_private(&dir.join("template.json"), &json)
-            .map_err(|e| fin(format!("template.json: {e}")))?;
-        self.serve_built(built).await;
+        crate::fs::write_private(&dir.join(format!("built-{build_id}.json")), &json)
+            .map_err(|e| fin(format!("built-{build_id}.json: {e}")))?;
+        let tags = b.tags.clone();
+        self.tag_build(built, &tags).await.map_err(fin)?;
+        let msg = format!("tagged {}", tags.join(", "));
+        self.builds
+            .log(build_id, Level::Info, &msg, Some("finalize"));
         Ok(())
     }
 
@@ -360,16 +364,38 @@ impl Sandboxes {
     pub(super) async fn serve_built(&self, built: Built) {
         let key = (built.account.clone(), built.spec.name.clone());
         let t = Arc::new(Template {
+            key: built.spec.name.clone(),
+            build_id: Some(built.build_id),
             spec: built.spec,
             zygotes: Mutex::default(),
         });
         let old = lock(&self.built).insert(key, t);
         if let Some(old) = old {
-            for (_, slot) in old.zygote_slots() {
-                if let Some(mut z) = slot.lock().await.take() {
-                    z.vmm.kill().await;
-                }
+            end_zygotes(&old).await;
+        }
+    }
+
+    /// `account`'s template `name` has no `default` build any more: its
+    /// zygotes end, `template.json` goes (its builds stay, and their tags).
+    pub(super) async fn stop_serving(&self, account: &str, name: &str) {
+        let dir = self.builds.template_dir(account, name);
+        if let Err(e) = std::fs::remove_file(dir.join("template.json")) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(template = %name, "removing template.json: {e}");
             }
+        }
+        let old = lock(&self.built).remove(&(account.to_string(), name.to_string()));
+        if let Some(old) = old {
+            end_zygotes(&old).await;
+        }
+    }
+}
+
+/// Ends a template's zygotes (the sandboxes made from them run on).
+async fn end_zygotes(t: &Template) {
+    for (_, slot) in t.zygote_slots() {
+        if let Some(mut z) = slot.lock().await.take() {
+            z.vmm.kill().await;
         }
     }
 }
