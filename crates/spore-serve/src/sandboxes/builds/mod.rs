@@ -41,6 +41,7 @@ use super::{SandboxError, Sandboxes, TemplateSpec};
 use crate::mutex::lock;
 
 mod checks;
+mod free_space;
 mod layers;
 mod run;
 mod steps;
@@ -69,6 +70,8 @@ pub struct BuildRequest {
     cpu_count: Option<u8>,
     #[serde(rename = "memoryMB")]
     memory_mb: Option<u32>,
+    /// Free space the image keeps after the steps ([`free_space`]).
+    min_free_disk_mb: Option<u32>,
 }
 
 /// `POST /v2/templates/{id}/builds/{build}`' body (`TemplateBuildStartV2`).
@@ -143,6 +146,9 @@ pub struct Build {
     pub memory_mib: Option<u32>,
     /// What it is tagged with when it succeeds ([`tags`]).
     pub tags: Vec<String>,
+    /// `minFreeDiskMb`: the image grown to keep this much free.
+    #[serde(default)]
+    pub min_free_disk_mib: Option<u32>,
 }
 
 /// A built template, as kept in `template.json`.
@@ -349,6 +355,15 @@ impl Sandboxes {
         if let Some(c) = req.cpu_count.filter(|c| !(1..=32).contains(c)) {
             return Err(SandboxError::BadRequest(format!("cpuCount {c}: 1 to 32")));
         }
+        if let Some(m) = req
+            .min_free_disk_mb
+            .filter(|m| *m > free_space::MAX_MIN_FREE_MIB)
+        {
+            return Err(SandboxError::BadRequest(format!(
+                "minFreeDiskMb {m}: at most {}",
+                free_space::MAX_MIN_FREE_MIB
+            )));
+        }
         if let Some(m) = req.memory_mb.filter(|m| !(128..=65_536).contains(m)) {
             return Err(SandboxError::BadRequest(format!(
                 "memoryMB {m}: 128 to 65536"
@@ -375,6 +390,7 @@ impl Sandboxes {
             cpu_count: req.cpu_count,
             memory_mib: req.memory_mb,
             tags,
+            min_free_disk_mib: req.min_free_disk_mb.filter(|m| *m > 0),
         };
         self.builds
             .save(&build)
@@ -624,6 +640,7 @@ mod tests {
             cpu_count: None,
             memory_mib: None,
             tags: Vec::new(),
+            min_free_disk_mib: None,
         };
         builds.save(&b).unwrap();
         let (again, _) = Builds::load(&root).unwrap();

@@ -108,6 +108,9 @@ impl Sandboxes {
                 state
             }
         };
+        if let Some(mib) = b.min_free_disk_mib {
+            self.keep_free_space(build_id, &image, mib).await;
+        }
         let spec = TemplateSpec {
             user: state.template_user,
             ..spec
@@ -344,6 +347,31 @@ impl Sandboxes {
             let msg = format!("the build cache could not keep this step's image: {e}");
             self.builds.log(build_id, Level::Warn, &msg, Some(n));
         }
+    }
+
+    /// `minFreeDiskMb`: the image grown to keep `mib` MiB free; best
+    /// effort, as on E2B (a growth that fails is a warning in the log).
+    async fn keep_free_space(&self, build_id: &str, image: &Path, mib: u32) {
+        let at = image.to_path_buf();
+        let grown =
+            tokio::task::spawn_blocking(move || super::free_space::ensure_free(&at, mib)).await;
+        let (level, msg) = match grown {
+            Ok(Ok((before, after))) if before == after => (
+                Level::Info,
+                format!("{} MiB free in the image (asked: {mib})", after.free >> 20),
+            ),
+            Ok(Ok((_, after))) => (
+                Level::Info,
+                format!(
+                    "image grown to {} MiB: {} MiB free (asked: {mib})",
+                    after.size >> 20,
+                    after.free >> 20
+                ),
+            ),
+            Ok(Err(e)) => (Level::Warn, format!("the image was not grown: {e}")),
+            Err(e) => (Level::Warn, format!("the image was not grown: {e}")),
+        };
+        self.builds.log(build_id, level, &msg, Some("finalize"));
     }
 
     /// The built image made readable (not writable) by the template's
