@@ -336,13 +336,19 @@ impl Drop for TempFile {
 
 /// `mkfs.ext4`, also where `/sbin` is not on the PATH (a non-root user's).
 pub fn mkfs_ext4() -> Option<PathBuf> {
+    e2fsprogs_tool("mkfs.ext4")
+}
+
+/// One of e2fsprogs' programs (`name`), also where `/sbin` is not on the
+/// PATH.
+pub fn e2fsprogs_tool(name: &str) -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default();
     on_path
         .into_iter()
         .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|d| d.join("mkfs.ext4"))
+        .map(|d| d.join(name))
         .find(|p| p.is_file())
 }
 

@@ -132,7 +132,7 @@ async fn route(
         parts.as_slice(),
         ["templates", ..] | ["v2" | "v3", "templates", ..]
     ) {
-        return template_route(sbx, account, &method, &parts, &query, &body, &base_url);
+        return template_route(sbx, account, &method, &parts, &query, &body, &base_url).await;
     }
     match (&method, parts.as_slice()) {
         (&Method::GET, ["health"]) => Ok(empty(204)),

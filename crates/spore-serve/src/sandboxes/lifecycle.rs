@@ -60,6 +60,7 @@ impl Sandboxes {
             id: id.clone(),
             account: account.to_string(),
             template: template.spec.name.clone(),
+            build: template.build_id.clone(),
             metadata: new.metadata,
             access_token: token.clone(),
             started_at_ms: now,
@@ -394,7 +395,7 @@ impl Sandboxes {
         let jailed =
             match (&self.jail, &user) {
                 (Some(j), Some(u)) => {
-                    let spec = &self.template_for(account, &entry.rec.template)?.spec;
+                    let spec = &self.template_of_record(account, &entry.rec)?.spec;
                     let jailed = j.resumed(spec, u, &entry.rec, &dir);
                     Some(jailed.map_err(|e| {
                         SandboxError::Internal(format!("resuming sandbox {id}: {e:#}"))

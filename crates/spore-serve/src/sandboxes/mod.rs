@@ -100,6 +100,13 @@ fn not_found(id: &str) -> SandboxError {
 /// A template and its zygotes.
 pub struct Template {
     pub spec: TemplateSpec,
+    /// What its zygotes' directories, bases and networks are named after:
+    /// its name, or `name-build-<id>` for a build of an account's template other
+    /// than the one its `default` tag names ([`builds::tags`]), which may
+    /// run beside it.
+    key: String,
+    /// The build of an account's template it is; `None` for the daemon's.
+    build_id: Option<String>,
     /// Its zygote per account, once booted (again after it failed or
     /// died): sandboxes of different accounts never share a zygote, a
     /// template base or a uid.
@@ -148,8 +155,11 @@ pub struct Sandboxes {
     /// The daemon's templates (`--sandbox-template`), every account's.
     templates: HashMap<String, Arc<Template>>,
     /// Templates accounts built (`builds`), by account and name: each
-    /// account's own.
+    /// account's own; the build its `default` tag names.
     built: Mutex<HashMap<(String, String), Arc<Template>>>,
+    /// Other builds of accounts' templates a sandbox was asked of (by a
+    /// tag or a build id), by account and build id.
+    pinned: Mutex<HashMap<(String, String), Arc<Template>>>,
     /// Template builds (E2B's template-build API).
     builds: builds::Builds,
     table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
@@ -241,6 +251,8 @@ impl Sandboxes {
                 (
                     spec.name.clone(),
                     Arc::new(Template {
+                        key: spec.name.clone(),
+                        build_id: None,
                         spec,
                         zygotes: Mutex::default(),
                     }),
@@ -254,6 +266,8 @@ impl Sandboxes {
                 (
                     (b.account, b.spec.name.clone()),
                     Arc::new(Template {
+                        key: b.spec.name.clone(),
+                        build_id: Some(b.build_id),
                         spec: b.spec,
                         zygotes: Mutex::default(),
                     }),
@@ -267,6 +281,7 @@ impl Sandboxes {
             bases,
             templates,
             built: Mutex::new(built),
+            pinned: Mutex::default(),
             builds,
             table: Mutex::new(table),
             groups: Mutex::new(groups),
@@ -331,24 +346,81 @@ impl Sandboxes {
             .map_err(|e| SandboxError::Internal(format!("template {template}'s user: {e:#}")))
     }
 
-    /// `account`'s template `name`: one it built, else the daemon's.
-    fn template_for(&self, account: &str, name: &str) -> Result<Arc<Template>, SandboxError> {
-        // E2B's templates may be named `name:tag` or `team/name`: the last
-        // path part without its tag names the template here.
-        let plain = name.rsplit('/').next().unwrap_or(name);
-        let plain = plain.split(':').next().unwrap_or(plain);
-        let built = lock(&self.built)
-            .get(&(account.to_string(), plain.to_string()))
+    /// `account`'s template `asked` (`name`, `name:tag`, `name:<build id>`,
+    /// with or without a `team/` before it): the build of one it built that
+    /// the tag names (`default` without one), else the daemon's template of
+    /// that name (which has no tags but `default`).
+    fn template_for(&self, account: &str, asked: &str) -> Result<Arc<Template>, SandboxError> {
+        let not_found = || SandboxError::NotFound(format!("template \"{asked}\" not found"));
+        let (name, tag) = builds::tags::split_ref(asked);
+        if let Some(build) =
+            self.builds
+                .build_of(account, name, tag.unwrap_or(builds::tags::DEFAULT_TAG))
+        {
+            return self.template_of_build(account, name, &build);
+        }
+        match tag {
+            None | Some(builds::tags::DEFAULT_TAG) => {
+                self.templates.get(name).cloned().ok_or_else(not_found)
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    /// The template a sandbox of `rec` runs (its resume and forks need the
+    /// build it was made of, whatever its tags name now).
+    fn template_of_record(
+        &self,
+        account: &str,
+        rec: &Record,
+    ) -> Result<Arc<Template>, SandboxError> {
+        match &rec.build {
+            Some(build) => self.template_of_build(account, &rec.template, build),
+            None => self.template_for(account, &rec.template),
+        }
+    }
+
+    /// Build `build` of `account`'s template `name`: the one served as its
+    /// default if it is that, else one made for it (kept for the next).
+    fn template_of_build(
+        &self,
+        account: &str,
+        name: &str,
+        build: &str,
+    ) -> Result<Arc<Template>, SandboxError> {
+        let served = lock(&self.built)
+            .get(&(account.to_string(), name.to_string()))
+            .filter(|t| t.build_id.as_deref() == Some(build))
             .cloned();
-        built
-            .or_else(|| self.templates.get(plain).cloned())
-            .ok_or_else(|| SandboxError::NotFound(format!("template \"{name}\" not found")))
+        if let Some(t) = served {
+            return Ok(t);
+        }
+        let key = (account.to_string(), build.to_string());
+        if let Some(t) = lock(&self.pinned).get(&key) {
+            return Ok(t.clone());
+        }
+        let built = self
+            .builds
+            .built_record(account, name, build)
+            .ok_or_else(|| {
+                SandboxError::NotFound(format!(
+                    "template \"{name}\": build {build} is gone (its image was removed)"
+                ))
+            })?;
+        let t = Arc::new(Template {
+            key: format!("{name}-build-{build}"),
+            build_id: Some(built.build_id),
+            spec: built.spec,
+            zygotes: Mutex::default(),
+        });
+        Ok(lock(&self.pinned).entry(key).or_insert(t).clone())
     }
 
     /// Every template: the daemon's and those accounts built.
     fn all_templates(&self) -> Vec<Arc<Template>> {
         let mut all: Vec<Arc<Template>> = self.templates.values().cloned().collect();
         all.extend(lock(&self.built).values().cloned());
+        all.extend(lock(&self.pinned).values().cloned());
         all
     }
 
@@ -648,6 +720,25 @@ fn new_id() -> Result<String, SandboxError> {
 /// A new envd access token.
 fn new_token() -> Result<String, SandboxError> {
     random_chars(40, b"0123456789abcdef")
+}
+
+/// A new build id: a random (version 4) UUID, as E2B's build ids are (the
+/// SDK reads them as UUIDs).
+fn new_uuid() -> Result<String, SandboxError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)
+        .map_err(|e| SandboxError::Internal(format!("the OS random number generator: {e}")))?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
 }
 
 /// `n` random characters of `alphabet`; without the OS generator, an error

@@ -34,6 +34,10 @@ pub struct Record {
     /// The account it belongs to (12 digits).
     pub account: String,
     pub template: String,
+    /// The build of an account's template it was made of (its resume and
+    /// forks run that build, whatever the template's tags name since).
+    #[serde(default)]
+    pub build: Option<String>,
     pub metadata: BTreeMap<String, String>,
     /// envd's access token (the SDK sends it as `X-Access-Token`).
     pub access_token: String,
@@ -172,6 +176,7 @@ mod tests {
             id: "abc".into(),
             account: "000000000000".into(),
             template: "base".into(),
+            build: None,
             metadata: [("a".to_string(), "1".to_string())].into(),
             access_token: "t".into(),
             started_at_ms: 1,

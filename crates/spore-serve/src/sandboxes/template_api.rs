@@ -12,8 +12,9 @@ use super::reply::{empty, json, Body};
 use super::request::{form_pairs, parse};
 use super::{events, SandboxError, Sandboxes};
 
-/// E2B's template-build API ([`super::builds`]).
-pub fn template_route(
+/// E2B's template-build API ([`super::builds`]) and its tags
+/// ([`super::builds::tags`]).
+pub async fn template_route(
     sbx: &Arc<Sandboxes>,
     account: &str,
     method: &Method,
@@ -34,6 +35,21 @@ pub fn template_route(
                 SandboxError::BadRequest("alias: invalid percent-encoding".into())
             })?;
             Ok(json(200, sbx.template_alias(account, &alias)?))
+        }
+        (&Method::POST, ["templates", "tags"]) => {
+            let asked: super::builds::tags::AssignRequest = parse(body)?;
+            Ok(json(201, sbx.assign_tags(account, asked).await?))
+        }
+        (&Method::DELETE, ["templates", "tags"]) => {
+            let asked: super::builds::tags::RemoveRequest = parse(body)?;
+            sbx.remove_tags(account, asked).await?;
+            Ok(empty(204))
+        }
+        (&Method::GET, ["templates", template_id, "tags"]) => {
+            let id = crate::api::percent_decode(template_id).ok_or_else(|| {
+                SandboxError::BadRequest("template: invalid percent-encoding".into())
+            })?;
+            Ok(json(200, sbx.list_tags(account, &id)?))
         }
         (&Method::GET, ["templates", template_id, "files", hash]) => Ok(json(
             201,

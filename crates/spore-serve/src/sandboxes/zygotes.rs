@@ -38,7 +38,7 @@ impl Sandboxes {
                 .map_err(|e| SandboxError::Internal(e.to_string()))?;
         }
         let nets = if t.spec.network {
-            let owner = template_net_owner(&t.spec.name, account);
+            let owner = template_net_owner(&t.key, account);
             let jailed = user.as_ref().map(|u| (u, dir));
             Some(
                 self.network
@@ -74,7 +74,7 @@ impl Sandboxes {
         let run_dir = self
             .state_dir
             .join("run")
-            .join(format!("sbx-{}.{account}", t.spec.name));
+            .join(format!("sbx-{}.{account}", t.key));
         // The bases no sandbox's chain and no other zygote needs go before
         // a new one is made.
         if let Some(needed) = self.bases_needed(t, account) {
@@ -92,7 +92,7 @@ impl Sandboxes {
         }
         for t in self.all_templates() {
             for (owner, slot) in t.zygote_slots() {
-                if t.spec.name == except.spec.name && owner == account {
+                if t.key == except.key && owner == account {
                     continue;
                 }
                 let z = slot.try_lock().ok()?;
@@ -143,7 +143,7 @@ impl Sandboxes {
         let could_not = |e: anyhow::Error| {
             SandboxError::Internal(format!("template {} could not start: {e:#}", t.spec.name))
         };
-        let bases = self.bases.join(format!("{}.{account}", t.spec.name));
+        let bases = self.bases.join(format!("{}.{account}", t.key));
         let user = self.user_of(account, &t.spec.name)?;
         let jailed = match (&self.jail, &user) {
             (Some(j), Some(u)) => Some(j.zygote(&t.spec, u, &bases).map_err(could_not)?),
@@ -151,7 +151,7 @@ impl Sandboxes {
         };
         let net = if t.spec.network {
             let stem = format!("z{}", crate::clock::unix_ms());
-            let owner = template_net_owner(&t.spec.name, account);
+            let owner = template_net_owner(&t.key, account);
             let made = self
                 .network
                 .make(&owner, &stem, &Egress::default(), user.as_ref())

@@ -20,9 +20,10 @@
 //!    `ready` or `error`, with the build's log.
 //!
 //! On disk, `<state>/sbx-templates/<account>/`: `files/<hash>` (uploads)
-//! and `<name>/` per template: `template.json` (its spec and ids, written
-//! when a build succeeds), `build-<id>.json` (each build's status and log)
-//! and `rootfs-<build>.ext4` (the image of each build that succeeded);
+//! and `<name>/` per template: `built-<build>.json` (what a sandbox of
+//! each build that succeeded runs), `template.json` (that of the build its
+//! `default` tag names), `tags.json` ([`tags`]), `build-<id>.json` (each
+//! build's status and log) and `rootfs-<build>.ext4` (each image);
 //! `.layers/` holds the build cache ([`layers`]). A build the daemon was
 //! running when it stopped is marked failed when it starts again.
 
@@ -31,16 +32,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use checks::{check_steps, parent_name, template_name, valid_hash};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::events::Level;
-use super::{template, SandboxError, Sandboxes, TemplateSpec};
+use super::{SandboxError, Sandboxes, TemplateSpec};
 use crate::mutex::lock;
 
+mod checks;
+mod free_space;
 mod layers;
 mod run;
 mod steps;
+pub mod tags;
 
 /// How long one step may run.
 const STEP_LIMIT: Duration = Duration::from_secs(1800);
@@ -65,6 +70,8 @@ pub struct BuildRequest {
     cpu_count: Option<u8>,
     #[serde(rename = "memoryMB")]
     memory_mb: Option<u32>,
+    /// Free space the image keeps after the steps ([`free_space`]).
+    min_free_disk_mb: Option<u32>,
 }
 
 /// `POST /v2/templates/{id}/builds/{build}`' body (`TemplateBuildStartV2`).
@@ -137,7 +144,11 @@ pub struct Build {
     pub reason: Option<Reason>,
     pub cpu_count: Option<u8>,
     pub memory_mib: Option<u32>,
+    /// What it is tagged with when it succeeds ([`tags`]).
     pub tags: Vec<String>,
+    /// `minFreeDiskMb`: the image grown to keep this much free.
+    #[serde(default)]
+    pub min_free_disk_mib: Option<u32>,
 }
 
 /// A built template, as kept in `template.json`.
@@ -156,6 +167,8 @@ pub struct Builds {
     table: Mutex<HashMap<String, Build>>,
     /// Template id → (account, name).
     ids: Mutex<HashMap<String, (String, String)>>,
+    /// Each (account, name)'s tags ([`tags`]).
+    tags: Mutex<HashMap<(String, String), tags::TagMap>>,
     /// What upload URLs' tokens are made with (new at each start: an
     /// upload link is used right after it is asked for).
     secret: [u8; 32],
@@ -173,6 +186,7 @@ impl Builds {
             root: root.to_path_buf(),
             table: Mutex::default(),
             ids: Mutex::default(),
+            tags: Mutex::default(),
             secret,
         };
         let mut built = Vec::new();
@@ -184,12 +198,32 @@ impl Builds {
                 {
                     continue;
                 }
-                if let Some(t) = read_json::<Built>(&dir.join("template.json")) {
+                let default = read_json::<Built>(&dir.join("template.json"));
+                // Templates built before tags: their build is `default`.
+                let tags = Builds::read_tags(&dir).or_else(|| {
+                    default.as_ref().map(|t| {
+                        let at = tags::Tagged {
+                            build_id: t.build_id.clone(),
+                            at_ms: 0,
+                        };
+                        [(tags::DEFAULT_TAG.to_string(), at)].into()
+                    })
+                });
+                if let Some(t) = default {
                     lock(&builds.ids).insert(
                         t.template_id.clone(),
                         (t.account.clone(), t.spec.name.clone()),
                     );
+                    if let Some(tags) = tags {
+                        lock(&builds.tags).insert((t.account.clone(), t.spec.name.clone()), tags);
+                    }
                     built.push(t);
+                } else if let (Some(tags), Some(account), Some(name)) = (
+                    tags,
+                    account.file_name().and_then(|n| n.to_str()),
+                    dir.file_name().and_then(|n| n.to_str()),
+                ) {
+                    lock(&builds.tags).insert((account.to_string(), name.to_string()), tags);
                 }
                 for file in entries(&dir, false) {
                     let is_build = file
@@ -300,103 +334,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A files hash as the SDK makes them: lowercase hex SHA-256.
-fn valid_hash(hash: &str) -> bool {
-    hash.len() == 64
-        && hash
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-/// E2B's template name (`name`, `name:tag`, `team/name`) as spore's.
-fn template_name(asked: &str) -> Result<String, SandboxError> {
-    let plain = asked.rsplit('/').next().unwrap_or(asked);
-    let plain = plain.split(':').next().unwrap_or(plain);
-    if !template::valid_name(plain) {
-        return Err(SandboxError::BadRequest(format!(
-            "template name {asked:?}: 1 to 24 lower-case letters, digits, '-' or '_' (a tag after ':' is ignored)"
-        )));
-    }
-    Ok(plain.to_string())
-}
-
-/// The template a build starts from: `fromTemplate`, or `fromImage`
-/// naming E2B's base image (spore's `base` template).
-fn parent_name(start: &BuildStart) -> Result<String, SandboxError> {
-    if start.from_image_registry.is_some() {
-        return Err(SandboxError::BadRequest(
-            "fromImageRegistry: spore builds from its templates, not from container registries"
-                .into(),
-        ));
-    }
-    match (&start.from_template, &start.from_image) {
-        (Some(t), _) => template_name(t),
-        (None, Some(image)) => {
-            let repo = image.split([':', '@']).next().unwrap_or(image);
-            if matches!(repo, "e2bdev/base" | "docker.io/e2bdev/base") {
-                Ok("base".into())
-            } else {
-                Err(SandboxError::BadRequest(format!(
-                    "fromImage {image:?}: spore builds from its templates (fromTemplate, or \
-                     e2bdev/base for its base template); a container image is not pulled"
-                )))
-            }
-        }
-        (None, None) => Err(SandboxError::BadRequest(
-            "a build needs fromTemplate (or fromImage \"e2bdev/base\")".into(),
-        )),
-    }
-}
-
-/// Refuses steps spore cannot run, before the build starts.
-fn check_steps(steps: &[Step], files: &Path) -> Result<(), SandboxError> {
-    if steps.len() > MAX_STEPS {
-        return Err(SandboxError::BadRequest(format!(
-            "{} steps: at most {MAX_STEPS}",
-            steps.len()
-        )));
-    }
-    for (i, s) in steps.iter().enumerate() {
-        let n = i + 1;
-        let bad = |what: &str| {
-            Err(SandboxError::BadRequest(format!(
-                "step {n} ({}): {what}",
-                s.kind
-            )))
-        };
-        match s.kind.as_str() {
-            "RUN" if s.args.first().is_none_or(|c| c.trim().is_empty()) => {
-                return bad("no command")
-            }
-            "COPY" => {
-                if s.args.len() < 2 || s.args[0].is_empty() || s.args[1].is_empty() {
-                    return bad("COPY takes a source and a destination");
-                }
-                let Some(hash) = s.files_hash.as_deref().filter(|h| valid_hash(h)) else {
-                    return bad("no filesHash (lowercase hex SHA-256)");
-                };
-                if !files.join(hash).is_file() {
-                    return bad("its files were not uploaded");
-                }
-                if let Some(mode) = s.args.get(3).filter(|m| !m.is_empty()) {
-                    if u32::from_str_radix(mode, 8).is_err() {
-                        return bad("mode is not octal");
-                    }
-                }
-            }
-            "ENV" if s.args.is_empty() || s.args.len() % 2 != 0 => {
-                return bad("ENV takes name and value pairs")
-            }
-            "WORKDIR" | "USER" if s.args.first().is_none_or(String::is_empty) => {
-                return bad("no argument")
-            }
-            "RUN" | "ENV" | "WORKDIR" | "USER" => {}
-            _ => return bad("not a step spore runs (RUN, COPY, ENV, WORKDIR, USER)"),
-        }
-    }
-    Ok(())
-}
-
 impl Sandboxes {
     /// `POST /v3/templates`: a new build of `account`'s template.
     pub fn request_build(
@@ -409,6 +346,7 @@ impl Sandboxes {
             .or(req.alias)
             .ok_or_else(|| SandboxError::BadRequest("a template build needs a name".into()))?;
         let name = template_name(&asked)?;
+        let tags = tags::build_tags(&asked, &req.tags)?;
         if self.templates.contains_key(&name) {
             return Err(SandboxError::Conflict(format!(
                 "template {name:?} is the daemon's (--sandbox-template); build under another name"
@@ -416,6 +354,15 @@ impl Sandboxes {
         }
         if let Some(c) = req.cpu_count.filter(|c| !(1..=32).contains(c)) {
             return Err(SandboxError::BadRequest(format!("cpuCount {c}: 1 to 32")));
+        }
+        if let Some(m) = req
+            .min_free_disk_mb
+            .filter(|m| *m > free_space::MAX_MIN_FREE_MIB)
+        {
+            return Err(SandboxError::BadRequest(format!(
+                "minFreeDiskMb {m}: at most {}",
+                free_space::MAX_MIN_FREE_MIB
+            )));
         }
         if let Some(m) = req.memory_mb.filter(|m| !(128..=65_536).contains(m)) {
             return Err(SandboxError::BadRequest(format!(
@@ -434,7 +381,7 @@ impl Sandboxes {
         };
         let build = Build {
             template_id: template_id.clone(),
-            build_id: super::new_token()?,
+            build_id: super::new_uuid()?,
             account: account.to_string(),
             name: name.clone(),
             status: Status::Waiting,
@@ -442,7 +389,8 @@ impl Sandboxes {
             reason: None,
             cpu_count: req.cpu_count,
             memory_mib: req.memory_mb,
-            tags: req.tags,
+            tags,
+            min_free_disk_mib: req.min_free_disk_mb.filter(|m| *m > 0),
         };
         self.builds
             .save(&build)
@@ -675,77 +623,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    fn step(kind: &str, args: &[&str]) -> Step {
-        Step {
-            kind: kind.into(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            files_hash: None,
-            force: false,
-        }
-    }
-
-    #[test]
-    fn names_parents_and_hashes_are_checked() {
-        assert_eq!(template_name("my-tpl:v2").unwrap(), "my-tpl");
-        assert_eq!(template_name("team/my_tpl").unwrap(), "my_tpl");
-        assert!(template_name("My Template").is_err());
-        let from = |t: Option<&str>, i: Option<&str>| {
-            parent_name(&BuildStart {
-                from_template: t.map(String::from),
-                from_image: i.map(String::from),
-                ..Default::default()
-            })
-        };
-        assert_eq!(from(Some("web"), None).unwrap(), "web");
-        assert_eq!(from(None, Some("e2bdev/base")).unwrap(), "base");
-        assert_eq!(from(None, Some("e2bdev/base:latest")).unwrap(), "base");
-        assert!(from(None, Some("python:3.12")).is_err());
-        assert!(from(None, None).is_err());
-        assert!(valid_hash(&"a".repeat(64)));
-        assert!(!valid_hash(&"A".repeat(64)));
-        assert!(!valid_hash("../etc"));
-    }
-
-    #[test]
-    fn steps_spore_cannot_run_are_refused_before_the_build() {
-        let files = std::env::temp_dir().join(format!("spore-build-files-{}", std::process::id()));
-        std::fs::create_dir_all(&files).unwrap();
-        let hash = "b".repeat(64);
-        std::fs::write(files.join(&hash), b"tar").unwrap();
-        let ok = vec![
-            step("RUN", &["apt-get update", "root"]),
-            step("ENV", &["A", "1", "B", "2"]),
-            step("WORKDIR", &["/app"]),
-            step("USER", &["user"]),
-            Step {
-                files_hash: Some(hash.clone()),
-                ..step("COPY", &["app.py", "/app/app.py", "user", "0755"])
-            },
-        ];
-        check_steps(&ok, &files).unwrap();
-        for bad in [
-            step("RUN", &[""]),
-            step("ENV", &["A"]),
-            step("FROM", &["x"]),
-            step("USER", &[]),
-            step("COPY", &["a", "/b"]),
-            Step {
-                files_hash: Some("c".repeat(64)),
-                ..step("COPY", &["a", "/b"])
-            },
-            Step {
-                files_hash: Some(hash.clone()),
-                ..step("COPY", &["a", "/b", "", "rwx"])
-            },
-        ] {
-            assert!(
-                check_steps(std::slice::from_ref(&bad), &files).is_err(),
-                "{bad:?}"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&files);
-    }
-
     #[test]
     fn builds_are_kept_and_a_running_one_fails_after_a_restart() {
         let root = std::env::temp_dir().join(format!("spore-builds-{}", std::process::id()));
@@ -763,6 +640,7 @@ mod tests {
             cpu_count: None,
             memory_mib: None,
             tags: Vec::new(),
+            min_free_disk_mib: None,
         };
         builds.save(&b).unwrap();
         let (again, _) = Builds::load(&root).unwrap();

@@ -108,6 +108,9 @@ impl Sandboxes {
                 state
             }
         };
+        if let Some(mib) = b.min_free_disk_mib {
+            self.keep_free_space(build_id, &image, mib).await;
+        }
         let spec = TemplateSpec {
             user: state.template_user,
             ..spec
@@ -120,9 +123,13 @@ impl Sandboxes {
             spec,
         };
         let json = serde_json::to_vec_pretty(&built).map_err(|e| fin(e.to_string()))?;
-        crate::fs::write_private(&dir.join("template.json"), &json)
-            .map_err(|e| fin(format!("template.json: {e}")))?;
-        self.serve_built(built).await;
+        crate::fs::write_private(&dir.join(format!("built-{build_id}.json")), &json)
+            .map_err(|e| fin(format!("built-{build_id}.json: {e}")))?;
+        let tags = b.tags.clone();
+        self.tag_build(built, &tags).await.map_err(fin)?;
+        let msg = format!("tagged {}", tags.join(", "));
+        self.builds
+            .log(build_id, Level::Info, &msg, Some("finalize"));
         Ok(())
     }
 
@@ -342,6 +349,31 @@ impl Sandboxes {
         }
     }
 
+    /// `minFreeDiskMb`: the image grown to keep `mib` MiB free; best
+    /// effort, as on E2B (a growth that fails is a warning in the log).
+    async fn keep_free_space(&self, build_id: &str, image: &Path, mib: u32) {
+        let at = image.to_path_buf();
+        let grown =
+            tokio::task::spawn_blocking(move || super::free_space::ensure_free(&at, mib)).await;
+        let (level, msg) = match grown {
+            Ok(Ok((before, after))) if before == after => (
+                Level::Info,
+                format!("{} MiB free in the image (asked: {mib})", after.free >> 20),
+            ),
+            Ok(Ok((_, after))) => (
+                Level::Info,
+                format!(
+                    "image grown to {} MiB: {} MiB free (asked: {mib})",
+                    after.size >> 20,
+                    after.free >> 20
+                ),
+            ),
+            Ok(Err(e)) => (Level::Warn, format!("the image was not grown: {e}")),
+            Err(e) => (Level::Warn, format!("the image was not grown: {e}")),
+        };
+        self.builds.log(build_id, level, &msg, Some("finalize"));
+    }
+
     /// The built image made readable (not writable) by the template's
     /// jailed VMMs.
     fn share_built_image(&self, b: &Build, spec: &TemplateSpec) -> Result<(), String> {
@@ -360,16 +392,38 @@ impl Sandboxes {
     pub(super) async fn serve_built(&self, built: Built) {
         let key = (built.account.clone(), built.spec.name.clone());
         let t = Arc::new(Template {
+            key: built.spec.name.clone(),
+            build_id: Some(built.build_id),
             spec: built.spec,
             zygotes: Mutex::default(),
         });
         let old = lock(&self.built).insert(key, t);
         if let Some(old) = old {
-            for (_, slot) in old.zygote_slots() {
-                if let Some(mut z) = slot.lock().await.take() {
-                    z.vmm.kill().await;
-                }
+            end_zygotes(&old).await;
+        }
+    }
+
+    /// `account`'s template `name` has no `default` build any more: its
+    /// zygotes end, `template.json` goes (its builds stay, and their tags).
+    pub(super) async fn stop_serving(&self, account: &str, name: &str) {
+        let dir = self.builds.template_dir(account, name);
+        if let Err(e) = std::fs::remove_file(dir.join("template.json")) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(template = %name, "removing template.json: {e}");
             }
+        }
+        let old = lock(&self.built).remove(&(account.to_string(), name.to_string()));
+        if let Some(old) = old {
+            end_zygotes(&old).await;
+        }
+    }
+}
+
+/// Ends a template's zygotes (the sandboxes made from them run on).
+async fn end_zygotes(t: &Template) {
+    for (_, slot) in t.zygote_slots() {
+        if let Some(mut z) = slot.lock().await.take() {
+            z.vmm.kill().await;
         }
     }
 }
