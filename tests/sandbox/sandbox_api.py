@@ -431,12 +431,17 @@ def template_build():
           "and the file its COPY uploaded, the user's")
     check(sbx.kill(**API) is True, "the built template's sandbox is killed")
     # The build cache: the same build again runs no step and boots no VM.
+    # Built as name:v1, it is that tag's build, not the default's.
     again = []
-    timed("template-build-cached", lambda: Template.build(
-        t, name, cpu_count=1, memory_mb=512, on_build_logs=again.append, **API))
+    # min_free_disk_mb grows its image (a copy: the cached layer stays).
+    v1 = timed("template-build-cached", lambda: Template.build(
+        t, f"{name}:v1", cpu_count=1, memory_mb=512, min_free_disk_mb=3000,
+        on_build_logs=again.append, **API))
     said = [str(e.message) for e in again]
     check(sum("(cached)" in m for m in said) == 3 and any("no build VM" in m for m in said),
           f"the same build again: its 3 steps cached, no build VM ({len(said)} log lines)")
+    grown = [m for m in said if "image grown" in m]
+    check(len(grown) == 1, f"min_free_disk_mb=3000 grew its image: {grown or said[-3:]}")
     # A build sharing its first step starts from the image after it, and
     # skip_cache() runs the steps after it although the cache holds them.
     more = []
@@ -460,6 +465,7 @@ def template_build():
           == f"from-run\nsecond\ncopied {RUN}\nyes\n",
           "a sandbox of that build has every step's work, the cached one's too")
     check(sbx.kill(**API) is True, "its sandbox is killed")
+    template_tags(name, info.template_id, v1.build_id)
     # For persist-check, after kill -9 and a restart of the daemon.
     with open(os.environ["SANDBOX_PERSIST_STATE"] + ".template", "w") as f:
         f.write(name)
@@ -471,6 +477,36 @@ def template_build():
     e = raises(Exception, lambda: Template.build(image, f"{name}-img", **API))
     check(e is not None and "a container image is not pulled" in str(e),
           f"a container image is refused: {str(e)[:100]}")
+
+
+def template_tags(name, template_id, v1_build):
+    """E2B's template tags: name:v1 starts the build tagged v1 (without the
+    later build's second step), beside the default one; assign_tags gives
+    that build another tag, remove_tags takes it away, get_tags lists them
+    (build ids the SDK reads as UUIDs)."""
+    from e2b import Template
+
+    tags = {t.tag: t.build_id for t in Template.get_tags(template_id, **API)}
+    check(tags.get("v1") == v1_build and tags.get("default") not in (None, v1_build),
+          f"get_tags: v1 names the tagged build, default the later one ({sorted(tags)})")
+    sbx = timed("create-tagged", lambda: Sandbox.create(f"{name}:v1", timeout=600, **API))
+    created.append(sbx.sandbox_id)
+    check(sh(sbx, "cat /etc/spore-built.txt; test -e /etc/spore-second.txt && echo second") == "from-run\n",
+          "a sandbox of name:v1 runs that build (the default build's second step is not in it)")
+    avail = sh(sbx, "df -m --output=avail / | tail -n 1").strip()
+    check(avail.isdigit() and int(avail) >= 3000, f"and has the free space its build asked for ({avail} MiB)")
+    check(sbx.kill(**API) is True, "its sandbox is killed")
+    assigned = Template.assign_tags(f"{name}:v1", ["stable", "v1-1"], **API)
+    check(str(assigned.build_id) == v1_build and sorted(assigned.tags) == ["stable", "v1-1"],
+          f"assign_tags: stable and v1-1 on v1's build ({assigned.build_id})")
+    Template.remove_tags(name, "stable", **API)
+    tags = {t.tag: t.build_id for t in Template.get_tags(name, **API)}
+    check("stable" not in tags and tags.get("v1-1") == v1_build,
+          f"remove_tags: stable is gone, v1-1 stays ({sorted(tags)})")
+    e = raises(Exception, lambda: Template.remove_tags(name, "no-such-tag", **API))
+    check(e is not None and "no tag" in str(e), f"removing a tag it does not have is refused: {str(e)[:100]}")
+    e = raises(Exception, lambda: Sandbox.create(f"{name}:no-such-tag", timeout=60, **API))
+    check(e is not None and "not found" in str(e), f"an unknown tag starts nothing: {str(e)[:100]}")
 
 
 def web_template():
