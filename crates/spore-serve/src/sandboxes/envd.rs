@@ -21,8 +21,11 @@ pub const ENVD_PORT: u16 = 49983;
 pub const ENVD_VERSION: &str = "0.5.7";
 
 /// How long connecting may take in all, retries included (a guest that does
-/// not accept on the port leaves the handshake unanswered).
-const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+/// not accept on the port leaves the handshake unanswered). A guest starved
+/// of CPU (a loaded host; nested emulation, where a clone's clock was seen
+/// 13 s behind after such a stretch) misses several of the VMM's 2 s
+/// windows and then answers; one that is gone fails after this.
+const CONNECT_LIMIT: Duration = Duration::from_secs(20);
 
 /// The pause before envd's port is tried again after the VMM closed a
 /// handshake. The VMM gives the guest 2 s to accept a connection, as
