@@ -101,7 +101,7 @@ fn not_found(id: &str) -> SandboxError {
 pub struct Template {
     pub spec: TemplateSpec,
     /// What its zygotes' directories, bases and networks are named after:
-    /// its name, or `name-build-<id>` for a build of an account's template other
+    /// its name, or `name-b<build id's first 12>` for a build of an account's template other
     /// than the one its `default` tag names ([`builds::tags`]), which may
     /// run beside it.
     key: String,
@@ -408,7 +408,9 @@ impl Sandboxes {
                 ))
             })?;
         let t = Arc::new(Template {
-            key: format!("{name}-build-{build}"),
+            // Short: the zygote's API socket path must fit a Unix socket
+            // address; 48 random bits of the build id tell builds apart.
+            key: format!("{name}-b{}", &build[..12.min(build.len())]),
             build_id: Some(built.build_id),
             spec: built.spec,
             zygotes: Mutex::default(),
