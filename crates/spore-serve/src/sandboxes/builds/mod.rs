@@ -253,6 +253,14 @@ impl Builds {
         Ok((builds, built))
     }
 
+    /// The id of `account`'s template `name`, if a build registered it.
+    fn template_id_of(&self, account: &str, name: &str) -> Option<String> {
+        lock(&self.ids)
+            .iter()
+            .find(|(_, (a, n))| a == account && n == name)
+            .map(|(id, _)| id.clone())
+    }
+
     fn template_dir(&self, account: &str, name: &str) -> PathBuf {
         self.root.join(account).join(name)
     }
@@ -369,13 +377,7 @@ impl Sandboxes {
                 "memoryMB {m}: 128 to 65536"
             )));
         }
-        let template_id = {
-            let ids = lock(&self.builds.ids);
-            ids.iter()
-                .find(|(_, (a, n))| a == account && *n == name)
-                .map(|(id, _)| id.clone())
-        };
-        let template_id = match template_id {
+        let template_id = match self.builds.template_id_of(account, &name) {
             Some(id) => id,
             None => super::new_id()?,
         };
@@ -418,11 +420,7 @@ impl Sandboxes {
     ) -> Result<serde_json::Value, SandboxError> {
         let not_found = || SandboxError::NotFound(format!("template alias {alias:?} not found"));
         let name = template_name(alias).map_err(|_| not_found())?;
-        let own = lock(&self.builds.ids)
-            .iter()
-            .find(|(_, (a, n))| a == account && *n == name)
-            .map(|(id, _)| id.clone());
-        match own {
+        match self.builds.template_id_of(account, &name) {
             Some(id) => Ok(serde_json::json!({ "templateID": id, "public": false })),
             None if self.templates.contains_key(&name) => {
                 Ok(serde_json::json!({ "templateID": name, "public": true }))

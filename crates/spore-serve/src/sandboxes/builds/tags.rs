@@ -249,10 +249,7 @@ impl Sandboxes {
     pub async fn remove_tags(&self, account: &str, req: RemoveRequest) -> Result<(), SandboxError> {
         let name = template_name(&req.name)?;
         let tags = checked_tags(&req.tags)?;
-        if !lock(&self.builds.ids)
-            .values()
-            .any(|(a, n)| a == account && *n == name)
-        {
+        if self.builds.template_id_of(account, &name).is_none() {
             return Err(SandboxError::NotFound(format!(
                 "template \"{}\" not found",
                 req.name
@@ -291,10 +288,7 @@ impl Sandboxes {
                 let n = template_name(template).map_err(|_| {
                     SandboxError::NotFound(format!("template \"{template}\" not found"))
                 })?;
-                let known = lock(&self.builds.ids)
-                    .values()
-                    .any(|(a, m)| a == account && *m == n);
-                if !known {
+                if self.builds.template_id_of(account, &n).is_none() {
                     return Err(SandboxError::NotFound(format!(
                         "template \"{template}\" not found"
                     )));
